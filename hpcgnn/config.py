@@ -1,0 +1,307 @@
+"""Typed configuration.
+
+Every config group owns one frozen dataclass. Hydra composes YAML files and
+command-line overrides against mutable twins of these classes (OmegaConf makes
+frozen dataclasses read-only, so Hydra could not merge into them); the result
+becomes a frozen, validated :class:`RunConfig` exactly once, in
+:func:`RunConfig.from_dictconfig`. Everything downstream takes a ``RunConfig``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import functools
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Optional, Tuple
+
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+
+class ConfigError(ValueError):
+    """A configuration the user must fix; the message names the setting."""
+
+
+@dataclass(frozen=True)
+class DatasetConfig:
+    name: str = "synthetic"  # dataset: synthetic
+    num_nodes: int = 100_000  # synthetic: nodes in the graph
+    num_classes: int = 8  # synthetic: label classes
+    num_features: int = 32  # synthetic: feature dimensions
+    avg_degree: float = 12.0  # synthetic: mean undirected degree
+    communities_per_class: int = 4  # synthetic: communities (dense clusters) per class
+    homophily: float = 0.5  # synthetic: fraction of edges drawn inside the source's community
+    feature_noise: float = 3.0  # synthetic: noise std relative to the unit class signal
+    train_fraction: float = 0.3  # fraction of nodes in the training split
+    val_fraction: float = 0.1  # fraction of nodes in the validation split (the rest is test)
+    seed: int = 0  # seed of the generator and of the split
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str = "sage"  # sage | gcn | gat | gin | mlp; depth is len(train.fanouts)
+    hidden_channels: int = 128  # width of every hidden layer
+    dropout: float = 0.3  # dropout probability between layers
+    heads: int = 4  # gat: attention heads per layer
+
+
+@dataclass(frozen=True)
+class GraphConfig:
+    mode: str = "replicated"  # replicated: every rank samples from the whole graph
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    epochs: int = 8  # passes over the training seeds
+    batch_size: int = 512  # seed nodes per rank per step
+    fanouts: Tuple[int, ...] = (10, 5)  # neighbours sampled per node, hop 1 first; one GNN layer each
+    lr: float = 3e-3  # Adam learning rate
+    weight_decay: float = 0.0  # Adam weight decay
+    seed: int = 0  # seeds the model init, the seed order and the sampler
+    eval_every: int = 1  # evaluate on val/test every N epochs (and after the last)
+    eval_batch_size: int = 2048  # seed nodes per evaluation step
+    num_threads: int = 0  # torch intra-op threads per rank; 0 = CPUs of the task / local ranks
+    device: str = "auto"  # auto (cuda:<local_rank> when CUDA is present, else cpu) | cpu | cuda
+
+
+@dataclass(frozen=True)
+class DistConfig:
+    backend: str = "auto"  # auto (nccl with CUDA, gloo without) | nccl | gloo
+    init_timeout_s: float = 300.0  # seconds to wait for every rank at process-group init
+    timeout_s: float = 900.0  # seconds before a stuck collective fails the job
+    master_port: int = 0  # 0 = derive from the job id inside port_min..port_max
+    port_min: int = 20000  # lowest derived port
+    port_max: int = 32767  # highest derived port (Linux's ephemeral range starts at 32768)
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    name: str = "cluster"  # label used in logs and job names
+    executor: str = "slurm"  # slurm (sbatch via submitit) | local (submitit's local executor)
+    partition: Optional[str] = None  # sbatch --partition
+    account: Optional[str] = None  # sbatch --account
+    qos: Optional[str] = None  # sbatch --qos
+    nodes: int = 1  # nodes per job
+    tasks_per_node: int = 1  # ranks per node; must equal gpus_per_node on GPU clusters
+    gpus_per_node: int = 0  # GPUs per node (0 = CPU-only cluster)
+    cpus_per_task: int = 2  # CPU cores per rank
+    mem_gb: Optional[float] = None  # memory per node in GB (None = partition default)
+    time_min: int = 60  # wall-clock limit in minutes
+    constraint: Optional[str] = None  # sbatch --constraint, e.g. "a100"
+    exclude: Optional[str] = None  # sbatch --exclude node list
+    job_name: str = "hpcgnn"  # sbatch --job-name
+    sbatch_extra: dict[str, str] = field(default_factory=dict)  # more sbatch options, {option: value}
+    setup: Tuple[str, ...] = ()  # shell lines run before srun (module load ..., source venv/bin/activate)
+    signal_delay_s: int = 120  # seconds before the time limit at which SLURM sends USR2
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    dry_run: bool = False  # print the job script and the resolved config, submit nothing
+    wait: bool = True  # wait for the job and print its result; false: print job id and folder, return
+    procs: int = 2  # processes on this machine when no +cluster is given
+    poll_s: float = 2.0  # seconds between job-state polls while waiting
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    dataset: DatasetConfig = MISSING
+    model: ModelConfig = MISSING
+    graph: GraphConfig = MISSING
+    train: TrainConfig = field(default_factory=TrainConfig)
+    dist: DistConfig = field(default_factory=DistConfig)
+    launch: LaunchConfig = field(default_factory=LaunchConfig)
+    cluster: Optional[ClusterConfig] = None  # absent: run launch.procs processes on this machine
+    run_dir: str = "${hydra:runtime.output_dir}"  # where logs, summary.json and job files go
+
+    @classmethod
+    def from_dictconfig(cls, cfg: DictConfig) -> RunConfig:
+        """Resolve Hydra's composed config into a frozen, validated RunConfig."""
+        data = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+        run = _build(cls, data, "")
+        run.validate()
+        return run
+
+    @property
+    def world_size(self) -> int:
+        """Ranks the job is configured for."""
+        if self.cluster is None:
+            return self.launch.procs
+        return self.cluster.nodes * self.cluster.tasks_per_node
+
+    def validate(self) -> None:
+        """Cross-field checks, each naming the setting to change."""
+        from hpcgnn.models import MODELS  # local: models imports torch_geometric
+
+        t, m, d = self.train, self.model, self.dataset
+        if m.name not in MODELS:
+            raise ConfigError(f"model.name={m.name!r} is unknown: use one of {', '.join(sorted(MODELS))}")
+        from hpcgnn.data import LOADERS
+
+        if d.name not in LOADERS:
+            raise ConfigError(f"dataset.name={d.name!r} is unknown: use one of {', '.join(sorted(LOADERS))}")
+        if self.graph.mode != "replicated":
+            raise ConfigError(f"graph.mode={self.graph.mode!r} is unknown: use graph=replicated")
+        if not t.fanouts or any(f < 1 for f in t.fanouts):
+            raise ConfigError(f"train.fanouts={list(t.fanouts)} must be one or more positive integers, e.g. train.fanouts=[10,5]")
+        for key, value in (("train.epochs", t.epochs), ("train.batch_size", t.batch_size),
+                           ("train.eval_batch_size", t.eval_batch_size), ("train.eval_every", t.eval_every),
+                           ("launch.procs", self.launch.procs), ("model.hidden_channels", m.hidden_channels),
+                           ("dataset.num_classes", d.num_classes), ("dataset.num_nodes", d.num_nodes)):
+            if value < 1:
+                raise ConfigError(f"{key}={value} must be at least 1")
+        if t.lr <= 0:
+            raise ConfigError(f"train.lr={t.lr} must be positive")
+        if not 0 <= m.dropout < 1:
+            raise ConfigError(f"model.dropout={m.dropout} must be in [0, 1)")
+        if t.device not in ("auto", "cpu", "cuda"):
+            raise ConfigError(f"train.device={t.device!r} is unknown: use auto, cpu or cuda")
+        if self.dist.backend not in ("auto", "nccl", "gloo"):
+            raise ConfigError(f"dist.backend={self.dist.backend!r} is unknown: use auto, nccl or gloo")
+        if not 1024 <= self.dist.port_min < self.dist.port_max <= 65535:
+            raise ConfigError(f"dist.port_min..dist.port_max={self.dist.port_min}..{self.dist.port_max} "
+                              "must be an increasing range inside 1024..65535")
+        if d.train_fraction <= 0 or d.val_fraction < 0 or d.train_fraction + d.val_fraction >= 1:
+            raise ConfigError(f"dataset.train_fraction={d.train_fraction} and dataset.val_fraction={d.val_fraction} "
+                              "must be positive and sum to less than 1 (the rest is the test split)")
+        if not 0 <= d.homophily <= 1:
+            raise ConfigError(f"dataset.homophily={d.homophily} must be in [0, 1]")
+        if self.cluster is not None:
+            _validate_cluster(self.cluster)
+
+
+def _validate_cluster(c: ClusterConfig) -> None:
+    if c.executor not in ("slurm", "local"):
+        raise ConfigError(f"cluster.executor={c.executor!r} is unknown: use slurm or local")
+    for key in ("nodes", "tasks_per_node", "cpus_per_task", "time_min"):
+        if getattr(c, key) < 1:
+            raise ConfigError(f"cluster.{key}={getattr(c, key)} must be at least 1")
+    if c.gpus_per_node < 0:
+        raise ConfigError(f"cluster.gpus_per_node={c.gpus_per_node} must be 0 or more")
+    if c.gpus_per_node > 0 and c.tasks_per_node != c.gpus_per_node:
+        raise ConfigError(f"cluster.tasks_per_node={c.tasks_per_node} but cluster.gpus_per_node={c.gpus_per_node}: "
+                          f"hpcgnn runs one rank per GPU. HINT: set cluster.tasks_per_node={c.gpus_per_node}")
+    if c.executor == "local" and c.nodes != 1:
+        raise ConfigError(f"cluster.nodes={c.nodes} with cluster.executor=local: the local executor runs on "
+                          "this machine only. HINT: set cluster.nodes=1")
+    if c.mem_gb is not None and c.mem_gb <= 0:
+        raise ConfigError(f"cluster.mem_gb={c.mem_gb} must be positive (or null for the partition default)")
+    # Values that land on '#SBATCH' lines: a newline there would start a new shell line.
+    single_line = {k: getattr(c, k) for k in ("name", "partition", "account", "qos", "constraint", "exclude", "job_name")}
+    single_line.update({f"sbatch_extra.{k}": v for k, v in c.sbatch_extra.items()})
+    single_line.update({f"sbatch_extra key {k!r}": k for k in c.sbatch_extra})
+    for key, value in single_line.items():
+        if value is not None and any(ch in str(value) for ch in "\n\r\0"):
+            raise ConfigError(f"cluster.{key}={value!r} contains a line break: sbatch options must be one line")
+    for line in c.setup:
+        if "\0" in line:
+            raise ConfigError(f"cluster.setup line {line!r} contains a NUL byte")
+
+
+# ---------------------------------------------------------------- dict -> frozen dataclasses
+
+
+def _build(tp: Any, value: Any, where: str) -> Any:
+    """Build an instance of annotation ``tp`` from plain data, tuples for lists."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if dataclasses.is_dataclass(tp):
+        hints = typing.get_type_hints(tp)
+        kwargs = {f.name: _build(hints[f.name], value[f.name], f"{where}{f.name}.")
+                  for f in dataclasses.fields(tp) if f.name in value}
+        return tp(**kwargs)
+    if origin is typing.Union:  # Optional[X]
+        if value is None:
+            return None
+        return _build(next(a for a in args if a is not type(None)), value, where)
+    if origin is tuple:
+        return tuple(_build(args[0], v, where) for v in value)
+    if origin is dict:
+        return {str(k): _build(args[1], v, where) for k, v in value.items()}
+    return value
+
+
+def _schema_type(tp: Any) -> Any:
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if dataclasses.is_dataclass(tp):
+        return schema(tp)
+    if origin is typing.Union:
+        return Optional[_schema_type(next(a for a in args if a is not type(None)))]
+    if origin is tuple:
+        return typing.List[args[0]]
+    return tp
+
+
+@functools.cache
+def schema(cls: type) -> type:
+    """The mutable twin of a frozen config class, for Hydra's ConfigStore."""
+    hints = typing.get_type_hints(cls)
+    specs = []
+    for f in dataclasses.fields(cls):
+        if f.default_factory is not dataclasses.MISSING:
+            factory = f.default_factory
+            default = field(default_factory=schema(factory) if dataclasses.is_dataclass(factory) else factory)
+        elif isinstance(f.default, tuple):
+            default = field(default_factory=functools.partial(list, f.default))
+        else:
+            default = field(default=f.default)
+        specs.append((f.name, _schema_type(hints[f.name]), default))
+    return dataclasses.make_dataclass(cls.__name__, specs)
+
+
+GROUPS: dict[str, type] = {
+    "dataset": DatasetConfig,
+    "model": ModelConfig,
+    "graph": GraphConfig,
+    "cluster": ClusterConfig,
+}
+
+
+def register_configs() -> None:
+    """Register the schemas: ``base_config`` for conf/config.yaml, ``base_<group>`` for each group."""
+    from hydra.core.config_store import ConfigStore
+
+    cs = ConfigStore.instance()
+    cs.store(name="base_config", node=schema(RunConfig))
+    for group, cls in GROUPS.items():
+        cs.store(group=group, name=f"base_{group}", node=schema(cls))
+
+
+# ---------------------------------------------------------------- typo guard for overrides
+
+
+def check_override_keys(overrides: list[str]) -> None:
+    """Reject command-line keys that no schema has, naming the valid ones.
+
+    Hydra rejects them too, but without saying what would have been right;
+    this runs first and costs no composition.
+    """
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+    except Exception:  # malformed syntax: let Hydra report it in its own words
+        return
+    for ov in parsed:
+        key = ov.key_or_group
+        if key.startswith("hydra") or "@" in key or ov.is_delete():
+            continue
+        parts = key.split(".")
+        if len(parts) == 1 and parts[0] in GROUPS:
+            continue  # a group choice: Hydra lists the available options itself
+        cls: Any = RunConfig
+        for depth, part in enumerate(parts):
+            if not dataclasses.is_dataclass(cls):
+                break
+            hints = typing.get_type_hints(cls)
+            if part not in hints:
+                path = ".".join(parts[:depth])
+                names = sorted(hints)
+                close = difflib.get_close_matches(part, names, n=1)
+                hint = f" Did you mean {'.'.join([*parts[:depth], close[0]])}?" if close else ""
+                where = f"under '{path}'" if path else "at the top level"
+                raise ConfigError(f"Unknown config key '{key}'.{hint} Valid keys {where}: {', '.join(names)}")
+            tp = hints[part]
+            if typing.get_origin(tp) is typing.Union:
+                tp = next(a for a in typing.get_args(tp) if a is not type(None))
+            cls = tp

@@ -1,0 +1,58 @@
+"""The graph store: topology as CSR over incoming edges, plus features, labels and splits."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class Graph:
+    """A node-classification graph held in memory by every rank (replicated mode).
+
+    ``col[rowptr[v]:rowptr[v + 1]]`` are the in-neighbours of ``v``: the nodes whose
+    messages ``v`` aggregates. Samplers read only ``rowptr`` and ``col``.
+    """
+
+    rowptr: Tensor  # int64 [num_nodes + 1]
+    col: Tensor  # int64 [num_edges], neighbour ids sorted within each row
+    x: Tensor  # float32 [num_nodes, num_features]
+    y: Tensor  # int64 [num_nodes], class labels
+    train_idx: Tensor  # int64, node ids of the training split
+    val_idx: Tensor  # int64, node ids of the validation split
+    test_idx: Tensor  # int64, node ids of the test split
+    num_classes: int
+
+    @property
+    def num_nodes(self) -> int:
+        return self.rowptr.numel() - 1
+
+    @property
+    def num_edges(self) -> int:
+        return self.col.numel()
+
+    @property
+    def num_features(self) -> int:
+        return self.x.size(1)
+
+    def degree(self) -> Tensor:
+        return self.rowptr[1:] - self.rowptr[:-1]
+
+    def edge_index(self) -> Tensor:
+        """[2, E] (source, target) pairs, the PyG orientation."""
+        dst = torch.repeat_interleave(torch.arange(self.num_nodes), self.degree())
+        return torch.stack([self.col, dst])
+
+    @classmethod
+    def from_edge_index(cls, edge_index: Tensor, num_nodes: int, x: Tensor, y: Tensor, train_idx: Tensor,
+                        val_idx: Tensor, test_idx: Tensor, num_classes: int) -> Graph:
+        """Build the CSR from (source, target) pairs; duplicate edges are removed."""
+        src, dst = edge_index[0].long(), edge_index[1].long()
+        key = torch.unique(dst * num_nodes + src)  # sorted by target, then source
+        dst, src = key // num_nodes, key % num_nodes
+        rowptr = torch.zeros(num_nodes + 1, dtype=torch.long)
+        rowptr[1:] = torch.cumsum(torch.bincount(dst, minlength=num_nodes), 0)
+        return cls(rowptr, src.contiguous(), x.float().contiguous(), y.long(), train_idx.long(),
+                   val_idx.long(), test_idx.long(), num_classes)

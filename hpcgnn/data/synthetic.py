@@ -1,0 +1,53 @@
+"""A seeded synthetic node-classification graph: communities, homophilous edges, noisy features.
+
+Each class owns ``communities_per_class`` communities. A node sends about
+``avg_degree / 2`` edges, each inside its own community with probability
+``homophily`` and to a uniformly random node otherwise; edges are then made
+undirected. Features are a class centroid plus Gaussian noise strong enough
+that a node's own features are a weak signal while the mean over its
+neighbourhood is a strong one: a GNN clearly beats an MLP on this graph.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from hpcgnn.config import DatasetConfig
+from hpcgnn.data.graph import Graph
+
+
+def make_synthetic(cfg: DatasetConfig) -> Graph:
+    g = torch.Generator().manual_seed(cfg.seed)
+    n, c = cfg.num_nodes, cfg.num_classes
+    num_comm = c * cfg.communities_per_class
+    community = torch.randint(num_comm, (n,), generator=g)
+    y = community % c
+
+    # Out-degree per node: a moderate (log-normal) tail around avg_degree / 2.
+    half = max(cfg.avg_degree / 2.0, 0.5)
+    sigma = 0.6
+    mu = torch.log(torch.tensor(half)) - sigma**2 / 2
+    out_deg = torch.exp(mu + sigma * torch.randn(n, generator=g)).round().long().clamp(min=1)
+    src = torch.repeat_interleave(torch.arange(n), out_deg)
+
+    # Targets: a random member of the source's community, or any node.
+    by_comm = torch.argsort(community, stable=True)
+    comm_size = torch.bincount(community, minlength=num_comm)
+    comm_start = torch.cumsum(comm_size, 0) - comm_size
+    sc = community[src]
+    inside = torch.rand(src.numel(), generator=g) < cfg.homophily
+    pick = (torch.rand(src.numel(), generator=g) * comm_size[sc]).long().clamp(max=comm_size[sc] - 1)
+    dst = torch.where(inside, by_comm[comm_start[sc] + pick], torch.randint(n, (src.numel(),), generator=g))
+    keep = src != dst
+    src, dst = src[keep], dst[keep]
+    edge_index = torch.cat([torch.stack([src, dst]), torch.stack([dst, src])], dim=1)
+
+    # Features: class centroid (unit scale) plus noise.
+    centroids = torch.randn(c, cfg.num_features, generator=g)
+    x = centroids[y] + cfg.feature_noise * torch.randn(n, cfg.num_features, generator=g)
+
+    perm = torch.randperm(n, generator=g)
+    n_train, n_val = int(cfg.train_fraction * n), int(cfg.val_fraction * n)
+    train_idx, val_idx, test_idx = perm[:n_train], perm[n_train:n_train + n_val], perm[n_train + n_val:]
+    return Graph.from_edge_index(edge_index, n, x, y, train_idx.sort().values, val_idx.sort().values,
+                                 test_idx.sort().values, c)

@@ -1,0 +1,53 @@
+"""The code every rank runs, whichever launcher started it.
+
+submitit pickles :func:`run_task` by reference, so it must stay importable from
+the installed package; the local spawn launcher calls :func:`run_rank` directly.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+
+import torch
+
+from hpcgnn.config import RunConfig
+from hpcgnn.dist import pick_device, process_group
+from hpcgnn.env import RankEnv, check_allocation
+from hpcgnn.trainer import train
+
+
+def run_task(cfg: RunConfig) -> dict:
+    """Entry of a task started by submitit (SLURM or local executor)."""
+    return run_rank(cfg, os.environ)
+
+
+def run_rank(cfg: RunConfig, environ: Mapping[str, str]) -> dict:
+    env = RankEnv.from_environ(environ, (cfg.dist.port_min, cfg.dist.port_max), cfg.dist.master_port)
+    _setup_logging(env)
+    if cfg.cluster is not None:
+        nodes, per_node, gpus = cfg.cluster.nodes, cfg.cluster.tasks_per_node, cfg.cluster.gpus_per_node
+    else:
+        nodes, per_node, gpus = 1, cfg.launch.procs, 0
+    check_allocation(env, nodes, per_node, gpus, torch.cuda.device_count() if torch.cuda.is_available() else 0)
+    torch.set_num_threads(cfg.train.num_threads or default_threads(env, environ))
+    device = pick_device(env, cfg.train)
+    logging.getLogger(__name__).info("rank %d/%d (local %d/%d, node %d/%d) via %s on %s, %d threads",
+                                     env.rank, env.world_size, env.local_rank, env.local_world_size,
+                                     env.node_rank, env.num_nodes, env.source, device, torch.get_num_threads())
+    with process_group(env, cfg.dist, device):
+        return train(cfg, env, device)
+
+
+def default_threads(env: RankEnv, environ: Mapping[str, str]) -> int:
+    """The task's share of the node's CPUs: SLURM_CPUS_PER_TASK, else usable cores / local ranks."""
+    if environ.get("SLURM_CPUS_PER_TASK", "").isdigit() and env.source == "slurm":
+        return max(1, int(environ["SLURM_CPUS_PER_TASK"]))
+    return max(1, len(os.sched_getaffinity(0)) // env.local_world_size)
+
+
+def _setup_logging(env: RankEnv) -> None:
+    # Rank 0 tells the story; the others speak up for warnings and errors only.
+    logging.basicConfig(level=logging.INFO if env.is_main else logging.WARNING, force=True,
+                        format=f"%(asctime)s [rank {env.rank}] %(message)s", datefmt="%H:%M:%S")

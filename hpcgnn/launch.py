@@ -1,0 +1,200 @@
+"""From a RunConfig to running ranks: local processes, submitit's local executor, or sbatch.
+
+- no ``cluster``: ``launch.procs`` processes on this machine (torch.multiprocessing, spawn);
+- ``cluster.executor=local``: submitit's LocalExecutor, tasks on this machine with job folders;
+- ``cluster.executor=slurm``: submitit's SlurmExecutor writes and submits the sbatch script.
+
+The sbatch script is rendered by submitit's own code path for dry runs too, so
+``launch.dry_run=true`` prints exactly the script that a real submission writes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from hpcgnn.config import ClusterConfig, RunConfig
+from hpcgnn.env import derive_port
+
+
+def slurm_parameters(c: ClusterConfig) -> dict:
+    """submitit SlurmExecutor parameters for a cluster file (values are quoted by submitit)."""
+    params: dict = {
+        "job_name": c.job_name,
+        "nodes": c.nodes,
+        "ntasks_per_node": c.tasks_per_node,
+        "cpus_per_task": c.cpus_per_task,
+        "time": c.time_min,
+        "signal_delay_s": c.signal_delay_s,
+        "setup": list(c.setup),
+        "additional_parameters": dict(c.sbatch_extra),
+    }
+    if c.gpus_per_node:
+        params["gpus_per_node"] = c.gpus_per_node
+    if c.mem_gb is not None:
+        params["mem"] = f"{int(c.mem_gb * 1024)}M"
+    for key in ("partition", "account", "qos", "constraint", "exclude"):
+        if getattr(c, key) is not None:
+            params[key] = getattr(c, key)
+    return params
+
+
+def job_folder(cfg: RunConfig) -> Path:
+    """submitit's folder for the job's pickles and per-task logs."""
+    return Path(cfg.run_dir) / "submitit"
+
+
+def make_executor(cfg: RunConfig, python: str | None = None, render_only: bool = False):
+    """The submitit executor for ``cfg.cluster``; ``render_only`` builds a SLURM one without srun."""
+    import submitit  # lazy: plain local runs and --help stay fast
+    from submitit.slurm.slurm import SlurmExecutor
+
+    c = cfg.cluster
+    if c is None:
+        raise ValueError("make_executor needs a cluster: add +cluster=NAME")
+    if c.executor == "local":
+        ex = submitit.LocalExecutor(job_folder(cfg), python=python)
+        ex.update_parameters(tasks_per_node=c.tasks_per_node, nodes=1, timeout_min=c.time_min,
+                             gpus_per_node=c.gpus_per_node, signal_delay_s=c.signal_delay_s, setup=list(c.setup))
+        return ex
+
+    class _RenderOnly(SlurmExecutor):
+        @classmethod
+        def affinity(cls) -> int:  # SlurmExecutor refuses to exist where srun is missing
+            return 1
+
+    ex = (_RenderOnly if render_only else SlurmExecutor)(job_folder(cfg), python=python)
+    ex.update_parameters(**slurm_parameters(c))
+    return ex
+
+
+def render_sbatch(cfg: RunConfig, python: str | None = None) -> str:
+    """The sbatch script a submission of ``cfg`` writes, without submitting anything."""
+    ex = make_executor(cfg, python=python, render_only=True)
+    return ex._make_submission_file_text(ex._submitit_command_str, "dry-run")
+
+
+def resolved_yaml(cfg: RunConfig) -> str:
+    return OmegaConf.to_yaml(OmegaConf.create(dataclasses.asdict(cfg)))
+
+
+def launch(cfg: RunConfig) -> int:
+    """Run or submit ``cfg``; returns the process exit code."""
+    if cfg.launch.dry_run:
+        print(dry_run_text(cfg))
+        return 0
+    if cfg.cluster is None:
+        return _spawn_local(cfg)
+    ex = make_executor(cfg)
+    from hpcgnn.job import run_task
+
+    job = ex.submit(run_task, cfg)
+    print(f"submitted job {job.job_id} to {cfg.cluster.name} ({cfg.world_size} tasks); output folder: {cfg.run_dir}",
+          flush=True)
+    if not cfg.launch.wait:
+        return 0
+    return _wait(job, cfg)
+
+
+def dry_run_text(cfg: RunConfig) -> str:
+    if cfg.cluster is None:
+        plan = f"# would start {cfg.launch.procs} local processes (no +cluster given)"
+    elif cfg.cluster.executor == "local":
+        plan = f"# would start {cfg.cluster.tasks_per_node} tasks with submitit's LocalExecutor in {job_folder(cfg)}"
+    else:
+        plan = "# sbatch script\n" + render_sbatch(cfg)
+    return f"{plan}\n\n# resolved config\n{resolved_yaml(cfg)}"
+
+
+def _print_result(summary: dict) -> None:
+    print(f"test accuracy {summary['test_acc']:.4f} (best val {summary['best_val_acc']:.4f} at epoch "
+          f"{summary['best_epoch']}), {summary['world_size']} ranks on {', '.join(summary['hostnames'])}, "
+          f"{summary['seeds_per_s']:.0f} seeds/s, {summary['wall_time_s']:.1f} s", flush=True)
+    print(f"summary: {Path(summary['run_dir']) / 'summary.json'}", flush=True)
+
+
+def _wait(job, cfg: RunConfig) -> int:
+    """Follow rank 0's log until the job ends, then print its result or its error."""
+    from submitit.core.utils import FailedJobError, UncompletedJobError
+
+    offset = 0
+    try:
+        while not job.done():
+            offset = _follow(job.paths.stdout, offset)
+            time.sleep(cfg.launch.poll_s)
+        _follow(job.paths.stdout, offset)
+        results = job.results()
+    except KeyboardInterrupt:
+        print(f"\nstopped waiting; job {job.job_id} goes on (output folder: {cfg.run_dir})", file=sys.stderr)
+        return 130
+    except (FailedJobError, UncompletedJobError) as exc:
+        print(f"job {job.job_id} failed (state {job.state}):\n{exc}", file=sys.stderr, flush=True)
+        return 1
+    _print_result(results[0])
+    return 0
+
+
+def _follow(path: Path, offset: int) -> int:
+    """Print what ``path`` gained since ``offset``; returns the new offset."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            chunk = f.read()
+    except FileNotFoundError:
+        return offset
+    if chunk:
+        sys.stdout.write(chunk.decode(errors="replace"))
+        sys.stdout.flush()
+    return offset + len(chunk)
+
+
+# ---------------------------------------------------------------- no cluster: local processes
+
+
+def free_port(start: int, port_min: int, port_max: int, host: str = "127.0.0.1") -> int:
+    """The first port from ``start`` (wrapping inside the range) that can be bound on ``host`` now."""
+    span = port_max - port_min + 1
+    for i in range(span):
+        port = port_min + (start - port_min + i) % span
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in {port_min}..{port_max}: set dist.port_min/dist.port_max")
+
+
+def _spawn_entry(local_rank: int, cfg: RunConfig, port: int) -> None:
+    from hpcgnn.job import run_rank
+
+    n = cfg.launch.procs
+    environ = {**os.environ, "RANK": str(local_rank), "LOCAL_RANK": str(local_rank), "WORLD_SIZE": str(n),
+               "LOCAL_WORLD_SIZE": str(n), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    run_rank(cfg, environ)
+
+
+def _spawn_local(cfg: RunConfig) -> int:
+    import torch.multiprocessing as mp
+
+    d = cfg.dist
+    port = d.master_port or free_port(derive_port(str(os.getpid()), d.port_min, d.port_max), d.port_min, d.port_max)
+    print(f"starting {cfg.launch.procs} local processes; output folder: {cfg.run_dir}", flush=True)
+    try:
+        mp.start_processes(_spawn_entry, args=(cfg, port), nprocs=cfg.launch.procs, start_method="spawn")
+    except mp.ProcessRaisedException as exc:
+        print(f"a rank failed:{exc}", file=sys.stderr, flush=True)
+        return 1
+    except mp.ProcessExitedException as exc:
+        print(f"a rank died: {exc}", file=sys.stderr, flush=True)
+        return 1
+    with open(Path(cfg.run_dir) / "summary.json") as f:
+        _print_result(json.load(f))
+    return 0

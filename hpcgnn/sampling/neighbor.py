@@ -1,0 +1,101 @@
+"""Uniform neighbour sampling over CSR, hop by hop, vectorised with torch ops.
+
+Per hop, every frontier node keeps all of its neighbours when it has at most
+``fanout`` of them, and a uniform sample of ``fanout`` distinct ones otherwise.
+Nodes are numbered locally in the order they are first reached: the seeds
+first, then the nodes new at hop 1, then at hop 2, ... Edges are grouped by
+hop, so PyG's ``trim_to_layer`` can drop the outer hops layer by layer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class SamplerOutput:
+    """One sampled mini-batch subgraph, in local ids."""
+
+    n_id: Tensor  # int64 [num_nodes], global id of each local node; seeds first
+    edge_index: Tensor  # int64 [2, num_edges], (source, target) in local ids, grouped by hop
+    batch_size: int  # the first batch_size nodes of n_id are the seeds
+    num_sampled_nodes: tuple[int, ...]  # nodes added per hop, seeds included as hop 0
+    num_sampled_edges: tuple[int, ...]  # edges added per hop, hop 1 first
+
+
+class NeighborSampler:
+    """Samples ``fanouts[h]`` neighbours per node at hop ``h``; holds only references to the CSR."""
+
+    def __init__(self, rowptr: Tensor, col: Tensor, fanouts: tuple[int, ...] | list[int]):
+        if rowptr.dtype != torch.long or col.dtype != torch.long:
+            raise TypeError("rowptr and col must be int64")
+        self.rowptr, self.col, self.fanouts = rowptr, col, tuple(int(f) for f in fanouts)
+        # Global -> local id scratch map, reset after every batch (not thread-safe: one sampler per thread).
+        self._local = torch.full((rowptr.numel() - 1,), -1, dtype=torch.long)
+
+    def sample(self, seeds: Tensor, generator: torch.Generator | None = None) -> SamplerOutput:
+        seeds = seeds.long()
+        local = self._local
+        if torch.unique(seeds).numel() != seeds.numel():
+            raise ValueError("seeds must be distinct")
+        n_ids = [seeds]
+        local[seeds] = torch.arange(seeds.numel())
+        num_nodes, edges, num_edges = [seeds.numel()], [], []
+        frontier, frontier_local, total = seeds, torch.arange(seeds.numel()), seeds.numel()
+        try:
+            for fanout in self.fanouts:
+                row, nbr = sample_neighbors(self.rowptr, self.col, frontier, fanout, generator)
+                nbr_local = local[nbr]
+                new_mask = nbr_local < 0
+                new_nodes = torch.unique(nbr[new_mask])  # sorted: deterministic local order
+                local[new_nodes] = torch.arange(total, total + new_nodes.numel())
+                total += new_nodes.numel()
+                nbr_local = local[nbr]
+                edges.append(torch.stack([nbr_local, frontier_local[row]]))
+                num_edges.append(nbr.numel())
+                num_nodes.append(new_nodes.numel())
+                n_ids.append(new_nodes)
+                frontier = new_nodes
+                frontier_local = local[new_nodes]
+            n_id = torch.cat(n_ids)
+        finally:
+            for ids in n_ids:
+                local[ids] = -1
+        edge_index = torch.cat(edges, dim=1) if edges else torch.empty(2, 0, dtype=torch.long)
+        return SamplerOutput(n_id, edge_index, seeds.numel(), tuple(num_nodes), tuple(num_edges))
+
+
+def sample_neighbors(rowptr: Tensor, col: Tensor, nodes: Tensor, fanout: int,
+                     generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
+    """Up to ``fanout`` distinct uniform neighbours of each node.
+
+    Returns ``(row, nbr)``: ``row[i]`` indexes ``nodes`` and ``nbr[i]`` is a global
+    neighbour id of ``nodes[row[i]]``. Rows come out in order.
+    """
+    start = rowptr[nodes]
+    deg = rowptr[nodes + 1] - start
+    take = deg.clamp(max=fanout)
+    row = torch.repeat_interleave(torch.arange(nodes.numel()), take)
+    # Offset of each output slot inside its row's neighbour list.
+    slot = torch.arange(row.numel()) - torch.repeat_interleave(torch.cumsum(take, 0) - take, take)
+    big = deg > fanout
+    if bool(big.any()):
+        # Rows with more neighbours than the fanout: rank their neighbours by random keys
+        # and keep the first `fanout` (a uniform sample without replacement).
+        big_rows = big.nonzero().view(-1)
+        big_deg = deg[big_rows]
+        seg = torch.repeat_interleave(torch.arange(big_rows.numel()), big_deg)
+        keys = torch.rand(seg.numel(), generator=generator, dtype=torch.float64) + seg.to(torch.float64)
+        order = torch.argsort(keys)  # grouped by segment, shuffled within it
+        seg_start = torch.cumsum(big_deg, 0) - big_deg
+        pos = torch.arange(order.numel()) - seg_start[seg]
+        chosen = order[pos < fanout] - seg_start[seg][pos < fanout]  # offsets within each big row, in row order
+        # Output slots of big rows, in the same row order.
+        is_big_slot = big[row]
+        slot = slot.clone()
+        slot[is_big_slot] = chosen
+    nbr = col[start[row] + slot]
+    return row, nbr
