@@ -105,6 +105,12 @@ class LaunchConfig:
 
 
 @dataclass(frozen=True)
+class DebugConfig:
+    fail_rank: int = -1  # fault injection for tests: this rank raises ...
+    fail_step: int = 1  # ... just before this (1-based) training step
+
+
+@dataclass(frozen=True)
 class RunConfig:
     dataset: DatasetConfig = MISSING
     model: ModelConfig = MISSING
@@ -112,6 +118,7 @@ class RunConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     dist: DistConfig = field(default_factory=DistConfig)
     launch: LaunchConfig = field(default_factory=LaunchConfig)
+    debug: DebugConfig = field(default_factory=DebugConfig)
     cluster: Optional[ClusterConfig] = None  # absent: run launch.procs processes on this machine
     run_dir: str = "${hydra:runtime.output_dir}"  # where logs, summary.json and job files go
 

@@ -20,6 +20,9 @@ from hpcgnn.env import RankEnv
 
 log = logging.getLogger(__name__)
 
+# Where collective inputs must live: the rank's GPU under nccl, the CPU under gloo.
+_comm_device = torch.device("cpu")
+
 
 def pick_device(env: RankEnv, train: TrainConfig) -> torch.device:
     """cuda:<local_rank> when CUDA is wanted and present (cuda:0 if the task sees one GPU), else cpu."""
@@ -62,31 +65,40 @@ def process_group(env: RankEnv, cfg: DistConfig, device: torch.device) -> Iterat
         hint = ("the port is taken: set dist.master_port to a free port" if env.is_main
                 else f"rank 0 did not open {where} in time: check that it started and that the port is reachable")
         raise RuntimeError(f"rank {env.rank}: rendezvous at {where} failed ({exc}). HINT: {hint}") from exc
+    global _comm_device
     kwargs = {"device_id": device} if device.type == "cuda" else {}
     dist.init_process_group(backend, store=store, rank=env.rank, world_size=env.world_size,
                             timeout=timedelta(seconds=cfg.timeout_s), **kwargs)
+    _comm_device = device if backend == "nccl" else torch.device("cpu")
     try:
         yield
     finally:
         # No barrier here: after an error on one rank, a barrier would wait for the dead.
         dist.destroy_process_group()
+        _comm_device = torch.device("cpu")
 
 
 def initialized() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
-def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
-    """Sum ``t`` over ranks in place and return it."""
+def _all_reduce(t: torch.Tensor, op) -> torch.Tensor:
     if initialized():
-        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        buf = t.to(_comm_device)  # nccl reduces GPU tensors only; a no-op copy under gloo
+        dist.all_reduce(buf, op=op)
+        if buf is not t:
+            t.copy_(buf)
     return t
+
+
+def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
+    """Sum ``t`` over ranks in place and return it (any device)."""
+    return _all_reduce(t, dist.ReduceOp.SUM)
 
 
 def all_reduce_max(t: torch.Tensor) -> torch.Tensor:
-    if initialized():
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return t
+    """Element-wise maximum of ``t`` over ranks, in place (any device)."""
+    return _all_reduce(t, dist.ReduceOp.MAX)
 
 
 def all_gather_object(obj: object) -> list:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from collections.abc import Mapping
 
 import torch
@@ -33,6 +34,8 @@ def run_rank(cfg: RunConfig, environ: Mapping[str, str]) -> dict:
     check_allocation(env, nodes, per_node, gpus, torch.cuda.device_count() if torch.cuda.is_available() else 0)
     torch.set_num_threads(cfg.train.num_threads or default_threads(env, environ))
     device = pick_device(env, cfg.train)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)  # nccl's object collectives use the current device
     logging.getLogger(__name__).info("rank %d/%d (local %d/%d, node %d/%d) via %s on %s, %d threads",
                                      env.rank, env.world_size, env.local_rank, env.local_world_size,
                                      env.node_rank, env.num_nodes, env.source, device, torch.get_num_threads())
@@ -48,6 +51,12 @@ def default_threads(env: RankEnv, environ: Mapping[str, str]) -> int:
 
 
 def _setup_logging(env: RankEnv) -> None:
-    # Rank 0 tells the story; the others speak up for warnings and errors only.
-    logging.basicConfig(level=logging.INFO if env.is_main else logging.WARNING, force=True,
-                        format=f"%(asctime)s [rank {env.rank}] %(message)s", datefmt="%H:%M:%S")
+    """hpcgnn's loggers write to the task's stdout; rank 0 tells the story, the others warn only."""
+    logger = logging.getLogger("hpcgnn")
+    for handler in list(logger.handlers):
+        logger.removeHandler(handler)
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(logging.Formatter(f"%(asctime)s [rank {env.rank}] %(message)s", datefmt="%H:%M:%S"))
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO if env.is_main else logging.WARNING)
+    logger.propagate = False

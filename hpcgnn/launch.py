@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import socket
 import sys
 import time
@@ -39,7 +40,7 @@ def slurm_parameters(c: ClusterConfig) -> dict:
     if c.gpus_per_node:
         params["gpus_per_node"] = c.gpus_per_node
     if c.mem_gb is not None:
-        params["mem"] = f"{int(c.mem_gb * 1024)}M"
+        params["mem"] = f"{int(c.mem_gb)}G" if float(c.mem_gb).is_integer() else f"{int(c.mem_gb * 1024)}M"
     for key in ("partition", "account", "qos", "constraint", "exclude"):
         if getattr(c, key) is not None:
             params[key] = getattr(c, key)
@@ -135,10 +136,46 @@ def _wait(job, cfg: RunConfig) -> int:
         print(f"\nstopped waiting; job {job.job_id} goes on (output folder: {cfg.run_dir})", file=sys.stderr)
         return 130
     except (FailedJobError, UncompletedJobError) as exc:
-        print(f"job {job.job_id} failed (state {job.state}):\n{exc}", file=sys.stderr, flush=True)
+        print(failure_report(job, exc), file=sys.stderr, flush=True)
         return 1
     _print_result(results[0])
     return 0
+
+
+def failure_report(job, exc: Exception) -> str:
+    """Which ranks failed, and the full error of the one that failed first.
+
+    When one rank dies, the others fail next with communication errors
+    ("Connection closed by peer"); the first failure in time is the cause.
+    """
+    from submitit.core.utils import UncompletedJobError
+
+    failed = []
+    for rank in range(job.num_tasks):
+        task = job.task(rank)
+        try:
+            err = task.exception()
+        except UncompletedJobError as e:
+            err = e
+        if err is not None:
+            pickle = task.paths.result_pickle
+            when = pickle.stat().st_mtime if pickle.exists() else float("inf")
+            failed.append((when, rank, err))
+    if not failed:
+        return f"job {job.job_id} ended as {job.state} without a result:\n{exc}"
+    failed.sort(key=lambda f: (f[0], f[1]))
+    lines = [f"job {job.job_id} failed (state {job.state}); failed ranks:"]
+    lines += [f"  rank {rank}: {_last_line(str(err))}" for _, rank, err in sorted(failed, key=lambda f: f[1])]
+    _, rank, err = failed[0]
+    lines += [f"first failure, rank {rank}:", str(err)]
+    return "\n".join(lines)
+
+
+def _last_line(text: str) -> str:
+    """The exception line of a traceback dump (the last line that names an error)."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not set(ln.strip()) <= {"-"}]
+    errs = [ln for ln in lines if re.match(r"^[\w.]+(Error|Exception|Interrupt|Exit)\b", ln)]
+    return (errs or lines or ["(no message)"])[-1][:300]
 
 
 def _follow(path: Path, offset: int) -> int:

@@ -76,7 +76,7 @@ def train(cfg: RunConfig, env: RankEnv, device: torch.device) -> dict:
                  env.world_size, steps, t.batch_size, list(t.fanouts))
 
     history, best = [], {"val_acc": -1.0, "test_acc": 0.0, "epoch": 0}
-    train_time, seeds_done = 0.0, 0
+    train_time, seeds_done, step = 0.0, 0, 0
     for epoch in range(1, t.epochs + 1):
         model.train()
         seeds = rank_seeds(graph.train_idx, env.world_size, env.rank,
@@ -85,6 +85,9 @@ def train(cfg: RunConfig, env: RankEnv, device: torch.device) -> dict:
         sums = torch.zeros(4, dtype=torch.float64)  # loss * n, correct, n, steps
         t0 = time.perf_counter()
         for data in NodeLoader(graph, sampler, seeds, t.batch_size, gen, device):
+            step += 1
+            if env.rank == cfg.debug.fail_rank and step == cfg.debug.fail_step:
+                raise RuntimeError(f"injected failure on rank {env.rank} at step {step} (debug.fail_rank)")
             opt.zero_grad(set_to_none=True)
             logits = forward_batch(ddp, data)
             y = data.y[: data.batch_size]

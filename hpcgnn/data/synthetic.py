@@ -42,9 +42,10 @@ def make_synthetic(cfg: DatasetConfig) -> Graph:
     src, dst = src[keep], dst[keep]
     edge_index = torch.cat([torch.stack([src, dst]), torch.stack([dst, src])], dim=1)
 
-    # Features: class centroid (unit scale) plus noise.
+    # Features: class centroid (unit scale) plus noise, scaled back to unit variance.
     centroids = torch.randn(c, cfg.num_features, generator=g)
     x = centroids[y] + cfg.feature_noise * torch.randn(n, cfg.num_features, generator=g)
+    x /= (1.0 + cfg.feature_noise**2) ** 0.5
 
     perm = torch.randperm(n, generator=g)
     n_train, n_val = int(cfg.train_fraction * n), int(cfg.val_fraction * n)

@@ -1,0 +1,33 @@
+# The two commands of the README:
+#   make run    set up .venv and train the default job (ARGS="model=gat +cluster=local" to change it)
+#   make test   set up .venv and run the test suite
+# TORCH_SPEC picks the torch build installed before the project (default: the CPU wheel of this
+# machine kind; e.g. TORCH_SPEC="torch==2.5.1 --index-url https://download.pytorch.org/whl/cu124").
+PYTHON ?= python3
+VENV ?= .venv
+TORCH_SPEC ?= torch==2.13.0
+ARGS ?=
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.hpcgnn-installed
+
+.PHONY: run test lint setup clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check $(TORCH_SPEC)
+	$(PY) -m pip install --quiet --disable-pip-version-check -e ".[dev]"
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(PY) -m hpcgnn $(ARGS)
+
+test: $(STAMP)
+	$(PY) -m pytest -q -ra tests $(ARGS)
+
+lint: $(STAMP)
+	$(PY) -m ruff check hpcgnn hydra_plugins tests benchmarks
+
+clean:
+	rm -rf outputs multirun .pytest_cache

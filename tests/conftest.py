@@ -1,0 +1,39 @@
+"""Shared helpers: compose a RunConfig like the CLI does, and run the CLI itself."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+
+from hpcgnn import CONF_DIR
+from hpcgnn.config import RunConfig, register_configs
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def make_config(*overrides: str, run_dir: str = "/tmp/hpcgnn-test-run") -> RunConfig:
+    """Compose conf/ with ``overrides`` through Hydra, as ``python -m hpcgnn`` does."""
+    register_configs()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        dcfg = compose(config_name="config", overrides=[*overrides, f"run_dir={run_dir}"])
+    return RunConfig.from_dictconfig(dcfg)
+
+
+def run_cli(*args: str, cwd: Path, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
+    """``python -m hpcgnn ARGS`` in a subprocess whose run folder is ``cwd/run``."""
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    return subprocess.run([sys.executable, "-m", "hpcgnn", *args, f"hydra.run.dir={cwd / 'run'}"],
+                          cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture
+def tiny_overrides() -> list[str]:
+    """A graph and schedule small enough for a multi-process run in seconds."""
+    return ["dataset.num_nodes=4000", "train.epochs=2", "train.batch_size=256", "model.hidden_channels=32"]

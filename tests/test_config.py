@@ -1,0 +1,165 @@
+"""Config composition, typo and resource checks, and the rendered sbatch script."""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+import subprocess
+from pathlib import Path
+
+import pytest
+from conftest import make_config, run_cli
+
+from hpcgnn.config import ConfigError, RunConfig, check_override_keys
+from hpcgnn.launch import render_sbatch, slurm_parameters
+
+GOLDEN = Path(__file__).parent / "golden"
+
+
+def test_defaults_compose_into_frozen_config():
+    cfg = make_config()
+    assert isinstance(cfg, RunConfig)
+    assert (cfg.dataset.name, cfg.model.name, cfg.graph.mode, cfg.cluster) == ("synthetic", "sage", "replicated", None)
+    assert cfg.train.fanouts == (10, 5) and isinstance(cfg.train.fanouts, tuple)
+    assert cfg.world_size == cfg.launch.procs
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.train.lr = 1.0  # type: ignore[misc]
+
+
+def test_group_choices_and_cluster_append():
+    cfg = make_config("model=gat", "train.lr=0.01", "train.fanouts=[4,3,2]", "+cluster=example_gpu",
+                      "cluster.nodes=3")
+    assert (cfg.model.name, cfg.model.heads, cfg.train.lr, cfg.train.fanouts) == ("gat", 4, 0.01, (4, 3, 2))
+    assert cfg.cluster.nodes == 3 and cfg.cluster.gpus_per_node == 4
+    assert cfg.world_size == 12
+    assert cfg.cluster.setup == ("module load cuda/12.4", "export NCCL_DEBUG=WARN")
+
+
+@pytest.mark.parametrize("override, message", [
+    ("train.lrr=1", r"Unknown config key 'train.lrr'\. Did you mean train.lr\? Valid keys under 'train': "
+                    r"batch_size, device, epochs, .*lr, num_threads, seed, weight_decay"),
+    ("trian.lr=1", r"Unknown config key 'trian.lr'\. Did you mean train\? Valid keys at the top level: .*"),
+    ("cluster.gpus_per_nod=1", r"Did you mean cluster.gpus_per_node\?"),
+    ("+cluster.foo=1", r"Unknown config key 'cluster.foo'"),
+    ("model.hiden_channels=3", r"Did you mean model.hidden_channels\?"),
+])
+def test_override_typos_name_valid_keys(override, message):
+    with pytest.raises(ConfigError, match=message):
+        check_override_keys([override])
+
+
+def test_valid_overrides_pass_the_typo_guard():
+    check_override_keys(["model=gat", "+cluster=local", "cluster.nodes=1", "train.fanouts=[5,5]",
+                         "hydra.run.dir=/tmp/x", "dataset.num_nodes=10", "train.lr=1e-3,3e-3"])
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["+cluster=example_gpu", "cluster.tasks_per_node=2"],
+     r"cluster.tasks_per_node=2 but cluster.gpus_per_node=4: hpcgnn runs one rank per GPU\. "
+     r"HINT: set cluster.tasks_per_node=4"),
+    (["+cluster=local", "cluster.nodes=2"], r"the local executor runs on this machine only\. HINT: set cluster.nodes=1"),
+    (["+cluster=example_gpu", "cluster.partition='gpu\nrm -rf /'"], r"contains a line break"),
+    (["+cluster=example_gpu", "cluster.nodes=0"], r"cluster.nodes=0 must be at least 1"),
+    (["+cluster=example_gpu", "cluster.mem_gb=-1"], r"cluster.mem_gb=-1.0 must be positive"),
+    (["+cluster=example_gpu", "cluster.executor=pbs"], r"cluster.executor='pbs' is unknown: use slurm or local"),
+    (["train.fanouts=[]"], r"train.fanouts=\[\] must be one or more positive integers"),
+    (["train.batch_size=0"], r"train.batch_size=0 must be at least 1"),
+    (["model.name=transformer"], r"model.name='transformer' is unknown: use one of gat, gcn, gin, mlp, sage"),
+    (["dataset.train_fraction=0.95"], r"must be positive and sum to less than 1"),
+    (["dist.backend=mpi"], r"dist.backend='mpi' is unknown"),
+])
+def test_invalid_values_rejected(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        make_config(*overrides)
+
+
+def test_golden_sbatch_example_cluster():
+    cfg = make_config("+cluster=example_gpu", run_dir="/scratch/alice/hpcgnn/run-1")
+    text = render_sbatch(cfg, python="/opt/venv/bin/python")
+    golden = (GOLDEN / "example_gpu.sbatch").read_text()
+    assert text == golden, "rendered sbatch changed: if intended, update tests/golden/example_gpu.sbatch"
+
+
+HOSTILE = {
+    "job_name": "x'; touch /tmp/pwned-job; echo '",
+    "partition": "gpu;touch /tmp/pwned",
+    "account": "$(touch /tmp/pwned)",
+    "qos": "`id`",
+    "constraint": 'a100"&&id',
+}
+
+
+def test_hostile_values_are_inert_quoted_data(tmp_path):
+    cfg = make_config("+cluster=example_gpu")
+    cluster = dataclasses.replace(cfg.cluster, **HOSTILE, sbatch_extra={"comment": "a b;$(id)"})
+    cfg = dataclasses.replace(cfg, cluster=cluster, run_dir=str(tmp_path / "run dir; $(id)"))
+    cfg.validate()  # one-line values are legal: quoting, not rejection, makes them safe
+    text = render_sbatch(cfg, python="/opt/venv/bin/python")
+    flags = {}
+    for line in text.splitlines():
+        if line.startswith("#SBATCH "):
+            key, _, value = line.removeprefix("#SBATCH --").partition("=")
+            # sbatch reads the value like a shell word: it must come back unchanged.
+            flags[key] = shlex.split(value)[0] if value else True
+    for key, value in HOSTILE.items():
+        assert flags[key.replace("_", "-")] == value
+    assert flags["comment"] == "a b;$(id)"
+    # The command lines after the #SBATCH block: bash must see the hostile run folder as one word.
+    srun = next(line for line in text.splitlines() if line.startswith("srun "))
+    words = shlex.split(srun)
+    assert words[-1] == str(tmp_path / "run dir; $(id)" / "submitit")
+    # And executing the script body with srun stubbed runs nothing hostile.
+    stub = tmp_path / "bin"
+    stub.mkdir()
+    (stub / "srun").write_text("#!/bin/sh\necho \"$@\" > \"$SRUN_ARGS\"\n")
+    (stub / "srun").chmod(0o755)
+    (stub / "module").write_text("#!/bin/sh\n")
+    (stub / "module").chmod(0o755)
+    script = tmp_path / "job.sh"
+    script.write_text(text)
+    subprocess.run(["bash", str(script)], check=True, cwd=tmp_path,
+                   env={"PATH": f"{stub}:/usr/bin:/bin", "SRUN_ARGS": str(tmp_path / "srun.args")})
+    assert not list(tmp_path.glob("pwned*")) and not Path("/tmp/pwned").exists()
+    assert "run dir; $(id)/submitit" in (tmp_path / "srun.args").read_text()
+
+
+def test_slurm_parameters_cover_the_cluster_file():
+    cfg = make_config("+cluster=example_gpu")
+    params = slurm_parameters(cfg.cluster)
+    assert params["nodes"] == 2 and params["ntasks_per_node"] == 4 and params["gpus_per_node"] == 4
+    assert params["mem"] == "256G" and params["time"] == 240 and params["partition"] == "gpu"
+    assert params["additional_parameters"] == {"mail-type": "FAIL"}
+
+
+def test_cli_dry_run_prints_script_and_config(tmp_path):
+    res = run_cli("+cluster=example_gpu", "launch.dry_run=true", cwd=tmp_path, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert "#SBATCH --ntasks-per-node=4" in res.stdout and "#SBATCH --nodes=2" in res.stdout
+    assert "srun --unbuffered" in res.stdout and "module load cuda/12.4" in res.stdout
+    assert "# resolved config" in res.stdout and "gpus_per_node: 4" in res.stdout
+    assert not (tmp_path / "run" / "submitit").exists()  # nothing submitted
+
+
+def test_cli_typo_fails_fast_with_valid_names(tmp_path):
+    res = run_cli("train.epoch=3", cwd=tmp_path, timeout=120)
+    assert res.returncode == 2
+    assert "Did you mean train.epochs?" in res.stderr and "Valid keys under 'train'" in res.stderr
+
+
+def test_cli_invalid_resources_fail_before_submission(tmp_path):
+    res = run_cli("+cluster=example_gpu", "cluster.tasks_per_node=8", cwd=tmp_path, timeout=120)
+    assert res.returncode == 2
+    assert "HINT: set cluster.tasks_per_node=4" in res.stderr
+
+
+def test_user_cluster_folder(tmp_path):
+    folder = tmp_path / "mine" / "cluster"
+    folder.mkdir(parents=True)
+    (folder / "mycluster.yaml").write_text("defaults:\n  - base_cluster\nname: mycluster\npartition: big\nnodes: 3\n")
+    res = run_cli("+cluster=mycluster", "launch.dry_run=true", cwd=tmp_path, timeout=120,
+                  env={"HPCGNN_CONFIG_DIR": str(tmp_path / "mine")})
+    assert res.returncode == 0, res.stderr
+    assert "#SBATCH --partition=big" in res.stdout and "#SBATCH --nodes=3" in res.stdout
+    res = run_cli("+cluster=mycluster", "launch.dry_run=true", cwd=tmp_path, timeout=120,
+                  env={"HPCGNN_CONFIG_DIR": str(tmp_path / "elsewhere")})
+    assert res.returncode != 0 and "Could not find 'cluster/mycluster'" in res.stderr

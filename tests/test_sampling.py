@@ -1,0 +1,147 @@
+"""Invariants of every sampled batch, uniformity, determinism, and equal steps per rank."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from hpcgnn.config import DatasetConfig
+from hpcgnn.data import Graph, load_graph
+from hpcgnn.sampling import NeighborSampler, NodeLoader, rank_seeds, sample_neighbors, steps_per_epoch
+
+
+@pytest.fixture(scope="module")
+def graph() -> Graph:
+    """A small synthetic graph plus two hubs, so that both sampling paths (all / subset) run."""
+    base = load_graph(DatasetConfig(num_nodes=3000, avg_degree=8, seed=3))
+    ei = base.edge_index()
+    hubs = torch.tensor([0, 1])
+    spokes = torch.arange(2, 600)
+    extra = torch.cat([torch.stack([spokes, hubs[0].expand_as(spokes)]), torch.stack([spokes, hubs[1].expand_as(spokes)])], 1)
+    ei = torch.cat([ei, extra, extra.flip(0)], 1)
+    return Graph.from_edge_index(ei, base.num_nodes, base.x, base.y, base.train_idx, base.val_idx, base.test_idx,
+                                 base.num_classes)
+
+
+FANOUTS = (7, 4, 3)
+
+
+def check_batch(graph: Graph, data, seeds: torch.Tensor, fanouts=FANOUTS) -> None:
+    n_id, ei, bs = data.n_id, data.edge_index, data.batch_size
+    # Seeds first, no duplicates, counts per hop add up.
+    assert bs == seeds.numel() and torch.equal(n_id[:bs], seeds)
+    assert torch.unique(n_id).numel() == n_id.numel()
+    assert sum(data.num_sampled_nodes) == n_id.numel() and sum(data.num_sampled_edges) == ei.size(1)
+    assert len(data.num_sampled_nodes) == len(fanouts) + 1
+    # Every sampled edge exists in the graph.
+    src, dst = n_id[ei[0]], n_id[ei[1]]
+    n = graph.num_nodes
+    real = set((graph.edge_index()[0] * n + graph.edge_index()[1]).tolist())
+    assert set((src * n + dst).tolist()) <= real
+    # Hop by hop: targets are the previous hop's new nodes, fanout respected, small rows taken whole.
+    node_start = torch.cumsum(torch.tensor([0, *data.num_sampled_nodes]), 0)
+    edge_start = torch.cumsum(torch.tensor([0, *data.num_sampled_edges]), 0)
+    deg = graph.degree()
+    for hop, fanout in enumerate(fanouts):
+        e = ei[:, edge_start[hop]:edge_start[hop + 1]]
+        lo, hi = node_start[hop], node_start[hop + 1]
+        assert bool(((e[1] >= lo) & (e[1] < hi)).all())
+        counts = torch.bincount(e[1] - lo, minlength=int(hi - lo))
+        expected = deg[n_id[lo:hi]].clamp(max=fanout)
+        assert torch.equal(counts, expected)
+        # Sources are known before or at the next hop.
+        assert bool((e[0] < node_start[hop + 2]).all())
+        # No neighbour twice for the same target (sampling without replacement).
+        pairs = e[0] * n_id.numel() + e[1]
+        assert torch.unique(pairs).numel() == pairs.numel()
+    # Features and labels are gathered by n_id.
+    assert torch.equal(data.x, graph.x[n_id]) and torch.equal(data.y, graph.y[n_id])
+
+
+def test_every_batch_is_a_valid_sampled_subgraph(graph):
+    sampler = NeighborSampler(graph.rowptr, graph.col, FANOUTS)
+    seeds = torch.cat([torch.tensor([0, 1]), graph.train_idx[graph.train_idx > 1]])
+    batches = 0
+    for data, chunk in zip(NodeLoader(graph, sampler, seeds, 97, torch.Generator().manual_seed(0)),
+                           seeds.split(97), strict=True):
+        check_batch(graph, data, chunk)
+        batches += 1
+    assert batches == math.ceil(seeds.numel() / 97)
+
+
+def test_sampling_is_deterministic_per_seed(graph):
+    sampler = NeighborSampler(graph.rowptr, graph.col, FANOUTS)
+    seeds = torch.tensor([0, 1, 5, 17])
+    a = sampler.sample(seeds, torch.Generator().manual_seed(11))
+    b = sampler.sample(seeds, torch.Generator().manual_seed(11))
+    c = sampler.sample(seeds, torch.Generator().manual_seed(12))
+    assert torch.equal(a.n_id, b.n_id) and torch.equal(a.edge_index, b.edge_index)
+    assert not torch.equal(a.n_id, c.n_id)
+
+
+def test_sampling_is_uniform_without_replacement():
+    # One node with 20 neighbours, fanout 5: each neighbour is chosen with probability 1/4.
+    rowptr = torch.tensor([0, 20] + [20] * 20)
+    col = torch.arange(1, 21)
+    gen = torch.Generator().manual_seed(0)
+    draws = 8000
+    counts = torch.zeros(21)
+    for _ in range(draws):
+        row, nbr = sample_neighbors(rowptr, col, torch.tensor([0]), 5, gen)
+        assert nbr.unique().numel() == 5 and bool((row == 0).all())
+        counts[nbr] += 1
+    freq = counts[1:] / draws
+    # Binomial std at p=0.25, n=8000 is 0.0048; 5 sigma keeps this seeded check meaningful and stable.
+    assert float((freq - 0.25).abs().max()) < 0.025
+
+
+def test_duplicate_seeds_rejected(graph):
+    sampler = NeighborSampler(graph.rowptr, graph.col, (2,))
+    with pytest.raises(ValueError, match="seeds must be distinct"):
+        sampler.sample(torch.tensor([3, 3]))
+
+
+def test_sampler_leaves_no_state_between_batches(graph):
+    sampler = NeighborSampler(graph.rowptr, graph.col, FANOUTS)
+    sampler.sample(torch.tensor([0, 7, 9]), torch.Generator().manual_seed(1))
+    assert bool((sampler._local == -1).all())
+
+
+@pytest.mark.parametrize("num_seeds", [1, 7, 100, 1001, 1023])
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4, 7])
+def test_equal_steps_for_uneven_seed_counts(num_seeds, world_size):
+    seeds = torch.arange(10_000, 10_000 + num_seeds)
+    batch = 64
+    shares = [rank_seeds(seeds, world_size, r, torch.Generator().manual_seed(5)) for r in range(world_size)]
+    lengths = {s.numel() for s in shares}
+    assert lengths == {math.ceil(num_seeds / world_size)}
+    steps = {math.ceil(s.numel() / batch) for s in shares}
+    assert steps == {steps_per_epoch(num_seeds, world_size, batch)}
+    # Every seed is trained on, and the ranks' shares only overlap by the padding.
+    union = torch.cat(shares)
+    assert set(union.tolist()) == set(seeds.tolist())
+    assert union.numel() - num_seeds < world_size or num_seeds < world_size
+
+
+def test_rank_seeds_is_a_permutation_shared_by_all_ranks():
+    seeds = torch.arange(50)
+    a = [rank_seeds(seeds, 2, r, torch.Generator().manual_seed(1)) for r in range(2)]
+    assert sorted(torch.cat(a).tolist()) == list(range(50))
+    assert not torch.equal(torch.cat(a).sort().values, torch.cat(a))  # shuffled
+
+
+def test_synthetic_graph_is_deterministic_and_homophilous():
+    cfg = DatasetConfig(num_nodes=5000, seed=7)
+    g1, g2 = load_graph(cfg), load_graph(cfg)
+    assert torch.equal(g1.col, g2.col) and torch.equal(g1.x, g2.x) and torch.equal(g1.y, g2.y)
+    g3 = load_graph(DatasetConfig(num_nodes=5000, seed=8))
+    assert not torch.equal(g1.y, g3.y)
+    src, dst = g1.edge_index()
+    same = (g1.y[src] == g1.y[dst]).float().mean().item()
+    assert same > 0.45  # homophily 0.5 inside communities plus 1/num_classes by chance
+    assert abs(g1.num_edges / g1.num_nodes - cfg.avg_degree) < 1.5
+    assert not bool((src == dst).any())
+    splits = torch.cat([g1.train_idx, g1.val_idx, g1.test_idx])
+    assert torch.equal(splits.sort().values, torch.arange(5000))
