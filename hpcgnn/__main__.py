@@ -15,15 +15,13 @@ _exit_codes: list[int] = []
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
 def _hydra_entry(dcfg: DictConfig) -> None:
-    try:
-        cfg = RunConfig.from_dictconfig(dcfg)
-    except ConfigError as exc:
-        print(f"hpcgnn: config error: {exc}", file=sys.stderr)
-        _exit_codes.append(2)
-        return
     from hpcgnn.launch import launch
 
-    _exit_codes.append(launch(cfg))
+    try:
+        _exit_codes.append(launch(RunConfig.from_dictconfig(dcfg)))
+    except ConfigError as exc:  # includes AllocationError: what was launched does not match the config
+        print(f"hpcgnn: config error: {exc}", file=sys.stderr)
+        _exit_codes.append(2)
 
 
 def main() -> None:

@@ -266,8 +266,13 @@ GROUPS: dict[str, type] = {
 
 def register_configs() -> None:
     """Register the schemas: ``base_config`` for conf/config.yaml, ``base_<group>`` for each group."""
+    import os
+
     from hydra.core.config_store import ConfigStore
 
+    from hpcgnn.env import run_name
+
+    OmegaConf.register_new_resolver("hpcgnn_run_name", lambda: run_name(os.environ), replace=True, use_cache=True)
     cs = ConfigStore.instance()
     cs.store(name="base_config", node=schema(RunConfig))
     for group, cls in GROUPS.items():

@@ -12,6 +12,7 @@ Nothing here writes ``os.environ``: every function takes the mapping it reads.
 
 from __future__ import annotations
 
+import datetime
 import itertools
 import os
 import re
@@ -141,6 +142,29 @@ def detect_source(environ: Mapping[str, str]) -> str:
         if all(m in environ for m in markers):
             return source
     return "single"
+
+
+def started_as_rank(environ: Mapping[str, str]) -> bool:
+    """True when torchrun or srun started this process as one rank of a job."""
+    source = detect_source(environ)
+    return source == "torchrun" or (source == "slurm" and SOURCES["slurm"]["step_tasks"] in environ)
+
+
+def run_name(environ: Mapping[str, str], now: datetime.datetime | None = None) -> str:
+    """The run folder's name, the same on every rank of an externally launched job.
+
+    srun and torchrun start each rank as its own ``python -m hpcgnn``: a
+    timestamp would give every rank its own folder.
+    """
+    source = detect_source(environ)
+    if source == "slurm" and started_as_rank(environ):
+        return f"slurm-{environ['SLURM_JOB_ID']}.{environ.get('SLURM_STEP_ID', 'batch')}"
+    if source == "torchrun":
+        run_id = environ.get("TORCHELASTIC_RUN_ID", "none")
+        if run_id == "none":  # torchrun's default: fall back to what all ranks share
+            run_id = f"{environ['MASTER_ADDR']}-{environ['MASTER_PORT']}"
+        return f"torchrun-{run_id}"
+    return (now or datetime.datetime.now()).strftime("%Y-%m-%d/%H-%M-%S-%f")
 
 
 def derive_port(job_id: str, port_min: int = 20000, port_max: int = 32767) -> int:

@@ -27,11 +27,10 @@ def run_task(cfg: RunConfig) -> dict:
 def run_rank(cfg: RunConfig, environ: Mapping[str, str]) -> dict:
     env = RankEnv.from_environ(environ, (cfg.dist.port_min, cfg.dist.port_max), cfg.dist.master_port)
     _setup_logging(env)
-    if cfg.cluster is not None:
-        nodes, per_node, gpus = cfg.cluster.nodes, cfg.cluster.tasks_per_node, cfg.cluster.gpus_per_node
-    else:
-        nodes, per_node, gpus = 1, cfg.launch.procs, 0
-    check_allocation(env, nodes, per_node, gpus, torch.cuda.device_count() if torch.cuda.is_available() else 0)
+    if cfg.cluster is not None:  # without a cluster file, the layout is whatever started us
+        c = cfg.cluster
+        check_allocation(env, c.nodes, c.tasks_per_node, c.gpus_per_node,
+                         torch.cuda.device_count() if torch.cuda.is_available() else 0)
     torch.set_num_threads(cfg.train.num_threads or default_threads(env, environ))
     device = pick_device(env, cfg.train)
     if device.type == "cuda":

@@ -22,7 +22,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from hpcgnn.config import ClusterConfig, RunConfig
-from hpcgnn.env import derive_port
+from hpcgnn.env import SOURCES, derive_port, detect_source, started_as_rank
 
 
 def slurm_parameters(c: ClusterConfig) -> dict:
@@ -91,7 +91,10 @@ def launch(cfg: RunConfig) -> int:
     if cfg.launch.dry_run:
         print(dry_run_text(cfg))
         return 0
-    if cfg.cluster is None:
+    mode = launch_mode(cfg, os.environ)
+    if mode == "rank":
+        return _run_this_rank(cfg)
+    if mode == "spawn":
         return _spawn_local(cfg)
     ex = make_executor(cfg)
     from hpcgnn.job import run_task
@@ -102,6 +105,24 @@ def launch(cfg: RunConfig) -> int:
     if not cfg.launch.wait:
         return 0
     return _wait(job, cfg)
+
+
+def launch_mode(cfg: RunConfig, environ) -> str:
+    """How this process runs ``cfg``.
+
+    - ``rank``: srun or torchrun started this process as one rank: train in place. A
+      SLURM batch script with several tasks but no srun lands here too, and fails
+      with the srun line to use.
+    - ``submit``: hand the job to the cluster's executor (also from inside a batch job).
+    - ``spawn``: start ``launch.procs`` processes on this machine.
+    """
+    if started_as_rank(environ):
+        return "rank"
+    if cfg.cluster is not None:
+        return "submit"
+    if detect_source(environ) == "slurm" and int(environ.get("SLURM_NTASKS", "1")) > 1:
+        return "rank"
+    return "spawn"
 
 
 def dry_run_text(cfg: RunConfig) -> str:
@@ -207,6 +228,16 @@ def free_port(start: int, port_min: int, port_max: int, host: str = "127.0.0.1")
                 continue
             return port
     raise RuntimeError(f"no free port in {port_min}..{port_max}: set dist.port_min/dist.port_max")
+
+
+def _run_this_rank(cfg: RunConfig) -> int:
+    """This process is one rank that srun or torchrun started: train here."""
+    from hpcgnn.job import run_rank
+
+    summary = run_rank(cfg, os.environ)
+    if os.environ[SOURCES[detect_source(os.environ)]["rank"]] == "0":
+        _print_result(summary)
+    return 0
 
 
 def _spawn_entry(local_rank: int, cfg: RunConfig, port: int) -> None:

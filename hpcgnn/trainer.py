@@ -55,7 +55,7 @@ def param_checksum(model: torch.nn.Module) -> str:
 
 
 def train(cfg: RunConfig, env: RankEnv, device: torch.device) -> dict:
-    """Train on this rank; returns the run summary (every rank returns the same one)."""
+    """Train on this rank; returns the run summary (the same on every rank)."""
     t_start = time.perf_counter()
     t = cfg.train
     graph = load_graph(cfg.dataset)
@@ -145,6 +145,7 @@ def train(cfg: RunConfig, env: RankEnv, device: torch.device) -> dict:
     }
     if env.is_main:
         path = write_summary(summary, Path(cfg.run_dir))
+
         log.info("test acc %.4f (best val %.4f at epoch %d); summary: %s", summary["test_acc"],
                  summary["best_val_acc"], summary["best_epoch"], path)
     return summary

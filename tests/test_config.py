@@ -163,3 +163,29 @@ def test_user_cluster_folder(tmp_path):
     res = run_cli("+cluster=mycluster", "launch.dry_run=true", cwd=tmp_path, timeout=120,
                   env={"HPCGNN_CONFIG_DIR": str(tmp_path / "elsewhere")})
     assert res.returncode != 0 and "Could not find 'cluster/mycluster'" in res.stderr
+
+
+@pytest.mark.parametrize("environ, cluster, mode", [
+    ({}, [], "spawn"),
+    ({}, ["+cluster=example_gpu"], "submit"),
+    ({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "29500"}, [], "rank"),
+    ({"SLURM_JOB_ID": "5", "SLURM_PROCID": "0", "SLURM_NTASKS": "4", "SLURM_STEP_NUM_TASKS": "4"},
+     ["+cluster=example_gpu"], "rank"),  # srun started us: never submit again from inside a task
+    ({"SLURM_JOB_ID": "5", "SLURM_PROCID": "0", "SLURM_NTASKS": "4"}, [], "rank"),  # batch step: srun missing
+    ({"SLURM_JOB_ID": "5", "SLURM_PROCID": "0", "SLURM_NTASKS": "4"}, ["+cluster=example_gpu"], "submit"),
+    ({"SLURM_JOB_ID": "5", "SLURM_PROCID": "0", "SLURM_NTASKS": "1"}, [], "spawn"),
+])
+def test_launch_mode(environ, cluster, mode):
+    from hpcgnn.launch import launch_mode
+
+    assert launch_mode(make_config(*cluster), environ) == mode
+
+
+def test_cli_in_slurm_batch_step_without_srun_shows_the_srun_line(tmp_path):
+    batch_step = {"SLURM_JOB_ID": "31337", "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NTASKS": "4",
+                  "SLURM_NODEID": "0", "SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_NODELIST": "n[1-2]",
+                  "SLURM_TASKS_PER_NODE": "2(x2)"}
+    res = run_cli("dataset.num_nodes=1000", cwd=tmp_path, timeout=120, env=batch_step)
+    assert res.returncode == 2
+    assert "SLURM allocated 4 tasks but only this one is running" in res.stderr
+    assert "srun python -m hpcgnn" in res.stderr

@@ -151,3 +151,18 @@ def test_allocation_gpus():
     # Both layouts are valid: every task sees all GPUs of its node, or SLURM binds one GPU per task.
     check_allocation(env, nodes=2, tasks_per_node=2, gpus_per_node=2, cuda_devices=2)
     check_allocation(env, nodes=2, tasks_per_node=2, gpus_per_node=2, cuda_devices=1)
+
+
+def test_started_as_rank_and_run_name():
+    from hpcgnn.env import run_name, started_as_rank
+
+    assert started_as_rank(SLURM_TASK)
+    batch = {k: v for k, v in SLURM_TASK.items() if k != "SLURM_STEP_NUM_TASKS"}
+    assert not started_as_rank(batch)
+    assert run_name({**SLURM_TASK, "SLURM_STEP_ID": "0"}) == "slurm-123456.0"
+    torchrun = {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "29500"}
+    assert run_name({**torchrun, "TORCHELASTIC_RUN_ID": "job7"}) == "torchrun-job7"
+    assert run_name({**torchrun, "TORCHELASTIC_RUN_ID": "none"}) == "torchrun-h-29500"
+    import datetime
+
+    assert run_name({}, datetime.datetime(2026, 1, 2, 3, 4, 5, 6)) == "2026-01-02/03-04-05-000006"

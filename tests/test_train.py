@@ -102,3 +102,20 @@ def test_every_registered_gnn_trains(tmp_path, tiny_overrides, model):
     assert res.returncode == 0, res.stdout + res.stderr
     s = _summary(tmp_path)
     assert s["model"] == model and s["world_size"] == 1 and s["test_acc"] > 0.3  # 8 classes: chance is 0.125
+
+
+def test_torchrun_starts_the_ranks(tmp_path, tiny_overrides):
+    """Under torchrun every rank is its own `python -m hpcgnn`; they must share one run folder."""
+    import os
+    import subprocess
+    import sys
+
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2"]
+    res = subprocess.run([*torchrun, "-m", "hpcgnn", *tiny_overrides], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=300, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert res.returncode == 0, res.stdout + res.stderr
+    folders = list((tmp_path / "outputs").iterdir())
+    assert len(folders) == 1 and folders[0].name.startswith("torchrun-")
+    s = json.loads((folders[0] / "summary.json").read_text())
+    assert s["launcher"] == "torchrun" and s["world_size"] == 2 and len(set(s["param_checksums"])) == 1
+    assert res.stdout.count("test accuracy") == 1  # rank 0 alone prints the result
