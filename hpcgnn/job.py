@@ -6,10 +6,16 @@ the installed package; the local spawn launcher calls :func:`run_rank` directly.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import os
+import socket
 import sys
+import time
+import traceback
 from collections.abc import Mapping
+from pathlib import Path
 
 import torch
 
@@ -39,7 +45,33 @@ def run_rank(cfg: RunConfig, environ: Mapping[str, str]) -> dict:
                                      env.rank, env.world_size, env.local_rank, env.local_world_size,
                                      env.node_rank, env.num_nodes, env.source, device, torch.get_num_threads())
     with process_group(env, cfg.dist, device):
-        return train(cfg, env, device)
+        try:
+            return train(cfg, env, device)
+        except Exception:
+            # Recorded before the process group is torn down: the other ranks only
+            # fail once this rank's connections close, so the cause is recorded first.
+            record_failure(Path(cfg.run_dir), env)
+            raise
+
+
+def record_failure(run_dir: Path, env: RankEnv) -> None:
+    """Write this rank's traceback to ``run_dir/failures/rank-<r>.json`` for the launcher's report."""
+    folder = run_dir / "failures"
+    folder.mkdir(parents=True, exist_ok=True)
+    record = {"rank": env.rank, "host": socket.gethostname(), "job_id": env.job_id, "time": time.time(),
+              "error": traceback.format_exc()}
+    tmp = folder / f".rank-{env.rank}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps(record))
+    os.replace(tmp, folder / f"rank-{env.rank}.json")
+
+
+def read_failures(run_dir: Path) -> list[dict]:
+    """The failure records of a run, earliest first."""
+    records = []
+    for path in (run_dir / "failures").glob("rank-*.json"):
+        with contextlib.suppress(OSError, ValueError):
+            records.append(json.loads(path.read_text()))
+    return sorted(records, key=lambda r: (r["time"], r["rank"]))
 
 
 def default_threads(env: RankEnv, environ: Mapping[str, str]) -> int:

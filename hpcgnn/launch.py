@@ -157,38 +157,28 @@ def _wait(job, cfg: RunConfig) -> int:
         print(f"\nstopped waiting; job {job.job_id} goes on (output folder: {cfg.run_dir})", file=sys.stderr)
         return 130
     except (FailedJobError, UncompletedJobError) as exc:
-        print(failure_report(job, exc), file=sys.stderr, flush=True)
+        print(f"job {job.job_id} failed (state {job.state})", file=sys.stderr)
+        print(failure_report(Path(cfg.run_dir), str(exc)), file=sys.stderr, flush=True)
         return 1
     _print_result(results[0])
     return 0
 
 
-def failure_report(job, exc: Exception) -> str:
+def failure_report(run_dir: Path, fallback: str) -> str:
     """Which ranks failed, and the full error of the one that failed first.
 
     When one rank dies, the others fail next with communication errors
-    ("Connection closed by peer"); the first failure in time is the cause.
+    ("Connection closed by peer"); the earliest failure record is the cause.
     """
-    from submitit.core.utils import UncompletedJobError
+    from hpcgnn.job import read_failures
 
-    failed = []
-    for rank in range(job.num_tasks):
-        task = job.task(rank)
-        try:
-            err = task.exception()
-        except UncompletedJobError as e:
-            err = e
-        if err is not None:
-            pickle = task.paths.result_pickle
-            when = pickle.stat().st_mtime if pickle.exists() else float("inf")
-            failed.append((when, rank, err))
-    if not failed:
-        return f"job {job.job_id} ended as {job.state} without a result:\n{exc}"
-    failed.sort(key=lambda f: (f[0], f[1]))
-    lines = [f"job {job.job_id} failed (state {job.state}); failed ranks:"]
-    lines += [f"  rank {rank}: {_last_line(str(err))}" for _, rank, err in sorted(failed, key=lambda f: f[1])]
-    _, rank, err = failed[0]
-    lines += [f"first failure, rank {rank}:", str(err)]
+    records = read_failures(run_dir)
+    if not records:
+        return fallback
+    lines = ["failed ranks:"]
+    lines += [f"  rank {r['rank']} on {r['host']}: {_last_line(r['error'])}" for r in sorted(records, key=lambda r: r["rank"])]
+    first = records[0]
+    lines += [f"first failure, rank {first['rank']} on {first['host']}:", first["error"].rstrip()]
     return "\n".join(lines)
 
 
@@ -257,11 +247,8 @@ def _spawn_local(cfg: RunConfig) -> int:
     print(f"starting {cfg.launch.procs} local processes; output folder: {cfg.run_dir}", flush=True)
     try:
         mp.start_processes(_spawn_entry, args=(cfg, port), nprocs=cfg.launch.procs, start_method="spawn")
-    except mp.ProcessRaisedException as exc:
-        print(f"a rank failed:{exc}", file=sys.stderr, flush=True)
-        return 1
-    except mp.ProcessExitedException as exc:
-        print(f"a rank died: {exc}", file=sys.stderr, flush=True)
+    except (mp.ProcessRaisedException, mp.ProcessExitedException) as exc:
+        print(failure_report(Path(cfg.run_dir), str(exc)), file=sys.stderr, flush=True)
         return 1
     with open(Path(cfg.run_dir) / "summary.json") as f:
         _print_result(json.load(f))
