@@ -101,7 +101,8 @@ class LaunchConfig:
     dry_run: bool = False  # print the job script and the resolved config, submit nothing
     wait: bool = True  # wait for the job and print its result; false: print job id and folder, return
     procs: int = 2  # processes on this machine when no +cluster is given
-    poll_s: float = 2.0  # seconds between job-state polls while waiting
+    poll_s: float = 2.0  # seconds between checks for result files while waiting
+    state_poll_s: float = 10.0  # seconds between asking the scheduler (sacct) for the job state
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,8 @@ def slurm_parameters(c: ClusterConfig) -> dict:
         "signal_delay_s": c.signal_delay_s,
         "setup": list(c.setup),
         "additional_parameters": dict(c.sbatch_extra),
+        # One failed rank ends the step: the others would only wait for it until a timeout.
+        "srun_args": ["--kill-on-bad-exit=1"],
     }
     if c.gpus_per_node:
         params["gpus_per_node"] = c.gpus_per_node
@@ -143,22 +145,43 @@ def _print_result(summary: dict) -> None:
 
 
 def _wait(job, cfg: RunConfig) -> int:
-    """Follow rank 0's log until the job ends, then print its result or its error."""
-    from submitit.core.utils import FailedJobError, UncompletedJobError
+    """Follow rank 0's log until the job ends, then print its result, its error or its cancellation.
 
-    offset = 0
+    Result files are checked every ``launch.poll_s``; the scheduler is asked every
+    ``launch.state_poll_s``, so a job that ends without results (cancelled, killed,
+    node failure) is noticed promptly, not only by submitit's slowing poll.
+    """
+    from submitit.core.utils import FailedJobError, UncompletedJobError
+    from submitit.slurm.slurm import SlurmJob
+
+    from hpcgnn.job import read_failures
+
+    on_slurm = isinstance(job, SlurmJob)
+    offset, last_asked = 0, time.monotonic()
     try:
         while not job.done():
             offset = _follow(job.paths.stdout, offset)
+            if on_slurm and time.monotonic() - last_asked >= cfg.launch.state_poll_s:
+                last_asked = time.monotonic()
+                if job.watcher.is_done(job.job_id, mode="force"):
+                    break
             time.sleep(cfg.launch.poll_s)
         _follow(job.paths.stdout, offset)
+        state = job.watcher.get_state(job.job_id, mode="force") if on_slurm else job.state
+        if state.upper().startswith("CANCELLED"):
+            print(f"job {job.job_id} was cancelled ({state}); output folder: {cfg.run_dir}", file=sys.stderr,
+                  flush=True)
+            return 1
+        if read_failures(Path(cfg.run_dir)):
+            print(f"job {job.job_id} failed (state {state})", file=sys.stderr)
+            print(failure_report(Path(cfg.run_dir), ""), file=sys.stderr, flush=True)
+            return 1
         results = job.results()
     except KeyboardInterrupt:
         print(f"\nstopped waiting; job {job.job_id} goes on (output folder: {cfg.run_dir})", file=sys.stderr)
         return 130
     except (FailedJobError, UncompletedJobError) as exc:
-        print(f"job {job.job_id} failed (state {job.state})", file=sys.stderr)
-        print(failure_report(Path(cfg.run_dir), str(exc)), file=sys.stderr, flush=True)
+        print(f"job {job.job_id} failed (state {job.state}):\n{exc}", file=sys.stderr, flush=True)
         return 1
     _print_result(results[0])
     return 0

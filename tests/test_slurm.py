@@ -1,0 +1,177 @@
+"""Real SLURM: jobs submitted by `python -m hpcgnn +cluster=devcluster` to the two-node dev cluster.
+
+`.ci/run` starts the cluster (slurm/devcluster/start.sh) and exports SLURM_CONF. In CI these
+tests fail when the cluster is not really up; elsewhere they skip and say how to start it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import ACCURACY_BAR, REPO, run_cli
+
+pytestmark = pytest.mark.slurm
+
+
+def _cluster_state() -> str | None:
+    """None when both nodes answer; otherwise what is wrong."""
+    if not os.environ.get("SLURM_CONF"):
+        return "SLURM_CONF is not set"
+    if shutil.which("sbatch") is None:
+        return "sbatch is not installed"
+    try:
+        out = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %t"], capture_output=True, text=True, timeout=20)
+    except subprocess.TimeoutExpired:
+        return "sinfo timed out"
+    states = dict(line.split() for line in out.stdout.splitlines() if line.strip())
+    if out.returncode != 0 or sorted(states) != ["n1", "n2"]:
+        return f"sinfo: {out.stdout.strip() or out.stderr.strip()}"
+    bad = {n: s for n, s in states.items() if s.rstrip("*") not in ("idle", "mix", "alloc")}
+    return f"nodes not up: {bad}" if bad else None
+
+
+@pytest.fixture(scope="module", autouse=True)
+def devcluster():
+    problem = _cluster_state()
+    if problem:
+        hint = 'start it with: eval "$(slurm/devcluster/start.sh)" (after slurm/devcluster/install.sh)'
+        if os.environ.get("CI"):
+            pytest.fail(f"the SLURM dev cluster is not running in CI ({problem}); {hint}")
+        pytest.skip(f"SLURM dev cluster not running ({problem}); {hint}")
+
+
+def _summary(folder: Path) -> dict:
+    return json.loads((folder / "run" / "summary.json").read_text())
+
+
+def _job_id(stdout: str) -> str:
+    m = re.search(r"submitted job (\d+) to devcluster", stdout)
+    assert m, stdout
+    return m.group(1)
+
+
+def _sacct(job_id: str, fields: str = "State") -> list[str]:
+    out = subprocess.run(["sacct", "-X", "-n", "-P", "-j", job_id, "-o", fields], capture_output=True,
+                         text=True, check=True)
+    return out.stdout.strip().split("|")
+
+
+@pytest.mark.parametrize("tasks_per_node", [1, 2])
+def test_multi_node_training_reaches_the_local_bar(tmp_path, tasks_per_node):
+    res = run_cli("+cluster=devcluster", f"cluster.tasks_per_node={tasks_per_node}", cwd=tmp_path, timeout=900)
+    assert res.returncode == 0, res.stdout + res.stderr
+    job_id = _job_id(res.stdout)
+    s = _summary(tmp_path)
+    assert s["launcher"] == "slurm" and s["job_id"] == job_id
+    assert s["world_size"] == 2 * tasks_per_node and s["num_nodes"] == 2
+    assert s["hostnames"] == ["n1", "n2"]
+    assert s["rank_hosts"] == ["n1"] * tasks_per_node + ["n2"] * tasks_per_node  # block distribution
+    assert s["master_addr"] == "n1"  # first node of SLURM_JOB_NODELIST=n[1-2]
+    assert len(set(s["param_checksums"])) == 1
+    assert s["test_acc"] >= ACCURACY_BAR, s["test_acc"]
+    assert _sacct(job_id) == ["COMPLETED"]
+
+
+def test_two_jobs_at_once_do_not_collide(tmp_path, tiny_overrides):
+    folders = [tmp_path / "a", tmp_path / "b"]
+    ids = []
+    for f in folders:
+        f.mkdir()
+        res = run_cli("+cluster=devcluster", "launch.wait=false", *tiny_overrides, "train.epochs=6", cwd=f,
+                      timeout=120)
+        assert res.returncode == 0, res.stderr
+        ids.append(_job_id(res.stdout))
+    deadline = time.monotonic() + 400
+    while time.monotonic() < deadline and not all((f / "run" / "summary.json").exists() for f in folders):
+        time.sleep(2)
+    a, b = (_summary(f) for f in folders)
+    assert a["master_port"] != b["master_port"]
+    assert {a["master_addr"], b["master_addr"]} == {"n1"}  # same nodes, same master host
+    # They really ran at the same time on the same nodes.
+    (sa, ea), (sb, eb) = (_sacct(i, "Start,End") for i in ids)
+    assert max(sa, sb) < min(ea, eb), (sa, ea, sb, eb)
+
+
+def test_failing_rank_ends_the_job_with_its_traceback(tmp_path, tiny_overrides):
+    t0 = time.monotonic()
+    res = run_cli("+cluster=devcluster", "cluster.tasks_per_node=2", *tiny_overrides, "debug.fail_rank=2",
+                  "debug.fail_step=2", cwd=tmp_path, timeout=600)
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert time.monotonic() - t0 < 300  # bounded (no hang); generous for CI, not a timing test
+    assert "first failure, rank 2 on n2:" in res.stderr
+    assert "RuntimeError: injected failure on rank 2 at step 2 (debug.fail_rank)" in res.stderr
+    assert _sacct(_job_id(res.stdout)) == ["FAILED"]
+
+
+def test_scancel_is_reported_as_cancelled(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-m", "hpcgnn", "+cluster=devcluster", "train.epochs=200",
+                             "launch.state_poll_s=3", f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        job_id = _job_id(proc.stdout.readline())
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and _sacct(job_id) != ["RUNNING"]:
+            time.sleep(1)
+        assert _sacct(job_id) == ["RUNNING"]
+        subprocess.run(["scancel", job_id], check=True)
+        out, err = proc.communicate(timeout=90)  # prompt: the CLI notices within a few polls
+    finally:
+        proc.kill()
+    assert proc.returncode == 1
+    assert f"job {job_id} was cancelled (CANCELLED" in err
+    assert _sacct(job_id)[0].startswith("CANCELLED")
+
+
+def test_entry_under_sbatch_without_srun_is_detected(tmp_path):
+    script = tmp_path / "no-srun.sbatch"
+    script.write_text(f"""#!/bin/bash
+#SBATCH --nodes=2
+#SBATCH --ntasks-per-node=1
+#SBATCH --cpus-per-task=1
+#SBATCH --output={tmp_path}/out.log
+{sys.executable} -m hpcgnn dataset.num_nodes=1000 hydra.run.dir={tmp_path}/run
+""")
+    res = subprocess.run(["sbatch", "--wait", str(script)], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 2, res.stdout + res.stderr  # the job's exit code
+    log = (tmp_path / "out.log").read_text()
+    assert "SLURM allocated 2 tasks but only this one is running" in log
+    assert "    srun python -m hpcgnn ..." in log
+
+
+def test_dry_run_script_is_the_one_that_ran(tmp_path, tiny_overrides):
+    args = ["+cluster=devcluster", *tiny_overrides]
+    dry = run_cli(*args, "launch.dry_run=true", cwd=tmp_path, timeout=120)
+    assert dry.returncode == 0, dry.stderr
+    rendered = dry.stdout.split("# sbatch script\n", 1)[1].split("\n\n# resolved config\n", 1)[0]
+    res = run_cli(*args, cwd=tmp_path, timeout=600)
+    assert res.returncode == 0, res.stdout + res.stderr
+    written = (tmp_path / "run" / "submitit" / f"{_job_id(res.stdout)}_submission.sh").read_text()
+    assert written == rendered
+
+
+def test_plain_sbatch_template(tmp_path, tiny_overrides):
+    """slurm/train.sbatch as a user submits it (minus its GPU request: the dev cluster has none)."""
+    text = (REPO / "slurm" / "train.sbatch").read_text()
+    assert "#SBATCH --gpus-per-node=" in text
+    script = tmp_path / "train.sbatch"
+    script.write_text("\n".join(line for line in text.splitlines() if "--gpus-per-node" not in line) + "\n")
+    res = subprocess.run(["sbatch", "--wait", "--parsable", "--ntasks-per-node=2", "--cpus-per-task=1",
+                          "--time=10", f"--output={tmp_path}/%j.out", str(script), *tiny_overrides],
+                         capture_output=True, text=True, timeout=600, cwd=tmp_path,
+                         env={**os.environ, "HPCGNN_PYTHON": sys.executable})
+    job_id = res.stdout.strip().split(";")[0]
+    assert res.returncode == 0, res.stderr + (tmp_path / f"{job_id}.out").read_text()
+    runs = list((tmp_path / "outputs").glob(f"slurm-{job_id}.*"))
+    assert len(runs) == 1  # four ranks, one run folder
+    s = json.loads((runs[0] / "summary.json").read_text())
+    assert s["world_size"] == 4 and s["hostnames"] == ["n1", "n2"] and s["master_addr"] == "n1"
+    assert (tmp_path / f"{job_id}.out").read_text().count("test accuracy") == 1
