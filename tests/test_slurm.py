@@ -64,6 +64,16 @@ def _sacct(job_id: str, fields: str = "State") -> list[str]:
     return out.stdout.strip().split("|")
 
 
+def _final_state(job_id: str, limit_s: float = 60) -> str:
+    """The job's state once accounting has caught up (sacct may still say RUNNING for a moment)."""
+    deadline = time.monotonic() + limit_s
+    state = _sacct(job_id)[0]
+    while state in ("PENDING", "RUNNING", "COMPLETING", "") and time.monotonic() < deadline:
+        time.sleep(1)
+        state = _sacct(job_id)[0]
+    return state
+
+
 @pytest.mark.parametrize("tasks_per_node", [1, 2])
 def test_multi_node_training_reaches_the_local_bar(tmp_path, tasks_per_node):
     res = run_cli("+cluster=devcluster", f"cluster.tasks_per_node={tasks_per_node}", cwd=tmp_path, timeout=900)
@@ -77,16 +87,17 @@ def test_multi_node_training_reaches_the_local_bar(tmp_path, tasks_per_node):
     assert s["master_addr"] == "n1"  # first node of SLURM_JOB_NODELIST=n[1-2]
     assert len(set(s["param_checksums"])) == 1
     assert s["test_acc"] >= ACCURACY_BAR, s["test_acc"]
-    assert _sacct(job_id) == ["COMPLETED"]
+    assert _final_state(job_id) == "COMPLETED"
 
 
-def test_two_jobs_at_once_do_not_collide(tmp_path, tiny_overrides):
+def test_two_jobs_at_once_do_not_collide(tmp_path):
     folders = [tmp_path / "a", tmp_path / "b"]
     ids = []
     for f in folders:
         f.mkdir()
-        res = run_cli("+cluster=devcluster", "launch.wait=false", *tiny_overrides, "train.epochs=6", cwd=f,
-                      timeout=120)
+        # Long enough (tens of seconds) that the second job starts while the first still runs.
+        res = run_cli("+cluster=devcluster", "launch.wait=false", "dataset.num_nodes=20000", "train.epochs=15",
+                      cwd=f, timeout=120)
         assert res.returncode == 0, res.stderr
         ids.append(_job_id(res.stdout))
     deadline = time.monotonic() + 400
@@ -96,6 +107,8 @@ def test_two_jobs_at_once_do_not_collide(tmp_path, tiny_overrides):
     assert a["master_port"] != b["master_port"]
     assert {a["master_addr"], b["master_addr"]} == {"n1"}  # same nodes, same master host
     # They really ran at the same time on the same nodes.
+    for i in ids:
+        assert _final_state(i) == "COMPLETED"
     (sa, ea), (sb, eb) = (_sacct(i, "Start,End") for i in ids)
     assert max(sa, sb) < min(ea, eb), (sa, ea, sb, eb)
 
@@ -108,7 +121,7 @@ def test_failing_rank_ends_the_job_with_its_traceback(tmp_path, tiny_overrides):
     assert time.monotonic() - t0 < 300  # bounded (no hang); generous for CI, not a timing test
     assert "first failure, rank 2 on n2:" in res.stderr
     assert "RuntimeError: injected failure on rank 2 at step 2 (debug.fail_rank)" in res.stderr
-    assert _sacct(_job_id(res.stdout)) == ["FAILED"]
+    assert _final_state(_job_id(res.stdout)) == "FAILED"
 
 
 def test_scancel_is_reported_as_cancelled(tmp_path):
@@ -128,7 +141,7 @@ def test_scancel_is_reported_as_cancelled(tmp_path):
         proc.kill()
     assert proc.returncode == 1
     assert f"job {job_id} was cancelled (CANCELLED" in err
-    assert _sacct(job_id)[0].startswith("CANCELLED")
+    assert _final_state(job_id).startswith("CANCELLED")
 
 
 def test_entry_under_sbatch_without_srun_is_detected(tmp_path):

@@ -9,5 +9,5 @@ done
 ((${#missing[@]} == 0)) && exit 0
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -q >/dev/null || true
-apt-get install -y -q --no-install-recommends "${missing[@]}" mariadb-client >/dev/null
+apt-get install -y -q "${missing[@]}" mariadb-client >/dev/null
 # Debian's packages may start their own daemons where a service manager exists; ours use their own state.
