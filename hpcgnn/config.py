@@ -25,11 +25,15 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class DatasetConfig:
-    name: str = "synthetic"  # dataset: synthetic
+    name: str = "synthetic"  # synthetic | ogbn-arxiv | ogbn-products | ogbn-papers100M | files
+    root: str = "~/.cache/hpcgnn"  # downloads (ogb/) and prepared, memory-mappable graphs (prepared/)
+    path: Optional[str] = None  # files: folder with edge_index, x, y, train_idx, val_idx, test_idx (.npy/.pt)
+    to_undirected: bool = False  # add the reverse of every edge (customary for ogbn-arxiv)
     num_nodes: int = 100_000  # synthetic: nodes in the graph
     num_classes: int = 8  # synthetic: label classes
     num_features: int = 32  # synthetic: feature dimensions
     avg_degree: float = 12.0  # synthetic: mean undirected degree
+    degree_exponent: float = 0.0  # synthetic: 0 = moderate log-normal tail; >2 = power-law exponent (hubs)
     communities_per_class: int = 4  # synthetic: communities (dense clusters) per class
     homophily: float = 0.5  # synthetic: fraction of edges drawn inside the source's community
     feature_noise: float = 3.0  # synthetic: noise std relative to the unit class signal
@@ -173,6 +177,9 @@ class RunConfig:
         if d.train_fraction <= 0 or d.val_fraction < 0 or d.train_fraction + d.val_fraction >= 1:
             raise ConfigError(f"dataset.train_fraction={d.train_fraction} and dataset.val_fraction={d.val_fraction} "
                               "must be positive and sum to less than 1 (the rest is the test split)")
+        if d.degree_exponent != 0 and d.degree_exponent <= 2:
+            raise ConfigError(f"dataset.degree_exponent={d.degree_exponent} must be 0 (log-normal tail) or above 2 "
+                              "(a power law with a finite mean degree), e.g. 2.5")
         if not 0 <= d.homophily <= 1:
             raise ConfigError(f"dataset.homophily={d.homophily} must be in [0, 1]")
         if self.cluster is not None:

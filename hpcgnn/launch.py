@@ -96,6 +96,9 @@ def launch(cfg: RunConfig) -> int:
     mode = launch_mode(cfg, os.environ)
     if mode == "rank":
         return _run_this_rank(cfg)
+    from hpcgnn.data import check_available
+
+    check_available(cfg.dataset)
     if mode == "spawn":
         return _spawn_local(cfg)
     ex = make_executor(cfg)

@@ -16,7 +16,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from hpcgnn import dist
 from hpcgnn.config import RunConfig
-from hpcgnn.data import Graph, load_graph
+from hpcgnn.data import Graph, open_graph, prepare
 from hpcgnn.env import RankEnv
 from hpcgnn.models import build_model, forward_batch
 from hpcgnn.sampling import NeighborSampler, NodeLoader, rank_seeds, steps_per_epoch
@@ -54,11 +54,32 @@ def param_checksum(model: torch.nn.Module) -> str:
     return h.hexdigest()[:16]
 
 
+def open_shared_graph(cfg: RunConfig, env: RankEnv) -> Graph:
+    """One graph copy per node: local rank 0 prepares the cache if needed, then every rank maps it.
+
+    The mapped pages live once in the node's page cache, however many ranks map them.
+    A failure on the preparing rank fails every rank at once instead of leaving them
+    in a barrier.
+    """
+    error: Exception | None = None
+    if env.local_rank == 0:
+        try:
+            prepare(cfg.dataset)  # never downloads: that is `python -m hpcgnn.data prepare`'s job
+        except Exception as exc:  # reported below, after the others heard of it
+            error = exc
+    failed = dist.all_reduce_max(torch.tensor([0 if error is None else 1]))
+    if error is not None:
+        raise error
+    if int(failed.item()):
+        raise RuntimeError(f"rank {env.rank}: a node's local rank 0 failed to prepare {cfg.dataset.name} (see its error)")
+    return open_graph(cfg.dataset)
+
+
 def train(cfg: RunConfig, env: RankEnv, device: torch.device) -> dict:
     """Train on this rank; returns the run summary (the same on every rank)."""
     t_start = time.perf_counter()
     t = cfg.train
-    graph = load_graph(cfg.dataset)
+    graph = open_shared_graph(cfg, env)
     log.info("graph: %d nodes, %d edges, %d features, %d classes, %d/%d/%d train/val/test", graph.num_nodes,
              graph.num_edges, graph.num_features, graph.num_classes, graph.train_idx.numel(),
              graph.val_idx.numel(), graph.test_idx.numel())

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -17,6 +19,14 @@ from hpcgnn.config import RunConfig, register_configs
 REPO = Path(__file__).resolve().parent.parent
 # Test accuracy the default job must reach, wherever it runs (local processes or SLURM).
 ACCURACY_BAR = 0.85
+# Prepared datasets of this test session (shared by its runs, removed at the end; never ~/.cache).
+DATA_ROOT = Path(tempfile.mkdtemp(prefix="hpcgnn-test-data-"))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _remove_data_root():
+    yield
+    shutil.rmtree(DATA_ROOT, ignore_errors=True)
 
 
 def make_config(*overrides: str, run_dir: str = "/tmp/hpcgnn-test-run") -> RunConfig:
@@ -31,7 +41,8 @@ def make_config(*overrides: str, run_dir: str = "/tmp/hpcgnn-test-run") -> RunCo
 def run_cli(*args: str, cwd: Path, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
     """``python -m hpcgnn ARGS`` in a subprocess whose run folder is ``cwd/run``."""
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-    return subprocess.run([sys.executable, "-m", "hpcgnn", *args, f"hydra.run.dir={cwd / 'run'}"],
+    return subprocess.run([sys.executable, "-m", "hpcgnn", *args, f"dataset.root={DATA_ROOT}",
+                           f"hydra.run.dir={cwd / 'run'}"],
                           cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)
 
 

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ACCURACY_BAR, REPO, run_cli
+from conftest import ACCURACY_BAR, DATA_ROOT, REPO, run_cli
 
 pytestmark = pytest.mark.slurm
 
@@ -178,7 +178,8 @@ def test_plain_sbatch_template(tmp_path, tiny_overrides):
     script = tmp_path / "train.sbatch"
     script.write_text("\n".join(line for line in text.splitlines() if "--gpus-per-node" not in line) + "\n")
     res = subprocess.run(["sbatch", "--wait", "--parsable", "--ntasks-per-node=2", "--cpus-per-task=1",
-                          "--time=10", f"--output={tmp_path}/%j.out", str(script), *tiny_overrides],
+                          "--time=10", f"--output={tmp_path}/%j.out", str(script), *tiny_overrides,
+                          f"dataset.root={DATA_ROOT}"],
                          capture_output=True, text=True, timeout=600, cwd=tmp_path,
                          env={**os.environ, "HPCGNN_PYTHON": sys.executable})
     job_id = res.stdout.strip().split(";")[0]

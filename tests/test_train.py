@@ -7,7 +7,7 @@ import re
 import time
 
 import pytest
-from conftest import ACCURACY_BAR, run_cli
+from conftest import ACCURACY_BAR, DATA_ROOT, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -113,7 +113,7 @@ def test_torchrun_starts_the_ranks(tmp_path, tiny_overrides):
     import sys
 
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2"]
-    res = subprocess.run([*torchrun, "-m", "hpcgnn", *tiny_overrides], cwd=tmp_path, capture_output=True, text=True,
+    res = subprocess.run([*torchrun, "-m", "hpcgnn", *tiny_overrides, f"dataset.root={DATA_ROOT}"], cwd=tmp_path, capture_output=True, text=True,
                          timeout=300, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     assert res.returncode == 0, res.stdout + res.stderr
     folders = list((tmp_path / "outputs").iterdir())

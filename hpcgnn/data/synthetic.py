@@ -15,6 +15,9 @@ import torch
 from hpcgnn.config import DatasetConfig
 from hpcgnn.data.graph import Graph
 
+# Part of the cache key: bump it whenever a change here changes the graph a config produces.
+GENERATOR_VERSION = 2
+
 
 def make_synthetic(cfg: DatasetConfig) -> Graph:
     g = torch.Generator().manual_seed(cfg.seed)
@@ -23,21 +26,23 @@ def make_synthetic(cfg: DatasetConfig) -> Graph:
     community = torch.randint(num_comm, (n,), generator=g)
     y = community % c
 
-    # Out-degree per node: a moderate (log-normal) tail around avg_degree / 2.
     half = max(cfg.avg_degree / 2.0, 0.5)
-    sigma = 0.6
-    mu = torch.log(torch.tensor(half)) - sigma**2 / 2
-    out_deg = torch.exp(mu + sigma * torch.randn(n, generator=g)).round().long().clamp(min=1)
-    src = torch.repeat_interleave(torch.arange(n), out_deg)
-
-    # Targets: a random member of the source's community, or any node.
     by_comm = torch.argsort(community, stable=True)
     comm_size = torch.bincount(community, minlength=num_comm)
     comm_start = torch.cumsum(comm_size, 0) - comm_size
-    sc = community[src]
-    inside = torch.rand(src.numel(), generator=g) < cfg.homophily
-    pick = (torch.rand(src.numel(), generator=g) * comm_size[sc]).long().clamp(max=comm_size[sc] - 1)
-    dst = torch.where(inside, by_comm[comm_start[sc] + pick], torch.randint(n, (src.numel(),), generator=g))
+    if cfg.degree_exponent > 0:
+        src, dst = _chung_lu_edges(cfg, g, community, by_comm, comm_start, half)
+    else:
+        # Out-degree per node: a moderate (log-normal) tail around avg_degree / 2.
+        sigma = 0.6
+        mu = torch.log(torch.tensor(half)) - sigma**2 / 2
+        out_deg = torch.exp(mu + sigma * torch.randn(n, generator=g)).round().long().clamp(min=1)
+        src = torch.repeat_interleave(torch.arange(n), out_deg)
+        # Targets: a random member of the source's community, or any node.
+        sc = community[src]
+        inside = torch.rand(src.numel(), generator=g) < cfg.homophily
+        pick = (torch.rand(src.numel(), generator=g) * comm_size[sc]).long().clamp(max=comm_size[sc] - 1)
+        dst = torch.where(inside, by_comm[comm_start[sc] + pick], torch.randint(n, (src.numel(),), generator=g))
     keep = src != dst
     src, dst = src[keep], dst[keep]
     edge_index = torch.cat([torch.stack([src, dst]), torch.stack([dst, src])], dim=1)
@@ -52,3 +57,30 @@ def make_synthetic(cfg: DatasetConfig) -> Graph:
     train_idx, val_idx, test_idx = perm[:n_train], perm[n_train:n_train + n_val], perm[n_train + n_val:]
     return Graph.from_edge_index(edge_index, n, x, y, train_idx.sort().values, val_idx.sort().values,
                                  test_idx.sort().values, c)
+
+
+def _chung_lu_edges(cfg: DatasetConfig, g: torch.Generator, community, by_comm, comm_start,
+                    half: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Heavy-tailed degrees: node weights follow a power law with exponent ``degree_exponent``;
+    a node sends edges in proportion to its weight and receives them in proportion too
+    (a Chung-Lu graph inside and across communities), so a few hubs carry many edges."""
+    n = community.numel()
+    alpha = cfg.degree_exponent
+    u = torch.rand(n, generator=g, dtype=torch.float64)
+    w = u.pow(-1.0 / (alpha - 1.0)).clamp(max=float(n) ** 0.5 * 10)  # Pareto(alpha - 1), capped at ~10 sqrt(n)
+    expected = w * (half / w.mean())
+    out_deg = torch.poisson(expected, generator=g).long().clamp(min=1)
+    src = torch.repeat_interleave(torch.arange(n), out_deg)
+    m = src.numel()
+    # Targets proportional to weight: inverse-CDF search, globally or inside the source's community.
+    w_sorted = w[by_comm]
+    cum = torch.cumsum(w_sorted, 0)
+    comm_lo = torch.cat([torch.zeros(1, dtype=cum.dtype), cum])[comm_start]
+    comm_hi = cum[comm_start + torch.bincount(community, minlength=comm_start.numel()) - 1]
+    sc = community[src]
+    inside = torch.rand(m, generator=g) < cfg.homophily
+    r = torch.rand(m, generator=g, dtype=torch.float64)
+    lo = torch.where(inside, comm_lo[sc], torch.zeros_like(r))
+    hi = torch.where(inside, comm_hi[sc], cum[-1].expand(m))
+    pos = torch.searchsorted(cum, lo + r * (hi - lo)).clamp(max=n - 1)
+    return src, by_comm[pos]

@@ -34,24 +34,26 @@ class NeighborSampler:
             raise TypeError("rowptr and col must be int64")
         self.rowptr, self.col, self.fanouts = rowptr, col, tuple(int(f) for f in fanouts)
         # Global -> local id scratch map, reset after every batch (not thread-safe: one sampler per thread).
-        self._local = torch.full((rowptr.numel() - 1,), -1, dtype=torch.long)
+        self._local = torch.full((rowptr.numel() - 1,), -1, dtype=torch.long, device=rowptr.device)
 
     def sample(self, seeds: Tensor, generator: torch.Generator | None = None) -> SamplerOutput:
-        seeds = seeds.long()
+        """Sample the subgraph around ``seeds``; the generator must live on the graph's device."""
+        seeds = seeds.long().to(self.rowptr.device)
         local = self._local
         if torch.unique(seeds).numel() != seeds.numel():
             raise ValueError("seeds must be distinct")
         n_ids = [seeds]
-        local[seeds] = torch.arange(seeds.numel())
+        dev = self.rowptr.device
+        local[seeds] = torch.arange(seeds.numel(), device=dev)
         num_nodes, edges, num_edges = [seeds.numel()], [], []
-        frontier, frontier_local, total = seeds, torch.arange(seeds.numel()), seeds.numel()
+        frontier, frontier_local, total = seeds, torch.arange(seeds.numel(), device=dev), seeds.numel()
         try:
             for fanout in self.fanouts:
                 row, nbr = sample_neighbors(self.rowptr, self.col, frontier, fanout, generator)
                 nbr_local = local[nbr]
                 new_mask = nbr_local < 0
                 new_nodes = torch.unique(nbr[new_mask])  # sorted: deterministic local order
-                local[new_nodes] = torch.arange(total, total + new_nodes.numel())
+                local[new_nodes] = torch.arange(total, total + new_nodes.numel(), device=dev)
                 total += new_nodes.numel()
                 nbr_local = local[nbr]
                 edges.append(torch.stack([nbr_local, frontier_local[row]]))
@@ -64,7 +66,7 @@ class NeighborSampler:
         finally:
             for ids in n_ids:
                 local[ids] = -1
-        edge_index = torch.cat(edges, dim=1) if edges else torch.empty(2, 0, dtype=torch.long)
+        edge_index = torch.cat(edges, dim=1) if edges else torch.empty(2, 0, dtype=torch.long, device=dev)
         return SamplerOutput(n_id, edge_index, seeds.numel(), tuple(num_nodes), tuple(num_edges))
 
 
@@ -73,29 +75,39 @@ def sample_neighbors(rowptr: Tensor, col: Tensor, nodes: Tensor, fanout: int,
     """Up to ``fanout`` distinct uniform neighbours of each node.
 
     Returns ``(row, nbr)``: ``row[i]`` indexes ``nodes`` and ``nbr[i]`` is a global
-    neighbour id of ``nodes[row[i]]``. Rows come out in order.
+    neighbour id of ``nodes[row[i]]``. Rows come out in order. Nodes with at most
+    ``fanout`` neighbours keep them all; the others draw ``fanout`` distinct offsets
+    with Floyd's algorithm, vectorised over rows: ``fanout`` small steps whatever the
+    degree, so hubs cost no more than ordinary nodes.
     """
+    device = rowptr.device
     start = rowptr[nodes]
     deg = rowptr[nodes + 1] - start
     take = deg.clamp(max=fanout)
-    row = torch.repeat_interleave(torch.arange(nodes.numel()), take)
-    # Offset of each output slot inside its row's neighbour list.
-    slot = torch.arange(row.numel()) - torch.repeat_interleave(torch.cumsum(take, 0) - take, take)
+    row = torch.repeat_interleave(torch.arange(nodes.numel(), device=device), take)
+    # Offset of each output slot inside its row's neighbour list: 0, 1, ... per row.
+    slot = torch.arange(row.numel(), device=device) - torch.repeat_interleave(torch.cumsum(take, 0) - take, take)
     big = deg > fanout
     if bool(big.any()):
-        # Rows with more neighbours than the fanout: rank their neighbours by random keys
-        # and keep the first `fanout` (a uniform sample without replacement).
-        big_rows = big.nonzero().view(-1)
-        big_deg = deg[big_rows]
-        seg = torch.repeat_interleave(torch.arange(big_rows.numel()), big_deg)
-        keys = torch.rand(seg.numel(), generator=generator, dtype=torch.float64) + seg.to(torch.float64)
-        order = torch.argsort(keys)  # grouped by segment, shuffled within it
-        seg_start = torch.cumsum(big_deg, 0) - big_deg
-        pos = torch.arange(order.numel()) - seg_start[seg]
-        chosen = order[pos < fanout] - seg_start[seg][pos < fanout]  # offsets within each big row, in row order
-        # Output slots of big rows, in the same row order.
-        is_big_slot = big[row]
-        slot = slot.clone()
-        slot[is_big_slot] = chosen
-    nbr = col[start[row] + slot]
-    return row, nbr
+        offsets = floyd_sample(deg[big], fanout, generator)  # [rows with deg > fanout, fanout]
+        slot[big[row]] = offsets.reshape(-1)  # big rows own exactly `fanout` consecutive slots each
+    return row, col[start[row] + slot]
+
+
+def floyd_sample(n: Tensor, k: int, generator: torch.Generator | None = None) -> Tensor:
+    """For each row i, ``k`` distinct integers drawn uniformly from ``[0, n[i])`` (needs n >= k).
+
+    Floyd's algorithm: at step j, draw t from [0, n - k + j]; if t was drawn before,
+    take n - k + j itself. Every k-subset comes out with equal probability.
+    """
+    m = n.numel()
+    out = torch.empty(m, k, dtype=torch.long, device=n.device)
+    for j in range(k):
+        top = n - k + j  # inclusive upper bound of this step
+        u = torch.rand(m, generator=generator, dtype=torch.float64, device=n.device)
+        t = (u * (top + 1).to(torch.float64)).long().clamp(max=top)
+        if j:
+            seen = (out[:, :j] == t.unsqueeze(1)).any(1)
+            t = torch.where(seen, top, t)
+        out[:, j] = t
+    return out

@@ -1,0 +1,83 @@
+"""Prepared graphs on disk: one folder of .npy arrays plus meta.json, memory-mapped on load.
+
+Loading maps the arrays copy-on-write (``np.load(mmap_mode="c")``): nothing is
+unpickled, nothing is re-processed, and every process on a node that maps the
+same folder shares the same page-cache pages, so replicated ranks hold one copy
+of the graph per node, not one per rank.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import uuid
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from hpcgnn.data.graph import Graph
+
+FORMAT_VERSION = 1
+ARRAYS = ("rowptr", "col", "x", "y", "train_idx", "val_idx", "test_idx")
+
+
+def is_complete(folder: Path) -> bool:
+    meta = folder / "meta.json"
+    if not meta.is_file():
+        return False
+    with contextlib.suppress(OSError, ValueError):
+        return json.loads(meta.read_text()).get("format_version") == FORMAT_VERSION
+    return False
+
+
+def save(graph: Graph, folder: Path, source: dict) -> Path:
+    """Write ``graph`` to ``folder`` atomically: a reader sees all of it or nothing.
+
+    Several writers (one per node on a shared file system) may race: each writes
+    its own temporary folder and the first rename wins; the others are discarded.
+    """
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    need = sum(getattr(graph, name).numel() * getattr(graph, name).element_size() for name in ARRAYS)
+    free = shutil.disk_usage(folder.parent).free
+    if need * 1.02 + 2**20 > free:
+        raise OSError(f"preparing the graph needs {human_bytes(need)} in {folder.parent}, but only "
+                      f"{human_bytes(free)} are free: set dataset.root to a larger file system")
+    tmp = folder.parent / f".{folder.name}.tmp-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    try:
+        for name in ARRAYS:
+            np.save(tmp / f"{name}.npy", getattr(graph, name).numpy())
+        meta = {"format_version": FORMAT_VERSION, "num_nodes": graph.num_nodes, "num_edges": graph.num_edges,
+                "num_features": graph.num_features, "num_classes": graph.num_classes,
+                "bytes": sum((tmp / f"{n}.npy").stat().st_size for n in ARRAYS), "source": source}
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
+        try:
+            os.rename(tmp, folder)
+        except OSError:
+            if not is_complete(folder):
+                raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return folder
+
+
+def load(folder: Path) -> Graph:
+    """Memory-map a prepared graph (no copy until a page is written, which hpcgnn never does)."""
+    meta = json.loads((folder / "meta.json").read_text())
+    if meta.get("format_version") != FORMAT_VERSION:
+        raise RuntimeError(f"{folder} holds format {meta.get('format_version')}, this hpcgnn reads "
+                           f"{FORMAT_VERSION}: delete the folder to prepare the dataset again")
+    arrays = {name: torch.from_numpy(np.load(folder / f"{name}.npy", mmap_mode="c")) for name in ARRAYS}
+    return Graph(**arrays, num_classes=int(meta["num_classes"]))
+
+
+def size_bytes(folder: Path) -> int:
+    return int(json.loads((folder / "meta.json").read_text())["bytes"])
+
+
+def human_bytes(n: float) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"

@@ -1,0 +1,194 @@
+"""Datasets: OGB through ogb's own loader (miniatures in OGB's raw format), user files, the cache."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import run_cli
+
+from hpcgnn.config import ConfigError, DatasetConfig
+from hpcgnn.data import build_graph, cache, cache_folder, open_graph, prepare
+from hpcgnn.data.files import DatasetFileError
+from hpcgnn.data.ogb import DatasetMissing
+
+
+def _csv_gz(path: Path, rows) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with gzip.open(path, "wt") as f:
+        for row in rows:
+            f.write(",".join(str(v) for v in np.atleast_1d(row)) + "\n")
+
+
+def write_mini_ogb(root: Path, name: str, n: int = 60, seed: int = 0) -> dict:
+    """A miniature ogbn dataset in the exact on-disk layout ogb's loader reads (no download)."""
+    rng = np.random.default_rng(seed)
+    folder = root / "ogb" / name.replace("-", "_")
+    folder.mkdir(parents=True)
+    (folder / "RELEASE_v1.txt").write_text("miniature for tests\n")
+    src = rng.integers(0, n, 4 * n)
+    dst = rng.integers(0, n, 4 * n)
+    keep = src != dst
+    edges = np.stack([src[keep], dst[keep]])
+    x = rng.normal(size=(n, 5)).astype(np.float32)
+    y = rng.integers(0, 3, n)
+    perm = rng.permutation(n)
+    split = {"train": np.sort(perm[:30]), "valid": np.sort(perm[30:40]), "test": np.sort(perm[40:])}
+    split_name = {"ogbn-products": "sales_ranking"}.get(name, "time")
+    if name == "ogbn-papers100M":  # the binary layout
+        (folder / "raw").mkdir()
+        np.savez(folder / "raw" / "data.npz", edge_index=edges, num_nodes_list=np.array([n]),
+                 num_edges_list=np.array([edges.shape[1]]), node_feat=x, node_year=np.full((n, 1), 2020))
+        labels = y.astype(np.float64)
+        labels[perm[50:]] = np.nan  # papers100M labels only some nodes
+        np.savez(folder / "raw" / "node-label.npz", node_label=labels.reshape(-1, 1))
+        split["test"] = np.sort(perm[40:50])
+    else:
+        raw = folder / "raw"
+        _csv_gz(raw / "edge.csv.gz", edges.T)
+        _csv_gz(raw / "node-feat.csv.gz", x)
+        _csv_gz(raw / "node-label.csv.gz", y)
+        _csv_gz(raw / "num-node-list.csv.gz", [n])
+        _csv_gz(raw / "num-edge-list.csv.gz", [edges.shape[1]])
+        if name == "ogbn-arxiv":
+            _csv_gz(raw / "node_year.csv.gz", np.full(n, 2020))
+    for part, idx in split.items():
+        _csv_gz(folder / "split" / split_name / f"{part}.csv.gz", idx)
+    return {"edges": edges, "x": x, "y": y, "split": split, "n": n}
+
+
+def _edge_set(graph) -> set:
+    ei = graph.edge_index()
+    return set(zip(ei[0].tolist(), ei[1].tolist(), strict=True))
+
+
+@pytest.mark.parametrize("name", ["ogbn-arxiv", "ogbn-products", "ogbn-papers100M"])
+def test_ogb_through_ogbs_loader(tmp_path, name):
+    mini = write_mini_ogb(tmp_path, name)
+    cfg = DatasetConfig(name=name, root=str(tmp_path), to_undirected=name == "ogbn-arxiv")
+    g = build_graph(cfg)
+    assert g.num_nodes == mini["n"] and g.num_classes == (40 if name == "ogbn-arxiv" else 47 if name == "ogbn-products" else 172)
+    assert np.allclose(g.x.numpy(), mini["x"])
+    assert torch.equal(g.train_idx, torch.from_numpy(mini["split"]["train"]))
+    assert torch.equal(g.val_idx, torch.from_numpy(mini["split"]["valid"]))
+    directed = {(int(s), int(d)) for s, d in mini["edges"].T}
+    expected = directed | {(d, s) for s, d in directed} if name in ("ogbn-arxiv", "ogbn-products") else directed
+    assert _edge_set(g) == expected  # arxiv: made undirected by us; products: ogb adds inverse edges
+    if name == "ogbn-papers100M":
+        assert bool((g.y[g.train_idx] >= 0).all()) and int((g.y == -1).sum()) == mini["n"] - 50
+    g2 = build_graph(cfg)  # a second read (ogb's own NodePropPredDataset would torch.load a pickle here)
+    assert torch.equal(g.col, g2.col) and torch.equal(g.y, g2.y)
+
+
+def test_ogb_missing_is_a_clear_error_naming_prepare(tmp_path):
+    cfg = DatasetConfig(name="ogbn-products", root=str(tmp_path))
+    with pytest.raises(DatasetMissing, match=r"training jobs do not download.*\n    python -m hpcgnn.data "
+                                             r"prepare dataset=ogbn-products"):
+        build_graph(cfg)
+
+
+def test_prepare_command_and_training_on_ogb(tmp_path):
+    write_mini_ogb(tmp_path, "ogbn-arxiv", n=200)
+    from hpcgnn.data.__main__ import main
+
+    assert main(["prepare", "dataset=ogbn-arxiv", f"dataset.root={tmp_path}"]) == 0
+    folder = cache_folder(DatasetConfig(name="ogbn-arxiv", root=str(tmp_path), to_undirected=True))
+    assert cache.is_complete(folder)
+    stamp = (folder / "meta.json").stat().st_mtime_ns
+    assert main(["prepare", "dataset=ogbn-arxiv", f"dataset.root={tmp_path}"]) == 0  # nothing to do
+    assert (folder / "meta.json").stat().st_mtime_ns == stamp
+    res = run_cli("dataset=ogbn-arxiv", "train.epochs=1", "launch.procs=1", cwd=tmp_path, timeout=300)
+    # run_cli points dataset.root at the session's data folder: the dataset is missing there.
+    assert res.returncode == 2 and "python -m hpcgnn.data prepare dataset=ogbn-arxiv" in res.stderr
+
+
+def test_cli_trains_on_prepared_ogb(tmp_path):
+    write_mini_ogb(tmp_path / "data", "ogbn-arxiv", n=300)
+    import subprocess
+    import sys
+
+    res = subprocess.run([sys.executable, "-m", "hpcgnn", "dataset=ogbn-arxiv", f"dataset.root={tmp_path / 'data'}",
+                          "train.epochs=2", "train.batch_size=64", f"hydra.run.dir={tmp_path / 'run'}"],
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    s = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert s["dataset"] == "ogbn-arxiv" and s["world_size"] == 2
+
+
+def _write_files(folder: Path, n: int = 50, **override) -> None:
+    rng = np.random.default_rng(1)
+    arrays = {"edge_index": rng.integers(0, n, (2, 200)), "x": rng.normal(size=(n, 4)).astype(np.float32),
+              "y": rng.integers(0, 3, n), "train_idx": np.arange(0, 20), "val_idx": np.arange(20, 30),
+              "test_idx": np.arange(30, 50)}
+    arrays.update(override)
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, value in arrays.items():
+        if value is not None:
+            np.save(folder / f"{name}.npy", value)
+
+
+def test_files_dataset_loads_npy_and_pt(tmp_path):
+    _write_files(tmp_path / "g")
+    (tmp_path / "g" / "y.npy").unlink()
+    torch.save(torch.from_numpy(np.random.default_rng(1).integers(0, 3, 50)), tmp_path / "g" / "y.pt")
+    g = build_graph(DatasetConfig(name="files", path=str(tmp_path / "g")))
+    assert g.num_nodes == 50 and g.num_features == 4 and g.train_idx.numel() == 20
+
+
+@pytest.mark.parametrize("override, message", [
+    ({"edge_index": np.zeros((3, 5), dtype=np.int64)}, r"edge_index\.npy: edge_index must be an integer array of shape \[2, num_edges\]"),
+    ({"edge_index": np.array([[0, 1], [2, 50]])}, r"edge_index\.npy: node ids must lie in \[0, 50\).*max 50"),
+    ({"x": np.full((50, 4), np.nan, dtype=np.float32)}, r"x\.npy: features contain NaN or inf \(50 nodes, first node 0\)"),
+    ({"y": np.zeros(49, dtype=np.int64)}, r"y\.npy: labels must be an integer array of shape \[50\]"),
+    ({"test_idx": np.arange(15, 50)}, r"train_idx\.npy and .*test_idx\.npy overlap in 5 nodes \(e\.g\. node 15\)"),
+    ({"val_idx": np.array([60])}, r"val_idx\.npy: node ids must lie in \[0, 50\)"),
+    ({"train_idx": None}, r"train_idx\.npy or train_idx\.pt is missing"),
+])
+def test_files_dataset_errors_name_the_file(tmp_path, override, message):
+    _write_files(tmp_path / "g", **override)
+    with pytest.raises(DatasetFileError, match=message):
+        build_graph(DatasetConfig(name="files", path=str(tmp_path / "g")))
+
+
+def test_files_dataset_needs_a_path():
+    with pytest.raises(ConfigError, match=r"set dataset.path=/path/to/graph"):
+        build_graph(DatasetConfig(name="files"))
+
+
+def test_cache_round_trip_is_memory_mapped(tmp_path):
+    cfg = DatasetConfig(num_nodes=2000, root=str(tmp_path))
+    folder = prepare(cfg)
+    g, ref = open_graph(cfg), build_graph(cfg)
+    for name in cache.ARRAYS:
+        assert torch.equal(getattr(g, name), getattr(ref, name)), name
+    assert isinstance(np.load(folder / "x.npy", mmap_mode="c"), np.memmap)
+    assert prepare(cfg) == folder  # cached: not rebuilt
+    other = prepare(DatasetConfig(num_nodes=2000, seed=1, root=str(tmp_path)))
+    assert other != folder  # a different graph gets its own folder
+    with pytest.raises(DatasetMissing, match=r"not prepared .*HINT: python -m hpcgnn.data prepare"):
+        open_graph(DatasetConfig(num_nodes=3000, root=str(tmp_path)))
+
+
+def test_power_law_degrees_have_hubs():
+    g = build_graph(DatasetConfig(num_nodes=50_000, avg_degree=20, degree_exponent=2.5))
+    d = g.degree().double().sort(descending=True).values
+    top = (d[: d.numel() // 100].sum() / d.sum()).item()
+    base = build_graph(DatasetConfig(num_nodes=50_000, avg_degree=20)).degree().double().sort(descending=True).values
+    base_top = (base[: base.numel() // 100].sum() / base.sum()).item()
+    assert top > 0.12 and base_top < 0.05, (top, base_top)  # the top 1% of nodes hold a large share of edges
+    assert abs(g.num_edges / g.num_nodes - 20) < 4
+
+
+def test_cache_checks_free_space_first(tmp_path, monkeypatch):
+    import shutil as _shutil
+
+    graph = build_graph(DatasetConfig(num_nodes=1000))
+    usage = _shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(cache.shutil, "disk_usage", lambda p: usage._replace(free=1000))
+    with pytest.raises(OSError, match=r"needs [\d.]+ MiB in .*only 0\.0 MiB are free: set dataset.root"):
+        cache.save(graph, tmp_path / "g", {})
+    assert not list(tmp_path.iterdir())  # nothing half-written
