@@ -66,6 +66,7 @@ class TrainConfig:
     eval_every: int = 1  # evaluate on val/test every N epochs (and after the last)
     eval_batch_size: int = 2048  # seed nodes per evaluation step
     num_threads: int = 0  # torch intra-op threads per rank; 0 = CPUs of the task / local ranks
+    prefetch: int = 2  # batches sampled ahead in a background thread (0 = sample inside the training loop)
     device: str = "auto"  # auto (cuda:<local_rank> when CUDA is present, else cpu) | cpu | cuda
 
 
@@ -163,6 +164,8 @@ class RunConfig:
                            ("dataset.num_classes", d.num_classes), ("dataset.num_nodes", d.num_nodes)):
             if value < 1:
                 raise ConfigError(f"{key}={value} must be at least 1")
+        if t.prefetch < 0:
+            raise ConfigError(f"train.prefetch={t.prefetch} must be 0 (off) or more batches")
         if t.lr <= 0:
             raise ConfigError(f"train.lr={t.lr} must be positive")
         if not 0 <= m.dropout < 1:

@@ -19,7 +19,7 @@ from hpcgnn.config import RunConfig
 from hpcgnn.data import Graph, open_graph, prepare
 from hpcgnn.env import RankEnv
 from hpcgnn.models import build_model, forward_batch
-from hpcgnn.sampling import NeighborSampler, NodeLoader, rank_seeds, steps_per_epoch
+from hpcgnn.sampling import NeighborSampler, NodeLoader, PrefetchLoader, rank_seeds, steps_per_epoch
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +105,8 @@ def train(cfg: RunConfig, env: RankEnv, device: torch.device) -> dict:
         gen = torch.Generator().manual_seed(_seed(t.seed, epoch, env.rank))
         sums = torch.zeros(4, dtype=torch.float64)  # loss * n, correct, n, steps
         t0 = time.perf_counter()
-        for data in NodeLoader(graph, sampler, seeds, t.batch_size, gen, device):
+        loader = NodeLoader(graph, sampler, seeds, t.batch_size, gen, device, pin_memory=device.type == "cuda")
+        for data in PrefetchLoader(loader, t.prefetch) if t.prefetch else loader:
             step += 1
             if env.rank == cfg.debug.fail_rank and step == cfg.debug.fail_step:
                 raise RuntimeError(f"injected failure on rank {env.rank} at step {step} (debug.fail_rank)")

@@ -164,3 +164,35 @@ def test_synthetic_graph_is_deterministic_and_homophilous():
     assert not bool((src == dst).any())
     splits = torch.cat([g1.train_idx, g1.val_idx, g1.test_idx])
     assert torch.equal(splits.sort().values, torch.arange(5000))
+
+
+def test_prefetching_loader_yields_the_plain_loaders_batches(graph):
+    from hpcgnn.sampling import PrefetchLoader
+
+    seeds = graph.train_idx
+    plain = list(NodeLoader(graph, NeighborSampler(graph.rowptr, graph.col, FANOUTS), seeds, 64,
+                            torch.Generator().manual_seed(9)))
+    for depth in (1, 3):
+        ahead = list(PrefetchLoader(NodeLoader(graph, NeighborSampler(graph.rowptr, graph.col, FANOUTS), seeds, 64,
+                                               torch.Generator().manual_seed(9)), depth))
+        assert len(ahead) == len(plain) == math.ceil(seeds.numel() / 64)
+        for a, b in zip(ahead, plain, strict=True):
+            assert torch.equal(a.n_id, b.n_id) and torch.equal(a.edge_index, b.edge_index)
+            assert torch.equal(a.x, b.x) and a.num_sampled_nodes == b.num_sampled_nodes
+
+
+def test_prefetching_loader_stops_cleanly(graph):
+    import threading
+
+    from hpcgnn.sampling import PrefetchLoader
+
+    loader = PrefetchLoader(NodeLoader(graph, NeighborSampler(graph.rowptr, graph.col, FANOUTS), graph.train_idx, 16,
+                                       torch.Generator().manual_seed(0)), 2)
+    for i, _ in enumerate(loader):
+        if i == 2:
+            break  # the consumer leaves early: the thread must end, not block on a full queue
+    assert not any(t.name == "hpcgnn-prefetch" for t in threading.enumerate())
+    bad = PrefetchLoader(NodeLoader(graph, NeighborSampler(graph.rowptr, graph.col, FANOUTS),
+                                    torch.tensor([1, 1]), 2), 2)
+    with pytest.raises(ValueError, match="seeds must be distinct"):
+        list(bad)  # errors in the thread surface in the consumer

@@ -9,6 +9,8 @@ rank gets exactly ``ceil(num_seeds / world_size)`` seeds and the same step count
 from __future__ import annotations
 
 import math
+import queue
+import threading
 from collections.abc import Iterator
 
 import torch
@@ -49,20 +51,90 @@ class NodeLoader:
     """
 
     def __init__(self, graph: Graph, sampler: NeighborSampler, seeds: Tensor, batch_size: int,
-                 generator: torch.Generator | None = None, device: torch.device | None = None):
+                 generator: torch.Generator | None = None, device: torch.device | None = None,
+                 pin_memory: bool = False):
         self.graph, self.sampler, self.seeds = graph, sampler, seeds
         self.batch_size, self.generator, self.device = batch_size, generator, device
+        self.pin_memory = pin_memory
 
     def __len__(self) -> int:
         return math.ceil(self.seeds.numel() / self.batch_size)
 
     def __iter__(self) -> Iterator[Data]:
         for batch in self.seeds.split(self.batch_size):
-            out = self.sampler.sample(batch, self.generator)
-            data = Data(x=self.graph.x[out.n_id], edge_index=out.edge_index, y=self.graph.y[out.n_id],
-                        n_id=out.n_id, batch_size=out.batch_size,
-                        num_sampled_nodes=list(out.num_sampled_nodes),
-                        num_sampled_edges=list(out.num_sampled_edges))
-            if self.device is not None and self.device.type != "cpu":
-                data = data.to(self.device, non_blocking=True)
-            yield data
+            data = self.sample(batch)
+            yield to_device(data, self.device)
+
+    def sample(self, seeds: Tensor) -> Data:
+        """One batch on the host: sampled subgraph, gathered features and labels."""
+        out = self.sampler.sample(seeds, self.generator)
+        n_id = out.n_id.cpu()
+        x, y = self.graph.x[n_id], self.graph.y[n_id]
+        if self.pin_memory:  # page-locked, so the copy to the GPU can run asynchronously
+            x, y = x.pin_memory(), y.pin_memory()
+        return Data(x=x, edge_index=out.edge_index, y=y, n_id=out.n_id, batch_size=out.batch_size,
+                    num_sampled_nodes=list(out.num_sampled_nodes), num_sampled_edges=list(out.num_sampled_edges))
+
+
+def to_device(data: Data, device: torch.device | None) -> Data:
+    if device is None or device.type == "cpu":
+        return data
+    return data.to(device, non_blocking=True)
+
+
+_END = object()
+
+
+class PrefetchLoader:
+    """Runs a NodeLoader ``depth`` batches ahead in a background thread.
+
+    Sampling and feature gathering for the next batches overlap the training step on
+    the current one (torch's kernels release the GIL). The thread walks the loader
+    exactly as a plain loop would, with the same generator, so the batches are the
+    same; only the copy to the device happens here, in the consuming thread.
+    """
+
+    def __init__(self, loader: NodeLoader, depth: int = 2):
+        if depth < 1:
+            raise ValueError("prefetch depth must be at least 1")
+        self.loader, self.depth = loader, depth
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self) -> Iterator[Data]:
+        q: queue.Queue = queue.Queue(maxsize=self.depth)
+        stop = threading.Event()
+        device = self.loader.device
+
+        def put(item) -> bool:
+            while not stop.is_set():
+                try:
+                    q.put(item, timeout=0.1)
+                    return True
+                except queue.Full:
+                    continue
+            return False
+
+        def work() -> None:
+            try:
+                for batch in self.loader.seeds.split(self.loader.batch_size):
+                    if not put(self.loader.sample(batch)):
+                        return
+                put(_END)
+            except BaseException as exc:  # handed to the consumer, raised there
+                put(exc)
+
+        thread = threading.Thread(target=work, name="hpcgnn-prefetch", daemon=True)
+        thread.start()
+        try:
+            while True:
+                item = q.get()
+                if item is _END:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield to_device(item, device)
+        finally:
+            stop.set()
+            thread.join()

@@ -1,0 +1,40 @@
+"""Shared by the benchmarks: the benchmark graph, and PyG's reference loader when it can run here."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+
+def benchmark_graph(num_nodes: int, avg_degree: float, root: str):
+    """Prepare (once) and memory-map a synthetic graph, as a training rank does."""
+    from hpcgnn.config import DatasetConfig
+    from hpcgnn.data import open_graph, prepare
+
+    cfg = DatasetConfig(num_nodes=num_nodes, avg_degree=avg_degree, num_features=128, root=root)
+    t0 = time.perf_counter()
+    prepare(cfg)
+    graph = open_graph(cfg)
+    print(f"graph: {graph.num_nodes} nodes, {graph.num_edges} edges, {graph.num_features} features "
+          f"(ready in {time.perf_counter() - t0:.0f} s)")
+    return graph
+
+
+def pyg_loader(graph, fanouts, batch_size: int, num_workers: int, seed: int = 0):
+    """PyG's NeighborLoader on the same graph, or None with the reason when it cannot run here."""
+    try:
+        from torch_geometric.typing import WITH_PYG_LIB, WITH_TORCH_SPARSE
+    except ImportError as exc:
+        return None, f"torch_geometric.typing unavailable ({exc})"
+    if not (WITH_PYG_LIB or WITH_TORCH_SPARSE):
+        return None, "PyG reference unavailable: NeighborLoader needs pyg-lib or torch-sparse, neither is importable"
+    from torch_geometric.data import Data
+    from torch_geometric.loader import NeighborLoader
+
+    data = Data(x=graph.x, y=graph.y, edge_index=graph.edge_index(), num_nodes=graph.num_nodes)
+    torch.manual_seed(seed)
+    backend = "pyg-lib" if WITH_PYG_LIB else "torch-sparse"
+    loader = NeighborLoader(data, num_neighbors=list(fanouts), input_nodes=graph.train_idx, batch_size=batch_size,
+                            shuffle=True, num_workers=num_workers)
+    return loader, f"PyG NeighborLoader ({backend}, {num_workers} workers)"
