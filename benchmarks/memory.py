@@ -5,8 +5,8 @@
 Each rank does what a training rank does (hpcgnn.data.open_graph: memory-map the prepared
 graph) and then reads every byte of it, so all pages are resident. PSS (proportional set
 size, /proc/PID/smaps_rollup) splits shared pages between the processes that map them, so
-the sum over ranks is the node's real memory. A "copy per rank" run (each rank clones the
-arrays, as a per-process load would) is the reference. Prints one comparison line.
+the sum over ranks is the node's real memory. A "copy per rank" run (each rank reads the
+arrays into private memory, as a per-process load does) is the reference. Prints one comparison line.
 """
 
 from __future__ import annotations
@@ -27,13 +27,11 @@ def _pss_mb() -> float:
 def _rank(cfg, copy: bool, ready, measure, out) -> None:
     import torch
 
-    from hpcgnn.data import open_graph
+    from hpcgnn.data import cache, cache_folder, open_graph
 
     torch.set_num_threads(1)
-    g = open_graph(cfg)
+    g = cache.load(cache_folder(cfg), mmap=False) if copy else open_graph(cfg)
     arrays = [g.rowptr, g.col, g.x, g.y, g.train_idx, g.val_idx, g.test_idx]
-    if copy:
-        arrays = [a.clone() for a in arrays]
     checksum = sum(float(a.double().sum()) if a.dtype.is_floating_point else int(a.sum()) for a in arrays)
     ready.wait()
     measure.wait()
@@ -58,16 +56,18 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--num-nodes", type=int, default=2_000_000)
     ap.add_argument("--avg-degree", type=float, default=50)
+    ap.add_argument("--num-features", type=int, default=128)
     ap.add_argument("--root", default="~/.cache/hpcgnn")
     args = ap.parse_args()
 
     from hpcgnn.config import DatasetConfig
     from hpcgnn.data import cache, prepare
 
-    cfg = DatasetConfig(num_nodes=args.num_nodes, avg_degree=args.avg_degree, root=args.root)
+    cfg = DatasetConfig(num_nodes=args.num_nodes, avg_degree=args.avg_degree, num_features=args.num_features,
+                        root=args.root)
     t0 = time.perf_counter()
     folder = prepare(cfg)
-    print(f"graph: {args.num_nodes} nodes, avg degree {args.avg_degree}, {cache.human_bytes(cache.size_bytes(folder))} "
+    print(f"graph: {args.num_nodes} nodes, avg degree {args.avg_degree}, {args.num_features} features, {cache.human_bytes(cache.size_bytes(folder))} "
           f"prepared in {time.perf_counter() - t0:.0f} s ({folder})")
     one = run(cfg, 1, copy=False)
     two = run(cfg, 2, copy=False)

@@ -65,13 +65,17 @@ def save(graph: Graph, folder: Path, source: dict) -> Path:
     return folder
 
 
-def load(folder: Path) -> Graph:
-    """Memory-map a prepared graph (no copy until a page is written, which hpcgnn never does)."""
+def load(folder: Path, mmap: bool = True) -> Graph:
+    """Memory-map a prepared graph (no copy until a page is written, which hpcgnn never does).
+
+    ``mmap=False`` reads private copies instead (what a per-process load costs).
+    """
     meta = json.loads((folder / "meta.json").read_text())
     if meta.get("format_version") != FORMAT_VERSION:
         raise RuntimeError(f"{folder} holds format {meta.get('format_version')}, this hpcgnn reads "
                            f"{FORMAT_VERSION}: delete the folder to prepare the dataset again")
-    arrays = {name: torch.from_numpy(np.load(folder / f"{name}.npy", mmap_mode="c")) for name in ARRAYS}
+    mode = "c" if mmap else None
+    arrays = {name: torch.from_numpy(np.load(folder / f"{name}.npy", mmap_mode=mode)) for name in ARRAYS}
     return Graph(**arrays, num_classes=int(meta["num_classes"]))
 
 

@@ -69,7 +69,8 @@ class NodeLoader:
         """One batch on the host: sampled subgraph, gathered features and labels."""
         out = self.sampler.sample(seeds, self.generator)
         n_id = out.n_id.cpu()
-        x, y = self.graph.x[n_id], self.graph.y[n_id]
+        # index_select: a parallel row gather, markedly faster than advanced indexing for features
+        x, y = self.graph.x.index_select(0, n_id), self.graph.y.index_select(0, n_id)
         if self.pin_memory:  # page-locked, so the copy to the GPU can run asynchronously
             x, y = x.pin_memory(), y.pin_memory()
         return Data(x=x, edge_index=out.edge_index, y=y, n_id=out.n_id, batch_size=out.batch_size,

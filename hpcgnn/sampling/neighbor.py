@@ -50,13 +50,13 @@ class NeighborSampler:
         try:
             for fanout in self.fanouts:
                 row, nbr = sample_neighbors(self.rowptr, self.col, frontier, fanout, generator)
-                nbr_local = local[nbr]
+                nbr_local = local.index_select(0, nbr)
                 new_mask = nbr_local < 0
                 new_nodes = torch.unique(nbr[new_mask])  # sorted: deterministic local order
                 local[new_nodes] = torch.arange(total, total + new_nodes.numel(), device=dev)
                 total += new_nodes.numel()
-                nbr_local = local[nbr]
-                edges.append(torch.stack([nbr_local, frontier_local[row]]))
+                nbr_local = local.index_select(0, nbr)
+                edges.append(torch.stack([nbr_local, frontier_local.index_select(0, row)]))
                 num_edges.append(nbr.numel())
                 num_nodes.append(new_nodes.numel())
                 n_ids.append(new_nodes)
@@ -91,7 +91,7 @@ def sample_neighbors(rowptr: Tensor, col: Tensor, nodes: Tensor, fanout: int,
     if bool(big.any()):
         offsets = floyd_sample(deg[big], fanout, generator)  # [rows with deg > fanout, fanout]
         slot[big[row]] = offsets.reshape(-1)  # big rows own exactly `fanout` consecutive slots each
-    return row, col[start[row] + slot]
+    return row, col.index_select(0, start.index_select(0, row) + slot)
 
 
 def floyd_sample(n: Tensor, k: int, generator: torch.Generator | None = None) -> Tensor:
