@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
+import argparse
 import time
 
 import torch
+
+
+def graph_arguments(ap: argparse.ArgumentParser, num_nodes: int = 500_000) -> None:
+    ap.add_argument("--num-nodes", type=int, default=num_nodes)
+    ap.add_argument("--avg-degree", type=float, default=50)
+    ap.add_argument("--root", default="~/.cache/hpcgnn", help="where the prepared graph is cached")
+
+
+def shuffled_seeds(graph) -> torch.Tensor:
+    return graph.train_idx[torch.randperm(graph.train_idx.numel(), generator=torch.Generator().manual_seed(0))]
 
 
 def benchmark_graph(num_nodes: int, avg_degree: float, root: str):

@@ -17,7 +17,7 @@ import time
 
 import torch
 import torch.nn.functional as F
-from common import benchmark_graph, pyg_loader
+from common import benchmark_graph, graph_arguments, pyg_loader, shuffled_seeds
 from torch_geometric.nn import GraphSAGE
 
 FANOUTS, BATCH = (15, 10, 5), 1024
@@ -48,16 +48,14 @@ def run(name: str, loader, model, steps: int, trim: bool) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--num-nodes", type=int, default=500_000)
-    ap.add_argument("--avg-degree", type=float, default=50)
+    graph_arguments(ap)
     ap.add_argument("--steps", type=int, default=8)
-    ap.add_argument("--root", default="~/.cache/hpcgnn")
     args = ap.parse_args()
 
     from hpcgnn.sampling import NeighborSampler, NodeLoader, PrefetchLoader
 
     graph = benchmark_graph(args.num_nodes, args.avg_degree, args.root)
-    seeds = graph.train_idx[torch.randperm(graph.train_idx.numel(), generator=torch.Generator().manual_seed(0))]
+    seeds = shuffled_seeds(graph)
 
     def model():
         torch.manual_seed(0)

@@ -15,6 +15,8 @@ import argparse
 import multiprocessing as mp
 import time
 
+from common import graph_arguments
+
 
 def _pss_mb() -> float:
     with open("/proc/self/smaps_rollup") as f:
@@ -54,10 +56,8 @@ def run(cfg, ranks: int, copy: bool) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--num-nodes", type=int, default=2_000_000)
-    ap.add_argument("--avg-degree", type=float, default=50)
+    graph_arguments(ap, num_nodes=2_000_000)
     ap.add_argument("--num-features", type=int, default=128)
-    ap.add_argument("--root", default="~/.cache/hpcgnn")
     args = ap.parse_args()
 
     from hpcgnn.config import DatasetConfig

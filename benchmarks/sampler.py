@@ -15,7 +15,7 @@ import itertools
 import time
 
 import torch
-from common import benchmark_graph, pyg_loader
+from common import benchmark_graph, graph_arguments, pyg_loader, shuffled_seeds
 
 FANOUTS, BATCH = (15, 10, 5), 1024
 
@@ -30,16 +30,14 @@ def batches_per_s(loader, batches: int) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--num-nodes", type=int, default=500_000)
-    ap.add_argument("--avg-degree", type=float, default=50)
+    graph_arguments(ap)
     ap.add_argument("--batches", type=int, default=30)
-    ap.add_argument("--root", default="~/.cache/hpcgnn")
     args = ap.parse_args()
 
     from hpcgnn.sampling import NeighborSampler, NodeLoader, PrefetchLoader
 
     graph = benchmark_graph(args.num_nodes, args.avg_degree, args.root)
-    seeds = graph.train_idx[torch.randperm(graph.train_idx.numel(), generator=torch.Generator().manual_seed(0))]
+    seeds = shuffled_seeds(graph)
 
     def ours(prefetch: int):
         loader = NodeLoader(graph, NeighborSampler(graph.rowptr, graph.col, FANOUTS), seeds, BATCH,
