@@ -107,8 +107,3 @@ def all_gather_object(obj: object) -> list:
     out: list = [None] * dist.get_world_size()
     dist.all_gather_object(out, obj)
     return out
-
-
-def barrier() -> None:
-    if initialized():
-        dist.barrier()
