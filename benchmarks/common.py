@@ -14,8 +14,18 @@ def graph_arguments(ap: argparse.ArgumentParser, num_nodes: int = 500_000) -> No
     ap.add_argument("--root", default="~/.cache/hpcgnn", help="where the prepared graph is cached")
 
 
-def shuffled_seeds(graph) -> torch.Tensor:
-    return graph.train_idx[torch.randperm(graph.train_idx.numel(), generator=torch.Generator().manual_seed(0))]
+# The benchmark batches: three hops, as in the issue's comparison.
+FANOUTS, BATCH = (15, 10, 5), 1024
+
+
+def hpcgnn_loader(graph, prefetch: int = 0):
+    """hpcgnn's loader over the shuffled training seeds, with ``prefetch`` batches sampled ahead (0: none)."""
+    from hpcgnn.sampling import NeighborSampler, NodeLoader, PrefetchLoader
+
+    seeds = graph.train_idx[torch.randperm(graph.train_idx.numel(), generator=torch.Generator().manual_seed(0))]
+    loader = NodeLoader(graph, NeighborSampler(graph.rowptr, graph.col, FANOUTS), seeds, BATCH,
+                        torch.Generator().manual_seed(0))
+    return PrefetchLoader(loader, prefetch) if prefetch else loader
 
 
 def benchmark_graph(num_nodes: int, avg_degree: float, root: str):

@@ -17,10 +17,8 @@ import time
 
 import torch
 import torch.nn.functional as F
-from common import benchmark_graph, graph_arguments, pyg_loader, shuffled_seeds
+from common import BATCH, FANOUTS, benchmark_graph, graph_arguments, hpcgnn_loader, pyg_loader
 from torch_geometric.nn import GraphSAGE
-
-FANOUTS, BATCH = (15, 10, 5), 1024
 
 
 def run(name: str, loader, model, steps: int, trim: bool) -> float:
@@ -52,21 +50,15 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=8)
     args = ap.parse_args()
 
-    from hpcgnn.sampling import NeighborSampler, NodeLoader, PrefetchLoader
-
     graph = benchmark_graph(args.num_nodes, args.avg_degree, args.root)
-    seeds = shuffled_seeds(graph)
 
     def model():
         torch.manual_seed(0)
         return GraphSAGE(graph.num_features, 256, 3, graph.num_classes)
 
-    def loader():
-        return NodeLoader(graph, NeighborSampler(graph.rowptr, graph.col, FANOUTS), seeds, BATCH,
-                          torch.Generator().manual_seed(0))
-
-    ours = run("hpcgnn (prefetch + trim_to_layer)", PrefetchLoader(loader(), 2), model(), args.steps, trim=True)
-    plain = run("plain loop (same batches, no overlap, no trim)", loader(), model(), args.steps, trim=False)
+    ours = run("hpcgnn (prefetch + trim_to_layer)", hpcgnn_loader(graph, prefetch=2), model(), args.steps, trim=True)
+    plain = run("plain loop (same batches, no overlap, no trim)", hpcgnn_loader(graph), model(), args.steps,
+                trim=False)
     ref_loader, ref_name = pyg_loader(graph, FANOUTS, BATCH, num_workers=0)
     line = f"epoch: hpcgnn / plain loop = {ours / plain:.2f}x"
     if ref_loader is None:

@@ -15,9 +15,7 @@ import itertools
 import time
 
 import torch
-from common import benchmark_graph, graph_arguments, pyg_loader, shuffled_seeds
-
-FANOUTS, BATCH = (15, 10, 5), 1024
+from common import BATCH, FANOUTS, benchmark_graph, graph_arguments, hpcgnn_loader, pyg_loader
 
 
 def batches_per_s(loader, batches: int) -> float:
@@ -34,18 +32,9 @@ def main() -> None:
     ap.add_argument("--batches", type=int, default=30)
     args = ap.parse_args()
 
-    from hpcgnn.sampling import NeighborSampler, NodeLoader, PrefetchLoader
-
     graph = benchmark_graph(args.num_nodes, args.avg_degree, args.root)
-    seeds = shuffled_seeds(graph)
-
-    def ours(prefetch: int):
-        loader = NodeLoader(graph, NeighborSampler(graph.rowptr, graph.col, FANOUTS), seeds, BATCH,
-                            torch.Generator().manual_seed(0))
-        return PrefetchLoader(loader, prefetch) if prefetch else loader
-
-    plain = batches_per_s(ours(0), args.batches)
-    ahead = batches_per_s(ours(2), args.batches)
+    plain = batches_per_s(hpcgnn_loader(graph), args.batches)
+    ahead = batches_per_s(hpcgnn_loader(graph, prefetch=2), args.batches)
     line = (f"sampler ({torch.get_num_threads()} threads, fanouts {list(FANOUTS)}, batch {BATCH}): "
             f"hpcgnn {plain:.2f} batches/s, with prefetch thread {ahead:.2f}")
     for workers in (0, 2):

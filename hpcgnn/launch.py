@@ -157,8 +157,6 @@ def _wait(job, cfg: RunConfig) -> int:
     from submitit.core.utils import FailedJobError, UncompletedJobError
     from submitit.slurm.slurm import SlurmJob
 
-    from hpcgnn.job import read_failures
-
     on_slurm = isinstance(job, SlurmJob)
     offset, last_asked = 0, time.monotonic()
     try:
@@ -175,9 +173,9 @@ def _wait(job, cfg: RunConfig) -> int:
             print(f"job {job.job_id} was cancelled ({state}); output folder: {cfg.run_dir}", file=sys.stderr,
                   flush=True)
             return 1
-        if read_failures(Path(cfg.run_dir)):
-            print(f"job {job.job_id} failed (state {state})", file=sys.stderr)
-            print(failure_report(Path(cfg.run_dir), ""), file=sys.stderr, flush=True)
+        report = failure_report(Path(cfg.run_dir), "")
+        if report:
+            print(f"job {job.job_id} failed (state {state})\n{report}", file=sys.stderr, flush=True)
             return 1
         results = job.results()
     except KeyboardInterrupt:

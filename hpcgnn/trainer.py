@@ -167,7 +167,6 @@ def train(cfg: RunConfig, env: RankEnv, device: torch.device) -> dict:
     }
     if env.is_main:
         path = write_summary(summary, Path(cfg.run_dir))
-
         log.info("test acc %.4f (best val %.4f at epoch %d); summary: %s", summary["test_acc"],
                  summary["best_val_acc"], summary["best_epoch"], path)
     return summary

@@ -16,10 +16,10 @@ from pathlib import Path
 
 from hpcgnn.config import ConfigError, DatasetConfig
 from hpcgnn.data import cache
-from hpcgnn.data.files import load_files
+from hpcgnn.data.files import files_folder, load_files
 from hpcgnn.data.graph import Graph
 from hpcgnn.data.ogb import NAMES as OGB_NAMES
-from hpcgnn.data.ogb import DatasetMissing, has_raw, load_ogb
+from hpcgnn.data.ogb import DatasetMissing, has_raw, load_ogb, prepare_command
 from hpcgnn.data.synthetic import GENERATOR_VERSION, make_synthetic
 
 log = logging.getLogger(__name__)
@@ -53,7 +53,7 @@ def cache_folder(cfg: DatasetConfig) -> Path:
     """``<root>/prepared/<name>-<key>``: the key covers every setting that changes the graph."""
     fields = {k: getattr(cfg, k) for k in _KEY_FIELDS[cfg.name]}
     if cfg.name == "files":
-        folder = Path(cfg.path).expanduser().resolve()
+        folder = files_folder(cfg)
         fields["path"] = str(folder)
         # Replaced files must not be served from an old cache.
         fields["files"] = sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in folder.glob("*")
@@ -66,8 +66,6 @@ def cache_folder(cfg: DatasetConfig) -> Path:
 
 def prepare(cfg: DatasetConfig, allow_download: bool = False) -> Path:
     """Build the graph into the cache unless it is there already; returns the cache folder."""
-    if cfg.name == "files" and not cfg.path:
-        raise ConfigError("dataset=files needs the folder of your graph: set dataset.path=/path/to/graph")
     folder = cache_folder(cfg)
     if cache.is_complete(folder):
         return folder
@@ -79,21 +77,17 @@ def prepare(cfg: DatasetConfig, allow_download: bool = False) -> Path:
 def check_available(cfg: DatasetConfig) -> None:
     """Before submitting: fail now, not on a compute node, when the data cannot be there."""
     if cfg.name == "files":
-        if not cfg.path:
-            raise ConfigError("dataset=files needs the folder of your graph: set dataset.path=/path/to/graph")
-        if not Path(cfg.path).expanduser().is_dir():
-            raise ConfigError(f"dataset.path={cfg.path} is not a folder")
+        files_folder(cfg)
     elif cfg.name in OGB_NAMES and not cache.is_complete(cache_folder(cfg)) and not has_raw(cfg):
         raise DatasetMissing(f"{cfg.name} is not under {Path(cfg.root).expanduser()}: jobs do not download. "
-                             f"HINT: first run\n    python -m hpcgnn.data prepare dataset={cfg.name}")
+                             f"HINT: first run\n    {prepare_command(cfg)}")
 
 
 def open_graph(cfg: DatasetConfig) -> Graph:
     """Memory-map the prepared graph; fails if :func:`prepare` has not run."""
     folder = cache_folder(cfg)
     if not cache.is_complete(folder):
-        raise DatasetMissing(f"{cfg.name} is not prepared in {folder}. HINT: python -m hpcgnn.data prepare "
-                             f"dataset={cfg.name}")
+        raise DatasetMissing(f"{cfg.name} is not prepared in {folder}. HINT: {prepare_command(cfg)}")
     return cache.load(folder)
 
 

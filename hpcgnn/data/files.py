@@ -38,12 +38,18 @@ def _read(folder: Path, name: str) -> tuple[Path, np.ndarray]:
     raise DatasetFileError(f"{folder}: {name}.npy or {name}.pt is missing (dataset=files needs {', '.join(FILES)})")
 
 
-def load_files(cfg: DatasetConfig, allow_download: bool = False) -> Graph:
+def files_folder(cfg: DatasetConfig) -> Path:
+    """The folder ``dataset.path`` names, checked to exist."""
     if not cfg.path:
         raise ConfigError("dataset=files needs the folder of your graph: set dataset.path=/path/to/graph")
-    folder = Path(cfg.path).expanduser()
+    folder = Path(cfg.path).expanduser().resolve()
     if not folder.is_dir():
         raise DatasetFileError(f"dataset.path={cfg.path} is not a folder")
+    return folder
+
+
+def load_files(cfg: DatasetConfig, allow_download: bool = False) -> Graph:
+    folder = files_folder(cfg)
     arrays = {name: _read(folder, name) for name in FILES}
 
     px, x = arrays["x"]

@@ -24,13 +24,23 @@ class DatasetMissing(ConfigError):
     """The dataset is not on disk and this process may not download it."""
 
 
+def prepare_command(cfg: DatasetConfig) -> str:
+    """The command that prepares ``cfg``'s dataset (run where the internet is)."""
+    root = f" dataset.root={cfg.root}" if cfg.root != DatasetConfig.root else ""
+    return f"python -m hpcgnn.data prepare dataset={cfg.name}{root}"
+
+
 def ogb_root(cfg: DatasetConfig) -> Path:
     return Path(cfg.root).expanduser() / "ogb"
 
 
+def ogb_folder(cfg: DatasetConfig) -> Path:
+    """Where OGB's layout of this dataset lives (``ogbn-arxiv`` -> ``ogb/ogbn_arxiv``)."""
+    return ogb_root(cfg) / cfg.name.replace("-", "_")
+
+
 def has_raw(cfg: DatasetConfig) -> bool:
-    folder = ogb_root(cfg) / cfg.name.replace("-", "_")
-    return any((folder / p).exists() for p in ("raw/edge.csv.gz", "raw/data.npz"))
+    return any((ogb_folder(cfg) / p).exists() for p in ("raw/edge.csv.gz", "raw/data.npz"))
 
 
 def _meta(name: str) -> dict:
@@ -69,13 +79,12 @@ def load_ogb(cfg: DatasetConfig, allow_download: bool) -> Graph:
     from ogb.io.read_graph_raw import read_binary_graph_raw, read_csv_graph_raw
 
     meta = _meta(cfg.name)
-    folder = ogb_root(cfg) / cfg.name.replace("-", "_")
+    folder = ogb_folder(cfg)
     if not has_raw(cfg):
         if not allow_download:
             raise DatasetMissing(
                 f"{cfg.name} is not under {ogb_root(cfg)}, and training jobs do not download (compute nodes often "
-                f"have no internet). HINT: on a login node run\n    python -m hpcgnn.data prepare dataset={cfg.name}"
-                + (f" dataset.root={cfg.root}" if cfg.root != DatasetConfig.root else ""))
+                f"have no internet). HINT: on a login node run\n    {prepare_command(cfg)}")
         _download(cfg, meta, folder)
     raw = folder / "raw"
     if meta["binary"] == "True":

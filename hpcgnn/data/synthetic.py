@@ -31,7 +31,7 @@ def make_synthetic(cfg: DatasetConfig) -> Graph:
     comm_size = torch.bincount(community, minlength=num_comm)
     comm_start = torch.cumsum(comm_size, 0) - comm_size
     if cfg.degree_exponent > 0:
-        src, dst = _chung_lu_edges(cfg, g, community, by_comm, comm_start, half)
+        src, dst = _chung_lu_edges(cfg, g, community, by_comm, comm_start, comm_size, half)
     else:
         # Out-degree per node: a moderate (log-normal) tail around avg_degree / 2.
         sigma = 0.6
@@ -59,7 +59,7 @@ def make_synthetic(cfg: DatasetConfig) -> Graph:
                                  test_idx.sort().values, c)
 
 
-def _chung_lu_edges(cfg: DatasetConfig, g: torch.Generator, community, by_comm, comm_start,
+def _chung_lu_edges(cfg: DatasetConfig, g: torch.Generator, community, by_comm, comm_start, comm_size,
                     half: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Heavy-tailed degrees: node weights follow a power law with exponent ``degree_exponent``;
     a node sends edges in proportion to its weight and receives them in proportion too
@@ -76,7 +76,7 @@ def _chung_lu_edges(cfg: DatasetConfig, g: torch.Generator, community, by_comm, 
     w_sorted = w[by_comm]
     cum = torch.cumsum(w_sorted, 0)
     comm_lo = torch.cat([torch.zeros(1, dtype=cum.dtype), cum])[comm_start]
-    comm_hi = cum[comm_start + torch.bincount(community, minlength=comm_start.numel()) - 1]
+    comm_hi = cum[comm_start + comm_size - 1]
     sc = community[src]
     inside = torch.rand(m, generator=g) < cfg.homophily
     r = torch.rand(m, generator=g, dtype=torch.float64)

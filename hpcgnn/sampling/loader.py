@@ -61,9 +61,13 @@ class NodeLoader:
         return math.ceil(self.seeds.numel() / self.batch_size)
 
     def __iter__(self) -> Iterator[Data]:
-        for batch in self.seeds.split(self.batch_size):
-            data = self.sample(batch)
+        for data in self.host_batches():
             yield to_device(data, self.device)
+
+    def host_batches(self) -> Iterator[Data]:
+        """The batches in order, still on the host."""
+        for seeds in self.seeds.split(self.batch_size):
+            yield self.sample(seeds)
 
     def sample(self, seeds: Tensor) -> Data:
         """One batch on the host: sampled subgraph, gathered features and labels."""
@@ -119,8 +123,8 @@ class PrefetchLoader:
 
         def work() -> None:
             try:
-                for batch in self.loader.seeds.split(self.loader.batch_size):
-                    if not put(self.loader.sample(batch)):
+                for batch in self.loader.host_batches():
+                    if not put(batch):
                         return
                 put(_END)
             except BaseException as exc:  # handed to the consumer, raised there

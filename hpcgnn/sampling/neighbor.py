@@ -38,12 +38,12 @@ class NeighborSampler:
 
     def sample(self, seeds: Tensor, generator: torch.Generator | None = None) -> SamplerOutput:
         """Sample the subgraph around ``seeds``; the generator must live on the graph's device."""
-        seeds = seeds.long().to(self.rowptr.device)
+        dev = self.rowptr.device
+        seeds = seeds.long().to(dev)
         local = self._local
         if torch.unique(seeds).numel() != seeds.numel():
             raise ValueError("seeds must be distinct")
         n_ids = [seeds]
-        dev = self.rowptr.device
         local[seeds] = torch.arange(seeds.numel(), device=dev)
         num_nodes, edges, num_edges = [seeds.numel()], [], []
         frontier, frontier_local, total = seeds, torch.arange(seeds.numel(), device=dev), seeds.numel()
