@@ -36,6 +36,7 @@ class DatasetConfig:
     degree_exponent: float = 0.0  # synthetic: 0 = moderate log-normal tail; >2 = power-law exponent (hubs)
     communities_per_class: int = 4  # synthetic: communities (dense clusters) per class
     homophily: float = 0.5  # synthetic: fraction of edges drawn inside the source's community
+    locality: float = 0.8  # synthetic: fraction of the other edges kept in the source's region (0 = any node)
     feature_noise: float = 3.0  # synthetic: noise std relative to the unit class signal
     train_fraction: float = 0.3  # fraction of nodes in the training split
     val_fraction: float = 0.1  # fraction of nodes in the validation split (the rest is test)
@@ -52,7 +53,16 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class GraphConfig:
-    mode: str = "replicated"  # replicated: every rank samples from the whole graph
+    mode: str = "replicated"  # replicated: every rank maps the whole graph | partitioned: each rank holds its parts
+    num_parts: int = 0  # partitioned: METIS/random parts; 0 = one per rank; else a multiple of the world size
+    method: str = "metis"  # partitioned: metis (few cut edges) | random (no partitioning cost)
+    seed: int = 0  # partitioned: METIS seed; the same graph, num_parts and seed give byte-identical parts
+    balance_train: bool = True  # partitioned: balance training nodes across parts as well as nodes
+    partition_mem_gb: Optional[float] = None  # memory partitioning may use; None = what this machine has free
+    cache_mb: float = 0.0  # partitioned: per-rank budget for features of hot remote nodes (0 = no cache)
+    cache_policy: str = "degree"  # partitioned: degree | frequency (measured in a warm-up pass)
+    warmup_batches: int = 8  # partitioned, cache_policy=frequency: batches sampled to count remote hits
+    boundary_fraction: float = 1.0  # partitioned: keep this fraction of remote neighbours per hop (BNS-GCN)
 
 
 @dataclass(frozen=True)
@@ -154,8 +164,7 @@ class RunConfig:
 
         if d.name not in LOADERS:
             raise ConfigError(f"dataset.name={d.name!r} is unknown: use one of {', '.join(sorted(LOADERS))}")
-        if self.graph.mode != "replicated":
-            raise ConfigError(f"graph.mode={self.graph.mode!r} is unknown: use graph=replicated")
+        _validate_graph(self.graph, self.world_size)
         if not t.fanouts or any(f < 1 for f in t.fanouts):
             raise ConfigError(f"train.fanouts={list(t.fanouts)} must be one or more positive integers, e.g. train.fanouts=[10,5]")
         for key, value in (("train.epochs", t.epochs), ("train.batch_size", t.batch_size),
@@ -183,10 +192,35 @@ class RunConfig:
         if d.degree_exponent != 0 and d.degree_exponent <= 2:
             raise ConfigError(f"dataset.degree_exponent={d.degree_exponent} must be 0 (log-normal tail) or above 2 "
                               "(a power law with a finite mean degree), e.g. 2.5")
-        if not 0 <= d.homophily <= 1:
-            raise ConfigError(f"dataset.homophily={d.homophily} must be in [0, 1]")
+        for key, value in (("dataset.homophily", d.homophily), ("dataset.locality", d.locality)):
+            if not 0 <= value <= 1:
+                raise ConfigError(f"{key}={value} must be in [0, 1]")
         if self.cluster is not None:
             _validate_cluster(self.cluster)
+
+
+def _validate_graph(g: GraphConfig, world_size: int) -> None:
+    if g.mode not in ("replicated", "partitioned"):
+        raise ConfigError(f"graph.mode={g.mode!r} is unknown: use graph=replicated or graph=partitioned")
+    if g.method not in ("metis", "random"):
+        raise ConfigError(f"graph.method={g.method!r} is unknown: use metis or random")
+    if g.cache_policy not in ("degree", "frequency"):
+        raise ConfigError(f"graph.cache_policy={g.cache_policy!r} is unknown: use degree or frequency")
+    if g.num_parts < 0:
+        raise ConfigError(f"graph.num_parts={g.num_parts} must be 0 (one part per rank) or more")
+    if g.mode == "partitioned" and g.num_parts and g.num_parts % world_size:
+        raise ConfigError(f"graph.num_parts={g.num_parts} cannot be shared by {world_size} ranks: every rank owns "
+                          f"the same number of parts. HINT: use a multiple of {world_size}, or graph.num_parts=0 "
+                          "(one part per rank)")
+    if g.cache_mb < 0:
+        raise ConfigError(f"graph.cache_mb={g.cache_mb} must be 0 (no cache) or more")
+    if g.warmup_batches < 1:
+        raise ConfigError(f"graph.warmup_batches={g.warmup_batches} must be at least 1")
+    if not 0 < g.boundary_fraction <= 1:
+        raise ConfigError(f"graph.boundary_fraction={g.boundary_fraction} must be in (0, 1]; 1 keeps every "
+                          "remote neighbour")
+    if g.partition_mem_gb is not None and g.partition_mem_gb <= 0:
+        raise ConfigError(f"graph.partition_mem_gb={g.partition_mem_gb} must be positive (or null: detect)")
 
 
 def _validate_cluster(c: ClusterConfig) -> None:

@@ -78,6 +78,22 @@ def process_group(env: RankEnv, cfg: DistConfig, device: torch.device) -> Iterat
         _comm_device = torch.device("cpu")
 
 
+def comm_device() -> torch.device:
+    """Where collective buffers must live: the GPU under nccl, else the CPU."""
+    return _comm_device
+
+
+def new_group(cfg: DistConfig):
+    """A second process group over all ranks (same backend, same timeout), or None alone.
+
+    Collectives issued from the prefetch thread run on it, so they never interleave
+    with the training thread's gradient all-reduces on the default group.
+    """
+    if not initialized():
+        return None
+    return dist.new_group(timeout=timedelta(seconds=cfg.timeout_s))
+
+
 def initialized() -> bool:
     return dist.is_available() and dist.is_initialized()
 

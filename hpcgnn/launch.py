@@ -99,17 +99,67 @@ def launch(cfg: RunConfig) -> int:
     from hpcgnn.data import check_available
 
     check_available(cfg.dataset)
+    after = None
+    if cfg.graph.mode == "partitioned":
+        after = _ensure_partitioned(cfg, mode)
     if mode == "spawn":
         return _spawn_local(cfg)
     ex = make_executor(cfg)
+    if after is not None:  # SLURM starts training only once partitioning succeeded, and drops it otherwise
+        ex.update_parameters(additional_parameters={**cfg.cluster.sbatch_extra, "dependency": f"afterok:{after.job_id}",
+                                                    "kill_on_invalid_dep": "yes"})
     from hpcgnn.job import run_task
 
     job = ex.submit(run_task, cfg)
-    print(f"submitted job {job.job_id} to {cfg.cluster.name} ({cfg.world_size} tasks); output folder: {cfg.run_dir}",
+    print(f"submitted job {job.job_id} to {cfg.cluster.name} ({cfg.world_size} tasks)"
+          f"{f', after partitioning job {after.job_id}' if after is not None else ''}; output folder: {cfg.run_dir}",
           flush=True)
     if not cfg.launch.wait:
         return 0
-    return _wait(job, cfg)
+    return _wait(job, cfg, after)
+
+
+def _ensure_partitioned(cfg: RunConfig, mode: str):
+    """Parts for a partitioned run: made here before local ranks start, or by a SLURM job the
+    training job depends on (``afterok``), so no training node idles while one node partitions.
+    Returns that job, or None when nothing was submitted."""
+    from hpcgnn.partition import parts_ready, run_partition
+
+    num_parts = cfg.graph.num_parts or cfg.world_size
+    if parts_ready(cfg.dataset, cfg.graph, num_parts):
+        return None
+    if mode == "spawn" or cfg.cluster.executor == "local":
+        run_partition(cfg.dataset, cfg.graph, num_parts)
+        return None
+    return submit_partition(cfg)
+
+
+def partition_job_config(cfg: RunConfig) -> RunConfig:
+    """The cluster settings of the one-task partitioning job: one node, no GPU, the job's memory."""
+    c = cfg.cluster
+    one = dataclasses.replace(c, nodes=1, tasks_per_node=1, gpus_per_node=0, job_name=f"{c.job_name}-partition")
+    return dataclasses.replace(cfg, cluster=one, run_dir=str(Path(cfg.run_dir) / "partition"))
+
+
+def submit_partition(cfg: RunConfig):
+    from hpcgnn.partition import run_partition_task
+
+    pcfg = partition_job_config(cfg)
+    job = make_executor(pcfg).submit(run_partition_task, cfg)
+    print(f"submitted partitioning job {job.job_id} to {cfg.cluster.name}; output folder: {pcfg.run_dir}", flush=True)
+    return job
+
+
+def wait_partition(job, cfg: RunConfig) -> int:
+    from submitit.core.utils import FailedJobError, UncompletedJobError
+
+    try:
+        job.result()
+    except (FailedJobError, UncompletedJobError) as exc:
+        print(f"partitioning job {job.job_id} failed (state {job.state}):\n{exc}", file=sys.stderr, flush=True)
+        return 1
+    sys.stdout.write(job.stdout() or "")
+    return 0
 
 
 def launch_mode(cfg: RunConfig, environ) -> str:
@@ -147,7 +197,7 @@ def _print_result(summary: dict) -> None:
     print(f"summary: {Path(summary['run_dir']) / 'summary.json'}", flush=True)
 
 
-def _wait(job, cfg: RunConfig) -> int:
+def _wait(job, cfg: RunConfig, after=None) -> int:
     """Follow rank 0's log until the job ends, then print its result, its error or its cancellation.
 
     Result files are checked every ``launch.poll_s``; the scheduler is asked every
@@ -170,7 +220,10 @@ def _wait(job, cfg: RunConfig) -> int:
         _follow(job.paths.stdout, offset)
         state = job.watcher.get_state(job.job_id, mode="force") if on_slurm else job.state
         if state.upper().startswith("CANCELLED"):
-            print(f"job {job.job_id} was cancelled ({state}); output folder: {cfg.run_dir}", file=sys.stderr,
+            why = ""
+            if after is not None and after.state not in ("COMPLETED", "RUNNING", "PENDING"):
+                why = f": partitioning job {after.job_id} ended {after.state}\n{after.stderr() or ''}"
+            print(f"job {job.job_id} was cancelled ({state}){why}; output folder: {cfg.run_dir}", file=sys.stderr,
                   flush=True)
             return 1
         report = failure_report(Path(cfg.run_dir), "")

@@ -16,10 +16,10 @@ from torch.nn.parallel import DistributedDataParallel
 
 from hpcgnn import dist
 from hpcgnn.config import RunConfig
-from hpcgnn.data import Graph, open_graph, prepare
 from hpcgnn.env import RankEnv
 from hpcgnn.models import build_model, forward_batch
-from hpcgnn.sampling import NeighborSampler, NodeLoader, PrefetchLoader, rank_seeds, steps_per_epoch
+from hpcgnn.sampling import NodeLoader, PrefetchLoader
+from hpcgnn.stores import open_store
 
 log = logging.getLogger(__name__)
 
@@ -31,18 +31,19 @@ def _seed(*parts: int) -> int:
 
 
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, graph: Graph, idx: torch.Tensor, sampler: NeighborSampler,
-             cfg: RunConfig, env: RankEnv, device: torch.device) -> float:
-    """Accuracy on ``idx``, each rank taking every world_size-th node; counts are summed over ranks."""
+def evaluate(model: torch.nn.Module, store, split: str, cfg: RunConfig, env: RankEnv, device: torch.device) -> float:
+    """Accuracy on ``split``: each rank classifies its share; counts are summed over ranks."""
     model.eval()
-    mine = idx[env.rank::env.world_size]
+    mine, num_batches = store.eval_seeds(split)
     counts = torch.zeros(2, dtype=torch.float64)
-    if mine.numel():
-        gen = torch.Generator().manual_seed(_seed(cfg.train.seed, 0xE7A1, env.rank))
-        for data in NodeLoader(graph, sampler, mine, cfg.train.eval_batch_size, gen, device):
-            pred = forward_batch(model, data).argmax(-1)
-            counts[0] += (pred == data.y[: data.batch_size]).sum().item()
-            counts[1] += data.batch_size
+    gen = torch.Generator().manual_seed(_seed(cfg.train.seed, 0xE7A1, env.rank))
+    for data in NodeLoader(store.features, store.sampler, mine, cfg.train.eval_batch_size, gen, device,
+                           num_batches=num_batches):
+        if data.batch_size == 0:  # padding: this rank only serves the others' exchanges
+            continue
+        pred = forward_batch(model, data).argmax(-1)
+        counts[0] += (pred == data.y[: data.batch_size]).sum().item()
+        counts[1] += data.batch_size
     dist.all_reduce_sum(counts)
     return (counts[0] / counts[1]).item()
 
@@ -54,58 +55,33 @@ def param_checksum(model: torch.nn.Module) -> str:
     return h.hexdigest()[:16]
 
 
-def open_shared_graph(cfg: RunConfig, env: RankEnv) -> Graph:
-    """One graph copy per node: local rank 0 prepares the cache if needed, then every rank maps it.
-
-    The mapped pages live once in the node's page cache, however many ranks map them.
-    A failure on the preparing rank fails every rank at once instead of leaving them
-    in a barrier.
-    """
-    error: Exception | None = None
-    if env.local_rank == 0:
-        try:
-            prepare(cfg.dataset)  # never downloads: that is `python -m hpcgnn.data prepare`'s job
-        except Exception as exc:  # reported below, after the others heard of it
-            error = exc
-    failed = dist.all_reduce_max(torch.tensor([0 if error is None else 1]))
-    if error is not None:
-        raise error
-    if int(failed.item()):
-        raise RuntimeError(f"rank {env.rank}: a node's local rank 0 failed to prepare {cfg.dataset.name} (see its error)")
-    return open_graph(cfg.dataset)
-
-
 def train(cfg: RunConfig, env: RankEnv, device: torch.device) -> dict:
     """Train on this rank; returns the run summary (the same on every rank)."""
     t_start = time.perf_counter()
     t = cfg.train
-    graph = open_shared_graph(cfg, env)
-    log.info("graph: %d nodes, %d edges, %d features, %d classes, %d/%d/%d train/val/test", graph.num_nodes,
-             graph.num_edges, graph.num_features, graph.num_classes, graph.train_idx.numel(),
-             graph.val_idx.numel(), graph.test_idx.numel())
+    store = open_store(cfg, env)
 
     torch.manual_seed(t.seed)  # same initial weights everywhere (DDP broadcasts rank 0's anyway)
-    model = build_model(cfg.model, graph.num_features, graph.num_classes, len(t.fanouts)).to(device)
+    model = build_model(cfg.model, store.num_features, store.num_classes, len(t.fanouts)).to(device)
     ddp = model
     if env.world_size > 1:
         ddp = DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
     opt = torch.optim.Adam(model.parameters(), lr=t.lr, weight_decay=t.weight_decay)
-    sampler = NeighborSampler(graph.rowptr, graph.col, t.fanouts)
-    steps = steps_per_epoch(graph.train_idx.numel(), env.world_size, t.batch_size)
+    steps = store.steps
     if env.is_main:
-        log.info("training %s on %d rank(s): %d steps/epoch of %d seeds per rank, fanouts %s", cfg.model.name,
-                 env.world_size, steps, t.batch_size, list(t.fanouts))
+        log.info("training %s on %d rank(s), %s graph: %d steps/epoch of %d seeds per rank, fanouts %s",
+                 cfg.model.name, env.world_size, store.mode, steps, t.batch_size, list(t.fanouts))
 
     history, best = [], {"val_acc": -1.0, "test_acc": 0.0, "epoch": 0}
     train_time, seeds_done, step = 0.0, 0, 0
     for epoch in range(1, t.epochs + 1):
         model.train()
-        seeds = rank_seeds(graph.train_idx, env.world_size, env.rank,
-                           torch.Generator().manual_seed(_seed(t.seed, epoch)))
+        seeds = store.train_seeds(torch.Generator().manual_seed(_seed(t.seed, epoch)))
         gen = torch.Generator().manual_seed(_seed(t.seed, epoch, env.rank))
         sums = torch.zeros(4, dtype=torch.float64)  # loss * n, correct, n, steps
         t0 = time.perf_counter()
-        loader = NodeLoader(graph, sampler, seeds, t.batch_size, gen, device, pin_memory=device.type == "cuda")
+        loader = NodeLoader(store.features, store.sampler, seeds, t.batch_size, gen, device,
+                            pin_memory=device.type == "cuda", num_batches=steps)
         for data in PrefetchLoader(loader, t.prefetch) if t.prefetch else loader:
             step += 1
             if env.rank == cfg.debug.fail_rank and step == cfg.debug.fail_step:
@@ -125,10 +101,11 @@ def train(cfg: RunConfig, env: RankEnv, device: torch.device) -> dict:
         train_time += elapsed.item()
         seeds_done += int(sums[2])
         row = {"epoch": epoch, "loss": sums[0].item() / sums[2].item(), "train_acc": sums[1].item() / sums[2].item(),
-               "seeds_per_s": sums[2].item() / elapsed.item(), "epoch_s": elapsed.item()}
+               "seeds_per_s": sums[2].item() / elapsed.item(), "epoch_s": elapsed.item(), **store.stats()}
         if epoch % t.eval_every == 0 or epoch == t.epochs:
-            row["val_acc"] = evaluate(model, graph, graph.val_idx, sampler, cfg, env, device)
-            row["test_acc"] = evaluate(model, graph, graph.test_idx, sampler, cfg, env, device)
+            row["val_acc"] = evaluate(model, store, "val", cfg, env, device)
+            row["test_acc"] = evaluate(model, store, "test", cfg, env, device)
+            store.stats()  # evaluation traffic is not training traffic
             if row["val_acc"] > best["val_acc"]:
                 best = {"val_acc": row["val_acc"], "test_acc": row["test_acc"], "epoch": epoch}
         history.append(row)
@@ -157,6 +134,8 @@ def train(cfg: RunConfig, env: RankEnv, device: torch.device) -> dict:
         "backend": dist.pick_backend(cfg.dist, device) if env.world_size > 1 else "none",
         "device": str(device),
         "dataset": cfg.dataset.name,
+        "graph_mode": store.mode,
+        "resident_graph_bytes": dist.all_gather_object(store.resident_bytes()),
         "model": cfg.model.name,
         "seeds_per_s": seeds_done / train_time if train_time > 0 else 0.0,
         "train_time_s": train_time,

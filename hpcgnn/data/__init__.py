@@ -34,7 +34,8 @@ LOADERS: dict[str, Callable[[DatasetConfig, bool], Graph]] = {
 # The fields that change what each source builds (the cache key).
 _KEY_FIELDS = {
     "synthetic": ("num_nodes", "num_classes", "num_features", "avg_degree", "degree_exponent",
-                  "communities_per_class", "homophily", "feature_noise", "train_fraction", "val_fraction", "seed"),
+                  "communities_per_class", "homophily", "locality", "feature_noise", "train_fraction", "val_fraction",
+                  "seed"),
     "files": ("path", "to_undirected"),
     **{name: ("to_undirected",) for name in OGB_NAMES},
 }

@@ -2,8 +2,11 @@
 
 Each class owns ``communities_per_class`` communities. A node sends about
 ``avg_degree / 2`` edges, each inside its own community with probability
-``homophily`` and to a uniformly random node otherwise; edges are then made
-undirected. Features are a class centroid plus Gaussian noise strong enough
+``homophily`` and otherwise, with probability ``locality``, to a random node of
+the source's region (a group of communities holding one of each class), else to
+any node; edges are then made undirected. Regions give the graph the locality of
+real graphs (most edges stay among nearby nodes, so partitioners find few cut
+edges) without making labels more homophilous: a region is class-balanced. Features are a class centroid plus Gaussian noise strong enough
 that a node's own features are a weak signal while the mean over its
 neighbourhood is a strong one: a GNN clearly beats an MLP on this graph.
 """
@@ -16,7 +19,7 @@ from hpcgnn.config import DatasetConfig
 from hpcgnn.data.graph import Graph
 
 # Part of the cache key: bump it whenever a change here changes the graph a config produces.
-GENERATOR_VERSION = 2
+GENERATOR_VERSION = 3
 
 
 def make_synthetic(cfg: DatasetConfig) -> Graph:
@@ -30,6 +33,9 @@ def make_synthetic(cfg: DatasetConfig) -> Graph:
     by_comm = torch.argsort(community, stable=True)
     comm_size = torch.bincount(community, minlength=num_comm)
     comm_start = torch.cumsum(comm_size, 0) - comm_size
+    # Region r: communities r*c .. r*c + c - 1, one per class, contiguous in by_comm.
+    region_start = comm_start[::c]
+    region_size = comm_size.view(-1, c).sum(1)
     if cfg.degree_exponent > 0:
         src, dst = _chung_lu_edges(cfg, g, community, by_comm, comm_start, comm_size, half)
     else:
@@ -38,11 +44,15 @@ def make_synthetic(cfg: DatasetConfig) -> Graph:
         mu = torch.log(torch.tensor(half)) - sigma**2 / 2
         out_deg = torch.exp(mu + sigma * torch.randn(n, generator=g)).round().long().clamp(min=1)
         src = torch.repeat_interleave(torch.arange(n), out_deg)
-        # Targets: a random member of the source's community, or any node.
+        # Targets: a random member of the source's community, of its region, or any node.
         sc = community[src]
-        inside = torch.rand(src.numel(), generator=g) < cfg.homophily
-        pick = (torch.rand(src.numel(), generator=g) * comm_size[sc]).long().clamp(max=comm_size[sc] - 1)
-        dst = torch.where(inside, by_comm[comm_start[sc] + pick], torch.randint(n, (src.numel(),), generator=g))
+        m = src.numel()
+        inside = torch.rand(m, generator=g) < cfg.homophily
+        local = torch.rand(m, generator=g) < cfg.locality
+        start = torch.where(inside, comm_start[sc], torch.where(local, region_start[sc // c], 0))
+        size = torch.where(inside, comm_size[sc], torch.where(local, region_size[sc // c], n))
+        pick = (torch.rand(m, generator=g) * size).long().clamp(max=size - 1)
+        dst = by_comm[start + pick]
     keep = src != dst
     src, dst = src[keep], dst[keep]
     edge_index = torch.cat([torch.stack([src, dst]), torch.stack([dst, src])], dim=1)
@@ -78,9 +88,12 @@ def _chung_lu_edges(cfg: DatasetConfig, g: torch.Generator, community, by_comm, 
     comm_lo = torch.cat([torch.zeros(1, dtype=cum.dtype), cum])[comm_start]
     comm_hi = cum[comm_start + comm_size - 1]
     sc = community[src]
+    c = cfg.num_classes
     inside = torch.rand(m, generator=g) < cfg.homophily
+    local = torch.rand(m, generator=g) < cfg.locality
     r = torch.rand(m, generator=g, dtype=torch.float64)
-    lo = torch.where(inside, comm_lo[sc], torch.zeros_like(r))
-    hi = torch.where(inside, comm_hi[sc], cum[-1].expand(m))
+    region_lo, region_hi = comm_lo[(sc // c) * c], comm_hi[(sc // c) * c + c - 1]
+    lo = torch.where(inside, comm_lo[sc], torch.where(local, region_lo, torch.zeros_like(r)))
+    hi = torch.where(inside, comm_hi[sc], torch.where(local, region_hi, cum[-1].expand(m)))
     pos = torch.searchsorted(cum, lo + r * (hi - lo)).clamp(max=n - 1)
     return src, by_comm[pos]

@@ -42,23 +42,41 @@ def steps_per_epoch(num_seeds: int, world_size: int, batch_size: int) -> int:
     return math.ceil(math.ceil(num_seeds / world_size) / batch_size)
 
 
+class LocalFeatures:
+    """Features and labels of a graph this process holds whole (replicated mode)."""
+
+    def __init__(self, graph: Graph):
+        self.graph = graph
+
+    def gather(self, n_id: Tensor, batch_size: int) -> tuple[Tensor, Tensor]:
+        # index_select: a parallel row gather, markedly faster than advanced indexing for features
+        return self.graph.x.index_select(0, n_id), self.graph.y.index_select(0, n_id)
+
+
 class NodeLoader:
     """Yields one PyG ``Data`` per batch of seeds: sampled subgraph, features and labels.
 
-    ``Data`` fields: ``x``, ``edge_index``, ``y`` (all local nodes), ``n_id``,
+    ``Data`` fields: ``x``, ``edge_index``, ``y`` (labels; at least of the seeds), ``n_id``,
     ``batch_size`` (seeds are the first nodes), ``num_sampled_nodes`` and
     ``num_sampled_edges`` (per hop, for ``trim_to_layer``).
+
+    ``features``: a Graph, or anything with ``gather(n_id, batch_size) -> (x, y)`` (the
+    partitioned store fetches remote rows there). ``num_batches``: yield empty batches after
+    the seeds run out until there were this many, so that ranks with fewer seeds still take
+    part in every collective of a distributed sampler.
     """
 
-    def __init__(self, graph: Graph, sampler: NeighborSampler, seeds: Tensor, batch_size: int,
+    def __init__(self, features, sampler: NeighborSampler, seeds: Tensor, batch_size: int,
                  generator: torch.Generator | None = None, device: torch.device | None = None,
-                 pin_memory: bool = False):
-        self.graph, self.sampler, self.seeds = graph, sampler, seeds
+                 pin_memory: bool = False, num_batches: int | None = None):
+        self.features = LocalFeatures(features) if isinstance(features, Graph) else features
+        self.sampler, self.seeds = sampler, seeds
         self.batch_size, self.generator, self.device = batch_size, generator, device
         self.pin_memory = pin_memory
+        self.num_batches = max(num_batches or 0, math.ceil(seeds.numel() / batch_size))
 
     def __len__(self) -> int:
-        return math.ceil(self.seeds.numel() / self.batch_size)
+        return self.num_batches
 
     def __iter__(self) -> Iterator[Data]:
         for data in self.host_batches():
@@ -66,15 +84,15 @@ class NodeLoader:
 
     def host_batches(self) -> Iterator[Data]:
         """The batches in order, still on the host."""
-        for seeds in self.seeds.split(self.batch_size):
+        batches = list(self.seeds.split(self.batch_size))
+        batches += [self.seeds[:0]] * (self.num_batches - len(batches))
+        for seeds in batches:
             yield self.sample(seeds)
 
     def sample(self, seeds: Tensor) -> Data:
         """One batch on the host: sampled subgraph, gathered features and labels."""
         out = self.sampler.sample(seeds, self.generator)
-        n_id = out.n_id.cpu()
-        # index_select: a parallel row gather, markedly faster than advanced indexing for features
-        x, y = self.graph.x.index_select(0, n_id), self.graph.y.index_select(0, n_id)
+        x, y = self.features.gather(out.n_id.cpu(), out.batch_size)
         if self.pin_memory:  # page-locked, so the copy to the GPU can run asynchronously
             x, y = x.pin_memory(), y.pin_memory()
         return Data(x=x, edge_index=out.edge_index, y=y, n_id=out.n_id, batch_size=out.batch_size,

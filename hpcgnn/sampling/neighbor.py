@@ -29,12 +29,15 @@ class SamplerOutput:
 class NeighborSampler:
     """Samples ``fanouts[h]`` neighbours per node at hop ``h``; holds only references to the CSR."""
 
-    def __init__(self, rowptr: Tensor, col: Tensor, fanouts: tuple[int, ...] | list[int]):
+    def __init__(self, rowptr: Tensor, col: Tensor, fanouts: tuple[int, ...] | list[int],
+                 num_nodes: int | None = None):
         if rowptr.dtype != torch.long or col.dtype != torch.long:
             raise TypeError("rowptr and col must be int64")
         self.rowptr, self.col, self.fanouts = rowptr, col, tuple(int(f) for f in fanouts)
         # Global -> local id scratch map, reset after every batch (not thread-safe: one sampler per thread).
-        self._local = torch.full((rowptr.numel() - 1,), -1, dtype=torch.long, device=rowptr.device)
+        # ``num_nodes``: ids col may hold, when rowptr covers only some of them (a rank's parts).
+        size = rowptr.numel() - 1 if num_nodes is None else num_nodes
+        self._local = torch.full((size,), -1, dtype=torch.long, device=rowptr.device)
 
     def sample(self, seeds: Tensor, generator: torch.Generator | None = None) -> SamplerOutput:
         """Sample the subgraph around ``seeds``; the generator must live on the graph's device."""
@@ -43,13 +46,14 @@ class NeighborSampler:
         local = self._local
         if torch.unique(seeds).numel() != seeds.numel():
             raise ValueError("seeds must be distinct")
+        self.begin_batch()
         n_ids = [seeds]
         local[seeds] = torch.arange(seeds.numel(), device=dev)
         num_nodes, edges, num_edges = [seeds.numel()], [], []
         frontier, frontier_local, total = seeds, torch.arange(seeds.numel(), device=dev), seeds.numel()
         try:
             for fanout in self.fanouts:
-                row, nbr = sample_neighbors(self.rowptr, self.col, frontier, fanout, generator)
+                row, nbr = self.hop(frontier, fanout, generator)
                 nbr_local = local.index_select(0, nbr)
                 new_mask = nbr_local < 0
                 new_nodes = torch.unique(nbr[new_mask])  # sorted: deterministic local order
@@ -68,6 +72,13 @@ class NeighborSampler:
                 local[ids] = -1
         edge_index = torch.cat(edges, dim=1) if edges else torch.empty(2, 0, dtype=torch.long, device=dev)
         return SamplerOutput(n_id, edge_index, seeds.numel(), tuple(num_nodes), tuple(num_edges))
+
+    def begin_batch(self) -> None:
+        """Called before the first hop of every batch (the distributed sampler resets its counters)."""
+
+    def hop(self, frontier: Tensor, fanout: int, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
+        """``(row, nbr)`` for one hop: see :func:`sample_neighbors`. Subclasses sample elsewhere."""
+        return sample_neighbors(self.rowptr, self.col, frontier, fanout, generator)
 
 
 def sample_neighbors(rowptr: Tensor, col: Tensor, nodes: Tensor, fanout: int,

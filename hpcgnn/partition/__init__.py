@@ -1,0 +1,405 @@
+"""Graph partitions as a cached, checked artifact.
+
+A partition of a prepared graph into K parts lives next to the prepared graph, in
+``<dataset cache>/parts/<method>-k<K>-s<seed>[-train]/``::
+
+    META.json        format version, dataset fingerprint, K, method, seed, the report,
+                     and a sha256 of every file below
+    node_part.npy    int32 [num_nodes]: the part that owns each node
+    node_local.npy   int32 [num_nodes]: the node's row inside its part
+    degree.npy       int32 [num_nodes]: every node's in-degree (ranks pick hot remote nodes by it)
+    part_<i>/        nodes.npy (owned global ids, sorted), rowptr.npy + col.npy (the owned
+                     nodes' full in-adjacency, global ids), x.npy, y.npy, and the owned
+                     train_idx/val_idx/test_idx (global ids)
+
+- :func:`compute_parts`: the node -> part map, METIS (pymetis, fixed seed: byte-identical
+  across runs) or random, balancing training nodes as well as nodes;
+- :func:`ensure_parts`: partition unless the artifact is there (reuse costs a file stat);
+- :func:`open_parts`: verify checksums, K and the dataset, then memory-map a rank's parts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from hpcgnn.config import ConfigError, DatasetConfig, GraphConfig
+from hpcgnn.data import cache, cache_folder, open_graph, prepare
+from hpcgnn.data.graph import Graph
+
+log = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+PART_ARRAYS = ("nodes", "rowptr", "col", "x", "y", "train_idx", "val_idx", "test_idx")
+# Peak memory METIS needs beyond the graph, per directed edge (measured with pymetis: about 66 B),
+# plus our symmetric int64 copy of the adjacency handed to it.
+METIS_BYTES_PER_EDGE = 66 + 16
+METIS_BYTES_PER_NODE = 64
+
+
+class PartitionError(ConfigError):
+    """The partition artifact is missing, stale, corrupt, or does not fit the job."""
+
+
+def parts_folder(dataset: DatasetConfig, graph: GraphConfig, num_parts: int) -> Path:
+    suffix = "-train" if graph.balance_train and graph.method == "metis" else ""
+    return cache_folder(dataset) / "parts" / f"{graph.method}-k{num_parts}-s{graph.seed}{suffix}"
+
+
+def dataset_fingerprint(folder: Path) -> str:
+    """Identifies a prepared graph: its folder name (the config key) and its meta.json."""
+    return hashlib.sha256(folder.name.encode() + (folder / "meta.json").read_bytes()).hexdigest()[:16]
+
+
+# ---------------------------------------------------------------------------------------------
+# Computing the node -> part map
+
+
+def available_memory() -> int:
+    """Bytes this process may still allocate: MemAvailable, capped by a cgroup limit and SLURM's."""
+    limits = []
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                limits.append(int(line.split()[1]) * 1024)
+    except OSError:
+        pass
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            text = Path(path).read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit() and int(text) < 2**60:
+            usage = next((Path(path).with_name(n) for n in ("memory.current", "memory.usage_in_bytes")
+                          if Path(path).with_name(n).exists()), None)
+            used = int(usage.read_text()) if usage is not None else 0
+            limits.append(int(text) - used)
+    if os.environ.get("SLURM_MEM_PER_NODE", "").isdigit():
+        limits.append(int(os.environ["SLURM_MEM_PER_NODE"]) * 2**20)
+    return min(limits) if limits else 2**62
+
+
+def partition_memory(method: str, num_nodes: int, num_edges: int) -> int:
+    """Estimated peak bytes partitioning needs beyond the mapped graph."""
+    if method == "random":
+        return 16 * num_nodes
+    return METIS_BYTES_PER_EDGE * num_edges + METIS_BYTES_PER_NODE * num_nodes
+
+
+def check_partition_memory(method: str, num_nodes: int, num_edges: int, available: int) -> None:
+    need = partition_memory(method, num_nodes, num_edges)
+    if need > available:
+        raise PartitionError(
+            f"partitioning with graph.method={method} needs about {cache.human_bytes(need)} of memory "
+            f"({num_edges} directed edges x {METIS_BYTES_PER_EDGE} B), but only {cache.human_bytes(available)} "
+            "are available here. HINT: use graph.method=random (no extra memory, more cut edges), or run "
+            "`python -m hpcgnn.partition` on a node with more memory (e.g. +cluster=NAME cluster.mem_gb=...); "
+            "set graph.partition_mem_gb if the detected amount is wrong")
+
+
+def metis_adjacency(rowptr: Tensor, col: Tensor) -> tuple[np.ndarray, np.ndarray]:
+    """METIS wants a symmetric adjacency without self-loops; symmetrise only when needed."""
+    n = rowptr.numel() - 1
+    dst = torch.repeat_interleave(torch.arange(n), rowptr[1:] - rowptr[:-1])
+    src = col
+    loops = src == dst
+    key = dst * n + src  # sorted already: CSR rows by target, columns sorted
+    rev = torch.sort(src * n + dst).values
+    if not bool(loops.any()) and torch.equal(key, rev):
+        return rowptr.numpy(), col.numpy()
+    del rev
+    keep = ~loops
+    both = torch.unique(torch.cat([key[keep], (src * n + dst)[keep]]))
+    d, s = both // n, both % n
+    xadj = torch.zeros(n + 1, dtype=torch.long)
+    xadj[1:] = torch.cumsum(torch.bincount(d, minlength=n), 0)
+    return xadj.numpy(), s.contiguous().numpy()
+
+
+def compute_parts(graph: Graph, num_parts: int, method: str, seed: int, balance_train: bool = True) -> Tensor:
+    """int32 [num_nodes]: the part of every node; a pure function of its inputs."""
+    n = graph.num_nodes
+    if num_parts == 1:
+        return torch.zeros(n, dtype=torch.int32)
+    is_train = torch.zeros(n, dtype=torch.bool)
+    is_train[graph.train_idx] = True
+    if method == "random":
+        gen = torch.Generator().manual_seed(seed)
+        part = torch.empty(n, dtype=torch.int32)
+        for group in (is_train.nonzero().flatten(), (~is_train).nonzero().flatten()):  # balanced in both
+            order = group[torch.randperm(group.numel(), generator=gen)]
+            part[order] = (torch.arange(order.numel()) % num_parts).int()
+        return part
+    if method != "metis":
+        raise ConfigError(f"graph.method={method!r} is unknown: use metis or random")
+    import pymetis
+
+    xadj, adjncy = metis_adjacency(graph.rowptr, graph.col)
+    vweights = None
+    if balance_train:  # two constraints per node: 1 (nodes), 1 if training node (seeds)
+        vweights = np.stack([np.ones(n, dtype=np.int64), is_train.numpy().astype(np.int64)], 1).reshape(-1)
+    opts = pymetis.Options(seed=seed)
+    result = pymetis.part_graph(num_parts, pymetis.CSRAdjacency(xadj, adjncy), vweights=vweights, options=opts)
+    return torch.from_numpy(np.asarray(result.vertex_part, dtype=np.int32))
+
+
+# ---------------------------------------------------------------------------------------------
+# Writing, reporting, reading
+
+
+def partition_report(graph: Graph, part: Tensor, num_parts: int) -> dict:
+    """Edge-cut fraction, balance (max/mean) of nodes, edges and train nodes, halo and bytes per part."""
+    deg = graph.degree()
+    dst_part = torch.repeat_interleave(part.long(), deg)
+    src_part = part.long().index_select(0, graph.col)
+    cut = int((dst_part != src_part).sum())
+    nodes = torch.bincount(part.long(), minlength=num_parts)
+    edges = torch.bincount(part.long(), weights=deg.double(), minlength=num_parts).long()
+    train = torch.bincount(part.long()[graph.train_idx], minlength=num_parts)
+    halo = []
+    for i in range(num_parts):
+        remote = graph.col[(dst_part == i) & (src_part != i)]
+        halo.append(int(torch.unique(remote).numel()))
+    row_bytes = graph.x.size(1) * graph.x.element_size() + graph.y.element_size() + 8 * 2
+    part_bytes = [int(nodes[i]) * row_bytes + int(edges[i]) * 8 for i in range(num_parts)]
+
+    def balance(t: Tensor) -> float:
+        return float(t.max()) / max(float(t.double().mean()), 1e-12)
+
+    return {"edge_cut": cut, "edge_cut_fraction": cut / max(graph.num_edges, 1),
+            "nodes": nodes.tolist(), "edges": edges.tolist(), "train_nodes": train.tolist(),
+            "balance": {"nodes": balance(nodes), "edges": balance(edges), "train_nodes": balance(train)},
+            "halo_nodes": halo, "bytes": part_bytes}
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _rows(rowptr: Tensor, nodes: Tensor) -> tuple[Tensor, Tensor]:
+    """(rowptr, positions in col) of the CSR restricted to ``nodes``."""
+    start, deg = rowptr.index_select(0, nodes), rowptr.index_select(0, nodes + 1) - rowptr.index_select(0, nodes)
+    sub = torch.zeros(nodes.numel() + 1, dtype=torch.long)
+    sub[1:] = torch.cumsum(deg, 0)
+    pos = torch.arange(int(sub[-1])) + torch.repeat_interleave(start - sub[:-1], deg)
+    return sub, pos
+
+
+def write_parts(graph: Graph, part: Tensor, folder: Path, meta: dict) -> None:
+    """Write the artifact atomically (temporary folder, fsync'd files, rename)."""
+    num_parts = meta["num_parts"]
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    need = sum(getattr(graph, a).numel() * getattr(graph, a).element_size() for a in ("col", "x", "y")) * 1.05
+    free = shutil.disk_usage(folder.parent).free
+    if need > free:
+        raise OSError(f"writing {num_parts} parts needs about {cache.human_bytes(need)} in {folder.parent}, but "
+                      f"only {cache.human_bytes(free)} are free: set dataset.root to a larger file system")
+    tmp = folder.parent / f".{folder.name}.tmp-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    try:
+        local = torch.empty(graph.num_nodes, dtype=torch.int32)
+        files = {}
+
+        def save(rel: str, array: Tensor) -> None:
+            path = tmp / rel
+            path.parent.mkdir(exist_ok=True)
+            with open(path, "wb") as f:
+                np.save(f, array.numpy())
+                f.flush()
+                os.fsync(f.fileno())
+            files[rel] = _sha256(path)
+
+        for i in range(num_parts):
+            nodes = (part == i).nonzero().flatten()
+            local[nodes] = torch.arange(nodes.numel(), dtype=torch.int32)
+            rowptr, pos = _rows(graph.rowptr, nodes)
+            mine = part == i
+            arrays = {"nodes": nodes, "rowptr": rowptr, "col": graph.col.index_select(0, pos),
+                      "x": graph.x.index_select(0, nodes), "y": graph.y.index_select(0, nodes)}
+            for split in ("train_idx", "val_idx", "test_idx"):
+                idx = getattr(graph, split)
+                arrays[split] = idx[mine[idx]]
+            for name in PART_ARRAYS:
+                save(f"part_{i}/{name}.npy", arrays[name])
+        save("node_part.npy", part)
+        save("node_local.npy", local)
+        save("degree.npy", graph.degree().int())
+        (tmp / "META.json").write_text(json.dumps({**meta, "files": files}, indent=2))
+        try:
+            os.rename(tmp, folder)
+        except OSError:  # another writer won the race with the same parts
+            if not (folder / "META.json").is_file():
+                raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def read_meta(folder: Path) -> dict | None:
+    try:
+        meta = json.loads((folder / "META.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return meta if meta.get("format_version") == FORMAT_VERSION else None
+
+
+def ensure_parts(dataset: DatasetConfig, graph_cfg: GraphConfig, num_parts: int,
+                 available: int | None = None) -> tuple[Path, dict, bool]:
+    """Partition the prepared dataset unless the artifact exists; returns (folder, META, reused)."""
+    if num_parts < 1:
+        raise ConfigError(f"graph.num_parts={num_parts} must be at least 1")
+    data_folder = prepare(dataset)
+    folder = parts_folder(dataset, graph_cfg, num_parts)
+    meta = read_meta(folder)
+    if meta is not None and meta["dataset"] == dataset_fingerprint(data_folder):
+        return folder, meta, True
+    if meta is not None:  # made from an older graph under the same key: rebuild
+        log.warning("%s was made from another graph; partitioning again", folder)
+        shutil.rmtree(folder, ignore_errors=True)
+    graph = open_graph(dataset)
+    if available is None:
+        available = (int(graph_cfg.partition_mem_gb * 2**30) if graph_cfg.partition_mem_gb is not None
+                     else available_memory())
+    check_partition_memory(graph_cfg.method, graph.num_nodes, graph.num_edges, available)
+    t0 = time.perf_counter()
+    part = compute_parts(graph, num_parts, graph_cfg.method, graph_cfg.seed, graph_cfg.balance_train)
+    seconds = time.perf_counter() - t0
+    meta = {"format_version": FORMAT_VERSION, "dataset": dataset_fingerprint(data_folder),
+            "dataset_name": dataset.name, "num_nodes": graph.num_nodes, "num_edges": graph.num_edges,
+            "num_features": graph.num_features, "num_classes": graph.num_classes, "num_parts": num_parts,
+            "method": graph_cfg.method, "seed": graph_cfg.seed, "balance_train": graph_cfg.balance_train,
+            "partition_s": round(seconds, 3), "report": partition_report(graph, part, num_parts)}
+    write_parts(graph, part, folder, meta)
+    return folder, read_meta(folder) or meta, False
+
+
+def format_report(meta: dict) -> str:
+    r = meta["report"]
+    b = r["balance"]
+    lines = [f"{meta['dataset_name']}: {meta['num_parts']} parts ({meta['method']}, seed {meta['seed']}), "
+             f"edge-cut {r['edge_cut_fraction']:.1%} of {meta['num_edges']} edges; balance max/mean: "
+             f"nodes {b['nodes']:.3f}, edges {b['edges']:.3f}, train nodes {b['train_nodes']:.3f}"]
+    for i in range(meta["num_parts"]):
+        lines.append(f"  part {i}: {r['nodes'][i]} nodes, {r['edges'][i]} edges, {r['train_nodes'][i]} train, "
+                     f"halo {r['halo_nodes'][i]} nodes, {cache.human_bytes(r['bytes'][i])}")
+    return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class Parts:
+    """What one rank holds: its parts (concatenated), plus the node -> (part, row) maps."""
+
+    num_parts: int
+    owned_parts: tuple[int, ...]
+    node_part: Tensor  # int32 [num_nodes], memory-mapped
+    node_local: Tensor  # int32 [num_nodes], row of each node inside its part, memory-mapped
+    degree: Tensor  # int32 [num_nodes], in-degree of every node, memory-mapped
+    nodes: Tensor  # int64 [owned], global ids, part by part
+    rowptr: Tensor  # int64 [owned + 1], over the concatenated owned parts
+    col: Tensor  # int64, global ids
+    x: Tensor
+    y: Tensor
+    train_idx: Tensor
+    val_idx: Tensor
+    test_idx: Tensor
+    part_offset: Tensor  # int64 [num_parts]: row of each owned part's first node here (-1: not owned)
+    num_classes: int
+    num_nodes: int  # of the whole graph
+
+    @property
+    def num_features(self) -> int:
+        return self.x.size(1)
+
+    def nbytes(self) -> int:
+        """Bytes of graph data this rank holds (the maps included)."""
+        return sum(t.numel() * t.element_size() for t in (self.node_part, self.node_local, self.degree, self.nodes,
+                                                            self.rowptr, self.col, self.x, self.y))
+
+
+def open_parts(dataset: DatasetConfig, graph_cfg: GraphConfig, num_parts: int, owned: list[int],
+               verify: bool = True) -> Parts:
+    """Memory-map ``owned`` parts after checking the artifact fits this job and is intact."""
+    data_folder = cache_folder(dataset)
+    folder = parts_folder(dataset, graph_cfg, num_parts)
+    meta = read_meta(folder)
+    hint = (f"HINT: python -m hpcgnn.partition dataset={dataset.name} graph.num_parts={num_parts} "
+            f"graph.method={graph_cfg.method} graph.seed={graph_cfg.seed}")
+    if meta is None:
+        raise PartitionError(f"no {num_parts}-part partition of {dataset.name} in {folder}. {hint}")
+    if not cache.is_complete(data_folder) or meta["dataset"] != dataset_fingerprint(data_folder):
+        raise PartitionError(f"{folder} was made from another graph than the prepared {dataset.name} in "
+                             f"{data_folder}: delete it and partition again. {hint}")
+    if meta["num_parts"] != num_parts:
+        raise PartitionError(f"{folder} holds {meta['num_parts']} parts, the job needs {num_parts}. {hint}")
+    need = ["node_part.npy", "node_local.npy", "degree.npy"] + [f"part_{i}/{a}.npy" for i in owned for a in PART_ARRAYS]
+    for rel in need:
+        path = folder / rel
+        if not path.is_file():
+            raise PartitionError(f"{path} is missing: the partition is incomplete; delete {folder}. {hint}")
+        if verify and _sha256(path) != meta["files"].get(rel):
+            raise PartitionError(f"{path} is corrupt (sha256 differs from META.json): delete {folder} and "
+                                 f"partition again. {hint}")
+
+    def load(rel: str) -> Tensor:
+        return torch.from_numpy(np.load(folder / rel, mmap_mode="c"))
+
+    per_part = {i: {a: load(f"part_{i}/{a}.npy") for a in PART_ARRAYS} for i in owned}
+    offset = torch.full((num_parts,), -1, dtype=torch.long)
+    rowptrs, start, edge_start = [], 0, 0
+    for i in owned:  # one CSR over the owned parts, one after the other
+        offset[i] = start
+        rp = per_part[i]["rowptr"]
+        rowptrs.append(rp[:-1] + edge_start)
+        start += per_part[i]["nodes"].numel()
+        edge_start += int(rp[-1])
+    rowptr = per_part[owned[0]]["rowptr"] if len(owned) == 1 else torch.cat([*rowptrs, torch.tensor([edge_start])])
+
+    def cat(name: str) -> Tensor:
+        tensors = [per_part[i][name] for i in owned]
+        return tensors[0] if len(tensors) == 1 else torch.cat(tensors)
+
+    return Parts(num_parts=num_parts, owned_parts=tuple(owned), node_part=load("node_part.npy"),
+                 node_local=load("node_local.npy"), degree=load("degree.npy"), nodes=cat("nodes"), rowptr=rowptr, col=cat("col"),
+                 x=cat("x"), y=cat("y"), train_idx=cat("train_idx"), val_idx=cat("val_idx"),
+                 test_idx=cat("test_idx"), part_offset=offset,
+                 num_classes=int(meta["num_classes"]), num_nodes=int(meta["num_nodes"]))
+
+
+def parts_ready(dataset: DatasetConfig, graph_cfg: GraphConfig, num_parts: int) -> bool:
+    """Whether the artifact for this job exists and was made from the prepared graph (cheap)."""
+    data_folder = cache_folder(dataset)
+    meta = read_meta(parts_folder(dataset, graph_cfg, num_parts))
+    return (meta is not None and cache.is_complete(data_folder)
+            and meta["dataset"] == dataset_fingerprint(data_folder))
+
+
+def run_partition(dataset: DatasetConfig, graph_cfg: GraphConfig, num_parts: int) -> dict:
+    """Partition (or reuse) and print the report; the body of `python -m hpcgnn.partition` and its job."""
+    t0 = time.perf_counter()
+    folder, meta, reused = ensure_parts(dataset, graph_cfg, num_parts)
+    took = time.perf_counter() - t0
+    print(format_report(meta), flush=True)
+    how = f"reused in {took:.3f} s" if reused else f"partitioned in {meta['partition_s']:.1f} s, written in {took:.1f} s"
+    print(f"parts: {folder} ({how})", flush=True)
+    return {**meta, "folder": str(folder), "reused": reused, "seconds": took}
+
+
+def run_partition_task(cfg) -> dict:
+    """Entry of the partitioning job that submitit runs (one task); importable by reference."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    return run_partition(cfg.dataset, cfg.graph, cfg.graph.num_parts or cfg.world_size)

@@ -1,0 +1,50 @@
+"""``python -m hpcgnn.partition [overrides]``: partition a dataset ahead of training.
+
+    python -m hpcgnn.partition dataset=ogbn-products graph.num_parts=4 graph.method=metis
+    python -m hpcgnn.partition dataset=ogbn-products graph.num_parts=4 +cluster=mycluster
+
+Without a cluster it runs here; with ``+cluster=NAME`` it runs as a one-task job on the
+cluster (a node with memory enough for METIS). Does nothing but print the report when
+the parts are already there. ``graph.num_parts=0`` means one part per rank of the job
+the same overrides would launch.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from hpcgnn.config import ConfigError
+
+
+def main(argv: list[str]) -> int:
+    if argv and argv[0] in ("-h", "--help"):
+        print(__doc__.strip())
+        return 0
+    from hydra import compose, initialize_config_dir
+
+    from hpcgnn import CONF_DIR
+    from hpcgnn.config import RunConfig, check_override_keys, register_configs
+
+    try:
+        check_override_keys(argv)
+        register_configs()
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            dcfg = compose(config_name="config", overrides=[*argv, f"run_dir=outputs/partition-{time.strftime('%Y%m%d-%H%M%S')}"])
+        cfg = RunConfig.from_dictconfig(dcfg)
+        if cfg.cluster is None:
+            from hpcgnn.partition import run_partition
+
+            run_partition(cfg.dataset, cfg.graph, cfg.graph.num_parts or cfg.world_size)
+            return 0
+        from hpcgnn.launch import submit_partition, wait_partition
+
+        job = submit_partition(cfg)
+        return wait_partition(job, cfg) if cfg.launch.wait else 0
+    except ConfigError as exc:
+        print(f"hpcgnn: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

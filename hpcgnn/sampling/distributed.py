@@ -1,0 +1,234 @@
+"""Sampling and feature fetch over a partitioned graph, with torch.distributed collectives.
+
+Each rank owns some parts: their nodes' full in-adjacency (global ids), features and
+labels. A batch is sampled hop by hop exactly as in replicated mode; per hop, the
+frontier nodes owned elsewhere are sent to their owners (one ``all_to_all``), which
+sample their neighbours and send them back. Features of the batch's non-owned nodes
+come from a per-rank cache of hot remote nodes or, again, from their owners. Every
+rank runs every exchange of every hop of every batch, so all ranks must walk the same
+number of batches: loaders pad with empty batches (``NodeLoader(num_batches=...)``).
+
+The output is the replicated sampler's: the same :class:`SamplerOutput`, global ids.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, fields
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from hpcgnn.partition import Parts
+from hpcgnn.sampling.neighbor import NeighborSampler, sample_neighbors
+
+
+@dataclass
+class CommStats:
+    """Counters since the last reset; the trainer reports them per step."""
+
+    batches: int = 0
+    sample_requests: int = 0  # frontier nodes sent to their owners for sampling
+    remote_rows: int = 0  # feature rows of nodes this rank does not own
+    cache_hits: int = 0  # ... of which the cache held
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    comm_s: float = 0.0  # time inside collectives (includes waiting for slower ranks)
+
+    def reset(self) -> None:
+        for f in fields(self):
+            setattr(self, f.name, type(getattr(self, f.name))())
+
+    def per_batch(self) -> dict:
+        n = max(self.batches, 1)
+        return {"remote_rows_per_batch": self.remote_rows / n,
+                "fetched_rows_per_batch": (self.remote_rows - self.cache_hits) / n,
+                "cache_hit_rate": self.cache_hits / self.remote_rows if self.remote_rows else 0.0,
+                "sample_requests_per_batch": self.sample_requests / n,
+                "bytes_sent_per_batch": self.bytes_sent / n, "bytes_received_per_batch": self.bytes_received / n,
+                "comm_s_per_batch": self.comm_s / n}
+
+
+class Exchange:
+    """``all_to_all_single`` on one process group, with byte and time accounting.
+
+    Inputs are grouped by destination rank; ``send_counts[r]`` rows go to rank r. Under
+    nccl the buffers travel through the rank's GPU; the results come back to the host.
+    """
+
+    def __init__(self, group, rank: int, world_size: int, comm_device: torch.device, stats: CommStats):
+        self.group, self.rank, self.world_size = group, rank, world_size
+        self.comm_device, self.stats = comm_device, stats
+
+    def counts(self, send_counts: Tensor) -> Tensor:
+        """How many rows every rank will send here, given what this rank sends everyone."""
+        if self.world_size == 1:
+            return send_counts.clone()
+        return self(send_counts, [1] * self.world_size, [1] * self.world_size)
+
+    def __call__(self, send: Tensor, send_counts: list[int], recv_counts: list[int]) -> Tensor:
+        if self.world_size == 1:
+            return send.clone()
+        t0 = time.perf_counter()
+        buf = send.contiguous().to(self.comm_device)
+        out = torch.empty((sum(recv_counts), *send.shape[1:]), dtype=send.dtype, device=self.comm_device)
+        dist.all_to_all_single(out, buf, output_split_sizes=recv_counts, input_split_sizes=send_counts,
+                               group=self.group)
+        row = send[0].numel() * send.element_size() if send.dim() > 1 else send.element_size()
+        mine_out, mine_in = send_counts[self.rank], recv_counts[self.rank]
+        self.stats.bytes_sent += (sum(send_counts) - mine_out) * row
+        self.stats.bytes_received += (sum(recv_counts) - mine_in) * row
+        out = out.cpu()
+        self.stats.comm_s += time.perf_counter() - t0
+        return out
+
+    def request(self, keys: Tensor, owner: Tensor) -> tuple[Tensor, Tensor, list[int], list[int]]:
+        """Send ``keys`` to ``owner``; returns (keys asked of this rank, order of keys by owner, counts)."""
+        order = torch.argsort(owner, stable=True)
+        send_counts = torch.bincount(owner, minlength=self.world_size)
+        recv_counts = self.counts(send_counts)
+        sc, rc = send_counts.tolist(), recv_counts.tolist()
+        return self(keys[order], sc, rc), order, sc, rc
+
+
+def _segment_sums(values: Tensor, counts: list[int]) -> list[int]:
+    ends = torch.tensor(counts).cumsum(0)
+    cs = torch.cat([torch.zeros(1, dtype=torch.long), values.long().cumsum(0)])
+    return (cs[ends] - cs[ends - torch.tensor(counts)]).tolist()
+
+
+class PartitionView:
+    """Where a global node id lives: which rank owns it, and its row on the owner."""
+
+    def __init__(self, parts: Parts, rank: int, parts_per_rank: int):
+        self.parts, self.rank, self.parts_per_rank = parts, rank, parts_per_rank
+
+    def owner(self, ids: Tensor) -> Tensor:
+        return self.parts.node_part.index_select(0, ids).long() // self.parts_per_rank
+
+    def row(self, ids: Tensor) -> Tensor:
+        """Rows in this rank's CSR and features (ids must be owned here)."""
+        part = self.parts.node_part.index_select(0, ids).long()
+        return self.parts.part_offset.index_select(0, part) + self.parts.node_local.index_select(0, ids).long()
+
+
+class DistNeighborSampler(NeighborSampler):
+    """The replicated sampler's walk, with non-owned frontier nodes sampled by their owners.
+
+    ``boundary_fraction`` < 1 keeps each sampled edge to a non-owned node with that
+    probability (BNS-GCN's boundary-node sampling): fewer remote rows, noisier neighbourhoods;
+    mean aggregation renormalises over the edges kept.
+    """
+
+    def __init__(self, view: PartitionView, fanouts, exchange: Exchange, boundary_fraction: float = 1.0):
+        super().__init__(view.parts.rowptr, view.parts.col, fanouts, num_nodes=view.parts.num_nodes)
+        self.view, self.exchange, self.boundary_fraction = view, exchange, boundary_fraction
+
+    def begin_batch(self) -> None:
+        self.exchange.stats.batches += 1
+
+    def hop(self, frontier: Tensor, fanout: int, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
+        view, ex = self.view, self.exchange
+        owner = view.owner(frontier)
+        mine = owner == view.rank
+        idx_mine, idx_remote = mine.nonzero().flatten(), (~mine).nonzero().flatten()
+        row_l, nbr_l = sample_neighbors(self.rowptr, self.col, view.row(frontier[idx_mine]), fanout, generator)
+
+        asked, order, sent, received = ex.request(frontier[idx_remote], owner[idx_remote])
+        ex.stats.sample_requests += idx_remote.numel()
+        row_a, nbr_a = sample_neighbors(self.rowptr, self.col, view.row(asked), fanout, generator)
+        per_asked = torch.bincount(row_a, minlength=asked.numel())
+        per_sent = ex(per_asked, received, sent)  # neighbours per node this rank asked for
+        nbr_r = ex(nbr_a, _segment_sums(per_asked, received), _segment_sums(per_sent, sent))
+
+        row = torch.cat([idx_mine.index_select(0, row_l), torch.repeat_interleave(idx_remote[order], per_sent)])
+        nbr = torch.cat([nbr_l, nbr_r])
+        by_row = torch.argsort(row, stable=True)  # rows in frontier order, as the replicated sampler
+        row, nbr = row[by_row], nbr[by_row]
+        if self.boundary_fraction < 1.0 and nbr.numel():
+            keep = (view.owner(nbr) == view.rank) | (
+                torch.rand(nbr.numel(), generator=generator) < self.boundary_fraction)
+            row, nbr = row[keep], nbr[keep]
+        return row, nbr
+
+
+class DistFeatures:
+    """Features of any node: owned rows, cached hot rows, or rows fetched from their owners."""
+
+    def __init__(self, view: PartitionView, exchange: Exchange):
+        self.view, self.exchange = view, exchange
+        x = view.parts.x
+        self.cache_ids = torch.empty(0, dtype=torch.long)  # sorted global ids
+        self.cache_x = x.new_empty((0, x.size(1)))
+
+    def fetch(self, ids: Tensor, owner: Tensor) -> Tensor:
+        """Rows of ``ids`` (all owned elsewhere) from their owners; collective."""
+        ex, parts = self.exchange, self.view.parts
+        asked, order, sent, received = ex.request(ids, owner)
+        rows = parts.x.index_select(0, self.view.row(asked))
+        got = ex(rows, received, sent)
+        out = torch.empty_like(got)
+        out[order] = got
+        return out
+
+    def gather(self, n_id: Tensor, batch_size: int) -> tuple[Tensor, Tensor]:
+        view, stats = self.view, self.exchange.stats
+        parts = view.parts
+        owner = view.owner(n_id)
+        mine = owner == view.rank
+        if not bool(mine[:batch_size].all()):
+            raise ValueError("seeds must be owned by the sampling rank")
+        x = parts.x.new_empty((n_id.numel(), parts.x.size(1)))
+        idx_mine = mine.nonzero().flatten()
+        x[idx_mine] = parts.x.index_select(0, view.row(n_id.index_select(0, idx_mine)))
+        remote = (~mine).nonzero().flatten()
+        stats.remote_rows += remote.numel()
+        if self.cache_ids.numel() and remote.numel():
+            ids = n_id.index_select(0, remote)
+            pos = torch.searchsorted(self.cache_ids, ids).clamp_(max=self.cache_ids.numel() - 1)
+            hit = self.cache_ids.index_select(0, pos) == ids
+            x[remote[hit]] = self.cache_x.index_select(0, pos[hit])
+            stats.cache_hits += int(hit.sum())
+            remote = remote[~hit]
+        ids = n_id.index_select(0, remote)
+        x[remote] = self.fetch(ids, owner.index_select(0, remote))
+        y = parts.y.index_select(0, view.row(n_id[:batch_size]))
+        return x, y
+
+    def fill_cache(self, ids: Tensor) -> None:
+        """Cache the features of ``ids`` (non-owned); collective: every rank calls it once."""
+        ids = torch.unique(ids)
+        self.cache_x = self.fetch(ids, self.view.owner(ids))
+        self.cache_ids = ids
+
+    def cache_bytes(self) -> int:
+        return self.cache_x.numel() * self.cache_x.element_size() + self.cache_ids.numel() * 8
+
+
+def hot_nodes(view: PartitionView, budget_rows: int, policy: str, sampler: DistNeighborSampler | None = None,
+              warmup_seeds: list[Tensor] | None = None, generator: torch.Generator | None = None) -> Tensor:
+    """The ``budget_rows`` non-owned nodes to cache: highest degree, or most often sampled in a warm-up.
+
+    The warm-up samples ``warmup_seeds`` batches (collective: all ranks pass the same count);
+    ties in frequency go to the higher degree.
+    """
+    parts = view.parts
+    degree = parts.degree.double()
+    if policy == "frequency":
+        seen = []
+        for seeds in warmup_seeds or []:
+            out = sampler.sample(seeds, generator)
+            seen.append(out.n_id[view.owner(out.n_id) != view.rank])
+        ids, counts = torch.unique(torch.cat(seen) if seen else torch.empty(0, dtype=torch.long),
+                                   return_counts=True)
+        score = counts.double() + degree.index_select(0, ids) / (float(degree.max()) + 1.0)
+    elif policy == "degree":
+        ids = (view.owner(torch.arange(parts.num_nodes)) != view.rank).nonzero().flatten()
+        score = degree.index_select(0, ids)
+    else:
+        raise ValueError(f"unknown cache policy {policy!r}")
+    if budget_rows <= 0 or ids.numel() == 0:
+        return ids[:0]
+    top = torch.topk(score, min(budget_rows, ids.numel()), sorted=False).indices
+    return ids.index_select(0, top)

@@ -1,0 +1,143 @@
+"""What a rank trains on: the whole graph (replicated) or its own parts (partitioned).
+
+Both give the trainer the same things: a sampler, a feature source, this rank's
+seeds for every epoch and split, and how many batches every rank walks (equal on
+all ranks: DDP's all-reduce and the partitioned sampler's exchanges need it).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import torch
+from torch import Tensor
+
+from hpcgnn import dist
+from hpcgnn.config import RunConfig
+from hpcgnn.data import Graph, cache, open_graph, prepare
+from hpcgnn.env import RankEnv
+from hpcgnn.sampling import NeighborSampler, rank_seeds, steps_per_epoch
+
+log = logging.getLogger(__name__)
+
+
+def open_shared_graph(cfg: RunConfig, env: RankEnv) -> Graph:
+    """One graph copy per node: local rank 0 prepares the cache if needed, then every rank maps it.
+
+    The mapped pages live once in the node's page cache, however many ranks map them.
+    A failure on the preparing rank fails every rank at once instead of leaving them
+    in a barrier.
+    """
+    error: Exception | None = None
+    if env.local_rank == 0:
+        try:
+            prepare(cfg.dataset)  # never downloads: that is `python -m hpcgnn.data prepare`'s job
+        except Exception as exc:  # reported below, after the others heard of it
+            error = exc
+    failed = dist.all_reduce_max(torch.tensor([0 if error is None else 1]))
+    if error is not None:
+        raise error
+    if int(failed.item()):
+        raise RuntimeError(f"rank {env.rank}: a node's local rank 0 failed to prepare {cfg.dataset.name} (see its error)")
+    return open_graph(cfg.dataset)
+
+
+class ReplicatedStore:
+    """Every rank maps the whole prepared graph; seeds are split across ranks."""
+
+    mode = "replicated"
+
+    def __init__(self, cfg: RunConfig, env: RankEnv):
+        self.cfg, self.env = cfg, env
+        self.graph = g = open_shared_graph(cfg, env)
+        self.features = g
+        self.sampler = NeighborSampler(g.rowptr, g.col, cfg.train.fanouts)
+        self.num_features, self.num_classes = g.num_features, g.num_classes
+        self.steps = steps_per_epoch(g.train_idx.numel(), env.world_size, cfg.train.batch_size)
+        log.info("graph: %d nodes, %d edges, %d features, %d classes, %d/%d/%d train/val/test", g.num_nodes,
+                 g.num_edges, g.num_features, g.num_classes, g.train_idx.numel(), g.val_idx.numel(),
+                 g.test_idx.numel())
+
+    def train_seeds(self, generator: torch.Generator) -> Tensor:
+        """This rank's seeds for one epoch, in order (``generator`` seeded alike on every rank)."""
+        return rank_seeds(self.graph.train_idx, self.env.world_size, self.env.rank, generator)
+
+    def eval_seeds(self, split: str) -> tuple[Tensor, int | None]:
+        """This rank's share of ``split`` and the batch count to pad to (None: no padding needed)."""
+        return getattr(self.graph, f"{split}_idx")[self.env.rank::self.env.world_size], None
+
+    def stats(self) -> dict:
+        return {}
+
+    def resident_bytes(self) -> int:
+        g = self.graph
+        return sum(t.numel() * t.element_size() for t in (g.rowptr, g.col, g.x, g.y))
+
+
+class PartitionedStore:
+    """Each rank holds its parts; remote neighbours and features travel over a second process group."""
+
+    mode = "partitioned"
+
+    def __init__(self, cfg: RunConfig, env: RankEnv):
+        from hpcgnn.partition import open_parts
+        from hpcgnn.sampling import distributed as d
+
+        self.cfg, self.env = cfg, env
+        g, t = cfg.graph, cfg.train
+        num_parts = g.num_parts or env.world_size
+        if num_parts % env.world_size:  # the config check knew only the configured world size
+            raise RuntimeError(f"graph.num_parts={num_parts} cannot be shared by the {env.world_size} ranks started: "
+                               f"use a multiple of {env.world_size}, or graph.num_parts=0 (one part per rank)")
+        per_rank = num_parts // env.world_size
+        owned = list(range(env.rank * per_rank, (env.rank + 1) * per_rank))
+        self.parts = parts = open_parts(cfg.dataset, g, num_parts, owned)
+        self.stats_ = d.CommStats()
+        self.exchange = d.Exchange(dist.new_group(cfg.dist), env.rank, env.world_size, dist.comm_device(), self.stats_)
+        self.view = d.PartitionView(parts, env.rank, per_rank)
+        self.sampler = d.DistNeighborSampler(self.view, t.fanouts, self.exchange, g.boundary_fraction)
+        self.features = d.DistFeatures(self.view, self.exchange)
+        self.num_features, self.num_classes = parts.num_features, parts.num_classes
+        most, fewest = dist.all_reduce_max(torch.tensor([parts.train_idx.numel(), -parts.train_idx.numel()])).tolist()
+        if -fewest == 0:  # decided together: one rank failing alone would leave the others in an exchange
+            raise RuntimeError(f"a rank owns no training nodes in the {num_parts}-part partition: use fewer parts, "
+                               "or graph.balance_train=true with graph.method=metis")
+        self.seeds_per_rank = most
+        self.steps = math.ceil(self.seeds_per_rank / t.batch_size)
+        if g.cache_mb > 0:
+            budget = int(g.cache_mb * 2**20) // (parts.num_features * parts.x.element_size() + 8)
+            gen = torch.Generator().manual_seed(t.seed + 7919 * env.rank)
+            warm = self.train_seeds(torch.Generator().manual_seed(t.seed)).split(t.batch_size)[: g.warmup_batches]
+            warm = list(warm) + [warm[0][:0]] * (g.warmup_batches - len(warm))
+            ids = d.hot_nodes(self.view, budget, g.cache_policy, self.sampler, warm, gen)
+            self.features.fill_cache(ids)
+        self.stats_.reset()
+        log.info("rank %d: parts %s of %d: %d nodes, %d edges, %d train seeds (padded to %d), cache %s rows "
+                 "(%s), holds %s", env.rank, owned, num_parts, parts.nodes.numel(), parts.col.numel(),
+                 parts.train_idx.numel(), self.seeds_per_rank, self.features.cache_ids.numel(), g.cache_policy,
+                 cache.human_bytes(self.resident_bytes()))
+
+    def train_seeds(self, generator: torch.Generator) -> Tensor:
+        """The rank's own training seeds, shuffled and padded (wrapping) to the largest rank's count."""
+        own = self.parts.train_idx
+        order = own[torch.randperm(own.numel(), generator=generator)]
+        return order.repeat(math.ceil(self.seeds_per_rank / max(own.numel(), 1)))[: self.seeds_per_rank]
+
+    def eval_seeds(self, split: str) -> tuple[Tensor, int | None]:
+        mine = getattr(self.parts, f"{split}_idx")
+        batches = math.ceil(mine.numel() / self.cfg.train.eval_batch_size)
+        return mine, int(dist.all_reduce_max(torch.tensor([batches])).item())
+
+    def stats(self) -> dict:
+        """Communication counters per batch since the last call (then reset)."""
+        out = self.stats_.per_batch()
+        self.stats_.reset()
+        return out
+
+    def resident_bytes(self) -> int:
+        return self.parts.nbytes() + self.features.cache_bytes()
+
+
+def open_store(cfg: RunConfig, env: RankEnv) -> ReplicatedStore | PartitionedStore:
+    return PartitionedStore(cfg, env) if cfg.graph.mode == "partitioned" else ReplicatedStore(cfg, env)
