@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -50,3 +51,16 @@ def run_cli(*args: str, cwd: Path, timeout: float = 300, env: dict | None = None
 def tiny_overrides() -> list[str]:
     """A graph and schedule small enough for a multi-process run in seconds."""
     return ["dataset.num_nodes=4000", "train.epochs=2", "train.batch_size=256", "model.hidden_channels=32"]
+
+
+def summary_of(folder: Path) -> dict:
+    return json.loads((folder / "run" / "summary.json").read_text())
+
+
+@pytest.fixture(scope="session")
+def default_run(tmp_path_factory):
+    """`python -m hpcgnn` exactly as a user types it: the embedded default, 2 local processes."""
+    folder = tmp_path_factory.mktemp("default")
+    res = run_cli(cwd=folder, timeout=600)
+    assert res.returncode == 0, res.stdout + res.stderr
+    return folder, res

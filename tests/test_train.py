@@ -7,22 +7,9 @@ import re
 import time
 
 import pytest
-from conftest import ACCURACY_BAR, DATA_ROOT, run_cli
+from conftest import ACCURACY_BAR, DATA_ROOT, run_cli, summary_of
 
 pytestmark = pytest.mark.slow
-
-
-def _summary(folder) -> dict:
-    return json.loads((folder / "run" / "summary.json").read_text())
-
-
-@pytest.fixture(scope="module")
-def default_run(tmp_path_factory):
-    """`python -m hpcgnn` exactly as a user types it: the embedded default, 2 local processes."""
-    folder = tmp_path_factory.mktemp("default")
-    res = run_cli(cwd=folder, timeout=600)
-    assert res.returncode == 0, res.stdout + res.stderr
-    return folder, res
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +22,7 @@ def mlp_run(tmp_path_factory):
 
 def test_default_run_end_to_end(default_run):
     folder, res = default_run
-    s = _summary(folder)
+    s = summary_of(folder)
     assert s["world_size"] == 2 and s["launcher"] == "torchrun" and s["backend"] == "gloo"
     assert s["epochs"] == len(s["history"]) == 8
     assert re.search(r"epoch 8/8 \| loss [\d.]+ \| train acc [\d.]+ \| val [\d.]+ \| test [\d.]+ \| \d+ seeds/s",
@@ -46,13 +33,13 @@ def test_default_run_end_to_end(default_run):
 
 
 def test_ddp_ranks_end_with_identical_parameters(default_run):
-    s = _summary(default_run[0])
+    s = summary_of(default_run[0])
     assert len(s["param_checksums"]) == 2
     assert len(set(s["param_checksums"])) == 1
 
 
 def test_gnn_beats_mlp_by_a_clear_margin(default_run, mlp_run):
-    gnn, mlp = _summary(default_run[0]), _summary(mlp_run[0])
+    gnn, mlp = summary_of(default_run[0]), summary_of(mlp_run[0])
     assert gnn["test_acc"] >= ACCURACY_BAR, gnn["test_acc"]
     assert gnn["test_acc"] - mlp["test_acc"] >= 0.15, (gnn["test_acc"], mlp["test_acc"])
 
@@ -61,7 +48,7 @@ def test_submitit_local_executor(tmp_path, tiny_overrides):
     res = run_cli("+cluster=local", *tiny_overrides, cwd=tmp_path, timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
     assert re.search(r"submitted job \d+ to local \(2 tasks\)", res.stdout)
-    s = _summary(tmp_path)
+    s = summary_of(tmp_path)
     assert s["launcher"] == "submitit_local" and s["world_size"] == 2
     assert len(set(s["param_checksums"])) == 1
     assert s["master_port"] == 20000 + int(s["job_id"]) % 12768
@@ -94,7 +81,7 @@ def test_no_wait_returns_job_id_and_folder(tmp_path, tiny_overrides):
     deadline = t0 + 240
     while time.monotonic() < deadline and not (tmp_path / "run" / "summary.json").exists():
         time.sleep(1)
-    assert _summary(tmp_path)["world_size"] == 2
+    assert summary_of(tmp_path)["world_size"] == 2
 
 
 @pytest.mark.parametrize("model", ["gcn", "gat", "gin"])
@@ -102,7 +89,7 @@ def test_every_registered_gnn_trains(tmp_path, tiny_overrides, model):
     res = run_cli(f"model={model}", *tiny_overrides, "train.epochs=5", "train.lr=0.01", "launch.procs=1",
                   cwd=tmp_path, timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
-    s = _summary(tmp_path)
+    s = summary_of(tmp_path)
     assert s["model"] == model and s["world_size"] == 1 and s["test_acc"] > 0.3  # 8 classes: chance is 0.125
 
 

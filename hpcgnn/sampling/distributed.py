@@ -13,6 +13,7 @@ The output is the replicated sampler's: the same :class:`SamplerOutput`, global 
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, fields
 
@@ -75,7 +76,7 @@ class Exchange:
         out = torch.empty((sum(recv_counts), *send.shape[1:]), dtype=send.dtype, device=self.comm_device)
         dist.all_to_all_single(out, buf, output_split_sizes=recv_counts, input_split_sizes=send_counts,
                                group=self.group)
-        row = send[0].numel() * send.element_size() if send.dim() > 1 else send.element_size()
+        row = math.prod(send.shape[1:]) * send.element_size()
         mine_out, mine_in = send_counts[self.rank], recv_counts[self.rank]
         self.stats.bytes_sent += (sum(send_counts) - mine_out) * row
         self.stats.bytes_received += (sum(recv_counts) - mine_in) * row

@@ -1,0 +1,241 @@
+"""Partitions as a checked artifact, and distributed sampling over them (real gloo processes)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.multiprocessing as mp
+from conftest import DATA_ROOT, make_config, run_cli, summary_of
+
+from hpcgnn.config import ConfigError, DatasetConfig, GraphConfig
+from hpcgnn.data import open_graph, prepare
+from hpcgnn.partition import (PartitionError, check_partition_memory, ensure_parts, open_parts, parts_folder,
+                              partition_memory)
+
+SMALL = DatasetConfig(num_nodes=20_000, avg_degree=12, root=str(DATA_ROOT))
+METIS, RANDOM = GraphConfig(mode="partitioned", method="metis"), GraphConfig(mode="partitioned", method="random")
+
+
+def _copy(folder: Path, to: Path) -> Path:
+    shutil.copytree(folder, to)
+    return to
+
+
+def test_metis_parts_are_byte_identical_across_runs(tmp_path):
+    folder, meta, reused = ensure_parts(SMALL, METIS, 4)
+    first = _copy(folder, tmp_path / "first")
+    shutil.rmtree(folder)
+    folder2, meta2, reused2 = ensure_parts(SMALL, METIS, 4)
+    assert folder2 == folder and not reused2
+    for path in sorted(first.rglob("*.npy")):
+        assert path.read_bytes() == (folder / path.relative_to(first)).read_bytes(), path
+    assert meta2["files"] == meta["files"]
+
+
+def test_metis_cuts_far_fewer_edges_than_random_and_balances_train_nodes():
+    for k in (2, 4):
+        metis = ensure_parts(SMALL, METIS, k)[1]["report"]
+        rand = ensure_parts(SMALL, RANDOM, k)[1]["report"]
+        assert metis["edge_cut_fraction"] <= rand["edge_cut_fraction"] / 3, (k, metis, rand)
+        assert metis["balance"]["train_nodes"] < 1.1 and metis["balance"]["nodes"] < 1.1
+        assert sum(metis["nodes"]) == SMALL.num_nodes and len(metis["halo_nodes"]) == k
+
+
+def test_meta_records_the_artifact():
+    folder, meta, _ = ensure_parts(SMALL, METIS, 2)
+    assert meta["format_version"] == 1 and meta["num_parts"] == 2 and meta["method"] == "metis"
+    assert set(meta["files"]) == {"node_part.npy", "node_local.npy", "degree.npy"} | {
+        f"part_{i}/{a}.npy" for i in range(2)
+        for a in ("nodes", "rowptr", "col", "x", "y", "train_idx", "val_idx", "test_idx")}
+    graph = open_graph(SMALL)
+    parts = [open_parts(SMALL, METIS, 2, [i]) for i in range(2)]
+    assert sum(p.col.numel() for p in parts) == graph.num_edges
+    for p in parts:  # every owned node keeps its full adjacency, in global ids
+        v = int(p.nodes[7])
+        lo, hi = int(graph.rowptr[v]), int(graph.rowptr[v + 1])
+        assert torch.equal(p.col[int(p.rowptr[7]):int(p.rowptr[8])], graph.col[lo:hi])
+        assert torch.equal(p.x[7], graph.x[v])
+
+
+def test_reuse_does_not_rewrite():
+    folder, _, _ = ensure_parts(SMALL, METIS, 2)
+    before = {p: p.stat().st_mtime_ns for p in folder.rglob("*")}
+    _, _, reused = ensure_parts(SMALL, METIS, 2)
+    assert reused and before == {p: p.stat().st_mtime_ns for p in folder.rglob("*")}
+
+
+def test_corrupt_part_is_caught_before_training():
+    folder, _, _ = ensure_parts(SMALL, RANDOM, 2)
+    x = folder / "part_1" / "x.npy"
+    data = bytearray(x.read_bytes())
+    data[-3] ^= 0xFF
+    x.write_bytes(bytes(data))
+    open_parts(SMALL, RANDOM, 2, [0])  # part 0 is intact
+    with pytest.raises(PartitionError, match=r"part_1/x.npy is corrupt \(sha256 differs from META.json\)"):
+        open_parts(SMALL, RANDOM, 2, [1])
+    shutil.rmtree(folder)
+
+
+def test_parts_of_another_graph_or_k_are_refused(tmp_path):
+    folder, _, _ = ensure_parts(SMALL, METIS, 2)
+    other = DatasetConfig(num_nodes=20_000, avg_degree=12, seed=5, root=str(DATA_ROOT))
+    prepare(other)
+    target = parts_folder(other, METIS, 2)
+    shutil.rmtree(target, ignore_errors=True)
+    _copy(folder, target)
+    with pytest.raises(PartitionError, match="was made from another graph than the prepared synthetic"):
+        open_parts(other, METIS, 2, [0])
+    shutil.rmtree(target)
+    wrong_k = parts_folder(SMALL, METIS, 3)
+    shutil.rmtree(wrong_k, ignore_errors=True)
+    _copy(folder, wrong_k)
+    with pytest.raises(PartitionError, match="holds 2 parts, the job needs 3"):
+        open_parts(SMALL, METIS, 3, [0])
+    shutil.rmtree(wrong_k)
+    with pytest.raises(PartitionError, match=r"no 4-part partition .* HINT: python -m hpcgnn.partition"):
+        open_parts(SMALL, GraphConfig(mode="partitioned", seed=99), 4, [0])
+
+
+def test_partitioning_refuses_when_memory_is_short():
+    need = partition_memory("metis", 1000, 10**8)
+    assert need > 66 * 10**8
+    with pytest.raises(PartitionError, match=r"needs about .* HINT: use graph.method=random"):
+        check_partition_memory("metis", 1000, 10**8, available=need - 1)
+    check_partition_memory("random", 1000, 10**8, available=10**6)  # random needs no adjacency copy
+    fresh = GraphConfig(mode="partitioned", seed=123)
+    with pytest.raises(PartitionError, match="graph.method=random"):
+        ensure_parts(SMALL, fresh, 2, available=10**6)
+    assert not parts_folder(SMALL, fresh, 2).exists()
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["graph=partitioned", "graph.num_parts=3"], r"graph.num_parts=3 cannot be shared by 2 ranks.*multiple of 2"),
+    (["graph.mode=sharded"], r"graph.mode='sharded' is unknown: use graph=replicated or graph=partitioned"),
+    (["graph.method=kmeans"], r"graph.method='kmeans' is unknown: use metis or random"),
+    (["graph.cache_policy=lru"], r"graph.cache_policy='lru' is unknown: use degree or frequency"),
+    (["graph.boundary_fraction=0"], r"graph.boundary_fraction=0.0 must be in \(0, 1\]"),
+])
+def test_graph_config_errors(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        make_config(*overrides)
+
+
+# --------------------------------------------------------------- distributed sampling, real processes
+
+
+def _sample_worker(rank: int, world: int, port: int, cfg, folder: str) -> None:
+    from hpcgnn.dist import process_group
+    from hpcgnn.env import RankEnv
+    from hpcgnn.stores import PartitionedStore
+
+    torch.set_num_threads(1)
+    env = RankEnv.from_environ({"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
+                                "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
+                                "MASTER_PORT": str(port)}, (20000, 32767), 0)
+    with process_group(env, cfg.dist, torch.device("cpu")):
+        store = PartitionedStore(cfg, env)
+        seeds = store.train_seeds(torch.Generator().manual_seed(1))[:200]
+        gen = torch.Generator().manual_seed(rank)
+        batches = []
+        for chunk in (seeds[:100], seeds[100:], seeds[:0]):  # an empty batch still serves the others
+            out = store.sampler.sample(chunk, gen)
+            x, y = store.features.gather(out.n_id, out.batch_size)
+            batches.append({"n_id": out.n_id, "edge_index": out.edge_index, "batch_size": out.batch_size,
+                            "num_sampled_nodes": list(out.num_sampled_nodes), "x": x, "y": y})
+        torch.save({"batches": batches, "stats": store.stats(), "owned": store.parts.nodes}, f"{folder}/rank{rank}.pt")
+
+
+def _run_workers(cfg, tmp_path: Path, world: int = 2) -> list[dict]:
+    from hpcgnn.launch import free_port
+
+    port = free_port(23000 + os.getpid() % 5000, 20000, 32767)
+    mp.start_processes(_sample_worker, args=(world, port, cfg, str(tmp_path)), nprocs=world, start_method="spawn")
+    return [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(world)]
+
+
+@pytest.mark.parametrize("num_parts, cache_mb", [(2, 0.0), (4, 0.5)], ids=["k2", "k4-over-partitioned-cached"])
+def test_distributed_batches_are_valid_subgraphs(tmp_path, num_parts, cache_mb):
+    ds = [f"dataset.num_nodes={SMALL.num_nodes}", f"dataset.avg_degree={SMALL.avg_degree}"]
+    cfg = make_config("graph=partitioned", f"graph.num_parts={num_parts}", f"graph.cache_mb={cache_mb}",
+                      "train.fanouts=[6,4,3]", *ds, f"dataset.root={DATA_ROOT}")
+    ensure_parts(cfg.dataset, cfg.graph, num_parts)
+    graph = open_graph(cfg.dataset)
+    n = graph.num_nodes
+    keys = graph.col + n * torch.repeat_interleave(torch.arange(n), graph.degree())  # sorted: target-major CSR
+    results = _run_workers(cfg, tmp_path)
+    for rank, res in enumerate(results):
+        owned = set(res["owned"].tolist())
+        for b in res["batches"]:
+            n_id, ei, bs = b["n_id"], b["edge_index"], b["batch_size"]
+            assert torch.unique(n_id).numel() == n_id.numel()
+            assert set(n_id[:bs].tolist()) <= owned  # seeds come from the rank's own parts
+            src, dst = n_id[ei[0]], n_id[ei[1]]
+            k = dst * n + src
+            pos = torch.searchsorted(keys, k).clamp(max=keys.numel() - 1)
+            assert torch.equal(keys[pos], k), "an edge of the batch is not in the graph"
+            # Fanouts: every node of hop h-1 gets min(degree, fanout_h) distinct in-neighbours.
+            bounds = np.cumsum([0, *b["num_sampled_nodes"]])
+            indeg = torch.bincount(ei[1], minlength=n_id.numel())
+            for h, fanout in enumerate((6, 4, 3)):
+                targets = torch.arange(bounds[h], bounds[h + 1])
+                want = graph.degree()[n_id[targets]].clamp(max=fanout)
+                assert torch.equal(indeg[targets], want), f"hop {h + 1}"
+            assert torch.unique(k).numel() == k.numel()  # without replacement
+            assert torch.equal(b["x"], graph.x[n_id]) and torch.equal(b["y"], graph.y[n_id[:bs]])
+        stats = res["stats"]
+        assert stats["remote_rows_per_batch"] > 0 and stats["bytes_received_per_batch"] > 0
+        if cache_mb:
+            assert stats["cache_hit_rate"] > 0
+        else:
+            assert stats["cache_hit_rate"] == 0
+
+
+def test_frequency_cache_catches_remote_rows(tmp_path):
+    cfg = make_config("graph=partitioned", "graph.cache_mb=1", "graph.cache_policy=frequency",
+                      "graph.warmup_batches=3", "train.fanouts=[6,4,3]", f"dataset.num_nodes={SMALL.num_nodes}",
+                      f"dataset.avg_degree={SMALL.avg_degree}", f"dataset.root={DATA_ROOT}")
+    ensure_parts(cfg.dataset, cfg.graph, 2)
+    graph = open_graph(cfg.dataset)
+    for res in _run_workers(cfg, tmp_path):
+        assert res["stats"]["cache_hit_rate"] > 0.2
+        for b in res["batches"]:
+            assert torch.equal(b["x"], graph.x[b["n_id"]])
+
+
+# --------------------------------------------------------------- the CLIs
+
+
+def test_partition_cli_partitions_then_reuses(tmp_path):
+    args = [sys.executable, "-m", "hpcgnn.partition", "graph.num_parts=2", "graph.method=random",
+            "dataset.num_nodes=5000", f"dataset.root={DATA_ROOT}"]
+    first = subprocess.run(args, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert first.returncode == 0, first.stderr
+    assert "2 parts (random, seed 0), edge-cut" in first.stdout and "partitioned in" in first.stdout
+    assert "part 1:" in first.stdout and "halo" in first.stdout
+    again = subprocess.run(args, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0 and "(reused in" in again.stdout
+
+
+@pytest.mark.slow
+def test_partitioned_training_matches_replicated_accuracy(tmp_path, default_run):
+    """The embedded default, K=2 METIS parts made by the launcher, within 1 point of replicated."""
+    res = run_cli("graph=partitioned", "graph.cache_mb=1", cwd=tmp_path, timeout=900)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "2 parts (metis, seed 0)" in res.stdout  # partitioned by the launcher before the ranks started
+    part, rep = summary_of(tmp_path), summary_of(default_run[0])
+    assert part["graph_mode"] == "partitioned" and rep["graph_mode"] == "replicated"
+    assert abs(part["test_acc"] - rep["test_acc"]) <= 0.01, (part["test_acc"], rep["test_acc"])
+    assert len(set(part["param_checksums"])) == 1
+    last = part["history"][-1]
+    assert last["remote_rows_per_batch"] > 0 and 0 < last["cache_hit_rate"] < 1
+    # Each rank holds its part, not the graph: at most 1/K + 0.25 of the replicated bytes.
+    assert max(part["resident_graph_bytes"]) <= (1 / 2 + 0.25) * rep["resident_graph_bytes"][0]
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["world_size"] == 2
