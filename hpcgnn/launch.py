@@ -131,7 +131,21 @@ def _ensure_partitioned(cfg: RunConfig, mode: str):
     if mode == "spawn" or cfg.cluster.executor == "local":
         run_partition(cfg.dataset, cfg.graph, num_parts)
         return None
+    _check_partition_job_memory(cfg)
     return submit_partition(cfg)
+
+
+def _check_partition_job_memory(cfg: RunConfig) -> None:
+    """Before submitting: when the graph is prepared and the job's memory is known, will METIS fit?"""
+    from hpcgnn.data import cache, cache_folder
+    from hpcgnn.partition import check_partition_memory
+
+    folder = cache_folder(cfg.dataset)
+    limit = cfg.graph.partition_mem_gb or cfg.cluster.mem_gb
+    if limit is None or not cache.is_complete(folder):
+        return
+    meta = json.loads((folder / "meta.json").read_text())
+    check_partition_memory(cfg.graph.method, meta["num_nodes"], meta["num_edges"], int(limit * 2**30))
 
 
 def partition_job_config(cfg: RunConfig) -> RunConfig:

@@ -189,3 +189,42 @@ def test_plain_sbatch_template(tmp_path, tiny_overrides):
     s = json.loads((runs[0] / "summary.json").read_text())
     assert s["world_size"] == 4 and s["hostnames"] == ["n1", "n2"] and s["master_addr"] == "n1"
     assert (tmp_path / f"{job_id}.out").read_text().count("test accuracy") == 1
+
+
+def test_partitioned_run_waits_for_its_partitioning_job(tmp_path):
+    """Missing parts: a one-task partitioning job first, training after it (afterok), on both nodes."""
+    res = run_cli("+cluster=devcluster", "graph=partitioned", "graph.method=random", "graph.seed=11",
+                  "dataset.num_nodes=20000", "train.epochs=2", cwd=tmp_path, timeout=600)
+    assert res.returncode == 0, res.stdout + res.stderr
+    m = re.search(r"submitted partitioning job (\d+) to devcluster", res.stdout)
+    assert m, res.stdout
+    part_job, train_job = m.group(1), _job_id(res.stdout)
+    assert f"after partitioning job {part_job}" in res.stdout
+    assert _final_state(part_job) == "COMPLETED"
+    part_end, = _sacct(part_job, "End")
+    train_start, = _sacct(train_job, "Start")
+    assert part_end <= train_start  # ISO timestamps: the dependency held
+    s = _summary(tmp_path)
+    assert s["graph_mode"] == "partitioned" and s["hostnames"] == ["n1", "n2"]
+
+
+def test_failed_partitioning_cancels_training_with_the_reason(tmp_path):
+    # A graph not prepared yet: only the partitioning job can learn its size, and fails.
+    res = run_cli("+cluster=devcluster", "graph=partitioned", "graph.partition_mem_gb=0.0001", "dataset.seed=12",
+                  "dataset.num_nodes=20000", "launch.state_poll_s=2", cwd=tmp_path, timeout=300)
+    assert res.returncode == 1
+    assert re.search(r"job \d+ was cancelled \(CANCELLED\S*\): partitioning job \d+ ended FAILED", res.stderr), res.stderr
+    assert "PartitionError: partitioning with graph.method=metis needs about" in res.stderr
+
+
+def test_partitioning_that_cannot_fit_is_refused_before_submitting(tmp_path):
+    """A prepared graph and a known memory limit: the launcher refuses at submit time, exit 2."""
+    from hpcgnn.config import DatasetConfig
+    from hpcgnn.data import prepare
+
+    prepare(DatasetConfig(num_nodes=20000, seed=13, root=str(DATA_ROOT)))
+    res = run_cli("+cluster=devcluster", "graph=partitioned", "cluster.mem_gb=0.001", "dataset.seed=13",
+                  "dataset.num_nodes=20000", cwd=tmp_path, timeout=120)
+    assert res.returncode == 2
+    assert "partitioning with graph.method=metis needs about" in res.stderr and "HINT: use graph.method=random" in res.stderr
+    assert "submitted" not in res.stdout
