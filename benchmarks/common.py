@@ -11,6 +11,7 @@ import torch
 def graph_arguments(ap: argparse.ArgumentParser, num_nodes: int = 500_000) -> None:
     ap.add_argument("--num-nodes", type=int, default=num_nodes)
     ap.add_argument("--avg-degree", type=float, default=50)
+    ap.add_argument("--degree-exponent", type=float, default=0.0, help="0: default tail; >2: power law (hubs)")
     ap.add_argument("--root", default="~/.cache/hpcgnn", help="where the prepared graph is cached")
 
 
@@ -28,12 +29,18 @@ def hpcgnn_loader(graph, prefetch: int = 0):
     return PrefetchLoader(loader, prefetch) if prefetch else loader
 
 
-def benchmark_graph(num_nodes: int, avg_degree: float, root: str):
-    """Prepare (once) and memory-map a synthetic graph, as a training rank does."""
+def benchmark_config(args):
     from hpcgnn.config import DatasetConfig
+
+    return DatasetConfig(num_nodes=args.num_nodes, avg_degree=args.avg_degree, num_features=128, root=args.root,
+                         degree_exponent=getattr(args, "degree_exponent", 0.0))
+
+
+def benchmark_graph(args):
+    """Prepare (once) and memory-map the synthetic graph of ``args``, as a training rank does."""
     from hpcgnn.data import open_graph, prepare
 
-    cfg = DatasetConfig(num_nodes=num_nodes, avg_degree=avg_degree, num_features=128, root=root)
+    cfg = benchmark_config(args)
     t0 = time.perf_counter()
     prepare(cfg)
     graph = open_graph(cfg)

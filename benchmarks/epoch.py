@@ -50,7 +50,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=8)
     args = ap.parse_args()
 
-    graph = benchmark_graph(args.num_nodes, args.avg_degree, args.root)
+    graph = benchmark_graph(args)
 
     def model():
         torch.manual_seed(0)

@@ -32,7 +32,7 @@ def main() -> None:
     ap.add_argument("--batches", type=int, default=30)
     args = ap.parse_args()
 
-    graph = benchmark_graph(args.num_nodes, args.avg_degree, args.root)
+    graph = benchmark_graph(args)
     plain = batches_per_s(hpcgnn_loader(graph), args.batches)
     ahead = batches_per_s(hpcgnn_loader(graph, prefetch=2), args.batches)
     line = (f"sampler ({torch.get_num_threads()} threads, fanouts {list(FANOUTS)}, batch {BATCH}): "

@@ -42,9 +42,9 @@ log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
 PART_ARRAYS = ("nodes", "rowptr", "col", "x", "y", "train_idx", "val_idx", "test_idx")
-# Peak memory METIS needs beyond the graph, per directed edge (measured with pymetis: about 66 B),
-# plus our symmetric int64 copy of the adjacency handed to it.
-METIS_BYTES_PER_EDGE = 66 + 16
+# Peak memory of partitioning beyond the mapped graph, per directed edge: METIS itself (pymetis,
+# about 66 B) plus our symmetry check; benchmarks/partition.py measured 105 B at 25M edges.
+METIS_BYTES_PER_EDGE = 110
 METIS_BYTES_PER_NODE = 64
 
 
