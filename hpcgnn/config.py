@@ -76,6 +76,7 @@ class TrainConfig:
     eval_every: int = 1  # evaluate on val/test every N epochs (and after the last)
     eval_batch_size: int = 2048  # seed nodes per evaluation step
     num_threads: int = 0  # torch intra-op threads per rank; 0 = CPUs of the task / local ranks
+    keep_freed_memory: bool = True  # malloc reuses freed blocks: no page faults on per-batch buffers (glibc)
     prefetch: int = 2  # batches sampled ahead in a background thread (0 = sample inside the training loop)
     device: str = "auto"  # auto (cuda:<local_rank> when CUDA is present, else cpu) | cpu | cuda
 

@@ -22,6 +22,7 @@ import torch
 from hpcgnn.config import RunConfig
 from hpcgnn.dist import pick_device, process_group
 from hpcgnn.env import RankEnv, check_allocation
+from hpcgnn.sampling.loader import keep_freed_memory
 from hpcgnn.trainer import train
 
 
@@ -38,6 +39,8 @@ def run_rank(cfg: RunConfig, environ: Mapping[str, str]) -> dict:
         check_allocation(env, c.nodes, c.tasks_per_node, c.gpus_per_node,
                          torch.cuda.device_count() if torch.cuda.is_available() else 0)
     torch.set_num_threads(cfg.train.num_threads or default_threads(env, environ))
+    if cfg.train.keep_freed_memory:
+        keep_freed_memory()
     device = pick_device(env, cfg.train)
     if device.type == "cuda":
         torch.cuda.set_device(device)  # nccl's object collectives use the current device

@@ -17,8 +17,14 @@ from conftest import DATA_ROOT, make_config, run_cli, summary_of
 
 from hpcgnn.config import ConfigError, DatasetConfig, GraphConfig
 from hpcgnn.data import open_graph, prepare
-from hpcgnn.partition import (PartitionError, check_partition_memory, ensure_parts, open_parts, parts_folder,
-                              partition_memory)
+from hpcgnn.partition import (
+    PartitionError,
+    check_partition_memory,
+    ensure_parts,
+    open_parts,
+    partition_memory,
+    parts_folder,
+)
 
 SMALL = DatasetConfig(num_nodes=20_000, avg_degree=12, root=str(DATA_ROOT))
 METIS, RANDOM = GraphConfig(mode="partitioned", method="metis"), GraphConfig(mode="partitioned", method="random")
@@ -171,7 +177,7 @@ def test_distributed_batches_are_valid_subgraphs(tmp_path, num_parts, cache_mb):
     n = graph.num_nodes
     keys = graph.col + n * torch.repeat_interleave(torch.arange(n), graph.degree())  # sorted: target-major CSR
     results = _run_workers(cfg, tmp_path)
-    for rank, res in enumerate(results):
+    for res in results:
         owned = set(res["owned"].tolist())
         for b in res["batches"]:
             n_id, ei, bs = b["n_id"], b["edge_index"], b["batch_size"]
