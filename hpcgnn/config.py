@@ -72,6 +72,7 @@ class TrainConfig:
     fanouts: Tuple[int, ...] = (10, 5)  # neighbours sampled per node, hop 1 first; one GNN layer each
     lr: float = 3e-3  # Adam learning rate
     weight_decay: float = 0.0  # Adam weight decay
+    lr_schedule: str = "constant"  # constant | cosine (decays to 0 over all steps of the run)
     seed: int = 0  # seeds the model init, the seed order and the sampler
     eval_every: int = 1  # evaluate on val/test every N epochs (and after the last)
     eval_batch_size: int = 2048  # seed nodes per evaluation step
@@ -122,9 +123,23 @@ class LaunchConfig:
 
 
 @dataclass(frozen=True)
+class CheckpointConfig:
+    every_steps: int = 0  # also checkpoint every N training steps (0 = off)
+    every_minutes: float = 30.0  # ... and every M minutes of training (0 = off)
+    keep: int = 3  # newest checkpoints kept in <run_dir>/checkpoints
+    resume: bool = True  # start from the newest valid checkpoint in the run folder, if any
+    signal: str = "USR2"  # preemption / time-limit signal: checkpoint at the next step, then requeue
+    max_timeouts: int = 3  # requeues after hitting the time limit before giving up (preemptions: unlimited)
+
+
+@dataclass(frozen=True)
 class DebugConfig:
     fail_rank: int = -1  # fault injection for tests: this rank raises ...
-    fail_step: int = 1  # ... just before this (1-based) training step
+    fail_step: int = 1  # ... just before this (1-based, global) training step
+    hang_rank: int = -1  # this rank stops responding (sleeps) ...
+    hang_step: int = 1  # ... just before this step
+    signal_rank: int = -1  # this rank sends itself checkpoint.signal ...
+    signal_step: int = 1  # ... just before this step (a preemption, in-process)
 
 
 @dataclass(frozen=True)
@@ -135,6 +150,7 @@ class RunConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     dist: DistConfig = field(default_factory=DistConfig)
     launch: LaunchConfig = field(default_factory=LaunchConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     debug: DebugConfig = field(default_factory=DebugConfig)
     cluster: Optional[ClusterConfig] = None  # absent: run launch.procs processes on this machine
     run_dir: str = "${hydra:runtime.output_dir}"  # where logs, summary.json and job files go
@@ -178,6 +194,16 @@ class RunConfig:
             raise ConfigError(f"train.prefetch={t.prefetch} must be 0 (off) or more batches")
         if t.lr <= 0:
             raise ConfigError(f"train.lr={t.lr} must be positive")
+        if t.lr_schedule not in ("constant", "cosine"):
+            raise ConfigError(f"train.lr_schedule={t.lr_schedule!r} is unknown: use constant or cosine")
+        c = self.checkpoint
+        if c.keep < 1 or c.every_steps < 0 or c.every_minutes < 0 or c.max_timeouts < 0:
+            raise ConfigError("checkpoint.keep must be at least 1; checkpoint.every_steps, checkpoint.every_minutes "
+                              "and checkpoint.max_timeouts must be 0 or more")
+        import signal as _signal
+
+        if not isinstance(getattr(_signal, f"SIG{c.signal}", None), _signal.Signals):
+            raise ConfigError(f"checkpoint.signal={c.signal!r} is not a signal name: use e.g. USR2 or USR1")
         if not 0 <= m.dropout < 1:
             raise ConfigError(f"model.dropout={m.dropout} must be in [0, 1)")
         if t.device not in ("auto", "cpu", "cuda"):

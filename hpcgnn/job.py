@@ -10,6 +10,7 @@ import contextlib
 import json
 import logging
 import os
+import signal
 import socket
 import sys
 import time
@@ -17,18 +18,29 @@ import traceback
 from collections.abc import Mapping
 from pathlib import Path
 
+import submitit
 import torch
 
+from hpcgnn import dist
+from hpcgnn.checkpoint import Preempted
 from hpcgnn.config import RunConfig
 from hpcgnn.dist import pick_device, process_group
 from hpcgnn.env import RankEnv, check_allocation
 from hpcgnn.sampling.loader import keep_freed_memory
 from hpcgnn.trainer import train
 
+EXIT_PREEMPTED = 3  # a rank that stopped after a preemption checkpoint, with nobody to requeue it
 
-def run_task(cfg: RunConfig) -> dict:
-    """Entry of a task started by submitit (SLURM or local executor)."""
-    return run_rank(cfg, os.environ)
+
+class TrainTask(submitit.helpers.Checkpointable):
+    """What submitit runs in every task. Checkpointable, so that submitit's own USR2 handler
+    requeues the job; the state itself is saved by all ranks together, before (trainer)."""
+
+    def __call__(self, cfg: RunConfig) -> dict:
+        return run_rank(cfg, os.environ)
+
+
+run_task = TrainTask()
 
 
 def run_rank(cfg: RunConfig, environ: Mapping[str, str]) -> dict:
@@ -50,11 +62,44 @@ def run_rank(cfg: RunConfig, environ: Mapping[str, str]) -> dict:
     with process_group(env, cfg.dist, device):
         try:
             return train(cfg, env, device)
+        except Preempted as stop:
+            _requeue(cfg, env, stop)
+            raise AssertionError("unreachable") from None
         except Exception:
             # Recorded before the process group is torn down: the other ranks only
             # fail once this rank's connections close, so the cause is recorded first.
             record_failure(Path(cfg.run_dir), env)
             raise
+
+
+def _requeue(cfg: RunConfig, env: RankEnv, stop: Preempted) -> None:
+    """After the preemption checkpoint: have the job requeued, then leave.
+
+    Under submitit, rank 0 runs submitit's own handler for the signal (outside any signal
+    context now): it counts time-outs against ``checkpoint.max_timeouts``, requeues with
+    ``scontrol requeue`` and exits, or says why it will not requeue. The other ranks wait
+    for that before exiting, so the job cannot end as completed before it is requeued.
+    Elsewhere nobody can requeue: every rank exits with EXIT_PREEMPTED and the launcher
+    says how to resume.
+    """
+    log = logging.getLogger(__name__)
+    handler = None
+    with contextlib.suppress(RuntimeError):
+        submitit.JobEnvironment()  # raises outside a submitit job
+        handler = signal.getsignal(getattr(signal, f"SIG{cfg.checkpoint.signal}"))
+    if not callable(handler) or not env.is_main:
+        outcome: BaseException = SystemExit(EXIT_PREEMPTED if handler is None else -1)
+    else:
+        log.info("%s; asking submitit to requeue the job", stop)
+        try:
+            handler(getattr(signal, f"SIG{cfg.checkpoint.signal}"), None)
+            outcome = SystemExit(-1)
+        except BaseException as exc:  # SystemExit after the requeue, or why it did not requeue
+            outcome = exc
+    dist.all_reduce_sum(torch.zeros(1))  # rank 0 has requeued (or given up) before anyone exits
+    if env.is_main and handler is None:
+        print(f"hpcgnn: {stop}; run the same command with hydra.run.dir={cfg.run_dir} to resume", flush=True)
+    raise outcome
 
 
 def record_failure(run_dir: Path, env: RankEnv) -> None:

@@ -63,7 +63,7 @@ def make_executor(cfg: RunConfig, python: str | None = None, render_only: bool =
     if c is None:
         raise ValueError("make_executor needs a cluster: add +cluster=NAME")
     if c.executor == "local":
-        ex = submitit.LocalExecutor(job_folder(cfg), python=python)
+        ex = submitit.LocalExecutor(job_folder(cfg), python=python, max_num_timeout=cfg.checkpoint.max_timeouts)
         ex.update_parameters(tasks_per_node=c.tasks_per_node, nodes=1, timeout_min=c.time_min,
                              gpus_per_node=c.gpus_per_node, signal_delay_s=c.signal_delay_s, setup=list(c.setup))
         return ex
@@ -73,7 +73,8 @@ def make_executor(cfg: RunConfig, python: str | None = None, render_only: bool =
         def affinity(cls) -> int:  # SlurmExecutor refuses to exist where srun is missing
             return 1
 
-    ex = (_RenderOnly if render_only else SlurmExecutor)(job_folder(cfg), python=python)
+    ex = (_RenderOnly if render_only else SlurmExecutor)(job_folder(cfg), python=python,
+                                                         max_num_timeout=cfg.checkpoint.max_timeouts)
     ex.update_parameters(**slurm_parameters(c))
     return ex
 
@@ -339,6 +340,10 @@ def _spawn_local(cfg: RunConfig) -> int:
     try:
         mp.start_processes(_spawn_entry, args=(cfg, port), nprocs=cfg.launch.procs, start_method="spawn")
     except (mp.ProcessRaisedException, mp.ProcessExitedException) as exc:
+        from hpcgnn.job import EXIT_PREEMPTED
+
+        if getattr(exc, "exit_code", None) == EXIT_PREEMPTED:  # rank 0 printed where the checkpoint is
+            return EXIT_PREEMPTED
         print(failure_report(Path(cfg.run_dir), str(exc)), file=sys.stderr, flush=True)
         return 1
     with open(Path(cfg.run_dir) / "summary.json") as f:

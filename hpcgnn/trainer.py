@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import os
+import signal
 import socket
 import time
 from pathlib import Path
@@ -15,6 +17,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 from hpcgnn import dist
+from hpcgnn.checkpoint import Checkpointer, Preempted, PreemptionFlag, rng_state, set_rng_state
 from hpcgnn.config import RunConfig
 from hpcgnn.env import RankEnv
 from hpcgnn.models import build_model, forward_batch
@@ -55,65 +58,130 @@ def param_checksum(model: torch.nn.Module) -> str:
     return h.hexdigest()[:16]
 
 
+def _debug_hooks(cfg: RunConfig, env: RankEnv, step: int) -> None:
+    """Fault injection for tests: fail, hang, or be preempted just before ``step``."""
+    d = cfg.debug
+    if env.rank == d.fail_rank and step == d.fail_step:
+        raise RuntimeError(f"injected failure on rank {env.rank} at step {step} (debug.fail_rank)")
+    if env.rank == d.hang_rank and step == d.hang_step:
+        log.warning("rank %d hangs at step %d (debug.hang_rank)", env.rank, step)
+        while True:
+            time.sleep(3600)
+    if env.rank == d.signal_rank and step == d.signal_step:
+        os.kill(os.getpid(), getattr(signal, f"SIG{cfg.checkpoint.signal}"))
+
+
+def make_scheduler(opt: torch.optim.Optimizer, t, total_steps: int) -> torch.optim.lr_scheduler.LRScheduler:
+    if t.lr_schedule == "cosine":
+        return torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(total_steps, 1))
+    return torch.optim.lr_scheduler.ConstantLR(opt, factor=1.0, total_iters=0)
+
+
 def train(cfg: RunConfig, env: RankEnv, device: torch.device) -> dict:
-    """Train on this rank; returns the run summary (the same on every rank)."""
+    """Train on this rank; returns the run summary (the same on every rank).
+
+    Resumes from the newest intact checkpoint of the run folder, exactly: the batches are
+    seeded per (epoch, rank, step), and the model, optimizer, scheduler, RNG states, seed
+    order and partial epoch sums come back as they were at the step boundary.
+    """
     t_start = time.perf_counter()
     t = cfg.train
     store = open_store(cfg, env)
+    steps = store.steps
 
     torch.manual_seed(t.seed)  # same initial weights everywhere (DDP broadcasts rank 0's anyway)
     model = build_model(cfg.model, store.num_features, store.num_classes, len(t.fanouts)).to(device)
+    opt = torch.optim.Adam(model.parameters(), lr=t.lr, weight_decay=t.weight_decay)
+    sched = make_scheduler(opt, t, steps * t.epochs)
+    ckpt = Checkpointer(cfg, env)
+    cur = {"epoch": 1, "step_in_epoch": 0, "step": 0, "history": [], "train_time": 0.0, "seeds_done": 0,
+           "best": {"val_acc": -1.0, "test_acc": 0.0, "epoch": 0}, "resumes": 0}
+    mine: dict = {}
+    resume_from = ckpt.latest()
+    if resume_from is not None:
+        common, mine = ckpt.load(resume_from)
+        model.load_state_dict(common["model"])
+        opt.load_state_dict(common["optimizer"])
+        sched.load_state_dict(common["scheduler"])
+        cur = {**common["cursor"], "resumes": common["cursor"]["resumes"] + 1}
+        set_rng_state(mine["rng"])
+        if env.is_main:
+            log.info("resumed from %s: epoch %d, step %d of %d (resume %d)", resume_from, cur["epoch"],
+                     cur["step_in_epoch"], steps, cur["resumes"])
     ddp = model
     if env.world_size > 1:
         ddp = DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
-    opt = torch.optim.Adam(model.parameters(), lr=t.lr, weight_decay=t.weight_decay)
-    steps = store.steps
     if env.is_main:
         log.info("training %s on %d rank(s), %s graph: %d steps/epoch of %d seeds per rank, fanouts %s",
                  cfg.model.name, env.world_size, store.mode, steps, t.batch_size, list(t.fanouts))
 
-    history, best = [], {"val_acc": -1.0, "test_acc": 0.0, "epoch": 0}
-    train_time, seeds_done, step = 0.0, 0, 0
-    for epoch in range(1, t.epochs + 1):
-        model.train()
-        seeds = store.train_seeds(torch.Generator().manual_seed(_seed(t.seed, epoch)))
-        gen = torch.Generator().manual_seed(_seed(t.seed, epoch, env.rank))
-        sums = torch.zeros(4, dtype=torch.float64)  # loss * n, correct, n, steps
-        t0 = time.perf_counter()
-        loader = NodeLoader(store.features, store.sampler, seeds, t.batch_size, gen, device,
-                            pin_memory=device.type == "cuda", num_batches=steps)
-        for data in PrefetchLoader(loader, t.prefetch) if t.prefetch else loader:
-            step += 1
-            if env.rank == cfg.debug.fail_rank and step == cfg.debug.fail_step:
-                raise RuntimeError(f"injected failure on rank {env.rank} at step {step} (debug.fail_rank)")
-            opt.zero_grad(set_to_none=True)
-            logits = forward_batch(ddp, data)
-            y = data.y[: data.batch_size]
-            loss = F.cross_entropy(logits, y)
-            loss.backward()
-            opt.step()
-            sums += torch.tensor([loss.item() * y.numel(), (logits.argmax(-1) == y).sum().item(), y.numel(), 1])
-        elapsed = torch.tensor([time.perf_counter() - t0])
-        if int(sums[3]) != steps:  # an invariant of rank_seeds; a mismatch would hang DDP at the next epoch
-            raise RuntimeError(f"rank {env.rank} ran {int(sums[3])} steps, expected {steps}")
-        dist.all_reduce_sum(sums)
-        dist.all_reduce_max(elapsed)
-        train_time += elapsed.item()
-        seeds_done += int(sums[2])
-        row = {"epoch": epoch, "loss": sums[0].item() / sums[2].item(), "train_acc": sums[1].item() / sums[2].item(),
-               "seeds_per_s": sums[2].item() / elapsed.item(), "epoch_s": elapsed.item(), **store.stats()}
-        if epoch % t.eval_every == 0 or epoch == t.epochs:
-            row["val_acc"] = evaluate(model, store, "val", cfg, env, device)
-            row["test_acc"] = evaluate(model, store, "test", cfg, env, device)
-            store.stats()  # evaluation traffic is not training traffic
-            if row["val_acc"] > best["val_acc"]:
-                best = {"val_acc": row["val_acc"], "test_acc": row["test_acc"], "epoch": epoch}
-        history.append(row)
-        if env.is_main:
-            evals = f" | val {row['val_acc']:.4f} | test {row['test_acc']:.4f}" if "val_acc" in row else ""
-            log.info("epoch %d/%d | loss %.4f | train acc %.4f%s | %.0f seeds/s", epoch, t.epochs, row["loss"],
-                     row["train_acc"], evals, row["seeds_per_s"])
+    preempt = PreemptionFlag(cfg.checkpoint.signal)
+    try:
+        for epoch in range(cur["epoch"], t.epochs + 1):
+            model.train()
+            resuming = bool(mine) and cur["step_in_epoch"] > 0
+            if resuming:
+                seeds, sums, epoch_time = mine["seeds"], mine["sums"], mine["epoch_time"]
+            else:
+                seeds = store.train_seeds(torch.Generator().manual_seed(_seed(t.seed, epoch)))
+                sums, epoch_time, cur["step_in_epoch"] = torch.zeros(4, dtype=torch.float64), 0.0, 0
+            mine = {}
+            loader = NodeLoader(store.features, store.sampler, seeds, t.batch_size, device=device,
+                                pin_memory=device.type == "cuda", num_batches=steps,
+                                batch_seed=_seed(t.seed, epoch, env.rank), start=cur["step_in_epoch"])
+            t0 = time.perf_counter()
+            # Closed on any exit, so the prefetch thread is joined before an exception leaves the loop.
+            with contextlib.closing(iter(PrefetchLoader(loader, t.prefetch) if t.prefetch else loader)) as batches:
+                for data in batches:
+                    _debug_hooks(cfg, env, cur["step"] + 1)
+                    opt.zero_grad(set_to_none=True)
+                    logits = forward_batch(ddp, data)
+                    y = data.y[: data.batch_size]
+                    loss = F.cross_entropy(logits, y)
+                    loss.backward()
+                    opt.step()
+                    sched.step()
+                    sums += torch.tensor([loss.item() * y.numel(), (logits.argmax(-1) == y).sum().item(), y.numel(), 1])
+                    cur["step"] += 1
+                    cur["step_in_epoch"] += 1
+                    # All ranks agree on whether to checkpoint now: a signal may have reached only some.
+                    flags = dist.all_reduce_max(torch.tensor([int(preempt.raised), int(ckpt.periodic_due(cur["step"]))]))
+                    if int(flags.sum()):
+                        elapsed = epoch_time + time.perf_counter() - t0
+                        folder = ckpt.save(cur["step"], {"model": model.state_dict(), "optimizer": opt.state_dict(),
+                                                         "scheduler": sched.state_dict(), "cursor": dict(cur, epoch=epoch)},
+                                           {"seeds": seeds, "sums": sums, "epoch_time": elapsed, "rng": rng_state()})
+                        if int(flags[0]):
+                            raise Preempted(cur["step"], folder)
+                        if env.is_main:
+                            log.info("checkpoint: %s", folder)
+            elapsed = torch.tensor([epoch_time + time.perf_counter() - t0])
+            if int(sums[3]) != steps:  # an invariant of the seed schedule; a mismatch would hang DDP next epoch
+                raise RuntimeError(f"rank {env.rank} ran {int(sums[3])} steps, expected {steps}")
+            dist.all_reduce_sum(sums)
+            dist.all_reduce_max(elapsed)
+            cur["train_time"] += elapsed.item()
+            cur["seeds_done"] += int(sums[2])
+            row = {"epoch": epoch, "loss": sums[0].item() / sums[2].item(),
+                   "train_acc": sums[1].item() / sums[2].item(), "seeds_per_s": sums[2].item() / elapsed.item(),
+                   "epoch_s": elapsed.item(), "lr": sched.get_last_lr()[0], **store.stats()}
+            if epoch % t.eval_every == 0 or epoch == t.epochs:
+                row["val_acc"] = evaluate(model, store, "val", cfg, env, device)
+                row["test_acc"] = evaluate(model, store, "test", cfg, env, device)
+                store.stats()  # evaluation traffic is not training traffic
+                if row["val_acc"] > cur["best"]["val_acc"]:
+                    cur["best"] = {"val_acc": row["val_acc"], "test_acc": row["test_acc"], "epoch": epoch}
+            cur["history"].append(row)
+            cur["epoch"], cur["step_in_epoch"] = epoch + 1, 0
+            if env.is_main:
+                evals = f" | val {row['val_acc']:.4f} | test {row['test_acc']:.4f}" if "val_acc" in row else ""
+                log.info("epoch %d/%d | loss %.4f | train acc %.4f%s | %.0f seeds/s", epoch, t.epochs, row["loss"],
+                         row["train_acc"], evals, row["seeds_per_s"])
+    finally:
+        preempt.restore()
 
+    history, best = cur["history"], cur["best"]
+    train_time, seeds_done = cur["train_time"], cur["seeds_done"]
     checksums = dist.all_gather_object(param_checksum(model))
     hosts = dist.all_gather_object(socket.gethostname())
     summary = {
@@ -140,6 +208,8 @@ def train(cfg: RunConfig, env: RankEnv, device: torch.device) -> dict:
         "seeds_per_s": seeds_done / train_time if train_time > 0 else 0.0,
         "train_time_s": train_time,
         "wall_time_s": time.perf_counter() - t_start,
+        "resumes": cur["resumes"],  # times this run continued from a checkpoint
+        "requeues": int(os.environ.get("SLURM_RESTART_COUNT", "0")),  # times SLURM requeued the job
         "param_checksums": checksums,
         "history": history,
         "run_dir": cfg.run_dir,

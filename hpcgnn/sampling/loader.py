@@ -88,19 +88,24 @@ class NodeLoader:
     partitioned store fetches remote rows there). ``num_batches``: yield empty batches after
     the seeds run out until there were this many, so that ranks with fewer seeds still take
     part in every collective of a distributed sampler.
+
+    Randomness: one ``generator`` for the whole walk, or ``batch_seed``: batch i samples
+    with its own generator seeded from ``(batch_seed, i)``, so any batch can be re-made
+    without the ones before it; ``start`` skips the first batches (an exact resume).
     """
 
     def __init__(self, features, sampler: NeighborSampler, seeds: Tensor, batch_size: int,
                  generator: torch.Generator | None = None, device: torch.device | None = None,
-                 pin_memory: bool = False, num_batches: int | None = None):
+                 pin_memory: bool = False, num_batches: int | None = None, batch_seed: int | None = None,
+                 start: int = 0):
         self.features = LocalFeatures(features) if isinstance(features, Graph) else features
         self.sampler, self.seeds = sampler, seeds
         self.batch_size, self.generator, self.device = batch_size, generator, device
-        self.pin_memory = pin_memory
+        self.pin_memory, self.batch_seed, self.start = pin_memory, batch_seed, start
         self.num_batches = max(num_batches or 0, math.ceil(seeds.numel() / batch_size))
 
     def __len__(self) -> int:
-        return self.num_batches
+        return self.num_batches - self.start
 
     def __iter__(self) -> Iterator[Data]:
         for data in self.host_batches():
@@ -110,12 +115,18 @@ class NodeLoader:
         """The batches in order, still on the host."""
         batches = list(self.seeds.split(self.batch_size))
         batches += [self.seeds[:0]] * (self.num_batches - len(batches))
-        for seeds in batches:
-            yield self.sample(seeds)
+        for i in range(self.start, self.num_batches):
+            yield self.sample(batches[i], self.batch_generator(i))
 
-    def sample(self, seeds: Tensor) -> Data:
+    def batch_generator(self, i: int) -> torch.Generator | None:
+        if self.batch_seed is None:
+            return self.generator
+        mixed = (self.batch_seed * 0x9E3779B97F4A7C15 + (i + 1) * 0xBF58476D1CE4E5B9) % (2**63 - 1)
+        return torch.Generator(device=self.sampler.rowptr.device).manual_seed(mixed)
+
+    def sample(self, seeds: Tensor, generator: torch.Generator | None = None) -> Data:
         """One batch on the host: sampled subgraph, gathered features and labels."""
-        out = self.sampler.sample(seeds, self.generator)
+        out = self.sampler.sample(seeds, generator if generator is not None else self.generator)
         x, y = self.features.gather(out.n_id.cpu(), out.batch_size)
         if self.pin_memory:  # page-locked, so the copy to the GPU can run asynchronously
             x, y = x.pin_memory(), y.pin_memory()

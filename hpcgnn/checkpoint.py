@@ -1,0 +1,236 @@
+"""Checkpoints for an exact resume, written by all ranks together at a step boundary.
+
+    <run_dir>/checkpoints/step-<global step>/
+        common.pt      model, optimizer, LR scheduler, cursor (epoch, step), history, counters
+        rank-<r>.pt    each rank: its epoch's seed order, RNG states (torch, CUDA, numpy, python),
+                       its partial sums of the epoch
+        MANIFEST.json  sha256 of every file and the job's fingerprint; written last
+
+A checkpoint is assembled in a temporary folder, every file fsync'd, and renamed into
+place by rank 0 once all ranks wrote theirs: a folder named ``step-*`` is complete. On
+load, every rank checks the same manifest and checksums, so all ranks pick the same
+checkpoint; a corrupt or truncated newest one is skipped with a warning. Loading uses
+``torch.load(weights_only=True)``: nothing but tensors and plain containers is unpickled.
+
+Preemption: the signal handler only sets a flag (:class:`PreemptionFlag`). After every
+step the ranks all-reduce ``[flag, periodic checkpoint due]``, so they agree on when to
+save, and all stop together after a preemption save.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import random
+import shutil
+import signal
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from hpcgnn import dist
+from hpcgnn.config import ConfigError, RunConfig
+from hpcgnn.env import RankEnv
+
+log = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+
+
+class CheckpointError(ConfigError):
+    """A checkpoint that cannot continue this job (another dataset, K, world size or model)."""
+
+
+class Preempted(Exception):
+    """Raised on every rank after the preemption checkpoint was saved: stop, then requeue."""
+
+    def __init__(self, step: int, folder: Path):
+        super().__init__(f"preempted: checkpoint of step {step} saved in {folder}")
+        self.step, self.folder = step, folder
+
+
+def fingerprint(cfg: RunConfig, env: RankEnv) -> dict:
+    """What a checkpoint must share with the job that resumes it."""
+    from hpcgnn.data import cache_folder
+
+    return {"dataset": cache_folder(cfg.dataset).name, "graph_mode": cfg.graph.mode,
+            "num_parts": (cfg.graph.num_parts or env.world_size) if cfg.graph.mode == "partitioned" else 0,
+            "world_size": env.world_size, "model": cfg.model.name, "hidden_channels": cfg.model.hidden_channels,
+            "fanouts": list(cfg.train.fanouts), "batch_size": cfg.train.batch_size, "seed": cfg.train.seed}
+
+
+# ------------------------------------------------------------------------------------------ RNG
+
+
+def rng_state() -> dict:
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    state = {"torch": torch.get_rng_state(), "python": random.getstate(),
+             "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+                       "has_gauss": int(has_gauss), "gauss": float(gauss)}}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    n = state["numpy"]
+    np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+# ------------------------------------------------------------------------------------------ files
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _write(path: Path, obj) -> None:
+    """torch.save, fsync'd, under a temporary name first."""
+    tmp = path.with_name(f".{path.name}.part")
+    with open(tmp, "wb") as f:
+        torch.save(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _barrier() -> None:
+    dist.all_reduce_sum(torch.zeros(1))
+
+
+class Checkpointer:
+    def __init__(self, cfg: RunConfig, env: RankEnv):
+        self.cfg, self.env = cfg, env
+        self.folder = Path(cfg.run_dir) / "checkpoints"
+        self.fingerprint = fingerprint(cfg, env)
+        self._last = time.monotonic()
+
+    # ----------------------------------------------------------- when
+
+    def periodic_due(self, global_step: int) -> bool:
+        c = self.cfg.checkpoint
+        if c.every_steps and global_step % c.every_steps == 0:
+            return True
+        return bool(c.every_minutes) and time.monotonic() - self._last >= 60 * c.every_minutes
+
+    # ----------------------------------------------------------- save
+
+    def save(self, global_step: int, common: dict, rank_state: dict) -> Path:
+        """Collective: every rank writes its file; rank 0 the common state, the manifest, the rename."""
+        final = self.folder / f"step-{global_step:09d}"
+        tmp = self.folder / f".step-{global_step:09d}.tmp"
+        if self.env.is_main:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+        _barrier()
+        _write(tmp / f"rank-{self.env.rank}.pt", rank_state)
+        if self.env.is_main:
+            _write(tmp / "common.pt", {"format_version": FORMAT_VERSION, **common})
+        _barrier()  # every rank's file is on disk
+        if self.env.is_main:
+            files = sorted(p.name for p in tmp.iterdir() if p.suffix == ".pt")
+            manifest = {"format_version": FORMAT_VERSION, "step": global_step, "time": time.time(),
+                        "fingerprint": self.fingerprint, "files": {n: _sha256(tmp / n) for n in files}}
+            with open(tmp / "MANIFEST.json", "w") as f:
+                json.dump(manifest, f, indent=2)
+                f.flush()
+                os.fsync(f.fileno())
+            _fsync_dir(tmp)
+            shutil.rmtree(final, ignore_errors=True)
+            os.replace(tmp, final)
+            _fsync_dir(self.folder)
+            self._prune()
+        _barrier()  # nobody moves on (or exits) before the checkpoint is in place
+        self._last = time.monotonic()
+        return final
+
+    def _prune(self) -> None:
+        steps = sorted(self.folder.glob("step-*"))
+        for old in steps[: max(0, len(steps) - self.cfg.checkpoint.keep)]:
+            shutil.rmtree(old, ignore_errors=True)
+
+    # ----------------------------------------------------------- load
+
+    def _verify(self, folder: Path) -> str | None:
+        """None if the checkpoint is complete and intact; else what is wrong."""
+        try:
+            manifest = json.loads((folder / "MANIFEST.json").read_text())
+        except (OSError, ValueError) as exc:
+            return f"unreadable MANIFEST.json ({exc})"
+        expected = {"common.pt", *(f"rank-{r}.pt" for r in range(self.env.world_size))}
+        if manifest.get("fingerprint", {}).get("world_size") == self.env.world_size and \
+                set(manifest.get("files", {})) != expected:
+            return f"files {sorted(manifest.get('files', {}))} instead of {sorted(expected)}"
+        for name, digest in manifest.get("files", {}).items():
+            path = folder / name
+            if not path.is_file():
+                return f"{name} is missing"
+            if _sha256(path) != digest:
+                return f"{name} is corrupt or truncated (sha256 differs from MANIFEST.json)"
+        return None
+
+    def _check_fingerprint(self, folder: Path) -> None:
+        theirs = json.loads((folder / "MANIFEST.json").read_text())["fingerprint"]
+        diff = {k: (theirs.get(k), v) for k, v in self.fingerprint.items() if theirs.get(k) != v}
+        if diff:
+            listing = ", ".join(f"{k}: checkpoint {a!r}, job {b!r}" for k, (a, b) in diff.items())
+            raise CheckpointError(f"the checkpoint {folder} belongs to another job ({listing}). HINT: use a new "
+                                  "output folder (hydra.run.dir=...), or checkpoint.resume=false to start over")
+
+    def latest(self) -> Path | None:
+        """The newest intact checkpoint of this run (same on every rank), or None."""
+        if not self.cfg.checkpoint.resume:
+            return None
+        for folder in sorted(self.folder.glob("step-*"), reverse=True):
+            problem = self._verify(folder)
+            if problem is None:
+                self._check_fingerprint(folder)
+                return folder
+            log.warning("checkpoint %s skipped: %s; trying the previous one", folder, problem)
+            if self.env.is_main:
+                print(f"hpcgnn: WARNING: checkpoint {folder} skipped: {problem}", flush=True)
+        return None
+
+    def load(self, folder: Path) -> tuple[dict, dict]:
+        common = torch.load(folder / "common.pt", map_location="cpu", weights_only=True)
+        mine = torch.load(folder / f"rank-{self.env.rank}.pt", map_location="cpu", weights_only=True)
+        return common, mine
+
+
+class PreemptionFlag:
+    """Replaces the handler of ``signame`` with one that only records the signal.
+
+    The handler it replaced (submitit's requeue handler, under submitit) is kept in
+    ``previous`` and called after the checkpoint, outside any signal context.
+    """
+
+    def __init__(self, signame: str):
+        self.signum = getattr(signal, f"SIG{signame}")
+        self.raised = False
+        self.previous = signal.signal(self.signum, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        self.raised = True
+
+    def restore(self) -> None:
+        signal.signal(self.signum, self.previous if self.previous is not None else signal.SIG_DFL)
