@@ -41,6 +41,7 @@ def make_config(*overrides: str, run_dir: str = "/tmp/hpcgnn-test-run") -> RunCo
 
 def run_cli(*args: str, cwd: Path, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
     """``python -m hpcgnn ARGS`` in a subprocess whose run folder is ``cwd/run``."""
+    cwd.mkdir(parents=True, exist_ok=True)
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     return subprocess.run([sys.executable, "-m", "hpcgnn", *args, f"dataset.root={DATA_ROOT}",
                            f"hydra.run.dir={cwd / 'run'}"],

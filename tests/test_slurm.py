@@ -68,7 +68,7 @@ def _final_state(job_id: str, limit_s: float = 60) -> str:
     """The job's state once accounting has caught up (sacct may still say RUNNING for a moment)."""
     deadline = time.monotonic() + limit_s
     state = _sacct(job_id)[0]
-    while state in ("PENDING", "RUNNING", "COMPLETING", "") and time.monotonic() < deadline:
+    while state in ("PENDING", "RUNNING", "COMPLETING", "REQUEUED", "") and time.monotonic() < deadline:
         time.sleep(1)
         state = _sacct(job_id)[0]
     return state
@@ -228,3 +228,26 @@ def test_partitioning_that_cannot_fit_is_refused_before_submitting(tmp_path):
     assert res.returncode == 2
     assert "partitioning with graph.method=metis needs about" in res.stderr and "HINT: use graph.method=random" in res.stderr
     assert "submitted" not in res.stdout
+
+
+def test_preempted_job_requeues_resumes_and_matches_an_uninterrupted_one(tmp_path):
+    """SLURM delivers USR2 to both nodes mid-epoch: checkpoint, requeue, resume, same parameters."""
+    common = ["+cluster=devcluster", "train.epochs=3"]
+    whole = run_cli(*common, cwd=tmp_path / "whole", timeout=600)
+    assert whole.returncode == 0, whole.stdout + whole.stderr
+    cut = tmp_path / "cut"
+    res = run_cli(*common, "launch.wait=false", cwd=cut, timeout=120)
+    assert res.returncode == 0, res.stderr
+    job = _job_id(res.stdout)
+    log = cut / "run" / "submitit" / f"{job}_0_log.out"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and "epoch 1/3" not in (log.read_text() if log.exists() else ""):
+        time.sleep(0.5)
+    assert "epoch 1/3" in log.read_text()
+    subprocess.run(["scancel", "--signal=USR2", job], check=True)  # to every task of the job's steps
+    assert _final_state(job, limit_s=400) == "COMPLETED"
+    text = log.read_text()
+    assert "asking submitit to requeue the job" in text and "(resume 1)" in text
+    s, ref = _summary(cut), _summary(tmp_path / "whole")
+    assert s["requeues"] == 1 and s["resumes"] == 1 and s["hostnames"] == ["n1", "n2"]
+    assert s["param_checksums"] == ref["param_checksums"]

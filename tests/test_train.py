@@ -108,3 +108,56 @@ def test_torchrun_starts_the_ranks(tmp_path, tiny_overrides):
     s = json.loads((folders[0] / "summary.json").read_text())
     assert s["launcher"] == "torchrun" and s["world_size"] == 2 and len(set(s["param_checksums"])) == 1
     assert res.stdout.count("test accuracy") == 1  # rank 0 alone prints the result
+
+
+# ------------------------------------------------------------------ preemption, resume, faults
+
+RESUME = ["dataset.num_nodes=4000", "train.epochs=3", "train.batch_size=256", "model.hidden_channels=32"]
+
+
+@pytest.mark.parametrize("graph", [[], ["graph=partitioned", "graph.cache_mb=0.1"]], ids=["replicated", "partitioned"])
+def test_preempted_run_resumes_bitwise_identically(tmp_path, graph):
+    """Rank 1 alone gets the signal mid-epoch; all ranks checkpoint, stop, and the same command resumes."""
+    whole = run_cli(*RESUME, *graph, cwd=tmp_path / "whole", timeout=300)
+    assert whole.returncode == 0, whole.stdout + whole.stderr
+    cut = [*RESUME, *graph, "debug.signal_rank=1", "debug.signal_step=5"]  # 3 steps/epoch: epoch 2, step 2
+    first = run_cli(*cut, cwd=tmp_path / "cut", timeout=300)
+    assert first.returncode == 3, first.stdout + first.stderr
+    assert "preempted: checkpoint of step 5 saved in" in first.stdout
+    assert "to resume" in first.stdout and not (tmp_path / "cut" / "run" / "summary.json").exists()
+    again = run_cli(*cut, cwd=tmp_path / "cut", timeout=300)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "resumed from" in again.stdout and "epoch 2, step 2 of 3 (resume 1)" in again.stdout
+    a, b = summary_of(tmp_path / "whole"), summary_of(tmp_path / "cut")
+    assert b["resumes"] == 1 and a["resumes"] == 0
+    assert b["param_checksums"] == a["param_checksums"]  # bitwise identical parameters on every rank
+    assert [r["loss"] for r in b["history"]] == [r["loss"] for r in a["history"]]
+
+
+def test_submitit_requeues_and_resumes_by_itself(tmp_path):
+    """submitit's local executor requeues like SLURM does: one command, interrupted, finishes."""
+    whole = run_cli(*RESUME, cwd=tmp_path / "whole", timeout=300)
+    res = run_cli("+cluster=local", *RESUME, "debug.signal_rank=0", "debug.signal_step=4", cwd=tmp_path / "cut",
+                  timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "asking submitit to requeue the job" in res.stdout and "(resume 1)" in res.stdout
+    assert summary_of(tmp_path / "cut")["param_checksums"] == summary_of(tmp_path / "whole")["param_checksums"]
+
+
+def test_too_many_timeouts_stop_requeueing_and_say_so(tmp_path):
+    # A 1-minute limit makes submitit count any signal as a time-out; none are allowed.
+    res = run_cli("+cluster=local", "cluster.time_min=1", "checkpoint.max_timeouts=0", *RESUME,
+                  "debug.signal_rank=0", "debug.signal_step=2", cwd=tmp_path, timeout=300)
+    assert res.returncode == 1
+    assert "Job not requeued because: timed-out too many times" in res.stdout + res.stderr
+    assert list((tmp_path / "run" / "checkpoints").glob("step-000000002"))  # the work is saved all the same
+
+
+def test_hanging_rank_fails_the_job_within_the_collective_timeout(tmp_path, tiny_overrides):
+    t0 = time.monotonic()
+    res = run_cli(*tiny_overrides, "debug.hang_rank=1", "debug.hang_step=2", "dist.timeout_s=10", cwd=tmp_path,
+                  timeout=300)
+    took = time.monotonic() - t0
+    assert res.returncode == 1
+    assert took < 120, took  # bounded by dist.timeout_s plus start-up, not by the job's time limit
+    assert re.search(r"failed ranks:\n  rank 0 on \S+: .*(timed out|Timed out|timeout)", res.stderr), res.stderr
