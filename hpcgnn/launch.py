@@ -100,6 +100,8 @@ def launch(cfg: RunConfig) -> int:
     from hpcgnn.data import check_available
 
     check_available(cfg.dataset)
+    if mode == "submit":
+        check_partition_capacity(cfg.cluster)
     after = None
     if cfg.graph.mode == "partitioned":
         after = _ensure_partitioned(cfg, mode)
@@ -118,6 +120,52 @@ def launch(cfg: RunConfig) -> int:
     if not cfg.launch.wait:
         return 0
     return _wait(job, cfg, after)
+
+
+def check_partition_capacity(c: ClusterConfig, sinfo: str | None = None) -> None:
+    """Before submitting: can the SLURM partition hold the job at all? (Skipped where sinfo cannot tell.)
+
+    ``sinfo`` is its output for testing; by default asked of the cluster: one line
+    ``NODES|MEMORY_MB|CPUS`` per node group of the partition.
+    """
+    from hpcgnn.config import ConfigError
+
+    if c.executor != "slurm":
+        return
+    if sinfo is None:
+        import shutil
+        import subprocess
+
+        if shutil.which("sinfo") is None:
+            return
+        args = ["sinfo", "-h", "-o", "%D|%m|%c"] + (["-p", c.partition] if c.partition else [])
+        try:
+            out = subprocess.run(args, capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            return
+        if out.returncode != 0:
+            return
+        sinfo = out.stdout
+    groups = [tuple(int(v.rstrip("+")) for v in line.split("|")) for line in sinfo.split() if line.count("|") == 2]
+    if not groups:
+        return
+    where = f"partition {c.partition}" if c.partition else "the default partition"
+    total = sum(n for n, _, _ in groups)
+    if c.nodes > total:
+        raise ConfigError(f"cluster.nodes={c.nodes} but {where} has {total} nodes. HINT: set cluster.nodes={total} "
+                          "or less, or choose another cluster.partition")
+    fit = [g for g in groups if g[2] >= c.tasks_per_node * c.cpus_per_task]
+    if not fit:
+        most = max(g[2] for g in groups)
+        raise ConfigError(f"cluster.tasks_per_node={c.tasks_per_node} x cluster.cpus_per_task={c.cpus_per_task} "
+                          f"CPUs, but the nodes of {where} have at most {most}. HINT: lower one of them")
+    biggest = max(g[1] for g in groups)
+    if c.mem_gb is not None and biggest > 1 and c.mem_gb * 1024 > biggest:  # 1 MB: RealMemory not configured
+        raise ConfigError(f"cluster.mem_gb={c.mem_gb} but the nodes of {where} have at most "
+                          f"{biggest / 1024:.1f} GB. HINT: set cluster.mem_gb={int(biggest // 1024)} or less")
+    if sum(n for n, _, cpus in fit) < c.nodes:
+        raise ConfigError(f"cluster.nodes={c.nodes} nodes with {c.tasks_per_node * c.cpus_per_task} CPUs each, but "
+                          f"{where} has only {sum(n for n, _, _ in fit)} such nodes")
 
 
 def _ensure_partitioned(cfg: RunConfig, mode: str):

@@ -11,7 +11,7 @@ import pytest
 from conftest import make_config, run_cli
 
 from hpcgnn.config import ConfigError, RunConfig, check_override_keys
-from hpcgnn.launch import render_sbatch, slurm_parameters
+from hpcgnn.launch import check_partition_capacity, render_sbatch, slurm_parameters
 
 GOLDEN = Path(__file__).parent / "golden"
 
@@ -189,3 +189,43 @@ def test_cli_in_slurm_batch_step_without_srun_shows_the_srun_line(tmp_path):
     assert res.returncode == 2
     assert "SLURM allocated 4 tasks but only this one is running" in res.stderr
     assert "srun python -m hpcgnn" in res.stderr
+
+
+SINFO = "1|256000|64\n1|512000|128\n"  # NODES|MEMORY_MB|CPUS per node group, as `sinfo -o %D|%m|%c` prints
+
+
+@pytest.mark.parametrize("override, message", [
+    ({"nodes": 3}, r"cluster.nodes=3 but partition gpu has 2 nodes. HINT: set cluster.nodes=2"),
+    ({"cpus_per_task": 40}, r"4 x cluster.cpus_per_task=40 CPUs, but the nodes of partition gpu have at most 128"),
+    ({"mem_gb": 600}, r"cluster.mem_gb=600 but the nodes of partition gpu have at most 500.0 GB"),
+    ({"nodes": 2, "cpus_per_task": 20}, r"has only 1 such nodes"),
+])
+def test_resources_beyond_the_partition_fail_before_submission(override, message):
+    c = dataclasses.replace(make_config("+cluster=example_gpu").cluster, **override)
+    with pytest.raises(ConfigError, match=message):
+        check_partition_capacity(c, sinfo=SINFO)
+
+
+def test_resources_within_the_partition_pass():
+    c = make_config("+cluster=example_gpu").cluster
+    check_partition_capacity(c, sinfo=SINFO)
+    check_partition_capacity(dataclasses.replace(c, mem_gb=10**6), sinfo="2|1|128\n")  # memory unknown: no check
+
+
+def test_golden_sbatch_with_hostile_values():
+    """Quotes, ';', '$()', backticks in every field land in the script as inert, quoted words."""
+    cfg = make_config("+cluster=example_gpu")
+    cluster = dataclasses.replace(cfg.cluster, **HOSTILE, sbatch_extra={"comment": "a b;$(id)"})
+    cfg = dataclasses.replace(cfg, cluster=cluster, run_dir="/scratch/run dir; $(touch /tmp/pwned)")
+    text = render_sbatch(cfg, python="/opt/venv/bin/python")
+    golden = (GOLDEN / "hostile.sbatch").read_text()
+    assert text == golden, "rendered sbatch changed: if intended, update tests/golden/hostile.sbatch"
+
+
+@pytest.mark.parametrize("field", ["job_name", "partition", "account"])
+def test_line_breaks_in_sbatch_values_are_refused(field):
+    """A newline would end the #SBATCH line and start a shell line (setup lines are shell on purpose)."""
+    cfg = make_config("+cluster=example_gpu")
+    bad = dataclasses.replace(cfg, cluster=dataclasses.replace(cfg.cluster, **{field: "gpu\n#SBATCH --wrap=id"}))
+    with pytest.raises(ConfigError, match=f"cluster.{field}=.* contains a line break: sbatch options must be one line"):
+        bad.validate()

@@ -251,3 +251,12 @@ def test_preempted_job_requeues_resumes_and_matches_an_uninterrupted_one(tmp_pat
     s, ref = _summary(cut), _summary(tmp_path / "whole")
     assert s["requeues"] == 1 and s["resumes"] == 1 and s["hostnames"] == ["n1", "n2"]
     assert s["param_checksums"] == ref["param_checksums"]
+
+
+def test_more_nodes_than_the_partition_has_is_refused_before_submitting(tmp_path):
+    before = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True).stdout
+    res = run_cli("+cluster=devcluster", "cluster.nodes=3", cwd=tmp_path, timeout=120)
+    assert res.returncode == 2
+    assert "cluster.nodes=3 but partition debug has 2 nodes. HINT: set cluster.nodes=2" in res.stderr
+    assert "submitted" not in res.stdout
+    assert subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True).stdout == before
