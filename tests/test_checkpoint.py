@@ -10,7 +10,7 @@ import pytest
 import torch
 from conftest import make_config
 
-from hpcgnn.checkpoint import CheckpointError, Checkpointer, PreemptionFlag, rng_state, set_rng_state
+from hpcgnn.checkpoint import Checkpointer, CheckpointError, PreemptionFlag, rng_state, set_rng_state
 from hpcgnn.env import RankEnv
 
 SINGLE = RankEnv.from_environ({}, (20000, 32767), 0)

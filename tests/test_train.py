@@ -137,6 +137,7 @@ def test_preempted_run_resumes_bitwise_identically(tmp_path, graph):
 def test_submitit_requeues_and_resumes_by_itself(tmp_path):
     """submitit's local executor requeues like SLURM does: one command, interrupted, finishes."""
     whole = run_cli(*RESUME, cwd=tmp_path / "whole", timeout=300)
+    assert whole.returncode == 0, whole.stderr
     res = run_cli("+cluster=local", *RESUME, "debug.signal_rank=0", "debug.signal_step=4", cwd=tmp_path / "cut",
                   timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
@@ -161,3 +162,12 @@ def test_hanging_rank_fails_the_job_within_the_collective_timeout(tmp_path, tiny
     assert res.returncode == 1
     assert took < 120, took  # bounded by dist.timeout_s plus start-up, not by the job's time limit
     assert re.search(r"failed ranks:\n  rank 0 on \S+: .*(timed out|Timed out|timeout)", res.stderr), res.stderr
+
+
+def test_periodic_checkpoints_keep_the_newest(tmp_path):
+    res = run_cli(*RESUME, "checkpoint.every_steps=2", "checkpoint.keep=2", cwd=tmp_path, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    kept = sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir())
+    assert kept == ["step-000000006", "step-000000008"]  # 9 steps: saved at 2, 4, 6, 8
+    manifest = json.loads((tmp_path / "run" / "checkpoints" / kept[-1] / "MANIFEST.json").read_text())
+    assert set(manifest["files"]) == {"common.pt", "rank-0.pt", "rank-1.pt"}

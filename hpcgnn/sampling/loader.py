@@ -39,8 +39,11 @@ def keep_freed_memory() -> bool:
     name = ctypes.util.find_library("c")
     try:
         libc = ctypes.CDLL(name)
-        m_trim_threshold, m_mmap_max = -1, -4
-        return bool(libc.mallopt(m_mmap_max, 0)) and bool(libc.mallopt(m_trim_threshold, 2**40))
+        m_trim_threshold, m_mmap_max, m_arena_max = -1, -4, -8
+        # One arena: blocks freed by the training thread serve the prefetch thread's next batch
+        # (a thread's own arena could not grow past 64 MB without mmap).
+        return all(libc.mallopt(opt, value) for opt, value in
+                   ((m_mmap_max, 0), (m_trim_threshold, 2**40), (m_arena_max, 1)))
     except (OSError, AttributeError):
         return False
 
