@@ -116,7 +116,7 @@ class ClusterConfig:
 @dataclass(frozen=True)
 class LaunchConfig:
     dry_run: bool = False  # print the job script and the resolved config, submit nothing
-    wait: bool = True  # wait for the job and print its result; false: print job id and folder, return
+    wait: Optional[bool] = None  # wait for the job(s) and print the result; default: a run waits, a sweep (-m) does not
     procs: int = 2  # processes on this machine when no +cluster is given
     poll_s: float = 2.0  # seconds between checks for result files while waiting
     state_poll_s: float = 10.0  # seconds between asking the scheduler (sacct) for the job state
@@ -133,11 +133,21 @@ class CheckpointConfig:
 
 
 @dataclass(frozen=True)
+class MetricsConfig:
+    every_steps: int = 1  # write a step record (JSON lines, TensorBoard) every N steps
+    straggler_factor: float = 1.5  # warn when a rank's p95 step time exceeds the median rank's by this factor
+    tensorboard: bool = True  # rank 0 writes <run_dir>/tensorboard
+    progress_bar: str = "auto"  # auto (on a terminal only) | on | off; rank 0 only
+
+
+@dataclass(frozen=True)
 class DebugConfig:
     fail_rank: int = -1  # fault injection for tests: this rank raises ...
     fail_step: int = 1  # ... just before this (1-based, global) training step
     hang_rank: int = -1  # this rank stops responding (sleeps) ...
     hang_step: int = 1  # ... just before this step
+    slow_rank: int = -1  # this rank sleeps debug.slow_s before every step (a straggler)
+    slow_s: float = 0.0
     signal_rank: int = -1  # this rank sends itself checkpoint.signal ...
     signal_step: int = 1  # ... just before this step (a preemption, in-process)
 
@@ -151,6 +161,7 @@ class RunConfig:
     dist: DistConfig = field(default_factory=DistConfig)
     launch: LaunchConfig = field(default_factory=LaunchConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
     debug: DebugConfig = field(default_factory=DebugConfig)
     cluster: Optional[ClusterConfig] = None  # absent: run launch.procs processes on this machine
     run_dir: str = "${hydra:runtime.output_dir}"  # where logs, summary.json and job files go
@@ -194,6 +205,10 @@ class RunConfig:
             raise ConfigError(f"train.prefetch={t.prefetch} must be 0 (off) or more batches")
         if t.lr <= 0:
             raise ConfigError(f"train.lr={t.lr} must be positive")
+        if self.metrics.progress_bar not in ("auto", "on", "off"):
+            raise ConfigError(f"metrics.progress_bar={self.metrics.progress_bar!r} is unknown: use auto, on or off")
+        if self.metrics.every_steps < 1 or self.metrics.straggler_factor <= 1:
+            raise ConfigError("metrics.every_steps must be at least 1 and metrics.straggler_factor above 1")
         if t.lr_schedule not in ("constant", "cosine"):
             raise ConfigError(f"train.lr_schedule={t.lr_schedule!r} is unknown: use constant or cosine")
         c = self.checkpoint

@@ -117,7 +117,7 @@ def launch(cfg: RunConfig) -> int:
     print(f"submitted job {job.job_id} to {cfg.cluster.name} ({cfg.world_size} tasks)"
           f"{f', after partitioning job {after.job_id}' if after is not None else ''}; output folder: {cfg.run_dir}",
           flush=True)
-    if not cfg.launch.wait:
+    if cfg.launch.wait is False:
         return 0
     return _wait(job, cfg, after)
 

@@ -9,17 +9,20 @@ import logging
 import os
 import signal
 import socket
+import sys
 import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
+from tqdm import tqdm
 
 from hpcgnn import dist
 from hpcgnn.checkpoint import Checkpointer, Preempted, PreemptionFlag, rng_state, set_rng_state
 from hpcgnn.config import RunConfig
 from hpcgnn.env import RankEnv
+from hpcgnn.metrics import AllreduceTimer, StepMetrics
 from hpcgnn.models import build_model, forward_batch
 from hpcgnn.sampling import NodeLoader, PrefetchLoader
 from hpcgnn.stores import open_store
@@ -67,6 +70,8 @@ def _debug_hooks(cfg: RunConfig, env: RankEnv, step: int) -> None:
         log.warning("rank %d hangs at step %d (debug.hang_rank)", env.rank, step)
         while True:
             time.sleep(3600)
+    if env.rank == d.slow_rank:
+        time.sleep(d.slow_s)
     if env.rank == d.signal_rank and step == d.signal_step:
         os.kill(os.getpid(), getattr(signal, f"SIG{cfg.checkpoint.signal}"))
 
@@ -108,9 +113,14 @@ def train(cfg: RunConfig, env: RankEnv, device: torch.device) -> dict:
         if env.is_main:
             log.info("resumed from %s: epoch %d, step %d of %d (resume %d)", resume_from, cur["epoch"],
                      cur["step_in_epoch"], steps, cur["resumes"])
-    ddp = model
+    ddp, allreduce = model, AllreduceTimer()
     if env.world_size > 1:
         ddp = DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
+        ddp.register_comm_hook(None, allreduce.hook)
+    m = cfg.metrics
+    metrics = StepMetrics(cfg.run_dir, env.rank, device, m.every_steps, m.straggler_factor, m.tensorboard)
+    host = socket.gethostname()
+    bar = env.is_main and (m.progress_bar == "on" or (m.progress_bar == "auto" and sys.stdout.isatty()))
     if env.is_main:
         log.info("training %s on %d rank(s), %s graph: %d steps/epoch of %d seeds per rank, fanouts %s",
                  cfg.model.name, env.world_size, store.mode, steps, t.batch_size, list(t.fanouts))
@@ -131,16 +141,29 @@ def train(cfg: RunConfig, env: RankEnv, device: torch.device) -> dict:
                                 batch_seed=_seed(t.seed, epoch, env.rank), start=cur["step_in_epoch"])
             t0 = time.perf_counter()
             # Closed on any exit, so the prefetch thread is joined before an exception leaves the loop.
-            with contextlib.closing(iter(PrefetchLoader(loader, t.prefetch) if t.prefetch else loader)) as batches:
+            batches = iter(PrefetchLoader(loader, t.prefetch) if t.prefetch else loader)
+            if bar:
+                batches = tqdm(batches, total=steps, initial=cur["step_in_epoch"], desc=f"epoch {epoch}/{t.epochs}",
+                               leave=False, dynamic_ncols=True)
+            with contextlib.closing(batches):
+                t_ready = time.perf_counter()
                 for data in batches:
-                    _debug_hooks(cfg, env, cur["step"] + 1)
+                    _debug_hooks(cfg, env, cur["step"] + 1)  # (a straggler's sleep counts as its wait)
+                    t1 = metrics.sync()
+                    phases = {"wait_s": t1 - t_ready - data.h2d_s, "h2d_s": data.h2d_s, "sample_s": data.sample_s,
+                              "gather_s": data.gather_s}
                     opt.zero_grad(set_to_none=True)
                     logits = forward_batch(ddp, data)
                     y = data.y[: data.batch_size]
                     loss = F.cross_entropy(logits, y)
+                    t2 = metrics.sync()
                     loss.backward()
+                    t3 = metrics.sync()
                     opt.step()
                     sched.step()
+                    t4 = metrics.sync()
+                    phases.update(forward_s=t2 - t1, backward_s=t3 - t2, allreduce_s=allreduce.span(), optimizer_s=t4 - t3)
+                    metrics.record(cur["step"] + 1, epoch, phases, data, loss.item())
                     sums += torch.tensor([loss.item() * y.numel(), (logits.argmax(-1) == y).sum().item(), y.numel(), 1])
                     cur["step"] += 1
                     cur["step_in_epoch"] += 1
@@ -155,6 +178,7 @@ def train(cfg: RunConfig, env: RankEnv, device: torch.device) -> dict:
                             raise Preempted(cur["step"], folder)
                         if env.is_main:
                             log.info("checkpoint: %s", folder)
+                    t_ready = time.perf_counter()
             elapsed = torch.tensor([epoch_time + time.perf_counter() - t0])
             if int(sums[3]) != steps:  # an invariant of the seed schedule; a mismatch would hang DDP next epoch
                 raise RuntimeError(f"rank {env.rank} ran {int(sums[3])} steps, expected {steps}")
@@ -162,9 +186,12 @@ def train(cfg: RunConfig, env: RankEnv, device: torch.device) -> dict:
             dist.all_reduce_max(elapsed)
             cur["train_time"] += elapsed.item()
             cur["seeds_done"] += int(sums[2])
+            epoch_metrics = metrics.end_epoch(epoch, host)
             row = {"epoch": epoch, "loss": sums[0].item() / sums[2].item(),
                    "train_acc": sums[1].item() / sums[2].item(), "seeds_per_s": sums[2].item() / elapsed.item(),
-                   "epoch_s": elapsed.item(), "lr": sched.get_last_lr()[0], **store.stats()}
+                   "edges_per_s": sum(r["edges"] for r in epoch_metrics["ranks"]) / elapsed.item(),
+                   "epoch_s": elapsed.item(), "lr": sched.get_last_lr()[0], "balance": epoch_metrics["balance"],
+                   "peak_mem_mb": max(r["peak_mem_mb"] for r in epoch_metrics["ranks"]), **store.stats()}
             if epoch % t.eval_every == 0 or epoch == t.epochs:
                 row["val_acc"] = evaluate(model, store, "val", cfg, env, device)
                 row["test_acc"] = evaluate(model, store, "test", cfg, env, device)
@@ -172,13 +199,19 @@ def train(cfg: RunConfig, env: RankEnv, device: torch.device) -> dict:
                 if row["val_acc"] > cur["best"]["val_acc"]:
                     cur["best"] = {"val_acc": row["val_acc"], "test_acc": row["test_acc"], "epoch": epoch}
             cur["history"].append(row)
+            metrics.epoch_scalars(row)
             cur["epoch"], cur["step_in_epoch"] = epoch + 1, 0
+            if env.is_main:  # what `python -m hpcgnn.status` shows while the run goes on
+                write_json(Path(cfg.run_dir) / "progress.json",
+                           {"epochs": t.epochs, "history": cur["history"], "best_val_acc": cur["best"]["val_acc"],
+                            "test_acc": cur["best"]["test_acc"], "best_epoch": cur["best"]["epoch"]})
             if env.is_main:
                 evals = f" | val {row['val_acc']:.4f} | test {row['test_acc']:.4f}" if "val_acc" in row else ""
                 log.info("epoch %d/%d | loss %.4f | train acc %.4f%s | %.0f seeds/s", epoch, t.epochs, row["loss"],
                          row["train_acc"], evals, row["seeds_per_s"])
     finally:
         preempt.restore()
+        metrics.close()
 
     history, best = cur["history"], cur["best"]
     train_time, seeds_done = cur["train_time"], cur["seeds_done"]
@@ -222,12 +255,15 @@ def train(cfg: RunConfig, env: RankEnv, device: torch.device) -> dict:
 
 
 def write_summary(summary: dict, run_dir: Path) -> Path:
-    """Write ``summary.json`` atomically: readers never see half a file."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    path = run_dir / "summary.json"
+    return write_json(run_dir / "summary.json", summary)
+
+
+def write_json(path: Path, data: dict) -> Path:
+    """Write ``path`` atomically: readers never see half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".tmp{os.getpid()}")
     with open(tmp, "w") as f:
-        json.dump(summary, f, indent=2)
+        json.dump(data, f, indent=2)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)

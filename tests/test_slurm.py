@@ -260,3 +260,39 @@ def test_more_nodes_than_the_partition_has_is_refused_before_submitting(tmp_path
     assert "cluster.nodes=3 but partition debug has 2 nodes. HINT: set cluster.nodes=2" in res.stderr
     assert "submitted" not in res.stdout
     assert subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True).stdout == before
+
+
+def test_sweep_is_one_job_array_submitted_in_seconds_and_status_follows_it(tmp_path):
+    sweep = tmp_path / "sweep"
+    t0 = time.monotonic()
+    res = subprocess.run([sys.executable, "-m", "hpcgnn", "-m", "model=sage,gcn", "train.lr=1e-3,3e-3",
+                          "+cluster=devcluster", "dataset.num_nodes=4000", "train.epochs=2", f"dataset.root={DATA_ROOT}",
+                          f"hydra.sweep.dir={sweep}"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    took = time.monotonic() - t0
+    assert res.returncode == 0, res.stdout + res.stderr
+    m = re.search(r"submitted a sweep of 4 members to devcluster as 1 job array\(s\) \((\d+)\)", res.stdout)
+    assert m, res.stdout
+    assert took < 120, took  # returned without waiting for the jobs (generous bound for a loaded CI machine)
+    manifest = json.loads((sweep / "manifest.json").read_text())
+    assert [e["job_id"] for e in manifest["members"]] == [f"{m.group(1)}_{i}" for i in range(4)]
+    st = subprocess.run([sys.executable, "-m", "hpcgnn.status", str(sweep), "--wait", "--poll-s", "2"],
+                        capture_output=True, text=True, timeout=900)
+    assert st.returncode == 0, st.stdout + st.stderr
+    rows = st.stdout.strip().splitlines()[1:]
+    assert len(rows) == 4 and all("COMPLETED" in r and "2/2" in r for r in rows), st.stdout
+    for e in manifest["members"]:
+        assert json.loads((Path(e["run_dir"]) / "summary.json").read_text())["hostnames"] == ["n1", "n2"]
+
+
+def test_cluster_init_describes_the_dev_cluster_and_its_file_runs_a_job(tmp_path):
+    env = {**os.environ, "HPCGNN_CONFIG_DIR": str(tmp_path / "conf")}
+    res = subprocess.run([sys.executable, "-m", "hpcgnn.cluster", "init", "discovered"], capture_output=True,
+                         text=True, timeout=120, env=env)
+    assert res.returncode == 0, res.stderr
+    text = (tmp_path / "conf" / "cluster" / "discovered.yaml").read_text()
+    for line in ("partition: debug", "nodes: 2  # of 2", "cpus_per_task: 4", "gpus_per_node: 0", "mem_gb: 7"):
+        assert line in text, text
+    run = run_cli("+cluster=discovered", "cluster.cpus_per_task=1", "dataset.num_nodes=4000", "train.epochs=1",
+                  cwd=tmp_path, timeout=600, env={"HPCGNN_CONFIG_DIR": str(tmp_path / "conf")})
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert _summary(tmp_path)["hostnames"] == ["n1", "n2"]

@@ -171,3 +171,29 @@ def test_periodic_checkpoints_keep_the_newest(tmp_path):
     assert kept == ["step-000000006", "step-000000008"]  # 9 steps: saved at 2, 4, 6, 8
     manifest = json.loads((tmp_path / "run" / "checkpoints" / kept[-1] / "MANIFEST.json").read_text())
     assert set(manifest["files"]) == {"common.pt", "rank-0.pt", "rank-1.pt"}
+
+
+def test_metrics_split_every_step_and_name_the_straggler(tmp_path):
+    from hpcgnn.metrics import PHASES
+
+    res = run_cli(*RESUME, "train.epochs=2", "debug.slow_rank=1", "debug.slow_s=0.4", "metrics.progress_bar=on",
+                  cwd=tmp_path, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    run = tmp_path / "run"
+    for rank in (0, 1):
+        records = [json.loads(line) for line in (run / "metrics" / f"rank-{rank}.jsonl").read_text().splitlines()]
+        assert [r["step"] for r in records] == list(range(1, 7))  # 3 steps x 2 epochs
+        for r in records:
+            assert set(PHASES) <= set(r) and all(r[k] >= 0 for k in PHASES)
+            assert r["edges"] > 0 and r["seeds"] == 256 and r["peak_mem_mb"] > 0
+        if rank == 1:  # the sleep before each step is the slow rank's own time, not a wait for others
+            assert min(r["busy_s"] for r in records[1:]) >= 0.4
+    epochs = [json.loads(line) for line in (run / "metrics" / "epochs.jsonl").read_text().splitlines()]
+    assert [e["epoch"] for e in epochs] == [1, 2] and len(epochs[-1]["ranks"]) == 2
+    s = summary_of(tmp_path)
+    bal = s["history"][-1]["balance"]
+    assert bal["step_time_max_over_mean"] > 1.2 and bal["edges_cv"] < 0.2
+    assert [w["rank"] for w in bal["stragglers"]] == [1]
+    assert re.search(r"straggler: rank 1 on \S+: p95 busy step time [\d.]+ s is [\d.]+x the median", res.stdout)
+    assert list((run / "tensorboard").glob("events.out.tfevents.*"))
+    assert "epoch 1/2" in res.stderr  # the progress bar (on a terminal it is on by default)

@@ -40,7 +40,7 @@ def main(argv: list[str]) -> int:
         from hpcgnn.launch import submit_partition, wait_partition
 
         job = submit_partition(cfg)
-        return wait_partition(job, cfg) if cfg.launch.wait else 0
+        return wait_partition(job, cfg) if cfg.launch.wait is not False else 0
     except ConfigError as exc:
         print(f"hpcgnn: {exc}", file=sys.stderr)
         return 2

@@ -14,6 +14,7 @@ import functools
 import math
 import queue
 import threading
+import time
 from collections.abc import Iterator
 
 import torch
@@ -85,7 +86,8 @@ class NodeLoader:
 
     ``Data`` fields: ``x``, ``edge_index``, ``y`` (labels; at least of the seeds), ``n_id``,
     ``batch_size`` (seeds are the first nodes), ``num_sampled_nodes`` and
-    ``num_sampled_edges`` (per hop, for ``trim_to_layer``).
+    ``num_sampled_edges`` (per hop, for ``trim_to_layer``), and how long the batch's making
+    took: ``sample_s``, ``gather_s`` (on the host) and ``h2d_s`` (the copy to the device).
 
     ``features``: a Graph, or anything with ``gather(n_id, batch_size) -> (x, y)`` (the
     partitioned store fetches remote rows there). ``num_batches``: yield empty batches after
@@ -129,18 +131,24 @@ class NodeLoader:
 
     def sample(self, seeds: Tensor, generator: torch.Generator | None = None) -> Data:
         """One batch on the host: sampled subgraph, gathered features and labels."""
+        t0 = time.perf_counter()
         out = self.sampler.sample(seeds, generator if generator is not None else self.generator)
+        t1 = time.perf_counter()
         x, y = self.features.gather(out.n_id.cpu(), out.batch_size)
         if self.pin_memory:  # page-locked, so the copy to the GPU can run asynchronously
             x, y = x.pin_memory(), y.pin_memory()
         return Data(x=x, edge_index=out.edge_index, y=y, n_id=out.n_id, batch_size=out.batch_size,
-                    num_sampled_nodes=list(out.num_sampled_nodes), num_sampled_edges=list(out.num_sampled_edges))
+                    num_sampled_nodes=list(out.num_sampled_nodes), num_sampled_edges=list(out.num_sampled_edges),
+                    sample_s=t1 - t0, gather_s=time.perf_counter() - t1)
 
 
 def to_device(data: Data, device: torch.device | None) -> Data:
-    if device is None or device.type == "cpu":
-        return data
-    return data.to(device, non_blocking=True)
+    """The batch on ``device`` (non-blocking from pinned memory), with the copy's time in ``h2d_s``."""
+    t0 = time.perf_counter()
+    if device is not None and device.type != "cpu":
+        data = data.to(device, non_blocking=True)
+    data.h2d_s = time.perf_counter() - t0
+    return data
 
 
 _END = object()

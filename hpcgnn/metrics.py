@@ -1,0 +1,176 @@
+"""Where a step's time goes, per rank, and which rank holds the others up.
+
+Per step and rank (``<run_dir>/metrics/rank-<r>.jsonl``): waiting for the loader, and of
+the batch's making (in the prefetch thread, overlapped) sampling and feature gathering;
+the host-to-device copy, forward, backward, the gradient all-reduce (the span from the
+first bucket's launch to the last bucket's completion, measured by a DDP comm hook; it
+overlaps backward), the optimizer; seeds, sampled nodes and edges, peak memory.
+
+Per epoch, across ranks (``<run_dir>/metrics/epochs.jsonl``, ``summary.json``'s history,
+TensorBoard): load balance as max/mean and coefficient of variation of the ranks' mean
+busy step time and sampled edges, and a straggler warning naming the host when a rank's p95
+busy step time (the step without the all-reduce, in which a fast rank waits for the slow
+one) exceeds the median rank's by ``metrics.straggler_factor``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import resource
+import statistics
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+from hpcgnn import dist
+
+log = logging.getLogger(__name__)
+
+PHASES = ("wait_s", "sample_s", "gather_s", "h2d_s", "forward_s", "backward_s", "allreduce_s", "optimizer_s")
+# The phases of the training thread, one after the other (sampling and gathering overlap them in the
+# prefetch thread; the all-reduce overlaps backward).
+ON_THE_CLOCK = ("wait_s", "h2d_s", "forward_s", "backward_s", "optimizer_s")
+
+
+class AllreduceTimer:
+    """A DDP comm hook doing the default all-reduce, recording when buckets start and finish."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.first: float | None = None
+        self.last: float | None = None
+
+    def span(self) -> float:
+        with self.lock:
+            s = (self.last - self.first) if self.first is not None and self.last is not None else 0.0
+            self.first = self.last = None
+        return s
+
+    def hook(self, process_group, bucket):
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+        with self.lock:
+            if self.first is None:
+                self.first = time.perf_counter()
+        fut = allreduce_hook(process_group, bucket)
+
+        def done(f):
+            with self.lock:
+                self.last = time.perf_counter()
+            return f.value()[0] if isinstance(f.value(), list) else f.value()
+
+        return fut.then(done)
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+class StepMetrics:
+    """Collects one rank's step records; writes them as JSON lines; summarises epochs across ranks."""
+
+    def __init__(self, run_dir: str, rank: int, device: torch.device, every_steps: int, straggler_factor: float,
+                 tensorboard: bool):
+        self.folder = Path(run_dir) / "metrics"
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.rank, self.device, self.every = rank, device, max(every_steps, 1)
+        self.factor = straggler_factor
+        self.file = open(self.folder / f"rank-{rank}.jsonl", "a")  # appended across resumes
+        self.epoch_steps: list[dict] = []
+        self.writer = None
+        if tensorboard and rank == 0:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self.writer = SummaryWriter(log_dir=str(Path(run_dir) / "tensorboard"))
+            except ImportError as exc:  # tensorboard missing: metrics still go to the JSON lines
+                log.warning("TensorBoard disabled: %s", exc)
+
+    def sync(self) -> float:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
+    def record(self, step: int, epoch: int, phases: dict, data, loss: float) -> None:
+        rec = {"step": step, "epoch": epoch, **{k: round(float(phases.get(k, 0.0)), 6) for k in PHASES}}
+        rec["step_s"] = round(sum(rec[k] for k in ON_THE_CLOCK), 6)
+        # Busy: the step without the gradient all-reduce, where a fast rank waits for a slow one.
+        rec["busy_s"] = round(max(rec["step_s"] - rec["allreduce_s"], 0.0), 6)
+        rec.update({
+               "seeds": int(data.batch_size), "nodes": int(data.num_nodes), "edges": int(data.edge_index.size(1)),
+               "loss": loss, "peak_mem_mb": round(peak_memory_mb(self.device), 1), "time": time.time()})
+        self.epoch_steps.append(rec)
+        if step % self.every == 0:
+            self.file.write(json.dumps(rec) + "\n")
+        if self.writer is not None and step % self.every == 0:
+            self.writer.add_scalar("train/loss", loss, step)
+            self.writer.add_scalar("time/step_s", rec["step_s"], step)
+
+    def end_epoch(self, epoch: int, host: str) -> dict:
+        """Collective: per-rank summaries gathered, balance and stragglers computed (same on all ranks)."""
+        self.file.flush()
+        steps = self.epoch_steps
+        self.epoch_steps = []
+        times = [r["step_s"] for r in steps] or [0.0]
+        busy = sorted(r["busy_s"] for r in steps) or [0.0]
+        total = sum(times)
+        mine = {"rank": self.rank, "host": host, "mean_step_s": total / len(times),
+                "mean_busy_s": sum(busy) / len(busy), "p95_busy_s": busy[min(len(busy) - 1, int(0.95 * len(busy)))],
+                "edges": sum(r["edges"] for r in steps),
+                "phases": {k: sum(r[k] for r in steps) for k in PHASES},
+                "edges_per_s": sum(r["edges"] for r in steps) / total if total else 0.0,
+                "peak_mem_mb": max((r["peak_mem_mb"] for r in steps), default=0.0)}
+        ranks = dist.all_gather_object(mine)
+        out = {"epoch": epoch, "balance": balance(ranks, self.factor), "ranks": ranks}
+        if self.rank == 0:
+            with open(self.folder / "epochs.jsonl", "a") as f:
+                f.write(json.dumps(out) + "\n")
+            for warning in out["balance"]["stragglers"]:
+                log.warning("straggler: rank %d on %s: p95 busy step time %.3f s is %.1fx the median rank's %.3f s "
+                            "(metrics.straggler_factor=%.1f)", warning["rank"], warning["host"], warning["p95_busy_s"],
+                            warning["ratio"], warning["median_p95_busy_s"], self.factor)
+        return out
+
+    def epoch_scalars(self, row: dict) -> None:
+        if self.writer is None:
+            return
+        for key in ("loss", "train_acc", "val_acc", "test_acc", "seeds_per_s", "lr"):
+            if key in row:
+                self.writer.add_scalar(f"epoch/{key}", row[key], row["epoch"])
+        for key, value in row.get("balance", {}).items():
+            if isinstance(value, (int, float)):
+                self.writer.add_scalar(f"balance/{key}", value, row["epoch"])
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.file.close()
+        if self.writer is not None:
+            self.writer.close()
+
+
+def _cv(values: list[float]) -> float:
+    mean = statistics.fmean(values) if values else 0.0
+    return statistics.pstdev(values) / mean if mean else 0.0
+
+
+def balance(ranks: list[dict], factor: float) -> dict:
+    """Load balance of one epoch: max/mean and CV of busy step time and edges; stragglers by p95 busy time.
+
+    Busy time leaves out the gradient all-reduce: under DDP every rank's step lasts as long as
+    the slowest one's, but only the slow rank is busy for all of it.
+    """
+    step = [r["mean_busy_s"] for r in ranks]
+    edges = [float(r["edges"]) for r in ranks]
+    p95 = [r["p95_busy_s"] for r in ranks]
+    median = statistics.median(p95) if p95 else 0.0
+    stragglers = [{"rank": r["rank"], "host": r["host"], "p95_busy_s": r["p95_busy_s"], "median_p95_busy_s": median,
+                   "ratio": r["p95_busy_s"] / median} for r in ranks if median > 0 and r["p95_busy_s"] > factor * median]
+    return {"step_time_max_over_mean": max(step) / statistics.fmean(step) if step and statistics.fmean(step) else 1.0,
+            "step_time_cv": _cv(step),
+            "edges_max_over_mean": max(edges) / statistics.fmean(edges) if edges and statistics.fmean(edges) else 1.0,
+            "edges_cv": _cv(edges), "stragglers": stragglers}

@@ -1,0 +1,150 @@
+"""``python -m hpcgnn.report RUN_OR_SWEEP_DIR``: the figures of a run or a sweep, as PNG files.
+
+A run folder (``summary.json`` or ``progress.json``, ``metrics/``) gives:
+- ``curves.png``: loss and train/val/test accuracy per epoch;
+- ``phases.png``: per rank, the time of one epoch split into its phases (stacked bars);
+- ``balance.png``: per epoch, max/mean and CV of the ranks' busy step time and sampled edges.
+
+A sweep folder (``manifest.json``) gives ``sweep.png``: throughput and best accuracy per member.
+The notebooks in ``notebooks/`` draw the same figures with the same functions. Only the
+folders are read: nothing is recomputed, nothing needs the cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from hpcgnn.metrics import PHASES
+
+
+def load_run(run_dir: Path) -> dict:
+    """The run's summary (or its progress so far) and its per-epoch metrics."""
+    run_dir = Path(run_dir)
+    for name in ("summary.json", "progress.json"):
+        if (run_dir / name).is_file():
+            run = json.loads((run_dir / name).read_text())
+            break
+    else:
+        raise FileNotFoundError(f"{run_dir} holds neither summary.json nor progress.json: not a run folder")
+    epochs_file = run_dir / "metrics" / "epochs.jsonl"
+    run["epoch_metrics"] = ([json.loads(line) for line in epochs_file.read_text().splitlines() if line.strip()]
+                            if epochs_file.is_file() else [])
+    return run
+
+
+def load_sweep(sweep_dir: Path) -> list[dict]:
+    """One row per member: its overrides and, when it has run, its summary."""
+    manifest = json.loads((Path(sweep_dir) / "manifest.json").read_text())
+    members = manifest["members"]
+    shared = set.intersection(*(set(m["overrides"]) for m in members)) if members else set()
+    rows = []
+    for m in members:  # labelled by what varies across the sweep
+        row = {"member": m["member"], "label": " ".join(o for o in m["overrides"] if o not in shared)}
+        path = Path(m["run_dir"]) / "summary.json"
+        if path.is_file():
+            s = json.loads(path.read_text())
+            row.update(test_acc=s["test_acc"], val_acc=s["best_val_acc"], seeds_per_s=s["seeds_per_s"])
+        rows.append(row)
+    return rows
+
+
+def plot_curves(run: dict, ax_loss, ax_acc) -> None:
+    hist = run["history"]
+    epochs = [r["epoch"] for r in hist]
+    ax_loss.plot(epochs, [r["loss"] for r in hist], marker="o")
+    ax_loss.set(xlabel="epoch", ylabel="training loss", title="loss")
+    for key in ("train_acc", "val_acc", "test_acc"):
+        pts = [(r["epoch"], r[key]) for r in hist if key in r]
+        if pts:
+            ax_acc.plot(*zip(*pts, strict=True), marker="o", label=key.replace("_acc", ""))
+    ax_acc.set(xlabel="epoch", ylabel="accuracy", title="accuracy")
+    ax_acc.legend()
+
+
+def plot_phases(run: dict, ax) -> None:
+    """Stacked bars: seconds per phase per rank, summed over the last epoch."""
+    if not run["epoch_metrics"]:
+        ax.set_title("no metrics/epochs.jsonl")
+        return
+    ranks = run["epoch_metrics"][-1]["ranks"]
+    bottom = [0.0] * len(ranks)
+    labels = [f"rank {r['rank']}\n{r['host']}" for r in ranks]
+    for phase in PHASES:
+        values = [r["phases"][phase] for r in ranks]
+        ax.bar(labels, values, bottom=bottom, label=phase.removesuffix("_s"))
+        bottom = [b + v for b, v in zip(bottom, values, strict=True)]
+    ax.set(ylabel="seconds (last epoch)", title="time per phase and rank (sample/gather overlap in the prefetch thread)")
+    ax.legend(fontsize="small", ncol=2)
+
+
+def plot_balance(run: dict, ax) -> None:
+    em = run["epoch_metrics"]
+    epochs = [e["epoch"] for e in em]
+    for key in ("step_time_max_over_mean", "step_time_cv", "edges_max_over_mean", "edges_cv"):
+        ax.plot(epochs, [e["balance"][key] for e in em], marker="o", label=key)
+    ax.set(xlabel="epoch", title="load balance across ranks (1 / 0 = perfect)")
+    ax.legend(fontsize="small")
+
+
+def plot_sweep(rows: list[dict], ax_thr, ax_acc) -> None:
+    done = [r for r in rows if "test_acc" in r]
+    labels = [f"{r['member']}: {r['label']}" for r in done]
+    ax_thr.barh(labels, [r["seeds_per_s"] for r in done])
+    ax_thr.set(xlabel="seeds/s", title="throughput per member")
+    ax_acc.barh(labels, [r["test_acc"] for r in done], label="test")
+    ax_acc.set(xlabel="test accuracy (at best val)", title="accuracy per member")
+
+
+def write_report(folder: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    folder = Path(folder)
+    written = []
+    if (folder / "manifest.json").is_file():
+        rows = load_sweep(folder)
+        fig, (a, b) = plt.subplots(1, 2, figsize=(12, 1.5 + 0.5 * len(rows)), constrained_layout=True)
+        plot_sweep(rows, a, b)
+        written.append(_save(fig, folder / "sweep.png"))
+        return written
+    run = load_run(folder)
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4), constrained_layout=True)
+    plot_curves(run, a, b)
+    written.append(_save(fig, folder / "curves.png"))
+    fig, ax = plt.subplots(figsize=(8, 5), constrained_layout=True)
+    plot_phases(run, ax)
+    written.append(_save(fig, folder / "phases.png"))
+    fig, ax = plt.subplots(figsize=(8, 4), constrained_layout=True)
+    plot_balance(run, ax)
+    written.append(_save(fig, folder / "balance.png"))
+    return written
+
+
+def _save(fig, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1 or argv[0] in ("-h", "--help"):
+        print(__doc__.strip(), file=sys.stderr)
+        return 2
+    try:
+        paths = write_report(Path(argv[0]))
+    except (FileNotFoundError, ValueError, KeyError) as exc:
+        print(f"hpcgnn: {exc}", file=sys.stderr)
+        return 2
+    for p in paths:
+        print(p)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

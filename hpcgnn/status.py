@@ -1,0 +1,10 @@
+"""``python -m hpcgnn.status SWEEP_DIR [--wait]``: the members of a sweep, their state and best accuracy."""
+
+from __future__ import annotations
+
+import sys
+
+from hpcgnn.sweep import status_main
+
+if __name__ == "__main__":
+    sys.exit(status_main(sys.argv[1:]))

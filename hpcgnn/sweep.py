@@ -1,0 +1,192 @@
+"""Sweeps: ``python -m hpcgnn -m model=sage,gat train.lr=1e-3,3e-3 +cluster=NAME``.
+
+Hydra expands the sweep and gives every member its own output folder and resolved
+config (``.hydra/``); hpcgnn collects the members, validates them all, and only then
+submits: members with the same cluster resources go out together as one SLURM job
+array (submitit's ``executor.batch()``), others as arrays of their own. The command
+returns at once with the sweep folder, whose ``manifest.json`` lists members, job ids,
+overrides and run folders; ``python -m hpcgnn.status SWEEP_DIR`` reads it at any later
+time, from any shell. Without a cluster the members run here one after another.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hpcgnn.config import RunConfig
+
+MANIFEST = "manifest.json"
+FINAL_STATES = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED",
+                "BOOT_FAIL", "DEADLINE")
+
+
+@dataclass
+class SweepMember:
+    num: int
+    overrides: list[str]
+    cfg: RunConfig
+    job_id: str | None = None
+    state: str = "PENDING"
+    extra: dict = field(default_factory=dict)
+
+
+def write_manifest(sweep_dir: Path, members: list[SweepMember], cluster: str | None) -> Path:
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    data = {"created": time.strftime("%Y-%m-%d %H:%M:%S"), "cluster": cluster, "command": sys.argv,
+            "members": [{"member": m.num, "overrides": m.overrides, "run_dir": m.cfg.run_dir, "job_id": m.job_id,
+                         "state": m.state} for m in members]}
+    path = sweep_dir / MANIFEST
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(data, indent=2))
+    os.replace(tmp, path)
+    return path
+
+
+def launch_sweep(members: list[SweepMember], sweep_dir: Path) -> int:
+    """Submit (or run here) every member; returns the exit code."""
+    from hpcgnn.launch import check_partition_capacity, launch, make_executor
+
+    members = sorted(members, key=lambda m: m.num)
+    first = members[0].cfg
+    if first.cluster is None:
+        write_manifest(sweep_dir, members, None)
+        print(f"sweep of {len(members)} members, run here one after another; sweep folder: {sweep_dir}", flush=True)
+        worst = 0
+        for m in members:
+            print(f"--- member {m.num}: {' '.join(m.overrides)}", flush=True)
+            code = launch(m.cfg)
+            m.state = "COMPLETED" if code == 0 else "FAILED"
+            write_manifest(sweep_dir, members, None)
+            worst = max(worst, code)
+        return worst
+
+    from hpcgnn.data import check_available
+    from hpcgnn.job import run_task
+
+    for m in members:  # everything checked before the first submission
+        check_available(m.cfg.dataset)
+        if m.cfg.cluster is not None and m.cfg.cluster.executor == "slurm":
+            check_partition_capacity(m.cfg.cluster)
+    groups: dict[str, list[SweepMember]] = {}
+    single: list[SweepMember] = []
+    for m in members:
+        if m.cfg.cluster is None or _needs_partition_job(m.cfg):
+            single.append(m)
+        else:
+            groups.setdefault(json.dumps(dataclasses.asdict(m.cfg.cluster), sort_keys=True), []).append(m)
+    for group in groups.values():
+        # One executor (folder and resources) per array; each member keeps its own run folder.
+        array_cfg = dataclasses.replace(group[0].cfg, run_dir=str(sweep_dir))
+        ex = make_executor(array_cfg)
+        with ex.batch():
+            jobs = [ex.submit(run_task, m.cfg) for m in group]
+        for m, job in zip(group, jobs, strict=True):
+            m.job_id = str(job.job_id)
+    for m in single:  # parts to make first: their own job, after a partitioning job
+        code = launch(dataclasses.replace(m.cfg, launch=dataclasses.replace(m.cfg.launch, wait=False)))
+        m.state = "SUBMITTED" if code == 0 else "FAILED"
+    path = write_manifest(sweep_dir, members, first.cluster.name)
+    arrays = {m.job_id.split("_")[0] for m in members if m.job_id}
+    print(f"submitted a sweep of {len(members)} members to {first.cluster.name} as {len(arrays)} job array(s) "
+          f"({', '.join(sorted(arrays))}); sweep folder: {sweep_dir}", flush=True)
+    print(f"manifest: {path}\nfollow it with: python -m hpcgnn.status {sweep_dir}", flush=True)
+    if first.launch.wait is True:
+        return status_main([str(sweep_dir), "--wait"])
+    return 0
+
+
+def _needs_partition_job(cfg: RunConfig) -> bool:
+    if cfg.graph.mode != "partitioned":
+        return False
+    from hpcgnn.partition import parts_ready
+
+    return not parts_ready(cfg.dataset, cfg.graph, cfg.graph.num_parts or cfg.world_size)
+
+
+# ------------------------------------------------------------------------------------- status
+
+
+def slurm_states(job_ids: list[str]) -> dict[str, str]:
+    """State of each SLURM job id (array members as ``ID_i``), from sacct, else squeue."""
+    ids = [j for j in job_ids if j]
+    if not ids:
+        return {}
+    states: dict[str, str] = {}
+    try:
+        out = subprocess.run(["sacct", "-n", "-P", "-X", "-j", ",".join(ids), "-o", "JobID,State"],
+                             capture_output=True, text=True, timeout=60)
+        for line in out.stdout.splitlines():
+            jid, _, state = line.partition("|")
+            states[jid.strip()] = state.split()[0] if state.strip() else "UNKNOWN"
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    return states
+
+
+def member_row(entry: dict, state: str) -> dict:
+    run = Path(entry["run_dir"])
+    row = {"member": entry["member"], "overrides": " ".join(entry["overrides"]), "state": state,
+           "epochs": "-", "val": "-", "test": "-", "seeds_per_s": "-"}
+    progress = None
+    for name in ("summary.json", "progress.json"):
+        try:
+            progress = json.loads((run / name).read_text())
+            break
+        except (OSError, ValueError):
+            continue
+    if progress:
+        history = progress.get("history", [])
+        row["epochs"] = f"{len(history)}/{progress.get('epochs', '?')}"
+        best = progress.get("best_val_acc")
+        if best is not None and best >= 0:
+            row["val"] = f"{best:.4f}"
+            row["test"] = f"{progress.get('test_acc', 0.0):.4f}"
+        if history:
+            row["seeds_per_s"] = f"{history[-1].get('seeds_per_s', 0):.0f}"
+    if (run / "summary.json").exists() and state in ("UNKNOWN", "PENDING", "SUBMITTED", "RUNNING"):
+        row["state"] = "COMPLETED" if state != "RUNNING" else state
+    elif (run / "failures").is_dir() and state in ("UNKNOWN", "SUBMITTED"):
+        row["state"] = "FAILED"
+    return row
+
+
+def status_table(sweep_dir: Path) -> tuple[str, list[dict]]:
+    manifest = json.loads((sweep_dir / MANIFEST).read_text())
+    entries = manifest["members"]
+    states = slurm_states([e["job_id"] for e in entries if e.get("job_id")]) if manifest.get("cluster") else {}
+    rows = [member_row(e, states.get(str(e.get("job_id")), e.get("state", "UNKNOWN"))) for e in entries]
+    cols = ("member", "overrides", "state", "epochs", "val", "test", "seeds_per_s")
+    heads = ("member", "overrides", "state", "epochs", "best val", "test", "seeds/s")
+    widths = [max(len(h), *(len(str(r[c])) for r in rows)) for c, h in zip(cols, heads, strict=True)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(heads, widths, strict=True))]
+    lines += ["  ".join(str(r[c]).ljust(w) for c, w in zip(cols, widths, strict=True)) for r in rows]
+    return "\n".join(lines), rows
+
+
+def status_main(argv: list[str]) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m hpcgnn.status",
+                                 description="State, progress and best accuracy of every member of a sweep.")
+    ap.add_argument("sweep_dir", type=Path)
+    ap.add_argument("--wait", action="store_true", help="wait until every member has ended")
+    ap.add_argument("--poll-s", type=float, default=10.0)
+    args = ap.parse_args(argv)
+    if not (args.sweep_dir / MANIFEST).is_file():
+        print(f"hpcgnn: {args.sweep_dir / MANIFEST} not found: give the sweep folder that `python -m hpcgnn -m` "
+              "printed", file=sys.stderr)
+        return 2
+    while True:
+        table, rows = status_table(args.sweep_dir)
+        done = all(r["state"] in FINAL_STATES for r in rows)
+        if done or not args.wait:
+            print(table, flush=True)
+            return 0 if all(r["state"] == "COMPLETED" for r in rows) or not done else 1
+        time.sleep(args.poll_s)
