@@ -16,8 +16,6 @@ import json
 import sys
 from pathlib import Path
 
-from hpcgnn.metrics import PHASES
-
 
 def load_run(run_dir: Path) -> dict:
     """The run's summary (or its progress so far) and its per-epoch metrics."""
@@ -64,18 +62,26 @@ def plot_curves(run: dict, ax_loss, ax_acc) -> None:
 
 
 def plot_phases(run: dict, ax) -> None:
-    """Stacked bars: seconds per phase per rank, summed over the last epoch."""
+    """Per rank, two stacked bars over the last epoch: the training thread's phases (which add up to
+    its time: backward is drawn without the all-reduce span it overlaps) and the prefetch thread's."""
     if not run["epoch_metrics"]:
         ax.set_title("no metrics/epochs.jsonl")
         return
     ranks = run["epoch_metrics"][-1]["ranks"]
-    bottom = [0.0] * len(ranks)
-    labels = [f"rank {r['rank']}\n{r['host']}" for r in ranks]
-    for phase in PHASES:
-        values = [r["phases"][phase] for r in ranks]
-        ax.bar(labels, values, bottom=bottom, label=phase.removesuffix("_s"))
-        bottom = [b + v for b, v in zip(bottom, values, strict=True)]
-    ax.set(ylabel="seconds (last epoch)", title="time per phase and rank (sample/gather overlap in the prefetch thread)")
+    x = list(range(len(ranks)))
+    train = {"wait": [r["phases"]["wait_s"] for r in ranks], "h2d": [r["phases"]["h2d_s"] for r in ranks],
+             "forward": [r["phases"]["forward_s"] for r in ranks],
+             "backward": [max(r["phases"]["backward_s"] - r["phases"]["allreduce_s"], 0.0) for r in ranks],
+             "all-reduce": [min(r["phases"]["allreduce_s"], r["phases"]["backward_s"]) for r in ranks],
+             "optimizer": [r["phases"]["optimizer_s"] for r in ranks]}
+    prefetch = {"sample": [r["phases"]["sample_s"] for r in ranks], "gather": [r["phases"]["gather_s"] for r in ranks]}
+    for offset, stack, hatch in ((-0.2, train, None), (0.2, prefetch, "//")):
+        bottom = [0.0] * len(ranks)
+        for name, values in stack.items():
+            ax.bar([i + offset for i in x], values, width=0.38, bottom=bottom, label=name, hatch=hatch)
+            bottom = [b + v for b, v in zip(bottom, values, strict=True)]
+    ax.set_xticks(x, [f"rank {r['rank']} ({r['host']})\ntraining | prefetch" for r in ranks])
+    ax.set(ylabel="seconds (last epoch)", title="where each rank's time goes")
     ax.legend(fontsize="small", ncol=2)
 
 
