@@ -24,7 +24,7 @@ run: $(STAMP)
 	$(PY) -m hpcgnn $(ARGS)
 
 test: $(STAMP)
-	$(PY) -m pytest -q -ra tests $(ARGS)
+	$(PY) -m pytest -q -ra --durations=12 tests $(ARGS)
 
 lint: $(STAMP)
 	$(PY) -m ruff check hpcgnn hydra_plugins tests benchmarks

@@ -232,7 +232,9 @@ def test_partitioning_that_cannot_fit_is_refused_before_submitting(tmp_path):
 
 def test_preempted_job_requeues_resumes_and_matches_an_uninterrupted_one(tmp_path):
     """SLURM delivers USR2 to both nodes mid-epoch: checkpoint, requeue, resume, same parameters."""
-    common = ["+cluster=devcluster", "train.epochs=3"]
+    # Small, with rank 0 sleeping 0.1 s per step (it changes no parameter) so an epoch lasts a few seconds.
+    common = ["+cluster=devcluster", "train.epochs=3", "dataset.num_nodes=20000", "train.batch_size=128",
+              "debug.slow_rank=0", "debug.slow_s=0.1"]
     whole = run_cli(*common, cwd=tmp_path / "whole", timeout=600)
     assert whole.returncode == 0, whole.stdout + whole.stderr
     cut = tmp_path / "cut"

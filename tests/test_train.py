@@ -185,7 +185,8 @@ def test_metrics_split_every_step_and_name_the_straggler(tmp_path):
         assert [r["step"] for r in records] == list(range(1, 7))  # 3 steps x 2 epochs
         for r in records:
             assert set(PHASES) <= set(r) and all(r[k] >= 0 for k in PHASES)
-            assert r["edges"] > 0 and r["seeds"] == 256 and r["peak_mem_mb"] > 0
+            assert r["edges"] > 0 and 0 < r["seeds"] <= 256 and r["peak_mem_mb"] > 0
+        assert sum(r["seeds"] for r in records[:3]) == 600  # 1200 training nodes over 2 ranks
         if rank == 1:  # the sleep before each step is the slow rank's own time, not a wait for others
             assert min(r["busy_s"] for r in records[1:]) >= 0.4
     epochs = [json.loads(line) for line in (run / "metrics" / "epochs.jsonl").read_text().splitlines()]
