@@ -73,6 +73,14 @@ class TrainConfig:
     lr: float = 3e-3  # Adam learning rate
     weight_decay: float = 0.0  # Adam weight decay
     lr_schedule: str = "constant"  # constant | cosine (decays to 0 over all steps of the run)
+    lr_scaling: str = "none"  # none | linear | sqrt: multiply lr by (ranks x accumulate), or its square root
+    warmup: float = 0.0  # linear LR warmup over this fraction of all optimizer steps
+    accumulate: int = 1  # micro-batches per optimizer step (DDP all-reduces once per step)
+    precision: str = "fp32"  # fp32 | bf16 (autocast, CPU or GPU) | fp16 (autocast + gradient scaler, GPU)
+    grad_compression: str = "none"  # none | fp16 | bf16 | powersgd: DDP communication hook
+    powersgd_rank: int = 2  # grad_compression=powersgd: rank of the low-rank approximation
+    eval_mode: str = "sampled"  # sampled (like training) | full (layer-wise, all neighbours: exact)
+    eval_chunk: int = 8192  # eval_mode=full: target nodes per chunk
     seed: int = 0  # seeds the model init, the seed order and the sampler
     eval_every: int = 1  # evaluate on val/test every N epochs (and after the last)
     eval_batch_size: int = 2048  # seed nodes per evaluation step
@@ -209,6 +217,20 @@ class RunConfig:
             raise ConfigError(f"metrics.progress_bar={self.metrics.progress_bar!r} is unknown: use auto, on or off")
         if self.metrics.every_steps < 1 or self.metrics.straggler_factor <= 1:
             raise ConfigError("metrics.every_steps must be at least 1 and metrics.straggler_factor above 1")
+        for key, value, allowed in (("train.lr_scaling", t.lr_scaling, ("none", "linear", "sqrt")),
+                                    ("train.precision", t.precision, ("fp32", "bf16", "fp16")),
+                                    ("train.grad_compression", t.grad_compression, ("none", "fp16", "bf16", "powersgd")),
+                                    ("train.eval_mode", t.eval_mode, ("sampled", "full"))):
+            if value not in allowed:
+                raise ConfigError(f"{key}={value!r} is unknown: use one of {', '.join(allowed)}")
+        if t.accumulate < 1 or t.powersgd_rank < 1 or t.eval_chunk < 1:
+            raise ConfigError("train.accumulate, train.powersgd_rank and train.eval_chunk must be at least 1")
+        if not 0 <= t.warmup < 1:
+            raise ConfigError(f"train.warmup={t.warmup} must be a fraction of the steps in [0, 1)")
+        if t.eval_mode == "full" and (self.graph.mode != "replicated" or m.name not in ("sage", "gin", "gat", "mlp")):
+            raise ConfigError(f"train.eval_mode=full needs graph=replicated and model sage, gin, gat or mlp (GCN's "
+                              f"normalisation needs every source's degree); got graph.mode={self.graph.mode}, "
+                              f"model={m.name}. HINT: train.eval_mode=sampled")
         if t.lr_schedule not in ("constant", "cosine"):
             raise ConfigError(f"train.lr_schedule={t.lr_schedule!r} is unknown: use constant or cosine")
         c = self.checkpoint

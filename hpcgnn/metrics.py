@@ -19,7 +19,6 @@ import json
 import logging
 import resource
 import statistics
-import threading
 import time
 from pathlib import Path
 
@@ -33,36 +32,6 @@ PHASES = ("wait_s", "sample_s", "gather_s", "h2d_s", "forward_s", "backward_s", 
 # The phases of the training thread, one after the other (sampling and gathering overlap them in the
 # prefetch thread; the all-reduce overlaps backward).
 ON_THE_CLOCK = ("wait_s", "h2d_s", "forward_s", "backward_s", "optimizer_s")
-
-
-class AllreduceTimer:
-    """A DDP comm hook doing the default all-reduce, recording when buckets start and finish."""
-
-    def __init__(self):
-        self.lock = threading.Lock()
-        self.first: float | None = None
-        self.last: float | None = None
-
-    def span(self) -> float:
-        with self.lock:
-            s = (self.last - self.first) if self.first is not None and self.last is not None else 0.0
-            self.first = self.last = None
-        return s
-
-    def hook(self, process_group, bucket):
-        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
-
-        with self.lock:
-            if self.first is None:
-                self.first = time.perf_counter()
-        fut = allreduce_hook(process_group, bucket)
-
-        def done(f):
-            with self.lock:
-                self.last = time.perf_counter()
-            return f.value()[0] if isinstance(f.value(), list) else f.value()
-
-        return fut.then(done)
 
 
 def peak_memory_mb(device: torch.device) -> float:

@@ -48,7 +48,7 @@ def forward_batch(model: torch.nn.Module, data) -> Tensor:
     given the per-hop counts: the last layer computes the seeds only.
     """
     inner = getattr(model, "module", model)
-    if getattr(inner, "supports_trim", True):
+    if getattr(inner, "supports_trim", True) and "num_sampled_nodes" in data:
         out = model(data.x, data.edge_index, num_sampled_nodes_per_hop=data.num_sampled_nodes,
                     num_sampled_edges_per_hop=data.num_sampled_edges)
     else:

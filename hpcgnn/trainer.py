@@ -6,6 +6,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import math
 import os
 import signal
 import socket
@@ -22,10 +23,19 @@ from hpcgnn import dist
 from hpcgnn.checkpoint import Checkpointer, Preempted, PreemptionFlag, rng_state, set_rng_state
 from hpcgnn.config import RunConfig
 from hpcgnn.env import RankEnv
-from hpcgnn.metrics import AllreduceTimer, StepMetrics
+from hpcgnn.metrics import StepMetrics
 from hpcgnn.models import build_model, forward_batch
 from hpcgnn.sampling import NodeLoader, PrefetchLoader
 from hpcgnn.stores import open_store
+from hpcgnn.techniques import (
+    CommHook,
+    autocast,
+    effective_lr,
+    grad_scaler,
+    group_sizes,
+    layerwise_inference,
+    make_scheduler,
+)
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +64,18 @@ def evaluate(model: torch.nn.Module, store, split: str, cfg: RunConfig, env: Ran
     return (counts[0] / counts[1]).item()
 
 
+def evaluate_splits(model: torch.nn.Module, store, cfg: RunConfig, env: RankEnv, device: torch.device) -> dict:
+    """Validation and test accuracy: sampled like training, or exact (``train.eval_mode=full``)."""
+    if cfg.train.eval_mode == "sampled":
+        return {f"{split}_acc": evaluate(model, store, split, cfg, env, device) for split in ("val", "test")}
+    g = store.graph
+    with autocast(cfg.train.precision, device):
+        logits = layerwise_inference(model, g, device, cfg.train.eval_chunk, env.rank, env.world_size)
+    pred = logits.argmax(-1)
+    return {f"{split}_acc": (pred[idx] == g.y[idx]).double().mean().item()
+            for split, idx in (("val", g.val_idx), ("test", g.test_idx))}
+
+
 def param_checksum(model: torch.nn.Module) -> str:
     h = hashlib.sha256()
     for p in model.parameters():
@@ -76,10 +98,34 @@ def _debug_hooks(cfg: RunConfig, env: RankEnv, step: int) -> None:
         os.kill(os.getpid(), getattr(signal, f"SIG{cfg.checkpoint.signal}"))
 
 
-def make_scheduler(opt: torch.optim.Optimizer, t, total_steps: int) -> torch.optim.lr_scheduler.LRScheduler:
-    if t.lr_schedule == "cosine":
-        return torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(total_steps, 1))
-    return torch.optim.lr_scheduler.ConstantLR(opt, factor=1.0, total_iters=0)
+def micro_step(ddp: torch.nn.Module, data, weight: float, precision: str, device: torch.device, scaler,
+               sync: bool = True) -> tuple[torch.Tensor, torch.Tensor, float, float]:
+    """Forward and backward of one micro-batch, its loss weighted by its share of the step's seeds.
+
+    ``sync=False`` runs backward under DDP's ``no_sync``: gradients accumulate locally and the
+    all-reduce happens once, with the last micro-batch of the step. Returns the unweighted
+    loss, the logits, and the forward and backward seconds.
+    """
+    t0 = time.perf_counter()
+    with autocast(precision, device):
+        logits = forward_batch(ddp, data)
+        loss = F.cross_entropy(logits.float(), data.y[: data.batch_size])
+    t1 = time.perf_counter()
+    scaled = loss * weight
+    no_sync = getattr(ddp, "no_sync", None)
+    with no_sync() if (no_sync is not None and not sync) else contextlib.nullcontext():
+        (scaler.scale(scaled) if scaler is not None else scaled).backward()
+    return loss.detach(), logits.detach(), t1 - t0, time.perf_counter() - t1
+
+
+def optimizer_step(opt: torch.optim.Optimizer, sched, scaler) -> None:
+    if scaler is not None:
+        scaler.step(opt)
+        scaler.update()
+    else:
+        opt.step()
+    sched.step()
+    opt.zero_grad(set_to_none=True)
 
 
 def train(cfg: RunConfig, env: RankEnv, device: torch.device) -> dict:
@@ -96,8 +142,11 @@ def train(cfg: RunConfig, env: RankEnv, device: torch.device) -> dict:
 
     torch.manual_seed(t.seed)  # same initial weights everywhere (DDP broadcasts rank 0's anyway)
     model = build_model(cfg.model, store.num_features, store.num_classes, len(t.fanouts)).to(device)
-    opt = torch.optim.Adam(model.parameters(), lr=t.lr, weight_decay=t.weight_decay)
-    sched = make_scheduler(opt, t, steps * t.epochs)
+    lr = effective_lr(t.lr, t.lr_scaling, env.world_size, t.accumulate)
+    opt = torch.optim.Adam(model.parameters(), lr=lr, weight_decay=t.weight_decay)
+    opt_steps = math.ceil(steps / t.accumulate)  # optimizer steps per epoch
+    sched = make_scheduler(opt, t.lr_schedule, opt_steps * t.epochs, t.warmup)
+    scaler = grad_scaler(t.precision, device)
     ckpt = Checkpointer(cfg, env)
     cur = {"epoch": 1, "step_in_epoch": 0, "step": 0, "history": [], "train_time": 0.0, "seeds_done": 0,
            "best": {"val_acc": -1.0, "test_acc": 0.0, "epoch": 0}, "resumes": 0}
@@ -108,15 +157,18 @@ def train(cfg: RunConfig, env: RankEnv, device: torch.device) -> dict:
         model.load_state_dict(common["model"])
         opt.load_state_dict(common["optimizer"])
         sched.load_state_dict(common["scheduler"])
+        if scaler is not None and "scaler" in common:
+            scaler.load_state_dict(common["scaler"])
         cur = {**common["cursor"], "resumes": common["cursor"]["resumes"] + 1}
         set_rng_state(mine["rng"])
         if env.is_main:
             log.info("resumed from %s: epoch %d, step %d of %d (resume %d)", resume_from, cur["epoch"],
                      cur["step_in_epoch"], steps, cur["resumes"])
-    ddp, allreduce = model, AllreduceTimer()
+    ddp, hook = model, CommHook(t.grad_compression, t.powersgd_rank)
     if env.world_size > 1:
         ddp = DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
-        ddp.register_comm_hook(None, allreduce.hook)
+        ddp.register_comm_hook(hook.state, hook)
+    allreduce_bytes = []
     m = cfg.metrics
     metrics = StepMetrics(cfg.run_dir, env.rank, device, m.every_steps, m.straggler_factor, m.tensorboard)
     host = socket.gethostname()
@@ -124,6 +176,10 @@ def train(cfg: RunConfig, env: RankEnv, device: torch.device) -> dict:
     if env.is_main:
         log.info("training %s on %d rank(s), %s graph: %d steps/epoch of %d seeds per rank, fanouts %s",
                  cfg.model.name, env.world_size, store.mode, steps, t.batch_size, list(t.fanouts))
+        log.info("global batch %d seeds (%d ranks x %d micro-batches x %d), lr %.3g (train.lr %.3g, scaling %s, "
+                 "warmup %d steps), %s, gradient all-reduce: %s", env.world_size * t.accumulate * t.batch_size,
+                 env.world_size, t.accumulate, t.batch_size, lr, t.lr, t.lr_scaling, int(t.warmup * opt_steps * t.epochs),
+                 t.precision, t.grad_compression)
 
     preempt = PreemptionFlag(cfg.checkpoint.signal)
     try:
@@ -136,6 +192,7 @@ def train(cfg: RunConfig, env: RankEnv, device: torch.device) -> dict:
                 seeds = store.train_seeds(torch.Generator().manual_seed(_seed(t.seed, epoch)))
                 sums, epoch_time, cur["step_in_epoch"] = torch.zeros(4, dtype=torch.float64), 0.0, 0
             mine = {}
+            groups = group_sizes(seeds.numel(), t.batch_size, steps, t.accumulate)  # seeds per optimizer step
             loader = NodeLoader(store.features, store.sampler, seeds, t.batch_size, device=device,
                                 pin_memory=device.type == "cuda", num_batches=steps,
                                 batch_seed=_seed(t.seed, epoch, env.rank), start=cur["step_in_epoch"])
@@ -152,28 +209,36 @@ def train(cfg: RunConfig, env: RankEnv, device: torch.device) -> dict:
                     t1 = metrics.sync()
                     phases = {"wait_s": t1 - t_ready - data.h2d_s, "h2d_s": data.h2d_s, "sample_s": data.sample_s,
                               "gather_s": data.gather_s}
-                    opt.zero_grad(set_to_none=True)
-                    logits = forward_batch(ddp, data)
-                    y = data.y[: data.batch_size]
-                    loss = F.cross_entropy(logits, y)
-                    t2 = metrics.sync()
-                    loss.backward()
+                    i = cur["step_in_epoch"]
+                    last = (i + 1) % t.accumulate == 0 or i + 1 == steps  # the micro-batch that ends a step
+                    weight = data.batch_size / max(groups[i // t.accumulate], 1)
+                    loss, logits, phases["forward_s"], phases["backward_s"] = micro_step(
+                        ddp, data, weight, t.precision, device, scaler, sync=last)
                     t3 = metrics.sync()
-                    opt.step()
-                    sched.step()
-                    t4 = metrics.sync()
-                    phases.update(forward_s=t2 - t1, backward_s=t3 - t2, allreduce_s=allreduce.span(), optimizer_s=t4 - t3)
+                    if last:
+                        optimizer_step(opt, sched, scaler)
+                    phases["optimizer_s"] = metrics.sync() - t3
+                    phases["allreduce_s"], sent = hook.take()
+                    if last and env.world_size > 1:
+                        allreduce_bytes.append(sent)
                     metrics.record(cur["step"] + 1, epoch, phases, data, loss.item())
+                    y = data.y[: data.batch_size]
                     sums += torch.tensor([loss.item() * y.numel(), (logits.argmax(-1) == y).sum().item(), y.numel(), 1])
                     cur["step"] += 1
                     cur["step_in_epoch"] += 1
+                    if not last:  # checkpoints fall between optimizer steps, never inside one
+                        t_ready = time.perf_counter()
+                        continue
                     # All ranks agree on whether to checkpoint now: a signal may have reached only some.
                     flags = dist.all_reduce_max(torch.tensor([int(preempt.raised), int(ckpt.periodic_due(cur["step"]))]))
                     if int(flags.sum()):
                         elapsed = epoch_time + time.perf_counter() - t0
-                        folder = ckpt.save(cur["step"], {"model": model.state_dict(), "optimizer": opt.state_dict(),
-                                                         "scheduler": sched.state_dict(), "cursor": dict(cur, epoch=epoch)},
-                                           {"seeds": seeds, "sums": sums, "epoch_time": elapsed, "rng": rng_state()})
+                        state = {"model": model.state_dict(), "optimizer": opt.state_dict(),
+                                 "scheduler": sched.state_dict(), "cursor": dict(cur, epoch=epoch)}
+                        if scaler is not None:
+                            state["scaler"] = scaler.state_dict()
+                        folder = ckpt.save(cur["step"], state, {"seeds": seeds, "sums": sums, "epoch_time": elapsed,
+                                                                "rng": rng_state()})
                         if int(flags[0]):
                             raise Preempted(cur["step"], folder)
                         if env.is_main:
@@ -193,8 +258,7 @@ def train(cfg: RunConfig, env: RankEnv, device: torch.device) -> dict:
                    "epoch_s": elapsed.item(), "lr": sched.get_last_lr()[0], "balance": epoch_metrics["balance"],
                    "peak_mem_mb": max(r["peak_mem_mb"] for r in epoch_metrics["ranks"]), **store.stats()}
             if epoch % t.eval_every == 0 or epoch == t.epochs:
-                row["val_acc"] = evaluate(model, store, "val", cfg, env, device)
-                row["test_acc"] = evaluate(model, store, "test", cfg, env, device)
+                row.update(evaluate_splits(model, store, cfg, env, device))
                 store.stats()  # evaluation traffic is not training traffic
                 if row["val_acc"] > cur["best"]["val_acc"]:
                     cur["best"] = {"val_acc": row["val_acc"], "test_acc": row["test_acc"], "epoch": epoch}
@@ -235,6 +299,12 @@ def train(cfg: RunConfig, env: RankEnv, device: torch.device) -> dict:
         "backend": dist.pick_backend(cfg.dist, device) if env.world_size > 1 else "none",
         "device": str(device),
         "dataset": cfg.dataset.name,
+        "effective_lr": lr,
+        "global_batch": env.world_size * t.accumulate * t.batch_size,
+        "precision": t.precision,
+        "grad_compression": t.grad_compression,
+        "allreduce_bytes_per_step": sum(allreduce_bytes) / len(allreduce_bytes) if allreduce_bytes else 0,
+        "eval_mode": t.eval_mode,
         "graph_mode": store.mode,
         "resident_graph_bytes": dist.all_gather_object(store.resident_bytes()),
         "model": cfg.model.name,

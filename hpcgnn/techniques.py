@@ -1,0 +1,214 @@
+"""Training techniques at scale: LR scaling and warmup, accumulation, mixed precision,
+gradient compression, and exact (full-neighbourhood) layer-wise inference.
+
+Each is a ``train.*`` option; the trainer calls these helpers and records what they did
+(effective LR and batch, bytes per all-reduce) in ``summary.json``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import threading
+import time
+
+import torch
+from torch import Tensor
+
+from hpcgnn import dist
+
+# --------------------------------------------------------------------------- LR and its schedule
+
+
+def effective_lr(lr: float, scaling: str, world_size: int, accumulate: int = 1) -> float:
+    """``lr`` is for one rank and one micro-batch; the global batch grows with ranks x accumulation."""
+    k = world_size * accumulate
+    if scaling == "linear":
+        return lr * k
+    if scaling == "sqrt":
+        return lr * math.sqrt(k)
+    return lr
+
+
+def lr_multiplier(step: int, total: int, warmup: int, schedule: str) -> float:
+    """Linear warmup over ``warmup`` optimizer steps, then constant or cosine down to 0 at ``total``."""
+    if warmup and step < warmup:
+        return (step + 1) / warmup
+    if schedule == "cosine":
+        done = (step - warmup) / max(total - warmup, 1)
+        return 0.5 * (1.0 + math.cos(math.pi * min(done, 1.0)))
+    return 1.0
+
+
+def make_scheduler(opt: torch.optim.Optimizer, schedule: str, total_steps: int, warmup_fraction: float):
+    """A LambdaLR (its state is plain numbers: checkpoints load it with weights_only)."""
+    warmup = int(warmup_fraction * total_steps)
+    return torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_multiplier(s, total_steps, warmup, schedule))
+
+
+# --------------------------------------------------------------------------- mixed precision
+
+
+def autocast(precision: str, device: torch.device):
+    """bf16 autocast on CPU or GPU, fp16 on GPU; fp32: nothing."""
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def grad_scaler(precision: str, device: torch.device):
+    """fp16 needs loss scaling against underflow; bf16 has fp32's range and does not."""
+    if precision != "fp16":
+        return None
+    if device.type != "cuda":
+        raise RuntimeError("train.precision=fp16 needs a GPU: use bf16 on CPU")
+    return torch.amp.GradScaler("cuda")
+
+
+# --------------------------------------------------------------------------- gradient all-reduce
+
+
+class CommHook:
+    """DDP's gradient all-reduce, optionally compressed, with its time span and bytes counted.
+
+    ``none``: the default all-reduce; ``fp16``/``bf16``: buckets cast for the wire and back;
+    ``powersgd``: low-rank PowerSGD with error feedback (``powersgd_rank``). ``bytes`` is
+    what one rank contributes per all-reduce (PowerSGD: its P and Q factors plus the
+    uncompressed vectors, an estimate of what goes on the wire).
+    """
+
+    def __init__(self, compression: str = "none", powersgd_rank: int = 2, process_group=None):
+        self.compression = compression
+        self.lock = threading.Lock()
+        self.first: float | None = None
+        self.last: float | None = None
+        self.sent = 0
+        self.state = None
+        if compression == "powersgd":
+            from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
+
+            self.state = powerSGD_hook.PowerSGDState(process_group=process_group, matrix_approximation_rank=powersgd_rank,
+                                                     start_powerSGD_iter=2, use_error_feedback=True, warm_start=True)
+            self.rank = powersgd_rank
+
+    def take(self) -> tuple[float, int]:
+        """(seconds from the first bucket's launch to the last one's completion, bytes) since the last call."""
+        with self.lock:
+            span = (self.last - self.first) if self.first is not None and self.last is not None else 0.0
+            sent, self.first, self.last, self.sent = self.sent, None, None, 0
+        return span, sent
+
+    def _bytes(self, bucket) -> int:
+        if self.compression in ("fp16", "bf16"):
+            return bucket.buffer().numel() * 2
+        if self.compression == "powersgd":
+            total = 0
+            for g in bucket.gradients():
+                if g.dim() > 1:
+                    n, m = g.shape[0], g[0].numel()
+                    total += (n + m) * min(self.rank, n, m) * g.element_size()
+                else:
+                    total += g.numel() * g.element_size()
+            return total
+        return bucket.buffer().numel() * bucket.buffer().element_size()
+
+    def __call__(self, state, bucket):
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+
+        with self.lock:
+            if self.first is None:
+                self.first = time.perf_counter()
+            self.sent += self._bytes(bucket)
+        if self.compression == "fp16":
+            fut = default_hooks.fp16_compress_hook(None, bucket)
+        elif self.compression == "bf16":
+            fut = default_hooks.bf16_compress_hook(None, bucket)
+        elif self.compression == "powersgd":
+            fut = powerSGD_hook.powerSGD_hook(self.state, bucket)
+        else:
+            fut = default_hooks.allreduce_hook(None, bucket)
+
+        def done(f):
+            with self.lock:
+                self.last = time.perf_counter()
+            value = f.value()
+            return value[0] if isinstance(value, list) else value
+
+        return fut.then(done)
+
+
+# --------------------------------------------------------------------------- accumulation
+
+
+def group_sizes(num_seeds: int, batch_size: int, num_batches: int, accumulate: int) -> list[int]:
+    """Seeds per optimizer step: micro-batches taken ``accumulate`` at a time (the last group may be short)."""
+    sizes = [max(0, min(batch_size, num_seeds - i * batch_size)) for i in range(num_batches)]
+    return [sum(sizes[i:i + accumulate]) for i in range(0, num_batches, accumulate)]
+
+
+# --------------------------------------------------------------------------- exact inference
+
+FULL_INFERENCE_MODELS = ("sage", "gin", "gat", "mlp")
+
+
+@torch.no_grad()
+def layerwise_inference(model: torch.nn.Module, graph, device: torch.device, chunk_size: int, rank: int,
+                        world_size: int) -> Tensor:
+    """Logits of every node with full neighbourhoods, layer by layer (no sampling: exact).
+
+    Each layer is computed for all nodes, in chunks of target nodes with all their
+    in-neighbours; ranks share the nodes and all-gather each layer's output, which the
+    next layer reads. Exact for models whose aggregation sees only a target's in-edges
+    (GraphSAGE, GIN, GAT); GCN's normalisation would need every source's degree.
+    """
+    from hpcgnn.models import MLPBaseline
+
+    model.eval()
+    n = graph.num_nodes
+    if isinstance(model, MLPBaseline):
+        return _sharded(lambda lo, hi: model(graph.x[lo:hi].to(device), None).float().cpu(), n, chunk_size, rank,
+                        world_size)
+    x = graph.x
+    last = len(model.convs) - 1
+    for i, conv in enumerate(model.convs):
+        def layer(lo: int, hi: int, x=x, i=i, conv=conv) -> Tensor:
+            targets = torch.arange(lo, hi)
+            start, end = graph.rowptr[lo], graph.rowptr[hi]
+            nbr = graph.col[start:end]
+            dst = torch.repeat_interleave(torch.arange(hi - lo), graph.rowptr[lo + 1:hi + 1] - graph.rowptr[lo:hi])
+            nodes, inverse = torch.unique(torch.cat([targets, nbr]), return_inverse=True)
+            # Targets first, as convolutions with root weights expect: reorder so nodes[:hi-lo] are the targets.
+            order = torch.cat([inverse[: hi - lo], _others(nodes.numel(), inverse[: hi - lo])])
+            remap = torch.empty_like(order)
+            remap[order] = torch.arange(order.numel())
+            src = remap[inverse[hi - lo:]]
+            edge_index = torch.stack([src, dst]).to(device)
+            h = conv(x.index_select(0, nodes[order]).to(device), edge_index)[: hi - lo]
+            if i < last:
+                if getattr(model, "norms", None) is not None:
+                    h = model.norms[i](h)
+                if model.act is not None:
+                    h = model.act(h)
+            return h.float().cpu()
+
+        x = _sharded(layer, n, chunk_size, rank, world_size)
+    return x
+
+
+def _others(total: int, first: Tensor) -> Tensor:
+    mask = torch.ones(total, dtype=torch.bool)
+    mask[first] = False
+    return mask.nonzero().flatten()
+
+
+def _sharded(fn, n: int, chunk_size: int, rank: int, world_size: int) -> Tensor:
+    """``fn(lo, hi)`` over this rank's contiguous share of ``range(n)`` in chunks, then all ranks' rows gathered."""
+    per = math.ceil(n / world_size)
+    lo, hi = min(rank * per, n), min((rank + 1) * per, n)
+    parts = [fn(a, min(a + chunk_size, hi)) for a in range(lo, hi, chunk_size)]
+    mine = torch.cat(parts) if parts else None
+    if world_size == 1:
+        return mine
+    gathered = dist.all_gather_object(mine)
+    return torch.cat([g for g in gathered if g is not None])

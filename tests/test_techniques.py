@@ -1,0 +1,162 @@
+"""Training techniques: each shown to do what it claims, not only to run."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from conftest import DATA_ROOT, make_config, run_cli, summary_of
+from torch_geometric.data import Data
+
+from hpcgnn.config import ConfigError, DatasetConfig, ModelConfig
+from hpcgnn.data import open_graph, prepare
+from hpcgnn.models import build_model, forward_batch
+from hpcgnn.sampling import NeighborSampler, NodeLoader
+from hpcgnn.techniques import (
+    autocast,
+    effective_lr,
+    group_sizes,
+    layerwise_inference,
+    lr_multiplier,
+    make_scheduler,
+)
+from hpcgnn.trainer import micro_step, optimizer_step
+
+SMALL = DatasetConfig(num_nodes=3000, avg_degree=10, root=str(DATA_ROOT))
+TINY = ["dataset.num_nodes=4000", "train.epochs=2", "train.batch_size=256", "model.hidden_channels=32"]
+
+
+@pytest.fixture(scope="module")
+def graph():
+    prepare(SMALL)
+    return open_graph(SMALL)
+
+
+def _batches(graph, n: int, size: int):
+    loader = NodeLoader(graph, NeighborSampler(graph.rowptr, graph.col, (5, 3)), graph.train_idx[: n * size], size,
+                        batch_seed=7)
+    return list(loader)
+
+
+def _merged(batches) -> Data:
+    """One batch equal to the disjoint union of ``batches``, all their seeds first."""
+    edges, seeds_first = [], []
+    total_seeds = sum(b.batch_size for b in batches)
+    seed_pos, other_pos = 0, total_seeds
+    for b in batches:
+        n, bs = b.num_nodes, b.batch_size
+        new = torch.empty(n, dtype=torch.long)
+        new[:bs] = torch.arange(seed_pos, seed_pos + bs)
+        new[bs:] = torch.arange(other_pos, other_pos + n - bs)
+        seed_pos, other_pos = seed_pos + bs, other_pos + n - bs
+        seeds_first.append((new, b))
+    x = torch.empty(other_pos, batches[0].x.size(1))
+    y = torch.empty(other_pos, dtype=torch.long)
+    for new, b in seeds_first:
+        x[new], y[new[: b.batch_size]] = b.x, b.y[: b.batch_size]
+        edges.append(new[b.edge_index])
+    return Data(x=x, y=y, edge_index=torch.cat(edges, 1), batch_size=total_seeds)
+
+
+def test_accumulated_micro_batches_give_the_update_of_one_big_batch(graph):
+    batches = _batches(graph, 3, 64)
+    cfg = ModelConfig(name="sage", hidden_channels=16, dropout=0.0)
+    models = []
+    for _ in range(2):
+        torch.manual_seed(0)
+        models.append(build_model(cfg, graph.num_features, graph.num_classes, 2))
+    a, b = models
+    opt_a, opt_b = torch.optim.SGD(a.parameters(), lr=0.5), torch.optim.SGD(b.parameters(), lr=0.5)
+    sched_a = make_scheduler(opt_a, "constant", 10, 0.0)
+    total = sum(x.batch_size for x in batches)
+    for i, data in enumerate(batches):  # 3 micro-batches, one optimizer step
+        micro_step(a, data, data.batch_size / total, "fp32", torch.device("cpu"), None, sync=i == 2)
+    optimizer_step(opt_a, sched_a, None)
+    merged = _merged(batches)
+    loss = torch.nn.functional.cross_entropy(forward_batch(b, merged), merged.y[:total])
+    loss.backward()
+    opt_b.step()
+    for pa, pb in zip(a.parameters(), b.parameters(), strict=True):
+        assert torch.allclose(pa, pb, atol=1e-6), (pa - pb).abs().max()
+
+
+
+def test_group_sizes_weight_the_short_last_step():
+    assert group_sizes(600, 256, 3, 2) == [512, 88]
+    assert group_sizes(600, 256, 4, 2) == [512, 88]  # a padding batch adds no seeds
+
+
+def test_lr_scaling_and_warmup():
+    assert effective_lr(1e-3, "linear", 4, 2) == pytest.approx(8e-3)
+    assert effective_lr(1e-3, "sqrt", 4, 4) == pytest.approx(4e-3)
+    assert effective_lr(1e-3, "none", 8) == 1e-3
+    ramp = [lr_multiplier(s, 100, 10, "cosine") for s in range(100)]
+    assert ramp[:10] == pytest.approx([(s + 1) / 10 for s in range(10)])
+    assert ramp[10] == pytest.approx(1.0) and ramp[55] == pytest.approx(0.5) and ramp[-1] < 0.01
+    assert all(x >= y for x, y in zip(ramp[10:], ramp[11:], strict=False))
+
+
+def test_bf16_autocast_computes_in_bf16(graph):
+    data = _batches(graph, 1, 64)[0]
+    model = build_model(ModelConfig(name="sage", hidden_channels=16), graph.num_features, graph.num_classes, 2)
+    with autocast("bf16", torch.device("cpu")):
+        assert forward_batch(model, data).dtype == torch.bfloat16
+    assert forward_batch(model, data).dtype == torch.float32
+
+
+@pytest.mark.parametrize("name", ["sage", "gin", "gat", "mlp"])
+def test_layerwise_inference_is_exact(graph, name):
+    """Chunked, full-neighbourhood inference equals the model run on the whole graph at once."""
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(name=name, hidden_channels=16, heads=2), graph.num_features,
+                        graph.num_classes, 2).eval()
+    whole = model(graph.x, graph.edge_index())
+    chunked = layerwise_inference(model, graph, torch.device("cpu"), 700, 0, 1)
+    assert torch.allclose(chunked, whole, atol=1e-5), (chunked - whole).abs().max()
+
+
+def test_unsupported_combinations_are_config_errors():
+    with pytest.raises(ConfigError, match="train.eval_mode=full needs graph=replicated and model sage, gin, gat"):
+        make_config("model=gcn", "train.eval_mode=full")
+    with pytest.raises(ConfigError, match="train.grad_compression='int8' is unknown"):
+        make_config("train.grad_compression=int8")
+
+
+@pytest.mark.slow
+def test_accumulation_all_reduces_once_per_step_and_scaling_is_recorded(tmp_path):
+    res = run_cli(*TINY, "train.accumulate=2", "train.lr_scaling=linear", "train.warmup=0.3", cwd=tmp_path, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    s = summary_of(tmp_path)
+    assert s["effective_lr"] == pytest.approx(3e-3 * 2 * 2) and s["global_batch"] == 2 * 2 * 256
+    records = [json.loads(x) for x in (tmp_path / "run" / "metrics" / "rank-0.jsonl").read_text().splitlines()]
+    # 3 micro-batches per epoch, steps of 2: the all-reduce runs with micro-batches 2 and 3 only.
+    assert [r["allreduce_s"] > 0 for r in records[:3]] == [False, True, True]
+    assert s["history"][0]["lr"] < s["history"][1]["lr"] <= s["effective_lr"]  # still warming up after epoch 1
+
+
+@pytest.mark.slow
+def test_gradient_compression_sends_fewer_bytes_and_still_learns(tmp_path):
+    sent = {}
+    for method in ("none", "bf16", "powersgd"):
+        res = run_cli(*TINY, "train.epochs=4", f"train.grad_compression={method}", cwd=tmp_path / method, timeout=300)
+        assert res.returncode == 0, res.stdout + res.stderr
+        s = summary_of(tmp_path / method)
+        sent[method] = s["allreduce_bytes_per_step"]
+        assert s["test_acc"] > 0.4, (method, s["test_acc"])  # 8 classes: chance is 0.125
+        assert len(set(s["param_checksums"])) == 1  # ranks stay in step
+    params = sum(p.numel() for p in build_model(ModelConfig(hidden_channels=32), 32, 8, 2).parameters())
+    assert sent["none"] == 4 * params and sent["bf16"] == 2 * params
+    assert sent["powersgd"] < sent["bf16"]
+
+
+@pytest.mark.slow
+def test_full_inference_is_close_to_sampled_and_exact(tmp_path):
+    runs = {}
+    for mode in ("sampled", "full"):
+        res = run_cli(*TINY, "train.epochs=3", f"train.eval_mode={mode}", cwd=tmp_path / mode, timeout=300)
+        assert res.returncode == 0, res.stdout + res.stderr
+        runs[mode] = summary_of(tmp_path / mode)
+    assert runs["full"]["param_checksums"] == runs["sampled"]["param_checksums"]  # evaluation changes no training
+    assert math.isclose(runs["full"]["test_acc"], runs["sampled"]["test_acc"], abs_tol=0.04), runs
