@@ -68,6 +68,7 @@ def test_accumulated_micro_batches_give_the_update_of_one_big_batch(graph):
         torch.manual_seed(0)
         models.append(build_model(cfg, graph.num_features, graph.num_classes, 2))
     a, b = models
+    before = [p.detach().clone() for p in a.parameters()]
     opt_a, opt_b = torch.optim.SGD(a.parameters(), lr=0.5), torch.optim.SGD(b.parameters(), lr=0.5)
     sched_a = make_scheduler(opt_a, "constant", 10, 0.0)
     total = sum(x.batch_size for x in batches)
@@ -80,6 +81,7 @@ def test_accumulated_micro_batches_give_the_update_of_one_big_batch(graph):
     opt_b.step()
     for pa, pb in zip(a.parameters(), b.parameters(), strict=True):
         assert torch.allclose(pa, pb, atol=1e-6), (pa - pb).abs().max()
+    assert any(not torch.equal(p0, p) for p0, p in zip(before, a.parameters(), strict=True))  # a real update
 
 
 
