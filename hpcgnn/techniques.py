@@ -113,7 +113,8 @@ class CommHook:
             return total
         return bucket.buffer().numel() * bucket.buffer().element_size()
 
-    def __call__(self, state, bucket):
+    def hook(self, state, bucket):
+        """The function DDP calls per bucket (register it with ``ddp.register_comm_hook(self.state, self.hook)``)."""
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 
         with self.lock:

@@ -106,14 +106,15 @@ def micro_step(ddp: torch.nn.Module, data, weight: float, precision: str, device
     all-reduce happens once, with the last micro-batch of the step. Returns the unweighted
     loss, the logits, and the forward and backward seconds.
     """
-    t0 = time.perf_counter()
-    with autocast(precision, device):
-        logits = forward_batch(ddp, data)
-        loss = F.cross_entropy(logits.float(), data.y[: data.batch_size])
-    t1 = time.perf_counter()
-    scaled = loss * weight
     no_sync = getattr(ddp, "no_sync", None)
+    # DDP decides at forward time whether the backward all-reduces: no_sync must hold both.
     with no_sync() if (no_sync is not None and not sync) else contextlib.nullcontext():
+        t0 = time.perf_counter()
+        with autocast(precision, device):
+            logits = forward_batch(ddp, data)
+            loss = F.cross_entropy(logits.float(), data.y[: data.batch_size])
+        t1 = time.perf_counter()
+        scaled = loss * weight
         (scaler.scale(scaled) if scaler is not None else scaled).backward()
     return loss.detach(), logits.detach(), t1 - t0, time.perf_counter() - t1
 
@@ -167,7 +168,7 @@ def train(cfg: RunConfig, env: RankEnv, device: torch.device) -> dict:
     ddp, hook = model, CommHook(t.grad_compression, t.powersgd_rank)
     if env.world_size > 1:
         ddp = DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
-        ddp.register_comm_hook(hook.state, hook)
+        ddp.register_comm_hook(hook.state, hook.hook)
     allreduce_bytes = []
     m = cfg.metrics
     metrics = StepMetrics(cfg.run_dir, env.rank, device, m.every_steps, m.straggler_factor, m.tensorboard)

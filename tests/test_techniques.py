@@ -128,29 +128,32 @@ def test_unsupported_combinations_are_config_errors():
 
 @pytest.mark.slow
 def test_accumulation_all_reduces_once_per_step_and_scaling_is_recorded(tmp_path):
-    res = run_cli(*TINY, "train.accumulate=2", "train.lr_scaling=linear", "train.warmup=0.3", cwd=tmp_path, timeout=300)
+    res = run_cli(*TINY, "train.epochs=3", "train.accumulate=2", "train.lr_scaling=linear", "train.warmup=0.9",
+                  cwd=tmp_path, timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
     s = summary_of(tmp_path)
     assert s["effective_lr"] == pytest.approx(3e-3 * 2 * 2) and s["global_batch"] == 2 * 2 * 256
     records = [json.loads(x) for x in (tmp_path / "run" / "metrics" / "rank-0.jsonl").read_text().splitlines()]
     # 3 micro-batches per epoch, steps of 2: the all-reduce runs with micro-batches 2 and 3 only.
     assert [r["allreduce_s"] > 0 for r in records[:3]] == [False, True, True]
-    assert s["history"][0]["lr"] < s["history"][1]["lr"] <= s["effective_lr"]  # still warming up after epoch 1
+    # 6 optimizer steps, 5 of warmup: 3/5 of the LR after epoch 1, all of it from epoch 2 on.
+    assert [r["lr"] for r in s["history"]] == pytest.approx([0.6 * s["effective_lr"], s["effective_lr"], s["effective_lr"]])
 
 
 @pytest.mark.slow
 def test_gradient_compression_sends_fewer_bytes_and_still_learns(tmp_path):
-    sent = {}
+    sent, acc = {}, {}
     for method in ("none", "bf16", "powersgd"):
         res = run_cli(*TINY, "train.epochs=4", f"train.grad_compression={method}", cwd=tmp_path / method, timeout=300)
         assert res.returncode == 0, res.stdout + res.stderr
         s = summary_of(tmp_path / method)
-        sent[method] = s["allreduce_bytes_per_step"]
-        assert s["test_acc"] > 0.4, (method, s["test_acc"])  # 8 classes: chance is 0.125
+        sent[method], acc[method] = s["allreduce_bytes_per_step"], s["test_acc"]
         assert len(set(s["param_checksums"])) == 1  # ranks stay in step
     params = sum(p.numel() for p in build_model(ModelConfig(hidden_channels=32), 32, 8, 2).parameters())
     assert sent["none"] == 4 * params and sent["bf16"] == 2 * params
     assert sent["powersgd"] < sent["bf16"]
+    # Compression costs little accuracy here (4 epochs, 8 classes: chance is 0.125).
+    assert abs(acc["bf16"] - acc["none"]) < 0.02 and acc["powersgd"] > acc["none"] - 0.1, acc
 
 
 @pytest.mark.slow
