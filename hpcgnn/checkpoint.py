@@ -19,7 +19,6 @@ save, and all stop together after a preemption save.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -34,6 +33,7 @@ import torch
 
 from hpcgnn import dist
 from hpcgnn.config import ConfigError, RunConfig
+from hpcgnn.data.cache import sha256_file
 from hpcgnn.env import RankEnv
 
 log = logging.getLogger(__name__)
@@ -86,14 +86,6 @@ def set_rng_state(state: dict) -> None:
 
 
 # ------------------------------------------------------------------------------------------ files
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 22):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _write(path: Path, obj) -> None:
@@ -150,7 +142,7 @@ class Checkpointer:
         if self.env.is_main:
             files = sorted(p.name for p in tmp.iterdir() if p.suffix == ".pt")
             manifest = {"format_version": FORMAT_VERSION, "step": global_step, "time": time.time(),
-                        "fingerprint": self.fingerprint, "files": {n: _sha256(tmp / n) for n in files}}
+                        "fingerprint": self.fingerprint, "files": {n: sha256_file(tmp / n) for n in files}}
             with open(tmp / "MANIFEST.json", "w") as f:
                 json.dump(manifest, f, indent=2)
                 f.flush()
@@ -185,7 +177,7 @@ class Checkpointer:
             path = folder / name
             if not path.is_file():
                 return f"{name} is missing"
-            if _sha256(path) != digest:
+            if sha256_file(path) != digest:
                 return f"{name} is corrupt or truncated (sha256 differs from MANIFEST.json)"
         return None
 

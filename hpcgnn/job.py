@@ -63,8 +63,7 @@ def run_rank(cfg: RunConfig, environ: Mapping[str, str]) -> dict:
         try:
             return train(cfg, env, device)
         except Preempted as stop:
-            _requeue(cfg, env, stop)
-            raise AssertionError("unreachable") from None
+            raise _requeue(cfg, env, stop) from None
         except Exception:
             # Recorded before the process group is torn down: the other ranks only
             # fail once this rank's connections close, so the cause is recorded first.
@@ -72,8 +71,8 @@ def run_rank(cfg: RunConfig, environ: Mapping[str, str]) -> dict:
             raise
 
 
-def _requeue(cfg: RunConfig, env: RankEnv, stop: Preempted) -> None:
-    """After the preemption checkpoint: have the job requeued, then leave.
+def _requeue(cfg: RunConfig, env: RankEnv, stop: Preempted) -> BaseException:
+    """After the preemption checkpoint: have the job requeued; returns what to leave with.
 
     Under submitit, rank 0 runs submitit's own handler for the signal (outside any signal
     context now): it counts time-outs against ``checkpoint.max_timeouts``, requeues with
@@ -99,7 +98,7 @@ def _requeue(cfg: RunConfig, env: RankEnv, stop: Preempted) -> None:
     dist.all_reduce_sum(torch.zeros(1))  # rank 0 has requeued (or given up) before anyone exits
     if env.is_main and handler is None:
         print(f"hpcgnn: {stop}; run the same command with hydra.run.dir={cfg.run_dir} to resume", flush=True)
-    raise outcome
+    return outcome
 
 
 def record_failure(run_dir: Path, env: RankEnv) -> None:

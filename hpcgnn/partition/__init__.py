@@ -36,6 +36,7 @@ from torch import Tensor
 
 from hpcgnn.config import ConfigError, DatasetConfig, GraphConfig
 from hpcgnn.data import cache, cache_folder, open_graph, prepare
+from hpcgnn.data.cache import sha256_file
 from hpcgnn.data.graph import Graph
 
 log = logging.getLogger(__name__)
@@ -183,14 +184,6 @@ def partition_report(graph: Graph, part: Tensor, num_parts: int) -> dict:
             "halo_nodes": halo, "bytes": part_bytes}
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 22):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _rows(rowptr: Tensor, nodes: Tensor) -> tuple[Tensor, Tensor]:
     """(rowptr, positions in col) of the CSR restricted to ``nodes``."""
     start, deg = rowptr.index_select(0, nodes), rowptr.index_select(0, nodes + 1) - rowptr.index_select(0, nodes)
@@ -222,7 +215,7 @@ def write_parts(graph: Graph, part: Tensor, folder: Path, meta: dict) -> None:
                 np.save(f, array.numpy())
                 f.flush()
                 os.fsync(f.fileno())
-            files[rel] = _sha256(path)
+            files[rel] = sha256_file(path)
 
         for i in range(num_parts):
             nodes = (part == i).nonzero().flatten()
@@ -351,7 +344,7 @@ def open_parts(dataset: DatasetConfig, graph_cfg: GraphConfig, num_parts: int, o
         path = folder / rel
         if not path.is_file():
             raise PartitionError(f"{path} is missing: the partition is incomplete; delete {folder}. {hint}")
-        if verify and _sha256(path) != meta["files"].get(rel):
+        if verify and sha256_file(path) != meta["files"].get(rel):
             raise PartitionError(f"{path} is corrupt (sha256 differs from META.json): delete {folder} and "
                                  f"partition again. {hint}")
 
