@@ -33,8 +33,8 @@ import torch
 
 from hpcgnn import dist
 from hpcgnn.config import ConfigError, RunConfig
-from hpcgnn.data.cache import sha256_file
 from hpcgnn.env import RankEnv
+from hpcgnn.io import sha256_file
 
 log = logging.getLogger(__name__)
 

@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from hpcgnn.config import RunConfig
+from hpcgnn.io import write_json
 
 MANIFEST = "manifest.json"
 FINAL_STATES = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED",
@@ -34,7 +34,6 @@ class SweepMember:
     cfg: RunConfig
     job_id: str | None = None
     state: str = "PENDING"
-    extra: dict = field(default_factory=dict)
 
 
 def write_manifest(sweep_dir: Path, members: list[SweepMember], cluster: str | None) -> Path:
@@ -42,11 +41,7 @@ def write_manifest(sweep_dir: Path, members: list[SweepMember], cluster: str | N
     data = {"created": time.strftime("%Y-%m-%d %H:%M:%S"), "cluster": cluster, "command": sys.argv,
             "members": [{"member": m.num, "overrides": m.overrides, "run_dir": m.cfg.run_dir, "job_id": m.job_id,
                          "state": m.state} for m in members]}
-    path = sweep_dir / MANIFEST
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=2))
-    os.replace(tmp, path)
-    return path
+    return write_json(sweep_dir / MANIFEST, data)
 
 
 def launch_sweep(members: list[SweepMember], sweep_dir: Path) -> int:

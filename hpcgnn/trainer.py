@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import logging
 import math
 import os
@@ -23,6 +22,7 @@ from hpcgnn import dist
 from hpcgnn.checkpoint import Checkpointer, Preempted, PreemptionFlag, rng_state, set_rng_state
 from hpcgnn.config import RunConfig
 from hpcgnn.env import RankEnv
+from hpcgnn.io import write_json
 from hpcgnn.metrics import StepMetrics
 from hpcgnn.models import build_model, forward_batch
 from hpcgnn.sampling import NodeLoader, PrefetchLoader
@@ -328,14 +328,3 @@ def train(cfg: RunConfig, env: RankEnv, device: torch.device) -> dict:
 def write_summary(summary: dict, run_dir: Path) -> Path:
     return write_json(run_dir / "summary.json", summary)
 
-
-def write_json(path: Path, data: dict) -> Path:
-    """Write ``path`` atomically: readers never see half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    with open(tmp, "w") as f:
-        json.dump(data, f, indent=2)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    return path

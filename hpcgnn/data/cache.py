@@ -9,7 +9,6 @@ of the graph per node, not one per rank.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import shutil
@@ -82,14 +81,6 @@ def load(folder: Path, mmap: bool = True) -> Graph:
 
 def size_bytes(folder: Path) -> int:
     return int(json.loads((folder / "meta.json").read_text())["bytes"])
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 22):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def human_bytes(n: float) -> str:

@@ -36,8 +36,8 @@ from torch import Tensor
 
 from hpcgnn.config import ConfigError, DatasetConfig, GraphConfig
 from hpcgnn.data import cache, cache_folder, open_graph, prepare
-from hpcgnn.data.cache import sha256_file
 from hpcgnn.data.graph import Graph
+from hpcgnn.io import sha256_file
 
 log = logging.getLogger(__name__)
 
@@ -116,12 +116,11 @@ def metis_adjacency(rowptr: Tensor, col: Tensor) -> tuple[np.ndarray, np.ndarray
     src = col
     loops = src == dst
     key = dst * n + src  # sorted already: CSR rows by target, columns sorted
-    rev = torch.sort(src * n + dst).values
-    if not bool(loops.any()) and torch.equal(key, rev):
+    rev = src * n + dst
+    if not bool(loops.any()) and torch.equal(key, torch.sort(rev).values):
         return rowptr.numpy(), col.numpy()
-    del rev
     keep = ~loops
-    both = torch.unique(torch.cat([key[keep], (src * n + dst)[keep]]))
+    both = torch.unique(torch.cat([key[keep], rev[keep]]))
     d, s = both // n, both % n
     xadj = torch.zeros(n + 1, dtype=torch.long)
     xadj[1:] = torch.cumsum(torch.bincount(d, minlength=n), 0)
@@ -218,10 +217,10 @@ def write_parts(graph: Graph, part: Tensor, folder: Path, meta: dict) -> None:
             files[rel] = sha256_file(path)
 
         for i in range(num_parts):
-            nodes = (part == i).nonzero().flatten()
+            mine = part == i
+            nodes = mine.nonzero().flatten()
             local[nodes] = torch.arange(nodes.numel(), dtype=torch.int32)
             rowptr, pos = _rows(graph.rowptr, nodes)
-            mine = part == i
             arrays = {"nodes": nodes, "rowptr": rowptr, "col": graph.col.index_select(0, pos),
                       "x": graph.x.index_select(0, nodes), "y": graph.y.index_select(0, nodes)}
             for split in ("train_idx", "val_idx", "test_idx"):
