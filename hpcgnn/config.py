@@ -70,6 +70,11 @@ class TrainConfig:
     epochs: int = 8  # passes over the training seeds
     batch_size: int = 512  # seed nodes per rank per step
     fanouts: Tuple[int, ...] = (10, 5)  # neighbours sampled per node, hop 1 first; one GNN layer each
+    sampler: str = "neighbor"  # neighbor | ladies | saint_node | saint_edge | saint_rw | cluster (README: samplers)
+    edge_budget: int = 0  # neighbor: cut seeds into batches of about this many sampled edges (0 = batch_size seeds)
+    clusters_per_batch: int = 4  # sampler=cluster: METIS clusters whose induced subgraph is one step
+    num_clusters: int = 0  # sampler=cluster: clusters of the graph; 0 = clusters_per_batch x train nodes / batch_size
+    saint_coverage: float = 20.0  # sampler=saint_rw: mean visits per node when counting inclusion probabilities
     lr: float = 3e-3  # Adam learning rate
     weight_decay: float = 0.0  # Adam weight decay
     lr_schedule: str = "constant"  # constant | cosine (decays to 0 over all steps of the run)
@@ -231,6 +236,7 @@ class RunConfig:
             raise ConfigError(f"train.eval_mode=full needs graph=replicated and model sage, gin, gat or mlp (GCN's "
                               f"normalisation needs every source's degree); got graph.mode={self.graph.mode}, "
                               f"model={m.name}. HINT: train.eval_mode=sampled")
+        _validate_sampler(t, self.graph)
         if t.lr_schedule not in ("constant", "cosine"):
             raise ConfigError(f"train.lr_schedule={t.lr_schedule!r} is unknown: use constant or cosine")
         c = self.checkpoint
@@ -261,6 +267,30 @@ class RunConfig:
                 raise ConfigError(f"{key}={value} must be in [0, 1]")
         if self.cluster is not None:
             _validate_cluster(self.cluster)
+
+
+SAMPLERS = ("neighbor", "ladies", "saint_node", "saint_edge", "saint_rw", "cluster")
+
+
+def _validate_sampler(t: TrainConfig, g: GraphConfig) -> None:
+    if t.sampler not in SAMPLERS:
+        raise ConfigError(f"train.sampler={t.sampler!r} is unknown: use one of {', '.join(SAMPLERS)}")
+    if t.sampler != "neighbor" and g.mode != "replicated":
+        raise ConfigError(f"train.sampler={t.sampler} needs graph=replicated (partitioned graphs sample neighbours "
+                          "across parts). HINT: graph=replicated, or train.sampler=neighbor")
+    if t.edge_budget < 0:
+        raise ConfigError(f"train.edge_budget={t.edge_budget} must be 0 (batches of train.batch_size seeds) or more")
+    if t.edge_budget and (t.sampler != "neighbor" or g.mode != "replicated"):
+        raise ConfigError(f"train.edge_budget={t.edge_budget} applies to train.sampler=neighbor on graph=replicated "
+                          f"(got train.sampler={t.sampler}, graph.mode={g.mode}). HINT: train.edge_budget=0")
+    if t.clusters_per_batch < 1 or t.num_clusters < 0:
+        raise ConfigError(f"train.clusters_per_batch={t.clusters_per_batch} must be at least 1 and "
+                          f"train.num_clusters={t.num_clusters} 0 (derived) or more")
+    if t.num_clusters and t.num_clusters < t.clusters_per_batch:
+        raise ConfigError(f"train.num_clusters={t.num_clusters} is below train.clusters_per_batch="
+                          f"{t.clusters_per_batch}: a step needs that many clusters. HINT: train.num_clusters=0 (derived)")
+    if t.saint_coverage <= 0:
+        raise ConfigError(f"train.saint_coverage={t.saint_coverage} must be positive, e.g. 20")
 
 
 def _validate_graph(g: GraphConfig, world_size: int) -> None:

@@ -93,9 +93,12 @@ class StepMetrics:
                 "edges": sum(r["edges"] for r in steps),
                 "phases": {k: sum(r[k] for r in steps) for k in PHASES},
                 "edges_per_s": sum(r["edges"] for r in steps) / total if total else 0.0,
-                "peak_mem_mb": max((r["peak_mem_mb"] for r in steps), default=0.0)}
+                "peak_mem_mb": max((r["peak_mem_mb"] for r in steps), default=0.0),
+                "step_edges": [r["edges"] for r in steps]}
         ranks = dist.all_gather_object(mine)
         out = {"epoch": epoch, "balance": balance(ranks, self.factor), "ranks": ranks}
+        for r in ranks:  # used for the balance; too long to keep in every epoch row
+            r.pop("step_edges")
         if self.rank == 0:
             with open(self.folder / "epochs.jsonl", "a") as f:
                 f.write(json.dumps(out) + "\n")
@@ -128,7 +131,8 @@ def _cv(values: list[float]) -> float:
 
 
 def balance(ranks: list[dict], factor: float) -> dict:
-    """Load balance of one epoch: max/mean and CV of busy step time and edges; stragglers by p95 busy time.
+    """Load balance of one epoch: max/mean and CV of busy step time and edges, the per-step edge
+    imbalance, and stragglers by p95 busy time.
 
     Busy time leaves out the gradient all-reduce: under DDP every rank's step lasts as long as
     the slowest one's, but only the slow rank is busy for all of it.
@@ -139,7 +143,15 @@ def balance(ranks: list[dict], factor: float) -> dict:
     median = statistics.median(p95) if p95 else 0.0
     stragglers = [{"rank": r["rank"], "host": r["host"], "p95_busy_s": r["p95_busy_s"], "median_p95_busy_s": median,
                    "ratio": r["p95_busy_s"] / median} for r in ranks if median > 0 and r["p95_busy_s"] > factor * median]
-    return {"step_time_max_over_mean": max(step) / statistics.fmean(step) if step and statistics.fmean(step) else 1.0,
+    # Per step, DDP waits for the rank with the most work: sum over steps of the largest rank's
+    # edges over the sum of the mean rank's (1.0 = every step perfectly balanced).
+    per_step = [r.get("step_edges", []) for r in ranks]
+    step_max = step_mean = 0.0
+    if per_step and all(len(s) == len(per_step[0]) for s in per_step):
+        for column in zip(*per_step, strict=True):
+            step_max, step_mean = step_max + max(column), step_mean + statistics.fmean(column)
+    return {"step_edges_max_over_mean": step_max / step_mean if step_mean else 1.0,
+            "step_time_max_over_mean": max(step) / statistics.fmean(step) if step and statistics.fmean(step) else 1.0,
             "step_time_cv": _cv(step),
             "edges_max_over_mean": max(edges) / statistics.fmean(edges) if edges and statistics.fmean(edges) else 1.0,
             "edges_cv": _cv(edges), "stragglers": stragglers}

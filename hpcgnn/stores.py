@@ -9,38 +9,72 @@ from __future__ import annotations
 
 import logging
 import math
+import os
+import time
+import uuid
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from hpcgnn import dist
-from hpcgnn.config import RunConfig
-from hpcgnn.data import Graph, cache, open_graph, prepare
+from hpcgnn.config import ConfigError, RunConfig
+from hpcgnn.data import Graph, cache, cache_folder, open_graph, prepare
 from hpcgnn.env import RankEnv
 from hpcgnn.sampling import NeighborSampler, rank_seeds, steps_per_epoch
+from hpcgnn.sampling import subgraph as sub
 
 log = logging.getLogger(__name__)
 
 
-def open_shared_graph(cfg: RunConfig, env: RankEnv) -> Graph:
-    """One graph copy per node: local rank 0 prepares the cache if needed, then every rank maps it.
+def on_local_rank0(env: RankEnv, what: str, fn) -> None:
+    """Run ``fn()`` on every node's local rank 0 while the other ranks wait.
 
-    The mapped pages live once in the node's page cache, however many ranks map them.
-    A failure on the preparing rank fails every rank at once instead of leaving them
-    in a barrier.
+    A failure there fails every rank at once instead of leaving them in a barrier.
     """
     error: Exception | None = None
     if env.local_rank == 0:
         try:
-            prepare(cfg.dataset)  # never downloads: that is `python -m hpcgnn.data prepare`'s job
+            fn()
         except Exception as exc:  # reported below, after the others heard of it
             error = exc
     failed = dist.all_reduce_max(torch.tensor([0 if error is None else 1]))
     if error is not None:
         raise error
     if int(failed.item()):
-        raise RuntimeError(f"rank {env.rank}: a node's local rank 0 failed to prepare {cfg.dataset.name} (see its error)")
+        raise RuntimeError(f"rank {env.rank}: a node's local rank 0 failed to {what} (see its error)")
+
+
+def open_shared_graph(cfg: RunConfig, env: RankEnv) -> Graph:
+    """One graph copy per node: local rank 0 prepares the cache if needed, then every rank maps it.
+
+    The mapped pages live once in the node's page cache, however many ranks map them.
+    """
+    # prepare() never downloads: that is `python -m hpcgnn.data prepare`'s job
+    on_local_rank0(env, f"prepare {cfg.dataset.name}", lambda: prepare(cfg.dataset))
     return open_graph(cfg.dataset)
+
+
+def cluster_assignment(cfg: RunConfig, env: RankEnv, graph: Graph, num_clusters: int) -> Tensor:
+    """Cluster-GCN's METIS clusters of the whole graph, computed once per node and cached beside it."""
+    from hpcgnn.partition import compute_parts
+
+    path = cache_folder(cfg.dataset) / "clusters" / f"metis-c{num_clusters}-s{cfg.graph.seed}.npy"
+
+    def compute() -> None:
+        if path.is_file():
+            return
+        t0 = time.perf_counter()
+        part = compute_parts(graph, num_clusters, "metis", cfg.graph.seed, balance_train=True)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
+        with open(tmp, "wb") as f:  # a reader sees the whole file or none (another node may race us)
+            np.save(f, part.numpy())
+        os.replace(tmp, path)
+        log.info("%d METIS clusters in %.1f s: %s", num_clusters, time.perf_counter() - t0, path)
+
+    on_local_rank0(env, f"compute {num_clusters} clusters", compute)
+    return torch.from_numpy(np.load(path))
 
 
 class ReplicatedStore:
@@ -52,16 +86,59 @@ class ReplicatedStore:
         self.cfg, self.env = cfg, env
         self.graph = g = open_shared_graph(cfg, env)
         self.features = g
-        self.sampler = NeighborSampler(g.rowptr, g.col, cfg.train.fanouts)
+        self.sampler = NeighborSampler(g.rowptr, g.col, cfg.train.fanouts)  # evaluation, and training by default
         self.num_features, self.num_classes = g.num_features, g.num_classes
         self.steps = steps_per_epoch(g.train_idx.numel(), env.world_size, cfg.train.batch_size)
+        self.train_sampler, self.items, self.items_per_step = self.sampler, g.train_idx, cfg.train.batch_size
+        self.seed_cost: Tensor | None = None
+        self._setup_sampler()
         log.info("graph: %d nodes, %d edges, %d features, %d classes, %d/%d/%d train/val/test", g.num_nodes,
                  g.num_edges, g.num_features, g.num_classes, g.train_idx.numel(), g.val_idx.numel(),
                  g.test_idx.numel())
 
+    def _setup_sampler(self) -> None:
+        """The training sampler of ``train.sampler``, what its steps draw from, and the steps per epoch."""
+        t, g, env = self.cfg.train, self.graph, self.env
+        n, n_train, world = g.num_nodes, g.train_idx.numel(), env.world_size
+        if t.sampler == "ladies":
+            self.train_sampler = sub.LadiesSampler(g.rowptr, g.col, t.fanouts)
+        elif t.sampler in ("saint_node", "saint_edge"):
+            # Sized so that a subgraph holds about batch_size training nodes; a step draws afresh.
+            cls, per_draw = (sub.SaintNodeSampler, 1) if t.sampler == "saint_node" else (sub.SaintEdgeSampler, 2)
+            self.train_sampler = cls(g.rowptr, g.col, g.train_idx, math.ceil(t.batch_size * n / (n_train * per_draw)))
+            self.items, self.items_per_step = torch.arange(self.steps * world), 1
+        elif t.sampler == "saint_rw":  # the step's seeds are the walks' roots
+            s = self.train_sampler = sub.SaintWalkSampler(g.rowptr, g.col, g.train_idx, len(t.fanouts))
+            total = math.ceil(t.saint_coverage * n / (t.batch_size * (len(t.fanouts) + 1)))
+            mine = math.ceil(total / world)  # the pre-sampling is shared out over the ranks
+            counts = s.count_inclusion(t.batch_size, mine, torch.Generator().manual_seed(t.seed * 1_000_003 + env.rank))
+            s.inclusion = dist.all_reduce_sum(counts) / (mine * world)
+        elif t.sampler == "cluster":
+            num = t.num_clusters or t.clusters_per_batch * math.ceil(n_train / t.batch_size)
+            if num > n:
+                raise ConfigError(f"train.num_clusters={num} exceeds the graph's {n} nodes: lower train.num_clusters "
+                                  "or raise train.batch_size")
+            self.train_sampler = sub.ClusterSampler(g.rowptr, g.col, g.train_idx,
+                                                    cluster_assignment(self.cfg, env, g, num))
+            self.items, self.items_per_step = torch.arange(num), t.clusters_per_batch
+            self.steps = steps_per_epoch(num, world, t.clusters_per_batch)
+        if t.edge_budget:
+            self.seed_cost = sub.expected_edges(g.rowptr, g.col, t.fanouts)
+            total_cost = float(self.seed_cost.index_select(0, g.train_idx).double().sum())
+            self.steps = sub.batches_for_budget(total_cost, world, t.edge_budget, math.ceil(n_train / world))
+        # Subgraph batches are each a whole estimate of the mean loss: weigh steps by batches, not seeds.
+        self.weigh_by_seeds = not isinstance(self.train_sampler, sub.SubgraphSampler)
+
     def train_seeds(self, generator: torch.Generator) -> Tensor:
-        """This rank's seeds for one epoch, in order (``generator`` seeded alike on every rank)."""
-        return rank_seeds(self.graph.train_idx, self.env.world_size, self.env.rank, generator)
+        """This rank's seeds (items) for one epoch, in order (``generator`` seeded alike on every rank)."""
+        return rank_seeds(self.items, self.env.world_size, self.env.rank, generator)
+
+    def train_batches(self, generator: torch.Generator) -> list[Tensor]:
+        """This rank's batches for one epoch: ``steps`` of them (the last ones may be short)."""
+        seeds = self.train_seeds(generator)
+        if self.seed_cost is not None:
+            return sub.split_by_cost(seeds, self.seed_cost.index_select(0, seeds), self.steps)
+        return list(seeds.split(self.items_per_step))
 
     def eval_seeds(self, split: str) -> tuple[Tensor, int | None]:
         """This rank's share of ``split`` and the batch count to pad to (None: no padding needed)."""
@@ -96,7 +173,9 @@ class PartitionedStore:
         self.stats_ = d.CommStats()
         self.exchange = d.Exchange(dist.new_group(cfg.dist), env.rank, env.world_size, dist.comm_device(), self.stats_)
         self.view = d.PartitionView(parts, env.rank, per_rank)
-        self.sampler = d.DistNeighborSampler(self.view, t.fanouts, self.exchange, g.boundary_fraction)
+        self.sampler = self.train_sampler = d.DistNeighborSampler(self.view, t.fanouts, self.exchange,
+                                                                  g.boundary_fraction)
+        self.weigh_by_seeds = True
         self.features = d.DistFeatures(self.view, self.exchange)
         self.num_features, self.num_classes = parts.num_features, parts.num_classes
         most, fewest = dist.all_reduce_max(torch.tensor([parts.train_idx.numel(), -parts.train_idx.numel()])).tolist()
@@ -123,6 +202,9 @@ class PartitionedStore:
         own = self.parts.train_idx
         order = own[torch.randperm(own.numel(), generator=generator)]
         return order.repeat(math.ceil(self.seeds_per_rank / max(own.numel(), 1)))[: self.seeds_per_rank]
+
+    def train_batches(self, generator: torch.Generator) -> list[Tensor]:
+        return list(self.train_seeds(generator).split(self.cfg.train.batch_size))
 
     def eval_seeds(self, split: str) -> tuple[Tensor, int | None]:
         mine = getattr(self.parts, f"{split}_idx")

@@ -142,10 +142,18 @@ class CommHook:
 # --------------------------------------------------------------------------- accumulation
 
 
-def group_sizes(num_seeds: int, batch_size: int, num_batches: int, accumulate: int) -> list[int]:
-    """Seeds per optimizer step: micro-batches taken ``accumulate`` at a time (the last group may be short)."""
-    sizes = [max(0, min(batch_size, num_seeds - i * batch_size)) for i in range(num_batches)]
-    return [sum(sizes[i:i + accumulate]) for i in range(0, num_batches, accumulate)]
+def step_weights(sizes: list[list[int]], rank: int, accumulate: int) -> list[float]:
+    """Loss weight of each of this rank's micro-batches, from every rank's batch sizes.
+
+    ``sizes[r][i]``: seeds (or, for subgraph samplers, 1 per batch) of rank r's batch i.
+    Micro-batches are taken ``accumulate`` at a time into optimizer steps. DDP averages
+    the ranks' gradients, so weight ``world x size / (all ranks' sizes in the step)`` makes
+    each step's gradient the mean over every seed in it, also when ranks' batches differ
+    (edge budgets) or a step is short (the last one).
+    """
+    world, mine = len(sizes), sizes[rank]
+    totals = [sum(sum(s[g:g + accumulate]) for s in sizes) for g in range(0, len(mine), accumulate)]
+    return [world * n / totals[i // accumulate] if totals[i // accumulate] else 0.0 for i, n in enumerate(mine)]
 
 
 # --------------------------------------------------------------------------- exact inference

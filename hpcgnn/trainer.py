@@ -32,9 +32,9 @@ from hpcgnn.techniques import (
     autocast,
     effective_lr,
     grad_scaler,
-    group_sizes,
     layerwise_inference,
     make_scheduler,
+    step_weights,
 )
 
 log = logging.getLogger(__name__)
@@ -102,7 +102,9 @@ def micro_step(ddp: torch.nn.Module, data, weight: float, precision: str, device
                sync: bool = True) -> tuple[torch.Tensor, torch.Tensor, float, float]:
     """Forward and backward of one micro-batch, its loss weighted by its share of the step's seeds.
 
-    ``sync=False`` runs backward under DDP's ``no_sync``: gradients accumulate locally and the
+    The loss is the mean over the batch's seeds, or with ``data.node_weight`` (GraphSAINT's
+    normalisation) their weighted sum; a batch without seeds still runs forward and
+    backward, with a zero loss, so that DDP's all-reduce sees every rank. ``sync=False`` runs backward under DDP's ``no_sync``: gradients accumulate locally and the
     all-reduce happens once, with the last micro-batch of the step. Returns the unweighted
     loss, the logits, and the forward and backward seconds.
     """
@@ -112,7 +114,13 @@ def micro_step(ddp: torch.nn.Module, data, weight: float, precision: str, device
         t0 = time.perf_counter()
         with autocast(precision, device):
             logits = forward_batch(ddp, data)
-            loss = F.cross_entropy(logits.float(), data.y[: data.batch_size])
+            y = data.y[: data.batch_size]
+            if data.batch_size == 0:
+                loss = logits.float().sum() * 0.0
+            elif "node_weight" in data:
+                loss = (F.cross_entropy(logits.float(), y, reduction="none") * data.node_weight).sum()
+            else:
+                loss = F.cross_entropy(logits.float(), y)
         t1 = time.perf_counter()
         scaled = loss * weight
         (scaler.scale(scaled) if scaler is not None else scaled).backward()
@@ -175,8 +183,9 @@ def train(cfg: RunConfig, env: RankEnv, device: torch.device) -> dict:
     host = socket.gethostname()
     bar = env.is_main and (m.progress_bar == "on" or (m.progress_bar == "auto" and sys.stdout.isatty()))
     if env.is_main:
-        log.info("training %s on %d rank(s), %s graph: %d steps/epoch of %d seeds per rank, fanouts %s",
-                 cfg.model.name, env.world_size, store.mode, steps, t.batch_size, list(t.fanouts))
+        log.info("training %s on %d rank(s), %s graph, %s sampler: %d steps/epoch of %s per rank, fanouts %s",
+                 cfg.model.name, env.world_size, store.mode, t.sampler, steps,
+                 f"~{t.edge_budget} sampled edges" if t.edge_budget else f"{t.batch_size} seeds", list(t.fanouts))
         log.info("global batch %d seeds (%d ranks x %d micro-batches x %d), lr %.3g (train.lr %.3g, scaling %s, "
                  "warmup %d steps), %s, gradient all-reduce: %s", env.world_size * t.accumulate * t.batch_size,
                  env.world_size, t.accumulate, t.batch_size, lr, t.lr, t.lr_scaling, int(t.warmup * opt_steps * t.epochs),
@@ -188,13 +197,14 @@ def train(cfg: RunConfig, env: RankEnv, device: torch.device) -> dict:
             model.train()
             resuming = bool(mine) and cur["step_in_epoch"] > 0
             if resuming:
-                seeds, sums, epoch_time = mine["seeds"], mine["sums"], mine["epoch_time"]
+                batches, sums, epoch_time = mine["batches"], mine["sums"], mine["epoch_time"]
             else:
-                seeds = store.train_seeds(torch.Generator().manual_seed(_seed(t.seed, epoch)))
+                batches = store.train_batches(torch.Generator().manual_seed(_seed(t.seed, epoch)))
                 sums, epoch_time, cur["step_in_epoch"] = torch.zeros(4, dtype=torch.float64), 0.0, 0
             mine = {}
-            groups = group_sizes(seeds.numel(), t.batch_size, steps, t.accumulate)  # seeds per optimizer step
-            loader = NodeLoader(store.features, store.sampler, seeds, t.batch_size, device=device,
+            sizes = [b.numel() if store.weigh_by_seeds else 1 for b in batches]
+            weights = step_weights(dist.all_gather_object(sizes + [0] * (steps - len(sizes))), env.rank, t.accumulate)
+            loader = NodeLoader(store.features, store.train_sampler, batches, None, device=device,
                                 pin_memory=device.type == "cuda", num_batches=steps,
                                 batch_seed=_seed(t.seed, epoch, env.rank), start=cur["step_in_epoch"])
             t0 = time.perf_counter()
@@ -212,9 +222,8 @@ def train(cfg: RunConfig, env: RankEnv, device: torch.device) -> dict:
                               "gather_s": data.gather_s}
                     i = cur["step_in_epoch"]
                     last = (i + 1) % t.accumulate == 0 or i + 1 == steps  # the micro-batch that ends a step
-                    weight = data.batch_size / max(groups[i // t.accumulate], 1)
                     loss, logits, phases["forward_s"], phases["backward_s"] = micro_step(
-                        ddp, data, weight, t.precision, device, scaler, sync=last)
+                        ddp, data, weights[i], t.precision, device, scaler, sync=last)
                     t3 = metrics.sync()
                     if last:
                         optimizer_step(opt, sched, scaler)
@@ -238,7 +247,7 @@ def train(cfg: RunConfig, env: RankEnv, device: torch.device) -> dict:
                                  "scheduler": sched.state_dict(), "cursor": dict(cur, epoch=epoch)}
                         if scaler is not None:
                             state["scaler"] = scaler.state_dict()
-                        folder = ckpt.save(cur["step"], state, {"seeds": seeds, "sums": sums, "epoch_time": elapsed,
+                        folder = ckpt.save(cur["step"], state, {"batches": batches, "sums": sums, "epoch_time": elapsed,
                                                                 "rng": rng_state()})
                         if int(flags[0]):
                             raise Preempted(cur["step"], folder)
@@ -306,6 +315,8 @@ def train(cfg: RunConfig, env: RankEnv, device: torch.device) -> dict:
         "grad_compression": t.grad_compression,
         "allreduce_bytes_per_step": sum(allreduce_bytes) / len(allreduce_bytes) if allreduce_bytes else 0,
         "eval_mode": t.eval_mode,
+        "sampler": t.sampler,
+        "edge_budget": t.edge_budget,
         "graph_mode": store.mode,
         "resident_graph_bytes": dist.all_gather_object(store.resident_bytes()),
         "model": cfg.model.name,

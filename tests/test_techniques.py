@@ -17,10 +17,10 @@ from hpcgnn.sampling import NeighborSampler, NodeLoader
 from hpcgnn.techniques import (
     autocast,
     effective_lr,
-    group_sizes,
     layerwise_inference,
     lr_multiplier,
     make_scheduler,
+    step_weights,
 )
 from hpcgnn.trainer import micro_step, optimizer_step
 
@@ -85,9 +85,16 @@ def test_accumulated_micro_batches_give_the_update_of_one_big_batch(graph):
 
 
 
-def test_group_sizes_weight_the_short_last_step():
-    assert group_sizes(600, 256, 3, 2) == [512, 88]
-    assert group_sizes(600, 256, 4, 2) == [512, 88]  # a padding batch adds no seeds
+def test_step_weights_make_each_step_the_mean_over_all_its_seeds():
+    # One rank, 600 seeds in batches of 256, 2 micro-batches per step: the short last step weighs fully.
+    assert step_weights([[256, 256, 88]], 0, 2) == [0.5, 0.5, 1.0]
+    assert step_weights([[256, 256, 88, 0]], 0, 2) == [0.5, 0.5, 1.0, 0.0]  # a padding batch adds no seeds
+    # Two ranks with unequal batches (edge budgets): DDP averages ranks, so rank r's batch weighs
+    # world x size / step total; the averaged gradient is the mean over the step's 400 seeds.
+    sizes = [[100, 50], [300, 150]]
+    w0, w1 = step_weights(sizes, 0, 1), step_weights(sizes, 1, 1)
+    assert w0 == [0.5, 0.5] and w1 == [1.5, 1.5]
+    assert (w0[0] / 100 * 100 + w1[0] / 300 * 300) / 2 == 1.0
 
 
 def test_lr_scaling_and_warmup():

@@ -89,6 +89,8 @@ class NodeLoader:
     ``num_sampled_edges`` (per hop, for ``trim_to_layer``), and how long the batch's making
     took: ``sample_s``, ``gather_s`` (on the host) and ``h2d_s`` (the copy to the device).
 
+    ``seeds``: cut into batches of ``batch_size``, or the list of batches itself. ``sampler``:
+    anything with ``sample(items, generator) -> SamplerOutput`` (see ``sampling.subgraph``).
     ``features``: a Graph, or anything with ``gather(n_id, batch_size) -> (x, y)`` (the
     partitioned store fetches remote rows there). ``num_batches``: yield empty batches after
     the seeds run out until there were this many, so that ranks with fewer seeds still take
@@ -99,15 +101,19 @@ class NodeLoader:
     without the ones before it; ``start`` skips the first batches (an exact resume).
     """
 
-    def __init__(self, features, sampler: NeighborSampler, seeds: Tensor, batch_size: int,
+    def __init__(self, features, sampler: NeighborSampler, seeds: Tensor | list[Tensor], batch_size: int | None,
                  generator: torch.Generator | None = None, device: torch.device | None = None,
                  pin_memory: bool = False, num_batches: int | None = None, batch_seed: int | None = None,
                  start: int = 0):
         self.features = LocalFeatures(features) if isinstance(features, Graph) else features
-        self.sampler, self.seeds = sampler, seeds
-        self.batch_size, self.generator, self.device = batch_size, generator, device
+        self.sampler = sampler
+        if isinstance(seeds, (list, tuple)):  # the batches themselves (e.g. cut by an edge budget)
+            self.batches, self.empty = list(seeds), (seeds[0][:0] if seeds else torch.empty(0, dtype=torch.long))
+        else:
+            self.batches, self.empty = list(seeds.split(batch_size)) if seeds.numel() else [], seeds[:0]
+        self.generator, self.device = generator, device
         self.pin_memory, self.batch_seed, self.start = pin_memory, batch_seed, start
-        self.num_batches = max(num_batches or 0, math.ceil(seeds.numel() / batch_size))
+        self.num_batches = max(num_batches or 0, len(self.batches))
 
     def __len__(self) -> int:
         return self.num_batches - self.start
@@ -118,8 +124,7 @@ class NodeLoader:
 
     def host_batches(self) -> Iterator[Data]:
         """The batches in order, still on the host."""
-        batches = list(self.seeds.split(self.batch_size))
-        batches += [self.seeds[:0]] * (self.num_batches - len(batches))
+        batches = self.batches + [self.empty] * (self.num_batches - len(self.batches))
         for i in range(self.start, self.num_batches):
             yield self.sample(batches[i], self.batch_generator(i))
 
@@ -137,9 +142,13 @@ class NodeLoader:
         x, y = self.features.gather(out.n_id.cpu(), out.batch_size)
         if self.pin_memory:  # page-locked, so the copy to the GPU can run asynchronously
             x, y = x.pin_memory(), y.pin_memory()
-        return Data(x=x, edge_index=out.edge_index, y=y, n_id=out.n_id, batch_size=out.batch_size,
-                    num_sampled_nodes=list(out.num_sampled_nodes), num_sampled_edges=list(out.num_sampled_edges),
+        data = Data(x=x, edge_index=out.edge_index, y=y, n_id=out.n_id, batch_size=out.batch_size,
                     sample_s=t1 - t0, gather_s=time.perf_counter() - t1)
+        if out.num_sampled_nodes is not None:  # layered: the model may trim the outer hops
+            data.num_sampled_nodes, data.num_sampled_edges = list(out.num_sampled_nodes), list(out.num_sampled_edges)
+        if out.node_weight is not None:
+            data.node_weight = out.node_weight
+        return data
 
 
 def to_device(data: Data, device: torch.device | None) -> Data:

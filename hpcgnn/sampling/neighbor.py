@@ -21,9 +21,10 @@ class SamplerOutput:
 
     n_id: Tensor  # int64 [num_nodes], global id of each local node; seeds first
     edge_index: Tensor  # int64 [2, num_edges], (source, target) in local ids, grouped by hop
-    batch_size: int  # the first batch_size nodes of n_id are the seeds
-    num_sampled_nodes: tuple[int, ...]  # nodes added per hop, seeds included as hop 0
-    num_sampled_edges: tuple[int, ...]  # edges added per hop, hop 1 first
+    batch_size: int  # the first batch_size nodes of n_id are the seeds (the loss targets)
+    num_sampled_nodes: tuple[int, ...] | None = None  # nodes added per hop, seeds as hop 0 (None: not layered)
+    num_sampled_edges: tuple[int, ...] | None = None  # edges added per hop, hop 1 first
+    node_weight: Tensor | None = None  # float [batch_size]: loss weight of each seed (None: a plain mean)
 
 
 class NeighborSampler:
