@@ -197,14 +197,14 @@ def train(cfg: RunConfig, env: RankEnv, device: torch.device) -> dict:
             model.train()
             resuming = bool(mine) and cur["step_in_epoch"] > 0
             if resuming:
-                batches, sums, epoch_time = mine["batches"], mine["sums"], mine["epoch_time"]
+                plan, sums, epoch_time = mine["batches"], mine["sums"], mine["epoch_time"]
             else:
-                batches = store.train_batches(torch.Generator().manual_seed(_seed(t.seed, epoch)))
+                plan = store.train_batches(torch.Generator().manual_seed(_seed(t.seed, epoch)))
                 sums, epoch_time, cur["step_in_epoch"] = torch.zeros(4, dtype=torch.float64), 0.0, 0
             mine = {}
-            sizes = [b.numel() if store.weigh_by_seeds else 1 for b in batches]
+            sizes = [b.numel() if store.weigh_by_seeds else 1 for b in plan]  # this rank's batches of the epoch
             weights = step_weights(dist.all_gather_object(sizes + [0] * (steps - len(sizes))), env.rank, t.accumulate)
-            loader = NodeLoader(store.features, store.train_sampler, batches, None, device=device,
+            loader = NodeLoader(store.features, store.train_sampler, plan, None, device=device,
                                 pin_memory=device.type == "cuda", num_batches=steps,
                                 batch_seed=_seed(t.seed, epoch, env.rank), start=cur["step_in_epoch"])
             t0 = time.perf_counter()
@@ -247,7 +247,7 @@ def train(cfg: RunConfig, env: RankEnv, device: torch.device) -> dict:
                                  "scheduler": sched.state_dict(), "cursor": dict(cur, epoch=epoch)}
                         if scaler is not None:
                             state["scaler"] = scaler.state_dict()
-                        folder = ckpt.save(cur["step"], state, {"batches": batches, "sums": sums, "epoch_time": elapsed,
+                        folder = ckpt.save(cur["step"], state, {"batches": plan, "sums": sums, "epoch_time": elapsed,
                                                                 "rng": rng_state()})
                         if int(flags[0]):
                             raise Preempted(cur["step"], folder)
@@ -286,6 +286,10 @@ def train(cfg: RunConfig, env: RankEnv, device: torch.device) -> dict:
     finally:
         preempt.restore()
         metrics.close()
+        # Free DDP's reducer now, on this thread, while the process group lives. Kept alive by an
+        # exception's traceback instead, it would be freed at interpreter exit, where gloo's
+        # destructor joins a worker thread that waits for the GIL: a hang at exit.
+        ddp = None  # noqa: F841
 
     history, best = cur["history"], cur["best"]
     train_time, seeds_done = cur["train_time"], cur["seeds_done"]

@@ -115,7 +115,8 @@ def test_torchrun_starts_the_ranks(tmp_path, tiny_overrides):
 RESUME = ["dataset.num_nodes=4000", "train.epochs=3", "train.batch_size=256", "model.hidden_channels=32"]
 
 
-@pytest.mark.parametrize("graph", [[], ["graph=partitioned", "graph.cache_mb=0.1"]], ids=["replicated", "partitioned"])
+@pytest.mark.parametrize("graph", [[], ["graph=partitioned", "graph.cache_mb=0.1"], ["train.sampler=saint_rw"],
+                                   ["train.sampler=cluster"]], ids=["replicated", "partitioned", "saint_rw", "cluster"])
 def test_preempted_run_resumes_bitwise_identically(tmp_path, graph):
     """Rank 1 alone gets the signal mid-epoch; all ranks checkpoint, stop, and the same command resumes."""
     whole = run_cli(*RESUME, *graph, cwd=tmp_path / "whole", timeout=300)
