@@ -184,6 +184,12 @@ class PartitionedStore:
                                "or graph.balance_train=true with graph.method=metis")
         self.seeds_per_rank = most
         self.steps = math.ceil(self.seeds_per_rank / t.batch_size)
+        self.row_cost: Tensor | None = None
+        if t.edge_budget:  # as many steps as the rank with the costliest seeds needs, on every rank
+            self.row_cost = sub.expected_edges_of_rows(parts.rowptr, parts.col, parts.degree, t.fanouts)
+            own = self.row_cost.index_select(0, self._rows(parts.train_idx)).double()
+            need = math.ceil(float(own.mean()) * self.seeds_per_rank / t.edge_budget)
+            self.steps = int(dist.all_reduce_max(torch.tensor([max(1, min(self.seeds_per_rank, need))])).item())
         if g.cache_mb > 0:
             budget = int(g.cache_mb * 2**20) // (parts.num_features * parts.x.element_size() + 8)
             gen = torch.Generator().manual_seed(t.seed + 7919 * env.rank)
@@ -203,8 +209,17 @@ class PartitionedStore:
         order = own[torch.randperm(own.numel(), generator=generator)]
         return order.repeat(math.ceil(self.seeds_per_rank / max(own.numel(), 1)))[: self.seeds_per_rank]
 
+    def _rows(self, ids: Tensor) -> Tensor:
+        """Rows of owned nodes (global ``ids``) in this rank's CSR."""
+        p = self.parts
+        return p.part_offset.index_select(0, p.node_part.index_select(0, ids).long()) + \
+            p.node_local.index_select(0, ids).long()
+
     def train_batches(self, generator: torch.Generator) -> list[Tensor]:
-        return list(self.train_seeds(generator).split(self.cfg.train.batch_size))
+        seeds = self.train_seeds(generator)
+        if self.row_cost is not None:
+            return sub.split_by_cost(seeds, self.row_cost.index_select(0, self._rows(seeds)), self.steps)
+        return list(seeds.split(self.cfg.train.batch_size))
 
     def eval_seeds(self, split: str) -> tuple[Tensor, int | None]:
         mine = getattr(self.parts, f"{split}_idx")

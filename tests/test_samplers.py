@@ -166,6 +166,22 @@ def test_split_by_cost_cuts_equal_cost_non_empty_batches():
         sub.split_by_cost(seeds[:5], cost[:5], 6)
 
 
+def test_partitioned_cost_estimate_equals_the_whole_graph_one_for_two_hops(graph):
+    from hpcgnn.config import GraphConfig
+    from hpcgnn.partition import ensure_parts, open_parts
+
+    gcfg = GraphConfig(mode="partitioned")
+    ensure_parts(SMALL, gcfg, 2)
+    whole = sub.expected_edges(graph.rowptr, graph.col, (6, 4))
+    deeper = sub.expected_edges(graph.rowptr, graph.col, (6, 4, 3))
+    for part in range(2):
+        p = open_parts(SMALL, gcfg, 2, [part])
+        assert torch.allclose(sub.expected_edges_of_rows(p.rowptr, p.col, p.degree, (6, 4)), whole[p.nodes])
+        # Beyond two hops the rank uses degree-weighted means: close on the whole, not node by node.
+        approx = sub.expected_edges_of_rows(p.rowptr, p.col, p.degree, (6, 4, 3))
+        assert float(approx.sum()) == pytest.approx(float(deeper[p.nodes].sum()), rel=0.2)
+
+
 def _rank_env(rank: int, world: int) -> RankEnv:
     return RankEnv("single", rank, rank, world, world, 0, 1, ("localhost",), "127.0.0.1", 0, "")
 
@@ -246,8 +262,9 @@ def test_sampler_trains_under_ddp_within_a_few_points_of_neighbour_sampling(tmp_
     assert steps[0] == steps[1] == summary["steps_per_epoch"] * summary["epochs"]
 
 
-def test_edge_budget_trains_under_ddp_with_equal_steps(tmp_path):
-    res = run_cli("dataset.num_nodes=4000", "dataset.degree_exponent=2.5", "train.epochs=2",
+@pytest.mark.parametrize("graph", [[], ["graph=partitioned"]], ids=["replicated", "partitioned"])
+def test_edge_budget_trains_under_ddp_with_equal_steps(tmp_path, graph):
+    res = run_cli("dataset.num_nodes=4000", "dataset.degree_exponent=2.5", "train.epochs=2", *graph,
                   "train.edge_budget=3000", "metrics.tensorboard=false", cwd=tmp_path)
     assert res.returncode == 0, res.stdout + res.stderr
     summary = summary_of(tmp_path)

@@ -37,6 +37,20 @@ def _targets_of_edges(rowptr: Tensor, lo: int, hi: int) -> Tensor:
     return torch.repeat_interleave(torch.arange(lo, hi), rowptr[lo + 1:hi + 1] - rowptr[lo:hi])
 
 
+def neighbour_sum(rowptr: Tensor, col: Tensor, values: Tensor, chunk: int = 1 << 20) -> Tensor:
+    """``out[v] = sum of values[u]`` over in-neighbours ``u`` of ``v`` (float64), in row chunks.
+
+    ``col`` may hold ids of a larger graph than ``rowptr``'s rows (a rank's parts):
+    ``values`` is indexed by those ids.
+    """
+    n = rowptr.numel() - 1
+    out = torch.zeros(n, dtype=torch.float64)
+    for lo in range(0, n, chunk):
+        hi = min(lo + chunk, n)
+        out.index_add_(0, _targets_of_edges(rowptr, lo, hi), values.double().index_select(0, col[rowptr[lo]:rowptr[hi]]))
+    return out
+
+
 def scatter_to_sources(rowptr: Tensor, col: Tensor, per_edge, chunk: int = 1 << 20) -> Tensor:
     """``out[u] = sum over edges (u -> v) of per_edge(v_targets, u_sources)``, in row chunks (float64)."""
     n = rowptr.numel() - 1
@@ -138,7 +152,7 @@ class SaintEdgeSampler(SubgraphSampler):
         deg = (rowptr[1:] - rowptr[:-1]).double()
         self.inv_deg = inv = 1.0 / deg.clamp(min=1)
         # Row weight of v: sum over its in-edges of 1/deg(v) + 1/deg(u) = [deg(v) > 0] + sum_u 1/deg(u).
-        row_weight = (deg > 0).double() + self._row_sums(inv)
+        row_weight = (deg > 0).double() + neighbour_sum(rowptr, col, inv)
         self.draws = draws
         self.cdf = torch.cumsum(row_weight, 0)
         total = self.cdf[-1]
@@ -146,16 +160,6 @@ class SaintEdgeSampler(SubgraphSampler):
         as_source = scatter_to_sources(rowptr, col, lambda dst, src: inv.index_select(0, dst) + inv.index_select(0, src))
         q = ((row_weight + as_source) / total).clamp(max=1 - 1e-12)
         self.inclusion = -torch.expm1(draws * torch.log1p(-q))
-
-    def _row_sums(self, values: Tensor, chunk: int = 1 << 20) -> Tensor:
-        """``out[v] = sum of values[u]`` over in-neighbours ``u`` of ``v``."""
-        n = self.rowptr.numel() - 1
-        out = torch.zeros(n, dtype=torch.float64)
-        for lo in range(0, n, chunk):
-            hi = min(lo + chunk, n)
-            dst = _targets_of_edges(self.rowptr, lo, hi)
-            out.index_add_(0, dst, values.index_select(0, self.col[self.rowptr[lo]:self.rowptr[hi]]))
-        return out
 
     def nodes(self, items: Tensor, generator: torch.Generator | None) -> Tensor:
         v = _draw(self.cdf, self.draws, generator)
@@ -281,22 +285,34 @@ class LadiesSampler(NeighborSampler):
 # --------------------------------------------------------------------------- edge budgets
 
 
-def expected_edges(rowptr: Tensor, col: Tensor, fanouts: tuple[int, ...], chunk: int = 1 << 20) -> Tensor:
+def expected_edges(rowptr: Tensor, col: Tensor, fanouts: tuple[int, ...]) -> Tensor:
     """float32 [num_nodes]: edges neighbour sampling is expected to draw for a seed, all hops.
 
     ``e_L = 0``; ``e_h(v) = min(deg v, f_h) * (1 + mean over in-neighbours u of e_{h+1}(u))``:
     exact without repeated nodes, an upper estimate with them.
     """
-    n = rowptr.numel() - 1
     deg = (rowptr[1:] - rowptr[:-1]).double()
-    cost = torch.zeros(n, dtype=torch.float64)
+    cost = torch.zeros(deg.numel(), dtype=torch.float64)
     for fanout in reversed(fanouts):
-        nbr_sum = torch.zeros(n, dtype=torch.float64)
-        for lo in range(0, n, chunk):
-            hi = min(lo + chunk, n)
-            nbr_sum.index_add_(0, _targets_of_edges(rowptr, lo, hi), cost.index_select(0, col[rowptr[lo]:rowptr[hi]]))
-        cost = deg.clamp(max=fanout) * (1 + nbr_sum / deg.clamp(min=1))
+        cost = deg.clamp(max=fanout) * (1 + neighbour_sum(rowptr, col, cost) / deg.clamp(min=1))
     return cost.float()
+
+
+def expected_edges_of_rows(rowptr: Tensor, col: Tensor, degree: Tensor, fanouts: tuple[int, ...]) -> Tensor:
+    """float32 [rows]: :func:`expected_edges` for the rows a rank holds (a partitioned graph).
+
+    ``col`` holds global ids and ``degree`` every node's in-degree; the rank does not hold
+    its neighbours' neighbours, so hops beyond the second use the degree-weighted mean of
+    the cost (a neighbour is reached in proportion to its degree). Exact for two hops.
+    """
+    deg = degree.double()
+    mean_deeper = 0.0
+    for fanout in reversed(fanouts[2:]):
+        cost = deg.clamp(max=fanout) * (1 + mean_deeper)
+        mean_deeper = float((deg * cost).sum() / deg.sum().clamp(min=1))
+    hop1 = deg.clamp(max=fanouts[1]) * (1 + mean_deeper) if len(fanouts) > 1 else torch.zeros_like(deg)
+    row_deg = (rowptr[1:] - rowptr[:-1]).double()
+    return (row_deg.clamp(max=fanouts[0]) * (1 + neighbour_sum(rowptr, col, hop1) / row_deg.clamp(min=1))).float()
 
 
 def split_by_cost(seeds: Tensor, cost: Tensor, num_batches: int) -> list[Tensor]:
