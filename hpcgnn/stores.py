@@ -188,8 +188,8 @@ class PartitionedStore:
         if t.edge_budget:  # as many steps as the rank with the costliest seeds needs, on every rank
             self.row_cost = sub.expected_edges_of_rows(parts.rowptr, parts.col, parts.degree, t.fanouts)
             own = self.row_cost.index_select(0, self._rows(parts.train_idx)).double()
-            need = math.ceil(float(own.mean()) * self.seeds_per_rank / t.edge_budget)
-            self.steps = int(dist.all_reduce_max(torch.tensor([max(1, min(self.seeds_per_rank, need))])).item())
+            need = sub.batches_for_budget(float(own.mean()) * self.seeds_per_rank, 1, t.edge_budget, self.seeds_per_rank)
+            self.steps = int(dist.all_reduce_max(torch.tensor([need])).item())
         if g.cache_mb > 0:
             budget = int(g.cache_mb * 2**20) // (parts.num_features * parts.x.element_size() + 8)
             gen = torch.Generator().manual_seed(t.seed + 7919 * env.rank)

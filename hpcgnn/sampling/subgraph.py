@@ -22,6 +22,7 @@ node) and per-batch temporaries only, so ranks sharing a node's mapped graph sta
 
 from __future__ import annotations
 
+import abc
 import math
 
 import torch
@@ -82,7 +83,7 @@ def induced_subgraph(rowptr: Tensor, col: Tensor, nodes: Tensor, local: Tensor) 
     return torch.stack([src[keep], row[keep]])
 
 
-class SubgraphSampler:
+class SubgraphSampler(abc.ABC):
     """Base of the samplers that train on an induced subgraph: training nodes first, weighted loss.
 
     ``sample(items, generator)``: ``items`` is this step's share of the epoch schedule
@@ -100,8 +101,9 @@ class SubgraphSampler:
         self._local = torch.full((n,), -1, dtype=torch.long)
         self.inclusion: Tensor | None = None  # lambda_v: probability that v is in a step's subgraph
 
+    @abc.abstractmethod
     def nodes(self, items: Tensor, generator: torch.Generator | None) -> Tensor:
-        raise NotImplementedError
+        """Global ids of the step's node set (repeats allowed)."""
 
     def sample(self, items: Tensor, generator: torch.Generator | None = None) -> SamplerOutput:
         nodes = torch.unique(self.nodes(items, generator))
