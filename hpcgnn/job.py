@@ -26,6 +26,7 @@ from hpcgnn.checkpoint import Preempted
 from hpcgnn.config import RunConfig
 from hpcgnn.dist import pick_device, process_group
 from hpcgnn.env import RankEnv, check_allocation
+from hpcgnn.io import write_json
 from hpcgnn.sampling.loader import keep_freed_memory
 from hpcgnn.trainer import train
 
@@ -103,13 +104,9 @@ def _requeue(cfg: RunConfig, env: RankEnv, stop: Preempted) -> BaseException:
 
 def record_failure(run_dir: Path, env: RankEnv) -> None:
     """Write this rank's traceback to ``run_dir/failures/rank-<r>.json`` for the launcher's report."""
-    folder = run_dir / "failures"
-    folder.mkdir(parents=True, exist_ok=True)
     record = {"rank": env.rank, "host": socket.gethostname(), "job_id": env.job_id, "time": time.time(),
               "error": traceback.format_exc()}
-    tmp = folder / f".rank-{env.rank}.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps(record))
-    os.replace(tmp, folder / f"rank-{env.rank}.json")
+    write_json(run_dir / "failures" / f"rank-{env.rank}.json", record)
 
 
 def read_failures(run_dir: Path) -> list[dict]:

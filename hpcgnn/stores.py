@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import time
-import uuid
 
 import numpy as np
 import torch
@@ -21,6 +19,7 @@ from hpcgnn import dist
 from hpcgnn.config import ConfigError, RunConfig
 from hpcgnn.data import Graph, cache, cache_folder, open_graph, prepare
 from hpcgnn.env import RankEnv
+from hpcgnn.io import write_npy
 from hpcgnn.sampling import NeighborSampler, rank_seeds, steps_per_epoch
 from hpcgnn.sampling import subgraph as sub
 
@@ -66,11 +65,7 @@ def cluster_assignment(cfg: RunConfig, env: RankEnv, graph: Graph, num_clusters:
             return
         t0 = time.perf_counter()
         part = compute_parts(graph, num_clusters, "metis", cfg.graph.seed, balance_train=True)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
-        with open(tmp, "wb") as f:  # a reader sees the whole file or none (another node may race us)
-            np.save(f, part.numpy())
-        os.replace(tmp, path)
+        write_npy(path, part.numpy())  # whole or not at all: another node may race us
         log.info("%d METIS clusters in %.1f s: %s", num_clusters, time.perf_counter() - t0, path)
 
     on_local_rank0(env, f"compute {num_clusters} clusters", compute)

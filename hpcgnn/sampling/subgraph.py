@@ -69,11 +69,7 @@ def induced_subgraph(rowptr: Tensor, col: Tensor, nodes: Tensor, local: Tensor) 
 
     ``local``: a ``-1``-filled scratch map of the graph's size, left as it was found.
     """
-    start = rowptr.index_select(0, nodes)
-    deg = rowptr.index_select(0, nodes + 1) - start
-    row = torch.repeat_interleave(torch.arange(nodes.numel()), deg)
-    offset = torch.arange(row.numel()) - torch.repeat_interleave(torch.cumsum(deg, 0) - deg, deg)
-    nbr = col.index_select(0, start.index_select(0, row) + offset)
+    row, nbr = sample_neighbors(rowptr, col, nodes, ALL)
     local[nodes] = torch.arange(nodes.numel())
     try:
         src = local.index_select(0, nbr)
@@ -165,20 +161,17 @@ class SaintEdgeSampler(SubgraphSampler):
 
     def nodes(self, items: Tensor, generator: torch.Generator | None) -> Tensor:
         v = _draw(self.cdf, self.draws, generator)
-        start = self.rowptr.index_select(0, v)
-        deg = self.rowptr.index_select(0, v + 1) - start
-        v, start, deg = v[deg > 0], start[deg > 0], deg[deg > 0]
+        deg = self.rowptr.index_select(0, v + 1) - self.rowptr.index_select(0, v)
+        v, deg = v[deg > 0], deg[deg > 0]
+        row, nbr = sample_neighbors(self.rowptr, self.col, v, ALL)
         # Inverse CDF inside each drawn row, over one running sum of all their edges' weights.
-        row = torch.repeat_interleave(torch.arange(v.numel()), deg)
-        edge = start.index_select(0, row) + torch.arange(row.numel()) - torch.repeat_interleave(
-            torch.cumsum(deg, 0) - deg, deg)
-        w = self.inv_deg.index_select(0, self.col.index_select(0, edge)) + self.inv_deg.index_select(0, v).index_select(0, row)
+        w = self.inv_deg.index_select(0, nbr) + self.inv_deg.index_select(0, v).index_select(0, row)
         cs = torch.cumsum(w, 0)
-        before = torch.cat([cs.new_zeros(1), cs])[torch.cumsum(deg, 0) - deg]
+        end = torch.cumsum(deg, 0)
+        before = torch.cat([cs.new_zeros(1), cs])[end - deg]
         u = torch.rand(v.numel(), generator=generator, dtype=torch.float64)
-        pick = torch.searchsorted(cs, before + u * (cs[torch.cumsum(deg, 0) - 1] - before), right=True)
-        pick = torch.minimum(pick, torch.cumsum(deg, 0) - 1)
-        return torch.cat([v, self.col.index_select(0, edge.index_select(0, pick))])
+        pick = torch.minimum(torch.searchsorted(cs, before + u * (cs[end - 1] - before), right=True), end - 1)
+        return torch.cat([v, nbr.index_select(0, pick)])
 
 
 class SaintWalkSampler(SubgraphSampler):
@@ -243,12 +236,8 @@ class ClusterSampler(SubgraphSampler):
         self.ptr[1:] = torch.cumsum(torch.bincount(cluster, minlength=self.num_clusters), 0)
 
     def nodes(self, items: Tensor, generator: torch.Generator | None) -> Tensor:
-        items = items.long()
-        start, end = self.ptr[items], self.ptr[items + 1]
-        size = end - start
-        pos = torch.repeat_interleave(start, size) + torch.arange(int(size.sum())) - torch.repeat_interleave(
-            torch.cumsum(size, 0) - size, size)
-        return self.order.index_select(0, pos)
+        # ptr/order are a CSR from clusters to their nodes: a cluster's "neighbours" are its members.
+        return sample_neighbors(self.ptr, self.order, items.long(), ALL)[1]
 
 
 class LadiesSampler(NeighborSampler):
