@@ -1,8 +1,10 @@
 # The two commands of the README:
 #   make run    set up .venv and train the default job (ARGS="model=gat +cluster=local" to change it)
 #   make test   set up .venv and run the test suite
-# TORCH_SPEC picks the torch build installed before the project (default: the CPU wheel of this
-# machine kind; e.g. TORCH_SPEC="torch==2.5.1 --index-url https://download.pytorch.org/whl/cu124").
+# TORCH_SPEC picks the torch build installed before the project (default: the tested release, which
+# PyPI serves as its CUDA build on Linux; CPU-only nodes:
+#   TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
+# a given CUDA: TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu126").
 PYTHON ?= python3
 VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0

@@ -29,17 +29,17 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20, help="steps measured per rank")
     args = ap.parse_args()
 
-    from hpcgnn.config import GraphConfig, ModelConfig, RunConfig, TrainConfig
+    from hpcgnn.config import GraphConfig, ModelConfig, RunConfig, TaskConfig, TrainConfig
     from hpcgnn.env import RankEnv
     from hpcgnn.models import build_model, forward_batch
-    from hpcgnn.sampling import NodeLoader
+    from hpcgnn.sampling import BatchLoader
     from hpcgnn.sampling.subgraph import expected_edges
     from hpcgnn.stores import ReplicatedStore
 
     torch.set_num_threads(1)  # one core per simulated rank, as on a cluster node
 
     def stores(**train) -> list[ReplicatedStore]:
-        cfg = RunConfig(dataset=benchmark_config(args), model=ModelConfig(), graph=GraphConfig(),
+        cfg = RunConfig(task=TaskConfig(), dataset=benchmark_config(args), model=ModelConfig(), graph=GraphConfig(),
                         train=TrainConfig(fanouts=tuple(args.fanouts), **train))
         return [ReplicatedStore(cfg, RankEnv("single", r, r, args.ranks, args.ranks, 0, 1, ("localhost",),
                                              "127.0.0.1", 0, "")) for r in range(args.ranks)]
@@ -54,8 +54,8 @@ def main() -> None:
         edges = [[0] * args.steps for _ in ranks]
         busy = [[0.0] * args.steps for _ in ranks]
         for r, store in enumerate(ranks):
-            plan = store.train_batches(torch.Generator().manual_seed(1))[: args.steps]
-            loader = NodeLoader(store.features, store.sampler, plan, None, batch_seed=r)
+            plan = store.train_batches(1)[: args.steps]
+            loader = BatchLoader(store.features, store.sampler, plan, batch_seed=r)
             for i, data in enumerate(loader):
                 t0 = time.perf_counter()
                 loss = torch.nn.functional.cross_entropy(forward_batch(model, data), data.y[: data.batch_size])

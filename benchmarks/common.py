@@ -21,11 +21,11 @@ FANOUTS, BATCH = (15, 10, 5), 1024
 
 def hpcgnn_loader(graph, prefetch: int = 0):
     """hpcgnn's loader over the shuffled training seeds, with ``prefetch`` batches sampled ahead (0: none)."""
-    from hpcgnn.sampling import NeighborSampler, NodeLoader, PrefetchLoader
+    from hpcgnn.sampling import BatchLoader, CSRNeighborSampler, PrefetchLoader
 
     seeds = graph.train_idx[torch.randperm(graph.train_idx.numel(), generator=torch.Generator().manual_seed(0))]
-    loader = NodeLoader(graph, NeighborSampler(graph.rowptr, graph.col, FANOUTS), seeds, BATCH,
-                        torch.Generator().manual_seed(0))
+    loader = BatchLoader(graph, CSRNeighborSampler(graph.rowptr, graph.col, FANOUTS), seeds, BATCH,
+                         generator=torch.Generator().manual_seed(0))
     return PrefetchLoader(loader, prefetch) if prefetch else loader
 
 

@@ -67,13 +67,13 @@ def remote_rows(graph, cfg, gcfg, k: int, batches: int) -> dict:
     import torch
 
     from hpcgnn.partition import ensure_parts, open_parts
-    from hpcgnn.sampling import NeighborSampler
+    from hpcgnn.sampling import CSRNeighborSampler
     from hpcgnn.sampling.distributed import PartitionView, hot_nodes
 
     meta = ensure_parts(cfg, gcfg, k)[1]
     parts = open_parts(cfg, gcfg, k, [0], verify=False)
     view = PartitionView(parts, 0, 1)
-    sampler = NeighborSampler(graph.rowptr, graph.col, FANOUTS)
+    sampler = CSRNeighborSampler(graph.rowptr, graph.col, FANOUTS)
     gen = torch.Generator().manual_seed(0)
     seeds = parts.train_idx[torch.randperm(parts.train_idx.numel(), generator=gen)].split(BATCH)
     warm, measured = list(seeds[:batches]), list(seeds[batches:2 * batches])

@@ -1,62 +1,83 @@
-"""``python -m hpcgnn [overrides]``: compose the config, then run or submit it."""
+"""``hpcgnn [overrides]`` / ``python -m hpcgnn [overrides]``: compose the config, then run or submit it.
+
+    hpcgnn [-m] [--cfg] KEY=VALUE ... GROUP=OPTION ... +cluster=NAME   train (a sweep with -m)
+    hpcgnn data prepare dataset=NAME ...                               python -m hpcgnn.data
+    hpcgnn partition dataset=NAME graph.num_parts=K ...                python -m hpcgnn.partition
+    hpcgnn status SWEEP_DIR [--wait]                                   python -m hpcgnn.status
+    hpcgnn report RUN_OR_SWEEP_DIR                                     python -m hpcgnn.report
+    hpcgnn cluster init NAME [--partition P]                           python -m hpcgnn.cluster
+
+Options: -m/--multirun expands comma lists into a sweep (every combination; one SLURM job
+array with +cluster); --cfg prints the composed config and exits; -h/--help prints this.
+Exit codes: 0 done, 1 failed, 2 a user error (the message names the fix), 3 preempted.
+"""
 
 from __future__ import annotations
 
+import importlib
 import sys
 
-import hydra
-from omegaconf import DictConfig
+from hpcgnn.errors import EXIT_USER_ERROR, UserError, describe
 
-from hpcgnn import CONF_DIR
-from hpcgnn.config import ConfigError, RunConfig, check_override_keys, register_configs
+# subcommand -> module whose main(argv) -> exit code runs it
+SUBCOMMANDS = {
+    "data": "hpcgnn.data.__main__",
+    "partition": "hpcgnn.partition.__main__",
+    "status": "hpcgnn.status",
+    "report": "hpcgnn.report",
+    "cluster": "hpcgnn.cluster",
+}
+FLAGS = {"-m": "multirun", "--multirun": "multirun", "--cfg": "cfg", "-c": "cfg", "-h": "help", "--help": "help"}
 
-_exit_codes: list[int] = []
-_sweep: list = []  # members of a -m sweep, collected first, submitted together after Hydra's loop
-_sweep_dir: list[str] = []
 
-
-@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
-def _hydra_entry(dcfg: DictConfig) -> None:
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
-
-    from hpcgnn.launch import launch
-
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in SUBCOMMANDS:
+        return importlib.import_module(SUBCOMMANDS[argv[0]]).main(argv[1:])
+    flags = {FLAGS[a] for a in argv if a in FLAGS}
+    overrides = [a for a in argv if a not in FLAGS]
+    if "help" in flags:
+        print(__doc__.strip())
+        return 0
+    unknown = [a for a in overrides if a.startswith("-")]
     try:
-        cfg = RunConfig.from_dictconfig(dcfg)
-        hc = HydraConfig.get()
-        if hc.mode == RunMode.MULTIRUN:
-            from hpcgnn.sweep import SweepMember
-
-            _sweep.append(SweepMember(num=int(hc.job.num), overrides=list(hc.overrides.task), cfg=cfg))
-            _sweep_dir[:] = [hc.sweep.dir]
-            return
-        _exit_codes.append(launch(cfg))
-    except ConfigError as exc:  # includes AllocationError: what was launched does not match the config
-        print(f"hpcgnn: config error: {exc}", file=sys.stderr)
-        _exit_codes.append(2)
+        if unknown:
+            raise UserError(f"unknown option {unknown[0]!r}: hpcgnn takes -m, --cfg, --help, KEY=VALUE overrides "
+                            f"and the subcommands {', '.join(SUBCOMMANDS)}")
+        return train(overrides, multirun="multirun" in flags, print_config="cfg" in flags)
+    except UserError as exc:
+        print(describe(exc), file=sys.stderr, flush=True)
+        return EXIT_USER_ERROR
 
 
-def main() -> None:
-    try:
-        check_override_keys([a for a in sys.argv[1:] if not a.startswith("-")])
-    except ConfigError as exc:
-        print(f"hpcgnn: config error: {exc}", file=sys.stderr)
-        sys.exit(2)
-    register_configs()
-    _hydra_entry()
-    if _sweep and not _exit_codes:  # every member valid: only now is anything submitted
-        from pathlib import Path
+def train(overrides: list[str], multirun: bool = False, print_config: bool = False) -> int:
+    """Compose (every member of a sweep, all checked before anything runs), then launch."""
+    from pathlib import Path
 
-        from hpcgnn.sweep import launch_sweep
+    from hpcgnn.compose import compose, compose_sweep
+    from hpcgnn.launch import launch, resolved_yaml
 
-        try:
-            _exit_codes.append(launch_sweep(_sweep, Path(_sweep_dir[0]).absolute()))
-        except ConfigError as exc:
-            print(f"hpcgnn: config error: {exc}", file=sys.stderr)
-            _exit_codes.append(2)
-    sys.exit(max(_exit_codes, default=0))
+    if not multirun:
+        composed = compose(overrides)
+        if print_config:
+            print(resolved_yaml(composed.cfg), end="")
+            return 0
+        return launch(composed.cfg, composed.overrides)
+    from hpcgnn.sweep import SweepMember, launch_sweep
+
+    members = compose_sweep(overrides)
+    if print_config:
+        for m in members:
+            print(f"# member {m.cfg.run_dir}\n{resolved_yaml(m.cfg)}")
+        return 0
+    sweep = [SweepMember(num=i, overrides=list(m.overrides), cfg=m.cfg) for i, m in enumerate(members)]
+    return launch_sweep(sweep, Path(members[0].sweep_dir))
+
+
+def cli() -> None:
+    """The ``hpcgnn`` console script."""
+    sys.exit(main())
 
 
 if __name__ == "__main__":
-    main()
+    cli()

@@ -1,9 +1,10 @@
 """Checkpoints for an exact resume, written by all ranks together at a step boundary.
 
     <run_dir>/checkpoints/step-<global step>/
-        common.pt      model, optimizer, LR scheduler, cursor (epoch, step), history, counters
-        rank-<r>.pt    each rank: its epoch's seed order, RNG states (torch, CUDA, numpy, python),
-                       its partial sums of the epoch
+        common.pt      model, optimizer, LR scheduler, gradient scaler, and the trainer's
+                       TrainState (epoch and step cursor, history, best epoch, counters)
+        rank-<r>.pt    each rank: its RNG states (torch, CUDA, numpy, python) and its partial
+                       sums of the epoch; the epoch's batches are re-made from their seeds
         MANIFEST.json  sha256 of every file and the job's fingerprint; written last
 
 A checkpoint is assembled in a temporary folder, every file fsync'd, and renamed into
@@ -21,28 +22,22 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import random
 import shutil
 import signal
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from hpcgnn import dist
-from hpcgnn.config import ConfigError, RunConfig
+from hpcgnn.config import RunConfig
 from hpcgnn.env import RankEnv
-from hpcgnn.io import sha256_file
+from hpcgnn.errors import CheckpointError
+from hpcgnn.io import AtomicFolder, atomic_open, sha256_file
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1
-
-
-class CheckpointError(ConfigError):
-    """A checkpoint that cannot continue this job (another dataset, K, world size or model)."""
+FORMAT_VERSION = 2  # 2: TrainState and per-rank epoch sums; batches re-made from their seeds
 
 
 class Preempted(Exception):
@@ -57,7 +52,7 @@ def fingerprint(cfg: RunConfig, env: RankEnv) -> dict:
     """What a checkpoint must share with the job that resumes it."""
     from hpcgnn.data import cache_folder
 
-    return {"dataset": cache_folder(cfg.dataset).name, "graph_mode": cfg.graph.mode,
+    return {"task": cfg.task.name, "dataset": cache_folder(cfg.dataset).name, "graph_mode": cfg.graph.mode,
             "num_parts": (cfg.graph.num_parts or env.world_size) if cfg.graph.mode == "partitioned" else 0,
             "world_size": env.world_size, "model": cfg.model.name, "hidden_channels": cfg.model.hidden_channels,
             "fanouts": list(cfg.train.fanouts), "batch_size": cfg.train.batch_size, "seed": cfg.train.seed,
@@ -65,47 +60,10 @@ def fingerprint(cfg: RunConfig, env: RankEnv) -> dict:
             "clusters": [cfg.train.num_clusters, cfg.train.clusters_per_batch] if cfg.train.sampler == "cluster" else []}
 
 
-# ------------------------------------------------------------------------------------------ RNG
-
-
-def rng_state() -> dict:
-    kind, keys, pos, has_gauss, gauss = np.random.get_state()
-    state = {"torch": torch.get_rng_state(), "python": random.getstate(),
-             "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
-                       "has_gauss": int(has_gauss), "gauss": float(gauss)}}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict) -> None:
-    torch.set_rng_state(state["torch"])
-    random.setstate(state["python"])
-    n = state["numpy"]
-    np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-# ------------------------------------------------------------------------------------------ files
-
-
 def _write(path: Path, obj) -> None:
     """torch.save, fsync'd, under a temporary name first."""
-    tmp = path.with_name(f".{path.name}.part")
-    with open(tmp, "wb") as f:
+    with atomic_open(path, "wb") as f:
         torch.save(obj, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _barrier() -> None:
@@ -131,32 +89,26 @@ class Checkpointer:
 
     def save(self, global_step: int, common: dict, rank_state: dict) -> Path:
         """Collective: every rank writes its file; rank 0 the common state, the manifest, the rename."""
-        final = self.folder / f"step-{global_step:09d}"
-        tmp = self.folder / f".step-{global_step:09d}.tmp"
+        folder = AtomicFolder(self.folder / f"step-{global_step:09d}", replace=True,
+                              tmp_name=f".step-{global_step:09d}.tmp")
         if self.env.is_main:
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir(parents=True)
+            folder.create()
         _barrier()
-        _write(tmp / f"rank-{self.env.rank}.pt", rank_state)
+        _write(folder.tmp / f"rank-{self.env.rank}.pt", rank_state)
         if self.env.is_main:
-            _write(tmp / "common.pt", {"format_version": FORMAT_VERSION, **common})
+            _write(folder.tmp / "common.pt", {"format_version": FORMAT_VERSION, **common})
         _barrier()  # every rank's file is on disk
         if self.env.is_main:
-            files = sorted(p.name for p in tmp.iterdir() if p.suffix == ".pt")
+            files = sorted(p.name for p in folder.tmp.iterdir() if p.suffix == ".pt")
             manifest = {"format_version": FORMAT_VERSION, "step": global_step, "time": time.time(),
-                        "fingerprint": self.fingerprint, "files": {n: sha256_file(tmp / n) for n in files}}
-            with open(tmp / "MANIFEST.json", "w") as f:
+                        "fingerprint": self.fingerprint, "files": {n: sha256_file(folder.tmp / n) for n in files}}
+            with open(folder.tmp / "MANIFEST.json", "w") as f:
                 json.dump(manifest, f, indent=2)
-                f.flush()
-                os.fsync(f.fileno())
-            _fsync_dir(tmp)
-            shutil.rmtree(final, ignore_errors=True)
-            os.replace(tmp, final)
-            _fsync_dir(self.folder)
+            folder.commit()
             self._prune()
         _barrier()  # nobody moves on (or exits) before the checkpoint is in place
         self._last = time.monotonic()
-        return final
+        return folder.final
 
     def _prune(self) -> None:
         steps = sorted(self.folder.glob("step-*"))
@@ -184,7 +136,12 @@ class Checkpointer:
         return None
 
     def _check_fingerprint(self, folder: Path) -> None:
-        theirs = json.loads((folder / "MANIFEST.json").read_text())["fingerprint"]
+        manifest = json.loads((folder / "MANIFEST.json").read_text())
+        if manifest.get("format_version") != FORMAT_VERSION:
+            raise CheckpointError(f"the checkpoint {folder} has format {manifest.get('format_version')}, this hpcgnn "
+                                  f"resumes format {FORMAT_VERSION}. HINT: use a new output folder (hydra.run.dir=...), "
+                                  "or checkpoint.resume=false to start over")
+        theirs = manifest["fingerprint"]
         diff = {k: (theirs.get(k), v) for k, v in self.fingerprint.items() if theirs.get(k) != v}
         if diff:
             listing = ", ".join(f"{k}: checkpoint {a!r}, job {b!r}" for k, (a, b) in diff.items())

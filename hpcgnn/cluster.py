@@ -14,67 +14,12 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
-from hpcgnn import user_config_dir
+from hpcgnn.env import user_config_dir
+from hpcgnn.slurm import SINFO_FORMAT, PartitionInfo, parse_gpus, parse_sinfo, parse_time_min, pick_partition
 
-SINFO_FORMAT = "%P|%D|%c|%m|%G|%l|%N"
-
-
-@dataclass(frozen=True)
-class PartitionInfo:
-    name: str
-    default: bool
-    nodes: int
-    cpus: int  # per node (the smallest node group)
-    mem_mb: int  # per node (the smallest node group)
-    gpus: int  # per node, from gres
-    time_min: int | None  # partition limit; None = infinite
-    nodelist: str
-
-
-def parse_gpus(gres: str) -> int:
-    """GPUs per node from a gres string: ``gpu:4``, ``gpu:a100:8(S:0-1)``, ``gpu:a100:4,shard:8``."""
-    total = 0
-    for item in gres.split(","):
-        parts = re.sub(r"\(.*?\)", "", item).split(":")
-        if parts[0] == "gpu" and parts[-1].isdigit():
-            total += int(parts[-1])
-    return total
-
-
-def parse_time_min(limit: str) -> int | None:
-    """Minutes of a SLURM time limit: ``infinite``, ``MM``, ``HH:MM:SS``, ``D-HH:MM:SS``."""
-    if limit in ("infinite", "UNLIMITED", "n/a", ""):
-        return None
-    days, _, rest = limit.rpartition("-")
-    fields = [int(x) for x in rest.split(":")]
-    if len(fields) == 1:  # minutes
-        h, m, s = 0, fields[0], 0
-    elif len(fields) == 2:  # MM:SS
-        h, m, s = 0, fields[0], fields[1]
-    else:
-        h, m, s = fields[-3:]
-    return (int(days) if days else 0) * 1440 + h * 60 + m + (1 if s else 0)
-
-
-def parse_sinfo(text: str) -> list[PartitionInfo]:
-    """Partitions from ``sinfo -h -o SINFO_FORMAT`` (one line per node group)."""
-    groups: dict[str, list[list[str]]] = {}
-    for line in text.splitlines():
-        fields = line.strip().split("|")
-        if len(fields) == 7:
-            groups.setdefault(fields[0], []).append(fields)
-    out = []
-    for raw, rows in groups.items():
-        out.append(PartitionInfo(
-            name=raw.rstrip("*"), default=raw.endswith("*"), nodes=sum(int(r[1]) for r in rows),
-            cpus=min(int(r[2].rstrip("+")) for r in rows), mem_mb=min(int(r[3].rstrip("+")) for r in rows),
-            gpus=min(parse_gpus(r[4]) for r in rows), time_min=parse_time_min(rows[0][5]),
-            nodelist=",".join(r[6] for r in rows)))
-    return out
-
+__all__ = ["PartitionInfo", "cluster_yaml", "init", "main", "parse_gpus", "parse_sinfo", "parse_time_min"]
 
 def cluster_yaml(name: str, p: PartitionInfo, host: str) -> str:
     tasks = p.gpus or 1
@@ -111,12 +56,9 @@ def init(name: str, partition: str | None, folder: Path, sinfo: str | None = Non
     parts = parse_sinfo(sinfo)
     if not parts:
         raise RuntimeError("sinfo reported no partitions")
-    if partition is None:
-        chosen = next((p for p in parts if p.default), parts[0])
-    else:
-        chosen = next((p for p in parts if p.name == partition), None)
-        if chosen is None:
-            raise ValueError(f"no partition {partition!r}; sinfo lists: {', '.join(p.name for p in parts)}")
+    chosen = pick_partition(parts, partition)
+    if chosen is None:
+        raise ValueError(f"no partition {partition!r}; sinfo lists: {', '.join(p.name for p in parts)}")
     path = folder / f"{name}.yaml"
     if path.exists() and not force:
         raise FileExistsError(f"{path} exists: pass --force to overwrite it")

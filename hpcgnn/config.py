@@ -4,7 +4,12 @@ Every config group owns one frozen dataclass. Hydra composes YAML files and
 command-line overrides against mutable twins of these classes (OmegaConf makes
 frozen dataclasses read-only, so Hydra could not merge into them); the result
 becomes a frozen, validated :class:`RunConfig` exactly once, in
-:func:`RunConfig.from_dictconfig`. Everything downstream takes a ``RunConfig``.
+:func:`RunConfig.from_dictconfig` (called by :func:`hpcgnn.compose.compose`).
+Everything downstream takes a ``RunConfig``.
+
+This module checks values and their combinations only; it imports nothing of hpcgnn but
+its errors. The registries (models, datasets, tasks) check their own names, in
+``compose.check_registered_names``.
 """
 
 from __future__ import annotations
@@ -18,9 +23,14 @@ from typing import Any, Optional, Tuple
 
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from hpcgnn.errors import ConfigError
 
-class ConfigError(ValueError):
-    """A configuration the user must fix; the message names the setting."""
+__all__ = ["ConfigError", "RunConfig", "check_override_keys", "register_configs"]
+
+
+@dataclass(frozen=True)
+class TaskConfig:
+    name: str = "node"  # node (node classification); the task owns the loss, metrics and evaluation
 
 
 @dataclass(frozen=True)
@@ -98,8 +108,8 @@ class TrainConfig:
 @dataclass(frozen=True)
 class DistConfig:
     backend: str = "auto"  # auto (nccl with CUDA, gloo without) | nccl | gloo
-    init_timeout_s: float = 300.0  # seconds to wait for every rank at process-group init
-    timeout_s: float = 900.0  # seconds before a stuck collective fails the job
+    init_timeout_s: float = 1800.0  # seconds a collective may wait until the first training step succeeded (rendezvous, data preparation, partitioning on local rank 0)
+    timeout_s: float = 120.0  # seconds a collective may wait after that: a hung rank fails the job this soon
     master_port: int = 0  # 0 = derive from the job id inside port_min..port_max
     port_min: int = 20000  # lowest derived port
     port_max: int = 32767  # highest derived port (Linux's ephemeral range starts at 32768)
@@ -128,6 +138,7 @@ class ClusterConfig:
 
 @dataclass(frozen=True)
 class LaunchConfig:
+    mode: str = "auto"  # auto (guess from the environment) | submit (to +cluster) | local (launch.procs here) | rank (train in this process, one rank of srun/torchrun)
     dry_run: bool = False  # print the job script and the resolved config, submit nothing
     wait: Optional[bool] = None  # wait for the job(s) and print the result; default: a run waits, a sweep (-m) does not
     procs: int = 2  # processes on this machine when no +cluster is given
@@ -147,7 +158,7 @@ class CheckpointConfig:
 
 @dataclass(frozen=True)
 class MetricsConfig:
-    every_steps: int = 1  # write a step record (JSON lines, TensorBoard) every N steps
+    every_steps: int = 10  # logging steps: read timings and losses (device syncs) and write step records every N steps
     straggler_factor: float = 1.5  # warn when a rank's p95 step time exceeds the median rank's by this factor
     tensorboard: bool = True  # rank 0 writes <run_dir>/tensorboard
     progress_bar: str = "auto"  # auto (on a terminal only) | on | off; rank 0 only
@@ -161,12 +172,15 @@ class DebugConfig:
     hang_step: int = 1  # ... just before this step
     slow_rank: int = -1  # this rank sleeps debug.slow_s before every step (a straggler)
     slow_s: float = 0.0
+    delay_rank: int = -1  # this rank sleeps debug.delay_s before the first step only (a slow start)
+    delay_s: float = 0.0
     signal_rank: int = -1  # this rank sends itself checkpoint.signal ...
     signal_step: int = 1  # ... just before this step (a preemption, in-process)
 
 
 @dataclass(frozen=True)
 class RunConfig:
+    task: TaskConfig = MISSING
     dataset: DatasetConfig = MISSING
     model: ModelConfig = MISSING
     graph: GraphConfig = MISSING
@@ -177,7 +191,7 @@ class RunConfig:
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     debug: DebugConfig = field(default_factory=DebugConfig)
     cluster: Optional[ClusterConfig] = None  # absent: run launch.procs processes on this machine
-    run_dir: str = "${hydra:runtime.output_dir}"  # where logs, summary.json and job files go
+    run_dir: str = ""  # where logs, summary.json and job files go; "" = hydra.run.dir (a sweep: hydra.sweep.dir/subdir)
 
     @classmethod
     def from_dictconfig(cls, cfg: DictConfig) -> RunConfig:
@@ -196,15 +210,7 @@ class RunConfig:
 
     def validate(self) -> None:
         """Cross-field checks, each naming the setting to change."""
-        from hpcgnn.models import MODELS  # local: models imports torch_geometric
-
         t, m, d = self.train, self.model, self.dataset
-        if m.name not in MODELS:
-            raise ConfigError(f"model.name={m.name!r} is unknown: use one of {', '.join(sorted(MODELS))}")
-        from hpcgnn.data import LOADERS
-
-        if d.name not in LOADERS:
-            raise ConfigError(f"dataset.name={d.name!r} is unknown: use one of {', '.join(sorted(LOADERS))}")
         _validate_graph(self.graph, self.world_size)
         if not t.fanouts or any(f < 1 for f in t.fanouts):
             raise ConfigError(f"train.fanouts={list(t.fanouts)} must be one or more positive integers, e.g. train.fanouts=[10,5]")
@@ -218,6 +224,12 @@ class RunConfig:
             raise ConfigError(f"train.prefetch={t.prefetch} must be 0 (off) or more batches")
         if t.lr <= 0:
             raise ConfigError(f"train.lr={t.lr} must be positive")
+        if self.launch.mode not in ("auto", "submit", "local", "rank"):
+            raise ConfigError(f"launch.mode={self.launch.mode!r} is unknown: use auto, submit, local or rank")
+        if self.launch.mode == "submit" and self.cluster is None:
+            raise ConfigError("launch.mode=submit needs a cluster to submit to. HINT: add +cluster=NAME")
+        if self.dist.timeout_s <= 0 or self.dist.init_timeout_s <= 0:
+            raise ConfigError("dist.init_timeout_s and dist.timeout_s must be positive (seconds)")
         if self.metrics.progress_bar not in ("auto", "on", "off"):
             raise ConfigError(f"metrics.progress_bar={self.metrics.progress_bar!r} is unknown: use auto, on or off")
         if self.metrics.every_steps < 1 or self.metrics.straggler_factor <= 1:
@@ -232,10 +244,6 @@ class RunConfig:
             raise ConfigError("train.accumulate, train.powersgd_rank and train.eval_chunk must be at least 1")
         if not 0 <= t.warmup < 1:
             raise ConfigError(f"train.warmup={t.warmup} must be a fraction of the steps in [0, 1)")
-        if t.eval_mode == "full" and (self.graph.mode != "replicated" or m.name not in ("sage", "gin", "gat", "mlp")):
-            raise ConfigError(f"train.eval_mode=full needs graph=replicated and model sage, gin, gat or mlp (GCN's "
-                              f"normalisation needs every source's degree); got graph.mode={self.graph.mode}, "
-                              f"model={m.name}. HINT: train.eval_mode=sampled")
         _validate_sampler(t, self.graph)
         if t.lr_schedule not in ("constant", "cosine"):
             raise ConfigError(f"train.lr_schedule={t.lr_schedule!r} is unknown: use constant or cosine")
@@ -396,6 +404,7 @@ def schema(cls: type) -> type:
 
 
 GROUPS: dict[str, type] = {
+    "task": TaskConfig,
     "dataset": DatasetConfig,
     "model": ModelConfig,
     "graph": GraphConfig,
@@ -405,13 +414,11 @@ GROUPS: dict[str, type] = {
 
 def register_configs() -> None:
     """Register the schemas: ``base_config`` for conf/config.yaml, ``base_<group>`` for each group."""
-    import os
-
     from hydra.core.config_store import ConfigStore
 
     from hpcgnn.env import run_name
 
-    OmegaConf.register_new_resolver("hpcgnn_run_name", lambda: run_name(os.environ), replace=True, use_cache=True)
+    OmegaConf.register_new_resolver("hpcgnn_run_name", run_name, replace=True, use_cache=True)
     cs = ConfigStore.instance()
     cs.store(name="base_config", node=schema(RunConfig))
     for group, cls in GROUPS.items():

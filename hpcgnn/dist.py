@@ -2,6 +2,17 @@
 
 With one rank no process group is created and every helper is the identity, so
 the same training code runs alone, under DDP on CPU (gloo) and on GPUs (nccl).
+
+Groups: the default group carries DDP's gradient all-reduce (nccl on GPUs); a second
+group carries the partitioned sampler's exchanges from the prefetch thread
+(:func:`new_group`); and under nccl a gloo *control* group carries the small host-side
+collectives (the per-step checkpoint flags, object gathers), so that reading them never
+waits for the GPU stream.
+
+Timeouts: until the first training step has succeeded, collectives may wait
+``dist.init_timeout_s`` (ranks start at different times; local rank 0 may prepare data);
+after it, :func:`shorten_timeouts` sets ``dist.timeout_s`` on every group, so a rank
+that hangs mid-run fails the job within that time (torchtitan does the same).
 """
 
 from __future__ import annotations
@@ -22,6 +33,8 @@ log = logging.getLogger(__name__)
 
 # Where collective inputs must live: the rank's GPU under nccl, the CPU under gloo.
 _comm_device = torch.device("cpu")
+_groups: list = []  # every group made here besides the default one (their timeouts shorten with it)
+_control = None  # gloo group for host-side collectives under nccl (None: the default group is gloo already)
 
 
 def pick_device(env: RankEnv, train: TrainConfig) -> torch.device:
@@ -46,16 +59,17 @@ def process_group(env: RankEnv, cfg: DistConfig, device: torch.device) -> Iterat
     """Initialise the default process group for the job, and always tear it down.
 
     Init uses an explicit TCP rendezvous at env.master_addr:env.master_port with
-    cfg.init_timeout_s; afterwards collectives time out after cfg.timeout_s, so a
-    dead or stuck rank fails the job instead of hanging it.
+    cfg.init_timeout_s, the timeout of every collective too until :func:`shorten_timeouts`;
+    so a dead or stuck rank fails the job instead of hanging it.
     """
     if env.world_size == 1:
         yield
         return
     backend = pick_backend(cfg, device)
     where = f"{env.master_addr}:{env.master_port}"
-    log.info("init process group: backend=%s store=%s rank=%d/%d host=%s init_timeout=%ss timeout=%ss",
-             backend, where, env.rank, env.world_size, socket.gethostname(), cfg.init_timeout_s, cfg.timeout_s)
+    log.info("init process group: backend=%s store=%s rank=%d/%d host=%s timeouts: %ss until the first step, "
+             "then %ss", backend, where, env.rank, env.world_size, socket.gethostname(), cfg.init_timeout_s,
+             cfg.timeout_s)
     try:
         # Our own store, so that the rendezvous has its own timeout: waiting for a
         # slow node to start is normal, a collective stuck that long is not.
@@ -65,17 +79,21 @@ def process_group(env: RankEnv, cfg: DistConfig, device: torch.device) -> Iterat
         hint = ("the port is taken: set dist.master_port to a free port" if env.is_main
                 else f"rank 0 did not open {where} in time: check that it started and that the port is reachable")
         raise RuntimeError(f"rank {env.rank}: rendezvous at {where} failed ({exc}). HINT: {hint}") from exc
-    global _comm_device
+    global _comm_device, _control
     kwargs = {"device_id": device} if device.type == "cuda" else {}
     dist.init_process_group(backend, store=store, rank=env.rank, world_size=env.world_size,
-                            timeout=timedelta(seconds=cfg.timeout_s), **kwargs)
+                            timeout=timedelta(seconds=cfg.init_timeout_s), **kwargs)
     _comm_device = device if backend == "nccl" else torch.device("cpu")
+    if backend == "nccl":
+        _control = dist.new_group(backend="gloo", timeout=timedelta(seconds=cfg.init_timeout_s))
+        _groups.append(_control)
     try:
         yield
     finally:
         # No barrier here: after an error on one rank, a barrier would wait for the dead.
         dist.destroy_process_group()
-        _comm_device = torch.device("cpu")
+        _comm_device, _control = torch.device("cpu"), None
+        _groups.clear()
 
 
 def comm_device() -> torch.device:
@@ -84,14 +102,27 @@ def comm_device() -> torch.device:
 
 
 def new_group(cfg: DistConfig):
-    """A second process group over all ranks (same backend, same timeout), or None alone.
+    """A second process group over all ranks (same backend), or None alone.
 
     Collectives issued from the prefetch thread run on it, so they never interleave
     with the training thread's gradient all-reduces on the default group.
     """
     if not initialized():
         return None
-    return dist.new_group(timeout=timedelta(seconds=cfg.timeout_s))
+    group = dist.new_group(timeout=timedelta(seconds=cfg.init_timeout_s))
+    _groups.append(group)
+    return group
+
+
+def shorten_timeouts(seconds: float) -> None:
+    """After the first step succeeded: every group's collectives time out after ``seconds``."""
+    if not initialized():
+        return
+    from torch.distributed.distributed_c10d import _set_pg_timeout
+
+    for group in [None, *_groups]:
+        _set_pg_timeout(timedelta(seconds=seconds), group)
+    log.info("collective timeout now %ss (dist.timeout_s)", seconds)
 
 
 def initialized() -> bool:
@@ -100,6 +131,9 @@ def initialized() -> bool:
 
 def _all_reduce(t: torch.Tensor, op) -> torch.Tensor:
     if initialized():
+        if _control is not None and t.device.type == "cpu":  # host values: the gloo control group
+            dist.all_reduce(t, op=op, group=_control)
+            return t
         buf = t.to(_comm_device)  # nccl reduces GPU tensors only; a no-op copy under gloo
         dist.all_reduce(buf, op=op)
         if buf is not t:
@@ -118,8 +152,25 @@ def all_reduce_max(t: torch.Tensor) -> torch.Tensor:
 
 
 def all_gather_object(obj: object) -> list:
+    """Every rank's ``obj`` (small, picklable), in rank order; through the control group under nccl."""
     if not initialized():
         return [obj]
     out: list = [None] * dist.get_world_size()
-    dist.all_gather_object(out, obj)
+    dist.all_gather_object(out, obj, group=_control)
     return out
+
+
+def all_gather_rows(mine: torch.Tensor, counts: list[int]) -> torch.Tensor:
+    """Concatenate every rank's rows in rank order (rank r holds ``counts[r]`` rows of the same width).
+
+    A tensor collective (no pickling): rows are padded to the largest count and gathered into
+    one preallocated buffer on the collective device.
+    """
+    if not initialized():
+        return mine
+    most = max(counts)
+    buf = mine.new_zeros((most, *mine.shape[1:]), device=_comm_device)
+    buf[: mine.size(0)] = mine.to(_comm_device)
+    out = buf.new_empty((len(counts) * most, *mine.shape[1:]))
+    dist.all_gather(list(out.split(most)), buf)
+    return torch.cat([out[r * most: r * most + c] for r, c in enumerate(counts)]).to(mine.device)

@@ -1,27 +1,33 @@
-"""Where a rank is: one frozen RankEnv, read from exactly one table per launcher.
+"""Where a rank is, and everything else hpcgnn reads from the environment.
 
-Sources, in the order they are tried:
+This module is the only reader of environment variables. Two tables say what is read:
 
-- ``torchrun``: torchrun / torch.distributed.run, and hpcgnn's own local spawn;
-- ``submitit_local``: submitit's LocalExecutor (``SUBMITIT_LOCAL_*``);
-- ``slurm``: a task started by ``srun`` inside a SLURM allocation;
-- ``single``: one plain process.
+- :data:`SOURCES`: per launcher, the variable of each rank role (rank, world size, ...),
+  from which one frozen :class:`RankEnv` is made. Sources, in the order they are tried:
+  ``torchrun`` (torchrun / torch.distributed.run, and hpcgnn's own local spawn),
+  ``submitit_local`` (submitit's LocalExecutor, ``SUBMITIT_LOCAL_*``), ``slurm`` (a task
+  that ``srun`` started), ``single`` (one plain process).
+- :data:`VARIABLES`: every other variable, by role (the requeue count, CPUs and memory of
+  the allocation, whether a shell is interactive, the user's config folder).
 
-Nothing here writes ``os.environ``: every function takes the mapping it reads.
+Nothing here writes ``os.environ``: every function takes the mapping it reads (default:
+this process's environment).
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import itertools
 import os
 import re
 import socket
 import zlib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
-from hpcgnn.config import ConfigError
+from hpcgnn.errors import AllocationError
 
 # role -> variable, one table per source. A role missing from a table is derived.
 SOURCES: dict[str, dict[str, str]] = {
@@ -52,8 +58,6 @@ SOURCES: dict[str, dict[str, str]] = {
         "nodelist": "SLURM_JOB_NODELIST",
         "tasks_per_node": "SLURM_TASKS_PER_NODE",
         "job_id": "SLURM_JOB_ID",
-        "step_tasks": "SLURM_STEP_NUM_TASKS",  # set by srun only
-        "cpus_per_task": "SLURM_CPUS_PER_TASK",
     },
 }
 # The variables whose presence selects a source.
@@ -63,9 +67,103 @@ _MARKERS = {
     "slurm": ("SLURM_JOB_ID", "SLURM_PROCID"),
 }
 
+# role -> variable: everything else hpcgnn reads.
+VARIABLES: dict[str, str] = {
+    "config_dir": "HPCGNN_CONFIG_DIR",  # the user's config folder (cluster/, model/, dataset/ files)
+    "restart_count": "SLURM_RESTART_COUNT",  # times SLURM requeued this job
+    "cpus_per_task": "SLURM_CPUS_PER_TASK",  # CPUs of each task (sbatch --cpus-per-task)
+    "cpus_on_node": "SLURM_CPUS_ON_NODE",  # CPUs the job has on this node
+    "mem_per_node_mb": "SLURM_MEM_PER_NODE",  # sbatch --mem, MB
+    "mem_per_cpu_mb": "SLURM_MEM_PER_CPU",  # sbatch --mem-per-cpu, MB
+    "job_tasks": "SLURM_NTASKS",  # tasks of the allocation (also set in the batch step)
+    "step_id": "SLURM_STEP_ID",  # srun step of this task
+    "step_tasks": "SLURM_STEP_NUM_TASKS",  # tasks of this srun step (set by srun only)
+    "job_name": "SLURM_JOB_NAME",  # bash / interactive for srun --pty bash and salloc shells
+    "pty_port": "SLURM_PTY_PORT",  # set by srun --pty: a terminal, not a rank
+    "torchrun_id": "TORCHELASTIC_RUN_ID",  # torchrun's run id ("none" unless --rdzv-id)
+    "master_addr": "MASTER_ADDR",
+    "master_port": "MASTER_PORT",
+}
+# Job names of shells a user types in (Lightning's rule, with the common shells).
+INTERACTIVE_JOB_NAMES = ("bash", "sh", "zsh", "fish", "tcsh", "csh", "ksh", "interactive")
 
-class AllocationError(ConfigError):
-    """What the launcher gave does not match what the config asked for."""
+
+def current() -> Mapping[str, str]:
+    """This process's environment, read-only in spirit: pass it to the functions here."""
+    return os.environ
+
+
+def local_rank_environ(rank: int, world_size: int, port: int) -> dict[str, str]:
+    """The environment of local process ``rank`` that ``python -m hpcgnn`` starts itself (torchrun's table)."""
+    return {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size),
+            "LOCAL_WORLD_SIZE": str(world_size), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+
+
+# Variables of the job we are in, which a job submitted from here must not inherit (sbatch exports
+# the environment, and srun in the new job would read e.g. SLURM_MEM_PER_CPU next to its own
+# SLURM_MEM_PER_NODE). SLURM_CONF says where the cluster is and stays.
+_JOB_PREFIXES = ("SLURM_", "SLURMD_", "SRUN_", "SBATCH_", "SALLOC_", "SUBMITIT_")
+_KEEP = ("SLURM_CONF",)
+
+
+@contextlib.contextmanager
+def outside_job() -> Iterator[None]:
+    """While submitting: this process's environment without the variables of the job it runs in.
+
+    The one place hpcgnn writes ``os.environ``; everything is restored on exit.
+    """
+    saved = {k: v for k, v in os.environ.items() if k.startswith(_JOB_PREFIXES) and k not in _KEEP}
+    for key in saved:
+        del os.environ[key]
+    try:
+        yield
+    finally:
+        os.environ.update(saved)
+
+
+def read(role: str, environ: Mapping[str, str] | None = None) -> str | None:
+    """The value of ``role``'s variable (see :data:`VARIABLES`), or None when unset."""
+    return (os.environ if environ is None else environ).get(VARIABLES[role])
+
+
+def read_int(role: str, environ: Mapping[str, str] | None = None) -> int | None:
+    value = read(role, environ)
+    return int(value) if value is not None and value.strip().isdigit() else None
+
+
+def user_config_dir(environ: Mapping[str, str] | None = None) -> Path:
+    """The user's config folder: $HPCGNN_CONFIG_DIR, default ~/.config/hpcgnn."""
+    return Path(read("config_dir", environ) or Path.home() / ".config" / "hpcgnn").expanduser()
+
+
+def restart_count(environ: Mapping[str, str] | None = None) -> int:
+    """Times SLURM requeued this job (0 outside SLURM)."""
+    return read_int("restart_count", environ) or 0
+
+
+def slurm_cpus_per_task(environ: Mapping[str, str] | None = None) -> int | None:
+    return read_int("cpus_per_task", environ)
+
+
+def slurm_memory_limit(environ: Mapping[str, str] | None = None) -> int | None:
+    """Bytes SLURM allows this job on this node (--mem, or --mem-per-cpu x its CPUs), or None."""
+    per_node = read_int("mem_per_node_mb", environ)
+    if per_node:
+        return per_node * 2**20
+    per_cpu, cpus = read_int("mem_per_cpu_mb", environ), read_int("cpus_on_node", environ)
+    if per_cpu and cpus:
+        return per_cpu * cpus * 2**20
+    return None
+
+
+def interactive_reason(environ: Mapping[str, str] | None = None) -> str | None:
+    """Why this process looks like a shell a user types in (srun --pty bash, salloc), or None."""
+    if read("pty_port", environ) is not None:
+        return "SLURM_PTY_PORT is set (srun --pty)"
+    name = read("job_name", environ)
+    if name in INTERACTIVE_JOB_NAMES:
+        return f"the job is named {name!r} (an interactive shell)"
+    return None
 
 
 @dataclass(frozen=True)
@@ -121,7 +219,7 @@ class RankEnv:
             return cls(source, rank, local_rank, world, world, int(get("node_rank", "0")),
                        int(get("num_nodes", "1")), (socket.gethostname(),), "127.0.0.1", port, job_id)
         # slurm
-        if "step_tasks" in table and environ.get(table["step_tasks"]) is None and world > 1:
+        if read("step_tasks", environ) is None and world > 1:
             raise AllocationError(
                 f"SLURM allocated {world} tasks but only this one is running: the training entry was started "
                 "without srun, directly in the batch script. HINT: start it as\n"
@@ -136,33 +234,51 @@ class RankEnv:
                    hostnames[0], port, job_id)
 
 
-def detect_source(environ: Mapping[str, str]) -> str:
+def detect_source(environ: Mapping[str, str] | None = None) -> str:
     """The first source whose marker variables are all set, else ``single``."""
+    environ = os.environ if environ is None else environ
     for source, markers in _MARKERS.items():
         if all(m in environ for m in markers):
             return source
     return "single"
 
 
-def started_as_rank(environ: Mapping[str, str]) -> bool:
-    """True when torchrun or srun started this process as one rank of a job."""
-    source = detect_source(environ)
-    return source == "torchrun" or (source == "slurm" and SOURCES["slurm"]["step_tasks"] in environ)
+def srun_step_tasks(environ: Mapping[str, str] | None = None) -> int | None:
+    """Tasks of the srun step that started this process; None outside an srun step."""
+    if detect_source(environ) != "slurm":
+        return None
+    return read_int("step_tasks", environ)
 
 
-def run_name(environ: Mapping[str, str], now: datetime.datetime | None = None) -> str:
+def started_as_rank(environ: Mapping[str, str] | None = None) -> bool:
+    """True when torchrun or srun started this process as one rank of a job.
+
+    A one-task srun step that runs a shell a user types in (``srun --pty bash``, a job named
+    ``bash`` or ``interactive``) is not a rank: commands typed there submit or start local
+    processes like anywhere else. Several tasks in one step are always ranks.
+    """
+    if detect_source(environ) == "torchrun":
+        return True
+    tasks = srun_step_tasks(environ)
+    if tasks is None:
+        return False
+    return tasks > 1 or interactive_reason(environ) is None
+
+
+def run_name(environ: Mapping[str, str] | None = None, now: datetime.datetime | None = None) -> str:
     """The run folder's name, the same on every rank of an externally launched job.
 
     srun and torchrun start each rank as its own ``python -m hpcgnn``: a
     timestamp would give every rank its own folder.
     """
+    environ = os.environ if environ is None else environ
     source = detect_source(environ)
     if source == "slurm" and started_as_rank(environ):
-        return f"slurm-{environ['SLURM_JOB_ID']}.{environ.get('SLURM_STEP_ID', 'batch')}"
+        return f"slurm-{environ[SOURCES['slurm']['job_id']]}.{read('step_id', environ) or 'batch'}"
     if source == "torchrun":
-        run_id = environ.get("TORCHELASTIC_RUN_ID", "none")
+        run_id = read("torchrun_id", environ) or "none"
         if run_id == "none":  # torchrun's default: fall back to what all ranks share
-            run_id = f"{environ['MASTER_ADDR']}-{environ['MASTER_PORT']}"
+            run_id = f"{read('master_addr', environ)}-{read('master_port', environ)}"
         return f"torchrun-{run_id}"
     return (now or datetime.datetime.now()).strftime("%Y-%m-%d/%H-%M-%S-%f")
 

@@ -22,15 +22,15 @@ import submitit
 import torch
 
 from hpcgnn import dist
+from hpcgnn import env as environment
 from hpcgnn.checkpoint import Preempted
 from hpcgnn.config import RunConfig
 from hpcgnn.dist import pick_device, process_group
 from hpcgnn.env import RankEnv, check_allocation
+from hpcgnn.errors import EXIT_PREEMPTED, UserError, describe
 from hpcgnn.io import write_json
 from hpcgnn.sampling.loader import keep_freed_memory
 from hpcgnn.trainer import train
-
-EXIT_PREEMPTED = 3  # a rank that stopped after a preemption checkpoint, with nobody to requeue it
 
 
 class TrainTask(submitit.helpers.Checkpointable):
@@ -38,7 +38,7 @@ class TrainTask(submitit.helpers.Checkpointable):
     requeues the job; the state itself is saved by all ranks together, before (trainer)."""
 
     def __call__(self, cfg: RunConfig) -> dict:
-        return run_rank(cfg, os.environ)
+        return run_rank(cfg, environment.current())
 
 
 run_task = TrainTask()
@@ -65,10 +65,10 @@ def run_rank(cfg: RunConfig, environ: Mapping[str, str]) -> dict:
             return train(cfg, env, device)
         except Preempted as stop:
             raise _requeue(cfg, env, stop) from None
-        except Exception:
+        except Exception as exc:
             # Recorded before the process group is torn down: the other ranks only
             # fail once this rank's connections close, so the cause is recorded first.
-            record_failure(Path(cfg.run_dir), env)
+            record_failure(Path(cfg.run_dir), env, exc)
             raise
 
 
@@ -102,10 +102,15 @@ def _requeue(cfg: RunConfig, env: RankEnv, stop: Preempted) -> BaseException:
     return outcome
 
 
-def record_failure(run_dir: Path, env: RankEnv) -> None:
-    """Write this rank's traceback to ``run_dir/failures/rank-<r>.json`` for the launcher's report."""
+def record_failure(run_dir: Path, env: RankEnv, exc: BaseException | None = None) -> None:
+    """Write this rank's traceback to ``run_dir/failures/rank-<r>.json`` for the launcher's report.
+
+    A user error (a corrupt partition, a checkpoint of another job, ...) is marked so, with
+    the line that names the fix: the launcher reports it as such and exits with code 2.
+    """
     record = {"rank": env.rank, "host": socket.gethostname(), "job_id": env.job_id, "time": time.time(),
-              "error": traceback.format_exc()}
+              "error": traceback.format_exc(),
+              "user_error": describe(exc) if isinstance(exc, UserError) else None}
     write_json(run_dir / "failures" / f"rank-{env.rank}.json", record)
 
 
@@ -120,8 +125,9 @@ def read_failures(run_dir: Path) -> list[dict]:
 
 def default_threads(env: RankEnv, environ: Mapping[str, str]) -> int:
     """The task's share of the node's CPUs: SLURM_CPUS_PER_TASK, else usable cores / local ranks."""
-    if environ.get("SLURM_CPUS_PER_TASK", "").isdigit() and env.source == "slurm":
-        return max(1, int(environ["SLURM_CPUS_PER_TASK"]))
+    cpus = environment.slurm_cpus_per_task(environ)
+    if cpus and env.source == "slurm":
+        return max(1, cpus)
     return max(1, len(os.sched_getaffinity(0)) // env.local_world_size)
 
 

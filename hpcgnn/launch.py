@@ -1,8 +1,12 @@
 """From a RunConfig to running ranks: local processes, submitit's local executor, or sbatch.
 
-- no ``cluster``: ``launch.procs`` processes on this machine (torch.multiprocessing, spawn);
-- ``cluster.executor=local``: submitit's LocalExecutor, tasks on this machine with job folders;
-- ``cluster.executor=slurm``: submitit's SlurmExecutor writes and submits the sbatch script.
+How (``launch.mode``, default ``auto``: see :func:`launch_mode`):
+
+- ``rank``: srun or torchrun started this process as one rank: it trains in place;
+- ``local``: ``launch.procs`` processes on this machine (torch.multiprocessing, spawn);
+- ``submit``: to the cluster of ``+cluster=NAME``: submitit's LocalExecutor
+  (``cluster.executor=local``, tasks on this machine with job folders) or its SlurmExecutor,
+  which writes and submits the sbatch script.
 
 The sbatch script is rendered by submitit's own code path for dry runs too, so
 ``launch.dry_run=true`` prints exactly the script that a real submission writes.
@@ -12,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import re
 import socket
 import sys
@@ -21,8 +24,10 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from hpcgnn import env
 from hpcgnn.config import ClusterConfig, RunConfig
-from hpcgnn.env import SOURCES, derive_port, detect_source, started_as_rank
+from hpcgnn.errors import EXIT_FAILED, EXIT_PREEMPTED, EXIT_USER_ERROR, ConfigError
+from hpcgnn.io import atomic_open
 
 
 def slurm_parameters(c: ClusterConfig) -> dict:
@@ -89,14 +94,19 @@ def resolved_yaml(cfg: RunConfig) -> str:
     return OmegaConf.to_yaml(OmegaConf.create(dataclasses.asdict(cfg)))
 
 
-def launch(cfg: RunConfig) -> int:
-    """Run or submit ``cfg``; returns the process exit code."""
+def launch(cfg: RunConfig, overrides: tuple[str, ...] | list[str] = ()) -> int:
+    """Run or submit ``cfg``; returns the process exit code (see :mod:`hpcgnn.errors`)."""
     if cfg.launch.dry_run:
         print(dry_run_text(cfg))
         return 0
-    mode = launch_mode(cfg, os.environ)
+    mode, why = launch_mode(cfg)
+    if why:
+        print(f"hpcgnn: {why}", flush=True)
     if mode == "rank":
         return _run_this_rank(cfg)
+    if mode == "local":
+        cfg = dataclasses.replace(cfg, cluster=None)  # the ranks are these processes, whatever the cluster file says
+    record_config(cfg, overrides)
     from hpcgnn.data import check_available
 
     check_available(cfg.dataset)
@@ -105,7 +115,7 @@ def launch(cfg: RunConfig) -> int:
     after = None
     if cfg.graph.mode == "partitioned":
         after = _ensure_partitioned(cfg, mode)
-    if mode == "spawn":
+    if mode == "local":
         return _spawn_local(cfg)
     ex = make_executor(cfg)
     if after is not None:  # SLURM starts training only once partitioning succeeded, and drops it otherwise
@@ -113,7 +123,8 @@ def launch(cfg: RunConfig) -> int:
                                                     "kill_on_invalid_dep": "yes"})
     from hpcgnn.job import run_task
 
-    job = ex.submit(run_task, cfg)
+    with env.outside_job():
+        job = ex.submit(run_task, cfg)
     print(f"submitted job {job.job_id} to {cfg.cluster.name} ({cfg.world_size} tasks)"
           f"{f', after partitioning job {after.job_id}' if after is not None else ''}; output folder: {cfg.run_dir}",
           flush=True)
@@ -122,34 +133,30 @@ def launch(cfg: RunConfig) -> int:
     return _wait(job, cfg, after)
 
 
+def record_config(cfg: RunConfig, overrides: tuple[str, ...] | list[str]) -> None:
+    """``<run_dir>/.hydra/``: the resolved config and the overrides it came from (as Hydra's own runs keep)."""
+    folder = Path(cfg.run_dir) / ".hydra"
+    with atomic_open(folder / "config.yaml") as f:
+        f.write(resolved_yaml(cfg))
+    with atomic_open(folder / "overrides.yaml") as f:
+        f.write(OmegaConf.to_yaml(OmegaConf.create(list(overrides))))
+
+
 def check_partition_capacity(c: ClusterConfig, sinfo: str | None = None) -> None:
     """Before submitting: can the SLURM partition hold the job at all? (Skipped where sinfo cannot tell.)
 
-    ``sinfo`` is its output for testing; by default asked of the cluster: one line
-    ``NODES|MEMORY_MB|CPUS`` per node group of the partition.
+    ``sinfo`` is the text of ``sinfo -h -o SINFO_FORMAT`` for testing; by default the cluster is asked.
     """
-    from hpcgnn.config import ConfigError
+    from hpcgnn.slurm import partitions, pick_partition
 
     if c.executor != "slurm":
         return
-    if sinfo is None:
-        import shutil
-        import subprocess
-
-        if shutil.which("sinfo") is None:
-            return
-        args = ["sinfo", "-h", "-o", "%D|%m|%c"] + (["-p", c.partition] if c.partition else [])
-        try:
-            out = subprocess.run(args, capture_output=True, text=True, timeout=30)
-        except (OSError, subprocess.TimeoutExpired):
-            return
-        if out.returncode != 0:
-            return
-        sinfo = out.stdout
-    groups = [tuple(int(v.rstrip("+")) for v in line.split("|")) for line in sinfo.split() if line.count("|") == 2]
-    if not groups:
+    parts = partitions(sinfo)
+    part = pick_partition(parts, c.partition) if parts else None
+    if part is None:  # sinfo cannot tell (or lists no such partition: sbatch will say so itself)
         return
-    where = f"partition {c.partition}" if c.partition else "the default partition"
+    groups = [(g.nodes, g.mem_mb, g.cpus) for g in part.groups]
+    where = f"partition {part.name}"
     total = sum(n for n, _, _ in groups)
     if c.nodes > total:
         raise ConfigError(f"cluster.nodes={c.nodes} but {where} has {total} nodes. HINT: set cluster.nodes={total} "
@@ -177,7 +184,7 @@ def _ensure_partitioned(cfg: RunConfig, mode: str):
     num_parts = cfg.graph.num_parts or cfg.world_size
     if parts_ready(cfg.dataset, cfg.graph, num_parts):
         return None
-    if mode == "spawn" or cfg.cluster.executor == "local":
+    if mode == "local" or cfg.cluster.executor == "local":
         run_partition(cfg.dataset, cfg.graph, num_parts)
         return None
     _check_partition_job_memory(cfg)
@@ -208,7 +215,8 @@ def submit_partition(cfg: RunConfig):
     from hpcgnn.partition import run_partition_task
 
     pcfg = partition_job_config(cfg)
-    job = make_executor(pcfg).submit(run_partition_task, cfg)
+    with env.outside_job():
+        job = make_executor(pcfg).submit(run_partition_task, cfg)
     print(f"submitted partitioning job {job.job_id} to {cfg.cluster.name}; output folder: {pcfg.run_dir}", flush=True)
     return job
 
@@ -220,27 +228,43 @@ def wait_partition(job, cfg: RunConfig) -> int:
         job.result()
     except (FailedJobError, UncompletedJobError) as exc:
         print(f"partitioning job {job.job_id} failed (state {job.state}):\n{exc}", file=sys.stderr, flush=True)
-        return 1
+        return EXIT_FAILED
     sys.stdout.write(job.stdout() or "")
     return 0
 
 
-def launch_mode(cfg: RunConfig, environ) -> str:
-    """How this process runs ``cfg``.
+def launch_mode(cfg: RunConfig, environ=None) -> tuple[str, str]:
+    """How this process runs ``cfg``, and why when the guess is not the obvious one.
 
-    - ``rank``: srun or torchrun started this process as one rank: train in place. A
-      SLURM batch script with several tasks but no srun lands here too, and fails
-      with the srun line to use.
-    - ``submit``: hand the job to the cluster's executor (also from inside a batch job).
-    - ``spawn``: start ``launch.procs`` processes on this machine.
+    ``launch.mode`` other than ``auto`` decides. Otherwise:
+
+    - ``rank``: torchrun, or srun with several tasks in the step, started this process as one
+      rank: it trains in place. So does a one-task srun step that is not a shell a user types
+      in (a batch script's ``srun python -m hpcgnn``). A batch script with several tasks but
+      no srun lands here too, and fails with the srun line to use.
+    - ``submit``: with ``+cluster=NAME``, hand the job to the cluster's executor, also from a
+      shell inside an allocation (``srun --pty bash``, ``salloc``) or from a batch job.
+    - ``local``: start ``launch.procs`` processes on this machine.
     """
-    if started_as_rank(environ):
-        return "rank"
+    if cfg.launch.mode != "auto":
+        return cfg.launch.mode, ""
+    if env.started_as_rank(environ):
+        return "rank", ""
+    interactive = env.interactive_reason(environ)
+    tasks = env.srun_step_tasks(environ)
+    if tasks is not None:  # a one-task interactive step, or started_as_rank would have said so
+        where = f"a one-task interactive SLURM step ({interactive})"
+        what = f"submitting to {cfg.cluster.name}" if cfg.cluster is not None else \
+            f"starting {cfg.launch.procs} local processes"
+        return ("submit" if cfg.cluster is not None else "local",
+                f"{where}: {what}; launch.mode=rank trains in this process instead")
     if cfg.cluster is not None:
-        return "submit"
-    if detect_source(environ) == "slurm" and int(environ.get("SLURM_NTASKS", "1")) > 1:
-        return "rank"
-    return "spawn"
+        return "submit", ""
+    job_tasks = env.read_int("job_tasks", environ) or 1
+    if env.detect_source(environ) == "slurm" and job_tasks > 1 \
+            and interactive is None:
+        return "rank", ""  # a batch step that forgot srun: RankEnv says so, with the line to use
+    return "local", ""
 
 
 def dry_run_text(cfg: RunConfig) -> str:
@@ -288,20 +312,24 @@ def _wait(job, cfg: RunConfig, after=None) -> int:
                 why = f": partitioning job {after.job_id} ended {after.state}\n{after.stderr() or ''}"
             print(f"job {job.job_id} was cancelled ({state}){why}; output folder: {cfg.run_dir}", file=sys.stderr,
                   flush=True)
-            return 1
-        report = failure_report(Path(cfg.run_dir), "")
-        if report:
-            print(f"job {job.job_id} failed (state {state})\n{report}", file=sys.stderr, flush=True)
-            return 1
+            return EXIT_FAILED
+        if _failures(Path(cfg.run_dir)):
+            return report_failure(Path(cfg.run_dir), "", f"job {job.job_id} failed (state {state})")
         results = job.results()
     except KeyboardInterrupt:
         print(f"\nstopped waiting; job {job.job_id} goes on (output folder: {cfg.run_dir})", file=sys.stderr)
         return 130
     except (FailedJobError, UncompletedJobError) as exc:
         print(f"job {job.job_id} failed (state {job.state}):\n{exc}", file=sys.stderr, flush=True)
-        return 1
+        return EXIT_FAILED
     _print_result(results[0])
     return 0
+
+
+def _failures(run_dir: Path) -> list[dict]:
+    from hpcgnn.job import read_failures
+
+    return read_failures(run_dir)
 
 
 def failure_report(run_dir: Path, fallback: str) -> str:
@@ -310,16 +338,24 @@ def failure_report(run_dir: Path, fallback: str) -> str:
     When one rank dies, the others fail next with communication errors
     ("Connection closed by peer"); the earliest failure record is the cause.
     """
-    from hpcgnn.job import read_failures
-
-    records = read_failures(run_dir)
+    records = _failures(run_dir)
     if not records:
         return fallback
     lines = ["failed ranks:"]
     lines += [f"  rank {r['rank']} on {r['host']}: {_last_line(r['error'])}" for r in sorted(records, key=lambda r: r["rank"])]
     first = records[0]
     lines += [f"first failure, rank {first['rank']} on {first['host']}:", first["error"].rstrip()]
+    if first.get("user_error"):  # the cause is something to fix, not a bug: say it plainly last
+        lines.append(first["user_error"])
     return "\n".join(lines)
+
+
+def report_failure(run_dir: Path, fallback: str, headline: str = "") -> int:
+    """Print the failure report of a run; the exit code: 2 when the first failure was a user error."""
+    report = failure_report(run_dir, fallback)
+    print(f"{headline}\n{report}" if headline else report, file=sys.stderr, flush=True)
+    records = _failures(run_dir)
+    return EXIT_USER_ERROR if records and records[0].get("user_error") else EXIT_FAILED
 
 
 def _last_line(text: str) -> str:
@@ -364,8 +400,9 @@ def _run_this_rank(cfg: RunConfig) -> int:
     """This process is one rank that srun or torchrun started: train here."""
     from hpcgnn.job import run_rank
 
-    summary = run_rank(cfg, os.environ)
-    if os.environ[SOURCES[detect_source(os.environ)]["rank"]] == "0":
+    environ = env.current()
+    summary = run_rank(cfg, environ)
+    if env.RankEnv.from_environ(environ, (cfg.dist.port_min, cfg.dist.port_max), cfg.dist.master_port).is_main:
         _print_result(summary)
     return 0
 
@@ -373,27 +410,22 @@ def _run_this_rank(cfg: RunConfig) -> int:
 def _spawn_entry(local_rank: int, cfg: RunConfig, port: int) -> None:
     from hpcgnn.job import run_rank
 
-    n = cfg.launch.procs
-    environ = {**os.environ, "RANK": str(local_rank), "LOCAL_RANK": str(local_rank), "WORLD_SIZE": str(n),
-               "LOCAL_WORLD_SIZE": str(n), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-    run_rank(cfg, environ)
+    run_rank(cfg, env.local_rank_environ(local_rank, cfg.launch.procs, port))
 
 
 def _spawn_local(cfg: RunConfig) -> int:
     import torch.multiprocessing as mp
 
     d = cfg.dist
-    port = d.master_port or free_port(derive_port(str(os.getpid()), d.port_min, d.port_max), d.port_min, d.port_max)
+    port = d.master_port or free_port(env.derive_port(str(time.time_ns()), d.port_min, d.port_max), d.port_min,
+                                      d.port_max)
     print(f"starting {cfg.launch.procs} local processes; output folder: {cfg.run_dir}", flush=True)
     try:
         mp.start_processes(_spawn_entry, args=(cfg, port), nprocs=cfg.launch.procs, start_method="spawn")
     except (mp.ProcessRaisedException, mp.ProcessExitedException) as exc:
-        from hpcgnn.job import EXIT_PREEMPTED
-
         if getattr(exc, "exit_code", None) == EXIT_PREEMPTED:  # rank 0 printed where the checkpoint is
             return EXIT_PREEMPTED
-        print(failure_report(Path(cfg.run_dir), str(exc)), file=sys.stderr, flush=True)
-        return 1
+        return report_failure(Path(cfg.run_dir), str(exc))
     with open(Path(cfg.run_dir) / "summary.json") as f:
         _print_result(json.load(f))
     return 0

@@ -35,22 +35,66 @@ ON_THE_CLOCK = ("wait_s", "h2d_s", "forward_s", "backward_s", "optimizer_s")
 
 
 def peak_memory_mb(device: torch.device) -> float:
+    """Peak memory of the training device: the CUDA allocator's peak on a GPU, else the process's peak RSS."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
+    return host_peak_mb()
+
+
+def host_peak_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
 
+class Clock:
+    """Marks on the device's timeline: CUDA events on a GPU, host time elsewhere.
+
+    Recording an event does not wait for the GPU; the time between two marks is read later
+    (:meth:`seconds`), on logging steps, after one wait for the last mark. So a step's phases
+    cost no host-device synchronisation, and on a GPU they time the work itself, not its launch.
+    """
+
+    def __init__(self, device: torch.device | None):
+        self.cuda = device is not None and device.type == "cuda"
+
+    def mark(self):
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
+    @staticmethod
+    def seconds(start, end) -> float:
+        if isinstance(start, float):
+            return end - start
+        return start.elapsed_time(end) / 1000.0
+
+    @staticmethod
+    def wait(mark) -> None:
+        """Until the work before ``mark`` is done (a GPU sync; nothing on the host clock)."""
+        if not isinstance(mark, float):
+            mark.synchronize()
+
+
 class StepMetrics:
-    """Collects one rank's step records; writes them as JSON lines; summarises epochs across ranks."""
+    """Collects one rank's step records; writes them as JSON lines; summarises epochs across ranks.
+
+    A step is recorded with its clock marks and its loss as a device tensor; both are read on
+    logging steps (every ``every_steps``, and at the end of an epoch) for all steps since the
+    last read, so the hot path never waits for the device. Every step's record serves the
+    epoch's balance figures; logging steps' records go to the JSON lines and TensorBoard.
+    """
 
     def __init__(self, run_dir: str, rank: int, device: torch.device, every_steps: int, straggler_factor: float,
                  tensorboard: bool):
         self.folder = Path(run_dir) / "metrics"
         self.folder.mkdir(parents=True, exist_ok=True)
         self.rank, self.device, self.every = rank, device, max(every_steps, 1)
+        self.clock = Clock(device)
         self.factor = straggler_factor
         self.file = open(self.folder / f"rank-{rank}.jsonl", "a")  # appended across resumes
         self.epoch_steps: list[dict] = []
+        self.pending: list[tuple[dict, dict, torch.Tensor]] = []  # (record, marks, loss) not read yet
         self.writer = None
         if tensorboard and rank == 0:
             try:
@@ -60,28 +104,45 @@ class StepMetrics:
             except ImportError as exc:  # tensorboard missing: metrics still go to the JSON lines
                 log.warning("TensorBoard disabled: %s", exc)
 
-    def sync(self) -> float:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        return time.perf_counter()
-
-    def record(self, step: int, epoch: int, phases: dict, data, loss: float) -> None:
-        rec = {"step": step, "epoch": epoch, **{k: round(float(phases.get(k, 0.0)), 6) for k in PHASES}}
-        rec["step_s"] = round(sum(rec[k] for k in ON_THE_CLOCK), 6)
-        # Busy: the step without the gradient all-reduce, where a fast rank waits for a slow one.
-        rec["busy_s"] = round(max(rec["step_s"] - rec["allreduce_s"], 0.0), 6)
-        rec.update({
+    def record(self, step: int, epoch: int, host: dict, marks: dict, data, loss: torch.Tensor) -> None:
+        """One step: ``host`` phases in seconds (wait, sample, gather, all-reduce), ``marks`` phase ->
+        (start, end) clock marks (h2d, forward, backward, optimizer), ``loss`` a device scalar."""
+        rec = {"step": step, "epoch": epoch, **{k: float(v) for k, v in host.items()},
                "seeds": int(data.batch_size), "nodes": int(data.num_nodes), "edges": int(data.edge_index.size(1)),
-               "loss": loss, "peak_mem_mb": round(peak_memory_mb(self.device), 1), "time": time.time()})
-        self.epoch_steps.append(rec)
+               "peak_mem_mb": round(peak_memory_mb(self.device), 1), "host_peak_mb": round(host_peak_mb(), 1),
+               "time": time.time()}
+        self.pending.append((rec, marks, loss.detach()))
         if step % self.every == 0:
-            self.file.write(json.dumps(rec) + "\n")
-        if self.writer is not None and step % self.every == 0:
-            self.writer.add_scalar("train/loss", loss, step)
-            self.writer.add_scalar("time/step_s", rec["step_s"], step)
+            self.flush()
+
+    def flush(self) -> None:
+        """Read the pending steps' marks and losses (one wait for the device), write the logging steps."""
+        if not self.pending:
+            return
+        last = self.pending[-1][1]
+        if last:
+            Clock.wait(list(last.values())[-1][1])
+        losses = torch.stack([loss.float().reshape(()) for _, _, loss in self.pending]).tolist()
+        for (rec, marks, _), loss in zip(self.pending, losses, strict=True):
+            for k, (a, b) in marks.items():
+                rec[k] = Clock.seconds(a, b)
+            for k in PHASES:
+                rec[k] = round(float(rec.get(k, 0.0)), 6)
+            rec["step_s"] = round(sum(rec[k] for k in ON_THE_CLOCK), 6)
+            # Busy: the step without the gradient all-reduce, where a fast rank waits for a slow one.
+            rec["busy_s"] = round(max(rec["step_s"] - rec["allreduce_s"], 0.0), 6)
+            rec["loss"] = loss
+            self.epoch_steps.append(rec)
+            if rec["step"] % self.every == 0:
+                self.file.write(json.dumps(rec) + "\n")
+                if self.writer is not None:
+                    self.writer.add_scalar("train/loss", loss, rec["step"])
+                    self.writer.add_scalar("time/step_s", rec["step_s"], rec["step"])
+        self.pending = []
 
     def end_epoch(self, epoch: int, host: str) -> dict:
         """Collective: per-rank summaries gathered, balance and stragglers computed (same on all ranks)."""
+        self.flush()
         self.file.flush()
         steps = self.epoch_steps
         self.epoch_steps = []
@@ -94,6 +155,7 @@ class StepMetrics:
                 "phases": {k: sum(r[k] for r in steps) for k in PHASES},
                 "edges_per_s": sum(r["edges"] for r in steps) / total if total else 0.0,
                 "peak_mem_mb": max((r["peak_mem_mb"] for r in steps), default=0.0),
+                "host_peak_mb": max((r["host_peak_mb"] for r in steps), default=0.0),
                 "step_edges": [r["edges"] for r in steps]}
         ranks = dist.all_gather_object(mine)
         out = {"epoch": epoch, "balance": balance(ranks, self.factor), "ranks": ranks}
@@ -120,6 +182,7 @@ class StepMetrics:
         self.writer.flush()
 
     def close(self) -> None:
+        self.pending = []
         self.file.close()
         if self.writer is not None:
             self.writer.close()

@@ -1,14 +1,22 @@
-"""Model registry over torch_geometric.nn: one GNN layer per sampling hop."""
+"""Model registry over torch_geometric.nn: one GNN layer per sampling hop.
+
+Each entry says how to build the model and what its batches need: ``gcn`` takes its
+normalisation from the whole graph's degrees (``GCNNorm`` puts per-edge weights and
+self-loops into every batch), so sampled GCN is the GCN of the paper; ``mlp`` reads no
+edges, so its batches sample no neighbours.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 from torch_geometric.nn import GAT, GCN, GIN, MLP, GraphSAGE
 
 from hpcgnn.config import ModelConfig
+from hpcgnn.errors import ConfigError
 
 
 class MLPBaseline(torch.nn.Module):
@@ -21,24 +29,54 @@ class MLPBaseline(torch.nn.Module):
         self.mlp = MLP(in_channels=in_channels, hidden_channels=hidden, out_channels=out_channels,
                        num_layers=num_layers, dropout=dropout, norm=None)
 
-    def forward(self, x: Tensor, edge_index: Tensor, **_: object) -> Tensor:
+    def forward(self, x: Tensor, edge_index: Tensor | None = None, **_: object) -> Tensor:
         return self.mlp(x)
 
 
 Builder = Callable[[ModelConfig, int, int, int], torch.nn.Module]
 
-# name -> builder(cfg, in_channels, out_channels, num_layers)
-MODELS: dict[str, Builder] = {
-    "sage": lambda c, i, o, n: GraphSAGE(i, c.hidden_channels, n, o, dropout=c.dropout),
-    "gcn": lambda c, i, o, n: GCN(i, c.hidden_channels, n, o, dropout=c.dropout),
-    "gat": lambda c, i, o, n: GAT(i, c.hidden_channels, n, o, dropout=c.dropout, heads=c.heads),
-    "gin": lambda c, i, o, n: GIN(i, c.hidden_channels, n, o, dropout=c.dropout),
-    "mlp": lambda c, i, o, n: MLPBaseline(i, c.hidden_channels, n, o, c.dropout),
+
+@dataclass(frozen=True)
+class ModelSpec:
+    build: Builder  # (cfg, in_channels, out_channels, num_layers) -> module
+    global_gcn_norm: bool = False  # batches carry GCN weights from the graph's degrees, and self-loops
+    uses_edges: bool = True  # False: batches need no sampled neighbours
+
+
+MODELS: dict[str, ModelSpec] = {
+    "sage": ModelSpec(lambda c, i, o, n: GraphSAGE(i, c.hidden_channels, n, o, dropout=c.dropout)),
+    # normalize=False: the weights and self-loops come with the batch (GCNNorm), from global degrees.
+    "gcn": ModelSpec(lambda c, i, o, n: GCN(i, c.hidden_channels, n, o, dropout=c.dropout, normalize=False),
+                     global_gcn_norm=True),
+    "gat": ModelSpec(lambda c, i, o, n: GAT(i, c.hidden_channels, n, o, dropout=c.dropout, heads=c.heads)),
+    "gin": ModelSpec(lambda c, i, o, n: GIN(i, c.hidden_channels, n, o, dropout=c.dropout)),
+    "mlp": ModelSpec(lambda c, i, o, n: MLPBaseline(i, c.hidden_channels, n, o, c.dropout), uses_edges=False),
 }
+# Models whose exact layer-wise inference (train.eval_mode=full) is implemented.
+FULL_INFERENCE_MODELS = ("sage", "gcn", "gin", "gat", "mlp")
+
+
+def check_model_config(cfg: ModelConfig, run=None) -> None:
+    """The model's name is one this registry knows (a submit-time check)."""
+    if cfg.name not in MODELS:
+        raise ConfigError(f"model.name={cfg.name!r} is unknown: use one of {', '.join(sorted(MODELS))}")
 
 
 def build_model(cfg: ModelConfig, in_channels: int, out_channels: int, num_layers: int) -> torch.nn.Module:
-    return MODELS[cfg.name](cfg, in_channels, out_channels, num_layers)
+    return MODELS[cfg.name].build(cfg, in_channels, out_channels, num_layers)
+
+
+def uses_edges(cfg: ModelConfig) -> bool:
+    return MODELS[cfg.name].uses_edges
+
+
+def batch_transform(cfg: ModelConfig, degree: Tensor):
+    """What every batch of this model needs done where it is made (None: nothing)."""
+    if MODELS[cfg.name].global_gcn_norm:
+        from hpcgnn.sampling.transforms import GCNNorm
+
+        return GCNNorm(degree)
+    return None
 
 
 def forward_batch(model: torch.nn.Module, data) -> Tensor:
@@ -48,9 +86,10 @@ def forward_batch(model: torch.nn.Module, data) -> Tensor:
     given the per-hop counts: the last layer computes the seeds only.
     """
     inner = getattr(model, "module", model)
+    kwargs = {}
+    if "edge_weight" in data:
+        kwargs["edge_weight"] = data.edge_weight
     if getattr(inner, "supports_trim", True) and "num_sampled_nodes" in data:
-        out = model(data.x, data.edge_index, num_sampled_nodes_per_hop=data.num_sampled_nodes,
-                    num_sampled_edges_per_hop=data.num_sampled_edges)
-    else:
-        out = model(data.x, data.edge_index)
-    return out[: data.batch_size]
+        kwargs.update(num_sampled_nodes_per_hop=data.num_sampled_nodes,
+                      num_sampled_edges_per_hop=data.num_sampled_edges)
+    return model(data.x, data.edge_index, **kwargs)[: data.batch_size]

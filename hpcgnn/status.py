@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import sys
 
-from hpcgnn.sweep import status_main
+from hpcgnn.sweep import status_main as main
+
+__all__ = ["main"]
 
 if __name__ == "__main__":
-    sys.exit(status_main(sys.argv[1:]))
+    sys.exit(main(sys.argv[1:]))

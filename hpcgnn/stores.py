@@ -1,8 +1,18 @@
 """What a rank trains on: the whole graph (replicated) or its own parts (partitioned).
 
-Both give the trainer the same things: a sampler, a feature source, this rank's
-seeds for every epoch and split, and how many batches every rank walks (equal on
-all ranks: DDP's all-reduce and the partitioned sampler's exchanges need it).
+A store hands out loaders, the only way batches are made:
+
+- ``train_loader(epoch, start_step, transform)``: this rank's batches of one epoch, ``steps``
+  of them (equal on all ranks: DDP's all-reduce and the partitioned sampler's exchanges
+  need it), each sampled with a generator seeded per (seed, epoch, rank, step), from step
+  ``start_step`` on (an exact resume), prefetched in a background thread, on the device;
+  ``loader.sizes`` weighs each step's loss;
+- ``eval_loader(split, transform)``: this rank's share of a split (padded with empty
+  batches where the others need this rank's exchanges);
+- ``counters()``: a snapshot of the communication counters (partitioned), never reset.
+
+Both stores also give the model's dimensions, every node's in-degree (``degree``, by
+global id), and the bytes they hold.
 """
 
 from __future__ import annotations
@@ -16,12 +26,16 @@ import torch
 from torch import Tensor
 
 from hpcgnn import dist
-from hpcgnn.config import ConfigError, RunConfig
+from hpcgnn.config import RunConfig
 from hpcgnn.data import Graph, cache, cache_folder, open_graph, prepare
 from hpcgnn.env import RankEnv
+from hpcgnn.errors import ConfigError
 from hpcgnn.io import write_npy
-from hpcgnn.sampling import NeighborSampler, rank_seeds, steps_per_epoch
+from hpcgnn.models import uses_edges
+from hpcgnn.rng import derive_seed, generator
+from hpcgnn.sampling import BatchLoader, CSRNeighborSampler, PrefetchLoader, rank_seeds, steps_per_epoch
 from hpcgnn.sampling import subgraph as sub
+from hpcgnn.sampling.distributed import CommStats
 
 log = logging.getLogger(__name__)
 
@@ -72,16 +86,59 @@ def cluster_assignment(cfg: RunConfig, env: RankEnv, graph: Graph, num_clusters:
     return torch.from_numpy(np.load(path))
 
 
-class ReplicatedStore:
+def fanouts(cfg: RunConfig) -> tuple[int, ...]:
+    """Hops to sample: ``train.fanouts``, or none for a model that reads no edges."""
+    return tuple(cfg.train.fanouts) if uses_edges(cfg.model) else ()
+
+
+class Store:
+    """What both stores share: how a loader is assembled from a rank's batches."""
+
+    mode: str
+    steps: int
+    weigh_by_seeds: bool = True
+
+    def __init__(self, cfg: RunConfig, env: RankEnv, device: torch.device):
+        self.cfg, self.env, self.device = cfg, env, device
+
+    def train_batches(self, epoch: int) -> list[Tensor]:
+        raise NotImplementedError
+
+    def train_loader(self, epoch: int, start_step: int = 0, transform=None):
+        """This rank's batches of ``epoch`` from ``start_step`` on, on the device, prefetched."""
+        t = self.cfg.train
+        loader = BatchLoader(self.features, self.train_sampler, self.train_batches(epoch),
+                             batch_seed=derive_seed(t.seed, "train", epoch, self.env.rank), start=start_step,
+                             num_batches=self.steps, device=self.device, pin_memory=self.device.type == "cuda",
+                             transform=transform, weigh_by_seeds=self.weigh_by_seeds)
+        return PrefetchLoader(loader, t.prefetch) if t.prefetch else loader
+
+    def eval_loader(self, split: str, transform=None) -> BatchLoader:
+        """This rank's share of ``split`` in batches of ``train.eval_batch_size``."""
+        t = self.cfg.train
+        seeds, num_batches = self.eval_seeds(split)
+        return BatchLoader(self.features, self.sampler, seeds, t.eval_batch_size,
+                           batch_seed=derive_seed(t.seed, "eval", split, self.env.rank), num_batches=num_batches,
+                           device=self.device, pin_memory=self.device.type == "cuda", transform=transform)
+
+    def eval_seeds(self, split: str) -> tuple[Tensor, int | None]:
+        raise NotImplementedError
+
+    def counters(self) -> CommStats:
+        return CommStats()
+
+
+class ReplicatedStore(Store):
     """Every rank maps the whole prepared graph; seeds are split across ranks."""
 
     mode = "replicated"
 
-    def __init__(self, cfg: RunConfig, env: RankEnv):
-        self.cfg, self.env = cfg, env
+    def __init__(self, cfg: RunConfig, env: RankEnv, device: torch.device | None = None):
+        super().__init__(cfg, env, device or torch.device("cpu"))
         self.graph = g = open_shared_graph(cfg, env)
         self.features = g
-        self.sampler = NeighborSampler(g.rowptr, g.col, cfg.train.fanouts)  # evaluation, and training by default
+        self.degree = g.degree()
+        self.sampler = CSRNeighborSampler(g.rowptr, g.col, fanouts(cfg))  # evaluation, and training by default
         self.num_features, self.num_classes = g.num_features, g.num_classes
         self.steps = steps_per_epoch(g.train_idx.numel(), env.world_size, cfg.train.batch_size)
         self.train_sampler, self.items, self.items_per_step = self.sampler, g.train_idx, cfg.train.batch_size
@@ -96,7 +153,7 @@ class ReplicatedStore:
         t, g, env = self.cfg.train, self.graph, self.env
         n, n_train, world = g.num_nodes, g.train_idx.numel(), env.world_size
         if t.sampler == "ladies":
-            self.train_sampler = sub.LadiesSampler(g.rowptr, g.col, t.fanouts)
+            self.train_sampler = sub.LadiesSampler(g.rowptr, g.col, fanouts(self.cfg))
         elif t.sampler in ("saint_node", "saint_edge"):
             # Sized so that a subgraph holds about batch_size training nodes; a step draws afresh.
             cls, per_draw = (sub.SaintNodeSampler, 1) if t.sampler == "saint_node" else (sub.SaintEdgeSampler, 2)
@@ -106,7 +163,7 @@ class ReplicatedStore:
             s = self.train_sampler = sub.SaintWalkSampler(g.rowptr, g.col, g.train_idx, len(t.fanouts))
             total = math.ceil(t.saint_coverage * n / (t.batch_size * (len(t.fanouts) + 1)))
             mine = math.ceil(total / world)  # the pre-sampling is shared out over the ranks
-            counts = s.count_inclusion(t.batch_size, mine, torch.Generator().manual_seed(t.seed * 1_000_003 + env.rank))
+            counts = s.count_inclusion(t.batch_size, mine, generator(t.seed, "saint_rw_inclusion", env.rank))
             s.inclusion = dist.all_reduce_sum(counts) / (mine * world)
         elif t.sampler == "cluster":
             num = t.num_clusters or t.clusters_per_batch * math.ceil(n_train / t.batch_size)
@@ -124,13 +181,13 @@ class ReplicatedStore:
         # Subgraph batches are each a whole estimate of the mean loss: weigh steps by batches, not seeds.
         self.weigh_by_seeds = not isinstance(self.train_sampler, sub.SubgraphSampler)
 
-    def train_seeds(self, generator: torch.Generator) -> Tensor:
-        """This rank's seeds (items) for one epoch, in order (``generator`` seeded alike on every rank)."""
-        return rank_seeds(self.items, self.env.world_size, self.env.rank, generator)
+    def train_seeds(self, epoch: int) -> Tensor:
+        """This rank's seeds (items) for one epoch, in order (shuffled alike on every rank, then shared out)."""
+        return rank_seeds(self.items, self.env.world_size, self.env.rank, generator(self.cfg.train.seed, "epoch", epoch))
 
-    def train_batches(self, generator: torch.Generator) -> list[Tensor]:
+    def train_batches(self, epoch: int) -> list[Tensor]:
         """This rank's batches for one epoch: ``steps`` of them (the last ones may be short)."""
-        seeds = self.train_seeds(generator)
+        seeds = self.train_seeds(epoch)
         if self.seed_cost is not None:
             return sub.split_by_cost(seeds, self.seed_cost.index_select(0, seeds), self.steps)
         return list(seeds.split(self.items_per_step))
@@ -139,24 +196,21 @@ class ReplicatedStore:
         """This rank's share of ``split`` and the batch count to pad to (None: no padding needed)."""
         return getattr(self.graph, f"{split}_idx")[self.env.rank::self.env.world_size], None
 
-    def stats(self) -> dict:
-        return {}
-
     def resident_bytes(self) -> int:
         g = self.graph
         return sum(t.numel() * t.element_size() for t in (g.rowptr, g.col, g.x, g.y))
 
 
-class PartitionedStore:
+class PartitionedStore(Store):
     """Each rank holds its parts; remote neighbours and features travel over a second process group."""
 
     mode = "partitioned"
 
-    def __init__(self, cfg: RunConfig, env: RankEnv):
+    def __init__(self, cfg: RunConfig, env: RankEnv, device: torch.device | None = None):
         from hpcgnn.partition import open_parts
         from hpcgnn.sampling import distributed as d
 
-        self.cfg, self.env = cfg, env
+        super().__init__(cfg, env, device or torch.device("cpu"))
         g, t = cfg.graph, cfg.train
         num_parts = g.num_parts or env.world_size
         if num_parts % env.world_size:  # the config check knew only the configured world size
@@ -168,10 +222,11 @@ class PartitionedStore:
         self.stats_ = d.CommStats()
         self.exchange = d.Exchange(dist.new_group(cfg.dist), env.rank, env.world_size, dist.comm_device(), self.stats_)
         self.view = d.PartitionView(parts, env.rank, per_rank)
-        self.sampler = self.train_sampler = d.DistNeighborSampler(self.view, t.fanouts, self.exchange,
-                                                                  g.boundary_fraction)
+        self.degree = parts.degree
+        self.sampler = self.train_sampler = d.PartitionedNeighborSampler(self.view, fanouts(cfg), self.exchange,
+                                                                         g.boundary_fraction)
         self.weigh_by_seeds = True
-        self.features = d.DistFeatures(self.view, self.exchange)
+        self.features = d.PartitionedFeatures(self.view, self.exchange)
         self.num_features, self.num_classes = parts.num_features, parts.num_classes
         most, fewest = dist.all_reduce_max(torch.tensor([parts.train_idx.numel(), -parts.train_idx.numel()])).tolist()
         if -fewest == 0:  # decided together: one rank failing alone would leave the others in an exchange
@@ -187,21 +242,20 @@ class PartitionedStore:
             self.steps = int(dist.all_reduce_max(torch.tensor([need])).item())
         if g.cache_mb > 0:
             budget = int(g.cache_mb * 2**20) // (parts.num_features * parts.x.element_size() + 8)
-            gen = torch.Generator().manual_seed(t.seed + 7919 * env.rank)
-            warm = self.train_seeds(torch.Generator().manual_seed(t.seed)).split(t.batch_size)[: g.warmup_batches]
+            gen = generator(t.seed, "cache_warmup", env.rank)
+            warm = self.train_seeds(0).split(t.batch_size)[: g.warmup_batches]
             warm = list(warm) + [warm[0][:0]] * (g.warmup_batches - len(warm))
             ids = d.hot_nodes(self.view, budget, g.cache_policy, self.sampler, warm, gen)
             self.features.fill_cache(ids)
-        self.stats_.reset()
         log.info("rank %d: parts %s of %d: %d nodes, %d edges, %d train seeds (padded to %d), cache %s rows "
                  "(%s), holds %s", env.rank, owned, num_parts, parts.nodes.numel(), parts.col.numel(),
                  parts.train_idx.numel(), self.seeds_per_rank, self.features.cache_ids.numel(), g.cache_policy,
                  cache.human_bytes(self.resident_bytes()))
 
-    def train_seeds(self, generator: torch.Generator) -> Tensor:
+    def train_seeds(self, epoch: int) -> Tensor:
         """The rank's own training seeds, shuffled and padded (wrapping) to the largest rank's count."""
         own = self.parts.train_idx
-        order = own[torch.randperm(own.numel(), generator=generator)]
+        order = own[torch.randperm(own.numel(), generator=generator(self.cfg.train.seed, "epoch", epoch))]
         return order.repeat(math.ceil(self.seeds_per_rank / max(own.numel(), 1)))[: self.seeds_per_rank]
 
     def _rows(self, ids: Tensor) -> Tensor:
@@ -210,8 +264,8 @@ class PartitionedStore:
         return p.part_offset.index_select(0, p.node_part.index_select(0, ids).long()) + \
             p.node_local.index_select(0, ids).long()
 
-    def train_batches(self, generator: torch.Generator) -> list[Tensor]:
-        seeds = self.train_seeds(generator)
+    def train_batches(self, epoch: int) -> list[Tensor]:
+        seeds = self.train_seeds(epoch)
         if self.row_cost is not None:
             return sub.split_by_cost(seeds, self.row_cost.index_select(0, self._rows(seeds)), self.steps)
         return list(seeds.split(self.cfg.train.batch_size))
@@ -221,15 +275,14 @@ class PartitionedStore:
         batches = math.ceil(mine.numel() / self.cfg.train.eval_batch_size)
         return mine, int(dist.all_reduce_max(torch.tensor([batches])).item())
 
-    def stats(self) -> dict:
-        """Communication counters per batch since the last call (then reset)."""
-        out = self.stats_.per_batch()
-        self.stats_.reset()
-        return out
+    def counters(self) -> CommStats:
+        """A snapshot of the communication counters (subtract two for what happened between them)."""
+        return self.stats_.snapshot()
 
     def resident_bytes(self) -> int:
         return self.parts.nbytes() + self.features.cache_bytes()
 
 
-def open_store(cfg: RunConfig, env: RankEnv) -> ReplicatedStore | PartitionedStore:
-    return PartitionedStore(cfg, env) if cfg.graph.mode == "partitioned" else ReplicatedStore(cfg, env)
+def open_store(cfg: RunConfig, env: RankEnv, device: torch.device | None = None) -> Store:
+    cls = PartitionedStore if cfg.graph.mode == "partitioned" else ReplicatedStore
+    return cls(cfg, env, device)

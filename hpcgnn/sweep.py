@@ -13,18 +13,17 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from hpcgnn import env
 from hpcgnn.config import RunConfig
 from hpcgnn.io import write_json
+from hpcgnn.slurm import FINAL_STATES, job_states
 
 MANIFEST = "manifest.json"
-FINAL_STATES = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED",
-                "BOOT_FAIL", "DEADLINE")
 
 
 @dataclass
@@ -46,7 +45,7 @@ def write_manifest(sweep_dir: Path, members: list[SweepMember], cluster: str | N
 
 def launch_sweep(members: list[SweepMember], sweep_dir: Path) -> int:
     """Submit (or run here) every member; returns the exit code."""
-    from hpcgnn.launch import check_partition_capacity, launch, make_executor
+    from hpcgnn.launch import check_partition_capacity, launch, make_executor, record_config
 
     members = sorted(members, key=lambda m: m.num)
     first = members[0].cfg
@@ -56,7 +55,7 @@ def launch_sweep(members: list[SweepMember], sweep_dir: Path) -> int:
         worst = 0
         for m in members:
             print(f"--- member {m.num}: {' '.join(m.overrides)}", flush=True)
-            code = launch(m.cfg)
+            code = launch(m.cfg, m.overrides)
             m.state = "COMPLETED" if code == 0 else "FAILED"
             write_manifest(sweep_dir, members, None)
             worst = max(worst, code)
@@ -80,12 +79,14 @@ def launch_sweep(members: list[SweepMember], sweep_dir: Path) -> int:
         # One executor (folder and resources) per array; each member keeps its own run folder.
         array_cfg = dataclasses.replace(group[0].cfg, run_dir=str(sweep_dir))
         ex = make_executor(array_cfg)
-        with ex.batch():
+        for m in group:
+            record_config(m.cfg, m.overrides)
+        with env.outside_job(), ex.batch():
             jobs = [ex.submit(run_task, m.cfg) for m in group]
         for m, job in zip(group, jobs, strict=True):
             m.job_id = str(job.job_id)
     for m in single:  # parts to make first: their own job, after a partitioning job
-        code = launch(dataclasses.replace(m.cfg, launch=dataclasses.replace(m.cfg.launch, wait=False)))
+        code = launch(dataclasses.replace(m.cfg, launch=dataclasses.replace(m.cfg.launch, wait=False)), m.overrides)
         m.state = "SUBMITTED" if code == 0 else "FAILED"
     path = write_manifest(sweep_dir, members, first.cluster.name)
     arrays = {m.job_id.split("_")[0] for m in members if m.job_id}
@@ -106,23 +107,6 @@ def _needs_partition_job(cfg: RunConfig) -> bool:
 
 
 # ------------------------------------------------------------------------------------- status
-
-
-def slurm_states(job_ids: list[str]) -> dict[str, str]:
-    """State of each SLURM job id (array members as ``ID_i``), from sacct, else squeue."""
-    ids = [j for j in job_ids if j]
-    if not ids:
-        return {}
-    states: dict[str, str] = {}
-    try:
-        out = subprocess.run(["sacct", "-n", "-P", "-X", "-j", ",".join(ids), "-o", "JobID,State"],
-                             capture_output=True, text=True, timeout=60)
-        for line in out.stdout.splitlines():
-            jid, _, state = line.partition("|")
-            states[jid.strip()] = state.split()[0] if state.strip() else "UNKNOWN"
-    except (OSError, subprocess.TimeoutExpired):
-        pass
-    return states
 
 
 def member_row(entry: dict, state: str) -> dict:
@@ -155,7 +139,8 @@ def member_row(entry: dict, state: str) -> dict:
 def status_table(sweep_dir: Path) -> tuple[str, list[dict]]:
     manifest = json.loads((sweep_dir / MANIFEST).read_text())
     entries = manifest["members"]
-    states = slurm_states([e["job_id"] for e in entries if e.get("job_id")]) if manifest.get("cluster") else {}
+    asked = job_states([e["job_id"] for e in entries if e.get("job_id")]) if manifest.get("cluster") else {}
+    states = {jid: js.state for jid, js in asked.items() if js.state != "UNKNOWN"}
     rows = [member_row(e, states.get(str(e.get("job_id")), e.get("state", "UNKNOWN"))) for e in entries]
     cols = ("member", "overrides", "state", "epochs", "val", "test", "seeds_per_s")
     heads = ("member", "overrides", "state", "epochs", "best val", "test", "seeds/s")

@@ -11,6 +11,7 @@ import contextlib
 import math
 import threading
 import time
+import warnings
 
 import torch
 from torch import Tensor
@@ -158,66 +159,65 @@ def step_weights(sizes: list[list[int]], rank: int, accumulate: int) -> list[flo
 
 # --------------------------------------------------------------------------- exact inference
 
-FULL_INFERENCE_MODELS = ("sage", "gin", "gat", "mlp")
-
 
 @torch.no_grad()
 def layerwise_inference(model: torch.nn.Module, graph, device: torch.device, chunk_size: int, rank: int,
-                        world_size: int) -> Tensor:
+                        world_size: int, transform=None) -> Tensor:
     """Logits of every node with full neighbourhoods, layer by layer (no sampling: exact).
 
     Each layer is computed for all nodes, in chunks of target nodes with all their
-    in-neighbours; ranks share the nodes and all-gather each layer's output, which the
-    next layer reads. Exact for models whose aggregation sees only a target's in-edges
-    (GraphSAGE, GIN, GAT); GCN's normalisation would need every source's degree.
+    in-neighbours, through PyG's own ``BasicGNN.inference_per_layer``; ranks share the nodes
+    (contiguous ranges) and all-gather each layer's output with a tensor collective, and the
+    next layer reads it. ``transform``: the model's batch transform; GCN's (global-degree
+    weights and self-loops) turns a chunk into a weighted sparse adjacency, run in fp32
+    (sparse products have no bf16 kernel on CPU).
     """
     from hpcgnn.models import MLPBaseline
 
     model.eval()
     n = graph.num_nodes
-    if isinstance(model, MLPBaseline):
-        return _sharded(lambda lo, hi: model(graph.x[lo:hi].to(device), None).float().cpu(), n, chunk_size, rank,
-                        world_size)
-    x = graph.x
-    last = len(model.convs) - 1
-    for i, conv in enumerate(model.convs):
-        def layer(lo: int, hi: int, x=x, i=i, conv=conv) -> Tensor:
-            targets = torch.arange(lo, hi)
-            start, end = graph.rowptr[lo], graph.rowptr[hi]
-            nbr = graph.col[start:end]
-            dst = torch.repeat_interleave(torch.arange(hi - lo), graph.rowptr[lo + 1:hi + 1] - graph.rowptr[lo:hi])
-            nodes, inverse = torch.unique(torch.cat([targets, nbr]), return_inverse=True)
-            # Targets first, as convolutions with root weights expect: reorder so nodes[:hi-lo] are the targets.
-            order = torch.cat([inverse[: hi - lo], _others(nodes.numel(), inverse[: hi - lo])])
-            remap = torch.empty_like(order)
-            remap[order] = torch.arange(order.numel())
-            src = remap[inverse[hi - lo:]]
-            edge_index = torch.stack([src, dst]).to(device)
-            h = conv(x.index_select(0, nodes[order]).to(device), edge_index)[: hi - lo]
-            if i < last:
-                if getattr(model, "norms", None) is not None:
-                    h = model.norms[i](h)
-                if model.act is not None:
-                    h = model.act(h)
-            return h.float().cpu()
+    per = math.ceil(n / world_size)
+    counts = [max(0, min(n, (r + 1) * per) - min(n, r * per)) for r in range(world_size)]
+    lo, hi = min(rank * per, n), min((rank + 1) * per, n)
 
-        x = _sharded(layer, n, chunk_size, rank, world_size)
+    def sharded(fn) -> Tensor:
+        parts = [fn(a, min(a + chunk_size, hi)) for a in range(lo, hi, chunk_size)]
+        mine = torch.cat(parts) if parts else fn(lo, lo)
+        return dist.all_gather_rows(mine, counts)
+
+    if isinstance(model, MLPBaseline):
+        return sharded(lambda a, b: model(graph.x[a:b].to(device)).float().cpu())
+    x = graph.x
+    for i in range(model.num_layers):
+        x = sharded(lambda a, b, x=x, i=i: _layer(model, i, x, graph, a, b, device, transform))
     return x
 
 
-def _others(total: int, first: Tensor) -> Tensor:
-    mask = torch.ones(total, dtype=torch.bool)
-    mask[first] = False
-    return mask.nonzero().flatten()
+def _layer(model, i: int, x: Tensor, graph, lo: int, hi: int, device: torch.device, transform) -> Tensor:
+    """Layer ``i`` for targets ``lo..hi`` with all their in-neighbours (targets first, as root weights expect)."""
+    from hpcgnn.sampling.neighbor import SampledSubgraph
 
-
-def _sharded(fn, n: int, chunk_size: int, rank: int, world_size: int) -> Tensor:
-    """``fn(lo, hi)`` over this rank's contiguous share of ``range(n)`` in chunks, then all ranks' rows gathered."""
-    per = math.ceil(n / world_size)
-    lo, hi = min(rank * per, n), min((rank + 1) * per, n)
-    parts = [fn(a, min(a + chunk_size, hi)) for a in range(lo, hi, chunk_size)]
-    mine = torch.cat(parts) if parts else None
-    if world_size == 1:
-        return mine
-    gathered = dist.all_gather_object(mine)
-    return torch.cat([g for g in gathered if g is not None])
+    t = hi - lo
+    targets = torch.arange(lo, hi)
+    nbr = graph.col[graph.rowptr[lo]:graph.rowptr[hi]].long()
+    dst = torch.repeat_interleave(torch.arange(t), (graph.rowptr[lo + 1:hi + 1] - graph.rowptr[lo:hi]).long())
+    others = torch.unique(nbr)
+    others = others[(others < lo) | (others >= hi)]
+    n_id = torch.cat([targets, others])
+    order = torch.argsort(n_id)
+    src = order[torch.searchsorted(n_id[order], nbr)]
+    if transform is None:
+        return model.inference_per_layer(i, x.index_select(0, n_id).to(device), torch.stack([src, dst]).to(device),
+                                         t).float().cpu()
+    out = transform(SampledSubgraph(n_id, torch.stack([src, dst]), t, (t, others.numel()), (dst.numel(),)))
+    # The weighted adjacency of the chunk, rows = targets (CSR, sorted by target then source).
+    order = torch.argsort(out.edge_index[1] * n_id.numel() + out.edge_index[0])
+    rows, cols, values = out.edge_index[1][order], out.edge_index[0][order], out.edge_weight[order]
+    crow = torch.zeros(t + 1, dtype=torch.long)
+    crow[1:] = torch.cumsum(torch.bincount(rows, minlength=t), 0)
+    with warnings.catch_warnings():  # "sparse CSR support is in beta": the products used here are not
+        warnings.simplefilter("ignore", UserWarning)
+        adj = torch.sparse_csr_tensor(crow, cols, values, (t, n_id.numel()), check_invariants=True)
+        with torch.autocast(device.type, enabled=False):
+            return model.inference_per_layer(i, x.index_select(0, n_id).float().to(device), adj.to(device),
+                                             t).float().cpu()

@@ -1,8 +1,22 @@
-"""The training loop: DDP over sampled mini-batches, sharded evaluation, the run summary."""
+"""The training loop over components: store, task, model, optimizer, checkpointer, metrics.
+
+    store = open_store(...)       # the graph this rank holds, and the loaders it hands out
+    task = build_task(...)        # targets, loss, metrics, evaluation (node classification, ...)
+    model, optimizer, schedule    # DDP-wrapped when there are several ranks
+    state = TrainState()          # everything checkpointed besides the tensors above
+
+A batch is born in the store's loader (``sampling/loader.py``), travels through the
+prefetch thread and :meth:`Trainer.train_step` into the task's ``step`` (the model's
+forward and the loss), and dies in the backward pass. Saving and resuming each touch one
+place: :meth:`Trainer.common_state` / :meth:`Trainer.load_common_state` and their per-rank
+twins. The hot path does not wait for the device: losses and counts stay on it, and
+timings are read on logging steps only (``metrics.every_steps``).
+"""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import logging
 import math
@@ -11,120 +25,360 @@ import signal
 import socket
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from hpcgnn import dist
-from hpcgnn.checkpoint import Checkpointer, Preempted, PreemptionFlag, rng_state, set_rng_state
+from hpcgnn.checkpoint import Checkpointer, Preempted, PreemptionFlag
 from hpcgnn.config import RunConfig
-from hpcgnn.env import RankEnv
+from hpcgnn.env import RankEnv, restart_count
 from hpcgnn.io import write_json
 from hpcgnn.metrics import StepMetrics
-from hpcgnn.models import build_model, forward_batch
-from hpcgnn.sampling import NodeLoader, PrefetchLoader
+from hpcgnn.rng import rng_state, set_rng_state
 from hpcgnn.stores import open_store
-from hpcgnn.techniques import (
-    CommHook,
-    autocast,
-    effective_lr,
-    grad_scaler,
-    layerwise_inference,
-    make_scheduler,
-    step_weights,
-)
+from hpcgnn.tasks import build_task
+from hpcgnn.techniques import CommHook, autocast, effective_lr, grad_scaler, make_scheduler, step_weights
 
 log = logging.getLogger(__name__)
 
 
-def _seed(*parts: int) -> int:
-    """A 63-bit generator seed from integers, stable across processes and runs."""
-    digest = hashlib.sha256(",".join(map(str, parts)).encode()).digest()
-    return int.from_bytes(digest[:8], "little") >> 1
+@dataclass
+class TrainState:
+    """What the run has done, checkpointed with the model (plain numbers and containers)."""
+
+    epoch: int = 1  # the epoch running (or next to run)
+    step_in_epoch: int = 0  # micro-batches of it done
+    step: int = 0  # micro-batches done in the whole run
+    resumes: int = 0  # times this run continued from a checkpoint
+    train_time_s: float = 0.0  # training seconds of the finished epochs (the slowest rank's)
+    seeds_done: int = 0  # targets trained on in the finished epochs, all ranks
+    best_epoch: int = 0  # epoch of the best validation metric (0: none yet)
+    best: dict[str, float] = field(default_factory=dict)  # that epoch's evaluation row
+    history: list[dict] = field(default_factory=list)  # one row per finished epoch
+
+    def state_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def load_state_dict(self, state: dict) -> None:
+        for f in dataclasses.fields(self):
+            setattr(self, f.name, state[f.name])
 
 
-@torch.no_grad()
-def evaluate(model: torch.nn.Module, store, split: str, cfg: RunConfig, env: RankEnv, device: torch.device) -> float:
-    """Accuracy on ``split``: each rank classifies its share; counts are summed over ranks."""
-    model.eval()
-    mine, num_batches = store.eval_seeds(split)
-    counts = torch.zeros(2, dtype=torch.float64)
-    gen = torch.Generator().manual_seed(_seed(cfg.train.seed, 0xE7A1, env.rank))
-    for data in NodeLoader(store.features, store.sampler, mine, cfg.train.eval_batch_size, gen, device,
-                           num_batches=num_batches):
-        if data.batch_size == 0:  # padding: this rank only serves the others' exchanges
-            continue
-        pred = forward_batch(model, data).argmax(-1)
-        counts[0] += (pred == data.y[: data.batch_size]).sum().item()
-        counts[1] += data.batch_size
-    dist.all_reduce_sum(counts)
-    return (counts[0] / counts[1]).item()
+class EpochSums:
+    """This rank's running sums of an epoch; the loss and hit sums stay on the device until it ends."""
+
+    def __init__(self, device: torch.device):
+        self.values = torch.zeros(2, dtype=torch.float64, device=device)  # loss x targets, targets predicted right
+        self.count = 0  # targets
+        self.steps = 0
+        self.time_s = 0.0  # training time of the epoch before this (re)start
+
+    def add(self, loss: torch.Tensor, correct: torch.Tensor, count: int) -> None:
+        self.values += torch.stack([loss.detach().double() * count, correct.double()])
+        self.count += count
+        self.steps += 1
+
+    def totals(self) -> list[float]:
+        """[loss x targets, correct, targets] summed over ranks (collective)."""
+        return dist.all_reduce_sum(torch.cat([self.values.cpu(), torch.tensor([float(self.count)],
+                                                                               dtype=torch.float64)])).tolist()
+
+    def state_dict(self, elapsed_s: float) -> dict:
+        return {"values": self.values.cpu(), "count": self.count, "steps": self.steps, "time_s": elapsed_s}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.values.copy_(state["values"])
+        self.count, self.steps, self.time_s = state["count"], state["steps"], state["time_s"]
 
 
-def evaluate_splits(model: torch.nn.Module, store, cfg: RunConfig, env: RankEnv, device: torch.device) -> dict:
-    """Validation and test accuracy: sampled like training, or exact (``train.eval_mode=full``)."""
-    if cfg.train.eval_mode == "sampled":
-        return {f"{split}_acc": evaluate(model, store, split, cfg, env, device) for split in ("val", "test")}
-    g = store.graph
-    with autocast(cfg.train.precision, device):
-        logits = layerwise_inference(model, g, device, cfg.train.eval_chunk, env.rank, env.world_size)
-    pred = logits.argmax(-1)
-    return {f"{split}_acc": (pred[idx] == g.y[idx]).double().mean().item()
-            for split, idx in (("val", g.val_idx), ("test", g.test_idx))}
+class Trainer:
+    """One rank's training run. ``train()`` returns the run summary (the same on every rank)."""
 
+    def __init__(self, cfg: RunConfig, env: RankEnv, device: torch.device):
+        t = cfg.train
+        self.cfg, self.env, self.device = cfg, env, device
+        self.t_start = time.perf_counter()
+        self.store = open_store(cfg, env, device)
+        self.task = build_task(cfg, env, self.store, device)
+        torch.manual_seed(t.seed)  # the same initial weights everywhere (DDP broadcasts rank 0's anyway)
+        self.model = self.task.build_model().to(device)
+        self.lr = effective_lr(t.lr, t.lr_scaling, env.world_size, t.accumulate)
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=self.lr, weight_decay=t.weight_decay)
+        self.opt_steps = math.ceil(self.store.steps / t.accumulate)  # optimizer steps per epoch
+        self.scheduler = make_scheduler(self.optimizer, t.lr_schedule, self.opt_steps * t.epochs, t.warmup)
+        self.scaler = grad_scaler(t.precision, device)
+        self.checkpointer = Checkpointer(cfg, env)
+        m = cfg.metrics
+        self.metrics = StepMetrics(cfg.run_dir, env.rank, device, m.every_steps, m.straggler_factor, m.tensorboard)
+        self.state = TrainState()
+        self.sums = EpochSums(device)
+        self.hook = CommHook(t.grad_compression, t.powersgd_rank)
+        self.allreduce_bytes: list[int] = []
+        self.ddp: torch.nn.Module = self.model
+        self.first_step_done = False
 
-def param_checksum(model: torch.nn.Module) -> str:
-    h = hashlib.sha256()
-    for p in model.parameters():
-        h.update(p.detach().cpu().contiguous().numpy().tobytes())
-    return h.hexdigest()[:16]
+    # ------------------------------------------------------------------ state: saving and resuming
 
+    def common_state(self) -> dict:
+        state = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                 "scheduler": self.scheduler.state_dict(), "state": self.state.state_dict()}
+        if self.scaler is not None:
+            state["scaler"] = self.scaler.state_dict()
+        return state
 
-def _debug_hooks(cfg: RunConfig, env: RankEnv, step: int) -> None:
-    """Fault injection for tests: fail, hang, or be preempted just before ``step``."""
-    d = cfg.debug
-    if env.rank == d.fail_rank and step == d.fail_step:
-        raise RuntimeError(f"injected failure on rank {env.rank} at step {step} (debug.fail_rank)")
-    if env.rank == d.hang_rank and step == d.hang_step:
-        log.warning("rank %d hangs at step %d (debug.hang_rank)", env.rank, step)
-        while True:
-            time.sleep(3600)
-    if env.rank == d.slow_rank:
-        time.sleep(d.slow_s)
-    if env.rank == d.signal_rank and step == d.signal_step:
-        os.kill(os.getpid(), getattr(signal, f"SIG{cfg.checkpoint.signal}"))
+    def load_common_state(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        if self.scaler is not None and "scaler" in state:
+            self.scaler.load_state_dict(state["scaler"])
+        self.state.load_state_dict(state["state"])
 
+    def rank_state(self, elapsed_s: float) -> dict:
+        return {"rng": rng_state(), "sums": self.sums.state_dict(elapsed_s)}
 
-def micro_step(ddp: torch.nn.Module, data, weight: float, precision: str, device: torch.device, scaler,
-               sync: bool = True) -> tuple[torch.Tensor, torch.Tensor, float, float]:
-    """Forward and backward of one micro-batch, its loss weighted by its share of the step's seeds.
+    def load_rank_state(self, state: dict) -> None:
+        set_rng_state(state["rng"])
+        if self.state.step_in_epoch > 0:  # resuming mid-epoch: its partial sums come back too
+            self.sums.load_state_dict(state["sums"])
 
-    The loss is the mean over the batch's seeds, or with ``data.node_weight`` (GraphSAINT's
-    normalisation) their weighted sum; a batch without seeds still runs forward and
-    backward, with a zero loss, so that DDP's all-reduce sees every rank. ``sync=False`` runs backward under DDP's ``no_sync``: gradients accumulate locally and the
-    all-reduce happens once, with the last micro-batch of the step. Returns the unweighted
-    loss, the logits, and the forward and backward seconds.
-    """
-    no_sync = getattr(ddp, "no_sync", None)
-    # DDP decides at forward time whether the backward all-reduces: no_sync must hold both.
-    with no_sync() if (no_sync is not None and not sync) else contextlib.nullcontext():
+    def resume(self) -> None:
+        """Continue from the newest intact checkpoint of the run folder, if any (the same on every rank)."""
+        folder = self.checkpointer.latest()
+        if folder is None:
+            return
+        common, mine = self.checkpointer.load(folder)
+        self.load_common_state(common)
+        self.load_rank_state(mine)
+        self.state.resumes += 1
+        s = self.state
+        log.info("resumed from %s: epoch %d, step %d of %d (resume %d)", folder, s.epoch, s.step_in_epoch,
+                 self.store.steps, s.resumes)
+
+    # ------------------------------------------------------------------ the loop
+
+    def train(self) -> dict:
+        self.resume()
+        if self.env.world_size > 1:
+            self.ddp = DistributedDataParallel(self.model,
+                                               device_ids=[self.device] if self.device.type == "cuda" else None)
+            self.ddp.register_comm_hook(self.hook.state, self.hook.hook)
+        self._log_start()
+        preempt = PreemptionFlag(self.cfg.checkpoint.signal)
+        try:
+            for epoch in range(self.state.epoch, self.cfg.train.epochs + 1):
+                row = self.run_epoch(epoch, preempt)
+                if epoch % self.cfg.train.eval_every == 0 or epoch == self.cfg.train.epochs:
+                    row.update(self.evaluate())
+                self.end_epoch(epoch, row)
+        finally:
+            preempt.restore()
+            self.metrics.close()
+            # Free DDP's reducer now, on this thread, while the process group lives. Kept alive by an
+            # exception's traceback instead, it would be freed at interpreter exit, where gloo's
+            # destructor joins a worker thread that waits for the GIL: a hang at exit.
+            self.ddp = self.model
+        return self.summary()
+
+    def run_epoch(self, epoch: int, preempt: PreemptionFlag) -> dict:
+        """One epoch of this rank's steps (from the resumed step on); returns the epoch's training row."""
+        t, s, steps = self.cfg.train, self.state, self.store.steps
+        self.model.train()
+        if s.step_in_epoch == 0:
+            self.sums = EpochSums(self.device)
+        loader = self.store.train_loader(epoch, s.step_in_epoch, self.task.transform)
+        weights = step_weights(dist.all_gather_object(loader.sizes), self.env.rank, t.accumulate)
+        before = self.store.counters()
         t0 = time.perf_counter()
-        with autocast(precision, device):
-            logits = forward_batch(ddp, data)
-            y = data.y[: data.batch_size]
-            if data.batch_size == 0:
-                loss = logits.float().sum() * 0.0
-            elif "node_weight" in data:
-                loss = (F.cross_entropy(logits.float(), y, reduction="none") * data.node_weight).sum()
-            else:
-                loss = F.cross_entropy(logits.float(), y)
-        t1 = time.perf_counter()
-        scaled = loss * weight
-        (scaler.scale(scaled) if scaler is not None else scaled).backward()
-    return loss.detach(), logits.detach(), t1 - t0, time.perf_counter() - t1
+        # Closed on any exit, so the prefetch thread is joined before an exception leaves the loop.
+        batches = iter(loader)
+        if self._progress_bar():
+            batches = tqdm(batches, total=steps, initial=s.step_in_epoch, desc=f"epoch {epoch}/{t.epochs}",
+                           leave=False, dynamic_ncols=True)
+        with contextlib.closing(batches):
+            t_ready = time.perf_counter()
+            for batch in batches:
+                self._debug_hooks(s.step + 1)  # (a straggler's sleep counts as its wait)
+                wait_s = time.perf_counter() - t_ready
+                i = s.step_in_epoch
+                last = (i + 1) % t.accumulate == 0 or i + 1 == steps  # the micro-batch that ends a step
+                self.train_step(batch, epoch, weights[i], last, wait_s)
+                if last:  # checkpoints fall between optimizer steps, never inside one
+                    self._after_optimizer_step(epoch, self.sums.time_s + time.perf_counter() - t0, preempt)
+                t_ready = time.perf_counter()
+        if self.sums.steps != steps:  # an invariant of the seed schedule; a mismatch would hang DDP next epoch
+            raise RuntimeError(f"rank {self.env.rank} ran {self.sums.steps} steps, expected {steps}")
+        elapsed = dist.all_reduce_max(torch.tensor([self.sums.time_s + time.perf_counter() - t0]))
+        loss_sum, correct, count = self.sums.totals()
+        comm = (self.store.counters() - before).per_batch() if self.store.mode == "partitioned" else {}
+        epoch_metrics = self.metrics.end_epoch(epoch, socket.gethostname())
+        s.train_time_s += elapsed.item()
+        s.seeds_done += int(count)
+        ranks = epoch_metrics["ranks"]
+        return {"epoch": epoch, "loss": loss_sum / count, "train_acc": correct / count,
+                "seeds_per_s": count / elapsed.item(), "edges_per_s": sum(r["edges"] for r in ranks) / elapsed.item(),
+                "epoch_s": elapsed.item(), "lr": self.scheduler.get_last_lr()[0], "balance": epoch_metrics["balance"],
+                "peak_mem_mb": max(r["peak_mem_mb"] for r in ranks),
+                "host_peak_mb": max(r["host_peak_mb"] for r in ranks), **comm}
+
+    def train_step(self, batch, epoch: int, weight: float, last: bool, wait_s: float) -> None:
+        """Forward and backward of one micro-batch, its loss weighted by its share of the step's targets;
+        the optimizer step when ``last``. Under DDP, ``no_sync`` holds the all-reduce back until the
+        last micro-batch of an accumulated step (DDP decides at forward time: it covers both)."""
+        t, s, clock = self.cfg.train, self.state, self.metrics.clock
+        no_sync = getattr(self.ddp, "no_sync", None)
+        with no_sync() if (no_sync is not None and not last) else contextlib.nullcontext():
+            m0 = clock.mark()
+            with autocast(t.precision, self.device):
+                out = self.task.step(self.ddp, batch)
+            m1 = clock.mark()
+            scaled = out.loss * weight
+            (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
+            m2 = clock.mark()
+        if last:
+            optimizer_step(self.optimizer, self.scheduler, self.scaler)
+        m3 = clock.mark()
+        allreduce_s, sent = self.hook.take()
+        if last and self.env.world_size > 1:
+            self.allreduce_bytes.append(sent)
+        self.sums.add(out.loss, out.correct, out.count)
+        s.step += 1
+        s.step_in_epoch += 1
+        host = {"wait_s": wait_s, "sample_s": batch.sample_s, "gather_s": batch.gather_s, "allreduce_s": allreduce_s}
+        marks = {"h2d_s": batch.h2d, "forward_s": (m0, m1), "backward_s": (m1, m2), "optimizer_s": (m2, m3)}
+        self.metrics.record(s.step, epoch, host, marks, batch, out.loss)
+        if not self.first_step_done:  # from now on a stuck collective means a stuck rank: fail fast
+            self.first_step_done = True
+            dist.shorten_timeouts(self.cfg.dist.timeout_s)
+
+    def _after_optimizer_step(self, epoch: int, elapsed_s: float, preempt: PreemptionFlag) -> None:
+        """All ranks agree on whether to checkpoint now (a signal may have reached only some), and do."""
+        s = self.state
+        due = self.checkpointer.periodic_due(s.step)
+        flags = dist.all_reduce_max(torch.tensor([int(preempt.raised), int(due)]))
+        if not int(flags.sum()):
+            return
+        s.epoch = epoch
+        folder = self.checkpointer.save(s.step, self.common_state(), self.rank_state(elapsed_s))
+        if int(flags[0]):
+            raise Preempted(s.step, folder)
+        log.info("checkpoint: %s", folder)
+
+    def evaluate(self) -> dict:
+        """The task's metrics on val and test (the same on every rank)."""
+        return self.task.evaluate(self.model)
+
+    def end_epoch(self, epoch: int, row: dict) -> None:
+        s, select = self.state, f"val_{self.task.metric}"
+        if select in row and (s.best_epoch == 0 or row[select] > s.best[select]):
+            s.best_epoch = epoch
+            s.best = {k: v for k, v in row.items() if k.startswith(("val_", "test_"))}
+        s.history.append(row)
+        self.metrics.epoch_scalars(row)
+        s.epoch, s.step_in_epoch = epoch + 1, 0
+        if self.env.is_main:  # what `python -m hpcgnn.status` shows while the run goes on
+            write_json(Path(self.cfg.run_dir) / "progress.json", self._progress())
+            evals = "".join(f" | {k.split('_', 1)[0]} {v:.4f}" for k, v in row.items()
+                            if k in (f"val_{self.task.metric}", f"test_{self.task.metric}"))
+            log.info("epoch %d/%d | loss %.4f | train acc %.4f%s | %.0f seeds/s", epoch, self.cfg.train.epochs,
+                     row["loss"], row["train_acc"], evals, row["seeds_per_s"])
+
+    def _progress(self) -> dict:
+        s, metric = self.state, self.task.metric
+        return {"epochs": self.cfg.train.epochs, "history": s.history, "metric": f"val_{metric}",
+                "best_val_acc": s.best.get(f"val_{metric}", -1.0), "test_acc": s.best.get(f"test_{metric}", 0.0),
+                "best_epoch": s.best_epoch}
+
+    # ------------------------------------------------------------------ the summary
+
+    def summary(self) -> dict:
+        """The run's summary, the same on every rank; rank 0 writes ``summary.json``."""
+        cfg, t, s, env, metric = self.cfg, self.cfg.train, self.state, self.env, self.task.metric
+        checksums = dist.all_gather_object(param_checksum(self.model))
+        hosts = dist.all_gather_object(socket.gethostname())
+        out = {
+            "task": self.task.name,
+            "metric": f"val_{metric}",  # the evaluation metric that selects the best epoch
+            **s.best,  # every val_* / test_* metric at that epoch
+            "test_acc": s.best.get(f"test_{metric}", 0.0),
+            "best_val_acc": s.best.get(f"val_{metric}", -1.0),
+            "best_epoch": s.best_epoch,
+            "final_test_acc": s.history[-1].get(f"test_{metric}") if s.history else None,
+            "epochs": t.epochs,
+            "steps_per_epoch": self.store.steps,
+            "world_size": env.world_size,
+            "num_nodes": env.num_nodes,
+            "hostnames": sorted(set(hosts)),
+            "rank_hosts": hosts,
+            "master_addr": env.master_addr,
+            "master_port": env.master_port,
+            "launcher": env.source,
+            "job_id": env.job_id,
+            "backend": dist.pick_backend(cfg.dist, self.device) if env.world_size > 1 else "none",
+            "device": str(self.device),
+            "dataset": cfg.dataset.name,
+            "effective_lr": self.lr,
+            "global_batch": env.world_size * t.accumulate * t.batch_size,
+            "precision": t.precision,
+            "grad_compression": t.grad_compression,
+            "allreduce_bytes_per_step": (sum(self.allreduce_bytes) / len(self.allreduce_bytes)
+                                         if self.allreduce_bytes else 0),
+            "eval_mode": t.eval_mode,
+            "sampler": t.sampler,
+            "edge_budget": t.edge_budget,
+            "graph_mode": self.store.mode,
+            "resident_graph_bytes": dist.all_gather_object(self.store.resident_bytes()),
+            "model": cfg.model.name,
+            "seeds_per_s": s.seeds_done / s.train_time_s if s.train_time_s > 0 else 0.0,
+            "train_time_s": s.train_time_s,
+            "wall_time_s": time.perf_counter() - self.t_start,
+            "resumes": s.resumes,  # times this run continued from a checkpoint
+            "requeues": restart_count(),  # times SLURM requeued the job
+            "param_checksums": checksums,
+            "history": s.history,
+            "run_dir": cfg.run_dir,
+        }
+        if env.is_main:
+            path = write_json(Path(cfg.run_dir) / "summary.json", out)
+            log.info("test acc %.4f (best val %.4f at epoch %d); summary: %s", out["test_acc"], out["best_val_acc"],
+                     out["best_epoch"], path)
+        return out
+
+    # ------------------------------------------------------------------ small things
+
+    def _log_start(self) -> None:
+        t, env, store = self.cfg.train, self.env, self.store
+        log.info("training %s (%s task) on %d rank(s), %s graph, %s sampler: %d steps/epoch of %s per rank, "
+                 "fanouts %s", self.cfg.model.name, self.task.name, env.world_size, store.mode, t.sampler, store.steps,
+                 f"~{t.edge_budget} sampled edges" if t.edge_budget else f"{t.batch_size} seeds", list(t.fanouts))
+        log.info("global batch %d seeds (%d ranks x %d micro-batches x %d), lr %.3g (train.lr %.3g, scaling %s, "
+                 "warmup %d steps), %s, gradient all-reduce: %s", env.world_size * t.accumulate * t.batch_size,
+                 env.world_size, t.accumulate, t.batch_size, self.lr, t.lr, t.lr_scaling,
+                 int(t.warmup * self.opt_steps * t.epochs), t.precision, t.grad_compression)
+
+    def _progress_bar(self) -> bool:
+        m = self.cfg.metrics
+        return self.env.is_main and (m.progress_bar == "on" or (m.progress_bar == "auto" and sys.stdout.isatty()))
+
+    def _debug_hooks(self, step: int) -> None:
+        """Fault injection for tests: fail, hang, be slow or be preempted just before ``step``."""
+        d, rank = self.cfg.debug, self.env.rank
+        if rank == d.fail_rank and step == d.fail_step:
+            raise RuntimeError(f"injected failure on rank {rank} at step {step} (debug.fail_rank)")
+        if rank == d.hang_rank and step == d.hang_step:
+            log.warning("rank %d hangs at step %d (debug.hang_rank)", rank, step)
+            while True:
+                time.sleep(3600)
+        if rank == d.slow_rank:
+            time.sleep(d.slow_s)
+        if rank == d.delay_rank and step == 1:
+            time.sleep(d.delay_s)
+        if rank == d.signal_rank and step == d.signal_step:
+            os.kill(os.getpid(), getattr(signal, f"SIG{self.cfg.checkpoint.signal}"))
 
 
 def optimizer_step(opt: torch.optim.Optimizer, sched, scaler) -> None:
@@ -137,209 +391,13 @@ def optimizer_step(opt: torch.optim.Optimizer, sched, scaler) -> None:
     opt.zero_grad(set_to_none=True)
 
 
+def param_checksum(model: torch.nn.Module) -> str:
+    h = hashlib.sha256()
+    for p in model.parameters():
+        h.update(p.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
 def train(cfg: RunConfig, env: RankEnv, device: torch.device) -> dict:
-    """Train on this rank; returns the run summary (the same on every rank).
-
-    Resumes from the newest intact checkpoint of the run folder, exactly: the batches are
-    seeded per (epoch, rank, step), and the model, optimizer, scheduler, RNG states, seed
-    order and partial epoch sums come back as they were at the step boundary.
-    """
-    t_start = time.perf_counter()
-    t = cfg.train
-    store = open_store(cfg, env)
-    steps = store.steps
-
-    torch.manual_seed(t.seed)  # same initial weights everywhere (DDP broadcasts rank 0's anyway)
-    model = build_model(cfg.model, store.num_features, store.num_classes, len(t.fanouts)).to(device)
-    lr = effective_lr(t.lr, t.lr_scaling, env.world_size, t.accumulate)
-    opt = torch.optim.Adam(model.parameters(), lr=lr, weight_decay=t.weight_decay)
-    opt_steps = math.ceil(steps / t.accumulate)  # optimizer steps per epoch
-    sched = make_scheduler(opt, t.lr_schedule, opt_steps * t.epochs, t.warmup)
-    scaler = grad_scaler(t.precision, device)
-    ckpt = Checkpointer(cfg, env)
-    cur = {"epoch": 1, "step_in_epoch": 0, "step": 0, "history": [], "train_time": 0.0, "seeds_done": 0,
-           "best": {"val_acc": -1.0, "test_acc": 0.0, "epoch": 0}, "resumes": 0}
-    mine: dict = {}
-    resume_from = ckpt.latest()
-    if resume_from is not None:
-        common, mine = ckpt.load(resume_from)
-        model.load_state_dict(common["model"])
-        opt.load_state_dict(common["optimizer"])
-        sched.load_state_dict(common["scheduler"])
-        if scaler is not None and "scaler" in common:
-            scaler.load_state_dict(common["scaler"])
-        cur = {**common["cursor"], "resumes": common["cursor"]["resumes"] + 1}
-        set_rng_state(mine["rng"])
-        if env.is_main:
-            log.info("resumed from %s: epoch %d, step %d of %d (resume %d)", resume_from, cur["epoch"],
-                     cur["step_in_epoch"], steps, cur["resumes"])
-    ddp, hook = model, CommHook(t.grad_compression, t.powersgd_rank)
-    if env.world_size > 1:
-        ddp = DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
-        ddp.register_comm_hook(hook.state, hook.hook)
-    allreduce_bytes = []
-    m = cfg.metrics
-    metrics = StepMetrics(cfg.run_dir, env.rank, device, m.every_steps, m.straggler_factor, m.tensorboard)
-    host = socket.gethostname()
-    bar = env.is_main and (m.progress_bar == "on" or (m.progress_bar == "auto" and sys.stdout.isatty()))
-    if env.is_main:
-        log.info("training %s on %d rank(s), %s graph, %s sampler: %d steps/epoch of %s per rank, fanouts %s",
-                 cfg.model.name, env.world_size, store.mode, t.sampler, steps,
-                 f"~{t.edge_budget} sampled edges" if t.edge_budget else f"{t.batch_size} seeds", list(t.fanouts))
-        log.info("global batch %d seeds (%d ranks x %d micro-batches x %d), lr %.3g (train.lr %.3g, scaling %s, "
-                 "warmup %d steps), %s, gradient all-reduce: %s", env.world_size * t.accumulate * t.batch_size,
-                 env.world_size, t.accumulate, t.batch_size, lr, t.lr, t.lr_scaling, int(t.warmup * opt_steps * t.epochs),
-                 t.precision, t.grad_compression)
-
-    preempt = PreemptionFlag(cfg.checkpoint.signal)
-    try:
-        for epoch in range(cur["epoch"], t.epochs + 1):
-            model.train()
-            resuming = bool(mine) and cur["step_in_epoch"] > 0
-            if resuming:
-                plan, sums, epoch_time = mine["batches"], mine["sums"], mine["epoch_time"]
-            else:
-                plan = store.train_batches(torch.Generator().manual_seed(_seed(t.seed, epoch)))
-                sums, epoch_time, cur["step_in_epoch"] = torch.zeros(4, dtype=torch.float64), 0.0, 0
-            mine = {}
-            sizes = [b.numel() if store.weigh_by_seeds else 1 for b in plan]  # this rank's batches of the epoch
-            weights = step_weights(dist.all_gather_object(sizes + [0] * (steps - len(sizes))), env.rank, t.accumulate)
-            loader = NodeLoader(store.features, store.train_sampler, plan, None, device=device,
-                                pin_memory=device.type == "cuda", num_batches=steps,
-                                batch_seed=_seed(t.seed, epoch, env.rank), start=cur["step_in_epoch"])
-            t0 = time.perf_counter()
-            # Closed on any exit, so the prefetch thread is joined before an exception leaves the loop.
-            batches = iter(PrefetchLoader(loader, t.prefetch) if t.prefetch else loader)
-            if bar:
-                batches = tqdm(batches, total=steps, initial=cur["step_in_epoch"], desc=f"epoch {epoch}/{t.epochs}",
-                               leave=False, dynamic_ncols=True)
-            with contextlib.closing(batches):
-                t_ready = time.perf_counter()
-                for data in batches:
-                    _debug_hooks(cfg, env, cur["step"] + 1)  # (a straggler's sleep counts as its wait)
-                    t1 = metrics.sync()
-                    phases = {"wait_s": t1 - t_ready - data.h2d_s, "h2d_s": data.h2d_s, "sample_s": data.sample_s,
-                              "gather_s": data.gather_s}
-                    i = cur["step_in_epoch"]
-                    last = (i + 1) % t.accumulate == 0 or i + 1 == steps  # the micro-batch that ends a step
-                    loss, logits, phases["forward_s"], phases["backward_s"] = micro_step(
-                        ddp, data, weights[i], t.precision, device, scaler, sync=last)
-                    t3 = metrics.sync()
-                    if last:
-                        optimizer_step(opt, sched, scaler)
-                    phases["optimizer_s"] = metrics.sync() - t3
-                    phases["allreduce_s"], sent = hook.take()
-                    if last and env.world_size > 1:
-                        allreduce_bytes.append(sent)
-                    metrics.record(cur["step"] + 1, epoch, phases, data, loss.item())
-                    y = data.y[: data.batch_size]
-                    sums += torch.tensor([loss.item() * y.numel(), (logits.argmax(-1) == y).sum().item(), y.numel(), 1])
-                    cur["step"] += 1
-                    cur["step_in_epoch"] += 1
-                    if not last:  # checkpoints fall between optimizer steps, never inside one
-                        t_ready = time.perf_counter()
-                        continue
-                    # All ranks agree on whether to checkpoint now: a signal may have reached only some.
-                    flags = dist.all_reduce_max(torch.tensor([int(preempt.raised), int(ckpt.periodic_due(cur["step"]))]))
-                    if int(flags.sum()):
-                        elapsed = epoch_time + time.perf_counter() - t0
-                        state = {"model": model.state_dict(), "optimizer": opt.state_dict(),
-                                 "scheduler": sched.state_dict(), "cursor": dict(cur, epoch=epoch)}
-                        if scaler is not None:
-                            state["scaler"] = scaler.state_dict()
-                        folder = ckpt.save(cur["step"], state, {"batches": plan, "sums": sums, "epoch_time": elapsed,
-                                                                "rng": rng_state()})
-                        if int(flags[0]):
-                            raise Preempted(cur["step"], folder)
-                        if env.is_main:
-                            log.info("checkpoint: %s", folder)
-                    t_ready = time.perf_counter()
-            elapsed = torch.tensor([epoch_time + time.perf_counter() - t0])
-            if int(sums[3]) != steps:  # an invariant of the seed schedule; a mismatch would hang DDP next epoch
-                raise RuntimeError(f"rank {env.rank} ran {int(sums[3])} steps, expected {steps}")
-            dist.all_reduce_sum(sums)
-            dist.all_reduce_max(elapsed)
-            cur["train_time"] += elapsed.item()
-            cur["seeds_done"] += int(sums[2])
-            epoch_metrics = metrics.end_epoch(epoch, host)
-            row = {"epoch": epoch, "loss": sums[0].item() / sums[2].item(),
-                   "train_acc": sums[1].item() / sums[2].item(), "seeds_per_s": sums[2].item() / elapsed.item(),
-                   "edges_per_s": sum(r["edges"] for r in epoch_metrics["ranks"]) / elapsed.item(),
-                   "epoch_s": elapsed.item(), "lr": sched.get_last_lr()[0], "balance": epoch_metrics["balance"],
-                   "peak_mem_mb": max(r["peak_mem_mb"] for r in epoch_metrics["ranks"]), **store.stats()}
-            if epoch % t.eval_every == 0 or epoch == t.epochs:
-                row.update(evaluate_splits(model, store, cfg, env, device))
-                store.stats()  # evaluation traffic is not training traffic
-                if row["val_acc"] > cur["best"]["val_acc"]:
-                    cur["best"] = {"val_acc": row["val_acc"], "test_acc": row["test_acc"], "epoch": epoch}
-            cur["history"].append(row)
-            metrics.epoch_scalars(row)
-            cur["epoch"], cur["step_in_epoch"] = epoch + 1, 0
-            if env.is_main:  # what `python -m hpcgnn.status` shows while the run goes on
-                write_json(Path(cfg.run_dir) / "progress.json",
-                           {"epochs": t.epochs, "history": cur["history"], "best_val_acc": cur["best"]["val_acc"],
-                            "test_acc": cur["best"]["test_acc"], "best_epoch": cur["best"]["epoch"]})
-            if env.is_main:
-                evals = f" | val {row['val_acc']:.4f} | test {row['test_acc']:.4f}" if "val_acc" in row else ""
-                log.info("epoch %d/%d | loss %.4f | train acc %.4f%s | %.0f seeds/s", epoch, t.epochs, row["loss"],
-                         row["train_acc"], evals, row["seeds_per_s"])
-    finally:
-        preempt.restore()
-        metrics.close()
-        # Free DDP's reducer now, on this thread, while the process group lives. Kept alive by an
-        # exception's traceback instead, it would be freed at interpreter exit, where gloo's
-        # destructor joins a worker thread that waits for the GIL: a hang at exit.
-        ddp = None  # noqa: F841
-
-    history, best = cur["history"], cur["best"]
-    train_time, seeds_done = cur["train_time"], cur["seeds_done"]
-    checksums = dist.all_gather_object(param_checksum(model))
-    hosts = dist.all_gather_object(socket.gethostname())
-    summary = {
-        "test_acc": best["test_acc"],  # at the epoch of best validation accuracy
-        "best_val_acc": best["val_acc"],
-        "best_epoch": best["epoch"],
-        "final_test_acc": history[-1]["test_acc"],
-        "epochs": t.epochs,
-        "steps_per_epoch": steps,
-        "world_size": env.world_size,
-        "num_nodes": env.num_nodes,
-        "hostnames": sorted(set(hosts)),
-        "rank_hosts": hosts,
-        "master_addr": env.master_addr,
-        "master_port": env.master_port,
-        "launcher": env.source,
-        "job_id": env.job_id,
-        "backend": dist.pick_backend(cfg.dist, device) if env.world_size > 1 else "none",
-        "device": str(device),
-        "dataset": cfg.dataset.name,
-        "effective_lr": lr,
-        "global_batch": env.world_size * t.accumulate * t.batch_size,
-        "precision": t.precision,
-        "grad_compression": t.grad_compression,
-        "allreduce_bytes_per_step": sum(allreduce_bytes) / len(allreduce_bytes) if allreduce_bytes else 0,
-        "eval_mode": t.eval_mode,
-        "sampler": t.sampler,
-        "edge_budget": t.edge_budget,
-        "graph_mode": store.mode,
-        "resident_graph_bytes": dist.all_gather_object(store.resident_bytes()),
-        "model": cfg.model.name,
-        "seeds_per_s": seeds_done / train_time if train_time > 0 else 0.0,
-        "train_time_s": train_time,
-        "wall_time_s": time.perf_counter() - t_start,
-        "resumes": cur["resumes"],  # times this run continued from a checkpoint
-        "requeues": int(os.environ.get("SLURM_RESTART_COUNT", "0")),  # times SLURM requeued the job
-        "param_checksums": checksums,
-        "history": history,
-        "run_dir": cfg.run_dir,
-    }
-    if env.is_main:
-        path = write_summary(summary, Path(cfg.run_dir))
-        log.info("test acc %.4f (best val %.4f at epoch %d); summary: %s", summary["test_acc"],
-                 summary["best_val_acc"], summary["best_epoch"], path)
-    return summary
-
-
-def write_summary(summary: dict, run_dir: Path) -> Path:
-    return write_json(run_dir / "summary.json", summary)
-
+    """Train on this rank; returns the run summary (the same on every rank)."""
+    return Trainer(cfg, env, device).train()

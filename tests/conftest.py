@@ -11,11 +11,9 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
 
-from hpcgnn import CONF_DIR
-from hpcgnn.config import RunConfig, register_configs
+from hpcgnn.compose import compose
+from hpcgnn.config import RunConfig
 
 REPO = Path(__file__).resolve().parent.parent
 # Test accuracy the default job must reach, wherever it runs (local processes or SLURM).
@@ -31,12 +29,8 @@ def _remove_data_root():
 
 
 def make_config(*overrides: str, run_dir: str = "/tmp/hpcgnn-test-run") -> RunConfig:
-    """Compose conf/ with ``overrides`` through Hydra, as ``python -m hpcgnn`` does."""
-    register_configs()
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        dcfg = compose(config_name="config", overrides=[*overrides, f"run_dir={run_dir}"])
-    return RunConfig.from_dictconfig(dcfg)
+    """Compose the packaged configs with ``overrides``, on the path every hpcgnn command takes."""
+    return compose([*overrides, f"run_dir={run_dir}"]).cfg
 
 
 def run_cli(*args: str, cwd: Path, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -65,3 +59,31 @@ def default_run(tmp_path_factory):
     res = run_cli(cwd=folder, timeout=600)
     assert res.returncode == 0, res.stdout + res.stderr
     return folder, res
+
+
+def devcluster_state() -> str | None:
+    """None when the SLURM dev cluster's two nodes answer; otherwise what is wrong."""
+    if not os.environ.get("SLURM_CONF"):
+        return "SLURM_CONF is not set"
+    if shutil.which("sbatch") is None:
+        return "sbatch is not installed"
+    try:
+        out = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %t"], capture_output=True, text=True, timeout=20)
+    except subprocess.TimeoutExpired:
+        return "sinfo timed out"
+    states = dict(line.split() for line in out.stdout.splitlines() if line.strip())
+    if out.returncode != 0 or sorted(states) != ["n1", "n2"]:
+        return f"sinfo: {out.stdout.strip() or out.stderr.strip()}"
+    bad = {n: s for n, s in states.items() if s.rstrip("*") not in ("idle", "mix", "alloc")}
+    return f"nodes not up: {bad}" if bad else None
+
+
+@pytest.fixture(scope="session")
+def devcluster_up():
+    """The SLURM dev cluster (slurm/devcluster): skip without it, fail in CI where it must be up."""
+    problem = devcluster_state()
+    if problem:
+        hint = 'start it with: eval "$(slurm/devcluster/start.sh)" (after slurm/devcluster/install.sh)'
+        if os.environ.get("CI"):
+            pytest.fail(f"the SLURM dev cluster is not running in CI ({problem}); {hint}")
+        pytest.skip(f"SLURM dev cluster not running ({problem}); {hint}")

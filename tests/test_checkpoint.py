@@ -10,8 +10,10 @@ import pytest
 import torch
 from conftest import make_config
 
-from hpcgnn.checkpoint import Checkpointer, CheckpointError, PreemptionFlag, rng_state, set_rng_state
+from hpcgnn.checkpoint import Checkpointer, PreemptionFlag
 from hpcgnn.env import RankEnv
+from hpcgnn.errors import CheckpointError
+from hpcgnn.rng import rng_state, set_rng_state
 
 SINGLE = RankEnv.from_environ({}, (20000, 32767), 0)
 

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from conftest import make_config, run_cli
 
-from hpcgnn.config import ConfigError, RunConfig, check_override_keys
+from hpcgnn.config import RunConfig, check_override_keys
+from hpcgnn.errors import ConfigError
 from hpcgnn.launch import check_partition_capacity, render_sbatch, slurm_parameters
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -90,6 +91,7 @@ HOSTILE = {
 }
 
 
+@pytest.mark.slow
 def test_hostile_values_are_inert_quoted_data(tmp_path):
     cfg = make_config("+cluster=example_gpu")
     cluster = dataclasses.replace(cfg.cluster, **HOSTILE, sbatch_extra={"comment": "a b;$(id)"})
@@ -132,6 +134,7 @@ def test_slurm_parameters_cover_the_cluster_file():
     assert params["additional_parameters"] == {"mail-type": "FAIL"}
 
 
+@pytest.mark.slow
 def test_cli_dry_run_prints_script_and_config(tmp_path):
     res = run_cli("+cluster=example_gpu", "launch.dry_run=true", cwd=tmp_path, timeout=120)
     assert res.returncode == 0, res.stderr
@@ -141,18 +144,21 @@ def test_cli_dry_run_prints_script_and_config(tmp_path):
     assert not (tmp_path / "run" / "submitit").exists()  # nothing submitted
 
 
+@pytest.mark.slow
 def test_cli_typo_fails_fast_with_valid_names(tmp_path):
     res = run_cli("train.epoch=3", cwd=tmp_path, timeout=120)
     assert res.returncode == 2
     assert "Did you mean train.epochs?" in res.stderr and "Valid keys under 'train'" in res.stderr
 
 
+@pytest.mark.slow
 def test_cli_invalid_resources_fail_before_submission(tmp_path):
     res = run_cli("+cluster=example_gpu", "cluster.tasks_per_node=8", cwd=tmp_path, timeout=120)
     assert res.returncode == 2
     assert "HINT: set cluster.tasks_per_node=4" in res.stderr
 
 
+@pytest.mark.slow
 def test_user_cluster_folder(tmp_path):
     folder = tmp_path / "mine" / "cluster"
     folder.mkdir(parents=True)
@@ -166,22 +172,54 @@ def test_user_cluster_folder(tmp_path):
     assert res.returncode != 0 and "Could not find 'cluster/mycluster'" in res.stderr
 
 
+SRUN = {"SLURM_JOB_ID": "5", "SLURM_PROCID": "0", "SLURM_STEP_ID": "0", "SLURM_JOB_NAME": "train"}
+
+
 @pytest.mark.parametrize("environ, cluster, mode", [
-    ({}, [], "spawn"),
+    ({}, [], "local"),
     ({}, ["+cluster=example_gpu"], "submit"),
     ({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "29500"}, [], "rank"),
-    ({"SLURM_JOB_ID": "5", "SLURM_PROCID": "0", "SLURM_NTASKS": "4", "SLURM_STEP_NUM_TASKS": "4"},
+    ({**SRUN, "SLURM_NTASKS": "4", "SLURM_STEP_NUM_TASKS": "4"},
      ["+cluster=example_gpu"], "rank"),  # srun started us: never submit again from inside a task
     ({"SLURM_JOB_ID": "5", "SLURM_PROCID": "0", "SLURM_NTASKS": "4"}, [], "rank"),  # batch step: srun missing
     ({"SLURM_JOB_ID": "5", "SLURM_PROCID": "0", "SLURM_NTASKS": "4"}, ["+cluster=example_gpu"], "submit"),
-    ({"SLURM_JOB_ID": "5", "SLURM_PROCID": "0", "SLURM_NTASKS": "1"}, [], "spawn"),
+    ({"SLURM_JOB_ID": "5", "SLURM_PROCID": "0", "SLURM_NTASKS": "1"}, [], "local"),
+    # A one-task step a script started is a rank ...
+    ({**SRUN, "SLURM_NTASKS": "1", "SLURM_STEP_NUM_TASKS": "1"}, [], "rank"),
+    # ... but not a shell a user types in: srun --pty bash, or a job named bash / interactive.
+    ({**SRUN, "SLURM_NTASKS": "1", "SLURM_STEP_NUM_TASKS": "1", "SLURM_PTY_PORT": "4242"}, [], "local"),
+    ({**SRUN, "SLURM_NTASKS": "1", "SLURM_STEP_NUM_TASKS": "1", "SLURM_PTY_PORT": "4242"},
+     ["+cluster=example_gpu"], "submit"),
+    ({**SRUN, "SLURM_NTASKS": "1", "SLURM_STEP_NUM_TASKS": "1", "SLURM_JOB_NAME": "bash"}, [], "local"),
+    ({**SRUN, "SLURM_NTASKS": "1", "SLURM_STEP_NUM_TASKS": "1", "SLURM_JOB_NAME": "interactive"},
+     ["+cluster=example_gpu"], "submit"),
+    # A salloc shell (no step) with several tasks: not a batch script that forgot srun.
+    ({"SLURM_JOB_ID": "5", "SLURM_PROCID": "0", "SLURM_NTASKS": "4", "SLURM_JOB_NAME": "interactive"}, [], "local"),
+    # Several tasks in one step are ranks, whatever the job is called (srun inside salloc).
+    ({**SRUN, "SLURM_NTASKS": "2", "SLURM_STEP_NUM_TASKS": "2", "SLURM_JOB_NAME": "interactive"}, [], "rank"),
+    # launch.mode decides when given.
+    ({**SRUN, "SLURM_NTASKS": "1", "SLURM_STEP_NUM_TASKS": "1", "SLURM_PTY_PORT": "4242"},
+     ["launch.mode=rank"], "rank"),
+    ({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "29500"}, ["launch.mode=local"], "local"),
+    ({}, ["+cluster=example_gpu", "launch.mode=local"], "local"),
 ])
 def test_launch_mode(environ, cluster, mode):
     from hpcgnn.launch import launch_mode
 
-    assert launch_mode(make_config(*cluster), environ) == mode
+    got, why = launch_mode(make_config(*cluster), environ)
+    assert got == mode
+    if "SLURM_PTY_PORT" in environ and "launch.mode=rank" not in cluster:
+        assert "SLURM_PTY_PORT is set (srun --pty)" in why and "launch.mode=rank trains in this process" in why
 
 
+def test_launch_mode_is_checked():
+    with pytest.raises(ConfigError, match=r"launch.mode='srun' is unknown: use auto, submit, local or rank"):
+        make_config("launch.mode=srun")
+    with pytest.raises(ConfigError, match=r"launch.mode=submit needs a cluster to submit to. HINT: add \+cluster=NAME"):
+        make_config("launch.mode=submit")
+
+
+@pytest.mark.slow
 def test_cli_in_slurm_batch_step_without_srun_shows_the_srun_line(tmp_path):
     batch_step = {"SLURM_JOB_ID": "31337", "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NTASKS": "4",
                   "SLURM_NODEID": "0", "SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_NODELIST": "n[1-2]",
@@ -192,7 +230,9 @@ def test_cli_in_slurm_batch_step_without_srun_shows_the_srun_line(tmp_path):
     assert "srun python -m hpcgnn" in res.stderr
 
 
-SINFO = "1|256000|64\n1|512000|128\n"  # NODES|MEMORY_MB|CPUS per node group, as `sinfo -o %D|%m|%c` prints
+# As `sinfo -h -o "%P|%D|%c|%m|%G|%l|%N"` prints it: one line per node group of a partition.
+SINFO = "gpu|1|64|256000|gpu:a100:4|2-00:00:00|g001\ngpu|1|128|512000|gpu:a100:4|2-00:00:00|g002\n" \
+        "cpu*|8|32|192000|(null)|1-00:00:00|c[001-008]\n"
 
 
 @pytest.mark.parametrize("override, message", [
@@ -210,7 +250,8 @@ def test_resources_beyond_the_partition_fail_before_submission(override, message
 def test_resources_within_the_partition_pass():
     c = make_config("+cluster=example_gpu").cluster
     check_partition_capacity(c, sinfo=SINFO)
-    check_partition_capacity(dataclasses.replace(c, mem_gb=10**6), sinfo="2|1|128\n")  # memory unknown: no check
+    unknown = "gpu|2|128|1|gpu:4|infinite|g[1-2]\n"  # RealMemory not configured: no memory check
+    check_partition_capacity(dataclasses.replace(c, mem_gb=10**6), sinfo=unknown)
 
 
 def test_golden_sbatch_with_hostile_values():

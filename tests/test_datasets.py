@@ -11,10 +11,11 @@ import pytest
 import torch
 from conftest import run_cli
 
-from hpcgnn.config import ConfigError, DatasetConfig
+from hpcgnn.config import DatasetConfig
 from hpcgnn.data import build_graph, cache, cache_folder, open_graph, prepare
 from hpcgnn.data.files import DatasetFileError
 from hpcgnn.data.ogb import DatasetMissing
+from hpcgnn.errors import ConfigError
 
 
 def _csv_gz(path: Path, rows) -> None:
@@ -91,6 +92,7 @@ def test_ogb_missing_is_a_clear_error_naming_prepare(tmp_path):
         build_graph(cfg)
 
 
+@pytest.mark.slow
 def test_prepare_command_and_training_on_ogb(tmp_path):
     write_mini_ogb(tmp_path, "ogbn-arxiv", n=200)
     from hpcgnn.data.__main__ import main
@@ -106,6 +108,7 @@ def test_prepare_command_and_training_on_ogb(tmp_path):
     assert res.returncode == 2 and "python -m hpcgnn.data prepare dataset=ogbn-arxiv" in res.stderr
 
 
+@pytest.mark.slow
 def test_cli_trains_on_prepared_ogb(tmp_path):
     write_mini_ogb(tmp_path / "data", "ogbn-arxiv", n=300)
     import subprocess

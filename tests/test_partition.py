@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -15,10 +16,10 @@ import torch
 import torch.multiprocessing as mp
 from conftest import DATA_ROOT, make_config, run_cli, summary_of
 
-from hpcgnn.config import ConfigError, DatasetConfig, GraphConfig
+from hpcgnn.config import DatasetConfig, GraphConfig
 from hpcgnn.data import open_graph, prepare
+from hpcgnn.errors import ConfigError, PartitionError
 from hpcgnn.partition import (
-    PartitionError,
     check_partition_memory,
     ensure_parts,
     open_parts,
@@ -35,11 +36,17 @@ def _copy(folder: Path, to: Path) -> Path:
     return to
 
 
+def _private(tmp_path: Path) -> DatasetConfig:
+    """SMALL under this test's own root: tests that damage or delete artifacts never touch shared ones."""
+    return dataclasses.replace(SMALL, root=str(tmp_path / "data"))
+
+
 def test_metis_parts_are_byte_identical_across_runs(tmp_path):
-    folder, meta, reused = ensure_parts(SMALL, METIS, 4)
+    mine = _private(tmp_path)
+    folder, meta, reused = ensure_parts(mine, METIS, 4)
     first = _copy(folder, tmp_path / "first")
     shutil.rmtree(folder)
-    folder2, meta2, reused2 = ensure_parts(SMALL, METIS, 4)
+    folder2, meta2, reused2 = ensure_parts(mine, METIS, 4)
     assert folder2 == folder and not reused2
     for path in sorted(first.rglob("*.npy")):
         assert path.read_bytes() == (folder / path.relative_to(first)).read_bytes(), path
@@ -78,36 +85,51 @@ def test_reuse_does_not_rewrite():
     assert reused and before == {p: p.stat().st_mtime_ns for p in folder.rglob("*")}
 
 
-def test_corrupt_part_is_caught_before_training():
-    folder, _, _ = ensure_parts(SMALL, RANDOM, 2)
-    x = folder / "part_1" / "x.npy"
-    data = bytearray(x.read_bytes())
+def _corrupt(path: Path) -> None:
+    data = bytearray(path.read_bytes())
     data[-3] ^= 0xFF
-    x.write_bytes(bytes(data))
-    open_parts(SMALL, RANDOM, 2, [0])  # part 0 is intact
+    path.write_bytes(bytes(data))
+
+
+def test_corrupt_part_is_caught_before_training(tmp_path):
+    mine = _private(tmp_path)
+    folder, _, _ = ensure_parts(mine, RANDOM, 2)
+    _corrupt(folder / "part_1" / "x.npy")
+    open_parts(mine, RANDOM, 2, [0])  # part 0 is intact
     with pytest.raises(PartitionError, match=r"part_1/x.npy is corrupt \(sha256 differs from META.json\)"):
-        open_parts(SMALL, RANDOM, 2, [1])
-    shutil.rmtree(folder)
+        open_parts(mine, RANDOM, 2, [1])
+
+
+@pytest.mark.slow
+def test_a_corrupt_part_met_by_the_ranks_is_a_partition_error_with_exit_code_2(tmp_path):
+    """Found on the compute node, not at submit time: the launcher still reports a user error
+    (a partition error, not a config error, not a crash) and exits 2."""
+    over = ["graph=partitioned", "graph.method=random", f"dataset.num_nodes={SMALL.num_nodes}",
+            f"dataset.avg_degree={SMALL.avg_degree}", f"dataset.root={tmp_path / 'data'}", "train.epochs=1"]
+    cfg = make_config(*over)
+    folder, _, _ = ensure_parts(cfg.dataset, cfg.graph, 2)
+    _corrupt(folder / "part_1" / "col.npy")
+    res = subprocess.run([sys.executable, "-m", "hpcgnn", *over, f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert re.search(r"hpcgnn: partition error: \S+part_1/col.npy is corrupt \(sha256 differs from META.json\)",
+                     res.stderr), res.stderr
+    assert "config error" not in res.stderr
 
 
 def test_parts_of_another_graph_or_k_are_refused(tmp_path):
-    folder, _, _ = ensure_parts(SMALL, METIS, 2)
-    other = DatasetConfig(num_nodes=20_000, avg_degree=12, seed=5, root=str(DATA_ROOT))
+    mine = _private(tmp_path)
+    folder, _, _ = ensure_parts(mine, METIS, 2)
+    other = dataclasses.replace(mine, seed=5)
     prepare(other)
-    target = parts_folder(other, METIS, 2)
-    shutil.rmtree(target, ignore_errors=True)
-    _copy(folder, target)
+    _copy(folder, parts_folder(other, METIS, 2))
     with pytest.raises(PartitionError, match="was made from another graph than the prepared synthetic"):
         open_parts(other, METIS, 2, [0])
-    shutil.rmtree(target)
-    wrong_k = parts_folder(SMALL, METIS, 3)
-    shutil.rmtree(wrong_k, ignore_errors=True)
-    _copy(folder, wrong_k)
+    _copy(folder, parts_folder(mine, METIS, 3))
     with pytest.raises(PartitionError, match="holds 2 parts, the job needs 3"):
-        open_parts(SMALL, METIS, 3, [0])
-    shutil.rmtree(wrong_k)
+        open_parts(mine, METIS, 3, [0])
     with pytest.raises(PartitionError, match=r"no 4-part partition .* HINT: python -m hpcgnn.partition"):
-        open_parts(SMALL, GraphConfig(mode="partitioned", seed=99), 4, [0])
+        open_parts(mine, GraphConfig(mode="partitioned", seed=99), 4, [0])
 
 
 def test_partitioning_refuses_when_memory_is_short():
@@ -148,15 +170,17 @@ def _sample_worker(rank: int, world: int, port: int, cfg, folder: str) -> None:
                                 "MASTER_PORT": str(port)}, (20000, 32767), 0)
     with process_group(env, cfg.dist, torch.device("cpu")):
         store = PartitionedStore(cfg, env)
-        seeds = store.train_seeds(torch.Generator().manual_seed(1))[:200]
+        seeds = store.train_seeds(1)[:200]
         gen = torch.Generator().manual_seed(rank)
+        before = store.counters()
         batches = []
         for chunk in (seeds[:100], seeds[100:], seeds[:0]):  # an empty batch still serves the others
             out = store.sampler.sample(chunk, gen)
             x, y = store.features.gather(out.n_id, out.batch_size)
             batches.append({"n_id": out.n_id, "edge_index": out.edge_index, "batch_size": out.batch_size,
                             "num_sampled_nodes": list(out.num_sampled_nodes), "x": x, "y": y})
-        torch.save({"batches": batches, "stats": store.stats(), "owned": store.parts.nodes}, f"{folder}/rank{rank}.pt")
+        stats = (store.counters() - before).per_batch()
+        torch.save({"batches": batches, "stats": stats, "owned": store.parts.nodes}, f"{folder}/rank{rank}.pt")
 
 
 def _run_workers(cfg, tmp_path: Path, world: int = 2) -> list[dict]:
@@ -167,6 +191,7 @@ def _run_workers(cfg, tmp_path: Path, world: int = 2) -> list[dict]:
     return [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(world)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("num_parts, cache_mb", [(2, 0.0), (4, 0.5)], ids=["k2", "k4-over-partitioned-cached"])
 def test_distributed_batches_are_valid_subgraphs(tmp_path, num_parts, cache_mb):
     ds = [f"dataset.num_nodes={SMALL.num_nodes}", f"dataset.avg_degree={SMALL.avg_degree}"]
@@ -204,6 +229,7 @@ def test_distributed_batches_are_valid_subgraphs(tmp_path, num_parts, cache_mb):
             assert stats["cache_hit_rate"] == 0
 
 
+@pytest.mark.slow
 def test_frequency_cache_catches_remote_rows(tmp_path):
     cfg = make_config("graph=partitioned", "graph.cache_mb=1", "graph.cache_policy=frequency",
                       "graph.warmup_batches=3", "train.fanouts=[6,4,3]", f"dataset.num_nodes={SMALL.num_nodes}",
@@ -219,6 +245,7 @@ def test_frequency_cache_catches_remote_rows(tmp_path):
 # --------------------------------------------------------------- the CLIs
 
 
+@pytest.mark.slow
 def test_partition_cli_partitions_then_reuses(tmp_path):
     args = [sys.executable, "-m", "hpcgnn.partition", "graph.num_parts=2", "graph.method=random",
             "dataset.num_nodes=5000", f"dataset.root={DATA_ROOT}"]
@@ -231,12 +258,17 @@ def test_partition_cli_partitions_then_reuses(tmp_path):
 
 
 @pytest.mark.slow
-def test_partitioned_training_matches_replicated_accuracy(tmp_path, default_run):
-    """The embedded default, K=2 METIS parts made by the launcher, within 1 point of replicated."""
-    res = run_cli("graph=partitioned", "graph.cache_mb=1", cwd=tmp_path, timeout=900)
-    assert res.returncode == 0, res.stdout + res.stderr
-    assert "2 parts (metis, seed 0)" in res.stdout  # partitioned by the launcher before the ranks started
-    part, rep = summary_of(tmp_path), summary_of(default_run[0])
+def test_partitioned_training_matches_replicated_accuracy(tmp_path):
+    """K=2 METIS parts made by the launcher, within 1 point of the same job on a replicated graph."""
+    runs = {}
+    for mode in ("replicated", "partitioned"):
+        res = run_cli("dataset.num_nodes=20000", "train.epochs=5", f"graph={mode}", "graph.cache_mb=1",
+                      "metrics.tensorboard=false", cwd=tmp_path / mode, timeout=900)
+        assert res.returncode == 0, res.stdout + res.stderr
+        runs[mode] = summary_of(tmp_path / mode)
+        if mode == "partitioned":  # partitioned by the launcher before the ranks started
+            assert "2 parts (metis, seed 0)" in res.stdout
+    part, rep = runs["partitioned"], runs["replicated"]
     assert part["graph_mode"] == "partitioned" and rep["graph_mode"] == "replicated"
     assert abs(part["test_acc"] - rep["test_acc"]) <= 0.01, (part["test_acc"], rep["test_acc"])
     assert len(set(part["param_checksums"])) == 1
@@ -244,4 +276,4 @@ def test_partitioned_training_matches_replicated_accuracy(tmp_path, default_run)
     assert last["remote_rows_per_batch"] > 0 and 0 < last["cache_hit_rate"] < 1
     # Each rank holds its part, not the graph: at most 1/K + 0.25 of the replicated bytes.
     assert max(part["resident_graph_bytes"]) <= (1 / 2 + 0.25) * rep["resident_graph_bytes"][0]
-    assert json.loads((tmp_path / "run" / "summary.json").read_text())["world_size"] == 2
+    assert part["world_size"] == 2

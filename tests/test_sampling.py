@@ -9,7 +9,7 @@ import torch
 
 from hpcgnn.config import DatasetConfig
 from hpcgnn.data import Graph, build_graph
-from hpcgnn.sampling import NeighborSampler, NodeLoader, rank_seeds, sample_neighbors, steps_per_epoch
+from hpcgnn.sampling import BatchLoader, CSRNeighborSampler, rank_seeds, sample_neighbors, steps_per_epoch
 
 
 @pytest.fixture(scope="module")
@@ -61,10 +61,10 @@ def check_batch(graph: Graph, data, seeds: torch.Tensor, fanouts=FANOUTS) -> Non
 
 
 def test_every_batch_is_a_valid_sampled_subgraph(graph):
-    sampler = NeighborSampler(graph.rowptr, graph.col, FANOUTS)
+    sampler = CSRNeighborSampler(graph.rowptr, graph.col, FANOUTS)
     seeds = torch.cat([torch.tensor([0, 1]), graph.train_idx[graph.train_idx > 1]])
     batches = 0
-    for data, chunk in zip(NodeLoader(graph, sampler, seeds, 97, torch.Generator().manual_seed(0)),
+    for data, chunk in zip(BatchLoader(graph, sampler, seeds, 97, generator=torch.Generator().manual_seed(0)),
                            seeds.split(97), strict=True):
         check_batch(graph, data, chunk)
         batches += 1
@@ -72,7 +72,7 @@ def test_every_batch_is_a_valid_sampled_subgraph(graph):
 
 
 def test_sampling_is_deterministic_per_seed(graph):
-    sampler = NeighborSampler(graph.rowptr, graph.col, FANOUTS)
+    sampler = CSRNeighborSampler(graph.rowptr, graph.col, FANOUTS)
     seeds = torch.tensor([0, 1, 5, 17])
     a = sampler.sample(seeds, torch.Generator().manual_seed(11))
     b = sampler.sample(seeds, torch.Generator().manual_seed(11))
@@ -117,13 +117,13 @@ def test_every_subset_is_equally_likely():
 
 
 def test_duplicate_seeds_rejected(graph):
-    sampler = NeighborSampler(graph.rowptr, graph.col, (2,))
+    sampler = CSRNeighborSampler(graph.rowptr, graph.col, (2,))
     with pytest.raises(ValueError, match="seeds must be distinct"):
         sampler.sample(torch.tensor([3, 3]))
 
 
 def test_sampler_leaves_no_state_between_batches(graph):
-    sampler = NeighborSampler(graph.rowptr, graph.col, FANOUTS)
+    sampler = CSRNeighborSampler(graph.rowptr, graph.col, FANOUTS)
     sampler.sample(torch.tensor([0, 7, 9]), torch.Generator().manual_seed(1))
     assert bool((sampler._local == -1).all())
 
@@ -170,11 +170,11 @@ def test_prefetching_loader_yields_the_plain_loaders_batches(graph):
     from hpcgnn.sampling import PrefetchLoader
 
     seeds = graph.train_idx
-    plain = list(NodeLoader(graph, NeighborSampler(graph.rowptr, graph.col, FANOUTS), seeds, 64,
-                            torch.Generator().manual_seed(9)))
+    plain = list(BatchLoader(graph, CSRNeighborSampler(graph.rowptr, graph.col, FANOUTS), seeds, 64,
+                             generator=torch.Generator().manual_seed(9)))
     for depth in (1, 3):
-        ahead = list(PrefetchLoader(NodeLoader(graph, NeighborSampler(graph.rowptr, graph.col, FANOUTS), seeds, 64,
-                                               torch.Generator().manual_seed(9)), depth))
+        ahead = list(PrefetchLoader(BatchLoader(graph, CSRNeighborSampler(graph.rowptr, graph.col, FANOUTS), seeds, 64,
+                                                generator=torch.Generator().manual_seed(9)), depth))
         assert len(ahead) == len(plain) == math.ceil(seeds.numel() / 64)
         for a, b in zip(ahead, plain, strict=True):
             assert torch.equal(a.n_id, b.n_id) and torch.equal(a.edge_index, b.edge_index)
@@ -186,13 +186,29 @@ def test_prefetching_loader_stops_cleanly(graph):
 
     from hpcgnn.sampling import PrefetchLoader
 
-    loader = PrefetchLoader(NodeLoader(graph, NeighborSampler(graph.rowptr, graph.col, FANOUTS), graph.train_idx, 16,
-                                       torch.Generator().manual_seed(0)), 2)
+    loader = PrefetchLoader(BatchLoader(graph, CSRNeighborSampler(graph.rowptr, graph.col, FANOUTS), graph.train_idx, 16,
+                                        generator=torch.Generator().manual_seed(0)), 2)
     for i, _ in enumerate(loader):
         if i == 2:
             break  # the consumer leaves early: the thread must end, not block on a full queue
     assert not any(t.name == "hpcgnn-prefetch" for t in threading.enumerate())
-    bad = PrefetchLoader(NodeLoader(graph, NeighborSampler(graph.rowptr, graph.col, FANOUTS),
-                                    torch.tensor([1, 1]), 2), 2)
+    bad = PrefetchLoader(BatchLoader(graph, CSRNeighborSampler(graph.rowptr, graph.col, FANOUTS),
+                                     torch.tensor([1, 1]), 2), 2)
     with pytest.raises(ValueError, match="seeds must be distinct"):
         list(bad)  # errors in the thread surface in the consumer
+
+
+def test_the_sampler_plugs_into_pygs_own_node_loader(graph):
+    """CSRNeighborSampler implements PyG's sampler protocol (BaseSampler.sample_from_nodes -> SamplerOutput):
+    PyG's NodeLoader drives it and its batches satisfy the same invariants as our loader's."""
+    from torch_geometric.data import Data
+    from torch_geometric.loader import NodeLoader as PyGNodeLoader
+
+    data = Data(x=graph.x, y=graph.y, edge_index=graph.edge_index(), num_nodes=graph.num_nodes)
+    seeds = graph.train_idx[:300]
+    loader = PyGNodeLoader(data, node_sampler=CSRNeighborSampler(graph.rowptr, graph.col, FANOUTS),
+                           input_nodes=seeds, batch_size=100)
+    batches = list(loader)
+    assert len(batches) == 3
+    for i, batch in enumerate(batches):
+        check_batch(graph, batch, seeds[i * 100:(i + 1) * 100])

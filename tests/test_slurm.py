@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
+import shlex
 import subprocess
 import sys
 import time
@@ -21,31 +21,9 @@ from conftest import ACCURACY_BAR, DATA_ROOT, REPO, run_cli
 pytestmark = pytest.mark.slurm
 
 
-def _cluster_state() -> str | None:
-    """None when both nodes answer; otherwise what is wrong."""
-    if not os.environ.get("SLURM_CONF"):
-        return "SLURM_CONF is not set"
-    if shutil.which("sbatch") is None:
-        return "sbatch is not installed"
-    try:
-        out = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %t"], capture_output=True, text=True, timeout=20)
-    except subprocess.TimeoutExpired:
-        return "sinfo timed out"
-    states = dict(line.split() for line in out.stdout.splitlines() if line.strip())
-    if out.returncode != 0 or sorted(states) != ["n1", "n2"]:
-        return f"sinfo: {out.stdout.strip() or out.stderr.strip()}"
-    bad = {n: s for n, s in states.items() if s.rstrip("*") not in ("idle", "mix", "alloc")}
-    return f"nodes not up: {bad}" if bad else None
-
-
 @pytest.fixture(scope="module", autouse=True)
-def devcluster():
-    problem = _cluster_state()
-    if problem:
-        hint = 'start it with: eval "$(slurm/devcluster/start.sh)" (after slurm/devcluster/install.sh)'
-        if os.environ.get("CI"):
-            pytest.fail(f"the SLURM dev cluster is not running in CI ({problem}); {hint}")
-        pytest.skip(f"SLURM dev cluster not running ({problem}); {hint}")
+def _needs_the_cluster(devcluster_up):
+    """Every test here runs on the dev cluster (skipped without it, a failure in CI)."""
 
 
 def _summary(folder: Path) -> dict:
@@ -74,12 +52,22 @@ def _final_state(job_id: str, limit_s: float = 60) -> str:
     return state
 
 
-@pytest.mark.parametrize("tasks_per_node", [1, 2])
-def test_multi_node_training_reaches_the_local_bar(tmp_path, tasks_per_node):
-    res = run_cli("+cluster=devcluster", f"cluster.tasks_per_node={tasks_per_node}", cwd=tmp_path, timeout=900)
+# 2 nodes x 1 rank, small enough for CI, large enough to clear the accuracy bar. Rank 0 sleeps 0.1 s per step
+# (it changes no parameter) so that an epoch lasts a few seconds: the preemption test signals mid-epoch.
+COMMON = ["+cluster=devcluster", "train.epochs=3", "dataset.num_nodes=20000", "train.batch_size=128",
+          "debug.slow_rank=0", "debug.slow_s=0.1", "metrics.tensorboard=false"]
+
+
+@pytest.fixture(scope="module")
+def two_node_run(tmp_path_factory) -> tuple[Path, str]:
+    """One uninterrupted 2-node job: the accuracy bar, and the reference the preempted job must match."""
+    folder = tmp_path_factory.mktemp("two-nodes")
+    res = run_cli(*COMMON, cwd=folder, timeout=900)
     assert res.returncode == 0, res.stdout + res.stderr
-    job_id = _job_id(res.stdout)
-    s = _summary(tmp_path)
+    return folder, res.stdout
+
+
+def _check_layout(s: dict, job_id: str, tasks_per_node: int) -> None:
     assert s["launcher"] == "slurm" and s["job_id"] == job_id
     assert s["world_size"] == 2 * tasks_per_node and s["num_nodes"] == 2
     assert s["hostnames"] == ["n1", "n2"]
@@ -87,6 +75,20 @@ def test_multi_node_training_reaches_the_local_bar(tmp_path, tasks_per_node):
     assert s["master_addr"] == "n1"  # first node of SLURM_JOB_NODELIST=n[1-2]
     assert len(set(s["param_checksums"])) == 1
     assert s["test_acc"] >= ACCURACY_BAR, s["test_acc"]
+
+
+def test_multi_node_training_reaches_the_local_bar(two_node_run):
+    folder, stdout = two_node_run
+    job_id = _job_id(stdout)
+    _check_layout(_summary(folder), job_id, 1)
+    assert _final_state(job_id) == "COMPLETED"
+
+
+def test_two_ranks_per_node_reach_the_local_bar(tmp_path):
+    res = run_cli(*COMMON, "train.epochs=4", "debug.slow_rank=-1", "cluster.tasks_per_node=2", cwd=tmp_path, timeout=900)
+    assert res.returncode == 0, res.stdout + res.stderr
+    job_id = _job_id(res.stdout)
+    _check_layout(_summary(tmp_path), job_id, 2)
     assert _final_state(job_id) == "COMPLETED"
 
 
@@ -95,8 +97,10 @@ def test_two_jobs_at_once_do_not_collide(tmp_path):
     ids = []
     for f in folders:
         f.mkdir()
-        # Long enough (tens of seconds) that the second job starts while the first still runs.
-        res = run_cli("+cluster=devcluster", "launch.wait=false", "dataset.num_nodes=20000", "train.epochs=15",
+        # Long enough (rank 0 sleeps 0.5 s per step: 12 steps) that the second job starts while the first
+        # still runs, and light on the CPU.
+        res = run_cli("+cluster=devcluster", "launch.wait=false", "dataset.num_nodes=4000", "train.epochs=4",
+                      "train.batch_size=256", "debug.slow_rank=0", "debug.slow_s=0.5", "metrics.tensorboard=false",
                       cwd=f, timeout=120)
         assert res.returncode == 0, res.stderr
         ids.append(_job_id(res.stdout))
@@ -230,15 +234,10 @@ def test_partitioning_that_cannot_fit_is_refused_before_submitting(tmp_path):
     assert "submitted" not in res.stdout
 
 
-def test_preempted_job_requeues_resumes_and_matches_an_uninterrupted_one(tmp_path):
+def test_preempted_job_requeues_resumes_and_matches_an_uninterrupted_one(tmp_path, two_node_run):
     """SLURM delivers USR2 to both nodes mid-epoch: checkpoint, requeue, resume, same parameters."""
-    # Small, with rank 0 sleeping 0.1 s per step (it changes no parameter) so an epoch lasts a few seconds.
-    common = ["+cluster=devcluster", "train.epochs=3", "dataset.num_nodes=20000", "train.batch_size=128",
-              "debug.slow_rank=0", "debug.slow_s=0.1"]
-    whole = run_cli(*common, cwd=tmp_path / "whole", timeout=600)
-    assert whole.returncode == 0, whole.stdout + whole.stderr
     cut = tmp_path / "cut"
-    res = run_cli(*common, "launch.wait=false", cwd=cut, timeout=120)
+    res = run_cli(*COMMON, "launch.wait=false", cwd=cut, timeout=120)
     assert res.returncode == 0, res.stderr
     job = _job_id(res.stdout)
     log = cut / "run" / "submitit" / f"{job}_0_log.out"
@@ -250,7 +249,7 @@ def test_preempted_job_requeues_resumes_and_matches_an_uninterrupted_one(tmp_pat
     assert _final_state(job, limit_s=400) == "COMPLETED"
     text = log.read_text()
     assert "asking submitit to requeue the job" in text and "(resume 1)" in text
-    s, ref = _summary(cut), _summary(tmp_path / "whole")
+    s, ref = _summary(cut), _summary(two_node_run[0])
     assert s["requeues"] == 1 and s["resumes"] == 1 and s["hostnames"] == ["n1", "n2"]
     assert s["param_checksums"] == ref["param_checksums"]
 
@@ -298,3 +297,55 @@ def test_cluster_init_describes_the_dev_cluster_and_its_file_runs_a_job(tmp_path
                   cwd=tmp_path, timeout=600, env={"HPCGNN_CONFIG_DIR": str(tmp_path / "conf")})
     assert run.returncode == 0, run.stdout + run.stderr
     assert _summary(tmp_path)["hostnames"] == ["n1", "n2"]
+
+
+# ------------------------------------------------------------------ a shell inside an allocation
+
+TINY = ["dataset.num_nodes=4000", "train.epochs=2", "train.batch_size=256", "model.hidden_channels=32",
+        "metrics.tensorboard=false"]
+
+
+def _in_step(srun: list[str], command: list[str], cwd: Path, pty: bool, timeout: float = 600) -> subprocess.CompletedProcess:
+    """Run ``command`` inside a new one-task SLURM step, as a user would type it there.
+
+    With ``pty``: ``srun --pty`` under util-linux's ``script``, which gives srun the terminal it
+    needs (without one, srun drops --pty and sets no SLURM_PTY_PORT)."""
+    inner = " ".join(shlex.quote(str(c)) for c in command)
+    line = ["srun", *srun, *(["--pty"] if pty else []), "bash", "-c", inner]
+    if pty:
+        line = ["script", "-qec", " ".join(shlex.quote(c) for c in line), "/dev/null"]
+    return subprocess.run(line, cwd=cwd, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+def test_a_cluster_run_typed_in_srun_pty_bash_is_submitted(tmp_path):
+    res = _in_step(["-N1", "-n1"], [sys.executable, "-m", "hpcgnn", "+cluster=devcluster", *TINY,
+                                    f"dataset.root={DATA_ROOT}", f"hydra.run.dir={tmp_path / 'run'}"], tmp_path, pty=True)
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out
+    assert "a one-task interactive SLURM step (SLURM_PTY_PORT is set (srun --pty)): submitting to devcluster" in out
+    job_id = _job_id(out)
+    s = _summary(tmp_path)
+    assert s["launcher"] == "slurm" and s["job_id"] == job_id and s["hostnames"] == ["n1", "n2"]
+    assert _final_state(job_id) == "COMPLETED"
+
+
+def test_a_local_run_typed_in_a_one_task_step_starts_local_processes(tmp_path):
+    """No --pty: srun names the job after what it runs (bash), as Lightning's check expects."""
+    res = _in_step(["-N1", "-n1", "--cpus-per-task=2"], [sys.executable, "-m", "hpcgnn", *TINY,
+                                                         f"dataset.root={DATA_ROOT}", f"hydra.run.dir={tmp_path / 'run'}"],
+                   tmp_path, pty=False)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "the job is named 'bash' (an interactive shell)): starting 2 local processes" in res.stdout
+    s = _summary(tmp_path)
+    assert s["launcher"] == "torchrun" and s["world_size"] == 2 and s["hostnames"] == ["n1"]
+
+
+def test_a_multi_task_srun_step_still_runs_as_ranks_whatever_the_job_is_called(tmp_path):
+    res = subprocess.run(["srun", "-N2", "--ntasks-per-node=1", "--job-name=interactive", sys.executable, "-m", "hpcgnn",
+                          *TINY, f"dataset.root={DATA_ROOT}", f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert res.returncode == 0, res.stdout + res.stderr
+    s = _summary(tmp_path)
+    assert s["launcher"] == "slurm" and s["world_size"] == 2 and s["hostnames"] == ["n1", "n2"]
+    assert res.stdout.count("test accuracy") == 1

@@ -39,6 +39,7 @@ def test_local_sweep_runs_members_one_after_another(tmp_path):
     assert st.stdout.count("COMPLETED") == 2 and "model=mlp" in st.stdout and "2/2" in st.stdout
 
 
+@pytest.mark.slow
 def test_an_invalid_member_stops_the_sweep_before_anything_runs(tmp_path):
     res = _sweep(tmp_path, "train.lr=1e-3,-1", "+cluster=local")
     assert res.returncode == 2
@@ -46,6 +47,7 @@ def test_an_invalid_member_stops_the_sweep_before_anything_runs(tmp_path):
     assert not (tmp_path / "sweep" / "manifest.json").exists()
 
 
+@pytest.mark.slow
 def test_status_names_the_folder_to_give(tmp_path):
     st = _status(tmp_path)
     assert st.returncode == 2 and "manifest.json not found" in st.stderr

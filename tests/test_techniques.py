@@ -10,10 +10,14 @@ import torch
 from conftest import DATA_ROOT, make_config, run_cli, summary_of
 from torch_geometric.data import Data
 
-from hpcgnn.config import ConfigError, DatasetConfig, ModelConfig
+from hpcgnn.config import DatasetConfig, ModelConfig
 from hpcgnn.data import open_graph, prepare
-from hpcgnn.models import build_model, forward_batch
-from hpcgnn.sampling import NeighborSampler, NodeLoader
+from hpcgnn.env import RankEnv
+from hpcgnn.errors import ConfigError
+from hpcgnn.models import batch_transform, build_model, forward_batch
+from hpcgnn.sampling import BatchLoader, CSRNeighborSampler
+from hpcgnn.stores import ReplicatedStore
+from hpcgnn.tasks import build_task
 from hpcgnn.techniques import (
     autocast,
     effective_lr,
@@ -22,7 +26,7 @@ from hpcgnn.techniques import (
     make_scheduler,
     step_weights,
 )
-from hpcgnn.trainer import micro_step, optimizer_step
+from hpcgnn.trainer import optimizer_step
 
 SMALL = DatasetConfig(num_nodes=3000, avg_degree=10, root=str(DATA_ROOT))
 TINY = ["dataset.num_nodes=4000", "train.epochs=2", "train.batch_size=256", "model.hidden_channels=32"]
@@ -35,7 +39,7 @@ def graph():
 
 
 def _batches(graph, n: int, size: int):
-    loader = NodeLoader(graph, NeighborSampler(graph.rowptr, graph.col, (5, 3)), graph.train_idx[: n * size], size,
+    loader = BatchLoader(graph, CSRNeighborSampler(graph.rowptr, graph.col, (5, 3)), graph.train_idx[: n * size], size,
                         batch_seed=7)
     return list(loader)
 
@@ -72,8 +76,12 @@ def test_accumulated_micro_batches_give_the_update_of_one_big_batch(graph):
     opt_a, opt_b = torch.optim.SGD(a.parameters(), lr=0.5), torch.optim.SGD(b.parameters(), lr=0.5)
     sched_a = make_scheduler(opt_a, "constant", 10, 0.0)
     total = sum(x.batch_size for x in batches)
-    for i, data in enumerate(batches):  # 3 micro-batches, one optimizer step
-        micro_step(a, data, data.batch_size / total, "fp32", torch.device("cpu"), None, sync=i == 2)
+    # The node classification task's own loss, as the trainer's step uses it.
+    run = make_config("dataset.num_nodes=3000", "dataset.avg_degree=10", f"dataset.root={DATA_ROOT}")
+    single = RankEnv.from_environ({})
+    task = build_task(run, single, ReplicatedStore(run, single), torch.device("cpu"))
+    for data in batches:  # 3 micro-batches, one optimizer step
+        (task.step(a, data).loss * (data.batch_size / total)).backward()
     optimizer_step(opt_a, sched_a, None)
     merged = _merged(batches)
     loss = torch.nn.functional.cross_entropy(forward_batch(b, merged), merged.y[:total])
@@ -115,20 +123,59 @@ def test_bf16_autocast_computes_in_bf16(graph):
     assert forward_batch(model, data).dtype == torch.float32
 
 
-@pytest.mark.parametrize("name", ["sage", "gin", "gat", "mlp"])
+@pytest.mark.parametrize("name", ["sage", "gcn", "gin", "gat", "mlp"])
 def test_layerwise_inference_is_exact(graph, name):
-    """Chunked, full-neighbourhood inference equals the model run on the whole graph at once."""
+    """Chunked, full-neighbourhood inference equals the model run on the whole graph at once
+    (for GCN: PyG's own full-batch GCN, normalised by PyG from the whole graph)."""
     torch.manual_seed(0)
-    model = build_model(ModelConfig(name=name, hidden_channels=16, heads=2), graph.num_features,
-                        graph.num_classes, 2).eval()
-    whole = model(graph.x, graph.edge_index())
-    chunked = layerwise_inference(model, graph, torch.device("cpu"), 700, 0, 1)
+    cfg = ModelConfig(name=name, hidden_channels=16, heads=2)
+    model = build_model(cfg, graph.num_features, graph.num_classes, 2).eval()
+    whole = _full_batch_twin(model, name)(graph.x, graph.edge_index())
+    chunked = layerwise_inference(model, graph, torch.device("cpu"), 700, 0, 1,
+                                  transform=batch_transform(cfg, graph.degree()))
     assert torch.allclose(chunked, whole, atol=1e-5), (chunked - whole).abs().max()
 
 
+def _full_batch_twin(model: torch.nn.Module, name: str) -> torch.nn.Module:
+    """The model as PyG runs it on a whole graph: for GCN, PyG's GCN with its own normalisation."""
+    if name != "gcn":
+        return model
+    from torch_geometric.nn import GCN
+
+    twin = GCN(model.in_channels, model.hidden_channels, model.num_layers, model.out_channels)  # normalize=True
+    twin.load_state_dict(model.state_dict())
+    return twin.eval()
+
+
+@pytest.mark.parametrize("trim", [True, False], ids=["trimmed", "untrimmed"])
+def test_sampled_gcn_with_full_fanouts_gives_the_full_batch_logits(graph, trim):
+    """Fanouts above every degree put every neighbour in the batch; with the whole graph's degrees
+    carried into the batch (GCNNorm), the seeds' logits are those of PyG's full-batch GCN."""
+    cfg = ModelConfig(name="gcn", hidden_channels=16, dropout=0.0)
+    torch.manual_seed(0)
+    model = build_model(cfg, graph.num_features, graph.num_classes, 3).eval()
+    whole = _full_batch_twin(model, "gcn")(graph.x, graph.edge_index())
+    big = int(graph.degree().max()) + 1
+    seeds = graph.train_idx[:300]
+    loader = BatchLoader(graph, CSRNeighborSampler(graph.rowptr, graph.col, (big, big, big)), seeds, 100,
+                         batch_seed=1, transform=batch_transform(cfg, graph.degree()))
+    for i, data in enumerate(loader):
+        if not trim:
+            del data.num_sampled_nodes, data.num_sampled_edges
+        logits = forward_batch(model, data)
+        assert torch.allclose(logits, whole[seeds[i * 100:(i + 1) * 100]], atol=1e-5), (logits - whole[data.n_id[:100]]).abs().max()
+    # Normalised on the batch instead (what GCNConv(normalize=True) on a sampled batch does), the
+    # outer hop sees the wrong degrees: the logits differ.
+    data = next(iter(BatchLoader(graph, CSRNeighborSampler(graph.rowptr, graph.col, (big, big, big)), seeds, 100,
+                                 batch_seed=1)))
+    on_batch = _full_batch_twin(model, "gcn")(data.x, data.edge_index)[:100]
+    assert not torch.allclose(on_batch, whole[seeds[:100]], atol=1e-3)
+
+
 def test_unsupported_combinations_are_config_errors():
-    with pytest.raises(ConfigError, match="train.eval_mode=full needs graph=replicated and model sage, gin, gat"):
-        make_config("model=gcn", "train.eval_mode=full")
+    with pytest.raises(ConfigError, match="train.eval_mode=full needs graph=replicated and model sage, gcn, gin, gat, "
+                                          "mlp; got graph.mode=partitioned"):
+        make_config("graph=partitioned", "train.eval_mode=full")
     with pytest.raises(ConfigError, match="train.grad_compression='int8' is unknown"):
         make_config("train.grad_compression=int8")
 

@@ -7,7 +7,8 @@ import re
 import time
 
 import pytest
-from conftest import ACCURACY_BAR, DATA_ROOT, run_cli, summary_of
+import torch
+from conftest import ACCURACY_BAR, DATA_ROOT, make_config, run_cli, summary_of
 
 pytestmark = pytest.mark.slow
 
@@ -115,12 +116,21 @@ def test_torchrun_starts_the_ranks(tmp_path, tiny_overrides):
 RESUME = ["dataset.num_nodes=4000", "train.epochs=3", "train.batch_size=256", "model.hidden_channels=32"]
 
 
-@pytest.mark.parametrize("graph", [[], ["graph=partitioned", "graph.cache_mb=0.1"], ["train.sampler=saint_rw"],
-                                   ["train.sampler=cluster"]], ids=["replicated", "partitioned", "saint_rw", "cluster"])
-def test_preempted_run_resumes_bitwise_identically(tmp_path, graph):
+@pytest.fixture(scope="module")
+def whole_run(tmp_path_factory) -> dict:
+    """The uninterrupted 2-rank run that interrupted ones must end equal to."""
+    folder = tmp_path_factory.mktemp("whole")
+    res = run_cli(*RESUME, cwd=folder, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    return summary_of(folder)
+
+
+@pytest.mark.parametrize("graph", [[], ["graph=partitioned", "graph.cache_mb=0.1"]], ids=["replicated", "partitioned"])
+def test_preempted_run_resumes_bitwise_identically(tmp_path, graph, whole_run):
     """Rank 1 alone gets the signal mid-epoch; all ranks checkpoint, stop, and the same command resumes."""
-    whole = run_cli(*RESUME, *graph, cwd=tmp_path / "whole", timeout=300)
-    assert whole.returncode == 0, whole.stdout + whole.stderr
+    if graph:
+        whole = run_cli(*RESUME, *graph, cwd=tmp_path / "whole", timeout=300)
+        assert whole.returncode == 0, whole.stdout + whole.stderr
     cut = [*RESUME, *graph, "debug.signal_rank=1", "debug.signal_step=5"]  # 3 steps/epoch: epoch 2, step 2
     first = run_cli(*cut, cwd=tmp_path / "cut", timeout=300)
     assert first.returncode == 3, first.stdout + first.stderr
@@ -129,21 +139,39 @@ def test_preempted_run_resumes_bitwise_identically(tmp_path, graph):
     again = run_cli(*cut, cwd=tmp_path / "cut", timeout=300)
     assert again.returncode == 0, again.stdout + again.stderr
     assert "resumed from" in again.stdout and "epoch 2, step 2 of 3 (resume 1)" in again.stdout
-    a, b = summary_of(tmp_path / "whole"), summary_of(tmp_path / "cut")
+    a, b = (summary_of(tmp_path / "whole") if graph else whole_run), summary_of(tmp_path / "cut")
     assert b["resumes"] == 1 and a["resumes"] == 0
     assert b["param_checksums"] == a["param_checksums"]  # bitwise identical parameters on every rank
     assert [r["loss"] for r in b["history"]] == [r["loss"] for r in a["history"]]
 
 
-def test_submitit_requeues_and_resumes_by_itself(tmp_path):
+@pytest.mark.parametrize("sampler", ["saint_rw", "cluster"])
+def test_preempted_rank_resumes_bitwise_with_samplers_that_hold_state(tmp_path, sampler):
+    """GraphSAINT's counted inclusion probabilities and Cluster-GCN's clusters come back the same after
+    a resume: one rank in this process (the trainer itself), preempted mid-epoch, resumed, compared."""
+    from hpcgnn.checkpoint import Preempted
+    from hpcgnn.env import RankEnv
+    from hpcgnn.trainer import Trainer
+
+    over = [*RESUME, f"train.sampler={sampler}", f"dataset.root={DATA_ROOT}", "metrics.tensorboard=false"]
+    single, cpu = RankEnv.from_environ({}), torch.device("cpu")
+    whole = Trainer(make_config(*over, run_dir=str(tmp_path / "whole")), single, cpu).train()
+    cut = make_config(*over, "debug.signal_rank=0", "debug.signal_step=7", run_dir=str(tmp_path / "cut"))
+    with pytest.raises(Preempted, match="preempted: checkpoint of step 7 saved in"):
+        Trainer(cut, single, cpu).train()
+    again = Trainer(cut, single, cpu).train()
+    assert again["resumes"] == 1 and whole["resumes"] == 0
+    assert again["param_checksums"] == whole["param_checksums"]
+    assert [r["loss"] for r in again["history"]] == [r["loss"] for r in whole["history"]]
+
+
+def test_submitit_requeues_and_resumes_by_itself(tmp_path, whole_run):
     """submitit's local executor requeues like SLURM does: one command, interrupted, finishes."""
-    whole = run_cli(*RESUME, cwd=tmp_path / "whole", timeout=300)
-    assert whole.returncode == 0, whole.stderr
     res = run_cli("+cluster=local", *RESUME, "debug.signal_rank=0", "debug.signal_step=4", cwd=tmp_path / "cut",
                   timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
     assert "asking submitit to requeue the job" in res.stdout and "(resume 1)" in res.stdout
-    assert summary_of(tmp_path / "cut")["param_checksums"] == summary_of(tmp_path / "whole")["param_checksums"]
+    assert summary_of(tmp_path / "cut")["param_checksums"] == whole_run["param_checksums"]
 
 
 def test_too_many_timeouts_stop_requeueing_and_say_so(tmp_path):
@@ -155,14 +183,18 @@ def test_too_many_timeouts_stop_requeueing_and_say_so(tmp_path):
     assert list((tmp_path / "run" / "checkpoints").glob("step-000000002"))  # the work is saved all the same
 
 
-def test_hanging_rank_fails_the_job_within_the_collective_timeout(tmp_path, tiny_overrides):
+def test_slow_start_is_waited_for_but_a_hang_after_the_first_step_fails_within_the_timeout(tmp_path, tiny_overrides):
+    """Rank 0 starts 12 s late (the others wait: dist.init_timeout_s holds until the first step); then
+    rank 1 hangs at step 2, and rank 0 fails after dist.timeout_s=8, not after the generous one."""
     t0 = time.monotonic()
-    res = run_cli(*tiny_overrides, "debug.hang_rank=1", "debug.hang_step=2", "dist.timeout_s=10", cwd=tmp_path,
-                  timeout=300)
+    res = run_cli(*tiny_overrides, "debug.delay_rank=0", "debug.delay_s=12", "debug.hang_rank=1", "debug.hang_step=2",
+                  "dist.timeout_s=8", cwd=tmp_path, timeout=300)
     took = time.monotonic() - t0
     assert res.returncode == 1
-    assert took < 120, took  # bounded by dist.timeout_s plus start-up, not by the job's time limit
+    assert took < 150, took  # bounded by the delay, dist.timeout_s and start-up, not by the job's time limit
+    assert "collective timeout now 8.0s (dist.timeout_s)" in res.stdout
     assert re.search(r"failed ranks:\n  rank 0 on \S+: .*(timed out|Timed out|timeout)", res.stderr), res.stderr
+    assert "8000ms" in res.stderr and "1800000ms" not in res.stderr  # gloo names the timeout it waited
 
 
 def test_periodic_checkpoints_keep_the_newest(tmp_path):
@@ -178,6 +210,7 @@ def test_metrics_split_every_step_and_name_the_straggler(tmp_path):
     from hpcgnn.metrics import PHASES
 
     res = run_cli(*RESUME, "train.epochs=2", "debug.slow_rank=1", "debug.slow_s=0.4", "metrics.progress_bar=on",
+                  "metrics.every_steps=1",
                   cwd=tmp_path, timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
     run = tmp_path / "run"

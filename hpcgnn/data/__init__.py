@@ -14,13 +14,14 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
-from hpcgnn.config import ConfigError, DatasetConfig
+from hpcgnn.config import DatasetConfig
 from hpcgnn.data import cache
 from hpcgnn.data.files import files_folder, load_files
 from hpcgnn.data.graph import Graph
 from hpcgnn.data.ogb import NAMES as OGB_NAMES
 from hpcgnn.data.ogb import DatasetMissing, has_raw, load_ogb, prepare_command
 from hpcgnn.data.synthetic import GENERATOR_VERSION, make_synthetic
+from hpcgnn.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -41,13 +42,16 @@ _KEY_FIELDS = {
 }
 
 
+def check_dataset_config(cfg: DatasetConfig) -> None:
+    """The dataset's name is one this registry knows (a submit-time check)."""
+    if cfg.name not in LOADERS:
+        raise ConfigError(f"dataset.name={cfg.name!r} is unknown: use one of {', '.join(sorted(LOADERS))}")
+
+
 def build_graph(cfg: DatasetConfig, allow_download: bool = False) -> Graph:
     """The graph from its source, in memory, without touching the cache."""
-    try:
-        loader = LOADERS[cfg.name]
-    except KeyError:
-        raise ConfigError(f"dataset.name={cfg.name!r} is unknown: use one of {', '.join(sorted(LOADERS))}") from None
-    return loader(cfg, allow_download)
+    check_dataset_config(cfg)
+    return LOADERS[cfg.name](cfg, allow_download)
 
 
 def cache_folder(cfg: DatasetConfig) -> Path:
@@ -92,4 +96,4 @@ def open_graph(cfg: DatasetConfig) -> Graph:
     return cache.load(folder)
 
 
-__all__ = ["Graph", "LOADERS", "build_graph", "cache_folder", "open_graph", "prepare"]
+__all__ = ["Graph", "LOADERS", "build_graph", "cache_folder", "check_dataset_config", "open_graph", "prepare"]

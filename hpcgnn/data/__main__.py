@@ -8,30 +8,22 @@ from __future__ import annotations
 
 import sys
 
-from hpcgnn.config import ConfigError
+from hpcgnn.errors import EXIT_USER_ERROR, UserError, describe
 
 
 def main(argv: list[str]) -> int:
     if not argv or argv[0] != "prepare":
         print(__doc__.strip(), file=sys.stderr)
-        return 2
-    from hydra import compose, initialize_config_dir
-
-    from hpcgnn import CONF_DIR
-    from hpcgnn.config import RunConfig, check_override_keys, register_configs
+        return EXIT_USER_ERROR if not argv or argv[0] not in ("-h", "--help") else 0
+    from hpcgnn.compose import compose
     from hpcgnn.data import cache, prepare
 
-    overrides = argv[1:]
     try:
-        check_override_keys(overrides)
-        register_configs()
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            dcfg = compose(config_name="config", overrides=[*overrides, "run_dir=."])
-        cfg = RunConfig.from_dictconfig(dcfg).dataset
+        cfg = compose(argv[1:]).cfg.dataset
         folder = prepare(cfg, allow_download=True)
-    except ConfigError as exc:
-        print(f"hpcgnn: {exc}", file=sys.stderr)
-        return 2
+    except UserError as exc:
+        print(describe(exc), file=sys.stderr)
+        return EXIT_USER_ERROR
     print(f"{cfg.name}: prepared in {folder} ({cache.human_bytes(cache.size_bytes(folder))})")
     return 0
 

@@ -10,15 +10,14 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import shutil
-import uuid
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from hpcgnn.data.graph import Graph
+from hpcgnn.io import atomic_folder
 
 FORMAT_VERSION = 1
 ARRAYS = ("rowptr", "col", "x", "y", "train_idx", "val_idx", "test_idx")
@@ -45,23 +44,13 @@ def save(graph: Graph, folder: Path, source: dict) -> Path:
     if need * 1.02 + 2**20 > free:
         raise OSError(f"preparing the graph needs {human_bytes(need)} in {folder.parent}, but only "
                       f"{human_bytes(free)} are free: set dataset.root to a larger file system")
-    tmp = folder.parent / f".{folder.name}.tmp-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
-    try:
+    with atomic_folder(folder) as tmp:
         for name in ARRAYS:
             np.save(tmp / f"{name}.npy", getattr(graph, name).numpy())
         meta = {"format_version": FORMAT_VERSION, "num_nodes": graph.num_nodes, "num_edges": graph.num_edges,
                 "num_features": graph.num_features, "num_classes": graph.num_classes,
                 "bytes": sum((tmp / f"{n}.npy").stat().st_size for n in ARRAYS), "source": source}
         (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
-        try:
-            os.rename(tmp, folder)
-        except OSError:
-            if not is_complete(folder):
-                raise
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
     return folder
 
 

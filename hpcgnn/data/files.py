@@ -12,13 +12,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from hpcgnn.config import ConfigError, DatasetConfig
+from hpcgnn.config import DatasetConfig
 from hpcgnn.data.graph import Graph
+from hpcgnn.errors import ConfigError, DatasetError
 
 FILES = ("edge_index", "x", "y", "train_idx", "val_idx", "test_idx")
 
 
-class DatasetFileError(ConfigError):
+class DatasetFileError(DatasetError):
     """A dataset file is missing or wrong; the message names the file."""
 
 

@@ -14,13 +14,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from hpcgnn.config import ConfigError, DatasetConfig
+from hpcgnn.config import DatasetConfig
 from hpcgnn.data.graph import Graph
+from hpcgnn.errors import ConfigError, DatasetError
 
 NAMES = ("ogbn-arxiv", "ogbn-products", "ogbn-papers100M")
 
 
-class DatasetMissing(ConfigError):
+class DatasetMissing(DatasetError):
     """The dataset is not on disk and this process may not download it."""
 
 

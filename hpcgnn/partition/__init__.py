@@ -23,10 +23,8 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import shutil
 import time
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,10 +32,13 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from hpcgnn.config import ConfigError, DatasetConfig, GraphConfig
+from hpcgnn import env
+from hpcgnn.config import DatasetConfig, GraphConfig
 from hpcgnn.data import cache, cache_folder, open_graph, prepare
 from hpcgnn.data.graph import Graph
-from hpcgnn.io import sha256_file
+from hpcgnn.errors import ConfigError, PartitionError
+from hpcgnn.io import atomic_folder, sha256_file
+from hpcgnn.rng import generator
 
 log = logging.getLogger(__name__)
 
@@ -47,10 +48,6 @@ PART_ARRAYS = ("nodes", "rowptr", "col", "x", "y", "train_idx", "val_idx", "test
 # about 66 B) plus our symmetry check; benchmarks/partition.py measured 105 B at 25M edges.
 METIS_BYTES_PER_EDGE = 110
 METIS_BYTES_PER_NODE = 64
-
-
-class PartitionError(ConfigError):
-    """The partition artifact is missing, stale, corrupt, or does not fit the job."""
 
 
 def parts_folder(dataset: DatasetConfig, graph: GraphConfig, num_parts: int) -> Path:
@@ -86,8 +83,9 @@ def available_memory() -> int:
                           if Path(path).with_name(n).exists()), None)
             used = int(usage.read_text()) if usage is not None else 0
             limits.append(int(text) - used)
-    if os.environ.get("SLURM_MEM_PER_NODE", "").isdigit():
-        limits.append(int(os.environ["SLURM_MEM_PER_NODE"]) * 2**20)
+    slurm = env.slurm_memory_limit()
+    if slurm is not None:
+        limits.append(slurm)
     return min(limits) if limits else 2**62
 
 
@@ -135,7 +133,7 @@ def compute_parts(graph: Graph, num_parts: int, method: str, seed: int, balance_
     is_train = torch.zeros(n, dtype=torch.bool)
     is_train[graph.train_idx] = True
     if method == "random":
-        gen = torch.Generator().manual_seed(seed)
+        gen = generator(seed, "random_parts")
         part = torch.empty(n, dtype=torch.int32)
         for group in (is_train.nonzero().flatten(), (~is_train).nonzero().flatten()):  # balanced in both
             order = group[torch.randperm(group.numel(), generator=gen)]
@@ -201,9 +199,7 @@ def write_parts(graph: Graph, part: Tensor, folder: Path, meta: dict) -> None:
     if need > free:
         raise OSError(f"writing {num_parts} parts needs about {cache.human_bytes(need)} in {folder.parent}, but "
                       f"only {cache.human_bytes(free)} are free: set dataset.root to a larger file system")
-    tmp = folder.parent / f".{folder.name}.tmp-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
-    try:
+    with atomic_folder(folder) as tmp:  # another writer may win the race with the same parts
         local = torch.empty(graph.num_nodes, dtype=torch.int32)
         files = {}
 
@@ -212,8 +208,6 @@ def write_parts(graph: Graph, part: Tensor, folder: Path, meta: dict) -> None:
             path.parent.mkdir(exist_ok=True)
             with open(path, "wb") as f:
                 np.save(f, array.numpy())
-                f.flush()
-                os.fsync(f.fileno())
             files[rel] = sha256_file(path)
 
         for i in range(num_parts):
@@ -232,14 +226,6 @@ def write_parts(graph: Graph, part: Tensor, folder: Path, meta: dict) -> None:
         save("node_local.npy", local)
         save("degree.npy", graph.degree().int())
         (tmp / "META.json").write_text(json.dumps({**meta, "files": files}, indent=2))
-        try:
-            os.rename(tmp, folder)
-        except OSError:  # another writer won the race with the same parts
-            if not (folder / "META.json").is_file():
-                raise
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def read_meta(folder: Path) -> dict | None:

@@ -14,24 +14,20 @@ from __future__ import annotations
 import sys
 import time
 
-from hpcgnn.config import ConfigError
+from hpcgnn.errors import EXIT_USER_ERROR, UserError, describe
 
 
 def main(argv: list[str]) -> int:
     if argv and argv[0] in ("-h", "--help"):
         print(__doc__.strip())
         return 0
-    from hydra import compose, initialize_config_dir
-
-    from hpcgnn import CONF_DIR
-    from hpcgnn.config import RunConfig, check_override_keys, register_configs
+    from hpcgnn.compose import compose
 
     try:
-        check_override_keys(argv)
-        register_configs()
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            dcfg = compose(config_name="config", overrides=[*argv, f"run_dir=outputs/partition-{time.strftime('%Y%m%d-%H%M%S')}"])
-        cfg = RunConfig.from_dictconfig(dcfg)
+        overrides = list(argv)
+        if not any(a.startswith(("run_dir=", "hydra.run.dir=")) for a in overrides):
+            overrides.append(f"hydra.run.dir=outputs/partition-{time.strftime('%Y%m%d-%H%M%S')}")
+        cfg = compose(overrides).cfg
         if cfg.cluster is None:
             from hpcgnn.partition import run_partition
 
@@ -41,9 +37,9 @@ def main(argv: list[str]) -> int:
 
         job = submit_partition(cfg)
         return wait_partition(job, cfg) if cfg.launch.wait is not False else 0
-    except ConfigError as exc:
-        print(f"hpcgnn: {exc}", file=sys.stderr)
-        return 2
+    except UserError as exc:
+        print(describe(exc), file=sys.stderr)
+        return EXIT_USER_ERROR
 
 
 if __name__ == "__main__":

@@ -1,6 +1,8 @@
-"""Where batches are born: neighbour sampling and the per-rank loader."""
+"""Where batches are born: samplers over CSR (replicated or across parts) and the per-rank loaders."""
 
-from hpcgnn.sampling.loader import NodeLoader, PrefetchLoader, rank_seeds, steps_per_epoch
-from hpcgnn.sampling.neighbor import NeighborSampler, SamplerOutput, sample_neighbors
+from hpcgnn.sampling.loader import BatchLoader, PrefetchLoader, rank_seeds, steps_per_epoch
+from hpcgnn.sampling.neighbor import CSRNeighborSampler, SampledSubgraph, sample_neighbors
+from hpcgnn.sampling.transforms import GCNNorm
 
-__all__ = ["NeighborSampler", "NodeLoader", "PrefetchLoader", "SamplerOutput", "rank_seeds", "sample_neighbors", "steps_per_epoch"]
+__all__ = ["BatchLoader", "CSRNeighborSampler", "GCNNorm", "PrefetchLoader", "SampledSubgraph", "rank_seeds",
+           "sample_neighbors", "steps_per_epoch"]

@@ -6,28 +6,28 @@ frontier nodes owned elsewhere are sent to their owners (one ``all_to_all``), wh
 sample their neighbours and send them back. Features of the batch's non-owned nodes
 come from a per-rank cache of hot remote nodes or, again, from their owners. Every
 rank runs every exchange of every hop of every batch, so all ranks must walk the same
-number of batches: loaders pad with empty batches (``NodeLoader(num_batches=...)``).
+number of batches: loaders pad with empty batches (``BatchLoader(num_batches=...)``).
 
-The output is the replicated sampler's: the same :class:`SamplerOutput`, global ids.
+The output is the replicated sampler's: the same :class:`SampledSubgraph`, global ids.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
 from hpcgnn.partition import Parts
-from hpcgnn.sampling.neighbor import NeighborSampler, sample_neighbors
+from hpcgnn.sampling.neighbor import CSRNeighborSampler, sample_neighbors
 
 
 @dataclass
 class CommStats:
-    """Counters since the last reset; the trainer reports them per step."""
+    """Running counters of a rank's exchanges; callers take :meth:`snapshot` s and subtract them."""
 
     batches: int = 0
     sample_requests: int = 0  # frontier nodes sent to their owners for sampling
@@ -37,9 +37,11 @@ class CommStats:
     bytes_received: int = 0
     comm_s: float = 0.0  # time inside collectives (includes waiting for slower ranks)
 
-    def reset(self) -> None:
-        for f in fields(self):
-            setattr(self, f.name, type(getattr(self, f.name))())
+    def snapshot(self) -> CommStats:
+        return replace(self)
+
+    def __sub__(self, other: CommStats) -> CommStats:
+        return CommStats(**{f.name: getattr(self, f.name) - getattr(other, f.name) for f in fields(self)})
 
     def per_batch(self) -> dict:
         n = max(self.batches, 1)
@@ -114,7 +116,7 @@ class PartitionView:
         return self.parts.part_offset.index_select(0, part) + self.parts.node_local.index_select(0, ids).long()
 
 
-class DistNeighborSampler(NeighborSampler):
+class PartitionedNeighborSampler(CSRNeighborSampler):
     """The replicated sampler's walk, with non-owned frontier nodes sampled by their owners.
 
     ``boundary_fraction`` < 1 keeps each sampled edge to a non-owned node with that
@@ -154,7 +156,7 @@ class DistNeighborSampler(NeighborSampler):
         return row, nbr
 
 
-class DistFeatures:
+class PartitionedFeatures:
     """Features of any node: owned rows, cached hot rows, or rows fetched from their owners."""
 
     def __init__(self, view: PartitionView, exchange: Exchange):
@@ -207,7 +209,7 @@ class DistFeatures:
         return self.cache_x.numel() * self.cache_x.element_size() + self.cache_ids.numel() * 8
 
 
-def hot_nodes(view: PartitionView, budget_rows: int, policy: str, sampler: DistNeighborSampler | None = None,
+def hot_nodes(view: PartitionView, budget_rows: int, policy: str, sampler: PartitionedNeighborSampler | None = None,
               warmup_seeds: list[Tensor] | None = None, generator: torch.Generator | None = None) -> Tensor:
     """The ``budget_rows`` non-owned nodes to cache: highest degree, or most often sampled in a warm-up.
 

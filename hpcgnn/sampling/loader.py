@@ -1,4 +1,4 @@
-"""From seed ids to PyG mini-batches: the per-rank seed schedule and the node loader.
+"""From seed ids to PyG mini-batches: the per-rank seed schedule and the batch loader.
 
 DDP needs every rank to run the same number of steps per epoch: a rank with
 one batch more waits forever in its gradient all-reduce. The seed schedule
@@ -15,14 +15,16 @@ import math
 import queue
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 from torch import Tensor
 from torch_geometric.data import Data
 
+from hpcgnn import rng
 from hpcgnn.data.graph import Graph
-from hpcgnn.sampling.neighbor import NeighborSampler
+from hpcgnn.metrics import Clock
+from hpcgnn.sampling.neighbor import SampledSubgraph
 
 
 @functools.cache
@@ -81,30 +83,33 @@ class LocalFeatures:
         return self.graph.x.index_select(0, n_id), self.graph.y.index_select(0, n_id)
 
 
-class NodeLoader:
+class BatchLoader:
     """Yields one PyG ``Data`` per batch of seeds: sampled subgraph, features and labels.
 
-    ``Data`` fields: ``x``, ``edge_index``, ``y`` (labels; at least of the seeds), ``n_id``,
-    ``batch_size`` (seeds are the first nodes), ``num_sampled_nodes`` and
-    ``num_sampled_edges`` (per hop, for ``trim_to_layer``), and how long the batch's making
-    took: ``sample_s``, ``gather_s`` (on the host) and ``h2d_s`` (the copy to the device).
+    Where batches are born. ``Data`` fields: ``x``, ``edge_index``, ``y`` (labels; at least of
+    the seeds), ``n_id``, ``batch_size`` (seeds are the first nodes), ``num_sampled_nodes`` and
+    ``num_sampled_edges`` (per hop, for ``trim_to_layer``), ``node_weight`` (GraphSAINT),
+    ``edge_weight`` (from ``transform``, e.g. GCN's global normalisation), and how long the
+    batch's making took: ``sample_s``, ``gather_s`` (on the host) and ``h2d`` (the copy to the
+    device, as two clock marks: see :class:`hpcgnn.metrics.Clock`).
 
     ``seeds``: cut into batches of ``batch_size``, or the list of batches itself. ``sampler``:
-    anything with ``sample(items, generator) -> SamplerOutput`` (see ``sampling.subgraph``).
-    ``features``: a Graph, or anything with ``gather(n_id, batch_size) -> (x, y)`` (the
-    partitioned store fetches remote rows there). ``num_batches``: yield empty batches after
-    the seeds run out until there were this many, so that ranks with fewer seeds still take
-    part in every collective of a distributed sampler.
+    anything with ``sample(items, generator) -> SampledSubgraph``. ``features``: a Graph, or
+    anything with ``gather(n_id, batch_size) -> (x, y)`` (the partitioned store fetches remote
+    rows there). ``num_batches``: yield empty batches after the seeds run out until there
+    were this many, so that ranks with fewer seeds still take part in every collective of a
+    distributed sampler. ``weigh_by_seeds``: :attr:`sizes` counts a batch's seeds (its share of
+    a step's loss); False counts every batch as 1 (a subgraph batch is a whole estimate).
 
-    Randomness: one ``generator`` for the whole walk, or ``batch_seed``: batch i samples
-    with its own generator seeded from ``(batch_seed, i)``, so any batch can be re-made
-    without the ones before it; ``start`` skips the first batches (an exact resume).
+    Randomness: one ``generator`` for the whole walk, or ``batch_seed``: batch i samples with
+    its own generator ``rng.generator(batch_seed, i)``, so any batch can be re-made without
+    the ones before it; ``start`` skips the first batches (an exact resume).
     """
 
-    def __init__(self, features, sampler: NeighborSampler, seeds: Tensor | list[Tensor], batch_size: int | None,
-                 generator: torch.Generator | None = None, device: torch.device | None = None,
-                 pin_memory: bool = False, num_batches: int | None = None, batch_seed: int | None = None,
-                 start: int = 0):
+    def __init__(self, features, sampler, seeds: Tensor | list[Tensor], batch_size: int | None = None, *,
+                 generator: torch.Generator | None = None, batch_seed: int | None = None, start: int = 0,
+                 num_batches: int | None = None, device: torch.device | None = None, pin_memory: bool = False,
+                 transform: Callable[[SampledSubgraph], SampledSubgraph] | None = None, weigh_by_seeds: bool = True):
         self.features = LocalFeatures(features) if isinstance(features, Graph) else features
         self.sampler = sampler
         if isinstance(seeds, (list, tuple)):  # the batches themselves (e.g. cut by an edge budget)
@@ -113,7 +118,10 @@ class NodeLoader:
             self.batches, self.empty = list(seeds.split(batch_size)) if seeds.numel() else [], seeds[:0]
         self.generator, self.device = generator, device
         self.pin_memory, self.batch_seed, self.start = pin_memory, batch_seed, start
+        self.transform = transform
         self.num_batches = max(num_batches or 0, len(self.batches))
+        self.sizes = [b.numel() if weigh_by_seeds else 1 for b in self.batches] + \
+            [0] * (self.num_batches - len(self.batches))  # of every step of the walk, also those skipped
 
     def __len__(self) -> int:
         return self.num_batches - self.start
@@ -131,13 +139,14 @@ class NodeLoader:
     def batch_generator(self, i: int) -> torch.Generator | None:
         if self.batch_seed is None:
             return self.generator
-        mixed = (self.batch_seed * 0x9E3779B97F4A7C15 + (i + 1) * 0xBF58476D1CE4E5B9) % (2**63 - 1)
-        return torch.Generator(device=self.sampler.rowptr.device).manual_seed(mixed)
+        return rng.generator(self.batch_seed, i, device=self.sampler.rowptr.device)
 
     def sample(self, seeds: Tensor, generator: torch.Generator | None = None) -> Data:
         """One batch on the host: sampled subgraph, gathered features and labels."""
         t0 = time.perf_counter()
         out = self.sampler.sample(seeds, generator if generator is not None else self.generator)
+        if self.transform is not None:
+            out = self.transform(out)
         t1 = time.perf_counter()
         x, y = self.features.gather(out.n_id.cpu(), out.batch_size)
         if self.pin_memory:  # page-locked, so the copy to the GPU can run asynchronously
@@ -148,15 +157,22 @@ class NodeLoader:
             data.num_sampled_nodes, data.num_sampled_edges = list(out.num_sampled_nodes), list(out.num_sampled_edges)
         if out.node_weight is not None:
             data.node_weight = out.node_weight
+        if out.edge_weight is not None:
+            data.edge_weight = out.edge_weight
         return data
 
 
 def to_device(data: Data, device: torch.device | None) -> Data:
-    """The batch on ``device`` (non-blocking from pinned memory), with the copy's time in ``h2d_s``."""
-    t0 = time.perf_counter()
+    """The batch on ``device`` (non-blocking from pinned memory); ``data.h2d``: clock marks around the copy.
+
+    On a GPU the marks are CUDA events on the current stream, so they time the copy itself,
+    not its launch; the training step that follows waits for it in stream order.
+    """
+    clock = Clock(device)
+    start = clock.mark()
     if device is not None and device.type != "cpu":
         data = data.to(device, non_blocking=True)
-    data.h2d_s = time.perf_counter() - t0
+    data.h2d = (start, clock.mark())
     return data
 
 
@@ -164,7 +180,7 @@ _END = object()
 
 
 class PrefetchLoader:
-    """Runs a NodeLoader ``depth`` batches ahead in a background thread.
+    """Runs a BatchLoader ``depth`` batches ahead in a background thread.
 
     Sampling and feature gathering for the next batches overlap the training step on
     the current one (torch's kernels release the GIL). The thread walks the loader
@@ -172,10 +188,11 @@ class PrefetchLoader:
     same; only the copy to the device happens here, in the consuming thread.
     """
 
-    def __init__(self, loader: NodeLoader, depth: int = 2):
+    def __init__(self, loader: BatchLoader, depth: int = 2):
         if depth < 1:
             raise ValueError("prefetch depth must be at least 1")
         self.loader, self.depth = loader, depth
+        self.sizes = loader.sizes
 
     def __len__(self) -> int:
         return len(self.loader)

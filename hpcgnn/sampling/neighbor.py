@@ -5,6 +5,10 @@ Per hop, every frontier node keeps all of its neighbours when it has at most
 Nodes are numbered locally in the order they are first reached: the seeds
 first, then the nodes new at hop 1, then at hop 2, ... Edges are grouped by
 hop, so PyG's ``trim_to_layer`` can drop the outer hops layer by layer.
+
+:class:`CSRNeighborSampler` is also a PyG sampler (``BaseSampler.sample_from_nodes``
+returning PyG's ``SamplerOutput``), so it plugs into ``torch_geometric.loader.NodeLoader``;
+hpcgnn's own loader calls :meth:`CSRNeighborSampler.sample` and gets a :class:`SampledSubgraph`.
 """
 
 from __future__ import annotations
@@ -13,10 +17,11 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+from torch_geometric.sampler import BaseSampler, NodeSamplerInput, SamplerOutput
 
 
 @dataclass(frozen=True)
-class SamplerOutput:
+class SampledSubgraph:
     """One sampled mini-batch subgraph, in local ids."""
 
     n_id: Tensor  # int64 [num_nodes], global id of each local node; seeds first
@@ -25,10 +30,14 @@ class SamplerOutput:
     num_sampled_nodes: tuple[int, ...] | None = None  # nodes added per hop, seeds as hop 0 (None: not layered)
     num_sampled_edges: tuple[int, ...] | None = None  # edges added per hop, hop 1 first
     node_weight: Tensor | None = None  # float [batch_size]: loss weight of each seed (None: a plain mean)
+    edge_weight: Tensor | None = None  # float [num_edges]: per-edge weights a model asked for (GCN's normalisation)
 
 
-class NeighborSampler:
-    """Samples ``fanouts[h]`` neighbours per node at hop ``h``; holds only references to the CSR."""
+class CSRNeighborSampler(BaseSampler):
+    """Samples ``fanouts[h]`` neighbours per node at hop ``h``; holds only references to the CSR.
+
+    ``rowptr``/``col``: in-edges (``col[rowptr[v]:rowptr[v + 1]]`` are ``v``'s in-neighbours).
+    """
 
     def __init__(self, rowptr: Tensor, col: Tensor, fanouts: tuple[int, ...] | list[int],
                  num_nodes: int | None = None):
@@ -40,7 +49,7 @@ class NeighborSampler:
         size = rowptr.numel() - 1 if num_nodes is None else num_nodes
         self._local = torch.full((size,), -1, dtype=torch.long, device=rowptr.device)
 
-    def sample(self, seeds: Tensor, generator: torch.Generator | None = None) -> SamplerOutput:
+    def sample(self, seeds: Tensor, generator: torch.Generator | None = None) -> SampledSubgraph:
         """Sample the subgraph around ``seeds``; the generator must live on the graph's device."""
         dev = self.rowptr.device
         seeds = seeds.long().to(dev)
@@ -72,7 +81,19 @@ class NeighborSampler:
             for ids in n_ids:
                 local[ids] = -1
         edge_index = torch.cat(edges, dim=1) if edges else torch.empty(2, 0, dtype=torch.long, device=dev)
-        return SamplerOutput(n_id, edge_index, seeds.numel(), tuple(num_nodes), tuple(num_edges))
+        return SampledSubgraph(n_id, edge_index, seeds.numel(), tuple(num_nodes), tuple(num_edges))
+
+    # -------------------------------------------------------------------- PyG's sampler protocol
+
+    def sample_from_nodes(self, index: NodeSamplerInput, **kwargs) -> SamplerOutput:
+        """PyG's entry: the same walk, as PyG's ``SamplerOutput`` (row = source, col = target)."""
+        out = self.sample(index.node)
+        return SamplerOutput(node=out.n_id, row=out.edge_index[0], col=out.edge_index[1], edge=None,
+                             num_sampled_nodes=list(out.num_sampled_nodes),
+                             num_sampled_edges=list(out.num_sampled_edges), metadata=(index.input_id, index.time))
+
+    def sample_from_edges(self, index, neg_sampling=None) -> SamplerOutput:
+        raise NotImplementedError("CSRNeighborSampler samples from seed nodes; use PyG's loaders with node seeds")
 
     def begin_batch(self) -> None:
         """Called before the first hop of every batch (the distributed sampler resets its counters)."""

@@ -28,7 +28,7 @@ import math
 import torch
 from torch import Tensor
 
-from hpcgnn.sampling.neighbor import NeighborSampler, SamplerOutput, sample_neighbors
+from hpcgnn.sampling.neighbor import CSRNeighborSampler, SampledSubgraph, sample_neighbors
 
 ALL = 2**62  # a fanout that keeps every neighbour
 
@@ -101,7 +101,7 @@ class SubgraphSampler(abc.ABC):
     def nodes(self, items: Tensor, generator: torch.Generator | None) -> Tensor:
         """Global ids of the step's node set (repeats allowed)."""
 
-    def sample(self, items: Tensor, generator: torch.Generator | None = None) -> SamplerOutput:
+    def sample(self, items: Tensor, generator: torch.Generator | None = None) -> SampledSubgraph:
         nodes = torch.unique(self.nodes(items, generator))
         train = self.is_train[nodes]
         nodes = torch.cat([nodes[train], nodes[~train]])  # loss targets first
@@ -111,7 +111,7 @@ class SubgraphSampler(abc.ABC):
         if self.normalized:
             weight = 1.0 / (self.inclusion[nodes[:num_targets]].clamp(min=1e-12) * self.num_train)
             weight = weight.float()
-        return SamplerOutput(nodes, edge_index, num_targets, node_weight=weight)
+        return SampledSubgraph(nodes, edge_index, num_targets, node_weight=weight)
 
 
 def _draw(cdf: Tensor, count: int, generator: torch.Generator | None) -> Tensor:
@@ -240,7 +240,7 @@ class ClusterSampler(SubgraphSampler):
         return sample_neighbors(self.ptr, self.order, items.long(), ALL)[1]
 
 
-class LadiesSampler(NeighborSampler):
+class LadiesSampler(CSRNeighborSampler):
     """LADIES: per layer, ``fanout x seeds`` nodes drawn without replacement among the neighbours
     of the layer above, with probability ~ sum over its targets t of 1/deg(t)^2.
 
@@ -249,7 +249,7 @@ class LadiesSampler(NeighborSampler):
     the neighbours that were drawn.
     """
 
-    def sample(self, seeds: Tensor, generator: torch.Generator | None = None) -> SamplerOutput:
+    def sample(self, seeds: Tensor, generator: torch.Generator | None = None) -> SampledSubgraph:
         self._num_seeds = seeds.numel()
         return super().sample(seeds, generator)
 

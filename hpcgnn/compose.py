@@ -1,0 +1,145 @@
+"""One path from command-line overrides to checked RunConfigs, shared by every hpcgnn command.
+
+``python -m hpcgnn``, ``hpcgnn data prepare``, ``hpcgnn partition`` and the tests all compose
+through :func:`compose`: the typo guard first (the key and its valid neighbours, before any
+YAML is read), then Hydra's compose API over the packaged ``conf/`` (plus the user's config
+folder, see ``hydra_plugins/``), then the frozen :class:`RunConfig` with its cross-field
+checks, then the registries' own checks of their names (models, datasets, tasks). A sweep
+(``-m``) is expanded by :func:`expand_sweep` the way Hydra's basic sweeper does (the
+product of every comma list, ``range()``, ``choice()`` and ``glob()``), and every member is
+composed on this same path.
+
+The run folder: ``run_dir=...`` if given, else ``hydra.run.dir`` (a run) or
+``hydra.sweep.dir``/``hydra.sweep.subdir`` (member N of a sweep), made absolute.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from hpcgnn.config import RunConfig, check_override_keys, register_configs
+from hpcgnn.errors import ConfigError
+
+CONFIG_NAME = "config"
+
+
+@dataclass(frozen=True)
+class Composed:
+    """A composed run: the checked config, the overrides it came from, and Hydra's own settings."""
+
+    cfg: RunConfig
+    overrides: tuple[str, ...]
+    sweep_dir: str | None  # the sweep's folder, for members of a sweep
+
+
+def conf_dir() -> Path:
+    """The packaged configs (``hpcgnn/conf``), in a clone and in an installed wheel alike."""
+    from hpcgnn import CONF_DIR
+
+    return CONF_DIR
+
+
+def _compose_dict(overrides: list[str]) -> DictConfig:
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.utils import setup_globals
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    register_configs()
+    setup_globals()  # Hydra's ${now:...} resolver, which hydra.run.dir and hydra.sweep.dir use
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+            return hydra_compose(config_name=CONFIG_NAME, overrides=overrides, return_hydra_config=True)
+    except (HydraException, OmegaConfBaseException) as exc:  # unknown group option, bad syntax, wrong type
+        raise ConfigError(str(exc).strip()) from None
+    finally:
+        GlobalHydra.instance().clear()
+
+
+def compose(overrides: list[str] | tuple[str, ...] = (), job_num: int | None = None, sweep_dir: str | None = None,
+            check_names: bool = True) -> Composed:
+    """Overrides -> a checked RunConfig. ``job_num``: member ``job_num`` of a sweep whose folder is
+    ``sweep_dir`` (None: ``hydra.sweep.dir``, resolved now).
+
+    Raises :class:`ConfigError` naming the key or value to change.
+    """
+    overrides = list(overrides)
+    check_override_keys(overrides)
+    extra = [f"hydra.job.num={job_num}"] if job_num is not None else []
+    if sweep_dir is not None:
+        extra.append(f"hydra.sweep.dir={sweep_dir}")
+    dcfg = _compose_dict(overrides + extra)
+    sweep_dir = None
+    try:
+        run_dir = dcfg.get("run_dir") or None
+        if job_num is not None:
+            sweep_dir = str(Path(OmegaConf.select(dcfg, "hydra.sweep.dir")).absolute())
+            run_dir = run_dir or str(Path(sweep_dir) / str(OmegaConf.select(dcfg, "hydra.sweep.subdir")))
+        run_dir = str(Path(run_dir or OmegaConf.select(dcfg, "hydra.run.dir")).absolute())
+        with open_dict(dcfg):
+            del dcfg["hydra"]
+        dcfg.run_dir = run_dir
+        cfg = RunConfig.from_dictconfig(dcfg)
+    except ConfigError:
+        raise
+    except Exception as exc:  # OmegaConf's interpolation and type errors, worded by OmegaConf
+        raise ConfigError(str(exc).strip()) from None
+    if check_names:
+        check_registered_names(cfg)
+    return Composed(cfg, tuple(overrides), sweep_dir)
+
+
+def check_registered_names(cfg: RunConfig) -> None:
+    """Each registry checks its own names: the model, the dataset and the task."""
+    from hpcgnn.data import check_dataset_config
+    from hpcgnn.models import check_model_config
+    from hpcgnn.tasks import check_task_config
+
+    check_model_config(cfg.model, cfg)
+    check_dataset_config(cfg.dataset)
+    check_task_config(cfg)
+
+
+def expand_sweep(overrides: list[str]) -> list[list[str]]:
+    """The members of a ``-m`` sweep: every combination of the sweep overrides' values, in
+    Hydra's order (the last override varies fastest); other overrides are shared."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+    except HydraException as exc:
+        raise ConfigError(str(exc).strip()) from None
+    lists: dict[str, list[str]] = {}
+    for ov in parsed:
+        key = ov.get_key_element()
+        if ov.is_sweep_override():
+            if not ov.is_discrete_sweep():
+                raise ConfigError(f"{ov.input_line}: interval sweeps need an optimising sweeper; list the values "
+                                  "instead, e.g. train.lr=1e-3,3e-3 or train.lr=range(1,4)")
+            lists[key] = [f"{key}={value}" for value in ov.sweep_string_iterator()]
+        else:
+            lists[key] = [f"{key}={ov.get_value_element_as_str()}"] if not ov.is_delete() else [ov.input_line]
+    return [list(combo) for combo in itertools.product(*lists.values())]
+
+
+def compose_sweep(overrides: list[str]) -> list[Composed]:
+    """Every member of a sweep, composed and checked (nothing runs before all of them are valid).
+
+    The sweep folder is resolved once (its default holds the time) and shared by every member.
+    """
+    members = expand_sweep(overrides)
+    first = compose(members[0], job_num=0)
+    return [first] + [compose(m, job_num=num, sweep_dir=first.sweep_dir) for num, m in enumerate(members[1:], 1)]
+
+
+def with_run_dir(cfg: RunConfig, run_dir: str | os.PathLike) -> RunConfig:
+    return replace(cfg, run_dir=str(run_dir))

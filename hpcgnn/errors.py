@@ -1,0 +1,63 @@
+"""The errors a user can meet, and what each exit code of the ``hpcgnn`` commands means.
+
+Every error that the user must fix (a config value, the data, the allocation, a partition
+or checkpoint artifact) is a :class:`UserError`: the commands print it as
+``hpcgnn: <kind>: <message>`` and exit with :data:`EXIT_USER_ERROR`, and its message names
+the fix (often after ``HINT:``). Anything else is a bug or a failure of the machine and
+keeps its traceback.
+
+Exit codes of ``python -m hpcgnn`` (and of ``hpcgnn``):
+
+    0  done (or submitted, with ``launch.wait=false``)
+    1  the run failed: a rank raised, the job was cancelled or killed
+    2  a user error, caught before anything ran or on the compute node before the first step
+    3  preempted outside submitit: the checkpoint is saved; the same command resumes
+"""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USER_ERROR = 2
+EXIT_PREEMPTED = 3
+
+
+class UserError(Exception):
+    """Something the user must change; the message says what. Exit code 2."""
+
+    kind = "error"  # printed before the message: "hpcgnn: <kind>: ..."
+
+
+class ConfigError(UserError, ValueError):
+    """A config key or value, or a combination of them."""
+
+    kind = "config error"
+
+
+class AllocationError(UserError):
+    """What the launcher (srun, torchrun, submitit) started does not match the config."""
+
+    kind = "allocation error"
+
+
+class DatasetError(UserError):
+    """The dataset is missing, unreadable or malformed; the message names the file or the command."""
+
+    kind = "dataset error"
+
+
+class PartitionError(UserError):
+    """The partition artifact is missing, stale, corrupt, or does not fit the job."""
+
+    kind = "partition error"
+
+
+class CheckpointError(UserError):
+    """A checkpoint that cannot continue this job (another dataset, K, world size or model)."""
+
+    kind = "checkpoint error"
+
+
+def describe(exc: UserError) -> str:
+    """The one line (or paragraph) a command prints for a user error."""
+    return f"hpcgnn: {exc.kind}: {exc}"

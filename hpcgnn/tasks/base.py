@@ -1,0 +1,54 @@
+"""The task seam: the few things the trainer's loop asks of a workload."""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What one micro-batch's forward gives the loop; tensors stay on the device (no sync)."""
+
+    loss: Tensor  # scalar, the batch's loss (mean over its targets, or their weighted sum)
+    correct: Tensor  # scalar, targets predicted right (for the training accuracy)
+    count: int  # targets in the batch (seeds, edges, ...)
+
+
+class Task(abc.ABC):
+    """A workload the trainer runs: model, loss, metrics and evaluation over a store's batches.
+
+    ``metric``: the evaluation metric that selects the best epoch, read as ``val_<metric>``;
+    :meth:`evaluate` returns ``val_<name>`` and ``test_<name>`` for each of its metrics.
+    """
+
+    name: str
+    metric: str
+
+    def __init__(self, cfg, env, store, device: torch.device):
+        self.cfg, self.env, self.store, self.device = cfg, env, store, device
+
+    @classmethod  # noqa: B027 (an optional hook: most tasks need no checks)
+    def check_config(cls, cfg) -> None:
+        """Submit-time checks of what this task needs from the rest of the config."""
+
+    @abc.abstractmethod
+    def build_model(self) -> torch.nn.Module:
+        """The model, on the CPU, initialised from the current torch seed."""
+
+    @property
+    def transform(self) -> Callable | None:
+        """A per-batch transform the model needs (applied on the host where batches are made)."""
+        return None
+
+    @abc.abstractmethod
+    def step(self, model: torch.nn.Module, batch) -> StepResult:
+        """Forward one micro-batch and compute its loss (the caller handles autocast and backward)."""
+
+    @abc.abstractmethod
+    def evaluate(self, model: torch.nn.Module) -> dict[str, float]:
+        """``val_*`` and ``test_*`` metrics, the same on every rank (collective)."""

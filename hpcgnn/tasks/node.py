@@ -1,0 +1,78 @@
+"""Node classification: a batch's targets are its seeds' labels; accuracy is the metric."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from hpcgnn import dist
+from hpcgnn.errors import ConfigError
+from hpcgnn.models import FULL_INFERENCE_MODELS, batch_transform, build_model, forward_batch
+from hpcgnn.tasks.base import StepResult, Task
+from hpcgnn.techniques import autocast, layerwise_inference
+
+
+class NodeClassification(Task):
+    """Cross-entropy over the seeds (GraphSAINT batches: their normalised weighted sum)."""
+
+    name = "node"
+    metric = "acc"
+
+    def __init__(self, cfg, env, store, device: torch.device):
+        super().__init__(cfg, env, store, device)
+        self._transform = batch_transform(cfg.model, store.degree)
+
+    @classmethod
+    def check_config(cls, cfg) -> None:
+        t = cfg.train
+        if t.eval_mode == "full" and (cfg.graph.mode != "replicated" or cfg.model.name not in FULL_INFERENCE_MODELS):
+            raise ConfigError(f"train.eval_mode=full needs graph=replicated and model {', '.join(FULL_INFERENCE_MODELS)}"
+                              f"; got graph.mode={cfg.graph.mode}, model={cfg.model.name}. HINT: train.eval_mode=sampled")
+
+    def build_model(self) -> torch.nn.Module:
+        return build_model(self.cfg.model, self.store.num_features, self.store.num_classes, len(self.cfg.train.fanouts))
+
+    @property
+    def transform(self) -> Callable | None:
+        return self._transform
+
+    def step(self, model: torch.nn.Module, batch) -> StepResult:
+        logits = forward_batch(model, batch)
+        n = batch.batch_size
+        y = batch.y[:n]
+        if n == 0:  # a padding batch: forward and backward still run, so DDP hears from this rank
+            loss = logits.float().sum() * 0.0
+        elif "node_weight" in batch:  # GraphSAINT: each seed weighted by 1 / (lambda_v x train nodes)
+            loss = (F.cross_entropy(logits.float(), y, reduction="none") * batch.node_weight).sum()
+        else:
+            loss = F.cross_entropy(logits.float(), y)
+        correct = (logits.detach().argmax(-1) == y).sum()
+        return StepResult(loss, correct, n)
+
+    @torch.no_grad()
+    def evaluate(self, model: torch.nn.Module) -> dict[str, float]:
+        t = self.cfg.train
+        model.eval()
+        if t.eval_mode == "full":
+            g = self.store.graph
+            with autocast(t.precision, self.device):
+                logits = layerwise_inference(model, g, self.device, t.eval_chunk, self.env.rank, self.env.world_size,
+                                             transform=self._transform)
+            pred = logits.argmax(-1)
+            return {f"{split}_acc": (pred[idx] == g.y[idx]).double().mean().item()
+                    for split, idx in (("val", g.val_idx), ("test", g.test_idx))}
+        out = {}
+        for split in ("val", "test"):
+            counts = torch.zeros(2, dtype=torch.float64, device=self.device)
+            for batch in self.store.eval_loader(split, transform=self._transform):
+                if batch.batch_size == 0:  # padding: this rank only serves the others' exchanges
+                    continue
+                with autocast(t.precision, self.device):
+                    pred = forward_batch(model, batch).argmax(-1)
+                counts[0] += (pred == batch.y[: batch.batch_size]).sum()
+                counts[1] += batch.batch_size
+            counts = dist.all_reduce_sum(counts.cpu())
+            out[f"{split}_acc"] = (counts[0] / counts[1]).item()
+        return out
