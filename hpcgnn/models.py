@@ -13,7 +13,6 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
-from torch_geometric.nn import GAT, GCN, GIN, MLP, GraphSAGE
 
 from hpcgnn.config import ModelConfig
 from hpcgnn.errors import ConfigError
@@ -25,6 +24,8 @@ class MLPBaseline(torch.nn.Module):
     supports_trim = False
 
     def __init__(self, in_channels: int, hidden: int, num_layers: int, out_channels: int, dropout: float):
+        from torch_geometric.nn import MLP
+
         super().__init__()
         self.mlp = MLP(in_channels=in_channels, hidden_channels=hidden, out_channels=out_channels,
                        num_layers=num_layers, dropout=dropout, norm=None)
@@ -43,13 +44,20 @@ class ModelSpec:
     uses_edges: bool = True  # False: batches need no sampled neighbours
 
 
+def _pyg(name: str):
+    """A torch_geometric.nn model class, imported when a model is built (not when names are checked)."""
+    import torch_geometric.nn
+
+    return getattr(torch_geometric.nn, name)
+
+
 MODELS: dict[str, ModelSpec] = {
-    "sage": ModelSpec(lambda c, i, o, n: GraphSAGE(i, c.hidden_channels, n, o, dropout=c.dropout)),
+    "sage": ModelSpec(lambda c, i, o, n: _pyg("GraphSAGE")(i, c.hidden_channels, n, o, dropout=c.dropout)),
     # normalize=False: the weights and self-loops come with the batch (GCNNorm), from global degrees.
-    "gcn": ModelSpec(lambda c, i, o, n: GCN(i, c.hidden_channels, n, o, dropout=c.dropout, normalize=False),
+    "gcn": ModelSpec(lambda c, i, o, n: _pyg("GCN")(i, c.hidden_channels, n, o, dropout=c.dropout, normalize=False),
                      global_gcn_norm=True),
-    "gat": ModelSpec(lambda c, i, o, n: GAT(i, c.hidden_channels, n, o, dropout=c.dropout, heads=c.heads)),
-    "gin": ModelSpec(lambda c, i, o, n: GIN(i, c.hidden_channels, n, o, dropout=c.dropout)),
+    "gat": ModelSpec(lambda c, i, o, n: _pyg("GAT")(i, c.hidden_channels, n, o, dropout=c.dropout, heads=c.heads)),
+    "gin": ModelSpec(lambda c, i, o, n: _pyg("GIN")(i, c.hidden_channels, n, o, dropout=c.dropout)),
     "mlp": ModelSpec(lambda c, i, o, n: MLPBaseline(i, c.hidden_channels, n, o, c.dropout), uses_edges=False),
 }
 # Models whose exact layer-wise inference (train.eval_mode=full) is implemented.

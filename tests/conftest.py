@@ -42,10 +42,33 @@ def run_cli(*args: str, cwd: Path, timeout: float = 300, env: dict | None = None
                           cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)
 
 
+# A graph and schedule small enough for a multi-process run in seconds.
+TINY = ["dataset.num_nodes=4000", "train.epochs=2", "train.batch_size=256", "model.hidden_channels=32"]
+
+
 @pytest.fixture
 def tiny_overrides() -> list[str]:
-    """A graph and schedule small enough for a multi-process run in seconds."""
-    return ["dataset.num_nodes=4000", "train.epochs=2", "train.batch_size=256", "model.hidden_channels=32"]
+    return list(TINY)
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory) -> Path:
+    """One small 2-rank run (TINY, 3 epochs) that several tests read: its folder (holding run/)."""
+    folder = tmp_path_factory.mktemp("tiny")
+    res = run_cli(*TINY, "train.epochs=3", cwd=folder, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    return folder
+
+
+@pytest.fixture(scope="session")
+def local_sweep(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    """`python -m hpcgnn -m model=sage,mlp` without a cluster: two members run here, one after another."""
+    folder = tmp_path_factory.mktemp("local-sweep")
+    res = subprocess.run([sys.executable, "-m", "hpcgnn", "-m", "model=sage,mlp", *TINY, f"dataset.root={DATA_ROOT}",
+                          f"hydra.sweep.dir={folder / 'sweep'}"], cwd=folder, capture_output=True, text=True,
+                         timeout=600, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert res.returncode == 0, res.stdout + res.stderr
+    return folder / "sweep", res
 
 
 def summary_of(folder: Path) -> dict:

@@ -259,15 +259,13 @@ def test_partition_cli_partitions_then_reuses(tmp_path):
 
 @pytest.mark.slow
 def test_partitioned_training_matches_replicated_accuracy(tmp_path):
-    """K=2 METIS parts made by the launcher, within 1 point of the same job on a replicated graph."""
+    """K=2 METIS parts (made by the launcher, or reused), within 1 point of the same job on a replicated graph."""
     runs = {}
     for mode in ("replicated", "partitioned"):
-        res = run_cli("dataset.num_nodes=20000", "train.epochs=5", f"graph={mode}", "graph.cache_mb=1",
+        res = run_cli("dataset.num_nodes=20000", "train.epochs=5", f"graph={mode}", "graph.cache_mb=0.25",
                       "metrics.tensorboard=false", cwd=tmp_path / mode, timeout=900)
         assert res.returncode == 0, res.stdout + res.stderr
         runs[mode] = summary_of(tmp_path / mode)
-        if mode == "partitioned":  # partitioned by the launcher before the ranks started
-            assert "2 parts (metis, seed 0)" in res.stdout
     part, rep = runs["partitioned"], runs["replicated"]
     assert part["graph_mode"] == "partitioned" and rep["graph_mode"] == "replicated"
     assert abs(part["test_acc"] - rep["test_acc"]) <= 0.01, (part["test_acc"], rep["test_acc"])

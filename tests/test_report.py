@@ -8,30 +8,21 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import DATA_ROOT, REPO, run_cli
+from conftest import REPO
 
 pytestmark = pytest.mark.slow
 
-TINY = ["dataset.num_nodes=4000", "train.epochs=2", "train.batch_size=256", "model.hidden_channels=32"]
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.fixture(scope="module")
-def run_dir(tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("report-run")
-    res = run_cli(*TINY, cwd=folder, timeout=300)
-    assert res.returncode == 0, res.stdout + res.stderr
-    return folder / "run"
+def run_dir(tiny_run) -> Path:
+    return tiny_run / "run"
 
 
 @pytest.fixture(scope="module")
-def sweep_dir(tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("report-sweep")
-    res = subprocess.run([sys.executable, "-m", "hpcgnn", "-m", "model=sage,mlp", *TINY, "train.epochs=1",
-                          f"dataset.root={DATA_ROOT}", f"hydra.sweep.dir={folder / 'sweep'}"], cwd=folder,
-                         capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0, res.stdout + res.stderr
-    return folder / "sweep"
+def sweep_dir(local_sweep) -> Path:
+    return local_sweep[0]
 
 
 def _report(folder: Path) -> subprocess.CompletedProcess:

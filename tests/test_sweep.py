@@ -8,9 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import DATA_ROOT
-
-TINY = ["dataset.num_nodes=4000", "train.epochs=2", "train.batch_size=256", "model.hidden_channels=32"]
+from conftest import DATA_ROOT, TINY
 
 
 def _sweep(tmp_path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
@@ -25,16 +23,16 @@ def _status(tmp_path, *args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
-def test_local_sweep_runs_members_one_after_another(tmp_path):
-    res = _sweep(tmp_path, "model=sage,mlp")
-    assert res.returncode == 0, res.stdout + res.stderr
+def test_local_sweep_runs_members_one_after_another(local_sweep):
+    sweep, res = local_sweep
     assert "sweep of 2 members, run here one after another" in res.stdout
-    manifest = json.loads((tmp_path / "sweep" / "manifest.json").read_text())
+    manifest = json.loads((sweep / "manifest.json").read_text())
     assert [m["overrides"][0] for m in manifest["members"]] == ["model=sage", "model=mlp"]
-    for m in manifest["members"]:  # own folder, own resolved config
-        assert (tmp_path / "sweep" / str(m["member"]) / ".hydra" / "config.yaml").is_file()
-        assert json.loads((tmp_path / "sweep" / str(m["member"]) / "summary.json").read_text())["epochs"] == 2
-    st = _status(tmp_path)
+    for m in manifest["members"]:  # own folder, own resolved config and overrides
+        assert (sweep / str(m["member"]) / ".hydra" / "config.yaml").is_file()
+        assert "model=" in (sweep / str(m["member"]) / ".hydra" / "overrides.yaml").read_text()
+        assert json.loads((sweep / str(m["member"]) / "summary.json").read_text())["epochs"] == 2
+    st = subprocess.run([sys.executable, "-m", "hpcgnn.status", str(sweep)], capture_output=True, text=True, timeout=300)
     assert st.returncode == 0, st.stderr
     assert st.stdout.count("COMPLETED") == 2 and "model=mlp" in st.stdout and "2/2" in st.stdout
 

@@ -87,11 +87,15 @@ def test_no_wait_returns_job_id_and_folder(tmp_path, tiny_overrides):
 
 @pytest.mark.parametrize("model", ["gcn", "gat", "gin"])
 def test_every_registered_gnn_trains(tmp_path, tiny_overrides, model):
-    res = run_cli(f"model={model}", *tiny_overrides, "train.epochs=5", "train.lr=0.01", "launch.procs=1",
-                  cwd=tmp_path, timeout=300)
-    assert res.returncode == 0, res.stdout + res.stderr
-    s = summary_of(tmp_path)
+    """One rank, in this process: the trainer with each model of the registry learns."""
+    from hpcgnn.env import RankEnv
+    from hpcgnn.trainer import Trainer
+
+    cfg = make_config(f"model={model}", *tiny_overrides, "train.epochs=5", "train.lr=0.01", f"dataset.root={DATA_ROOT}",
+                      "metrics.tensorboard=false", "train.keep_freed_memory=false", run_dir=str(tmp_path / "run"))
+    s = Trainer(cfg, RankEnv.from_environ({}), torch.device("cpu")).train()
     assert s["model"] == model and s["world_size"] == 1 and s["test_acc"] > 0.3  # 8 classes: chance is 0.125
+    assert summary_of(tmp_path)["test_acc"] == s["test_acc"]
 
 
 def test_torchrun_starts_the_ranks(tmp_path, tiny_overrides):
@@ -116,13 +120,17 @@ def test_torchrun_starts_the_ranks(tmp_path, tiny_overrides):
 RESUME = ["dataset.num_nodes=4000", "train.epochs=3", "train.batch_size=256", "model.hidden_channels=32"]
 
 
+# Checkpoints every 2 steps, keeping 2: saving changes no parameter, so this run is also the reference.
+PERIODIC = ["checkpoint.every_steps=2", "checkpoint.keep=2"]
+
+
 @pytest.fixture(scope="module")
 def whole_run(tmp_path_factory) -> dict:
-    """The uninterrupted 2-rank run that interrupted ones must end equal to."""
+    """The uninterrupted 2-rank run that interrupted ones must end equal to; it checkpoints periodically."""
     folder = tmp_path_factory.mktemp("whole")
-    res = run_cli(*RESUME, cwd=folder, timeout=300)
+    res = run_cli(*RESUME, *PERIODIC, cwd=folder, timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
-    return summary_of(folder)
+    return {**summary_of(folder), "folder": folder}
 
 
 @pytest.mark.parametrize("graph", [[], ["graph=partitioned", "graph.cache_mb=0.1"]], ids=["replicated", "partitioned"])
@@ -184,25 +192,23 @@ def test_too_many_timeouts_stop_requeueing_and_say_so(tmp_path):
 
 
 def test_slow_start_is_waited_for_but_a_hang_after_the_first_step_fails_within_the_timeout(tmp_path, tiny_overrides):
-    """Rank 0 starts 12 s late (the others wait: dist.init_timeout_s holds until the first step); then
-    rank 1 hangs at step 2, and rank 0 fails after dist.timeout_s=8, not after the generous one."""
+    """Rank 0 starts 8 s late (the others wait: dist.init_timeout_s holds until the first step); then
+    rank 1 hangs at step 2, and rank 0 fails after dist.timeout_s=4, not after the generous one."""
     t0 = time.monotonic()
-    res = run_cli(*tiny_overrides, "debug.delay_rank=0", "debug.delay_s=12", "debug.hang_rank=1", "debug.hang_step=2",
-                  "dist.timeout_s=8", cwd=tmp_path, timeout=300)
+    res = run_cli(*tiny_overrides, "debug.delay_rank=0", "debug.delay_s=8", "debug.hang_rank=1", "debug.hang_step=2",
+                  "dist.timeout_s=4", cwd=tmp_path, timeout=300)
     took = time.monotonic() - t0
     assert res.returncode == 1
     assert took < 150, took  # bounded by the delay, dist.timeout_s and start-up, not by the job's time limit
-    assert "collective timeout now 8.0s (dist.timeout_s)" in res.stdout
+    assert "collective timeout now 4.0s (dist.timeout_s)" in res.stdout
     assert re.search(r"failed ranks:\n  rank 0 on \S+: .*(timed out|Timed out|timeout)", res.stderr), res.stderr
-    assert "8000ms" in res.stderr and "1800000ms" not in res.stderr  # gloo names the timeout it waited
+    assert "4000ms" in res.stderr and "1800000ms" not in res.stderr  # gloo names the timeout it waited
 
 
-def test_periodic_checkpoints_keep_the_newest(tmp_path):
-    res = run_cli(*RESUME, "checkpoint.every_steps=2", "checkpoint.keep=2", cwd=tmp_path, timeout=300)
-    assert res.returncode == 0, res.stdout + res.stderr
-    kept = sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir())
+def test_periodic_checkpoints_keep_the_newest(whole_run):
+    kept = sorted(p.name for p in (whole_run["folder"] / "run" / "checkpoints").iterdir())
     assert kept == ["step-000000006", "step-000000008"]  # 9 steps: saved at 2, 4, 6, 8
-    manifest = json.loads((tmp_path / "run" / "checkpoints" / kept[-1] / "MANIFEST.json").read_text())
+    manifest = json.loads((whole_run["folder"] / "run" / "checkpoints" / kept[-1] / "MANIFEST.json").read_text())
     assert set(manifest["files"]) == {"common.pt", "rank-0.pt", "rank-1.pt"}
 
 
