@@ -30,7 +30,13 @@ __all__ = ["ConfigError", "RunConfig", "check_override_keys", "register_configs"
 
 @dataclass(frozen=True)
 class TaskConfig:
-    name: str = "node"  # node (node classification); the task owns the loss, metrics and evaluation
+    name: str = "node"  # node (node classification) | link (link prediction); the task owns the loss, metrics and evaluation
+    decoder: str = "dot"  # link: dot (inner product of the two embeddings) | mlp (an MLP on their Hadamard product)
+    negatives: str = "uniform"  # link: uniform (random targets) | strict (no existing edge) | in_batch (the batch's other targets)
+    num_negatives: int = 1  # link: negatives per positive edge in a training step
+    neg_retries: int = 3  # link, negatives=strict: redraws of a negative that is an edge; then it is padding (weight 0, counted)
+    form: str = "binary"  # link: binary (labelled pairs, BCE) | triplet (each positive against its negatives, softmax)
+    hits_k: Tuple[int, ...] = (20, 50, 100)  # link: the K of the Hits@K metrics reported
 
 
 @dataclass(frozen=True)
@@ -48,9 +54,12 @@ class DatasetConfig:
     homophily: float = 0.5  # synthetic: fraction of edges drawn inside the source's community
     locality: float = 0.8  # synthetic: fraction of the other edges kept in the source's region (0 = any node)
     feature_noise: float = 3.0  # synthetic: noise std relative to the unit class signal
+    centroids: str = "class"  # synthetic: features around a centroid per class | per community
     train_fraction: float = 0.3  # fraction of nodes in the training split
     val_fraction: float = 0.1  # fraction of nodes in the validation split (the rest is test)
     seed: int = 0  # seed of the generator and of the split
+    edge_split: Tuple[float, ...] = (0.85, 0.05, 0.1)  # task=link on synthetic/files: train/val/test fractions of the edges
+    prepared_for: str = "node"  # node | link: what the prepared graph serves (follows task.name; not set by hand)
 
 
 @dataclass(frozen=True)
@@ -94,7 +103,7 @@ class TrainConfig:
     precision: str = "fp32"  # fp32 | bf16 (autocast, CPU or GPU) | fp16 (autocast + gradient scaler, GPU)
     grad_compression: str = "none"  # none | fp16 | bf16 | powersgd: DDP communication hook
     powersgd_rank: int = 2  # grad_compression=powersgd: rank of the low-rank approximation
-    eval_mode: str = "sampled"  # sampled (like training) | full (layer-wise, all neighbours: exact)
+    eval_mode: str = "auto"  # auto (node: sampled; link: full on replicated graphs) | sampled (like training) | full (layer-wise, all neighbours: exact)
     eval_chunk: int = 8192  # eval_mode=full: target nodes per chunk
     seed: int = 0  # seeds the model init, the seed order and the sampler
     eval_every: int = 1  # evaluate on val/test every N epochs (and after the last)
@@ -224,6 +233,8 @@ class RunConfig:
             raise ConfigError(f"train.prefetch={t.prefetch} must be 0 (off) or more batches")
         if t.lr <= 0:
             raise ConfigError(f"train.lr={t.lr} must be positive")
+        if d.prepared_for != self.task.name:
+            raise ConfigError(f"dataset.prepared_for={d.prepared_for} follows task.name={self.task.name}: leave it unset")
         if self.launch.mode not in ("auto", "submit", "local", "rank"):
             raise ConfigError(f"launch.mode={self.launch.mode!r} is unknown: use auto, submit, local or rank")
         if self.launch.mode == "submit" and self.cluster is None:
@@ -237,7 +248,7 @@ class RunConfig:
         for key, value, allowed in (("train.lr_scaling", t.lr_scaling, ("none", "linear", "sqrt")),
                                     ("train.precision", t.precision, ("fp32", "bf16", "fp16")),
                                     ("train.grad_compression", t.grad_compression, ("none", "fp16", "bf16", "powersgd")),
-                                    ("train.eval_mode", t.eval_mode, ("sampled", "full"))):
+                                    ("train.eval_mode", t.eval_mode, ("auto", "sampled", "full"))):
             if value not in allowed:
                 raise ConfigError(f"{key}={value!r} is unknown: use one of {', '.join(allowed)}")
         if t.accumulate < 1 or t.powersgd_rank < 1 or t.eval_chunk < 1:
@@ -270,6 +281,8 @@ class RunConfig:
         if d.degree_exponent != 0 and d.degree_exponent <= 2:
             raise ConfigError(f"dataset.degree_exponent={d.degree_exponent} must be 0 (log-normal tail) or above 2 "
                               "(a power law with a finite mean degree), e.g. 2.5")
+        if d.centroids not in ("class", "community"):
+            raise ConfigError(f"dataset.centroids={d.centroids!r} is unknown: use class or community")
         for key, value in (("dataset.homophily", d.homophily), ("dataset.locality", d.locality)):
             if not 0 <= value <= 1:
                 raise ConfigError(f"{key}={value} must be in [0, 1]")

@@ -278,7 +278,9 @@ def dry_run_text(cfg: RunConfig) -> str:
 
 
 def _print_result(summary: dict) -> None:
-    print(f"test accuracy {summary['test_acc']:.4f} (best val {summary['best_val_acc']:.4f} at epoch "
+    metric = summary.get("metric", "val_acc").removeprefix("val_")
+    name = "accuracy" if metric == "acc" else metric
+    print(f"test {name} {summary['test']:.4f} (best val {summary['best_val']:.4f} at epoch "
           f"{summary['best_epoch']}), {summary['world_size']} ranks on {', '.join(summary['hostnames'])}, "
           f"{summary['seeds_per_s']:.0f} seeds/s, {summary['wall_time_s']:.1f} s", flush=True)
     print(f"summary: {Path(summary['run_dir']) / 'summary.json'}", flush=True)

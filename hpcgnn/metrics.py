@@ -173,9 +173,9 @@ class StepMetrics:
     def epoch_scalars(self, row: dict) -> None:
         if self.writer is None:
             return
-        for key in ("loss", "train_acc", "val_acc", "test_acc", "seeds_per_s", "lr"):
-            if key in row:
-                self.writer.add_scalar(f"epoch/{key}", row[key], row["epoch"])
+        for key, value in row.items():  # loss, train_acc, every val_* / test_* metric, throughput, lr
+            if key in ("loss", "train_acc", "seeds_per_s", "lr") or key.startswith(("val_", "test_")):
+                self.writer.add_scalar(f"epoch/{key}", value, row["epoch"])
         for key, value in row.get("balance", {}).items():
             if isinstance(value, (int, float)):
                 self.writer.add_scalar(f"balance/{key}", value, row["epoch"])

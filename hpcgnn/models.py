@@ -87,11 +87,11 @@ def batch_transform(cfg: ModelConfig, degree: Tensor):
     return None
 
 
-def forward_batch(model: torch.nn.Module, data) -> Tensor:
-    """Logits of the seed nodes of a sampled batch.
+def _batch_kwargs(model: torch.nn.Module, data) -> dict:
+    """What a sampled batch passes to the model besides x and edges: edge weights, per-hop counts.
 
-    PyG's basic GNNs skip the outer hops layer by layer (``trim_to_layer``) when
-    given the per-hop counts: the last layer computes the seeds only.
+    PyG's basic GNNs skip the outer hops layer by layer (``trim_to_layer``) when given the
+    per-hop counts: the last layer computes the seeds only.
     """
     inner = getattr(model, "module", model)
     kwargs = {}
@@ -100,4 +100,53 @@ def forward_batch(model: torch.nn.Module, data) -> Tensor:
     if getattr(inner, "supports_trim", True) and "num_sampled_nodes" in data:
         kwargs.update(num_sampled_nodes_per_hop=data.num_sampled_nodes,
                       num_sampled_edges_per_hop=data.num_sampled_edges)
-    return model(data.x, data.edge_index, **kwargs)[: data.batch_size]
+    return kwargs
+
+
+def forward_batch(model: torch.nn.Module, data) -> Tensor:
+    """Logits of the seed nodes of a sampled batch."""
+    return model(data.x, data.edge_index, **_batch_kwargs(model, data))[: data.batch_size]
+
+
+# ------------------------------------------------------------------------------ link prediction
+
+DECODERS = ("dot", "mlp")
+
+
+class LinkModel(torch.nn.Module):
+    """An encoder (any model above, its output the node embedding) and a decoder scoring node pairs.
+
+    ``forward`` encodes the batch and scores ``pairs`` (local ids of the batch's seeds) in one call,
+    so DDP sees every parameter used in forward. Decoders: ``dot`` (the inner product of the two
+    embeddings) or ``mlp`` (a two-layer MLP on their Hadamard product).
+    """
+
+    def __init__(self, encoder: torch.nn.Module, hidden: int, decoder: str):
+        super().__init__()
+        self.encoder = encoder
+        self.supports_trim = getattr(encoder, "supports_trim", True)
+        self.decoder = None
+        if decoder == "mlp":
+            self.decoder = torch.nn.Sequential(torch.nn.Linear(hidden, hidden), torch.nn.ReLU(),
+                                               torch.nn.Linear(hidden, 1))
+
+    def score(self, a: Tensor, b: Tensor) -> Tensor:
+        """Scores (logits) of embedding pairs ``a[i]``, ``b[i]``; any leading shape."""
+        if self.decoder is None:
+            return (a * b).sum(-1)
+        return self.decoder(a * b).squeeze(-1)
+
+    def forward(self, x: Tensor, edge_index: Tensor, pairs: Tensor, **kwargs) -> Tensor:
+        h = self.encoder(x, edge_index, **kwargs)
+        return self.score(h.index_select(0, pairs[0]), h.index_select(0, pairs[1]))
+
+
+def build_link_model(cfg: ModelConfig, decoder: str, in_channels: int, num_layers: int) -> LinkModel:
+    """The encoder's last layer outputs ``hidden_channels``: the embedding the decoder scores."""
+    encoder = build_model(cfg, in_channels, cfg.hidden_channels, num_layers)
+    return LinkModel(encoder, cfg.hidden_channels, decoder)
+
+
+def forward_pairs(model: torch.nn.Module, data, pairs: Tensor) -> Tensor:
+    """Scores of ``pairs`` (local ids of the seeds) in a sampled link batch (outer hops trimmed)."""
+    return model(data.x, data.edge_index, pairs, **_batch_kwargs(model, data))

@@ -43,9 +43,16 @@ def load_sweep(sweep_dir: Path) -> list[dict]:
         path = Path(m["run_dir"]) / "summary.json"
         if path.is_file():
             s = json.loads(path.read_text())
-            row.update(test_acc=s["test_acc"], val_acc=s["best_val_acc"], seeds_per_s=s["seeds_per_s"])
+            row.update(test=selected(s, "test"), val=selected(s, "best_val"), seeds_per_s=s["seeds_per_s"],
+                       metric=s.get("metric", "val_acc").removeprefix("val_"))
         rows.append(row)
     return rows
+
+
+def selected(summary: dict, which: str) -> float:
+    """The selecting metric's best validation value (``best_val``) or its test value then (``test``);
+    summaries written before the task seam named them ``best_val_acc`` and ``test_acc``."""
+    return summary.get(which, summary.get({"best_val": "best_val_acc", "test": "test_acc"}[which], float("nan")))
 
 
 def plot_curves(run: dict, ax_loss, ax_acc) -> None:
@@ -53,11 +60,12 @@ def plot_curves(run: dict, ax_loss, ax_acc) -> None:
     epochs = [r["epoch"] for r in hist]
     ax_loss.plot(epochs, [r["loss"] for r in hist], marker="o")
     ax_loss.set(xlabel="epoch", ylabel="training loss", title="loss")
-    for key in ("train_acc", "val_acc", "test_acc"):
+    metric = run.get("metric", "val_acc").removeprefix("val_")
+    for key in ("train_acc", f"val_{metric}", f"test_{metric}"):
         pts = [(r["epoch"], r[key]) for r in hist if key in r]
         if pts:
-            ax_acc.plot(*zip(*pts, strict=True), marker="o", label=key.replace("_acc", ""))
-    ax_acc.set(xlabel="epoch", ylabel="accuracy", title="accuracy")
+            ax_acc.plot(*zip(*pts, strict=True), marker="o", label=key)
+    ax_acc.set(xlabel="epoch", ylabel=metric if metric != "acc" else "accuracy", title=f"training accuracy, {metric}")
     ax_acc.legend()
 
 
@@ -95,12 +103,13 @@ def plot_balance(run: dict, ax) -> None:
 
 
 def plot_sweep(rows: list[dict], ax_thr, ax_acc) -> None:
-    done = [r for r in rows if "test_acc" in r]
+    done = [r for r in rows if "test" in r]
     labels = [f"{r['member']}: {r['label']}" for r in done]
     ax_thr.barh(labels, [r["seeds_per_s"] for r in done])
     ax_thr.set(xlabel="seeds/s", title="throughput per member")
-    ax_acc.barh(labels, [r["test_acc"] for r in done], label="test")
-    ax_acc.set(xlabel="test accuracy (at best val)", title="accuracy per member")
+    ax_acc.barh(labels, [r["test"] for r in done], label="test")
+    metrics = sorted({r["metric"] for r in done}) or ["acc"]
+    ax_acc.set(xlabel=f"test {'/'.join(metrics)} (at best val)", title="best epoch per member")
 
 
 def write_report(folder: Path) -> list[Path]:

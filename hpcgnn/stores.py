@@ -27,7 +27,7 @@ from torch import Tensor
 
 from hpcgnn import dist
 from hpcgnn.config import RunConfig
-from hpcgnn.data import Graph, cache, cache_folder, open_graph, prepare
+from hpcgnn.data import Graph, cache, cache_folder, open_graph, open_link, prepare
 from hpcgnn.env import RankEnv
 from hpcgnn.errors import ConfigError
 from hpcgnn.io import write_npy
@@ -36,6 +36,7 @@ from hpcgnn.rng import derive_seed, generator
 from hpcgnn.sampling import BatchLoader, CSRNeighborSampler, PrefetchLoader, rank_seeds, steps_per_epoch
 from hpcgnn.sampling import subgraph as sub
 from hpcgnn.sampling.distributed import CommStats
+from hpcgnn.sampling.link import LinkSampler, csr_has_edge, pair_sampler, share
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +98,7 @@ class Store:
     mode: str
     steps: int
     weigh_by_seeds: bool = True
+    link = None  # a link task's splits (LinkData), else None
 
     def __init__(self, cfg: RunConfig, env: RankEnv, device: torch.device):
         self.cfg, self.env, self.device = cfg, env, device
@@ -114,35 +116,61 @@ class Store:
         return PrefetchLoader(loader, t.prefetch) if t.prefetch else loader
 
     def eval_loader(self, split: str, transform=None) -> BatchLoader:
-        """This rank's share of ``split`` in batches of ``train.eval_batch_size``."""
+        """This rank's share of ``split`` in batches of ``train.eval_batch_size`` (link: pairs to score)."""
         t = self.cfg.train
         seeds, num_batches = self.eval_seeds(split)
-        return BatchLoader(self.features, self.sampler, seeds, t.eval_batch_size,
+        sampler, batch_size = self.sampler, t.eval_batch_size
+        if self.link is not None:
+            sampler = pair_sampler(self.sampler, self.link.split(split))
+            batch_size = max(1, t.eval_batch_size // sampler.pairs_per_item)
+        return BatchLoader(self.features, sampler, seeds, batch_size,
                            batch_seed=derive_seed(t.seed, "eval", split, self.env.rank), num_batches=num_batches,
                            device=self.device, pin_memory=self.device.type == "cuda", transform=transform)
 
     def eval_seeds(self, split: str) -> tuple[Tensor, int | None]:
         raise NotImplementedError
 
+    def link_items(self, split: str) -> int:
+        """How many items a link split's evaluation walks: its pairs, or its positives with their candidates."""
+        s = self.link.split(split)
+        return s.pos.size(1) + (s.neg.size(1) if s.neg_kind == "pairs" else 0)
+
+    def _link_sampler(self, node_sampler, train_pos: Tensor, has_edge) -> LinkSampler:
+        k = self.cfg.task
+        return LinkSampler(node_sampler, train_pos, self.num_nodes, k.negatives, k.num_negatives, k.neg_retries,
+                           k.form, has_edge=has_edge if k.negatives == "strict" else None)
+
     def counters(self) -> CommStats:
         return CommStats()
 
 
 class ReplicatedStore(Store):
-    """Every rank maps the whole prepared graph; seeds are split across ranks."""
+    """Every rank maps the whole prepared graph; seeds (nodes, or edges for link prediction) are split across ranks."""
 
     mode = "replicated"
 
     def __init__(self, cfg: RunConfig, env: RankEnv, device: torch.device | None = None):
         super().__init__(cfg, env, device or torch.device("cpu"))
         self.graph = g = open_shared_graph(cfg, env)
+        self.link = open_link(cfg.dataset) if cfg.dataset.prepared_for == "link" else None
         self.features = g
         self.degree = g.degree()
+        self.num_nodes = g.num_nodes
         self.sampler = CSRNeighborSampler(g.rowptr, g.col, fanouts(cfg))  # evaluation, and training by default
         self.num_features, self.num_classes = g.num_features, g.num_classes
+        self.seed_cost: Tensor | None = None
+        if self.link is not None:  # link prediction: a step's seeds are positive training edges
+            train = self.link.train.pos
+            self.train_sampler = self._link_sampler(self.sampler, train, csr_has_edge(g.rowptr, g.col))
+            self.items, self.items_per_step = torch.arange(train.size(1)), cfg.train.batch_size
+            self.steps = steps_per_epoch(train.size(1), env.world_size, cfg.train.batch_size)
+            self.weigh_by_seeds = True
+            log.info("graph: %d nodes, %d message-passing edges, %d features; %d/%d/%d train/val/test edges to "
+                     "predict", g.num_nodes, g.num_edges, g.num_features, train.size(1), self.link.val.pos.size(1),
+                     self.link.test.pos.size(1))
+            return
         self.steps = steps_per_epoch(g.train_idx.numel(), env.world_size, cfg.train.batch_size)
         self.train_sampler, self.items, self.items_per_step = self.sampler, g.train_idx, cfg.train.batch_size
-        self.seed_cost: Tensor | None = None
         self._setup_sampler()
         log.info("graph: %d nodes, %d edges, %d features, %d classes, %d/%d/%d train/val/test", g.num_nodes,
                  g.num_edges, g.num_features, g.num_classes, g.train_idx.numel(), g.val_idx.numel(),
@@ -193,7 +221,13 @@ class ReplicatedStore(Store):
         return list(seeds.split(self.items_per_step))
 
     def eval_seeds(self, split: str) -> tuple[Tensor, int | None]:
-        """This rank's share of ``split`` and the batch count to pad to (None: no padding needed)."""
+        """This rank's share of ``split`` and the batch count to pad to (None: no padding needed).
+
+        Link splits: a contiguous range of the split's items (pairs, or positives with their candidates).
+        """
+        if self.link is not None:
+            lo, hi = share(self.link_items(split), self.env.rank, self.env.world_size)
+            return torch.arange(lo, hi), None
         return getattr(self.graph, f"{split}_idx")[self.env.rank::self.env.world_size], None
 
     def resident_bytes(self) -> int:

@@ -21,6 +21,7 @@ from pathlib import Path
 from hpcgnn import env
 from hpcgnn.config import RunConfig
 from hpcgnn.io import write_json
+from hpcgnn.report import selected
 from hpcgnn.slurm import FINAL_STATES, job_states
 
 MANIFEST = "manifest.json"
@@ -123,10 +124,10 @@ def member_row(entry: dict, state: str) -> dict:
     if progress:
         history = progress.get("history", [])
         row["epochs"] = f"{len(history)}/{progress.get('epochs', '?')}"
-        best = progress.get("best_val_acc")
+        best = selected(progress, "best_val")
         if best is not None and best >= 0:
             row["val"] = f"{best:.4f}"
-            row["test"] = f"{progress.get('test_acc', 0.0):.4f}"
+            row["test"] = f"{selected(progress, 'test'):.4f}"
         if history:
             row["seeds_per_s"] = f"{history[-1].get('seeds_per_s', 0):.0f}"
     if (run / "summary.json").exists() and state in ("UNKNOWN", "PENDING", "SUBMITTED", "RUNNING"):

@@ -73,26 +73,30 @@ class EpochSums:
 
     def __init__(self, device: torch.device):
         self.values = torch.zeros(2, dtype=torch.float64, device=device)  # loss x targets, targets predicted right
-        self.count = 0  # targets
+        self.count = 0  # targets (the loss's and the accuracy's denominator)
+        self.seeds = 0  # what the steps trained on (seed nodes, positive edges): throughput
         self.steps = 0
         self.time_s = 0.0  # training time of the epoch before this (re)start
 
-    def add(self, loss: torch.Tensor, correct: torch.Tensor, count: int) -> None:
-        self.values += torch.stack([loss.detach().double() * count, correct.double()])
-        self.count += count
+    def add(self, out) -> None:
+        """One micro-batch's StepResult."""
+        self.values += torch.stack([out.loss.detach().double() * out.count, out.correct.double()])
+        self.count += out.count
+        self.seeds += out.count if out.seeds is None else out.seeds
         self.steps += 1
 
     def totals(self) -> list[float]:
-        """[loss x targets, correct, targets] summed over ranks (collective)."""
-        return dist.all_reduce_sum(torch.cat([self.values.cpu(), torch.tensor([float(self.count)],
-                                                                               dtype=torch.float64)])).tolist()
+        """[loss x targets, correct, targets, seeds] summed over ranks (collective)."""
+        host = torch.tensor([float(self.count), float(self.seeds)], dtype=torch.float64)
+        return dist.all_reduce_sum(torch.cat([self.values.cpu(), host])).tolist()
 
     def state_dict(self, elapsed_s: float) -> dict:
-        return {"values": self.values.cpu(), "count": self.count, "steps": self.steps, "time_s": elapsed_s}
+        return {"values": self.values.cpu(), "count": self.count, "seeds": self.seeds, "steps": self.steps,
+                "time_s": elapsed_s}
 
     def load_state_dict(self, state: dict) -> None:
         self.values.copy_(state["values"])
-        self.count, self.steps, self.time_s = state["count"], state["steps"], state["time_s"]
+        self.count, self.seeds, self.steps, self.time_s = state["count"], state["seeds"], state["steps"], state["time_s"]
 
 
 class Trainer:
@@ -213,14 +217,14 @@ class Trainer:
         if self.sums.steps != steps:  # an invariant of the seed schedule; a mismatch would hang DDP next epoch
             raise RuntimeError(f"rank {self.env.rank} ran {self.sums.steps} steps, expected {steps}")
         elapsed = dist.all_reduce_max(torch.tensor([self.sums.time_s + time.perf_counter() - t0]))
-        loss_sum, correct, count = self.sums.totals()
+        loss_sum, correct, count, seeds = self.sums.totals()
         comm = (self.store.counters() - before).per_batch() if self.store.mode == "partitioned" else {}
         epoch_metrics = self.metrics.end_epoch(epoch, socket.gethostname())
         s.train_time_s += elapsed.item()
-        s.seeds_done += int(count)
+        s.seeds_done += int(seeds)
         ranks = epoch_metrics["ranks"]
-        return {"epoch": epoch, "loss": loss_sum / count, "train_acc": correct / count,
-                "seeds_per_s": count / elapsed.item(), "edges_per_s": sum(r["edges"] for r in ranks) / elapsed.item(),
+        return {"epoch": epoch, "loss": loss_sum / max(count, 1), "train_acc": correct / max(count, 1),
+                "seeds_per_s": seeds / elapsed.item(), "edges_per_s": sum(r["edges"] for r in ranks) / elapsed.item(),
                 "epoch_s": elapsed.item(), "lr": self.scheduler.get_last_lr()[0], "balance": epoch_metrics["balance"],
                 "peak_mem_mb": max(r["peak_mem_mb"] for r in ranks),
                 "host_peak_mb": max(r["host_peak_mb"] for r in ranks), **comm}
@@ -245,7 +249,7 @@ class Trainer:
         allreduce_s, sent = self.hook.take()
         if last and self.env.world_size > 1:
             self.allreduce_bytes.append(sent)
-        self.sums.add(out.loss, out.correct, out.count)
+        self.sums.add(out)
         s.step += 1
         s.step_in_epoch += 1
         host = {"wait_s": wait_s, "sample_s": batch.sample_s, "gather_s": batch.gather_s, "allreduce_s": allreduce_s}
@@ -288,9 +292,10 @@ class Trainer:
                      row["loss"], row["train_acc"], evals, row["seeds_per_s"])
 
     def _progress(self) -> dict:
+        """What `hpcgnn.status` reads while the run goes on (the summary's first keys)."""
         s, metric = self.state, self.task.metric
         return {"epochs": self.cfg.train.epochs, "history": s.history, "metric": f"val_{metric}",
-                "best_val_acc": s.best.get(f"val_{metric}", -1.0), "test_acc": s.best.get(f"test_{metric}", 0.0),
+                "best_val": s.best.get(f"val_{metric}", -1.0), "test": s.best.get(f"test_{metric}", 0.0),
                 "best_epoch": s.best_epoch}
 
     # ------------------------------------------------------------------ the summary
@@ -303,11 +308,11 @@ class Trainer:
         out = {
             "task": self.task.name,
             "metric": f"val_{metric}",  # the evaluation metric that selects the best epoch
-            **s.best,  # every val_* / test_* metric at that epoch
-            "test_acc": s.best.get(f"test_{metric}", 0.0),
-            "best_val_acc": s.best.get(f"val_{metric}", -1.0),
+            "best_val": s.best.get(f"val_{metric}", -1.0),  # its best value ...
+            "test": s.best.get(f"test_{metric}", 0.0),  # ... and the test value of the same metric at that epoch
+            **s.best,  # every val_* / test_* metric at that epoch (test_acc, test_auc, test_hits@50, ...)
             "best_epoch": s.best_epoch,
-            "final_test_acc": s.history[-1].get(f"test_{metric}") if s.history else None,
+            f"final_test_{metric}": s.history[-1].get(f"test_{metric}") if s.history else None,
             "epochs": t.epochs,
             "steps_per_epoch": self.store.steps,
             "world_size": env.world_size,
@@ -327,7 +332,7 @@ class Trainer:
             "grad_compression": t.grad_compression,
             "allreduce_bytes_per_step": (sum(self.allreduce_bytes) / len(self.allreduce_bytes)
                                          if self.allreduce_bytes else 0),
-            "eval_mode": t.eval_mode,
+            "eval_mode": self.task.eval_mode,
             "sampler": t.sampler,
             "edge_budget": t.edge_budget,
             "graph_mode": self.store.mode,
@@ -342,9 +347,11 @@ class Trainer:
             "history": s.history,
             "run_dir": cfg.run_dir,
         }
+        if metric == "acc":  # node classification's names since the first release
+            out["best_val_acc"] = out["best_val"]
         if env.is_main:
             path = write_json(Path(cfg.run_dir) / "summary.json", out)
-            log.info("test acc %.4f (best val %.4f at epoch %d); summary: %s", out["test_acc"], out["best_val_acc"],
+            log.info("test %s %.4f (best val %.4f at epoch %d); summary: %s", metric, out["test"], out["best_val"],
                      out["best_epoch"], path)
         return out
 

@@ -1,8 +1,13 @@
 """Datasets: each source builds a Graph once; the prepared graph is cached and memory-mapped.
 
 - :func:`build_graph`: the graph from its source, in memory (synthetic, OGB, files);
+- :func:`build_link`: a link-prediction dataset (the graph of its training edges, and the edge splits);
 - :func:`prepare`: build it into the cache unless it is there (``python -m hpcgnn.data prepare``);
-- :func:`open_graph`: memory-map the cached graph; ranks of a node share its pages.
+- :func:`open_graph`: memory-map the cached graph; ranks of a node share its pages;
+  :func:`open_link`: the same for a link dataset, with its splits.
+
+``dataset.prepared_for`` (it follows ``task.name``) says which of the two a config prepares: a
+link task's graph holds only the training edges, so it is a graph of its own in the cache.
 """
 
 from __future__ import annotations
@@ -18,8 +23,10 @@ from hpcgnn.config import DatasetConfig
 from hpcgnn.data import cache
 from hpcgnn.data.files import files_folder, load_files
 from hpcgnn.data.graph import Graph
+from hpcgnn.data.link import LinkData, from_arrays, link_arrays, split_edges
+from hpcgnn.data.ogb import LINK_NAMES as OGB_LINK_NAMES
 from hpcgnn.data.ogb import NAMES as OGB_NAMES
-from hpcgnn.data.ogb import DatasetMissing, has_raw, load_ogb, prepare_command
+from hpcgnn.data.ogb import DatasetMissing, has_raw, load_ogb, load_ogb_link, prepare_command
 from hpcgnn.data.synthetic import GENERATOR_VERSION, make_synthetic
 from hpcgnn.errors import ConfigError
 
@@ -32,20 +39,45 @@ LOADERS: dict[str, Callable[[DatasetConfig, bool], Graph]] = {
     **{name: load_ogb for name in OGB_NAMES},
 }
 
+
+
+def _split(build: Callable[[DatasetConfig, bool], Graph]) -> Callable[[DatasetConfig, bool], LinkData]:
+    """A link dataset from a graph source: a seeded split of its edges (``dataset.edge_split``)."""
+    return lambda cfg, allow_download: split_edges(build(cfg, allow_download), tuple(cfg.edge_split), cfg.seed)
+
+
+# name -> link-dataset builder(cfg, allow_download)
+LINK_LOADERS: dict[str, Callable[[DatasetConfig, bool], LinkData]] = {
+    "synthetic": _split(LOADERS["synthetic"]),
+    "files": _split(load_files),
+    **{name: load_ogb_link for name in OGB_LINK_NAMES},
+}
+
 # The fields that change what each source builds (the cache key).
 _KEY_FIELDS = {
     "synthetic": ("num_nodes", "num_classes", "num_features", "avg_degree", "degree_exponent",
-                  "communities_per_class", "homophily", "locality", "feature_noise", "train_fraction", "val_fraction",
+                  "communities_per_class", "homophily", "locality", "feature_noise", "centroids", "train_fraction",
+                  "val_fraction",
                   "seed"),
     "files": ("path", "to_undirected"),
-    **{name: ("to_undirected",) for name in OGB_NAMES},
+    **{name: ("to_undirected",) for name in (*OGB_NAMES, *OGB_LINK_NAMES)},
 }
+_LINK_KEY_FIELDS = {"synthetic": ("edge_split",), "files": ("edge_split",)}  # and the seed, for the split
 
 
 def check_dataset_config(cfg: DatasetConfig) -> None:
-    """The dataset's name is one this registry knows (a submit-time check)."""
-    if cfg.name not in LOADERS:
-        raise ConfigError(f"dataset.name={cfg.name!r} is unknown: use one of {', '.join(sorted(LOADERS))}")
+    """The dataset's name is one this registry knows, for the task it is prepared for (a submit-time check)."""
+    if cfg.prepared_for == "link":
+        if cfg.name not in LINK_LOADERS:
+            raise ConfigError(f"dataset={cfg.name} has no edges to predict: task=link needs one of "
+                              f"{', '.join(sorted(LINK_LOADERS))}")
+        from hpcgnn.data.link import check_fractions
+
+        if cfg.name in _LINK_KEY_FIELDS:
+            check_fractions(tuple(cfg.edge_split))
+    elif cfg.name not in LOADERS:
+        hint = " (a link dataset: add task=link)" if cfg.name in LINK_LOADERS else ""
+        raise ConfigError(f"dataset.name={cfg.name!r} is unknown{hint}: use one of {', '.join(sorted(LOADERS))}")
 
 
 def build_graph(cfg: DatasetConfig, allow_download: bool = False) -> Graph:
@@ -65,25 +97,39 @@ def cache_folder(cfg: DatasetConfig) -> Path:
                                  if p.suffix in (".npy", ".pt"))
     if cfg.name == "synthetic":
         fields["generator"] = GENERATOR_VERSION
+    name = cfg.name
+    if cfg.prepared_for == "link":
+        fields.update({k: getattr(cfg, k) for k in _LINK_KEY_FIELDS.get(cfg.name, ())}, seed=cfg.seed, link=True)
+        name = f"{cfg.name}-link" if cfg.name in _LINK_KEY_FIELDS else cfg.name
     key = hashlib.sha256(json.dumps({"name": cfg.name, **fields}, sort_keys=True, default=str).encode()).hexdigest()
-    return Path(cfg.root).expanduser() / "prepared" / f"{cfg.name}-{key[:12]}"
+    return Path(cfg.root).expanduser() / "prepared" / f"{name}-{key[:12]}"
+
+
+def build_link(cfg: DatasetConfig, allow_download: bool = False) -> LinkData:
+    """The link dataset from its source, in memory, without touching the cache."""
+    check_dataset_config(cfg)
+    return LINK_LOADERS[cfg.name](cfg, allow_download)
 
 
 def prepare(cfg: DatasetConfig, allow_download: bool = False) -> Path:
-    """Build the graph into the cache unless it is there already; returns the cache folder."""
+    """Build the graph (a link task: the link dataset) into the cache unless it is there; returns the folder."""
     folder = cache_folder(cfg)
     if cache.is_complete(folder):
         return folder
     log.info("preparing %s into %s", cfg.name, folder)
-    graph = build_graph(cfg, allow_download)
-    return cache.save(graph, folder, {"dataset": dataclasses.asdict(cfg)})
+    source = {"dataset": dataclasses.asdict(cfg)}
+    if cfg.prepared_for == "link":
+        data = build_link(cfg, allow_download)
+        arrays, meta = link_arrays(data)
+        return cache.save(data.graph, folder, source, extra=arrays, extra_meta=meta)
+    return cache.save(build_graph(cfg, allow_download), folder, source)
 
 
 def check_available(cfg: DatasetConfig) -> None:
     """Before submitting: fail now, not on a compute node, when the data cannot be there."""
     if cfg.name == "files":
         files_folder(cfg)
-    elif cfg.name in OGB_NAMES and not cache.is_complete(cache_folder(cfg)) and not has_raw(cfg):
+    elif cfg.name in (*OGB_NAMES, *OGB_LINK_NAMES) and not cache.is_complete(cache_folder(cfg)) and not has_raw(cfg):
         raise DatasetMissing(f"{cfg.name} is not under {Path(cfg.root).expanduser()}: jobs do not download. "
                              f"HINT: first run\n    {prepare_command(cfg)}")
 
@@ -96,4 +142,12 @@ def open_graph(cfg: DatasetConfig) -> Graph:
     return cache.load(folder)
 
 
-__all__ = ["Graph", "LOADERS", "build_graph", "cache_folder", "check_dataset_config", "open_graph", "prepare"]
+def open_link(cfg: DatasetConfig) -> LinkData:
+    """Memory-map a prepared link dataset: the graph of its training edges and its splits."""
+    graph = open_graph(cfg)
+    arrays, meta = cache.load_extra(cache_folder(cfg))
+    return from_arrays(graph, arrays, meta)
+
+
+__all__ = ["LINK_LOADERS", "LOADERS", "Graph", "LinkData", "build_graph", "build_link", "cache_folder",
+           "check_dataset_config", "open_graph", "open_link", "prepare"]

@@ -32,24 +32,32 @@ def is_complete(folder: Path) -> bool:
     return False
 
 
-def save(graph: Graph, folder: Path, source: dict) -> Path:
+def save(graph: Graph, folder: Path, source: dict, extra: dict[str, torch.Tensor] | None = None,
+         extra_meta: dict | None = None) -> Path:
     """Write ``graph`` to ``folder`` atomically: a reader sees all of it or nothing.
 
-    Several writers (one per node on a shared file system) may race: each writes
-    its own temporary folder and the first rename wins; the others are discarded.
+    ``extra``: more named arrays kept beside the graph (a link dataset's splits), read back by
+    :func:`load_extra`; ``extra_meta``: more fields of meta.json. Several writers (one per node on
+    a shared file system) may race: each writes its own temporary folder and the first rename
+    wins; the others are discarded.
     """
+    extra = extra or {}
     folder.parent.mkdir(parents=True, exist_ok=True)
-    need = sum(getattr(graph, name).numel() * getattr(graph, name).element_size() for name in ARRAYS)
+    need = sum(t.numel() * t.element_size() for t in [*(getattr(graph, n) for n in ARRAYS), *extra.values()])
     free = shutil.disk_usage(folder.parent).free
     if need * 1.02 + 2**20 > free:
         raise OSError(f"preparing the graph needs {human_bytes(need)} in {folder.parent}, but only "
                       f"{human_bytes(free)} are free: set dataset.root to a larger file system")
     with atomic_folder(folder) as tmp:
+        names = [*ARRAYS, *extra]
         for name in ARRAYS:
             np.save(tmp / f"{name}.npy", getattr(graph, name).numpy())
+        for name, array in extra.items():
+            np.save(tmp / f"{name}.npy", array.numpy())
         meta = {"format_version": FORMAT_VERSION, "num_nodes": graph.num_nodes, "num_edges": graph.num_edges,
                 "num_features": graph.num_features, "num_classes": graph.num_classes,
-                "bytes": sum((tmp / f"{n}.npy").stat().st_size for n in ARRAYS), "source": source}
+                "bytes": sum((tmp / f"{n}.npy").stat().st_size for n in names), "source": source,
+                "extra": sorted(extra), **(extra_meta or {})}
         (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
     return folder
 
@@ -66,6 +74,13 @@ def load(folder: Path, mmap: bool = True) -> Graph:
     mode = "c" if mmap else None
     arrays = {name: torch.from_numpy(np.load(folder / f"{name}.npy", mmap_mode=mode)) for name in ARRAYS}
     return Graph(**arrays, num_classes=int(meta["num_classes"]))
+
+
+def load_extra(folder: Path) -> tuple[dict[str, torch.Tensor], dict]:
+    """The extra arrays saved beside a prepared graph (memory-mapped), and its meta.json."""
+    meta = json.loads((folder / "meta.json").read_text())
+    arrays = {name: torch.from_numpy(np.load(folder / f"{name}.npy", mmap_mode="c")) for name in meta.get("extra", [])}
+    return arrays, meta
 
 
 def size_bytes(folder: Path) -> int:

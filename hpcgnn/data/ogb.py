@@ -1,4 +1,4 @@
-"""OGB node-property datasets through the ``ogb`` package's own loader.
+"""OGB datasets through the ``ogb`` package's own readers: node property (ogbn-*) and link property (ogbl-*).
 
 The raw download lives under ``<dataset.root>/ogb/<name>`` in OGB's layout; ogb's
 readers turn it into arrays once, and hpcgnn keeps the result in its own
@@ -19,6 +19,7 @@ from hpcgnn.data.graph import Graph
 from hpcgnn.errors import ConfigError, DatasetError
 
 NAMES = ("ogbn-arxiv", "ogbn-products", "ogbn-papers100M")
+LINK_NAMES = ("ogbl-collab", "ogbl-citation2")
 
 
 class DatasetMissing(DatasetError):
@@ -49,8 +50,8 @@ def _meta(name: str) -> dict:
     import ogb
     import pandas as pd
 
-    master = pd.read_csv(Path(ogb.__file__).parent / "nodeproppred" / "master.csv", index_col=0,
-                         keep_default_na=False)
+    kind = "linkproppred" if name.startswith("ogbl-") else "nodeproppred"
+    master = pd.read_csv(Path(ogb.__file__).parent / kind / "master.csv", index_col=0, keep_default_na=False)
     return master[name].to_dict()
 
 
@@ -69,6 +70,17 @@ def _download(cfg: DatasetConfig, meta: dict, folder: Path) -> None:
     shutil.move(str(root / meta["download_name"]), str(folder))
 
 
+def _raw_folder(cfg: DatasetConfig, meta: dict, allow_download: bool) -> Path:
+    folder = ogb_folder(cfg)
+    if not has_raw(cfg):
+        if not allow_download:
+            raise DatasetMissing(
+                f"{cfg.name} is not under {ogb_root(cfg)}, and training jobs do not download (compute nodes often "
+                f"have no internet). HINT: on a login node run\n    {prepare_command(cfg)}")
+        _download(cfg, meta, folder)
+    return folder
+
+
 def load_ogb(cfg: DatasetConfig, allow_download: bool) -> Graph:
     """Read OGB's raw files with ogb's own readers (ogb.io), never its pickled processed file.
 
@@ -80,13 +92,7 @@ def load_ogb(cfg: DatasetConfig, allow_download: bool) -> Graph:
     from ogb.io.read_graph_raw import read_binary_graph_raw, read_csv_graph_raw
 
     meta = _meta(cfg.name)
-    folder = ogb_folder(cfg)
-    if not has_raw(cfg):
-        if not allow_download:
-            raise DatasetMissing(
-                f"{cfg.name} is not under {ogb_root(cfg)}, and training jobs do not download (compute nodes often "
-                f"have no internet). HINT: on a login node run\n    {prepare_command(cfg)}")
-        _download(cfg, meta, folder)
+    folder = _raw_folder(cfg, meta, allow_download)
     raw = folder / "raw"
     if meta["binary"] == "True":
         graph = read_binary_graph_raw(str(raw), add_inverse_edge=False)[0]
@@ -114,3 +120,68 @@ def _read_csv(path: Path) -> np.ndarray:
     import pandas as pd
 
     return pd.read_csv(path, compression="gzip", header=None).values
+
+
+# ------------------------------------------------------------------------------ link prediction
+
+
+def read_split_file(path: Path) -> dict:
+    """One of OGB's split files (``split/<name>/train.pt``: a dict of numpy arrays, pickled by torch).
+
+    Read with ``torch.load(weights_only=True)``, allowing only numpy's array reconstruction
+    (under its numpy 1 and numpy 2 names): a split file can hold arrays and nothing else.
+    """
+    import numpy as np
+
+    core = getattr(np, "_core", None) or np.core
+    reconstruct = core.multiarray._reconstruct
+    allowed = [(reconstruct, "numpy.core.multiarray._reconstruct"),
+               (reconstruct, "numpy._core.multiarray._reconstruct"), np.ndarray, np.dtype,
+               *(getattr(np.dtypes, n) for n in dir(getattr(np, "dtypes", object)) if n.endswith("DType"))]
+    with torch.serialization.safe_globals(allowed):
+        data = torch.load(path, map_location="cpu", weights_only=True)
+    return {k: torch.as_tensor(np.asarray(v)) for k, v in data.items()}
+
+
+def load_ogb_link(cfg: DatasetConfig, allow_download: bool):
+    """ogbl-collab / ogbl-citation2: the raw graph (training edges) and the official split.
+
+    collab: positives and shared negatives per split (``edge``, ``edge_neg``), ranked for Hits@50;
+    citation2: per-source 1000 candidate targets (``target_node_neg``), ranked for MRR. The
+    validation and test positives are removed from message passing in both directions, should the
+    raw graph hold any.
+    """
+    from ogb.io.read_graph_raw import read_csv_graph_raw
+
+    from hpcgnn.data.link import LinkData, LinkSplit, message_passing_graph, without_edges
+
+    if cfg.name not in LINK_NAMES:
+        raise ConfigError(f"dataset.name={cfg.name!r} is not an OGB link dataset hpcgnn knows: {', '.join(LINK_NAMES)}")
+    meta = _meta(cfg.name)
+    folder = _raw_folder(cfg, meta, allow_download)
+    graph = read_csv_graph_raw(str(folder / "raw"), add_inverse_edge=meta["add_inverse_edge"] == "True")[0]
+    n = int(graph["num_nodes"])
+    edge_index = torch.from_numpy(np.ascontiguousarray(graph["edge_index"], dtype=np.int64))
+    if cfg.to_undirected:
+        edge_index = torch.cat([edge_index, edge_index.flip(0)], dim=1)
+    x = torch.from_numpy(np.ascontiguousarray(graph["node_feat"], dtype=np.float32))
+    split_dir = folder / "split" / meta["split"]
+    raw = {part: read_split_file(split_dir / f"{part}.pt") for part in ("train", "valid", "test")}
+    splits = {}
+    for name, part in (("train", "train"), ("val", "valid"), ("test", "test")):
+        d = raw[part]
+        if "edge" in d:  # collab: [E, 2] pairs, shared negatives [M, 2]
+            pos = d["edge"].long().t().contiguous()
+            if name == "train":
+                pos = torch.unique(pos, dim=1)  # the same pair recurs across years
+            neg = d["edge_neg"].long().t().contiguous() if "edge_neg" in d else None
+            kind = "pairs"
+        else:  # citation2: sources, targets, [E, 1000] candidate targets
+            pos = torch.stack([d["source_node"].long(), d["target_node"].long()])
+            neg = d["target_node_neg"].long().contiguous() if "target_node_neg" in d else None
+            kind = "targets"
+        splits[name] = LinkSplit(pos, neg, kind if neg is not None else "none")
+    mp = message_passing_graph(edge_index, n, x)
+    mp = without_edges(mp, torch.cat([splits["val"].pos, splits["test"].pos], 1))
+    metric = meta["eval metric"]  # hits@50 (collab) or mrr (citation2)
+    return LinkData(mp, splits["train"], splits["val"], splits["test"], metric)

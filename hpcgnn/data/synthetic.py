@@ -59,8 +59,12 @@ def make_synthetic(cfg: DatasetConfig) -> Graph:
     edge_index = torch.cat([torch.stack([src, dst]), torch.stack([dst, src])], dim=1)
 
     # Features: class centroid (unit scale) plus noise, scaled back to unit variance.
-    centroids = torch.randn(c, cfg.num_features, generator=g)
-    x = centroids[y] + cfg.feature_noise * torch.randn(n, cfg.num_features, generator=g)
+    if cfg.centroids == "community":  # a centroid per community (link prediction: who links with whom)
+        centroids = torch.randn(num_comm, cfg.num_features, generator=g)
+        x = centroids[community] + cfg.feature_noise * torch.randn(n, cfg.num_features, generator=g)
+    else:
+        centroids = torch.randn(c, cfg.num_features, generator=g)
+        x = centroids[y] + cfg.feature_noise * torch.randn(n, cfg.num_features, generator=g)
     x /= (1.0 + cfg.feature_noise**2) ** 0.5
 
     perm = torch.randperm(n, generator=g)

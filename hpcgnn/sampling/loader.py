@@ -80,7 +80,8 @@ class LocalFeatures:
 
     def gather(self, n_id: Tensor, batch_size: int) -> tuple[Tensor, Tensor]:
         # index_select: a parallel row gather, markedly faster than advanced indexing for features
-        return self.graph.x.index_select(0, n_id), self.graph.y.index_select(0, n_id)
+        y = self.graph.y.index_select(0, n_id) if self.graph.y.numel() else self.graph.y  # a link graph has no labels
+        return self.graph.x.index_select(0, n_id), y
 
 
 class BatchLoader:
@@ -159,6 +160,8 @@ class BatchLoader:
             data.node_weight = out.node_weight
         if out.edge_weight is not None:
             data.edge_weight = out.edge_weight
+        for key, value in (out.targets or {}).items():
+            data[key] = value
         return data
 
 

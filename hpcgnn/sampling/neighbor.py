@@ -31,6 +31,7 @@ class SampledSubgraph:
     num_sampled_edges: tuple[int, ...] | None = None  # edges added per hop, hop 1 first
     node_weight: Tensor | None = None  # float [batch_size]: loss weight of each seed (None: a plain mean)
     edge_weight: Tensor | None = None  # float [num_edges]: per-edge weights a model asked for (GCN's normalisation)
+    targets: dict | None = None  # what a task scores besides the seeds (link prediction: the pairs and labels)
 
 
 class CSRNeighborSampler(BaseSampler):

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 from hpcgnn.errors import ConfigError
 from hpcgnn.tasks.base import StepResult, Task
+from hpcgnn.tasks.link import LinkPrediction
 from hpcgnn.tasks.node import NodeClassification
 
 # task.name -> class
 TASKS: dict[str, type[Task]] = {
     "node": NodeClassification,
+    "link": LinkPrediction,
 }
 
 

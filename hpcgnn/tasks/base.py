@@ -16,7 +16,8 @@ class StepResult:
 
     loss: Tensor  # scalar, the batch's loss (mean over its targets, or their weighted sum)
     correct: Tensor  # scalar, targets predicted right (for the training accuracy)
-    count: int  # targets in the batch (seeds, edges, ...)
+    count: int  # targets in the batch (seed nodes; scored pairs)
+    seeds: int | None = None  # what the step trained on, for throughput (seed nodes; positive edges); None: count
 
 
 class Task(abc.ABC):
@@ -39,6 +40,11 @@ class Task(abc.ABC):
     @abc.abstractmethod
     def build_model(self) -> torch.nn.Module:
         """The model, on the CPU, initialised from the current torch seed."""
+
+    @property
+    def eval_mode(self) -> str:
+        """How evaluation runs: ``sampled`` (batches like training) or ``full`` (exact, layer-wise)."""
+        return "full" if self.cfg.train.eval_mode == "full" else "sampled"
 
     @property
     def transform(self) -> Callable | None:

@@ -1,0 +1,186 @@
+"""Link batches: edge seeds, negatives, and the subgraph around every endpoint.
+
+A training step's items are ids of positive edges. :class:`LinkSampler` draws each positive's
+negatives (corrupting the target), samples the neighbourhood of every endpoint with a node
+sampler (replicated or across parts), and leaves the step's target edges and their reverse
+out of the sampled message passing, so the model cannot read the answer. The batch's seeds
+(its first ``batch_size`` nodes) are the distinct endpoints; the targets say which pairs of
+them to score:
+
+- ``form="binary"``: ``edge_label_index`` [2, P] (local ids; positives first), ``edge_label`` [P]
+  (1 or 0) and ``edge_label_weight`` [P] (0 for a padded negative);
+- ``form="triplet"``: ``src_index`` [B], ``dst_pos_index`` [B], ``dst_neg_index`` [B, k] and
+  ``neg_weight`` [B, k].
+
+Negatives (``task.negatives``): ``uniform`` (any node), ``strict`` (no edge between the source
+and the negative in either direction: redrawn up to ``task.neg_retries`` times, then padding,
+counted in ``padded``), ``in_batch`` (the targets of the batch's other positives). All draws use
+the step's own generator, so a step is the same whenever it is made (an exact resume).
+
+:class:`PairSampler` makes evaluation batches: given pairs to score, no negatives, nothing left out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+
+import torch
+from torch import Tensor
+
+from hpcgnn.sampling.neighbor import SampledSubgraph
+
+HasEdge = Callable[[Tensor, Tensor], Tensor]  # (src, dst) -> bool: is src -> dst an edge of the graph
+
+
+def csr_has_edge(rowptr: Tensor, col: Tensor) -> HasEdge:
+    """Edge membership in a CSR of in-edges (sources sorted within each row): a vectorised binary search."""
+    max_deg = int((rowptr[1:] - rowptr[:-1]).max()) if rowptr.numel() > 1 else 0
+    steps = max(1, max_deg.bit_length())
+
+    def has_edge(src: Tensor, dst: Tensor) -> Tensor:
+        lo, hi = rowptr.index_select(0, dst).clone(), rowptr.index_select(0, dst + 1).clone()
+        for _ in range(steps):  # invariant: src, if present, lies in col[lo:hi]
+            active = lo < hi
+            mid = torch.where(active, (lo + hi) // 2, lo)
+            value = col.index_select(0, mid.clamp(max=max(col.numel() - 1, 0)))
+            go_right = active & (value < src)
+            lo = torch.where(go_right, mid + 1, lo)
+            hi = torch.where(active & ~go_right, mid, hi)
+        found = lo < rowptr.index_select(0, dst + 1)
+        return found & (col.index_select(0, lo.clamp(max=max(col.numel() - 1, 0))) == src)
+
+    return has_edge
+
+
+def _local(seeds: Tensor, ids: Tensor) -> Tensor:
+    """Positions of ``ids`` among the sorted distinct ``seeds``."""
+    return torch.searchsorted(seeds, ids)
+
+
+def _without_targets(out: SampledSubgraph, pairs: Tensor) -> SampledSubgraph:
+    """``out`` without its edges that join a target pair (local ids [2, B]), in either direction."""
+    n = out.n_id.numel()
+    targets = torch.cat([pairs[0] * n + pairs[1], pairs[1] * n + pairs[0]])
+    src, dst = out.edge_index
+    keep = ~torch.isin(src * n + dst, targets)
+    if bool(keep.all()):
+        return out
+    num_edges = None
+    if out.num_sampled_edges is not None:  # per-hop counts of what is kept, for trim_to_layer
+        hop = torch.repeat_interleave(torch.arange(len(out.num_sampled_edges)), torch.tensor(out.num_sampled_edges))
+        num_edges = tuple(torch.bincount(hop[keep], minlength=len(out.num_sampled_edges)).tolist())
+    return replace(out, edge_index=out.edge_index[:, keep], num_sampled_edges=num_edges)
+
+
+class LinkSampler:
+    """Training batches of positive edges (by id), their negatives and their endpoints' neighbourhoods."""
+
+    def __init__(self, node_sampler, edges: Tensor, num_nodes: int, negatives: str = "uniform",
+                 num_negatives: int = 1, retries: int = 3, form: str = "binary", has_edge: HasEdge | None = None):
+        self.node_sampler, self.edges, self.num_nodes = node_sampler, edges, num_nodes
+        self.negatives, self.k, self.retries, self.form = negatives, num_negatives, retries, form
+        self.has_edge = has_edge
+        if negatives == "strict" and has_edge is None:
+            raise ValueError("strict negatives need the graph's edge membership (has_edge)")
+
+    @property
+    def rowptr(self) -> Tensor:  # where generators live (BatchLoader makes them on this device)
+        return self.node_sampler.rowptr
+
+    def draw_negatives(self, src: Tensor, dst: Tensor, gen: torch.Generator | None) -> tuple[Tensor, Tensor]:
+        """``[B, k]`` negative targets and their weights (0: padding) for positives ``src -> dst``."""
+        b, k = src.numel(), self.k
+        if self.negatives == "in_batch":  # positive i takes the targets of positives i+1 .. i+k (wrapping)
+            shift = torch.arange(1, k + 1, device=src.device)
+            idx = (torch.arange(b, device=src.device).unsqueeze(1) + shift) % max(b, 1)
+            neg = dst.index_select(0, idx.reshape(-1)).reshape(b, k)
+            return neg, (shift < b).float().expand(b, k).contiguous()  # a batch of b has b - 1 others
+        neg = torch.randint(self.num_nodes, (b, k), generator=gen, device=src.device)
+        weight = torch.ones(b, k)
+        if self.negatives == "strict":
+            s = src.unsqueeze(1).expand(b, k).reshape(-1)
+            flat = neg.reshape(-1)
+            for attempt in range(self.retries + 1):
+                bad = (flat == s) | self.has_edge(s, flat) | self.has_edge(flat, s)
+                if attempt == self.retries or not bool(bad.any()):
+                    break
+                flat[bad] = torch.randint(self.num_nodes, (int(bad.sum()),), generator=gen, device=src.device)
+            weight = (~bad).float().reshape(b, k)
+            neg = flat.reshape(b, k)
+        return neg, weight
+
+    def sample(self, items: Tensor, generator: torch.Generator | None = None) -> SampledSubgraph:
+        edges = self.edges[:, items.long()]
+        src, dst = edges[0], edges[1]
+        neg, neg_weight = self.draw_negatives(src, dst, generator)
+        seeds = torch.unique(torch.cat([src, dst, neg.reshape(-1)]))
+        out = self.node_sampler.sample(seeds, generator)
+        s, d, n = _local(seeds, src), _local(seeds, dst), _local(seeds, neg)
+        out = _without_targets(out, torch.stack([s, d]))
+        b, k = s.numel(), self.k
+        if self.form == "triplet":
+            targets = {"src_index": s, "dst_pos_index": d, "dst_neg_index": n, "neg_weight": neg_weight,
+                       "padded": int((neg_weight == 0).sum()), "positives": b}
+        else:
+            index = torch.cat([torch.stack([s, d]), torch.stack([s.repeat_interleave(k), n.reshape(-1)])], 1)
+            targets = {"edge_label_index": index,
+                       "edge_label": torch.cat([torch.ones(b), torch.zeros(b * k)]),
+                       "edge_label_weight": torch.cat([torch.ones(b), neg_weight.reshape(-1)]),
+                       "padded": int((neg_weight == 0).sum()), "positives": b}
+        return replace(out, targets=targets)
+
+
+def share(n: int, rank: int, world_size: int) -> tuple[int, int]:
+    """Rank ``rank``'s contiguous range of ``n`` items (the first ranks take one more when uneven)."""
+    per, extra = divmod(n, world_size)
+    lo = rank * per + min(rank, extra)
+    return lo, lo + per + (rank < extra)
+
+
+class PairSampler:
+    """Evaluation batches: the pairs of the given items, in their endpoints' subgraph; nothing left out.
+
+    ``pairs_of(items) -> [2, P]``; ``pairs_per_item``: pairs each item stands for (a positive with its
+    K candidate targets: 1 + K).
+    """
+
+    def __init__(self, node_sampler, pairs_of: Callable[[Tensor], Tensor], pairs_per_item: int = 1):
+        self.node_sampler, self.pairs_of, self.pairs_per_item = node_sampler, pairs_of, pairs_per_item
+
+    @property
+    def rowptr(self) -> Tensor:
+        return self.node_sampler.rowptr
+
+    def sample(self, items: Tensor, generator: torch.Generator | None = None) -> SampledSubgraph:
+        pairs = self.pairs_of(items.long())
+        seeds = torch.unique(pairs.reshape(-1))
+        out = self.node_sampler.sample(seeds, generator)
+        return replace(out, targets={"edge_label_index": _local(seeds, pairs)})
+
+
+def pair_sampler(node_sampler, split) -> PairSampler:
+    """The evaluation sampler of a link split (a :class:`hpcgnn.data.link.LinkSplit`).
+
+    ``pairs`` negatives: items ``0..P-1`` are the positives, ``P..P+M-1`` the negatives; ``targets``:
+    item i is positive i followed by its K candidates, as ``[2, 1 + K]`` pairs from its source.
+    """
+    pos, neg = split.pos, split.neg
+    if split.neg_kind == "targets":
+        def of_targets(items: Tensor) -> Tensor:
+            src = pos[0].index_select(0, items)
+            dst = torch.cat([pos[1].index_select(0, items).unsqueeze(1), neg.index_select(0, items)], 1)
+            return torch.stack([src.unsqueeze(1).expand_as(dst).reshape(-1), dst.reshape(-1)])
+
+        return PairSampler(node_sampler, of_targets, 1 + neg.size(1))
+    p = pos.size(1)
+
+    def of_pairs(items: Tensor) -> Tensor:
+        is_pos = items < p
+        out = torch.empty(2, items.numel(), dtype=torch.long)
+        out[:, is_pos] = pos[:, items[is_pos]]
+        if neg is not None:
+            out[:, ~is_pos] = neg[:, items[~is_pos] - p]
+        return out
+
+    return PairSampler(node_sampler, of_pairs)
