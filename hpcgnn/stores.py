@@ -27,7 +27,7 @@ from torch import Tensor
 
 from hpcgnn import dist
 from hpcgnn.config import RunConfig
-from hpcgnn.data import Graph, cache, cache_folder, open_graph, open_link, prepare
+from hpcgnn.data import Graph, cache, cache_folder, open_graph, open_link, open_link_splits, prepare
 from hpcgnn.env import RankEnv
 from hpcgnn.errors import ConfigError
 from hpcgnn.io import write_npy
@@ -37,6 +37,22 @@ from hpcgnn.sampling import BatchLoader, CSRNeighborSampler, PrefetchLoader, ran
 from hpcgnn.sampling import subgraph as sub
 from hpcgnn.sampling.distributed import CommStats
 from hpcgnn.sampling.link import LinkSampler, csr_has_edge, pair_sampler, share
+
+
+def owned_has_edge(view):
+    """Edge membership where this rank holds the target's row (its own nodes); False elsewhere. Enough for
+    strict negatives of an owned source on an undirected graph: its neighbours are its in-neighbours."""
+    parts = view.parts
+    has = csr_has_edge(parts.rowptr, parts.col)
+
+    def has_edge(src: Tensor, dst: Tensor) -> Tensor:
+        out = torch.zeros(dst.numel(), dtype=torch.bool)
+        owned = view.owner(dst) == view.rank
+        if bool(owned.any()):
+            out[owned] = has(src[owned], view.row(dst[owned]))
+        return out
+
+    return has_edge
 
 log = logging.getLogger(__name__)
 
@@ -119,21 +135,28 @@ class Store:
         """This rank's share of ``split`` in batches of ``train.eval_batch_size`` (link: pairs to score)."""
         t = self.cfg.train
         seeds, num_batches = self.eval_seeds(split)
-        sampler, batch_size = self.sampler, t.eval_batch_size
-        if self.link is not None:
-            sampler = pair_sampler(self.sampler, self.link.split(split))
-            batch_size = max(1, t.eval_batch_size // sampler.pairs_per_item)
-        return BatchLoader(self.features, sampler, seeds, batch_size,
+        sampler = self.sampler if self.link is None else pair_sampler(self.sampler, self.link.split(split))
+        return BatchLoader(self.features, sampler, seeds, self.eval_batch_size(split),
                            batch_seed=derive_seed(t.seed, "eval", split, self.env.rank), num_batches=num_batches,
                            device=self.device, pin_memory=self.device.type == "cuda", transform=transform)
 
     def eval_seeds(self, split: str) -> tuple[Tensor, int | None]:
         raise NotImplementedError
 
-    def link_items(self, split: str) -> int:
-        """How many items a link split's evaluation walks: its pairs, or its positives with their candidates."""
+    def eval_batch_size(self, split: str) -> int:
+        """Items per evaluation batch: ``train.eval_batch_size`` seeds, or pairs (a positive with K candidate
+        targets counts 1 + K)."""
+        s = self.link.split(split) if self.link is not None else None
+        per_item = 1 + s.neg.size(1) if s is not None and s.neg_kind == "targets" else 1
+        return max(1, self.cfg.train.eval_batch_size // per_item)
+
+    def eval_items(self, split: str) -> Tensor:
+        """This rank's contiguous share of a link split's items: its pairs (positives first), or its
+        positives, each with its candidate targets."""
         s = self.link.split(split)
-        return s.pos.size(1) + (s.neg.size(1) if s.neg_kind == "pairs" else 0)
+        total = s.pos.size(1) + (s.neg.size(1) if s.neg_kind == "pairs" else 0)
+        lo, hi = share(total, self.env.rank, self.env.world_size)
+        return torch.arange(lo, hi)
 
     def _link_sampler(self, node_sampler, train_pos: Tensor, has_edge) -> LinkSampler:
         k = self.cfg.task
@@ -226,8 +249,7 @@ class ReplicatedStore(Store):
         Link splits: a contiguous range of the split's items (pairs, or positives with their candidates).
         """
         if self.link is not None:
-            lo, hi = share(self.link_items(split), self.env.rank, self.env.world_size)
-            return torch.arange(lo, hi), None
+            return self.eval_items(split), None
         return getattr(self.graph, f"{split}_idx")[self.env.rank::self.env.world_size], None
 
     def resident_bytes(self) -> int:
@@ -257,15 +279,23 @@ class PartitionedStore(Store):
         self.exchange = d.Exchange(dist.new_group(cfg.dist), env.rank, env.world_size, dist.comm_device(), self.stats_)
         self.view = d.PartitionView(parts, env.rank, per_rank)
         self.degree = parts.degree
+        self.num_nodes = parts.num_nodes
         self.sampler = self.train_sampler = d.PartitionedNeighborSampler(self.view, fanouts(cfg), self.exchange,
                                                                          g.boundary_fraction)
         self.weigh_by_seeds = True
-        self.features = d.PartitionedFeatures(self.view, self.exchange)
         self.num_features, self.num_classes = parts.num_features, parts.num_classes
-        most, fewest = dist.all_reduce_max(torch.tensor([parts.train_idx.numel(), -parts.train_idx.numel()])).tolist()
+        # Link prediction: a rank's training edges are those whose source it owns; their endpoints, like any
+        # other node, are sampled and fetched wherever they live. Evaluation reads the splits' (small) arrays.
+        self.link = open_link_splits(cfg.dataset) if cfg.dataset.prepared_for == "link" else None
+        self.features = d.PartitionedFeatures(self.view, self.exchange, labels=self.link is None)
+        own = parts.train_idx.numel() if self.link is None else parts.train_pos.size(1)
+        if self.link is not None:
+            self.train_sampler = self._link_sampler(self.sampler, parts.train_pos, owned_has_edge(self.view))
+        most, fewest = dist.all_reduce_max(torch.tensor([own, -own])).tolist()
         if -fewest == 0:  # decided together: one rank failing alone would leave the others in an exchange
-            raise RuntimeError(f"a rank owns no training nodes in the {num_parts}-part partition: use fewer parts, "
-                               "or graph.balance_train=true with graph.method=metis")
+            raise RuntimeError(f"a rank owns no training {'nodes' if self.link is None else 'edges'} in the "
+                               f"{num_parts}-part partition: use fewer parts, or graph.balance_train=true with "
+                               "graph.method=metis")
         self.seeds_per_rank = most
         self.steps = math.ceil(self.seeds_per_rank / t.batch_size)
         self.row_cost: Tensor | None = None
@@ -278,17 +308,20 @@ class PartitionedStore(Store):
             budget = int(g.cache_mb * 2**20) // (parts.num_features * parts.x.element_size() + 8)
             gen = generator(t.seed, "cache_warmup", env.rank)
             warm = self.train_seeds(0).split(t.batch_size)[: g.warmup_batches]
+            if self.link is not None:  # the warm-up samples around the edges' endpoints
+                warm = [torch.unique(parts.train_pos[:, ids].reshape(-1)) for ids in warm]
             warm = list(warm) + [warm[0][:0]] * (g.warmup_batches - len(warm))
             ids = d.hot_nodes(self.view, budget, g.cache_policy, self.sampler, warm, gen)
             self.features.fill_cache(ids)
         log.info("rank %d: parts %s of %d: %d nodes, %d edges, %d train seeds (padded to %d), cache %s rows "
                  "(%s), holds %s", env.rank, owned, num_parts, parts.nodes.numel(), parts.col.numel(),
-                 parts.train_idx.numel(), self.seeds_per_rank, self.features.cache_ids.numel(), g.cache_policy,
+                 own, self.seeds_per_rank, self.features.cache_ids.numel(), g.cache_policy,
                  cache.human_bytes(self.resident_bytes()))
 
     def train_seeds(self, epoch: int) -> Tensor:
-        """The rank's own training seeds, shuffled and padded (wrapping) to the largest rank's count."""
-        own = self.parts.train_idx
+        """The rank's own training seeds (nodes; link: ids of its edges), shuffled and padded (wrapping) to
+        the largest rank's count."""
+        own = self.parts.train_idx if self.link is None else torch.arange(self.parts.train_pos.size(1))
         order = own[torch.randperm(own.numel(), generator=generator(self.cfg.train.seed, "epoch", epoch))]
         return order.repeat(math.ceil(self.seeds_per_rank / max(own.numel(), 1)))[: self.seeds_per_rank]
 
@@ -305,8 +338,9 @@ class PartitionedStore(Store):
         return list(seeds.split(self.cfg.train.batch_size))
 
     def eval_seeds(self, split: str) -> tuple[Tensor, int | None]:
-        mine = getattr(self.parts, f"{split}_idx")
-        batches = math.ceil(mine.numel() / self.cfg.train.eval_batch_size)
+        """This rank's share of ``split`` and the batch count every rank walks (the most any rank needs)."""
+        mine = self.eval_items(split) if self.link is not None else getattr(self.parts, f"{split}_idx")
+        batches = math.ceil(mine.numel() / self.eval_batch_size(split))
         return mine, int(dist.all_reduce_max(torch.tensor([batches])).item())
 
     def counters(self) -> CommStats:

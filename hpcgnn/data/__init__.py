@@ -149,5 +149,14 @@ def open_link(cfg: DatasetConfig) -> LinkData:
     return from_arrays(graph, arrays, meta)
 
 
+def open_link_splits(cfg: DatasetConfig) -> LinkData:
+    """A prepared link dataset's splits alone (``graph`` is None): what a rank of a partitioned graph reads."""
+    folder = cache_folder(cfg)
+    if not cache.is_complete(folder):
+        raise DatasetMissing(f"{cfg.name} is not prepared in {folder}. HINT: {prepare_command(cfg)}")
+    arrays, meta = cache.load_extra(folder)
+    return from_arrays(None, arrays, meta)
+
+
 __all__ = ["LINK_LOADERS", "LOADERS", "Graph", "LinkData", "build_graph", "build_link", "cache_folder",
-           "check_dataset_config", "open_graph", "open_link", "prepare"]
+           "check_dataset_config", "open_graph", "open_link", "open_link_splits", "prepare"]

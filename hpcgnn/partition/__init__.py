@@ -125,13 +125,27 @@ def metis_adjacency(rowptr: Tensor, col: Tensor) -> tuple[np.ndarray, np.ndarray
     return xadj.numpy(), s.contiguous().numpy()
 
 
-def compute_parts(graph: Graph, num_parts: int, method: str, seed: int, balance_train: bool = True) -> Tensor:
-    """int32 [num_nodes]: the part of every node; a pure function of its inputs."""
+def seed_weight(graph: Graph, train_edges: Tensor | None = None) -> Tensor:
+    """int64 [num_nodes]: the training seeds each node brings: 1 for a training node, or (link prediction)
+    the training edges it is the source of. Partitions balance these as well as nodes."""
+    if train_edges is not None:
+        return torch.bincount(train_edges[0], minlength=graph.num_nodes)
+    weight = torch.zeros(graph.num_nodes, dtype=torch.long)
+    weight[graph.train_idx] = 1
+    return weight
+
+
+def compute_parts(graph: Graph, num_parts: int, method: str, seed: int, balance_train: bool = True,
+                  weight: Tensor | None = None) -> Tensor:
+    """int32 [num_nodes]: the part of every node; a pure function of its inputs.
+
+    ``weight``: the training seeds of each node (:func:`seed_weight`; default: the training nodes).
+    """
     n = graph.num_nodes
     if num_parts == 1:
         return torch.zeros(n, dtype=torch.int32)
-    is_train = torch.zeros(n, dtype=torch.bool)
-    is_train[graph.train_idx] = True
+    weight = seed_weight(graph) if weight is None else weight
+    is_train = weight > 0
     if method == "random":
         gen = generator(seed, "random_parts")
         part = torch.empty(n, dtype=torch.int32)
@@ -145,8 +159,8 @@ def compute_parts(graph: Graph, num_parts: int, method: str, seed: int, balance_
 
     xadj, adjncy = metis_adjacency(graph.rowptr, graph.col)
     vweights = None
-    if balance_train:  # two constraints per node: 1 (nodes), 1 if training node (seeds)
-        vweights = np.stack([np.ones(n, dtype=np.int64), is_train.numpy().astype(np.int64)], 1).reshape(-1)
+    if balance_train:  # two constraints per node: 1 (nodes), its training seeds
+        vweights = np.stack([np.ones(n, dtype=np.int64), weight.numpy().astype(np.int64)], 1).reshape(-1)
     opts = pymetis.Options(seed=seed)
     result = pymetis.part_graph(num_parts, pymetis.CSRAdjacency(xadj, adjncy), vweights=vweights, options=opts)
     return torch.from_numpy(np.asarray(result.vertex_part, dtype=np.int32))
@@ -156,15 +170,16 @@ def compute_parts(graph: Graph, num_parts: int, method: str, seed: int, balance_
 # Writing, reporting, reading
 
 
-def partition_report(graph: Graph, part: Tensor, num_parts: int) -> dict:
-    """Edge-cut fraction, balance (max/mean) of nodes, edges and train nodes, halo and bytes per part."""
+def partition_report(graph: Graph, part: Tensor, num_parts: int, weight: Tensor | None = None) -> dict:
+    """Edge-cut fraction, balance (max/mean) of nodes, edges and training seeds, halo and bytes per part."""
     deg = graph.degree()
     dst_part = torch.repeat_interleave(part.long(), deg)
     src_part = part.long().index_select(0, graph.col)
     cut = int((dst_part != src_part).sum())
     nodes = torch.bincount(part.long(), minlength=num_parts)
     edges = torch.bincount(part.long(), weights=deg.double(), minlength=num_parts).long()
-    train = torch.bincount(part.long()[graph.train_idx], minlength=num_parts)
+    train = torch.bincount(part.long(), weights=(seed_weight(graph) if weight is None else weight).double(),
+                           minlength=num_parts).long()
     halo = []
     for i in range(num_parts):
         remote = graph.col[(dst_part == i) & (src_part != i)]
@@ -190,8 +205,13 @@ def _rows(rowptr: Tensor, nodes: Tensor) -> tuple[Tensor, Tensor]:
     return sub, pos
 
 
-def write_parts(graph: Graph, part: Tensor, folder: Path, meta: dict) -> None:
-    """Write the artifact atomically (temporary folder, fsync'd files, rename)."""
+def write_parts(graph: Graph, part: Tensor, folder: Path, meta: dict, edges: dict[str, Tensor] | None = None) -> None:
+    """Write the artifact atomically (temporary folder, fsync'd files, rename).
+
+    ``edges``: edge arrays [2, E] shared out by the part that owns each edge's source (a link task's
+    training edges), written as ``part_<i>/<name>.npy``.
+    """
+    edges = edges or {}
     num_parts = meta["num_parts"]
     folder.parent.mkdir(parents=True, exist_ok=True)
     need = sum(getattr(graph, a).numel() * getattr(graph, a).element_size() for a in ("col", "x", "y")) * 1.05
@@ -216,11 +236,14 @@ def write_parts(graph: Graph, part: Tensor, folder: Path, meta: dict) -> None:
             local[nodes] = torch.arange(nodes.numel(), dtype=torch.int32)
             rowptr, pos = _rows(graph.rowptr, nodes)
             arrays = {"nodes": nodes, "rowptr": rowptr, "col": graph.col.index_select(0, pos),
-                      "x": graph.x.index_select(0, nodes), "y": graph.y.index_select(0, nodes)}
+                      "x": graph.x.index_select(0, nodes),
+                      "y": graph.y.index_select(0, nodes) if graph.y.numel() else graph.y}  # a link graph: no labels
             for split in ("train_idx", "val_idx", "test_idx"):
                 idx = getattr(graph, split)
                 arrays[split] = idx[mine[idx]]
-            for name in PART_ARRAYS:
+            for name, pairs in edges.items():
+                arrays[name] = pairs[:, mine.index_select(0, pairs[0])].contiguous()
+            for name in [*PART_ARRAYS, *edges]:
                 save(f"part_{i}/{name}.npy", arrays[name])
         save("node_part.npy", part)
         save("node_local.npy", local)
@@ -250,19 +273,26 @@ def ensure_parts(dataset: DatasetConfig, graph_cfg: GraphConfig, num_parts: int,
         log.warning("%s was made from another graph; partitioning again", folder)
         shutil.rmtree(folder, ignore_errors=True)
     graph = open_graph(dataset)
+    edges = {}
+    if dataset.prepared_for == "link":  # parts balance, and hold, the training edges by their source
+        from hpcgnn.data import open_link
+
+        edges = {"train_pos": open_link(dataset).train.pos}
+    weight = seed_weight(graph, edges.get("train_pos"))
     if available is None:
         available = (int(graph_cfg.partition_mem_gb * 2**30) if graph_cfg.partition_mem_gb is not None
                      else available_memory())
     check_partition_memory(graph_cfg.method, graph.num_nodes, graph.num_edges, available)
     t0 = time.perf_counter()
-    part = compute_parts(graph, num_parts, graph_cfg.method, graph_cfg.seed, graph_cfg.balance_train)
+    part = compute_parts(graph, num_parts, graph_cfg.method, graph_cfg.seed, graph_cfg.balance_train, weight)
     seconds = time.perf_counter() - t0
     meta = {"format_version": FORMAT_VERSION, "dataset": dataset_fingerprint(data_folder),
             "dataset_name": dataset.name, "num_nodes": graph.num_nodes, "num_edges": graph.num_edges,
             "num_features": graph.num_features, "num_classes": graph.num_classes, "num_parts": num_parts,
             "method": graph_cfg.method, "seed": graph_cfg.seed, "balance_train": graph_cfg.balance_train,
-            "partition_s": round(seconds, 3), "report": partition_report(graph, part, num_parts)}
-    write_parts(graph, part, folder, meta)
+            "partition_s": round(seconds, 3), "report": partition_report(graph, part, num_parts, weight),
+            "edge_arrays": sorted(edges)}
+    write_parts(graph, part, folder, meta, edges)
     return folder, read_meta(folder) or meta, False
 
 
@@ -271,9 +301,9 @@ def format_report(meta: dict) -> str:
     b = r["balance"]
     lines = [f"{meta['dataset_name']}: {meta['num_parts']} parts ({meta['method']}, seed {meta['seed']}), "
              f"edge-cut {r['edge_cut_fraction']:.1%} of {meta['num_edges']} edges; balance max/mean: "
-             f"nodes {b['nodes']:.3f}, edges {b['edges']:.3f}, train nodes {b['train_nodes']:.3f}"]
+             f"nodes {b['nodes']:.3f}, edges {b['edges']:.3f}, training seeds {b['train_nodes']:.3f}"]
     for i in range(meta["num_parts"]):
-        lines.append(f"  part {i}: {r['nodes'][i]} nodes, {r['edges'][i]} edges, {r['train_nodes'][i]} train, "
+        lines.append(f"  part {i}: {r['nodes'][i]} nodes, {r['edges'][i]} edges, {r['train_nodes'][i]} training seeds, "
                      f"halo {r['halo_nodes'][i]} nodes, {cache.human_bytes(r['bytes'][i])}")
     return "\n".join(lines)
 
@@ -298,6 +328,7 @@ class Parts:
     part_offset: Tensor  # int64 [num_parts]: row of each owned part's first node here (-1: not owned)
     num_classes: int
     num_nodes: int  # of the whole graph
+    train_pos: Tensor | None = None  # link prediction: int64 [2, E], the training edges whose source is owned here
 
     @property
     def num_features(self) -> int:
@@ -324,7 +355,8 @@ def open_parts(dataset: DatasetConfig, graph_cfg: GraphConfig, num_parts: int, o
                              f"{data_folder}: delete it and partition again. {hint}")
     if meta["num_parts"] != num_parts:
         raise PartitionError(f"{folder} holds {meta['num_parts']} parts, the job needs {num_parts}. {hint}")
-    need = ["node_part.npy", "node_local.npy", "degree.npy"] + [f"part_{i}/{a}.npy" for i in owned for a in PART_ARRAYS]
+    need = ["node_part.npy", "node_local.npy", "degree.npy"] + \
+        [f"part_{i}/{a}.npy" for i in owned for a in [*PART_ARRAYS, *meta.get("edge_arrays", [])]]
     for rel in need:
         path = folder / rel
         if not path.is_file():
@@ -336,7 +368,8 @@ def open_parts(dataset: DatasetConfig, graph_cfg: GraphConfig, num_parts: int, o
     def load(rel: str) -> Tensor:
         return torch.from_numpy(np.load(folder / rel, mmap_mode="c"))
 
-    per_part = {i: {a: load(f"part_{i}/{a}.npy") for a in PART_ARRAYS} for i in owned}
+    edge_arrays = meta.get("edge_arrays", [])
+    per_part = {i: {a: load(f"part_{i}/{a}.npy") for a in [*PART_ARRAYS, *edge_arrays]} for i in owned}
     offset = torch.full((num_parts,), -1, dtype=torch.long)
     rowptrs, start, edge_start = [], 0, 0
     for i in owned:  # one CSR over the owned parts, one after the other
@@ -347,15 +380,16 @@ def open_parts(dataset: DatasetConfig, graph_cfg: GraphConfig, num_parts: int, o
         edge_start += int(rp[-1])
     rowptr = per_part[owned[0]]["rowptr"] if len(owned) == 1 else torch.cat([*rowptrs, torch.tensor([edge_start])])
 
-    def cat(name: str) -> Tensor:
+    def cat(name: str, dim: int = 0) -> Tensor:
         tensors = [per_part[i][name] for i in owned]
-        return tensors[0] if len(tensors) == 1 else torch.cat(tensors)
+        return tensors[0] if len(tensors) == 1 else torch.cat(tensors, dim)
 
     return Parts(num_parts=num_parts, owned_parts=tuple(owned), node_part=load("node_part.npy"),
                  node_local=load("node_local.npy"), degree=load("degree.npy"), nodes=cat("nodes"), rowptr=rowptr, col=cat("col"),
                  x=cat("x"), y=cat("y"), train_idx=cat("train_idx"), val_idx=cat("val_idx"),
                  test_idx=cat("test_idx"), part_offset=offset,
-                 num_classes=int(meta["num_classes"]), num_nodes=int(meta["num_nodes"]))
+                 num_classes=int(meta["num_classes"]), num_nodes=int(meta["num_nodes"]),
+                 train_pos=cat("train_pos", 1) if "train_pos" in edge_arrays else None)
 
 
 def parts_ready(dataset: DatasetConfig, graph_cfg: GraphConfig, num_parts: int) -> bool:

@@ -159,8 +159,8 @@ class PartitionedNeighborSampler(CSRNeighborSampler):
 class PartitionedFeatures:
     """Features of any node: owned rows, cached hot rows, or rows fetched from their owners."""
 
-    def __init__(self, view: PartitionView, exchange: Exchange):
-        self.view, self.exchange = view, exchange
+    def __init__(self, view: PartitionView, exchange: Exchange, labels: bool = True):
+        self.view, self.exchange, self.labels = view, exchange, labels
         x = view.parts.x
         self.cache_ids = torch.empty(0, dtype=torch.long)  # sorted global ids
         self.cache_x = x.new_empty((0, x.size(1)))
@@ -180,7 +180,7 @@ class PartitionedFeatures:
         parts = view.parts
         owner = view.owner(n_id)
         mine = owner == view.rank
-        if not bool(mine[:batch_size].all()):
+        if self.labels and not bool(mine[:batch_size].all()):
             raise ValueError("seeds must be owned by the sampling rank")
         x = parts.x.new_empty((n_id.numel(), parts.x.size(1)))
         idx_mine = mine.nonzero().flatten()
@@ -196,7 +196,7 @@ class PartitionedFeatures:
             remote = remote[~hit]
         ids = n_id.index_select(0, remote)
         x[remote] = self.fetch(ids, owner.index_select(0, remote))
-        y = parts.y.index_select(0, view.row(n_id[:batch_size]))
+        y = parts.y.index_select(0, view.row(n_id[:batch_size])) if self.labels else parts.y[:0]
         return x, y
 
     def fill_cache(self, ids: Tensor) -> None:

@@ -150,7 +150,7 @@ class LinkPrediction(Task):
         if s.neg_kind == "targets":
             per = flat.reshape(-1, 1 + s.neg.size(1))
             return per[:, 0], per[:, 1:]
-        items, _ = self.store.eval_seeds(split)  # in the order the loader walked them
+        items = self.store.eval_items(split)  # in the order the loader walked them
         p = s.pos.size(1)
         return flat[items < p], flat[items >= p]
 
