@@ -1,0 +1,82 @@
+"""hpcgnn's link loader vs PyG's LinkNeighborLoader: batches/s on the same graph and training edges.
+
+    python benchmarks/link.py [--num-nodes 500000] [--avg-degree 50] [--batches 30]
+
+The synthetic graph prepared for link prediction (its edges split 85/5/10). A batch is 1024
+positive training edges with one uniform negative each, the neighbourhood of every endpoint
+sampled with fanouts [15, 10, 5], the step's targets left out of message passing (hpcgnn;
+PyG keeps them), and the features of every node gathered: what a training step consumes.
+hpcgnn is measured plainly and with its prefetching thread; PyG when pyg-lib or
+torch-sparse is importable (else it says so). Prints one comparison line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import time
+
+import torch
+from common import BATCH, FANOUTS, benchmark_config, graph_arguments
+from sampler import batches_per_s
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    graph_arguments(ap)
+    ap.add_argument("--batches", type=int, default=30)
+    args = ap.parse_args()
+
+    from hpcgnn.data import open_link, prepare
+    from hpcgnn.sampling import BatchLoader, CSRNeighborSampler, PrefetchLoader
+    from hpcgnn.sampling.link import LinkSampler
+    from hpcgnn.sampling.loader import keep_freed_memory
+
+    keep_freed_memory()
+    cfg = dataclasses.replace(benchmark_config(args), prepared_for="link")
+    t0 = time.perf_counter()
+    prepare(cfg)
+    data = open_link(cfg)
+    g = data.graph
+    print(f"graph: {g.num_nodes} nodes, {g.num_edges} message-passing edges, {data.train.pos.size(1)} training "
+          f"edges, {g.num_features} features (ready in {time.perf_counter() - t0:.0f} s)")
+    order = torch.randperm(data.train.pos.size(1), generator=torch.Generator().manual_seed(0))
+
+    def hpcgnn_loader(prefetch: int):
+        sampler = LinkSampler(CSRNeighborSampler(g.rowptr, g.col, FANOUTS), data.train.pos, g.num_nodes, "uniform", 1)
+        loader = BatchLoader(g, sampler, order, BATCH, batch_seed=0)
+        return PrefetchLoader(loader, prefetch) if prefetch else loader
+
+    plain, ahead = batches_per_s(hpcgnn_loader(0), args.batches), batches_per_s(hpcgnn_loader(2), args.batches)
+    line = (f"link loader ({torch.get_num_threads()} threads, fanouts {list(FANOUTS)}, {BATCH} positive edges + 1 "
+            f"negative each): hpcgnn {plain:.2f} batches/s, with prefetch thread {ahead:.2f}")
+    loader, name = pyg_link_loader(g, data.train.pos[:, order], args)
+    if loader is None:
+        line += f" | {name}"
+    else:
+        ref = batches_per_s(loader, args.batches)
+        line += f" | {name} {ref:.2f} batches/s, hpcgnn/PyG = {max(plain, ahead) / ref:.2f}x"
+    print(line)
+
+
+def pyg_link_loader(graph, edges: torch.Tensor, args):
+    """PyG's LinkNeighborLoader on the same graph and edges, or None with the reason when it cannot run here."""
+    try:
+        from torch_geometric.typing import WITH_PYG_LIB, WITH_TORCH_SPARSE
+    except ImportError as exc:
+        return None, f"torch_geometric.typing unavailable ({exc})"
+    if not (WITH_PYG_LIB or WITH_TORCH_SPARSE):
+        return None, "PyG reference unavailable: LinkNeighborLoader needs pyg-lib or torch-sparse, neither is importable"
+    from torch_geometric.data import Data
+    from torch_geometric.loader import LinkNeighborLoader
+    from torch_geometric.sampler import NegativeSampling
+
+    data = Data(x=graph.x, edge_index=graph.edge_index(), num_nodes=graph.num_nodes)
+    backend = "pyg-lib" if WITH_PYG_LIB else "torch-sparse"
+    loader = LinkNeighborLoader(data, num_neighbors=list(FANOUTS), edge_label_index=edges, batch_size=BATCH,
+                                neg_sampling=NegativeSampling("binary", 1), shuffle=False)
+    return loader, f"PyG LinkNeighborLoader ({backend})"
+
+
+if __name__ == "__main__":
+    main()
