@@ -31,6 +31,7 @@ def main() -> None:
 
     from hpcgnn.config import GraphConfig, ModelConfig, RunConfig, TaskConfig, TrainConfig
     from hpcgnn.env import RankEnv
+    from hpcgnn.metrics import Clock
     from hpcgnn.models import build_model, forward_batch
     from hpcgnn.sampling import BatchLoader
     from hpcgnn.sampling.subgraph import expected_edges
@@ -60,7 +61,7 @@ def main() -> None:
                 t0 = time.perf_counter()
                 loss = torch.nn.functional.cross_entropy(forward_batch(model, data), data.y[: data.batch_size])
                 loss.backward()
-                busy[r][i] = data.sample_s + data.gather_s + time.perf_counter() - t0
+                busy[r][i] = Clock.seconds(*data.sample) + Clock.seconds(*data.gather) + time.perf_counter() - t0
                 edges[r][i] = data.edge_index.size(1)
 
         def imbalance(table) -> float:

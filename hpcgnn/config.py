@@ -112,11 +112,13 @@ class TrainConfig:
     keep_freed_memory: bool = True  # malloc reuses freed blocks: no page faults on per-batch buffers (glibc)
     prefetch: int = 2  # batches sampled ahead in a background thread (0 = sample inside the training loop)
     device: str = "auto"  # auto (cuda:<local_rank> when CUDA is present, else cpu) | cpu | cuda
+    graph_on: str = "auto"  # where a replicated rank samples: host | device (CSR, features, labels copied to its GPU once) | auto (device when on a GPU, sampler=neighbor, node task and the graph takes at most graph_on_fraction of the GPU's memory)
+    graph_on_fraction: float = 0.5  # graph_on=auto: largest share of the GPU's memory the graph may take (shared by the ranks on that GPU)
 
 
 @dataclass(frozen=True)
 class DistConfig:
-    backend: str = "auto"  # auto (nccl with CUDA, gloo without) | nccl | gloo
+    backend: str = "auto"  # auto (nccl when every rank has a GPU of its own; gloo on CPU or when ranks share a GPU) | nccl | gloo
     init_timeout_s: float = 1800.0  # seconds a collective may wait until the first training step succeeded (rendezvous, data preparation, partitioning on local rank 0)
     timeout_s: float = 120.0  # seconds a collective may wait after that: a hung rank fails the job this soon
     master_port: int = 0  # 0 = derive from the job id inside port_min..port_max
@@ -270,6 +272,20 @@ class RunConfig:
             raise ConfigError(f"model.dropout={m.dropout} must be in [0, 1)")
         if t.device not in ("auto", "cpu", "cuda"):
             raise ConfigError(f"train.device={t.device!r} is unknown: use auto, cpu or cuda")
+        if t.graph_on not in ("auto", "host", "device"):
+            raise ConfigError(f"train.graph_on={t.graph_on!r} is unknown: use auto, host or device")
+        if t.graph_on == "device":
+            why = ("train.device=cpu" if t.device == "cpu" else
+                   "graph=partitioned (its ranks sample on the host and exchange through the CPU)"
+                   if self.graph.mode != "replicated" else
+                   f"train.sampler={t.sampler} (only sampler=neighbor runs on the GPU)" if t.sampler != "neighbor" else
+                   f"task={self.task.name} (only node classification samples on the GPU)" if self.task.name != "node"
+                   else None)
+            if why is not None:
+                raise ConfigError(f"train.graph_on=device does not go with {why}. HINT: set train.graph_on=auto "
+                                  "(it samples on the GPU where it can) or host")
+        if not 0 < t.graph_on_fraction <= 1:
+            raise ConfigError(f"train.graph_on_fraction={t.graph_on_fraction} must be in (0, 1]")
         if self.dist.backend not in ("auto", "nccl", "gloo"):
             raise ConfigError(f"dist.backend={self.dist.backend!r} is unknown: use auto, nccl or gloo")
         if not 1024 <= self.dist.port_min < self.dist.port_max <= 65535:

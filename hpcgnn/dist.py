@@ -28,12 +28,14 @@ import torch.distributed as dist
 
 from hpcgnn.config import DistConfig, TrainConfig
 from hpcgnn.env import RankEnv
+from hpcgnn.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
 # Where collective inputs must live: the rank's GPU under nccl, the CPU under gloo.
 _comm_device = torch.device("cpu")
 _groups: list = []  # every group made here besides the default one (their timeouts shorten with it)
+_backend = "none"  # the default group's backend ("none": one rank, no group)
 _control = None  # gloo group for host-side collectives under nccl (None: the default group is gloo already)
 
 
@@ -44,32 +46,62 @@ def pick_device(env: RankEnv, train: TrainConfig) -> torch.device:
         return torch.device("cpu")
     if not torch.cuda.is_available():
         raise RuntimeError("train.device=cuda but torch sees no CUDA device: set train.device=auto or cpu")
-    count = torch.cuda.device_count()
-    return torch.device("cuda", env.local_rank if count > 1 else 0)
+    return torch.device("cuda", env.local_rank % torch.cuda.device_count())
 
 
-def pick_backend(cfg: DistConfig, device: torch.device) -> str:
+def gpu_identity(device: torch.device) -> str:
+    """This rank's GPU as the node knows it: host and the device's UUID (the same physical GPU gives the same
+    string in every process, whatever CUDA_VISIBLE_DEVICES renumbered); the CPU gives ''."""
+    if device.type != "cuda":
+        return ""
+    props = torch.cuda.get_device_properties(device)
+    return f"{socket.gethostname()}|{getattr(props, 'uuid', None) or device.index}"
+
+
+def gpus_shared(store, env: RankEnv, identity: str) -> bool:
+    """Whether any two ranks drive the same GPU, agreed by every rank through the rendezvous store.
+
+    One visible GPU per task is ambiguous: SLURM may bind a GPU of its own to each task (each sees
+    it as cuda:0), or the ranks may really share the node's one GPU; only the devices' UUIDs tell.
+    Rank 0 reads every rank's identity and publishes the answer, so all ranks pick one backend.
+    """
+    if not identity:
+        return False
+    store.set(f"hpcgnn/gpu/{env.rank}", identity)
+    if env.is_main:
+        ids = [store.get(f"hpcgnn/gpu/{r}").decode() for r in range(env.world_size)]
+        store.set("hpcgnn/gpu/shared", "1" if len(set(ids)) < len(ids) else "0")
+    return store.get("hpcgnn/gpu/shared") == b"1"
+
+
+def pick_backend(cfg: DistConfig, device: torch.device, shared: bool = False) -> str:
+    """``dist.backend``; auto: nccl when every rank has a GPU of its own, else gloo (CPU, or ranks
+    sharing a GPU: NCCL refuses two ranks on one device, gloo reduces CUDA tensors through the host)."""
+    if cfg.backend == "nccl" and shared:
+        raise ConfigError("dist.backend=nccl needs a GPU per rank, but some ranks share one. HINT: set "
+                          "dist.backend=gloo (or auto), or start one rank per GPU (cluster.tasks_per_node = "
+                          "cluster.gpus_per_node)")
     if cfg.backend != "auto":
         return cfg.backend
+    if shared:
+        log.warning("ranks share a GPU: gloo carries the gradients (NCCL needs a GPU per rank)")
+        return "gloo"
     return "nccl" if device.type == "cuda" else "gloo"
 
 
 @contextlib.contextmanager
-def process_group(env: RankEnv, cfg: DistConfig, device: torch.device) -> Iterator[None]:
+def process_group(env: RankEnv, cfg: DistConfig, device: torch.device, always: bool = False) -> Iterator[None]:
     """Initialise the default process group for the job, and always tear it down.
 
     Init uses an explicit TCP rendezvous at env.master_addr:env.master_port with
     cfg.init_timeout_s, the timeout of every collective too until :func:`shorten_timeouts`;
-    so a dead or stuck rank fails the job instead of hanging it.
+    so a dead or stuck rank fails the job instead of hanging it. One rank makes no group
+    unless ``always`` (the tests walk the backends' init paths with one rank).
     """
-    if env.world_size == 1:
+    if env.world_size == 1 and not always:
         yield
         return
-    backend = pick_backend(cfg, device)
     where = f"{env.master_addr}:{env.master_port}"
-    log.info("init process group: backend=%s store=%s rank=%d/%d host=%s timeouts: %ss until the first step, "
-             "then %ss", backend, where, env.rank, env.world_size, socket.gethostname(), cfg.init_timeout_s,
-             cfg.timeout_s)
     try:
         # Our own store, so that the rendezvous has its own timeout: waiting for a
         # slow node to start is normal, a collective stuck that long is not.
@@ -79,8 +111,13 @@ def process_group(env: RankEnv, cfg: DistConfig, device: torch.device) -> Iterat
         hint = ("the port is taken: set dist.master_port to a free port" if env.is_main
                 else f"rank 0 did not open {where} in time: check that it started and that the port is reachable")
         raise RuntimeError(f"rank {env.rank}: rendezvous at {where} failed ({exc}). HINT: {hint}") from exc
-    global _comm_device, _control
-    kwargs = {"device_id": device} if device.type == "cuda" else {}
+    backend = pick_backend(cfg, device, gpus_shared(store, env, gpu_identity(device)))
+    log.info("init process group: backend=%s store=%s rank=%d/%d host=%s timeouts: %ss until the first step, "
+             "then %ss", backend, where, env.rank, env.world_size, socket.gethostname(), cfg.init_timeout_s,
+             cfg.timeout_s)
+    global _comm_device, _control, _backend
+    _backend = backend
+    kwargs = {"device_id": device} if backend == "nccl" else {}
     dist.init_process_group(backend, store=store, rank=env.rank, world_size=env.world_size,
                             timeout=timedelta(seconds=cfg.init_timeout_s), **kwargs)
     _comm_device = device if backend == "nccl" else torch.device("cpu")
@@ -92,8 +129,13 @@ def process_group(env: RankEnv, cfg: DistConfig, device: torch.device) -> Iterat
     finally:
         # No barrier here: after an error on one rank, a barrier would wait for the dead.
         dist.destroy_process_group()
-        _comm_device, _control = torch.device("cpu"), None
+        _comm_device, _control, _backend = torch.device("cpu"), None, "none"
         _groups.clear()
+
+
+def backend() -> str:
+    """The default group's backend: nccl, gloo, or none (one rank)."""
+    return _backend
 
 
 def comm_device() -> torch.device:

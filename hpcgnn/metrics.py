@@ -105,8 +105,9 @@ class StepMetrics:
                 log.warning("TensorBoard disabled: %s", exc)
 
     def record(self, step: int, epoch: int, host: dict, marks: dict, data, loss: torch.Tensor) -> None:
-        """One step: ``host`` phases in seconds (wait, sample, gather, all-reduce), ``marks`` phase ->
-        (start, end) clock marks (h2d, forward, backward, optimizer), ``loss`` a device scalar."""
+        """One step: ``host`` phases in seconds (wait, all-reduce), ``marks`` phase -> (start, end) clock
+        marks (sample and gather: where the batch was made; h2d, forward, backward, optimizer), ``loss`` a
+        device scalar."""
         rec = {"step": step, "epoch": epoch, **{k: float(v) for k, v in host.items()},
                "seeds": int(data.batch_size), "nodes": int(data.num_nodes), "edges": int(data.edge_index.size(1)),
                "peak_mem_mb": round(peak_memory_mb(self.device), 1), "host_peak_mb": round(host_peak_mb(), 1),

@@ -108,6 +108,26 @@ def fanouts(cfg: RunConfig) -> tuple[int, ...]:
     return tuple(cfg.train.fanouts) if uses_edges(cfg.model) else ()
 
 
+def graph_on(cfg: RunConfig, env: RankEnv, device: torch.device, graph_bytes: int) -> str:
+    """Where a replicated rank samples and gathers: ``train.graph_on``, with ``auto`` resolved.
+
+    ``auto`` picks the GPU when the rank trains on one, the sampler and task run there
+    (``sampler=neighbor``, node classification) and the ranks sharing that GPU together
+    hold at most ``train.graph_on_fraction`` of its memory; the host otherwise.
+    """
+    t = cfg.train
+    if t.graph_on != "auto":
+        return t.graph_on
+    if device.type != "cuda" or t.sampler != "neighbor" or cfg.task.name != "node":
+        return "host"
+    sharing = env.local_world_size if torch.cuda.device_count() < env.local_world_size else 1
+    total = torch.cuda.get_device_properties(device).total_memory
+    fits = graph_bytes * sharing <= t.graph_on_fraction * total
+    log.info("train.graph_on=auto: the graph takes %.1f GB x %d rank(s) of the GPU's %.1f GB: sampling on the %s",
+             graph_bytes / 1e9, sharing, total / 1e9, "device" if fits else "host")
+    return "device" if fits else "host"
+
+
 class Store:
     """What both stores share: how a loader is assembled from a rank's batches."""
 
@@ -115,6 +135,7 @@ class Store:
     steps: int
     weigh_by_seeds: bool = True
     link = None  # a link task's splits (LinkData), else None
+    graph_on = "host"  # where batches are made: host, or device (a replicated graph copied to the GPU)
 
     def __init__(self, cfg: RunConfig, env: RankEnv, device: torch.device):
         self.cfg, self.env, self.device = cfg, env, device
@@ -193,6 +214,13 @@ class ReplicatedStore(Store):
                      self.link.test.pos.size(1))
             return
         self.steps = steps_per_epoch(g.train_idx.numel(), env.world_size, cfg.train.batch_size)
+        self.graph_on = graph_on(cfg, env, self.device, self.resident_bytes())
+        if self.graph_on == "device":  # sampled and gathered where the model runs: no copy per step
+            t0 = time.perf_counter()
+            self.features = on_device = g.to(self.device)
+            self.sampler = CSRNeighborSampler(on_device.rowptr, on_device.col, fanouts(cfg))
+            log.info("graph copied to %s in %.1f s: sampling and gathering there (%.0f MB)", self.device,
+                     time.perf_counter() - t0, self.resident_bytes() / 2**20)
         self.train_sampler, self.items, self.items_per_step = self.sampler, g.train_idx, cfg.train.batch_size
         self._setup_sampler()
         log.info("graph: %d nodes, %d edges, %d features, %d classes, %d/%d/%d train/val/test", g.num_nodes,

@@ -252,8 +252,9 @@ class Trainer:
         self.sums.add(out)
         s.step += 1
         s.step_in_epoch += 1
-        host = {"wait_s": wait_s, "sample_s": batch.sample_s, "gather_s": batch.gather_s, "allreduce_s": allreduce_s}
-        marks = {"h2d_s": batch.h2d, "forward_s": (m0, m1), "backward_s": (m1, m2), "optimizer_s": (m2, m3)}
+        host = {"wait_s": wait_s, "allreduce_s": allreduce_s}
+        marks = {"sample_s": batch.sample, "gather_s": batch.gather, "h2d_s": batch.h2d, "forward_s": (m0, m1),
+                 "backward_s": (m1, m2), "optimizer_s": (m2, m3)}
         self.metrics.record(s.step, epoch, host, marks, batch, out.loss)
         if not self.first_step_done:  # from now on a stuck collective means a stuck rank: fail fast
             self.first_step_done = True
@@ -323,7 +324,7 @@ class Trainer:
             "master_port": env.master_port,
             "launcher": env.source,
             "job_id": env.job_id,
-            "backend": dist.pick_backend(cfg.dist, self.device) if env.world_size > 1 else "none",
+            "backend": dist.backend(),
             "device": str(self.device),
             "dataset": cfg.dataset.name,
             "effective_lr": self.lr,
@@ -336,6 +337,7 @@ class Trainer:
             "sampler": t.sampler,
             "edge_budget": t.edge_budget,
             "graph_mode": self.store.mode,
+            "graph_on": self.store.graph_on,
             "resident_graph_bytes": dist.all_gather_object(self.store.resident_bytes()),
             "model": cfg.model.name,
             "seeds_per_s": s.seeds_done / s.train_time_s if s.train_time_s > 0 else 0.0,
@@ -359,9 +361,10 @@ class Trainer:
 
     def _log_start(self) -> None:
         t, env, store = self.cfg.train, self.env, self.store
-        log.info("training %s (%s task) on %d rank(s), %s graph, %s sampler: %d steps/epoch of %s per rank, "
-                 "fanouts %s", self.cfg.model.name, self.task.name, env.world_size, store.mode, t.sampler, store.steps,
-                 f"~{t.edge_budget} sampled edges" if t.edge_budget else f"{t.batch_size} seeds", list(t.fanouts))
+        log.info("training %s (%s task) on %d rank(s), %s graph, %s sampler on the %s: %d steps/epoch of %s per "
+                 "rank, fanouts %s", self.cfg.model.name, self.task.name, env.world_size, store.mode, t.sampler,
+                 store.graph_on, store.steps, f"~{t.edge_budget} sampled edges" if t.edge_budget else
+                 f"{t.batch_size} seeds", list(t.fanouts))
         log.info("global batch %d seeds (%d ranks x %d micro-batches x %d), lr %.3g (train.lr %.3g, scaling %s, "
                  "warmup %d steps), %s, gradient all-reduce: %s", env.world_size * t.accumulate * t.batch_size,
                  env.world_size, t.accumulate, t.batch_size, self.lr, t.lr, t.lr_scaling,

@@ -69,6 +69,12 @@ def test_valid_overrides_pass_the_typo_guard():
     (["model.name=transformer"], r"model.name='transformer' is unknown: use one of gat, gcn, gin, mlp, sage"),
     (["dataset.train_fraction=0.95"], r"must be positive and sum to less than 1"),
     (["dist.backend=mpi"], r"dist.backend='mpi' is unknown"),
+    (["train.graph_on=gpu"], r"train.graph_on='gpu' is unknown: use auto, host or device"),
+    (["train.graph_on=device", "graph=partitioned"], r"train.graph_on=device does not go with graph=partitioned.*"
+     r"HINT: set train.graph_on=auto"),
+    (["train.graph_on=device", "train.sampler=cluster"], r"does not go with train.sampler=cluster"),
+    (["train.graph_on=device", "train.device=cpu"], r"does not go with train.device=cpu"),
+    (["train.graph_on=device", "task=link"], r"does not go with task=link"),
 ])
 def test_invalid_values_rejected(overrides, message):
     with pytest.raises(ConfigError, match=message):

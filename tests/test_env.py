@@ -166,3 +166,57 @@ def test_started_as_rank_and_run_name():
     import datetime
 
     assert run_name({}, datetime.datetime(2026, 1, 2, 3, 4, 5, 6)) == "2026-01-02/03-04-05-000006"
+
+
+def test_ranks_agree_whether_they_share_a_gpu():
+    """Each rank publishes its GPU's identity in the rendezvous store; rank 0 decides for all (one visible
+    GPU per task is either SLURM's binding, each its own, or the node's one GPU shared)."""
+    import socket
+    import threading
+    from datetime import timedelta
+
+    import torch.distributed as tdist
+
+    from hpcgnn.dist import gpus_shared
+
+    def agree(identities: list[str]) -> list[bool]:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        out: list = [None] * len(identities)
+
+        def rank(r: int) -> None:
+            store = tdist.TCPStore("127.0.0.1", port, len(identities), is_master=r == 0,
+                                   timeout=timedelta(seconds=30), wait_for_workers=False)
+            env = RankEnv.from_environ({"RANK": str(r), "WORLD_SIZE": str(len(identities)), "LOCAL_RANK": str(r),
+                                        "LOCAL_WORLD_SIZE": str(len(identities)), "MASTER_ADDR": "127.0.0.1",
+                                        "MASTER_PORT": str(port)})
+            out[r] = gpus_shared(store, env, identities[r])
+
+        threads = [threading.Thread(target=rank, args=(r,)) for r in range(len(identities))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        return out
+
+    assert agree(["n1|GPU-a", "n1|GPU-b", "n2|GPU-a"]) == [False] * 3  # a GPU each (UUIDs differ per node too)
+    assert agree(["n1|GPU-a", "n1|GPU-a"]) == [True, True]  # both ranks drive the one GPU
+    assert agree(["", ""]) == [False, False]  # CPU ranks share nothing
+
+
+def test_backend_choice():
+    import torch
+
+    from hpcgnn.config import DistConfig
+    from hpcgnn.dist import pick_backend
+    from hpcgnn.errors import ConfigError
+
+    cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
+    assert pick_backend(DistConfig(), cpu) == "gloo"
+    assert pick_backend(DistConfig(), cuda) == "nccl"
+    assert pick_backend(DistConfig(), cuda, shared=True) == "gloo"
+    assert pick_backend(DistConfig(backend="gloo"), cuda) == "gloo"
+    with pytest.raises(ConfigError, match=r"dist.backend=nccl needs a GPU per rank, but some ranks share one\. "
+                                          r"HINT: set dist.backend=gloo"):
+        pick_backend(DistConfig(backend="nccl"), cuda, shared=True)

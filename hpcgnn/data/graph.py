@@ -37,6 +37,11 @@ class Graph:
     def num_features(self) -> int:
         return self.x.size(1)
 
+    def to(self, device: torch.device) -> Graph:
+        """A copy with every tensor on ``device`` (the GPU sampler's graph)."""
+        return Graph(*(getattr(self, f).to(device) for f in ("rowptr", "col", "x", "y", "train_idx", "val_idx",
+                                                              "test_idx")), self.num_classes)
+
     def degree(self) -> Tensor:
         return self.rowptr[1:] - self.rowptr[:-1]
 

@@ -8,13 +8,13 @@ rank gets exactly ``ceil(num_seeds / world_size)`` seeds and the same step count
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import functools
 import math
 import queue
 import threading
-import time
 from collections.abc import Callable, Iterator
 
 import torch
@@ -73,15 +73,29 @@ def steps_per_epoch(num_seeds: int, world_size: int, batch_size: int) -> int:
 
 
 class LocalFeatures:
-    """Features and labels of a graph this process holds whole (replicated mode)."""
+    """Features and labels of a graph this process holds whole (replicated mode), on the host or a GPU."""
 
     def __init__(self, graph: Graph):
         self.graph = graph
 
-    def gather(self, n_id: Tensor, batch_size: int) -> tuple[Tensor, Tensor]:
+    def gather(self, n_id: Tensor, batch_size: int, pin_memory: bool = False) -> tuple[Tensor, Tensor]:
+        """Rows ``n_id`` of the features and labels, where the graph lives; ``pin_memory``: straight into
+        page-locked buffers (a host graph bound for a GPU), so the copy can run asynchronously."""
+        g = self.graph
+        n_id = n_id.to(g.x.device)
         # index_select: a parallel row gather, markedly faster than advanced indexing for features
-        y = self.graph.y.index_select(0, n_id) if self.graph.y.numel() else self.graph.y  # a link graph has no labels
-        return self.graph.x.index_select(0, n_id), y
+        x = gather_rows(g.x, n_id, pin_memory)
+        y = gather_rows(g.y, n_id, pin_memory) if g.y.numel() else g.y  # a link graph has no labels
+        return x, y
+
+
+def gather_rows(src: Tensor, index: Tensor, pin_memory: bool = False) -> Tensor:
+    """``src.index_select(0, index)``; with ``pin_memory`` (host tensors) written into a page-locked buffer
+    from the CUDA host allocator's cache, with no second copy."""
+    if not pin_memory or src.is_cuda:
+        return src.index_select(0, index)
+    out = torch.empty((index.numel(), *src.shape[1:]), dtype=src.dtype, pin_memory=True)
+    return torch.index_select(src, 0, index, out=out)
 
 
 class BatchLoader:
@@ -127,6 +141,16 @@ class BatchLoader:
     def __len__(self) -> int:
         return self.num_batches - self.start
 
+    @property
+    def graph_device(self) -> torch.device:
+        """Where batches are made: the sampler's graph's device."""
+        rowptr = getattr(self.sampler, "rowptr", None)
+        return rowptr.device if rowptr is not None else torch.device("cpu")
+
+    @functools.cached_property
+    def clock(self) -> Clock:
+        return Clock(self.graph_device)
+
     def __iter__(self) -> Iterator[Data]:
         for data in self.host_batches():
             yield to_device(data, self.device)
@@ -140,20 +164,20 @@ class BatchLoader:
     def batch_generator(self, i: int) -> torch.Generator | None:
         if self.batch_seed is None:
             return self.generator
-        return rng.generator(self.batch_seed, i, device=self.sampler.rowptr.device)
+        return rng.generator(self.batch_seed, i, device=self.graph_device)
 
     def sample(self, seeds: Tensor, generator: torch.Generator | None = None) -> Data:
-        """One batch on the host: sampled subgraph, gathered features and labels."""
-        t0 = time.perf_counter()
+        """One batch where the graph lives (the host, or the GPU of a device graph): sampled subgraph,
+        gathered features and labels; ``data.sample`` and ``data.gather``: clock marks around both."""
+        clock = self.clock
+        m0 = clock.mark()
         out = self.sampler.sample(seeds, generator if generator is not None else self.generator)
         if self.transform is not None:
             out = self.transform(out)
-        t1 = time.perf_counter()
-        x, y = self.features.gather(out.n_id.cpu(), out.batch_size)
-        if self.pin_memory:  # page-locked, so the copy to the GPU can run asynchronously
-            x, y = x.pin_memory(), y.pin_memory()
+        m1 = clock.mark()
+        x, y = gather_features(self.features, out.n_id, out.batch_size, self.pin_memory)
         data = Data(x=x, edge_index=out.edge_index, y=y, n_id=out.n_id, batch_size=out.batch_size,
-                    sample_s=t1 - t0, gather_s=time.perf_counter() - t1)
+                    sample=(m0, m1), gather=(m1, clock.mark()))
         if out.num_sampled_nodes is not None:  # layered: the model may trim the outer hops
             data.num_sampled_nodes, data.num_sampled_edges = list(out.num_sampled_nodes), list(out.num_sampled_edges)
         if out.node_weight is not None:
@@ -163,6 +187,15 @@ class BatchLoader:
         for key, value in (out.targets or {}).items():
             data[key] = value
         return data
+
+
+def gather_features(features, n_id: Tensor, batch_size: int, pin_memory: bool) -> tuple[Tensor, Tensor]:
+    """``features.gather``: a local graph's rows where it lives (into pinned buffers if asked), or a
+    partitioned store's (fetched on the host, then pinned)."""
+    if isinstance(features, LocalFeatures):
+        return features.gather(n_id, batch_size, pin_memory)
+    x, y = features.gather(n_id.cpu(), batch_size)
+    return (x.pin_memory(), y.pin_memory()) if pin_memory else (x, y)
 
 
 def to_device(data: Data, device: torch.device | None) -> Data:
@@ -188,7 +221,11 @@ class PrefetchLoader:
     Sampling and feature gathering for the next batches overlap the training step on
     the current one (torch's kernels release the GIL). The thread walks the loader
     exactly as a plain loop would, with the same generator, so the batches are the
-    same; only the copy to the device happens here, in the consuming thread.
+    same. On a GPU the thread works on a stream of its own: a device graph's sampling
+    kernels and a host batch's copy from pinned memory (non-blocking) overlap the
+    training step's kernels on the default stream, which waits for each batch's
+    ready event before using it (and marks its tensors as used there, so the caching
+    allocator does not hand their memory to the thread too early).
     """
 
     def __init__(self, loader: BatchLoader, depth: int = 2):
@@ -204,6 +241,12 @@ class PrefetchLoader:
         q: queue.Queue = queue.Queue(maxsize=self.depth)
         stop = threading.Event()
         device = self.loader.device
+        cuda = device is not None and device.type == "cuda"
+        # High priority: the thread's small kernels (and the syncs between them) get SMs as soon as they free
+        # up, instead of queueing behind the training step's large kernels.
+        side = torch.cuda.Stream(device, priority=-1) if cuda else None
+        if cuda:  # what the default stream did before (the sampler's scratch map, say) comes first
+            side.wait_stream(torch.cuda.current_stream(device))
 
         def put(item) -> bool:
             while not stop.is_set():
@@ -216,9 +259,16 @@ class PrefetchLoader:
 
         def work() -> None:
             try:
-                for batch in self.loader.host_batches():
-                    if not put(batch):
-                        return
+                with torch.cuda.device(device) if cuda else contextlib.nullcontext(), \
+                        torch.cuda.stream(side) if cuda else contextlib.nullcontext():
+                    for batch in self.loader.host_batches():
+                        ready = None
+                        if cuda:
+                            batch = to_device(batch, device)
+                            ready = torch.cuda.Event()
+                            ready.record(side)
+                        if not put((batch, ready)):
+                            return
                 put(_END)
             except BaseException as exc:  # handed to the consumer, raised there
                 put(exc)
@@ -232,7 +282,18 @@ class PrefetchLoader:
                     return
                 if isinstance(item, BaseException):
                     raise item
-                yield to_device(item, device)
+                batch, ready = item
+                if ready is None:
+                    yield to_device(batch, device)
+                    continue
+                here = torch.cuda.current_stream(device)
+                here.wait_event(ready)
+                for value in batch.to_dict().values():
+                    if isinstance(value, Tensor) and value.is_cuda:
+                        value.record_stream(here)
+                yield batch
         finally:
             stop.set()
             thread.join()
+            if cuda:  # the thread's last kernels come before whatever the default stream does next
+                torch.cuda.current_stream(device).wait_stream(side)

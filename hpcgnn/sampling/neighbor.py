@@ -41,10 +41,11 @@ class CSRNeighborSampler(BaseSampler):
     """
 
     def __init__(self, rowptr: Tensor, col: Tensor, fanouts: tuple[int, ...] | list[int],
-                 num_nodes: int | None = None):
+                 num_nodes: int | None = None, method: str | None = None):
         if rowptr.dtype != torch.long or col.dtype != torch.long:
             raise TypeError("rowptr and col must be int64")
         self.rowptr, self.col, self.fanouts = rowptr, col, tuple(int(f) for f in fanouts)
+        self.method = method  # how a row's subset is drawn (see sample_neighbors); None: by device
         # Global -> local id scratch map, reset after every batch (not thread-safe: one sampler per thread).
         # ``num_nodes``: ids col may hold, when rowptr covers only some of them (a rank's parts).
         size = rowptr.numel() - 1 if num_nodes is None else num_nodes
@@ -53,10 +54,10 @@ class CSRNeighborSampler(BaseSampler):
     def sample(self, seeds: Tensor, generator: torch.Generator | None = None) -> SampledSubgraph:
         """Sample the subgraph around ``seeds``; the generator must live on the graph's device."""
         dev = self.rowptr.device
+        if torch.unique(seeds).numel() != seeds.numel():  # on the seeds' device (the host's batches: no GPU sync)
+            raise ValueError("seeds must be distinct")
         seeds = seeds.long().to(dev)
         local = self._local
-        if torch.unique(seeds).numel() != seeds.numel():
-            raise ValueError("seeds must be distinct")
         self.begin_batch()
         n_ids = [seeds]
         local[seeds] = torch.arange(seeds.numel(), device=dev)
@@ -68,15 +69,15 @@ class CSRNeighborSampler(BaseSampler):
                 nbr_local = local.index_select(0, nbr)
                 new_mask = nbr_local < 0
                 new_nodes = torch.unique(nbr[new_mask])  # sorted: deterministic local order
-                local[new_nodes] = torch.arange(total, total + new_nodes.numel(), device=dev)
+                new_local = torch.arange(total, total + new_nodes.numel(), device=dev)
+                local[new_nodes] = new_local
                 total += new_nodes.numel()
                 nbr_local = local.index_select(0, nbr)
                 edges.append(torch.stack([nbr_local, frontier_local.index_select(0, row)]))
                 num_edges.append(nbr.numel())
                 num_nodes.append(new_nodes.numel())
                 n_ids.append(new_nodes)
-                frontier = new_nodes
-                frontier_local = local[new_nodes]
+                frontier, frontier_local = new_nodes, new_local
             n_id = torch.cat(n_ids)
         finally:
             for ids in n_ids:
@@ -101,18 +102,26 @@ class CSRNeighborSampler(BaseSampler):
 
     def hop(self, frontier: Tensor, fanout: int, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
         """``(row, nbr)`` for one hop: see :func:`sample_neighbors`. Subclasses sample elsewhere."""
-        return sample_neighbors(self.rowptr, self.col, frontier, fanout, generator)
+        return sample_neighbors(self.rowptr, self.col, frontier, fanout, generator, self.method)
 
 
 def sample_neighbors(rowptr: Tensor, col: Tensor, nodes: Tensor, fanout: int,
-                     generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
+                     generator: torch.Generator | None = None, method: str | None = None) -> tuple[Tensor, Tensor]:
     """Up to ``fanout`` distinct uniform neighbours of each node.
 
     Returns ``(row, nbr)``: ``row[i]`` indexes ``nodes`` and ``nbr[i]`` is a global
     neighbour id of ``nodes[row[i]]``. Rows come out in order. Nodes with at most
-    ``fanout`` neighbours keep them all; the others draw ``fanout`` distinct offsets
-    with Floyd's algorithm, vectorised over rows: ``fanout`` small steps whatever the
-    degree, so hubs cost no more than ordinary nodes.
+    ``fanout`` neighbours keep them all; the others draw ``fanout`` distinct offsets.
+
+    ``method``: ``floyd``, Floyd's algorithm vectorised over rows: ``fanout`` small steps
+    whatever the degree, so hubs cost no more than ordinary nodes; ``keys``: every neighbour of
+    those rows gets a random key and each row keeps its ``fanout`` smallest, through one sort:
+    a fixed dozen kernels whatever the fanout, but work in proportion to the rows' degrees.
+    Both draw every ``fanout``-subset with equal probability. Default: Floyd on the host; on a
+    GPU, keys while the rows hold at most ``KEYS_PER_SLOT`` neighbours per slot to fill (the
+    first hops: few rows, where Floyd's launches would leave the GPU waiting for the host),
+    else Floyd (the outer hops: a sort of every neighbour of 100k+ rows costs more GPU time
+    than the whole rest of the batch, measured on an H100 in benchmarks/gpu.py).
     """
     device = rowptr.device
     start = rowptr[nodes]
@@ -120,28 +129,57 @@ def sample_neighbors(rowptr: Tensor, col: Tensor, nodes: Tensor, fanout: int,
     take = deg.clamp(max=fanout)
     row = torch.repeat_interleave(torch.arange(nodes.numel(), device=device), take)
     # Offset of each output slot inside its row's neighbour list: 0, 1, ... per row.
-    slot = torch.arange(row.numel(), device=device) - torch.repeat_interleave(torch.cumsum(take, 0) - take, take)
-    big = deg > fanout
-    if bool(big.any()):
-        offsets = floyd_sample(deg[big], fanout, generator)  # [rows with deg > fanout, fanout]
-        slot[big[row]] = offsets.reshape(-1)  # big rows own exactly `fanout` consecutive slots each
+    slot = torch.arange(row.numel(), device=device) - torch.repeat_interleave(torch.cumsum(take, 0) - take, take,
+                                                                              output_size=row.numel())
+    big = (deg > fanout).nonzero().squeeze(1)  # rows that draw a subset (one host-device sync)
+    if big.numel():
+        n = deg.index_select(0, big)
+        if method is None:  # the host: Floyd; a GPU: keys while they cost about what Floyd's steps do
+            method = "keys" if device.type == "cuda" and int(n.sum()) <= KEYS_PER_SLOT * n.numel() * fanout \
+                else "floyd"
+        sample = floyd_sample if method == "floyd" else key_sample
+        offsets = sample(n, fanout, generator)  # [rows with deg > fanout, fanout]
+        # Big rows own exactly `fanout` consecutive slots each, from where their row's slots start.
+        first = (torch.cumsum(take, 0) - take).index_select(0, big)
+        slot[(first.unsqueeze(1) + torch.arange(fanout, device=device)).view(-1)] = offsets.view(-1)
     return row, col.index_select(0, start.index_select(0, row) + slot)
+
+
+KEYS_PER_SLOT = 4  # on a GPU: keys while the big rows' degrees sum to at most this many per sampled slot
+
+
+def key_sample(n: Tensor, k: int, generator: torch.Generator | None = None) -> Tensor:
+    """For each row i, ``k`` distinct integers drawn uniformly from ``[0, n[i])`` (needs n >= k).
+
+    Each of row i's ``n[i]`` offsets gets the key ``i + u`` (u uniform in [0, 1)); sorting the keys
+    keeps rows in order and shuffles every row uniformly, and the first ``k`` of a row are a uniform
+    k-subset. Work and memory grow with ``n.sum()``, in a constant number of kernels.
+    """
+    m, device = n.numel(), n.device
+    total = int(n.sum())
+    row = torch.repeat_interleave(torch.arange(m, device=device), n, output_size=total)
+    keys = torch.rand(total, generator=generator, dtype=torch.float64, device=device).add_(row)
+    order = torch.sort(keys).indices  # row blocks stay in place; inside a block, a random permutation
+    first = torch.cumsum(n, 0) - n  # where each row's block starts
+    kept = (first.unsqueeze(1) + torch.arange(k, device=device)).view(-1)  # each block's first k positions
+    return (order.index_select(0, kept) - first.repeat_interleave(k, output_size=m * k)).view(m, k)
 
 
 def floyd_sample(n: Tensor, k: int, generator: torch.Generator | None = None) -> Tensor:
     """For each row i, ``k`` distinct integers drawn uniformly from ``[0, n[i])`` (needs n >= k).
 
     Floyd's algorithm: at step j, draw t from [0, n - k + j]; if t was drawn before,
-    take n - k + j itself. Every k-subset comes out with equal probability.
+    take n - k + j itself. Every k-subset comes out with equal probability. All steps'
+    draws are made at once (row j of one [k, m] draw: the same stream as k draws of m);
+    only the check against the earlier steps runs step by step.
     """
-    m = n.numel()
-    out = torch.empty(m, k, dtype=torch.long, device=n.device)
-    for j in range(k):
-        top = n - k + j  # inclusive upper bound of this step
-        u = torch.rand(m, generator=generator, dtype=torch.float64, device=n.device)
-        t = (u * (top + 1).to(torch.float64)).long().clamp(max=top)
-        if j:
-            seen = (out[:, :j] == t.unsqueeze(1)).any(1)
-            t = torch.where(seen, top, t)
-        out[:, j] = t
+    m, device = n.numel(), n.device
+    u = torch.rand(k, m, generator=generator, dtype=torch.float64, device=device)
+    top = (n - k).unsqueeze(0) + torch.arange(k, device=device).unsqueeze(1)  # [k, m]: step j's inclusive bound
+    t = torch.minimum((u * (top + 1)).long(), top)
+    out = torch.empty(m, k, dtype=torch.long, device=device)
+    out[:, 0] = t[0]
+    for j in range(1, k):
+        seen = (out[:, :j] == t[j].unsqueeze(1)).any(1)
+        out[:, j] = torch.where(seen, top[j], t[j])
     return out

@@ -1,0 +1,204 @@
+"""The CUDA paths, run for real on a GPU (marker ``gpu``; skipped where torch sees no CUDA device).
+
+On a GPU machine: ``python -m pytest -m gpu tests/test_gpu.py`` (benchmarks/gpu_setup.sh prepares a
+machine that has a CUDA torch but no package registry). Everything here also has a CPU twin in the
+other modules; these check that the same code holds on the GPU: device choice, the sampler with the
+graph in GPU memory, pinned buffers and non-blocking copies on a side stream, bf16/fp16 with the
+gradient scaler, CUDA-event timings and the CUDA allocator's peak, exact resume, gloo with CUDA tensors
+for ranks that share a GPU, and NCCL's init path.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import socket
+
+import pytest
+import torch
+from conftest import ACCURACY_BAR, DATA_ROOT, TINY, make_config, run_cli, summary_of
+from test_sampling import FANOUTS, check_batch
+
+from hpcgnn.config import DatasetConfig
+from hpcgnn.data import Graph, build_graph
+from hpcgnn.sampling import BatchLoader, CSRNeighborSampler, PrefetchLoader
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+CUDA = torch.device("cuda", 0)
+
+
+@pytest.fixture(scope="module")
+def graph() -> Graph:
+    """A small graph with two hubs (both of the sampler's paths: whole rows and Floyd subsets)."""
+    base = build_graph(DatasetConfig(num_nodes=3000, avg_degree=8, seed=3))
+    ei = base.edge_index()
+    spokes = torch.arange(2, 600)
+    extra = torch.cat([torch.stack([spokes, torch.zeros_like(spokes)]), torch.stack([spokes, torch.ones_like(spokes)])], 1)
+    ei = torch.cat([ei, extra, extra.flip(0)], 1)
+    return Graph.from_edge_index(ei, base.num_nodes, base.x, base.y, base.train_idx, base.val_idx, base.test_idx,
+                                 base.num_classes)
+
+
+def on_host(data):
+    return data.clone().to("cpu")  # Data.to moves in place
+
+
+def test_gpu_sampler_batches_keep_every_invariant(graph):
+    """The graph in GPU memory: every edge exists, fanouts hold, no duplicates, seeds first, hops grouped;
+    batches are made on the GPU (n_id, edges, features) and the same seed gives the same batch."""
+    g = graph.to(CUDA)
+    sampler = CSRNeighborSampler(g.rowptr, g.col, FANOUTS)
+    seeds = torch.cat([torch.tensor([0, 1]), graph.train_idx[graph.train_idx > 1]])
+    loader = BatchLoader(g, sampler, seeds, 97, batch_seed=5, device=CUDA)
+    batches = list(loader)
+    assert len(batches) == math.ceil(seeds.numel() / 97)
+    for data in batches:
+        assert data.n_id.is_cuda and data.edge_index.is_cuda and data.x.is_cuda
+    again = list(BatchLoader(g, sampler, seeds, 97, batch_seed=5, device=CUDA))
+    assert all(torch.equal(a.n_id, b.n_id) and torch.equal(a.edge_index, b.edge_index)
+               for a, b in zip(batches, again, strict=True))
+    for data, chunk in zip(batches, seeds.split(97), strict=True):
+        check_batch(graph, on_host(data), chunk)
+
+
+@pytest.mark.parametrize("graph_on", ["host", "device"])
+def test_prefetch_on_a_side_stream_yields_the_plain_loaders_batches(graph, graph_on):
+    """Host graph: gathered into pinned buffers, copied non-blocking by the prefetch thread on its own
+    stream. Device graph: sampled by that thread on its stream. Either way the same batches as the
+    plain loader, on the GPU, and the thread ends when the consumer leaves early."""
+    import threading
+
+    g = graph if graph_on == "host" else graph.to(CUDA)
+
+    def loader():
+        return BatchLoader(g, CSRNeighborSampler(g.rowptr, g.col, FANOUTS), graph.train_idx, 64, batch_seed=9,
+                           device=CUDA, pin_memory=graph_on == "host")
+
+    plain = [on_host(b) for b in loader()]
+    for depth in (1, 3):
+        ahead = []
+        for b in PrefetchLoader(loader(), depth):
+            assert b.x.is_cuda and b.edge_index.is_cuda
+            ahead.append(on_host(b))
+        assert len(ahead) == len(plain) == math.ceil(graph.train_idx.numel() / 64)
+        for a, b in zip(ahead, plain, strict=True):
+            assert torch.equal(a.n_id, b.n_id) and torch.equal(a.edge_index, b.edge_index)
+            assert torch.equal(a.x, b.x) and torch.equal(a.y, b.y) and a.num_sampled_nodes == b.num_sampled_nodes
+    for i, _ in enumerate(PrefetchLoader(loader(), 2)):
+        if i == 2:
+            break
+    assert not any(t.name == "hpcgnn-prefetch" for t in threading.enumerate())
+
+
+def test_pinned_gather_is_page_locked_and_exact(graph):
+    from hpcgnn.sampling.loader import gather_rows
+
+    idx = torch.randperm(graph.num_nodes)[:500]
+    out = gather_rows(graph.x, idx, pin_memory=True)
+    assert out.is_pinned() and torch.equal(out, graph.x[idx])
+
+
+def single_rank(*overrides: str, run_dir) -> tuple[dict, object]:
+    """The trainer in this process, one rank on the GPU; returns (summary, trainer)."""
+    from hpcgnn.env import RankEnv
+    from hpcgnn.trainer import Trainer
+
+    cfg = make_config(*overrides, f"dataset.root={DATA_ROOT}", "metrics.tensorboard=false", "train.device=cuda",
+                      run_dir=str(run_dir))
+    trainer = Trainer(cfg, RankEnv.from_environ({}), CUDA)
+    torch.cuda.reset_peak_memory_stats(CUDA)
+    return trainer.train(), trainer
+
+
+@pytest.mark.parametrize("graph_on,precision", [("device", "fp32"), ("host", "fp32"), ("device", "bf16"),
+                                                ("device", "fp16")])
+def test_single_rank_on_the_gpu_reaches_the_cpu_bar(tmp_path, graph_on, precision):
+    """The default job's graph and schedule, one rank on the GPU: the same accuracy bar as on the CPU,
+    with the graph sampled on the GPU or on the host (prefetch, pinned buffers), in fp32, bf16 autocast
+    and fp16 with the gradient scaler; timings from CUDA events and the CUDA allocator's peak."""
+    s, trainer = single_rank(f"train.graph_on={graph_on}", f"train.precision={precision}", run_dir=tmp_path / "run")
+    assert s["device"] == "cuda:0" and s["graph_on"] == graph_on and s["precision"] == precision
+    assert s["test_acc"] > ACCURACY_BAR, s["test_acc"]
+    if precision == "fp16":
+        assert trainer.scaler is not None and math.isfinite(trainer.scaler.get_scale())
+    last = s["history"][-1]
+    # The CUDA allocator's peak beside the host's: both recorded, the GPU's the allocator's own figure.
+    assert 0 < last["peak_mem_mb"] <= torch.cuda.max_memory_allocated(CUDA) / 2**20 + 1
+    assert last["host_peak_mb"] > 0
+    steps = [json.loads(line) for line in (tmp_path / "run" / "metrics" / "rank-0.jsonl").read_text().splitlines()]
+    assert steps and all(r["forward_s"] > 0 and r["backward_s"] > 0 and r["sample_s"] > 0 and r["h2d_s"] >= 0
+                         for r in steps)
+
+
+def test_resume_on_the_gpu_matches_the_whole_run(tmp_path):
+    """Preempted mid-epoch and resumed on the GPU: the batches are re-made exactly (the sampler's
+    generators live on the GPU), so the run ends where the uninterrupted one does, up to the
+    nondeterministic order of the GPU's atomic scatter sums (measured: see the README)."""
+    from hpcgnn.checkpoint import Preempted
+    from hpcgnn.env import RankEnv
+    from hpcgnn.trainer import Trainer
+
+    over = [*TINY, "train.epochs=3", f"dataset.root={DATA_ROOT}", "metrics.tensorboard=false", "train.device=cuda"]
+    whole = Trainer(make_config(*over, run_dir=str(tmp_path / "whole")), RankEnv.from_environ({}), CUDA)
+    a = whole.train()
+    cut = make_config(*over, "debug.signal_rank=0", "debug.signal_step=8", run_dir=str(tmp_path / "cut"))
+    with pytest.raises(Preempted, match="preempted: checkpoint of step 8 saved in"):
+        Trainer(cut, RankEnv.from_environ({}), CUDA).train()
+    again = Trainer(cut, RankEnv.from_environ({}), CUDA)
+    b = again.train()
+    assert b["resumes"] == 1 and b["graph_on"] == "device"
+    diff = max((p - q).abs().max().item() for p, q in zip(whole.model.parameters(), again.model.parameters(),
+                                                          strict=True))
+    scale = max(p.abs().max().item() for p in whole.model.parameters())
+    loss_diff = max(abs(x["loss"] - y["loss"]) for x, y in zip(a["history"], b["history"], strict=True))
+    print(f"resume on GPU: max |param diff| {diff:.3g} (max |param| {scale:.3g}), max epoch-loss diff {loss_diff:.3g}")
+    assert diff <= 1e-4 * max(scale, 1.0) and loss_diff <= 1e-4
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("graph", [[], ["graph=partitioned", "graph.cache_mb=0.1"]], ids=["replicated", "partitioned"])
+def test_two_ranks_share_one_gpu_over_gloo(tmp_path, graph):
+    """Two local ranks on the one GPU: NCCL refuses that, so auto picks gloo, which all-reduces DDP's CUDA
+    gradients; partitioned ranks exchange through the host and train on CUDA batches."""
+    if torch.cuda.device_count() != 1:
+        pytest.skip("needs exactly one visible GPU")
+    res = run_cli(*TINY, *graph, "train.epochs=5", "train.lr=0.01", "train.device=cuda", cwd=tmp_path, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    s = summary_of(tmp_path)
+    assert s["world_size"] == 2 and s["backend"] == "gloo" and s["device"] == "cuda:0"
+    assert len(set(s["param_checksums"])) == 1  # DDP kept the two replicas equal
+    assert s["test_acc"] > 0.6  # 0.81 on the CPU with this graph and schedule (8 classes: chance is 0.125)
+    assert "gloo carries the gradients" in res.stdout + res.stderr
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_nccl_init_path_with_one_rank():
+    """The NCCL path the trainer takes on GPU nodes, with one rank: rendezvous, device-bound init, the
+    gloo control group for host values, tensor and object collectives, DDP, timeouts, teardown."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    from hpcgnn import dist
+    from hpcgnn.config import DistConfig
+    from hpcgnn.env import RankEnv
+
+    env = RankEnv.from_environ({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+                                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())})
+    with dist.process_group(env, DistConfig(backend="auto", init_timeout_s=60), CUDA, always=True):
+        assert dist.backend() == "nccl" and dist.comm_device() == CUDA
+        assert dist.all_reduce_sum(torch.tensor([2.0])).item() == 2.0  # host value: the gloo control group
+        assert dist.all_reduce_max(torch.tensor([3.0], device=CUDA)).item() == 3.0
+        assert dist.all_gather_object({"a": 1}) == [{"a": 1}]
+        rows = torch.arange(6.0).view(3, 2)
+        assert torch.equal(dist.all_gather_rows(rows, [3]), rows)
+        model = DistributedDataParallel(torch.nn.Linear(4, 2).to(CUDA), device_ids=[CUDA])
+        model(torch.randn(8, 4, device=CUDA)).sum().backward()
+        assert all(p.grad is not None for p in model.parameters())
+        dist.shorten_timeouts(30)
+        del model
+    assert not dist.initialized() and dist.backend() == "none"
