@@ -98,14 +98,10 @@ def compose(overrides: list[str] | tuple[str, ...] = (), job_num: int | None = N
 
 
 def check_registered_names(cfg: RunConfig) -> None:
-    """Each registry checks its own names: the model, the dataset and the task."""
-    from hpcgnn.data import check_dataset_config
-    from hpcgnn.models import check_model_config
-    from hpcgnn.tasks import check_task_config
+    """The model's, dataset's and task's names and what the task asks (hpcgnn.checks: no torch imported)."""
+    from hpcgnn import checks
 
-    check_model_config(cfg.model, cfg)
-    check_dataset_config(cfg.dataset)
-    check_task_config(cfg)
+    checks.check_registered_names(cfg)
 
 
 def expand_sweep(overrides: list[str]) -> list[list[str]]:

@@ -1,7 +1,7 @@
 """The code every rank runs, whichever launcher started it.
 
-submitit pickles :func:`run_task` by reference, so it must stay importable from
-the installed package; the local spawn launcher calls :func:`run_rank` directly.
+submitit runs :data:`hpcgnn.entry.run_task` (a light object the submitting process pickles),
+which calls :func:`run_rank`; the local spawn launcher and srun/torchrun ranks call it directly.
 """
 
 from __future__ import annotations
@@ -31,17 +31,6 @@ from hpcgnn.errors import EXIT_PREEMPTED, UserError, describe
 from hpcgnn.io import write_json
 from hpcgnn.sampling.loader import keep_freed_memory
 from hpcgnn.trainer import train
-
-
-class TrainTask(submitit.helpers.Checkpointable):
-    """What submitit runs in every task. Checkpointable, so that submitit's own USR2 handler
-    requeues the job; the state itself is saved by all ranks together, before (trainer)."""
-
-    def __call__(self, cfg: RunConfig) -> dict:
-        return run_rank(cfg, environment.current())
-
-
-run_task = TrainTask()
 
 
 def run_rank(cfg: RunConfig, environ: Mapping[str, str]) -> dict:

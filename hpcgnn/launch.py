@@ -107,9 +107,10 @@ def launch(cfg: RunConfig, overrides: tuple[str, ...] | list[str] = ()) -> int:
     if mode == "local":
         cfg = dataclasses.replace(cfg, cluster=None)  # the ranks are these processes, whatever the cluster file says
     record_config(cfg, overrides)
-    from hpcgnn.data import check_available
+    if cfg.dataset.name != "synthetic":  # files and OGB sources must be there (the synthetic graph is made)
+        from hpcgnn.data import check_available
 
-    check_available(cfg.dataset)
+        check_available(cfg.dataset)
     if mode == "submit":
         check_partition_capacity(cfg.cluster)
     after = None
@@ -121,7 +122,7 @@ def launch(cfg: RunConfig, overrides: tuple[str, ...] | list[str] = ()) -> int:
     if after is not None:  # SLURM starts training only once partitioning succeeded, and drops it otherwise
         ex.update_parameters(additional_parameters={**cfg.cluster.sbatch_extra, "dependency": f"afterok:{after.job_id}",
                                                     "kill_on_invalid_dep": "yes"})
-    from hpcgnn.job import run_task
+    from hpcgnn.entry import run_task
 
     with env.outside_job():
         job = ex.submit(run_task, cfg)
@@ -415,19 +416,54 @@ def _spawn_entry(local_rank: int, cfg: RunConfig, port: int) -> None:
     run_rank(cfg, env.local_rank_environ(local_rank, cfg.launch.procs, port))
 
 
-def _spawn_local(cfg: RunConfig) -> int:
-    import torch.multiprocessing as mp
+def _spawn_local(cfg: RunConfig, grace_s: float = 3.0) -> int:
+    """``launch.procs`` ranks as spawned processes (the standard library's: this process needs no torch).
+
+    The first rank to fail ends the run: the others get ``grace_s`` to notice (their collectives
+    break) and record their own failures, then are terminated. Preemption: every rank exits with
+    EXIT_PREEMPTED after the checkpoint, and so does this process.
+    """
+    import multiprocessing
+    from multiprocessing.connection import wait
 
     d = cfg.dist
     port = d.master_port or free_port(env.derive_port(str(time.time_ns()), d.port_min, d.port_max), d.port_min,
                                       d.port_max)
     print(f"starting {cfg.launch.procs} local processes; output folder: {cfg.run_dir}", flush=True)
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_spawn_entry, args=(r, cfg, port), name=f"hpcgnn-rank-{r}")
+             for r in range(cfg.launch.procs)]
+    first: tuple[int, int] | None = None  # (rank, exit code) of the first rank that failed
     try:
-        mp.start_processes(_spawn_entry, args=(cfg, port), nprocs=cfg.launch.procs, start_method="spawn")
-    except (mp.ProcessRaisedException, mp.ProcessExitedException) as exc:
-        if getattr(exc, "exit_code", None) == EXIT_PREEMPTED:  # rank 0 printed where the checkpoint is
+        for p in procs:
+            p.start()
+        running = {p.sentinel: (r, p) for r, p in enumerate(procs)}
+        deadline = None
+        while running:
+            timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+            ready = wait(list(running), timeout)
+            if not ready:  # the grace after the first failure is over
+                break
+            for sentinel in ready:
+                rank, p = running.pop(sentinel)
+                p.join()
+                if p.exitcode != 0 and first is None:
+                    first, deadline = (rank, p.exitcode), time.monotonic() + grace_s
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+        for p in procs:
+            p.join(10)
+            if p.is_alive():
+                p.kill()
+                p.join()
+    if first is not None:
+        rank, code = first
+        if code == EXIT_PREEMPTED:  # rank 0 printed where the checkpoint is
             return EXIT_PREEMPTED
-        return report_failure(Path(cfg.run_dir), str(exc))
+        how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+        return report_failure(Path(cfg.run_dir), f"local rank {rank} {how}")
     with open(Path(cfg.run_dir) / "summary.json") as f:
         _print_result(json.load(f))
     return 0

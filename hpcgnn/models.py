@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from hpcgnn import checks
 from hpcgnn.config import ModelConfig
-from hpcgnn.errors import ConfigError
 
 
 class MLPBaseline(torch.nn.Module):
@@ -61,13 +61,7 @@ MODELS: dict[str, ModelSpec] = {
     "mlp": ModelSpec(lambda c, i, o, n: MLPBaseline(i, c.hidden_channels, n, o, c.dropout), uses_edges=False),
 }
 # Models whose exact layer-wise inference (train.eval_mode=full) is implemented.
-FULL_INFERENCE_MODELS = ("sage", "gcn", "gin", "gat", "mlp")
-
-
-def check_model_config(cfg: ModelConfig, run=None) -> None:
-    """The model's name is one this registry knows (a submit-time check)."""
-    if cfg.name not in MODELS:
-        raise ConfigError(f"model.name={cfg.name!r} is unknown: use one of {', '.join(sorted(MODELS))}")
+FULL_INFERENCE_MODELS = checks.FULL_INFERENCE_MODELS
 
 
 def build_model(cfg: ModelConfig, in_channels: int, out_channels: int, num_layers: int) -> torch.nn.Module:
@@ -110,7 +104,7 @@ def forward_batch(model: torch.nn.Module, data) -> Tensor:
 
 # ------------------------------------------------------------------------------ link prediction
 
-DECODERS = ("dot", "mlp")
+DECODERS = checks.DECODERS
 
 
 class LinkModel(torch.nn.Module):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import shlex
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -277,3 +278,26 @@ def test_line_breaks_in_sbatch_values_are_refused(field):
     bad = dataclasses.replace(cfg, cluster=dataclasses.replace(cfg.cluster, **{field: "gpu\n#SBATCH --wrap=id"}))
     with pytest.raises(ConfigError, match=f"cluster.{field}=.* contains a line break: sbatch options must be one line"):
         bad.validate()
+
+
+def test_registries_hold_the_names_the_checks_know():
+    """hpcgnn.checks names what the registries build (it checks configs without importing them)."""
+    from hpcgnn import checks, data, models, tasks
+
+    assert set(models.MODELS) == set(checks.MODEL_NAMES)
+    assert set(data.LOADERS) == set(checks.NODE_DATASETS) and set(data.LINK_LOADERS) == set(checks.LINK_DATASETS)
+    assert set(tasks.TASKS) == set(checks.TASK_NAMES)
+    assert all(tasks.task_class(name).name == name for name in tasks.TASKS)
+
+
+@pytest.mark.slow
+def test_the_launching_process_imports_no_torch():
+    """Composing, checking and launching a job (local, sweep or SLURM) imports neither torch nor PyG: the
+    command starts its ranks or submits in a fraction of a second."""
+    code = ("import sys; from hpcgnn.compose import compose; import hpcgnn.launch, hpcgnn.sweep, hpcgnn.entry; "
+            "[compose(o) for o in (['run_dir=/tmp/x'], ['task=link', 'run_dir=/tmp/x'], "
+            "['+cluster=devcluster', 'graph=partitioned', 'run_dir=/tmp/x'])]; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'torch_geometric')))")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "[]", res.stdout

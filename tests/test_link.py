@@ -267,16 +267,24 @@ SMALL = ["task=link", "dataset.num_nodes=10000", "metrics.tensorboard=false", "t
 
 @pytest.fixture(scope="module")
 def link_runs(tmp_path_factory) -> dict:
-    """2 ranks each (3 epochs, 10k nodes): the GNN, an MLP on the features with the same decoder, and the
-    GNN on a partitioned graph."""
+    """2 ranks each (3 epochs, 10k nodes): the GNN and the GNN on a partitioned graph; and an MLP on the
+    features with the same decoder (one rank in this process, the same global batch)."""
     from conftest import run_cli, summary_of
 
+    from hpcgnn.env import RankEnv
+    from hpcgnn.trainer import Trainer
+
     runs = {}
-    for name, over in (("sage", ["model=sage"]), ("mlp", ["model=mlp"]), ("partitioned", ["graph=partitioned"])):
+    for name, over in (("sage", ["model=sage"]), ("partitioned", ["graph=partitioned"])):
         folder = tmp_path_factory.mktemp(f"link-{name}")
         res = run_cli(*SMALL, *over, "metrics.every_steps=1", cwd=folder, timeout=600)
         assert res.returncode == 0, res.stdout + res.stderr
         runs[name] = {"summary": summary_of(folder), "folder": folder, "stdout": res.stdout}
+    # The baseline needs no second process: one rank here, with the two ranks' global batch.
+    per_rank = runs["sage"]["summary"]["global_batch"]
+    cfg = make_config(*SMALL, "model=mlp", f"train.batch_size={per_rank}", f"dataset.root={DATA_ROOT}",
+                      run_dir=str(tmp_path_factory.mktemp("link-mlp") / "run"))
+    runs["mlp"] = {"summary": Trainer(cfg, RankEnv.from_environ({}), torch.device("cpu")).train()}
     return runs
 
 

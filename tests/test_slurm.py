@@ -58,13 +58,32 @@ COMMON = ["+cluster=devcluster", "train.epochs=3", "dataset.num_nodes=20000", "t
           "debug.slow_rank=0", "debug.slow_s=0.1", "metrics.tensorboard=false"]
 
 
+# The 2 nodes x 2 ranks job: submitted without waiting just before the reference, so the two jobs share the
+# nodes at the same time (the port collision check) while the reference runs.
+TWO_PER_NODE = ["train.epochs=4", "debug.slow_rank=-1", "cluster.tasks_per_node=2"]
+
+
 @pytest.fixture(scope="module")
-def two_node_run(tmp_path_factory) -> tuple[Path, str]:
-    """One uninterrupted 2-node job: the accuracy bar, and the reference the preempted job must match."""
+def two_jobs(tmp_path_factory) -> dict:
+    """Two jobs at once on the same nodes: the 2x2 job (not waited for), then the uninterrupted 2x1 job (the
+    CLI waits for it): the accuracy bar with both layouts, and the reference the preempted job must match."""
+    four = tmp_path_factory.mktemp("two-per-node")
+    res = run_cli(*COMMON, *TWO_PER_NODE, "launch.wait=false", cwd=four, timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    four_id = _job_id(res.stdout)
     folder = tmp_path_factory.mktemp("two-nodes")
     res = run_cli(*COMMON, cwd=folder, timeout=900)
     assert res.returncode == 0, res.stdout + res.stderr
-    return folder, res.stdout
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and not (four / "run" / "summary.json").exists():
+        time.sleep(1)
+    return {"2x1": (folder, res.stdout), "2x2": (four, four_id)}
+
+
+@pytest.fixture(scope="module")
+def two_node_run(two_jobs) -> tuple[Path, str]:
+    """The uninterrupted 2-node job: its folder and the CLI's output."""
+    return two_jobs["2x1"]
 
 
 def _check_layout(s: dict, job_id: str, tasks_per_node: int) -> None:
@@ -81,33 +100,20 @@ def test_multi_node_training_reaches_the_local_bar(two_node_run):
     folder, stdout = two_node_run
     job_id = _job_id(stdout)
     _check_layout(_summary(folder), job_id, 1)
+    assert "test accuracy" in stdout  # the CLI waited for the job and printed its result
     assert _final_state(job_id) == "COMPLETED"
 
 
-def test_two_ranks_per_node_reach_the_local_bar(tmp_path):
-    res = run_cli(*COMMON, "train.epochs=4", "debug.slow_rank=-1", "cluster.tasks_per_node=2", cwd=tmp_path, timeout=900)
-    assert res.returncode == 0, res.stdout + res.stderr
-    job_id = _job_id(res.stdout)
-    _check_layout(_summary(tmp_path), job_id, 2)
+def test_two_ranks_per_node_reach_the_local_bar(two_jobs):
+    folder, job_id = two_jobs["2x2"]
+    _check_layout(_summary(folder), job_id, 2)
     assert _final_state(job_id) == "COMPLETED"
 
 
-def test_two_jobs_at_once_do_not_collide(tmp_path):
-    folders = [tmp_path / "a", tmp_path / "b"]
-    ids = []
-    for f in folders:
-        f.mkdir()
-        # Long enough (rank 0 sleeps 0.5 s per step: 12 steps) that the second job starts while the first
-        # still runs, and light on the CPU.
-        res = run_cli("+cluster=devcluster", "launch.wait=false", "dataset.num_nodes=4000", "train.epochs=4",
-                      "train.batch_size=256", "debug.slow_rank=0", "debug.slow_s=0.5", "metrics.tensorboard=false",
-                      cwd=f, timeout=120)
-        assert res.returncode == 0, res.stderr
-        ids.append(_job_id(res.stdout))
-    deadline = time.monotonic() + 400
-    while time.monotonic() < deadline and not all((f / "run" / "summary.json").exists() for f in folders):
-        time.sleep(2)
-    a, b = (_summary(f) for f in folders)
+def test_two_jobs_at_once_do_not_collide(two_jobs):
+    (fa, out), (fb, id_b) = two_jobs["2x1"], two_jobs["2x2"]
+    ids = [_job_id(out), id_b]
+    a, b = _summary(fa), _summary(fb)
     assert a["master_port"] != b["master_port"]
     assert {a["master_addr"], b["master_addr"]} == {"n1"}  # same nodes, same master host
     # They really ran at the same time on the same nodes.
@@ -266,7 +272,7 @@ def test_sweep_is_one_job_array_submitted_in_seconds_and_status_follows_it(tmp_p
     sweep = tmp_path / "sweep"
     t0 = time.monotonic()
     res = subprocess.run([sys.executable, "-m", "hpcgnn", "-m", "model=sage,gcn", "train.lr=1e-3,3e-3",
-                          "+cluster=devcluster", "dataset.num_nodes=4000", "train.epochs=2", f"dataset.root={DATA_ROOT}",
+                          "+cluster=devcluster", "dataset.num_nodes=4000", "train.epochs=1", f"dataset.root={DATA_ROOT}",
                           f"hydra.sweep.dir={sweep}"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     took = time.monotonic() - t0
     assert res.returncode == 0, res.stdout + res.stderr
@@ -279,7 +285,7 @@ def test_sweep_is_one_job_array_submitted_in_seconds_and_status_follows_it(tmp_p
                         capture_output=True, text=True, timeout=900)
     assert st.returncode == 0, st.stdout + st.stderr
     rows = st.stdout.strip().splitlines()[1:]
-    assert len(rows) == 4 and all("COMPLETED" in r and "2/2" in r for r in rows), st.stdout
+    assert len(rows) == 4 and all("COMPLETED" in r and "1/1" in r for r in rows), st.stdout
     for e in manifest["members"]:
         assert json.loads((Path(e["run_dir"]) / "summary.json").read_text())["hostnames"] == ["n1", "n2"]
 

@@ -19,6 +19,7 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
+from hpcgnn.checks import check_dataset_config
 from hpcgnn.config import DatasetConfig
 from hpcgnn.data import cache
 from hpcgnn.data.files import files_folder, load_files
@@ -28,7 +29,6 @@ from hpcgnn.data.ogb import LINK_NAMES as OGB_LINK_NAMES
 from hpcgnn.data.ogb import NAMES as OGB_NAMES
 from hpcgnn.data.ogb import DatasetMissing, has_raw, load_ogb, load_ogb_link, prepare_command
 from hpcgnn.data.synthetic import GENERATOR_VERSION, make_synthetic
-from hpcgnn.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -63,21 +63,6 @@ _KEY_FIELDS = {
     **{name: ("to_undirected",) for name in (*OGB_NAMES, *OGB_LINK_NAMES)},
 }
 _LINK_KEY_FIELDS = {"synthetic": ("edge_split",), "files": ("edge_split",)}  # and the seed, for the split
-
-
-def check_dataset_config(cfg: DatasetConfig) -> None:
-    """The dataset's name is one this registry knows, for the task it is prepared for (a submit-time check)."""
-    if cfg.prepared_for == "link":
-        if cfg.name not in LINK_LOADERS:
-            raise ConfigError(f"dataset={cfg.name} has no edges to predict: task=link needs one of "
-                              f"{', '.join(sorted(LINK_LOADERS))}")
-        from hpcgnn.data.link import check_fractions
-
-        if cfg.name in _LINK_KEY_FIELDS:
-            check_fractions(tuple(cfg.edge_split))
-    elif cfg.name not in LOADERS:
-        hint = " (a link dataset: add task=link)" if cfg.name in LINK_LOADERS else ""
-        raise ConfigError(f"dataset.name={cfg.name!r} is unknown{hint}: use one of {', '.join(sorted(LOADERS))}")
 
 
 def build_graph(cfg: DatasetConfig, allow_download: bool = False) -> Graph:

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from hpcgnn.checks import check_fractions
 from hpcgnn.data.graph import Graph
 from hpcgnn.errors import ConfigError
 from hpcgnn.rng import generator
@@ -125,13 +126,6 @@ def split_edges(graph: Graph, fractions: tuple[float, ...], seed: int) -> LinkDa
             neg_dst = seeded_negatives(pos[0], keys, n, generator(seed, "edge_split_negatives", name))
             splits[name] = LinkSplit(pos, torch.stack([pos[0], neg_dst]), "pairs")
     return LinkData(mp, splits["train"], splits["val"], splits["test"], metric="auc")
-
-
-def check_fractions(fractions: tuple[float, ...]) -> None:
-    if len(fractions) != 3 or any(f < 0 for f in fractions) or abs(sum(fractions) - 1) > 1e-6 \
-            or fractions[1] <= 0 or fractions[2] <= 0:
-        raise ConfigError(f"dataset.edge_split={list(fractions)} must be three fractions (train, val, test) that sum "
-                          "to 1, with val and test above 0, e.g. dataset.edge_split=[0.85,0.05,0.1]")
 
 
 def without_edges(graph: Graph, pairs: Tensor) -> Graph:

@@ -14,12 +14,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from hpcgnn import checks
 from hpcgnn.config import DatasetConfig
 from hpcgnn.data.graph import Graph
 from hpcgnn.errors import ConfigError, DatasetError
 
-NAMES = ("ogbn-arxiv", "ogbn-products", "ogbn-papers100M")
-LINK_NAMES = ("ogbl-collab", "ogbl-citation2")
+NAMES = checks.OGB_NODE_DATASETS
+LINK_NAMES = checks.OGB_LINK_DATASETS
 
 
 class DatasetMissing(DatasetError):

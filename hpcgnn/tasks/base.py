@@ -33,10 +33,6 @@ class Task(abc.ABC):
     def __init__(self, cfg, env, store, device: torch.device):
         self.cfg, self.env, self.store, self.device = cfg, env, store, device
 
-    @classmethod  # noqa: B027 (an optional hook: most tasks need no checks)
-    def check_config(cls, cfg) -> None:
-        """Submit-time checks of what this task needs from the rest of the config."""
-
     @abc.abstractmethod
     def build_model(self) -> torch.nn.Module:
         """The model, on the CPU, initialised from the current torch seed."""

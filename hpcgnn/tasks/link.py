@@ -17,15 +17,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from hpcgnn.errors import ConfigError
-from hpcgnn.models import DECODERS, FULL_INFERENCE_MODELS, batch_transform, build_link_model, forward_pairs
+from hpcgnn.checks import link_eval_mode
+from hpcgnn.models import batch_transform, build_link_model, forward_pairs
 from hpcgnn.sampling.link import share
 from hpcgnn.tasks import link_metrics as metrics
 from hpcgnn.tasks.base import StepResult, Task
 from hpcgnn.techniques import autocast, layerwise_inference
-
-NEGATIVES = ("uniform", "strict", "in_batch")
-FORMS = ("binary", "triplet")
 
 
 class LinkPrediction(Task):
@@ -36,25 +33,6 @@ class LinkPrediction(Task):
         self.data = store.link
         self.metric = self.data.metric
         self._transform = batch_transform(cfg.model, store.degree)
-
-    @classmethod
-    def check_config(cls, cfg) -> None:
-        k, t = cfg.task, cfg.train
-        for key, value, allowed in (("task.decoder", k.decoder, DECODERS), ("task.negatives", k.negatives, NEGATIVES),
-                                    ("task.form", k.form, FORMS)):
-            if value not in allowed:
-                raise ConfigError(f"{key}={value!r} is unknown: use one of {', '.join(allowed)}")
-        if k.num_negatives < 1 or k.neg_retries < 0 or any(x < 1 for x in k.hits_k):
-            raise ConfigError("task.num_negatives and every task.hits_k must be at least 1, task.neg_retries 0 or more")
-        if k.negatives == "in_batch" and k.num_negatives >= t.batch_size:
-            raise ConfigError(f"task.negatives=in_batch takes the other targets of a batch: task.num_negatives="
-                              f"{k.num_negatives} needs train.batch_size above it (got {t.batch_size})")
-        if t.sampler != "neighbor" or t.edge_budget:
-            raise ConfigError(f"task=link samples the neighbourhoods of its edges' endpoints: use train.sampler=neighbor "
-                              f"without train.edge_budget (got train.sampler={t.sampler}, train.edge_budget={t.edge_budget})")
-        if link_eval_mode(cfg) == "full" and (cfg.graph.mode != "replicated" or cfg.model.name not in FULL_INFERENCE_MODELS):
-            raise ConfigError(f"train.eval_mode=full needs graph=replicated; got graph.mode={cfg.graph.mode}. "
-                              "HINT: train.eval_mode=sampled (or auto)")
 
     def build_model(self) -> torch.nn.Module:
         return build_link_model(self.cfg.model, self.cfg.task.decoder, self.store.num_features,
@@ -153,14 +131,6 @@ class LinkPrediction(Task):
         items = self.store.eval_items(split)  # in the order the loader walked them
         p = s.pos.size(1)
         return flat[items < p], flat[items >= p]
-
-
-def link_eval_mode(cfg) -> str:
-    """``train.eval_mode`` for link prediction: ``auto`` is exact (full) on replicated graphs, else sampled."""
-    mode = cfg.train.eval_mode
-    if mode == "auto":
-        return "full" if cfg.graph.mode == "replicated" else "sampled"
-    return mode
 
 
 def common_neighbour_scores(graph, pairs: Tensor) -> Tensor:

@@ -8,8 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from hpcgnn import dist
-from hpcgnn.errors import ConfigError
-from hpcgnn.models import FULL_INFERENCE_MODELS, batch_transform, build_model, forward_batch
+from hpcgnn.models import batch_transform, build_model, forward_batch
 from hpcgnn.tasks.base import StepResult, Task
 from hpcgnn.techniques import autocast, layerwise_inference
 
@@ -23,13 +22,6 @@ class NodeClassification(Task):
     def __init__(self, cfg, env, store, device: torch.device):
         super().__init__(cfg, env, store, device)
         self._transform = batch_transform(cfg.model, store.degree)
-
-    @classmethod
-    def check_config(cls, cfg) -> None:
-        t = cfg.train
-        if t.eval_mode == "full" and (cfg.graph.mode != "replicated" or cfg.model.name not in FULL_INFERENCE_MODELS):
-            raise ConfigError(f"train.eval_mode=full needs graph=replicated and model {', '.join(FULL_INFERENCE_MODELS)}"
-                              f"; got graph.mode={cfg.graph.mode}, model={cfg.model.name}. HINT: train.eval_mode=sampled")
 
     def build_model(self) -> torch.nn.Module:
         return build_model(self.cfg.model, self.store.num_features, self.store.num_classes, len(self.cfg.train.fanouts))

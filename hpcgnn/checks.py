@@ -1,0 +1,106 @@
+"""The names a config may use and the checks made at submit time, without importing torch.
+
+The launcher composes, checks and submits in a light process (about a tenth of a second
+of imports here, where torch and PyG take four seconds): the registries that build models,
+datasets and tasks import this module for their names, and a test holds each registry equal
+to its names here.
+"""
+
+from __future__ import annotations
+
+from hpcgnn.errors import ConfigError
+
+# ------------------------------------------------------------------ models (hpcgnn.models.MODELS)
+
+MODEL_NAMES = ("sage", "gcn", "gat", "gin", "mlp")
+FULL_INFERENCE_MODELS = ("sage", "gcn", "gin", "gat", "mlp")  # exact layer-wise inference (eval_mode=full)
+DECODERS = ("dot", "mlp")  # link prediction: how a pair of embeddings becomes a score
+
+# ------------------------------------------------------------------ datasets (hpcgnn.data.LOADERS, LINK_LOADERS)
+
+OGB_NODE_DATASETS = ("ogbn-arxiv", "ogbn-products", "ogbn-papers100M")
+OGB_LINK_DATASETS = ("ogbl-collab", "ogbl-citation2")
+NODE_DATASETS = ("synthetic", "files", *OGB_NODE_DATASETS)
+LINK_DATASETS = ("synthetic", "files", *OGB_LINK_DATASETS)
+SPLIT_EDGES = ("synthetic", "files")  # link datasets whose edges hpcgnn splits itself (dataset.edge_split)
+
+# ------------------------------------------------------------------ tasks (hpcgnn.tasks.TASKS)
+
+TASK_NAMES = ("node", "link")
+NEGATIVES = ("uniform", "strict", "in_batch")
+FORMS = ("binary", "triplet")
+
+
+def check_registered_names(cfg) -> None:
+    """Every registry's name in ``cfg`` and what the task asks of the rest (a submit-time check)."""
+    check_model_config(cfg.model)
+    check_dataset_config(cfg.dataset)
+    check_task_config(cfg)
+
+
+def check_model_config(model) -> None:
+    if model.name not in MODEL_NAMES:
+        raise ConfigError(f"model.name={model.name!r} is unknown: use one of {', '.join(sorted(MODEL_NAMES))}")
+
+
+def check_dataset_config(dataset) -> None:
+    """The dataset's name is one the registry knows, for the task it is prepared for."""
+    if dataset.prepared_for == "link":
+        if dataset.name not in LINK_DATASETS:
+            raise ConfigError(f"dataset={dataset.name} has no edges to predict: task=link needs one of "
+                              f"{', '.join(sorted(LINK_DATASETS))}")
+        if dataset.name in SPLIT_EDGES:
+            check_fractions(tuple(dataset.edge_split))
+    elif dataset.name not in NODE_DATASETS:
+        hint = " (a link dataset: add task=link)" if dataset.name in LINK_DATASETS else ""
+        raise ConfigError(f"dataset.name={dataset.name!r} is unknown{hint}: use one of "
+                          f"{', '.join(sorted(NODE_DATASETS))}")
+
+
+def check_fractions(fractions: tuple[float, ...]) -> None:
+    if len(fractions) != 3 or any(f < 0 for f in fractions) or abs(sum(fractions) - 1) > 1e-6 \
+            or fractions[1] <= 0 or fractions[2] <= 0:
+        raise ConfigError(f"dataset.edge_split={list(fractions)} must be three fractions (train, val, test) that sum "
+                          "to 1, with val and test above 0, e.g. dataset.edge_split=[0.85,0.05,0.1]")
+
+
+def check_task_config(cfg) -> None:
+    """The task's name, and what the task asks of the rest of the config."""
+    name = cfg.task.name
+    if name not in TASK_NAMES:
+        raise ConfigError(f"task.name={name!r} is unknown: use one of {', '.join(sorted(TASK_NAMES))}")
+    (_check_node if name == "node" else _check_link)(cfg)
+
+
+def _check_node(cfg) -> None:
+    t = cfg.train
+    if t.eval_mode == "full" and (cfg.graph.mode != "replicated" or cfg.model.name not in FULL_INFERENCE_MODELS):
+        raise ConfigError(f"train.eval_mode=full needs graph=replicated and model {', '.join(FULL_INFERENCE_MODELS)}"
+                          f"; got graph.mode={cfg.graph.mode}, model={cfg.model.name}. HINT: train.eval_mode=sampled")
+
+
+def link_eval_mode(cfg) -> str:
+    """``train.eval_mode`` for link prediction: ``auto`` is exact (full) on replicated graphs, else sampled."""
+    mode = cfg.train.eval_mode
+    if mode == "auto":
+        return "full" if cfg.graph.mode == "replicated" else "sampled"
+    return mode
+
+
+def _check_link(cfg) -> None:
+    k, t = cfg.task, cfg.train
+    for key, value, allowed in (("task.decoder", k.decoder, DECODERS), ("task.negatives", k.negatives, NEGATIVES),
+                                ("task.form", k.form, FORMS)):
+        if value not in allowed:
+            raise ConfigError(f"{key}={value!r} is unknown: use one of {', '.join(allowed)}")
+    if k.num_negatives < 1 or k.neg_retries < 0 or any(x < 1 for x in k.hits_k):
+        raise ConfigError("task.num_negatives and every task.hits_k must be at least 1, task.neg_retries 0 or more")
+    if k.negatives == "in_batch" and k.num_negatives >= t.batch_size:
+        raise ConfigError(f"task.negatives=in_batch takes the other targets of a batch: task.num_negatives="
+                          f"{k.num_negatives} needs train.batch_size above it (got {t.batch_size})")
+    if t.sampler != "neighbor" or t.edge_budget:
+        raise ConfigError(f"task=link samples the neighbourhoods of its edges' endpoints: use train.sampler=neighbor "
+                          f"without train.edge_budget (got train.sampler={t.sampler}, train.edge_budget={t.edge_budget})")
+    if link_eval_mode(cfg) == "full" and (cfg.graph.mode != "replicated" or cfg.model.name not in FULL_INFERENCE_MODELS):
+        raise ConfigError(f"train.eval_mode=full needs graph=replicated; got graph.mode={cfg.graph.mode}. "
+                          "HINT: train.eval_mode=sampled (or auto)")
