@@ -1,0 +1,116 @@
+"""Typed (heterogeneous) graphs: the store, the feature rule, the homogeneous view, and typed batches
+checked edge by edge, type by type, against the whole graph."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hpcgnn.config import DatasetConfig
+from hpcgnn.data.synthetic import make_synthetic_typed
+from hpcgnn.data.typed import TypedGraph
+from hpcgnn.sampling.typed import TypedNeighborSampler, relation_fanouts, to_hetero_data
+
+FANOUTS = (4, 3)
+
+
+@pytest.fixture(scope="module")
+def graph() -> TypedGraph:
+    return make_synthetic_typed(DatasetConfig(num_nodes=3000, avg_degree=10, homophily=0.8, seed=5))
+
+
+def test_relations_are_reversed_and_features_follow_the_rule(graph):
+    rels = set(graph.relations)
+    assert ("author", "writes", "paper") in rels and ("paper", "rev_writes", "author") in rels
+    assert ("paper", "cites", "paper") in rels and not any(r[1] == "rev_cites" for r in rels)  # made undirected
+    cites = graph.edge_index(("paper", "cites", "paper"))
+    pairs = set(map(tuple, cites.t().tolist()))
+    assert all((d, s) in pairs for s, d in list(pairs)[:500])
+    w, rw = graph.edge_index(("author", "writes", "paper")), graph.edge_index(("paper", "rev_writes", "author"))
+    assert set(map(tuple, w.t().tolist())) == set(map(tuple, rw.flip(0).t().tolist()))
+    # An author's features: the mean of the papers it wrote.
+    a = int(rw[1, 0])
+    papers = rw[0, rw[1] == a]
+    assert torch.allclose(graph.x["author"][a], graph.x["paper"][papers].mean(0), atol=1e-6)
+    assert graph.feature_rule == {"paper": "given", "author": "mean over paper__rev_writes__author",
+                                  "field": "mean over paper__has_topic__field"}
+
+
+def test_the_homogeneous_view_holds_every_edge_once(graph):
+    h, off = graph.homogeneous(), graph.offsets()
+    assert h.num_nodes == sum(graph.num_nodes.values()) and h.num_edges == graph.num_edges()
+    rel = ("author", "writes", "paper")
+    ei = graph.edge_index(rel)[:, :50]
+    whole = set(map(tuple, h.edge_index().t().tolist()))
+    assert all((s + off["author"], d + off["paper"]) in whole for s, d in ei.t().tolist())
+    t0 = off["paper"]
+    assert torch.equal(h.y[t0 + graph.train_idx], graph.y[graph.train_idx]) and bool((h.y[: t0] == -1).all())
+
+
+def check_typed_batch(graph: TypedGraph, data, seeds: torch.Tensor, fanouts=FANOUTS) -> None:
+    """Every invariant of a typed batch, against the whole graph."""
+    t = graph.target
+    assert data[t].batch_size == seeds.numel() and torch.equal(data[t].n_id[: seeds.numel()], seeds)
+    for nt in graph.node_types:
+        ids = data[nt].n_id
+        assert torch.unique(ids).numel() == ids.numel()  # each node once per type
+        assert sum(data.num_sampled_nodes_dict[nt]) == ids.numel()
+        assert torch.equal(data[nt].x, graph.x[nt][ids])
+    assert torch.equal(data[t].y, graph.y[data[t].n_id])
+    node_start = {nt: torch.cumsum(torch.tensor([0, *data.num_sampled_nodes_dict[nt]]), 0)
+                  for nt in graph.node_types}
+    for rel in graph.relations:
+        s, _, d = rel
+        ei = data[rel].edge_index
+        assert sum(data.num_sampled_edges_dict[rel]) == ei.size(1)
+        # Every edge exists in this relation of the whole graph.
+        real = set(map(tuple, graph.edge_index(rel).t().tolist()))
+        got = torch.stack([data[s].n_id[ei[0]], data[d].n_id[ei[1]]])
+        assert set(map(tuple, got.t().tolist())) <= real, rel
+        edge_start = torch.cumsum(torch.tensor([0, *data.num_sampled_edges_dict[rel]]), 0)
+        deg = graph.degree(rel)
+        for hop, fanout in enumerate(fanouts):
+            e = ei[:, edge_start[hop]:edge_start[hop + 1]]
+            lo, hi = node_start[d][hop], node_start[d][hop + 1]
+            assert bool(((e[1] >= lo) & (e[1] < hi)).all())  # targets: the nodes new at the hop before
+            counts = torch.bincount(e[1] - lo, minlength=int(hi - lo))
+            assert torch.equal(counts, deg[data[d].n_id[lo:hi]].clamp(max=fanout)), (rel, hop)
+            assert bool((e[0] < node_start[s][hop + 2]).all())  # sources known by the next hop
+            pairs = e[0] * (data[d].n_id.numel() + 1) + e[1]
+            assert torch.unique(pairs).numel() == pairs.numel()  # no neighbour twice per target
+
+
+def test_typed_batches_are_valid_subgraphs_type_by_type(graph):
+    sampler = TypedNeighborSampler(graph, FANOUTS)
+    gen = torch.Generator().manual_seed(0)
+    for seeds in graph.train_idx[torch.randperm(graph.train_idx.numel(), generator=gen)].split(97)[:6]:
+        check_typed_batch(graph, to_hetero_data(graph, sampler.sample(seeds, gen)), seeds)
+
+
+def test_typed_sampling_is_deterministic_and_leaves_no_state(graph):
+    sampler = TypedNeighborSampler(graph, FANOUTS)
+    seeds = graph.train_idx[:64]
+    a = sampler.sample(seeds, torch.Generator().manual_seed(3))
+    b = sampler.sample(seeds, torch.Generator().manual_seed(3))
+    assert all(torch.equal(a.n_id[t], b.n_id[t]) for t in graph.node_types)
+    assert all(torch.equal(a.edge_index[r], b.edge_index[r]) for r in graph.relations)
+    assert all(bool((m == -1).all()) for m in sampler._local.values())
+    with pytest.raises(ValueError, match="seeds must be distinct"):
+        sampler.sample(torch.tensor([1, 1]))
+
+
+def test_fanouts_per_relation():
+    rels = [("a", "r", "b"), ("b", "s", "a")]
+    assert relation_fanouts(rels, [5, 3]) == {rels[0]: (5, 3), rels[1]: (5, 3)}
+    assert relation_fanouts(rels, {"a__r__b": [5, 3], rels[1]: [0, 2]})[rels[1]] == (0, 2)
+    with pytest.raises(ValueError, match="no fanouts for relation b__s__a"):
+        relation_fanouts(rels, {"a__r__b": [5, 3]})
+    with pytest.raises(ValueError, match="same number of hops"):
+        relation_fanouts(rels, {"a__r__b": [5, 3], "b__s__a": [1]})
+
+
+def test_a_relation_with_fanout_zero_is_not_sampled(graph):
+    fan = {r: ([0, 0] if r[1] == "cites" else [4, 3]) for r in graph.relations}
+    out = TypedNeighborSampler(graph, fan).sample(graph.train_idx[:50], torch.Generator().manual_seed(1))
+    assert out.edge_index[("paper", "cites", "paper")].size(1) == 0
+    assert out.edge_index[("author", "writes", "paper")].size(1) > 0
