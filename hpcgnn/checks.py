@@ -13,6 +13,7 @@ from hpcgnn.errors import ConfigError
 # ------------------------------------------------------------------ models (hpcgnn.models.MODELS)
 
 MODEL_NAMES = ("sage", "gcn", "gat", "gin", "mlp")
+TYPED_MODELS = ("rgcn", "sage", "mlp")  # models for typed graphs (sage: GraphSAGE through PyG's to_hetero)
 FULL_INFERENCE_MODELS = ("sage", "gcn", "gin", "gat", "mlp")  # exact layer-wise inference (eval_mode=full)
 DECODERS = ("dot", "mlp")  # link prediction: how a pair of embeddings becomes a score
 
@@ -22,6 +23,8 @@ OGB_NODE_DATASETS = ("ogbn-arxiv", "ogbn-products", "ogbn-papers100M")
 OGB_LINK_DATASETS = ("ogbl-collab", "ogbl-citation2")
 NODE_DATASETS = ("synthetic", "files", *OGB_NODE_DATASETS)
 LINK_DATASETS = ("synthetic", "files", *OGB_LINK_DATASETS)
+TYPED_DATASETS = ("synthetic_hetero",)  # typed graphs (hpcgnn.data.TYPED_LOADERS); erase_types serves them homogeneous
+NODE_DATASETS = (*NODE_DATASETS, *TYPED_DATASETS)
 SPLIT_EDGES = ("synthetic", "files")  # link datasets whose edges hpcgnn splits itself (dataset.edge_split)
 
 # ------------------------------------------------------------------ tasks (hpcgnn.tasks.TASKS)
@@ -39,8 +42,9 @@ def check_registered_names(cfg) -> None:
 
 
 def check_model_config(model) -> None:
-    if model.name not in MODEL_NAMES:
-        raise ConfigError(f"model.name={model.name!r} is unknown: use one of {', '.join(sorted(MODEL_NAMES))}")
+    if model.name not in (*MODEL_NAMES, *TYPED_MODELS):
+        raise ConfigError(f"model.name={model.name!r} is unknown: use one of "
+                          f"{', '.join(sorted({*MODEL_NAMES, *TYPED_MODELS}))}")
 
 
 def check_dataset_config(dataset) -> None:
@@ -64,11 +68,39 @@ def check_fractions(fractions: tuple[float, ...]) -> None:
                           "to 1, with val and test above 0, e.g. dataset.edge_split=[0.85,0.05,0.1]")
 
 
+def is_typed(dataset) -> bool:
+    """Whether the dataset is served as a typed graph (a typed source whose types are not erased)."""
+    return dataset.name in TYPED_DATASETS and not dataset.erase_types
+
+
+def check_typed_config(cfg) -> None:
+    """What a typed graph asks of the rest of the config (this release: replicated, neighbour sampling)."""
+    t, m = cfg.train, cfg.model
+    if not is_typed(cfg.dataset):
+        if m.name not in MODEL_NAMES:
+            raise ConfigError(f"model={m.name} needs a typed graph (e.g. dataset=synthetic_hetero); got "
+                              f"dataset={cfg.dataset.name}. HINT: use one of {', '.join(MODEL_NAMES)}")
+        return
+    if m.name not in TYPED_MODELS:
+        raise ConfigError(f"dataset={cfg.dataset.name} is a typed graph: model={m.name} reads one node and edge type. "
+                          f"HINT: use model=rgcn (or sage, mlp), or dataset.erase_types=true for the homogeneous view")
+    for ok, why in ((cfg.task.name == "node", f"task={cfg.task.name}"),
+                    (cfg.graph.mode == "replicated", "graph=partitioned"),
+                    (t.sampler == "neighbor" and not t.edge_budget, f"train.sampler={t.sampler}"
+                     + (f" with train.edge_budget={t.edge_budget}" if t.edge_budget else "")),
+                    (t.eval_mode != "full", "train.eval_mode=full"), (t.graph_on != "device", "train.graph_on=device")):
+        if not ok:
+            raise ConfigError(f"typed graphs (dataset={cfg.dataset.name}) train with task=node, graph=replicated, "
+                              f"train.sampler=neighbor and sampled evaluation on the host; got {why}. HINT: drop that "
+                              "setting, or dataset.erase_types=true for the homogeneous view")
+
+
 def check_task_config(cfg) -> None:
     """The task's name, and what the task asks of the rest of the config."""
     name = cfg.task.name
     if name not in TASK_NAMES:
         raise ConfigError(f"task.name={name!r} is unknown: use one of {', '.join(sorted(TASK_NAMES))}")
+    check_typed_config(cfg)
     (_check_node if name == "node" else _check_link)(cfg)
 
 

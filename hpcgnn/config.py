@@ -19,7 +19,7 @@ import difflib
 import functools
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 from omegaconf import MISSING, DictConfig, OmegaConf
 
@@ -60,6 +60,7 @@ class DatasetConfig:
     seed: int = 0  # seed of the generator and of the split
     edge_split: Tuple[float, ...] = (0.85, 0.05, 0.1)  # task=link on synthetic/files: train/val/test fractions of the edges
     prepared_for: str = "node"  # node | link: what the prepared graph serves (follows task.name; not set by hand)
+    erase_types: bool = False  # typed datasets (synthetic_hetero): serve the homogeneous view, types erased (a baseline)
 
 
 @dataclass(frozen=True)
@@ -89,6 +90,7 @@ class TrainConfig:
     epochs: int = 8  # passes over the training seeds
     batch_size: int = 512  # seed nodes per rank per step
     fanouts: Tuple[int, ...] = (10, 5)  # neighbours sampled per node, hop 1 first; one GNN layer each
+    relation_fanouts: Dict[str, Any] = field(default_factory=dict)  # typed graphs: {src__name__dst: [per hop]} overriding train.fanouts for that relation (0: not sampled)
     sampler: str = "neighbor"  # neighbor | ladies | saint_node | saint_edge | saint_rw | cluster (README: samplers)
     edge_budget: int = 0  # sampler=neighbor: cut seeds into batches of about this many sampled edges (0 = batch_size seeds)
     clusters_per_batch: int = 4  # sampler=cluster: METIS clusters whose induced subgraph is one step

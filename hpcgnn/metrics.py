@@ -109,7 +109,7 @@ class StepMetrics:
         marks (sample and gather: where the batch was made; h2d, forward, backward, optimizer), ``loss`` a
         device scalar."""
         rec = {"step": step, "epoch": epoch, **{k: float(v) for k, v in host.items()},
-               "seeds": int(data.batch_size), "nodes": int(data.num_nodes), "edges": int(data.edge_index.size(1)),
+               "seeds": int(data.batch_size), "nodes": int(data.num_nodes), "edges": int(data.num_edges),
                "peak_mem_mb": round(peak_memory_mb(self.device), 1), "host_peak_mb": round(host_peak_mb(), 1),
                "time": time.time()}
         self.pending.append((rec, marks, loss.detach()))

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from hpcgnn import checks
@@ -74,7 +75,7 @@ def uses_edges(cfg: ModelConfig) -> bool:
 
 def batch_transform(cfg: ModelConfig, degree: Tensor):
     """What every batch of this model needs done where it is made (None: nothing)."""
-    if MODELS[cfg.name].global_gcn_norm:
+    if cfg.name in MODELS and MODELS[cfg.name].global_gcn_norm:
         from hpcgnn.sampling.transforms import GCNNorm
 
         return GCNNorm(degree)
@@ -144,3 +145,107 @@ def build_link_model(cfg: ModelConfig, decoder: str, in_channels: int, num_layer
 def forward_pairs(model: torch.nn.Module, data, pairs: Tensor) -> Tensor:
     """Scores of ``pairs`` (local ids of the seeds) in a sampled link batch (outer hops trimmed)."""
     return model(data.x, data.edge_index, pairs, **_batch_kwargs(model, data))
+
+
+# ------------------------------------------------------------------------------ typed graphs
+
+TYPED_MODELS = checks.TYPED_MODELS
+
+
+class RGCN(torch.nn.Module):
+    """Relational GCN as in OGB's ogbn-mag neighbour-sampling baseline: per layer, each node type's root
+    linear map plus, for every relation into it, a linear map of the mean of its in-neighbours along that
+    relation (``HeteroConv`` over mean-aggregating ``SAGEConv`` without root weights, summed).
+
+    Batches carry per-type and per-relation hop counts: PyG's heterogeneous ``trim_to_layer`` drops
+    the outer hops layer by layer, so the last layer computes the target type's seeds only.
+    """
+
+    supports_trim = True
+
+    def __init__(self, node_types, relations, target: str, in_channels: int, hidden: int, out_channels: int,
+                 num_layers: int, dropout: float):
+        from torch_geometric.nn import HeteroConv, Linear, SAGEConv
+
+        super().__init__()
+        self.target, self.dropout, self.num_layers = target, dropout, num_layers
+        dims = [in_channels] + [hidden] * (num_layers - 1) + [out_channels]
+        # Layer i computes only the types that a later layer reads (the last: the target type), so that
+        # every parameter takes part in every step (what DDP's all-reduce expects) and no work is wasted.
+        needed = [{target}]
+        for _ in range(num_layers - 1):
+            needed.insert(0, needed[0] | {s for s, _, d in relations if d in needed[0]})
+        self.convs = torch.nn.ModuleList()
+        self.roots = torch.nn.ModuleList()
+        for i in range(num_layers):
+            rels = [r for r in relations if r[2] in needed[i]]
+            self.convs.append(HeteroConv({rel: SAGEConv((dims[i], dims[i]), dims[i + 1], root_weight=False,
+                                                        bias=False) for rel in rels}, aggr="sum"))
+            self.roots.append(torch.nn.ModuleDict({t: Linear(dims[i], dims[i + 1]) for t in node_types
+                                                   if t in needed[i]}))
+
+    def forward(self, x_dict: dict, edge_index_dict: dict, num_sampled_nodes_dict: dict | None = None,
+                num_sampled_edges_dict: dict | None = None) -> Tensor:
+        from torch_geometric.utils import trim_to_layer
+
+        for i in range(self.num_layers):
+            if num_sampled_nodes_dict is not None:
+                x_dict, edge_index_dict, _ = trim_to_layer(i, num_sampled_nodes_dict, num_sampled_edges_dict,
+                                                           x_dict, edge_index_dict)
+            out = self.convs[i](x_dict, edge_index_dict)
+            x_dict = {t: self.roots[i][t](x) + out[t] if t in out else self.roots[i][t](x) for t, x in x_dict.items()
+                      if t in self.roots[i]}
+            if i < self.num_layers - 1:
+                x_dict = {t: F.dropout(x.relu(), self.dropout, self.training) for t, x in x_dict.items()}
+        return x_dict[self.target]
+
+
+class TypedSAGE(torch.nn.Module):
+    """PyG's GraphSAGE made relational by ``to_hetero`` (one SAGEConv per relation, summed per type).
+    Its last layer computes every type, of which only the target's logits count: DDP must look for
+    the parameters a step did not use."""
+
+    supports_trim = False
+    unused_parameters = True
+
+    def __init__(self, node_types, relations, target: str, in_channels: int, hidden: int, out_channels: int,
+                 num_layers: int, dropout: float):
+        from torch_geometric.nn import GraphSAGE, to_hetero
+
+        super().__init__()
+        self.target = target
+        base = GraphSAGE(in_channels, hidden, num_layers, out_channels, dropout=dropout)
+        self.model = to_hetero(base, (list(node_types), list(relations)), aggr="sum")
+
+    def forward(self, x_dict: dict, edge_index_dict: dict, **_: object) -> Tensor:
+        return self.model(x_dict, edge_index_dict)[self.target]
+
+
+def build_typed_model(cfg: ModelConfig, node_types, relations, target: str, in_channels: int, out_channels: int,
+                      num_layers: int) -> torch.nn.Module:
+    if cfg.name == "mlp":  # the baseline on the target type's own features
+        return TypedMLP(target, MLPBaseline(in_channels, cfg.hidden_channels, num_layers, out_channels, cfg.dropout))
+    cls = {"rgcn": RGCN, "sage": TypedSAGE}[cfg.name]
+    return cls(node_types, relations, target, in_channels, cfg.hidden_channels, out_channels, num_layers, cfg.dropout)
+
+
+class TypedMLP(torch.nn.Module):
+    supports_trim = False
+
+    def __init__(self, target: str, mlp: torch.nn.Module):
+        super().__init__()
+        self.target, self.mlp = target, mlp
+
+    def forward(self, x_dict: dict, edge_index_dict: dict, **_: object) -> Tensor:
+        return self.mlp(x_dict[self.target])
+
+
+def forward_typed_batch(model: torch.nn.Module, data) -> Tensor:
+    """Logits of the target type's seeds in a typed batch (outer hops trimmed where the model can)."""
+    inner = getattr(model, "module", model)
+    target = inner.target
+    kwargs = {}
+    if getattr(inner, "supports_trim", False) and "num_sampled_nodes_dict" in data:
+        kwargs = {"num_sampled_nodes_dict": data.num_sampled_nodes_dict,
+                  "num_sampled_edges_dict": data.num_sampled_edges_dict}
+    return model(data.x_dict, data.edge_index_dict, **kwargs)[: data[target].batch_size]

@@ -26,8 +26,18 @@ import torch
 from torch import Tensor
 
 from hpcgnn import dist
+from hpcgnn.checks import is_typed
 from hpcgnn.config import RunConfig
-from hpcgnn.data import Graph, cache, cache_folder, open_graph, open_link, open_link_splits, prepare
+from hpcgnn.data import (
+    Graph,
+    cache,
+    cache_folder,
+    open_graph,
+    open_link,
+    open_link_splits,
+    open_typed,
+    prepare,
+)
 from hpcgnn.env import RankEnv
 from hpcgnn.errors import ConfigError
 from hpcgnn.io import write_npy
@@ -136,6 +146,7 @@ class Store:
     weigh_by_seeds: bool = True
     link = None  # a link task's splits (LinkData), else None
     graph_on = "host"  # where batches are made: host, or device (a replicated graph copied to the GPU)
+    typed = False  # batches are HeteroData (a typed graph)
 
     def __init__(self, cfg: RunConfig, env: RankEnv, device: torch.device):
         self.cfg, self.env, self.device = cfg, env, device
@@ -379,6 +390,61 @@ class PartitionedStore(Store):
         return self.parts.nbytes() + self.features.cache_bytes()
 
 
+def typed_fanouts(cfg: RunConfig, graph) -> dict:
+    """Each relation's fanouts: ``train.fanouts``, or its entry in ``train.relation_fanouts``."""
+    from hpcgnn.data.typed import relation_key
+
+    t = cfg.train
+    known = {relation_key(r): r for r in graph.relations}
+    unknown = sorted(set(t.relation_fanouts) - set(known))
+    if unknown:
+        raise ConfigError(f"train.relation_fanouts names {', '.join(unknown)}, not a relation of {cfg.dataset.name}. "
+                          f"HINT: use {', '.join(known)}")
+    out = {r: tuple(int(f) for f in t.relation_fanouts.get(k, t.fanouts)) for k, r in known.items()}
+    bad = [k for k, r in known.items() if len(out[r]) != len(t.fanouts)]
+    if bad:
+        raise ConfigError(f"train.relation_fanouts: {', '.join(bad)} need {len(t.fanouts)} hops like train.fanouts")
+    return out
+
+
+class TypedStore(Store):
+    """A typed graph, whole on every rank (one mapped copy per node); seeds are the target type's
+    training nodes, split across ranks as in the replicated store; batches are ``HeteroData``."""
+
+    mode = "replicated"
+    typed = True
+
+    def __init__(self, cfg: RunConfig, env: RankEnv, device: torch.device | None = None):
+        from hpcgnn.sampling.typed import TypedNeighborSampler
+
+        super().__init__(cfg, env, device or torch.device("cpu"))
+        on_local_rank0(env, f"prepare {cfg.dataset.name}", lambda: prepare(cfg.dataset))
+        self.graph = self.features = g = open_typed(cfg.dataset)
+        self.degree = None
+        self.num_nodes, self.num_features, self.num_classes = sum(g.num_nodes.values()), g.num_features, g.num_classes
+        self.sampler = self.train_sampler = TypedNeighborSampler(g, typed_fanouts(cfg, g))
+        self.steps = steps_per_epoch(g.train_idx.numel(), env.world_size, cfg.train.batch_size)
+        log.info("typed graph: %s nodes; %s edges; target %s: %d features, %d classes, %d/%d/%d train/val/test; "
+                 "features of %s", g.num_nodes, {"__".join(r): g.num_edges(r) for r in g.relations}, g.target,
+                 g.num_features, g.num_classes, g.train_idx.numel(), g.val_idx.numel(), g.test_idx.numel(),
+                 {t: rule for t, rule in g.feature_rule.items() if rule != "given"})
+
+    def train_batches(self, epoch: int) -> list[Tensor]:
+        g, t = self.graph, self.cfg.train
+        seeds = rank_seeds(g.train_idx, self.env.world_size, self.env.rank, generator(t.seed, "epoch", epoch))
+        return list(seeds.split(t.batch_size))
+
+    def eval_seeds(self, split: str) -> tuple[Tensor, int | None]:
+        return getattr(self.graph, f"{split}_idx")[self.env.rank::self.env.world_size], None
+
+    def resident_bytes(self) -> int:
+        g = self.graph
+        tensors = [*g.rowptr.values(), *g.col.values(), *g.x.values(), g.y]
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+
 def open_store(cfg: RunConfig, env: RankEnv, device: torch.device | None = None) -> Store:
+    if is_typed(cfg.dataset):
+        return TypedStore(cfg, env, device)
     cls = PartitionedStore if cfg.graph.mode == "partitioned" else ReplicatedStore
     return cls(cfg, env, device)

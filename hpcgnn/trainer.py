@@ -169,7 +169,8 @@ class Trainer:
         self.resume()
         if self.env.world_size > 1:
             self.ddp = DistributedDataParallel(self.model,
-                                               device_ids=[self.device] if self.device.type == "cuda" else None)
+                                               device_ids=[self.device] if self.device.type == "cuda" else None,
+                                               find_unused_parameters=getattr(self.model, "unused_parameters", False))
             self.ddp.register_comm_hook(self.hook.state, self.hook.hook)
         self._log_start()
         preempt = PreemptionFlag(self.cfg.checkpoint.signal)

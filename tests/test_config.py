@@ -67,7 +67,7 @@ def test_valid_overrides_pass_the_typo_guard():
     (["+cluster=example_gpu", "cluster.executor=pbs"], r"cluster.executor='pbs' is unknown: use slurm or local"),
     (["train.fanouts=[]"], r"train.fanouts=\[\] must be one or more positive integers"),
     (["train.batch_size=0"], r"train.batch_size=0 must be at least 1"),
-    (["model.name=transformer"], r"model.name='transformer' is unknown: use one of gat, gcn, gin, mlp, sage"),
+    (["model.name=transformer"], r"model.name='transformer' is unknown: use one of gat, gcn, gin, mlp, rgcn, sage"),
     (["dataset.train_fraction=0.95"], r"must be positive and sum to less than 1"),
     (["dist.backend=mpi"], r"dist.backend='mpi' is unknown"),
     (["train.graph_on=gpu"], r"train.graph_on='gpu' is unknown: use auto, host or device"),
@@ -286,6 +286,7 @@ def test_registries_hold_the_names_the_checks_know():
 
     assert set(models.MODELS) == set(checks.MODEL_NAMES)
     assert set(data.LOADERS) == set(checks.NODE_DATASETS) and set(data.LINK_LOADERS) == set(checks.LINK_DATASETS)
+    assert set(data.TYPED_LOADERS) == set(checks.TYPED_DATASETS)
     assert set(tasks.TASKS) == set(checks.TASK_NAMES)
     assert all(tasks.task_class(name).name == name for name in tasks.TASKS)
 

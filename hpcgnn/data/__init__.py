@@ -19,7 +19,7 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
-from hpcgnn.checks import check_dataset_config
+from hpcgnn.checks import check_dataset_config, is_typed
 from hpcgnn.config import DatasetConfig
 from hpcgnn.data import cache
 from hpcgnn.data.files import files_folder, load_files
@@ -28,7 +28,8 @@ from hpcgnn.data.link import LinkData, from_arrays, link_arrays, split_edges
 from hpcgnn.data.ogb import LINK_NAMES as OGB_LINK_NAMES
 from hpcgnn.data.ogb import NAMES as OGB_NAMES
 from hpcgnn.data.ogb import DatasetMissing, has_raw, load_ogb, load_ogb_link, prepare_command
-from hpcgnn.data.synthetic import GENERATOR_VERSION, make_synthetic
+from hpcgnn.data.synthetic import GENERATOR_VERSION, make_synthetic, make_synthetic_typed
+from hpcgnn.data.typed import TypedGraph, relation_key
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +38,13 @@ LOADERS: dict[str, Callable[[DatasetConfig, bool], Graph]] = {
     "synthetic": lambda cfg, allow_download: make_synthetic(cfg),
     "files": load_files,
     **{name: load_ogb for name in OGB_NAMES},
+    # typed sources with dataset.erase_types=true: the homogeneous view
+    "synthetic_hetero": lambda cfg, allow_download: make_synthetic_typed(cfg).homogeneous(),
+}
+
+# name -> typed-graph builder(cfg, allow_download)
+TYPED_LOADERS: dict[str, Callable[[DatasetConfig, bool], TypedGraph]] = {
+    "synthetic_hetero": lambda cfg, allow_download: make_synthetic_typed(cfg),
 }
 
 
@@ -60,6 +68,8 @@ _KEY_FIELDS = {
                   "val_fraction",
                   "seed"),
     "files": ("path", "to_undirected"),
+    "synthetic_hetero": ("num_nodes", "num_classes", "num_features", "avg_degree", "communities_per_class", "homophily",
+                         "feature_noise", "train_fraction", "val_fraction", "seed", "erase_types"),
     **{name: ("to_undirected",) for name in (*OGB_NAMES, *OGB_LINK_NAMES)},
 }
 _LINK_KEY_FIELDS = {"synthetic": ("edge_split",), "files": ("edge_split",)}  # and the seed, for the split
@@ -80,7 +90,7 @@ def cache_folder(cfg: DatasetConfig) -> Path:
         # Replaced files must not be served from an old cache.
         fields["files"] = sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in folder.glob("*")
                                  if p.suffix in (".npy", ".pt"))
-    if cfg.name == "synthetic":
+    if cfg.name in ("synthetic", "synthetic_hetero"):
         fields["generator"] = GENERATOR_VERSION
     name = cfg.name
     if cfg.prepared_for == "link":
@@ -103,6 +113,13 @@ def prepare(cfg: DatasetConfig, allow_download: bool = False) -> Path:
         return folder
     log.info("preparing %s into %s", cfg.name, folder)
     source = {"dataset": dataclasses.asdict(cfg)}
+    if is_typed(cfg):  # stored as its homogeneous view, plus each relation's CSR and the types
+        typed = TYPED_LOADERS[cfg.name](cfg, allow_download)
+        arrays = {f"{kind}__{relation_key(r)}": getattr(typed, kind)[r] for r in typed.relations
+                  for kind in ("rowptr", "col")}
+        meta = {"typed": {"num_nodes": typed.num_nodes, "relations": [list(r) for r in typed.relations],
+                          "target": typed.target, "feature_rule": typed.feature_rule}}
+        return cache.save(typed.homogeneous(), folder, source, extra=arrays, extra_meta=meta)
     if cfg.prepared_for == "link":
         data = build_link(cfg, allow_download)
         arrays, meta = link_arrays(data)
@@ -127,6 +144,24 @@ def open_graph(cfg: DatasetConfig) -> Graph:
     return cache.load(folder)
 
 
+def open_typed(cfg: DatasetConfig) -> TypedGraph:
+    """Memory-map a prepared typed graph: each type's features and labels are slices of the stored
+    homogeneous view (no copy), each relation's CSR its own arrays."""
+    h = open_graph(cfg)
+    arrays, meta = cache.load_extra(cache_folder(cfg))
+    t = meta["typed"]
+    relations = [tuple(r) for r in t["relations"]]
+    num_nodes = {k: int(v) for k, v in t["num_nodes"].items()}
+    off, start = {}, 0
+    for k, n in num_nodes.items():
+        off[k], start = start, start + n
+    t0, n0 = off[t["target"]], num_nodes[t["target"]]
+    return TypedGraph(num_nodes, {r: arrays[f"rowptr__{relation_key(r)}"] for r in relations},
+                      {r: arrays[f"col__{relation_key(r)}"] for r in relations},
+                      {k: h.x[off[k]:off[k] + n] for k, n in num_nodes.items()}, t["target"], h.y[t0:t0 + n0],
+                      h.train_idx - t0, h.val_idx - t0, h.test_idx - t0, h.num_classes, t["feature_rule"])
+
+
 def open_link(cfg: DatasetConfig) -> LinkData:
     """Memory-map a prepared link dataset: the graph of its training edges and its splits."""
     graph = open_graph(cfg)
@@ -143,5 +178,5 @@ def open_link_splits(cfg: DatasetConfig) -> LinkData:
     return from_arrays(None, arrays, meta)
 
 
-__all__ = ["LINK_LOADERS", "LOADERS", "Graph", "LinkData", "build_graph", "build_link", "cache_folder",
-           "check_dataset_config", "open_graph", "open_link", "open_link_splits", "prepare"]
+__all__ = ["LINK_LOADERS", "LOADERS", "TYPED_LOADERS", "Graph", "LinkData", "TypedGraph", "build_graph", "build_link", "cache_folder",
+           "check_dataset_config", "open_graph", "open_link", "open_link_splits", "open_typed", "prepare"]

@@ -23,6 +23,7 @@ from torch_geometric.data import Data
 
 from hpcgnn import rng
 from hpcgnn.data.graph import Graph
+from hpcgnn.data.typed import TypedGraph
 from hpcgnn.metrics import Clock
 from hpcgnn.sampling.neighbor import SampledSubgraph
 
@@ -145,7 +146,7 @@ class BatchLoader:
     def graph_device(self) -> torch.device:
         """Where batches are made: the sampler's graph's device."""
         rowptr = getattr(self.sampler, "rowptr", None)
-        return rowptr.device if rowptr is not None else torch.device("cpu")
+        return rowptr.device if isinstance(rowptr, Tensor) else torch.device("cpu")
 
     @functools.cached_property
     def clock(self) -> Clock:
@@ -175,6 +176,12 @@ class BatchLoader:
         if self.transform is not None:
             out = self.transform(out)
         m1 = clock.mark()
+        if isinstance(self.features, TypedGraph):  # a typed batch: HeteroData, features per node type
+            from hpcgnn.sampling.typed import to_hetero_data
+
+            data = to_hetero_data(self.features, out)
+            data.sample, data.gather = (m0, m1), (m1, clock.mark())
+            return data
         x, y = gather_features(self.features, out.n_id, out.batch_size, self.pin_memory)
         data = Data(x=x, edge_index=out.edge_index, y=y, n_id=out.n_id, batch_size=out.batch_size,
                     sample=(m0, m1), gather=(m1, clock.mark()))

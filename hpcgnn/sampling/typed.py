@@ -126,7 +126,7 @@ def to_hetero_data(graph: TypedGraph, out: TypedSubgraph):
         data[t].num_nodes = ids.numel()
     target = data[graph.target]
     target.y = graph.y.index_select(0, out.n_id[graph.target].to(graph.y.device))
-    target.batch_size = out.batch_size
+    target.batch_size = data.batch_size = out.batch_size  # the seeds' count, on the type and the batch
     for rel, ei in out.edge_index.items():
         data[rel].edge_index = ei
     data.num_sampled_nodes_dict = out.num_sampled_nodes

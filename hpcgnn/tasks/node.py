@@ -1,4 +1,8 @@
-"""Node classification: a batch's targets are its seeds' labels; accuracy is the metric."""
+"""Node classification: a batch's targets are its seeds' labels; accuracy is the metric.
+
+On a typed graph the seeds are the target type's nodes and batches are ``HeteroData``: the
+model returns the target type's logits and the labels are that type's.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from hpcgnn import dist
-from hpcgnn.models import batch_transform, build_model, forward_batch
+from hpcgnn.models import batch_transform, build_model, build_typed_model, forward_batch, forward_typed_batch
 from hpcgnn.tasks.base import StepResult, Task
 from hpcgnn.techniques import autocast, layerwise_inference
 
@@ -24,16 +28,27 @@ class NodeClassification(Task):
         self._transform = batch_transform(cfg.model, store.degree)
 
     def build_model(self) -> torch.nn.Module:
-        return build_model(self.cfg.model, self.store.num_features, self.store.num_classes, len(self.cfg.train.fanouts))
+        s, layers = self.store, len(self.cfg.train.fanouts)
+        if s.typed:
+            g = s.graph
+            return build_typed_model(self.cfg.model, g.node_types, g.relations, g.target, s.num_features,
+                                     s.num_classes, layers)
+        return build_model(self.cfg.model, s.num_features, s.num_classes, layers)
+
+    def logits_and_labels(self, model: torch.nn.Module, batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """The seeds' logits and labels (a typed batch: the target type's)."""
+        n = batch.batch_size
+        if self.store.typed:
+            return forward_typed_batch(model, batch), batch[self.store.graph.target].y[:n]
+        return forward_batch(model, batch), batch.y[:n]
 
     @property
     def transform(self) -> Callable | None:
         return self._transform
 
     def step(self, model: torch.nn.Module, batch) -> StepResult:
-        logits = forward_batch(model, batch)
+        logits, y = self.logits_and_labels(model, batch)
         n = batch.batch_size
-        y = batch.y[:n]
         if n == 0:  # a padding batch: forward and backward still run, so DDP hears from this rank
             loss = logits.float().sum() * 0.0
         elif "node_weight" in batch:  # GraphSAINT: each seed weighted by 1 / (lambda_v x train nodes)
@@ -62,8 +77,8 @@ class NodeClassification(Task):
                 if batch.batch_size == 0:  # padding: this rank only serves the others' exchanges
                     continue
                 with autocast(t.precision, self.device):
-                    pred = forward_batch(model, batch).argmax(-1)
-                counts[0] += (pred == batch.y[: batch.batch_size]).sum()
+                    logits, y = self.logits_and_labels(model, batch)
+                counts[0] += (logits.argmax(-1) == y).sum()
                 counts[1] += batch.batch_size
             counts = dist.all_reduce_sum(counts.cpu())
             out[f"{split}_acc"] = (counts[0] / counts[1]).item()
