@@ -23,7 +23,8 @@ OGB_NODE_DATASETS = ("ogbn-arxiv", "ogbn-products", "ogbn-papers100M")
 OGB_LINK_DATASETS = ("ogbl-collab", "ogbl-citation2")
 NODE_DATASETS = ("synthetic", "files", *OGB_NODE_DATASETS)
 LINK_DATASETS = ("synthetic", "files", *OGB_LINK_DATASETS)
-TYPED_DATASETS = ("synthetic_hetero",)  # typed graphs (hpcgnn.data.TYPED_LOADERS); erase_types serves them homogeneous
+OGB_TYPED_DATASETS = ("ogbn-mag",)
+TYPED_DATASETS = ("synthetic_hetero", *OGB_TYPED_DATASETS)  # typed graphs (hpcgnn.data.TYPED_LOADERS); erase_types serves them homogeneous
 NODE_DATASETS = (*NODE_DATASETS, *TYPED_DATASETS)
 SPLIT_EDGES = ("synthetic", "files")  # link datasets whose edges hpcgnn splits itself (dataset.edge_split)
 

@@ -222,3 +222,74 @@ def test_relation_fanouts_override_train_fanouts_per_relation():
     with pytest.raises(ConfigError, match=r"train.relation_fanouts names paper__quotes__paper, not a relation of "
                                           r"synthetic_hetero\. HINT: use paper__cites__paper"):
         TypedStore(make_config(*base, "+train.relation_fanouts.paper__quotes__paper=[1,1]"), RankEnv.from_environ({}))
+
+
+def write_mini_mag(root) -> dict:
+    """A miniature of ogbn-mag in OGB's raw heterogeneous layout (what the download unpacks), written
+    here: ogb.io's readers and the official split files, never a download."""
+    import gzip
+
+    import numpy as np
+
+    folder = root / "ogb" / "ogbn_mag"
+    raw, split = folder / "raw", folder / "split" / "time" / "paper"
+
+    def csv(path, rows, header=None):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with gzip.open(path, "wt") as f:
+            if header:
+                f.write(",".join(header) + "\n")
+            for row in rows:
+                f.write(",".join(str(v) for v in (row if isinstance(row, (list, tuple, np.ndarray)) else [row])) + "\n")
+
+    rng = np.random.default_rng(0)
+    n = {"author": 40, "field_of_study": 6, "institution": 3, "paper": 60}
+    rels = {("author", "affiliated_with", "institution"): (rng.integers(0, 40, 50), rng.integers(0, 3, 50)),
+            ("author", "writes", "paper"): (rng.integers(0, 40, 120), rng.integers(0, 60, 120)),
+            ("paper", "cites", "paper"): (rng.integers(0, 60, 150), rng.integers(0, 60, 150)),
+            ("paper", "has_topic", "field_of_study"): (rng.integers(0, 60, 90), rng.integers(0, 6, 90))}
+    csv(raw / "num-node-dict.csv.gz", [[n[t] for t in n]], header=list(n))
+    csv(raw / "triplet-type-list.csv.gz", [list(r) for r in rels])
+    for rel, (s, d) in rels.items():
+        sub = raw / "relations" / "___".join(rel)
+        csv(sub / "edge.csv.gz", np.stack([s, d], 1))
+        csv(sub / "num-edge-list.csv.gz", [len(s)])
+    x = rng.normal(size=(60, 8)).round(4)
+    y = rng.integers(0, 349, 60)
+    csv(raw / "node-feat" / "paper" / "node-feat.csv.gz", x)
+    csv(raw / "node-label" / "paper" / "node-label.csv.gz", y)
+    csv(raw / "nodetype-has-label.csv.gz", [[t == "paper" for t in n]], header=list(n))
+    csv(folder / "split" / "time" / "nodetype-has-split.csv.gz", [[t == "paper" for t in n]], header=list(n))
+    for part, ids in (("train", range(0, 40)), ("valid", range(40, 50)), ("test", range(50, 60))):
+        csv(split / f"{part}.csv.gz", list(ids))
+    return {"n": n, "rels": rels, "x": x, "y": y}
+
+
+def test_ogbn_mag_is_read_by_ogbs_own_readers(tmp_path):
+    """A miniature in OGB's raw layout, read through ogb.io: types, relations (with reverses), the
+    feature rule for the three featureless types, labels and the official split; prepared and mapped."""
+    from hpcgnn.data import open_typed, prepare
+
+    mini = write_mini_mag(tmp_path)
+    cfg = DatasetConfig(name="ogbn-mag", root=str(tmp_path))
+    prepare(cfg)
+    g = open_typed(cfg)
+    assert g.num_nodes == mini["n"] and g.target == "paper" and g.num_classes == 349
+    assert torch.equal(g.x["paper"], torch.tensor(mini["x"], dtype=torch.float32))
+    assert torch.equal(g.y, torch.from_numpy(mini["y"])) and torch.equal(g.train_idx, torch.arange(40))
+    assert torch.equal(g.test_idx, torch.arange(50, 60))
+    s, d = mini["rels"][("author", "writes", "paper")]
+    want = set(zip(s.tolist(), d.tolist(), strict=True))
+    assert set(map(tuple, g.edge_index(("author", "writes", "paper")).t().tolist())) == want
+    assert set(map(tuple, g.edge_index(("paper", "rev_writes", "author")).flip(0).t().tolist())) == want
+    assert g.feature_rule["institution"] == "mean over author__affiliated_with__institution"
+    # An author's features: the mean of its papers'; an institution's: the mean of its authors'.
+    a = int(s[0])
+    papers = sorted({p for u, p in want if u == a})
+    assert torch.allclose(g.x["author"][a], torch.tensor(mini["x"][papers].mean(0), dtype=torch.float32), atol=1e-5)
+    si, di = mini["rels"][("author", "affiliated_with", "institution")]
+    inst = int(di[0])
+    members = sorted({u for u, i in zip(si.tolist(), di.tolist(), strict=True) if i == inst})
+    assert torch.allclose(g.x["institution"][inst], g.x["author"][members].mean(0), atol=1e-5)
+    batch = TypedNeighborSampler(g, (3, 2)).sample(g.train_idx[:8], torch.Generator().manual_seed(0))
+    check_typed_batch(g, to_hetero_data(g, batch), g.train_idx[:8], (3, 2))

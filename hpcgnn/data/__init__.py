@@ -27,7 +27,7 @@ from hpcgnn.data.graph import Graph
 from hpcgnn.data.link import LinkData, from_arrays, link_arrays, split_edges
 from hpcgnn.data.ogb import LINK_NAMES as OGB_LINK_NAMES
 from hpcgnn.data.ogb import NAMES as OGB_NAMES
-from hpcgnn.data.ogb import DatasetMissing, has_raw, load_ogb, load_ogb_link, prepare_command
+from hpcgnn.data.ogb import DatasetMissing, has_raw, load_ogb, load_ogb_link, load_ogb_typed, prepare_command
 from hpcgnn.data.synthetic import GENERATOR_VERSION, make_synthetic, make_synthetic_typed
 from hpcgnn.data.typed import TypedGraph, relation_key
 
@@ -40,11 +40,13 @@ LOADERS: dict[str, Callable[[DatasetConfig, bool], Graph]] = {
     **{name: load_ogb for name in OGB_NAMES},
     # typed sources with dataset.erase_types=true: the homogeneous view
     "synthetic_hetero": lambda cfg, allow_download: make_synthetic_typed(cfg).homogeneous(),
+    "ogbn-mag": lambda cfg, allow_download: load_ogb_typed(cfg, allow_download).homogeneous(),
 }
 
 # name -> typed-graph builder(cfg, allow_download)
 TYPED_LOADERS: dict[str, Callable[[DatasetConfig, bool], TypedGraph]] = {
     "synthetic_hetero": lambda cfg, allow_download: make_synthetic_typed(cfg),
+    "ogbn-mag": load_ogb_typed,
 }
 
 
@@ -71,6 +73,7 @@ _KEY_FIELDS = {
     "synthetic_hetero": ("num_nodes", "num_classes", "num_features", "avg_degree", "communities_per_class", "homophily",
                          "feature_noise", "train_fraction", "val_fraction", "seed", "erase_types"),
     **{name: ("to_undirected",) for name in (*OGB_NAMES, *OGB_LINK_NAMES)},
+    "ogbn-mag": ("erase_types",),
 }
 _LINK_KEY_FIELDS = {"synthetic": ("edge_split",), "files": ("edge_split",)}  # and the seed, for the split
 
@@ -131,7 +134,7 @@ def check_available(cfg: DatasetConfig) -> None:
     """Before submitting: fail now, not on a compute node, when the data cannot be there."""
     if cfg.name == "files":
         files_folder(cfg)
-    elif cfg.name in (*OGB_NAMES, *OGB_LINK_NAMES) and not cache.is_complete(cache_folder(cfg)) and not has_raw(cfg):
+    elif cfg.name in (*OGB_NAMES, *OGB_LINK_NAMES, "ogbn-mag") and not cache.is_complete(cache_folder(cfg)) and not has_raw(cfg):
         raise DatasetMissing(f"{cfg.name} is not under {Path(cfg.root).expanduser()}: jobs do not download. "
                              f"HINT: first run\n    {prepare_command(cfg)}")
 

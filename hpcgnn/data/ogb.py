@@ -43,7 +43,7 @@ def ogb_folder(cfg: DatasetConfig) -> Path:
 
 
 def has_raw(cfg: DatasetConfig) -> bool:
-    return any((ogb_folder(cfg) / p).exists() for p in ("raw/edge.csv.gz", "raw/data.npz"))
+    return any((ogb_folder(cfg) / p).exists() for p in ("raw/edge.csv.gz", "raw/data.npz", "raw/num-node-dict.csv.gz"))
 
 
 def _meta(name: str) -> dict:
@@ -115,6 +115,47 @@ def load_ogb(cfg: DatasetConfig, allow_download: bool) -> Graph:
     idx = {k: torch.from_numpy(v.astype(np.int64)) for k, v in split.items()}
     return Graph.from_edge_index(edge_index, n, x, y, idx["train"], idx["valid"], idx["test"],
                                  int(meta["num classes"]))
+
+
+# ogbn-mag: the types without features get the mean of their in-neighbours' along these relations, in this
+# order (an institution's from its authors', which come from their papers').
+MAG_FEATURES = {"author": ("paper", "rev_writes", "author"),
+                "field_of_study": ("paper", "has_topic", "field_of_study"),
+                "institution": ("author", "affiliated_with", "institution")}
+
+
+def load_ogb_typed(cfg: DatasetConfig, allow_download: bool):
+    """ogbn-mag through ogb.io's heterogeneous readers and the official time split of its papers; reverse
+    relations added and citations made undirected, as is customary; featureless types by MAG_FEATURES."""
+    from ogb.io.read_graph_raw import (
+        read_csv_heterograph_raw,
+        read_node_label_hetero,
+        read_nodesplitidx_split_hetero,
+    )
+
+    from hpcgnn.data.typed import TypedGraph
+
+    if cfg.name not in checks.OGB_TYPED_DATASETS:
+        raise ConfigError(f"dataset.name={cfg.name!r} is not an OGB typed dataset hpcgnn knows: "
+                          f"{', '.join(checks.OGB_TYPED_DATASETS)}")
+    meta = _meta(cfg.name)
+    folder = _raw_folder(cfg, meta, allow_download)
+    raw = str(folder / "raw")
+    graph = read_csv_heterograph_raw(raw, add_inverse_edge=False)[0]
+    labels = read_node_label_hetero(raw)
+    train, valid, test = read_nodesplitidx_split_hetero(str(folder / "split" / meta["split"]))
+    (target,) = labels  # ogbn-mag labels one type: paper
+    num_nodes = {t: int(n[0]) if isinstance(n, list) else int(n) for t, n in graph["num_nodes_dict"].items()}
+    edges = {tuple(rel): torch.from_numpy(np.ascontiguousarray(ei, dtype=np.int64))
+             for rel, ei in graph["edge_index_dict"].items()}
+    x = {t: torch.from_numpy(np.ascontiguousarray(v, dtype=np.float32)) for t, v in graph["node_feat_dict"].items()
+         if v is not None}
+    rules = {t: rel for t, rel in MAG_FEATURES.items() if t in num_nodes and t not in x}
+    y = torch.from_numpy(np.array(labels[target], dtype=np.int64).reshape(-1))  # a writable copy
+    idx = {k: torch.from_numpy(np.array(v[target], dtype=np.int64)) for k, v in
+           (("train", train), ("valid", valid), ("test", test))}
+    return TypedGraph.from_edges(num_nodes, edges, x, target, y, idx["train"], idx["valid"], idx["test"],
+                                 int(meta["num classes"]), reverse=True, feature_from=rules)
 
 
 def _read_csv(path: Path) -> np.ndarray:
