@@ -112,6 +112,9 @@ class StepMetrics:
                "seeds": int(data.batch_size), "nodes": int(data.num_nodes), "edges": int(data.num_edges),
                "peak_mem_mb": round(peak_memory_mb(self.device), 1), "host_peak_mb": round(host_peak_mb(), 1),
                "time": time.time()}
+        if hasattr(data, "node_types"):  # a typed batch: its sampled nodes per type and edges per relation
+            rec["nodes_by_type"] = {t: int(data[t].num_nodes) for t in data.node_types}
+            rec["edges_by_relation"] = {"__".join(r): int(data[r].num_edges) for r in data.edge_types}
         self.pending.append((rec, marks, loss.detach()))
         if step % self.every == 0:
             self.flush()

@@ -3,6 +3,8 @@ checked edge by edge, type by type, against the whole graph."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -150,6 +152,9 @@ def test_the_relational_model_beats_an_mlp_and_types_erased(typed_runs):
     steps = [len((typed_runs["rgcn_folder"] / "run" / "metrics" / f"rank-{r}.jsonl").read_text().splitlines())
              for r in range(2)]
     assert steps[0] == steps[1] == rgcn["steps_per_epoch"] * rgcn["epochs"]
+    rec = json.loads((typed_runs["rgcn_folder"] / "run" / "metrics" / "rank-0.jsonl").read_text().splitlines()[0])
+    assert set(rec["nodes_by_type"]) == {"paper", "author", "field"} and rec["nodes_by_type"]["paper"] >= rec["seeds"]
+    assert sum(rec["nodes_by_type"].values()) == rec["nodes"] and sum(rec["edges_by_relation"].values()) == rec["edges"]
     assert rgcn["test_acc"] >= 0.9, rgcn["test_acc"]
     assert rgcn["test_acc"] - mlp["test_acc"] >= 0.2, (rgcn["test_acc"], mlp["test_acc"])
     assert rgcn["test_acc"] - erased["test_acc"] >= 0.2, (rgcn["test_acc"], erased["test_acc"])
