@@ -184,10 +184,12 @@ def test_ranks_agree_whether_they_share_a_gpu():
             sock.bind(("127.0.0.1", 0))
             port = sock.getsockname()[1]
         out: list = [None] * len(identities)
+        stores: list = []  # alive until every rank has read the answer (in a job the store lives on in the group)
 
         def rank(r: int) -> None:
             store = tdist.TCPStore("127.0.0.1", port, len(identities), is_master=r == 0,
                                    timeout=timedelta(seconds=30), wait_for_workers=False)
+            stores.append(store)
             env = RankEnv.from_environ({"RANK": str(r), "WORLD_SIZE": str(len(identities)), "LOCAL_RANK": str(r),
                                         "LOCAL_WORLD_SIZE": str(len(identities)), "MASTER_ADDR": "127.0.0.1",
                                         "MASTER_PORT": str(port)})
