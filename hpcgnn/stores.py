@@ -17,6 +17,7 @@ global id), and the bytes they hold.
 
 from __future__ import annotations
 
+import abc
 import logging
 import math
 import time
@@ -138,7 +139,7 @@ def graph_on(cfg: RunConfig, env: RankEnv, device: torch.device, graph_bytes: in
     return "device" if fits else "host"
 
 
-class Store:
+class Store(abc.ABC):
     """What both stores share: how a loader is assembled from a rank's batches."""
 
     mode: str
@@ -151,8 +152,9 @@ class Store:
     def __init__(self, cfg: RunConfig, env: RankEnv, device: torch.device):
         self.cfg, self.env, self.device = cfg, env, device
 
+    @abc.abstractmethod
     def train_batches(self, epoch: int) -> list[Tensor]:
-        raise NotImplementedError
+        """This rank's batches of seeds (items) for ``epoch``: ``steps`` of them."""
 
     def train_loader(self, epoch: int, start_step: int = 0, transform=None):
         """This rank's batches of ``epoch`` from ``start_step`` on, on the device, prefetched."""
@@ -172,8 +174,9 @@ class Store:
                            batch_seed=derive_seed(t.seed, "eval", split, self.env.rank), num_batches=num_batches,
                            device=self.device, pin_memory=self.device.type == "cuda", transform=transform)
 
+    @abc.abstractmethod
     def eval_seeds(self, split: str) -> tuple[Tensor, int | None]:
-        raise NotImplementedError
+        """This rank's share of ``split`` and the batch count to pad to (None: no padding needed)."""
 
     def eval_batch_size(self, split: str) -> int:
         """Items per evaluation batch: ``train.eval_batch_size`` seeds, or pairs (a positive with K candidate

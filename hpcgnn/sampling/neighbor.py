@@ -95,7 +95,9 @@ class CSRNeighborSampler(BaseSampler):
                              num_sampled_edges=list(out.num_sampled_edges), metadata=(index.input_id, index.time))
 
     def sample_from_edges(self, index, neg_sampling=None) -> SamplerOutput:
-        raise NotImplementedError("CSRNeighborSampler samples from seed nodes; use PyG's loaders with node seeds")
+        # Link batches are made by hpcgnn.sampling.link.LinkSampler around this sampler, not through PyG's loaders.
+        raise TypeError("CSRNeighborSampler samples from seed nodes; for edge seeds use task=link "
+                        "(hpcgnn.sampling.link.LinkSampler) or PyG's loaders with node seeds")
 
     def begin_batch(self) -> None:
         """Called before the first hop of every batch (the distributed sampler resets its counters)."""
