@@ -75,7 +75,8 @@ def is_typed(dataset) -> bool:
 
 
 def check_typed_config(cfg) -> None:
-    """What a typed graph asks of the rest of the config (this release: replicated, neighbour sampling)."""
+    """What a typed graph asks of the rest of the config (this release: node classification, neighbour
+    sampling, on a replicated or partitioned graph)."""
     t, m = cfg.train, cfg.model
     if not is_typed(cfg.dataset):
         if m.name not in MODEL_NAMES:
@@ -86,12 +87,11 @@ def check_typed_config(cfg) -> None:
         raise ConfigError(f"dataset={cfg.dataset.name} is a typed graph: model={m.name} reads one node and edge type. "
                           f"HINT: use model=rgcn (or sage, mlp), or dataset.erase_types=true for the homogeneous view")
     for ok, why in ((cfg.task.name == "node", f"task={cfg.task.name}"),
-                    (cfg.graph.mode == "replicated", "graph=partitioned"),
                     (t.sampler == "neighbor" and not t.edge_budget, f"train.sampler={t.sampler}"
                      + (f" with train.edge_budget={t.edge_budget}" if t.edge_budget else "")),
                     (t.eval_mode != "full", "train.eval_mode=full"), (t.graph_on != "device", "train.graph_on=device")):
         if not ok:
-            raise ConfigError(f"typed graphs (dataset={cfg.dataset.name}) train with task=node, graph=replicated, "
+            raise ConfigError(f"typed graphs (dataset={cfg.dataset.name}) train with task=node, "
                               f"train.sampler=neighbor and sampled evaluation on the host; got {why}. HINT: drop that "
                               "setting, or dataset.erase_types=true for the homogeneous view")
 

@@ -115,6 +115,8 @@ class StepMetrics:
         if hasattr(data, "node_types"):  # a typed batch: its sampled nodes per type and edges per relation
             rec["nodes_by_type"] = {t: int(data[t].num_nodes) for t in data.node_types}
             rec["edges_by_relation"] = {"__".join(r): int(data[r].num_edges) for r in data.edge_types}
+            if "remote_rows_by_type" in data:  # partitioned: feature rows of other ranks' nodes (cached or fetched)
+                rec["remote_rows_by_type"] = dict(data.remote_rows_by_type)
         self.pending.append((rec, marks, loss.detach()))
         if step % self.every == 0:
             self.flush()

@@ -147,7 +147,8 @@ class Store(abc.ABC):
     weigh_by_seeds: bool = True
     link = None  # a link task's splits (LinkData), else None
     graph_on = "host"  # where batches are made: host, or device (a replicated graph copied to the GPU)
-    typed = False  # batches are HeteroData (a typed graph)
+    typed = False  # batches are HeteroData (a typed graph); then ``schema`` holds its types and relations
+    schema = None
 
     def __init__(self, cfg: RunConfig, env: RankEnv, device: torch.device):
         self.cfg, self.env, self.device = cfg, env, device
@@ -322,14 +323,24 @@ class PartitionedStore(Store):
         self.view = d.PartitionView(parts, env.rank, per_rank)
         self.degree = parts.degree
         self.num_nodes = parts.num_nodes
-        self.sampler = self.train_sampler = d.PartitionedNeighborSampler(self.view, fanouts(cfg), self.exchange,
-                                                                         g.boundary_fraction)
         self.weigh_by_seeds = True
         self.num_features, self.num_classes = parts.num_features, parts.num_classes
         # Link prediction: a rank's training edges are those whose source it owns; their endpoints, like any
         # other node, are sampled and fetched wherever they live. Evaluation reads the splits' (small) arrays.
         self.link = open_link_splits(cfg.dataset) if cfg.dataset.prepared_for == "link" else None
         self.features = d.PartitionedFeatures(self.view, self.exchange, labels=self.link is None)
+        self.seed_offset = 0  # global id -> sampler seed (a typed graph's sampler takes target-type ids)
+        if parts.typed is not None:  # batches are HeteroData; seeds are the target type's own ids
+            from hpcgnn.sampling.typed import PartitionedTypedFeatures, PartitionedTypedSampler
+
+            self.typed, self.schema = True, parts.typed.schema
+            self.seed_offset = self.schema.offsets()[self.schema.target]
+            self.sampler = PartitionedTypedSampler(self.view, typed_fanouts(cfg, self.schema), self.exchange,
+                                                   g.boundary_fraction)
+            self.features = PartitionedTypedFeatures(self.features, self.sampler)
+        else:
+            self.sampler = d.PartitionedNeighborSampler(self.view, fanouts(cfg), self.exchange, g.boundary_fraction)
+        self.train_sampler = self.sampler
         own = parts.train_idx.numel() if self.link is None else parts.train_pos.size(1)
         if self.link is not None:
             self.train_sampler = self._link_sampler(self.sampler, parts.train_pos, owned_has_edge(self.view))
@@ -354,16 +365,25 @@ class PartitionedStore(Store):
                 warm = [torch.unique(parts.train_pos[:, ids].reshape(-1)) for ids in warm]
             warm = list(warm) + [warm[0][:0]] * (g.warmup_batches - len(warm))
             ids = d.hot_nodes(self.view, budget, g.cache_policy, self.sampler, warm, gen)
-            self.features.fill_cache(ids)
+            self.cache.fill_cache(ids)
         log.info("rank %d: parts %s of %d: %d nodes, %d edges, %d train seeds (padded to %d), cache %s rows "
                  "(%s), holds %s", env.rank, owned, num_parts, parts.nodes.numel(), parts.col.numel(),
-                 own, self.seeds_per_rank, self.features.cache_ids.numel(), g.cache_policy,
+                 own, self.seeds_per_rank, self.cache.cache_ids.numel(), g.cache_policy,
                  cache.human_bytes(self.resident_bytes()))
+        if self.typed:
+            off, cached = self.schema.offsets(), self.cache.cache_ids
+            log.info("rank %d: cached rows by node type: %s", env.rank,
+                     {t: int(((cached >= off[t]) & (cached < off[t] + n)).sum()) for t, n in self.schema.num_nodes.items()})
+
+    @property
+    def cache(self):
+        """The rank's feature rows of other ranks' nodes: the hot-node cache (over every node type)."""
+        return self.features.features if self.typed else self.features
 
     def train_seeds(self, epoch: int) -> Tensor:
         """The rank's own training seeds (nodes; link: ids of its edges), shuffled and padded (wrapping) to
         the largest rank's count."""
-        own = self.parts.train_idx if self.link is None else torch.arange(self.parts.train_pos.size(1))
+        own = self.parts.train_idx - self.seed_offset if self.link is None else torch.arange(self.parts.train_pos.size(1))
         order = own[torch.randperm(own.numel(), generator=generator(self.cfg.train.seed, "epoch", epoch))]
         return order.repeat(math.ceil(self.seeds_per_rank / max(own.numel(), 1)))[: self.seeds_per_rank]
 
@@ -381,7 +401,7 @@ class PartitionedStore(Store):
 
     def eval_seeds(self, split: str) -> tuple[Tensor, int | None]:
         """This rank's share of ``split`` and the batch count every rank walks (the most any rank needs)."""
-        mine = self.eval_items(split) if self.link is not None else getattr(self.parts, f"{split}_idx")
+        mine = self.eval_items(split) if self.link is not None else getattr(self.parts, f"{split}_idx") - self.seed_offset
         batches = math.ceil(mine.numel() / self.eval_batch_size(split))
         return mine, int(dist.all_reduce_max(torch.tensor([batches])).item())
 
@@ -390,11 +410,12 @@ class PartitionedStore(Store):
         return self.stats_.snapshot()
 
     def resident_bytes(self) -> int:
-        return self.parts.nbytes() + self.features.cache_bytes()
+        return self.parts.nbytes() + self.cache.cache_bytes()
 
 
 def typed_fanouts(cfg: RunConfig, graph) -> dict:
-    """Each relation's fanouts: ``train.fanouts``, or its entry in ``train.relation_fanouts``."""
+    """Each relation's fanouts: ``train.fanouts``, or its entry in ``train.relation_fanouts``; ``graph``:
+    anything with the relations (a TypedGraph, a TypedSchema)."""
     from hpcgnn.data.typed import relation_key
 
     t = cfg.train
@@ -423,6 +444,7 @@ class TypedStore(Store):
         super().__init__(cfg, env, device or torch.device("cpu"))
         on_local_rank0(env, f"prepare {cfg.dataset.name}", lambda: prepare(cfg.dataset))
         self.graph = self.features = g = open_typed(cfg.dataset)
+        self.schema = g.schema
         self.degree = None
         self.num_nodes, self.num_features, self.num_classes = sum(g.num_nodes.values()), g.num_features, g.num_classes
         self.sampler = self.train_sampler = TypedNeighborSampler(g, typed_fanouts(cfg, g))
@@ -447,7 +469,7 @@ class TypedStore(Store):
 
 
 def open_store(cfg: RunConfig, env: RankEnv, device: torch.device | None = None) -> Store:
-    if is_typed(cfg.dataset):
+    if is_typed(cfg.dataset) and cfg.graph.mode != "partitioned":
         return TypedStore(cfg, env, device)
     cls = PartitionedStore if cfg.graph.mode == "partitioned" else ReplicatedStore
     return cls(cfg, env, device)

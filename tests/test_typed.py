@@ -4,6 +4,7 @@ checked edge by edge, type by type, against the whole graph."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
@@ -58,7 +59,7 @@ def check_typed_batch(graph: TypedGraph, data, seeds: torch.Tensor, fanouts=FANO
         assert torch.unique(ids).numel() == ids.numel()  # each node once per type
         assert sum(data.num_sampled_nodes_dict[nt]) == ids.numel()
         assert torch.equal(data[nt].x, graph.x[nt][ids])
-    assert torch.equal(data[t].y, graph.y[data[t].n_id])
+    assert torch.equal(data[t].y, graph.y[seeds])  # the seeds' labels
     node_start = {nt: torch.cumsum(torch.tensor([0, *data.num_sampled_nodes_dict[nt]]), 0)
                   for nt in graph.node_types}
     for rel in graph.relations:
@@ -132,10 +133,12 @@ def typed_runs(tmp_path_factory) -> dict:
     from hpcgnn.env import RankEnv
     from hpcgnn.trainer import Trainer
 
-    folder = tmp_path_factory.mktemp("typed-rgcn")
-    res = run_cli(*TYPED, "model=rgcn", "metrics.every_steps=1", cwd=folder, timeout=600)
-    assert res.returncode == 0, res.stdout + res.stderr
-    runs = {"rgcn": summary_of(folder), "rgcn_folder": folder}
+    runs = {}
+    for name, over in (("rgcn", []), ("rgcn_partitioned", ["graph=partitioned", "graph.cache_mb=0.5"])):
+        folder = tmp_path_factory.mktemp(f"typed-{name}")
+        res = run_cli(*TYPED, "model=rgcn", "metrics.every_steps=1", *over, cwd=folder, timeout=600)
+        assert res.returncode == 0, res.stdout + res.stderr
+        runs[name], runs[f"{name}_folder"] = summary_of(folder), folder
     batch = runs["rgcn"]["global_batch"]
     for name, over in (("mlp", ["model=mlp"]), ("erased", ["model=sage", "dataset.erase_types=true"])):
         cfg = make_config(*TYPED, *over, f"train.batch_size={batch}", f"dataset.root={DATA_ROOT}",
@@ -158,6 +161,121 @@ def test_the_relational_model_beats_an_mlp_and_types_erased(typed_runs):
     assert rgcn["test_acc"] >= 0.9, rgcn["test_acc"]
     assert rgcn["test_acc"] - mlp["test_acc"] >= 0.2, (rgcn["test_acc"], mlp["test_acc"])
     assert rgcn["test_acc"] - erased["test_acc"] >= 0.2, (rgcn["test_acc"], erased["test_acc"])
+
+
+# ----------------------------------------------------------------------------- partitioned typed graphs
+
+
+def _typed_dataset(num_nodes: int = 3000):
+    from conftest import DATA_ROOT
+
+    return DatasetConfig(name="synthetic_hetero", num_nodes=num_nodes, avg_degree=20, homophily=0.8,
+                         root=str(DATA_ROOT))
+
+
+@pytest.mark.parametrize("method, num_parts", [("metis", 2), ("metis", 4), ("random", 3)])
+def test_typed_parts_balance_every_type_and_hold_each_relation(method, num_parts):
+    """The homogeneous view partitioned with each node type balanced (and the training papers); each part
+    holds, per relation, its own nodes' in-edges; ranks holding several parts see them concatenated."""
+    from hpcgnn.config import GraphConfig
+    from hpcgnn.data import open_typed, prepare
+    from hpcgnn.partition import ensure_parts, format_report, open_parts
+
+    ds = _typed_dataset()
+    prepare(ds)
+    graph = open_typed(ds)
+    folder, meta, _ = ensure_parts(ds, GraphConfig(mode="partitioned", method=method), num_parts)
+    report = meta["report"]
+    assert meta["typed"]["target"] == "paper" and set(report["nodes_by_type"]) == {"paper", "author", "field"}
+    for t, counts in [*report["nodes_by_type"].items(), ("train", report["train_nodes"])]:
+        # 3% over the mean at most (+1 per group: training papers and the others): METIS alone was 14% over
+        assert max(counts) <= 1.03 * sum(counts) / num_parts + 2, (t, counts)
+    assert all(sum(report["nodes_by_type"][t]) == n for t, n in graph.num_nodes.items())
+    if method == "metis":
+        assert report["edge_cut_fraction"] < 0.45 if num_parts == 2 else 0.65  # random: 1/2 and 3/4
+    assert "balance max/mean by node type: paper" in format_report(meta)
+    off = graph.offsets()
+    owned = list(range(num_parts))[-2:]  # the last two parts on one rank: concatenated CSRs
+    parts = open_parts(ds, GraphConfig(mode="partitioned", method=method), num_parts, owned)
+    typed = parts.typed
+    for rel in graph.relations:
+        t = rel[2]
+        ids = parts.nodes[(parts.nodes >= off[t]) & (parts.nodes < off[t] + graph.num_nodes[t])]
+        rows = typed.type_base[t][parts.node_part[ids].long()] + parts.node_local[ids].long()
+        assert torch.equal(rows, torch.arange(ids.numel()))  # rows part by part, in id order
+        local = ids - off[t]
+        deg = graph.degree(rel)[local]
+        assert torch.equal(typed.rowptr[rel][1:] - typed.rowptr[rel][:-1], deg), rel
+        whole = torch.cat([graph.col[rel][graph.rowptr[rel][v]:graph.rowptr[rel][v + 1]] for v in local[:200].tolist()])
+        assert torch.equal(typed.col[rel][: whole.numel()], whole), rel
+
+
+def _typed_sample_worker(rank: int, world: int, port: int, cfg, folder: str) -> None:
+    from hpcgnn.dist import process_group
+    from hpcgnn.env import RankEnv
+    from hpcgnn.stores import open_store
+
+    torch.set_num_threads(1)
+    env = RankEnv.from_environ({"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
+                                "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
+                                "MASTER_PORT": str(port)}, (20000, 32767), 0)
+    with process_group(env, cfg.dist, torch.device("cpu")):
+        store = open_store(cfg, env)
+        before = store.counters()
+        batches = list(store.train_loader(1))  # every rank walks the same steps (the exchanges are collective)
+        stats = (store.counters() - before).per_batch()
+        torch.save({"batches": batches[:3] + batches[-1:], "stats": stats, "owned": store.parts.nodes,
+                    "steps": len(batches), "mode": store.mode, "cached": store.cache.cache_ids},
+                   f"{folder}/rank{rank}.pt")
+
+
+@pytest.mark.slow
+def test_partitioned_typed_batches_are_the_whole_graphs_edges_type_by_type(tmp_path):
+    """Two gloo ranks holding two METIS parts each (frequency cache): every batch checked edge by edge, type by
+    type, against the whole typed graph; features and labels equal the whole graph's; seeds owned."""
+    import torch.multiprocessing as mp
+    from conftest import DATA_ROOT, make_config
+
+    from hpcgnn.data import open_typed
+    from hpcgnn.launch import free_port
+    from hpcgnn.partition import ensure_parts
+
+    cfg = make_config("dataset=synthetic_hetero", "dataset.num_nodes=3000", "model=rgcn", "graph=partitioned",
+                      "graph.num_parts=4", "graph.cache_mb=0.5", "graph.cache_policy=frequency",
+                      "train.fanouts=[4,3]", "train.batch_size=128", f"dataset.root={DATA_ROOT}")
+    ensure_parts(cfg.dataset, cfg.graph, 4)
+    graph = open_typed(cfg.dataset)
+    port = free_port(23000 + os.getpid() % 5000, 20000, 32767)
+    mp.start_processes(_typed_sample_worker, args=(2, port, cfg, str(tmp_path)), nprocs=2, start_method="spawn")
+    results = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2)]
+    assert results[0]["steps"] == results[1]["steps"] and results[0]["mode"] == "partitioned"
+    off = graph.offsets()["paper"]
+    for res in results:
+        owned = set(res["owned"].tolist())
+        for data in res["batches"]:
+            seeds = data["paper"].n_id[: data["paper"].batch_size]
+            assert set((seeds + off).tolist()) <= owned  # seeds come from the rank's own parts
+            check_typed_batch(graph, data, seeds, (4, 3))
+            remote = data.remote_rows_by_type
+            assert set(remote) == {"paper", "author", "field"} and remote["paper"] > 0
+        stats = res["stats"]
+        assert stats["remote_rows_per_batch"] > 0 and stats["sample_requests_per_batch"] > 0
+        assert 0 < stats["cache_hit_rate"] < 1 and res["cached"].numel() > 0
+
+
+@pytest.mark.slow
+def test_partitioned_typed_training_is_within_a_point_of_replicated(typed_runs):
+    """Two METIS parts (one per rank, every type balanced), the same seed and settings as the replicated run."""
+    part, rep = typed_runs["rgcn_partitioned"], typed_runs["rgcn"]
+    assert part["graph_mode"] == "partitioned" and rep["graph_mode"] == "replicated"
+    assert abs(part["test_acc"] - rep["test_acc"]) <= 0.01, (part["test_acc"], rep["test_acc"])
+    assert len(set(part["param_checksums"])) == 1 and part["steps_per_epoch"] > 0
+    last = part["history"][-1]
+    assert last["remote_rows_per_batch"] > 0 and 0 < last["cache_hit_rate"] < 1
+    assert max(part["resident_graph_bytes"]) < rep["resident_graph_bytes"][0]
+    rec = json.loads((typed_runs["rgcn_partitioned_folder"] / "run" / "metrics" / "rank-0.jsonl").read_text()
+                     .splitlines()[0])
+    assert set(rec["remote_rows_by_type"]) == {"paper", "author", "field"} and rec["remote_rows_by_type"]["paper"] > 0
 
 
 @pytest.mark.slow
@@ -197,7 +315,6 @@ def test_prepared_typed_graph_maps_back_the_same(tmp_path):
 @pytest.mark.parametrize("overrides, message", [
     (["dataset=synthetic_hetero", "model=gcn"], r"dataset=synthetic_hetero is a typed graph: model=gcn reads one node "
                                                  r"and edge type\. HINT: use model=rgcn"),
-    (["dataset=synthetic_hetero", "model=rgcn", "graph=partitioned"], r"got graph=partitioned\. HINT"),
     (["dataset=synthetic_hetero", "model=rgcn", "train.eval_mode=full"], r"got train.eval_mode=full"),
     (["model=rgcn"], r"model=rgcn needs a typed graph \(e.g. dataset=synthetic_hetero\)"),
     (["dataset=synthetic_hetero", "dataset.erase_types=true", "model=rgcn"], r"model=rgcn needs a typed graph"),

@@ -29,7 +29,7 @@ from hpcgnn.data.ogb import LINK_NAMES as OGB_LINK_NAMES
 from hpcgnn.data.ogb import NAMES as OGB_NAMES
 from hpcgnn.data.ogb import DatasetMissing, has_raw, load_ogb, load_ogb_link, load_ogb_typed, prepare_command
 from hpcgnn.data.synthetic import GENERATOR_VERSION, make_synthetic, make_synthetic_typed
-from hpcgnn.data.typed import TypedGraph, relation_key
+from hpcgnn.data.typed import TypedGraph, TypedSchema, relation_key
 
 log = logging.getLogger(__name__)
 
@@ -147,6 +147,15 @@ def open_graph(cfg: DatasetConfig) -> Graph:
     return cache.load(folder)
 
 
+def typed_schema(cfg: DatasetConfig) -> TypedSchema | None:
+    """A prepared typed graph's types and relations (None: the config serves a homogeneous graph)."""
+    if not is_typed(cfg):
+        return None
+    t = json.loads((cache_folder(cfg) / "meta.json").read_text())["typed"]
+    return TypedSchema({k: int(v) for k, v in t["num_nodes"].items()}, tuple(tuple(r) for r in t["relations"]),
+                       t["target"])
+
+
 def open_typed(cfg: DatasetConfig) -> TypedGraph:
     """Memory-map a prepared typed graph: each type's features and labels are slices of the stored
     homogeneous view (no copy), each relation's CSR its own arrays."""
@@ -182,4 +191,4 @@ def open_link_splits(cfg: DatasetConfig) -> LinkData:
 
 
 __all__ = ["LINK_LOADERS", "LOADERS", "TYPED_LOADERS", "Graph", "LinkData", "TypedGraph", "build_graph", "build_link", "cache_folder",
-           "check_dataset_config", "open_graph", "open_link", "open_link_splits", "open_typed", "prepare"]
+           "check_dataset_config", "open_graph", "typed_schema", "open_link", "open_link_splits", "open_typed", "prepare"]

@@ -32,6 +32,32 @@ def relation_key(rel: Relation) -> str:
 
 
 @dataclass(frozen=True)
+class TypedSchema:
+    """A typed graph's shape without its arrays: what models and a partitioned rank need to know."""
+
+    num_nodes: dict[str, int]  # node type -> count (of the whole graph)
+    relations: tuple[Relation, ...]
+    target: str
+
+    @property
+    def node_types(self) -> tuple[str, ...]:
+        return tuple(self.num_nodes)
+
+    def offsets(self) -> dict[str, int]:
+        """Where each type's ids start in the homogeneous view (types one after another, as DGL numbers them)."""
+        out, start = {}, 0
+        for t in self.node_types:
+            out[t] = start
+            start += self.num_nodes[t]
+        return out
+
+    def type_of(self) -> Tensor:
+        """int8 [all nodes]: each homogeneous id's node type, as its index in ``node_types``."""
+        counts = torch.tensor([self.num_nodes[t] for t in self.node_types])
+        return torch.repeat_interleave(torch.arange(len(counts), dtype=torch.int8), counts)
+
+
+@dataclass(frozen=True)
 class TypedGraph:
     num_nodes: dict[str, int]  # node type -> count
     rowptr: dict[Relation, Tensor]  # int64 [num_nodes[target] + 1] per relation
@@ -69,13 +95,18 @@ class TypedGraph:
         dst = torch.repeat_interleave(torch.arange(self.num_nodes[rel[2]]), self.degree(rel))
         return torch.stack([self.col[rel], dst])
 
+    @property
+    def schema(self) -> TypedSchema:
+        return TypedSchema(dict(self.num_nodes), self.relations, self.target)
+
     def offsets(self) -> dict[str, int]:
         """Where each type's ids start in the homogeneous view."""
-        out, start = {}, 0
-        for t in self.node_types:
-            out[t] = start
-            start += self.num_nodes[t]
-        return out
+        return self.schema.offsets()
+
+    def gather_types(self, n_id: dict[str, Tensor], batch_size: int) -> tuple[dict[str, Tensor], Tensor]:
+        """Features of the batch's nodes per type, and the labels of its ``batch_size`` seeds."""
+        x = {t: self.x[t].index_select(0, ids.to(self.x[t].device)) for t, ids in n_id.items()}
+        return x, self.y.index_select(0, n_id[self.target][:batch_size].to(self.y.device))
 
     def homogeneous(self) -> Graph:
         """The same graph with types erased: one id space (types one after another), every relation's

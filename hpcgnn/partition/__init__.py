@@ -10,7 +10,13 @@ A partition of a prepared graph into K parts lives next to the prepared graph, i
     degree.npy       int32 [num_nodes]: every node's in-degree (ranks pick hot remote nodes by it)
     part_<i>/        nodes.npy (owned global ids, sorted), rowptr.npy + col.npy (the owned
                      nodes' full in-adjacency, global ids), x.npy, y.npy, and the owned
-                     train_idx/val_idx/test_idx (global ids)
+                     train_idx/val_idx/test_idx (global ids); a typed graph's parts also hold,
+                     per relation, rowptr__<rel>.npy + col__<rel>.npy: the in-adjacency of the
+                     part's nodes of the relation's target type (sources in their type's own ids)
+
+A typed graph is partitioned as its homogeneous view (types one after another in the id space),
+with every node type balanced across parts as well as the training nodes; META.json records the
+types and each part's count of every type.
 
 - :func:`compute_parts`: the node -> part map, METIS (pymetis, fixed seed: byte-identical
   across runs) or random, balancing training nodes as well as nodes;
@@ -23,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import shutil
 import time
 from dataclasses import dataclass
@@ -34,8 +41,9 @@ from torch import Tensor
 
 from hpcgnn import env
 from hpcgnn.config import DatasetConfig, GraphConfig
-from hpcgnn.data import cache, cache_folder, open_graph, prepare
+from hpcgnn.data import cache, cache_folder, open_graph, open_typed, prepare, typed_schema
 from hpcgnn.data.graph import Graph
+from hpcgnn.data.typed import Relation, TypedSchema, relation_key
 from hpcgnn.errors import ConfigError, PartitionError
 from hpcgnn.io import atomic_folder, sha256_file
 from hpcgnn.rng import generator
@@ -136,21 +144,27 @@ def seed_weight(graph: Graph, train_edges: Tensor | None = None) -> Tensor:
 
 
 def compute_parts(graph: Graph, num_parts: int, method: str, seed: int, balance_train: bool = True,
-                  weight: Tensor | None = None) -> Tensor:
+                  weight: Tensor | None = None, node_type: Tensor | None = None) -> Tensor:
     """int32 [num_nodes]: the part of every node; a pure function of its inputs.
 
     ``weight``: the training seeds of each node (:func:`seed_weight`; default: the training nodes).
+    ``node_type``: a typed graph's type of every node (:meth:`TypedSchema.type_of`): each type is
+    balanced across parts too (METIS: one constraint per type instead of one for all nodes).
     """
     n = graph.num_nodes
     if num_parts == 1:
         return torch.zeros(n, dtype=torch.int32)
     weight = seed_weight(graph) if weight is None else weight
     is_train = weight > 0
+    types = node_type.long() if node_type is not None else torch.zeros(n, dtype=torch.long)
+    num_types = int(types.max()) + 1 if n else 1
     if method == "random":
         gen = generator(seed, "random_parts")
         part = torch.empty(n, dtype=torch.int32)
-        for group in (is_train.nonzero().flatten(), (~is_train).nonzero().flatten()):  # balanced in both
-            order = group[torch.randperm(group.numel(), generator=gen)]
+        group_of = types * 2 + is_train.long()
+        for g in range(2 * num_types):  # balanced in every (type, training or not) group
+            order = (group_of == g).nonzero().flatten()
+            order = order[torch.randperm(order.numel(), generator=gen)]
             part[order] = (torch.arange(order.numel()) % num_parts).int()
         return part
     if method != "metis":
@@ -159,19 +173,69 @@ def compute_parts(graph: Graph, num_parts: int, method: str, seed: int, balance_
 
     xadj, adjncy = metis_adjacency(graph.rowptr, graph.col)
     vweights = None
-    if balance_train:  # two constraints per node: 1 (nodes), its training seeds
-        vweights = np.stack([np.ones(n, dtype=np.int64), weight.numpy().astype(np.int64)], 1).reshape(-1)
+    columns = [torch.nn.functional.one_hot(types, num_types)] if num_types > 1 else []  # one per node type
+    if balance_train:  # a constraint per node (1: nodes, or one per type), and its training seeds
+        columns = (columns or [torch.ones(n, 1, dtype=torch.long)]) + [weight.long().unsqueeze(1)]
+    if columns:
+        vweights = torch.cat(columns, 1).numpy().astype(np.int64).reshape(-1)
     opts = pymetis.Options(seed=seed)
     result = pymetis.part_graph(num_parts, pymetis.CSRAdjacency(xadj, adjncy), vweights=vweights, options=opts)
-    return torch.from_numpy(np.asarray(result.vertex_part, dtype=np.int32))
+    part = torch.from_numpy(np.asarray(result.vertex_part, dtype=np.int32))
+    if num_types > 1:  # METIS meets several constraints only loosely (14% over on a small typed graph): fix it up
+        group = types * 2 + (is_train.long() if balance_train else 0)
+        part = rebalance(graph, part, group, num_parts)
+    return part
+
+
+def rebalance(graph: Graph, part: Tensor, group: Tensor, num_parts: int, tolerance: float = 0.03) -> Tensor:
+    """Move the fewest nodes so that every group (e.g. a node type's training nodes) has at most
+    ``ceil((1 + tolerance) x its mean)`` nodes in any part: from each overfull part, the group's nodes with
+    the fewest neighbours at home, each to the part with room where it has the most neighbours. Deterministic."""
+    part = part.clone()
+    deg = graph.degree()
+    for g in torch.unique(group).tolist():
+        members = (group == g).nonzero().flatten()
+        counts = torch.bincount(part[members].long(), minlength=num_parts)
+        cap = math.ceil((1 + tolerance) * members.numel() / num_parts)
+        if int(counts.max()) <= cap:
+            continue
+        room = (cap - counts).clamp(min=0)
+        movers = []
+        for p in (counts > cap).nonzero().flatten().tolist():
+            here = members[part[members] == p]
+            nbr_part = part.index_select(0, graph.col[_rows(graph.rowptr, here)[1]]).long()
+            owner = torch.repeat_interleave(torch.arange(here.numel()), deg.index_select(0, here))
+            home = torch.bincount(owner[nbr_part == p], minlength=here.numel())
+            movers.append(here[torch.argsort(home, stable=True)[: int(counts[p]) - cap]])
+        movers = torch.cat(movers)
+        _rp, pos = _rows(graph.rowptr, movers)
+        owner = torch.repeat_interleave(torch.arange(movers.numel()), deg.index_select(0, movers))
+        affinity = torch.zeros(movers.numel() * num_parts, dtype=torch.long)  # neighbours in each part
+        affinity.index_add_(0, owner * num_parts + part.index_select(0, graph.col[pos]).long(),
+                            torch.ones_like(owner))
+        affinity = affinity.view(movers.numel(), num_parts)
+        left = torch.ones(movers.numel(), dtype=torch.bool)
+        while bool(left.any()):  # each round fills a part with room from the movers that like it best
+            open_ = room > 0
+            score = affinity.masked_fill(~open_, -1).masked_fill(~left.unsqueeze(1), -1)
+            best = score.argmax(1)
+            p = int(torch.bincount(best[left], minlength=num_parts).argmax())
+            want = (left & (best == p)).nonzero().flatten()
+            want = want[torch.argsort(-affinity[want, p], stable=True)][: int(room[p])]
+            part[movers[want]] = p
+            room[p] -= want.numel()
+            left[want] = False
+    return part
 
 
 # ---------------------------------------------------------------------------------------------
 # Writing, reporting, reading
 
 
-def partition_report(graph: Graph, part: Tensor, num_parts: int, weight: Tensor | None = None) -> dict:
-    """Edge-cut fraction, balance (max/mean) of nodes, edges and training seeds, halo and bytes per part."""
+def partition_report(graph: Graph, part: Tensor, num_parts: int, weight: Tensor | None = None,
+                     schema: TypedSchema | None = None) -> dict:
+    """Edge-cut fraction, balance (max/mean) of nodes, edges and training seeds, halo and bytes per part;
+    a typed graph's nodes of every type per part, and each type's balance."""
     deg = graph.degree()
     dst_part = torch.repeat_interleave(part.long(), deg)
     src_part = part.long().index_select(0, graph.col)
@@ -190,10 +254,17 @@ def partition_report(graph: Graph, part: Tensor, num_parts: int, weight: Tensor 
     def balance(t: Tensor) -> float:
         return float(t.max()) / max(float(t.double().mean()), 1e-12)
 
-    return {"edge_cut": cut, "edge_cut_fraction": cut / max(graph.num_edges, 1),
-            "nodes": nodes.tolist(), "edges": edges.tolist(), "train_nodes": train.tolist(),
-            "balance": {"nodes": balance(nodes), "edges": balance(edges), "train_nodes": balance(train)},
-            "halo_nodes": halo, "bytes": part_bytes}
+    report = {"edge_cut": cut, "edge_cut_fraction": cut / max(graph.num_edges, 1),
+              "nodes": nodes.tolist(), "edges": edges.tolist(), "train_nodes": train.tolist(),
+              "balance": {"nodes": balance(nodes), "edges": balance(edges), "train_nodes": balance(train)},
+              "halo_nodes": halo, "bytes": part_bytes}
+    if schema is not None:
+        off = schema.offsets()
+        by_type = {t: torch.bincount(part[off[t]:off[t] + schema.num_nodes[t]].long(), minlength=num_parts)
+                   for t in schema.node_types}
+        report["nodes_by_type"] = {t: c.tolist() for t, c in by_type.items()}
+        report["balance"]["by_type"] = {t: balance(c) for t, c in by_type.items()}
+    return report
 
 
 def _rows(rowptr: Tensor, nodes: Tensor) -> tuple[Tensor, Tensor]:
@@ -205,11 +276,13 @@ def _rows(rowptr: Tensor, nodes: Tensor) -> tuple[Tensor, Tensor]:
     return sub, pos
 
 
-def write_parts(graph: Graph, part: Tensor, folder: Path, meta: dict, edges: dict[str, Tensor] | None = None) -> None:
+def write_parts(graph: Graph, part: Tensor, folder: Path, meta: dict, edges: dict[str, Tensor] | None = None,
+                typed=None) -> None:
     """Write the artifact atomically (temporary folder, fsync'd files, rename).
 
     ``edges``: edge arrays [2, E] shared out by the part that owns each edge's source (a link task's
-    training edges), written as ``part_<i>/<name>.npy``.
+    training edges), written as ``part_<i>/<name>.npy``. ``typed``: the :class:`TypedGraph` whose
+    homogeneous view ``graph`` is: each part also gets its nodes' in-adjacency per relation.
     """
     edges = edges or {}
     num_parts = meta["num_parts"]
@@ -243,12 +316,27 @@ def write_parts(graph: Graph, part: Tensor, folder: Path, meta: dict, edges: dic
                 arrays[split] = idx[mine[idx]]
             for name, pairs in edges.items():
                 arrays[name] = pairs[:, mine.index_select(0, pairs[0])].contiguous()
-            for name in [*PART_ARRAYS, *edges]:
+            if typed is not None:  # per relation, the rows of the part's nodes of its target type
+                off = typed.offsets()
+                for rel in typed.relations:
+                    t = rel[2]
+                    own = nodes[(nodes >= off[t]) & (nodes < off[t] + typed.num_nodes[t])] - off[t]
+                    rp, pos = _rows(typed.rowptr[rel], own)
+                    arrays[f"rowptr__{relation_key(rel)}"] = rp
+                    arrays[f"col__{relation_key(rel)}"] = typed.col[rel].index_select(0, pos)
+            for name in [*PART_ARRAYS, *edges, *typed_arrays(typed)]:
                 save(f"part_{i}/{name}.npy", arrays[name])
         save("node_part.npy", part)
         save("node_local.npy", local)
         save("degree.npy", graph.degree().int())
         (tmp / "META.json").write_text(json.dumps({**meta, "files": files}, indent=2))
+
+
+def typed_arrays(typed) -> list[str]:
+    """The per-relation arrays of a typed graph's parts (none for a homogeneous graph)."""
+    if typed is None:
+        return []
+    return [f"{kind}__{relation_key(r)}" for r in typed.relations for kind in ("rowptr", "col")]
 
 
 def read_meta(folder: Path) -> dict | None:
@@ -279,20 +367,26 @@ def ensure_parts(dataset: DatasetConfig, graph_cfg: GraphConfig, num_parts: int,
 
         edges = {"train_pos": open_link(dataset).train.pos}
     weight = seed_weight(graph, edges.get("train_pos"))
+    schema = typed_schema(dataset)
+    typed = open_typed(dataset) if schema is not None else None
     if available is None:
         available = (int(graph_cfg.partition_mem_gb * 2**30) if graph_cfg.partition_mem_gb is not None
                      else available_memory())
     check_partition_memory(graph_cfg.method, graph.num_nodes, graph.num_edges, available)
     t0 = time.perf_counter()
-    part = compute_parts(graph, num_parts, graph_cfg.method, graph_cfg.seed, graph_cfg.balance_train, weight)
+    part = compute_parts(graph, num_parts, graph_cfg.method, graph_cfg.seed, graph_cfg.balance_train, weight,
+                         schema.type_of() if schema is not None else None)
     seconds = time.perf_counter() - t0
     meta = {"format_version": FORMAT_VERSION, "dataset": dataset_fingerprint(data_folder),
             "dataset_name": dataset.name, "num_nodes": graph.num_nodes, "num_edges": graph.num_edges,
             "num_features": graph.num_features, "num_classes": graph.num_classes, "num_parts": num_parts,
             "method": graph_cfg.method, "seed": graph_cfg.seed, "balance_train": graph_cfg.balance_train,
-            "partition_s": round(seconds, 3), "report": partition_report(graph, part, num_parts, weight),
+            "partition_s": round(seconds, 3), "report": partition_report(graph, part, num_parts, weight, schema),
             "edge_arrays": sorted(edges)}
-    write_parts(graph, part, folder, meta, edges)
+    if schema is not None:
+        meta["typed"] = {"num_nodes": schema.num_nodes, "relations": [list(r) for r in schema.relations],
+                         "target": schema.target, "arrays": typed_arrays(typed)}
+    write_parts(graph, part, folder, meta, edges, typed)
     return folder, read_meta(folder) or meta, False
 
 
@@ -302,10 +396,29 @@ def format_report(meta: dict) -> str:
     lines = [f"{meta['dataset_name']}: {meta['num_parts']} parts ({meta['method']}, seed {meta['seed']}), "
              f"edge-cut {r['edge_cut_fraction']:.1%} of {meta['num_edges']} edges; balance max/mean: "
              f"nodes {b['nodes']:.3f}, edges {b['edges']:.3f}, training seeds {b['train_nodes']:.3f}"]
+    if "nodes_by_type" in r:
+        lines.append("  balance max/mean by node type: " + ", ".join(f"{t} {v:.3f}" for t, v in b["by_type"].items()))
     for i in range(meta["num_parts"]):
-        lines.append(f"  part {i}: {r['nodes'][i]} nodes, {r['edges'][i]} edges, {r['train_nodes'][i]} training seeds, "
-                     f"halo {r['halo_nodes'][i]} nodes, {cache.human_bytes(r['bytes'][i])}")
+        types = (" (" + ", ".join(f"{c[i]} {t}" for t, c in r["nodes_by_type"].items()) + ")"
+                 if "nodes_by_type" in r else "")
+        lines.append(f"  part {i}: {r['nodes'][i]} nodes{types}, {r['edges'][i]} edges, {r['train_nodes'][i]} training "
+                     f"seeds, halo {r['halo_nodes'][i]} nodes, {cache.human_bytes(r['bytes'][i])}")
     return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class TypedParts:
+    """A typed graph's side of a rank's parts: per relation, the in-adjacency of the owned nodes of its
+    target type (rows part by part, in id order; sources in their own type's ids)."""
+
+    schema: TypedSchema
+    rowptr: dict[Relation, Tensor]  # int64 [owned nodes of the target type + 1]
+    col: dict[Relation, Tensor]  # int64: source ids, local to the source type
+    type_base: dict[str, Tensor]  # int64 [num_parts] per type: an owned node v of that type has row
+    #                               type_base[part(v)] + node_local(v) in its relations' CSRs (-1: not owned)
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in [*self.rowptr.values(), *self.col.values()])
 
 
 @dataclass(frozen=True)
@@ -329,6 +442,7 @@ class Parts:
     num_classes: int
     num_nodes: int  # of the whole graph
     train_pos: Tensor | None = None  # link prediction: int64 [2, E], the training edges whose source is owned here
+    typed: TypedParts | None = None  # a typed graph's per-relation adjacency
 
     @property
     def num_features(self) -> int:
@@ -336,8 +450,9 @@ class Parts:
 
     def nbytes(self) -> int:
         """Bytes of graph data this rank holds (the maps included)."""
-        return sum(t.numel() * t.element_size() for t in (self.node_part, self.node_local, self.degree, self.nodes,
-                                                            self.rowptr, self.col, self.x, self.y))
+        own = sum(t.numel() * t.element_size() for t in (self.node_part, self.node_local, self.degree, self.nodes,
+                                                           self.rowptr, self.col, self.x, self.y))
+        return own + (self.typed.nbytes() if self.typed is not None else 0)
 
 
 def open_parts(dataset: DatasetConfig, graph_cfg: GraphConfig, num_parts: int, owned: list[int],
@@ -355,8 +470,13 @@ def open_parts(dataset: DatasetConfig, graph_cfg: GraphConfig, num_parts: int, o
                              f"{data_folder}: delete it and partition again. {hint}")
     if meta["num_parts"] != num_parts:
         raise PartitionError(f"{folder} holds {meta['num_parts']} parts, the job needs {num_parts}. {hint}")
+    typed_meta = meta.get("typed")
+    if (typed_meta is None) != (typed_schema(dataset) is None):  # the fingerprint covers it; a clear word anyway
+        raise PartitionError(f"{folder} does not record the node types of the prepared {dataset.name}: delete it "
+                             f"and partition again. {hint}")
+    extra = [*meta.get("edge_arrays", []), *(typed_meta["arrays"] if typed_meta else [])]
     need = ["node_part.npy", "node_local.npy", "degree.npy"] + \
-        [f"part_{i}/{a}.npy" for i in owned for a in [*PART_ARRAYS, *meta.get("edge_arrays", [])]]
+        [f"part_{i}/{a}.npy" for i in owned for a in [*PART_ARRAYS, *extra]]
     for rel in need:
         path = folder / rel
         if not path.is_file():
@@ -369,7 +489,7 @@ def open_parts(dataset: DatasetConfig, graph_cfg: GraphConfig, num_parts: int, o
         return torch.from_numpy(np.load(folder / rel, mmap_mode="c"))
 
     edge_arrays = meta.get("edge_arrays", [])
-    per_part = {i: {a: load(f"part_{i}/{a}.npy") for a in [*PART_ARRAYS, *edge_arrays]} for i in owned}
+    per_part = {i: {a: load(f"part_{i}/{a}.npy") for a in [*PART_ARRAYS, *extra]} for i in owned}
     offset = torch.full((num_parts,), -1, dtype=torch.long)
     rowptrs, start, edge_start = [], 0, 0
     for i in owned:  # one CSR over the owned parts, one after the other
@@ -384,12 +504,47 @@ def open_parts(dataset: DatasetConfig, graph_cfg: GraphConfig, num_parts: int, o
         tensors = [per_part[i][name] for i in owned]
         return tensors[0] if len(tensors) == 1 else torch.cat(tensors, dim)
 
+    typed = None
+    if typed_meta is not None:
+        typed = _typed_parts(typed_meta, meta["report"]["nodes_by_type"], per_part, owned, num_parts)
+
     return Parts(num_parts=num_parts, owned_parts=tuple(owned), node_part=load("node_part.npy"),
                  node_local=load("node_local.npy"), degree=load("degree.npy"), nodes=cat("nodes"), rowptr=rowptr, col=cat("col"),
                  x=cat("x"), y=cat("y"), train_idx=cat("train_idx"), val_idx=cat("val_idx"),
                  test_idx=cat("test_idx"), part_offset=offset,
                  num_classes=int(meta["num_classes"]), num_nodes=int(meta["num_nodes"]),
-                 train_pos=cat("train_pos", 1) if "train_pos" in edge_arrays else None)
+                 train_pos=cat("train_pos", 1) if "train_pos" in edge_arrays else None, typed=typed)
+
+
+def _typed_parts(typed_meta: dict, nodes_by_type: dict[str, list[int]], per_part: dict, owned: list[int],
+                 num_parts: int) -> TypedParts:
+    """The owned parts' relation CSRs, one after another, and where each type's rows start."""
+    schema = TypedSchema({k: int(v) for k, v in typed_meta["num_nodes"].items()},
+                         tuple(tuple(r) for r in typed_meta["relations"]), typed_meta["target"])
+    counts = torch.tensor([nodes_by_type[t] for t in schema.node_types])  # [types, parts]
+    first = torch.cumsum(counts, 0) - counts  # a part's first row of each type (types in id order)
+    type_base = {}
+    for k, t in enumerate(schema.node_types):
+        base = torch.full((num_parts,), -1, dtype=torch.long)
+        before = 0
+        for i in owned:
+            base[i] = before - int(first[k, i])
+            before += int(counts[k, i])
+        type_base[t] = base
+    rowptr, col = {}, {}
+    for rel in schema.relations:
+        key = relation_key(rel)
+        rps = [per_part[i][f"rowptr__{key}"] for i in owned]
+        cols = [per_part[i][f"col__{key}"] for i in owned]
+        if len(owned) == 1:
+            rowptr[rel], col[rel] = rps[0], cols[0]
+            continue
+        shifted, start = [], 0
+        for rp in rps:
+            shifted.append(rp[:-1] + start)
+            start += int(rp[-1])
+        rowptr[rel], col[rel] = torch.cat([*shifted, torch.tensor([start])]), torch.cat(cols)
+    return TypedParts(schema, rowptr, col, type_base)
 
 
 def parts_ready(dataset: DatasetConfig, graph_cfg: GraphConfig, num_parts: int) -> bool:

@@ -95,7 +95,7 @@ class Exchange:
         return self(keys[order], sc, rc), order, sc, rc
 
 
-def _segment_sums(values: Tensor, counts: list[int]) -> list[int]:
+def segment_sums(values: Tensor, counts: list[int]) -> list[int]:
     ends = torch.tensor(counts).cumsum(0)
     cs = torch.cat([torch.zeros(1, dtype=torch.long), values.long().cumsum(0)])
     return (cs[ends] - cs[ends - torch.tensor(counts)]).tolist()
@@ -143,7 +143,7 @@ class PartitionedNeighborSampler(CSRNeighborSampler):
         row_a, nbr_a = sample_neighbors(self.rowptr, self.col, view.row(asked), fanout, generator)
         per_asked = torch.bincount(row_a, minlength=asked.numel())
         per_sent = ex(per_asked, received, sent)  # neighbours per node this rank asked for
-        nbr_r = ex(nbr_a, _segment_sums(per_asked, received), _segment_sums(per_sent, sent))
+        nbr_r = ex(nbr_a, segment_sums(per_asked, received), segment_sums(per_sent, sent))
 
         row = torch.cat([idx_mine.index_select(0, row_l), torch.repeat_interleave(idx_remote[order], per_sent)])
         nbr = torch.cat([nbr_l, nbr_r])
@@ -222,7 +222,8 @@ def hot_nodes(view: PartitionView, budget_rows: int, policy: str, sampler: Parti
         seen = []
         for seeds in warmup_seeds or []:
             out = sampler.sample(seeds, generator)
-            seen.append(out.n_id[view.owner(out.n_id) != view.rank])
+            n_id = sampler.global_ids(out.n_id) if isinstance(out.n_id, dict) else out.n_id  # typed: per type
+            seen.append(n_id[view.owner(n_id) != view.rank])
         ids, counts = torch.unique(torch.cat(seen) if seen else torch.empty(0, dtype=torch.long),
                                    return_counts=True)
         score = counts.double() + degree.index_select(0, ids) / (float(degree.max()) + 1.0)

@@ -23,7 +23,6 @@ from torch_geometric.data import Data
 
 from hpcgnn import rng
 from hpcgnn.data.graph import Graph
-from hpcgnn.data.typed import TypedGraph
 from hpcgnn.metrics import Clock
 from hpcgnn.sampling.neighbor import SampledSubgraph
 
@@ -112,7 +111,8 @@ class BatchLoader:
     ``seeds``: cut into batches of ``batch_size``, or the list of batches itself. ``sampler``:
     anything with ``sample(items, generator) -> SampledSubgraph``. ``features``: a Graph, or
     anything with ``gather(n_id, batch_size) -> (x, y)`` (the partitioned store fetches remote
-    rows there). ``num_batches``: yield empty batches after the seeds run out until there
+    rows there); a typed sampler's batches (``TypedSubgraph``, per-type ids) become ``HeteroData``
+    and need features with ``gather_types`` (a TypedGraph, or a partitioned rank's). ``num_batches``: yield empty batches after the seeds run out until there
     were this many, so that ranks with fewer seeds still take part in every collective of a
     distributed sampler. ``weigh_by_seeds``: :attr:`sizes` counts a batch's seeds (its share of
     a step's loss); False counts every batch as 1 (a subgraph batch is a whole estimate).
@@ -176,7 +176,7 @@ class BatchLoader:
         if self.transform is not None:
             out = self.transform(out)
         m1 = clock.mark()
-        if isinstance(self.features, TypedGraph):  # a typed batch: HeteroData, features per node type
+        if isinstance(out.n_id, dict):  # a typed batch: HeteroData, features per node type
             from hpcgnn.sampling.typed import to_hetero_data
 
             data = to_hetero_data(self.features, out)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from hpcgnn.data.typed import Relation, TypedGraph
+from hpcgnn.data.typed import Relation
 from hpcgnn.sampling.neighbor import sample_neighbors
 
 
@@ -52,25 +52,47 @@ def relation_fanouts(relations: Sequence[Relation], fanouts: Sequence[int] | Map
 
 
 class TypedNeighborSampler:
-    """Samples ``fanouts[rel][h]`` in-neighbours per node along each relation at hop ``h``."""
+    """Samples ``fanouts[rel][h]`` in-neighbours per node along each relation at hop ``h``.
 
-    def __init__(self, graph: TypedGraph, fanouts: Sequence[int] | Mapping):
+    ``graph``: a :class:`TypedGraph` (or, for a subclass that draws elsewhere, anything with its
+    ``num_nodes``, ``relations`` and ``target``). The walk is here; :meth:`draw` samples one hop.
+    """
+
+    def __init__(self, graph, fanouts: Sequence[int] | Mapping, device: torch.device | None = None):
         self.graph = graph
         self.fanouts = relation_fanouts(graph.relations, fanouts)
         self.num_hops = len(next(iter(self.fanouts.values()))) if self.fanouts else 0
-        device = graph.rowptr[graph.relations[0]].device
+        device = device if device is not None else graph.rowptr[graph.relations[0]].device
         # Type-local -> batch-local scratch maps, reset after every batch (one sampler per thread).
         self._local = {t: torch.full((n,), -1, dtype=torch.long, device=device) for t, n in graph.num_nodes.items()}
+
+    def begin_batch(self) -> None:
+        """Called once per batch, before its first hop."""
+
+    def draw(self, hop: int, frontier: dict[str, tuple[Tensor, Tensor]], generator: torch.Generator | None
+             ) -> list[tuple[Relation, Tensor, Tensor]]:
+        """One hop: per relation into a frontier type, (relation, targets' batch-local ids, sources' type-local
+        ids), one entry per sampled edge. ``frontier``: type -> (type-local ids, batch-local ids)."""
+        g, drawn = self.graph, []
+        for rel in g.relations:
+            if rel[2] not in frontier or self.fanouts[rel][hop] < 1:
+                continue
+            nodes, nodes_local = frontier[rel[2]]
+            row, nbr = sample_neighbors(g.rowptr[rel], g.col[rel], nodes, self.fanouts[rel][hop], generator)
+            drawn.append((rel, nodes_local.index_select(0, row), nbr))
+        return drawn
 
     def sample(self, seeds: Tensor, generator: torch.Generator | None = None) -> TypedSubgraph:
         g, local = self.graph, self._local
         if torch.unique(seeds).numel() != seeds.numel():
             raise ValueError("seeds must be distinct")
+        self.begin_batch()
         device = local[g.target].device
         seeds = seeds.long().to(device)
-        n_ids: dict[str, list[Tensor]] = {t: [] for t in g.node_types}
-        counts = {t: [0] * (self.num_hops + 1) for t in g.node_types}
-        total = dict.fromkeys(g.node_types, 0)
+        node_types = tuple(g.num_nodes)
+        n_ids: dict[str, list[Tensor]] = {t: [] for t in node_types}
+        counts = {t: [0] * (self.num_hops + 1) for t in node_types}
+        total = dict.fromkeys(node_types, 0)
         edges: dict[Relation, list[Tensor]] = {r: [] for r in g.relations}
         num_edges = {r: [0] * self.num_hops for r in g.relations}
         local[g.target][seeds] = torch.arange(seeds.numel(), device=device)
@@ -79,15 +101,9 @@ class TypedNeighborSampler:
         frontier = {g.target: (seeds, torch.arange(seeds.numel(), device=device))}
         try:
             for hop in range(self.num_hops):
-                drawn: list[tuple[Relation, Tensor, Tensor]] = []  # (relation, target batch-local ids, sources)
-                for rel in g.relations:
-                    if rel[2] not in frontier or self.fanouts[rel][hop] < 1:
-                        continue
-                    nodes, nodes_local = frontier[rel[2]]
-                    row, nbr = sample_neighbors(g.rowptr[rel], g.col[rel], nodes, self.fanouts[rel][hop], generator)
-                    drawn.append((rel, nodes_local.index_select(0, row), nbr))
+                drawn = self.draw(hop, frontier, generator)
                 frontier = {}
-                for t in g.node_types:  # number the new nodes of each type (sorted: a deterministic order)
+                for t in node_types:  # number the new nodes of each type (sorted: a deterministic order)
                     found = [nbr for rel, _, nbr in drawn if rel[0] == t]
                     if not found:
                         continue
@@ -102,7 +118,7 @@ class TypedNeighborSampler:
                         frontier[t] = (new, new_local)
                 for rel, dst_local, nbr in drawn:
                     edges[rel].append(torch.stack([local[rel[0]].index_select(0, nbr), dst_local]))
-                    num_edges[rel][hop] = nbr.numel()
+                    num_edges[rel][hop] += nbr.numel()
             n_id = {t: torch.cat(v) if v else torch.empty(0, dtype=torch.long, device=device) for t, v in n_ids.items()}
         finally:
             for t, parts in n_ids.items():
@@ -113,22 +129,148 @@ class TypedNeighborSampler:
         return TypedSubgraph(n_id, edge_index, seeds.numel(), counts, num_edges)
 
 
-def to_hetero_data(graph: TypedGraph, out: TypedSubgraph):
-    """The sampled subgraph as PyG's ``HeteroData``: per type ``x`` and ``n_id`` (target: ``y`` and
-    ``batch_size``), per relation ``edge_index``; ``num_sampled_nodes_dict`` and
-    ``num_sampled_edges_dict`` for PyG's heterogeneous ``trim_to_layer``."""
+def to_hetero_data(features, out: TypedSubgraph):
+    """The sampled subgraph as PyG's ``HeteroData``: per type ``x`` and ``n_id`` (target: ``y`` of the
+    seeds and ``batch_size``), per relation ``edge_index``; ``num_sampled_nodes_dict`` and
+    ``num_sampled_edges_dict`` for PyG's heterogeneous ``trim_to_layer``. ``features``: a
+    :class:`TypedGraph`, or anything with its ``target`` and ``gather_types`` (a partitioned rank's);
+    one with ``remote_rows`` adds the batch's remote feature rows per type (``remote_rows_by_type``)."""
     from torch_geometric.data import HeteroData
 
+    x, y = features.gather_types(out.n_id, out.batch_size)
     data = HeteroData()
     for t, ids in out.n_id.items():
         data[t].n_id = ids
-        data[t].x = graph.x[t].index_select(0, ids.to(graph.x[t].device))
+        data[t].x = x[t]
         data[t].num_nodes = ids.numel()
-    target = data[graph.target]
-    target.y = graph.y.index_select(0, out.n_id[graph.target].to(graph.y.device))
+    target = data[features.target]
+    target.y = y
+    if hasattr(features, "remote_rows"):
+        data.remote_rows_by_type = features.remote_rows(out.n_id)
     target.batch_size = data.batch_size = out.batch_size  # the seeds' count, on the type and the batch
     for rel, ei in out.edge_index.items():
         data[rel].edge_index = ei
     data.num_sampled_nodes_dict = out.num_sampled_nodes
     data.num_sampled_edges_dict = out.num_sampled_edges
     return data
+
+
+# ---------------------------------------------------------------------------------------------
+# Partitioned typed graphs: the same walk, with frontier nodes owned elsewhere sampled by their owners
+
+
+class PartitionedTypedSampler(TypedNeighborSampler):
+    """The typed walk over a rank's parts (:class:`hpcgnn.partition.TypedParts`).
+
+    Per hop, owned frontier nodes are sampled here, relation by relation; the others go to their
+    owners as (global id, relation) requests, every relation's in one exchange (three collectives
+    per hop whatever the number of relations, run by every rank on every hop, also with nothing
+    to ask). ``boundary_fraction`` < 1 keeps each sampled edge from a non-owned node with that
+    probability, as in the homogeneous sampler.
+    """
+
+    def __init__(self, view, fanouts: Sequence[int] | Mapping, exchange, boundary_fraction: float = 1.0):
+        typed = view.parts.typed
+        super().__init__(typed.schema, fanouts, device=torch.device("cpu"))
+        self.view, self.typed, self.exchange, self.boundary_fraction = view, typed, exchange, boundary_fraction
+        self.offsets = typed.schema.offsets()
+        self.relation_ids = {rel: i for i, rel in enumerate(self.graph.relations)}
+
+    def begin_batch(self) -> None:
+        self.exchange.stats.batches += 1
+
+    def global_ids(self, n_id: dict[str, Tensor]) -> Tensor:
+        """A batch's nodes in the homogeneous id space (the partition's), target type first."""
+        order = [self.graph.target, *(t for t in n_id if t != self.graph.target)]
+        return torch.cat([n_id[t] + self.offsets[t] for t in order])
+
+    def _rows(self, node_type: str, gid: Tensor) -> Tensor:
+        """Rows of owned nodes (global ids) of ``node_type`` in its relations' CSRs here."""
+        parts = self.view.parts
+        return self.typed.type_base[node_type].index_select(0, parts.node_part.index_select(0, gid).long()) + \
+            parts.node_local.index_select(0, gid).long()
+
+    def _sample(self, rel: Relation, gid: Tensor, hop: int, generator) -> tuple[Tensor, Tensor]:
+        return sample_neighbors(self.typed.rowptr[rel], self.typed.col[rel], self._rows(rel[2], gid),
+                                self.fanouts[rel][hop], generator)
+
+    def draw(self, hop, frontier, generator):
+        from hpcgnn.sampling.distributed import segment_sums
+
+        view, ex, rels = self.view, self.exchange, self.graph.relations
+        local: dict[Relation, tuple[Tensor, Tensor]] = {}
+        ask_ids, ask_rel, ask_dst, ask_owner = [], [], [], []
+        for rel in rels:
+            if rel[2] not in frontier or self.fanouts[rel][hop] < 1:
+                continue
+            nodes, nodes_local = frontier[rel[2]]
+            gid = nodes + self.offsets[rel[2]]
+            owner = view.owner(gid)
+            mine = owner == view.rank
+            row, nbr = self._sample(rel, gid[mine], hop, generator)
+            local[rel] = (nodes_local[mine].index_select(0, row), nbr)
+            remote = ~mine
+            ask_ids.append(gid[remote])
+            ask_rel.append(torch.full((int(remote.sum()),), self.relation_ids[rel], dtype=torch.long))
+            ask_dst.append(nodes_local[remote])
+            ask_owner.append(owner[remote])
+        empty = torch.empty(0, dtype=torch.long)
+        keys = torch.stack([torch.cat(ask_ids or [empty]), torch.cat(ask_rel or [empty])], 1)
+        dst = torch.cat(ask_dst or [empty])
+        asked, order, sent, received = ex.request(keys, torch.cat(ask_owner or [empty]))
+        ex.stats.sample_requests += keys.size(0)
+        row_a, nbr_a = self._serve(asked, hop, generator)
+        per_asked = torch.bincount(row_a, minlength=asked.size(0))
+        per_sent = ex(per_asked, received, sent)  # neighbours per node this rank asked for
+        nbr_r = ex(nbr_a, segment_sums(per_asked, received), segment_sums(per_sent, sent))
+        rel_r = torch.repeat_interleave(keys[order, 1], per_sent)
+        dst_r = torch.repeat_interleave(dst[order], per_sent)
+        drawn = []
+        for rel in rels:
+            if rel not in local:
+                continue
+            got = rel_r == self.relation_ids[rel]
+            dst_l, nbr = torch.cat([local[rel][0], dst_r[got]]), torch.cat([local[rel][1], nbr_r[got]])
+            if self.boundary_fraction < 1.0 and nbr.numel():
+                keep = (view.owner(nbr + self.offsets[rel[0]]) == view.rank) | (
+                    torch.rand(nbr.numel(), generator=generator) < self.boundary_fraction)
+                dst_l, nbr = dst_l[keep], nbr[keep]
+            drawn.append((rel, dst_l, nbr))
+        return drawn
+
+    def _serve(self, asked: Tensor, hop: int, generator) -> tuple[Tensor, Tensor]:
+        """Sample for the others' requests (global id, relation): (request index per edge, source ids),
+        grouped by request in the order they came."""
+        rows, nbrs = [], []
+        for rel in self.graph.relations:
+            sel = (asked[:, 1] == self.relation_ids[rel]).nonzero().flatten()
+            if sel.numel() == 0:
+                continue
+            row, nbr = self._sample(rel, asked[sel, 0], hop, generator)
+            rows.append(sel.index_select(0, row))
+            nbrs.append(nbr)
+        if not rows:
+            return torch.empty(0, dtype=torch.long), torch.empty(0, dtype=torch.long)
+        row, nbr = torch.cat(rows), torch.cat(nbrs)
+        by_row = torch.argsort(row, stable=True)
+        return row[by_row], nbr[by_row]
+
+
+class PartitionedTypedFeatures:
+    """A partitioned rank's typed features: one fetch for every type's rows (owned, cached, or from their
+    owners: :class:`hpcgnn.sampling.distributed.PartitionedFeatures` over the homogeneous ids), split back
+    per type; the seeds' labels from the rank's own rows."""
+
+    def __init__(self, features, sampler: PartitionedTypedSampler):
+        self.features, self.sampler = features, sampler
+        self.target = sampler.graph.target
+
+    def gather_types(self, n_id: dict[str, Tensor], batch_size: int) -> tuple[dict[str, Tensor], Tensor]:
+        order = [self.target, *(t for t in n_id if t != self.target)]
+        x, y = self.features.gather(self.sampler.global_ids(n_id), batch_size)
+        return dict(zip(order, x.split([n_id[t].numel() for t in order]), strict=True)), y
+
+    def remote_rows(self, n_id: dict[str, Tensor]) -> dict[str, int]:
+        """Feature rows of the batch's nodes owned by other ranks, per type (cached ones included)."""
+        view, off = self.sampler.view, self.sampler.offsets
+        return {t: int((view.owner(ids + off[t]) != view.rank).sum()) for t, ids in n_id.items()}

@@ -30,7 +30,7 @@ class NodeClassification(Task):
     def build_model(self) -> torch.nn.Module:
         s, layers = self.store, len(self.cfg.train.fanouts)
         if s.typed:
-            g = s.graph
+            g = s.schema
             return build_typed_model(self.cfg.model, g.node_types, g.relations, g.target, s.num_features,
                                      s.num_classes, layers)
         return build_model(self.cfg.model, s.num_features, s.num_classes, layers)
@@ -39,7 +39,7 @@ class NodeClassification(Task):
         """The seeds' logits and labels (a typed batch: the target type's)."""
         n = batch.batch_size
         if self.store.typed:
-            return forward_typed_batch(model, batch), batch[self.store.graph.target].y[:n]
+            return forward_typed_batch(model, batch), batch[self.store.schema.target].y[:n]
         return forward_batch(model, batch), batch.y[:n]
 
     @property
