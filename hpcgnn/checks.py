@@ -8,6 +8,8 @@ to its names here.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from hpcgnn.errors import ConfigError
 
 # ------------------------------------------------------------------ models (hpcgnn.models.MODELS)
@@ -24,8 +26,10 @@ OGB_LINK_DATASETS = ("ogbl-collab", "ogbl-citation2")
 NODE_DATASETS = ("synthetic", "files", *OGB_NODE_DATASETS)
 LINK_DATASETS = ("synthetic", "files", *OGB_LINK_DATASETS)
 OGB_TYPED_DATASETS = ("ogbn-mag",)
-TYPED_DATASETS = ("synthetic_hetero", *OGB_TYPED_DATASETS)  # typed graphs (hpcgnn.data.TYPED_LOADERS); erase_types serves them homogeneous
-NODE_DATASETS = (*NODE_DATASETS, *TYPED_DATASETS)
+# Typed graphs (hpcgnn.data.TYPED_LOADERS; files: a folder laid out with nodes/ and edges/); erase_types serves
+# them homogeneous.
+TYPED_DATASETS = ("synthetic_hetero", *OGB_TYPED_DATASETS, "files")
+NODE_DATASETS = tuple(dict.fromkeys((*NODE_DATASETS, *TYPED_DATASETS)))
 SPLIT_EDGES = ("synthetic", "files")  # link datasets whose edges hpcgnn splits itself (dataset.edge_split)
 
 # ------------------------------------------------------------------ tasks (hpcgnn.tasks.TASKS)
@@ -70,8 +74,13 @@ def check_fractions(fractions: tuple[float, ...]) -> None:
 
 
 def is_typed(dataset) -> bool:
-    """Whether the dataset is served as a typed graph (a typed source whose types are not erased)."""
-    return dataset.name in TYPED_DATASETS and not dataset.erase_types
+    """Whether the dataset is served as a typed graph (a typed source whose types are not erased); for
+    dataset=files, a folder laid out with nodes/ and edges/ (hpcgnn.data.files)."""
+    if dataset.erase_types:
+        return False
+    if dataset.name == "files":
+        return bool(dataset.path) and (Path(dataset.path).expanduser() / "edges").is_dir()
+    return dataset.name in TYPED_DATASETS
 
 
 def check_typed_config(cfg) -> None:

@@ -415,3 +415,89 @@ def test_ogbn_mag_is_read_by_ogbs_own_readers(tmp_path):
     assert torch.allclose(g.x["institution"][inst], g.x["author"][members].mean(0), atol=1e-5)
     batch = TypedNeighborSampler(g, (3, 2)).sample(g.train_idx[:8], torch.Generator().manual_seed(0))
     check_typed_batch(g, to_hetero_data(g, batch), g.train_idx[:8], (3, 2))
+
+
+# ----------------------------------------------------------------------------- a typed graph from files
+
+
+def write_typed_folder(folder, graph: TypedGraph) -> None:
+    """``graph``'s given relations (no reverses) and the papers' features in the typed files layout;
+    authors and fields without features (one with num_nodes.npy, one as a .pt tensor)."""
+    import numpy as np
+
+    for t, n in graph.num_nodes.items():
+        (folder / "nodes" / t).mkdir(parents=True)
+        if t == graph.target:
+            np.save(folder / "nodes" / t / "x.npy", graph.x[t].numpy())
+            for name in ("y", "train_idx", "val_idx", "test_idx"):
+                np.save(folder / "nodes" / t / f"{name}.npy", getattr(graph, name).numpy())
+        elif t == "author":
+            np.save(folder / "nodes" / t / "num_nodes.npy", np.array(n))
+        else:
+            torch.save(torch.tensor([n]), folder / "nodes" / t / "num_nodes.pt")
+    for rel in graph.relations:
+        if rel[1].startswith("rev_") or (rel[0] == rel[2] and rel[1] == "cites"):
+            continue
+        (folder / "edges" / "__".join(rel)).mkdir(parents=True)
+        np.save(folder / "edges" / "__".join(rel) / "edge_index.npy", graph.edge_index(rel).numpy())
+    cites = graph.edge_index(("paper", "cites", "paper"))
+    (folder / "edges" / "paper__cites__paper").mkdir(parents=True)
+    np.save(folder / "edges" / "paper__cites__paper" / "edge_index.npy", cites[:, cites[0] < cites[1]].numpy())
+
+
+def test_a_typed_folder_reads_back_as_the_same_graph(tmp_path, graph):
+    """Relations given once are reversed; featureless types take the mean along the relation with the most
+    edges into them from a featured type; prepared, mapped, and served as typed (or erased) by config."""
+    from conftest import make_config
+
+    from hpcgnn.checks import is_typed
+    from hpcgnn.data import open_typed, prepare
+    from hpcgnn.data.files import load_typed_files
+
+    write_typed_folder(tmp_path / "g", graph)
+    cfg = DatasetConfig(name="files", path=str(tmp_path / "g"), root=str(tmp_path / "root"))
+    assert is_typed(cfg)
+    got = load_typed_files(cfg)
+    assert got.num_nodes == {t: graph.num_nodes[t] for t in sorted(graph.num_nodes)} and got.target == "paper"
+    assert set(got.relations) == set(graph.relations)
+    for rel in graph.relations:
+        assert torch.equal(got.rowptr[rel], graph.rowptr[rel]) and torch.equal(got.col[rel], graph.col[rel]), rel
+    assert got.feature_rule == graph.feature_rule  # the same relations the generator named
+    assert all(torch.allclose(got.x[t], graph.x[t], atol=1e-6) for t in graph.node_types)
+    prepare(cfg)
+    mapped = open_typed(cfg)
+    assert torch.equal(mapped.y, graph.y) and torch.equal(mapped.train_idx, graph.train_idx)
+    store_cfg = make_config("dataset=files", f"dataset.path={tmp_path / 'g'}", "model=rgcn",
+                            f"dataset.root={tmp_path / 'root'}")
+    from hpcgnn.env import RankEnv
+    from hpcgnn.stores import open_store
+
+    store = open_store(store_cfg, RankEnv.from_environ({}))
+    batch = next(iter(store.train_loader(1)))
+    check_typed_batch(mapped, batch, batch["paper"].n_id[: batch["paper"].batch_size], (10, 5))
+    erased = make_config("dataset=files", f"dataset.path={tmp_path / 'g'}", "dataset.erase_types=true",
+                         f"dataset.root={tmp_path / 'root'}")
+    from hpcgnn.data import build_graph
+
+    h = build_graph(erased.dataset)
+    assert h.num_nodes == sum(graph.num_nodes.values()) and h.num_edges == graph.num_edges()
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda f: (f / "nodes" / "author" / "num_nodes.npy").unlink(), r"nodes/author: x.npy \(features\) or "
+                                                                     r"num_nodes.npy .* is missing"),
+    (lambda f: (f / "edges" / "author__writes__paper").rename(f / "edges" / "writer__writes__paper"),
+     r"edges/writer__writes__paper: a relation's folder is named <source type>__<name>__<target type>"),
+    (lambda f: __import__("numpy").save(f / "edges" / "author__writes__paper" / "edge_index.npy",
+                                        __import__("numpy").array([[0, 10**6], [0, 1]])),
+     r"author__writes__paper/edge_index.npy: source ids must lie in \[0, \d+\) \(the author and paper counts\)"),
+    (lambda f: __import__("numpy").save(f / "nodes" / "field" / "y.npy", __import__("numpy").zeros(3, dtype=int)),
+     r"exactly one node type has labels .* found \['field', 'paper'\]"),
+])
+def test_typed_folder_errors_name_the_file(tmp_path, graph, damage, message):
+    from hpcgnn.data.files import DatasetFileError, load_typed_files
+
+    write_typed_folder(tmp_path / "g", graph)
+    damage(tmp_path / "g")
+    with pytest.raises(DatasetFileError, match=message):
+        load_typed_files(DatasetConfig(name="files", path=str(tmp_path / "g")))

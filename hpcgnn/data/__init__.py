@@ -22,7 +22,7 @@ from pathlib import Path
 from hpcgnn.checks import check_dataset_config, is_typed
 from hpcgnn.config import DatasetConfig
 from hpcgnn.data import cache
-from hpcgnn.data.files import files_folder, load_files
+from hpcgnn.data.files import files_folder, is_typed_folder, load_files, load_typed_files
 from hpcgnn.data.graph import Graph
 from hpcgnn.data.link import LinkData, from_arrays, link_arrays, split_edges
 from hpcgnn.data.ogb import LINK_NAMES as OGB_LINK_NAMES
@@ -47,6 +47,7 @@ LOADERS: dict[str, Callable[[DatasetConfig, bool], Graph]] = {
 TYPED_LOADERS: dict[str, Callable[[DatasetConfig, bool], TypedGraph]] = {
     "synthetic_hetero": lambda cfg, allow_download: make_synthetic_typed(cfg),
     "ogbn-mag": load_ogb_typed,
+    "files": load_typed_files,  # a folder laid out with nodes/ and edges/
 }
 
 
@@ -91,8 +92,10 @@ def cache_folder(cfg: DatasetConfig) -> Path:
         folder = files_folder(cfg)
         fields["path"] = str(folder)
         # Replaced files must not be served from an old cache.
-        fields["files"] = sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in folder.glob("*")
-                                 if p.suffix in (".npy", ".pt"))
+        fields["files"] = sorted((str(p.relative_to(folder)), p.stat().st_size, p.stat().st_mtime_ns)
+                                 for p in folder.rglob("*") if p.suffix in (".npy", ".pt"))
+        if is_typed_folder(folder):  # typed, or its homogeneous view
+            fields["erase_types"] = cfg.erase_types
     if cfg.name in ("synthetic", "synthetic_hetero"):
         fields["generator"] = GENERATOR_VERSION
     name = cfg.name

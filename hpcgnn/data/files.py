@@ -3,6 +3,20 @@
 Expected files (``.npy``, or ``.pt`` tensors read with ``weights_only=True``):
 ``edge_index`` [2, E] int (source, target), ``x`` [N, F] float, ``y`` [N] int
 (-1 for unlabeled nodes), ``train_idx``, ``val_idx``, ``test_idx`` [k] int.
+
+A typed graph (a folder with ``edges/``; :func:`load_typed_files`)::
+
+    nodes/<type>/x            [N_type, F] float; every type with features has the same F
+    nodes/<type>/num_nodes    [] or [1] int, for a type without x
+    nodes/<target>/y, train_idx, val_idx, test_idx
+                              the one type with labels is the target
+    edges/<src>__<name>__<dst>/edge_index
+                              [2, E] int (source, target) in the two types' own ids
+
+Give each relation in one direction: it gains its reverse (``rev_<name>``; a relation inside one
+type becomes undirected), as is customary for typed graphs (ogbn-mag). A type without
+features gets the mean of its in-neighbours' along the relation with the most edges into it
+from a type with features (recorded as the graph's ``feature_rule``).
 """
 
 from __future__ import annotations
@@ -49,11 +63,7 @@ def files_folder(cfg: DatasetConfig) -> Path:
     return folder
 
 
-def load_files(cfg: DatasetConfig, allow_download: bool = False) -> Graph:
-    folder = files_folder(cfg)
-    arrays = {name: _read(folder, name) for name in FILES}
-
-    px, x = arrays["x"]
+def check_features(px: Path, x: np.ndarray) -> None:
     if x.ndim != 2 or not np.issubdtype(x.dtype, np.floating):
         raise DatasetFileError(f"{px}: features must be a float array of shape [num_nodes, num_features], "
                                f"got {x.dtype} {tuple(x.shape)}")
@@ -61,22 +71,27 @@ def load_files(cfg: DatasetConfig, allow_download: bool = False) -> Graph:
     if bad.any():
         raise DatasetFileError(f"{px}: features contain NaN or inf ({int(bad.sum())} nodes, first node "
                                f"{int(np.argmax(bad))})")
-    n = x.shape[0]
 
-    pe, ei = arrays["edge_index"]
+
+def check_edges(pe: Path, ei: np.ndarray, num_src: int, num_dst: int, what: str) -> None:
+    """``ei`` [2, E]: sources in [0, num_src), targets in [0, num_dst); ``what`` says where the counts come from."""
     if ei.ndim != 2 or ei.shape[0] != 2 or not np.issubdtype(ei.dtype, np.integer):
         raise DatasetFileError(f"{pe}: edge_index must be an integer array of shape [2, num_edges], "
                                f"got {ei.dtype} {tuple(ei.shape)}")
-    if ei.size and (ei.min() < 0 or ei.max() >= n):
-        raise DatasetFileError(f"{pe}: node ids must lie in [0, {n}) ({n} = rows of {px.name}); found "
-                               f"min {int(ei.min())}, max {int(ei.max())}")
+    for row, n, end in ((0, num_src, "source"), (1, num_dst, "target")):
+        ids = ei[row]
+        if ids.size and (ids.min() < 0 or ids.max() >= n):
+            raise DatasetFileError(f"{pe}: {end} ids must lie in [0, {n}) ({what}); found min {int(ids.min())}, "
+                                   f"max {int(ids.max())}")
 
+
+def check_labels_and_splits(arrays: dict, n: int) -> dict[str, tuple[Path, np.ndarray]]:
+    """Labels [n] (class ids, -1: unlabeled) and three disjoint, labelled, non-empty-for-training splits."""
     py, y = arrays["y"]
     if y.shape != (n,) or not np.issubdtype(y.dtype, np.integer):
         raise DatasetFileError(f"{py}: labels must be an integer array of shape [{n}], got {y.dtype} {tuple(y.shape)}")
     if (y < -1).any():
         raise DatasetFileError(f"{py}: labels must be class ids >= 0, or -1 for unlabeled nodes")
-
     splits = {}
     for name in ("train_idx", "val_idx", "test_idx"):
         path, idx = arrays[name]
@@ -99,10 +114,101 @@ def load_files(cfg: DatasetConfig, allow_download: bool = False) -> Graph:
                                        f"(e.g. node {int(common[0])}): splits must be disjoint")
     if splits["train_idx"][1].size == 0:
         raise DatasetFileError(f"{splits['train_idx'][0]}: the training split is empty")
+    return splits
 
+
+def load_files(cfg: DatasetConfig, allow_download: bool = False) -> Graph:
+    folder = files_folder(cfg)
+    if is_typed_folder(folder):  # served homogeneous: dataset.erase_types=true
+        return load_typed_files(cfg).homogeneous()
+    arrays = {name: _read(folder, name) for name in FILES}
+    px, x = arrays["x"]
+    check_features(px, x)
+    n = x.shape[0]
+    pe, ei = arrays["edge_index"]
+    check_edges(pe, ei, n, n, f"{n} = rows of {px.name}")
+    splits = check_labels_and_splits(arrays, n)
+    y = arrays["y"][1]
     edge_index = torch.from_numpy(ei.astype(np.int64))
     if cfg.to_undirected:
         edge_index = torch.cat([edge_index, edge_index.flip(0)], dim=1)
     return Graph.from_edge_index(edge_index, n, torch.from_numpy(x.astype(np.float32)), torch.from_numpy(y.astype(np.int64)),
-                                 *(torch.from_numpy(splits[k][1].astype(np.int64)) for k in names),
+                                 *(torch.from_numpy(splits[k][1].astype(np.int64)) for k in splits),
                                  num_classes=int(y.max()) + 1)
+
+
+def is_typed_folder(folder: Path) -> bool:
+    return (folder / "edges").is_dir()
+
+
+def load_typed_files(cfg: DatasetConfig, allow_download: bool = False):
+    """A typed graph from ``dataset.path`` laid out as ``nodes/<type>/...`` and ``edges/<src>__<name>__<dst>/``
+    (see the module's docstring); every file checked, errors naming the file and the fix."""
+    from hpcgnn.data.typed import TypedGraph
+
+    folder = files_folder(cfg)
+    nodes_dir, edges_dir = folder / "nodes", folder / "edges"
+    types = sorted(p.name for p in nodes_dir.iterdir() if p.is_dir()) if nodes_dir.is_dir() else []
+    if not types:
+        raise DatasetFileError(f"{nodes_dir}: a typed graph needs a folder per node type (nodes/<type>/x.npy ...)")
+    num_nodes, x = {}, {}
+    for t in types:
+        if any((nodes_dir / t / f"x{suffix}").is_file() for suffix in (".npy", ".pt")):
+            px, xt = _read(nodes_dir / t, "x")
+            check_features(px, xt)
+            x[t], num_nodes[t] = torch.from_numpy(xt.astype(np.float32)), xt.shape[0]
+        elif any((nodes_dir / t / f"num_nodes{suffix}").is_file() for suffix in (".npy", ".pt")):
+            pn, count = _read(nodes_dir / t, "num_nodes")
+            if count.size != 1 or not np.issubdtype(count.dtype, np.integer) or int(count.reshape(-1)[0]) < 1:
+                raise DatasetFileError(f"{pn}: must hold one positive integer, the number of {t} nodes")
+            num_nodes[t] = int(count.reshape(-1)[0])
+        else:
+            raise DatasetFileError(f"{nodes_dir / t}: x.npy (features) or num_nodes.npy (a type without features) "
+                                   "is missing")
+    if not x:
+        raise DatasetFileError(f"{nodes_dir}: no node type has features (nodes/<type>/x.npy)")
+    widths = {v.shape[1] for v in x.values()}
+    if len(widths) != 1:
+        raise DatasetFileError(f"{nodes_dir}: every type with features needs the same width; got "
+                               f"{ {t: v.shape[1] for t, v in x.items()} }")
+    labelled = [t for t in types if any((nodes_dir / t / f"y{sfx}").is_file() for sfx in (".npy", ".pt"))]
+    if len(labelled) != 1:
+        raise DatasetFileError(f"{nodes_dir}: exactly one node type has labels (nodes/<type>/y.npy): the type to "
+                               f"classify; found {labelled or 'none'}")
+    target = labelled[0]
+    arrays = {name: _read(nodes_dir / target, name) for name in ("y", "train_idx", "val_idx", "test_idx")}
+    splits = check_labels_and_splits(arrays, num_nodes[target])
+    rels = sorted(p.name for p in edges_dir.iterdir() if p.is_dir())
+    edges = {}
+    for key in rels:
+        rel = tuple(key.split("__"))
+        if len(rel) != 3 or rel[0] not in num_nodes or rel[2] not in num_nodes:
+            raise DatasetFileError(f"{edges_dir / key}: a relation's folder is named <source type>__<name>__<target "
+                                   f"type>, with types among {', '.join(types)}")
+        pe, ei = _read(edges_dir / key, "edge_index")
+        check_edges(pe, ei, num_nodes[rel[0]], num_nodes[rel[2]], f"the {rel[0]} and {rel[2]} counts")
+        edges[rel] = torch.from_numpy(ei.astype(np.int64))
+    if not edges:
+        raise DatasetFileError(f"{edges_dir}: no relation (edges/<src>__<name>__<dst>/edge_index.npy)")
+    feature_from = {}
+    for t in types:
+        if t in x:
+            continue
+        into = [(int(ei.shape[1]), r) for r, ei in _with_reverses(edges).items() if r[2] == t and r[0] in x]
+        if not into:
+            raise DatasetFileError(f"{nodes_dir / t}: {t} has no features and no relation from a type with features "
+                                   f"to take their mean over: add nodes/{t}/x.npy, or such a relation")
+        feature_from[t] = max(into, key=lambda c: (c[0], c[1]))[1]
+    y = torch.from_numpy(arrays["y"][1].astype(np.int64))
+    return TypedGraph.from_edges(num_nodes, edges, x, target, y,
+                                 *(torch.from_numpy(splits[k][1].astype(np.int64)) for k in splits),
+                                 num_classes=int(y.max()) + 1, feature_from=feature_from)
+
+
+def _with_reverses(edges: dict) -> dict:
+    """The relations after :meth:`TypedGraph.from_edges` adds reverses (edge counts before deduplication)."""
+    out = dict(edges)
+    for (s, name, d), ei in edges.items():
+        if s != d:
+            out[(d, f"rev_{name}", s)] = ei
+    return out
