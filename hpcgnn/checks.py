@@ -17,6 +17,7 @@ from hpcgnn.errors import ConfigError
 MODEL_NAMES = ("sage", "gcn", "gat", "gin", "mlp")
 TYPED_MODELS = ("rgcn", "sage", "mlp")  # models for typed graphs (sage: GraphSAGE through PyG's to_hetero)
 FULL_INFERENCE_MODELS = ("sage", "gcn", "gin", "gat", "mlp")  # exact layer-wise inference (eval_mode=full)
+TYPED_FULL_INFERENCE_MODELS = ("rgcn", "mlp")  # ... on a typed graph
 DECODERS = ("dot", "mlp")  # link prediction: how a pair of embeddings becomes a score
 
 # ------------------------------------------------------------------ datasets (hpcgnn.data.LOADERS, LINK_LOADERS)
@@ -98,7 +99,7 @@ def check_typed_config(cfg) -> None:
     for ok, why in ((cfg.task.name == "node", f"task={cfg.task.name}"),
                     (t.sampler == "neighbor" and not t.edge_budget, f"train.sampler={t.sampler}"
                      + (f" with train.edge_budget={t.edge_budget}" if t.edge_budget else "")),
-                    (t.eval_mode != "full", "train.eval_mode=full"), (t.graph_on != "device", "train.graph_on=device")):
+                    (t.graph_on != "device", "train.graph_on=device")):
         if not ok:
             raise ConfigError(f"typed graphs (dataset={cfg.dataset.name}) train with task=node, "
                               f"train.sampler=neighbor and sampled evaluation on the host; got {why}. HINT: drop that "
@@ -116,8 +117,9 @@ def check_task_config(cfg) -> None:
 
 def _check_node(cfg) -> None:
     t = cfg.train
-    if t.eval_mode == "full" and (cfg.graph.mode != "replicated" or cfg.model.name not in FULL_INFERENCE_MODELS):
-        raise ConfigError(f"train.eval_mode=full needs graph=replicated and model {', '.join(FULL_INFERENCE_MODELS)}"
+    models = TYPED_FULL_INFERENCE_MODELS if is_typed(cfg.dataset) else FULL_INFERENCE_MODELS
+    if t.eval_mode == "full" and (cfg.graph.mode != "replicated" or cfg.model.name not in models):
+        raise ConfigError(f"train.eval_mode=full needs graph=replicated and model {', '.join(models)}"
                           f"; got graph.mode={cfg.graph.mode}, model={cfg.model.name}. HINT: train.eval_mode=sampled")
 
 

@@ -200,6 +200,27 @@ class RGCN(torch.nn.Module):
         return x_dict[self.target]
 
 
+    @torch.no_grad()
+    def inference_per_layer(self, i: int, node_type: str, x_dict: dict, graph, lo: int, hi: int) -> Tensor:
+        """Layer ``i``'s output for ``node_type`` nodes ``lo..hi`` with all their in-neighbours along every
+        relation (``graph``: a TypedGraph; ``x_dict``: layer ``i``'s input of every type it reads)."""
+        out = self.roots[i][node_type](x_dict[node_type][lo:hi])
+        for key, conv in self.convs[i].convs.items():
+            rel = key if isinstance(key, tuple) else tuple(key.split("__"))
+            if rel[2] != node_type:
+                continue
+            rowptr, col = graph.rowptr[rel], graph.col[rel]
+            nbr = col[rowptr[lo]:rowptr[hi]].to(out.device)
+            dst = torch.repeat_interleave(torch.arange(hi - lo, device=out.device),
+                                          (rowptr[lo + 1:hi + 1] - rowptr[lo:hi]).to(out.device))
+            out = out + conv((x_dict[rel[0]], x_dict[node_type][lo:hi]), torch.stack([nbr, dst]))
+        return out.relu() if i < self.num_layers - 1 else out
+
+    def layer_types(self, i: int) -> list[str]:
+        """The node types layer ``i`` computes (the last: the target type alone)."""
+        return list(self.roots[i])
+
+
 class TypedSAGE(torch.nn.Module):
     """PyG's GraphSAGE made relational by ``to_hetero`` (one SAGEConv per relation, summed per type).
     Its last layer computes every type, of which only the target's logits count: DDP must look for

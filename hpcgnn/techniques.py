@@ -221,3 +221,35 @@ def _layer(model, i: int, x: Tensor, graph, lo: int, hi: int, device: torch.devi
         with torch.autocast(device.type, enabled=False):
             return model.inference_per_layer(i, x.index_select(0, n_id).float().to(device), adj.to(device),
                                              t).float().cpu()
+
+
+@torch.no_grad()
+def typed_layerwise_inference(model: torch.nn.Module, graph, device: torch.device, chunk_size: int, rank: int,
+                              world_size: int) -> Tensor:
+    """Logits of every target-type node of a typed graph with full neighbourhoods, layer by layer (exact).
+
+    Each layer computes the node types the next one reads, every node of each, in chunks of nodes with
+    all their in-neighbours along every relation (the model's ``inference_per_layer``); ranks share each
+    type's nodes (contiguous ranges) and all-gather the layer's output. A model on the target's own
+    features (the MLP) needs no graph.
+    """
+    from hpcgnn.models import TypedMLP
+
+    model.eval()
+
+    def sharded(n: int, fn) -> Tensor:
+        per = math.ceil(n / world_size)
+        counts = [max(0, min(n, (r + 1) * per) - min(n, r * per)) for r in range(world_size)]
+        lo, hi = min(rank * per, n), min((rank + 1) * per, n)
+        parts = [fn(a, min(a + chunk_size, hi)) for a in range(lo, hi, chunk_size)]
+        return dist.all_gather_rows(torch.cat(parts) if parts else fn(lo, lo), counts)
+
+    if isinstance(model, TypedMLP):
+        x = graph.x[graph.target]
+        return sharded(x.size(0), lambda a, b: model.mlp(x[a:b].to(device)).float().cpu())
+    x = dict(graph.x)
+    for i in range(model.num_layers):
+        here = {k: v.to(device) for k, v in x.items()}  # the layer's input, where the model runs
+        x = {t: sharded(graph.num_nodes[t], lambda a, b, t=t, i=i, here=here: model.inference_per_layer(
+                 i, t, here, graph, a, b).float().cpu()) for t in model.layer_types(i)}
+    return x[graph.target]

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from hpcgnn import dist
 from hpcgnn.models import batch_transform, build_model, build_typed_model, forward_batch, forward_typed_batch
 from hpcgnn.tasks.base import StepResult, Task
-from hpcgnn.techniques import autocast, layerwise_inference
+from hpcgnn.techniques import autocast, layerwise_inference, typed_layerwise_inference
 
 
 class NodeClassification(Task):
@@ -65,8 +65,12 @@ class NodeClassification(Task):
         if t.eval_mode == "full":
             g = self.store.graph
             with autocast(t.precision, self.device):
-                logits = layerwise_inference(model, g, self.device, t.eval_chunk, self.env.rank, self.env.world_size,
-                                             transform=self._transform)
+                if self.store.typed:
+                    logits = typed_layerwise_inference(model, g, self.device, t.eval_chunk, self.env.rank,
+                                                       self.env.world_size)
+                else:
+                    logits = layerwise_inference(model, g, self.device, t.eval_chunk, self.env.rank,
+                                                 self.env.world_size, transform=self._transform)
             pred = logits.argmax(-1)
             return {f"{split}_acc": (pred[idx] == g.y[idx]).double().mean().item()
                     for split, idx in (("val", g.val_idx), ("test", g.test_idx))}
