@@ -1,6 +1,6 @@
 """hpcgnn's typed loader vs PyG's NeighborLoader on HeteroData: batches/s on the same typed graph.
 
-    python benchmarks/hetero.py [--scale 1.0] [--batches 20] [--fanouts 25 20] [--batch-size 1024]
+    python benchmarks/hetero.py [--scale 1.0] [--batches 20] [--fanouts 25 20] [--batch-size 1024] [--gpu]
 
 The graph has ogbn-mag's shape and size at --scale 1 (736k papers, 1.13M authors, 8.7k
 institutions, 60k fields of study; 21.1M edges of writes, cites, has_topic and affiliated_with,
@@ -62,18 +62,27 @@ def mag_shaped(scale: float, num_features: int = 128, seed: int = 0):
 def batches_per_s(loader, batches: int) -> float:
     it = iter(loader)
     next(it)  # warm-up
+    sync()
     t0 = time.perf_counter()
     n = sum(1 for _ in itertools.islice(it, batches))
+    sync()
     return n / (time.perf_counter() - t0)
 
 
-def hpcgnn_loader(graph, fanouts, batch_size: int, prefetch: int = 0):
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def hpcgnn_loader(graph, fanouts, batch_size: int, prefetch: int = 0, device: torch.device | None = None):
+    """hpcgnn's typed loader; ``device``: where the batches go (a GPU graph: where they are made, too)."""
     from hpcgnn.sampling import BatchLoader, PrefetchLoader
     from hpcgnn.sampling.typed import TypedNeighborSampler
 
     gen = torch.Generator().manual_seed(0)
-    seeds = graph.train_idx[torch.randperm(graph.train_idx.numel(), generator=gen)]
-    loader = BatchLoader(graph, TypedNeighborSampler(graph, fanouts), seeds, batch_size, generator=gen)
+    seeds = graph.train_idx.cpu()[torch.randperm(graph.train_idx.numel(), generator=gen)]
+    sampler = TypedNeighborSampler(graph, fanouts)
+    loader = BatchLoader(graph, sampler, seeds, batch_size, batch_seed=0, device=device)
     return PrefetchLoader(loader, prefetch) if prefetch else loader
 
 
@@ -100,6 +109,7 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=1024)
     ap.add_argument("--fanouts", type=int, nargs="+", default=[25, 20])
     ap.add_argument("--no-pyg", action="store_true", help="hpcgnn alone")
+    ap.add_argument("--gpu", action="store_true", help="also hpcgnn with the graph in GPU memory (train.graph_on=device)")
     args = ap.parse_args()
 
     from hpcgnn.sampling.loader import keep_freed_memory
@@ -114,6 +124,13 @@ def main() -> None:
     ahead = batches_per_s(hpcgnn_loader(graph, fan, args.batch_size, prefetch=2), args.batches)
     line = (f"hetero ({torch.get_num_threads()} threads, fanouts {list(fan)} per relation, batch {args.batch_size}): "
             f"hpcgnn {plain:.2f} batches/s, with prefetch thread {ahead:.2f}")
+    if args.gpu:
+        cuda = torch.device("cuda")
+        on_gpu = graph.to(cuda)
+        host_to_gpu = batches_per_s(hpcgnn_loader(graph, fan, args.batch_size, 2, cuda), args.batches)
+        gpu = batches_per_s(hpcgnn_loader(on_gpu, fan, args.batch_size, 2, cuda), args.batches)
+        line += (f" | GPU: sampled on the host and copied {host_to_gpu:.2f} batches/s, sampled on the GPU "
+                 f"{gpu:.2f} = {gpu / host_to_gpu:.1f}x")
     for workers in () if args.no_pyg else (0, 2):
         loader, name = pyg_loader(graph, fan, args.batch_size, workers)
         if loader is None:

@@ -8,6 +8,7 @@ edges, so its batches sample no neighbours.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -179,8 +180,10 @@ class RGCN(torch.nn.Module):
         self.roots = torch.nn.ModuleList()
         for i in range(num_layers):
             rels = [r for r in relations if r[2] in needed[i]]
-            self.convs.append(HeteroConv({rel: SAGEConv((dims[i], dims[i]), dims[i + 1], root_weight=False,
-                                                        bias=False) for rel in rels}, aggr="sum"))
+            with warnings.catch_warnings():  # "node types ... do not get updated": on purpose, see above
+                warnings.simplefilter("ignore", UserWarning)
+                self.convs.append(HeteroConv({rel: SAGEConv((dims[i], dims[i]), dims[i + 1], root_weight=False,
+                                                            bias=False) for rel in rels}, aggr="sum"))
             self.roots.append(torch.nn.ModuleDict({t: Linear(dims[i], dims[i + 1]) for t in node_types
                                                    if t in needed[i]}))
 

@@ -447,7 +447,13 @@ class TypedStore(Store):
         self.schema = g.schema
         self.degree = None
         self.num_nodes, self.num_features, self.num_classes = sum(g.num_nodes.values()), g.num_features, g.num_classes
-        self.sampler = self.train_sampler = TypedNeighborSampler(g, typed_fanouts(cfg, g))
+        self.graph_on = graph_on(cfg, env, self.device, self.resident_bytes())
+        if self.graph_on == "device":  # sampled and gathered where the model runs
+            t0 = time.perf_counter()
+            self.features = g.to(self.device)
+            log.info("typed graph copied to %s in %.1f s: sampling and gathering there (%.0f MB)", self.device,
+                     time.perf_counter() - t0, self.resident_bytes() / 2**20)
+        self.sampler = self.train_sampler = TypedNeighborSampler(self.features, typed_fanouts(cfg, g))
         self.steps = steps_per_epoch(g.train_idx.numel(), env.world_size, cfg.train.batch_size)
         log.info("typed graph: %s nodes; %s edges; target %s: %d features, %d classes, %d/%d/%d train/val/test; "
                  "features of %s", g.num_nodes, {"__".join(r): g.num_edges(r) for r in g.relations}, g.target,

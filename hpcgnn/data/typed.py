@@ -95,6 +95,13 @@ class TypedGraph:
         dst = torch.repeat_interleave(torch.arange(self.num_nodes[rel[2]]), self.degree(rel))
         return torch.stack([self.col[rel], dst])
 
+    def to(self, device: torch.device) -> TypedGraph:
+        """A copy with every tensor on ``device`` (the GPU sampler's graph)."""
+        return TypedGraph(dict(self.num_nodes), {r: v.to(device) for r, v in self.rowptr.items()},
+                          {r: v.to(device) for r, v in self.col.items()}, {t: v.to(device) for t, v in self.x.items()},
+                          self.target, self.y.to(device), self.train_idx.to(device), self.val_idx.to(device),
+                          self.test_idx.to(device), self.num_classes, dict(self.feature_rule))
+
     @property
     def schema(self) -> TypedSchema:
         return TypedSchema(dict(self.num_nodes), self.relations, self.target)

@@ -145,6 +145,9 @@ class BatchLoader:
     @property
     def graph_device(self) -> torch.device:
         """Where batches are made: the sampler's graph's device."""
+        device = getattr(self.sampler, "device", None)  # a typed sampler says it
+        if isinstance(device, torch.device):
+            return device
         rowptr = getattr(self.sampler, "rowptr", None)
         return rowptr.device if isinstance(rowptr, Tensor) else torch.device("cpu")
 
@@ -295,9 +298,10 @@ class PrefetchLoader:
                     continue
                 here = torch.cuda.current_stream(device)
                 here.wait_event(ready)
-                for value in batch.to_dict().values():
-                    if isinstance(value, Tensor) and value.is_cuda:
-                        value.record_stream(here)
+                for store in batch.stores:  # one for Data; one per node type and relation for HeteroData
+                    for value in store.values():
+                        if isinstance(value, Tensor) and value.is_cuda:
+                            value.record_stream(here)
                 yield batch
         finally:
             stop.set()

@@ -62,7 +62,7 @@ class TypedNeighborSampler:
         self.graph = graph
         self.fanouts = relation_fanouts(graph.relations, fanouts)
         self.num_hops = len(next(iter(self.fanouts.values()))) if self.fanouts else 0
-        device = device if device is not None else graph.rowptr[graph.relations[0]].device
+        self.device = device = device if device is not None else graph.rowptr[graph.relations[0]].device
         # Type-local -> batch-local scratch maps, reset after every batch (one sampler per thread).
         self._local = {t: torch.full((n,), -1, dtype=torch.long, device=device) for t, n in graph.num_nodes.items()}
 
