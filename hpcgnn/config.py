@@ -102,7 +102,7 @@ class TrainConfig:
     lr_scaling: str = "none"  # none | linear | sqrt: multiply lr by (ranks x accumulate), or its square root
     warmup: float = 0.0  # linear LR warmup over this fraction of all optimizer steps
     accumulate: int = 1  # micro-batches per optimizer step (DDP all-reduces once per step)
-    precision: str = "fp32"  # fp32 | bf16 (autocast, CPU or GPU) | fp16 (autocast + gradient scaler, GPU)
+    precision: str = "auto"  # auto (bf16 where the CPU has AMX/AVX512-BF16 or the GPU bf16, else fp32) | fp32 | bf16 (autocast) | fp16 (autocast + gradient scaler, GPU)
     grad_compression: str = "none"  # none | fp16 | bf16 | powersgd: DDP communication hook
     powersgd_rank: int = 2  # grad_compression=powersgd: rank of the low-rank approximation
     eval_mode: str = "auto"  # auto (node: sampled; link: full on replicated graphs) | sampled (like training) | full (layer-wise, all neighbours: exact)
@@ -250,7 +250,7 @@ class RunConfig:
         if self.metrics.every_steps < 1 or self.metrics.straggler_factor <= 1:
             raise ConfigError("metrics.every_steps must be at least 1 and metrics.straggler_factor above 1")
         for key, value, allowed in (("train.lr_scaling", t.lr_scaling, ("none", "linear", "sqrt")),
-                                    ("train.precision", t.precision, ("fp32", "bf16", "fp16")),
+                                    ("train.precision", t.precision, ("auto", "fp32", "bf16", "fp16")),
                                     ("train.grad_compression", t.grad_compression, ("none", "fp16", "bf16", "powersgd")),
                                     ("train.eval_mode", t.eval_mode, ("auto", "sampled", "full"))):
             if value not in allowed:

@@ -156,6 +156,18 @@ def slurm_memory_limit(environ: Mapping[str, str] | None = None) -> int | None:
     return None
 
 
+def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> frozenset[str]:
+    """The CPU's feature flags as Linux lists them (``amx_bf16``, ``avx512_bf16``, ...); empty elsewhere."""
+    try:
+        with open(cpuinfo) as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
 def interactive_reason(environ: Mapping[str, str] | None = None) -> str | None:
     """Why this process looks like a shell a user types in (srun --pty bash, salloc), or None."""
     if read("pty_port", environ) is not None:

@@ -41,7 +41,15 @@ from hpcgnn.metrics import StepMetrics
 from hpcgnn.rng import rng_state, set_rng_state
 from hpcgnn.stores import open_store
 from hpcgnn.tasks import build_task
-from hpcgnn.techniques import CommHook, autocast, effective_lr, grad_scaler, make_scheduler, step_weights
+from hpcgnn.techniques import (
+    CommHook,
+    autocast,
+    effective_lr,
+    grad_scaler,
+    make_scheduler,
+    resolve_precision,
+    step_weights,
+)
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +111,10 @@ class Trainer:
     """One rank's training run. ``train()`` returns the run summary (the same on every rank)."""
 
     def __init__(self, cfg: RunConfig, env: RankEnv, device: torch.device):
+        precision, why = resolve_precision(cfg.train.precision, device)
+        if cfg.train.precision == "auto":  # decided once; every component reads the decision
+            log.info("train.precision=auto: %s (%s)", precision, why)
+            cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, precision=precision))
         t = cfg.train
         self.cfg, self.env, self.device = cfg, env, device
         self.t_start = time.perf_counter()

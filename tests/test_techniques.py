@@ -122,6 +122,26 @@ def test_bf16_autocast_computes_in_bf16(graph):
     assert forward_batch(model, data).dtype == torch.float32
 
 
+def test_precision_auto_is_bf16_where_the_cpu_computes_it(tmp_path):
+    """The decision from the CPU's flags (recorded /proc/cpuinfo lines), and this machine's own."""
+    from hpcgnn.env import cpu_flags
+    from hpcgnn.techniques import resolve_precision
+
+    cpu = torch.device("cpu")
+    sapphire = tmp_path / "cpuinfo-amx"
+    sapphire.write_text("processor\t: 0\nflags\t\t: fpu sse avx2 avx512f avx512_bf16 amx_bf16 amx_tile amx_int8\n")
+    older = tmp_path / "cpuinfo-avx2"
+    older.write_text("processor\t: 0\nflags\t\t: fpu sse avx avx2 fma\n")
+    assert resolve_precision("auto", cpu, cpu_flags(str(sapphire))) == \
+        ("bf16", "the CPU has amx_bf16, avx512_bf16")
+    assert resolve_precision("auto", cpu, cpu_flags(str(older))) == \
+        ("fp32", "the CPU has neither AMX nor AVX512-BF16")
+    assert resolve_precision("auto", cpu, cpu_flags(str(tmp_path / "absent")))[0] == "fp32"
+    assert resolve_precision("fp32", cpu, cpu_flags(str(sapphire))) == ("fp32", "train.precision")
+    here = cpu_flags()
+    assert resolve_precision("auto", cpu)[0] == ("bf16" if {"amx_bf16", "avx512_bf16"} & here else "fp32")
+
+
 @pytest.mark.parametrize("name", ["sage", "gcn", "gin", "gat", "mlp"])
 def test_layerwise_inference_is_exact(graph, name):
     """Chunked, full-neighbourhood inference equals the model run on the whole graph at once

@@ -78,8 +78,8 @@ def check_edges(pe: Path, ei: np.ndarray, num_src: int, num_dst: int, what: str)
     if ei.ndim != 2 or ei.shape[0] != 2 or not np.issubdtype(ei.dtype, np.integer):
         raise DatasetFileError(f"{pe}: edge_index must be an integer array of shape [2, num_edges], "
                                f"got {ei.dtype} {tuple(ei.shape)}")
-    for row, n, end in ((0, num_src, "source"), (1, num_dst, "target")):
-        ids = ei[row]
+    ends = [(ei, num_src, "node")] if num_src == num_dst else [(ei[0], num_src, "source"), (ei[1], num_dst, "target")]
+    for ids, n, end in ends:
         if ids.size and (ids.min() < 0 or ids.max() >= n):
             raise DatasetFileError(f"{pe}: {end} ids must lie in [0, {n}) ({what}); found min {int(ids.min())}, "
                                    f"max {int(ids.max())}")
