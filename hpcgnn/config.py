@@ -69,6 +69,7 @@ class ModelConfig:
     hidden_channels: int = 128  # width of every hidden layer
     dropout: float = 0.3  # dropout probability between layers
     heads: int = 4  # gat: attention heads per layer
+    aggregation: str = "csr"  # csr: sage/gcn/gin aggregate sampled batches on the CPU as sorted-CSR products | pyg: PyG's gather/scatter
 
 
 @dataclass(frozen=True)
@@ -252,7 +253,8 @@ class RunConfig:
         for key, value, allowed in (("train.lr_scaling", t.lr_scaling, ("none", "linear", "sqrt")),
                                     ("train.precision", t.precision, ("auto", "fp32", "bf16", "fp16")),
                                     ("train.grad_compression", t.grad_compression, ("none", "fp16", "bf16", "powersgd")),
-                                    ("train.eval_mode", t.eval_mode, ("auto", "sampled", "full"))):
+                                    ("train.eval_mode", t.eval_mode, ("auto", "sampled", "full")),
+                                    ("model.aggregation", self.model.aggregation, ("csr", "pyg"))):
             if value not in allowed:
                 raise ConfigError(f"{key}={value!r} is unknown: use one of {', '.join(allowed)}")
         if t.accumulate < 1 or t.powersgd_rank < 1 or t.eval_chunk < 1:

@@ -53,13 +53,21 @@ def _pyg(name: str):
     return getattr(torch_geometric.nn, name)
 
 
+def _csr(name: str):
+    """PyG's ``name`` model whose forward aggregates sampled batches as sorted-CSR products
+    (:mod:`hpcgnn.aggregation`; the same parameters and state dict)."""
+    from hpcgnn.aggregation import csr_model
+
+    return csr_model(name)
+
+
 MODELS: dict[str, ModelSpec] = {
-    "sage": ModelSpec(lambda c, i, o, n: _pyg("GraphSAGE")(i, c.hidden_channels, n, o, dropout=c.dropout)),
+    "sage": ModelSpec(lambda c, i, o, n: _csr("GraphSAGE")(i, c.hidden_channels, n, o, dropout=c.dropout)),
     # normalize=False: the weights and self-loops come with the batch (GCNNorm), from global degrees.
-    "gcn": ModelSpec(lambda c, i, o, n: _pyg("GCN")(i, c.hidden_channels, n, o, dropout=c.dropout, normalize=False),
+    "gcn": ModelSpec(lambda c, i, o, n: _csr("GCN")(i, c.hidden_channels, n, o, dropout=c.dropout, normalize=False),
                      global_gcn_norm=True),
     "gat": ModelSpec(lambda c, i, o, n: _pyg("GAT")(i, c.hidden_channels, n, o, dropout=c.dropout, heads=c.heads)),
-    "gin": ModelSpec(lambda c, i, o, n: _pyg("GIN")(i, c.hidden_channels, n, o, dropout=c.dropout)),
+    "gin": ModelSpec(lambda c, i, o, n: _csr("GIN")(i, c.hidden_channels, n, o, dropout=c.dropout)),
     "mlp": ModelSpec(lambda c, i, o, n: MLPBaseline(i, c.hidden_channels, n, o, c.dropout), uses_edges=False),
 }
 # Models whose exact layer-wise inference (train.eval_mode=full) is implemented.
@@ -67,7 +75,10 @@ FULL_INFERENCE_MODELS = checks.FULL_INFERENCE_MODELS
 
 
 def build_model(cfg: ModelConfig, in_channels: int, out_channels: int, num_layers: int) -> torch.nn.Module:
-    return MODELS[cfg.name].build(cfg, in_channels, out_channels, num_layers)
+    model = MODELS[cfg.name].build(cfg, in_channels, out_channels, num_layers)
+    if hasattr(model, "aggregation"):  # sage, gcn, gin: model.aggregation=csr|pyg
+        model.aggregation = cfg.aggregation
+    return model
 
 
 def uses_edges(cfg: ModelConfig) -> bool:
@@ -187,10 +198,18 @@ class RGCN(torch.nn.Module):
             self.roots.append(torch.nn.ModuleDict({t: Linear(dims[i], dims[i + 1]) for t in node_types
                                                    if t in needed[i]}))
 
+    aggregation = "csr"  # csr: on the CPU, each relation's mean as a sorted-CSR product (hpcgnn.aggregation)
+
     def forward(self, x_dict: dict, edge_index_dict: dict, num_sampled_nodes_dict: dict | None = None,
                 num_sampled_edges_dict: dict | None = None) -> Tensor:
         from torch_geometric.utils import trim_to_layer
 
+        from hpcgnn.aggregation import sorted_by_target
+
+        if (self.aggregation == "csr" and num_sampled_nodes_dict is not None
+                and x_dict[self.target].device.type == "cpu"
+                and all(sorted_by_target(ei) for ei in edge_index_dict.values())):
+            return self._forward_csr(x_dict, edge_index_dict, num_sampled_nodes_dict, num_sampled_edges_dict)
         for i in range(self.num_layers):
             if num_sampled_nodes_dict is not None:
                 x_dict, edge_index_dict, _ = trim_to_layer(i, num_sampled_nodes_dict, num_sampled_edges_dict,
@@ -202,6 +221,37 @@ class RGCN(torch.nn.Module):
                 x_dict = {t: F.dropout(x.relu(), self.dropout, self.training) for t, x in x_dict.items()}
         return x_dict[self.target]
 
+
+    def _forward_csr(self, x_dict: dict, edge_index_dict: dict, num_nodes: dict, num_edges: dict) -> Tensor:
+        """Layer by layer, each type's nodes that a later layer reads (the last: the seeds), each relation's
+        mean as one product with the CSR of its edges' prefix (edges come grouped by target)."""
+        from hpcgnn.aggregation import csr
+
+        layers = self.num_layers
+        nodes = {t: torch.tensor([0, *c]).cumsum(0).tolist() for t, c in num_nodes.items()}
+        edges = {r: torch.tensor([0, *c]).cumsum(0).tolist() for r, c in num_edges.items()}
+        rowptr = {}
+        for rel, ei in edge_index_dict.items():
+            targets = nodes[rel[2]][layers]
+            rowptr[rel] = torch.zeros(targets + 1, dtype=torch.long, device=ei.device)
+            rowptr[rel][1:] = torch.cumsum(torch.bincount(ei[1], minlength=targets), 0)
+        x = x_dict
+        for i in range(layers):
+            out = {}
+            for t in self.roots[i]:
+                targets = nodes[t][layers - i]
+                h = self.roots[i][t](x[t][:targets])
+                for key, conv in self.convs[i].convs.items():
+                    rel = key if isinstance(key, tuple) else tuple(key.split("__"))
+                    if rel[2] != t or rel not in edge_index_dict:
+                        continue
+                    reads, n = nodes[rel[0]][layers - i + 1], edges[rel][layers - i]
+                    src = x[rel[0]][:reads]
+                    adj = csr(rowptr[rel], edge_index_dict[rel][0][:n], src.new_ones(n), targets, reads)
+                    h = h + conv((src, x[t][:targets]), adj)
+                out[t] = h
+            x = out if i == layers - 1 else {t: F.dropout(v.relu(), self.dropout, self.training) for t, v in out.items()}
+        return x[self.target]
 
     @torch.no_grad()
     def inference_per_layer(self, i: int, node_type: str, x_dict: dict, graph, lo: int, hi: int) -> Tensor:
@@ -250,7 +300,10 @@ def build_typed_model(cfg: ModelConfig, node_types, relations, target: str, in_c
     if cfg.name == "mlp":  # the baseline on the target type's own features
         return TypedMLP(target, MLPBaseline(in_channels, cfg.hidden_channels, num_layers, out_channels, cfg.dropout))
     cls = {"rgcn": RGCN, "sage": TypedSAGE}[cfg.name]
-    return cls(node_types, relations, target, in_channels, cfg.hidden_channels, out_channels, num_layers, cfg.dropout)
+    model = cls(node_types, relations, target, in_channels, cfg.hidden_channels, out_channels, num_layers, cfg.dropout)
+    if hasattr(model, "aggregation"):
+        model.aggregation = cfg.aggregation
+    return model
 
 
 class TypedMLP(torch.nn.Module):

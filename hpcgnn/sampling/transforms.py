@@ -6,8 +6,9 @@ Computed on a sampled batch (what ``GCNConv(normalize=True)`` does), the outer h
 have only their sampled edges and the normalisation sees the wrong degrees: sampled GCN
 is then not the GCN of the paper. :class:`GCNNorm` carries the global degrees into the
 batch instead: per-edge weights from every node's in-degree in the graph, and self-loops
-for every node that a layer computes, placed in the hop group of the edges into that node,
-so that PyG's ``trim_to_layer`` keeps them exactly as long as the node is a target. With
+for every node that a layer computes, placed in the hop group of the edges into that node (at
+the end of its row: the edges stay grouped by target), so that PyG's ``trim_to_layer`` keeps
+them exactly as long as the node is a target. With
 fanouts above every degree, the seeds' logits equal the full-batch GCN's (tested).
 
 A self-loop already in the graph counts in the in-degree, and the batch gets one more;
@@ -48,10 +49,23 @@ class GCNNorm:
             edge_start = torch.tensor([0, *out.num_sampled_edges]).cumsum(0).tolist()
             groups, num_edges = [], []
             for h in range(len(out.num_sampled_edges)):
-                loops = torch.arange(node_start[h], node_start[h + 1], device=n_id.device)
-                groups += [edge_index[:, edge_start[h]:edge_start[h + 1]], torch.stack([loops, loops])]
-                num_edges.append(out.num_sampled_edges[h] + loops.numel())
+                groups.append(with_row_loops(edge_index[:, edge_start[h]:edge_start[h + 1]], node_start[h],
+                                             node_start[h + 1]))
+                num_edges.append(groups[-1].size(1))
             edge_index = torch.cat(groups, 1) if groups else edge_index
             num_edges = tuple(num_edges)
         weight = (dinv.index_select(0, edge_index[0]) * dinv.index_select(0, edge_index[1])).float()
         return replace(out, edge_index=edge_index, num_sampled_edges=num_edges, edge_weight=weight)
+
+
+def with_row_loops(edge_index: Tensor, lo: int, hi: int) -> Tensor:
+    """A hop's edges (grouped by target, targets ``lo .. hi - 1`` in order) with a self-loop for every target
+    at the end of its row: still grouped by target, so the batch stays a CSR (:mod:`hpcgnn.aggregation`)."""
+    dst = edge_index[1]
+    rows = hi - lo
+    ends = torch.cumsum(torch.bincount(dst - lo, minlength=rows), 0)  # each row's end among the edges
+    out = edge_index.new_empty((2, dst.numel() + rows))
+    out[:, torch.arange(dst.numel(), device=dst.device) + (dst - lo)] = edge_index  # after the loops of earlier rows
+    loops = torch.arange(lo, hi, device=dst.device)
+    out[:, ends + torch.arange(rows, device=dst.device)] = torch.stack([loops, loops])
+    return out

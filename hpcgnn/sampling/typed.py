@@ -235,7 +235,8 @@ class PartitionedTypedSampler(TypedNeighborSampler):
                 keep = (view.owner(nbr + self.offsets[rel[0]]) == view.rank) | (
                     torch.rand(nbr.numel(), generator=generator) < self.boundary_fraction)
                 dst_l, nbr = dst_l[keep], nbr[keep]
-            drawn.append((rel, dst_l, nbr))
+            by_target = torch.argsort(dst_l, stable=True)  # grouped by target, as the replicated walk's
+            drawn.append((rel, dst_l[by_target], nbr[by_target]))
         return drawn
 
     def _serve(self, asked: Tensor, hop: int, generator) -> tuple[Tensor, Tensor]:
