@@ -31,6 +31,21 @@ def test_default_run_end_to_end(default_run):
     assert f"summary: {folder / 'run' / 'summary.json'}" in res.stdout
     assert s["seeds_per_s"] > 0 and s["wall_time_s"] > 0
     assert 20000 <= s["master_port"] <= 32767
+    # train.precision=auto is decided at start, logged with its reason, and the decision recorded
+    assert s["precision"] in ("bf16", "fp32")
+    assert re.search(rf"train.precision=auto: {s['precision']} \(the CPU has", res.stdout)
+
+
+@pytest.mark.slow
+def test_bf16_and_fp32_train_the_default_to_within_half_a_point(default_run, tmp_path):
+    """The default job in the precision auto did not pick (bf16 where the CPU has AMX or AVX512-BF16)."""
+    auto = summary_of(default_run[0])
+    other = "fp32" if auto["precision"] == "bf16" else "bf16"
+    res = run_cli(f"train.precision={other}", "metrics.tensorboard=false", cwd=tmp_path, timeout=600)
+    assert res.returncode == 0, res.stdout + res.stderr
+    s = summary_of(tmp_path)
+    assert s["precision"] == other and s["test_acc"] >= ACCURACY_BAR
+    assert abs(s["test_acc"] - auto["test_acc"]) <= 0.005, (other, s["test_acc"], auto["test_acc"])
 
 
 def test_ddp_ranks_end_with_identical_parameters(default_run):
