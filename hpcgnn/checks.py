@@ -116,10 +116,12 @@ def check_task_config(cfg) -> None:
 
 def _check_node(cfg) -> None:
     t = cfg.train
-    models = TYPED_FULL_INFERENCE_MODELS if is_typed(cfg.dataset) else FULL_INFERENCE_MODELS
-    if t.eval_mode == "full" and (cfg.graph.mode != "replicated" or cfg.model.name not in models):
-        raise ConfigError(f"train.eval_mode=full needs graph=replicated and model {', '.join(models)}"
-                          f"; got graph.mode={cfg.graph.mode}, model={cfg.model.name}. HINT: train.eval_mode=sampled")
+    typed = is_typed(cfg.dataset)
+    models = TYPED_FULL_INFERENCE_MODELS if typed else FULL_INFERENCE_MODELS
+    if t.eval_mode == "full" and ((typed and cfg.graph.mode != "replicated") or cfg.model.name not in models):
+        raise ConfigError(f"train.eval_mode=full needs model {', '.join(models)}"
+                          + (" and graph=replicated" if typed else "")
+                          + f"; got graph.mode={cfg.graph.mode}, model={cfg.model.name}. HINT: train.eval_mode=sampled")
 
 
 def link_eval_mode(cfg) -> str:

@@ -41,9 +41,9 @@ class TaskConfig:
 
 @dataclass(frozen=True)
 class DatasetConfig:
-    name: str = "synthetic"  # synthetic | ogbn-arxiv | ogbn-products | ogbn-papers100M | files
+    name: str = "synthetic"  # synthetic | ogbn-arxiv | ogbn-products | ogbn-papers100M | files | synthetic_hetero | ogbn-mag
     root: str = "~/.cache/hpcgnn"  # downloads (ogb/) and prepared, memory-mappable graphs (prepared/)
-    path: Optional[str] = None  # files: folder with edge_index, x, y, train_idx, val_idx, test_idx (.npy/.pt)
+    path: Optional[str] = None  # files: folder with edge_index, x, y, train_idx, val_idx, test_idx (.npy/.pt), or typed: nodes/<type>/, edges/<src>__<name>__<dst>/
     to_undirected: bool = False  # add the reverse of every edge (customary for ogbn-arxiv)
     num_nodes: int = 100_000  # synthetic: nodes in the graph
     num_classes: int = 8  # synthetic: label classes
@@ -60,7 +60,7 @@ class DatasetConfig:
     seed: int = 0  # seed of the generator and of the split
     edge_split: Tuple[float, ...] = (0.85, 0.05, 0.1)  # task=link on synthetic/files: train/val/test fractions of the edges
     prepared_for: str = "node"  # node | link: what the prepared graph serves (follows task.name; not set by hand)
-    erase_types: bool = False  # typed datasets (synthetic_hetero): serve the homogeneous view, types erased (a baseline)
+    erase_types: bool = False  # typed datasets (synthetic_hetero, ogbn-mag, typed files): serve the homogeneous view, types erased (a baseline)
 
 
 @dataclass(frozen=True)

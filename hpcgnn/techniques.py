@@ -12,6 +12,7 @@ import math
 import threading
 import time
 import warnings
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -213,6 +214,49 @@ def layerwise_inference(model: torch.nn.Module, graph, device: torch.device, chu
     x = graph.x
     for i in range(model.num_layers):
         x = sharded(lambda a, b, x=x, i=i: _layer(model, i, x, graph, a, b, device, transform))
+    return x
+
+
+@dataclass(frozen=True)
+class LocalCSR:
+    """A rank's own rows of the in-adjacency in local ids: its nodes first (in row order), then the halo."""
+
+    rowptr: Tensor
+    col: Tensor
+
+
+@torch.no_grad()
+def partitioned_layerwise_inference(model: torch.nn.Module, store, device: torch.device, chunk_size: int,
+                                    transform_for=None) -> Tensor:
+    """Logits of this rank's own nodes (in its row order), exact: layer by layer, each rank computes its own
+    nodes with all their in-neighbours; before each layer it fetches the previous layer's outputs of its halo
+    (the non-owned sources of its nodes' in-edges) from their owners, through the partitioned store's
+    exchanges (one collective round per layer, on every rank). ``transform_for(degree)``: the model's batch
+    transform for nodes in local ids given their global in-degrees (GCN's normalisation), or None."""
+    from hpcgnn.models import MLPBaseline
+    from hpcgnn.sampling.distributed import fetch_rows
+
+    model.eval()
+    parts, view, ex = store.parts, store.view, store.exchange
+    own = parts.nodes.numel()
+    remote = view.owner(parts.col) != view.rank
+    halo = torch.unique(parts.col[remote])
+    col = torch.empty_like(parts.col)
+    col[~remote] = view.row(parts.col[~remote])
+    col[remote] = own + torch.searchsorted(halo, parts.col[remote])
+    graph, halo_owner = LocalCSR(parts.rowptr, col), view.owner(halo)
+    transform = transform_for(parts.degree.index_select(0, torch.cat([parts.nodes, halo]))) if transform_for else None
+
+    def chunked(fn) -> Tensor:
+        outs = [fn(a, min(a + chunk_size, own)) for a in range(0, own, chunk_size)]
+        return torch.cat(outs) if outs else fn(0, 0)
+
+    if isinstance(model, MLPBaseline):
+        return chunked(lambda a, b: model(parts.x[a:b].to(device)).float().cpu())
+    x = parts.x
+    for i in range(model.num_layers):
+        full = torch.cat([x.float(), fetch_rows(ex, view, x, halo, halo_owner).float()])
+        x = chunked(lambda a, b, full=full, i=i: _layer(model, i, full, graph, a, b, device, transform))
     return x
 
 

@@ -156,6 +156,16 @@ class PartitionedNeighborSampler(CSRNeighborSampler):
         return row, nbr
 
 
+def fetch_rows(ex: Exchange, view: PartitionView, table: Tensor, ids: Tensor, owner: Tensor) -> Tensor:
+    """Rows of ``ids`` (owned by ``owner``) of a per-rank ``table`` whose rows follow each rank's own nodes
+    (its features, or a layer's outputs); collective: every rank calls it, with nothing to ask or not."""
+    asked, order, sent, received = ex.request(ids, owner)
+    got = ex(table.index_select(0, view.row(asked)), received, sent)
+    out = torch.empty_like(got)
+    out[order] = got
+    return out
+
+
 class PartitionedFeatures:
     """Features of any node: owned rows, cached hot rows, or rows fetched from their owners."""
 
@@ -167,13 +177,7 @@ class PartitionedFeatures:
 
     def fetch(self, ids: Tensor, owner: Tensor) -> Tensor:
         """Rows of ``ids`` (all owned elsewhere) from their owners; collective."""
-        ex, parts = self.exchange, self.view.parts
-        asked, order, sent, received = ex.request(ids, owner)
-        rows = parts.x.index_select(0, self.view.row(asked))
-        got = ex(rows, received, sent)
-        out = torch.empty_like(got)
-        out[order] = got
-        return out
+        return fetch_rows(self.exchange, self.view, self.view.parts.x, ids, owner)
 
     def gather(self, n_id: Tensor, batch_size: int) -> tuple[Tensor, Tensor]:
         view, stats = self.view, self.exchange.stats
