@@ -33,6 +33,14 @@ def make_config(*overrides: str, run_dir: str = "/tmp/hpcgnn-test-run") -> RunCo
     return compose([*overrides, f"run_dir={run_dir}"]).cfg
 
 
+def local_rank_env(rank: int, world: int, port: int):
+    """The RankEnv of rank ``rank`` of ``world`` processes on this host meeting at 127.0.0.1:``port``."""
+    from hpcgnn.env import RankEnv
+
+    return RankEnv.from_environ({"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
+                                 "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+
+
 def run_cli(*args: str, cwd: Path, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
     """``python -m hpcgnn ARGS`` in a subprocess whose run folder is ``cwd/run``."""
     cwd.mkdir(parents=True, exist_ok=True)

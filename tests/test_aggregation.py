@@ -36,6 +36,22 @@ def csr_calls(monkeypatch) -> list:
     return calls
 
 
+def assert_same_logits_and_gradients(ours, pyg, forward, data) -> None:
+    """The seeds' logits and every parameter's gradient of a random linear loss, equal to fp32 tolerance."""
+    results, weight = [], None
+    for model in (ours, pyg):
+        model.zero_grad()
+        logits = forward(model, data)
+        if weight is None:
+            weight = torch.randn(logits.shape, generator=torch.Generator().manual_seed(len(results)))
+        (logits * weight).sum().backward()
+        results.append((logits.detach(), [p.grad.clone() for p in model.parameters()]))
+    (a, ga), (b, gb) = results
+    assert torch.allclose(a, b, atol=1e-5, rtol=1e-4), (a - b).abs().max()
+    for x, y in zip(ga, gb, strict=True):
+        assert torch.allclose(x, y, atol=1e-5, rtol=1e-4), (x - y).abs().max()
+
+
 @pytest.mark.parametrize("name", ["sage", "gcn", "gin"])
 @pytest.mark.parametrize("fanouts", [(5, 3), (4, 3, 2)])
 def test_csr_path_gives_pygs_logits_and_gradients(graph, csr_calls, name, fanouts):
@@ -51,17 +67,7 @@ def test_csr_path_gives_pygs_logits_and_gradients(graph, csr_calls, name, fanout
                          batch_seed=3, transform=batch_transform(cfg, graph.degree()))
     for data in loader:
         assert aggregation.sorted_by_target(data.edge_index)
-        weight = torch.randn(data.batch_size, graph.num_classes)
-        grads = []
-        for model in (ours, pyg):
-            model.zero_grad()
-            logits = forward_batch(model, data)
-            (logits * weight).sum().backward()
-            grads.append((logits.detach(), [p.grad.clone() for p in model.parameters()]))
-        (a, ga), (b, gb) = grads
-        assert torch.allclose(a, b, atol=1e-5, rtol=1e-4), (a - b).abs().max()
-        for x, y in zip(ga, gb, strict=True):
-            assert torch.allclose(x, y, atol=1e-5, rtol=1e-4), (x - y).abs().max()
+        assert_same_logits_and_gradients(ours, pyg, forward_batch, data)
     assert len(csr_calls) == len(loader)  # every batch took the CSR path (and only ours)
 
 
@@ -125,16 +131,6 @@ def test_rgcn_csr_path_gives_pygs_hetero_logits_and_gradients(monkeypatch):
     monkeypatch.setattr(type(ours), "_forward_csr", counted)
     loader = BatchLoader(graph, TypedNeighborSampler(graph, (4, 3)), graph.train_idx[:400], 100, batch_seed=2)
     for data in loader:
-        weight = torch.randn(data["paper"].batch_size, graph.num_classes)
-        results = []
-        for model in (ours, pyg):
-            model.zero_grad()
-            logits = forward_typed_batch(model, data)
-            (logits * weight).sum().backward()
-            results.append((logits.detach(), [p.grad.clone() for p in model.parameters()]))
-        (a, ga), (b, gb) = results
-        assert torch.allclose(a, b, atol=1e-5, rtol=1e-4), (a - b).abs().max()
-        for x, y in zip(ga, gb, strict=True):
-            assert torch.allclose(x, y, atol=1e-5, rtol=1e-4), (x - y).abs().max()
+        assert_same_logits_and_gradients(ours, pyg, forward_typed_batch, data)
         seen += 1
     assert seen == 4 and len(calls) == 4  # ours took the CSR path every time, PyG's copy never

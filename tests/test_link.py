@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import DATA_ROOT, make_config
+from conftest import DATA_ROOT, local_rank_env, make_config
 from sklearn.metrics import average_precision_score, roc_auc_score
 
 from hpcgnn.config import DatasetConfig
@@ -157,11 +157,9 @@ def test_metrics_equal_sklearn_and_ogbs_evaluator():
 
 def _sharded_worker(rank: int, world: int, port: int, folder: str) -> None:
     from hpcgnn.dist import process_group
-    from hpcgnn.env import RankEnv
     from hpcgnn.sampling.link import share
 
-    env = RankEnv.from_environ({"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
-                                "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+    env = local_rank_env(rank, world, port)
     scores = torch.load(f"{folder}/scores.pt", weights_only=True)
     with process_group(env, make_config().dist, torch.device("cpu")):
         lo, hi = share(scores["pos"].numel(), rank, world)
@@ -401,12 +399,10 @@ def test_sampled_evaluation_with_full_fanouts_equals_exact_evaluation(tmp_path, 
 
 def _partitioned_link_worker(rank: int, world: int, port: int, cfg, folder: str) -> None:
     from hpcgnn.dist import process_group
-    from hpcgnn.env import RankEnv
     from hpcgnn.stores import PartitionedStore
 
     torch.set_num_threads(1)
-    env = RankEnv.from_environ({"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
-                                "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+    env = local_rank_env(rank, world, port)
     with process_group(env, cfg.dist, torch.device("cpu")):
         store = PartitionedStore(cfg, env)
         batches = []

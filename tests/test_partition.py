@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 import torch.multiprocessing as mp
-from conftest import DATA_ROOT, make_config, run_cli, summary_of
+from conftest import DATA_ROOT, local_rank_env, make_config, run_cli, summary_of
 
 from hpcgnn.config import DatasetConfig, GraphConfig
 from hpcgnn.data import open_graph, prepare
@@ -161,13 +161,10 @@ def test_graph_config_errors(overrides, message):
 
 def _sample_worker(rank: int, world: int, port: int, cfg, folder: str) -> None:
     from hpcgnn.dist import process_group
-    from hpcgnn.env import RankEnv
     from hpcgnn.stores import PartitionedStore
 
     torch.set_num_threads(1)
-    env = RankEnv.from_environ({"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
-                                "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
-                                "MASTER_PORT": str(port)}, (20000, 32767), 0)
+    env = local_rank_env(rank, world, port)
     with process_group(env, cfg.dist, torch.device("cpu")):
         store = PartitionedStore(cfg, env)
         seeds = store.train_seeds(1)[:200]
@@ -279,16 +276,13 @@ def test_partitioned_training_matches_replicated_accuracy(tmp_path):
 
 def _inference_worker(rank: int, world: int, port: int, cfg, folder: str) -> None:
     from hpcgnn.dist import process_group
-    from hpcgnn.env import RankEnv
     from hpcgnn.models import batch_transform, build_model
     from hpcgnn.stores import PartitionedStore
     from hpcgnn.tasks import build_task
     from hpcgnn.techniques import partitioned_layerwise_inference
 
     torch.set_num_threads(1)
-    env = RankEnv.from_environ({"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
-                                "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
-                                "MASTER_PORT": str(port)}, (20000, 32767), 0)
+    env = local_rank_env(rank, world, port)
     out = {}
     with process_group(env, cfg.dist, torch.device("cpu")):
         store = PartitionedStore(cfg, env)

@@ -230,14 +230,13 @@ def test_typed_parts_balance_every_type_and_hold_each_relation(method, num_parts
 
 
 def _typed_sample_worker(rank: int, world: int, port: int, cfg, folder: str) -> None:
+    from conftest import local_rank_env
+
     from hpcgnn.dist import process_group
-    from hpcgnn.env import RankEnv
     from hpcgnn.stores import open_store
 
     torch.set_num_threads(1)
-    env = RankEnv.from_environ({"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
-                                "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
-                                "MASTER_PORT": str(port)}, (20000, 32767), 0)
+    env = local_rank_env(rank, world, port)
     with process_group(env, cfg.dist, torch.device("cpu")):
         store = open_store(cfg, env)
         before = store.counters()
