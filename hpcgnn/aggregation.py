@@ -23,7 +23,9 @@ The layers stay PyG's modules (their parameters, state dicts and checkpoints are
 GraphSAGE's ``SAGEConv`` is called as PyG calls it with a sparse ``adj_t`` (its fused
 ``message_and_aggregate``); GIN's and GCN's sum aggregation is computed here with the same kernel
 (PyG would take MKL's path, which has no bf16 kernel and a slower backward) and fed to the
-layer's own parameters. GAT keeps PyG's path (its attention softmax needs the per-edge scores).
+layer's own parameters. GAT's attention needs per-edge scores: it keeps PyG's message passing, but
+for each layer's targets only (PyG's trimmed forward computes attention and output for every node
+it keeps).
 Only on the CPU: CUDA's sparse kernels have no reductions but the sum; GPUs keep PyG's path.
 """
 
@@ -54,7 +56,7 @@ def csr(rowptr: Tensor, col: Tensor, values: Tensor, num_targets: int, num_sourc
 
 
 class CSRForward:
-    """Mixed into PyG's GraphSAGE, GCN and GIN (``csr_model``): the forward takes the CSR path for a
+    """Mixed into PyG's GraphSAGE, GCN, GIN and GAT (``csr_model``): the forward takes the CSR path for a
     layered batch on the CPU whose edges are grouped by target, PyG's own forward otherwise.
     ``aggregation``: ``csr`` (that choice) or ``pyg`` (always PyG's path: the reference)."""
 
@@ -75,7 +77,7 @@ class CSRForward:
 
 
 def csr_model(name: str) -> type:
-    """PyG's ``name`` model class (GraphSAGE, GCN, GIN) with :class:`CSRForward`; same parameters and
+    """PyG's ``name`` model class (GraphSAGE, GCN, GIN, GAT) with :class:`CSRForward`; same parameters and
     state dict as PyG's."""
     import torch_geometric.nn
 
@@ -101,6 +103,8 @@ def forward_csr(model, x: Tensor, edge_index: Tensor, edge_weight: Tensor | None
         elif kind == "GIN":
             adj = csr(rowptr, src[:num_edges], x.new_ones(num_edges), targets, reads)
             x = conv.nn(torch.sparse.mm(adj, x, "sum") + (1 + conv.eps) * x[:targets])
+        elif kind == "GAT":  # attention needs per-edge scores: PyG's message passing, for the targets only
+            x = conv((x, x[:targets]), edge_index[:, :num_edges])
         else:  # GCN (normalize=False): the batch's global-degree weights and self-loops
             h = conv.lin(x)
             adj = csr(rowptr, src[:num_edges], edge_weight[:num_edges].to(h.dtype), targets, reads)

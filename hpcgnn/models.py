@@ -66,7 +66,7 @@ MODELS: dict[str, ModelSpec] = {
     # normalize=False: the weights and self-loops come with the batch (GCNNorm), from global degrees.
     "gcn": ModelSpec(lambda c, i, o, n: _csr("GCN")(i, c.hidden_channels, n, o, dropout=c.dropout, normalize=False),
                      global_gcn_norm=True),
-    "gat": ModelSpec(lambda c, i, o, n: _pyg("GAT")(i, c.hidden_channels, n, o, dropout=c.dropout, heads=c.heads)),
+    "gat": ModelSpec(lambda c, i, o, n: _csr("GAT")(i, c.hidden_channels, n, o, dropout=c.dropout, heads=c.heads)),
     "gin": ModelSpec(lambda c, i, o, n: _csr("GIN")(i, c.hidden_channels, n, o, dropout=c.dropout)),
     "mlp": ModelSpec(lambda c, i, o, n: MLPBaseline(i, c.hidden_channels, n, o, c.dropout), uses_edges=False),
 }

@@ -52,7 +52,7 @@ def assert_same_logits_and_gradients(ours, pyg, forward, data) -> None:
         assert torch.allclose(x, y, atol=1e-5, rtol=1e-4), (x - y).abs().max()
 
 
-@pytest.mark.parametrize("name", ["sage", "gcn", "gin"])
+@pytest.mark.parametrize("name", ["sage", "gcn", "gin", "gat"])
 @pytest.mark.parametrize("fanouts", [(5, 3), (4, 3, 2)])
 def test_csr_path_gives_pygs_logits_and_gradients(graph, csr_calls, name, fanouts):
     """Random sampled batches (hubs whole and subsets drawn, GCN's weights and self-loops), three layers or two:
