@@ -42,11 +42,22 @@ def sorted_by_target(edge_index: Tensor) -> bool:
     return dst.numel() < 2 or bool((dst[1:] >= dst[:-1]).all())
 
 
+def prefix_sums(counts) -> list[int]:
+    """``[0, c0, c0 + c1, ...]``: where each hop's nodes (or edges) start in a layered batch."""
+    return torch.tensor([0, *counts]).cumsum(0).tolist()
+
+
 def layer_sizes(num_sampled_nodes, num_sampled_edges, num_layers: int) -> list[tuple[int, int, int]]:
     """Per layer: (targets it computes, nodes it reads, edges it reads): prefixes of the batch."""
-    nodes = torch.tensor([0, *num_sampled_nodes]).cumsum(0).tolist()
-    edges = torch.tensor([0, *num_sampled_edges]).cumsum(0).tolist()
+    nodes, edges = prefix_sums(num_sampled_nodes), prefix_sums(num_sampled_edges)
     return [(nodes[num_layers - i], nodes[num_layers - i + 1], edges[num_layers - i]) for i in range(num_layers)]
+
+
+def target_rowptr(dst: Tensor, num_targets: int) -> Tensor:
+    """The CSR row pointer over ``num_targets`` targets of edges grouped by target (``dst`` sorted)."""
+    rowptr = torch.zeros(num_targets + 1, dtype=torch.long, device=dst.device)
+    rowptr[1:] = torch.cumsum(torch.bincount(dst, minlength=num_targets), 0)
+    return rowptr
 
 
 def csr(rowptr: Tensor, col: Tensor, values: Tensor, num_targets: int, num_sources: int) -> Tensor:
@@ -91,8 +102,7 @@ def forward_csr(model, x: Tensor, edge_index: Tensor, edge_weight: Tensor | None
     aggregation: the function of PyG's trimmed forward (tested on logits and gradients)."""
     src, dst = edge_index
     sizes = layer_sizes(num_sampled_nodes, num_sampled_edges, model.num_layers)
-    rowptr = torch.zeros(sizes[0][0] + 1, dtype=torch.long, device=dst.device)  # over every target of layer 0
-    rowptr[1:] = torch.cumsum(torch.bincount(dst, minlength=sizes[0][0]), 0)
+    rowptr = target_rowptr(dst, sizes[0][0])  # over every target of layer 0
     kind = type(model).__name__
     for i, conv in enumerate(model.convs):
         targets, reads, num_edges = sizes[i]

@@ -32,6 +32,8 @@ OGB_TYPED_DATASETS = ("ogbn-mag",)
 TYPED_DATASETS = ("synthetic_hetero", *OGB_TYPED_DATASETS, "files")
 NODE_DATASETS = tuple(dict.fromkeys((*NODE_DATASETS, *TYPED_DATASETS)))
 SPLIT_EDGES = ("synthetic", "files")  # link datasets whose edges hpcgnn splits itself (dataset.edge_split)
+# Datasets read from files that must be there before a job starts (the synthetic ones are generated).
+ON_DISK = ("files", *OGB_NODE_DATASETS, *OGB_LINK_DATASETS, *OGB_TYPED_DATASETS)
 
 # ------------------------------------------------------------------ tasks (hpcgnn.tasks.TASKS)
 

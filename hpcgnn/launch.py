@@ -24,7 +24,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from hpcgnn import env
+from hpcgnn import checks, env
 from hpcgnn.config import ClusterConfig, RunConfig
 from hpcgnn.errors import EXIT_FAILED, EXIT_PREEMPTED, EXIT_USER_ERROR, ConfigError
 from hpcgnn.io import atomic_open
@@ -107,7 +107,7 @@ def launch(cfg: RunConfig, overrides: tuple[str, ...] | list[str] = ()) -> int:
     if mode == "local":
         cfg = dataclasses.replace(cfg, cluster=None)  # the ranks are these processes, whatever the cluster file says
     record_config(cfg, overrides)
-    if cfg.dataset.name != "synthetic":  # files and OGB sources must be there (the synthetic graph is made)
+    if cfg.dataset.name in checks.ON_DISK:  # files and OGB sources must be there (synthetic graphs are made)
         from hpcgnn.data import check_available
 
         check_available(cfg.dataset)

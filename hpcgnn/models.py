@@ -75,8 +75,12 @@ FULL_INFERENCE_MODELS = checks.FULL_INFERENCE_MODELS
 
 
 def build_model(cfg: ModelConfig, in_channels: int, out_channels: int, num_layers: int) -> torch.nn.Module:
-    model = MODELS[cfg.name].build(cfg, in_channels, out_channels, num_layers)
-    if hasattr(model, "aggregation"):  # sage, gcn, gin: model.aggregation=csr|pyg
+    return _with_aggregation(MODELS[cfg.name].build(cfg, in_channels, out_channels, num_layers), cfg)
+
+
+def _with_aggregation(model: torch.nn.Module, cfg: ModelConfig) -> torch.nn.Module:
+    """``model.aggregation`` (csr|pyg) on the models that have the choice (sage, gcn, gin, gat, rgcn)."""
+    if hasattr(model, "aggregation"):
         model.aggregation = cfg.aggregation
     return model
 
@@ -174,6 +178,7 @@ class RGCN(torch.nn.Module):
     """
 
     supports_trim = True
+    aggregation = "csr"  # csr: on the CPU, each relation's mean as a sorted-CSR product (hpcgnn.aggregation)
 
     def __init__(self, node_types, relations, target: str, in_channels: int, hidden: int, out_channels: int,
                  num_layers: int, dropout: float):
@@ -198,7 +203,12 @@ class RGCN(torch.nn.Module):
             self.roots.append(torch.nn.ModuleDict({t: Linear(dims[i], dims[i + 1]) for t in node_types
                                                    if t in needed[i]}))
 
-    aggregation = "csr"  # csr: on the CPU, each relation's mean as a sorted-CSR product (hpcgnn.aggregation)
+    def relations_into(self, i: int, node_type: str):
+        """(relation, its SAGEConv) of layer ``i`` for each relation into ``node_type``."""
+        for key, conv in self.convs[i].convs.items():
+            rel = key if isinstance(key, tuple) else tuple(key.split("__"))  # PyG's ModuleDict may key by string
+            if rel[2] == node_type:
+                yield rel, conv
 
     def forward(self, x_dict: dict, edge_index_dict: dict, num_sampled_nodes_dict: dict | None = None,
                 num_sampled_edges_dict: dict | None = None) -> Tensor:
@@ -221,29 +231,23 @@ class RGCN(torch.nn.Module):
                 x_dict = {t: F.dropout(x.relu(), self.dropout, self.training) for t, x in x_dict.items()}
         return x_dict[self.target]
 
-
     def _forward_csr(self, x_dict: dict, edge_index_dict: dict, num_nodes: dict, num_edges: dict) -> Tensor:
         """Layer by layer, each type's nodes that a later layer reads (the last: the seeds), each relation's
         mean as one product with the CSR of its edges' prefix (edges come grouped by target)."""
-        from hpcgnn.aggregation import csr
+        from hpcgnn.aggregation import csr, prefix_sums, target_rowptr
 
         layers = self.num_layers
-        nodes = {t: torch.tensor([0, *c]).cumsum(0).tolist() for t, c in num_nodes.items()}
-        edges = {r: torch.tensor([0, *c]).cumsum(0).tolist() for r, c in num_edges.items()}
-        rowptr = {}
-        for rel, ei in edge_index_dict.items():
-            targets = nodes[rel[2]][layers]
-            rowptr[rel] = torch.zeros(targets + 1, dtype=torch.long, device=ei.device)
-            rowptr[rel][1:] = torch.cumsum(torch.bincount(ei[1], minlength=targets), 0)
+        nodes = {t: prefix_sums(c) for t, c in num_nodes.items()}
+        edges = {r: prefix_sums(c) for r, c in num_edges.items()}
+        rowptr = {rel: target_rowptr(ei[1], nodes[rel[2]][layers]) for rel, ei in edge_index_dict.items()}
         x = x_dict
         for i in range(layers):
             out = {}
             for t in self.roots[i]:
                 targets = nodes[t][layers - i]
                 h = self.roots[i][t](x[t][:targets])
-                for key, conv in self.convs[i].convs.items():
-                    rel = key if isinstance(key, tuple) else tuple(key.split("__"))
-                    if rel[2] != t or rel not in edge_index_dict:
+                for rel, conv in self.relations_into(i, t):
+                    if rel not in edge_index_dict:
                         continue
                     reads, n = nodes[rel[0]][layers - i + 1], edges[rel][layers - i]
                     src = x[rel[0]][:reads]
@@ -258,10 +262,7 @@ class RGCN(torch.nn.Module):
         """Layer ``i``'s output for ``node_type`` nodes ``lo..hi`` with all their in-neighbours along every
         relation (``graph``: a TypedGraph; ``x_dict``: layer ``i``'s input of every type it reads)."""
         out = self.roots[i][node_type](x_dict[node_type][lo:hi])
-        for key, conv in self.convs[i].convs.items():
-            rel = key if isinstance(key, tuple) else tuple(key.split("__"))
-            if rel[2] != node_type:
-                continue
+        for rel, conv in self.relations_into(i, node_type):
             rowptr, col = graph.rowptr[rel], graph.col[rel]
             nbr = col[rowptr[lo]:rowptr[hi]].to(out.device)
             dst = torch.repeat_interleave(torch.arange(hi - lo, device=out.device),
@@ -300,10 +301,8 @@ def build_typed_model(cfg: ModelConfig, node_types, relations, target: str, in_c
     if cfg.name == "mlp":  # the baseline on the target type's own features
         return TypedMLP(target, MLPBaseline(in_channels, cfg.hidden_channels, num_layers, out_channels, cfg.dropout))
     cls = {"rgcn": RGCN, "sage": TypedSAGE}[cfg.name]
-    model = cls(node_types, relations, target, in_channels, cfg.hidden_channels, out_channels, num_layers, cfg.dropout)
-    if hasattr(model, "aggregation"):
-        model.aggregation = cfg.aggregation
-    return model
+    return _with_aggregation(cls(node_types, relations, target, in_channels, cfg.hidden_channels, out_channels,
+                                 num_layers, cfg.dropout), cfg)
 
 
 class TypedMLP(torch.nn.Module):

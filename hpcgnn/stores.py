@@ -328,7 +328,8 @@ class PartitionedStore(Store):
         # Link prediction: a rank's training edges are those whose source it owns; their endpoints, like any
         # other node, are sampled and fetched wherever they live. Evaluation reads the splits' (small) arrays.
         self.link = open_link_splits(cfg.dataset) if cfg.dataset.prepared_for == "link" else None
-        self.features = d.PartitionedFeatures(self.view, self.exchange, labels=self.link is None)
+        # The rank's rows of other ranks' nodes (the hot-node cache, over every node type) and where they come from.
+        self.cache = self.features = d.PartitionedFeatures(self.view, self.exchange, labels=self.link is None)
         self.seed_offset = 0  # global id -> sampler seed (a typed graph's sampler takes target-type ids)
         if parts.typed is not None:  # batches are HeteroData; seeds are the target type's own ids
             from hpcgnn.sampling.typed import PartitionedTypedFeatures, PartitionedTypedSampler
@@ -337,7 +338,7 @@ class PartitionedStore(Store):
             self.seed_offset = self.schema.offsets()[self.schema.target]
             self.sampler = PartitionedTypedSampler(self.view, typed_fanouts(cfg, self.schema), self.exchange,
                                                    g.boundary_fraction)
-            self.features = PartitionedTypedFeatures(self.features, self.sampler)
+            self.features = PartitionedTypedFeatures(self.cache, self.sampler)
         else:
             self.sampler = d.PartitionedNeighborSampler(self.view, fanouts(cfg), self.exchange, g.boundary_fraction)
         self.train_sampler = self.sampler
@@ -374,11 +375,6 @@ class PartitionedStore(Store):
             off, cached = self.schema.offsets(), self.cache.cache_ids
             log.info("rank %d: cached rows by node type: %s", env.rank,
                      {t: int(((cached >= off[t]) & (cached < off[t] + n)).sum()) for t, n in self.schema.num_nodes.items()})
-
-    @property
-    def cache(self):
-        """The rank's feature rows of other ranks' nodes: the hot-node cache (over every node type)."""
-        return self.features.features if self.typed else self.features
 
     def train_seeds(self, epoch: int) -> Tensor:
         """The rank's own training seeds (nodes; link: ids of its edges), shuffled and padded (wrapping) to

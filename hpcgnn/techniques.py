@@ -200,21 +200,26 @@ def layerwise_inference(model: torch.nn.Module, graph, device: torch.device, chu
 
     model.eval()
     n = graph.num_nodes
-    per = math.ceil(n / world_size)
-    counts = [max(0, min(n, (r + 1) * per) - min(n, r * per)) for r in range(world_size)]
-    lo, hi = min(rank * per, n), min((rank + 1) * per, n)
-
-    def sharded(fn) -> Tensor:
-        parts = [fn(a, min(a + chunk_size, hi)) for a in range(lo, hi, chunk_size)]
-        mine = torch.cat(parts) if parts else fn(lo, lo)
-        return dist.all_gather_rows(mine, counts)
-
     if isinstance(model, MLPBaseline):
-        return sharded(lambda a, b: model(graph.x[a:b].to(device)).float().cpu())
+        return _sharded(n, chunk_size, rank, world_size, lambda a, b: model(graph.x[a:b].to(device)).float().cpu())
     x = graph.x
     for i in range(model.num_layers):
-        x = sharded(lambda a, b, x=x, i=i: _layer(model, i, x, graph, a, b, device, transform))
+        x = _sharded(n, chunk_size, rank, world_size,
+                     lambda a, b, x=x, i=i: _layer(model, i, x, graph, a, b, device, transform))
     return x
+
+
+def _chunked(lo: int, hi: int, chunk_size: int, fn) -> Tensor:
+    """``fn(a, b)`` over ``lo .. hi`` in chunks, concatenated (``fn(lo, lo)``'s empty rows when there are none)."""
+    outs = [fn(a, min(a + chunk_size, hi)) for a in range(lo, hi, chunk_size)]
+    return torch.cat(outs) if outs else fn(lo, lo)
+
+
+def _sharded(n: int, chunk_size: int, rank: int, world_size: int, fn) -> Tensor:
+    """Rows ``0 .. n`` of ``fn``, each rank computing a contiguous range in chunks; all-gathered."""
+    per = math.ceil(n / world_size)
+    counts = [max(0, min(n, (r + 1) * per) - min(n, r * per)) for r in range(world_size)]
+    return dist.all_gather_rows(_chunked(min(rank * per, n), min((rank + 1) * per, n), chunk_size, fn), counts)
 
 
 @dataclass(frozen=True)
@@ -247,16 +252,13 @@ def partitioned_layerwise_inference(model: torch.nn.Module, store, device: torch
     graph, halo_owner = LocalCSR(parts.rowptr, col), view.owner(halo)
     transform = transform_for(parts.degree.index_select(0, torch.cat([parts.nodes, halo]))) if transform_for else None
 
-    def chunked(fn) -> Tensor:
-        outs = [fn(a, min(a + chunk_size, own)) for a in range(0, own, chunk_size)]
-        return torch.cat(outs) if outs else fn(0, 0)
-
     if isinstance(model, MLPBaseline):
-        return chunked(lambda a, b: model(parts.x[a:b].to(device)).float().cpu())
+        return _chunked(0, own, chunk_size, lambda a, b: model(parts.x[a:b].to(device)).float().cpu())
     x = parts.x
     for i in range(model.num_layers):
         full = torch.cat([x.float(), fetch_rows(ex, view, x, halo, halo_owner).float()])
-        x = chunked(lambda a, b, full=full, i=i: _layer(model, i, full, graph, a, b, device, transform))
+        x = _chunked(0, own, chunk_size, lambda a, b, full=full, i=i: _layer(model, i, full, graph, a, b, device,
+                                                                              transform))
     return x
 
 
@@ -303,20 +305,13 @@ def typed_layerwise_inference(model: torch.nn.Module, graph, device: torch.devic
     from hpcgnn.models import TypedMLP
 
     model.eval()
-
-    def sharded(n: int, fn) -> Tensor:
-        per = math.ceil(n / world_size)
-        counts = [max(0, min(n, (r + 1) * per) - min(n, r * per)) for r in range(world_size)]
-        lo, hi = min(rank * per, n), min((rank + 1) * per, n)
-        parts = [fn(a, min(a + chunk_size, hi)) for a in range(lo, hi, chunk_size)]
-        return dist.all_gather_rows(torch.cat(parts) if parts else fn(lo, lo), counts)
-
     if isinstance(model, TypedMLP):
         x = graph.x[graph.target]
-        return sharded(x.size(0), lambda a, b: model.mlp(x[a:b].to(device)).float().cpu())
+        return _sharded(x.size(0), chunk_size, rank, world_size, lambda a, b: model.mlp(x[a:b].to(device)).float().cpu())
     x = dict(graph.x)
     for i in range(model.num_layers):
         here = {k: v.to(device) for k, v in x.items()}  # the layer's input, where the model runs
-        x = {t: sharded(graph.num_nodes[t], lambda a, b, t=t, i=i, here=here: model.inference_per_layer(
-                 i, t, here, graph, a, b).float().cpu()) for t in model.layer_types(i)}
+        x = {t: _sharded(graph.num_nodes[t], chunk_size, rank, world_size, lambda a, b, t=t, i=i, here=here:
+                         model.inference_per_layer(i, t, here, graph, a, b).float().cpu())
+             for t in model.layer_types(i)}
     return x[graph.target]

@@ -19,7 +19,7 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
-from hpcgnn.checks import check_dataset_config, is_typed
+from hpcgnn.checks import ON_DISK, check_dataset_config, is_typed
 from hpcgnn.config import DatasetConfig
 from hpcgnn.data import cache
 from hpcgnn.data.files import files_folder, is_typed_folder, load_files, load_typed_files
@@ -123,8 +123,7 @@ def prepare(cfg: DatasetConfig, allow_download: bool = False) -> Path:
         typed = TYPED_LOADERS[cfg.name](cfg, allow_download)
         arrays = {f"{kind}__{relation_key(r)}": getattr(typed, kind)[r] for r in typed.relations
                   for kind in ("rowptr", "col")}
-        meta = {"typed": {"num_nodes": typed.num_nodes, "relations": [list(r) for r in typed.relations],
-                          "target": typed.target, "feature_rule": typed.feature_rule}}
+        meta = {"typed": {**typed.schema.to_meta(), "feature_rule": typed.feature_rule}}
         return cache.save(typed.homogeneous(), folder, source, extra=arrays, extra_meta=meta)
     if cfg.prepared_for == "link":
         data = build_link(cfg, allow_download)
@@ -137,7 +136,7 @@ def check_available(cfg: DatasetConfig) -> None:
     """Before submitting: fail now, not on a compute node, when the data cannot be there."""
     if cfg.name == "files":
         files_folder(cfg)
-    elif cfg.name in (*OGB_NAMES, *OGB_LINK_NAMES, "ogbn-mag") and not cache.is_complete(cache_folder(cfg)) and not has_raw(cfg):
+    elif cfg.name in ON_DISK and not cache.is_complete(cache_folder(cfg)) and not has_raw(cfg):
         raise DatasetMissing(f"{cfg.name} is not under {Path(cfg.root).expanduser()}: jobs do not download. "
                              f"HINT: first run\n    {prepare_command(cfg)}")
 
@@ -150,31 +149,18 @@ def open_graph(cfg: DatasetConfig) -> Graph:
     return cache.load(folder)
 
 
-def typed_schema(cfg: DatasetConfig) -> TypedSchema | None:
-    """A prepared typed graph's types and relations (None: the config serves a homogeneous graph)."""
-    if not is_typed(cfg):
-        return None
-    t = json.loads((cache_folder(cfg) / "meta.json").read_text())["typed"]
-    return TypedSchema({k: int(v) for k, v in t["num_nodes"].items()}, tuple(tuple(r) for r in t["relations"]),
-                       t["target"])
-
-
 def open_typed(cfg: DatasetConfig) -> TypedGraph:
     """Memory-map a prepared typed graph: each type's features and labels are slices of the stored
     homogeneous view (no copy), each relation's CSR its own arrays."""
     h = open_graph(cfg)
     arrays, meta = cache.load_extra(cache_folder(cfg))
-    t = meta["typed"]
-    relations = [tuple(r) for r in t["relations"]]
-    num_nodes = {k: int(v) for k, v in t["num_nodes"].items()}
-    off, start = {}, 0
-    for k, n in num_nodes.items():
-        off[k], start = start, start + n
-    t0, n0 = off[t["target"]], num_nodes[t["target"]]
-    return TypedGraph(num_nodes, {r: arrays[f"rowptr__{relation_key(r)}"] for r in relations},
-                      {r: arrays[f"col__{relation_key(r)}"] for r in relations},
-                      {k: h.x[off[k]:off[k] + n] for k, n in num_nodes.items()}, t["target"], h.y[t0:t0 + n0],
-                      h.train_idx - t0, h.val_idx - t0, h.test_idx - t0, h.num_classes, t["feature_rule"])
+    s = TypedSchema.from_meta(meta["typed"])
+    off = s.offsets()
+    t0, n0 = off[s.target], s.num_nodes[s.target]
+    return TypedGraph(s.num_nodes, {r: arrays[f"rowptr__{relation_key(r)}"] for r in s.relations},
+                      {r: arrays[f"col__{relation_key(r)}"] for r in s.relations},
+                      {k: h.x[off[k]:off[k] + n] for k, n in s.num_nodes.items()}, s.target, h.y[t0:t0 + n0],
+                      h.train_idx - t0, h.val_idx - t0, h.test_idx - t0, h.num_classes, meta["typed"]["feature_rule"])
 
 
 def open_link(cfg: DatasetConfig) -> LinkData:
@@ -194,4 +180,4 @@ def open_link_splits(cfg: DatasetConfig) -> LinkData:
 
 
 __all__ = ["LINK_LOADERS", "LOADERS", "TYPED_LOADERS", "Graph", "LinkData", "TypedGraph", "build_graph", "build_link", "cache_folder",
-           "check_dataset_config", "open_graph", "typed_schema", "open_link", "open_link_splits", "open_typed", "prepare"]
+           "check_dataset_config", "open_graph", "open_link", "open_link_splits", "open_typed", "prepare"]

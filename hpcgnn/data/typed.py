@@ -39,6 +39,15 @@ class TypedSchema:
     relations: tuple[Relation, ...]
     target: str
 
+    @classmethod
+    def from_meta(cls, typed: dict) -> TypedSchema:
+        """From the ``typed`` record of a prepared graph's meta.json or a partition's META.json."""
+        return cls({k: int(v) for k, v in typed["num_nodes"].items()}, tuple(tuple(r) for r in typed["relations"]),
+                   typed["target"])
+
+    def to_meta(self) -> dict:
+        return {"num_nodes": self.num_nodes, "relations": [list(r) for r in self.relations], "target": self.target}
+
     @property
     def node_types(self) -> tuple[str, ...]:
         return tuple(self.num_nodes)

@@ -40,8 +40,9 @@ import torch
 from torch import Tensor
 
 from hpcgnn import env
+from hpcgnn.checks import is_typed
 from hpcgnn.config import DatasetConfig, GraphConfig
-from hpcgnn.data import cache, cache_folder, open_graph, open_typed, prepare, typed_schema
+from hpcgnn.data import cache, cache_folder, open_graph, open_typed, prepare
 from hpcgnn.data.graph import Graph
 from hpcgnn.data.typed import Relation, TypedSchema, relation_key
 from hpcgnn.errors import ConfigError, PartitionError
@@ -367,8 +368,8 @@ def ensure_parts(dataset: DatasetConfig, graph_cfg: GraphConfig, num_parts: int,
 
         edges = {"train_pos": open_link(dataset).train.pos}
     weight = seed_weight(graph, edges.get("train_pos"))
-    schema = typed_schema(dataset)
-    typed = open_typed(dataset) if schema is not None else None
+    typed = open_typed(dataset) if is_typed(dataset) else None
+    schema = typed.schema if typed is not None else None
     if available is None:
         available = (int(graph_cfg.partition_mem_gb * 2**30) if graph_cfg.partition_mem_gb is not None
                      else available_memory())
@@ -384,8 +385,7 @@ def ensure_parts(dataset: DatasetConfig, graph_cfg: GraphConfig, num_parts: int,
             "partition_s": round(seconds, 3), "report": partition_report(graph, part, num_parts, weight, schema),
             "edge_arrays": sorted(edges)}
     if schema is not None:
-        meta["typed"] = {"num_nodes": schema.num_nodes, "relations": [list(r) for r in schema.relations],
-                         "target": schema.target, "arrays": typed_arrays(typed)}
+        meta["typed"] = {**schema.to_meta(), "arrays": typed_arrays(typed)}
     write_parts(graph, part, folder, meta, edges, typed)
     return folder, read_meta(folder) or meta, False
 
@@ -471,7 +471,7 @@ def open_parts(dataset: DatasetConfig, graph_cfg: GraphConfig, num_parts: int, o
     if meta["num_parts"] != num_parts:
         raise PartitionError(f"{folder} holds {meta['num_parts']} parts, the job needs {num_parts}. {hint}")
     typed_meta = meta.get("typed")
-    if (typed_meta is None) != (typed_schema(dataset) is None):  # the fingerprint covers it; a clear word anyway
+    if (typed_meta is None) == is_typed(dataset):  # the fingerprint covers it; a clear word anyway
         raise PartitionError(f"{folder} does not record the node types of the prepared {dataset.name}: delete it "
                              f"and partition again. {hint}")
     extra = [*meta.get("edge_arrays", []), *(typed_meta["arrays"] if typed_meta else [])]
@@ -491,14 +491,11 @@ def open_parts(dataset: DatasetConfig, graph_cfg: GraphConfig, num_parts: int, o
     edge_arrays = meta.get("edge_arrays", [])
     per_part = {i: {a: load(f"part_{i}/{a}.npy") for a in [*PART_ARRAYS, *extra]} for i in owned}
     offset = torch.full((num_parts,), -1, dtype=torch.long)
-    rowptrs, start, edge_start = [], 0, 0
+    start = 0
     for i in owned:  # one CSR over the owned parts, one after the other
         offset[i] = start
-        rp = per_part[i]["rowptr"]
-        rowptrs.append(rp[:-1] + edge_start)
         start += per_part[i]["nodes"].numel()
-        edge_start += int(rp[-1])
-    rowptr = per_part[owned[0]]["rowptr"] if len(owned) == 1 else torch.cat([*rowptrs, torch.tensor([edge_start])])
+    rowptr = concat_rowptr([per_part[i]["rowptr"] for i in owned])
 
     def cat(name: str, dim: int = 0) -> Tensor:
         tensors = [per_part[i][name] for i in owned]
@@ -516,11 +513,21 @@ def open_parts(dataset: DatasetConfig, graph_cfg: GraphConfig, num_parts: int, o
                  train_pos=cat("train_pos", 1) if "train_pos" in edge_arrays else None, typed=typed)
 
 
+def concat_rowptr(rowptrs: list[Tensor]) -> Tensor:
+    """The rowptr of CSRs stacked one after another (their columns concatenated in the same order)."""
+    if len(rowptrs) == 1:
+        return rowptrs[0]
+    shifted, start = [], 0
+    for rp in rowptrs:
+        shifted.append(rp[:-1] + start)
+        start += int(rp[-1])
+    return torch.cat([*shifted, torch.tensor([start])])
+
+
 def _typed_parts(typed_meta: dict, nodes_by_type: dict[str, list[int]], per_part: dict, owned: list[int],
                  num_parts: int) -> TypedParts:
     """The owned parts' relation CSRs, one after another, and where each type's rows start."""
-    schema = TypedSchema({k: int(v) for k, v in typed_meta["num_nodes"].items()},
-                         tuple(tuple(r) for r in typed_meta["relations"]), typed_meta["target"])
+    schema = TypedSchema.from_meta(typed_meta)
     counts = torch.tensor([nodes_by_type[t] for t in schema.node_types])  # [types, parts]
     first = torch.cumsum(counts, 0) - counts  # a part's first row of each type (types in id order)
     type_base = {}
@@ -534,16 +541,9 @@ def _typed_parts(typed_meta: dict, nodes_by_type: dict[str, list[int]], per_part
     rowptr, col = {}, {}
     for rel in schema.relations:
         key = relation_key(rel)
-        rps = [per_part[i][f"rowptr__{key}"] for i in owned]
+        rowptr[rel] = concat_rowptr([per_part[i][f"rowptr__{key}"] for i in owned])
         cols = [per_part[i][f"col__{key}"] for i in owned]
-        if len(owned) == 1:
-            rowptr[rel], col[rel] = rps[0], cols[0]
-            continue
-        shifted, start = [], 0
-        for rp in rps:
-            shifted.append(rp[:-1] + start)
-            start += int(rp[-1])
-        rowptr[rel], col[rel] = torch.cat([*shifted, torch.tensor([start])]), torch.cat(cols)
+        col[rel] = cols[0] if len(cols) == 1 else torch.cat(cols)
     return TypedParts(schema, rowptr, col, type_base)
 
 

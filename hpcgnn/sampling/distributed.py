@@ -131,6 +131,10 @@ class PartitionedNeighborSampler(CSRNeighborSampler):
     def begin_batch(self) -> None:
         self.exchange.stats.batches += 1
 
+    def global_ids(self, n_id: Tensor) -> Tensor:
+        """A batch's nodes in the partition's id space: already so (a typed sampler maps its per-type ids)."""
+        return n_id
+
     def hop(self, frontier: Tensor, fanout: int, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
         view, ex = self.view, self.exchange
         owner = view.owner(frontier)
@@ -226,7 +230,7 @@ def hot_nodes(view: PartitionView, budget_rows: int, policy: str, sampler: Parti
         seen = []
         for seeds in warmup_seeds or []:
             out = sampler.sample(seeds, generator)
-            n_id = sampler.global_ids(out.n_id) if isinstance(out.n_id, dict) else out.n_id  # typed: per type
+            n_id = sampler.global_ids(out.n_id)
             seen.append(n_id[view.owner(n_id) != view.rank])
         ids, counts = torch.unique(torch.cat(seen) if seen else torch.empty(0, dtype=torch.long),
                                    return_counts=True)

@@ -179,10 +179,13 @@ class PartitionedTypedSampler(TypedNeighborSampler):
     def begin_batch(self) -> None:
         self.exchange.stats.batches += 1
 
+    def type_order(self, n_id: dict[str, Tensor]) -> list[str]:
+        """The batch's node types, the target first (its seeds lead the batch)."""
+        return [self.graph.target, *(t for t in n_id if t != self.graph.target)]
+
     def global_ids(self, n_id: dict[str, Tensor]) -> Tensor:
-        """A batch's nodes in the homogeneous id space (the partition's), target type first."""
-        order = [self.graph.target, *(t for t in n_id if t != self.graph.target)]
-        return torch.cat([n_id[t] + self.offsets[t] for t in order])
+        """A batch's nodes in the homogeneous id space (the partition's), in :meth:`type_order`."""
+        return torch.cat([n_id[t] + self.offsets[t] for t in self.type_order(n_id)])
 
     def _rows(self, node_type: str, gid: Tensor) -> Tensor:
         """Rows of owned nodes (global ids) of ``node_type`` in its relations' CSRs here."""
@@ -267,7 +270,7 @@ class PartitionedTypedFeatures:
         self.target = sampler.graph.target
 
     def gather_types(self, n_id: dict[str, Tensor], batch_size: int) -> tuple[dict[str, Tensor], Tensor]:
-        order = [self.target, *(t for t in n_id if t != self.target)]
+        order = self.sampler.type_order(n_id)
         x, y = self.features.gather(self.sampler.global_ids(n_id), batch_size)
         return dict(zip(order, x.split([n_id[t].numel() for t in order]), strict=True)), y
 
