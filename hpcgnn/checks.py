@@ -18,6 +18,7 @@ MODEL_NAMES = ("sage", "gcn", "gat", "gin", "mlp")
 TYPED_MODELS = ("rgcn", "sage", "mlp")  # models for typed graphs (sage: GraphSAGE through PyG's to_hetero)
 FULL_INFERENCE_MODELS = ("sage", "gcn", "gin", "gat", "mlp")  # exact layer-wise inference (eval_mode=full)
 TYPED_FULL_INFERENCE_MODELS = ("rgcn", "mlp")  # ... on a typed graph
+FEATURE_DTYPES = ("float32", "float16", "bfloat16")  # dataset.feature_dtype: how features are stored
 DECODERS = ("dot", "mlp")  # link prediction: how a pair of embeddings becomes a score
 
 # ------------------------------------------------------------------ datasets (hpcgnn.data.LOADERS, LINK_LOADERS)
@@ -57,6 +58,12 @@ def check_model_config(model) -> None:
 
 def check_dataset_config(dataset) -> None:
     """The dataset's name is one the registry knows, for the task it is prepared for."""
+    if dataset.feature_dtype not in FEATURE_DTYPES:
+        raise ConfigError(f"dataset.feature_dtype={dataset.feature_dtype!r} is unknown: use one of "
+                          f"{', '.join(FEATURE_DTYPES)} (float16/bfloat16 store features in half the bytes)")
+    if dataset.prepare_mem_gb is not None and dataset.prepare_mem_gb <= 0:
+        raise ConfigError(f"dataset.prepare_mem_gb={dataset.prepare_mem_gb} must be above 0 (or null: half of "
+                          "the memory free)")
     if dataset.prepared_for == "link":
         if dataset.name not in LINK_DATASETS:
             raise ConfigError(f"dataset={dataset.name} has no edges to predict: task=link needs one of "

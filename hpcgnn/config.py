@@ -60,6 +60,8 @@ class DatasetConfig:
     seed: int = 0  # seed of the generator and of the split
     edge_split: Tuple[float, ...] = (0.85, 0.05, 0.1)  # task=link on synthetic/files: train/val/test fractions of the edges
     prepared_for: str = "node"  # node | link: what the prepared graph serves (follows task.name; not set by hand)
+    feature_dtype: str = "float32"  # float32 | float16 | bfloat16: how features are stored (half the bytes); batches are upcast to float32
+    prepare_mem_gb: Optional[float] = None  # memory preparing may use (edges are sorted on disk in buckets of this size); None = half of what is free
     erase_types: bool = False  # typed datasets (synthetic_hetero, ogbn-mag, typed files): serve the homogeneous view, types erased (a baseline)
 
 
@@ -76,7 +78,7 @@ class ModelConfig:
 class GraphConfig:
     mode: str = "replicated"  # replicated: every rank maps the whole graph | partitioned: each rank holds its parts
     num_parts: int = 0  # partitioned: METIS/random parts; 0 = one per rank; else a multiple of the world size
-    method: str = "metis"  # partitioned: metis (few cut edges) | random (no partitioning cost)
+    method: str = "metis"  # partitioned: metis (few cut edges, ~110 B per edge in memory) | lp (multilevel label propagation over the mapped graph: METIS's quality, O(nodes) memory) | random (no partitioning cost)
     seed: int = 0  # partitioned: METIS seed; the same graph, num_parts and seed give byte-identical parts
     balance_train: bool = True  # partitioned: balance training nodes across parts as well as nodes
     partition_mem_gb: Optional[float] = None  # memory partitioning may use; None = what this machine has free
@@ -337,8 +339,8 @@ def _validate_sampler(t: TrainConfig, g: GraphConfig) -> None:
 def _validate_graph(g: GraphConfig, world_size: int) -> None:
     if g.mode not in ("replicated", "partitioned"):
         raise ConfigError(f"graph.mode={g.mode!r} is unknown: use graph=replicated or graph=partitioned")
-    if g.method not in ("metis", "random"):
-        raise ConfigError(f"graph.method={g.method!r} is unknown: use metis or random")
+    if g.method not in ("metis", "lp", "random"):
+        raise ConfigError(f"graph.method={g.method!r} is unknown: use metis, lp or random")
     if g.cache_policy not in ("degree", "frequency"):
         raise ConfigError(f"graph.cache_policy={g.cache_policy!r} is unknown: use degree or frequency")
     if g.num_parts < 0:

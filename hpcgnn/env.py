@@ -156,6 +156,31 @@ def slurm_memory_limit(environ: Mapping[str, str] | None = None) -> int | None:
     return None
 
 
+def available_memory() -> int:
+    """Bytes this process may still allocate: MemAvailable, capped by a cgroup limit and SLURM's."""
+    limits = []
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                limits.append(int(line.split()[1]) * 1024)
+    except OSError:
+        pass
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            text = Path(path).read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit() and int(text) < 2**60:
+            usage = next((Path(path).with_name(n) for n in ("memory.current", "memory.usage_in_bytes")
+                          if Path(path).with_name(n).exists()), None)
+            used = int(usage.read_text()) if usage is not None else 0
+            limits.append(int(text) - used)
+    slurm = slurm_memory_limit()
+    if slurm is not None:
+        limits.append(slurm)
+    return min(limits) if limits else 2**62
+
+
 def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> frozenset[str]:
     """The CPU's feature flags as Linux lists them (``amx_bf16``, ``avx512_bf16``, ...); empty elsewhere."""
     try:

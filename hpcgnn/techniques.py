@@ -276,7 +276,7 @@ def _layer(model, i: int, x: Tensor, graph, lo: int, hi: int, device: torch.devi
     order = torch.argsort(n_id)
     src = order[torch.searchsorted(n_id[order], nbr)]
     if transform is None:
-        return model.inference_per_layer(i, x.index_select(0, n_id).to(device), torch.stack([src, dst]).to(device),
+        return model.inference_per_layer(i, x.index_select(0, n_id).float().to(device), torch.stack([src, dst]).to(device),
                                          t).float().cpu()
     out = transform(SampledSubgraph(n_id, torch.stack([src, dst]), t, (t, others.numel()), (dst.numel(),)))
     # The weighted adjacency of the chunk, rows = targets (CSR, sorted by target then source).

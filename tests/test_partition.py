@@ -135,9 +135,10 @@ def test_parts_of_another_graph_or_k_are_refused(tmp_path):
 def test_partitioning_refuses_when_memory_is_short():
     need = partition_memory("metis", 1000, 10**8)
     assert need > 66 * 10**8
-    with pytest.raises(PartitionError, match=r"needs about .* HINT: use graph.method=random"):
+    with pytest.raises(PartitionError, match=r"needs about .* HINT: use graph.method=lp .* or graph.method=random"):
         check_partition_memory("metis", 1000, 10**8, available=need - 1)
     check_partition_memory("random", 1000, 10**8, available=10**6)  # random needs no adjacency copy
+    assert partition_memory("lp", 1000, 10**8) < need / 3  # lp: O(nodes) state, a chunk, one coarse level
     fresh = GraphConfig(mode="partitioned", seed=123)
     with pytest.raises(PartitionError, match="graph.method=random"):
         ensure_parts(SMALL, fresh, 2, available=10**6)
@@ -147,7 +148,7 @@ def test_partitioning_refuses_when_memory_is_short():
 @pytest.mark.parametrize("overrides, message", [
     (["graph=partitioned", "graph.num_parts=3"], r"graph.num_parts=3 cannot be shared by 2 ranks.*multiple of 2"),
     (["graph.mode=sharded"], r"graph.mode='sharded' is unknown: use graph=replicated or graph=partitioned"),
-    (["graph.method=kmeans"], r"graph.method='kmeans' is unknown: use metis or random"),
+    (["graph.method=kmeans"], r"graph.method='kmeans' is unknown: use metis, lp or random"),
     (["graph.cache_policy=lru"], r"graph.cache_policy='lru' is unknown: use degree or frequency"),
     (["graph.boundary_fraction=0"], r"graph.boundary_fraction=0.0 must be in \(0, 1\]"),
 ])

@@ -16,20 +16,31 @@ import dataclasses
 import hashlib
 import json
 import logging
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
+
+from hpcgnn import env
 from hpcgnn.checks import ON_DISK, check_dataset_config, is_typed
 from hpcgnn.config import DatasetConfig
-from hpcgnn.data import cache
+from hpcgnn.data import cache, ooc
 from hpcgnn.data.files import files_folder, is_typed_folder, load_files, load_typed_files
 from hpcgnn.data.graph import Graph
 from hpcgnn.data.link import LinkData, from_arrays, link_arrays, split_edges
 from hpcgnn.data.ogb import LINK_NAMES as OGB_LINK_NAMES
 from hpcgnn.data.ogb import NAMES as OGB_NAMES
 from hpcgnn.data.ogb import DatasetMissing, has_raw, load_ogb, load_ogb_link, load_ogb_typed, prepare_command
-from hpcgnn.data.synthetic import GENERATOR_VERSION, make_synthetic, make_synthetic_typed
+from hpcgnn.data.synthetic import (
+    GENERATOR_VERSION,
+    expected_edges,
+    generate_synthetic,
+    make_synthetic,
+    make_synthetic_typed,
+)
 from hpcgnn.data.typed import TypedGraph, TypedSchema, relation_key
+from hpcgnn.io import atomic_folder
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +109,8 @@ def cache_folder(cfg: DatasetConfig) -> Path:
             fields["erase_types"] = cfg.erase_types
     if cfg.name in ("synthetic", "synthetic_hetero"):
         fields["generator"] = GENERATOR_VERSION
+    if cfg.feature_dtype != "float32":  # float32 keeps the keys graphs had before the option
+        fields["feature_dtype"] = cfg.feature_dtype
     name = cfg.name
     if cfg.prepared_for == "link":
         fields.update({k: getattr(cfg, k) for k in _LINK_KEY_FIELDS.get(cfg.name, ())}, seed=cfg.seed, link=True)
@@ -129,7 +142,39 @@ def prepare(cfg: DatasetConfig, allow_download: bool = False) -> Path:
         data = build_link(cfg, allow_download)
         arrays, meta = link_arrays(data)
         return cache.save(data.graph, folder, source, extra=arrays, extra_meta=meta)
+    if cfg.name == "synthetic":  # streamed to disk: edges in buckets, never the whole edge list in memory
+        return prepare_streamed(cfg, folder, source)
     return cache.save(build_graph(cfg, allow_download), folder, source)
+
+
+def prepare_mem_bytes(cfg: DatasetConfig) -> int:
+    """What preparing may hold at once: ``dataset.prepare_mem_gb``, or half of what is free."""
+    if cfg.prepare_mem_gb is not None:
+        return int(cfg.prepare_mem_gb * 2**30)
+    return max(env.available_memory() // 2, 1 << 28)
+
+
+def prepare_streamed(cfg: DatasetConfig, folder: Path, source: dict) -> Path:
+    """The synthetic graph drawn chunk by chunk into ``folder``: edges bucketed on disk by target and
+    sorted bucket by bucket (:class:`EdgeBuckets`), features written as they are drawn."""
+    n = cfg.num_nodes
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    edges = expected_edges(cfg)
+    need = edges * (ooc.index_dtype(n).itemsize * 3) + n * cfg.num_features * 4 + n * 32
+    free = shutil.disk_usage(folder.parent).free
+    if need > free:
+        raise OSError(f"preparing the graph needs about {cache.human_bytes(need)} in {folder.parent} (with its "
+                      f"scratch), but only {cache.human_bytes(free)} are free: set dataset.root to a larger file system")
+    with atomic_folder(folder) as tmp:
+        buckets = ooc.EdgeBuckets(n, edges, tmp / "scratch", prepare_mem_bytes(cfg))
+        features = ooc.FeatureWriter(tmp / "x.npy", n, cfg.num_features, cfg.feature_dtype)
+        y, train_idx, val_idx, test_idx = generate_synthetic(cfg, lambda s, d: buckets.add(d, s), features.write)
+        features.close()
+        num_edges = buckets.write_csr(tmp)
+        for name, t in (("y", y), ("train_idx", train_idx), ("val_idx", val_idx), ("test_idx", test_idx)):
+            np.save(tmp / f"{name}.npy", t.numpy())
+        cache.write_meta(tmp, n, num_edges, cfg.num_features, cfg.num_classes, source, cfg.feature_dtype)
+    return folder
 
 
 def check_available(cfg: DatasetConfig) -> None:

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from hpcgnn.data.graph import Graph
+from hpcgnn.data.ooc import FeatureWriter, load_features
 from hpcgnn.io import atomic_folder
 
 FORMAT_VERSION = 1
@@ -48,18 +49,34 @@ def save(graph: Graph, folder: Path, source: dict, extra: dict[str, torch.Tensor
     if need * 1.02 + 2**20 > free:
         raise OSError(f"preparing the graph needs {human_bytes(need)} in {folder.parent}, but only "
                       f"{human_bytes(free)} are free: set dataset.root to a larger file system")
+    feature_dtype = (source.get("dataset") or {}).get("feature_dtype", "float32")
     with atomic_folder(folder) as tmp:
         names = [*ARRAYS, *extra]
         for name in ARRAYS:
+            if name == "x":  # in the stored feature dtype
+                writer = FeatureWriter(tmp / "x.npy", graph.num_nodes, graph.num_features, feature_dtype)
+                writer.write(0, graph.x)
+                writer.close()
+                continue
             np.save(tmp / f"{name}.npy", getattr(graph, name).numpy())
         for name, array in extra.items():
             np.save(tmp / f"{name}.npy", array.numpy())
         meta = {"format_version": FORMAT_VERSION, "num_nodes": graph.num_nodes, "num_edges": graph.num_edges,
                 "num_features": graph.num_features, "num_classes": graph.num_classes,
                 "bytes": sum((tmp / f"{n}.npy").stat().st_size for n in names), "source": source,
-                "extra": sorted(extra), **(extra_meta or {})}
+                "extra": sorted(extra), "feature_dtype": feature_dtype, **(extra_meta or {})}
         (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
     return folder
+
+
+def write_meta(tmp: Path, num_nodes: int, num_edges: int, num_features: int, num_classes: int, source: dict,
+               feature_dtype: str) -> None:
+    """meta.json of a graph written array by array into ``tmp`` (the out-of-core path)."""
+    meta = {"format_version": FORMAT_VERSION, "num_nodes": num_nodes, "num_edges": num_edges,
+            "num_features": num_features, "num_classes": num_classes,
+            "bytes": sum((tmp / f"{n}.npy").stat().st_size for n in ARRAYS), "source": source, "extra": [],
+            "feature_dtype": feature_dtype}
+    (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
 
 
 def load(folder: Path, mmap: bool = True) -> Graph:
@@ -72,7 +89,8 @@ def load(folder: Path, mmap: bool = True) -> Graph:
         raise RuntimeError(f"{folder} holds format {meta.get('format_version')}, this hpcgnn reads "
                            f"{FORMAT_VERSION}: delete the folder to prepare the dataset again")
     mode = "c" if mmap else None
-    arrays = {name: torch.from_numpy(np.load(folder / f"{name}.npy", mmap_mode=mode)) for name in ARRAYS}
+    arrays = {name: torch.from_numpy(np.load(folder / f"{name}.npy", mmap_mode=mode)) for name in ARRAYS if name != "x"}
+    arrays["x"] = load_features(folder / "x.npy", meta.get("feature_dtype", "float32"), mode)
     return Graph(**arrays, num_classes=int(meta["num_classes"]))
 
 

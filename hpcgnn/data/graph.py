@@ -48,7 +48,7 @@ class Graph:
     def edge_index(self) -> Tensor:
         """[2, E] (source, target) pairs, the PyG orientation."""
         dst = torch.repeat_interleave(torch.arange(self.num_nodes), self.degree())
-        return torch.stack([self.col, dst])
+        return torch.stack([self.col.long(), dst])
 
     @classmethod
     def from_edge_index(cls, edge_index: Tensor, num_nodes: int, x: Tensor, y: Tensor, train_idx: Tensor,

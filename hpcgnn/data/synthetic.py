@@ -13,6 +13,8 @@ neighbourhood is a strong one: a GNN clearly beats an MLP on this graph.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
@@ -21,10 +23,19 @@ from hpcgnn.data.graph import Graph
 from hpcgnn.rng import generator
 
 # Part of the cache key: bump it whenever a change here changes the graph a config produces.
-GENERATOR_VERSION = 4  # 4: seeded through rng.derive_seed
+GENERATOR_VERSION = 5  # 5: drawn in chunks of SOURCE_CHUNK sources (the same graph up to that size)
 
 
-def make_synthetic(cfg: DatasetConfig) -> Graph:
+# Sources are generated this many at a time (part of the generator: a graph of at most this many
+# nodes is drawn in one chunk, so it is the graph earlier versions drew in one go).
+SOURCE_CHUNK = 1 << 20
+
+
+def generate_synthetic(cfg: DatasetConfig, on_edges: Callable[[Tensor, Tensor], None],
+                       on_features: Callable[[int, Tensor], None]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Draw the graph chunk by chunk: ``on_edges(src, dst)`` gets each chunk's directed edges (both
+    directions; duplicates possible), ``on_features(start, rows)`` each chunk of feature rows.
+    Returns (y, train_idx, val_idx, test_idx). Memory: O(nodes) plus one chunk."""
     g = generator(cfg.seed, "synthetic")
     n, c = cfg.num_nodes, cfg.num_classes
     num_comm = c * cfg.communities_per_class
@@ -38,71 +49,94 @@ def make_synthetic(cfg: DatasetConfig) -> Graph:
     # Region r: communities r*c .. r*c + c - 1, one per class, contiguous in by_comm.
     region_start = comm_start[::c]
     region_size = comm_size.view(-1, c).sum(1)
-    if cfg.degree_exponent > 0:
-        src, dst = _chung_lu_edges(cfg, g, community, by_comm, comm_start, comm_size, half)
-    else:
-        # Out-degree per node: a moderate (log-normal) tail around avg_degree / 2.
-        sigma = 0.6
-        mu = torch.log(torch.tensor(half)) - sigma**2 / 2
-        out_deg = torch.exp(mu + sigma * torch.randn(n, generator=g)).round().long().clamp(min=1)
-        src = torch.repeat_interleave(torch.arange(n), out_deg)
-        # Targets: a random member of the source's community, of its region, or any node.
-        sc = community[src]
-        m = src.numel()
-        inside = torch.rand(m, generator=g) < cfg.homophily
-        local = torch.rand(m, generator=g) < cfg.locality
-        start = torch.where(inside, comm_start[sc], torch.where(local, region_start[sc // c], 0))
-        size = torch.where(inside, comm_size[sc], torch.where(local, region_size[sc // c], n))
-        pick = (torch.rand(m, generator=g) * size).long().clamp(max=size - 1)
-        dst = by_comm[start + pick]
-    keep = src != dst
-    src, dst = src[keep], dst[keep]
-    edge_index = torch.cat([torch.stack([src, dst]), torch.stack([dst, src])], dim=1)
+    chung_lu = _ChungLu(cfg, g, community, by_comm, comm_start, comm_size, half) if cfg.degree_exponent > 0 else None
+    for a in range(0, n, SOURCE_CHUNK):
+        b = min(a + SOURCE_CHUNK, n)
+        if chung_lu is not None:
+            src, dst = chung_lu.edges(a, b)
+        else:
+            # Out-degree per node: a moderate (log-normal) tail around avg_degree / 2.
+            sigma = 0.6
+            mu = torch.log(torch.tensor(half)) - sigma**2 / 2
+            out_deg = torch.exp(mu + sigma * torch.randn(b - a, generator=g)).round().long().clamp(min=1)
+            src = torch.repeat_interleave(torch.arange(a, b), out_deg)
+            # Targets: a random member of the source's community, of its region, or any node.
+            sc = community[src]
+            m = src.numel()
+            inside = torch.rand(m, generator=g) < cfg.homophily
+            local = torch.rand(m, generator=g) < cfg.locality
+            start = torch.where(inside, comm_start[sc], torch.where(local, region_start[sc // c], 0))
+            size = torch.where(inside, comm_size[sc], torch.where(local, region_size[sc // c], n))
+            pick = (torch.rand(m, generator=g) * size).long().clamp(max=size - 1)
+            dst = by_comm[start + pick]
+        keep = src != dst
+        src, dst = src[keep], dst[keep]
+        on_edges(torch.cat([src, dst]), torch.cat([dst, src]))
+    del by_comm, chung_lu
 
     # Features: class centroid (unit scale) plus noise, scaled back to unit variance.
-    if cfg.centroids == "community":  # a centroid per community (link prediction: who links with whom)
-        centroids = torch.randn(num_comm, cfg.num_features, generator=g)
-        x = centroids[community] + cfg.feature_noise * torch.randn(n, cfg.num_features, generator=g)
-    else:
-        centroids = torch.randn(c, cfg.num_features, generator=g)
-        x = centroids[y] + cfg.feature_noise * torch.randn(n, cfg.num_features, generator=g)
-    x /= (1.0 + cfg.feature_noise**2) ** 0.5
+    num_centroids = num_comm if cfg.centroids == "community" else c  # per community: who links with whom
+    centroids = torch.randn(num_centroids, cfg.num_features, generator=g)
+    owner = community if cfg.centroids == "community" else y
+    for a in range(0, n, SOURCE_CHUNK):
+        b = min(a + SOURCE_CHUNK, n)
+        x = centroids[owner[a:b]] + cfg.feature_noise * torch.randn(b - a, cfg.num_features, generator=g)
+        on_features(a, x / (1.0 + cfg.feature_noise**2) ** 0.5)
 
     perm = torch.randperm(n, generator=g)
     n_train, n_val = int(cfg.train_fraction * n), int(cfg.val_fraction * n)
     train_idx, val_idx, test_idx = perm[:n_train], perm[n_train:n_train + n_val], perm[n_train + n_val:]
-    return Graph.from_edge_index(edge_index, n, x, y, train_idx.sort().values, val_idx.sort().values,
-                                 test_idx.sort().values, c)
+    return y, train_idx.sort().values, val_idx.sort().values, test_idx.sort().values
 
 
-def _chung_lu_edges(cfg: DatasetConfig, g: torch.Generator, community, by_comm, comm_start, comm_size,
-                    half: float) -> tuple[torch.Tensor, torch.Tensor]:
+def expected_edges(cfg: DatasetConfig) -> int:
+    """About how many directed edges :func:`generate_synthetic` emits (before duplicates are removed)."""
+    return int(cfg.num_nodes * max(cfg.avg_degree, 1.0) * 1.1) + 2 * cfg.num_nodes
+
+
+def make_synthetic(cfg: DatasetConfig) -> Graph:
+    """The synthetic graph in memory (small graphs, tests); ``prepare`` streams it to disk instead."""
+    src, dst, xs = [], [], []
+    y, train_idx, val_idx, test_idx = generate_synthetic(
+        cfg, lambda s, d: (src.append(s), dst.append(d)), lambda start, x: xs.append(x))
+    edge_index = torch.stack([torch.cat(src), torch.cat(dst)])
+    return Graph.from_edge_index(edge_index, cfg.num_nodes, torch.cat(xs), y, train_idx, val_idx, test_idx,
+                                 cfg.num_classes)
+
+
+class _ChungLu:
     """Heavy-tailed degrees: node weights follow a power law with exponent ``degree_exponent``;
     a node sends edges in proportion to its weight and receives them in proportion too
     (a Chung-Lu graph inside and across communities), so a few hubs carry many edges."""
-    n = community.numel()
-    alpha = cfg.degree_exponent
-    u = torch.rand(n, generator=g, dtype=torch.float64)
-    w = u.pow(-1.0 / (alpha - 1.0)).clamp(max=float(n) ** 0.5 * 10)  # Pareto(alpha - 1), capped at ~10 sqrt(n)
-    expected = w * (half / w.mean())
-    out_deg = torch.poisson(expected, generator=g).long().clamp(min=1)
-    src = torch.repeat_interleave(torch.arange(n), out_deg)
-    m = src.numel()
-    # Targets proportional to weight: inverse-CDF search, globally or inside the source's community.
-    w_sorted = w[by_comm]
-    cum = torch.cumsum(w_sorted, 0)
-    comm_lo = torch.cat([torch.zeros(1, dtype=cum.dtype), cum])[comm_start]
-    comm_hi = cum[comm_start + comm_size - 1]
-    sc = community[src]
-    c = cfg.num_classes
-    inside = torch.rand(m, generator=g) < cfg.homophily
-    local = torch.rand(m, generator=g) < cfg.locality
-    r = torch.rand(m, generator=g, dtype=torch.float64)
-    region_lo, region_hi = comm_lo[(sc // c) * c], comm_hi[(sc // c) * c + c - 1]
-    lo = torch.where(inside, comm_lo[sc], torch.where(local, region_lo, torch.zeros_like(r)))
-    hi = torch.where(inside, comm_hi[sc], torch.where(local, region_hi, cum[-1].expand(m)))
-    pos = torch.searchsorted(cum, lo + r * (hi - lo)).clamp(max=n - 1)
-    return src, by_comm[pos]
+
+    def __init__(self, cfg: DatasetConfig, g: torch.Generator, community, by_comm, comm_start, comm_size,
+                 half: float):
+        n = community.numel()
+        self.cfg, self.g, self.community, self.by_comm, self.n = cfg, g, community, by_comm, n
+        alpha = cfg.degree_exponent
+        u = torch.rand(n, generator=g, dtype=torch.float64)
+        w = u.pow(-1.0 / (alpha - 1.0)).clamp(max=float(n) ** 0.5 * 10)  # Pareto(alpha - 1), capped at ~10 sqrt(n)
+        self.expected = w * (half / w.mean())
+        # Targets proportional to weight: inverse-CDF search, globally or inside the source's community.
+        self.cum = torch.cumsum(w[by_comm], 0)
+        self.comm_lo = torch.cat([torch.zeros(1, dtype=self.cum.dtype), self.cum])[comm_start]
+        self.comm_hi = self.cum[comm_start + comm_size - 1]
+
+    def edges(self, a: int, b: int) -> tuple[Tensor, Tensor]:
+        cfg, g, c = self.cfg, self.g, self.cfg.num_classes
+        out_deg = torch.poisson(self.expected[a:b], generator=g).long().clamp(min=1)
+        src = torch.repeat_interleave(torch.arange(a, b), out_deg)
+        m = src.numel()
+        sc = self.community[src]
+        inside = torch.rand(m, generator=g) < cfg.homophily
+        local = torch.rand(m, generator=g) < cfg.locality
+        r = torch.rand(m, generator=g, dtype=torch.float64)
+        comm_lo, comm_hi = self.comm_lo, self.comm_hi
+        region_lo, region_hi = comm_lo[(sc // c) * c], comm_hi[(sc // c) * c + c - 1]
+        lo = torch.where(inside, comm_lo[sc], torch.where(local, region_lo, torch.zeros_like(r)))
+        hi = torch.where(inside, comm_hi[sc], torch.where(local, region_hi, self.cum[-1].expand(m)))
+        pos = torch.searchsorted(self.cum, lo + r * (hi - lo)).clamp(max=self.n - 1)
+        return src, self.by_comm[pos]
 
 
 def make_synthetic_typed(cfg: DatasetConfig):

@@ -73,35 +73,14 @@ def dataset_fingerprint(folder: Path) -> str:
 # Computing the node -> part map
 
 
-def available_memory() -> int:
-    """Bytes this process may still allocate: MemAvailable, capped by a cgroup limit and SLURM's."""
-    limits = []
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                limits.append(int(line.split()[1]) * 1024)
-    except OSError:
-        pass
-    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
-        try:
-            text = Path(path).read_text().strip()
-        except OSError:
-            continue
-        if text.isdigit() and int(text) < 2**60:
-            usage = next((Path(path).with_name(n) for n in ("memory.current", "memory.usage_in_bytes")
-                          if Path(path).with_name(n).exists()), None)
-            used = int(usage.read_text()) if usage is not None else 0
-            limits.append(int(text) - used)
-    slurm = env.slurm_memory_limit()
-    if slurm is not None:
-        limits.append(slurm)
-    return min(limits) if limits else 2**62
-
-
 def partition_memory(method: str, num_nodes: int, num_edges: int) -> int:
     """Estimated peak bytes partitioning needs beyond the mapped graph."""
     if method == "random":
         return 16 * num_nodes
+    if method == "lp":  # O(nodes) state, one chunk of edges, and the first coarse level
+        from hpcgnn.partition.multilevel import memory_estimate
+
+        return memory_estimate(num_nodes, num_edges)
     return METIS_BYTES_PER_EDGE * num_edges + METIS_BYTES_PER_NODE * num_nodes
 
 
@@ -110,8 +89,9 @@ def check_partition_memory(method: str, num_nodes: int, num_edges: int, availabl
     if need > available:
         raise PartitionError(
             f"partitioning with graph.method={method} needs about {cache.human_bytes(need)} of memory "
-            f"({num_edges} directed edges x {METIS_BYTES_PER_EDGE} B), but only {cache.human_bytes(available)} "
-            "are available here. HINT: use graph.method=random (no extra memory, more cut edges), or run "
+            f"for {num_nodes} nodes and {num_edges} directed edges, but only {cache.human_bytes(available)} "
+            "are available here. HINT: use graph.method=lp (multilevel, O(nodes) memory, close to METIS's cut) or "
+            "graph.method=random (no extra memory, more cut edges), or run "
             "`python -m hpcgnn.partition` on a node with more memory (e.g. +cluster=NAME cluster.mem_gb=...); "
             "set graph.partition_mem_gb if the detected amount is wrong")
 
@@ -168,8 +148,14 @@ def compute_parts(graph: Graph, num_parts: int, method: str, seed: int, balance_
             order = order[torch.randperm(order.numel(), generator=gen)]
             part[order] = (torch.arange(order.numel()) % num_parts).int()
         return part
+    if method == "lp":  # multilevel label propagation over the mapped CSR, chunk by chunk
+        from hpcgnn.partition.multilevel import balance_columns, lp_parts
+
+        part = lp_parts(graph.rowptr, graph.col, num_parts, seed,
+                        balance_columns(types, is_train, weight, balance_train))
+        return rebalance(graph, part, types * 2 + (is_train.long() if balance_train else 0), num_parts)
     if method != "metis":
-        raise ConfigError(f"graph.method={method!r} is unknown: use metis or random")
+        raise ConfigError(f"graph.method={method!r} is unknown: use metis, lp or random")
     import pymetis
 
     xadj, adjncy = metis_adjacency(graph.rowptr, graph.col)
@@ -237,20 +223,34 @@ def partition_report(graph: Graph, part: Tensor, num_parts: int, weight: Tensor 
                      schema: TypedSchema | None = None) -> dict:
     """Edge-cut fraction, balance (max/mean) of nodes, edges and training seeds, halo and bytes per part;
     a typed graph's nodes of every type per part, and each type's balance."""
-    deg = graph.degree()
-    dst_part = torch.repeat_interleave(part.long(), deg)
-    src_part = part.long().index_select(0, graph.col)
-    cut = int((dst_part != src_part).sum())
+    from hpcgnn.partition.multilevel import CHUNK_EDGES, chunks
+
+    deg, part_l = graph.degree(), part.long()
+    cut = 0
+    halo = torch.zeros(num_parts * graph.num_nodes if num_parts <= 64 else 0, dtype=torch.bool)
+    halo_sets: list[Tensor] = []
+    for a, b in chunks(graph.rowptr, CHUNK_EDGES):  # edge by edge, a chunk at a time (the graph may not fit)
+        dst_part = torch.repeat_interleave(part_l[a:b], deg[a:b])
+        src = graph.col[int(graph.rowptr[a]):int(graph.rowptr[b])].long()
+        src_part = part_l.index_select(0, src)
+        remote = dst_part != src_part
+        cut += int(remote.sum())
+        if halo.numel():  # a node is in part i's halo if an edge brings it into part i from elsewhere
+            halo[dst_part[remote] * graph.num_nodes + src[remote]] = True
+        else:
+            halo_sets.append(torch.unique(dst_part[remote] * graph.num_nodes + src[remote]))
+    if halo.numel():
+        halo_count = halo.view(num_parts, graph.num_nodes).sum(1)
+    else:
+        keys = torch.unique(torch.cat(halo_sets)) if halo_sets else torch.zeros(0, dtype=torch.long)
+        halo_count = torch.bincount(keys // graph.num_nodes, minlength=num_parts)
     nodes = torch.bincount(part.long(), minlength=num_parts)
     edges = torch.bincount(part.long(), weights=deg.double(), minlength=num_parts).long()
     train = torch.bincount(part.long(), weights=(seed_weight(graph) if weight is None else weight).double(),
                            minlength=num_parts).long()
-    halo = []
-    for i in range(num_parts):
-        remote = graph.col[(dst_part == i) & (src_part != i)]
-        halo.append(int(torch.unique(remote).numel()))
+    halo = halo_count.tolist()
     row_bytes = graph.x.size(1) * graph.x.element_size() + graph.y.element_size() + 8 * 2
-    part_bytes = [int(nodes[i]) * row_bytes + int(edges[i]) * 8 for i in range(num_parts)]
+    part_bytes = [int(nodes[i]) * row_bytes + int(edges[i]) * graph.col.element_size() for i in range(num_parts)]
 
     def balance(t: Tensor) -> float:
         return float(t.max()) / max(float(t.double().mean()), 1e-12)
@@ -372,7 +372,7 @@ def ensure_parts(dataset: DatasetConfig, graph_cfg: GraphConfig, num_parts: int,
     schema = typed.schema if typed is not None else None
     if available is None:
         available = (int(graph_cfg.partition_mem_gb * 2**30) if graph_cfg.partition_mem_gb is not None
-                     else available_memory())
+                     else env.available_memory())
     check_partition_memory(graph_cfg.method, graph.num_nodes, graph.num_edges, available)
     t0 = time.perf_counter()
     part = compute_parts(graph, num_parts, graph_cfg.method, graph_cfg.seed, graph_cfg.balance_train, weight,

@@ -205,7 +205,7 @@ class PartitionedFeatures:
         ids = n_id.index_select(0, remote)
         x[remote] = self.fetch(ids, owner.index_select(0, remote))
         y = parts.y.index_select(0, view.row(n_id[:batch_size])) if self.labels else parts.y[:0]
-        return x, y
+        return x.float(), y  # rows travel in the stored dtype (float16/bfloat16: half the bytes), batches in float32
 
     def fill_cache(self, ids: Tensor) -> None:
         """Cache the features of ``ids`` (non-owned); collective: every rank calls it once."""

@@ -84,7 +84,7 @@ class LocalFeatures:
         g = self.graph
         n_id = n_id.to(g.x.device)
         # index_select: a parallel row gather, markedly faster than advanced indexing for features
-        x = gather_rows(g.x, n_id, pin_memory)
+        x = gather_rows(g.x, n_id, pin_memory).float()  # features stored as float16/bfloat16: upcast per batch
         y = gather_rows(g.y, n_id, pin_memory) if g.y.numel() else g.y  # a link graph has no labels
         return x, y
 

@@ -42,8 +42,8 @@ class CSRNeighborSampler(BaseSampler):
 
     def __init__(self, rowptr: Tensor, col: Tensor, fanouts: tuple[int, ...] | list[int],
                  num_nodes: int | None = None, method: str | None = None):
-        if rowptr.dtype != torch.long or col.dtype != torch.long:
-            raise TypeError("rowptr and col must be int64")
+        if rowptr.dtype != torch.long or col.dtype not in (torch.long, torch.int32):
+            raise TypeError("rowptr must be int64, col int64 or int32")
         self.rowptr, self.col, self.fanouts = rowptr, col, tuple(int(f) for f in fanouts)
         self.method = method  # how a row's subset is drawn (see sample_neighbors); None: by device
         # Global -> local id scratch map, reset after every batch (not thread-safe: one sampler per thread).
@@ -144,7 +144,7 @@ def sample_neighbors(rowptr: Tensor, col: Tensor, nodes: Tensor, fanout: int,
         # Big rows own exactly `fanout` consecutive slots each, from where their row's slots start.
         first = (torch.cumsum(take, 0) - take).index_select(0, big)
         slot[(first.unsqueeze(1) + torch.arange(fanout, device=device)).view(-1)] = offsets.view(-1)
-    return row, col.index_select(0, start.index_select(0, row) + slot)
+    return row, col.index_select(0, start.index_select(0, row) + slot).long()  # col may be stored as int32
 
 
 KEYS_PER_SLOT = 4  # on a GPU: keys while the big rows' degrees sum to at most this many per sampled slot

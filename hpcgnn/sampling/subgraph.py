@@ -59,7 +59,7 @@ def scatter_to_sources(rowptr: Tensor, col: Tensor, per_edge, chunk: int = 1 << 
     for lo in range(0, n, chunk):
         hi = min(lo + chunk, n)
         dst = _targets_of_edges(rowptr, lo, hi)
-        src = col[rowptr[lo]:rowptr[hi]]
+        src = col[rowptr[lo]:rowptr[hi]].long()
         out.index_add_(0, src, per_edge(dst, src))
     return out
 
@@ -193,7 +193,7 @@ class SaintWalkSampler(SubgraphSampler):
             deg = self.rowptr.index_select(0, cur + 1) - start
             u = torch.rand(cur.numel(), generator=generator, dtype=torch.float64)
             off = (u * deg.double()).long().clamp(max=(deg - 1).clamp(min=0))
-            nxt = self.col.index_select(0, (start + off).clamp(max=max(self.col.numel() - 1, 0)))
+            nxt = self.col.index_select(0, (start + off).clamp(max=max(self.col.numel() - 1, 0))).long()
             cur = torch.where(deg > 0, nxt, cur)
             steps.append(cur)
         return torch.stack(steps)
