@@ -201,7 +201,7 @@ def layerwise_inference(model: torch.nn.Module, graph, device: torch.device, chu
     model.eval()
     n = graph.num_nodes
     if isinstance(model, MLPBaseline):
-        return _sharded(n, chunk_size, rank, world_size, lambda a, b: model(graph.x[a:b].to(device)).float().cpu())
+        return _sharded(n, chunk_size, rank, world_size, lambda a, b: model(graph.x[a:b].float().to(device)).float().cpu())
     x = graph.x
     for i in range(model.num_layers):
         x = _sharded(n, chunk_size, rank, world_size,
@@ -245,15 +245,15 @@ def partitioned_layerwise_inference(model: torch.nn.Module, store, device: torch
     parts, view, ex = store.parts, store.view, store.exchange
     own = parts.nodes.numel()
     remote = view.owner(parts.col) != view.rank
-    halo = torch.unique(parts.col[remote])
-    col = torch.empty_like(parts.col)
+    halo = torch.unique(parts.col[remote]).long()  # (col may be stored as int32)
+    col = torch.empty(parts.col.shape, dtype=torch.long)
     col[~remote] = view.row(parts.col[~remote])
-    col[remote] = own + torch.searchsorted(halo, parts.col[remote])
+    col[remote] = own + torch.searchsorted(halo, parts.col[remote].long())
     graph, halo_owner = LocalCSR(parts.rowptr, col), view.owner(halo)
     transform = transform_for(parts.degree.index_select(0, torch.cat([parts.nodes, halo]))) if transform_for else None
 
     if isinstance(model, MLPBaseline):
-        return _chunked(0, own, chunk_size, lambda a, b: model(parts.x[a:b].to(device)).float().cpu())
+        return _chunked(0, own, chunk_size, lambda a, b: model(parts.x[a:b].float().to(device)).float().cpu())
     x = parts.x
     for i in range(model.num_layers):
         full = torch.cat([x.float(), fetch_rows(ex, view, x, halo, halo_owner).float()])
@@ -307,7 +307,7 @@ def typed_layerwise_inference(model: torch.nn.Module, graph, device: torch.devic
     model.eval()
     if isinstance(model, TypedMLP):
         x = graph.x[graph.target]
-        return _sharded(x.size(0), chunk_size, rank, world_size, lambda a, b: model.mlp(x[a:b].to(device)).float().cpu())
+        return _sharded(x.size(0), chunk_size, rank, world_size, lambda a, b: model.mlp(x[a:b].float().to(device)).float().cpu())
     x = dict(graph.x)
     for i in range(model.num_layers):
         here = {k: v.to(device) for k, v in x.items()}  # the layer's input, where the model runs

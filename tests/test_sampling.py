@@ -131,7 +131,24 @@ def test_duplicate_seeds_rejected(graph):
 def test_sampler_leaves_no_state_between_batches(graph):
     sampler = CSRNeighborSampler(graph.rowptr, graph.col, FANOUTS)
     sampler.sample(torch.tensor([0, 7, 9]), torch.Generator().manual_seed(1))
-    assert bool((sampler._local == -1).all())
+    assert bool((sampler._local.table == -1).all())
+    lean = CSRNeighborSampler(graph.rowptr, graph.col, FANOUTS, id_map="sorted")
+    lean.sample(torch.tensor([0, 7, 9]), torch.Generator().manual_seed(1))
+    assert lean._local.keys.numel() == 0
+
+
+def test_sorted_id_map_samples_the_dense_maps_batches(graph):
+    """A partitioned rank's map (sorted, the batch's size) gives the same batches as the dense one,
+    with col stored as int32 (a streamed graph) as well as int64."""
+    dense = CSRNeighborSampler(graph.rowptr, graph.col, FANOUTS)
+    lean = CSRNeighborSampler(graph.rowptr, graph.col.int(), FANOUTS, id_map="sorted")
+    for seed in range(3):
+        seeds = torch.randperm(graph.num_nodes, generator=torch.Generator().manual_seed(seed))[:50]
+        a = dense.sample(seeds, torch.Generator().manual_seed(seed))
+        b = lean.sample(seeds, torch.Generator().manual_seed(seed))
+        assert b.n_id.dtype == b.edge_index.dtype == torch.long
+        assert torch.equal(a.n_id, b.n_id) and torch.equal(a.edge_index, b.edge_index)
+        assert a.num_sampled_nodes == b.num_sampled_nodes
 
 
 @pytest.mark.parametrize("num_seeds", [1, 7, 100, 1001, 1023])

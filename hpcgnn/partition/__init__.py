@@ -5,7 +5,7 @@ A partition of a prepared graph into K parts lives next to the prepared graph, i
 
     META.json        format version, dataset fingerprint, K, method, seed, the report,
                      and a sha256 of every file below
-    node_part.npy    int32 [num_nodes]: the part that owns each node
+    node_part.npy    int16 [num_nodes] (int32 from 32768 parts): the part that owns each node
     node_local.npy   int32 [num_nodes]: the node's row inside its part
     degree.npy       int32 [num_nodes]: every node's in-degree (ranks pick hot remote nodes by it)
     part_<i>/        nodes.npy (owned global ids, sorted), rowptr.npy + col.npy (the owned
@@ -327,7 +327,7 @@ def write_parts(graph: Graph, part: Tensor, folder: Path, meta: dict, edges: dic
                     arrays[f"col__{relation_key(rel)}"] = typed.col[rel].index_select(0, pos)
             for name in [*PART_ARRAYS, *edges, *typed_arrays(typed)]:
                 save(f"part_{i}/{name}.npy", arrays[name])
-        save("node_part.npy", part)
+        save("node_part.npy", part.to(torch.int16) if num_parts < 2**15 else part)  # mapped by every rank
         save("node_local.npy", local)
         save("degree.npy", graph.degree().int())
         (tmp / "META.json").write_text(json.dumps({**meta, "files": files}, indent=2))
@@ -427,7 +427,7 @@ class Parts:
 
     num_parts: int
     owned_parts: tuple[int, ...]
-    node_part: Tensor  # int32 [num_nodes], memory-mapped
+    node_part: Tensor  # int16 [num_nodes] (int32 from 32768 parts), memory-mapped: shared by a node's ranks
     node_local: Tensor  # int32 [num_nodes], row of each node inside its part, memory-mapped
     degree: Tensor  # int32 [num_nodes], in-degree of every node, memory-mapped
     nodes: Tensor  # int64 [owned], global ids, part by part

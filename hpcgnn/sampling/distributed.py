@@ -125,7 +125,7 @@ class PartitionedNeighborSampler(CSRNeighborSampler):
     """
 
     def __init__(self, view: PartitionView, fanouts, exchange: Exchange, boundary_fraction: float = 1.0):
-        super().__init__(view.parts.rowptr, view.parts.col, fanouts, num_nodes=view.parts.num_nodes)
+        super().__init__(view.parts.rowptr, view.parts.col, fanouts, num_nodes=view.parts.num_nodes, id_map="sorted")
         self.view, self.exchange, self.boundary_fraction = view, exchange, boundary_fraction
 
     def begin_batch(self) -> None:
@@ -236,11 +236,26 @@ def hot_nodes(view: PartitionView, budget_rows: int, policy: str, sampler: Parti
                                    return_counts=True)
         score = counts.double() + degree.index_select(0, ids) / (float(degree.max()) + 1.0)
     elif policy == "degree":
-        ids = (view.owner(torch.arange(parts.num_nodes)) != view.rank).nonzero().flatten()
-        score = degree.index_select(0, ids)
+        return _top_degree(view, budget_rows)
     else:
         raise ValueError(f"unknown cache policy {policy!r}")
     if budget_rows <= 0 or ids.numel() == 0:
         return ids[:0]
     top = torch.topk(score, min(budget_rows, ids.numel()), sorted=False).indices
     return ids.index_select(0, top)
+
+
+def _top_degree(view: PartitionView, budget_rows: int, chunk: int = 1 << 22) -> Tensor:
+    """The ``budget_rows`` non-owned nodes of highest in-degree (ties: the lower id), a chunk of ids at a
+    time: nothing of the graph's size is held."""
+    parts = view.parts
+    best = torch.empty(0, dtype=torch.long)
+    if budget_rows <= 0:
+        return best
+    for a in range(0, parts.num_nodes, chunk):
+        ids = torch.arange(a, min(a + chunk, parts.num_nodes))
+        ids = torch.cat([best, ids[view.owner(ids) != view.rank]])
+        # higher degree first, then lower id: one sort key
+        key = parts.degree.index_select(0, ids).long() * parts.num_nodes + (parts.num_nodes - 1 - ids)
+        best = ids.index_select(0, torch.topk(key, min(budget_rows, ids.numel())).indices)
+    return best

@@ -34,6 +34,49 @@ class SampledSubgraph:
     targets: dict | None = None  # what a task scores besides the seeds (link prediction: the pairs and labels)
 
 
+class DenseIdMap:
+    """Global -> batch-local ids in an array over every id: one gather per lookup (a replicated rank,
+    which holds the whole graph anyway). Entries are -1 outside the batch."""
+
+    def __init__(self, size: int, device: torch.device | str | None = None):
+        self.table = torch.full((size,), -1, dtype=torch.long, device=device)
+
+    def get(self, ids: Tensor) -> Tensor:
+        return self.table.index_select(0, ids)
+
+    def put(self, ids: Tensor, local: Tensor) -> None:
+        self.table[ids] = local
+
+    def clear(self, ids: Tensor) -> None:
+        """Forget the batch: ``ids`` are every id put since the last clear."""
+        self.table[ids] = -1
+
+
+class SortedIdMap:
+    """Global -> batch-local ids of one batch as a sorted array: memory in proportion to the batch, not to
+    the graph (a partitioned rank holds nothing of the graph's size). Lookups are binary searches."""
+
+    def __init__(self, device: torch.device | str | None = None):
+        self.device = device
+        self.clear(None)
+
+    def get(self, ids: Tensor) -> Tensor:
+        if self.keys.numel() == 0:
+            return torch.full_like(ids, -1)
+        pos = torch.searchsorted(self.keys, ids).clamp_(max=self.keys.numel() - 1)
+        return torch.where(self.keys.index_select(0, pos) == ids, self.values.index_select(0, pos), -1)
+
+    def put(self, ids: Tensor, local: Tensor) -> None:
+        """Add ``ids`` (distinct, not in the map yet)."""
+        keys = torch.cat([self.keys, ids])
+        order = torch.argsort(keys)
+        self.keys, self.values = keys.index_select(0, order), torch.cat([self.values, local]).index_select(0, order)
+
+    def clear(self, ids: Tensor | None) -> None:
+        self.keys = torch.empty(0, dtype=torch.long, device=self.device)
+        self.values = torch.empty(0, dtype=torch.long, device=self.device)
+
+
 class CSRNeighborSampler(BaseSampler):
     """Samples ``fanouts[h]`` neighbours per node at hop ``h``; holds only references to the CSR.
 
@@ -41,15 +84,16 @@ class CSRNeighborSampler(BaseSampler):
     """
 
     def __init__(self, rowptr: Tensor, col: Tensor, fanouts: tuple[int, ...] | list[int],
-                 num_nodes: int | None = None, method: str | None = None):
+                 num_nodes: int | None = None, method: str | None = None, id_map: str = "dense"):
         if rowptr.dtype != torch.long or col.dtype not in (torch.long, torch.int32):
             raise TypeError("rowptr must be int64, col int64 or int32")
         self.rowptr, self.col, self.fanouts = rowptr, col, tuple(int(f) for f in fanouts)
         self.method = method  # how a row's subset is drawn (see sample_neighbors); None: by device
         # Global -> local id scratch map, reset after every batch (not thread-safe: one sampler per thread).
-        # ``num_nodes``: ids col may hold, when rowptr covers only some of them (a rank's parts).
+        # ``num_nodes``: ids col may hold, when rowptr covers only some of them (a rank's parts);
+        # ``id_map="sorted"``: a map the size of the batch instead of an array over every id (partitioned ranks).
         size = rowptr.numel() - 1 if num_nodes is None else num_nodes
-        self._local = torch.full((size,), -1, dtype=torch.long, device=rowptr.device)
+        self._local = DenseIdMap(size, rowptr.device) if id_map == "dense" else SortedIdMap(rowptr.device)
 
     def sample(self, seeds: Tensor, generator: torch.Generator | None = None) -> SampledSubgraph:
         """Sample the subgraph around ``seeds``; the generator must live on the graph's device."""
@@ -60,19 +104,17 @@ class CSRNeighborSampler(BaseSampler):
         local = self._local
         self.begin_batch()
         n_ids = [seeds]
-        local[seeds] = torch.arange(seeds.numel(), device=dev)
+        local.put(seeds, torch.arange(seeds.numel(), device=dev))
         num_nodes, edges, num_edges = [seeds.numel()], [], []
         frontier, frontier_local, total = seeds, torch.arange(seeds.numel(), device=dev), seeds.numel()
         try:
             for fanout in self.fanouts:
                 row, nbr = self.hop(frontier, fanout, generator)
-                nbr_local = local.index_select(0, nbr)
-                new_mask = nbr_local < 0
-                new_nodes = torch.unique(nbr[new_mask])  # sorted: deterministic local order
+                new_nodes = torch.unique(nbr[local.get(nbr) < 0])  # sorted: deterministic local order
                 new_local = torch.arange(total, total + new_nodes.numel(), device=dev)
-                local[new_nodes] = new_local
+                local.put(new_nodes, new_local)
                 total += new_nodes.numel()
-                nbr_local = local.index_select(0, nbr)
+                nbr_local = local.get(nbr)
                 edges.append(torch.stack([nbr_local, frontier_local.index_select(0, row)]))
                 num_edges.append(nbr.numel())
                 num_nodes.append(new_nodes.numel())
@@ -80,8 +122,7 @@ class CSRNeighborSampler(BaseSampler):
                 frontier, frontier_local = new_nodes, new_local
             n_id = torch.cat(n_ids)
         finally:
-            for ids in n_ids:
-                local[ids] = -1
+            local.clear(torch.cat(n_ids))
         edge_index = torch.cat(edges, dim=1) if edges else torch.empty(2, 0, dtype=torch.long, device=dev)
         return SampledSubgraph(n_id, edge_index, seeds.numel(), tuple(num_nodes), tuple(num_edges))
 

@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from hpcgnn.data.typed import Relation
-from hpcgnn.sampling.neighbor import sample_neighbors
+from hpcgnn.sampling.neighbor import DenseIdMap, SortedIdMap, sample_neighbors
 
 
 @dataclass(frozen=True)
@@ -58,13 +58,16 @@ class TypedNeighborSampler:
     ``num_nodes``, ``relations`` and ``target``). The walk is here; :meth:`draw` samples one hop.
     """
 
-    def __init__(self, graph, fanouts: Sequence[int] | Mapping, device: torch.device | None = None):
+    def __init__(self, graph, fanouts: Sequence[int] | Mapping, device: torch.device | None = None,
+                 id_map: str = "dense"):
         self.graph = graph
         self.fanouts = relation_fanouts(graph.relations, fanouts)
         self.num_hops = len(next(iter(self.fanouts.values()))) if self.fanouts else 0
         self.device = device = device if device is not None else graph.rowptr[graph.relations[0]].device
         # Type-local -> batch-local scratch maps, reset after every batch (one sampler per thread).
-        self._local = {t: torch.full((n,), -1, dtype=torch.long, device=device) for t, n in graph.num_nodes.items()}
+        # (``id_map="sorted"``: maps the size of the batch, for partitioned ranks; see CSRNeighborSampler)
+        self._local = {t: DenseIdMap(n, device) if id_map == "dense" else SortedIdMap(device)
+                       for t, n in graph.num_nodes.items()}
 
     def begin_batch(self) -> None:
         """Called once per batch, before its first hop."""
@@ -87,7 +90,7 @@ class TypedNeighborSampler:
         if torch.unique(seeds).numel() != seeds.numel():
             raise ValueError("seeds must be distinct")
         self.begin_batch()
-        device = local[g.target].device
+        device = self.device
         seeds = seeds.long().to(device)
         node_types = tuple(g.num_nodes)
         n_ids: dict[str, list[Tensor]] = {t: [] for t in node_types}
@@ -95,7 +98,7 @@ class TypedNeighborSampler:
         total = dict.fromkeys(node_types, 0)
         edges: dict[Relation, list[Tensor]] = {r: [] for r in g.relations}
         num_edges = {r: [0] * self.num_hops for r in g.relations}
-        local[g.target][seeds] = torch.arange(seeds.numel(), device=device)
+        local[g.target].put(seeds, torch.arange(seeds.numel(), device=device))
         n_ids[g.target].append(seeds)
         counts[g.target][0] = total[g.target] = seeds.numel()
         frontier = {g.target: (seeds, torch.arange(seeds.numel(), device=device))}
@@ -108,22 +111,22 @@ class TypedNeighborSampler:
                     if not found:
                         continue
                     cand = torch.cat(found)
-                    new = torch.unique(cand[local[t].index_select(0, cand) < 0])
+                    new = torch.unique(cand[local[t].get(cand) < 0])
                     new_local = torch.arange(total[t], total[t] + new.numel(), device=device)
-                    local[t][new] = new_local
+                    local[t].put(new, new_local)
                     total[t] += new.numel()
                     counts[t][hop + 1] = new.numel()
                     n_ids[t].append(new)
                     if new.numel():
                         frontier[t] = (new, new_local)
                 for rel, dst_local, nbr in drawn:
-                    edges[rel].append(torch.stack([local[rel[0]].index_select(0, nbr), dst_local]))
+                    edges[rel].append(torch.stack([local[rel[0]].get(nbr), dst_local]))
                     num_edges[rel][hop] += nbr.numel()
             n_id = {t: torch.cat(v) if v else torch.empty(0, dtype=torch.long, device=device) for t, v in n_ids.items()}
         finally:
             for t, parts in n_ids.items():
-                for ids in parts:
-                    local[t][ids] = -1
+                if parts:
+                    local[t].clear(torch.cat(parts))
         edge_index = {r: torch.cat(v, 1) if v else torch.empty(2, 0, dtype=torch.long, device=device)
                       for r, v in edges.items()}
         return TypedSubgraph(n_id, edge_index, seeds.numel(), counts, num_edges)
@@ -141,7 +144,7 @@ def to_hetero_data(features, out: TypedSubgraph):
     data = HeteroData()
     for t, ids in out.n_id.items():
         data[t].n_id = ids
-        data[t].x = x[t]
+        data[t].x = x[t].float()  # stored as float16/bfloat16: upcast per batch
         data[t].num_nodes = ids.numel()
     target = data[features.target]
     target.y = y
@@ -171,7 +174,7 @@ class PartitionedTypedSampler(TypedNeighborSampler):
 
     def __init__(self, view, fanouts: Sequence[int] | Mapping, exchange, boundary_fraction: float = 1.0):
         typed = view.parts.typed
-        super().__init__(typed.schema, fanouts, device=torch.device("cpu"))
+        super().__init__(typed.schema, fanouts, device=torch.device("cpu"), id_map="sorted")
         self.view, self.typed, self.exchange, self.boundary_fraction = view, typed, exchange, boundary_fraction
         self.offsets = typed.schema.offsets()
         self.relation_ids = {rel: i for i, rel in enumerate(self.graph.relations)}
