@@ -209,7 +209,7 @@ def main() -> None:
 
     today = None if args.skip_today else in_child(prepare_today, cfg)
     if today is not None:
-        print(f"prepare, today's in-memory path: " + (f"{today['seconds']:.1f} s, peak RSS {today['peak_mb']:.0f} MB"
+        print("prepare, today's in-memory path: " + (f"{today['seconds']:.1f} s, peak RSS {today['peak_mb']:.0f} MB"
                                                      if today["ok"] else f"failed: {today['error']}"), flush=True)
     streamed = in_child(prepare_streamed, cfg)
     if not streamed["ok"]:
