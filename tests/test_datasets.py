@@ -176,6 +176,48 @@ def test_cache_round_trip_is_memory_mapped(tmp_path):
         open_graph(DatasetConfig(num_nodes=3000, root=str(tmp_path)))
 
 
+@pytest.mark.parametrize("kind", [{}, {"degree_exponent": 2.5, "centroids": "community"}], ids=["default", "hubs"])
+def test_streamed_prepare_equals_the_graph_built_in_memory(tmp_path, monkeypatch, kind):
+    """Drawn in several chunks, bucketed on disk in several buckets, the prepared CSR (int32 columns) is the
+    graph the in-memory builder makes from the same chunks, edge for edge."""
+    from hpcgnn.data import ooc, prepare_mem_bytes, synthetic
+
+    monkeypatch.setattr(synthetic, "SOURCE_CHUNK", 1500)  # several chunks of sources
+    cfg = DatasetConfig(num_nodes=5000, root=str(tmp_path), prepare_mem_gb=0.002, **kind)
+    assert ooc.EdgeBuckets(5000, synthetic.expected_edges(cfg), tmp_path / "s", prepare_mem_bytes(cfg)).num_buckets > 1
+    prepare(cfg)
+    g, ref = open_graph(cfg), build_graph(cfg)
+    assert g.col.dtype == torch.int32 and g.rowptr.dtype == torch.int64
+    for name in cache.ARRAYS:
+        assert torch.equal(getattr(g, name).long() if name == "col" else getattr(g, name), getattr(ref, name)), name
+    assert not (cache_folder(cfg) / "scratch").exists()  # the buckets are gone
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_half_precision_features_take_half_the_bytes_and_batches_are_float32(tmp_path, dtype):
+    from hpcgnn.sampling import BatchLoader, CSRNeighborSampler
+
+    full = DatasetConfig(num_nodes=3000, root=str(tmp_path))
+    half = DatasetConfig(num_nodes=3000, root=str(tmp_path), feature_dtype=dtype)
+    a, b = prepare(full), prepare(half)
+    assert a != b and (b / "x.npy").stat().st_size < 0.55 * (a / "x.npy").stat().st_size
+    g, ref = open_graph(half), open_graph(full)
+    assert g.x.dtype == getattr(torch, dtype)
+    assert torch.equal(g.x, ref.x.to(g.x.dtype))
+    loader = BatchLoader(g, CSRNeighborSampler(g.rowptr, g.col, (5, 5)), g.train_idx[:64], 32)
+    batch = next(iter(loader))
+    assert batch.x.dtype == torch.float32 and torch.equal(batch.x, g.x[batch.n_id].float())
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("feature_dtype", "float8", r"dataset.feature_dtype='float8' is unknown: use one of float32, float16, bfloat16"),
+    ("prepare_mem_gb", 0.0, r"dataset.prepare_mem_gb=0.0 must be above 0"),
+])
+def test_storage_option_errors(field, value, message):
+    with pytest.raises(ConfigError, match=message):
+        build_graph(DatasetConfig(num_nodes=100, **{field: value}))
+
+
 def test_power_law_degrees_have_hubs():
     g = build_graph(DatasetConfig(num_nodes=50_000, avg_degree=20, degree_exponent=2.5))
     d = g.degree().double().sort(descending=True).values

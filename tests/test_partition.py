@@ -29,6 +29,7 @@ from hpcgnn.partition import (
 
 SMALL = DatasetConfig(num_nodes=20_000, avg_degree=12, root=str(DATA_ROOT))
 METIS, RANDOM = GraphConfig(mode="partitioned", method="metis"), GraphConfig(mode="partitioned", method="random")
+LP = GraphConfig(mode="partitioned", method="lp")
 
 
 def _copy(folder: Path, to: Path) -> Path:
@@ -41,12 +42,13 @@ def _private(tmp_path: Path) -> DatasetConfig:
     return dataclasses.replace(SMALL, root=str(tmp_path / "data"))
 
 
-def test_metis_parts_are_byte_identical_across_runs(tmp_path):
+@pytest.mark.parametrize("method", [METIS, LP], ids=["metis", "lp"])
+def test_parts_are_byte_identical_across_runs(tmp_path, method):
     mine = _private(tmp_path)
-    folder, meta, reused = ensure_parts(mine, METIS, 4)
+    folder, meta, reused = ensure_parts(mine, method, 4)
     first = _copy(folder, tmp_path / "first")
     shutil.rmtree(folder)
-    folder2, meta2, reused2 = ensure_parts(mine, METIS, 4)
+    folder2, meta2, reused2 = ensure_parts(mine, method, 4)
     assert folder2 == folder and not reused2
     for path in sorted(first.rglob("*.npy")):
         assert path.read_bytes() == (folder / path.relative_to(first)).read_bytes(), path
@@ -60,6 +62,29 @@ def test_metis_cuts_far_fewer_edges_than_random_and_balances_train_nodes():
         assert metis["edge_cut_fraction"] <= rand["edge_cut_fraction"] / 3, (k, metis, rand)
         assert metis["balance"]["train_nodes"] < 1.1 and metis["balance"]["nodes"] < 1.1
         assert sum(metis["nodes"]) == SMALL.num_nodes and len(metis["halo_nodes"]) == k
+
+
+def test_lp_coarsens_and_cuts_about_what_metis_cuts_with_balanced_parts(caplog):
+    """The multilevel path for real (coarsening forced on a small graph, chunks of a few rows): cut within
+    1.5x of METIS's and far below random's, nodes and training nodes within 3% of the mean."""
+    from hpcgnn.partition import partition_report, rebalance, seed_weight
+    from hpcgnn.partition.multilevel import balance_columns, lp_parts
+
+    prepare(SMALL)
+    graph = open_graph(SMALL)
+    weight = seed_weight(graph)
+    columns = balance_columns(torch.zeros(graph.num_nodes, dtype=torch.long), weight > 0, weight, True)
+    for k in (2, 4):
+        with caplog.at_level("INFO", logger="hpcgnn.partition.multilevel"):
+            part = lp_parts(graph.rowptr, graph.col, k, 0, columns, coarsest_nodes=500, chunk_edges=1 << 14)
+        assert "lp level 1:" in caplog.text  # at least two levels of clusters
+        part = rebalance(graph, part, (weight > 0).long(), k)
+        lp = partition_report(graph, part, k, weight)
+        metis = ensure_parts(SMALL, METIS, k)[1]["report"]
+        rand = ensure_parts(SMALL, RANDOM, k)[1]["report"]
+        assert lp["edge_cut_fraction"] <= 1.5 * metis["edge_cut_fraction"], (k, lp, metis)
+        assert lp["edge_cut_fraction"] <= rand["edge_cut_fraction"] / 3
+        assert lp["balance"]["nodes"] <= 1.031 and lp["balance"]["train_nodes"] <= 1.031, lp["balance"]
 
 
 def test_meta_records_the_artifact():
@@ -190,9 +215,12 @@ def _run_workers(cfg, tmp_path: Path, world: int = 2) -> list[dict]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("num_parts, cache_mb", [(2, 0.0), (4, 0.5)], ids=["k2", "k4-over-partitioned-cached"])
-def test_distributed_batches_are_valid_subgraphs(tmp_path, num_parts, cache_mb):
-    ds = [f"dataset.num_nodes={SMALL.num_nodes}", f"dataset.avg_degree={SMALL.avg_degree}"]
+@pytest.mark.parametrize("num_parts, cache_mb, method, features", [(2, 0.0, "metis", "float32"),
+                                                                    (4, 0.5, "lp", "bfloat16")],
+                         ids=["k2", "k4-over-partitioned-cached-lp-bf16"])
+def test_distributed_batches_are_valid_subgraphs(tmp_path, num_parts, cache_mb, method, features):
+    ds = [f"dataset.num_nodes={SMALL.num_nodes}", f"dataset.avg_degree={SMALL.avg_degree}",
+          f"dataset.feature_dtype={features}", f"graph.method={method}"]
     cfg = make_config("graph=partitioned", f"graph.num_parts={num_parts}", f"graph.cache_mb={cache_mb}",
                       "train.fanouts=[6,4,3]", *ds, f"dataset.root={DATA_ROOT}")
     ensure_parts(cfg.dataset, cfg.graph, num_parts)
@@ -218,7 +246,8 @@ def test_distributed_batches_are_valid_subgraphs(tmp_path, num_parts, cache_mb):
                 want = graph.degree()[n_id[targets]].clamp(max=fanout)
                 assert torch.equal(indeg[targets], want), f"hop {h + 1}"
             assert torch.unique(k).numel() == k.numel()  # without replacement
-            assert torch.equal(b["x"], graph.x[n_id]) and torch.equal(b["y"], graph.y[n_id[:bs]])
+            assert b["x"].dtype == torch.float32  # rows travel stored (bfloat16: half the bytes), batches in float32
+            assert torch.equal(b["x"], graph.x[n_id].float()) and torch.equal(b["y"], graph.y[n_id[:bs]])
         stats = res["stats"]
         assert stats["remote_rows_per_batch"] > 0 and stats["bytes_received_per_batch"] > 0
         if cache_mb:

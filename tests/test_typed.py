@@ -197,7 +197,7 @@ def _typed_dataset(num_nodes: int = 3000):
                          root=str(DATA_ROOT))
 
 
-@pytest.mark.parametrize("method, num_parts", [("metis", 2), ("metis", 4), ("random", 3)])
+@pytest.mark.parametrize("method, num_parts", [("metis", 2), ("metis", 4), ("lp", 2), ("random", 3)])
 def test_typed_parts_balance_every_type_and_hold_each_relation(method, num_parts):
     """The homogeneous view partitioned with each node type balanced (and the training papers); each part
     holds, per relation, its own nodes' in-edges; ranks holding several parts see them concatenated."""

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-BYTES_PER_EDGE = 48  # sorting one bucket: the pairs read, the keys, the sort's scratch, the columns out
+BYTES_PER_EDGE = 32  # sorting one bucket: the keys, the sort's copy and its output, the columns out
 FEATURE_DTYPES = {"float32": (torch.float32, np.float32), "float16": (torch.float16, np.float16),
                   "bfloat16": (torch.bfloat16, np.uint16)}  # numpy has no bfloat16: its bits as uint16
 
@@ -34,21 +34,24 @@ def index_dtype(num_nodes: int) -> np.dtype:
 
 
 class NpyAppender:
-    """A 1-d .npy file written by appending chunks; the length goes into the header on close."""
+    """A .npy file written by appending rows (plain writes: no mapped pages, so the pages written do not
+    count in this process's RSS); the row count goes into the header on close."""
 
     HEADER = 128  # bytes: magic, version, header length, the dict padded with spaces
 
-    def __init__(self, path: Path, dtype: np.dtype):
-        self.path, self.dtype, self.length = path, np.dtype(dtype), 0
+    def __init__(self, path: Path, dtype: np.dtype, row_shape: tuple[int, ...] = ()):
+        self.path, self.dtype, self.row_shape, self.length = path, np.dtype(dtype), tuple(row_shape), 0
         self.file = open(path, "wb")
         self.file.write(b"\0" * self.HEADER)
 
     def append(self, array: np.ndarray) -> None:
+        if tuple(array.shape[1:]) != self.row_shape:
+            raise ValueError(f"rows of shape {tuple(array.shape[1:])} appended to {self.path} of rows {self.row_shape}")
         self.file.write(np.ascontiguousarray(array, dtype=self.dtype).tobytes())
-        self.length += int(array.size)
+        self.length += int(array.shape[0])
 
     def close(self) -> None:
-        d = {"descr": self.dtype.str, "fortran_order": False, "shape": (self.length,)}
+        d = {"descr": self.dtype.str, "fortran_order": False, "shape": (self.length, *self.row_shape)}
         text = repr(d).encode("latin1")
         pad = self.HEADER - 10 - len(text) - 1
         header = b"\x93NUMPY\x01\x00" + struct.pack("<H", self.HEADER - 10) + text + b" " * pad + b"\n"
@@ -91,8 +94,8 @@ class EdgeBuckets:
 
     def write_csr(self, folder: Path) -> int:
         """``folder/rowptr.npy`` and ``folder/col.npy``, bucket by bucket; returns the edge count."""
-        rowptr = np.lib.format.open_memmap(folder / "rowptr.npy", mode="w+", dtype=np.int64, shape=(self.n + 1,))
-        rowptr[0] = 0
+        rowptr = NpyAppender(folder / "rowptr.npy", np.int64)
+        rowptr.append(np.zeros(1, dtype=np.int64))
         col = NpyAppender(folder / "col.npy", self.dtype)
         total = 0
         for b in range(self.num_buckets):
@@ -101,41 +104,44 @@ class EdgeBuckets:
                 break
             f_dst, f_src = self._file(b, "dst"), self._file(b, "src")
             if f_dst.exists():
-                dst = torch.from_numpy(np.fromfile(f_dst, dtype=self.dtype)).long()
-                src = torch.from_numpy(np.fromfile(f_src, dtype=self.dtype)).long()
-                key = torch.unique((dst - lo) * self.n + src)  # sorted by target, then source; no duplicates
-                del dst, src
+                key = torch.from_numpy(np.fromfile(f_dst, dtype=self.dtype)).long()
+                key.sub_(lo).mul_(self.n).add_(torch.from_numpy(np.fromfile(f_src, dtype=self.dtype)))
+                key = torch.unique(key)  # sorted by target, then source; no duplicates
                 counts = torch.bincount(key // self.n, minlength=hi - lo)
-                col.append((key % self.n).numpy())
+                col.append(key.remainder_(self.n).numpy())
+                del key
                 f_dst.unlink()
                 f_src.unlink()
             else:
                 counts = torch.zeros(hi - lo, dtype=torch.long)
-            rowptr[lo + 1:hi + 1] = (torch.cumsum(counts, 0) + total).numpy()
+            rowptr.append((torch.cumsum(counts, 0) + total).numpy())
             total += int(counts.sum())
         col.close()
-        rowptr.flush()
-        del rowptr
+        rowptr.close()
         shutil.rmtree(self.scratch, ignore_errors=True)
         return total
 
 
 class FeatureWriter:
-    """``x.npy`` [num_nodes, num_features] in the stored feature dtype, written by row ranges."""
+    """``x.npy`` [num_nodes, num_features] in the stored feature dtype, written row range after row range."""
 
     def __init__(self, path: Path, num_nodes: int, num_features: int, dtype: str):
         if dtype not in FEATURE_DTYPES:
             raise ValueError(f"dataset.feature_dtype={dtype!r}: use one of {', '.join(FEATURE_DTYPES)}")
         self.torch_dtype, np_dtype = FEATURE_DTYPES[dtype]
-        self.array = np.lib.format.open_memmap(path, mode="w+", dtype=np_dtype, shape=(num_nodes, num_features))
+        self.num_nodes = num_nodes
+        self.out = NpyAppender(path, np_dtype, (num_features,))
 
     def write(self, start: int, rows: Tensor) -> None:
+        if start != self.out.length:
+            raise ValueError(f"feature rows from {start} written after {self.out.length} rows: write them in order")
         t = rows.to(self.torch_dtype)
-        self.array[start:start + rows.size(0)] = (t.view(torch.uint16) if t.dtype == torch.bfloat16 else t).numpy()
+        self.out.append((t.view(torch.uint16) if t.dtype == torch.bfloat16 else t).numpy())
 
     def close(self) -> None:
-        self.array.flush()
-        del self.array
+        if self.out.length != self.num_nodes:
+            raise ValueError(f"{self.out.length} feature rows written, {self.num_nodes} expected")
+        self.out.close()
 
 
 def load_features(path: Path, dtype: str, mmap_mode: str | None = "c") -> Tensor:

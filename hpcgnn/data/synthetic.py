@@ -23,12 +23,12 @@ from hpcgnn.data.graph import Graph
 from hpcgnn.rng import generator
 
 # Part of the cache key: bump it whenever a change here changes the graph a config produces.
-GENERATOR_VERSION = 5  # 5: drawn in chunks of SOURCE_CHUNK sources (the same graph up to that size)
+GENERATOR_VERSION = 5  # 5: drawn in chunks of SOURCE_CHUNK sources (graphs up to that size are those of 4)
 
 
 # Sources are generated this many at a time (part of the generator: a graph of at most this many
 # nodes is drawn in one chunk, so it is the graph earlier versions drew in one go).
-SOURCE_CHUNK = 1 << 20
+SOURCE_CHUNK = 1 << 18
 
 
 def generate_synthetic(cfg: DatasetConfig, on_edges: Callable[[Tensor, Tensor], None],

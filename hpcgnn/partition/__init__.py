@@ -100,7 +100,7 @@ def metis_adjacency(rowptr: Tensor, col: Tensor) -> tuple[np.ndarray, np.ndarray
     """METIS wants a symmetric adjacency without self-loops; symmetrise only when needed."""
     n = rowptr.numel() - 1
     dst = torch.repeat_interleave(torch.arange(n), rowptr[1:] - rowptr[:-1])
-    src = col
+    src = col.long()  # (stored as int32: src * n would overflow)
     loops = src == dst
     key = dst * n + src  # sorted already: CSR rows by target, columns sorted
     rev = src * n + dst

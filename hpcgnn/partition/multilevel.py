@@ -256,7 +256,7 @@ def metis_initial(level: Level, num_parts: int, seed: int) -> Tensor:
 
 
 def lp_parts(rowptr: Tensor, col: Tensor, num_parts: int, seed: int, vw: Tensor, tolerance: float = 0.03,
-             chunk_edges: int = CHUNK_EDGES) -> Tensor:
+             chunk_edges: int = CHUNK_EDGES, coarsest_nodes: int = COARSEST_NODES) -> Tensor:
     """int32 [n]: the part of every node. ``vw`` int64 [n, C]: the balance columns (each kept within
     ``(1 + tolerance)`` of its mean per part, up to one coarse node's weight)."""
     n = rowptr.numel() - 1
@@ -265,7 +265,7 @@ def lp_parts(rowptr: Tensor, col: Tensor, num_parts: int, seed: int, vw: Tensor,
     levels = [Level(rowptr, col, None, size, vw)]
     maps: list[Tensor] = []
     max_cluster = max(1, int(0.01 * n / num_parts))
-    while levels[-1].n > COARSEST_NODES and len(levels) <= MAX_LEVELS:
+    while levels[-1].n > coarsest_nodes and len(levels) <= MAX_LEVELS:
         top = levels[-1]
         label = cluster(top, max_cluster, derive_seed(seed, len(levels)), chunk_edges)
         coarse, cl = contract(top, label, chunk_edges)
