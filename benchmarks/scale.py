@@ -104,13 +104,14 @@ def partition(cfg, gcfg, k: int) -> dict:
     from hpcgnn import env
     from hpcgnn.data import open_graph
     from hpcgnn.errors import PartitionError
-    from hpcgnn.partition import check_partition_memory, ensure_parts
+    from hpcgnn.partition import check_partition_memory, ensure_parts, parts_folder
 
     graph = open_graph(cfg)
     try:
         check_partition_memory(gcfg.method, graph.num_nodes, graph.num_edges, env.available_memory())
     except PartitionError as exc:
         return {"refused": str(exc).split(". HINT")[0]}
+    shutil.rmtree(parts_folder(cfg, gcfg, k), ignore_errors=True)  # measured, not reused
     folder, meta, reused = ensure_parts(cfg, gcfg, k)
     return {"meta": meta, "reused": reused}
 

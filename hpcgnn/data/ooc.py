@@ -14,7 +14,9 @@ lacks); readers upcast each batch's rows to float32.
 from __future__ import annotations
 
 import ast
+import ctypes
 import math
+import mmap
 import shutil
 import struct
 from pathlib import Path
@@ -62,12 +64,15 @@ class NpyAppender:
 
 
 class EdgeBuckets:
-    """Edges (target, source) collected on disk by target range, then written as one CSR."""
+    """Edges (target, source) collected on disk by target range, then written as one CSR.
 
-    def __init__(self, num_nodes: int, expected_edges: int, scratch: Path, mem_bytes: int):
-        self.n, self.scratch = num_nodes, scratch
+    ``weighted``: duplicates are summed into ``weight.npy`` (int64) instead of dropped, each added edge
+    weighing its given weight or 1 (a partitioner's coarse graph: the edges between two clusters)."""
+
+    def __init__(self, num_nodes: int, expected_edges: int, scratch: Path, mem_bytes: int, weighted: bool = False):
+        self.n, self.scratch, self.weighted = num_nodes, scratch, weighted
         self.dtype = index_dtype(num_nodes)
-        per_bucket = max(mem_bytes // BYTES_PER_EDGE, 1 << 16)
+        per_bucket = max(mem_bytes // (BYTES_PER_EDGE + 24 * weighted), 1 << 16)  # weights: their sort order too
         self.num_buckets = max(1, math.ceil(1.25 * expected_edges / per_bucket))
         self.rows = max(1, math.ceil(num_nodes / self.num_buckets))
         scratch.mkdir(parents=True, exist_ok=True)
@@ -76,20 +81,26 @@ class EdgeBuckets:
     def _file(self, b: int, which: str) -> Path:
         return self.scratch / f"bucket{b:05d}.{which}"
 
-    def add(self, dst: Tensor, src: Tensor) -> None:
-        """Edges ``src -> dst`` (``dst`` aggregates ``src``); duplicates are removed at the end."""
+    def add(self, dst: Tensor, src: Tensor, weight: Tensor | None = None) -> None:
+        """Edges ``src -> dst`` (``dst`` aggregates ``src``); duplicates are removed (or summed) at the end."""
         if dst.numel() == 0:
             return
+        if weight is not None and not self.weighted:
+            raise ValueError("weights given to unweighted buckets")
         bucket = dst // self.rows
         order = torch.argsort(bucket, stable=True)
-        bucket, dst, src = bucket[order], dst[order], src[order]
-        bounds = torch.searchsorted(bucket, torch.arange(self.num_buckets + 1)).tolist()
+        columns = [("dst", dst[order], self.dtype), ("src", src[order], self.dtype)]
+        if weight is not None:
+            columns.append(("w", weight[order], np.dtype(np.int64)))
+        elif self.weighted:  # mixing weighted and unweighted adds: every edge needs its weight
+            columns.append(("w", torch.ones(dst.numel(), dtype=torch.long), np.dtype(np.int64)))
+        bounds = torch.searchsorted(bucket[order], torch.arange(self.num_buckets + 1)).tolist()
         for b in range(self.num_buckets):
             lo, hi = bounds[b], bounds[b + 1]
             if hi > lo:
-                for which, t in (("dst", dst), ("src", src)):
+                for which, t, dtype in columns:
                     with open(self._file(b, which), "ab") as f:
-                        f.write(t[lo:hi].numpy().astype(self.dtype).tobytes())
+                        f.write(t[lo:hi].numpy().astype(dtype).tobytes())
         self.added += dst.numel()
 
     def write_csr(self, folder: Path) -> int:
@@ -97,6 +108,7 @@ class EdgeBuckets:
         rowptr = NpyAppender(folder / "rowptr.npy", np.int64)
         rowptr.append(np.zeros(1, dtype=np.int64))
         col = NpyAppender(folder / "col.npy", self.dtype)
+        weight = NpyAppender(folder / "weight.npy", np.int64) if self.weighted else None
         total = 0
         for b in range(self.num_buckets):
             lo, hi = b * self.rows, min((b + 1) * self.rows, self.n)
@@ -106,7 +118,18 @@ class EdgeBuckets:
             if f_dst.exists():
                 key = torch.from_numpy(np.fromfile(f_dst, dtype=self.dtype)).long()
                 key.sub_(lo).mul_(self.n).add_(torch.from_numpy(np.fromfile(f_src, dtype=self.dtype)))
-                key = torch.unique(key)  # sorted by target, then source; no duplicates
+                if weight is not None:  # sort, then sum each run of equal keys
+                    key, order = torch.sort(key)
+                    w = torch.from_numpy(np.fromfile(self._file(b, "w"), dtype=np.int64)).index_select(0, order)
+                    del order
+                    key, run = torch.unique_consecutive(key, return_counts=True)
+                    ends = torch.cumsum(run, 0)
+                    sums = torch.cumsum(w, 0).index_select(0, ends - 1)
+                    weight.append(torch.diff(sums, prepend=sums.new_zeros(1)).numpy())
+                    del w, run, ends, sums
+                    self._file(b, "w").unlink()
+                else:
+                    key = torch.unique(key)  # sorted by target, then source; no duplicates
                 counts = torch.bincount(key // self.n, minlength=hi - lo)
                 col.append(key.remainder_(self.n).numpy())
                 del key
@@ -118,6 +141,8 @@ class EdgeBuckets:
             total += int(counts.sum())
         col.close()
         rowptr.close()
+        if weight is not None:
+            weight.close()
         shutil.rmtree(self.scratch, ignore_errors=True)
         return total
 
@@ -149,3 +174,51 @@ def load_features(path: Path, dtype: str, mmap_mode: str | None = "c") -> Tensor
     array = np.load(path, mmap_mode=mmap_mode)
     t = torch.from_numpy(array)
     return t.view(torch.bfloat16) if dtype == "bfloat16" else t
+
+
+_MADV_PAGEOUT = 21  # Linux 5.4+: reclaim these pages now; anonymous memory without swap stays as it is
+
+
+def _madvise():
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        return libc.madvise
+    except (OSError, AttributeError):
+        return None
+
+
+_MADVISE = _madvise()
+
+
+def drop_pages(t: Tensor) -> None:
+    """Hand back the pages of a memory-mapped tensor's range once it has been read (a pass over a mapped
+    graph would otherwise keep every page it touched in this process's RSS). Safe on any tensor: the
+    kernel re-reads file pages when touched again, and leaves anonymous memory alone (no swap)."""
+    if _MADVISE is None or t.numel() == 0 or t.device.type != "cpu":
+        return
+    page = mmap.PAGESIZE
+    addr = t.data_ptr()
+    start, end = (addr + page - 1) // page * page, (addr + t.numel() * t.element_size()) // page * page
+    if end > start:
+        _MADVISE(start, end - start, _MADV_PAGEOUT)
+
+
+def trim_heap() -> None:
+    """Give freed heap memory back to the kernel (glibc keeps large freed blocks for reuse; between the
+    phases of a long preparation or partitioning that is RSS held for nothing)."""
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+def gather_sorted(src: Tensor, index: Tensor, chunk: int = 1 << 18) -> Tensor:
+    """``src.index_select(0, index)`` for an ascending ``index`` into a memory-mapped ``src``, a chunk at a
+    time, handing each chunk's pages back once read (:func:`drop_pages`): RSS grows by the output alone."""
+    out = src.new_empty((index.numel(), *src.shape[1:]))
+    for a in range(0, index.numel(), chunk):
+        idx = index[a:a + chunk]
+        out[a:a + idx.numel()] = src.index_select(0, idx)
+        drop_pages(src[int(idx[0]):int(idx[-1]) + 1])
+    return out

@@ -44,6 +44,7 @@ from hpcgnn.checks import is_typed
 from hpcgnn.config import DatasetConfig, GraphConfig
 from hpcgnn.data import cache, cache_folder, open_graph, open_typed, prepare
 from hpcgnn.data.graph import Graph
+from hpcgnn.data.ooc import drop_pages, gather_sorted, trim_heap
 from hpcgnn.data.typed import Relation, TypedSchema, relation_key
 from hpcgnn.errors import ConfigError, PartitionError
 from hpcgnn.io import atomic_folder, sha256_file
@@ -232,6 +233,7 @@ def partition_report(graph: Graph, part: Tensor, num_parts: int, weight: Tensor 
     for a, b in chunks(graph.rowptr, CHUNK_EDGES):  # edge by edge, a chunk at a time (the graph may not fit)
         dst_part = torch.repeat_interleave(part_l[a:b], deg[a:b])
         src = graph.col[int(graph.rowptr[a]):int(graph.rowptr[b])].long()
+        drop_pages(graph.col[int(graph.rowptr[a]):int(graph.rowptr[b])])
         src_part = part_l.index_select(0, src)
         remote = dst_part != src_part
         cut += int(remote.sum())
@@ -244,6 +246,7 @@ def partition_report(graph: Graph, part: Tensor, num_parts: int, weight: Tensor 
     else:
         keys = torch.unique(torch.cat(halo_sets)) if halo_sets else torch.zeros(0, dtype=torch.long)
         halo_count = torch.bincount(keys // graph.num_nodes, minlength=num_parts)
+    trim_heap()
     nodes = torch.bincount(part.long(), minlength=num_parts)
     edges = torch.bincount(part.long(), weights=deg.double(), minlength=num_parts).long()
     train = torch.bincount(part.long(), weights=(seed_weight(graph) if weight is None else weight).double(),
@@ -309,8 +312,8 @@ def write_parts(graph: Graph, part: Tensor, folder: Path, meta: dict, edges: dic
             nodes = mine.nonzero().flatten()
             local[nodes] = torch.arange(nodes.numel(), dtype=torch.int32)
             rowptr, pos = _rows(graph.rowptr, nodes)
-            arrays = {"nodes": nodes, "rowptr": rowptr, "col": graph.col.index_select(0, pos),
-                      "x": graph.x.index_select(0, nodes),
+            arrays = {"nodes": nodes, "rowptr": rowptr, "col": gather_sorted(graph.col, pos),
+                      "x": gather_sorted(graph.x, nodes),
                       "y": graph.y.index_select(0, nodes) if graph.y.numel() else graph.y}  # a link graph: no labels
             for split in ("train_idx", "val_idx", "test_idx"):
                 idx = getattr(graph, split)
@@ -327,6 +330,10 @@ def write_parts(graph: Graph, part: Tensor, folder: Path, meta: dict, edges: dic
                     arrays[f"col__{relation_key(rel)}"] = typed.col[rel].index_select(0, pos)
             for name in [*PART_ARRAYS, *edges, *typed_arrays(typed)]:
                 save(f"part_{i}/{name}.npy", arrays[name])
+            del arrays, rowptr, pos, nodes, mine
+            for mapped in (graph.x, graph.col, graph.rowptr):  # a part's rows are all over the graph's pages
+                drop_pages(mapped)
+            trim_heap()
         save("node_part.npy", part.to(torch.int16) if num_parts < 2**15 else part)  # mapped by every rank
         save("node_local.npy", local)
         save("degree.npy", graph.degree().int())

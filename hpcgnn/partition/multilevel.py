@@ -27,17 +27,22 @@ good clusters are broken by a seeded hash, not by thread timing), so the parts a
 from __future__ import annotations
 
 import logging
+import shutil
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
 from torch import Tensor
 
+from hpcgnn.data.ooc import EdgeBuckets, drop_pages, trim_heap
 from hpcgnn.rng import derive_seed
 
 log = logging.getLogger(__name__)
 
-CHUNK_EDGES = 1 << 22  # edges per chunk: about 60 B of temporaries each, ~250 MB in all
+CHUNK_EDGES = 1 << 21  # edges per chunk: about 60 B of temporaries each, ~125 MB in all
+BUCKET_BYTES = 256 << 20  # sorting one bucket of a coarse level's edges
 CLUSTER_PASSES = 4  # label-propagation passes per coarsening level
 REFINE_PASSES = 3  # label-propagation passes per level on the way back
 COARSEST_NODES = 40_000  # stop coarsening below this many clusters ...
@@ -73,15 +78,18 @@ def chunks(rowptr: Tensor, chunk_edges: int, max_rows: int | None = None) -> lis
     return list(zip(bounds[:-1], bounds[1:], strict=False))
 
 
-def _chunk_edges(level: Level, a: int, b: int) -> tuple[Tensor, Tensor, Tensor]:
-    """(local row, neighbour, weight) of rows [a, b); self-loops dropped."""
+def _chunk_edges(level: Level, a: int, b: int) -> tuple[Tensor, Tensor, Tensor | None]:
+    """(local row, neighbour, weight or None: all 1) of rows [a, b); self-loops dropped."""
     e0, e1 = int(level.rowptr[a]), int(level.rowptr[b])
     nbr = level.col[e0:e1].long()
     deg = level.rowptr[a + 1:b + 1] - level.rowptr[a:b]
     row = torch.repeat_interleave(torch.arange(b - a), deg, output_size=e1 - e0)
-    w = level.weight[e0:e1] if level.weight is not None else torch.ones(e1 - e0, dtype=torch.long)
+    w = level.weight[e0:e1].long() if level.weight is not None else None
+    for mapped in (level.col[e0:e1], level.weight[e0:e1] if level.weight is not None else None):
+        if mapped is not None:  # read: out of this process's RSS (a pass touches the whole graph)
+            drop_pages(mapped)
     keep = nbr != row + a
-    return row[keep], nbr[keep], w[keep]
+    return row[keep], nbr[keep], w[keep] if w is not None else None
 
 
 def _tiebreak(labels: Tensor, salt: int) -> Tensor:
@@ -89,11 +97,25 @@ def _tiebreak(labels: Tensor, salt: int) -> Tensor:
     return ((labels * 0x9E3779B1 + salt) % 1_000_003) % (1 << 20)
 
 
+def _pair_counts(key: Tensor, weight: Tensor | None) -> tuple[Tensor, Tensor]:
+    """(distinct keys, sorted; the summed weight of each): 1 per key when ``weight`` is None, counted
+    after numpy's sort (twice as fast as torch's here), else summed in torch's sort order."""
+    if weight is None:
+        ks = torch.from_numpy(np.sort(key.numpy()))
+        first = torch.ones(ks.numel(), dtype=torch.bool)
+        first[1:] = ks[1:] != ks[:-1]
+        starts = first.nonzero().flatten()
+        return ks.index_select(0, starts), torch.diff(starts, append=torch.tensor([ks.numel()]))
+    uk, inv = torch.unique(key, return_inverse=True)
+    return uk, torch.zeros(uk.numel(), dtype=torch.long).index_add_(0, inv, weight)
+
+
 def _accept(target: Tensor, amount: Tensor, room: Tensor, order_key: Tensor) -> Tensor:
     """Bool [movers]: which movers fit, taking them by ``order_key`` (higher first) within each target.
 
-    ``amount`` [movers, C], ``room`` [targets, C]: a mover fits if the cumulative amount of the movers
-    before it into the same target, plus its own, stays within the target's room in every column."""
+    ``amount`` [movers, C], ``room`` [movers, C] (the room of each mover's target): a mover fits if the
+    cumulative amount of the movers before it into the same target, plus its own, stays within the
+    target's room in every column."""
     if target.numel() == 0:
         return torch.zeros(0, dtype=torch.bool)
     order = torch.argsort(target * (int(order_key.max()) + 1) + (int(order_key.max()) - order_key), stable=True)
@@ -105,7 +127,7 @@ def _accept(target: Tensor, amount: Tensor, room: Tensor, order_key: Tensor) -> 
     prev = (start - 1).clamp(min=0)
     has_prev = (start > 0).unsqueeze(1)
     within = cum - torch.where(has_prev, cum.index_select(0, prev), 0)  # inclusive, within the run
-    fits = (within <= room.index_select(0, t)).all(1)
+    fits = (within <= room.index_select(0, order)).all(1)
     # After a run's first misfit, stop: the cumulative sums would count the movers left out.
     bad = torch.cumsum((~fits).long(), 0)
     run_bad = bad - torch.where(has_prev.squeeze(1), bad.index_select(0, prev), 0)
@@ -128,18 +150,17 @@ def cluster(level: Level, max_cluster: int, seed: int, chunk_edges: int, passes:
             row, nbr, w = _chunk_edges(level, a, b)
             if row.numel() == 0:
                 continue
-            lab = label.index_select(0, nbr)
-            key, inv = torch.unique(row * n + lab, return_inverse=True)
-            score = torch.zeros(key.numel(), dtype=torch.long).index_add_(0, inv, w)
+            key, score = _pair_counts(row * n + label.index_select(0, nbr), w)
             r, c = key // n, key % n
             v = r + a
             own = label.index_select(0, v)
             own_score = torch.zeros(b - a, dtype=torch.long).index_add_(0, r[c == own], score[c == own])
-            fits = (c != own) & (csize.index_select(0, c) + level.size.index_select(0, v) <= max_cluster)
+            size_c = csize.index_select(0, c)
+            fits = (c != own) & (size_c + level.size.index_select(0, v) <= max_cluster)
             # Most connection first; between equals the larger cluster (clusters grow instead of
             # stalling as many small stars), then a seeded hash.
             packed = torch.where(fits, (score.clamp(max=(1 << 22) - 1) << 40)
-                                 + (csize.index_select(0, c).clamp(max=(1 << 20) - 1) << 20) + _tiebreak(c, salt), -1)
+                                 + (size_c.clamp(max=(1 << 20) - 1) << 20) + _tiebreak(c, salt), -1)
             best = torch.full((b - a,), -1, dtype=torch.long).scatter_reduce_(0, r, packed, "amax")
             win = fits & (packed == best.index_select(0, r)) & (score.clamp(max=(1 << 22) - 1) > own_score.index_select(0, r))
             mv, target = v[win], c[win]  # sorted by row; two labels of one row tie only on a hash clash
@@ -150,7 +171,7 @@ def cluster(level: Level, max_cluster: int, seed: int, chunk_edges: int, passes:
             if mv.numel() == 0:
                 continue
             gain = (best.index_select(0, mv - a) >> 40) - own_score.index_select(0, mv - a)
-            room = (max_cluster - csize).clamp(min=0).unsqueeze(1)
+            room = (max_cluster - csize.index_select(0, target)).clamp(min=0).unsqueeze(1)
             sizes = level.size.index_select(0, mv)
             ok = _accept(target, sizes.unsqueeze(1), room, gain)
             mv, target, sizes = mv[ok], target[ok], sizes[ok]
@@ -159,46 +180,53 @@ def cluster(level: Level, max_cluster: int, seed: int, chunk_edges: int, passes:
             label[mv] = target
             moved += mv.numel()
         log.debug("lp cluster pass %d: %d moves", p, moved)
+        trim_heap()
         if moved < n // 100:
             break
     return label
 
 
-def contract(level: Level, label: Tensor, chunk_edges: int) -> tuple[Level, Tensor]:
-    """The coarser level whose nodes are the clusters, and each node's cluster (dense ids)."""
+def contract(level: Level, label: Tensor, chunk_edges: int, scratch: Path, mem_bytes: int) -> tuple[Level, Tensor]:
+    """The coarser level whose nodes are the clusters, and each node's cluster (dense ids). Its edges (the
+    fine edges between two clusters, summed into weights, in-edge orientation as the fine graph's) are
+    bucketed on disk and memory-mapped (:class:`EdgeBuckets`): memory stays bounded however many there are."""
     n = level.n
-    used = torch.zeros(n, dtype=torch.long)
-    used[label] = 1
+    used = torch.zeros(n, dtype=torch.bool)
+    used[label] = True
     dense = torch.cumsum(used, 0) - 1
+    nc = int(dense[-1]) + 1 if n else 0
     cl = dense.index_select(0, label)
-    nc = int(used.sum())
+    del used, dense
     size = torch.zeros(nc, dtype=torch.long).index_add_(0, cl, level.size)
     vw = torch.zeros(nc, level.vw.size(1), dtype=torch.long).index_add_(0, cl, level.vw)
-    keys, weights = [], []
-    pending, merged = 0, 0
+    buckets = EdgeBuckets(nc, int(level.rowptr[-1]), scratch / "buckets", mem_bytes, weighted=True)
     for a, b in chunks(level.rowptr, chunk_edges):
         row, nbr, w = _chunk_edges(level, a, b)
         cu, cv = cl.index_select(0, row + a), cl.index_select(0, nbr)
         cross = cu != cv
-        k, inv = torch.unique(cu[cross] * nc + cv[cross], return_inverse=True)
-        keys.append(k)
-        weights.append(torch.zeros(k.numel(), dtype=torch.long).index_add_(0, inv, w[cross]))
-        pending += k.numel()
-        if pending > 2 * max(merged, chunk_edges):  # merge geometrically: linear time, memory ~ the coarse graph
-            keys, weights = _merge(keys, weights)
-            pending = merged = keys[0].numel()
-    k = torch.cat(keys) if keys else torch.zeros(0, dtype=torch.long)
-    w = torch.cat(weights) if weights else torch.zeros(0, dtype=torch.long)
-    # Both directions (the in-edges of a directed graph see one): the coarse graph is symmetric.
-    (k,), (w,) = _merge([k, (k % nc) * nc + k // nc], [w, w])
-    rowptr = torch.zeros(nc + 1, dtype=torch.long)
-    rowptr[1:] = torch.cumsum(torch.bincount(k // nc, minlength=nc), 0)
-    return Level(rowptr, k % nc, w, size, vw), cl
+        buckets.add(cu[cross], cv[cross], w[cross] if w is not None else None)
+    buckets.write_csr(scratch)
+    trim_heap()
+
+    def load(name: str) -> Tensor:
+        return torch.from_numpy(np.load(scratch / f"{name}.npy", mmap_mode="c"))
+
+    return Level(load("rowptr"), load("col"), load("weight"), size, vw), cl
 
 
-def _merge(keys: list[Tensor], weights: list[Tensor]) -> tuple[list[Tensor], list[Tensor]]:
-    k, inv = torch.unique(torch.cat(keys), return_inverse=True)
-    return [k], [torch.zeros(k.numel(), dtype=torch.long).index_add_(0, inv, torch.cat(weights))]
+def symmetric(level: Level) -> Level:
+    """The level with every edge in both directions (weights summed), in memory: what METIS needs (the
+    coarsest level, small; a directed graph's coarse levels hold only in-edges)."""
+    n = level.n
+    dst = torch.repeat_interleave(torch.arange(n), level.rowptr[1:] - level.rowptr[:-1])
+    src = level.col.long()
+    w = level.weight.long() if level.weight is not None else torch.ones(src.numel(), dtype=torch.long)
+    keep = src != dst
+    key, inv = torch.unique(torch.cat([dst[keep] * n + src[keep], src[keep] * n + dst[keep]]), return_inverse=True)
+    weight = torch.zeros(key.numel(), dtype=torch.long).index_add_(0, inv, torch.cat([w[keep], w[keep]]))
+    rowptr = torch.zeros(n + 1, dtype=torch.long)
+    rowptr[1:] = torch.cumsum(torch.bincount(key // n, minlength=n), 0)
+    return Level(rowptr, key % n, weight, level.size, level.vw)
 
 
 def refine(level: Level, part: Tensor, num_parts: int, caps: Tensor, seed: int, chunk_edges: int,
@@ -215,7 +243,9 @@ def refine(level: Level, part: Tensor, num_parts: int, caps: Tensor, seed: int, 
         for a, b in spans:
             row, nbr, w = _chunk_edges(level, a, b)
             rows = b - a
-            conn = torch.zeros(rows * k, dtype=torch.long).index_add_(0, row * k + part.index_select(0, nbr), w)
+            slot = row * k + part.index_select(0, nbr)
+            conn = (torch.bincount(slot, minlength=rows * k) if w is None else
+                    torch.zeros(rows * k, dtype=torch.long).index_add_(0, slot, w))
             conn = conn.view(rows, k)
             own = part[a:b]
             own_conn = conn.gather(1, own.unsqueeze(1)).squeeze(1)
@@ -231,7 +261,7 @@ def refine(level: Level, part: Tensor, num_parts: int, caps: Tensor, seed: int, 
             if idx.numel() == 0:
                 continue
             target = best[idx]
-            ok = _accept(target, vw[idx], (caps.unsqueeze(0) - load).clamp(min=0), gain[idx])
+            ok = _accept(target, vw[idx], (caps.unsqueeze(0) - load).clamp(min=0).index_select(0, target), gain[idx])
             idx, target = idx[ok], target[ok]
             load.index_add_(0, own[idx], -vw[idx])
             load.index_add_(0, target, vw[idx])
@@ -256,48 +286,50 @@ def metis_initial(level: Level, num_parts: int, seed: int) -> Tensor:
 
 
 def lp_parts(rowptr: Tensor, col: Tensor, num_parts: int, seed: int, vw: Tensor, tolerance: float = 0.03,
-             chunk_edges: int = CHUNK_EDGES, coarsest_nodes: int = COARSEST_NODES) -> Tensor:
+             chunk_edges: int = CHUNK_EDGES, coarsest_nodes: int = COARSEST_NODES, scratch: Path | None = None,
+             mem_bytes: int = BUCKET_BYTES) -> Tensor:
     """int32 [n]: the part of every node. ``vw`` int64 [n, C]: the balance columns (each kept within
-    ``(1 + tolerance)`` of its mean per part, up to one coarse node's weight)."""
+    ``(1 + tolerance)`` of its mean per part, up to one coarse node's weight). ``scratch``: where the coarse
+    levels' edges go (a temporary folder inside it; default: the system's), removed at the end."""
     n = rowptr.numel() - 1
     vw = vw.long()
     size = torch.ones(n, dtype=torch.long)
     levels = [Level(rowptr, col, None, size, vw)]
     maps: list[Tensor] = []
     max_cluster = max(1, int(0.01 * n / num_parts))
-    while levels[-1].n > coarsest_nodes and len(levels) <= MAX_LEVELS:
-        top = levels[-1]
-        label = cluster(top, max_cluster, derive_seed(seed, len(levels)), chunk_edges)
-        coarse, cl = contract(top, label, chunk_edges)
-        log.info("lp level %d: %d nodes -> %d clusters, %d coarse edges", len(levels) - 1, top.n, coarse.n,
-                 coarse.col.numel())
-        if top.n < MIN_SHRINK * coarse.n and len(levels) > 1:
-            break
-        levels.append(coarse)
-        maps.append(cl)
-        if top.n < MIN_SHRINK * coarse.n:
-            break
-    coarsest = levels[-1]
-    if coarsest.weight is None:  # no coarsening happened (a small graph): METIS on its symmetric form
-        coarsest, cl = contract(coarsest, torch.arange(n), chunk_edges)
-        part = metis_initial(coarsest, num_parts, seed).index_select(0, cl)
-        levels[-1] = Level(rowptr, col, None, size, vw)
-    else:
-        part = metis_initial(coarsest, num_parts, seed)
-    total = vw.sum(0)
-    caps = torch.ceil((1 + tolerance) * total.double() / num_parts).long()
-    for depth in range(len(levels) - 1, -1, -1):
-        level = levels[depth]
-        part = refine(level, part, num_parts, caps, derive_seed(seed, "refine", depth), chunk_edges)
-        if depth > 0:
-            part = part.index_select(0, maps[depth - 1])
-    return part.int()
+    folder = Path(tempfile.mkdtemp(prefix="hpcgnn-lp-", dir=scratch))
+    try:
+        while levels[-1].n > coarsest_nodes and len(levels) <= MAX_LEVELS:
+            top = levels[-1]
+            label = cluster(top, max_cluster, derive_seed(seed, len(levels)), chunk_edges)
+            coarse, cl = contract(top, label, chunk_edges, folder / f"level{len(levels)}", mem_bytes)
+            del label
+            log.info("lp level %d: %d nodes -> %d clusters, %d coarse edges", len(levels) - 1, top.n, coarse.n,
+                     coarse.col.numel())
+            if top.n < MIN_SHRINK * coarse.n and len(levels) > 1:
+                break
+            levels.append(coarse)
+            maps.append(cl)
+            if top.n < MIN_SHRINK * coarse.n:
+                break
+        part = metis_initial(symmetric(levels[-1]), num_parts, seed)
+        trim_heap()
+        total = vw.sum(0)
+        caps = torch.ceil((1 + tolerance) * total.double() / num_parts).long()
+        for depth in range(len(levels) - 1, -1, -1):
+            part = refine(levels[depth], part, num_parts, caps, derive_seed(seed, "refine", depth), chunk_edges)
+            if depth > 0:
+                part = part.index_select(0, maps[depth - 1])
+        return part.int()
+    finally:
+        del levels
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def memory_estimate(num_nodes: int, num_edges: int, chunk_edges: int = CHUNK_EDGES) -> int:
     """Peak bytes beyond the mapped graph: about 100 B per node (labels, sizes, maps, balance columns),
-    60 B per edge of a chunk, and the first coarse level (at most half the edges, 16 B each, sorted once)."""
-    return 100 * num_nodes + 60 * chunk_edges + 24 * num_edges
+    60 B per edge of a chunk, and one bucket of a coarse level's edges being sorted (the levels are on disk)."""
+    return 100 * num_nodes + 60 * chunk_edges + BUCKET_BYTES
 
 
 def balance_columns(types: Tensor, is_train: Tensor, weight: Tensor | None, balance_train: bool) -> Tensor:
