@@ -142,6 +142,25 @@ def test_files_dataset_loads_npy_and_pt(tmp_path):
     assert g.num_nodes == 50 and g.num_features == 4 and g.train_idx.numel() == 20
 
 
+@pytest.mark.parametrize("undirected", [False, True])
+def test_files_are_prepared_a_chunk_at_a_time_into_the_same_graph(tmp_path, monkeypatch, undirected):
+    """A files folder streamed from its mapped .npy arrays, in chunks of a few edges and several buckets,
+    prepares the graph the in-memory reader builds (duplicate edges removed, reverses added)."""
+    from hpcgnn.data import files
+
+    _write_files(tmp_path / "g")
+    real = files.stream_files
+    monkeypatch.setattr("hpcgnn.data.stream_files", lambda cfg, b, f: real(cfg, b, f, chunk=32))
+    cfg = DatasetConfig(name="files", path=str(tmp_path / "g"), root=str(tmp_path / "root"), to_undirected=undirected,
+                        prepare_mem_gb=1e-6)
+    prepare(cfg)
+    g, ref = open_graph(cfg), build_graph(cfg)
+    assert g.col.dtype == torch.int32
+    for name in cache.ARRAYS:
+        assert torch.equal(getattr(g, name).long() if name == "col" else getattr(g, name), getattr(ref, name)), name
+    assert g.num_classes == ref.num_classes
+
+
 @pytest.mark.parametrize("override, message", [
     ({"edge_index": np.zeros((3, 5), dtype=np.int64)}, r"edge_index\.npy: edge_index must be an integer array of shape \[2, num_edges\]"),
     ({"edge_index": np.array([[0, 1], [2, 50]])}, r"edge_index\.npy: node ids must lie in \[0, 50\).*max 50"),
@@ -237,3 +256,18 @@ def test_cache_checks_free_space_first(tmp_path, monkeypatch):
     with pytest.raises(OSError, match=r"needs [\d.]+ MiB in .*only 0\.0 MiB are free: set dataset.root"):
         cache.save(graph, tmp_path / "g", {})
     assert not list(tmp_path.iterdir())  # nothing half-written
+
+
+def test_handing_back_pages_keeps_every_value(tmp_path):
+    """drop_pages after a pass over a mapped array: the values read again are the file's; on memory that is
+    not a file's (no swap) it changes nothing."""
+    from hpcgnn.data.ooc import drop_pages
+
+    np.save(tmp_path / "a.npy", np.arange(3_000_000, dtype=np.int64))
+    mapped = torch.from_numpy(np.load(tmp_path / "a.npy", mmap_mode="c"))
+    total = int(mapped.sum())
+    drop_pages(mapped[1000:2_500_000])
+    assert int(mapped.sum()) == total
+    anon = torch.arange(3_000_000)
+    drop_pages(anon)
+    assert int(anon.sum()) == total

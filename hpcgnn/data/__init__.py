@@ -26,7 +26,7 @@ from hpcgnn import env
 from hpcgnn.checks import ON_DISK, check_dataset_config, is_typed
 from hpcgnn.config import DatasetConfig
 from hpcgnn.data import cache, ooc
-from hpcgnn.data.files import files_folder, is_typed_folder, load_files, load_typed_files
+from hpcgnn.data.files import files_folder, is_typed_folder, load_files, load_typed_files, read_shapes, stream_files
 from hpcgnn.data.graph import Graph
 from hpcgnn.data.link import LinkData, from_arrays, link_arrays, split_edges
 from hpcgnn.data.ogb import LINK_NAMES as OGB_LINK_NAMES
@@ -142,7 +142,8 @@ def prepare(cfg: DatasetConfig, allow_download: bool = False) -> Path:
         data = build_link(cfg, allow_download)
         arrays, meta = link_arrays(data)
         return cache.save(data.graph, folder, source, extra=arrays, extra_meta=meta)
-    if cfg.name == "synthetic":  # streamed to disk: edges in buckets, never the whole edge list in memory
+    if cfg.name == "synthetic" or (cfg.name == "files" and not is_typed_folder(files_folder(cfg))):
+        # streamed to disk: edges in buckets, never the whole edge list in memory
         return prepare_streamed(cfg, folder, source)
     return cache.save(build_graph(cfg, allow_download), folder, source)
 
@@ -157,25 +158,36 @@ def prepare_mem_bytes(cfg: DatasetConfig) -> int:
 
 
 def prepare_streamed(cfg: DatasetConfig, folder: Path, source: dict) -> Path:
-    """The synthetic graph drawn chunk by chunk into ``folder``: edges bucketed on disk by target and
-    sorted bucket by bucket (:class:`EdgeBuckets`), features written as they are drawn."""
-    n = cfg.num_nodes
+    """The synthetic graph drawn chunk by chunk (or a ``files`` folder read a chunk at a time from its
+    memory-mapped .npy files) into ``folder``: edges bucketed on disk by target and sorted bucket by
+    bucket (:class:`EdgeBuckets`), features written as they come."""
+    if cfg.name == "files":
+        ei = read_shapes(cfg)
+        n, num_features, edges = ei["num_nodes"], ei["num_features"], ei["num_edges"] * (2 if cfg.to_undirected else 1)
+    else:
+        n, num_features, edges = cfg.num_nodes, cfg.num_features, expected_edges(cfg)
     folder.parent.mkdir(parents=True, exist_ok=True)
-    edges = expected_edges(cfg)
-    need = edges * (ooc.index_dtype(n).itemsize * 3) + n * cfg.num_features * 4 + n * 32
+    need = edges * (ooc.index_dtype(n).itemsize * 3) + n * num_features * 4 + n * 32
     free = shutil.disk_usage(folder.parent).free
     if need > free:
         raise OSError(f"preparing the graph needs about {cache.human_bytes(need)} in {folder.parent} (with its "
                       f"scratch), but only {cache.human_bytes(free)} are free: set dataset.root to a larger file system")
     with atomic_folder(folder) as tmp:
         buckets = ooc.EdgeBuckets(n, edges, tmp / "scratch", prepare_mem_bytes(cfg))
-        features = ooc.FeatureWriter(tmp / "x.npy", n, cfg.num_features, cfg.feature_dtype)
-        y, train_idx, val_idx, test_idx = generate_synthetic(cfg, lambda s, d: buckets.add(d, s), features.write)
+        features = ooc.FeatureWriter(tmp / "x.npy", n, num_features, cfg.feature_dtype)
+        if cfg.name == "files":
+            y, splits, num_classes = stream_files(cfg, buckets, features)
+            arrays = {"y": y, **splits}
+        else:
+            y, train_idx, val_idx, test_idx = generate_synthetic(cfg, lambda s, d: buckets.add(d, s), features.write)
+            arrays = {"y": y.numpy(), "train_idx": train_idx.numpy(), "val_idx": val_idx.numpy(),
+                      "test_idx": test_idx.numpy()}
+            num_classes = cfg.num_classes
         features.close()
         num_edges = buckets.write_csr(tmp)
-        for name, t in (("y", y), ("train_idx", train_idx), ("val_idx", val_idx), ("test_idx", test_idx)):
-            np.save(tmp / f"{name}.npy", t.numpy())
-        cache.write_meta(tmp, n, num_edges, cfg.num_features, cfg.num_classes, source, cfg.feature_dtype)
+        for name, array in arrays.items():
+            np.save(tmp / f"{name}.npy", array)
+        cache.write_meta(tmp, n, num_edges, num_features, num_classes, source, cfg.feature_dtype)
     return folder
 
 

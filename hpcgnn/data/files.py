@@ -37,13 +37,14 @@ class DatasetFileError(DatasetError):
     """A dataset file is missing or wrong; the message names the file."""
 
 
-def _read(folder: Path, name: str) -> tuple[Path, np.ndarray]:
+def _read(folder: Path, name: str, mmap: bool = False) -> tuple[Path, np.ndarray]:
+    """The array in ``name``.npy (memory-mapped with ``mmap``) or ``name``.pt (read whole)."""
     for suffix in (".npy", ".pt"):
         path = folder / f"{name}{suffix}"
         if path.is_file():
             try:
                 if suffix == ".npy":
-                    return path, np.load(path, allow_pickle=False)
+                    return path, np.load(path, allow_pickle=False, mmap_mode="r" if mmap else None)
                 value = torch.load(path, weights_only=True, map_location="cpu")
             except Exception as exc:
                 raise DatasetFileError(f"{path}: cannot be read ({exc})") from exc
@@ -117,23 +118,54 @@ def check_labels_and_splits(arrays: dict, n: int) -> dict[str, tuple[Path, np.nd
     return splits
 
 
-def load_files(cfg: DatasetConfig, allow_download: bool = False) -> Graph:
+def read_checked(cfg: DatasetConfig, mmap: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict]:
+    """(edge_index [2, E], x [N, F], y [N], splits) of a homogeneous folder, every file checked; ``mmap``:
+    .npy files memory-mapped (the checks read them a pass at a time; nothing is copied whole)."""
     folder = files_folder(cfg)
-    if is_typed_folder(folder):  # served homogeneous: dataset.erase_types=true
-        return load_typed_files(cfg).homogeneous()
-    arrays = {name: _read(folder, name) for name in FILES}
+    arrays = {name: _read(folder, name, mmap) for name in FILES}
     px, x = arrays["x"]
     check_features(px, x)
     n = x.shape[0]
     pe, ei = arrays["edge_index"]
     check_edges(pe, ei, n, n, f"{n} = rows of {px.name}")
     splits = check_labels_and_splits(arrays, n)
-    y = arrays["y"][1]
+    return ei, x, arrays["y"][1], {k: v[1] for k, v in splits.items()}
+
+
+def stream_files(cfg: DatasetConfig, buckets, features, chunk: int = 1 << 22) -> tuple[np.ndarray, dict, int]:
+    """A homogeneous folder into an out-of-core CSR: edges a chunk at a time into ``buckets`` (with their
+    reverses for ``dataset.to_undirected``), feature rows into ``features``; returns (y, splits, classes)."""
+    ei, x, y, splits = read_checked(cfg, mmap=True)
+    for a in range(0, ei.shape[1], chunk):
+        src, dst = (torch.from_numpy(np.array(ei[i, a:a + chunk], dtype=np.int64)) for i in (0, 1))
+        buckets.add(dst, src)
+        if cfg.to_undirected:
+            buckets.add(src, dst)
+    for a in range(0, x.shape[0], chunk // 16):
+        features.write(a, torch.from_numpy(np.array(x[a:a + chunk // 16], dtype=np.float32)))
+    return np.asarray(y, dtype=np.int64), {k: np.asarray(v, dtype=np.int64) for k, v in splits.items()}, int(y.max()) + 1
+
+
+def read_shapes(cfg: DatasetConfig) -> dict:
+    """Node, feature and edge counts of a homogeneous folder, from the arrays' headers (.npy: mapped)."""
+    folder = files_folder(cfg)
+    _, x = _read(folder, "x", mmap=True)
+    _, ei = _read(folder, "edge_index", mmap=True)
+    return {"num_nodes": x.shape[0], "num_features": x.shape[1] if x.ndim == 2 else 0,
+            "num_edges": ei.shape[1] if ei.ndim == 2 else 0}
+
+
+def load_files(cfg: DatasetConfig, allow_download: bool = False) -> Graph:
+    folder = files_folder(cfg)
+    if is_typed_folder(folder):  # served homogeneous: dataset.erase_types=true
+        return load_typed_files(cfg).homogeneous()
+    ei, x, y, splits = read_checked(cfg)
+    n = x.shape[0]
     edge_index = torch.from_numpy(ei.astype(np.int64))
     if cfg.to_undirected:
         edge_index = torch.cat([edge_index, edge_index.flip(0)], dim=1)
     return Graph.from_edge_index(edge_index, n, torch.from_numpy(x.astype(np.float32)), torch.from_numpy(y.astype(np.int64)),
-                                 *(torch.from_numpy(splits[k][1].astype(np.int64)) for k in splits),
+                                 *(torch.from_numpy(splits[k].astype(np.int64)) for k in splits),
                                  num_classes=int(y.max()) + 1)
 
 

@@ -126,12 +126,13 @@ def seed_weight(graph: Graph, train_edges: Tensor | None = None) -> Tensor:
 
 
 def compute_parts(graph: Graph, num_parts: int, method: str, seed: int, balance_train: bool = True,
-                  weight: Tensor | None = None, node_type: Tensor | None = None) -> Tensor:
+                  weight: Tensor | None = None, node_type: Tensor | None = None, scratch: Path | None = None) -> Tensor:
     """int32 [num_nodes]: the part of every node; a pure function of its inputs.
 
     ``weight``: the training seeds of each node (:func:`seed_weight`; default: the training nodes).
     ``node_type``: a typed graph's type of every node (:meth:`TypedSchema.type_of`): each type is
     balanced across parts too (METIS: one constraint per type instead of one for all nodes).
+    ``scratch``: where ``lp`` keeps its coarse levels (default: the system's temporary folder).
     """
     n = graph.num_nodes
     if num_parts == 1:
@@ -153,7 +154,7 @@ def compute_parts(graph: Graph, num_parts: int, method: str, seed: int, balance_
         from hpcgnn.partition.multilevel import balance_columns, lp_parts
 
         part = lp_parts(graph.rowptr, graph.col, num_parts, seed,
-                        balance_columns(types, is_train, weight, balance_train))
+                        balance_columns(types, is_train, weight, balance_train), scratch=scratch)
         return rebalance(graph, part, types * 2 + (is_train.long() if balance_train else 0), num_parts)
     if method != "metis":
         raise ConfigError(f"graph.method={method!r} is unknown: use metis, lp or random")
@@ -382,8 +383,9 @@ def ensure_parts(dataset: DatasetConfig, graph_cfg: GraphConfig, num_parts: int,
                      else env.available_memory())
     check_partition_memory(graph_cfg.method, graph.num_nodes, graph.num_edges, available)
     t0 = time.perf_counter()
+    folder.parent.mkdir(parents=True, exist_ok=True)
     part = compute_parts(graph, num_parts, graph_cfg.method, graph_cfg.seed, graph_cfg.balance_train, weight,
-                         schema.type_of() if schema is not None else None)
+                         schema.type_of() if schema is not None else None, scratch=folder.parent)
     seconds = time.perf_counter() - t0
     meta = {"format_version": FORMAT_VERSION, "dataset": dataset_fingerprint(data_folder),
             "dataset_name": dataset.name, "num_nodes": graph.num_nodes, "num_edges": graph.num_edges,
