@@ -26,7 +26,14 @@ from hpcgnn import env
 from hpcgnn.checks import ON_DISK, check_dataset_config, is_typed
 from hpcgnn.config import DatasetConfig
 from hpcgnn.data import cache, ooc
-from hpcgnn.data.files import files_folder, is_typed_folder, load_files, load_typed_files, read_shapes, stream_files
+from hpcgnn.data.files import (
+    files_folder,
+    is_typed_folder,
+    load_files,
+    load_typed_files,
+    read_shapes,
+    stream_files,
+)
 from hpcgnn.data.graph import Graph
 from hpcgnn.data.link import LinkData, from_arrays, link_arrays, split_edges
 from hpcgnn.data.ogb import LINK_NAMES as OGB_LINK_NAMES
