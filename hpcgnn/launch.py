@@ -206,9 +206,11 @@ def _check_partition_job_memory(cfg: RunConfig) -> None:
 
 
 def partition_job_config(cfg: RunConfig) -> RunConfig:
-    """The cluster settings of the one-task partitioning job: one node, no GPU, the job's memory."""
+    """The cluster settings of the partitioning job: no GPU, the job's memory; one task on one node, or
+    for ``graph.method=lp`` one task on each of ``cluster.nodes`` nodes (they share the work)."""
     c = cfg.cluster
-    one = dataclasses.replace(c, nodes=1, tasks_per_node=1, gpus_per_node=0, job_name=f"{c.job_name}-partition")
+    nodes = c.nodes if cfg.graph.method == "lp" else 1
+    one = dataclasses.replace(c, nodes=nodes, tasks_per_node=1, gpus_per_node=0, job_name=f"{c.job_name}-partition")
     return dataclasses.replace(cfg, cluster=one, run_dir=str(Path(cfg.run_dir) / "partition"))
 
 

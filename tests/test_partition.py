@@ -269,6 +269,58 @@ def test_frequency_cache_catches_remote_rows(tmp_path):
             assert torch.equal(b["x"], graph.x[b["n_id"]])
 
 
+def _lp_task(rank: int, world: int, port: int, cfg: DatasetConfig, out: str) -> None:
+    import torch.distributed as dist
+
+    from hpcgnn.partition import multilevel
+    from hpcgnn.partition.multilevel import Comm
+
+    torch.set_num_threads(1)
+    multilevel.COARSEST_NODES = 500  # a hierarchy of several levels on a small graph
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        folder, meta, reused = ensure_parts(cfg, LP, 4, comm=Comm(rank, world))
+        torch.save({"meta": meta, "reused": reused, "folder": str(folder)}, f"{out}/task{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_lp_partitions_as_a_multi_task_job_each_task_reading_its_share(tmp_path, monkeypatch):
+    """Two gloo tasks partition together (each reads half of every level's rows; moves gathered and agreed
+    on): both end with the same META; two such runs write byte-identical parts; the cut is the one task's
+    within 2%, the balance within 3%, and the artifact opens and verifies like any other."""
+    from hpcgnn.launch import free_port
+    from hpcgnn.partition import multilevel
+
+    mine = _private(tmp_path)
+    prepare(mine)
+    runs = []
+    for attempt in range(2):
+        port = free_port(24000 + os.getpid() % 4000, 20000, 32767)
+        mp.start_processes(_lp_task, args=(2, port, mine, str(tmp_path)), nprocs=2, start_method="spawn")
+        res = [torch.load(tmp_path / f"task{r}.pt", weights_only=False) for r in range(2)]
+        assert res[0]["meta"] == res[1]["meta"] and not res[0]["reused"]
+        folder = Path(res[0]["folder"])
+        runs.append(_copy(folder, tmp_path / f"run{attempt}"))
+        shutil.rmtree(folder)
+    first, second = runs
+    for path in sorted(first.rglob("*.npy")):
+        assert path.read_bytes() == (second / path.relative_to(first)).read_bytes(), path
+    meta = res[0]["meta"]
+    assert meta["tasks"] == 2
+    monkeypatch.setattr(multilevel, "COARSEST_NODES", 500)
+    one = ensure_parts(mine, LP, 4)[1]
+    assert one["tasks"] == 1
+    two_cut, one_cut = meta["report"]["edge_cut_fraction"], one["report"]["edge_cut_fraction"]
+    assert abs(two_cut - one_cut) <= 0.02 * one_cut, (two_cut, one_cut)
+    assert meta["report"]["balance"]["nodes"] <= 1.031 and meta["report"]["balance"]["train_nodes"] <= 1.031
+    shutil.rmtree(parts_folder(mine, LP, 4))
+    shutil.copytree(first, parts_folder(mine, LP, 4))
+    parts = open_parts(mine, LP, 4, [0, 1, 2, 3])  # checksums verified
+    assert parts.nodes.numel() == mine.num_nodes
+
+
 # --------------------------------------------------------------- the CLIs
 
 

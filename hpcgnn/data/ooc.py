@@ -104,39 +104,20 @@ class EdgeBuckets:
         self.added += dst.numel()
 
     def write_csr(self, folder: Path) -> int:
-        """``folder/rowptr.npy`` and ``folder/col.npy``, bucket by bucket; returns the edge count."""
+        """``folder/rowptr.npy`` and ``folder/col.npy`` (and ``weight.npy``), bucket by bucket; returns the
+        edge count."""
         rowptr = NpyAppender(folder / "rowptr.npy", np.int64)
         rowptr.append(np.zeros(1, dtype=np.int64))
         col = NpyAppender(folder / "col.npy", self.dtype)
         weight = NpyAppender(folder / "weight.npy", np.int64) if self.weighted else None
         total = 0
         for b in range(self.num_buckets):
-            lo, hi = b * self.rows, min((b + 1) * self.rows, self.n)
-            if lo >= hi:
+            counts, c, w = self.merge_bucket(b, [self])
+            if counts is None:
                 break
-            f_dst, f_src = self._file(b, "dst"), self._file(b, "src")
-            if f_dst.exists():
-                key = torch.from_numpy(np.fromfile(f_dst, dtype=self.dtype)).long()
-                key.sub_(lo).mul_(self.n).add_(torch.from_numpy(np.fromfile(f_src, dtype=self.dtype)))
-                if weight is not None:  # sort, then sum each run of equal keys
-                    key, order = torch.sort(key)
-                    w = torch.from_numpy(np.fromfile(self._file(b, "w"), dtype=np.int64)).index_select(0, order)
-                    del order
-                    key, run = torch.unique_consecutive(key, return_counts=True)
-                    ends = torch.cumsum(run, 0)
-                    sums = torch.cumsum(w, 0).index_select(0, ends - 1)
-                    weight.append(torch.diff(sums, prepend=sums.new_zeros(1)).numpy())
-                    del w, run, ends, sums
-                    self._file(b, "w").unlink()
-                else:
-                    key = torch.unique(key)  # sorted by target, then source; no duplicates
-                counts = torch.bincount(key // self.n, minlength=hi - lo)
-                col.append(key.remainder_(self.n).numpy())
-                del key
-                f_dst.unlink()
-                f_src.unlink()
-            else:
-                counts = torch.zeros(hi - lo, dtype=torch.long)
+            col.append(c)
+            if weight is not None:
+                weight.append(w)
             rowptr.append((torch.cumsum(counts, 0) + total).numpy())
             total += int(counts.sum())
         col.close()
@@ -144,6 +125,73 @@ class EdgeBuckets:
         if weight is not None:
             weight.close()
         shutil.rmtree(self.scratch, ignore_errors=True)
+        return total
+
+    def merge_bucket(self, b: int, sources: list[EdgeBuckets]) -> tuple[Tensor | None, np.ndarray, np.ndarray]:
+        """Bucket ``b`` of every source (the same layout: several tasks' folders), sorted: (edges per row of
+        the bucket, columns, summed weights or None); (None, ...) past the last row. Its files are removed."""
+        lo, hi = b * self.rows, min((b + 1) * self.rows, self.n)
+        if lo >= hi:
+            return None, np.zeros(0, self.dtype), np.zeros(0, np.int64)
+        files = [s for s in sources if s._file(b, "dst").exists()]
+        if not files:
+            return torch.zeros(hi - lo, dtype=torch.long), np.zeros(0, self.dtype), np.zeros(0, np.int64)
+        key = torch.cat([torch.from_numpy(np.fromfile(s._file(b, "dst"), dtype=self.dtype)) for s in files]).long()
+        key.sub_(lo).mul_(self.n).add_(
+            torch.cat([torch.from_numpy(np.fromfile(s._file(b, "src"), dtype=self.dtype)) for s in files]))
+        w = None
+        if self.weighted:  # sort, then sum each run of equal keys
+            key, order = torch.sort(key)
+            w = torch.cat([torch.from_numpy(np.fromfile(s._file(b, "w"), dtype=np.int64))
+                           for s in files]).index_select(0, order)
+            del order
+            key, run = torch.unique_consecutive(key, return_counts=True)
+            sums = torch.cumsum(w, 0).index_select(0, torch.cumsum(run, 0) - 1)
+            w = torch.diff(sums, prepend=sums.new_zeros(1)).numpy()
+        else:
+            key = torch.unique(key)  # sorted by target, then source; no duplicates
+        counts = torch.bincount(key // self.n, minlength=hi - lo)
+        col = key.remainder_(self.n).numpy().astype(self.dtype)
+        for s in files:
+            for which in ("dst", "src", "w"):
+                s._file(b, which).unlink(missing_ok=True)
+        return counts, col, w
+
+    def write_pieces(self, folder: Path, mine: list[int], sources: list[EdgeBuckets]) -> None:
+        """Buckets ``mine`` of all ``sources`` (every task's folder), each as ``piece<b>.*.npy`` in ``folder``
+        (one task's share of a job's sorting; :meth:`join_pieces` makes them one CSR)."""
+        for b in mine:
+            counts, c, w = self.merge_bucket(b, sources)
+            if counts is None:
+                continue
+            np.save(folder / f"piece{b:05d}.counts.npy", counts.numpy())
+            np.save(folder / f"piece{b:05d}.col.npy", c)
+            if w is not None:
+                np.save(folder / f"piece{b:05d}.weight.npy", w)
+
+    def join_pieces(self, folder: Path) -> int:
+        """The pieces of :meth:`write_pieces`, in bucket order, as ``rowptr``/``col``/``weight`` .npy files."""
+        rowptr = NpyAppender(folder / "rowptr.npy", np.int64)
+        rowptr.append(np.zeros(1, dtype=np.int64))
+        col = NpyAppender(folder / "col.npy", self.dtype)
+        weight = NpyAppender(folder / "weight.npy", np.int64) if self.weighted else None
+        total = 0
+        for b in range(self.num_buckets):
+            piece = folder / f"piece{b:05d}.counts.npy"
+            if not piece.exists():
+                continue
+            counts = torch.from_numpy(np.load(piece))
+            col.append(np.load(folder / f"piece{b:05d}.col.npy", mmap_mode="r"))
+            if weight is not None:
+                weight.append(np.load(folder / f"piece{b:05d}.weight.npy", mmap_mode="r"))
+            rowptr.append((torch.cumsum(counts, 0) + total).numpy())
+            total += int(counts.sum())
+            for kind in ("counts", "col", "weight"):
+                (folder / f"piece{b:05d}.{kind}.npy").unlink(missing_ok=True)
+        col.close()
+        rowptr.close()
+        if weight is not None:
+            weight.close()
         return total
 
 

@@ -47,7 +47,8 @@ from hpcgnn.data.graph import Graph
 from hpcgnn.data.ooc import drop_pages, gather_sorted, trim_heap
 from hpcgnn.data.typed import Relation, TypedSchema, relation_key
 from hpcgnn.errors import ConfigError, PartitionError
-from hpcgnn.io import atomic_folder, sha256_file
+from hpcgnn.io import AtomicFolder, sha256_file
+from hpcgnn.partition.multilevel import LOCAL, Comm, task_spans
 from hpcgnn.rng import generator
 
 log = logging.getLogger(__name__)
@@ -126,13 +127,15 @@ def seed_weight(graph: Graph, train_edges: Tensor | None = None) -> Tensor:
 
 
 def compute_parts(graph: Graph, num_parts: int, method: str, seed: int, balance_train: bool = True,
-                  weight: Tensor | None = None, node_type: Tensor | None = None, scratch: Path | None = None) -> Tensor:
+                  weight: Tensor | None = None, node_type: Tensor | None = None, scratch: Path | None = None,
+                  comm: Comm = LOCAL) -> Tensor:
     """int32 [num_nodes]: the part of every node; a pure function of its inputs.
 
     ``weight``: the training seeds of each node (:func:`seed_weight`; default: the training nodes).
     ``node_type``: a typed graph's type of every node (:meth:`TypedSchema.type_of`): each type is
     balanced across parts too (METIS: one constraint per type instead of one for all nodes).
-    ``scratch``: where ``lp`` keeps its coarse levels (default: the system's temporary folder).
+    ``scratch``: where ``lp`` keeps its coarse levels (default: the system's temporary folder); ``comm``:
+    the tasks ``lp`` shares its work with (their scratch folder must be one they all see).
     """
     n = graph.num_nodes
     if num_parts == 1:
@@ -154,7 +157,7 @@ def compute_parts(graph: Graph, num_parts: int, method: str, seed: int, balance_
         from hpcgnn.partition.multilevel import balance_columns, lp_parts
 
         part = lp_parts(graph.rowptr, graph.col, num_parts, seed,
-                        balance_columns(types, is_train, weight, balance_train), scratch=scratch)
+                        balance_columns(types, is_train, weight, balance_train), scratch=scratch, comm=comm)
         return rebalance(graph, part, types * 2 + (is_train.long() if balance_train else 0), num_parts)
     if method != "metis":
         raise ConfigError(f"graph.method={method!r} is unknown: use metis, lp or random")
@@ -222,16 +225,17 @@ def rebalance(graph: Graph, part: Tensor, group: Tensor, num_parts: int, toleran
 
 
 def partition_report(graph: Graph, part: Tensor, num_parts: int, weight: Tensor | None = None,
-                     schema: TypedSchema | None = None) -> dict:
+                     schema: TypedSchema | None = None, comm: Comm = LOCAL) -> dict:
     """Edge-cut fraction, balance (max/mean) of nodes, edges and training seeds, halo and bytes per part;
     a typed graph's nodes of every type per part, and each type's balance."""
-    from hpcgnn.partition.multilevel import CHUNK_EDGES, chunks
+    from hpcgnn.partition.multilevel import CHUNK_EDGES
 
     deg, part_l = graph.degree(), part.long()
     cut = 0
     halo = torch.zeros(num_parts * graph.num_nodes if num_parts <= 64 else 0, dtype=torch.bool)
     halo_sets: list[Tensor] = []
-    for a, b in chunks(graph.rowptr, CHUNK_EDGES):  # edge by edge, a chunk at a time (the graph may not fit)
+    # edge by edge, a chunk at a time (the graph may not fit); several tasks: each its share of the rows
+    for a, b in task_spans(graph.rowptr, comm, CHUNK_EDGES * comm.size, graph.num_nodes)[comm.rank]:
         dst_part = torch.repeat_interleave(part_l[a:b], deg[a:b])
         src = graph.col[int(graph.rowptr[a]):int(graph.rowptr[b])].long()
         drop_pages(graph.col[int(graph.rowptr[a]):int(graph.rowptr[b])])
@@ -242,10 +246,13 @@ def partition_report(graph: Graph, part: Tensor, num_parts: int, weight: Tensor 
             halo[dst_part[remote] * graph.num_nodes + src[remote]] = True
         else:
             halo_sets.append(torch.unique(dst_part[remote] * graph.num_nodes + src[remote]))
+    cut = int(comm.all_reduce(torch.tensor([cut]))[0])
     if halo.numel():
+        halo = comm.all_reduce(halo.view(torch.uint8), "max").view(torch.bool)
         halo_count = halo.view(num_parts, graph.num_nodes).sum(1)
     else:
-        keys = torch.unique(torch.cat(halo_sets)) if halo_sets else torch.zeros(0, dtype=torch.long)
+        keys = torch.unique(torch.cat(comm.gather([torch.cat(halo_sets) if halo_sets else
+                                                   torch.zeros(0, dtype=torch.long)])))
         halo_count = torch.bincount(keys // graph.num_nodes, minlength=num_parts)
     trim_heap()
     nodes = torch.bincount(part.long(), minlength=num_parts)
@@ -282,12 +289,14 @@ def _rows(rowptr: Tensor, nodes: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def write_parts(graph: Graph, part: Tensor, folder: Path, meta: dict, edges: dict[str, Tensor] | None = None,
-                typed=None) -> None:
+                typed=None, comm: Comm = LOCAL) -> None:
     """Write the artifact atomically (temporary folder, fsync'd files, rename).
 
     ``edges``: edge arrays [2, E] shared out by the part that owns each edge's source (a link task's
     training edges), written as ``part_<i>/<name>.npy``. ``typed``: the :class:`TypedGraph` whose
     homogeneous view ``graph`` is: each part also gets its nodes' in-adjacency per relation.
+    Several tasks (``comm``): task t writes parts t, t + tasks, ... into one temporary folder; task 0
+    writes the maps and META.json and renames the folder into place.
     """
     edges = edges or {}
     num_parts = meta["num_parts"]
@@ -297,21 +306,25 @@ def write_parts(graph: Graph, part: Tensor, folder: Path, meta: dict, edges: dic
     if need > free:
         raise OSError(f"writing {num_parts} parts needs about {cache.human_bytes(need)} in {folder.parent}, but "
                       f"only {cache.human_bytes(free)} are free: set dataset.root to a larger file system")
-    with atomic_folder(folder) as tmp:  # another writer may win the race with the same parts
-        local = torch.empty(graph.num_nodes, dtype=torch.int32)
+    token = int(comm.broadcast(torch.randint(1 << 62, (1,))))
+    target = AtomicFolder(folder, tmp_name=f".{folder.name}.tmp-{token:x}")
+    tmp = target.tmp
+    try:
+        if comm.rank == 0:
+            target.create()
+        comm.barrier()
         files = {}
 
         def save(rel: str, array: Tensor) -> None:
             path = tmp / rel
             path.parent.mkdir(exist_ok=True)
-            with open(path, "wb") as f:
-                np.save(f, array.numpy())
+            with open(path, "wb") as f:  # (bfloat16, which numpy lacks, as its 16 bits; META says which)
+                np.save(f, (array.view(torch.uint16) if array.dtype == torch.bfloat16 else array).numpy())
             files[rel] = sha256_file(path)
 
-        for i in range(num_parts):
+        for i in range(comm.rank, num_parts, comm.size):
             mine = part == i
             nodes = mine.nonzero().flatten()
-            local[nodes] = torch.arange(nodes.numel(), dtype=torch.int32)
             rowptr, pos = _rows(graph.rowptr, nodes)
             arrays = {"nodes": nodes, "rowptr": rowptr, "col": gather_sorted(graph.col, pos),
                       "x": gather_sorted(graph.x, nodes),
@@ -335,10 +348,23 @@ def write_parts(graph: Graph, part: Tensor, folder: Path, meta: dict, edges: dic
             for mapped in (graph.x, graph.col, graph.rowptr):  # a part's rows are all over the graph's pages
                 drop_pages(mapped)
             trim_heap()
-        save("node_part.npy", part.to(torch.int16) if num_parts < 2**15 else part)  # mapped by every rank
-        save("node_local.npy", local)
-        save("degree.npy", graph.degree().int())
-        (tmp / "META.json").write_text(json.dumps({**meta, "files": files}, indent=2))
+        if comm.rank == 0:
+            local = torch.empty(graph.num_nodes, dtype=torch.int32)
+            for i in range(num_parts):
+                nodes = (part == i).nonzero().flatten()
+                local[nodes] = torch.arange(nodes.numel(), dtype=torch.int32)
+            save("node_part.npy", part.to(torch.int16) if num_parts < 2**15 else part)  # mapped by every rank
+            save("node_local.npy", local)
+            save("degree.npy", graph.degree().int())
+        for other in comm.gather_objects(files):
+            files.update(other)
+        if comm.rank == 0:
+            (tmp / "META.json").write_text(json.dumps({**meta, "files": dict(sorted(files.items()))}, indent=2))
+            target.commit()  # another writer may win the race with the same parts
+        comm.barrier()
+    finally:
+        if comm.rank == 0:
+            target.discard()
 
 
 def typed_arrays(typed) -> list[str]:
@@ -357,16 +383,23 @@ def read_meta(folder: Path) -> dict | None:
 
 
 def ensure_parts(dataset: DatasetConfig, graph_cfg: GraphConfig, num_parts: int,
-                 available: int | None = None) -> tuple[Path, dict, bool]:
-    """Partition the prepared dataset unless the artifact exists; returns (folder, META, reused)."""
+                 available: int | None = None, comm: Comm = LOCAL) -> tuple[Path, dict, bool]:
+    """Partition the prepared dataset unless the artifact exists; returns (folder, META, reused).
+
+    ``comm``: the tasks of a multi-task partitioning job (``graph.method=lp`` shares the work; the other
+    methods run on task 0); every task returns the same."""
     if num_parts < 1:
         raise ConfigError(f"graph.num_parts={num_parts} must be at least 1")
-    data_folder = prepare(dataset)
+    if comm.rank == 0:
+        prepare(dataset)
+    comm.barrier()
+    data_folder = prepare(dataset)  # (there now: a file check)
     folder = parts_folder(dataset, graph_cfg, num_parts)
     meta = read_meta(folder)
     if meta is not None and meta["dataset"] == dataset_fingerprint(data_folder):
         return folder, meta, True
-    if meta is not None:  # made from an older graph under the same key: rebuild
+    comm.barrier()  # every task has seen that the parts are missing before anything is removed
+    if meta is not None and comm.rank == 0:  # made from an older graph under the same key: rebuild
         log.warning("%s was made from another graph; partitioning again", folder)
         shutil.rmtree(folder, ignore_errors=True)
     graph = open_graph(dataset)
@@ -384,18 +417,24 @@ def ensure_parts(dataset: DatasetConfig, graph_cfg: GraphConfig, num_parts: int,
     check_partition_memory(graph_cfg.method, graph.num_nodes, graph.num_edges, available)
     t0 = time.perf_counter()
     folder.parent.mkdir(parents=True, exist_ok=True)
-    part = compute_parts(graph, num_parts, graph_cfg.method, graph_cfg.seed, graph_cfg.balance_train, weight,
-                         schema.type_of() if schema is not None else None, scratch=folder.parent)
+    node_type = schema.type_of() if schema is not None else None
+    if graph_cfg.method == "lp" or comm.size == 1:
+        part = compute_parts(graph, num_parts, graph_cfg.method, graph_cfg.seed, graph_cfg.balance_train, weight,
+                             node_type, scratch=folder.parent, comm=comm)
+    else:  # METIS and random are one process's work: task 0's, shared
+        part = (compute_parts(graph, num_parts, graph_cfg.method, graph_cfg.seed, graph_cfg.balance_train, weight,
+                              node_type) if comm.rank == 0 else torch.zeros(graph.num_nodes, dtype=torch.int32))
+        part = comm.broadcast(part)
     seconds = time.perf_counter() - t0
     meta = {"format_version": FORMAT_VERSION, "dataset": dataset_fingerprint(data_folder),
             "dataset_name": dataset.name, "num_nodes": graph.num_nodes, "num_edges": graph.num_edges,
             "num_features": graph.num_features, "num_classes": graph.num_classes, "num_parts": num_parts,
             "method": graph_cfg.method, "seed": graph_cfg.seed, "balance_train": graph_cfg.balance_train,
-            "partition_s": round(seconds, 3), "report": partition_report(graph, part, num_parts, weight, schema),
-            "edge_arrays": sorted(edges)}
+            "partition_s": round(seconds, 3), "tasks": comm.size, "feature_dtype": dataset.feature_dtype,
+            "report": partition_report(graph, part, num_parts, weight, schema, comm), "edge_arrays": sorted(edges)}
     if schema is not None:
         meta["typed"] = {**schema.to_meta(), "arrays": typed_arrays(typed)}
-    write_parts(graph, part, folder, meta, edges, typed)
+    write_parts(graph, part, folder, meta, edges, typed, comm)
     return folder, read_meta(folder) or meta, False
 
 
@@ -495,7 +534,8 @@ def open_parts(dataset: DatasetConfig, graph_cfg: GraphConfig, num_parts: int, o
                                  f"partition again. {hint}")
 
     def load(rel: str) -> Tensor:
-        return torch.from_numpy(np.load(folder / rel, mmap_mode="c"))
+        t = torch.from_numpy(np.load(folder / rel, mmap_mode="c"))
+        return t.view(torch.bfloat16) if rel.endswith("/x.npy") and meta.get("feature_dtype") == "bfloat16" else t
 
     edge_arrays = meta.get("edge_arrays", [])
     per_part = {i: {a: load(f"part_{i}/{a}.npy") for a in [*PART_ARRAYS, *extra]} for i in owned}
@@ -564,18 +604,39 @@ def parts_ready(dataset: DatasetConfig, graph_cfg: GraphConfig, num_parts: int) 
             and meta["dataset"] == dataset_fingerprint(data_folder))
 
 
-def run_partition(dataset: DatasetConfig, graph_cfg: GraphConfig, num_parts: int) -> dict:
+def run_partition(dataset: DatasetConfig, graph_cfg: GraphConfig, num_parts: int, comm: Comm = LOCAL) -> dict:
     """Partition (or reuse) and print the report; the body of `python -m hpcgnn.partition` and its job."""
     t0 = time.perf_counter()
-    folder, meta, reused = ensure_parts(dataset, graph_cfg, num_parts)
+    folder, meta, reused = ensure_parts(dataset, graph_cfg, num_parts, comm=comm)
     took = time.perf_counter() - t0
-    print(format_report(meta), flush=True)
-    how = f"reused in {took:.3f} s" if reused else f"partitioned in {meta['partition_s']:.1f} s, written in {took:.1f} s"
-    print(f"parts: {folder} ({how})", flush=True)
-    return {**meta, "folder": str(folder), "reused": reused, "seconds": took}
+    peak = peak_rss()
+    if comm.rank == 0:
+        print(format_report(meta), flush=True)
+        how = (f"reused in {took:.3f} s" if reused else
+               f"partitioned in {meta['partition_s']:.1f} s by {comm.size} task(s), written in {took:.1f} s")
+        print(f"parts: {folder} ({how})", flush=True)
+    print(f"task {comm.rank}/{comm.size}: peak RSS {peak / 2**20:.0f} MB", flush=True)
+    return {**meta, "folder": str(folder), "reused": reused, "seconds": took, "peak_rss": peak}
+
+
+def peak_rss() -> int:
+    """This process's peak resident memory in bytes (VmHWM), 0 where /proc is missing."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
 
 
 def run_partition_task(cfg) -> dict:
-    """Entry of the partitioning job that submitit runs (one task); importable by reference."""
+    """Entry of the partitioning job that submitit runs; importable by reference. Several tasks (lp on
+    ``cluster.nodes`` nodes): a gloo process group from SLURM's variables, and the work shared."""
+    from hpcgnn.dist import process_group
+
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
-    return run_partition(cfg.dataset, cfg.graph, cfg.graph.num_parts or cfg.world_size)
+    rank_env = env.RankEnv.from_environ(env.current(), (cfg.dist.port_min, cfg.dist.port_max), cfg.dist.master_port)
+    with process_group(rank_env, cfg.dist, torch.device("cpu")):
+        comm = Comm(rank_env.rank, rank_env.world_size) if rank_env.world_size > 1 else LOCAL
+        return run_partition(cfg.dataset, cfg.graph, cfg.graph.num_parts or cfg.world_size, comm)

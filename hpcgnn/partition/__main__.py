@@ -2,9 +2,12 @@
 
     python -m hpcgnn.partition dataset=ogbn-products graph.num_parts=4 graph.method=metis
     python -m hpcgnn.partition dataset=ogbn-products graph.num_parts=4 +cluster=mycluster
+    python -m hpcgnn.partition dataset=ogbn-papers100M graph.num_parts=16 graph.method=lp +cluster=mycluster cluster.nodes=4
 
-Without a cluster it runs here; with ``+cluster=NAME`` it runs as a one-task job on the
-cluster (a node with memory enough for METIS). Does nothing but print the report when
+Without a cluster it runs here; with ``+cluster=NAME`` it runs as a job on the cluster: one task
+(a node with memory enough for METIS), or with ``graph.method=lp`` one task on each of
+``cluster.nodes`` nodes, each reading its share of the edges (the parts are the same for the
+same task count). Does nothing but print the report when
 the parts are already there. ``graph.num_parts=0`` means one part per rank of the job
 the same overrides would launch.
 """

@@ -50,6 +50,88 @@ MIN_SHRINK = 1.5  # ... or when a level removes fewer than a third of the nodes
 MAX_LEVELS = 8
 
 
+class Comm:
+    """The tasks of one partitioning job (``python -m hpcgnn.partition ... +cluster=NAME cluster.nodes=N``):
+    each reads only its share of every level's rows and the tasks agree on every move through
+    collectives, so every task holds the same labels, loads and parts. One task: no collectives."""
+
+    def __init__(self, rank: int = 0, size: int = 1, group=None):
+        self.rank, self.size, self.group = rank, size, group
+
+    def gather(self, tensors: list[Tensor]) -> list[Tensor]:
+        """Each tensor concatenated along dim 0 over the tasks, in task order (any lengths)."""
+        if self.size == 1:
+            return tensors
+        import torch.distributed as dist
+
+        n = torch.tensor([tensors[0].size(0)])
+        counts = [torch.zeros_like(n) for _ in range(self.size)]
+        dist.all_gather(counts, n, group=self.group)
+        counts = [int(c) for c in counts]
+        out = []
+        for t in tensors:
+            pad = t.new_zeros((max(counts), *t.shape[1:]))
+            pad[:t.size(0)] = t
+            parts = [torch.empty_like(pad) for _ in range(self.size)]
+            dist.all_gather(parts, pad, group=self.group)
+            out.append(torch.cat([q[:c] for q, c in zip(parts, counts, strict=True)]))
+        return out
+
+    def gather_objects(self, obj) -> list:
+        """Every other task's ``obj`` (picklable), in task order; [] for one task."""
+        if self.size == 1:
+            return []
+        import torch.distributed as dist
+
+        out = [None] * self.size
+        dist.all_gather_object(out, obj, group=self.group)
+        return [o for r, o in enumerate(out) if r != self.rank]
+
+    def broadcast(self, t: Tensor) -> Tensor:
+        """Task 0's ``t`` (every task passes a tensor of the same shape and dtype)."""
+        if self.size > 1:
+            import torch.distributed as dist
+
+            dist.broadcast(t, 0, group=self.group)
+        return t
+
+    def all_reduce(self, t: Tensor, op: str = "sum") -> Tensor:
+        if self.size > 1:
+            import torch.distributed as dist
+
+            dist.all_reduce(t, dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX, group=self.group)
+        return t
+
+    def barrier(self) -> None:
+        if self.size > 1:
+            import torch.distributed as dist
+
+            dist.barrier(group=self.group)
+
+
+LOCAL = Comm()
+
+
+def task_spans(rowptr: Tensor, comm: Comm, chunk_edges: int, max_rows: int) -> list[list[tuple[int, int]]]:
+    """Every task's chunks of rows: task t takes the t-th share of the edges, cut into chunks of about
+    ``chunk_edges / tasks`` edges; all tasks compute the same lists (rounds are taken together)."""
+    n, m = rowptr.numel() - 1, int(rowptr[-1])
+    cuts = [0, *(int(torch.searchsorted(rowptr, torch.tensor(m * t // comm.size))) for t in range(1, comm.size)), n]
+    per_task = max(chunk_edges // comm.size, 1)
+    out = []
+    for t in range(comm.size):
+        lo, hi = cuts[t], max(cuts[t + 1], cuts[t])
+        spans = chunks(rowptr[lo:hi + 1] - rowptr[lo], per_task, max_rows=max(max_rows // comm.size, 1))
+        out.append([(a + lo, b + lo) for a, b in spans])
+    return out
+
+
+def rounds(spans: list[list[tuple[int, int]]], rank: int):
+    """Round j: this task's j-th chunk, or None when it has fewer chunks than another task."""
+    for j in range(max((len(s) for s in spans), default=0)):
+        yield spans[rank][j] if j < len(spans[rank]) else None
+
+
 @dataclass
 class Level:
     """One level of the hierarchy: a CSR of in-edges with optional edge weights, and node weights."""
@@ -137,40 +219,24 @@ def _accept(target: Tensor, amount: Tensor, room: Tensor, order_key: Tensor) -> 
     return out
 
 
-def cluster(level: Level, max_cluster: int, seed: int, chunk_edges: int, passes: int = CLUSTER_PASSES) -> Tensor:
-    """int64 [n]: a size-constrained label-propagation clustering of the level (labels are node ids)."""
+def cluster(level: Level, max_cluster: int, seed: int, chunk_edges: int, passes: int = CLUSTER_PASSES,
+            comm: Comm = LOCAL) -> Tensor:
+    """int64 [n]: a size-constrained label-propagation clustering of the level (labels are node ids).
+    Each round, every task proposes the moves of its chunk from the labels before the round; the moves
+    are gathered and accepted in task order, the same on every task."""
     n = level.n
     label = torch.arange(n)
     csize = level.size.clone()
-    spans = chunks(level.rowptr, chunk_edges, max_rows=max(n // 64, 1))  # small: labels cascade
+    spans = task_spans(level.rowptr, comm, chunk_edges, max_rows=max(n // 64, 1))  # small: labels cascade
+    empty = torch.zeros(0, dtype=torch.long)
     for p in range(passes):
         salt = derive_seed("lp-cluster", seed, p) % 1_000_003
         moved = 0
-        for a, b in spans:
-            row, nbr, w = _chunk_edges(level, a, b)
-            if row.numel() == 0:
-                continue
-            key, score = _pair_counts(row * n + label.index_select(0, nbr), w)
-            r, c = key // n, key % n
-            v = r + a
-            own = label.index_select(0, v)
-            own_score = torch.zeros(b - a, dtype=torch.long).index_add_(0, r[c == own], score[c == own])
-            size_c = csize.index_select(0, c)
-            fits = (c != own) & (size_c + level.size.index_select(0, v) <= max_cluster)
-            # Most connection first; between equals the larger cluster (clusters grow instead of
-            # stalling as many small stars), then a seeded hash.
-            packed = torch.where(fits, (score.clamp(max=(1 << 22) - 1) << 40)
-                                 + (size_c.clamp(max=(1 << 20) - 1) << 20) + _tiebreak(c, salt), -1)
-            best = torch.full((b - a,), -1, dtype=torch.long).scatter_reduce_(0, r, packed, "amax")
-            win = fits & (packed == best.index_select(0, r)) & (score.clamp(max=(1 << 22) - 1) > own_score.index_select(0, r))
-            mv, target = v[win], c[win]  # sorted by row; two labels of one row tie only on a hash clash
-            if mv.numel() > 1:
-                first = torch.ones_like(mv, dtype=torch.bool)
-                first[1:] = mv[1:] != mv[:-1]
-                mv, target = mv[first], target[first]
+        for span in rounds(spans, comm.rank):
+            mv, target, gain = _cluster_moves(level, label, csize, max_cluster, salt, span) if span else (empty,) * 3
+            mv, target, gain = comm.gather([mv, target, gain])
             if mv.numel() == 0:
                 continue
-            gain = (best.index_select(0, mv - a) >> 40) - own_score.index_select(0, mv - a)
             room = (max_cluster - csize.index_select(0, target)).clamp(min=0).unsqueeze(1)
             sizes = level.size.index_select(0, mv)
             ok = _accept(target, sizes.unsqueeze(1), room, gain)
@@ -186,10 +252,44 @@ def cluster(level: Level, max_cluster: int, seed: int, chunk_edges: int, passes:
     return label
 
 
-def contract(level: Level, label: Tensor, chunk_edges: int, scratch: Path, mem_bytes: int) -> tuple[Level, Tensor]:
+def _cluster_moves(level: Level, label: Tensor, csize: Tensor, max_cluster: int, salt: int,
+                   span: tuple[int, int]) -> tuple[Tensor, Tensor, Tensor]:
+    """The moves rows [a, b) propose: (node, cluster it joins, connection gained)."""
+    a, b = span
+    n = level.n
+    row, nbr, w = _chunk_edges(level, a, b)
+    empty = torch.zeros(0, dtype=torch.long)
+    if row.numel() == 0:
+        return empty, empty, empty
+    key, score = _pair_counts(row * n + label.index_select(0, nbr), w)
+    r, c = key // n, key % n
+    v = r + a
+    own = label.index_select(0, v)
+    own_score = torch.zeros(b - a, dtype=torch.long).index_add_(0, r[c == own], score[c == own])
+    size_c = csize.index_select(0, c)
+    fits = (c != own) & (size_c + level.size.index_select(0, v) <= max_cluster)
+    # Most connection first; between equals the larger cluster (clusters grow instead of
+    # stalling as many small stars), then a seeded hash.
+    packed = torch.where(fits, (score.clamp(max=(1 << 22) - 1) << 40)
+                         + (size_c.clamp(max=(1 << 20) - 1) << 20) + _tiebreak(c, salt), -1)
+    best = torch.full((b - a,), -1, dtype=torch.long).scatter_reduce_(0, r, packed, "amax")
+    win = fits & (packed == best.index_select(0, r)) & (score.clamp(max=(1 << 22) - 1) > own_score.index_select(0, r))
+    mv, target = v[win], c[win]  # sorted by row; two labels of one row tie only on a hash clash
+    if mv.numel() > 1:
+        first = torch.ones_like(mv, dtype=torch.bool)
+        first[1:] = mv[1:] != mv[:-1]
+        mv, target = mv[first], target[first]
+    gain = (best.index_select(0, mv - a) >> 40) - own_score.index_select(0, mv - a)
+    return mv, target, gain
+
+
+def contract(level: Level, label: Tensor, chunk_edges: int, scratch: Path, mem_bytes: int,
+             comm: Comm = LOCAL) -> tuple[Level, Tensor]:
     """The coarser level whose nodes are the clusters, and each node's cluster (dense ids). Its edges (the
     fine edges between two clusters, summed into weights, in-edge orientation as the fine graph's) are
-    bucketed on disk and memory-mapped (:class:`EdgeBuckets`): memory stays bounded however many there are."""
+    bucketed on disk and memory-mapped (:class:`EdgeBuckets`): memory stays bounded however many there are.
+    Several tasks: each buckets its rows' edges in its own folder, each sorts its share of the buckets
+    (reading every task's files of them: ``scratch`` is on a shared file system), task 0 joins the pieces."""
     n = level.n
     used = torch.zeros(n, dtype=torch.bool)
     used[label] = True
@@ -199,13 +299,24 @@ def contract(level: Level, label: Tensor, chunk_edges: int, scratch: Path, mem_b
     del used, dense
     size = torch.zeros(nc, dtype=torch.long).index_add_(0, cl, level.size)
     vw = torch.zeros(nc, level.vw.size(1), dtype=torch.long).index_add_(0, cl, level.vw)
-    buckets = EdgeBuckets(nc, int(level.rowptr[-1]), scratch / "buckets", mem_bytes, weighted=True)
-    for a, b in chunks(level.rowptr, chunk_edges):
-        row, nbr, w = _chunk_edges(level, a, b)
-        cu, cv = cl.index_select(0, row + a), cl.index_select(0, nbr)
+    per_task = max(mem_bytes // comm.size, 1 << 20)
+    buckets = [EdgeBuckets(nc, int(level.rowptr[-1]), scratch / f"buckets{t}", per_task, weighted=True)
+               for t in range(comm.size)]  # the same layout in every task's folder
+    for span in task_spans(level.rowptr, comm, chunk_edges, max_rows=level.n)[comm.rank]:
+        row, nbr, w = _chunk_edges(level, *span)
+        cu, cv = cl.index_select(0, row + span[0]), cl.index_select(0, nbr)
         cross = cu != cv
-        buckets.add(cu[cross], cv[cross], w[cross] if w is not None else None)
-    buckets.write_csr(scratch)
+        buckets[comm.rank].add(cu[cross], cv[cross], w[cross] if w is not None else None)
+    if comm.size == 1:
+        buckets[0].write_csr(scratch)
+    else:
+        comm.barrier()
+        mine = [b for b in range(buckets[0].num_buckets) if b % comm.size == comm.rank]
+        buckets[comm.rank].write_pieces(scratch, mine, buckets)
+        comm.barrier()
+        if comm.rank == 0:
+            buckets[0].join_pieces(scratch)
+        comm.barrier()
     trim_heap()
 
     def load(name: str) -> Tensor:
@@ -230,47 +341,57 @@ def symmetric(level: Level) -> Level:
 
 
 def refine(level: Level, part: Tensor, num_parts: int, caps: Tensor, seed: int, chunk_edges: int,
-           passes: int = REFINE_PASSES) -> Tensor:
+           passes: int = REFINE_PASSES, comm: Comm = LOCAL) -> Tensor:
     """Label propagation over the parts: a node moves to the part most of its neighbours are in when
-    that part stays within ``caps`` [C] in every column; returns the new int64 part of each node."""
+    that part stays within ``caps`` [C] in every column; returns the new int64 part of each node.
+    Rounds as in :func:`cluster`: moves proposed per task, gathered, accepted the same everywhere."""
     k = num_parts
     part = part.clone()
     load = torch.zeros(k, level.vw.size(1), dtype=torch.long).index_add_(0, part, level.vw)
-    spans = chunks(level.rowptr, chunk_edges, max_rows=max(level.n // 8, 1))
+    spans = task_spans(level.rowptr, comm, chunk_edges, max_rows=max(level.n // 8, 1))
+    empty = torch.zeros(0, dtype=torch.long)
     for p in range(passes):
         salt = derive_seed("lp-refine", seed, p) % 1_000_003
         moved = 0
-        for a, b in spans:
-            row, nbr, w = _chunk_edges(level, a, b)
-            rows = b - a
-            slot = row * k + part.index_select(0, nbr)
-            conn = (torch.bincount(slot, minlength=rows * k) if w is None else
-                    torch.zeros(rows * k, dtype=torch.long).index_add_(0, slot, w))
-            conn = conn.view(rows, k)
-            own = part[a:b]
-            own_conn = conn.gather(1, own.unsqueeze(1)).squeeze(1)
-            vw = level.vw[a:b]
-            room = (caps.unsqueeze(0) - load).unsqueeze(0) - vw.unsqueeze(1)  # [rows, k, C]
-            fits = ((room >= 0) | (vw == 0).unsqueeze(1)).all(2)  # only the columns the node adds to
-            fits[torch.arange(rows), own] = False
-            packed = torch.where(fits, conn * (1 << 20) + _tiebreak(torch.arange(k), salt + a).unsqueeze(0), -1)
-            best = packed.argmax(1)
-            gain = conn.gather(1, best.unsqueeze(1)).squeeze(1) - own_conn
-            win = (packed.gather(1, best.unsqueeze(1)).squeeze(1) >= 0) & (gain > 0)
-            idx = win.nonzero().flatten()
+        for span in rounds(spans, comm.rank):
+            idx, target, gain = _refine_moves(level, part, load, caps, k, salt, span) if span else (empty,) * 3
+            idx, target, gain = comm.gather([idx, target, gain])
             if idx.numel() == 0:
                 continue
-            target = best[idx]
-            ok = _accept(target, vw[idx], (caps.unsqueeze(0) - load).clamp(min=0).index_select(0, target), gain[idx])
-            idx, target = idx[ok], target[ok]
-            load.index_add_(0, own[idx], -vw[idx])
-            load.index_add_(0, target, vw[idx])
-            part[idx + a] = target
+            vw = level.vw.index_select(0, idx)
+            ok = _accept(target, vw, (caps.unsqueeze(0) - load).clamp(min=0).index_select(0, target), gain)
+            idx, target, vw = idx[ok], target[ok], vw[ok]
+            load.index_add_(0, part.index_select(0, idx), -vw)
+            load.index_add_(0, target, vw)
+            part[idx] = target
             moved += idx.numel()
         log.debug("lp refine pass %d: %d moves", p, moved)
         if moved < level.n // 2000:
             break
     return part
+
+
+def _refine_moves(level: Level, part: Tensor, load: Tensor, caps: Tensor, k: int, salt: int,
+                  span: tuple[int, int]) -> tuple[Tensor, Tensor, Tensor]:
+    """The moves rows [a, b) propose: (node, part it joins, connection gained)."""
+    a, b = span
+    row, nbr, w = _chunk_edges(level, a, b)
+    rows = b - a
+    slot = row * k + part.index_select(0, nbr)
+    conn = (torch.bincount(slot, minlength=rows * k) if w is None else
+            torch.zeros(rows * k, dtype=torch.long).index_add_(0, slot, w)).view(rows, k)
+    own = part[a:b]
+    own_conn = conn.gather(1, own.unsqueeze(1)).squeeze(1)
+    vw = level.vw[a:b]
+    room = (caps.unsqueeze(0) - load).unsqueeze(0) - vw.unsqueeze(1)  # [rows, k, C]
+    fits = ((room >= 0) | (vw == 0).unsqueeze(1)).all(2)  # only the columns the node adds to
+    fits[torch.arange(rows), own] = False
+    packed = torch.where(fits, conn * (1 << 20) + _tiebreak(torch.arange(k), salt + a).unsqueeze(0), -1)
+    best = packed.argmax(1)
+    gain = conn.gather(1, best.unsqueeze(1)).squeeze(1) - own_conn
+    win = (packed.gather(1, best.unsqueeze(1)).squeeze(1) >= 0) & (gain > 0)
+    idx = win.nonzero().flatten()
+    return idx + a, best[idx], gain[idx]
 
 
 def metis_initial(level: Level, num_parts: int, seed: int) -> Tensor:
@@ -279,7 +400,7 @@ def metis_initial(level: Level, num_parts: int, seed: int) -> Tensor:
     weigh up to thousands: the other columns are balanced by refinement and the final fix-up pass.)"""
     import pymetis
 
-    result = pymetis.part_graph(num_parts, xadj=level.rowptr.numpy(), adjncy=level.col.numpy(),
+    result = pymetis.part_graph(num_parts, pymetis.CSRAdjacency(level.rowptr.numpy(), level.col.numpy()),
                                 vweights=level.size.numpy().astype(np.int64), eweights=level.weight.numpy(),
                                 options=pymetis.Options(seed=seed))
     return torch.from_numpy(np.asarray(result.vertex_part, dtype=np.int64))
@@ -287,22 +408,30 @@ def metis_initial(level: Level, num_parts: int, seed: int) -> Tensor:
 
 def lp_parts(rowptr: Tensor, col: Tensor, num_parts: int, seed: int, vw: Tensor, tolerance: float = 0.03,
              chunk_edges: int = CHUNK_EDGES, coarsest_nodes: int = COARSEST_NODES, scratch: Path | None = None,
-             mem_bytes: int = BUCKET_BYTES) -> Tensor:
+             mem_bytes: int = BUCKET_BYTES, comm: Comm = LOCAL) -> Tensor:
     """int32 [n]: the part of every node. ``vw`` int64 [n, C]: the balance columns (each kept within
     ``(1 + tolerance)`` of its mean per part, up to one coarse node's weight). ``scratch``: where the coarse
-    levels' edges go (a temporary folder inside it; default: the system's), removed at the end."""
+    levels' edges go (a temporary folder inside it; default: the system's), removed at the end; with several
+    tasks (``comm``) a folder they share, and the result is the same on every task."""
     n = rowptr.numel() - 1
     vw = vw.long()
     size = torch.ones(n, dtype=torch.long)
     levels = [Level(rowptr, col, None, size, vw)]
     maps: list[Tensor] = []
     max_cluster = max(1, int(0.01 * n / num_parts))
-    folder = Path(tempfile.mkdtemp(prefix="hpcgnn-lp-", dir=scratch))
+    if comm.size == 1:
+        folder = Path(tempfile.mkdtemp(prefix="hpcgnn-lp-", dir=scratch))
+    else:  # one folder for the job: task 0 names it
+        token = comm.broadcast(torch.randint(1 << 62, (1,)))
+        folder = Path(scratch or tempfile.gettempdir()) / f"hpcgnn-lp-{int(token):x}"
+        if comm.rank == 0:
+            folder.mkdir(parents=True)
+        comm.barrier()
     try:
         while levels[-1].n > coarsest_nodes and len(levels) <= MAX_LEVELS:
             top = levels[-1]
-            label = cluster(top, max_cluster, derive_seed(seed, len(levels)), chunk_edges)
-            coarse, cl = contract(top, label, chunk_edges, folder / f"level{len(levels)}", mem_bytes)
+            label = cluster(top, max_cluster, derive_seed(seed, len(levels)), chunk_edges, comm=comm)
+            coarse, cl = contract(top, label, chunk_edges, folder / f"level{len(levels)}", mem_bytes, comm)
             del label
             log.info("lp level %d: %d nodes -> %d clusters, %d coarse edges", len(levels) - 1, top.n, coarse.n,
                      coarse.col.numel())
@@ -312,18 +441,22 @@ def lp_parts(rowptr: Tensor, col: Tensor, num_parts: int, seed: int, vw: Tensor,
             maps.append(cl)
             if top.n < MIN_SHRINK * coarse.n:
                 break
-        part = metis_initial(symmetric(levels[-1]), num_parts, seed)
+        part = (metis_initial(symmetric(levels[-1]), num_parts, seed) if comm.rank == 0
+                else torch.zeros(levels[-1].n, dtype=torch.long))
+        part = comm.broadcast(part)
         trim_heap()
         total = vw.sum(0)
         caps = torch.ceil((1 + tolerance) * total.double() / num_parts).long()
         for depth in range(len(levels) - 1, -1, -1):
-            part = refine(levels[depth], part, num_parts, caps, derive_seed(seed, "refine", depth), chunk_edges)
+            part = refine(levels[depth], part, num_parts, caps, derive_seed(seed, "refine", depth), chunk_edges,
+                          comm=comm)
             if depth > 0:
                 part = part.index_select(0, maps[depth - 1])
         return part.int()
     finally:
         del levels
-        shutil.rmtree(folder, ignore_errors=True)
+        if comm.rank == 0:  # (after the last refinement's collectives: every task is done with the folder)
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def memory_estimate(num_nodes: int, num_edges: int, chunk_edges: int = CHUNK_EDGES) -> int:
