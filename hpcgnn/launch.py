@@ -228,11 +228,14 @@ def wait_partition(job, cfg: RunConfig) -> int:
     from submitit.core.utils import FailedJobError, UncompletedJobError
 
     try:
-        job.result()
+        job.results()  # every task's (lp shares the work among several)
     except (FailedJobError, UncompletedJobError) as exc:
         print(f"partitioning job {job.job_id} failed (state {job.state}):\n{exc}", file=sys.stderr, flush=True)
         return EXIT_FAILED
-    sys.stdout.write(job.stdout() or "")
+    for i in range(job.num_tasks):  # task 0 prints the report; every task its peak memory
+        text = job.task(i).stdout() if job.num_tasks > 1 else job.stdout()
+        sys.stdout.write(text if i == 0 else "".join(line + "\n" for line in (text or "").splitlines()
+                                                         if line.startswith("task ")))
     return 0
 
 

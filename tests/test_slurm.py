@@ -201,8 +201,9 @@ def test_plain_sbatch_template(tmp_path, tiny_overrides):
 
 
 def test_partitioned_run_waits_for_its_partitioning_job(tmp_path):
-    """Missing parts: a one-task partitioning job first, training after it (afterok), on both nodes."""
-    res = run_cli("+cluster=devcluster", "graph=partitioned", "graph.method=random", "graph.seed=11",
+    """Missing parts: a partitioning job first (lp: one task on each of the two nodes, sharing the work),
+    training after it (afterok), on both nodes."""
+    res = run_cli("+cluster=devcluster", "graph=partitioned", "graph.method=lp", "graph.seed=11",
                   "dataset.num_nodes=20000", "train.epochs=2", cwd=tmp_path, timeout=600)
     assert res.returncode == 0, res.stdout + res.stderr
     m = re.search(r"submitted partitioning job (\d+) to devcluster", res.stdout)
@@ -210,6 +211,7 @@ def test_partitioned_run_waits_for_its_partitioning_job(tmp_path):
     part_job, train_job = m.group(1), _job_id(res.stdout)
     assert f"after partitioning job {part_job}" in res.stdout
     assert _final_state(part_job) == "COMPLETED"
+    assert _sacct(part_job, "NNodes") == ["2"]
     part_end, = _sacct(part_job, "End")
     train_start, = _sacct(train_job, "Start")
     assert part_end <= train_start  # ISO timestamps: the dependency held

@@ -32,7 +32,12 @@ def main(argv: list[str]) -> int:
             overrides.append(f"hydra.run.dir=outputs/partition-{time.strftime('%Y%m%d-%H%M%S')}")
         cfg = compose(overrides).cfg
         if cfg.cluster is None:
+            import logging
+
             from hpcgnn.partition import run_partition
+
+            # progress of a long partitioning (lp's levels, passes) on stderr
+            logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
 
             run_partition(cfg.dataset, cfg.graph, cfg.graph.num_parts or cfg.world_size)
             return 0
