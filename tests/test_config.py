@@ -89,6 +89,17 @@ def test_golden_sbatch_example_cluster():
     assert text == golden, "rendered sbatch changed: if intended, update tests/golden/example_gpu.sbatch"
 
 
+@pytest.mark.parametrize("method, nodes", [("metis", 1), ("random", 1), ("lp", 4)])
+def test_partitioning_job_spans_the_nodes_only_for_lp(method, nodes):
+    """lp shares the work among one task per node of cluster.nodes; METIS and random are one process's."""
+    from hpcgnn.launch import partition_job_config
+
+    cfg = make_config("+cluster=example_gpu", "cluster.nodes=4", "graph=partitioned", f"graph.method={method}")
+    c = partition_job_config(cfg).cluster
+    assert (c.nodes, c.tasks_per_node, c.gpus_per_node) == (nodes, 1, 0)
+    assert f"#SBATCH --nodes={nodes}" in render_sbatch(partition_job_config(cfg), python="/opt/venv/bin/python")
+
+
 HOSTILE = {
     "job_name": "x'; touch /tmp/pwned-job; echo '",
     "partition": "gpu;touch /tmp/pwned",
