@@ -237,7 +237,7 @@ def test_partitioning_that_cannot_fit_is_refused_before_submitting(tmp_path):
     res = run_cli("+cluster=devcluster", "graph=partitioned", "cluster.mem_gb=0.001", "dataset.seed=13",
                   "dataset.num_nodes=20000", cwd=tmp_path, timeout=120)
     assert res.returncode == 2
-    assert "partitioning with graph.method=metis needs about" in res.stderr and "HINT: use graph.method=random" in res.stderr
+    assert "partitioning with graph.method=metis needs about" in res.stderr and "HINT: use graph.method=lp" in res.stderr
     assert "submitted" not in res.stdout
 
 
