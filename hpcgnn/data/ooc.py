@@ -57,7 +57,8 @@ class NpyAppender:
         text = repr(d).encode("latin1")
         pad = self.HEADER - 10 - len(text) - 1
         header = b"\x93NUMPY\x01\x00" + struct.pack("<H", self.HEADER - 10) + text + b" " * pad + b"\n"
-        assert len(header) == self.HEADER and ast.literal_eval(text.decode()) == d
+        if pad < 0 or ast.literal_eval(text.decode()) != d:  # an internal invariant: shapes of 10^15 rows fit
+            raise RuntimeError(f"{self.path}: the .npy header {text!r} does not fit {self.HEADER} bytes")
         self.file.seek(0)
         self.file.write(header)
         self.file.close()
@@ -106,25 +107,33 @@ class EdgeBuckets:
     def write_csr(self, folder: Path) -> int:
         """``folder/rowptr.npy`` and ``folder/col.npy`` (and ``weight.npy``), bucket by bucket; returns the
         edge count."""
+        def merged():
+            for b in range(self.num_buckets):
+                counts, c, w = self.merge_bucket(b, [self])
+                if counts is None:
+                    return
+                yield counts, c, w
+
+        total = self._write_rows(folder, merged())
+        shutil.rmtree(self.scratch, ignore_errors=True)
+        return total
+
+    def _write_rows(self, folder: Path, rows) -> int:
+        """Append ``(edges per row, columns, weights)`` runs of rows, in order, as one CSR in ``folder``."""
         rowptr = NpyAppender(folder / "rowptr.npy", np.int64)
         rowptr.append(np.zeros(1, dtype=np.int64))
         col = NpyAppender(folder / "col.npy", self.dtype)
         weight = NpyAppender(folder / "weight.npy", np.int64) if self.weighted else None
         total = 0
-        for b in range(self.num_buckets):
-            counts, c, w = self.merge_bucket(b, [self])
-            if counts is None:
-                break
+        for counts, c, w in rows:
             col.append(c)
             if weight is not None:
                 weight.append(w)
             rowptr.append((torch.cumsum(counts, 0) + total).numpy())
             total += int(counts.sum())
-        col.close()
-        rowptr.close()
-        if weight is not None:
-            weight.close()
-        shutil.rmtree(self.scratch, ignore_errors=True)
+        for out in (col, rowptr, weight):
+            if out is not None:
+                out.close()
         return total
 
     def merge_bucket(self, b: int, sources: list[EdgeBuckets]) -> tuple[Tensor | None, np.ndarray, np.ndarray]:
@@ -171,27 +180,18 @@ class EdgeBuckets:
 
     def join_pieces(self, folder: Path) -> int:
         """The pieces of :meth:`write_pieces`, in bucket order, as ``rowptr``/``col``/``weight`` .npy files."""
-        rowptr = NpyAppender(folder / "rowptr.npy", np.int64)
-        rowptr.append(np.zeros(1, dtype=np.int64))
-        col = NpyAppender(folder / "col.npy", self.dtype)
-        weight = NpyAppender(folder / "weight.npy", np.int64) if self.weighted else None
-        total = 0
-        for b in range(self.num_buckets):
-            piece = folder / f"piece{b:05d}.counts.npy"
-            if not piece.exists():
-                continue
-            counts = torch.from_numpy(np.load(piece))
-            col.append(np.load(folder / f"piece{b:05d}.col.npy", mmap_mode="r"))
-            if weight is not None:
-                weight.append(np.load(folder / f"piece{b:05d}.weight.npy", mmap_mode="r"))
-            rowptr.append((torch.cumsum(counts, 0) + total).numpy())
-            total += int(counts.sum())
-            for kind in ("counts", "col", "weight"):
-                (folder / f"piece{b:05d}.{kind}.npy").unlink(missing_ok=True)
-        col.close()
-        rowptr.close()
-        if weight is not None:
-            weight.close()
+        def pieces():
+            for b in range(self.num_buckets):
+                piece = folder / f"piece{b:05d}"
+                if not piece.with_suffix(".counts.npy").exists():
+                    continue
+                yield (torch.from_numpy(np.load(piece.with_suffix(".counts.npy"))),
+                       np.load(piece.with_suffix(".col.npy"), mmap_mode="r"),
+                       np.load(piece.with_suffix(".weight.npy"), mmap_mode="r") if self.weighted else None)
+
+        total = self._write_rows(folder, pieces())
+        for piece in folder.glob("piece*.npy"):
+            piece.unlink()
         return total
 
 
