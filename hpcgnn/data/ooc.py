@@ -17,6 +17,7 @@ import ast
 import ctypes
 import math
 import mmap
+import os
 import shutil
 import struct
 from pathlib import Path
@@ -37,7 +38,8 @@ def index_dtype(num_nodes: int) -> np.dtype:
 
 class NpyAppender:
     """A .npy file written by appending rows (plain writes: no mapped pages, so the pages written do not
-    count in this process's RSS); the row count goes into the header on close."""
+    count in this process's RSS); the row count goes into the header on close, and the file is synced
+    (a reader that maps it can hand its pages back, :func:`drop_pages`: the kernel keeps dirty pages)."""
 
     HEADER = 128  # bytes: magic, version, header length, the dict padded with spaces
 
@@ -61,6 +63,8 @@ class NpyAppender:
             raise RuntimeError(f"{self.path}: the .npy header {text!r} does not fit {self.HEADER} bytes")
         self.file.seek(0)
         self.file.write(header)
+        self.file.flush()
+        os.fdatasync(self.file.fileno())
         self.file.close()
 
 

@@ -44,7 +44,7 @@ from hpcgnn.checks import is_typed
 from hpcgnn.config import DatasetConfig, GraphConfig
 from hpcgnn.data import cache, cache_folder, open_graph, open_typed, prepare
 from hpcgnn.data.graph import Graph
-from hpcgnn.data.ooc import drop_pages, gather_sorted, trim_heap
+from hpcgnn.data.ooc import NpyAppender, drop_pages, gather_sorted, trim_heap
 from hpcgnn.data.typed import Relation, TypedSchema, relation_key
 from hpcgnn.errors import ConfigError, PartitionError
 from hpcgnn.io import AtomicFolder, sha256_file
@@ -54,6 +54,7 @@ from hpcgnn.rng import generator
 log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
+WRITE_ROWS = 1 << 16  # nodes per chunk when a part's columns and features are written
 PART_ARRAYS = ("nodes", "rowptr", "col", "x", "y", "train_idx", "val_idx", "test_idx")
 # Peak memory of partitioning beyond the mapped graph, per directed edge: METIS itself (pymetis,
 # about 66 B) plus our symmetry check; benchmarks/partition.py measured 105 B at 25M edges.
@@ -158,6 +159,7 @@ def compute_parts(graph: Graph, num_parts: int, method: str, seed: int, balance_
 
         part = lp_parts(graph.rowptr, graph.col, num_parts, seed,
                         balance_columns(types, is_train, weight, balance_train), scratch=scratch, comm=comm)
+        log.debug("lp: parts computed; rebalancing")
         return rebalance(graph, part, types * 2 + (is_train.long() if balance_train else 0), num_parts)
     if method != "metis":
         raise ConfigError(f"graph.method={method!r} is unknown: use metis, lp or random")
@@ -235,7 +237,7 @@ def partition_report(graph: Graph, part: Tensor, num_parts: int, weight: Tensor 
     halo = torch.zeros(num_parts * graph.num_nodes if num_parts <= 64 else 0, dtype=torch.bool)
     halo_sets: list[Tensor] = []
     # edge by edge, a chunk at a time (the graph may not fit); several tasks: each its share of the rows
-    for a, b in task_spans(graph.rowptr, comm, CHUNK_EDGES * comm.size, graph.num_nodes)[comm.rank]:
+    for a, b in task_spans(graph.rowptr, comm, CHUNK_EDGES, graph.num_nodes)[comm.rank]:
         dst_part = torch.repeat_interleave(part_l[a:b], deg[a:b])
         src = graph.col[int(graph.rowptr[a]):int(graph.rowptr[b])].long()
         drop_pages(graph.col[int(graph.rowptr[a]):int(graph.rowptr[b])])
@@ -279,6 +281,11 @@ def partition_report(graph: Graph, part: Tensor, num_parts: int, weight: Tensor 
     return report
 
 
+def _numpy(t: Tensor) -> np.ndarray:
+    """A tensor as numpy writes it: bfloat16, which numpy lacks, as its 16 bits (META names the dtype)."""
+    return (t.view(torch.uint16) if t.dtype == torch.bfloat16 else t).numpy()
+
+
 def _rows(rowptr: Tensor, nodes: Tensor) -> tuple[Tensor, Tensor]:
     """(rowptr, positions in col) of the CSR restricted to ``nodes``."""
     start, deg = rowptr.index_select(0, nodes), rowptr.index_select(0, nodes + 1) - rowptr.index_select(0, nodes)
@@ -319,15 +326,29 @@ def write_parts(graph: Graph, part: Tensor, folder: Path, meta: dict, edges: dic
             path = tmp / rel
             path.parent.mkdir(exist_ok=True)
             with open(path, "wb") as f:  # (bfloat16, which numpy lacks, as its 16 bits; META says which)
-                np.save(f, (array.view(torch.uint16) if array.dtype == torch.bfloat16 else array).numpy())
+                np.save(f, _numpy(array))
+            files[rel] = sha256_file(path)
+
+        def save_rows(rel: str, source: Tensor, rows) -> None:
+            """``source``'s rows at the ascending indices of each of ``rows``, appended chunk by chunk."""
+            path = tmp / rel
+            path.parent.mkdir(exist_ok=True)
+            out = NpyAppender(path, _numpy(source[:0]).dtype, tuple(source.shape[1:]))
+            for index in rows:
+                out.append(_numpy(gather_sorted(source, index)))
+            out.close()
             files[rel] = sha256_file(path)
 
         for i in range(comm.rank, num_parts, comm.size):
             mine = part == i
             nodes = mine.nonzero().flatten()
-            rowptr, pos = _rows(graph.rowptr, nodes)
-            arrays = {"nodes": nodes, "rowptr": rowptr, "col": gather_sorted(graph.col, pos),
-                      "x": gather_sorted(graph.x, nodes),
+            # rows a chunk of nodes at a time: the part's columns and features never whole in memory
+            runs = [nodes[a:a + WRITE_ROWS] for a in range(0, nodes.numel(), WRITE_ROWS)]
+            save_rows(f"part_{i}/col.npy", graph.col, (_rows(graph.rowptr, r)[1] for r in runs))
+            save_rows(f"part_{i}/x.npy", graph.x, runs)
+            rowptr = torch.zeros(nodes.numel() + 1, dtype=torch.long)
+            rowptr[1:] = torch.cumsum(graph.rowptr.index_select(0, nodes + 1) - graph.rowptr.index_select(0, nodes), 0)
+            arrays = {"nodes": nodes, "rowptr": rowptr,
                       "y": graph.y.index_select(0, nodes) if graph.y.numel() else graph.y}  # a link graph: no labels
             for split in ("train_idx", "val_idx", "test_idx"):
                 idx = getattr(graph, split)
@@ -342,12 +363,13 @@ def write_parts(graph: Graph, part: Tensor, folder: Path, meta: dict, edges: dic
                     rp, pos = _rows(typed.rowptr[rel], own)
                     arrays[f"rowptr__{relation_key(rel)}"] = rp
                     arrays[f"col__{relation_key(rel)}"] = typed.col[rel].index_select(0, pos)
-            for name in [*PART_ARRAYS, *edges, *typed_arrays(typed)]:
+            for name in [*arrays]:
                 save(f"part_{i}/{name}.npy", arrays[name])
-            del arrays, rowptr, pos, nodes, mine
+            del arrays, rowptr, nodes, mine, runs
             for mapped in (graph.x, graph.col, graph.rowptr):  # a part's rows are all over the graph's pages
                 drop_pages(mapped)
             trim_heap()
+            log.debug("part %d written", i)
         if comm.rank == 0:
             local = torch.empty(graph.num_nodes, dtype=torch.int32)
             for i in range(num_parts):
@@ -426,6 +448,7 @@ def ensure_parts(dataset: DatasetConfig, graph_cfg: GraphConfig, num_parts: int,
                               node_type) if comm.rank == 0 else torch.zeros(graph.num_nodes, dtype=torch.int32))
         part = comm.broadcast(part)
     seconds = time.perf_counter() - t0
+    log.debug("parts computed in %.1f s; reporting", seconds)
     meta = {"format_version": FORMAT_VERSION, "dataset": dataset_fingerprint(data_folder),
             "dataset_name": dataset.name, "num_nodes": graph.num_nodes, "num_edges": graph.num_edges,
             "num_features": graph.num_features, "num_classes": graph.num_classes, "num_parts": num_parts,

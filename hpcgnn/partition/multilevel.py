@@ -163,10 +163,10 @@ def chunks(rowptr: Tensor, chunk_edges: int, max_rows: int | None = None) -> lis
 def _chunk_edges(level: Level, a: int, b: int) -> tuple[Tensor, Tensor, Tensor | None]:
     """(local row, neighbour, weight or None: all 1) of rows [a, b); self-loops dropped."""
     e0, e1 = int(level.rowptr[a]), int(level.rowptr[b])
-    nbr = level.col[e0:e1].long()
+    nbr = level.col[e0:e1].to(torch.long, copy=True)  # (copies: the mapped pages are handed back below)
     deg = level.rowptr[a + 1:b + 1] - level.rowptr[a:b]
     row = torch.repeat_interleave(torch.arange(b - a), deg, output_size=e1 - e0)
-    w = level.weight[e0:e1].long() if level.weight is not None else None
+    w = level.weight[e0:e1].to(torch.long, copy=True) if level.weight is not None else None
     for mapped in (level.col[e0:e1], level.weight[e0:e1] if level.weight is not None else None):
         if mapped is not None:  # read: out of this process's RSS (a pass touches the whole graph)
             drop_pages(mapped)
