@@ -85,6 +85,30 @@ def test_ogb_through_ogbs_loader(tmp_path, name):
     assert torch.equal(g.col, g2.col) and torch.equal(g.y, g2.y)
 
 
+@pytest.mark.parametrize("name, layout", [("ogbn-arxiv", "csv"), ("ogbn-products", "csv"),
+                                          ("ogbn-papers100M", "C"), ("ogbn-papers100M", "F")])
+def test_ogb_is_prepared_a_chunk_at_a_time_into_the_graph_ogbs_readers_give(tmp_path, monkeypatch, name, layout):
+    """OGB's raw files streamed (csv in chunks of rows, data.npz decompressed a block at a time, sources and
+    targets side by side or as pairs) into several buckets: the prepared graph is the one ogb.io reads whole."""
+    from hpcgnn.data import ogb, ooc, prepare_mem_bytes
+
+    mini = write_mini_ogb(tmp_path, name, n=300)
+    if layout == "F":  # numpy stores a column-major edge_index as (source, target) pairs
+        raw = tmp_path / "ogb" / "ogbn_papers100M" / "raw" / "data.npz"
+        data = dict(np.load(raw))
+        np.savez_compressed(raw, **{**data, "edge_index": np.asfortranarray(data["edge_index"])})
+    monkeypatch.setattr(ogb, "STREAM_ROWS", 37)
+    monkeypatch.setattr(ooc, "MIN_BUCKET_EDGES", 100)
+    cfg = DatasetConfig(name=name, root=str(tmp_path), to_undirected=name == "ogbn-arxiv", prepare_mem_gb=1e-5)
+    assert ooc.EdgeBuckets(300, 2400, tmp_path / "s", prepare_mem_bytes(cfg)).num_buckets > 1
+    prepare(cfg)
+    g, ref = open_graph(cfg), build_graph(cfg)
+    assert g.col.dtype == torch.int32 and g.num_edges > 0
+    for array in cache.ARRAYS:
+        assert torch.equal(getattr(g, array).long() if array == "col" else getattr(g, array), getattr(ref, array)), array
+    assert g.num_classes == ref.num_classes and np.allclose(g.x.numpy(), mini["x"])
+
+
 def test_ogb_missing_is_a_clear_error_naming_prepare(tmp_path):
     cfg = DatasetConfig(name="ogbn-products", root=str(tmp_path))
     with pytest.raises(DatasetMissing, match=r"training jobs do not download.*\n    python -m hpcgnn.data "

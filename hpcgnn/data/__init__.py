@@ -38,7 +38,16 @@ from hpcgnn.data.graph import Graph
 from hpcgnn.data.link import LinkData, from_arrays, link_arrays, split_edges
 from hpcgnn.data.ogb import LINK_NAMES as OGB_LINK_NAMES
 from hpcgnn.data.ogb import NAMES as OGB_NAMES
-from hpcgnn.data.ogb import DatasetMissing, has_raw, load_ogb, load_ogb_link, load_ogb_typed, prepare_command
+from hpcgnn.data.ogb import (
+    DatasetMissing,
+    has_raw,
+    load_ogb,
+    load_ogb_link,
+    load_ogb_typed,
+    ogb_shapes,
+    prepare_command,
+    stream_ogb,
+)
 from hpcgnn.data.synthetic import (
     GENERATOR_VERSION,
     expected_edges,
@@ -149,9 +158,9 @@ def prepare(cfg: DatasetConfig, allow_download: bool = False) -> Path:
         data = build_link(cfg, allow_download)
         arrays, meta = link_arrays(data)
         return cache.save(data.graph, folder, source, extra=arrays, extra_meta=meta)
-    if cfg.name == "synthetic" or (cfg.name == "files" and not is_typed_folder(files_folder(cfg))):
+    if cfg.name in ("synthetic", *OGB_NAMES) or (cfg.name == "files" and not is_typed_folder(files_folder(cfg))):
         # streamed to disk: edges in buckets, never the whole edge list in memory
-        return prepare_streamed(cfg, folder, source)
+        return prepare_streamed(cfg, folder, source, allow_download)
     return cache.save(build_graph(cfg, allow_download), folder, source)
 
 
@@ -164,13 +173,17 @@ def prepare_mem_bytes(cfg: DatasetConfig) -> int:
     return max(min(env.available_memory() // 4, 512 << 20), 64 << 20)
 
 
-def prepare_streamed(cfg: DatasetConfig, folder: Path, source: dict) -> Path:
-    """The synthetic graph drawn chunk by chunk (or a ``files`` folder read a chunk at a time from its
-    memory-mapped .npy files) into ``folder``: edges bucketed on disk by target and sorted bucket by
-    bucket (:class:`EdgeBuckets`), features written as they come."""
+def prepare_streamed(cfg: DatasetConfig, folder: Path, source: dict, allow_download: bool = False) -> Path:
+    """The synthetic graph drawn chunk by chunk (a ``files`` folder read a chunk at a time from its
+    memory-mapped .npy files, an ogbn dataset from OGB's raw files) into ``folder``: edges bucketed on disk
+    by target and sorted bucket by bucket (:class:`EdgeBuckets`), features written as they come."""
     if cfg.name == "files":
         ei = read_shapes(cfg)
         n, num_features, edges = ei["num_nodes"], ei["num_features"], ei["num_edges"] * (2 if cfg.to_undirected else 1)
+    elif cfg.name in OGB_NAMES:
+        shapes = ogb_shapes(cfg, allow_download)
+        n, num_features = shapes.num_nodes, shapes.num_features
+        edges = shapes.num_edges * (2 if shapes.inverse or cfg.to_undirected else 1)
     else:
         n, num_features, edges = cfg.num_nodes, cfg.num_features, expected_edges(cfg)
     folder.parent.mkdir(parents=True, exist_ok=True)
@@ -182,8 +195,9 @@ def prepare_streamed(cfg: DatasetConfig, folder: Path, source: dict) -> Path:
     with atomic_folder(folder) as tmp:
         buckets = ooc.EdgeBuckets(n, edges, tmp / "scratch", prepare_mem_bytes(cfg))
         features = ooc.FeatureWriter(tmp / "x.npy", n, num_features, cfg.feature_dtype)
-        if cfg.name == "files":
-            y, splits, num_classes = stream_files(cfg, buckets, features)
+        if cfg.name in ("files", *OGB_NAMES):
+            y, splits, num_classes = (stream_files(cfg, buckets, features) if cfg.name == "files" else
+                                      stream_ogb(cfg, shapes, buckets, features))
             arrays = {"y": y, **splits}
         else:
             y, train_idx, val_idx, test_idx = generate_synthetic(cfg, lambda s, d: buckets.add(d, s), features.write)

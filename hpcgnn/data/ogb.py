@@ -7,8 +7,11 @@ memory-mappable cache.
 
 from __future__ import annotations
 
+import gzip
 import os
 import shutil
+import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -115,6 +118,136 @@ def load_ogb(cfg: DatasetConfig, allow_download: bool) -> Graph:
     idx = {k: torch.from_numpy(v.astype(np.int64)) for k, v in split.items()}
     return Graph.from_edge_index(edge_index, n, x, y, idx["train"], idx["valid"], idx["test"],
                                  int(meta["num classes"]))
+
+
+# ------------------------------------------------------------------------------ streamed (out of core)
+
+STREAM_ROWS = 1 << 21  # edges (or about 2^21 feature values) per chunk read from OGB's raw files
+
+
+@dataclass(frozen=True)
+class OgbShapes:
+    """What preparing an ogbn dataset out of core needs before reading it: its sizes and raw layout."""
+
+    folder: Path  # OGB's layout of the dataset (raw/, split/)
+    meta: dict  # ogb's master.csv row
+    num_nodes: int
+    num_edges: int  # directed edges in the raw files
+    num_features: int
+
+    @property
+    def binary(self) -> bool:
+        return self.meta["binary"] == "True"
+
+    @property
+    def inverse(self) -> bool:  # ogb adds each edge's reverse (ogbn-products)
+        return self.meta["add_inverse_edge"] == "True"
+
+
+def ogb_shapes(cfg: DatasetConfig, allow_download: bool) -> OgbShapes:
+    """Sizes from the small files (csv) or the arrays' headers (binary ``data.npz``), nothing read whole."""
+    if cfg.name not in NAMES:
+        raise ConfigError(f"dataset.name={cfg.name!r} is not an OGB node dataset hpcgnn knows: {', '.join(NAMES)}")
+    meta = _meta(cfg.name)
+    folder = _raw_folder(cfg, meta, allow_download)
+    raw = folder / "raw"
+    if meta["binary"] == "True":
+        with zipfile.ZipFile(raw / "data.npz") as z:
+            n = int(np.load(z.open("num_nodes_list.npy")).sum())
+            e = int(np.load(z.open("num_edges_list.npy")).sum())
+            f = _npy_header(z.open("node_feat.npy"))[0][1] if "node_feat.npy" in z.namelist() else 0
+    else:
+        n, e = (int(_read_csv(raw / f"{name}.csv.gz").sum()) for name in ("num-node-list", "num-edge-list"))
+        f = 0
+        if (raw / "node-feat.csv.gz").exists():
+            with gzip.open(raw / "node-feat.csv.gz", "rt") as fh:
+                f = len(fh.readline().split(","))
+    return OgbShapes(folder, meta, n, e, f)
+
+
+def _npy_header(stream) -> tuple[tuple[int, ...], bool, np.dtype]:
+    """(shape, fortran order, dtype) of the .npy ``stream``, left at its first data byte."""
+    from numpy.lib import format as npy
+
+    version = npy.read_magic(stream)
+    read = npy.read_array_header_1_0 if version == (1, 0) else npy.read_array_header_2_0
+    return read(stream)
+
+
+def _npy_flat(z: zipfile.ZipFile, name: str, block: int, skip: int = 0, count: int | None = None):
+    """The array ``name`` of the archive in storage order, as flat blocks of ``block`` elements, decompressed
+    as they are read: ``count`` elements (default: all) after the first ``skip``."""
+    stream = z.open(name)
+    shape, _fortran, dtype = _npy_header(stream)
+    total = int(np.prod(shape)) - skip if count is None else count
+    while skip:
+        skip -= len(stream.read(min(skip, STREAM_ROWS) * dtype.itemsize)) // dtype.itemsize
+    while total > 0:
+        take = min(block, total)
+        data = stream.read(take * dtype.itemsize)
+        if len(data) != take * dtype.itemsize:
+            raise DatasetError(f"{name} in {z.filename} ends early: the download is damaged; remove "
+                               f"{Path(z.filename).parent.parent} and prepare again")
+        yield np.frombuffer(data, dtype=dtype)
+        total -= take
+
+
+def stream_ogb(cfg: DatasetConfig, shapes: OgbShapes, buckets, features) -> tuple[np.ndarray, dict, int]:
+    """An ogbn dataset's raw files into an out-of-core CSR, a chunk at a time: edges into ``buckets`` (with
+    their reverses where ogb adds them or ``dataset.to_undirected`` asks), feature rows into ``features``;
+    returns (labels, splits, classes), as :func:`load_ogb` reads them (only the labels and the splits, a
+    few bytes per node, are read whole)."""
+    import pandas as pd
+
+    raw = shapes.folder / "raw"
+    both = shapes.inverse or cfg.to_undirected
+
+    def add(src: np.ndarray, dst: np.ndarray) -> None:
+        s, d = (torch.from_numpy(np.array(a, dtype=np.int64)) for a in (src, dst))  # (copies: buffers are read-only)
+        buckets.add(d, s)
+        if both:
+            buckets.add(s, d)
+
+    def write_rows(blocks) -> None:
+        start = 0
+        for block in blocks:
+            features.write(start, torch.from_numpy(np.array(block, dtype=np.float32)))  # (a copy: buffers are read-only)
+            start += block.shape[0]
+
+    feature_rows = max(STREAM_ROWS // max(shapes.num_features, 1), 1)
+    if shapes.binary:
+        with zipfile.ZipFile(raw / "data.npz") as z:
+            (_, e), fortran, _dtype = _npy_header(z.open("edge_index.npy"))
+            if fortran:  # stored column by column: (source, target) pairs
+                for pairs in _npy_flat(z, "edge_index.npy", 2 * STREAM_ROWS):
+                    add(pairs[0::2], pairs[1::2])
+            else:  # the sources, then the targets: two streams side by side
+                for src, dst in zip(_npy_flat(z, "edge_index.npy", STREAM_ROWS, count=e),
+                                    _npy_flat(z, "edge_index.npy", STREAM_ROWS, skip=e), strict=True):
+                    add(src, dst)
+            if shapes.num_features:
+                f = shapes.num_features
+                if _npy_header(z.open("node_feat.npy"))[1]:  # column-major features cannot be read by rows
+                    write_rows([np.load(z.open("node_feat.npy"))])
+                else:
+                    write_rows(b.reshape(-1, f) for b in _npy_flat(z, "node_feat.npy", feature_rows * f))
+        labels = np.load(raw / "node-label.npz")["node_label"]
+    else:
+        for block in pd.read_csv(raw / "edge.csv.gz", compression="gzip", header=None, dtype=np.int64,
+                                 chunksize=STREAM_ROWS):
+            pairs = block.to_numpy()
+            add(pairs[:, 0], pairs[:, 1])
+        if shapes.num_features:
+            write_rows(b.to_numpy() for b in pd.read_csv(raw / "node-feat.csv.gz", compression="gzip", header=None,
+                                                          chunksize=feature_rows))
+        labels = _read_csv(raw / "node-label.csv.gz")
+    if not shapes.num_features:
+        features.write(0, torch.zeros(shapes.num_nodes, 0))
+    split_dir = shapes.folder / "split" / shapes.meta["split"]
+    splits = {f"{k}_idx": _read_csv(split_dir / f"{part}.csv.gz").reshape(-1).astype(np.int64)
+              for k, part in (("train", "train"), ("val", "valid"), ("test", "test"))}
+    y = np.asarray(labels, dtype=np.float64).reshape(-1)
+    return np.where(np.isnan(y), -1, y).astype(np.int64), splits, int(shapes.meta["num classes"])
 
 
 # ogbn-mag: the types without features get the mean of their in-neighbours' along these relations, in this

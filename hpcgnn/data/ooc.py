@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 
 BYTES_PER_EDGE = 32  # sorting one bucket: the keys, the sort's copy and its output, the columns out
+MIN_BUCKET_EDGES = 1 << 16  # fewer per bucket: more files than the sort saves
 FEATURE_DTYPES = {"float32": (torch.float32, np.float32), "float16": (torch.float16, np.float16),
                   "bfloat16": (torch.bfloat16, np.uint16)}  # numpy has no bfloat16: its bits as uint16
 
@@ -77,7 +78,7 @@ class EdgeBuckets:
     def __init__(self, num_nodes: int, expected_edges: int, scratch: Path, mem_bytes: int, weighted: bool = False):
         self.n, self.scratch, self.weighted = num_nodes, scratch, weighted
         self.dtype = index_dtype(num_nodes)
-        per_bucket = max(mem_bytes // (BYTES_PER_EDGE + 24 * weighted), 1 << 16)  # weights: their sort order too
+        per_bucket = max(mem_bytes // (BYTES_PER_EDGE + 24 * weighted), MIN_BUCKET_EDGES)  # weights: their sort order too
         self.num_buckets = max(1, math.ceil(1.25 * expected_edges / per_bucket))
         self.rows = max(1, math.ceil(num_nodes / self.num_buckets))
         scratch.mkdir(parents=True, exist_ok=True)
