@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import os
 from pathlib import Path
@@ -13,7 +14,7 @@ from conftest import DATA_ROOT, local_rank_env, make_config
 from sklearn.metrics import average_precision_score, roc_auc_score
 
 from hpcgnn.config import DatasetConfig
-from hpcgnn.data import build_graph, build_link, open_link, prepare
+from hpcgnn.data import build_graph, build_link, cache_folder, open_link, prepare
 from hpcgnn.data.link import edge_keys, has_edge
 from hpcgnn.errors import ConfigError
 from hpcgnn.sampling import BatchLoader, CSRNeighborSampler
@@ -54,6 +55,38 @@ def test_edge_split_keeps_both_directions_together_and_out_of_message_passing(da
         assert not _pairs(s.neg) & edges and not _pairs(s.neg.flip(0)) & edges  # negatives are no edges at all
     again = build_link(LINK)  # seeded: the same split every time
     assert torch.equal(again.test.pos, data.test.pos) and torch.equal(again.test.neg, data.test.neg)
+
+
+@pytest.mark.parametrize("name", ["synthetic", "files"])
+def test_link_datasets_are_prepared_out_of_core_into_the_split_made_in_memory(tmp_path, monkeypatch, name):
+    """The graph streamed to disk, then split a few rows at a time (the training edges bucketed into the
+    message-passing CSR, positives and negatives appended to their files): the dataset the in-memory
+    split makes of the whole graph, array for array."""
+    from hpcgnn.data import link, ooc
+
+    monkeypatch.setattr(link, "SPLIT_CHUNK_EDGES", 300)
+    monkeypatch.setattr(ooc, "MIN_BUCKET_EDGES", 500)
+    cfg = DatasetConfig(num_nodes=1500, avg_degree=8, root=str(tmp_path), prepared_for="link", prepare_mem_gb=1e-5)
+    if name == "files":  # a directed graph of the user's: some pairs in one direction only
+        g = build_graph(DatasetConfig(num_nodes=1500, avg_degree=8, seed=3))
+        keep = torch.rand(g.num_edges, generator=torch.Generator().manual_seed(0)) < 0.7
+        folder = tmp_path / "mine"
+        folder.mkdir()
+        for key, value in (("edge_index", g.edge_index()[:, keep]), ("x", g.x), ("y", g.y), ("train_idx", g.train_idx),
+                           ("val_idx", g.val_idx), ("test_idx", g.test_idx)):
+            np.save(folder / f"{key}.npy", value.numpy())
+        cfg = dataclasses.replace(cfg, name="files", path=str(folder))
+    assert ooc.EdgeBuckets(1500, 12000, tmp_path / "s", int(1e-5 * 2**30)).num_buckets > 1
+    prepare(cfg)
+    got, ref = open_link(cfg), build_link(cfg)
+    assert got.graph.col.dtype == torch.int32
+    for array in ("rowptr", "col", "x"):
+        assert torch.equal(getattr(got.graph, array).long(), getattr(ref.graph, array).long()), array
+    for split in ("train", "val", "test"):
+        a, b = got.split(split), ref.split(split)
+        assert a.pos.numel() > 0 and torch.equal(a.pos, b.pos) and a.neg_kind == b.neg_kind, split
+        assert (a.neg is None and b.neg is None) or torch.equal(a.neg, b.neg), split
+    assert sorted(p.name for p in cache_folder(cfg).iterdir() if not p.name.endswith(".npy")) == ["meta.json"]
 
 
 @pytest.mark.parametrize("fractions, message", [([0.9, 0.1], "must be three fractions"), ([0.9, 0.1, 0.1], "sum to 1"),

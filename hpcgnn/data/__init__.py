@@ -25,7 +25,7 @@ import numpy as np
 from hpcgnn import env
 from hpcgnn.checks import ON_DISK, check_dataset_config, is_typed
 from hpcgnn.config import DatasetConfig
-from hpcgnn.data import cache, ooc
+from hpcgnn.data import cache, link, ooc
 from hpcgnn.data.files import (
     files_folder,
     is_typed_folder,
@@ -35,7 +35,7 @@ from hpcgnn.data.files import (
     stream_files,
 )
 from hpcgnn.data.graph import Graph
-from hpcgnn.data.link import LinkData, from_arrays, link_arrays, split_edges
+from hpcgnn.data.link import SPLITS, LinkData, from_arrays, link_arrays, split_edges, split_rows
 from hpcgnn.data.ogb import LINK_NAMES as OGB_LINK_NAMES
 from hpcgnn.data.ogb import NAMES as OGB_NAMES
 from hpcgnn.data.ogb import (
@@ -130,6 +130,8 @@ def cache_folder(cfg: DatasetConfig) -> Path:
     name = cfg.name
     if cfg.prepared_for == "link":
         fields.update({k: getattr(cfg, k) for k in _LINK_KEY_FIELDS.get(cfg.name, ())}, seed=cfg.seed, link=True)
+        if cfg.name in _LINK_KEY_FIELDS:  # how the edges are split (2: a seeded hash of each pair)
+            fields["split_version"] = link.SPLIT_VERSION
         name = f"{cfg.name}-link" if cfg.name in _LINK_KEY_FIELDS else cfg.name
     key = hashlib.sha256(json.dumps({"name": cfg.name, **fields}, sort_keys=True, default=str).encode()).hexdigest()
     return Path(cfg.root).expanduser() / "prepared" / f"{name}-{key[:12]}"
@@ -154,6 +156,9 @@ def prepare(cfg: DatasetConfig, allow_download: bool = False) -> Path:
                   for kind in ("rowptr", "col")}
         meta = {"typed": {**typed.schema.to_meta(), "feature_rule": typed.feature_rule}}
         return cache.save(typed.homogeneous(), folder, source, extra=arrays, extra_meta=meta)
+    if cfg.prepared_for == "link" and cfg.name in ("synthetic", "files") and not (
+            cfg.name == "files" and is_typed_folder(files_folder(cfg))):  # streamed, split chunk by chunk
+        return prepare_streamed(cfg, folder, source, allow_download)
     if cfg.prepared_for == "link":
         data = build_link(cfg, allow_download)
         arrays, meta = link_arrays(data)
@@ -177,6 +182,7 @@ def prepare_streamed(cfg: DatasetConfig, folder: Path, source: dict, allow_downl
     """The synthetic graph drawn chunk by chunk (a ``files`` folder read a chunk at a time from its
     memory-mapped .npy files, an ogbn dataset from OGB's raw files) into ``folder``: edges bucketed on disk
     by target and sorted bucket by bucket (:class:`EdgeBuckets`), features written as they come."""
+    shapes = None
     if cfg.name == "files":
         ei = read_shapes(cfg)
         n, num_features, edges = ei["num_nodes"], ei["num_features"], ei["num_edges"] * (2 if cfg.to_undirected else 1)
@@ -193,23 +199,67 @@ def prepare_streamed(cfg: DatasetConfig, folder: Path, source: dict, allow_downl
         raise OSError(f"preparing the graph needs about {cache.human_bytes(need)} in {folder.parent} (with its "
                       f"scratch), but only {cache.human_bytes(free)} are free: set dataset.root to a larger file system")
     with atomic_folder(folder) as tmp:
-        buckets = ooc.EdgeBuckets(n, edges, tmp / "scratch", prepare_mem_bytes(cfg))
-        features = ooc.FeatureWriter(tmp / "x.npy", n, num_features, cfg.feature_dtype)
-        if cfg.name in ("files", *OGB_NAMES):
-            y, splits, num_classes = (stream_files(cfg, buckets, features) if cfg.name == "files" else
-                                      stream_ogb(cfg, shapes, buckets, features))
-            arrays = {"y": y, **splits}
+        if cfg.prepared_for == "link":  # the whole graph first, then split a chunk of rows at a time
+            _stream_graph(cfg, tmp / "whole", n, num_features, edges, shapes)
+            _split_streamed(cfg, tmp / "whole", tmp, source)
         else:
-            y, train_idx, val_idx, test_idx = generate_synthetic(cfg, lambda s, d: buckets.add(d, s), features.write)
-            arrays = {"y": y.numpy(), "train_idx": train_idx.numpy(), "val_idx": val_idx.numpy(),
-                      "test_idx": test_idx.numpy()}
-            num_classes = cfg.num_classes
-        features.close()
-        num_edges = buckets.write_csr(tmp)
-        for name, array in arrays.items():
-            np.save(tmp / f"{name}.npy", array)
-        cache.write_meta(tmp, n, num_edges, num_features, num_classes, source, cfg.feature_dtype)
+            _stream_graph(cfg, tmp, n, num_features, edges, shapes, source)
     return folder
+
+
+def _stream_graph(cfg: DatasetConfig, tmp: Path, n: int, num_features: int, edges: int, shapes,
+                  source: dict | None = None) -> None:
+    tmp.mkdir(exist_ok=True)
+    buckets = ooc.EdgeBuckets(n, edges, tmp / "scratch", prepare_mem_bytes(cfg))
+    features = ooc.FeatureWriter(tmp / "x.npy", n, num_features, cfg.feature_dtype)
+    if cfg.name in ("files", *OGB_NAMES):
+        y, splits, num_classes = (stream_files(cfg, buckets, features) if cfg.name == "files" else
+                                  stream_ogb(cfg, shapes, buckets, features))
+        arrays = {"y": y, **splits}
+    else:
+        y, train_idx, val_idx, test_idx = generate_synthetic(cfg, lambda s, d: buckets.add(d, s), features.write)
+        arrays = {"y": y.numpy(), "train_idx": train_idx.numpy(), "val_idx": val_idx.numpy(),
+                  "test_idx": test_idx.numpy()}
+        num_classes = cfg.num_classes
+    features.close()
+    num_edges = buckets.write_csr(tmp)
+    for name, array in arrays.items():
+        np.save(tmp / f"{name}.npy", array)
+    cache.write_meta(tmp, n, num_edges, num_features, num_classes, source or {}, cfg.feature_dtype)
+
+
+def _split_streamed(cfg: DatasetConfig, whole: Path, tmp: Path, source: dict) -> None:
+    """A link dataset from the prepared graph in ``whole``: its edges split a chunk of rows at a time
+    (:func:`split_rows`: the split :func:`split_edges` makes of the graph read whole), the training edges
+    bucketed into the message-passing CSR, the positives and negatives appended to their files."""
+    from hpcgnn.sampling.link import csr_has_edge
+
+    graph = cache.load(whole)
+    n, has_edge = graph.num_nodes, csr_has_edge(graph.rowptr, graph.col)
+    buckets = ooc.EdgeBuckets(n, graph.num_edges, tmp / "scratch", prepare_mem_bytes(cfg))
+    names = [f"{s}_pos" for s in SPLITS] + ["val_neg", "test_neg"]
+    rows = {(name, r): ooc.NpyAppender(tmp / f"{name}.{r}.part", np.int64) for name in names for r in (0, 1)}
+    for a, b in ooc.chunks(graph.rowptr, link.SPLIT_CHUNK_EDGES):
+        parts = split_rows(graph.rowptr, graph.col, a, b, tuple(cfg.edge_split), cfg.seed, has_edge)
+        buckets.add(parts["mp"][1], parts["mp"][0])
+        for (name, r), out in rows.items():
+            out.append(parts[name][r].numpy())
+        ooc.drop_pages(graph.col[int(graph.rowptr[a]):int(graph.rowptr[b])])
+    num_edges = buckets.write_csr(tmp)
+    for out in rows.values():
+        out.close()
+    for name in names:  # [2, P]: the sources' file, then the targets'
+        ooc.stack_rows(tmp / f"{name}.npy", [tmp / f"{name}.{r}.part" for r in (0, 1)])
+    (whole / "x.npy").rename(tmp / "x.npy")
+    num_features = graph.num_features
+    del graph, has_edge
+    shutil.rmtree(whole)
+    empty = np.zeros(0, dtype=np.int64)
+    for name in ("y", "train_idx", "val_idx", "test_idx"):
+        np.save(tmp / f"{name}.npy", empty)
+    kinds = {s: "none" if s == "train" else "pairs" for s in SPLITS}
+    cache.write_meta(tmp, n, num_edges, num_features, 0, source, cfg.feature_dtype,
+                     extra=names, extra_meta={"link": {"metric": "auc", "neg_kind": kinds}})
 
 
 def check_available(cfg: DatasetConfig) -> None:

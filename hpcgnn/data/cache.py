@@ -70,12 +70,14 @@ def save(graph: Graph, folder: Path, source: dict, extra: dict[str, torch.Tensor
 
 
 def write_meta(tmp: Path, num_nodes: int, num_edges: int, num_features: int, num_classes: int, source: dict,
-               feature_dtype: str) -> None:
-    """meta.json of a graph written array by array into ``tmp`` (the out-of-core path)."""
+               feature_dtype: str, extra: list[str] | None = None, extra_meta: dict | None = None) -> None:
+    """meta.json of a graph written array by array into ``tmp`` (the out-of-core path); ``extra``: the
+    names of more arrays beside it (:func:`load_extra`), ``extra_meta``: more fields."""
+    extra = sorted(extra or [])
     meta = {"format_version": FORMAT_VERSION, "num_nodes": num_nodes, "num_edges": num_edges,
             "num_features": num_features, "num_classes": num_classes,
-            "bytes": sum((tmp / f"{n}.npy").stat().st_size for n in ARRAYS), "source": source, "extra": [],
-            "feature_dtype": feature_dtype}
+            "bytes": sum((tmp / f"{n}.npy").stat().st_size for n in [*ARRAYS, *extra]), "source": source,
+            "extra": extra, "feature_dtype": feature_dtype, **(extra_meta or {})}
     (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
 
 

@@ -30,9 +30,11 @@ from torch import Tensor
 from hpcgnn.checks import check_fractions
 from hpcgnn.data.graph import Graph
 from hpcgnn.errors import ConfigError
-from hpcgnn.rng import generator
+from hpcgnn.rng import derive_seed
 
 SPLITS = ("train", "val", "test")
+SPLIT_VERSION = 2  # in the cache key: 2 splits each pair by a seeded hash (1: by a permutation)
+SPLIT_CHUNK_EDGES = 1 << 21  # edges per chunk of rows when a prepared graph is split out of core
 
 
 @dataclass(frozen=True)
@@ -73,58 +75,88 @@ def has_edge(keys: Tensor, num_nodes: int, src: Tensor, dst: Tensor) -> Tensor:
     return keys[pos] == k if keys.numel() else torch.zeros_like(k, dtype=torch.bool)
 
 
-def seeded_negatives(src: Tensor, keys: Tensor, num_nodes: int, gen: torch.Generator, rounds: int = 100) -> Tensor:
-    """One target per source, uniform among nodes that are neither the source nor a neighbour of it
-    (in either direction, in the whole graph). Raises when a source has (almost) no non-neighbour."""
-    dst = torch.randint(num_nodes, (src.numel(),), generator=gen)
-    for _ in range(rounds):
-        bad = (dst == src) | has_edge(keys, num_nodes, src, dst) | has_edge(keys, num_nodes, dst, src)
-        if not bool(bad.any()):
-            return dst
-        dst[bad] = torch.randint(num_nodes, (int(bad.sum()),), generator=gen)
-    raise ConfigError(f"could not draw negatives for {int(bad.sum())} sources in {rounds} rounds: the graph is "
+def _lsr(z: Tensor, k: int) -> Tensor:
+    """Logical right shift of int64 (torch's ``>>`` keeps the sign)."""
+    return (z >> k) & ((1 << (64 - k)) - 1)
+
+
+def mix64(x: Tensor) -> Tensor:
+    """splitmix64's finaliser over int64 (products wrap): a counter-based hash, so a value drawn for an
+    edge depends on the edge and the seed alone, not on how the edges were cut into chunks."""
+    z = x + -7046029254386353131  # 0x9E3779B97F4A7C15 as a signed int64
+    z = (z ^ _lsr(z, 30)) * -4658895280553007687  # 0xBF58476D1CE4E5B9
+    z = (z ^ _lsr(z, 27)) * -7723592293110705685  # 0x94D049BB133111EB
+    return z ^ _lsr(z, 31)
+
+
+def edge_sides(src: Tensor, dst: Tensor, num_nodes: int, fractions: tuple[float, ...], seed: int) -> Tensor:
+    """int64: 0 (train), 1 (val) or 2 (test) for each edge, a seeded hash of its unordered pair (both
+    directions on the same side); self-loops are 0 (message passing only)."""
+    lo, hi = torch.minimum(src, dst), torch.maximum(src, dst)
+    u = _lsr(mix64(lo * num_nodes + hi + derive_seed("edge_split", seed) % (1 << 62)), 11).double() / 2.0**53
+    side = (u >= fractions[0]).long() + (u >= fractions[0] + fractions[1]).long()
+    return side.masked_fill_(src == dst, 0)
+
+
+def pair_negatives(src: Tensor, dst: Tensor, has_edge, num_nodes: int, salt: int, rounds: int = 100) -> Tensor:
+    """One negative target per positive ``src -> dst``: uniform among nodes that are neither the source nor a
+    neighbour of it (in either direction, in the whole graph), drawn by a seeded hash of the positive and the
+    attempt. Raises when a source has (almost) no non-neighbour."""
+    key = src * num_nodes + dst + salt
+    neg = _lsr(mix64(key), 1) % num_nodes
+    todo = torch.arange(src.numel())
+    for attempt in range(1, rounds + 1):
+        s, c = src[todo], neg[todo]
+        bad = (c == s) | has_edge(s, c) | has_edge(c, s)
+        todo = todo[bad]
+        if todo.numel() == 0:
+            return neg
+        neg[todo] = _lsr(mix64(mix64(key[todo]) + attempt), 1) % num_nodes
+    raise ConfigError(f"could not draw negatives for {todo.numel()} sources in {rounds} rounds: the graph is "
                       "too dense for link prediction with sampled negatives")
+
+
+def split_rows(rowptr: Tensor, col: Tensor, a: int, b: int, fractions: tuple[float, ...], seed: int,
+               has_edge) -> dict[str, Tensor]:
+    """The edge split of rows [a, b) of a CSR of in-edges (a chunk: the result does not depend on the
+    chunking). ``mp`` [2, E]: the training edges, kept in message passing in the directions the graph has
+    them; ``<split>_pos`` [2, P]: one direction of each pair (the graph's edge into the smaller id, else its
+    only one; never a self-loop); ``val_neg``/``test_neg`` [2, P]: one negative per positive (``pairs``)."""
+    n = rowptr.numel() - 1
+    e0, e1 = int(rowptr[a]), int(rowptr[b])
+    src = col[e0:e1].to(torch.long, copy=True)
+    dst = torch.repeat_interleave(torch.arange(a, b), rowptr[a + 1:b + 1] - rowptr[a:b], output_size=e1 - e0)
+    side = edge_sides(src, dst, n, fractions, seed)
+    out = {"mp": torch.stack([src[side == 0], dst[side == 0]])}
+    up = dst > src  # its pair's representative only when the reverse edge is missing
+    rep = dst < src
+    rep[up] = ~has_edge(dst[up], src[up])
+    for k, name in enumerate(SPLITS):
+        m = rep & (side == k)
+        out[f"{name}_pos"] = torch.stack([src[m], dst[m]])
+        if name != "train":
+            salt = derive_seed("edge_split_negatives", seed, name) % (1 << 62)
+            out[f"{name}_neg"] = torch.stack([src[m], pair_negatives(src[m], dst[m], has_edge, n, salt)])
+    return out
 
 
 def split_edges(graph: Graph, fractions: tuple[float, ...], seed: int) -> LinkData:
     """A seeded random train/val/test split of ``graph``'s edges for link prediction.
 
-    Edges are split as unordered pairs, so both directions of an undirected edge land on the
-    same side; the message-passing graph keeps every training edge in the directions the
-    graph has it. Self-loops stay in message passing and are never predicted. One negative
-    per validation and test positive, drawn once with the seed.
+    Edges are split as unordered pairs by a seeded hash (:func:`edge_sides`), so both directions of an
+    undirected edge land on the same side and the split is the same whether the graph is read whole or a
+    chunk of rows at a time (the out-of-core preparation). The message-passing graph keeps every training
+    edge in the directions the graph has it. Self-loops stay in message passing and are never predicted.
+    One negative per validation and test positive (:func:`pair_negatives`).
     """
     check_fractions(fractions)
-    n = graph.num_nodes
-    ei = graph.edge_index()
-    src, dst = ei
-    loops = src == dst
-    lo, hi = torch.minimum(src, dst), torch.maximum(src, dst)
-    pair, inverse = torch.unique(lo * n + hi, return_inverse=True)
-    first = torch.full((pair.numel(),), ei.size(1), dtype=torch.long).scatter_reduce_(
-        0, inverse, torch.arange(ei.size(1)), "amin")  # one directed edge of every pair
-    gen = generator(seed, "edge_split")
-    order = torch.randperm(pair.numel(), generator=gen)
-    side = torch.zeros(pair.numel(), dtype=torch.long)
-    cut = torch.tensor([0.0, *fractions]).cumsum(0)[1:3] * pair.numel()
-    n_train, n_val = int(cut[0]), int(cut[1]) - int(cut[0])
-    side[order[n_train:n_train + n_val]] = 1
-    side[order[n_train + n_val:]] = 2
-    is_loop_pair = torch.zeros(pair.numel(), dtype=torch.bool)
-    is_loop_pair[inverse[loops]] = True
-    side[is_loop_pair] = 0  # self-loops: message passing only
-    in_train = side[inverse] == 0
-    mp = message_passing_graph(ei[:, in_train], n, graph.x)
-    keys = edge_keys(graph)
-    splits = {}
-    for k, name in enumerate(SPLITS):
-        mine = (side == k) & ~is_loop_pair
-        pos = ei[:, first[mine]]
-        if name == "train":
-            splits[name] = LinkSplit(pos)
-        else:
-            neg_dst = seeded_negatives(pos[0], keys, n, generator(seed, "edge_split_negatives", name))
-            splits[name] = LinkSplit(pos, torch.stack([pos[0], neg_dst]), "pairs")
+    from hpcgnn.sampling.link import csr_has_edge
+
+    parts = split_rows(graph.rowptr, graph.col, 0, graph.num_nodes, tuple(fractions), seed,
+                       csr_has_edge(graph.rowptr, graph.col))
+    mp = message_passing_graph(parts["mp"], graph.num_nodes, graph.x)
+    splits = {name: LinkSplit(parts[f"{name}_pos"], parts.get(f"{name}_neg"), "none" if name == "train" else "pairs")
+              for name in SPLITS}
     return LinkData(mp, splits["train"], splits["val"], splits["test"], metric="auc")
 
 

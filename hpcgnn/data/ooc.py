@@ -55,8 +55,12 @@ class NpyAppender:
         self.file.write(np.ascontiguousarray(array, dtype=self.dtype).tobytes())
         self.length += int(array.shape[0])
 
-    def close(self) -> None:
-        d = {"descr": self.dtype.str, "fortran_order": False, "shape": (self.length, *self.row_shape)}
+    def close(self, shape: tuple[int, ...] | None = None) -> None:
+        """``shape``: what the header says instead of (rows, *row_shape), the same element count."""
+        shape = (self.length, *self.row_shape) if shape is None else tuple(shape)
+        if math.prod(shape) != self.length * math.prod(self.row_shape):
+            raise ValueError(f"{self.path}: shape {shape} for {self.length} rows of {self.row_shape}")
+        d = {"descr": self.dtype.str, "fortran_order": False, "shape": shape}
         text = repr(d).encode("latin1")
         pad = self.HEADER - 10 - len(text) - 1
         header = b"\x93NUMPY\x01\x00" + struct.pack("<H", self.HEADER - 10) + text + b" " * pad + b"\n"
@@ -67,6 +71,22 @@ class NpyAppender:
         self.file.flush()
         os.fdatasync(self.file.fileno())
         self.file.close()
+
+
+def stack_rows(path: Path, parts: list[Path]) -> None:
+    """The .npy files ``parts`` (1-D, equal lengths and dtypes) as the rows of one array ``path``,
+    copied a block at a time; the parts are removed."""
+    arrays = [np.load(p, mmap_mode="r") for p in parts]
+    if len({(a.shape, a.dtype) for a in arrays}) > 1 or any(a.ndim != 1 for a in arrays):
+        raise ValueError(f"{path}: rows of different shapes or dtypes: {[(a.shape, a.dtype) for a in arrays]}")
+    out = NpyAppender(path, arrays[0].dtype)
+    for a in arrays:
+        for lo in range(0, a.shape[0], 1 << 22):
+            out.append(np.asarray(a[lo:lo + (1 << 22)]))
+    out.close(shape=(len(arrays), arrays[0].shape[0]))
+    del arrays
+    for p in parts:
+        p.unlink()
 
 
 class EdgeBuckets:
@@ -255,6 +275,19 @@ def drop_pages(t: Tensor) -> None:
     start, end = (addr + page - 1) // page * page, (addr + t.numel() * t.element_size()) // page * page
     if end > start:
         _MADVISE(start, end - start, _MADV_PAGEOUT)
+
+
+def chunks(rowptr: Tensor, chunk_edges: int, max_rows: int | None = None) -> list[tuple[int, int]]:
+    """Row ranges [a, b) of about ``chunk_edges`` edges each (and at most ``max_rows`` rows)."""
+    n, m = rowptr.numel() - 1, int(rowptr[-1])
+    if n == 0:
+        return []
+    targets = torch.arange(chunk_edges, max(m, chunk_edges), chunk_edges, dtype=torch.long)
+    cuts = torch.searchsorted(rowptr, targets).tolist() if targets.numel() else []
+    if max_rows:
+        cuts += list(range(max_rows, n, max_rows))
+    bounds = sorted({0, n, *(int(c) for c in cuts if 0 < c < n)})
+    return list(zip(bounds[:-1], bounds[1:], strict=False))
 
 
 def trim_heap() -> None:

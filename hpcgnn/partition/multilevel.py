@@ -36,7 +36,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from hpcgnn.data.ooc import EdgeBuckets, drop_pages, trim_heap
+from hpcgnn.data.ooc import EdgeBuckets, chunks, drop_pages, trim_heap
 from hpcgnn.rng import derive_seed
 
 log = logging.getLogger(__name__)
@@ -145,19 +145,6 @@ class Level:
     @property
     def n(self) -> int:
         return self.rowptr.numel() - 1
-
-
-def chunks(rowptr: Tensor, chunk_edges: int, max_rows: int | None = None) -> list[tuple[int, int]]:
-    """Row ranges [a, b) of about ``chunk_edges`` edges each (and at most ``max_rows`` rows)."""
-    n, m = rowptr.numel() - 1, int(rowptr[-1])
-    if n == 0:
-        return []
-    targets = torch.arange(chunk_edges, max(m, chunk_edges), chunk_edges, dtype=torch.long)
-    cuts = torch.searchsorted(rowptr, targets).tolist() if targets.numel() else []
-    if max_rows:
-        cuts += list(range(max_rows, n, max_rows))
-    bounds = sorted({0, n, *(int(c) for c in cuts if 0 < c < n)})
-    return list(zip(bounds[:-1], bounds[1:], strict=False))
 
 
 def _chunk_edges(level: Level, a: int, b: int) -> tuple[Tensor, Tensor, Tensor | None]:
