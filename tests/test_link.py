@@ -233,9 +233,10 @@ def _csv_gz(path: Path, rows) -> None:
             f.write(",".join(str(v) for v in np.atleast_1d(row)) + "\n")
 
 
-def write_mini_ogbl(root: Path, name: str, n: int = 80, seed: int = 0) -> dict:
+def write_mini_ogbl(root: Path, name: str, n: int = 80, seed: int = 0, held_out_in_raw: bool = False) -> dict:
     """A miniature ogbl dataset in OGB's on-disk layout: raw CSVs, and split files as OGB ships them
-    (torch-pickled dicts of numpy arrays)."""
+    (torch-pickled dicts of numpy arrays). ``held_out_in_raw``: the raw graph holds the validation and test
+    edges too (they must leave message passing)."""
     rng = np.random.default_rng(seed)
     folder = root / "ogb" / name.replace("-", "_")
     (folder / "raw").mkdir(parents=True)
@@ -246,10 +247,11 @@ def write_mini_ogbl(root: Path, name: str, n: int = 80, seed: int = 0) -> dict:
     train, valid, test = edges[: len(edges) - 40], edges[-40:-20], edges[-20:]
     x = rng.normal(size=(n, 4)).astype(np.float32)
     raw = folder / "raw"
-    _csv_gz(raw / "edge.csv.gz", train)
+    raw_edges = edges if held_out_in_raw else train
+    _csv_gz(raw / "edge.csv.gz", raw_edges)
     _csv_gz(raw / "node-feat.csv.gz", x)
     _csv_gz(raw / "num-node-list.csv.gz", [n])
-    _csv_gz(raw / "num-edge-list.csv.gz", [len(train)])
+    _csv_gz(raw / "num-edge-list.csv.gz", [len(raw_edges)])
     split = folder / "split" / "time"
     split.mkdir(parents=True)
     if name == "ogbl-collab":
@@ -288,6 +290,30 @@ def test_ogbl_datasets_through_ogbs_readers_and_official_splits(tmp_path, name):
     folder = prepare(cfg)  # cached like every prepared graph, splits beside it
     again = open_link(cfg)
     assert torch.equal(again.test.neg, data.test.neg) and again.metric == data.metric and folder.name.startswith(name)
+
+
+@pytest.mark.parametrize("name", ["ogbl-collab", "ogbl-citation2"])
+def test_ogbl_datasets_are_prepared_out_of_core_into_what_the_readers_give(tmp_path, monkeypatch, name):
+    """The raw csv streamed in chunks of rows into several buckets, the held-out positives dropped as they
+    pass (in both directions): the message-passing graph and the official splits of the whole read."""
+    from hpcgnn.data import ogb, ooc
+
+    write_mini_ogbl(tmp_path, name, n=200, held_out_in_raw=True)
+    monkeypatch.setattr(ogb, "STREAM_ROWS", 50)
+    monkeypatch.setattr(ooc, "MIN_BUCKET_EDGES", 200)
+    cfg = dataclasses.replace(make_config("task=link", f"dataset={name}", f"dataset.root={tmp_path}").dataset,
+                              prepare_mem_gb=1e-5)
+    assert ooc.EdgeBuckets(200, 2400, tmp_path / "s", int(1e-5 * 2**30)).num_buckets > 1
+    prepare(cfg)
+    got, ref = open_link(cfg), build_link(cfg)
+    held_out = _pairs(ref.val.pos) | _pairs(ref.test.pos)
+    assert held_out and not held_out & _pairs(got.graph.edge_index())
+    for array in ("rowptr", "col", "x"):
+        assert torch.equal(getattr(got.graph, array).long(), getattr(ref.graph, array).long()), array
+    for split in ("train", "val", "test"):
+        a, b = got.split(split), ref.split(split)
+        assert torch.equal(a.pos, b.pos) and a.neg_kind == b.neg_kind and got.metric == ref.metric, split
+        assert (a.neg is None and b.neg is None) or torch.equal(a.neg, b.neg), split
 
 
 # ------------------------------------------------------------------------------- training end to end

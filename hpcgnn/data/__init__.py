@@ -41,12 +41,15 @@ from hpcgnn.data.ogb import NAMES as OGB_NAMES
 from hpcgnn.data.ogb import (
     DatasetMissing,
     has_raw,
+    held_out_keys,
     load_ogb,
     load_ogb_link,
     load_ogb_typed,
+    ogb_link_splits,
     ogb_shapes,
     prepare_command,
     stream_ogb,
+    stream_raw_graph,
 )
 from hpcgnn.data.synthetic import (
     GENERATOR_VERSION,
@@ -156,8 +159,8 @@ def prepare(cfg: DatasetConfig, allow_download: bool = False) -> Path:
                   for kind in ("rowptr", "col")}
         meta = {"typed": {**typed.schema.to_meta(), "feature_rule": typed.feature_rule}}
         return cache.save(typed.homogeneous(), folder, source, extra=arrays, extra_meta=meta)
-    if cfg.prepared_for == "link" and cfg.name in ("synthetic", "files") and not (
-            cfg.name == "files" and is_typed_folder(files_folder(cfg))):  # streamed, split chunk by chunk
+    if cfg.prepared_for == "link" and cfg.name in ("synthetic", "files", *OGB_LINK_NAMES) and not (
+            cfg.name == "files" and is_typed_folder(files_folder(cfg))):  # streamed (split chunk by chunk)
         return prepare_streamed(cfg, folder, source, allow_download)
     if cfg.prepared_for == "link":
         data = build_link(cfg, allow_download)
@@ -186,7 +189,7 @@ def prepare_streamed(cfg: DatasetConfig, folder: Path, source: dict, allow_downl
     if cfg.name == "files":
         ei = read_shapes(cfg)
         n, num_features, edges = ei["num_nodes"], ei["num_features"], ei["num_edges"] * (2 if cfg.to_undirected else 1)
-    elif cfg.name in OGB_NAMES:
+    elif cfg.name in (*OGB_NAMES, *OGB_LINK_NAMES):
         shapes = ogb_shapes(cfg, allow_download)
         n, num_features = shapes.num_nodes, shapes.num_features
         edges = shapes.num_edges * (2 if shapes.inverse or cfg.to_undirected else 1)
@@ -199,7 +202,9 @@ def prepare_streamed(cfg: DatasetConfig, folder: Path, source: dict, allow_downl
         raise OSError(f"preparing the graph needs about {cache.human_bytes(need)} in {folder.parent} (with its "
                       f"scratch), but only {cache.human_bytes(free)} are free: set dataset.root to a larger file system")
     with atomic_folder(folder) as tmp:
-        if cfg.prepared_for == "link":  # the whole graph first, then split a chunk of rows at a time
+        if cfg.name in OGB_LINK_NAMES:  # the official split; its held-out edges dropped as they stream by
+            _stream_ogb_link(cfg, tmp, shapes, edges, source)
+        elif cfg.prepared_for == "link":  # the whole graph first, then split a chunk of rows at a time
             _stream_graph(cfg, tmp / "whole", n, num_features, edges, shapes)
             _split_streamed(cfg, tmp / "whole", tmp, source)
         else:
@@ -226,6 +231,27 @@ def _stream_graph(cfg: DatasetConfig, tmp: Path, n: int, num_features: int, edge
     for name, array in arrays.items():
         np.save(tmp / f"{name}.npy", array)
     cache.write_meta(tmp, n, num_edges, num_features, num_classes, source or {}, cfg.feature_dtype)
+
+
+def _stream_ogb_link(cfg: DatasetConfig, tmp: Path, shapes, edges: int, source: dict) -> None:
+    """An ogbl dataset: the raw graph streamed into the message-passing CSR without the validation and test
+    positives (either direction), the official splits (held whole: positives and negatives) beside it."""
+    splits = ogb_link_splits(cfg, shapes.folder, shapes.meta)
+    n = shapes.num_nodes
+    buckets = ooc.EdgeBuckets(n, edges, tmp / "scratch", prepare_mem_bytes(cfg))
+    features = ooc.FeatureWriter(tmp / "x.npy", n, shapes.num_features, cfg.feature_dtype)
+    stream_raw_graph(cfg, shapes, buckets, features, drop=held_out_keys(splits, n))
+    features.close()
+    num_edges = buckets.write_csr(tmp)
+    empty = np.zeros(0, dtype=np.int64)
+    for name in ("y", "train_idx", "val_idx", "test_idx"):
+        np.save(tmp / f"{name}.npy", empty)
+    data = LinkData(None, splits["train"], splits["val"], splits["test"], shapes.meta["eval metric"])
+    arrays, meta = link_arrays(data)
+    for name, array in arrays.items():
+        np.save(tmp / f"{name}.npy", array.numpy())
+    cache.write_meta(tmp, n, num_edges, shapes.num_features, 0, source, cfg.feature_dtype, extra=list(arrays),
+                     extra_meta=meta)
 
 
 def _split_streamed(cfg: DatasetConfig, whole: Path, tmp: Path, source: dict) -> None:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from torch import Tensor
 
 from hpcgnn import checks
 from hpcgnn.config import DatasetConfig
@@ -137,7 +138,7 @@ class OgbShapes:
 
     @property
     def binary(self) -> bool:
-        return self.meta["binary"] == "True"
+        return self.meta.get("binary") == "True"
 
     @property
     def inverse(self) -> bool:  # ogb adds each edge's reverse (ogbn-products)
@@ -146,12 +147,12 @@ class OgbShapes:
 
 def ogb_shapes(cfg: DatasetConfig, allow_download: bool) -> OgbShapes:
     """Sizes from the small files (csv) or the arrays' headers (binary ``data.npz``), nothing read whole."""
-    if cfg.name not in NAMES:
-        raise ConfigError(f"dataset.name={cfg.name!r} is not an OGB node dataset hpcgnn knows: {', '.join(NAMES)}")
+    if cfg.name not in (*NAMES, *LINK_NAMES):
+        raise ConfigError(f"dataset.name={cfg.name!r} is not an OGB dataset hpcgnn knows: {', '.join(NAMES + LINK_NAMES)}")
     meta = _meta(cfg.name)
     folder = _raw_folder(cfg, meta, allow_download)
     raw = folder / "raw"
-    if meta["binary"] == "True":
+    if meta.get("binary") == "True":
         with zipfile.ZipFile(raw / "data.npz") as z:
             n = int(np.load(z.open("num_nodes_list.npy")).sum())
             e = int(np.load(z.open("num_edges_list.npy")).sum())
@@ -192,21 +193,22 @@ def _npy_flat(z: zipfile.ZipFile, name: str, block: int, skip: int = 0, count: i
         total -= take
 
 
-def stream_ogb(cfg: DatasetConfig, shapes: OgbShapes, buckets, features) -> tuple[np.ndarray, dict, int]:
-    """An ogbn dataset's raw files into an out-of-core CSR, a chunk at a time: edges into ``buckets`` (with
-    their reverses where ogb adds them or ``dataset.to_undirected`` asks), feature rows into ``features``;
-    returns (labels, splits, classes), as :func:`load_ogb` reads them (only the labels and the splits, a
-    few bytes per node, are read whole)."""
+def stream_raw_graph(cfg: DatasetConfig, shapes: OgbShapes, buckets, features, drop: Tensor | None = None) -> None:
+    """OGB's raw graph into an out-of-core CSR, a chunk at a time: edges into ``buckets`` (with their reverses
+    where ogb adds them or ``dataset.to_undirected`` asks), feature rows into ``features``. ``drop``: sorted
+    keys ``target * n + source`` of edges left out (a link dataset's validation and test positives)."""
     import pandas as pd
 
     raw = shapes.folder / "raw"
-    both = shapes.inverse or cfg.to_undirected
+    both, n = shapes.inverse or cfg.to_undirected, shapes.num_nodes
 
     def add(src: np.ndarray, dst: np.ndarray) -> None:
         s, d = (torch.from_numpy(np.array(a, dtype=np.int64)) for a in (src, dst))  # (copies: buffers are read-only)
-        buckets.add(d, s)
-        if both:
-            buckets.add(s, d)
+        for u, v in ((s, d), (d, s)) if both else ((s, d),):
+            if drop is not None:
+                keep = ~torch.isin(v * n + u, drop)
+                u, v = u[keep], v[keep]
+            buckets.add(v, u)
 
     def write_rows(blocks) -> None:
         start = 0
@@ -231,7 +233,6 @@ def stream_ogb(cfg: DatasetConfig, shapes: OgbShapes, buckets, features) -> tupl
                     write_rows([np.load(z.open("node_feat.npy"))])
                 else:
                     write_rows(b.reshape(-1, f) for b in _npy_flat(z, "node_feat.npy", feature_rows * f))
-        labels = np.load(raw / "node-label.npz")["node_label"]
     else:
         for block in pd.read_csv(raw / "edge.csv.gz", compression="gzip", header=None, dtype=np.int64,
                                  chunksize=STREAM_ROWS):
@@ -240,9 +241,17 @@ def stream_ogb(cfg: DatasetConfig, shapes: OgbShapes, buckets, features) -> tupl
         if shapes.num_features:
             write_rows(b.to_numpy() for b in pd.read_csv(raw / "node-feat.csv.gz", compression="gzip", header=None,
                                                           chunksize=feature_rows))
-        labels = _read_csv(raw / "node-label.csv.gz")
     if not shapes.num_features:
         features.write(0, torch.zeros(shapes.num_nodes, 0))
+
+
+def stream_ogb(cfg: DatasetConfig, shapes: OgbShapes, buckets, features) -> tuple[np.ndarray, dict, int]:
+    """An ogbn dataset's raw files into an out-of-core CSR (:func:`stream_raw_graph`); returns (labels,
+    splits, classes), as :func:`load_ogb` reads them (only the labels and the splits, a few bytes per node,
+    are read whole)."""
+    stream_raw_graph(cfg, shapes, buckets, features)
+    raw = shapes.folder / "raw"
+    labels = np.load(raw / "node-label.npz")["node_label"] if shapes.binary else _read_csv(raw / "node-label.csv.gz")
     split_dir = shapes.folder / "split" / shapes.meta["split"]
     splits = {f"{k}_idx": _read_csv(split_dir / f"{part}.csv.gz").reshape(-1).astype(np.int64)
               for k, part in (("train", "train"), ("val", "valid"), ("test", "test"))}
@@ -318,28 +327,11 @@ def read_split_file(path: Path) -> dict:
     return {k: torch.as_tensor(np.asarray(v)) for k, v in data.items()}
 
 
-def load_ogb_link(cfg: DatasetConfig, allow_download: bool):
-    """ogbl-collab / ogbl-citation2: the raw graph (training edges) and the official split.
+def ogb_link_splits(cfg: DatasetConfig, folder: Path, meta: dict) -> dict:
+    """The official split of an ogbl dataset (:class:`LinkSplit` by name): collab's positives and shared
+    negatives (``pairs``), citation2's sources with their candidate targets (``targets``)."""
+    from hpcgnn.data.link import LinkSplit
 
-    collab: positives and shared negatives per split (``edge``, ``edge_neg``), ranked for Hits@50;
-    citation2: per-source 1000 candidate targets (``target_node_neg``), ranked for MRR. The
-    validation and test positives are removed from message passing in both directions, should the
-    raw graph hold any.
-    """
-    from ogb.io.read_graph_raw import read_csv_graph_raw
-
-    from hpcgnn.data.link import LinkData, LinkSplit, message_passing_graph, without_edges
-
-    if cfg.name not in LINK_NAMES:
-        raise ConfigError(f"dataset.name={cfg.name!r} is not an OGB link dataset hpcgnn knows: {', '.join(LINK_NAMES)}")
-    meta = _meta(cfg.name)
-    folder = _raw_folder(cfg, meta, allow_download)
-    graph = read_csv_graph_raw(str(folder / "raw"), add_inverse_edge=meta["add_inverse_edge"] == "True")[0]
-    n = int(graph["num_nodes"])
-    edge_index = torch.from_numpy(np.ascontiguousarray(graph["edge_index"], dtype=np.int64))
-    if cfg.to_undirected:
-        edge_index = torch.cat([edge_index, edge_index.flip(0)], dim=1)
-    x = torch.from_numpy(np.ascontiguousarray(graph["node_feat"], dtype=np.float32))
     split_dir = folder / "split" / meta["split"]
     raw = {part: read_split_file(split_dir / f"{part}.pt") for part in ("train", "valid", "test")}
     splits = {}
@@ -356,6 +348,39 @@ def load_ogb_link(cfg: DatasetConfig, allow_download: bool):
             neg = d["target_node_neg"].long().contiguous() if "target_node_neg" in d else None
             kind = "targets"
         splits[name] = LinkSplit(pos, neg, kind if neg is not None else "none")
+    return splits
+
+
+def held_out_keys(splits: dict, num_nodes: int) -> Tensor:
+    """Sorted keys ``target * n + source`` of the validation and test positives, both directions: the edges
+    kept out of message passing."""
+    pairs = torch.cat([splits["val"].pos, splits["test"].pos], 1)
+    return torch.unique(torch.cat([pairs[1] * num_nodes + pairs[0], pairs[0] * num_nodes + pairs[1]]))
+
+
+def load_ogb_link(cfg: DatasetConfig, allow_download: bool):
+    """ogbl-collab / ogbl-citation2: the raw graph (training edges) and the official split.
+
+    collab: positives and shared negatives per split (``edge``, ``edge_neg``), ranked for Hits@50;
+    citation2: per-source 1000 candidate targets (``target_node_neg``), ranked for MRR. The
+    validation and test positives are removed from message passing in both directions, should the
+    raw graph hold any.
+    """
+    from ogb.io.read_graph_raw import read_csv_graph_raw
+
+    from hpcgnn.data.link import LinkData, message_passing_graph, without_edges
+
+    if cfg.name not in LINK_NAMES:
+        raise ConfigError(f"dataset.name={cfg.name!r} is not an OGB link dataset hpcgnn knows: {', '.join(LINK_NAMES)}")
+    meta = _meta(cfg.name)
+    folder = _raw_folder(cfg, meta, allow_download)
+    graph = read_csv_graph_raw(str(folder / "raw"), add_inverse_edge=meta["add_inverse_edge"] == "True")[0]
+    n = int(graph["num_nodes"])
+    edge_index = torch.from_numpy(np.ascontiguousarray(graph["edge_index"], dtype=np.int64))
+    if cfg.to_undirected:
+        edge_index = torch.cat([edge_index, edge_index.flip(0)], dim=1)
+    x = torch.from_numpy(np.ascontiguousarray(graph["node_feat"], dtype=np.float32))
+    splits = ogb_link_splits(cfg, folder, meta)
     mp = message_passing_graph(edge_index, n, x)
     mp = without_edges(mp, torch.cat([splits["val"].pos, splits["test"].pos], 1))
     metric = meta["eval metric"]  # hits@50 (collab) or mrr (citation2)
