@@ -539,3 +539,43 @@ def test_typed_folder_errors_name_the_file(tmp_path, graph, damage, message):
     damage(tmp_path / "g")
     with pytest.raises(DatasetFileError, match=message):
         load_typed_files(DatasetConfig(name="files", path=str(tmp_path / "g")))
+
+
+@pytest.mark.parametrize("erase_types", [False, True])
+def test_typed_graph_is_prepared_out_of_core_into_the_graph_built_in_memory(tmp_path, monkeypatch, erase_types):
+    """Drawn in several chunks of papers, every relation (and the homogeneous view) bucketed on disk in
+    several buckets, the rule types' features averaged a chunk of rows at a time: the typed graph and its
+    view are the ones built in memory, array for array (types erased: the view alone is kept)."""
+    from hpcgnn.data import (
+        TYPED_LOADERS,
+        build_graph,
+        cache_folder,
+        ooc,
+        open_graph,
+        open_typed,
+        prepare,
+        synthetic,
+    )
+
+    monkeypatch.setattr(synthetic, "SOURCE_CHUNK", 700)
+    monkeypatch.setattr(ooc, "MIN_BUCKET_EDGES", 300)
+    cfg = DatasetConfig(name="synthetic_hetero", num_nodes=2000, root=str(tmp_path), prepare_mem_gb=1e-4,
+                        erase_types=erase_types)
+    prepare(cfg)
+    view = open_graph(cfg)
+    ref = TYPED_LOADERS["synthetic_hetero"](cfg, False)
+    ref_view = build_graph(cfg) if erase_types else ref.homogeneous()
+    for name in ("rowptr", "col", "x", "y", "train_idx", "val_idx", "test_idx"):
+        assert torch.equal(getattr(view, name).long() if name == "col" else getattr(view, name),
+                           getattr(ref_view, name)), name
+    files = {p.name for p in cache_folder(cfg).iterdir()}
+    assert any(f.startswith(("rowptr__", "col__")) for f in files) is not erase_types
+    assert not any(f.endswith(".part") for f in files) and "scratch" not in files
+    if not erase_types:
+        got = open_typed(cfg)
+        assert got.relations == ref.relations and got.feature_rule == ref.feature_rule
+        for rel in ref.relations:
+            assert got.col[rel].dtype == torch.int32
+            assert torch.equal(got.rowptr[rel], ref.rowptr[rel]) and torch.equal(got.col[rel].long(), ref.col[rel]), rel
+        for t in ref.node_types:
+            assert torch.equal(got.x[t], ref.x[t]), t

@@ -53,12 +53,16 @@ from hpcgnn.data.ogb import (
 )
 from hpcgnn.data.synthetic import (
     GENERATOR_VERSION,
+    TYPED_FEATURES_FROM,
+    TYPED_RELATIONS,
     expected_edges,
     generate_synthetic,
+    generate_synthetic_typed,
     make_synthetic,
     make_synthetic_typed,
+    typed_sizes,
 )
-from hpcgnn.data.typed import TypedGraph, TypedSchema, relation_key
+from hpcgnn.data.typed import TypedGraph, TypedSchema, TypedWriter, relation_key
 from hpcgnn.io import atomic_folder
 
 log = logging.getLogger(__name__)
@@ -153,6 +157,8 @@ def prepare(cfg: DatasetConfig, allow_download: bool = False) -> Path:
         return folder
     log.info("preparing %s into %s", cfg.name, folder)
     source = {"dataset": dataclasses.asdict(cfg)}
+    if cfg.name in STREAMED_TYPED:  # typed sources out of core (types erased: the view alone)
+        return prepare_typed_streamed(cfg, folder, source, allow_download)
     if is_typed(cfg):  # stored as its homogeneous view, plus each relation's CSR and the types
         typed = TYPED_LOADERS[cfg.name](cfg, allow_download)
         arrays = {f"{kind}__{relation_key(r)}": getattr(typed, kind)[r] for r in typed.relations
@@ -170,6 +176,41 @@ def prepare(cfg: DatasetConfig, allow_download: bool = False) -> Path:
         # streamed to disk: edges in buckets, never the whole edge list in memory
         return prepare_streamed(cfg, folder, source, allow_download)
     return cache.save(build_graph(cfg, allow_download), folder, source)
+
+
+STREAMED_TYPED = ("synthetic_hetero",)
+
+
+def prepare_typed_streamed(cfg: DatasetConfig, folder: Path, source: dict, allow_download: bool = False) -> Path:
+    """A typed graph drawn or read a chunk at a time into ``folder`` (:class:`TypedWriter`): each relation's
+    CSR and the homogeneous view's bucketed on disk, features written as they come, rule types' features
+    computed from the written CSR; with ``dataset.erase_types=true`` the view alone."""
+    relations_too = is_typed(cfg)
+    sizes, expected = typed_sizes(cfg)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    total, edges = sum(sizes.values()), 2 * sum(expected.values())
+    need = edges * ooc.index_dtype(total).itemsize * (6 if relations_too else 3) + total * (cfg.num_features * 8 + 32)
+    free = shutil.disk_usage(folder.parent).free
+    if need > free:
+        raise OSError(f"preparing the graph needs about {cache.human_bytes(need)} in {folder.parent} (with its "
+                      f"scratch), but only {cache.human_bytes(free)} are free: set dataset.root to a larger file system")
+    with atomic_folder(folder) as tmp:
+        writer = TypedWriter(tmp, sizes, TYPED_RELATIONS, expected, cfg.num_features, prepare_mem_bytes(cfg),
+                             relations_too=relations_too)
+        target = "paper"
+        y, *splits = generate_synthetic_typed(cfg, writer.add, lambda a, x: writer.write_features(target, a, x))
+        num_edges, rule, arrays = writer.close(TYPED_FEATURES_FROM, cfg.feature_dtype)
+        t0 = writer.off[target]
+        y_all = np.full(total, -1, dtype=np.int64)
+        y_all[t0:t0 + sizes[target]] = y.numpy()
+        np.save(tmp / "y.npy", y_all)
+        for name, idx in zip(("train_idx", "val_idx", "test_idx"), splits, strict=True):
+            np.save(tmp / f"{name}.npy", (idx + t0).numpy())
+        schema = TypedSchema(sizes, writer.schema.relations, target)
+        meta = {"typed": {**schema.to_meta(), "feature_rule": rule}} if relations_too else None
+        cache.write_meta(tmp, total, num_edges, cfg.num_features, cfg.num_classes, source, cfg.feature_dtype,
+                         extra=arrays, extra_meta=meta)
+    return folder
 
 
 def prepare_mem_bytes(cfg: DatasetConfig) -> int:

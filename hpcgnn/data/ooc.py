@@ -90,14 +90,17 @@ def stack_rows(path: Path, parts: list[Path]) -> None:
 
 
 class EdgeBuckets:
-    """Edges (target, source) collected on disk by target range, then written as one CSR.
+    """Edges (target, source) collected on disk by target range, then written as one CSR (``num_nodes``
+    rows; ``num_src``: the sources' id space when it is not the targets', a typed relation's).
 
     ``weighted``: duplicates are summed into ``weight.npy`` (int64) instead of dropped, each added edge
     weighing its given weight or 1 (a partitioner's coarse graph: the edges between two clusters)."""
 
-    def __init__(self, num_nodes: int, expected_edges: int, scratch: Path, mem_bytes: int, weighted: bool = False):
+    def __init__(self, num_nodes: int, expected_edges: int, scratch: Path, mem_bytes: int, weighted: bool = False,
+                 num_src: int | None = None):
         self.n, self.scratch, self.weighted = num_nodes, scratch, weighted
-        self.dtype = index_dtype(num_nodes)
+        self.m = num_nodes if num_src is None else max(num_src, 1)  # sources' id space (a typed relation's)
+        self.dtype = index_dtype(max(num_nodes, self.m))
         per_bucket = max(mem_bytes // (BYTES_PER_EDGE + 24 * weighted), MIN_BUCKET_EDGES)  # weights: their sort order too
         self.num_buckets = max(1, math.ceil(1.25 * expected_edges / per_bucket))
         self.rows = max(1, math.ceil(num_nodes / self.num_buckets))
@@ -171,7 +174,7 @@ class EdgeBuckets:
         if not files:
             return torch.zeros(hi - lo, dtype=torch.long), np.zeros(0, self.dtype), np.zeros(0, np.int64)
         key = torch.cat([torch.from_numpy(np.fromfile(s._file(b, "dst"), dtype=self.dtype)) for s in files]).long()
-        key.sub_(lo).mul_(self.n).add_(
+        key.sub_(lo).mul_(self.m).add_(
             torch.cat([torch.from_numpy(np.fromfile(s._file(b, "src"), dtype=self.dtype)) for s in files]))
         w = None
         if self.weighted:  # sort, then sum each run of equal keys
@@ -184,8 +187,8 @@ class EdgeBuckets:
             w = torch.diff(sums, prepend=sums.new_zeros(1)).numpy()
         else:
             key = torch.unique(key)  # sorted by target, then source; no duplicates
-        counts = torch.bincount(key // self.n, minlength=hi - lo)
-        col = key.remainder_(self.n).numpy().astype(self.dtype)
+        counts = torch.bincount(key // self.m, minlength=hi - lo)
+        col = key.remainder_(self.m).numpy().astype(self.dtype)
         for s in files:
             for which in ("dst", "src", "w"):
                 s._file(b, which).unlink(missing_ok=True)

@@ -23,7 +23,7 @@ from hpcgnn.data.graph import Graph
 from hpcgnn.rng import generator
 
 # Part of the cache key: bump it whenever a change here changes the graph a config produces.
-GENERATOR_VERSION = 5  # 5: drawn in chunks of SOURCE_CHUNK sources (graphs up to that size are those of 4)
+GENERATOR_VERSION = 6  # 5: drawn in chunks of SOURCE_CHUNK sources (graphs up to that size are those of 4); 6: typed too
 
 
 # Sources are generated this many at a time (part of the generator: a graph of at most this many
@@ -139,7 +139,20 @@ class _ChungLu:
         return src, self.by_comm[pos]
 
 
-def make_synthetic_typed(cfg: DatasetConfig):
+TYPED_RELATIONS = [("paper", "cites", "paper"), ("author", "writes", "paper"), ("paper", "has_topic", "field")]
+TYPED_FEATURES_FROM = {"author": ("paper", "rev_writes", "author"), "field": ("paper", "has_topic", "field")}
+
+
+def typed_sizes(cfg: DatasetConfig) -> tuple[dict[str, int], dict[tuple[str, str, str], int]]:
+    """The typed graph's node counts per type and the edges drawn per relation (before duplicates go)."""
+    c, n = cfg.num_classes, cfg.num_nodes
+    per_cites = max(int(round(cfg.avg_degree / 2)), 1)
+    return ({"paper": n, "author": max(n // 2, c), "field": c * cfg.communities_per_class},
+            dict(zip(TYPED_RELATIONS, (n * per_cites, 3 * n, 2 * n), strict=True)))
+
+
+def generate_synthetic_typed(cfg: DatasetConfig, on_edges: Callable[[tuple[str, str, str], Tensor, Tensor], None],
+                             on_features: Callable[[int, Tensor], None]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """A seeded typed graph where a paper's label is told by its relations, not by its features alone.
 
     Papers (the target type, ``num_nodes`` of them) have noisy class-centroid features; fields
@@ -150,18 +163,24 @@ def make_synthetic_typed(cfg: DatasetConfig):
     outnumbered by ``cites``: a relational model weighs the relations apart, a homogeneous GNN
     with types erased averages the informative neighbours with the many uninformative ones, and
     an MLP on the paper's features sees the noise alone.
-    """
-    from hpcgnn.data.typed import TypedGraph
 
+    Drawn SOURCE_CHUNK papers at a time: ``on_edges(relation, src, dst)`` gets each chunk's edges of each
+    relation (as drawn: reverses are the builder's), ``on_features(start, rows)`` each chunk of the papers'
+    features. Returns (y, train_idx, val_idx, test_idx) of the papers. Memory: O(nodes) plus one chunk.
+    """
     g = generator(cfg.seed, "synthetic_typed")
     c, n = cfg.num_classes, cfg.num_nodes
-    n_fields, n_authors = c * cfg.communities_per_class, max(n // 2, c)
+    sizes, _ = typed_sizes(cfg)
+    n_fields, n_authors = sizes["field"], sizes["author"]
     y = torch.randint(c, (n,), generator=g)
     author_class = torch.randint(c, (n_authors,), generator=g)
+    pools = {}
 
-    def pick(klass: Tensor, pool_class: Tensor, per: int) -> Tensor:
+    def pick(klass: Tensor, pool: str, pool_class: Tensor, per: int) -> Tensor:
         """``per`` members of the pool for each item: of the item's class with probability homophily."""
-        by_class = [torch.nonzero(pool_class == k).squeeze(1) for k in range(c)]
+        if pool not in pools:
+            pools[pool] = [torch.nonzero(pool_class == k).squeeze(1) for k in range(c)]
+        by_class = pools[pool]
         items = klass.repeat_interleave(per)
         same = torch.rand(items.numel(), generator=g) < cfg.homophily
         out = torch.randint(pool_class.numel(), (items.numel(),), generator=g)
@@ -171,23 +190,39 @@ def make_synthetic_typed(cfg: DatasetConfig):
             out[mask] = members[torch.randint(members.numel(), (int(mask.sum()),), generator=g)]
         return out
 
-    papers = torch.arange(n)
-    topics = pick(y, torch.arange(n_fields) % c, 2)
-    authors = pick(y, author_class, 3)
     per_cites = max(int(round(cfg.avg_degree / 2)), 1)
-    cited = torch.randint(n, (n * per_cites,), generator=g)
-    citing = papers.repeat_interleave(per_cites)
-    keep = cited != citing
+    for a in range(0, n, SOURCE_CHUNK):
+        b = min(a + SOURCE_CHUNK, n)
+        papers = torch.arange(a, b)
+        topics = pick(y[a:b], "field", torch.arange(n_fields) % c, 2)
+        authors = pick(y[a:b], "author", author_class, 3)
+        cited = torch.randint(n, ((b - a) * per_cites,), generator=g)
+        citing = papers.repeat_interleave(per_cites)
+        keep = cited != citing
+        on_edges(("paper", "cites", "paper"), citing[keep], cited[keep])
+        on_edges(("author", "writes", "paper"), authors, papers.repeat_interleave(3))
+        on_edges(("paper", "has_topic", "field"), papers.repeat_interleave(2), topics)
     centroids = torch.randn(c, cfg.num_features, generator=g)
-    x = (centroids[y] + cfg.feature_noise * torch.randn(n, cfg.num_features, generator=g)) / (
-        1.0 + cfg.feature_noise**2) ** 0.5
+    for a in range(0, n, SOURCE_CHUNK):
+        b = min(a + SOURCE_CHUNK, n)
+        x = (centroids[y[a:b]] + cfg.feature_noise * torch.randn(b - a, cfg.num_features, generator=g)) / (
+            1.0 + cfg.feature_noise**2) ** 0.5
+        on_features(a, x)
     perm = torch.randperm(n, generator=g)
     n_train, n_val = int(cfg.train_fraction * n), int(cfg.val_fraction * n)
-    return TypedGraph.from_edges(
-        {"paper": n, "author": n_authors, "field": n_fields},
-        {("paper", "cites", "paper"): torch.stack([citing[keep], cited[keep]]),
-         ("author", "writes", "paper"): torch.stack([authors, papers.repeat_interleave(3)]),
-         ("paper", "has_topic", "field"): torch.stack([papers.repeat_interleave(2), topics])},
-        {"paper": x}, "paper", y, perm[:n_train].sort().values, perm[n_train:n_train + n_val].sort().values,
-        perm[n_train + n_val:].sort().values, c,
-        feature_from={"author": ("paper", "rev_writes", "author"), "field": ("paper", "has_topic", "field")})
+    return (y, perm[:n_train].sort().values, perm[n_train:n_train + n_val].sort().values,
+            perm[n_train + n_val:].sort().values)
+
+
+def make_synthetic_typed(cfg: DatasetConfig):
+    """The typed synthetic graph in memory (small graphs, tests); ``prepare`` streams it to disk instead."""
+    from hpcgnn.data.typed import TypedGraph
+
+    edges: dict = {r: [] for r in TYPED_RELATIONS}
+    xs: list[Tensor] = []
+    y, train_idx, val_idx, test_idx = generate_synthetic_typed(
+        cfg, lambda rel, s, d: edges[rel].append(torch.stack([s, d])), lambda start, x: xs.append(x))
+    sizes, _ = typed_sizes(cfg)
+    return TypedGraph.from_edges(sizes, {r: torch.cat(e, 1) for r, e in edges.items()}, {"paper": torch.cat(xs)},
+                                 "paper", y, train_idx, val_idx, test_idx, cfg.num_classes,
+                                 feature_from=TYPED_FEATURES_FROM)

@@ -16,7 +16,9 @@ and nothing per step.
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import Tensor
@@ -205,3 +207,112 @@ def mean_over(rowptr: Tensor, col: Tensor, x_src: Tensor) -> Tensor:
     out = torch.zeros(deg.numel(), x_src.size(1), dtype=torch.float32)
     out.index_add_(0, dst, x_src.index_select(0, col).float())
     return out / deg.clamp(min=1).unsqueeze(1).float()
+
+
+def expand_relations(relations: list[Relation], reverse: bool) -> list[Relation]:
+    """The relations a typed graph stores, in :meth:`TypedGraph.from_edges`'s order: with ``reverse``, a
+    relation between two types is followed by its ``rev_<name>``, one inside a type is made undirected."""
+    out = []
+    for s, name, d in relations:
+        out.append((s, name, d))
+        if reverse and s != d:
+            out.append((d, f"rev_{name}", s))
+    return out
+
+
+class TypedWriter:
+    """A typed graph prepared out of core into a cache folder, as :meth:`TypedGraph.from_edges` and the
+    cache would hold it in memory: each relation's in-edge CSR and the homogeneous view's are bucketed on
+    disk (:class:`~hpcgnn.data.ooc.EdgeBuckets`) as edge chunks arrive (:meth:`add`), each type's given
+    features are written as row chunks arrive (:meth:`write_features`), and :meth:`close` sorts the buckets,
+    computes the rule types' features a chunk of rows at a time (the mean over a relation) and stacks every
+    type's rows into the view's ``x.npy``. ``relations_too=False``: the homogeneous view alone
+    (``dataset.erase_types=true``)."""
+
+    def __init__(self, tmp: Path, num_nodes: dict[str, int], relations: list[Relation], expected: dict[Relation, int],
+                 num_features: int, mem_bytes: int, reverse: bool = True, relations_too: bool = True):
+        from hpcgnn.data.ooc import EdgeBuckets, FeatureWriter
+
+        self.tmp, self.num_nodes, self.reverse, self.relations_too = tmp, dict(num_nodes), reverse, relations_too
+        self.schema = TypedSchema(self.num_nodes, tuple(expand_relations(relations, reverse)), "")
+        self.off, total = self.schema.offsets(), sum(self.num_nodes.values())
+        both = {r: expected[r] * (2 if reverse else 1) for r in relations}
+        share = max(mem_bytes // (len(self.schema.relations) + 1), 1 << 20)
+        self.view = EdgeBuckets(total, sum(both.values()), tmp / "scratch" / "view", share)
+        self.buckets = {}  # (every relation: the rule types' features are averaged over theirs)
+        for s, name, d in relations:
+            for rel in expand_relations([(s, name, d)], reverse):
+                self.buckets[rel] = EdgeBuckets(num_nodes[rel[2]], both[(s, name, d)],
+                                                    tmp / "scratch" / relation_key(rel), share, num_src=num_nodes[rel[0]])
+        self.num_features = num_features
+        self.features = {}  # type -> FeatureWriter of its given rows (float32: rule types average them)
+        self._feature_writer = lambda t: FeatureWriter(tmp / f"x.{t}.part", num_nodes[t], num_features, "float32")
+
+    def add(self, rel: Relation, src: Tensor, dst: Tensor) -> None:
+        """Edges ``src -> dst`` of ``rel`` as given (types' own ids); reverses are added as :meth:`from_edges` adds them."""
+        s, name, d = rel
+        src, dst = src.long(), dst.long()
+        pieces = [((s, name, d), src, dst)]
+        if self.reverse:
+            pieces.append(((s, name, d), dst, src) if s == d else ((d, f"rev_{name}", s), dst, src))
+        for r, u, v in pieces:
+            self.buckets[r].add(v, u)
+            self.view.add(v + self.off[r[2]], u + self.off[r[0]])
+
+    def write_features(self, node_type: str, start: int, rows: Tensor) -> None:
+        if node_type not in self.features:
+            self.features[node_type] = self._feature_writer(node_type)
+        self.features[node_type].write(start, rows.float())
+
+    def close(self, feature_from: dict[str, Relation], feature_dtype: str) -> tuple[int, dict[str, str], list[str]]:
+        """Sort everything into ``tmp``; returns (the view's edge count, each type's feature rule, the names of
+        the relation arrays written beside the view)."""
+        import numpy as np
+
+        from hpcgnn.data.ooc import FeatureWriter, drop_pages, load_features
+
+        for w in self.features.values():
+            w.close()
+        arrays = []
+        for rel, buckets in self.buckets.items():
+            folder = self.tmp / "scratch" / f"csr__{relation_key(rel)}"
+            folder.mkdir(parents=True)
+            buckets.write_csr(folder)
+            for kind in ("rowptr", "col"):
+                (folder / f"{kind}.npy").rename(self.tmp / f"{kind}__{relation_key(rel)}.npy")
+                arrays.append(f"{kind}__{relation_key(rel)}")
+        num_edges = self.view.write_csr(self.tmp)
+        rule = {t: "given" for t in self.features}
+        for t, rel in feature_from.items():  # a type's features: the mean over a relation from a type that has them
+            if rel not in self.schema.relations or rel[2] != t or rel[0] not in self.features:
+                raise ValueError(f"features of {t!r} from {rel}: need a relation into {t!r} from a type with features")
+            rowptr = torch.from_numpy(np.load(self.tmp / f"rowptr__{relation_key(rel)}.npy", mmap_mode="c"))
+            col = torch.from_numpy(np.load(self.tmp / f"col__{relation_key(rel)}.npy", mmap_mode="c"))
+            x_src = load_features(self.tmp / f"x.{rel[0]}.part", "float32")
+            out = self._feature_writer(t)
+            for a in range(0, self.num_nodes[t], 1 << 16):
+                b = min(a + (1 << 16), self.num_nodes[t])
+                e0, e1 = int(rowptr[a]), int(rowptr[b])
+                out.write(a, mean_over(rowptr[a:b + 1] - e0, col[e0:e1].long(), x_src))
+                drop_pages(col[e0:e1])
+            out.close()
+            rule[t] = f"mean over {relation_key(rel)}"
+        missing = set(self.num_nodes) - set(rule)
+        if missing:
+            raise ValueError(f"node types without features and without a rule: {sorted(missing)}")
+        x = FeatureWriter(self.tmp / "x.npy", sum(self.num_nodes.values()), self.num_features, feature_dtype)
+        for t in self.num_nodes:  # stacked in the view's order, a chunk of rows at a time
+            part = self.tmp / f"x.{t}.part"
+            rows = load_features(part, "float32")
+            for a in range(0, rows.size(0), 1 << 16):
+                x.write(self.off[t] + a, rows[a:a + (1 << 16)])
+                drop_pages(rows[a:a + (1 << 16)])
+            del rows
+            part.unlink()
+        x.close()
+        shutil.rmtree(self.tmp / "scratch", ignore_errors=True)
+        if not self.relations_too:  # types erased: the relations served the rules only
+            for name in arrays:
+                (self.tmp / f"{name}.npy").unlink()
+            arrays = []
+        return num_edges, {t: rule[t] for t in self.num_nodes}, arrays
