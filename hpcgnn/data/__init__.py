@@ -35,7 +35,7 @@ from hpcgnn.data.files import (
     stream_files,
 )
 from hpcgnn.data.graph import Graph
-from hpcgnn.data.link import SPLITS, LinkData, from_arrays, link_arrays, split_edges, split_rows
+from hpcgnn.data.link import SPLITS, LinkData, from_arrays, link_arrays, link_meta, split_edges, split_rows
 from hpcgnn.data.ogb import LINK_NAMES as OGB_LINK_NAMES
 from hpcgnn.data.ogb import NAMES as OGB_NAMES
 from hpcgnn.data.ogb import (
@@ -165,14 +165,14 @@ def prepare(cfg: DatasetConfig, allow_download: bool = False) -> Path:
                   for kind in ("rowptr", "col")}
         meta = {"typed": {**typed.schema.to_meta(), "feature_rule": typed.feature_rule}}
         return cache.save(typed.homogeneous(), folder, source, extra=arrays, extra_meta=meta)
-    if cfg.prepared_for == "link" and cfg.name in ("synthetic", "files", *OGB_LINK_NAMES) and not (
-            cfg.name == "files" and is_typed_folder(files_folder(cfg))):  # streamed (split chunk by chunk)
-        return prepare_streamed(cfg, folder, source, allow_download)
+    homogeneous_files = cfg.name == "files" and not is_typed_folder(files_folder(cfg))
+    if cfg.prepared_for == "link" and (cfg.name in ("synthetic", *OGB_LINK_NAMES) or homogeneous_files):
+        return prepare_streamed(cfg, folder, source, allow_download)  # (split chunk by chunk)
     if cfg.prepared_for == "link":
         data = build_link(cfg, allow_download)
         arrays, meta = link_arrays(data)
         return cache.save(data.graph, folder, source, extra=arrays, extra_meta=meta)
-    if cfg.name in ("synthetic", *OGB_NAMES) or (cfg.name == "files" and not is_typed_folder(files_folder(cfg))):
+    if cfg.name in ("synthetic", *OGB_NAMES) or homogeneous_files:
         # streamed to disk: edges in buckets, never the whole edge list in memory
         return prepare_streamed(cfg, folder, source, allow_download)
     return cache.save(build_graph(cfg, allow_download), folder, source)
@@ -277,16 +277,14 @@ def _stream_graph(cfg: DatasetConfig, tmp: Path, n: int, num_features: int, edge
 def _stream_ogb_link(cfg: DatasetConfig, tmp: Path, shapes, edges: int, source: dict) -> None:
     """An ogbl dataset: the raw graph streamed into the message-passing CSR without the validation and test
     positives (either direction), the official splits (held whole: positives and negatives) beside it."""
-    splits = ogb_link_splits(cfg, shapes.folder, shapes.meta)
+    splits = ogb_link_splits(shapes.folder, shapes.meta)
     n = shapes.num_nodes
     buckets = ooc.EdgeBuckets(n, edges, tmp / "scratch", prepare_mem_bytes(cfg))
     features = ooc.FeatureWriter(tmp / "x.npy", n, shapes.num_features, cfg.feature_dtype)
     stream_raw_graph(cfg, shapes, buckets, features, drop=held_out_keys(splits, n))
     features.close()
     num_edges = buckets.write_csr(tmp)
-    empty = np.zeros(0, dtype=np.int64)
-    for name in ("y", "train_idx", "val_idx", "test_idx"):
-        np.save(tmp / f"{name}.npy", empty)
+    _save_no_labels(tmp)
     data = LinkData(None, splits["train"], splits["val"], splits["test"], shapes.meta["eval metric"])
     arrays, meta = link_arrays(data)
     for name, array in arrays.items():
@@ -321,12 +319,17 @@ def _split_streamed(cfg: DatasetConfig, whole: Path, tmp: Path, source: dict) ->
     num_features = graph.num_features
     del graph, has_edge
     shutil.rmtree(whole)
+    _save_no_labels(tmp)
+    kinds = {s: "none" if s == "train" else "pairs" for s in SPLITS}
+    cache.write_meta(tmp, n, num_edges, num_features, 0, source, cfg.feature_dtype, extra=names,
+                     extra_meta=link_meta("auc", kinds))
+
+
+def _save_no_labels(tmp: Path) -> None:
+    """A link dataset's graph has no node labels and no node splits: empty arrays in their places."""
     empty = np.zeros(0, dtype=np.int64)
     for name in ("y", "train_idx", "val_idx", "test_idx"):
         np.save(tmp / f"{name}.npy", empty)
-    kinds = {s: "none" if s == "train" else "pairs" for s in SPLITS}
-    cache.write_meta(tmp, n, num_edges, num_features, 0, source, cfg.feature_dtype,
-                     extra=names, extra_meta={"link": {"metric": "auc", "neg_kind": kinds}})
 
 
 def check_available(cfg: DatasetConfig) -> None:

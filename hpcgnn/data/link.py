@@ -160,14 +160,18 @@ def split_edges(graph: Graph, fractions: tuple[float, ...], seed: int) -> LinkDa
     return LinkData(mp, splits["train"], splits["val"], splits["test"], metric="auc")
 
 
+def pair_keys(pairs: Tensor, num_nodes: int) -> Tensor:
+    """Keys ``target * n + source`` (:func:`edge_keys`' form) of ``pairs`` [2, P] in both directions."""
+    return torch.cat([pairs[1] * num_nodes + pairs[0], pairs[0] * num_nodes + pairs[1]])
+
+
 def without_edges(graph: Graph, pairs: Tensor) -> Graph:
     """``graph`` without the edges ``pairs`` [2, P] in either direction (kept out of message passing)."""
     n = graph.num_nodes
     if pairs.numel() == 0:
         return graph
-    drop = torch.cat([pairs[1] * n + pairs[0], pairs[0] * n + pairs[1]])
     keys = edge_keys(graph)
-    keep = ~torch.isin(keys, drop)
+    keep = ~torch.isin(keys, pair_keys(pairs, n))
     if bool(keep.all()):
         return graph
     ei = graph.edge_index()[:, keep]
@@ -186,7 +190,12 @@ def link_arrays(data: LinkData) -> tuple[dict[str, Tensor], dict]:
         if s.neg is not None:
             arrays[f"{name}_neg"] = s.neg.contiguous()
         kinds[name] = s.neg_kind
-    return arrays, {"link": {"metric": data.metric, "neg_kind": kinds}}
+    return arrays, link_meta(data.metric, kinds)
+
+
+def link_meta(metric: str, neg_kind: dict[str, str]) -> dict:
+    """The ``link`` record of a prepared link dataset's meta.json (:func:`from_arrays` reads it)."""
+    return {"link": {"metric": metric, "neg_kind": neg_kind}}
 
 
 def from_arrays(graph: Graph, arrays: dict[str, Tensor], meta: dict) -> LinkData:

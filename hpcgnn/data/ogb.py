@@ -101,23 +101,18 @@ def load_ogb(cfg: DatasetConfig, allow_download: bool) -> Graph:
     raw = folder / "raw"
     if meta["binary"] == "True":
         graph = read_binary_graph_raw(str(raw), add_inverse_edge=False)[0]
-        labels = np.load(raw / "node-label.npz")["node_label"]
     else:
         graph = read_csv_graph_raw(str(raw), add_inverse_edge=meta["add_inverse_edge"] == "True")[0]
-        labels = _read_csv(raw / "node-label.csv.gz")
-    split_dir = folder / "split" / meta["split"]
-    split = {part: _read_csv(split_dir / f"{part}.csv.gz").reshape(-1) for part in ("train", "valid", "test")}
+    y_np, split = _labels_and_splits(folder, meta)
 
     n = int(graph["num_nodes"])
     edge_index = torch.from_numpy(np.ascontiguousarray(graph["edge_index"], dtype=np.int64))
     if cfg.to_undirected:
         edge_index = torch.cat([edge_index, edge_index.flip(0)], dim=1)
     x = torch.from_numpy(np.ascontiguousarray(graph["node_feat"], dtype=np.float32))
-    # papers100M labels only a subset of nodes (NaN elsewhere): those become -1 and lie in no split.
-    y_np = np.asarray(labels, dtype=np.float64).reshape(-1)
-    y = torch.from_numpy(np.where(np.isnan(y_np), -1, y_np).astype(np.int64))
-    idx = {k: torch.from_numpy(v.astype(np.int64)) for k, v in split.items()}
-    return Graph.from_edge_index(edge_index, n, x, y, idx["train"], idx["valid"], idx["test"],
+    y = torch.from_numpy(y_np)
+    idx = {k: torch.from_numpy(v) for k, v in split.items()}
+    return Graph.from_edge_index(edge_index, n, x, y, idx["train_idx"], idx["val_idx"], idx["test_idx"],
                                  int(meta["num classes"]))
 
 
@@ -250,13 +245,21 @@ def stream_ogb(cfg: DatasetConfig, shapes: OgbShapes, buckets, features) -> tupl
     splits, classes), as :func:`load_ogb` reads them (only the labels and the splits, a few bytes per node,
     are read whole)."""
     stream_raw_graph(cfg, shapes, buckets, features)
-    raw = shapes.folder / "raw"
-    labels = np.load(raw / "node-label.npz")["node_label"] if shapes.binary else _read_csv(raw / "node-label.csv.gz")
-    split_dir = shapes.folder / "split" / shapes.meta["split"]
+    y, splits = _labels_and_splits(shapes.folder, shapes.meta)
+    return y, splits, int(shapes.meta["num classes"])
+
+
+def _labels_and_splits(folder: Path, meta: dict) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """An ogbn dataset's int64 labels (papers100M labels only a subset of nodes, NaN elsewhere: those become
+    -1 and lie in no split) and its official split as ``train_idx``/``val_idx``/``test_idx``."""
+    raw = folder / "raw"
+    labels = np.load(raw / "node-label.npz")["node_label"] if meta["binary"] == "True" else _read_csv(
+        raw / "node-label.csv.gz")
+    split_dir = folder / "split" / meta["split"]
     splits = {f"{k}_idx": _read_csv(split_dir / f"{part}.csv.gz").reshape(-1).astype(np.int64)
               for k, part in (("train", "train"), ("val", "valid"), ("test", "test"))}
     y = np.asarray(labels, dtype=np.float64).reshape(-1)
-    return np.where(np.isnan(y), -1, y).astype(np.int64), splits, int(shapes.meta["num classes"])
+    return np.where(np.isnan(y), -1, y).astype(np.int64), splits
 
 
 # ogbn-mag: the types without features get the mean of their in-neighbours' along these relations, in this
@@ -327,7 +330,7 @@ def read_split_file(path: Path) -> dict:
     return {k: torch.as_tensor(np.asarray(v)) for k, v in data.items()}
 
 
-def ogb_link_splits(cfg: DatasetConfig, folder: Path, meta: dict) -> dict:
+def ogb_link_splits(folder: Path, meta: dict) -> dict:
     """The official split of an ogbl dataset (:class:`LinkSplit` by name): collab's positives and shared
     negatives (``pairs``), citation2's sources with their candidate targets (``targets``)."""
     from hpcgnn.data.link import LinkSplit
@@ -354,8 +357,9 @@ def ogb_link_splits(cfg: DatasetConfig, folder: Path, meta: dict) -> dict:
 def held_out_keys(splits: dict, num_nodes: int) -> Tensor:
     """Sorted keys ``target * n + source`` of the validation and test positives, both directions: the edges
     kept out of message passing."""
-    pairs = torch.cat([splits["val"].pos, splits["test"].pos], 1)
-    return torch.unique(torch.cat([pairs[1] * num_nodes + pairs[0], pairs[0] * num_nodes + pairs[1]]))
+    from hpcgnn.data.link import pair_keys
+
+    return torch.unique(pair_keys(torch.cat([splits["val"].pos, splits["test"].pos], 1), num_nodes))
 
 
 def load_ogb_link(cfg: DatasetConfig, allow_download: bool):
@@ -380,7 +384,7 @@ def load_ogb_link(cfg: DatasetConfig, allow_download: bool):
     if cfg.to_undirected:
         edge_index = torch.cat([edge_index, edge_index.flip(0)], dim=1)
     x = torch.from_numpy(np.ascontiguousarray(graph["node_feat"], dtype=np.float32))
-    splits = ogb_link_splits(cfg, folder, meta)
+    splits = ogb_link_splits(folder, meta)
     mp = message_passing_graph(edge_index, n, x)
     mp = without_edges(mp, torch.cat([splits["val"].pos, splits["test"].pos], 1))
     metric = meta["eval metric"]  # hits@50 (collab) or mrr (citation2)
