@@ -541,15 +541,21 @@ def test_typed_folder_errors_name_the_file(tmp_path, graph, damage, message):
         load_typed_files(DatasetConfig(name="files", path=str(tmp_path / "g")))
 
 
+@pytest.mark.parametrize("source", ["synthetic_hetero", "ogbn-mag", "files"])
 @pytest.mark.parametrize("erase_types", [False, True])
-def test_typed_graph_is_prepared_out_of_core_into_the_graph_built_in_memory(tmp_path, monkeypatch, erase_types):
-    """Drawn in several chunks of papers, every relation (and the homogeneous view) bucketed on disk in
-    several buckets, the rule types' features averaged a chunk of rows at a time: the typed graph and its
-    view are the ones built in memory, array for array (types erased: the view alone is kept)."""
+def test_typed_graph_is_prepared_out_of_core_into_the_graph_built_in_memory(tmp_path, monkeypatch, graph, source,
+                                                                            erase_types):
+    """Drawn in several chunks of papers (ogbn-mag's raw csv files, a typed folder's mapped arrays: read in
+    several chunks of rows), every relation (and the homogeneous view) bucketed on disk in several buckets,
+    the rule types' features averaged a chunk of rows at a time (ogbn-mag's institutions from the authors'
+    computed ones): the typed graph and its view are the ones built in memory, array for array (types
+    erased: the view alone is kept)."""
     from hpcgnn.data import (
         TYPED_LOADERS,
         build_graph,
         cache_folder,
+        files,
+        ogb,
         ooc,
         open_graph,
         open_typed,
@@ -558,12 +564,22 @@ def test_typed_graph_is_prepared_out_of_core_into_the_graph_built_in_memory(tmp_
     )
 
     monkeypatch.setattr(synthetic, "SOURCE_CHUNK", 700)
-    monkeypatch.setattr(ooc, "MIN_BUCKET_EDGES", 300)
-    cfg = DatasetConfig(name="synthetic_hetero", num_nodes=2000, root=str(tmp_path), prepare_mem_gb=1e-4,
-                        erase_types=erase_types)
+    monkeypatch.setattr(ogb, "STREAM_ROWS", 37)
+    monkeypatch.setattr(files, "STREAM_VALUES", 1000)
+    monkeypatch.setattr(ooc, "MIN_BUCKET_EDGES", 30 if source == "ogbn-mag" else 300)
+    if source == "ogbn-mag":
+        write_mini_mag(tmp_path)
+    elif source == "files":
+        write_typed_folder(tmp_path / "g", graph)
+    cfg = DatasetConfig(name=source, num_nodes=2000, root=str(tmp_path), prepare_mem_gb=1e-5 if source == "ogbn-mag"
+                        else 1e-4, erase_types=erase_types, path=str(tmp_path / "g") if source == "files" else None)
+    buckets, write_csr = [], ooc.EdgeBuckets.write_csr
+    monkeypatch.setattr(ooc.EdgeBuckets, "write_csr", lambda self, folder: buckets.append(self.num_buckets) or
+                        write_csr(self, folder))
     prepare(cfg)
+    assert max(buckets) > 1  # several buckets of one relation (or the view), sorted one at a time
     view = open_graph(cfg)
-    ref = TYPED_LOADERS["synthetic_hetero"](cfg, False)
+    ref = TYPED_LOADERS[source](cfg, False)
     ref_view = build_graph(cfg) if erase_types else ref.homogeneous()
     for name in ("rowptr", "col", "x", "y", "train_idx", "val_idx", "test_idx"):
         assert torch.equal(getattr(view, name).long() if name == "col" else getattr(view, name),

@@ -33,6 +33,7 @@ from hpcgnn.data.files import (
     load_typed_files,
     read_shapes,
     stream_files,
+    typed_files_source,
 )
 from hpcgnn.data.graph import Graph
 from hpcgnn.data.link import SPLITS, LinkData, from_arrays, link_arrays, link_meta, split_edges, split_rows
@@ -47,22 +48,20 @@ from hpcgnn.data.ogb import (
     load_ogb_typed,
     ogb_link_splits,
     ogb_shapes,
+    ogb_typed_source,
     prepare_command,
     stream_ogb,
     stream_raw_graph,
 )
 from hpcgnn.data.synthetic import (
     GENERATOR_VERSION,
-    TYPED_FEATURES_FROM,
-    TYPED_RELATIONS,
     expected_edges,
     generate_synthetic,
-    generate_synthetic_typed,
     make_synthetic,
     make_synthetic_typed,
-    typed_sizes,
+    synthetic_typed_source,
 )
-from hpcgnn.data.typed import TypedGraph, TypedSchema, TypedWriter, relation_key
+from hpcgnn.data.typed import TypedGraph, TypedSchema, TypedSource, TypedWriter, relation_key
 from hpcgnn.io import atomic_folder
 
 log = logging.getLogger(__name__)
@@ -157,15 +156,10 @@ def prepare(cfg: DatasetConfig, allow_download: bool = False) -> Path:
         return folder
     log.info("preparing %s into %s", cfg.name, folder)
     source = {"dataset": dataclasses.asdict(cfg)}
-    if cfg.name in STREAMED_TYPED:  # typed sources out of core (types erased: the view alone)
-        return prepare_typed_streamed(cfg, folder, source, allow_download)
-    if is_typed(cfg):  # stored as its homogeneous view, plus each relation's CSR and the types
-        typed = TYPED_LOADERS[cfg.name](cfg, allow_download)
-        arrays = {f"{kind}__{relation_key(r)}": getattr(typed, kind)[r] for r in typed.relations
-                  for kind in ("rowptr", "col")}
-        meta = {"typed": {**typed.schema.to_meta(), "feature_rule": typed.feature_rule}}
-        return cache.save(typed.homogeneous(), folder, source, extra=arrays, extra_meta=meta)
     homogeneous_files = cfg.name == "files" and not is_typed_folder(files_folder(cfg))
+    if cfg.prepared_for != "link" and cfg.name in TYPED_LOADERS and not homogeneous_files:
+        # typed sources, out of core (types erased: the view alone)
+        return prepare_typed_streamed(cfg, folder, source, allow_download)
     if cfg.prepared_for == "link" and (cfg.name in ("synthetic", *OGB_LINK_NAMES) or homogeneous_files):
         return prepare_streamed(cfg, folder, source, allow_download)  # (split chunk by chunk)
     if cfg.prepared_for == "link":
@@ -178,7 +172,13 @@ def prepare(cfg: DatasetConfig, allow_download: bool = False) -> Path:
     return cache.save(build_graph(cfg, allow_download), folder, source)
 
 
-STREAMED_TYPED = ("synthetic_hetero",)
+def typed_source(cfg: DatasetConfig, allow_download: bool = False) -> TypedSource:
+    """The typed source ``cfg`` names (types erased or not: the view is prepared from the same stream)."""
+    if cfg.name == "synthetic_hetero":
+        return synthetic_typed_source(cfg)
+    if cfg.name == "files":
+        return typed_files_source(cfg)
+    return ogb_typed_source(cfg, allow_download)
 
 
 def prepare_typed_streamed(cfg: DatasetConfig, folder: Path, source: dict, allow_download: bool = False) -> Path:
@@ -186,29 +186,30 @@ def prepare_typed_streamed(cfg: DatasetConfig, folder: Path, source: dict, allow
     CSR and the homogeneous view's bucketed on disk, features written as they come, rule types' features
     computed from the written CSR; with ``dataset.erase_types=true`` the view alone."""
     relations_too = is_typed(cfg)
-    sizes, expected = typed_sizes(cfg)
+    src = typed_source(cfg, allow_download)
+    sizes = src.num_nodes
     folder.parent.mkdir(parents=True, exist_ok=True)
-    total, edges = sum(sizes.values()), 2 * sum(expected.values())
-    need = edges * ooc.index_dtype(total).itemsize * (6 if relations_too else 3) + total * (cfg.num_features * 8 + 32)
+    total, edges = sum(sizes.values()), 2 * sum(src.expected.values())
+    need = edges * ooc.index_dtype(total).itemsize * (6 if relations_too else 3) + total * (src.num_features * 8 + 32)
     free = shutil.disk_usage(folder.parent).free
     if need > free:
         raise OSError(f"preparing the graph needs about {cache.human_bytes(need)} in {folder.parent} (with its "
                       f"scratch), but only {cache.human_bytes(free)} are free: set dataset.root to a larger file system")
     with atomic_folder(folder) as tmp:
-        writer = TypedWriter(tmp, sizes, TYPED_RELATIONS, expected, cfg.num_features, prepare_mem_bytes(cfg),
+        writer = TypedWriter(tmp, sizes, src.relations, src.expected, src.num_features, prepare_mem_bytes(cfg),
                              relations_too=relations_too)
-        target = "paper"
-        y, *splits = generate_synthetic_typed(cfg, writer.add, lambda a, x: writer.write_features(target, a, x))
-        num_edges, rule, arrays = writer.close(TYPED_FEATURES_FROM, cfg.feature_dtype)
+        target = src.target
+        y, *splits = src.feed(writer)
+        num_edges, rule, arrays = writer.close(src.feature_from, cfg.feature_dtype)
         t0 = writer.off[target]
         y_all = np.full(total, -1, dtype=np.int64)
         y_all[t0:t0 + sizes[target]] = y.numpy()
         np.save(tmp / "y.npy", y_all)
         for name, idx in zip(("train_idx", "val_idx", "test_idx"), splits, strict=True):
-            np.save(tmp / f"{name}.npy", (idx + t0).numpy())
+            np.save(tmp / f"{name}.npy", (idx.long() + t0).numpy())
         schema = TypedSchema(sizes, writer.schema.relations, target)
         meta = {"typed": {**schema.to_meta(), "feature_rule": rule}} if relations_too else None
-        cache.write_meta(tmp, total, num_edges, cfg.num_features, cfg.num_classes, source, cfg.feature_dtype,
+        cache.write_meta(tmp, total, num_edges, src.num_features, src.num_classes, source, cfg.feature_dtype,
                          extra=arrays, extra_meta=meta)
     return folder
 

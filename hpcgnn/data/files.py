@@ -21,6 +21,7 @@ from a type with features (recorded as the graph's ``feature_rule``).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +32,9 @@ from hpcgnn.data.graph import Graph
 from hpcgnn.errors import ConfigError, DatasetError
 
 FILES = ("edge_index", "x", "y", "train_idx", "val_idx", "test_idx")
+
+
+STREAM_VALUES = 1 << 22  # edges (or feature values) read at a time from a folder's mapped arrays
 
 
 class DatasetFileError(DatasetError):
@@ -132,7 +136,7 @@ def read_checked(cfg: DatasetConfig, mmap: bool = False) -> tuple[np.ndarray, np
     return ei, x, arrays["y"][1], {k: v[1] for k, v in splits.items()}
 
 
-def stream_files(cfg: DatasetConfig, buckets, features, chunk: int = 1 << 22) -> tuple[np.ndarray, dict, int]:
+def stream_files(cfg: DatasetConfig, buckets, features, chunk: int = STREAM_VALUES) -> tuple[np.ndarray, dict, int]:
     """A homogeneous folder into an out-of-core CSR: edges a chunk at a time into ``buckets`` (with their
     reverses for ``dataset.to_undirected``), feature rows into ``features``; returns (y, splits, classes)."""
     ei, x, y, splits = read_checked(cfg, mmap=True)
@@ -173,11 +177,22 @@ def is_typed_folder(folder: Path) -> bool:
     return (folder / "edges").is_dir()
 
 
-def load_typed_files(cfg: DatasetConfig, allow_download: bool = False):
+@dataclass
+class TypedFolder:
+    """A typed folder's arrays, every file checked (.npy files memory-mapped with ``mmap``)."""
+
+    num_nodes: dict[str, int]  # sorted by type
+    x: dict[str, np.ndarray]  # the types with features
+    target: str
+    y: np.ndarray
+    splits: dict[str, np.ndarray]  # train_idx, val_idx, test_idx
+    edges: dict[tuple[str, str, str], np.ndarray]  # [2, E] per given relation, sorted by folder name
+    feature_from: dict[str, tuple[str, str, str]]
+
+
+def read_typed_folder(cfg: DatasetConfig, mmap: bool = False) -> TypedFolder:
     """A typed graph from ``dataset.path`` laid out as ``nodes/<type>/...`` and ``edges/<src>__<name>__<dst>/``
     (see the module's docstring); every file checked, errors naming the file and the fix."""
-    from hpcgnn.data.typed import TypedGraph
-
     folder = files_folder(cfg)
     nodes_dir, edges_dir = folder / "nodes", folder / "edges"
     types = sorted(p.name for p in nodes_dir.iterdir() if p.is_dir()) if nodes_dir.is_dir() else []
@@ -186,9 +201,9 @@ def load_typed_files(cfg: DatasetConfig, allow_download: bool = False):
     num_nodes, x = {}, {}
     for t in types:
         if any((nodes_dir / t / f"x{suffix}").is_file() for suffix in (".npy", ".pt")):
-            px, xt = _read(nodes_dir / t, "x")
+            px, xt = _read(nodes_dir / t, "x", mmap)
             check_features(px, xt)
-            x[t], num_nodes[t] = torch.from_numpy(xt.astype(np.float32)), xt.shape[0]
+            x[t], num_nodes[t] = xt, xt.shape[0]
         elif any((nodes_dir / t / f"num_nodes{suffix}").is_file() for suffix in (".npy", ".pt")):
             pn, count = _read(nodes_dir / t, "num_nodes")
             if count.size != 1 or not np.issubdtype(count.dtype, np.integer) or int(count.reshape(-1)[0]) < 1:
@@ -217,9 +232,9 @@ def load_typed_files(cfg: DatasetConfig, allow_download: bool = False):
         if len(rel) != 3 or rel[0] not in num_nodes or rel[2] not in num_nodes:
             raise DatasetFileError(f"{edges_dir / key}: a relation's folder is named <source type>__<name>__<target "
                                    f"type>, with types among {', '.join(types)}")
-        pe, ei = _read(edges_dir / key, "edge_index")
+        pe, ei = _read(edges_dir / key, "edge_index", mmap)
         check_edges(pe, ei, num_nodes[rel[0]], num_nodes[rel[2]], f"the {rel[0]} and {rel[2]} counts")
-        edges[rel] = torch.from_numpy(ei.astype(np.int64))
+        edges[rel] = ei
     if not edges:
         raise DatasetFileError(f"{edges_dir}: no relation (edges/<src>__<name>__<dst>/edge_index.npy)")
     feature_from = {}
@@ -231,10 +246,44 @@ def load_typed_files(cfg: DatasetConfig, allow_download: bool = False):
             raise DatasetFileError(f"{nodes_dir / t}: {t} has no features and no relation from a type with features "
                                    f"to take their mean over: add nodes/{t}/x.npy, or such a relation")
         feature_from[t] = max(into, key=lambda c: (c[0], c[1]))[1]
-    y = torch.from_numpy(arrays["y"][1].astype(np.int64))
-    return TypedGraph.from_edges(num_nodes, edges, x, target, y,
-                                 *(torch.from_numpy(splits[k][1].astype(np.int64)) for k in splits),
-                                 num_classes=int(y.max()) + 1, feature_from=feature_from)
+    return TypedFolder(num_nodes, x, target, arrays["y"][1], {k: v[1] for k, v in splits.items()}, edges,
+                       feature_from)
+
+
+def load_typed_files(cfg: DatasetConfig, allow_download: bool = False):
+    """A typed folder (:func:`read_typed_folder`) in memory; ``prepare`` streams it instead (:func:`typed_files_source`)."""
+    from hpcgnn.data.typed import TypedGraph
+
+    f = read_typed_folder(cfg)
+    y = torch.from_numpy(f.y.astype(np.int64))
+    return TypedGraph.from_edges(f.num_nodes, {r: torch.from_numpy(ei.astype(np.int64)) for r, ei in f.edges.items()},
+                                 {t: torch.from_numpy(v.astype(np.float32)) for t, v in f.x.items()}, f.target, y,
+                                 *(torch.from_numpy(f.splits[k].astype(np.int64)) for k in f.splits),
+                                 num_classes=int(y.max()) + 1, feature_from=f.feature_from)
+
+
+def typed_files_source(cfg: DatasetConfig):
+    """A typed folder as :func:`~hpcgnn.data.prepare` streams it (:class:`~hpcgnn.data.typed.TypedSource`): its
+    .npy files memory-mapped, edges and feature rows read STREAM_VALUES values at a time."""
+    from hpcgnn.data.typed import TypedSource
+
+    chunk = STREAM_VALUES
+
+    f = read_typed_folder(cfg, mmap=True)
+    y = torch.from_numpy(np.asarray(f.y, dtype=np.int64))
+
+    def feed(writer):
+        for rel, ei in f.edges.items():
+            for a in range(0, ei.shape[1], chunk):
+                writer.add(rel, *(torch.from_numpy(np.array(ei[i, a:a + chunk], dtype=np.int64)) for i in (0, 1)))
+        for t, x in f.x.items():
+            rows = max(chunk // max(x.shape[1], 1), 1)
+            for a in range(0, x.shape[0], rows):
+                writer.write_features(t, a, torch.from_numpy(np.array(x[a:a + rows], dtype=np.float32)))
+        return y, *(torch.from_numpy(np.asarray(f.splits[k], dtype=np.int64)) for k in f.splits)
+
+    return TypedSource(f.num_nodes, list(f.edges), {r: int(ei.shape[1]) for r, ei in f.edges.items()},
+                       next(iter(f.x.values())).shape[1], f.target, int(y.max()) + 1, f.feature_from, feed)
 
 
 def _with_reverses(edges: dict) -> dict:

@@ -269,38 +269,88 @@ MAG_FEATURES = {"author": ("paper", "rev_writes", "author"),
                 "institution": ("author", "affiliated_with", "institution")}
 
 
-def load_ogb_typed(cfg: DatasetConfig, allow_download: bool):
-    """ogbn-mag through ogb.io's heterogeneous readers and the official time split of its papers; reverse
-    relations added and citations made undirected, as is customary; featureless types by MAG_FEATURES."""
-    from ogb.io.read_graph_raw import (
-        read_csv_heterograph_raw,
-        read_node_label_hetero,
-        read_nodesplitidx_split_hetero,
-    )
-
-    from hpcgnn.data.typed import TypedGraph
-
+def _typed_raw(cfg: DatasetConfig, allow_download: bool) -> tuple[Path, dict]:
     if cfg.name not in checks.OGB_TYPED_DATASETS:
         raise ConfigError(f"dataset.name={cfg.name!r} is not an OGB typed dataset hpcgnn knows: "
                           f"{', '.join(checks.OGB_TYPED_DATASETS)}")
     meta = _meta(cfg.name)
-    folder = _raw_folder(cfg, meta, allow_download)
-    raw = str(folder / "raw")
-    graph = read_csv_heterograph_raw(raw, add_inverse_edge=False)[0]
-    labels = read_node_label_hetero(raw)
+    return _raw_folder(cfg, meta, allow_download), meta
+
+
+def _typed_labels(folder: Path, meta: dict) -> tuple[str, Tensor, dict[str, Tensor]]:
+    """(the labelled type, its int64 labels, its official split by ``train``/``valid``/``test``), by ogb.io's
+    readers: a few bytes per node of that type, read whole."""
+    from ogb.io.read_graph_raw import read_node_label_hetero, read_nodesplitidx_split_hetero
+
+    labels = read_node_label_hetero(str(folder / "raw"))
     train, valid, test = read_nodesplitidx_split_hetero(str(folder / "split" / meta["split"]))
     (target,) = labels  # ogbn-mag labels one type: paper
+    y = torch.from_numpy(np.array(labels[target], dtype=np.int64).reshape(-1))  # a writable copy
+    return target, y, {k: torch.from_numpy(np.array(v[target], dtype=np.int64)) for k, v in
+                       (("train", train), ("valid", valid), ("test", test))}
+
+
+def load_ogb_typed(cfg: DatasetConfig, allow_download: bool):
+    """ogbn-mag through ogb.io's heterogeneous readers and the official time split of its papers; reverse
+    relations added and citations made undirected, as is customary; featureless types by MAG_FEATURES.
+    (In memory: ``prepare`` streams the raw files instead, :func:`ogb_typed_source`.)"""
+    from ogb.io.read_graph_raw import read_csv_heterograph_raw
+
+    from hpcgnn.data.typed import TypedGraph
+
+    folder, meta = _typed_raw(cfg, allow_download)
+    graph = read_csv_heterograph_raw(str(folder / "raw"), add_inverse_edge=False)[0]
+    target, y, idx = _typed_labels(folder, meta)
     num_nodes = {t: int(n[0]) if isinstance(n, list) else int(n) for t, n in graph["num_nodes_dict"].items()}
     edges = {tuple(rel): torch.from_numpy(np.ascontiguousarray(ei, dtype=np.int64))
              for rel, ei in graph["edge_index_dict"].items()}
     x = {t: torch.from_numpy(np.ascontiguousarray(v, dtype=np.float32)) for t, v in graph["node_feat_dict"].items()
          if v is not None}
     rules = {t: rel for t, rel in MAG_FEATURES.items() if t in num_nodes and t not in x}
-    y = torch.from_numpy(np.array(labels[target], dtype=np.int64).reshape(-1))  # a writable copy
-    idx = {k: torch.from_numpy(np.array(v[target], dtype=np.int64)) for k, v in
-           (("train", train), ("valid", valid), ("test", test))}
     return TypedGraph.from_edges(num_nodes, edges, x, target, y, idx["train"], idx["valid"], idx["test"],
                                  int(meta["num classes"]), reverse=True, feature_from=rules)
+
+
+def ogb_typed_source(cfg: DatasetConfig, allow_download: bool):
+    """ogbn-mag's raw files as :func:`~hpcgnn.data.prepare` streams them (:class:`~hpcgnn.data.typed.TypedSource`):
+    sizes from the small csv files, each relation's ``edge.csv.gz`` and each type's ``node-feat.csv.gz`` read a
+    chunk of rows at a time; the graph :func:`load_ogb_typed` reads whole."""
+    import pandas as pd
+
+    from hpcgnn.data.typed import TypedSource
+
+    folder, meta = _typed_raw(cfg, allow_download)
+    raw = folder / "raw"
+    counts = pd.read_csv(raw / "num-node-dict.csv.gz", compression="gzip")
+    num_nodes = {t: int(counts[t].astype(np.int64).sum()) for t in sorted(counts.keys())}  # ogb.io's order
+    relations = sorted(tuple(r) for r in _read_csv(raw / "triplet-type-list.csv.gz").tolist())
+    expected = {r: int(_read_csv(raw / "relations" / "___".join(r) / "num-edge-list.csv.gz").sum()) for r in relations}
+    featured = [t for t in num_nodes if (raw / "node-feat" / t / "node-feat.csv.gz").exists()]
+    widths = {}
+    for t in featured:
+        with gzip.open(raw / "node-feat" / t / "node-feat.csv.gz", "rt") as fh:
+            widths[t] = len(fh.readline().split(","))
+    if len(set(widths.values())) != 1:
+        raise DatasetError(f"{raw / 'node-feat'}: the types with features need one width; got {widths}")
+    target, y, idx = _typed_labels(folder, meta)
+
+    def feed(writer):
+        for rel in relations:
+            for block in pd.read_csv(raw / "relations" / "___".join(rel) / "edge.csv.gz", compression="gzip",
+                                     header=None, dtype=np.int64, chunksize=STREAM_ROWS):
+                pairs = torch.from_numpy(block.to_numpy())
+                writer.add(rel, pairs[:, 0], pairs[:, 1])
+        for t in featured:
+            start = 0
+            for block in pd.read_csv(raw / "node-feat" / t / "node-feat.csv.gz", compression="gzip", header=None,
+                                     chunksize=max(STREAM_ROWS // widths[t], 1)):
+                writer.write_features(t, start, torch.from_numpy(np.array(block.to_numpy(), dtype=np.float32)))
+                start += len(block)
+        return y, idx["train"], idx["valid"], idx["test"]
+
+    rules = {t: rel for t, rel in MAG_FEATURES.items() if t in num_nodes and t not in featured}
+    return TypedSource(num_nodes, relations, expected, next(iter(widths.values())), target,
+                       int(meta["num classes"]), rules, feed)
 
 
 def _read_csv(path: Path) -> np.ndarray:

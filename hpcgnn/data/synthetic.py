@@ -226,3 +226,13 @@ def make_synthetic_typed(cfg: DatasetConfig):
     return TypedGraph.from_edges(sizes, {r: torch.cat(e, 1) for r, e in edges.items()}, {"paper": torch.cat(xs)},
                                  "paper", y, train_idx, val_idx, test_idx, cfg.num_classes,
                                  feature_from=TYPED_FEATURES_FROM)
+
+
+def synthetic_typed_source(cfg: DatasetConfig):
+    """The typed synthetic graph as :func:`~hpcgnn.data.prepare` streams it: drawn a chunk of papers at a time."""
+    from hpcgnn.data.typed import TypedSource
+
+    sizes, expected = typed_sizes(cfg)
+    return TypedSource(sizes, TYPED_RELATIONS, expected, cfg.num_features, "paper", cfg.num_classes,
+                       TYPED_FEATURES_FROM,
+                       lambda w: generate_synthetic_typed(cfg, w.add, lambda a, x: w.write_features("paper", a, x)))

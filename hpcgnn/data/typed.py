@@ -17,6 +17,7 @@ and nothing per step.
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -220,6 +221,23 @@ def expand_relations(relations: list[Relation], reverse: bool) -> list[Relation]
     return out
 
 
+@dataclass(frozen=True)
+class TypedSource:
+    """A typed graph's source as preparing it out of core reads it (``synthetic_hetero``, ogbn-mag, a typed
+    ``files`` folder): its sizes, known before any edge is read, and ``feed``, which streams its edges and its
+    given features into a :class:`TypedWriter` a chunk at a time and returns the target type's (labels,
+    training, validation and test ids), in that type's own ids."""
+
+    num_nodes: dict[str, int]  # in the view's order
+    relations: list[Relation]  # as given: the writer adds the reverses
+    expected: dict[Relation, int]  # edges per given relation (before duplicates go)
+    num_features: int
+    target: str
+    num_classes: int
+    feature_from: dict[str, Relation]  # featureless type -> the relation whose sources' mean it takes
+    feed: Callable[[TypedWriter], tuple[Tensor, Tensor, Tensor, Tensor]]
+
+
 class TypedWriter:
     """A typed graph prepared out of core into a cache folder, as :meth:`TypedGraph.from_edges` and the
     cache would hold it in memory: each relation's in-edge CSR and the homogeneous view's are bucketed on
@@ -237,7 +255,7 @@ class TypedWriter:
         self.schema = TypedSchema(self.num_nodes, tuple(expand_relations(relations, reverse)), "")
         self.off, total = self.schema.offsets(), sum(self.num_nodes.values())
         both = {r: expected[r] * (2 if reverse else 1) for r in relations}
-        share = max(mem_bytes // (len(self.schema.relations) + 1), 1 << 20)
+        share = mem_bytes // (len(self.schema.relations) + 1)  # (EdgeBuckets keeps a floor)
         self.view = EdgeBuckets(total, sum(both.values()), tmp / "scratch" / "view", share)
         self.buckets = {}  # (every relation: the rule types' features are averaged over theirs)
         for s, name, d in relations:
@@ -284,7 +302,8 @@ class TypedWriter:
         num_edges = self.view.write_csr(self.tmp)
         rule = {t: "given" for t in self.features}
         for t, rel in feature_from.items():  # a type's features: the mean over a relation from a type that has them
-            if rel not in self.schema.relations or rel[2] != t or rel[0] not in self.features:
+            # (given, or computed by an earlier rule: ogbn-mag's institutions take their authors')
+            if rel not in self.schema.relations or rel[2] != t or rel[0] not in rule:
                 raise ValueError(f"features of {t!r} from {rel}: need a relation into {t!r} from a type with features")
             rowptr = torch.from_numpy(np.load(self.tmp / f"rowptr__{relation_key(rel)}.npy", mmap_mode="c"))
             col = torch.from_numpy(np.load(self.tmp / f"col__{relation_key(rel)}.npy", mmap_mode="c"))
