@@ -118,11 +118,12 @@ def metis_adjacency(rowptr: Tensor, col: Tensor) -> tuple[np.ndarray, np.ndarray
 
 
 def seed_weight(graph: Graph, train_edges: Tensor | None = None) -> Tensor:
-    """int64 [num_nodes]: the training seeds each node brings: 1 for a training node, or (link prediction)
-    the training edges it is the source of. Partitions balance these as well as nodes."""
+    """int32 [num_nodes] (a partitioning task holds it throughout): the training seeds each node brings: 1
+    for a training node, or (link prediction) the training edges it is the source of. Partitions balance
+    these as well as nodes."""
     if train_edges is not None:
-        return torch.bincount(train_edges[0], minlength=graph.num_nodes)
-    weight = torch.zeros(graph.num_nodes, dtype=torch.long)
+        return torch.bincount(train_edges[0], minlength=graph.num_nodes).int()  # (a node's edges: < 2^31)
+    weight = torch.zeros(graph.num_nodes, dtype=torch.int32)
     weight[graph.train_idx] = 1
     return weight
 
@@ -143,6 +144,14 @@ def compute_parts(graph: Graph, num_parts: int, method: str, seed: int, balance_
         return torch.zeros(n, dtype=torch.int32)
     weight = seed_weight(graph) if weight is None else weight
     is_train = weight > 0
+    if method == "lp":  # multilevel label propagation over the mapped CSR, chunk by chunk
+        from hpcgnn.partition.multilevel import balance_columns, lp_parts
+
+        types = node_type if node_type is not None else torch.zeros(n, dtype=torch.int8)
+        part = lp_parts(graph.rowptr, graph.col, num_parts, seed, balance_columns(types, is_train, weight, balance_train),
+                        scratch=scratch, comm=comm)
+        log.debug("lp: parts computed; rebalancing")
+        return rebalance(graph, part, types.long() * 2 + (is_train.long() if balance_train else 0), num_parts)
     types = node_type.long() if node_type is not None else torch.zeros(n, dtype=torch.long)
     num_types = int(types.max()) + 1 if n else 1
     if method == "random":
@@ -154,13 +163,6 @@ def compute_parts(graph: Graph, num_parts: int, method: str, seed: int, balance_
             order = order[torch.randperm(order.numel(), generator=gen)]
             part[order] = (torch.arange(order.numel()) % num_parts).int()
         return part
-    if method == "lp":  # multilevel label propagation over the mapped CSR, chunk by chunk
-        from hpcgnn.partition.multilevel import balance_columns, lp_parts
-
-        part = lp_parts(graph.rowptr, graph.col, num_parts, seed,
-                        balance_columns(types, is_train, weight, balance_train), scratch=scratch, comm=comm)
-        log.debug("lp: parts computed; rebalancing")
-        return rebalance(graph, part, types * 2 + (is_train.long() if balance_train else 0), num_parts)
     if method != "metis":
         raise ConfigError(f"graph.method={method!r} is unknown: use metis, lp or random")
     import pymetis

@@ -139,8 +139,8 @@ class Level:
     rowptr: Tensor  # int64 [n + 1] (level 0: the memory-mapped graph's)
     col: Tensor  # int32/int64 [m]
     weight: Tensor | None  # int64 [m] edge weights (None: all 1)
-    size: Tensor  # int64 [n]: original nodes in each node of this level
-    vw: Tensor  # int64 [n, C]: balance columns of each node
+    size: Tensor  # int32 [n]: original nodes in each node of this level
+    vw: Tensor  # int32 (int64 when a column's total needs it) [n, C]: balance columns of each node
 
     @property
     def n(self) -> int:
@@ -159,6 +159,10 @@ def _chunk_edges(level: Level, a: int, b: int) -> tuple[Tensor, Tensor, Tensor |
             drop_pages(mapped)
     keep = nbr != row + a
     return row[keep], nbr[keep], w[keep] if w is not None else None
+
+
+# (node int64, its target cluster or part int32, gain int64): what a task without rows this round sends
+NO_MOVES = (torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.int32), torch.zeros(0, dtype=torch.long))
 
 
 def _tiebreak(labels: Tensor, salt: int) -> Tensor:
@@ -187,6 +191,7 @@ def _accept(target: Tensor, amount: Tensor, room: Tensor, order_key: Tensor) -> 
     target's room in every column."""
     if target.numel() == 0:
         return torch.zeros(0, dtype=torch.bool)
+    target = target.long()
     order = torch.argsort(target * (int(order_key.max()) + 1) + (int(order_key.max()) - order_key), stable=True)
     t, amt = target[order], amount[order]
     cum = torch.cumsum(amt, 0)
@@ -212,15 +217,15 @@ def cluster(level: Level, max_cluster: int, seed: int, chunk_edges: int, passes:
     Each round, every task proposes the moves of its chunk from the labels before the round; the moves
     are gathered and accepted in task order, the same on every task."""
     n = level.n
-    label = torch.arange(n)
+    label = torch.arange(n, dtype=torch.int32)  # (O(nodes) state in 4 bytes a node: it is every task's)
     csize = level.size.clone()
     spans = task_spans(level.rowptr, comm, chunk_edges, max_rows=max(n // 64, 1))  # small: labels cascade
-    empty = torch.zeros(0, dtype=torch.long)
+    none = NO_MOVES
     for p in range(passes):
         salt = derive_seed("lp-cluster", seed, p) % 1_000_003
         moved = 0
         for span in rounds(spans, comm.rank):
-            mv, target, gain = _cluster_moves(level, label, csize, max_cluster, salt, span) if span else (empty,) * 3
+            mv, target, gain = _cluster_moves(level, label, csize, max_cluster, salt, span) if span else none
             mv, target, gain = comm.gather([mv, target, gain])
             if mv.numel() == 0:
                 continue
@@ -245,15 +250,14 @@ def _cluster_moves(level: Level, label: Tensor, csize: Tensor, max_cluster: int,
     a, b = span
     n = level.n
     row, nbr, w = _chunk_edges(level, a, b)
-    empty = torch.zeros(0, dtype=torch.long)
     if row.numel() == 0:
-        return empty, empty, empty
+        return NO_MOVES
     key, score = _pair_counts(row * n + label.index_select(0, nbr), w)
     r, c = key // n, key % n
     v = r + a
-    own = label.index_select(0, v)
+    own = label.index_select(0, v).long()
     own_score = torch.zeros(b - a, dtype=torch.long).index_add_(0, r[c == own], score[c == own])
-    size_c = csize.index_select(0, c)
+    size_c = csize.index_select(0, c).long()
     fits = (c != own) & (size_c + level.size.index_select(0, v) <= max_cluster)
     # Most connection first; between equals the larger cluster (clusters grow instead of
     # stalling as many small stars), then a seeded hash.
@@ -261,7 +265,7 @@ def _cluster_moves(level: Level, label: Tensor, csize: Tensor, max_cluster: int,
                          + (size_c.clamp(max=(1 << 20) - 1) << 20) + _tiebreak(c, salt), -1)
     best = torch.full((b - a,), -1, dtype=torch.long).scatter_reduce_(0, r, packed, "amax")
     win = fits & (packed == best.index_select(0, r)) & (score.clamp(max=(1 << 22) - 1) > own_score.index_select(0, r))
-    mv, target = v[win], c[win]  # sorted by row; two labels of one row tie only on a hash clash
+    mv, target = v[win], c[win].int()  # sorted by row; two labels of one row tie only on a hash clash
     if mv.numel() > 1:
         first = torch.ones_like(mv, dtype=torch.bool)
         first[1:] = mv[1:] != mv[:-1]
@@ -282,16 +286,16 @@ def contract(level: Level, label: Tensor, chunk_edges: int, scratch: Path, mem_b
     used[label] = True
     dense = torch.cumsum(used, 0) - 1
     nc = int(dense[-1]) + 1 if n else 0
-    cl = dense.index_select(0, label)
+    cl = dense.index_select(0, label).int()
     del used, dense
-    size = torch.zeros(nc, dtype=torch.long).index_add_(0, cl, level.size)
-    vw = torch.zeros(nc, level.vw.size(1), dtype=torch.long).index_add_(0, cl, level.vw)
+    size = torch.zeros(nc, dtype=level.size.dtype).index_add_(0, cl, level.size)
+    vw = torch.zeros(nc, level.vw.size(1), dtype=level.vw.dtype).index_add_(0, cl, level.vw)
     per_task = max(mem_bytes // comm.size, 1 << 20)
     buckets = [EdgeBuckets(nc, int(level.rowptr[-1]), scratch / f"buckets{t}", per_task, weighted=True)
                for t in range(comm.size)]  # the same layout in every task's folder
     for span in task_spans(level.rowptr, comm, chunk_edges, max_rows=level.n)[comm.rank]:
         row, nbr, w = _chunk_edges(level, *span)
-        cu, cv = cl.index_select(0, row + span[0]), cl.index_select(0, nbr)
+        cu, cv = cl.index_select(0, row + span[0]).long(), cl.index_select(0, nbr).long()
         cross = cu != cv
         buckets[comm.rank].add(cu[cross], cv[cross], w[cross] if w is not None else None)
     if comm.size == 1:
@@ -334,18 +338,17 @@ def refine(level: Level, part: Tensor, num_parts: int, caps: Tensor, seed: int, 
     Rounds as in :func:`cluster`: moves proposed per task, gathered, accepted the same everywhere."""
     k = num_parts
     part = part.clone()
-    load = torch.zeros(k, level.vw.size(1), dtype=torch.long).index_add_(0, part, level.vw)
+    load = torch.zeros(k, level.vw.size(1), dtype=level.vw.dtype).index_add_(0, part, level.vw).long()
     spans = task_spans(level.rowptr, comm, chunk_edges, max_rows=max(level.n // 8, 1))
-    empty = torch.zeros(0, dtype=torch.long)
     for p in range(passes):
         salt = derive_seed("lp-refine", seed, p) % 1_000_003
         moved = 0
         for span in rounds(spans, comm.rank):
-            idx, target, gain = _refine_moves(level, part, load, caps, k, salt, span) if span else (empty,) * 3
+            idx, target, gain = _refine_moves(level, part, load, caps, k, salt, span) if span else NO_MOVES
             idx, target, gain = comm.gather([idx, target, gain])
             if idx.numel() == 0:
                 continue
-            vw = level.vw.index_select(0, idx)
+            vw = level.vw.index_select(0, idx).long()
             ok = _accept(target, vw, (caps.unsqueeze(0) - load).clamp(min=0).index_select(0, target), gain)
             idx, target, vw = idx[ok], target[ok], vw[ok]
             load.index_add_(0, part.index_select(0, idx), -vw)
@@ -367,9 +370,9 @@ def _refine_moves(level: Level, part: Tensor, load: Tensor, caps: Tensor, k: int
     slot = row * k + part.index_select(0, nbr)
     conn = (torch.bincount(slot, minlength=rows * k) if w is None else
             torch.zeros(rows * k, dtype=torch.long).index_add_(0, slot, w)).view(rows, k)
-    own = part[a:b]
+    own = part[a:b].long()
     own_conn = conn.gather(1, own.unsqueeze(1)).squeeze(1)
-    vw = level.vw[a:b]
+    vw = level.vw[a:b].long()
     room = (caps.unsqueeze(0) - load).unsqueeze(0) - vw.unsqueeze(1)  # [rows, k, C]
     fits = ((room >= 0) | (vw == 0).unsqueeze(1)).all(2)  # only the columns the node adds to
     fits[torch.arange(rows), own] = False
@@ -378,7 +381,7 @@ def _refine_moves(level: Level, part: Tensor, load: Tensor, caps: Tensor, k: int
     gain = conn.gather(1, best.unsqueeze(1)).squeeze(1) - own_conn
     win = (packed.gather(1, best.unsqueeze(1)).squeeze(1) >= 0) & (gain > 0)
     idx = win.nonzero().flatten()
-    return idx + a, best[idx], gain[idx]
+    return idx + a, best[idx].int(), gain[idx]
 
 
 def metis_initial(level: Level, num_parts: int, seed: int) -> Tensor:
@@ -390,19 +393,18 @@ def metis_initial(level: Level, num_parts: int, seed: int) -> Tensor:
     result = pymetis.part_graph(num_parts, pymetis.CSRAdjacency(level.rowptr.numpy(), level.col.numpy()),
                                 vweights=level.size.numpy().astype(np.int64), eweights=level.weight.numpy(),
                                 options=pymetis.Options(seed=seed))
-    return torch.from_numpy(np.asarray(result.vertex_part, dtype=np.int64))
+    return torch.from_numpy(np.asarray(result.vertex_part, dtype=np.int32))
 
 
 def lp_parts(rowptr: Tensor, col: Tensor, num_parts: int, seed: int, vw: Tensor, tolerance: float = 0.03,
              chunk_edges: int = CHUNK_EDGES, coarsest_nodes: int = COARSEST_NODES, scratch: Path | None = None,
              mem_bytes: int = BUCKET_BYTES, comm: Comm = LOCAL) -> Tensor:
-    """int32 [n]: the part of every node. ``vw`` int64 [n, C]: the balance columns (each kept within
+    """int32 [n]: the part of every node. ``vw`` int32/int64 [n, C]: the balance columns (each kept within
     ``(1 + tolerance)`` of its mean per part, up to one coarse node's weight). ``scratch``: where the coarse
     levels' edges go (a temporary folder inside it; default: the system's), removed at the end; with several
     tasks (``comm``) a folder they share, and the result is the same on every task."""
     n = rowptr.numel() - 1
-    vw = vw.long()
-    size = torch.ones(n, dtype=torch.long)
+    size = torch.ones(n, dtype=torch.int32)
     levels = [Level(rowptr, col, None, size, vw)]
     maps: list[Tensor] = []
     max_cluster = max(1, int(0.01 * n / num_parts))
@@ -429,17 +431,17 @@ def lp_parts(rowptr: Tensor, col: Tensor, num_parts: int, seed: int, vw: Tensor,
             if top.n < MIN_SHRINK * coarse.n:
                 break
         part = (metis_initial(symmetric(levels[-1]), num_parts, seed) if comm.rank == 0
-                else torch.zeros(levels[-1].n, dtype=torch.long))
+                else torch.zeros(levels[-1].n, dtype=torch.int32))
         part = comm.broadcast(part)
         trim_heap()
-        total = vw.sum(0)
+        total = vw.sum(0, dtype=torch.long)
         caps = torch.ceil((1 + tolerance) * total.double() / num_parts).long()
         for depth in range(len(levels) - 1, -1, -1):
             part = refine(levels[depth], part, num_parts, caps, derive_seed(seed, "refine", depth), chunk_edges,
                           comm=comm)
             if depth > 0:
                 part = part.index_select(0, maps[depth - 1])
-        return part.int()
+        return part
     finally:
         del levels
         if comm.rank == 0:  # (after the last refinement's collectives: every task is done with the folder)
@@ -453,13 +455,20 @@ def memory_estimate(num_nodes: int, num_edges: int, chunk_edges: int = CHUNK_EDG
 
 
 def balance_columns(types: Tensor, is_train: Tensor, weight: Tensor | None, balance_train: bool) -> Tensor:
-    """int64 [n, C]: one column per (node type, training or not) group, as the rebalance pass groups
-    nodes, plus the training seeds' weight when it is not 0/1 (link prediction: edges per source)."""
+    """int32 [n, C] (int64 if a column's total needs it): one column per (node type, training or not) group
+    present, as the rebalance pass groups nodes, plus the training seeds' weight when it is not 0/1 (link
+    prediction: edges per source). Every task holds it: 4 bytes per node and column, no int64 one-hot."""
+    n = types.numel()
     group = types.long() * 2 + (is_train.long() if balance_train else 0)
-    cols = torch.nn.functional.one_hot(group, int(group.max()) + 1 if group.numel() else 1)
-    if balance_train and weight is not None and bool((weight > 1).any()):
-        cols = torch.cat([cols, weight.long().unsqueeze(1)], 1)
-    return cols[:, cols.sum(0) > 0] if cols.numel() else cols
+    present = torch.bincount(group, minlength=1) > 0
+    column = torch.cumsum(present, 0) - 1  # group -> its column
+    extra = balance_train and weight is not None and bool((weight > 1).any())
+    wide = extra and int(weight.sum(dtype=torch.long)) >= 2**31
+    cols = torch.zeros(n, int(present.sum()) + extra, dtype=torch.long if wide else torch.int32)
+    cols.scatter_(1, column.index_select(0, group).unsqueeze(1), 1)
+    if extra:
+        cols[:, -1] = weight
+    return cols
 
 
 __all__ = ["balance_columns", "chunks", "lp_parts"]
