@@ -234,34 +234,42 @@ def partition_report(graph: Graph, part: Tensor, num_parts: int, weight: Tensor 
     a typed graph's nodes of every type per part, and each type's balance."""
     from hpcgnn.partition.multilevel import CHUNK_EDGES
 
-    deg, part_l = graph.degree(), part.long()
+    trim_heap()  # (the partitioner's freed blocks)
+    n = graph.num_nodes
     cut = 0
-    halo = torch.zeros(num_parts * graph.num_nodes if num_parts <= 64 else 0, dtype=torch.bool)
+    edges = torch.zeros(num_parts, dtype=torch.float64)
+    halo = torch.zeros(num_parts * n if num_parts <= 64 else 0, dtype=torch.bool)
     halo_sets: list[Tensor] = []
-    # edge by edge, a chunk at a time (the graph may not fit); several tasks: each its share of the rows
-    for a, b in task_spans(graph.rowptr, comm, CHUNK_EDGES, graph.num_nodes)[comm.rank]:
-        dst_part = torch.repeat_interleave(part_l[a:b], deg[a:b])
+    # edge by edge, a chunk at a time (the graph may not fit); several tasks: each its share of the rows;
+    # nothing of 8 bytes a node (part stays int32, degrees are taken per chunk)
+    for a, b in task_spans(graph.rowptr, comm, CHUNK_EDGES, n)[comm.rank]:
+        deg = graph.rowptr[a + 1:b + 1] - graph.rowptr[a:b]
+        edges += torch.bincount(part[a:b], weights=deg.double(), minlength=num_parts)
+        dst_part = torch.repeat_interleave(part[a:b], deg)
         src = graph.col[int(graph.rowptr[a]):int(graph.rowptr[b])].long()
         drop_pages(graph.col[int(graph.rowptr[a]):int(graph.rowptr[b])])
-        src_part = part_l.index_select(0, src)
-        remote = dst_part != src_part
+        remote = dst_part != part.index_select(0, src)
         cut += int(remote.sum())
         if halo.numel():  # a node is in part i's halo if an edge brings it into part i from elsewhere
-            halo[dst_part[remote] * graph.num_nodes + src[remote]] = True
+            halo[dst_part[remote].long() * n + src[remote]] = True
         else:
-            halo_sets.append(torch.unique(dst_part[remote] * graph.num_nodes + src[remote]))
+            halo_sets.append(torch.unique(dst_part[remote].long() * n + src[remote]))
+        del dst_part, src, remote
     cut = int(comm.all_reduce(torch.tensor([cut]))[0])
+    edges = comm.all_reduce(edges).long()
     if halo.numel():
-        halo = comm.all_reduce(halo.view(torch.uint8), "max").view(torch.bool)
-        halo_count = halo.view(num_parts, graph.num_nodes).sum(1)
+        flat = halo.view(torch.uint8)
+        for a in range(0, flat.numel(), 1 << 22):  # in slices: the collective's buffers stay small
+            comm.all_reduce(flat[a:a + (1 << 22)], "max")
+        halo_count = halo.view(num_parts, n).sum(1)
     else:
         keys = torch.unique(torch.cat(comm.gather([torch.cat(halo_sets) if halo_sets else
                                                    torch.zeros(0, dtype=torch.long)])))
-        halo_count = torch.bincount(keys // graph.num_nodes, minlength=num_parts)
+        halo_count = torch.bincount(keys // n, minlength=num_parts)
+    del halo
     trim_heap()
-    nodes = torch.bincount(part.long(), minlength=num_parts)
-    edges = torch.bincount(part.long(), weights=deg.double(), minlength=num_parts).long()
-    train = torch.bincount(part.long(), weights=(seed_weight(graph) if weight is None else weight).double(),
+    nodes = torch.bincount(part, minlength=num_parts)
+    train = torch.bincount(part, weights=(seed_weight(graph) if weight is None else weight).double(),
                            minlength=num_parts).long()
     halo = halo_count.tolist()
     row_bytes = graph.x.size(1) * graph.x.element_size() + graph.y.element_size() + 8 * 2
