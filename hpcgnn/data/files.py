@@ -29,6 +29,7 @@ import torch
 
 from hpcgnn.config import DatasetConfig
 from hpcgnn.data.graph import Graph
+from hpcgnn.data.ooc import drop_pages
 from hpcgnn.errors import ConfigError, DatasetError
 
 FILES = ("edge_index", "x", "y", "train_idx", "val_idx", "test_idx")
@@ -68,14 +69,27 @@ def files_folder(cfg: DatasetConfig) -> Path:
     return folder
 
 
+def _blocks(a: np.ndarray, rows: int):
+    """``a``'s blocks of ``rows`` rows, each handed back once the caller has read it (a mapped file's pages
+    would otherwise stay in this process's RSS: checking a large folder touches all of it)."""
+    for start in range(0, a.shape[0], rows):
+        block = a[start:start + rows]
+        yield start, block
+        drop_pages(block)
+
+
 def check_features(px: Path, x: np.ndarray) -> None:
     if x.ndim != 2 or not np.issubdtype(x.dtype, np.floating):
         raise DatasetFileError(f"{px}: features must be a float array of shape [num_nodes, num_features], "
                                f"got {x.dtype} {tuple(x.shape)}")
-    bad = ~np.isfinite(x).all(axis=1)
-    if bad.any():
-        raise DatasetFileError(f"{px}: features contain NaN or inf ({int(bad.sum())} nodes, first node "
-                               f"{int(np.argmax(bad))})")
+    bad, first = 0, None
+    for start, block in _blocks(x, max(STREAM_VALUES // max(x.shape[1], 1), 1)):
+        rows = ~np.isfinite(block).all(axis=1)
+        if rows.any():
+            bad += int(rows.sum())
+            first = start + int(np.argmax(rows)) if first is None else first
+    if bad:
+        raise DatasetFileError(f"{px}: features contain NaN or inf ({bad} nodes, first node {first})")
 
 
 def check_edges(pe: Path, ei: np.ndarray, num_src: int, num_dst: int, what: str) -> None:
@@ -83,11 +97,21 @@ def check_edges(pe: Path, ei: np.ndarray, num_src: int, num_dst: int, what: str)
     if ei.ndim != 2 or ei.shape[0] != 2 or not np.issubdtype(ei.dtype, np.integer):
         raise DatasetFileError(f"{pe}: edge_index must be an integer array of shape [2, num_edges], "
                                f"got {ei.dtype} {tuple(ei.shape)}")
-    ends = [(ei, num_src, "node")] if num_src == num_dst else [(ei[0], num_src, "source"), (ei[1], num_dst, "target")]
-    for ids, n, end in ends:
-        if ids.size and (ids.min() < 0 or ids.max() >= n):
-            raise DatasetFileError(f"{pe}: {end} ids must lie in [0, {n}) ({what}); found min {int(ids.min())}, "
-                                   f"max {int(ids.max())}")
+    if not ei.shape[1]:
+        return
+    bounds = []
+    for ids in (ei[0], ei[1]):  # a chunk of ids at a time
+        lo = hi = None
+        for _, block in _blocks(ids, STREAM_VALUES):
+            lo = int(block.min()) if lo is None else min(lo, int(block.min()))
+            hi = int(block.max()) if hi is None else max(hi, int(block.max()))
+        bounds.append((lo, hi))
+    (s0, s1), (d0, d1) = bounds
+    ends = ([((min(s0, d0), max(s1, d1)), num_src, "node")] if num_src == num_dst else
+            [((s0, s1), num_src, "source"), ((d0, d1), num_dst, "target")])
+    for (lo, hi), n, end in ends:
+        if lo < 0 or hi >= n:
+            raise DatasetFileError(f"{pe}: {end} ids must lie in [0, {n}) ({what}); found min {lo}, max {hi}")
 
 
 def check_labels_and_splits(arrays: dict, n: int) -> dict[str, tuple[Path, np.ndarray]]:
@@ -140,13 +164,13 @@ def stream_files(cfg: DatasetConfig, buckets, features, chunk: int = STREAM_VALU
     """A homogeneous folder into an out-of-core CSR: edges a chunk at a time into ``buckets`` (with their
     reverses for ``dataset.to_undirected``), feature rows into ``features``; returns (y, splits, classes)."""
     ei, x, y, splits = read_checked(cfg, mmap=True)
-    for a in range(0, ei.shape[1], chunk):
-        src, dst = (torch.from_numpy(np.array(ei[i, a:a + chunk], dtype=np.int64)) for i in (0, 1))
+    for (_, s), (_, d) in zip(_blocks(ei[0], chunk), _blocks(ei[1], chunk), strict=True):
+        src, dst = torch.from_numpy(np.array(s, dtype=np.int64)), torch.from_numpy(np.array(d, dtype=np.int64))
         buckets.add(dst, src)
         if cfg.to_undirected:
             buckets.add(src, dst)
-    for a in range(0, x.shape[0], chunk // 16):
-        features.write(a, torch.from_numpy(np.array(x[a:a + chunk // 16], dtype=np.float32)))
+    for a, rows in _blocks(x, chunk // 16):
+        features.write(a, torch.from_numpy(np.array(rows, dtype=np.float32)))
     return np.asarray(y, dtype=np.int64), {k: np.asarray(v, dtype=np.int64) for k, v in splits.items()}, int(y.max()) + 1
 
 
@@ -274,12 +298,12 @@ def typed_files_source(cfg: DatasetConfig):
 
     def feed(writer):
         for rel, ei in f.edges.items():
-            for a in range(0, ei.shape[1], chunk):
-                writer.add(rel, *(torch.from_numpy(np.array(ei[i, a:a + chunk], dtype=np.int64)) for i in (0, 1)))
+            for (_, src), (_, dst) in zip(_blocks(ei[0], chunk), _blocks(ei[1], chunk), strict=True):
+                writer.add(rel, torch.from_numpy(np.array(src, dtype=np.int64)),
+                           torch.from_numpy(np.array(dst, dtype=np.int64)))
         for t, x in f.x.items():
-            rows = max(chunk // max(x.shape[1], 1), 1)
-            for a in range(0, x.shape[0], rows):
-                writer.write_features(t, a, torch.from_numpy(np.array(x[a:a + rows], dtype=np.float32)))
+            for a, rows in _blocks(x, max(chunk // max(x.shape[1], 1), 1)):
+                writer.write_features(t, a, torch.from_numpy(np.array(rows, dtype=np.float32)))
         return y, *(torch.from_numpy(np.asarray(f.splits[k], dtype=np.int64)) for k in f.splits)
 
     return TypedSource(f.num_nodes, list(f.edges), {r: int(ei.shape[1]) for r, ei in f.edges.items()},

@@ -267,15 +267,23 @@ def _madvise():
 _MADVISE = _madvise()
 
 
-def drop_pages(t: Tensor) -> None:
-    """Hand back the pages of a memory-mapped tensor's range once it has been read (a pass over a mapped
-    graph would otherwise keep every page it touched in this process's RSS). Safe on any tensor: the
-    kernel re-reads file pages when touched again, and leaves anonymous memory alone (no swap)."""
-    if _MADVISE is None or t.numel() == 0 or t.device.type != "cpu":
+def drop_pages(t: Tensor | np.ndarray) -> None:
+    """Hand back the pages of a memory-mapped tensor's (or numpy memmap's) range once it has been read (a pass
+    over a mapped graph would otherwise keep every page it touched in this process's RSS). Safe on any tensor:
+    the kernel re-reads file pages when touched again, and leaves anonymous memory alone (no swap); numpy
+    arrays that are not memmaps are left alone."""
+    if isinstance(t, np.ndarray):
+        if not isinstance(t, np.memmap) or t.size == 0:
+            return
+        addr, nbytes = t.ctypes.data, t.nbytes
+    else:
+        if t.numel() == 0 or t.device.type != "cpu":
+            return
+        addr, nbytes = t.data_ptr(), t.numel() * t.element_size()
+    if _MADVISE is None:
         return
     page = mmap.PAGESIZE
-    addr = t.data_ptr()
-    start, end = (addr + page - 1) // page * page, (addr + t.numel() * t.element_size()) // page * page
+    start, end = (addr + page - 1) // page * page, (addr + nbytes) // page * page
     if end > start:
         _MADVISE(start, end - start, _MADV_PAGEOUT)
 
