@@ -83,6 +83,13 @@ TYPED_LOADERS: dict[str, Callable[[DatasetConfig, bool], TypedGraph]] = {
     "files": load_typed_files,  # a folder laid out with nodes/ and edges/
 }
 
+# name -> the typed source as prepare streams it (types erased or not: the view comes from the same stream)
+TYPED_SOURCES: dict[str, Callable[[DatasetConfig, bool], TypedSource]] = {
+    "synthetic_hetero": lambda cfg, allow_download: synthetic_typed_source(cfg),
+    "ogbn-mag": ogb_typed_source,
+    "files": lambda cfg, allow_download: typed_files_source(cfg),
+}
+
 
 
 def _split(build: Callable[[DatasetConfig, bool], Graph]) -> Callable[[DatasetConfig, bool], LinkData]:
@@ -157,7 +164,7 @@ def prepare(cfg: DatasetConfig, allow_download: bool = False) -> Path:
     log.info("preparing %s into %s", cfg.name, folder)
     source = {"dataset": dataclasses.asdict(cfg)}
     homogeneous_files = cfg.name == "files" and not is_typed_folder(files_folder(cfg))
-    if cfg.prepared_for != "link" and cfg.name in TYPED_LOADERS and not homogeneous_files:
+    if cfg.prepared_for != "link" and cfg.name in TYPED_SOURCES and not homogeneous_files:
         # typed sources, out of core (types erased: the view alone)
         return prepare_typed_streamed(cfg, folder, source, allow_download)
     if cfg.prepared_for == "link" and (cfg.name in ("synthetic", *OGB_LINK_NAMES) or homogeneous_files):
@@ -172,21 +179,12 @@ def prepare(cfg: DatasetConfig, allow_download: bool = False) -> Path:
     return cache.save(build_graph(cfg, allow_download), folder, source)
 
 
-def typed_source(cfg: DatasetConfig, allow_download: bool = False) -> TypedSource:
-    """The typed source ``cfg`` names (types erased or not: the view is prepared from the same stream)."""
-    if cfg.name == "synthetic_hetero":
-        return synthetic_typed_source(cfg)
-    if cfg.name == "files":
-        return typed_files_source(cfg)
-    return ogb_typed_source(cfg, allow_download)
-
-
 def prepare_typed_streamed(cfg: DatasetConfig, folder: Path, source: dict, allow_download: bool = False) -> Path:
     """A typed graph drawn or read a chunk at a time into ``folder`` (:class:`TypedWriter`): each relation's
     CSR and the homogeneous view's bucketed on disk, features written as they come, rule types' features
     computed from the written CSR; with ``dataset.erase_types=true`` the view alone."""
     relations_too = is_typed(cfg)
-    src = typed_source(cfg, allow_download)
+    src = TYPED_SOURCES[cfg.name](cfg, allow_download)
     sizes = src.num_nodes
     folder.parent.mkdir(parents=True, exist_ok=True)
     total, edges = sum(sizes.values()), 2 * sum(src.expected.values())
