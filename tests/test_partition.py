@@ -68,12 +68,13 @@ def test_lp_coarsens_and_cuts_about_what_metis_cuts_with_balanced_parts(caplog):
     """The multilevel path for real (coarsening forced on a small graph, chunks of a few rows): cut within
     1.5x of METIS's and far below random's, nodes and training nodes within 3% of the mean."""
     from hpcgnn.partition import partition_report, rebalance, seed_weight
-    from hpcgnn.partition.multilevel import balance_columns, lp_parts
+    from hpcgnn.partition.multilevel import balance_columns, balance_groups, lp_parts
 
     prepare(SMALL)
     graph = open_graph(SMALL)
     weight = seed_weight(graph)
-    columns = balance_columns(torch.zeros(graph.num_nodes, dtype=torch.long), weight > 0, weight, True)
+    columns = balance_columns(balance_groups(torch.zeros(graph.num_nodes, dtype=torch.long), weight > 0, True), weight,
+                              True)
     for k in (2, 4):
         with caplog.at_level("INFO", logger="hpcgnn.partition.multilevel"):
             part = lp_parts(graph.rowptr, graph.col, k, 0, columns, coarsest_nodes=500, chunk_edges=1 << 14)

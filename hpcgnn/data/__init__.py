@@ -91,7 +91,6 @@ TYPED_SOURCES: dict[str, Callable[[DatasetConfig, bool], TypedSource]] = {
 }
 
 
-
 def _split(build: Callable[[DatasetConfig, bool], Graph]) -> Callable[[DatasetConfig, bool], LinkData]:
     """A link dataset from a graph source: a seeded split of its edges (``dataset.edge_split``)."""
     return lambda cfg, allow_download: split_edges(build(cfg, allow_download), tuple(cfg.edge_split), cfg.seed)
@@ -189,27 +188,31 @@ def prepare_typed_streamed(cfg: DatasetConfig, folder: Path, source: dict, allow
     folder.parent.mkdir(parents=True, exist_ok=True)
     total, edges = sum(sizes.values()), 2 * sum(src.expected.values())
     need = edges * ooc.index_dtype(total).itemsize * (6 if relations_too else 3) + total * (src.num_features * 8 + 32)
-    free = shutil.disk_usage(folder.parent).free
-    if need > free:
-        raise OSError(f"preparing the graph needs about {cache.human_bytes(need)} in {folder.parent} (with its "
-                      f"scratch), but only {cache.human_bytes(free)} are free: set dataset.root to a larger file system")
+    _check_space(folder, need)
     with atomic_folder(folder) as tmp:
         writer = TypedWriter(tmp, sizes, src.relations, src.expected, src.num_features, prepare_mem_bytes(cfg),
                              relations_too=relations_too)
-        target = src.target
         y, *splits = src.feed(writer)
         num_edges, rule, arrays = writer.close(src.feature_from, cfg.feature_dtype)
-        t0 = writer.off[target]
+        t0 = writer.off[src.target]
         y_all = np.full(total, -1, dtype=np.int64)
-        y_all[t0:t0 + sizes[target]] = y.numpy()
+        y_all[t0:t0 + sizes[src.target]] = y.numpy()
         np.save(tmp / "y.npy", y_all)
         for name, idx in zip(("train_idx", "val_idx", "test_idx"), splits, strict=True):
             np.save(tmp / f"{name}.npy", (idx.long() + t0).numpy())
-        schema = TypedSchema(sizes, writer.schema.relations, target)
+        schema = TypedSchema(sizes, writer.schema.relations, src.target)
         meta = {"typed": {**schema.to_meta(), "feature_rule": rule}} if relations_too else None
         cache.write_meta(tmp, total, num_edges, src.num_features, src.num_classes, source, cfg.feature_dtype,
                          extra=arrays, extra_meta=meta)
     return folder
+
+
+def _check_space(folder: Path, need: float) -> None:
+    """Refuse before writing when ``folder``'s file system lacks ``need`` bytes (the graph and its scratch)."""
+    free = shutil.disk_usage(folder.parent).free
+    if need > free:
+        raise OSError(f"preparing the graph needs about {cache.human_bytes(need)} in {folder.parent} (with its "
+                      f"scratch), but only {cache.human_bytes(free)} are free: set dataset.root to a larger file system")
 
 
 def prepare_mem_bytes(cfg: DatasetConfig) -> int:
@@ -237,10 +240,7 @@ def prepare_streamed(cfg: DatasetConfig, folder: Path, source: dict, allow_downl
         n, num_features, edges = cfg.num_nodes, cfg.num_features, expected_edges(cfg)
     folder.parent.mkdir(parents=True, exist_ok=True)
     need = edges * (ooc.index_dtype(n).itemsize * 3) + n * num_features * 4 + n * 32
-    free = shutil.disk_usage(folder.parent).free
-    if need > free:
-        raise OSError(f"preparing the graph needs about {cache.human_bytes(need)} in {folder.parent} (with its "
-                      f"scratch), but only {cache.human_bytes(free)} are free: set dataset.root to a larger file system")
+    _check_space(folder, need)
     with atomic_folder(folder) as tmp:
         if cfg.name in OGB_LINK_NAMES:  # the official split; its held-out edges dropped as they stream by
             _stream_ogb_link(cfg, tmp, shapes, edges, source)

@@ -78,6 +78,18 @@ def _blocks(a: np.ndarray, rows: int):
         drop_pages(block)
 
 
+def _edge_chunks(ei: np.ndarray, chunk: int):
+    """``ei`` [2, E] (mapped) as int64 (sources, targets) tensors of ``chunk`` edges, pages handed back as read."""
+    for (_, src), (_, dst) in zip(_blocks(ei[0], chunk), _blocks(ei[1], chunk), strict=True):
+        yield torch.from_numpy(np.array(src, dtype=np.int64)), torch.from_numpy(np.array(dst, dtype=np.int64))
+
+
+def _feature_chunks(x: np.ndarray, values: int):
+    """``x`` [N, F] (mapped) as (first row, float32 rows) of about ``values`` values each."""
+    for start, rows in _blocks(x, max(values // max(x.shape[1], 1), 1)):
+        yield start, torch.from_numpy(np.array(rows, dtype=np.float32))
+
+
 def check_features(px: Path, x: np.ndarray) -> None:
     if x.ndim != 2 or not np.issubdtype(x.dtype, np.floating):
         raise DatasetFileError(f"{px}: features must be a float array of shape [num_nodes, num_features], "
@@ -164,13 +176,12 @@ def stream_files(cfg: DatasetConfig, buckets, features, chunk: int = STREAM_VALU
     """A homogeneous folder into an out-of-core CSR: edges a chunk at a time into ``buckets`` (with their
     reverses for ``dataset.to_undirected``), feature rows into ``features``; returns (y, splits, classes)."""
     ei, x, y, splits = read_checked(cfg, mmap=True)
-    for (_, s), (_, d) in zip(_blocks(ei[0], chunk), _blocks(ei[1], chunk), strict=True):
-        src, dst = torch.from_numpy(np.array(s, dtype=np.int64)), torch.from_numpy(np.array(d, dtype=np.int64))
+    for src, dst in _edge_chunks(ei, chunk):
         buckets.add(dst, src)
         if cfg.to_undirected:
             buckets.add(src, dst)
-    for a, rows in _blocks(x, chunk // 16):
-        features.write(a, torch.from_numpy(np.array(rows, dtype=np.float32)))
+    for a, rows in _feature_chunks(x, chunk):
+        features.write(a, rows)
     return np.asarray(y, dtype=np.int64), {k: np.asarray(v, dtype=np.int64) for k, v in splits.items()}, int(y.max()) + 1
 
 
@@ -291,19 +302,16 @@ def typed_files_source(cfg: DatasetConfig):
     .npy files memory-mapped, edges and feature rows read STREAM_VALUES values at a time."""
     from hpcgnn.data.typed import TypedSource
 
-    chunk = STREAM_VALUES
-
     f = read_typed_folder(cfg, mmap=True)
     y = torch.from_numpy(np.asarray(f.y, dtype=np.int64))
 
     def feed(writer):
         for rel, ei in f.edges.items():
-            for (_, src), (_, dst) in zip(_blocks(ei[0], chunk), _blocks(ei[1], chunk), strict=True):
-                writer.add(rel, torch.from_numpy(np.array(src, dtype=np.int64)),
-                           torch.from_numpy(np.array(dst, dtype=np.int64)))
+            for src, dst in _edge_chunks(ei, STREAM_VALUES):
+                writer.add(rel, src, dst)
         for t, x in f.x.items():
-            for a, rows in _blocks(x, max(chunk // max(x.shape[1], 1), 1)):
-                writer.write_features(t, a, torch.from_numpy(np.array(rows, dtype=np.float32)))
+            for a, rows in _feature_chunks(x, STREAM_VALUES):
+                writer.write_features(t, a, rows)
         return y, *(torch.from_numpy(np.asarray(f.splits[k], dtype=np.int64)) for k in f.splits)
 
     return TypedSource(f.num_nodes, list(f.edges), {r: int(ei.shape[1]) for r, ei in f.edges.items()},

@@ -154,11 +154,22 @@ def ogb_shapes(cfg: DatasetConfig, allow_download: bool) -> OgbShapes:
             f = _npy_header(z.open("node_feat.npy"))[0][1] if "node_feat.npy" in z.namelist() else 0
     else:
         n, e = (int(_read_csv(raw / f"{name}.csv.gz").sum()) for name in ("num-node-list", "num-edge-list"))
-        f = 0
-        if (raw / "node-feat.csv.gz").exists():
-            with gzip.open(raw / "node-feat.csv.gz", "rt") as fh:
-                f = len(fh.readline().split(","))
+        f = _csv_width(raw / "node-feat.csv.gz") if (raw / "node-feat.csv.gz").exists() else 0
     return OgbShapes(folder, meta, n, e, f)
+
+
+def _csv_width(path: Path) -> int:
+    """The columns of a gzipped csv, from its first line."""
+    with gzip.open(path, "rt") as fh:
+        return len(fh.readline().split(","))
+
+
+def _csv_blocks(path: Path, rows: int, dtype=None):
+    """A gzipped csv without a header as numpy blocks of ``rows`` rows, read as they are needed."""
+    import pandas as pd
+
+    for block in pd.read_csv(path, compression="gzip", header=None, dtype=dtype, chunksize=rows):
+        yield block.to_numpy()
 
 
 def _npy_header(stream) -> tuple[tuple[int, ...], bool, np.dtype]:
@@ -192,8 +203,6 @@ def stream_raw_graph(cfg: DatasetConfig, shapes: OgbShapes, buckets, features, d
     """OGB's raw graph into an out-of-core CSR, a chunk at a time: edges into ``buckets`` (with their reverses
     where ogb adds them or ``dataset.to_undirected`` asks), feature rows into ``features``. ``drop``: sorted
     keys ``target * n + source`` of edges left out (a link dataset's validation and test positives)."""
-    import pandas as pd
-
     raw = shapes.folder / "raw"
     both, n = shapes.inverse or cfg.to_undirected, shapes.num_nodes
 
@@ -229,13 +238,10 @@ def stream_raw_graph(cfg: DatasetConfig, shapes: OgbShapes, buckets, features, d
                 else:
                     write_rows(b.reshape(-1, f) for b in _npy_flat(z, "node_feat.npy", feature_rows * f))
     else:
-        for block in pd.read_csv(raw / "edge.csv.gz", compression="gzip", header=None, dtype=np.int64,
-                                 chunksize=STREAM_ROWS):
-            pairs = block.to_numpy()
+        for pairs in _csv_blocks(raw / "edge.csv.gz", STREAM_ROWS, np.int64):
             add(pairs[:, 0], pairs[:, 1])
         if shapes.num_features:
-            write_rows(b.to_numpy() for b in pd.read_csv(raw / "node-feat.csv.gz", compression="gzip", header=None,
-                                                          chunksize=feature_rows))
+            write_rows(_csv_blocks(raw / "node-feat.csv.gz", feature_rows))
     if not shapes.num_features:
         features.write(0, torch.zeros(shapes.num_nodes, 0))
 
@@ -326,25 +332,20 @@ def ogb_typed_source(cfg: DatasetConfig, allow_download: bool):
     relations = sorted(tuple(r) for r in _read_csv(raw / "triplet-type-list.csv.gz").tolist())
     expected = {r: int(_read_csv(raw / "relations" / "___".join(r) / "num-edge-list.csv.gz").sum()) for r in relations}
     featured = [t for t in num_nodes if (raw / "node-feat" / t / "node-feat.csv.gz").exists()]
-    widths = {}
-    for t in featured:
-        with gzip.open(raw / "node-feat" / t / "node-feat.csv.gz", "rt") as fh:
-            widths[t] = len(fh.readline().split(","))
+    widths = {t: _csv_width(raw / "node-feat" / t / "node-feat.csv.gz") for t in featured}
     if len(set(widths.values())) != 1:
         raise DatasetError(f"{raw / 'node-feat'}: the types with features need one width; got {widths}")
     target, y, idx = _typed_labels(folder, meta)
 
     def feed(writer):
         for rel in relations:
-            for block in pd.read_csv(raw / "relations" / "___".join(rel) / "edge.csv.gz", compression="gzip",
-                                     header=None, dtype=np.int64, chunksize=STREAM_ROWS):
-                pairs = torch.from_numpy(block.to_numpy())
+            for block in _csv_blocks(raw / "relations" / "___".join(rel) / "edge.csv.gz", STREAM_ROWS, np.int64):
+                pairs = torch.from_numpy(block)
                 writer.add(rel, pairs[:, 0], pairs[:, 1])
         for t in featured:
             start = 0
-            for block in pd.read_csv(raw / "node-feat" / t / "node-feat.csv.gz", compression="gzip", header=None,
-                                     chunksize=max(STREAM_ROWS // widths[t], 1)):
-                writer.write_features(t, start, torch.from_numpy(np.array(block.to_numpy(), dtype=np.float32)))
+            for block in _csv_blocks(raw / "node-feat" / t / "node-feat.csv.gz", max(STREAM_ROWS // widths[t], 1)):
+                writer.write_features(t, start, torch.from_numpy(np.array(block, dtype=np.float32)))
                 start += len(block)
         return y, idx["train"], idx["valid"], idx["test"]
 

@@ -146,9 +146,12 @@ TYPED_FEATURES_FROM = {"author": ("paper", "rev_writes", "author"), "field": ("p
 def typed_sizes(cfg: DatasetConfig) -> tuple[dict[str, int], dict[tuple[str, str, str], int]]:
     """The typed graph's node counts per type and the edges drawn per relation (before duplicates go)."""
     c, n = cfg.num_classes, cfg.num_nodes
-    per_cites = max(int(round(cfg.avg_degree / 2)), 1)
     return ({"paper": n, "author": max(n // 2, c), "field": c * cfg.communities_per_class},
-            dict(zip(TYPED_RELATIONS, (n * per_cites, 3 * n, 2 * n), strict=True)))
+            dict(zip(TYPED_RELATIONS, (n * _cites_per_paper(cfg), 3 * n, 2 * n), strict=True)))
+
+
+def _cites_per_paper(cfg: DatasetConfig) -> int:
+    return max(int(round(cfg.avg_degree / 2)), 1)
 
 
 def generate_synthetic_typed(cfg: DatasetConfig, on_edges: Callable[[tuple[str, str, str], Tensor, Tensor], None],
@@ -190,7 +193,7 @@ def generate_synthetic_typed(cfg: DatasetConfig, on_edges: Callable[[tuple[str, 
             out[mask] = members[torch.randint(members.numel(), (int(mask.sum()),), generator=g)]
         return out
 
-    per_cites = max(int(round(cfg.avg_degree / 2)), 1)
+    per_cites = _cites_per_paper(cfg)
     for a in range(0, n, SOURCE_CHUNK):
         b = min(a + SOURCE_CHUNK, n)
         papers = torch.arange(a, b)

@@ -268,11 +268,10 @@ class TypedWriter:
 
     def add(self, rel: Relation, src: Tensor, dst: Tensor) -> None:
         """Edges ``src -> dst`` of ``rel`` as given (types' own ids); reverses are added as :meth:`from_edges` adds them."""
-        s, name, d = rel
         src, dst = src.long(), dst.long()
-        pieces = [((s, name, d), src, dst)]
-        if self.reverse:
-            pieces.append(((s, name, d), dst, src) if s == d else ((d, f"rev_{name}", s), dst, src))
+        pieces = [(rel, src, dst)]
+        if self.reverse:  # into rev_<name>, or (inside one type) into the relation itself: undirected
+            pieces.append((expand_relations([rel], True)[-1], dst, src))
         for r, u, v in pieces:
             self.buckets[r].add(v, u)
             self.view.add(v + self.off[r[2]], u + self.off[r[0]])

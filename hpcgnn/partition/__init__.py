@@ -48,7 +48,7 @@ from hpcgnn.data.ooc import NpyAppender, drop_pages, gather_sorted, trim_heap
 from hpcgnn.data.typed import Relation, TypedSchema, relation_key
 from hpcgnn.errors import ConfigError, PartitionError
 from hpcgnn.io import AtomicFolder, sha256_file
-from hpcgnn.partition.multilevel import LOCAL, Comm, task_spans
+from hpcgnn.partition.multilevel import LOCAL, Comm, balance_groups, task_spans
 from hpcgnn.rng import generator
 
 log = logging.getLogger(__name__)
@@ -147,11 +147,12 @@ def compute_parts(graph: Graph, num_parts: int, method: str, seed: int, balance_
     if method == "lp":  # multilevel label propagation over the mapped CSR, chunk by chunk
         from hpcgnn.partition.multilevel import balance_columns, lp_parts
 
-        types = node_type if node_type is not None else torch.zeros(n, dtype=torch.int8)
-        part = lp_parts(graph.rowptr, graph.col, num_parts, seed, balance_columns(types, is_train, weight, balance_train),
+        group = balance_groups(node_type if node_type is not None else torch.zeros(n, dtype=torch.int8), is_train,
+                               balance_train)
+        part = lp_parts(graph.rowptr, graph.col, num_parts, seed, balance_columns(group, weight, balance_train),
                         scratch=scratch, comm=comm)
         log.debug("lp: parts computed; rebalancing")
-        return rebalance(graph, part, types.long() * 2 + (is_train.long() if balance_train else 0), num_parts)
+        return rebalance(graph, part, group, num_parts)
     types = node_type.long() if node_type is not None else torch.zeros(n, dtype=torch.long)
     num_types = int(types.max()) + 1 if n else 1
     if method == "random":
@@ -178,8 +179,7 @@ def compute_parts(graph: Graph, num_parts: int, method: str, seed: int, balance_
     result = pymetis.part_graph(num_parts, pymetis.CSRAdjacency(xadj, adjncy), vweights=vweights, options=opts)
     part = torch.from_numpy(np.asarray(result.vertex_part, dtype=np.int32))
     if num_types > 1:  # METIS meets several constraints only loosely (14% over on a small typed graph): fix it up
-        group = types * 2 + (is_train.long() if balance_train else 0)
-        part = rebalance(graph, part, group, num_parts)
+        part = rebalance(graph, part, balance_groups(types, is_train, balance_train), num_parts)
     return part
 
 

@@ -220,12 +220,11 @@ def cluster(level: Level, max_cluster: int, seed: int, chunk_edges: int, passes:
     label = torch.arange(n, dtype=torch.int32)  # (O(nodes) state in 4 bytes a node: it is every task's)
     csize = level.size.clone()
     spans = task_spans(level.rowptr, comm, chunk_edges, max_rows=max(n // 64, 1))  # small: labels cascade
-    none = NO_MOVES
     for p in range(passes):
         salt = derive_seed("lp-cluster", seed, p) % 1_000_003
         moved = 0
         for span in rounds(spans, comm.rank):
-            mv, target, gain = _cluster_moves(level, label, csize, max_cluster, salt, span) if span else none
+            mv, target, gain = _cluster_moves(level, label, csize, max_cluster, salt, span) if span else NO_MOVES
             mv, target, gain = comm.gather([mv, target, gain])
             if mv.numel() == 0:
                 continue
@@ -454,12 +453,16 @@ def memory_estimate(num_nodes: int, num_edges: int, chunk_edges: int = CHUNK_EDG
     return 100 * num_nodes + 60 * chunk_edges + BUCKET_BYTES
 
 
-def balance_columns(types: Tensor, is_train: Tensor, weight: Tensor | None, balance_train: bool) -> Tensor:
-    """int32 [n, C] (int64 if a column's total needs it): one column per (node type, training or not) group
-    present, as the rebalance pass groups nodes, plus the training seeds' weight when it is not 0/1 (link
-    prediction: edges per source). Every task holds it: 4 bytes per node and column, no int64 one-hot."""
-    n = types.numel()
-    group = types.long() * 2 + (is_train.long() if balance_train else 0)
+def balance_groups(types: Tensor, is_train: Tensor, balance_train: bool) -> Tensor:
+    """int64 [n]: each node's balance group, (node type, training or not): what the partitioners balance."""
+    return types.long() * 2 + (is_train.long() if balance_train else 0)
+
+
+def balance_columns(group: Tensor, weight: Tensor | None, balance_train: bool) -> Tensor:
+    """int32 [n, C] (int64 if a column's total needs it): one column per balance group present
+    (:func:`balance_groups`), plus the training seeds' weight when it is not 0/1 (link prediction: edges
+    per source). Every task holds it: 4 bytes per node and column, no int64 one-hot."""
+    n = group.numel()
     present = torch.bincount(group, minlength=1) > 0
     column = torch.cumsum(present, 0) - 1  # group -> its column
     extra = balance_train and weight is not None and bool((weight > 1).any())
@@ -471,4 +474,4 @@ def balance_columns(types: Tensor, is_train: Tensor, weight: Tensor | None, bala
     return cols
 
 
-__all__ = ["balance_columns", "chunks", "lp_parts"]
+__all__ = ["balance_columns", "balance_groups", "chunks", "lp_parts"]
