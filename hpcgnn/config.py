@@ -61,7 +61,7 @@ class DatasetConfig:
     edge_split: Tuple[float, ...] = (0.85, 0.05, 0.1)  # task=link on synthetic/files: train/val/test fractions of the edges
     prepared_for: str = "node"  # node | link: what the prepared graph serves (follows task.name; not set by hand)
     feature_dtype: str = "float32"  # float32 | float16 | bfloat16: how features are stored (half the bytes); batches are upcast to float32
-    prepare_mem_gb: Optional[float] = None  # memory preparing may use (edges are sorted on disk in buckets of this size); None = a quarter of what is free, at most 0.5
+    prepare_mem_gb: Optional[float] = None  # memory preparing may use (edges are sorted on disk in buckets of this size); None = a quarter of what is free, at most 0.25
     erase_types: bool = False  # typed datasets (synthetic_hetero, ogbn-mag, typed files): serve the homogeneous view, types erased (a baseline)
 
 

@@ -217,11 +217,11 @@ def _check_space(folder: Path, need: float) -> None:
 
 def prepare_mem_bytes(cfg: DatasetConfig) -> int:
     """What sorting a bucket of edges may hold: ``dataset.prepare_mem_gb``, or a quarter of what is free and
-    at most 512 MiB (bigger buckets are not faster: the sort's cost is per edge; fewer buckets only save
+    at most 256 MiB (bigger buckets are not faster: the sort's cost is per edge; fewer buckets only save
     file appends)."""
     if cfg.prepare_mem_gb is not None:
         return int(cfg.prepare_mem_gb * 2**30)
-    return max(min(env.available_memory() // 4, 512 << 20), 64 << 20)
+    return max(min(env.available_memory() // 4, 256 << 20), 64 << 20)
 
 
 def prepare_streamed(cfg: DatasetConfig, folder: Path, source: dict, allow_download: bool = False) -> Path:
