@@ -221,11 +221,12 @@ def test_cache_round_trip_is_memory_mapped(tmp_path):
 
 @pytest.mark.parametrize("kind", [{}, {"degree_exponent": 2.5, "centroids": "community"}], ids=["default", "hubs"])
 def test_streamed_prepare_equals_the_graph_built_in_memory(tmp_path, monkeypatch, kind):
-    """Drawn in several chunks, bucketed on disk in several buckets, the prepared CSR (int32 columns) is the
-    graph the in-memory builder makes from the same chunks, edge for edge."""
+    """Drawn in several chunks, bucketed on disk in several buckets (each chunk in several slices), the
+    prepared CSR (int32 columns) is the graph the in-memory builder makes from the same chunks, edge for edge."""
     from hpcgnn.data import ooc, prepare_mem_bytes, synthetic
 
     monkeypatch.setattr(synthetic, "SOURCE_CHUNK", 1500)  # several chunks of sources
+    monkeypatch.setattr(ooc, "ADD_EDGES", 4000)  # several slices of each chunk's edges
     cfg = DatasetConfig(num_nodes=5000, root=str(tmp_path), prepare_mem_gb=0.002, **kind)
     assert ooc.EdgeBuckets(5000, synthetic.expected_edges(cfg), tmp_path / "s", prepare_mem_bytes(cfg)).num_buckets > 1
     prepare(cfg)

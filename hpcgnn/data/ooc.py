@@ -28,6 +28,7 @@ from torch import Tensor
 
 BYTES_PER_EDGE = 32  # sorting one bucket: the keys, the sort's copy and its output, the columns out
 MIN_BUCKET_EDGES = 1 << 16  # fewer per bucket: more files than the sort saves
+ADD_EDGES = 1 << 21  # edges bucketed at a time by EdgeBuckets.add: about 100 MB of temporaries
 FEATURE_DTYPES = {"float32": (torch.float32, np.float32), "float16": (torch.float16, np.float16),
                   "bfloat16": (torch.bfloat16, np.uint16)}  # numpy has no bfloat16: its bits as uint16
 
@@ -112,10 +113,15 @@ class EdgeBuckets:
 
     def add(self, dst: Tensor, src: Tensor, weight: Tensor | None = None) -> None:
         """Edges ``src -> dst`` (``dst`` aggregates ``src``); duplicates are removed (or summed) at the end."""
-        if dst.numel() == 0:
-            return
         if weight is not None and not self.weighted:
             raise ValueError("weights given to unweighted buckets")
+        # A slice at a time: the sort's temporaries stay bounded however large the chunk handed over
+        # (a source's chunk of a dense graph); stable by bucket, so the files are those of one pass.
+        for lo in range(0, dst.numel(), ADD_EDGES):
+            hi = lo + ADD_EDGES
+            self._add(dst[lo:hi], src[lo:hi], weight[lo:hi] if weight is not None else None)
+
+    def _add(self, dst: Tensor, src: Tensor, weight: Tensor | None) -> None:
         bucket = dst // self.rows
         order = torch.argsort(bucket, stable=True)
         columns = [("dst", dst[order], self.dtype), ("src", src[order], self.dtype)]

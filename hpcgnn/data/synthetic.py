@@ -33,8 +33,8 @@ SOURCE_CHUNK = 1 << 18
 
 def generate_synthetic(cfg: DatasetConfig, on_edges: Callable[[Tensor, Tensor], None],
                        on_features: Callable[[int, Tensor], None]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Draw the graph chunk by chunk: ``on_edges(src, dst)`` gets each chunk's directed edges (both
-    directions; duplicates possible), ``on_features(start, rows)`` each chunk of feature rows.
+    """Draw the graph chunk by chunk: ``on_edges(src, dst)`` gets each chunk's edges, then the same
+    reversed (duplicates possible), ``on_features(start, rows)`` each chunk of feature rows.
     Returns (y, train_idx, val_idx, test_idx). Memory: O(nodes) plus one chunk."""
     g = generator(cfg.seed, "synthetic")
     n, c = cfg.num_nodes, cfg.num_classes
@@ -67,11 +67,17 @@ def generate_synthetic(cfg: DatasetConfig, on_edges: Callable[[Tensor, Tensor], 
             local = torch.rand(m, generator=g) < cfg.locality
             start = torch.where(inside, comm_start[sc], torch.where(local, region_start[sc // c], 0))
             size = torch.where(inside, comm_size[sc], torch.where(local, region_size[sc // c], n))
+            del sc
             pick = (torch.rand(m, generator=g) * size).long().clamp(max=size - 1)
+            del inside, local, size
             dst = by_comm[start + pick]
+            del start, pick
         keep = src != dst
         src, dst = src[keep], dst[keep]
-        on_edges(torch.cat([src, dst]), torch.cat([dst, src]))
+        del keep
+        on_edges(src, dst)  # (one direction at a time: a dense graph's chunk is large)
+        on_edges(dst, src)
+        del src, dst
     del by_comm, chung_lu
 
     # Features: class centroid (unit scale) plus noise, scaled back to unit variance.
