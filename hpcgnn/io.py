@@ -4,20 +4,36 @@ Everything hpcgnn writes for others to read appears whole or not at all: a file 
 :func:`atomic_open`, a folder through :class:`AtomicFolder` (a temporary sibling, every file
 fsync'd, one rename). Readers never see half a prepared graph, partition or checkpoint,
 however the writer died.
+
+A writer killed mid-way (a time limit, preemption, SIGKILL) leaves its temporary folder, which for a
+large graph holds gigabytes. Temporary folders are named by their writer (:func:`writer_tag`: host,
+pid), and the next writer of the same folder removes those whose writer is gone
+(:func:`sweep_leftovers`); of another host's it can only tell the age, and names the old ones.
 """
 
 from __future__ import annotations
 
 import contextlib
+import glob
 import hashlib
 import json
+import logging
 import os
+import re
 import shutil
+import socket
+import sys
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+
+log = logging.getLogger(__name__)
+
+LEFTOVER_WARN_S = 3600  # another host's temporary folder untouched this long is named in a warning
+_TAG = re.compile(r"(?P<host>[A-Za-z0-9._]+)-(?P<pid>[0-9]+)-[0-9a-f]{8}$")
 
 
 @contextlib.contextmanager
@@ -71,10 +87,69 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def writer_tag() -> str:
+    """``host-pid-random``: a temporary folder's name ends with it, so that a later writer can tell
+    whether the process that filled it is gone (:func:`sweep_leftovers`)."""
+    return f"{_host()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+def _host() -> str:
+    return re.sub(r"[^A-Za-z0-9.]", "_", socket.gethostname()) or "host"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def _tree_bytes_and_mtime(folder: Path) -> tuple[int, float]:
+    size, newest = 0, folder.stat().st_mtime
+    for path in folder.rglob("*"):
+        with contextlib.suppress(OSError):
+            st = path.stat()
+            size += st.st_size if path.is_file() else 0
+            newest = max(newest, st.st_mtime)
+    return size, newest
+
+
+def sweep_leftovers(parent: Path, prefix: str, keep: Path | None = None) -> list[Path]:
+    """Remove the folders ``parent/<prefix><writer_tag>`` whose writer ran on this host and is gone (a
+    killed prepare, partition or lp scratch); returns them. Others (another host's, or names without a
+    tag) are left, and named on stderr when untouched for ``LEFTOVER_WARN_S``: only a person can tell
+    whether a job elsewhere still fills them."""
+    removed, here = [], _host()
+    for folder in sorted(parent.glob(f"{glob.escape(prefix)}*")):
+        if folder == keep or not folder.is_dir():
+            continue
+        m = _TAG.fullmatch(folder.name[len(prefix):])
+        try:
+            if m is not None and m["host"] == here and not _alive(int(m["pid"])):
+                size, _ = _tree_bytes_and_mtime(folder)
+                shutil.rmtree(folder, ignore_errors=True)
+                log.info("removed %s (%.1f GiB), left by process %s, which is gone", folder, size / 2**30, m["pid"])
+                removed.append(folder)
+                continue
+            size, newest = _tree_bytes_and_mtime(folder)
+        except OSError:  # removed meanwhile by another writer's sweep
+            continue
+        if time.time() - newest > LEFTOVER_WARN_S:
+            who = f"process {m['pid']} on {m['host']}" if m is not None else "an unknown writer"
+            print(f"hpcgnn: WARNING: {folder} ({size / 2**30:.1f} GiB) is a temporary folder left by {who}, "
+                  f"untouched for {(time.time() - newest) / 3600:.1f} h; delete it if no job is writing it",
+                  file=sys.stderr, flush=True)
+    return removed
+
+
 class AtomicFolder:
     """A folder that appears at ``final`` whole or not at all.
 
-    Fill ``tmp`` (a hidden sibling: ``.<name>.tmp-<id>``), then :meth:`commit`: every file
+    Fill ``tmp`` (a hidden sibling: ``.<name>.tmp-<writer tag>``; :meth:`create` first removes the
+    siblings a killed writer on this host left), then :meth:`commit`: every file
     is fsync'd and the folder renamed into place. When several writers race (ranks, nodes
     on a shared file system), ``replace=False`` keeps the folder that got there first (the
     writers make the same content: a prepared graph, a partition); ``replace=True`` puts
@@ -84,10 +159,11 @@ class AtomicFolder:
 
     def __init__(self, final: Path, replace: bool = False, tmp_name: str | None = None):
         self.final, self.replace = Path(final), replace
-        self.tmp = self.final.parent / (tmp_name or f".{self.final.name}.tmp-{uuid.uuid4().hex[:8]}")
+        self.tmp = self.final.parent / (tmp_name or f".{self.final.name}.tmp-{writer_tag()}")
 
     def create(self) -> Path:
         self.final.parent.mkdir(parents=True, exist_ok=True)
+        sweep_leftovers(self.final.parent, f".{self.final.name}.tmp-", keep=self.tmp)
         shutil.rmtree(self.tmp, ignore_errors=True)
         self.tmp.mkdir()
         return self.tmp

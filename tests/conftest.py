@@ -41,6 +41,12 @@ def local_rank_env(rank: int, world: int, port: int):
                                  "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
 
 
+def dead_pid() -> int:
+    """The pid of a process that has exited (a killed writer's, in a leftover's name)."""
+    child = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    return int(child.stdout)
+
+
 def run_cli(*args: str, cwd: Path, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
     """``python -m hpcgnn ARGS`` in a subprocess whose run folder is ``cwd/run``."""
     cwd.mkdir(parents=True, exist_ok=True)

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import run_cli
+from conftest import dead_pid, run_cli
 
 from hpcgnn.config import DatasetConfig
 from hpcgnn.data import build_graph, cache, cache_folder, open_graph, prepare
@@ -296,3 +296,56 @@ def test_handing_back_pages_keeps_every_value(tmp_path):
     anon = torch.arange(3_000_000)
     drop_pages(anon)
     assert int(anon.sum()) == total
+
+
+def test_leftovers_of_a_gone_writer_here_are_removed_others_named_when_old(tmp_path, capsys):
+    import os
+
+    from hpcgnn.io import _host, sweep_leftovers, writer_tag
+
+    prefix = ".synthetic-0123.tmp-"
+    dead = tmp_path / f"{prefix}{_host()}-{dead_pid()}-0badc0de"
+    mine = tmp_path / f"{prefix}{writer_tag()}"  # this process: alive
+    elsewhere = tmp_path / f"{prefix}othernode-{os.getpid()}-0badc0de"  # can't tell: another host
+    untagged = tmp_path / f"{prefix}1f2e3d4c"  # the names before writer tags
+    unrelated = tmp_path / ".synthetic-0124.tmp-x"
+    for folder in (dead, mine, elsewhere, untagged, unrelated):
+        folder.mkdir()
+        (folder / "col.npy").write_bytes(b"\0" * 1000)
+    old = 0  # untouched since 1970
+    os.utime(untagged / "col.npy", (old, old))
+    os.utime(untagged, (old, old))
+    assert sweep_leftovers(tmp_path, prefix) == [dead]
+    assert not dead.exists() and mine.exists() and elsewhere.exists() and untagged.exists() and unrelated.exists()
+    err = capsys.readouterr().err
+    assert str(elsewhere) not in err  # fresh: maybe a live job on othernode
+    assert f"{untagged} (0.0 GiB) is a temporary folder left by an unknown writer" in err
+    assert "delete it if no job is writing it" in err
+
+
+@pytest.mark.slow
+def test_a_killed_prepare_leaves_a_folder_the_next_prepare_removes(tmp_path):
+    """SIGKILL mid-prepare (a time limit, preemption) leaves the temporary folder; the next prepare of the
+    same graph on this host removes it and prepares the graph."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    cfg = DatasetConfig(num_nodes=400_000, root=str(tmp_path))
+    prepared = tmp_path / "prepared"
+    child = subprocess.Popen([sys.executable, "-m", "hpcgnn.data", "prepare", "dataset.num_nodes=400000",
+                              f"dataset.root={tmp_path}"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while not list(prepared.glob(".synthetic-*.tmp-*/scratch/bucket*")) and child.poll() is None:
+        if time.monotonic() > deadline:
+            child.kill()
+            pytest.fail("the prepare never started writing")
+        time.sleep(0.05)
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    left = list(prepared.glob(".synthetic-*.tmp-*"))
+    assert len(left) == 1 and left[0].name.endswith(f"-{child.pid}-" + left[0].name[-8:])
+    folder = prepare(cfg)
+    assert folder.exists() and not left[0].exists()
+    assert [p.name for p in prepared.iterdir()] == [folder.name]

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 import torch.multiprocessing as mp
-from conftest import DATA_ROOT, local_rank_env, make_config, run_cli, summary_of
+from conftest import DATA_ROOT, dead_pid, local_rank_env, make_config, run_cli, summary_of
 
 from hpcgnn.config import DatasetConfig, GraphConfig
 from hpcgnn.data import open_graph, prepare
@@ -53,6 +53,24 @@ def test_parts_are_byte_identical_across_runs(tmp_path, method):
     for path in sorted(first.rglob("*.npy")):
         assert path.read_bytes() == (folder / path.relative_to(first)).read_bytes(), path
     assert meta2["files"] == meta["files"]
+
+
+def test_a_killed_lp_partitions_leftovers_are_removed_by_the_next_on_this_host(tmp_path):
+    """A partition killed mid-way leaves its parts' temporary folder and lp's coarse levels beside the parts;
+    the next partition on this host removes both (their writer's pid is gone) and leaves only the parts."""
+    from hpcgnn.io import _host
+
+    mine = _private(tmp_path)
+    prepare(mine)
+    folder = parts_folder(mine, LP, 4)
+    folder.parent.mkdir(parents=True)
+    gone = f"{_host()}-{dead_pid()}-0badc0de"
+    leftovers = [folder.parent / f".{folder.name}.tmp-{gone}", folder.parent / f"hpcgnn-lp-{gone}"]
+    for left in leftovers:
+        (left / "level1").mkdir(parents=True)
+        (left / "level1" / "col.npy").write_bytes(b"\0" * 4096)
+    ensure_parts(mine, LP, 4)
+    assert [p.name for p in folder.parent.iterdir()] == [folder.name]
 
 
 def test_metis_cuts_far_fewer_edges_than_random_and_balances_train_nodes():

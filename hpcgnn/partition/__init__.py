@@ -47,7 +47,7 @@ from hpcgnn.data.graph import Graph
 from hpcgnn.data.ooc import NpyAppender, drop_pages, gather_sorted, trim_heap
 from hpcgnn.data.typed import Relation, TypedSchema, relation_key
 from hpcgnn.errors import ConfigError, PartitionError
-from hpcgnn.io import AtomicFolder, sha256_file
+from hpcgnn.io import AtomicFolder, sha256_file, writer_tag
 from hpcgnn.partition.multilevel import LOCAL, Comm, balance_groups, task_spans
 from hpcgnn.rng import generator
 
@@ -323,8 +323,7 @@ def write_parts(graph: Graph, part: Tensor, folder: Path, meta: dict, edges: dic
     if need > free:
         raise OSError(f"writing {num_parts} parts needs about {cache.human_bytes(need)} in {folder.parent}, but "
                       f"only {cache.human_bytes(free)} are free: set dataset.root to a larger file system")
-    token = int(comm.broadcast(torch.randint(1 << 62, (1,))))
-    target = AtomicFolder(folder, tmp_name=f".{folder.name}.tmp-{token:x}")
+    target = AtomicFolder(folder, tmp_name=f".{folder.name}.tmp-{comm.broadcast_object(writer_tag())}")
     tmp = target.tmp
     try:
         if comm.rank == 0:

@@ -37,6 +37,7 @@ import torch
 from torch import Tensor
 
 from hpcgnn.data.ooc import EdgeBuckets, chunks, drop_pages, trim_heap
+from hpcgnn.io import sweep_leftovers, writer_tag
 from hpcgnn.rng import derive_seed
 
 log = logging.getLogger(__name__)
@@ -86,6 +87,16 @@ class Comm:
         out = [None] * self.size
         dist.all_gather_object(out, obj, group=self.group)
         return [o for r, o in enumerate(out) if r != self.rank]
+
+    def broadcast_object(self, obj):
+        """Task 0's ``obj`` (picklable), on every task."""
+        if self.size == 1:
+            return obj
+        import torch.distributed as dist
+
+        box = [obj]
+        dist.broadcast_object_list(box, 0, group=self.group)
+        return box[0]
 
     def broadcast(self, t: Tensor) -> Tensor:
         """Task 0's ``t`` (every task passes a tensor of the same shape and dtype)."""
@@ -407,14 +418,12 @@ def lp_parts(rowptr: Tensor, col: Tensor, num_parts: int, seed: int, vw: Tensor,
     levels = [Level(rowptr, col, None, size, vw)]
     maps: list[Tensor] = []
     max_cluster = max(1, int(0.01 * n / num_parts))
-    if comm.size == 1:
-        folder = Path(tempfile.mkdtemp(prefix="hpcgnn-lp-", dir=scratch))
-    else:  # one folder for the job: task 0 names it
-        token = comm.broadcast(torch.randint(1 << 62, (1,)))
-        folder = Path(scratch or tempfile.gettempdir()) / f"hpcgnn-lp-{int(token):x}"
-        if comm.rank == 0:
-            folder.mkdir(parents=True)
-        comm.barrier()
+    # One folder for the job, named by task 0 (a killed job's is removed by the next one on that host).
+    folder = Path(scratch or tempfile.gettempdir()) / f"hpcgnn-lp-{comm.broadcast_object(writer_tag())}"
+    if comm.rank == 0:
+        sweep_leftovers(folder.parent, "hpcgnn-lp-", keep=folder)
+        folder.mkdir(parents=True)
+    comm.barrier()
     try:
         while levels[-1].n > coarsest_nodes and len(levels) <= MAX_LEVELS:
             top = levels[-1]
