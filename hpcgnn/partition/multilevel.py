@@ -29,6 +29,7 @@ from __future__ import annotations
 import logging
 import shutil
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -233,7 +234,7 @@ def cluster(level: Level, max_cluster: int, seed: int, chunk_edges: int, passes:
     spans = task_spans(level.rowptr, comm, chunk_edges, max_rows=max(n // 64, 1))  # small: labels cascade
     for p in range(passes):
         salt = derive_seed("lp-cluster", seed, p) % 1_000_003
-        moved = 0
+        moved, t0 = 0, time.perf_counter()
         for span in rounds(spans, comm.rank):
             mv, target, gain = _cluster_moves(level, label, csize, max_cluster, salt, span) if span else NO_MOVES
             mv, target, gain = comm.gather([mv, target, gain])
@@ -247,7 +248,8 @@ def cluster(level: Level, max_cluster: int, seed: int, chunk_edges: int, passes:
             csize.index_add_(0, target, sizes)
             label[mv] = target
             moved += mv.numel()
-        log.debug("lp cluster pass %d: %d moves", p, moved)
+        log.info("lp clustering %d nodes, pass %d/%d: %d moves (%.0f s)", n, p + 1, passes, moved,
+                 time.perf_counter() - t0)
         trim_heap()
         if moved < n // 100:
             break
@@ -352,7 +354,7 @@ def refine(level: Level, part: Tensor, num_parts: int, caps: Tensor, seed: int, 
     spans = task_spans(level.rowptr, comm, chunk_edges, max_rows=max(level.n // 8, 1))
     for p in range(passes):
         salt = derive_seed("lp-refine", seed, p) % 1_000_003
-        moved = 0
+        moved, t0 = 0, time.perf_counter()
         for span in rounds(spans, comm.rank):
             idx, target, gain = _refine_moves(level, part, load, caps, k, salt, span) if span else NO_MOVES
             idx, target, gain = comm.gather([idx, target, gain])
@@ -365,7 +367,8 @@ def refine(level: Level, part: Tensor, num_parts: int, caps: Tensor, seed: int, 
             load.index_add_(0, target, vw)
             part[idx] = target
             moved += idx.numel()
-        log.debug("lp refine pass %d: %d moves", p, moved)
+        log.info("lp refining %d nodes into %d parts, pass %d/%d: %d moves (%.0f s)", level.n, k, p + 1, passes,
+                 moved, time.perf_counter() - t0)
         if moved < level.n // 2000:
             break
     return part
