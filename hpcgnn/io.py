@@ -145,6 +145,30 @@ def sweep_leftovers(parent: Path, prefix: str, keep: Path | None = None) -> list
     return removed
 
 
+@contextlib.contextmanager
+def stop_cleanly_on_sigterm(what: str) -> Iterator[None]:
+    """While a prepare or a partition runs (hours, for a large graph): SIGTERM (``scancel``, a job's time
+    limit, a plain ``kill``) raises ``SystemExit(143)`` in the main thread, so that the ``finally`` blocks
+    remove the temporary folders instead of leaving gigabytes behind. The previous handler (submitit's)
+    is put back after; outside the main thread nothing changes."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        print(f"hpcgnn: {what} stopped by SIGTERM; removing its temporary files", file=sys.stderr, flush=True)
+        raise SystemExit(128 + signal.SIGTERM)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+
+
 class AtomicFolder:
     """A folder that appears at ``final`` whole or not at all.
 

@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -45,6 +46,21 @@ def dead_pid() -> int:
     """The pid of a process that has exited (a killed writer's, in a leftover's name)."""
     child = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     return int(child.stdout)
+
+
+def start_and_stop(args: list[str], started, signum: int, cwd: Path | None = None):
+    """Run ``python <args>`` until ``started()`` is true, then send ``signum``; the finished process."""
+    child = subprocess.Popen([sys.executable, *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                             cwd=cwd)
+    deadline = time.monotonic() + 120
+    while not started() and child.poll() is None:
+        if time.monotonic() > deadline:
+            child.kill()
+            pytest.fail(f"{args} never reached the point to stop it at")
+        time.sleep(0.02)
+    child.send_signal(signum)
+    child.wait(timeout=120)
+    return child
 
 
 def run_cli(*args: str, cwd: Path, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:

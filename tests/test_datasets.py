@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import dead_pid, run_cli
+from conftest import dead_pid, run_cli, start_and_stop
 
 from hpcgnn.config import DatasetConfig
 from hpcgnn.data import build_graph, cache, cache_folder, open_graph, prepare
@@ -325,27 +325,29 @@ def test_leftovers_of_a_gone_writer_here_are_removed_others_named_when_old(tmp_p
 
 @pytest.mark.slow
 def test_a_killed_prepare_leaves_a_folder_the_next_prepare_removes(tmp_path):
-    """SIGKILL mid-prepare (a time limit, preemption) leaves the temporary folder; the next prepare of the
-    same graph on this host removes it and prepares the graph."""
+    """SIGKILL mid-prepare (the OOM killer, a time limit's last word) leaves the temporary folder; the next
+    prepare of the same graph on this host removes it and prepares the graph."""
     import signal
-    import subprocess
-    import sys
-    import time
 
     cfg = DatasetConfig(num_nodes=400_000, root=str(tmp_path))
     prepared = tmp_path / "prepared"
-    child = subprocess.Popen([sys.executable, "-m", "hpcgnn.data", "prepare", "dataset.num_nodes=400000",
-                              f"dataset.root={tmp_path}"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 120
-    while not list(prepared.glob(".synthetic-*.tmp-*/scratch/bucket*")) and child.poll() is None:
-        if time.monotonic() > deadline:
-            child.kill()
-            pytest.fail("the prepare never started writing")
-        time.sleep(0.05)
-    child.send_signal(signal.SIGKILL)
-    child.wait()
+    child = start_and_stop(["-m", "hpcgnn.data", "prepare", "dataset.num_nodes=400000", f"dataset.root={tmp_path}"],
+                           lambda: any(prepared.glob(".synthetic-*.tmp-*/scratch/bucket*")), signal.SIGKILL)
     left = list(prepared.glob(".synthetic-*.tmp-*"))
     assert len(left) == 1 and left[0].name.endswith(f"-{child.pid}-" + left[0].name[-8:])
     folder = prepare(cfg)
     assert folder.exists() and not left[0].exists()
     assert [p.name for p in prepared.iterdir()] == [folder.name]
+
+
+@pytest.mark.slow
+def test_a_prepare_stopped_by_sigterm_removes_its_temporary_folder(tmp_path):
+    """scancel or a job's time limit sends SIGTERM: the prepare stops at once, says so, and leaves nothing."""
+    import signal
+
+    prepared = tmp_path / "prepared"
+    child = start_and_stop(["-m", "hpcgnn.data", "prepare", "dataset.num_nodes=400000", f"dataset.root={tmp_path}"],
+                           lambda: any(prepared.glob(".synthetic-*.tmp-*/scratch/bucket*")), signal.SIGTERM)
+    assert child.returncode == 143, child.stderr.read()
+    assert "hpcgnn: prepare stopped by SIGTERM; removing its temporary files" in child.stderr.read()
+    assert list(prepared.iterdir()) == []

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 import torch.multiprocessing as mp
-from conftest import DATA_ROOT, dead_pid, local_rank_env, make_config, run_cli, summary_of
+from conftest import DATA_ROOT, dead_pid, local_rank_env, make_config, run_cli, start_and_stop, summary_of
 
 from hpcgnn.config import DatasetConfig, GraphConfig
 from hpcgnn.data import open_graph, prepare
@@ -71,6 +71,21 @@ def test_a_killed_lp_partitions_leftovers_are_removed_by_the_next_on_this_host(t
         (left / "level1" / "col.npy").write_bytes(b"\0" * 4096)
     ensure_parts(mine, LP, 4)
     assert [p.name for p in folder.parent.iterdir()] == [folder.name]
+
+
+@pytest.mark.slow
+def test_an_lp_partition_stopped_by_sigterm_leaves_nothing_behind(tmp_path):
+    """SIGTERM while lp coarsens: the command exits 143 and removes its coarse levels (parts/ is empty)."""
+    import signal
+
+    mine = DatasetConfig(num_nodes=200_000, root=str(tmp_path / "data"))
+    parts = prepare(mine) / "parts"
+    child = start_and_stop(["-m", "hpcgnn.partition", "dataset.num_nodes=200000", f"dataset.root={mine.root}",
+                            "graph.method=lp", "graph.num_parts=4"],
+                           lambda: any(parts.glob("hpcgnn-lp-*/level1/buckets0/*")), signal.SIGTERM, cwd=tmp_path)
+    assert child.returncode == 143, child.stderr.read()
+    assert "hpcgnn: partition stopped by SIGTERM; removing its temporary files" in child.stderr.read()
+    assert list(parts.iterdir()) == []
 
 
 def test_metis_cuts_far_fewer_edges_than_random_and_balances_train_nodes():

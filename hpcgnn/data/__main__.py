@@ -17,10 +17,12 @@ def main(argv: list[str]) -> int:
         return EXIT_USER_ERROR if not argv or argv[0] not in ("-h", "--help") else 0
     from hpcgnn.compose import compose
     from hpcgnn.data import cache, prepare
+    from hpcgnn.io import stop_cleanly_on_sigterm
 
     try:
         cfg = compose(argv[1:]).cfg.dataset
-        folder = prepare(cfg, allow_download=True)
+        with stop_cleanly_on_sigterm("prepare"):
+            folder = prepare(cfg, allow_download=True)
     except UserError as exc:
         print(describe(exc), file=sys.stderr)
         return EXIT_USER_ERROR

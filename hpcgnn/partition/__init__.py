@@ -47,7 +47,7 @@ from hpcgnn.data.graph import Graph
 from hpcgnn.data.ooc import NpyAppender, drop_pages, gather_sorted, trim_heap
 from hpcgnn.data.typed import Relation, TypedSchema, relation_key
 from hpcgnn.errors import ConfigError, PartitionError
-from hpcgnn.io import AtomicFolder, sha256_file, writer_tag
+from hpcgnn.io import AtomicFolder, sha256_file, stop_cleanly_on_sigterm, writer_tag
 from hpcgnn.partition.multilevel import LOCAL, Comm, balance_groups, task_spans
 from hpcgnn.rng import generator
 
@@ -669,6 +669,6 @@ def run_partition_task(cfg) -> dict:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     rank_env = env.RankEnv.from_environ(env.current(), (cfg.dist.port_min, cfg.dist.port_max), cfg.dist.master_port)
-    with process_group(rank_env, cfg.dist, torch.device("cpu")):
+    with stop_cleanly_on_sigterm("partition task"), process_group(rank_env, cfg.dist, torch.device("cpu")):
         comm = Comm(rank_env.rank, rank_env.world_size) if rank_env.world_size > 1 else LOCAL
         return run_partition(cfg.dataset, cfg.graph, cfg.graph.num_parts or cfg.world_size, comm)

@@ -34,12 +34,14 @@ def main(argv: list[str]) -> int:
         if cfg.cluster is None:
             import logging
 
+            from hpcgnn.io import stop_cleanly_on_sigterm
             from hpcgnn.partition import run_partition
 
             # progress of a long partitioning (lp's levels, passes) on stderr
             logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
 
-            run_partition(cfg.dataset, cfg.graph, cfg.graph.num_parts or cfg.world_size)
+            with stop_cleanly_on_sigterm("partition"):
+                run_partition(cfg.dataset, cfg.graph, cfg.graph.num_parts or cfg.world_size)
             return 0
         from hpcgnn.launch import submit_partition, wait_partition
 
