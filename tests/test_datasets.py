@@ -351,3 +351,29 @@ def test_a_prepare_stopped_by_sigterm_removes_its_temporary_folder(tmp_path):
     assert child.returncode == 143, child.stderr.read()
     assert "hpcgnn: prepare stopped by SIGTERM; removing its temporary files" in child.stderr.read()
     assert list(prepared.iterdir()) == []
+
+
+def test_buckets_by_row_edges_hold_about_equal_edges_and_write_the_same_csr(tmp_path, monkeypatch):
+    """Rows that get very different edge counts (a coarse level's clusters): given each row's count, the
+    buckets split the edges, not the rows, evenly (each within the sort's budget), and the CSR is the same."""
+    from hpcgnn.data import ooc
+
+    monkeypatch.setattr(ooc, "MIN_BUCKET_EDGES", 1000)
+    g = torch.Generator().manual_seed(0)
+    n, m = 1000, 60_000
+    heavy = torch.rand(m, generator=g) < 0.8
+    dst = torch.where(heavy, torch.randint(0, 10, (m,), generator=g), torch.randint(0, n, (m,), generator=g))
+    src = torch.randint(0, n, (m,), generator=g)
+    out = {}
+    for name, row_edges in (("rows", None), ("edges", torch.bincount(dst, minlength=n))):
+        b = ooc.EdgeBuckets(n, m, tmp_path / name / "s", 6000 * 56, weighted=True, row_edges=row_edges)
+        b.add(dst, src)
+        sizes = [b._file(k, "dst").stat().st_size // 4 if b._file(k, "dst").exists() else 0
+                 for k in range(b.num_buckets)]
+        assert b.num_buckets == 13 and sum(sizes) == m
+        out[name] = sizes
+        b.write_csr(tmp_path / name)
+    assert max(out["rows"]) > 0.8 * m  # equal rows: rows 0-9 in one bucket
+    assert max(out["edges"]) < 2 * m / 13  # equal edges: a bucket holds its share and at most one row more
+    for f in ("rowptr", "col", "weight"):
+        assert np.array_equal(np.load(tmp_path / "rows" / f"{f}.npy"), np.load(tmp_path / "edges" / f"{f}.npy")), f

@@ -95,16 +95,27 @@ class EdgeBuckets:
     rows; ``num_src``: the sources' id space when it is not the targets', a typed relation's).
 
     ``weighted``: duplicates are summed into ``weight.npy`` (int64) instead of dropped, each added edge
-    weighing its given weight or 1 (a partitioner's coarse graph: the edges between two clusters)."""
+    weighing its given weight or 1 (a partitioner's coarse graph: the edges between two clusters).
+
+    Buckets are ranges of target rows: equal ranges, or, given ``row_edges`` (int64 [num_nodes]: about how
+    many edges each row will get), ranges of about equal edges, so that no bucket's sort outgrows the
+    budget where rows differ (a coarse level's clusters: a large cluster gets the edges of its members)."""
 
     def __init__(self, num_nodes: int, expected_edges: int, scratch: Path, mem_bytes: int, weighted: bool = False,
-                 num_src: int | None = None):
+                 num_src: int | None = None, row_edges: Tensor | None = None):
         self.n, self.scratch, self.weighted = num_nodes, scratch, weighted
         self.m = num_nodes if num_src is None else max(num_src, 1)  # sources' id space (a typed relation's)
         self.dtype = index_dtype(max(num_nodes, self.m))
         per_bucket = max(mem_bytes // (BYTES_PER_EDGE + 24 * weighted), MIN_BUCKET_EDGES)  # weights: their sort order too
         self.num_buckets = max(1, math.ceil(1.25 * expected_edges / per_bucket))
-        self.rows = max(1, math.ceil(num_nodes / self.num_buckets))
+        if row_edges is None:
+            rows = max(1, math.ceil(num_nodes / self.num_buckets))
+            self.bounds = (torch.arange(self.num_buckets + 1) * rows).clamp(max=num_nodes)
+        else:  # the first row of bucket b: where the cumulative edges pass b / num_buckets of them
+            cum = torch.cumsum(row_edges, 0)
+            share = torch.arange(1, self.num_buckets) * (int(cum[-1]) if num_nodes else 0) // self.num_buckets
+            inner = torch.searchsorted(cum, share, right=True) if num_nodes else torch.zeros(0, dtype=torch.long)
+            self.bounds = torch.cat([torch.zeros(1, dtype=torch.long), inner, torch.tensor([num_nodes])])
         scratch.mkdir(parents=True, exist_ok=True)
         self.added = 0
 
@@ -122,16 +133,16 @@ class EdgeBuckets:
             self._add(dst[lo:hi], src[lo:hi], weight[lo:hi] if weight is not None else None)
 
     def _add(self, dst: Tensor, src: Tensor, weight: Tensor | None) -> None:
-        bucket = dst // self.rows
+        bucket = torch.searchsorted(self.bounds, dst, right=True) - 1  # (an empty bucket's rows: the next one's)
         order = torch.argsort(bucket, stable=True)
         columns = [("dst", dst[order], self.dtype), ("src", src[order], self.dtype)]
         if weight is not None:
             columns.append(("w", weight[order], np.dtype(np.int64)))
         elif self.weighted:  # mixing weighted and unweighted adds: every edge needs its weight
             columns.append(("w", torch.ones(dst.numel(), dtype=torch.long), np.dtype(np.int64)))
-        bounds = torch.searchsorted(bucket[order], torch.arange(self.num_buckets + 1)).tolist()
+        cuts = torch.searchsorted(bucket[order], torch.arange(self.num_buckets + 1)).tolist()
         for b in range(self.num_buckets):
-            lo, hi = bounds[b], bounds[b + 1]
+            lo, hi = cuts[b], cuts[b + 1]
             if hi > lo:
                 for which, t, dtype in columns:
                     with open(self._file(b, which), "ab") as f:
@@ -144,9 +155,8 @@ class EdgeBuckets:
         def merged():
             for b in range(self.num_buckets):
                 counts, c, w = self.merge_bucket(b, [self])
-                if counts is None:
-                    return
-                yield counts, c, w
+                if counts is not None:
+                    yield counts, c, w
 
         total = self._write_rows(folder, merged())
         shutil.rmtree(self.scratch, ignore_errors=True)
@@ -172,8 +182,8 @@ class EdgeBuckets:
 
     def merge_bucket(self, b: int, sources: list[EdgeBuckets]) -> tuple[Tensor | None, np.ndarray, np.ndarray]:
         """Bucket ``b`` of every source (the same layout: several tasks' folders), sorted: (edges per row of
-        the bucket, columns, summed weights or None); (None, ...) past the last row. Its files are removed."""
-        lo, hi = b * self.rows, min((b + 1) * self.rows, self.n)
+        the bucket, columns, summed weights or None); (None, ...) for a bucket of no rows. Its files are removed."""
+        lo, hi = int(self.bounds[b]), int(self.bounds[b + 1])
         if lo >= hi:
             return None, np.zeros(0, self.dtype), np.zeros(0, np.int64)
         files = [s for s in sources if s._file(b, "dst").exists()]

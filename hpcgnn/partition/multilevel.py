@@ -303,8 +303,14 @@ def contract(level: Level, label: Tensor, chunk_edges: int, scratch: Path, mem_b
     size = torch.zeros(nc, dtype=level.size.dtype).index_add_(0, cl, level.size)
     vw = torch.zeros(nc, level.vw.size(1), dtype=level.vw.dtype).index_add_(0, cl, level.vw)
     per_task = max(mem_bytes // comm.size, 1 << 20)
-    buckets = [EdgeBuckets(nc, int(level.rowptr[-1]), scratch / f"buckets{t}", per_task, weighted=True)
-               for t in range(comm.size)]  # the same layout in every task's folder
+    # A cluster gets at most its members' in-edges: buckets of about equal edges, whatever the cluster sizes.
+    row_edges = torch.zeros(nc, dtype=torch.long)
+    for a in range(0, n, 1 << 22):
+        b = min(a + (1 << 22), n)
+        row_edges.index_add_(0, cl[a:b].long(), level.rowptr[a + 1:b + 1] - level.rowptr[a:b])
+    buckets = [EdgeBuckets(nc, int(level.rowptr[-1]), scratch / f"buckets{t}", per_task, weighted=True,
+                           row_edges=row_edges) for t in range(comm.size)]  # the same layout in every task's folder
+    del row_edges
     for span in task_spans(level.rowptr, comm, chunk_edges, max_rows=level.n)[comm.rank]:
         row, nbr, w = _chunk_edges(level, *span)
         cu, cv = cl.index_select(0, row + span[0]).long(), cl.index_select(0, nbr).long()
