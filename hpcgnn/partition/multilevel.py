@@ -48,6 +48,7 @@ BUCKET_BYTES = 256 << 20  # sorting one bucket of a coarse level's edges
 CLUSTER_PASSES = 4  # label-propagation passes per coarsening level
 REFINE_PASSES = 3  # label-propagation passes per level on the way back
 COARSEST_NODES = 40_000  # stop coarsening below this many clusters ...
+COARSEST_EDGES = 4_000_000  # ... and edges (METIS on the coarsest level: about 110 B an edge, on task 0) ...
 MIN_SHRINK = 1.5  # ... or when a level removes fewer than a third of the nodes
 MAX_LEVELS = 8
 
@@ -305,8 +306,8 @@ def contract(level: Level, label: Tensor, chunk_edges: int, scratch: Path, mem_b
     per_task = max(mem_bytes // comm.size, 1 << 20)
     # A cluster gets at most its members' in-edges: buckets of about equal edges, whatever the cluster sizes.
     row_edges = torch.zeros(nc, dtype=torch.long)
-    for a in range(0, n, 1 << 22):
-        b = min(a + (1 << 22), n)
+    for a in range(0, n, 1 << 18):  # (small slices: no O(nodes) int64 temporary)
+        b = min(a + (1 << 18), n)
         row_edges.index_add_(0, cl[a:b].long(), level.rowptr[a + 1:b + 1] - level.rowptr[a:b])
     buckets = [EdgeBuckets(nc, int(level.rowptr[-1]), scratch / f"buckets{t}", per_task, weighted=True,
                            row_edges=row_edges) for t in range(comm.size)]  # the same layout in every task's folder
@@ -434,7 +435,8 @@ def lp_parts(rowptr: Tensor, col: Tensor, num_parts: int, seed: int, vw: Tensor,
         folder.mkdir(parents=True)
     comm.barrier()
     try:
-        while levels[-1].n > coarsest_nodes and len(levels) <= MAX_LEVELS:
+        while ((levels[-1].n > coarsest_nodes or levels[-1].col.numel() > COARSEST_EDGES)
+               and len(levels) <= MAX_LEVELS):
             top = levels[-1]
             label = cluster(top, max_cluster, derive_seed(seed, len(levels)), chunk_edges, comm=comm)
             coarse, cl = contract(top, label, chunk_edges, folder / f"level{len(levels)}", mem_bytes, comm)
