@@ -17,7 +17,6 @@ import contextlib
 import glob
 import hashlib
 import json
-import logging
 import os
 import re
 import shutil
@@ -29,8 +28,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
-
-log = logging.getLogger(__name__)
 
 LEFTOVER_WARN_S = 3600  # another host's temporary folder untouched this long is named in a warning
 _TAG = re.compile(r"(?P<host>[A-Za-z0-9._]+)-(?P<pid>[0-9]+)-[0-9a-f]{8}$")
@@ -131,7 +128,8 @@ def sweep_leftovers(parent: Path, prefix: str, keep: Path | None = None) -> list
             if m is not None and m["host"] == here and not _alive(int(m["pid"])):
                 size, _ = _tree_bytes_and_mtime(folder)
                 shutil.rmtree(folder, ignore_errors=True)
-                log.info("removed %s (%.1f GiB), left by process %s, which is gone", folder, size / 2**30, m["pid"])
+                print(f"hpcgnn: removed {folder} ({size / 2**30:.1f} GiB), left by process {m['pid']}, which is gone",
+                      file=sys.stderr, flush=True)
                 removed.append(folder)
                 continue
             size, newest = _tree_bytes_and_mtime(folder)

@@ -318,6 +318,7 @@ def test_leftovers_of_a_gone_writer_here_are_removed_others_named_when_old(tmp_p
     assert sweep_leftovers(tmp_path, prefix) == [dead]
     assert not dead.exists() and mine.exists() and elsewhere.exists() and untagged.exists() and unrelated.exists()
     err = capsys.readouterr().err
+    assert f"hpcgnn: removed {dead} (0.0 GiB), left by process {dead.name.split('-')[-2]}, which is gone" in err
     assert str(elsewhere) not in err  # fresh: maybe a live job on othernode
     assert f"{untagged} (0.0 GiB) is a temporary folder left by an unknown writer" in err
     assert "delete it if no job is writing it" in err
