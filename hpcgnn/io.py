@@ -176,12 +176,13 @@ class AtomicFolder:
     on a shared file system), ``replace=False`` keeps the folder that got there first (the
     writers make the same content: a prepared graph, a partition); ``replace=True`` puts
     this one in place (a checkpoint written again). ``tmp_name`` fixes the temporary name,
-    so that several processes can fill one folder (a checkpoint's ranks).
+    so that several processes can fill one folder (a checkpoint's ranks); ``tag``, the writer tag in the
+    default name, so that several tasks share one (task 0's :func:`writer_tag`).
     """
 
-    def __init__(self, final: Path, replace: bool = False, tmp_name: str | None = None):
+    def __init__(self, final: Path, replace: bool = False, tmp_name: str | None = None, tag: str | None = None):
         self.final, self.replace = Path(final), replace
-        self.tmp = self.final.parent / (tmp_name or f".{self.final.name}.tmp-{writer_tag()}")
+        self.tmp = self.final.parent / (tmp_name or f".{self.final.name}.tmp-{tag or writer_tag()}")
 
     def create(self) -> Path:
         self.final.parent.mkdir(parents=True, exist_ok=True)

@@ -323,7 +323,7 @@ def write_parts(graph: Graph, part: Tensor, folder: Path, meta: dict, edges: dic
     if need > free:
         raise OSError(f"writing {num_parts} parts needs about {cache.human_bytes(need)} in {folder.parent}, but "
                       f"only {cache.human_bytes(free)} are free: set dataset.root to a larger file system")
-    target = AtomicFolder(folder, tmp_name=f".{folder.name}.tmp-{comm.broadcast_object(writer_tag())}")
+    target = AtomicFolder(folder, tag=comm.broadcast_object(writer_tag()))
     tmp = target.tmp
     try:
         if comm.rank == 0:

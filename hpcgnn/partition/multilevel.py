@@ -51,6 +51,7 @@ COARSEST_NODES = 40_000  # stop coarsening below this many clusters ...
 COARSEST_EDGES = 4_000_000  # ... and edges (METIS on the coarsest level: about 110 B an edge, on task 0) ...
 MIN_SHRINK = 1.5  # ... or when a level removes fewer than a third of the nodes
 MAX_LEVELS = 8
+SCRATCH_PREFIX = "hpcgnn-lp-"  # the coarse levels' folder: <prefix><task 0's writer tag>
 
 
 class Comm:
@@ -429,9 +430,9 @@ def lp_parts(rowptr: Tensor, col: Tensor, num_parts: int, seed: int, vw: Tensor,
     maps: list[Tensor] = []
     max_cluster = max(1, int(0.01 * n / num_parts))
     # One folder for the job, named by task 0 (a killed job's is removed by the next one on that host).
-    folder = Path(scratch or tempfile.gettempdir()) / f"hpcgnn-lp-{comm.broadcast_object(writer_tag())}"
+    folder = Path(scratch or tempfile.gettempdir()) / f"{SCRATCH_PREFIX}{comm.broadcast_object(writer_tag())}"
     if comm.rank == 0:
-        sweep_leftovers(folder.parent, "hpcgnn-lp-", keep=folder)
+        sweep_leftovers(folder.parent, SCRATCH_PREFIX, keep=folder)
         folder.mkdir(parents=True)
     comm.barrier()
     try:
