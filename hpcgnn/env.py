@@ -221,6 +221,14 @@ class RankEnv:
     def is_main(self) -> bool:
         return self.rank == 0
 
+    def default_threads(self, environ: Mapping[str, str]) -> int:
+        """This task's share of the node's CPUs, for torch's threads: SLURM_CPUS_PER_TASK (what the job asked
+        for, whether or not SLURM binds the task to those cores), else usable cores / ranks on this node."""
+        cpus = slurm_cpus_per_task(environ)
+        if cpus and self.source == "slurm":
+            return max(1, cpus)
+        return max(1, len(os.sched_getaffinity(0)) // self.local_world_size)
+
     @classmethod
     def from_environ(cls, environ: Mapping[str, str], port_range: tuple[int, int] = (20000, 32767),
                      master_port: int = 0) -> RankEnv:

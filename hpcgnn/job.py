@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import signal
 import socket
 import sys
@@ -22,7 +21,6 @@ import submitit
 import torch
 
 from hpcgnn import dist
-from hpcgnn import env as environment
 from hpcgnn.checkpoint import Preempted
 from hpcgnn.config import RunConfig
 from hpcgnn.dist import pick_device, process_group
@@ -40,7 +38,7 @@ def run_rank(cfg: RunConfig, environ: Mapping[str, str]) -> dict:
         c = cfg.cluster
         check_allocation(env, c.nodes, c.tasks_per_node, c.gpus_per_node,
                          torch.cuda.device_count() if torch.cuda.is_available() else 0)
-    torch.set_num_threads(cfg.train.num_threads or default_threads(env, environ))
+    torch.set_num_threads(cfg.train.num_threads or env.default_threads(environ))
     if cfg.train.keep_freed_memory:
         keep_freed_memory()
     device = pick_device(env, cfg.train)
@@ -110,14 +108,6 @@ def read_failures(run_dir: Path) -> list[dict]:
         with contextlib.suppress(OSError, ValueError):
             records.append(json.loads(path.read_text()))
     return sorted(records, key=lambda r: (r["time"], r["rank"]))
-
-
-def default_threads(env: RankEnv, environ: Mapping[str, str]) -> int:
-    """The task's share of the node's CPUs: SLURM_CPUS_PER_TASK, else usable cores / local ranks."""
-    cpus = environment.slurm_cpus_per_task(environ)
-    if cpus and env.source == "slurm":
-        return max(1, cpus)
-    return max(1, len(os.sched_getaffinity(0)) // env.local_world_size)
 
 
 def _setup_logging(env: RankEnv) -> None:

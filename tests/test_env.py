@@ -76,6 +76,19 @@ def test_single_process():
     assert (env.source, env.rank, env.world_size, env.local_world_size) == ("single", 0, 1, 1)
 
 
+def test_threads_are_the_cpus_slurm_gave_the_task_else_a_share_of_the_cores():
+    import os
+
+    slurm = {**SLURM_TASK, "SLURM_CPUS_PER_TASK": "3"}
+    assert RankEnv.from_environ(slurm).default_threads(slurm) == 3
+    cores = len(os.sched_getaffinity(0))
+    assert RankEnv.from_environ(SLURM_TASK).default_threads(SLURM_TASK) == max(1, cores // 2)  # 2 tasks a node
+    local = {"SUBMITIT_LOCAL_JOB_ID": "1", "SUBMITIT_LOCAL_GLOBALID": "0", "SUBMITIT_LOCAL_LOCALID": "0",
+             "SUBMITIT_LOCAL_NTASKS": "1", "SUBMITIT_LOCAL_NODEID": "0", "SUBMITIT_LOCAL_JOB_NUM_NODES": "1",
+             "SLURM_CPUS_PER_TASK": "64"}  # (a local job started inside an allocation: not its CPUs)
+    assert RankEnv.from_environ(local).default_threads(local) == cores
+
+
 def test_source_priority_torchrun_inside_slurm():
     environ = {**SLURM_TASK, "RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "x", "MASTER_PORT": "20001"}
     assert detect_source(environ) == "torchrun"

@@ -212,6 +212,10 @@ def test_partitioned_run_waits_for_its_partitioning_job(tmp_path):
     assert f"after partitioning job {part_job}" in res.stdout
     assert _final_state(part_job) == "COMPLETED"
     assert _sacct(part_job, "NNodes") == ["2"]
+    logs = sorted((tmp_path / "run" / "partition" / "submitit").glob(f"{part_job}_*_log.out"))
+    assert len(logs) == 2, logs
+    for t, log in enumerate(logs):  # cluster.cpus_per_task=1 of devcluster, not the 2 cores each task sees
+        assert f"task {t}/2: 1 threads, peak RSS" in log.read_text()
     part_end, = _sacct(part_job, "End")
     train_start, = _sacct(train_job, "Start")
     assert part_end <= train_start  # ISO timestamps: the dependency held

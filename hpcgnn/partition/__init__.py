@@ -647,7 +647,7 @@ def run_partition(dataset: DatasetConfig, graph_cfg: GraphConfig, num_parts: int
         how = (f"reused in {took:.3f} s" if reused else
                f"partitioned in {meta['partition_s']:.1f} s by {comm.size} task(s), written in {took:.1f} s")
         print(f"parts: {folder} ({how})", flush=True)
-    print(f"task {comm.rank}/{comm.size}: peak RSS {peak / 2**20:.0f} MB", flush=True)
+    print(f"task {comm.rank}/{comm.size}: {torch.get_num_threads()} threads, peak RSS {peak / 2**20:.0f} MB", flush=True)
     return {**meta, "folder": str(folder), "reused": reused, "seconds": took, "peak_rss": peak}
 
 
@@ -669,6 +669,9 @@ def run_partition_task(cfg) -> dict:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     rank_env = env.RankEnv.from_environ(env.current(), (cfg.dist.port_min, cfg.dist.port_max), cfg.dist.master_port)
+    # the CPUs the job asked for (torch would take every core it sees: where SLURM does not bind tasks to
+    # their cores, tasks sharing a node would each run a thread per core)
+    torch.set_num_threads(rank_env.default_threads(env.current()))
     with stop_cleanly_on_sigterm("partition task"), process_group(rank_env, cfg.dist, torch.device("cpu")):
         comm = Comm(rank_env.rank, rank_env.world_size) if rank_env.world_size > 1 else LOCAL
         return run_partition(cfg.dataset, cfg.graph, cfg.graph.num_parts or cfg.world_size, comm)
