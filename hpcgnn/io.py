@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 LEFTOVER_WARN_S = 3600  # another host's temporary folder untouched this long is named in a warning
-_TAG = re.compile(r"(?P<host>[A-Za-z0-9._]+)-(?P<pid>[0-9]+)-[0-9a-f]{8}$")
+_TAG = re.compile(r"(?P<host>[A-Za-z0-9._]+)-(?P<pid>[0-9]+)-[0-9a-f]{8}(?:-j(?P<job>[0-9]+))?$")
 
 
 @contextlib.contextmanager
@@ -85,9 +85,13 @@ def fsync_dir(path: Path) -> None:
 
 
 def writer_tag() -> str:
-    """``host-pid-random``: a temporary folder's name ends with it, so that a later writer can tell
-    whether the process that filled it is gone (:func:`sweep_leftovers`)."""
-    return f"{_host()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    """``host-pid-random``, and ``-j<job id>`` inside a SLURM job: a temporary folder's name ends with it,
+    so that a later writer can tell whether the process that filled it is gone (:func:`sweep_leftovers`)."""
+    from hpcgnn import env
+
+    tag = f"{_host()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    job = env.read("slurm_job_id") or ""
+    return f"{tag}-j{job}" if job.isdigit() else tag
 
 
 def _host() -> str:
@@ -115,28 +119,36 @@ def _tree_bytes_and_mtime(folder: Path) -> tuple[int, float]:
 
 
 def sweep_leftovers(parent: Path, prefix: str, keep: Path | None = None) -> list[Path]:
-    """Remove the folders ``parent/<prefix><writer_tag>`` whose writer ran on this host and is gone (a
-    killed prepare, partition or lp scratch); returns them. Others (another host's, or names without a
-    tag) are left, and named on stderr when untouched for ``LEFTOVER_WARN_S``: only a person can tell
-    whether a job elsewhere still fills them."""
+    """Remove the folders ``parent/<prefix><writer_tag>`` whose writer is gone (a killed prepare, partition
+    or lp scratch): its process, on this host, or its SLURM job, on another (sacct says the job ended);
+    returns them. Others (a live writer's, another host's outside SLURM or not known to have ended, names
+    without a tag) are left, and named on stderr when untouched for ``LEFTOVER_WARN_S``: only a person can
+    tell whether something elsewhere still fills them."""
+    from hpcgnn.slurm import ended_state
+
     removed, here = [], _host()
     for folder in sorted(parent.glob(f"{glob.escape(prefix)}*")):
         if folder == keep or not folder.is_dir():
             continue
         m = _TAG.fullmatch(folder.name[len(prefix):])
         try:
+            gone = None
             if m is not None and m["host"] == here and not _alive(int(m["pid"])):
+                gone = f"process {m['pid']}, which is gone"
+            elif m is not None and m["host"] != here and m["job"] and (state := ended_state(m["job"])):
+                gone = f"job {m['job']} on {m['host']}, which ended {state}"
+            if gone is not None:
                 size, _ = _tree_bytes_and_mtime(folder)
                 shutil.rmtree(folder, ignore_errors=True)
-                print(f"hpcgnn: removed {folder} ({size / 2**30:.1f} GiB), left by process {m['pid']}, which is gone",
-                      file=sys.stderr, flush=True)
+                print(f"hpcgnn: removed {folder} ({size / 2**30:.1f} GiB), left by {gone}", file=sys.stderr, flush=True)
                 removed.append(folder)
                 continue
             size, newest = _tree_bytes_and_mtime(folder)
         except OSError:  # removed meanwhile by another writer's sweep
             continue
         if time.time() - newest > LEFTOVER_WARN_S:
-            who = f"process {m['pid']} on {m['host']}" if m is not None else "an unknown writer"
+            who = (f"process {m['pid']} on {m['host']}" + (f" (SLURM job {m['job']})" if m["job"] else "")
+                   if m is not None else "an unknown writer")
             print(f"hpcgnn: WARNING: {folder} ({size / 2**30:.1f} GiB) is a temporary folder left by {who}, "
                   f"untouched for {(time.time() - newest) / 3600:.1f} h; delete it if no job is writing it",
                   file=sys.stderr, flush=True)

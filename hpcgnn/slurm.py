@@ -207,6 +207,20 @@ def parse_squeue(text: str) -> dict[str, JobState]:
     return states
 
 
+def ended_state(job_id: str, run: Callable[[list[str]], str | None] | None = None) -> str | None:
+    """The final state of job ``job_id`` (its raw id, as SLURM_JOB_ID gives it) when accounting says it
+    ended, else None: still queued or running (a requeued job too), unknown to sacct, or no sacct here.
+    ``run``: how a command is run (default: :func:`run_command` with a 10 s limit)."""
+    run = run or (lambda args: run_command(args, timeout=10))
+    text = run(["sacct", "-n", "-P", "-X", "-j", job_id, "-o", "JobIDRaw,State"])
+    for line in (text or "").splitlines():
+        raw, _, state = line.strip().partition("|")
+        if raw == job_id:
+            name = _state_name(state)
+            return name if name in FINAL_STATES else None
+    return None
+
+
 def run_command(args: list[str], timeout: float = 60) -> str | None:
     """A SLURM command's stdout, or None when it is missing, times out or exits non-zero."""
     try:

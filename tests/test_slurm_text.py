@@ -9,12 +9,21 @@ tests/test_slurm.py (status of a sweep's job array) and below (marked slurm).
 from __future__ import annotations
 
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from hpcgnn.slurm import JobState, expand_array_ids, job_states, parse_sacct, parse_sinfo, parse_squeue
+from hpcgnn.slurm import (
+    JobState,
+    ended_state,
+    expand_array_ids,
+    job_states,
+    parse_sacct,
+    parse_sinfo,
+    parse_squeue,
+)
 
 RECORDED = Path(__file__).parent / "golden" / "slurm"
 ARRAY, FAILED, CANCELLED = "46387651", "46387652", "46387653"
@@ -96,6 +105,19 @@ def test_sacct_failing_falls_back_to_squeue_then_unknown():
     assert asked == ["sacct"] and states[FAILED] == JobState("FAILED", "1:0")
 
 
+def test_a_job_has_ended_only_when_accounting_says_so():
+    """``sacct -o JobIDRaw,State`` for one job: its final state, or None while it may still run, when sacct
+    does not know it, or when sacct fails (a leftover folder is removed only for a job known to have ended)."""
+    def answer(text):
+        return lambda args: text
+
+    assert ended_state("46387652", run=answer("46387652|FAILED\n")) == "FAILED"
+    assert ended_state("46387653", run=answer("46387653|CANCELLED by 0\n")) == "CANCELLED"
+    for text in ("46387654|RUNNING\n", "46387654|REQUEUED\n", "46387654|PENDING\n", "", None,
+                 "46387655|COMPLETED\n"):  # (another job's row)
+        assert ended_state("46387654", run=answer(text)) is None, text
+
+
 def test_sinfo_of_the_dev_cluster():
     (part,) = parse_sinfo((RECORDED / "sinfo_devcluster.txt").read_text())
     assert (part.name, part.default, part.nodes, part.cpus, part.mem_mb, part.gpus, part.time_min) == \
@@ -119,3 +141,35 @@ def test_live_array_job_states_follow_the_scheduler(devcluster_up, tmp_path):
         time.sleep(1)
     assert [states[i].state for i in ids] == ["COMPLETED"] * 3, states
     assert seen <= {"PENDING", "RUNNING", "COMPLETING", "COMPLETED", "UNKNOWN"}, seen
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_another_hosts_leftover_is_removed_once_its_slurm_job_ended(devcluster_up, tmp_path, capsys):
+    """A temporary folder written inside a SLURM job carries the job id; from another host, the next writer
+    removes it once sacct says the job ended, and leaves it while the job is queued or running, or unknown."""
+    from hpcgnn.io import sweep_leftovers
+
+    def sbatch(*args: str) -> str:
+        return subprocess.run(["sbatch", "--parsable", "-N1", "-n1", f"--output={tmp_path}/%j.out", *args],
+                              capture_output=True, text=True, check=True, timeout=120).stdout.strip()
+
+    tag_job = sbatch("--wait", "--wrap", f"{sys.executable} -c 'from hpcgnn.io import writer_tag; print(writer_tag())'")
+    tag = (tmp_path / f"{tag_job}.out").read_text().strip()
+    assert tag.endswith(f"-j{tag_job}"), tag  # inside a job, the writer tag names it
+    running = sbatch("--wrap", "sleep 300")
+    try:
+        deadline = time.monotonic() + 60
+        while ended_state(tag_job) is None and time.monotonic() < deadline:  # (accounting may lag a moment)
+            time.sleep(1)
+        prefix = ".synthetic-0123.tmp-"
+        ended, live, unknown = (tmp_path / f"{prefix}othernode-4242-0badc0de-j{job}"
+                                for job in (tag_job, running, "999999999"))
+        for folder in (ended, live, unknown):
+            folder.mkdir()
+        assert sweep_leftovers(tmp_path, prefix) == [ended]
+        assert live.exists() and unknown.exists()
+        err = capsys.readouterr().err
+        assert f"hpcgnn: removed {ended} (0.0 GiB), left by job {tag_job} on othernode, which ended COMPLETED" in err
+    finally:
+        subprocess.run(["scancel", running], timeout=60)
