@@ -2,7 +2,8 @@
 
 The recorded files in tests/golden/slurm/ are what SLURM 22.05 printed for a 4-member array
 job limited to one running member (``--array=0-3%1``, each member running ``srun sleep 4``),
-a job whose step failed, and a job cancelled with scancel. The live counterparts run in
+a job whose step failed, and a job cancelled with scancel; sacct_raw_states.txt is sacct's answer
+by raw job id (``-o JobIDRaw,State``) for jobs in each state. The live counterparts run in
 tests/test_slurm.py (status of a sweep's job array) and below (marked slurm).
 """
 
@@ -106,16 +107,26 @@ def test_sacct_failing_falls_back_to_squeue_then_unknown():
 
 
 def test_a_job_has_ended_only_when_accounting_says_so():
-    """``sacct -o JobIDRaw,State`` for one job: its final state, or None while it may still run, when sacct
-    does not know it, or when sacct fails (a leftover folder is removed only for a job known to have ended)."""
-    def answer(text):
-        return lambda args: text
+    """``sacct -n -P -X -j ID -o JobIDRaw,State`` as the dev cluster answered it (sacct_raw_states.txt: a job
+    that completed, one that failed, one running, one cancelled, and the two members of an array whose second
+    member's raw id is the array's own): the job's final state, or None while it may still run, when sacct
+    does not list it, or when sacct fails (a leftover folder is removed only for a job known to have ended)."""
+    answers, job = {}, None
+    for line in (RECORDED / "sacct_raw_states.txt").read_text().splitlines():
+        if line.startswith("== "):
+            job = line[3:]
+            answers[job] = ""
+        else:
+            answers[job] += line + "\n"
 
-    assert ended_state("46387652", run=answer("46387652|FAILED\n")) == "FAILED"
-    assert ended_state("46387653", run=answer("46387653|CANCELLED by 0\n")) == "CANCELLED"
-    for text in ("46387654|RUNNING\n", "46387654|REQUEUED\n", "46387654|PENDING\n", "", None,
-                 "46387655|COMPLETED\n"):  # (another job's row)
-        assert ended_state("46387654", run=answer(text)) is None, text
+    def sacct(args):
+        return answers.get(args[args.index("-j") + 1], "")
+
+    assert [ended_state(j, run=sacct) for j in answers] == ["COMPLETED", "FAILED", None, "CANCELLED", "COMPLETED"]
+    assert ended_state("46474234", run=lambda args: answers["46474233"]) == "COMPLETED"  # a member's own row
+    assert ended_state("46474235", run=sacct) is None  # not listed
+    assert ended_state("46474229", run=lambda args: None) is None  # sacct failing
+    assert ended_state("46474231", run=lambda args: "46474231|REQUEUED\n") is None
 
 
 def test_sinfo_of_the_dev_cluster():
