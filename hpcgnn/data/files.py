@@ -228,6 +228,8 @@ class TypedFolder:
 def read_typed_folder(cfg: DatasetConfig, mmap: bool = False) -> TypedFolder:
     """A typed graph from ``dataset.path`` laid out as ``nodes/<type>/...`` and ``edges/<src>__<name>__<dst>/``
     (see the module's docstring); every file checked, errors naming the file and the fix."""
+    from hpcgnn.data.typed import expand_relations
+
     folder = files_folder(cfg)
     nodes_dir, edges_dir = folder / "nodes", folder / "edges"
     types = sorted(p.name for p in nodes_dir.iterdir() if p.is_dir()) if nodes_dir.is_dir() else []
@@ -276,7 +278,8 @@ def read_typed_folder(cfg: DatasetConfig, mmap: bool = False) -> TypedFolder:
     for t in types:
         if t in x:
             continue
-        into = [(int(ei.shape[1]), r) for r, ei in _with_reverses(edges).items() if r[2] == t and r[0] in x]
+        into = [(int(ei.shape[1]), r) for given, ei in edges.items() for r in expand_relations([given], True)
+                if r[2] == t and r[0] in x]  # (the stored relations, reverses too; edge counts before duplicates go)
         if not into:
             raise DatasetFileError(f"{nodes_dir / t}: {t} has no features and no relation from a type with features "
                                    f"to take their mean over: add nodes/{t}/x.npy, or such a relation")
@@ -318,10 +321,3 @@ def typed_files_source(cfg: DatasetConfig):
                        next(iter(f.x.values())).shape[1], f.target, int(y.max()) + 1, f.feature_from, feed)
 
 
-def _with_reverses(edges: dict) -> dict:
-    """The relations after :meth:`TypedGraph.from_edges` adds reverses (edge counts before deduplication)."""
-    out = dict(edges)
-    for (s, name, d), ei in edges.items():
-        if s != d:
-            out[(d, f"rev_{name}", s)] = ei
-    return out

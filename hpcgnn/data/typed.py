@@ -165,18 +165,13 @@ class TypedGraph:
         (``rev_<name>``) and a relation inside one type becomes undirected. ``feature_from``: node
         type -> the relation (after reversing) whose sources' mean features become that type's.
         """
-        all_edges: dict[Relation, Tensor] = {}
-        for (s, name, d), ei in edges.items():
-            ei = ei.long()
-            if reverse and s == d:
-                all_edges[(s, name, d)] = torch.cat([ei, ei.flip(0)], 1)
-            else:
-                all_edges[(s, name, d)] = ei
-                if reverse:
-                    all_edges[(d, f"rev_{name}", s)] = ei.flip(0)
+        pieces: dict[Relation, list[Tensor]] = {}
+        for rel, ei in edges.items():
+            for r, src, dst in with_reverses(rel, ei[0].long(), ei[1].long(), reverse):
+                pieces.setdefault(r, []).append(torch.stack([src, dst]))
         rowptr, col = {}, {}
-        for rel, ei in all_edges.items():
-            rowptr[rel], col[rel] = csr(ei, num_nodes[rel[0]], num_nodes[rel[2]])
+        for rel, eis in pieces.items():
+            rowptr[rel], col[rel] = csr(torch.cat(eis, 1), num_nodes[rel[0]], num_nodes[rel[2]])
         x = {t: v.float().contiguous() for t, v in x.items()}
         rule = {t: "given" for t in x}
         for t, rel in (feature_from or {}).items():
@@ -219,6 +214,16 @@ def expand_relations(relations: list[Relation], reverse: bool) -> list[Relation]
         if reverse and s != d:
             out.append((d, f"rev_{name}", s))
     return out
+
+
+def with_reverses(rel: Relation, src: Tensor, dst: Tensor, reverse: bool) -> list[tuple[Relation, Tensor, Tensor]]:
+    """The (relation, sources, targets) a typed graph stores for edges ``src -> dst`` of ``rel``: as given and,
+    with ``reverse``, flipped into ``rev_<name>`` (between two types) or into ``rel`` itself (inside one type:
+    undirected), as :func:`expand_relations` names them."""
+    pieces = [(rel, src, dst)]
+    if reverse:
+        pieces.append((expand_relations([rel], True)[-1], dst, src))
+    return pieces
 
 
 @dataclass(frozen=True)
@@ -268,11 +273,7 @@ class TypedWriter:
 
     def add(self, rel: Relation, src: Tensor, dst: Tensor) -> None:
         """Edges ``src -> dst`` of ``rel`` as given (types' own ids); reverses are added as :meth:`from_edges` adds them."""
-        src, dst = src.long(), dst.long()
-        pieces = [(rel, src, dst)]
-        if self.reverse:  # into rev_<name>, or (inside one type) into the relation itself: undirected
-            pieces.append((expand_relations([rel], True)[-1], dst, src))
-        for r, u, v in pieces:
+        for r, u, v in with_reverses(rel, src.long(), dst.long(), self.reverse):
             self.buckets[r].add(v, u)
             self.view.add(v + self.off[r[2]], u + self.off[r[0]])
 
