@@ -595,3 +595,32 @@ def test_typed_graph_is_prepared_out_of_core_into_the_graph_built_in_memory(tmp_
             assert torch.equal(got.rowptr[rel], ref.rowptr[rel]) and torch.equal(got.col[rel].long(), ref.col[rel]), rel
         for t in ref.node_types:
             assert torch.equal(got.x[t], ref.x[t]), t
+
+
+def test_a_typed_folders_link_dataset_is_prepared_out_of_core_into_the_split_made_in_memory(tmp_path, monkeypatch,
+                                                                                             graph):
+    """task=link on a typed folder (types erased): the homogeneous view streamed to disk, then split a few
+    rows at a time, as the homogeneous sources are: the dataset the in-memory split of the view makes."""
+    from hpcgnn.data import build_link, cache_folder, link, ooc, open_link, prepare
+
+    monkeypatch.setattr(link, "SPLIT_CHUNK_EDGES", 300)
+    monkeypatch.setattr(ooc, "MIN_BUCKET_EDGES", 300)
+    write_typed_folder(tmp_path / "g", graph)
+    cfg = DatasetConfig(name="files", path=str(tmp_path / "g"), root=str(tmp_path / "root"), erase_types=True,
+                        prepared_for="link", prepare_mem_gb=1e-5)
+    import hpcgnn.data
+
+    in_memory = []  # (the split of the whole view in memory is the reference below, not the path)
+    monkeypatch.setattr(hpcgnn.data, "build_link", lambda *a: in_memory.append(a) or build_link(*a))
+    prepare(cfg)
+    assert not in_memory
+    got, ref = open_link(cfg), build_link(cfg)
+    assert got.graph.num_nodes == sum(graph.num_nodes.values())
+    for array in ("rowptr", "col", "x"):
+        assert torch.equal(getattr(got.graph, array).long() if array == "col" else getattr(got.graph, array),
+                           getattr(ref.graph, array)), array
+    for split in ("train", "val", "test"):
+        a, b = got.split(split), ref.split(split)
+        assert a.pos.numel() > 0 and torch.equal(a.pos, b.pos) and a.neg_kind == b.neg_kind, split
+        assert (a.neg is None and b.neg is None) or torch.equal(a.neg, b.neg), split
+    assert sorted(p.name for p in cache_folder(cfg).iterdir() if not p.name.endswith(".npy")) == ["meta.json"]

@@ -163,8 +163,8 @@ def prepare(cfg: DatasetConfig, allow_download: bool = False) -> Path:
     log.info("preparing %s into %s", cfg.name, folder)
     source = {"dataset": dataclasses.asdict(cfg)}
     homogeneous_files = cfg.name == "files" and not is_typed_folder(files_folder(cfg))
-    if cfg.prepared_for != "link" and cfg.name in TYPED_SOURCES and not homogeneous_files:
-        # typed sources, out of core (types erased: the view alone)
+    if cfg.name in TYPED_SOURCES and not homogeneous_files and (cfg.prepared_for != "link" or cfg.name == "files"):
+        # typed sources, out of core (types erased: the view alone; a typed folder's link dataset: split from it)
         return prepare_typed_streamed(cfg, folder, source, allow_download)
     if cfg.prepared_for == "link" and (cfg.name in ("synthetic", *OGB_LINK_NAMES) or homogeneous_files):
         return prepare_streamed(cfg, folder, source, allow_download)  # (split chunk by chunk)
@@ -181,30 +181,40 @@ def prepare(cfg: DatasetConfig, allow_download: bool = False) -> Path:
 def prepare_typed_streamed(cfg: DatasetConfig, folder: Path, source: dict, allow_download: bool = False) -> Path:
     """A typed graph drawn or read a chunk at a time into ``folder`` (:class:`TypedWriter`): each relation's
     CSR and the homogeneous view's bucketed on disk, features written as they come, rule types' features
-    computed from the written CSR; with ``dataset.erase_types=true`` the view alone."""
-    relations_too = is_typed(cfg)
+    computed from the written CSR; with ``dataset.erase_types=true`` the view alone. A link dataset (of a
+    typed folder, types erased): the view whole first, then split a chunk of rows at a time."""
+    relations_too = is_typed(cfg) and cfg.prepared_for != "link"
     src = TYPED_SOURCES[cfg.name](cfg, allow_download)
-    sizes = src.num_nodes
     folder.parent.mkdir(parents=True, exist_ok=True)
-    total, edges = sum(sizes.values()), 2 * sum(src.expected.values())
+    total, edges = sum(src.num_nodes.values()), 2 * sum(src.expected.values())
     need = edges * ooc.index_dtype(total).itemsize * (6 if relations_too else 3) + total * (src.num_features * 8 + 32)
     _check_space(folder, need)
     with atomic_folder(folder) as tmp:
-        writer = TypedWriter(tmp, sizes, src.relations, src.expected, src.num_features, prepare_mem_bytes(cfg),
-                             relations_too=relations_too)
-        y, *splits = src.feed(writer)
-        num_edges, rule, arrays = writer.close(src.feature_from, cfg.feature_dtype)
-        t0 = writer.off[src.target]
-        y_all = np.full(total, -1, dtype=np.int64)
-        y_all[t0:t0 + sizes[src.target]] = y.numpy()
-        np.save(tmp / "y.npy", y_all)
-        for name, idx in zip(("train_idx", "val_idx", "test_idx"), splits, strict=True):
-            np.save(tmp / f"{name}.npy", (idx.long() + t0).numpy())
-        schema = TypedSchema(sizes, writer.schema.relations, src.target)
-        meta = {"typed": {**schema.to_meta(), "feature_rule": rule}} if relations_too else None
-        cache.write_meta(tmp, total, num_edges, src.num_features, src.num_classes, source, cfg.feature_dtype,
-                         extra=arrays, extra_meta=meta)
+        if cfg.prepared_for == "link":
+            _stream_typed(cfg, src, tmp / "whole", source, relations_too=False)
+            _split_streamed(cfg, tmp / "whole", tmp, source)
+        else:
+            _stream_typed(cfg, src, tmp, source, relations_too)
     return folder
+
+
+def _stream_typed(cfg: DatasetConfig, src: TypedSource, tmp: Path, source: dict, relations_too: bool) -> None:
+    tmp.mkdir(exist_ok=True)
+    sizes, total = src.num_nodes, sum(src.num_nodes.values())
+    writer = TypedWriter(tmp, sizes, src.relations, src.expected, src.num_features, prepare_mem_bytes(cfg),
+                         relations_too=relations_too)
+    y, *splits = src.feed(writer)
+    num_edges, rule, arrays = writer.close(src.feature_from, cfg.feature_dtype)
+    t0 = writer.off[src.target]
+    y_all = np.full(total, -1, dtype=np.int64)
+    y_all[t0:t0 + sizes[src.target]] = y.numpy()
+    np.save(tmp / "y.npy", y_all)
+    for name, idx in zip(("train_idx", "val_idx", "test_idx"), splits, strict=True):
+        np.save(tmp / f"{name}.npy", (idx.long() + t0).numpy())
+    schema = TypedSchema(sizes, writer.schema.relations, src.target)
+    meta = {"typed": {**schema.to_meta(), "feature_rule": rule}} if relations_too else None
+    cache.write_meta(tmp, total, num_edges, src.num_features, src.num_classes, source, cfg.feature_dtype,
+                     extra=arrays, extra_meta=meta)
 
 
 def _check_space(folder: Path, need: float) -> None:
