@@ -71,7 +71,7 @@ _MARKERS = {
 VARIABLES: dict[str, str] = {
     "config_dir": "HPCGNN_CONFIG_DIR",  # the user's config folder (cluster/, model/, dataset/ files)
     "restart_count": "SLURM_RESTART_COUNT",  # times SLURM requeued this job
-    "slurm_job_id": "SLURM_JOB_ID",  # the job (or allocation, for a shell inside one) this process runs in
+    "slurm_job_id": SOURCES["slurm"]["job_id"],  # the job (or allocation, for a shell inside one) this process runs in
     "cpus_per_task": "SLURM_CPUS_PER_TASK",  # CPUs of each task (sbatch --cpus-per-task)
     "cpus_on_node": "SLURM_CPUS_ON_NODE",  # CPUs the job has on this node
     "mem_per_node_mb": "SLURM_MEM_PER_NODE",  # sbatch --mem, MB

@@ -29,6 +29,9 @@ from pathlib import Path
 
 import numpy as np
 
+from hpcgnn import env
+from hpcgnn.slurm import ended_state
+
 LEFTOVER_WARN_S = 3600  # another host's temporary folder untouched this long is named in a warning
 _TAG = re.compile(r"(?P<host>[A-Za-z0-9._]+)-(?P<pid>[0-9]+)-[0-9a-f]{8}(?:-j(?P<job>[0-9]+))?$")
 
@@ -87,8 +90,6 @@ def fsync_dir(path: Path) -> None:
 def writer_tag() -> str:
     """``host-pid-random``, and ``-j<job id>`` inside a SLURM job: a temporary folder's name ends with it,
     so that a later writer can tell whether the process that filled it is gone (:func:`sweep_leftovers`)."""
-    from hpcgnn import env
-
     tag = f"{_host()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     job = env.read("slurm_job_id") or ""
     return f"{tag}-j{job}" if job.isdigit() else tag
@@ -124,8 +125,6 @@ def sweep_leftovers(parent: Path, prefix: str, keep: Path | None = None) -> list
     returns them. Others (a live writer's, another host's outside SLURM or not known to have ended, names
     without a tag) are left, and named on stderr when untouched for ``LEFTOVER_WARN_S``: only a person can
     tell whether something elsewhere still fills them."""
-    from hpcgnn.slurm import ended_state
-
     removed, here = [], _host()
     for folder in sorted(parent.glob(f"{glob.escape(prefix)}*")):
         if folder == keep or not folder.is_dir():

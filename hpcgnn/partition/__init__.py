@@ -668,10 +668,11 @@ def run_partition_task(cfg) -> dict:
     from hpcgnn.dist import process_group
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
-    rank_env = env.RankEnv.from_environ(env.current(), (cfg.dist.port_min, cfg.dist.port_max), cfg.dist.master_port)
+    environ = env.current()
+    rank_env = env.RankEnv.from_environ(environ, (cfg.dist.port_min, cfg.dist.port_max), cfg.dist.master_port)
     # the CPUs the job asked for (torch would take every core it sees: where SLURM does not bind tasks to
     # their cores, tasks sharing a node would each run a thread per core)
-    torch.set_num_threads(rank_env.default_threads(env.current()))
+    torch.set_num_threads(rank_env.default_threads(environ))
     with stop_cleanly_on_sigterm("partition task"), process_group(rank_env, cfg.dist, torch.device("cpu")):
         comm = Comm(rank_env.rank, rank_env.world_size) if rank_env.world_size > 1 else LOCAL
         return run_partition(cfg.dataset, cfg.graph, cfg.graph.num_parts or cfg.world_size, comm)

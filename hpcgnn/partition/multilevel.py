@@ -171,12 +171,10 @@ def _chunk_edges(level: Level, a: int, b: int) -> tuple[Tensor, Tensor, Tensor |
     for mapped in (level.col[e0:e1], level.weight[e0:e1] if level.weight is not None else None):
         if mapped is not None:  # read: out of this process's RSS (a pass touches the whole graph)
             drop_pages(mapped)
-    loops = (nbr == row + a).nonzero().flatten()
-    if loops.numel() == 0:  # (the common case, and every coarse level's: no copies)
+    loop = nbr == row + a
+    if not bool(loop.any()):  # (the common case, and every coarse level's: no copies)
         return row, nbr, w
-    keep = torch.ones(row.numel(), dtype=torch.bool)
-    keep[loops] = False
-    idx = keep.nonzero().flatten()  # (found once for the three arrays)
+    idx = (~loop).nonzero().flatten()  # (found once for the three arrays)
     return row.index_select(0, idx), nbr.index_select(0, idx), w.index_select(0, idx) if w is not None else None
 
 
