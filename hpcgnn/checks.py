@@ -155,6 +155,6 @@ def _check_link(cfg) -> None:
     if t.sampler != "neighbor" or t.edge_budget:
         raise ConfigError(f"task=link samples the neighbourhoods of its edges' endpoints: use train.sampler=neighbor "
                           f"without train.edge_budget (got train.sampler={t.sampler}, train.edge_budget={t.edge_budget})")
-    if link_eval_mode(cfg) == "full" and (cfg.graph.mode != "replicated" or cfg.model.name not in FULL_INFERENCE_MODELS):
-        raise ConfigError(f"train.eval_mode=full needs graph=replicated; got graph.mode={cfg.graph.mode}. "
-                          "HINT: train.eval_mode=sampled (or auto)")
+    if link_eval_mode(cfg) == "full" and cfg.model.name not in FULL_INFERENCE_MODELS:
+        raise ConfigError(f"train.eval_mode=full needs model {', '.join(FULL_INFERENCE_MODELS)}; got "
+                          f"model={cfg.model.name}. HINT: train.eval_mode=sampled (or auto)")

@@ -513,3 +513,64 @@ def test_partitioned_link_batches_are_checked_edge_by_edge_against_the_whole_gra
             valid = b["edge_label_weight"][b["positives"]:] > 0
             assert not any((s, d) in edges or (d, s) in edges for s, d in negs[:, valid].t().tolist())
         assert remote_endpoints > 0  # seeds need not be owned: targets and negatives anywhere are sampled
+
+
+def test_exact_evaluation_is_taken_on_partitioned_graphs_when_asked():
+    from hpcgnn.checks import link_eval_mode
+
+    assert link_eval_mode(make_config("task=link", "graph=partitioned", "train.eval_mode=full")) == "full"
+    assert link_eval_mode(make_config("task=link", "graph=partitioned")) == "sampled"  # auto: cheap, as nodes'
+    assert link_eval_mode(make_config("task=link")) == "full"  # auto on a replicated graph: exact
+
+
+def _full_evaluation_worker(rank: int, world: int, port: int, cfgs: dict, folder: str) -> None:
+    from hpcgnn.dist import process_group
+    from hpcgnn.stores import PartitionedStore
+    from hpcgnn.tasks import build_task
+
+    torch.set_num_threads(1)
+    env = local_rank_env(rank, world, port)
+    out = {}
+    with process_group(env, next(iter(cfgs.values())).dist, torch.device("cpu")):
+        for name, cfg in cfgs.items():
+            task = build_task(cfg, env, PartitionedStore(cfg, env), torch.device("cpu"))
+            torch.manual_seed(0)
+            out[name] = task.evaluate(task.build_model())
+    torch.save(out, f"{folder}/rank{rank}.pt")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dataset", ["synthetic", "ogbl-citation2"])
+def test_exact_evaluation_on_a_partitioned_graph_equals_the_whole_graphs(tmp_path, dataset):
+    """train.eval_mode=full with graph=partitioned: 2 gloo ranks compute their own nodes' embeddings layer
+    by layer and fetch the embeddings of the pairs' endpoints from their owners; every metric equals one
+    process's on the whole graph (pairs of a binary split; positives with their candidate targets)."""
+    import torch.multiprocessing as mp
+
+    from hpcgnn.env import RankEnv
+    from hpcgnn.launch import free_port
+    from hpcgnn.partition import ensure_parts
+    from hpcgnn.stores import ReplicatedStore
+    from hpcgnn.tasks import build_task
+
+    over = ["task=link", "train.eval_mode=full", "model.hidden_channels=16", "train.fanouts=[5,3]",
+            "train.eval_chunk=300", "train.eval_batch_size=250"]  # (several chunks and rounds)
+    if dataset == "synthetic":
+        over += ["dataset.num_nodes=2000", f"dataset.root={DATA_ROOT}"]
+    else:
+        write_mini_ogbl(tmp_path, dataset, n=300)
+        over += [f"dataset={dataset}", f"dataset.root={tmp_path}", "train.eval_batch_size=100"]
+    cfgs = {model: make_config(*over, f"model={model}", "graph=partitioned", "graph.method=metis")
+            for model in ("sage", "gcn")}
+    ensure_parts(cfgs["sage"].dataset, cfgs["sage"].graph, 2)
+    port = free_port(26000 + os.getpid() % 3000, 20000, 32767)
+    mp.start_processes(_full_evaluation_worker, args=(2, port, cfgs, str(tmp_path)), nprocs=2, start_method="spawn")
+    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(2)]
+    for model in cfgs:
+        cfg = make_config(*over, f"model={model}")
+        task = build_task(cfg, RankEnv.from_environ({}), ReplicatedStore(cfg, RankEnv.from_environ({})),
+                          torch.device("cpu"))
+        torch.manual_seed(0)
+        whole = task.evaluate(task.build_model())
+        assert len(whole) >= 4 and ranks[0][model] == ranks[1][model], model
+        assert ranks[0][model] == pytest.approx(whole, abs=1e-6), (model, ranks[0][model], whole)

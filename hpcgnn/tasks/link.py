@@ -19,10 +19,11 @@ from torch import Tensor
 
 from hpcgnn.checks import link_eval_mode
 from hpcgnn.models import batch_transform, build_link_model, forward_pairs
+from hpcgnn.sampling.distributed import fetch_rows
 from hpcgnn.sampling.link import share
 from hpcgnn.tasks import link_metrics as metrics
 from hpcgnn.tasks.base import StepResult, Task
-from hpcgnn.techniques import autocast, layerwise_inference
+from hpcgnn.techniques import autocast, layerwise_inference, partitioned_layerwise_inference
 
 
 class LinkPrediction(Task):
@@ -87,33 +88,56 @@ class LinkPrediction(Task):
         return out
 
     def _embeddings(self, model: torch.nn.Module) -> Tensor:
-        """Every node's embedding with full neighbourhoods, layer by layer (exact), shared by all ranks."""
-        t = self.cfg.train
+        """Node embeddings with full neighbourhoods, layer by layer (exact): every node's, shared by all ranks
+        (a replicated graph), or this rank's own nodes', in its row order (a partitioned graph)."""
+        t, s = self.cfg.train, self.store
         with autocast(t.precision, self.device):
-            return layerwise_inference(model.encoder, self.store.graph, self.device, t.eval_chunk, self.env.rank,
+            if s.mode == "partitioned":
+                return partitioned_layerwise_inference(model.encoder, s, self.device, t.eval_chunk,
+                                                       lambda degree: batch_transform(self.cfg.model, degree))
+            return layerwise_inference(model.encoder, s.graph, self.device, t.eval_chunk, self.env.rank,
                                        self.env.world_size, transform=self._transform)
 
+    def _rows_of(self, emb: Tensor) -> Callable[[Tensor], Tensor]:
+        """``rows(ids)``: the embeddings of any nodes. A partitioned graph's come from their owners (a
+        collective: every rank calls it as often as the others, with no ids when it has none to score)."""
+        if self.store.mode != "partitioned":
+            return lambda ids: emb.index_select(0, ids)
+        view, ex = self.store.view, self.store.exchange
+
+        def rows(ids: Tensor) -> Tensor:
+            uniq, inv = torch.unique(ids, return_inverse=True)
+            return fetch_rows(ex, view, emb, uniq, view.owner(uniq)).index_select(0, inv)
+        return rows
+
     def _scores_full(self, model, emb: Tensor, split: str) -> tuple[Tensor, Tensor]:
-        """This rank's share of the split's positives and negatives, scored from the embeddings."""
+        """This rank's share of the split's positives and negatives, scored from the embeddings, ``chunk``
+        pairs (or positives with their candidates) a round; every rank takes as many rounds as the busiest."""
         s, rank, world = self.data.split(split), self.env.rank, self.env.world_size
-        lo, hi = share(s.pos.size(1), rank, world)
-        chunk = max(1, self.cfg.train.eval_batch_size)
+        chunk, rows = max(1, self.cfg.train.eval_batch_size), self._rows_of(emb)
 
-        def score(pairs: Tensor) -> Tensor:
-            return torch.cat([model.score(emb[pairs[0, a:a + chunk]].to(self.device),
-                                          emb[pairs[1, a:a + chunk]].to(self.device)).float().cpu()
-                              for a in range(0, pairs.size(1), chunk)] or [torch.empty(0)])
+        def scored(total: int, per: int, ends) -> list[Tensor]:
+            """Scores of items [a, b) of this rank's share, per round: ``ends(a, b)`` = (sources [B],
+            targets [B] or [B, K]); the source's embedding is scored against each of its targets'."""
+            lo, hi = share(total, rank, world)
+            busiest = max(b - a for a, b in (share(total, r, world) for r in range(world)))
+            out = []
+            for a in range(lo, lo + math.ceil(busiest / per) * per, per):
+                u, v = ends(min(a, hi), min(a + per, hi))
+                both = rows(torch.cat([u, v.reshape(-1)])).to(self.device)
+                eu, ev = both[:u.numel()], both[u.numel():].view(*v.shape, both.size(-1))
+                if u.numel():
+                    out.append(model.score(eu.unsqueeze(1) if v.dim() == 2 else eu, ev).float().cpu())
+            return out
 
-        pos = score(s.pos[:, lo:hi])
+        pos = torch.cat(scored(s.pos.size(1), chunk, lambda a, b: (s.pos[0, a:b], s.pos[1, a:b]))
+                        or [torch.empty(0)])
         if s.neg_kind == "targets":  # [E, K]: this rank's positives' candidates, a few positives at a time
             k = s.neg.size(1)
-            rows = max(1, chunk // k)
-            parts = [model.score(emb[s.pos[0, a:min(a + rows, hi)]].unsqueeze(1).to(self.device),
-                                 emb[s.neg[a:min(a + rows, hi)]].to(self.device)).float().cpu()
-                     for a in range(lo, hi, rows)]
-            return pos, torch.cat(parts) if parts else torch.empty(0, k)
-        nlo, nhi = share(s.neg.size(1), rank, world)
-        return pos, score(s.neg[:, nlo:nhi])
+            neg = scored(s.pos.size(1), max(1, chunk // k), lambda a, b: (s.pos[0, a:b], s.neg[a:b]))
+            return pos, torch.cat(neg) if neg else torch.empty(0, k)
+        neg = scored(s.neg.size(1), chunk, lambda a, b: (s.neg[0, a:b], s.neg[1, a:b]))
+        return pos, torch.cat(neg) if neg else torch.empty(0)
 
     def _scores_sampled(self, model, split: str) -> tuple[Tensor, Tensor]:
         """Scores of this rank's share of the split's items, from sampled batches around the endpoints."""
