@@ -262,6 +262,67 @@ def partitioned_layerwise_inference(model: torch.nn.Module, store, device: torch
     return x
 
 
+@dataclass(frozen=True)
+class LocalTypedCSR:
+    """A typed rank's in-adjacency per relation in local ids: rows are its own nodes of the relation's target
+    type (in their typed-row order); sources index the source type's table: its own nodes, then its halo."""
+
+    rowptr: dict
+    col: dict
+
+
+@torch.no_grad()
+def partitioned_typed_layerwise_inference(model: torch.nn.Module, store, device: torch.device,
+                                          chunk_size: int) -> Tensor:
+    """Logits of this rank's own target-type nodes (rows: ``parts.typed_rows(target, ids)``), exact: layer by
+    layer, each type the next layer reads, each rank its own nodes with all their in-neighbours along every
+    relation; before each layer it fetches the halo's previous-layer outputs of every type the layer reads
+    from their owners (one exchange per type and layer, on every rank, in the same order)."""
+    from hpcgnn.models import TypedMLP
+    from hpcgnn.sampling.distributed import fetch_rows
+
+    model.eval()
+    parts, view, ex = store.parts, store.view, store.exchange
+    typed, off = parts.typed, parts.typed.schema.offsets()
+    types = list(typed.schema.node_types)
+    own = {}  # global ids of the owned nodes of each type, in typed-row order
+    for t in types:
+        ids = parts.nodes[(parts.nodes >= off[t]) & (parts.nodes < off[t] + typed.schema.num_nodes[t])]
+        own[t] = ids[torch.argsort(parts.typed_rows(t, ids))]
+    if isinstance(model, TypedMLP):
+        x = parts.x.index_select(0, view.row(own[model.target]))
+        return _chunked(0, x.size(0), chunk_size, lambda a, b: model.mlp(x[a:b].float().to(device)).float().cpu())
+    halo, col = {t: [] for t in types}, {}
+    for rel, c in typed.col.items():
+        ids = c.long() + off[rel[0]]
+        halo[rel[0]].append(ids[view.owner(ids) != view.rank])
+    halo = {t: torch.unique(torch.cat(h)) if h else torch.empty(0, dtype=torch.long) for t, h in halo.items()}
+    for rel, c in typed.col.items():
+        ids = c.long() + off[rel[0]]
+        remote = view.owner(ids) != view.rank
+        local = torch.empty_like(ids)
+        local[~remote] = parts.typed_rows(rel[0], ids[~remote])
+        local[remote] = own[rel[0]].numel() + torch.searchsorted(halo[rel[0]], ids[remote])
+        col[rel] = local
+    graph = LocalTypedCSR(typed.rowptr, col)
+    x = {t: parts.x.index_select(0, view.row(own[t])) for t in types}
+    for i in range(model.num_layers):
+        computes = model.layer_types(i)
+        reads = {rel[0] for t in computes for rel, _ in model.relations_into(i, t)}
+        here = {}
+        for t in types:  # (the same order on every rank: each fetch is a collective)
+            if t not in reads and t not in computes:
+                continue
+            fetched = (fetch_rows(ex, view, parts.x if i == 0 else x[t], halo[t], view.owner(halo[t]),
+                                  None if i == 0 else lambda ids, t=t: parts.typed_rows(t, ids))
+                       if t in reads else x[t][:0])
+            here[t] = torch.cat([x[t].float(), fetched.float()]).to(device)
+        x = {t: _chunked(0, own[t].numel(), chunk_size, lambda a, b, t=t, i=i, here=here:
+                         model.inference_per_layer(i, t, here, graph, a, b).float().cpu())
+             for t in computes}
+    return x[model.target]
+
+
 def _layer(model, i: int, x: Tensor, graph, lo: int, hi: int, device: torch.device, transform) -> Tensor:
     """Layer ``i`` for targets ``lo..hi`` with all their in-neighbours (targets first, as root weights expect)."""
     from hpcgnn.sampling.neighbor import SampledSubgraph

@@ -193,9 +193,11 @@ def test_sampled_gcn_with_full_fanouts_gives_the_full_batch_logits(graph, trim):
 
 def test_unsupported_combinations_are_config_errors():
     assert make_config("graph=partitioned", "train.eval_mode=full").train.eval_mode == "full"  # exact, per rank
-    with pytest.raises(ConfigError, match="train.eval_mode=full needs model rgcn, mlp and graph=replicated; got "
-                                          "graph.mode=partitioned"):
-        make_config("dataset=synthetic_hetero", "model=rgcn", "graph=partitioned", "train.eval_mode=full")
+    typed = make_config("dataset=synthetic_hetero", "model=rgcn", "graph=partitioned", "train.eval_mode=full")
+    assert typed.train.eval_mode == "full"  # exact on typed parts too
+    with pytest.raises(ConfigError, match="train.eval_mode=full needs model rgcn, mlp on a typed graph; got "
+                                          "model=sage"):
+        make_config("dataset=synthetic_hetero", "model=sage", "graph=partitioned", "train.eval_mode=full")
     with pytest.raises(ConfigError, match="train.grad_compression='int8' is unknown"):
         make_config("train.grad_compression=int8")
 

@@ -528,6 +528,11 @@ class Parts:
     def num_features(self) -> int:
         return self.x.size(1)
 
+    def typed_rows(self, node_type: str, ids: Tensor) -> Tensor:
+        """Rows of owned nodes (global ``ids``) of ``node_type`` in its relations' CSRs here (a typed graph)."""
+        return self.typed.type_base[node_type].index_select(0, self.node_part.index_select(0, ids).long()) + \
+            self.node_local.index_select(0, ids).long()
+
     def nbytes(self) -> int:
         """Bytes of graph data this rank holds (the maps included)."""
         own = sum(t.numel() * t.element_size() for t in (self.node_part, self.node_local, self.degree, self.nodes,

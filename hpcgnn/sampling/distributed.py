@@ -160,11 +160,12 @@ class PartitionedNeighborSampler(CSRNeighborSampler):
         return row, nbr
 
 
-def fetch_rows(ex: Exchange, view: PartitionView, table: Tensor, ids: Tensor, owner: Tensor) -> Tensor:
+def fetch_rows(ex: Exchange, view: PartitionView, table: Tensor, ids: Tensor, owner: Tensor, row_of=None) -> Tensor:
     """Rows of ``ids`` (owned by ``owner``) of a per-rank ``table`` whose rows follow each rank's own nodes
-    (its features, or a layer's outputs); collective: every rank calls it, with nothing to ask or not."""
+    (its features, or a layer's outputs); collective: every rank calls it, with nothing to ask or not.
+    ``row_of(ids)``: the owner's rows of its nodes in ``table`` (default: its CSR's, ``view.row``)."""
     asked, order, sent, received = ex.request(ids, owner)
-    got = ex(table.index_select(0, view.row(asked)), received, sent)
+    got = ex(table.index_select(0, (row_of or view.row)(asked)), received, sent)
     out = torch.empty_like(got)
     out[order] = got
     return out

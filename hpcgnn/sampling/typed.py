@@ -190,14 +190,8 @@ class PartitionedTypedSampler(TypedNeighborSampler):
         """A batch's nodes in the homogeneous id space (the partition's), in :meth:`type_order`."""
         return torch.cat([n_id[t] + self.offsets[t] for t in self.type_order(n_id)])
 
-    def _rows(self, node_type: str, gid: Tensor) -> Tensor:
-        """Rows of owned nodes (global ids) of ``node_type`` in its relations' CSRs here."""
-        parts = self.view.parts
-        return self.typed.type_base[node_type].index_select(0, parts.node_part.index_select(0, gid).long()) + \
-            parts.node_local.index_select(0, gid).long()
-
     def _sample(self, rel: Relation, gid: Tensor, hop: int, generator) -> tuple[Tensor, Tensor]:
-        return sample_neighbors(self.typed.rowptr[rel], self.typed.col[rel], self._rows(rel[2], gid),
+        return sample_neighbors(self.typed.rowptr[rel], self.typed.col[rel], self.view.parts.typed_rows(rel[2], gid),
                                 self.fanouts[rel][hop], generator)
 
     def draw(self, hop, frontier, generator):

@@ -18,6 +18,7 @@ from hpcgnn.techniques import (
     autocast,
     layerwise_inference,
     partitioned_layerwise_inference,
+    partitioned_typed_layerwise_inference,
     typed_layerwise_inference,
 )
 
@@ -99,13 +100,17 @@ class NodeClassification(Task):
         """Exact evaluation on a partitioned graph: each rank scores its own val/test nodes."""
         t, s = self.cfg.train, self.store
         with autocast(t.precision, self.device):
-            logits = partitioned_layerwise_inference(model, s, self.device, t.eval_chunk,
-                                                     lambda degree: batch_transform(self.cfg.model, degree))
+            if s.typed:  # logits of the target type's own nodes, in their typed rows
+                logits = partitioned_typed_layerwise_inference(model, s, self.device, t.eval_chunk)
+            else:
+                logits = partitioned_layerwise_inference(model, s, self.device, t.eval_chunk,
+                                                         lambda degree: batch_transform(self.cfg.model, degree))
         pred = logits.argmax(-1)
         out = {}
         for split in ("val", "test"):
-            rows = s.view.row(getattr(s.parts, f"{split}_idx"))
-            counts = torch.tensor([float((pred[rows] == s.parts.y[rows]).sum()), float(rows.numel())],
+            ids = getattr(s.parts, f"{split}_idx")
+            rows = s.parts.typed_rows(s.schema.target, ids) if s.typed else s.view.row(ids)
+            counts = torch.tensor([float((pred[rows] == s.parts.y[s.view.row(ids)]).sum()), float(rows.numel())],
                                   dtype=torch.float64)
             counts = dist.all_reduce_sum(counts)
             out[f"{split}_acc"] = (counts[0] / counts[1]).item()
