@@ -244,12 +244,10 @@ def partitioned_layerwise_inference(model: torch.nn.Module, store, device: torch
     model.eval()
     parts, view, ex = store.parts, store.view, store.exchange
     own = parts.nodes.numel()
-    remote = view.owner(parts.col) != view.rank
-    halo = torch.unique(parts.col[remote]).long()  # (col may be stored as int32)
-    col = torch.empty(parts.col.shape, dtype=torch.long)
-    col[~remote] = view.row(parts.col[~remote])
-    col[remote] = own + torch.searchsorted(halo, parts.col[remote].long())
-    graph, halo_owner = LocalCSR(parts.rowptr, col), view.owner(halo)
+    ids = parts.col.long()  # (col may be stored as int32)
+    remote = view.owner(ids) != view.rank
+    halo = torch.unique(ids[remote])
+    graph, halo_owner = LocalCSR(parts.rowptr, _localized(ids, remote, view.row, own, halo)), view.owner(halo)
     transform = transform_for(parts.degree.index_select(0, torch.cat([parts.nodes, halo]))) if transform_for else None
 
     if isinstance(model, MLPBaseline):
@@ -260,6 +258,15 @@ def partitioned_layerwise_inference(model: torch.nn.Module, store, device: torch
         x = _chunked(0, own, chunk_size, lambda a, b, full=full, i=i: _layer(model, i, full, graph, a, b, device,
                                                                               transform))
     return x
+
+
+def _localized(ids: Tensor, remote: Tensor, row_of, own: int, halo: Tensor) -> Tensor:
+    """Global ``ids`` as rows of a rank's table of its ``own`` nodes (at ``row_of(id)``) followed by the
+    ``halo`` (sorted global ids); ``remote`` marks the ids owned elsewhere."""
+    local = torch.empty_like(ids)
+    local[~remote] = row_of(ids[~remote])
+    local[remote] = own + torch.searchsorted(halo, ids[remote])
+    return local
 
 
 @dataclass(frozen=True)
@@ -292,19 +299,16 @@ def partitioned_typed_layerwise_inference(model: torch.nn.Module, store, device:
     if isinstance(model, TypedMLP):
         x = parts.x.index_select(0, view.row(own[model.target]))
         return _chunked(0, x.size(0), chunk_size, lambda a, b: model.mlp(x[a:b].float().to(device)).float().cpu())
-    halo, col = {t: [] for t in types}, {}
+    sources = {}  # per relation: its sources' global ids, and which of them are owned elsewhere
     for rel, c in typed.col.items():
         ids = c.long() + off[rel[0]]
-        halo[rel[0]].append(ids[view.owner(ids) != view.rank])
-    halo = {t: torch.unique(torch.cat(h)) if h else torch.empty(0, dtype=torch.long) for t, h in halo.items()}
-    for rel, c in typed.col.items():
-        ids = c.long() + off[rel[0]]
-        remote = view.owner(ids) != view.rank
-        local = torch.empty_like(ids)
-        local[~remote] = parts.typed_rows(rel[0], ids[~remote])
-        local[remote] = own[rel[0]].numel() + torch.searchsorted(halo[rel[0]], ids[remote])
-        col[rel] = local
-    graph = LocalTypedCSR(typed.rowptr, col)
+        sources[rel] = ids, view.owner(ids) != view.rank
+    halo = {t: torch.unique(torch.cat([ids[r] for rel, (ids, r) in sources.items() if rel[0] == t]
+                                      or [torch.empty(0, dtype=torch.long)])) for t in types}
+    graph = LocalTypedCSR(typed.rowptr, {
+        rel: _localized(ids, r, lambda v, t=rel[0]: parts.typed_rows(t, v), own[rel[0]].numel(), halo[rel[0]])
+        for rel, (ids, r) in sources.items()})
+    del sources
     x = {t: parts.x.index_select(0, view.row(own[t])) for t in types}
     for i in range(model.num_layers):
         computes = model.layer_types(i)
