@@ -230,43 +230,96 @@ class LocalCSR:
     col: Tensor
 
 
+SLICE_EDGES = 1 << 24  # a rank's edges mapped to local rows at a time (a few hundred MB of temporaries)
+FETCH_ROWS = 1 << 18  # halo rows asked in one exchange (its buffers: a few times this many rows)
+
+
 @torch.no_grad()
 def partitioned_layerwise_inference(model: torch.nn.Module, store, device: torch.device, chunk_size: int,
                                     transform_for=None) -> Tensor:
     """Logits of this rank's own nodes (in its row order), exact: layer by layer, each rank computes its own
     nodes with all their in-neighbours; before each layer it fetches the previous layer's outputs of its halo
     (the non-owned sources of its nodes' in-edges) from their owners, through the partitioned store's
-    exchanges (one collective round per layer, on every rank). ``transform_for(degree)``: the model's batch
-    transform for nodes in local ids given their global in-degrees (GCN's normalisation), or None."""
+    exchanges (the same number of rounds on every rank). ``transform_for(degree)``: the model's batch
+    transform for nodes in local ids given their global in-degrees (GCN's normalisation), or None.
+
+    Memory: one layer's input and output tables (own nodes and halo, float32), the rank's edges in local
+    ids (int32), and bounded temporaries: edges are mapped ``SLICE_EDGES`` at a time, outputs are written
+    into their table chunk by chunk, and the halo is fetched ``FETCH_ROWS`` rows an exchange."""
     from hpcgnn.models import MLPBaseline
-    from hpcgnn.sampling.distributed import fetch_rows
 
     model.eval()
     parts, view, ex = store.parts, store.view, store.exchange
     own = parts.nodes.numel()
-    ids = parts.col.long()  # (col may be stored as int32)
-    remote = view.owner(ids) != view.rank
-    halo = torch.unique(ids[remote])
-    graph, halo_owner = LocalCSR(parts.rowptr, _localized(ids, remote, view.row, own, halo)), view.owner(halo)
-    transform = transform_for(parts.degree.index_select(0, torch.cat([parts.nodes, halo]))) if transform_for else None
-
     if isinstance(model, MLPBaseline):
         return _chunked(0, own, chunk_size, lambda a, b: model(parts.x[a:b].float().to(device)).float().cpu())
-    x = parts.x
+    halo = _remote_ids(parts.col, 0, view)
+    graph = LocalCSR(parts.rowptr, _localized(parts.col, 0, view, view.row, own, halo, torch.int32))
+    transform = transform_for(parts.degree.index_select(0, torch.cat([parts.nodes, halo]))) if transform_for else None
+    fill = _halo_filler(ex, view, own, halo, view.row)
+    table = torch.empty(own + halo.numel(), parts.num_features)
+    for a in range(0, own, FETCH_ROWS):
+        b = min(a + FETCH_ROWS, own)
+        table[a:b] = parts.x[a:b]  # (upcast a slice at a time)
+    fill(table)
     for i in range(model.num_layers):
-        full = torch.cat([x.float(), fetch_rows(ex, view, x, halo, halo_owner).float()])
-        x = _chunked(0, own, chunk_size, lambda a, b, full=full, i=i: _layer(model, i, full, graph, a, b, device,
-                                                                              transform))
-    return x
+        last = i == model.num_layers - 1
+        table = _into_table(0, own, 0 if last else halo.numel(), chunk_size,
+                            lambda a, b, x=table, i=i: _layer(model, i, x, graph, a, b, device, transform))
+        if not last:
+            fill(table)
+    return table
 
 
-def _localized(ids: Tensor, remote: Tensor, row_of, own: int, halo: Tensor) -> Tensor:
-    """Global ``ids`` as rows of a rank's table of its ``own`` nodes (at ``row_of(id)``) followed by the
-    ``halo`` (sorted global ids); ``remote`` marks the ids owned elsewhere."""
-    local = torch.empty_like(ids)
-    local[~remote] = row_of(ids[~remote])
-    local[remote] = own + torch.searchsorted(halo, ids[remote])
-    return local
+def _remote_ids(col: Tensor, offset: int, view) -> Tensor:
+    """Sorted distinct global ids ``col + offset`` that other ranks own, ``SLICE_EDGES`` at a time."""
+    found = [torch.empty(0, dtype=torch.long)]
+    for a in range(0, col.numel(), SLICE_EDGES):
+        ids = col[a:a + SLICE_EDGES].long() + offset
+        found.append(torch.unique(ids[view.owner(ids) != view.rank]))
+    return torch.unique(torch.cat(found))
+
+
+def _localized(col: Tensor, offset: int, view, row_of, own: int, halo: Tensor, dtype=torch.long) -> Tensor:
+    """Global ids ``col + offset`` as rows of a rank's table of its ``own`` nodes (at ``row_of(id)``) followed
+    by the ``halo`` (sorted global ids), ``SLICE_EDGES`` at a time."""
+    out = torch.empty(col.numel(), dtype=dtype)
+    for a in range(0, col.numel(), SLICE_EDGES):
+        ids = col[a:a + SLICE_EDGES].long() + offset
+        remote = view.owner(ids) != view.rank
+        local = torch.empty_like(ids)
+        local[~remote] = row_of(ids[~remote])
+        local[remote] = own + torch.searchsorted(halo, ids[remote])
+        out[a:a + SLICE_EDGES] = local
+    return out
+
+
+def _halo_filler(ex, view, own: int, halo: Tensor, row_of):
+    """``fill(table)``: rows ``own..`` of ``table`` become its owners' rows of the ``halo`` nodes (they read
+    their own rows ``row_of(id)``); collective, in as many exchanges of ``FETCH_ROWS`` rows as the rank
+    with the largest halo needs (decided once, here)."""
+    from hpcgnn.sampling.distributed import fetch_rows
+
+    rounds = int(dist.all_reduce_max(torch.tensor([math.ceil(halo.numel() / FETCH_ROWS)])).item())
+    owner = view.owner(halo)
+
+    def fill(table: Tensor) -> None:
+        for j in range(rounds):
+            a, b = min(j * FETCH_ROWS, halo.numel()), min((j + 1) * FETCH_ROWS, halo.numel())
+            table[own + a:own + b] = fetch_rows(ex, view, table, halo[a:b], owner[a:b], row_of)
+    return fill
+
+
+def _into_table(lo: int, hi: int, extra: int, chunk_size: int, fn) -> Tensor:
+    """``fn(a, b)`` over ``lo .. hi`` in chunks, written into one table with ``extra`` rows left after them
+    (for the halo), allocated at the first chunk's width."""
+    table = None
+    for a in range(lo, max(hi, lo + 1), chunk_size):  # (one empty chunk gives the width when there are no rows)
+        out = fn(a, min(a + chunk_size, hi))
+        if table is None:
+            table = out.new_empty((hi - lo + extra, *out.shape[1:]))
+        table[a - lo:a - lo + out.size(0)] = out
+    return table
 
 
 @dataclass(frozen=True)
@@ -284,9 +337,8 @@ def partitioned_typed_layerwise_inference(model: torch.nn.Module, store, device:
     """Logits of this rank's own target-type nodes (rows: ``parts.typed_rows(target, ids)``), exact: layer by
     layer, each type the next layer reads, each rank its own nodes with all their in-neighbours along every
     relation; before each layer it fetches the halo's previous-layer outputs of every type the layer reads
-    from their owners (one exchange per type and layer, on every rank, in the same order)."""
+    from their owners (the same exchanges on every rank, type by type). Memory as the homogeneous path's."""
     from hpcgnn.models import TypedMLP
-    from hpcgnn.sampling.distributed import fetch_rows
 
     model.eval()
     parts, view, ex = store.parts, store.view, store.exchange
@@ -299,32 +351,36 @@ def partitioned_typed_layerwise_inference(model: torch.nn.Module, store, device:
     if isinstance(model, TypedMLP):
         x = parts.x.index_select(0, view.row(own[model.target]))
         return _chunked(0, x.size(0), chunk_size, lambda a, b: model.mlp(x[a:b].float().to(device)).float().cpu())
-    sources = {}  # per relation: its sources' global ids, and which of them are owned elsewhere
-    for rel, c in typed.col.items():
-        ids = c.long() + off[rel[0]]
-        sources[rel] = ids, view.owner(ids) != view.rank
-    halo = {t: torch.unique(torch.cat([ids[r] for rel, (ids, r) in sources.items() if rel[0] == t]
-                                      or [torch.empty(0, dtype=torch.long)])) for t in types}
-    graph = LocalTypedCSR(typed.rowptr, {
-        rel: _localized(ids, r, lambda v, t=rel[0]: parts.typed_rows(t, v), own[rel[0]].numel(), halo[rel[0]])
-        for rel, (ids, r) in sources.items()})
-    del sources
-    x = {t: parts.x.index_select(0, view.row(own[t])) for t in types}
+    halo = {t: torch.unique(torch.cat([torch.empty(0, dtype=torch.long)] + [
+        _remote_ids(c, off[t], view) for rel, c in typed.col.items() if rel[0] == t])) for t in types}
+    row_of = {t: (lambda ids, t=t: parts.typed_rows(t, ids)) for t in types}
+    graph = LocalTypedCSR(typed.rowptr, {rel: _localized(c, off[rel[0]], view, row_of[rel[0]], own[rel[0]].numel(),
+                                                         halo[rel[0]]) for rel, c in typed.col.items()})
+    fill = {t: _halo_filler(ex, view, own[t].numel(), halo[t], row_of[t]) for t in types}  # (in type order)
+
+    def reads(i: int) -> set[str]:
+        """The types whose halo layer ``i`` reads (the sources of its relations; none past the last)."""
+        if i >= model.num_layers:
+            return set()
+        return {rel[0] for t in model.layer_types(i) for rel, _ in model.relations_into(i, t)}
+
+    x = {}
+    for t in types:  # layer 0's input: own features (upcast), then the halo's rows, where layer 0 reads them
+        x[t] = torch.empty(own[t].numel() + (halo[t].numel() if t in reads(0) else 0), parts.num_features)
+        x[t][:own[t].numel()] = parts.x.index_select(0, view.row(own[t]))
+        if t in reads(0):
+            fill[t](x[t])
     for i in range(model.num_layers):
-        computes = model.layer_types(i)
-        reads = {rel[0] for t in computes for rel, _ in model.relations_into(i, t)}
-        here = {}
-        for t in types:  # (the same order on every rank: each fetch is a collective)
-            if t not in reads and t not in computes:
-                continue
-            fetched = (fetch_rows(ex, view, parts.x if i == 0 else x[t], halo[t], view.owner(halo[t]),
-                                  None if i == 0 else lambda ids, t=t: parts.typed_rows(t, ids))
-                       if t in reads else x[t][:0])
-            here[t] = torch.cat([x[t].float(), fetched.float()]).to(device)
-        x = {t: _chunked(0, own[t].numel(), chunk_size, lambda a, b, t=t, i=i, here=here:
-                         model.inference_per_layer(i, t, here, graph, a, b).float().cpu())
-             for t in computes}
-    return x[model.target]
+        computes, wanted = model.layer_types(i), reads(i + 1)
+        here = {t: x[t].to(device) for t in types if t in reads(i) or t in computes}
+        x = {t: _into_table(0, own[t].numel(), halo[t].numel() if t in wanted else 0, chunk_size,
+                            lambda a, b, t=t, i=i, here=here: model.inference_per_layer(i, t, here, graph, a, b)
+                            .float().cpu()) for t in computes}
+        del here
+        for t in types:  # (type order: the same exchanges on every rank)
+            if t in wanted:
+                fill[t](x[t])
+    return x[model.target][:own[model.target].numel()]
 
 
 def _layer(model, i: int, x: Tensor, graph, lo: int, hi: int, device: torch.device, transform) -> Tensor:

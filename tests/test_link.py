@@ -524,11 +524,13 @@ def test_exact_evaluation_is_taken_on_partitioned_graphs_when_asked():
 
 
 def _full_evaluation_worker(rank: int, world: int, port: int, cfgs: dict, folder: str) -> None:
+    from hpcgnn import techniques
     from hpcgnn.dist import process_group
     from hpcgnn.stores import PartitionedStore
     from hpcgnn.tasks import build_task
 
     torch.set_num_threads(1)
+    techniques.FETCH_ROWS, techniques.SLICE_EDGES = 97, 1000  # several exchanges and slices
     env = local_rank_env(rank, world, port)
     out = {}
     with process_group(env, next(iter(cfgs.values())).dist, torch.device("cpu")):

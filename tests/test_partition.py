@@ -409,6 +409,7 @@ def test_partitioned_training_matches_replicated_accuracy(tmp_path):
 
 
 def _inference_worker(rank: int, world: int, port: int, cfg, folder: str) -> None:
+    from hpcgnn import techniques
     from hpcgnn.dist import process_group
     from hpcgnn.models import batch_transform, build_model
     from hpcgnn.stores import PartitionedStore
@@ -416,6 +417,7 @@ def _inference_worker(rank: int, world: int, port: int, cfg, folder: str) -> Non
     from hpcgnn.techniques import partitioned_layerwise_inference
 
     torch.set_num_threads(1)
+    techniques.FETCH_ROWS, techniques.SLICE_EDGES = 97, 1000  # several exchanges and slices
     env = local_rank_env(rank, world, port)
     out = {}
     with process_group(env, cfg.dist, torch.device("cpu")):

@@ -290,6 +290,7 @@ def test_partitioned_typed_batches_are_the_whole_graphs_edges_type_by_type(tmp_p
 def _typed_inference_worker(rank: int, world: int, port: int, cfg, folder: str) -> None:
     from conftest import local_rank_env
 
+    from hpcgnn import techniques
     from hpcgnn.dist import process_group
     from hpcgnn.models import build_typed_model
     from hpcgnn.stores import PartitionedStore
@@ -297,6 +298,7 @@ def _typed_inference_worker(rank: int, world: int, port: int, cfg, folder: str) 
     from hpcgnn.techniques import partitioned_typed_layerwise_inference
 
     torch.set_num_threads(1)
+    techniques.FETCH_ROWS, techniques.SLICE_EDGES = 97, 1000  # several exchanges and slices
     env = local_rank_env(rank, world, port)
     out = {}
     with process_group(env, cfg.dist, torch.device("cpu")):
