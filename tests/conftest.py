@@ -42,6 +42,64 @@ def local_rank_env(rank: int, world: int, port: int):
                                  "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
 
 
+def exact_inference_worker(rank: int, world: int, port: int, cfg, folder: str, models: tuple[str, ...]) -> None:
+    """One of ``world`` gloo ranks on a partitioned graph: for each model (untrained, seeded), its exact
+    layer-wise logits of its own nodes and the node task's exact evaluation, saved with the ids of those
+    nodes (a typed graph: its own target-type nodes, in target-type ids). Tiny slices: every path takes
+    several exchanges, slices and chunks."""
+    import dataclasses
+
+    import torch
+
+    from hpcgnn import techniques
+    from hpcgnn.dist import process_group
+    from hpcgnn.models import batch_transform, build_model, build_typed_model
+    from hpcgnn.stores import PartitionedStore
+    from hpcgnn.tasks import build_task
+
+    torch.set_num_threads(1)
+    techniques.FETCH_ROWS, techniques.SLICE_EDGES = 97, 1000
+    env, cpu = local_rank_env(rank, world, port), torch.device("cpu")
+    out = {}
+    with process_group(env, cfg.dist, cpu):
+        store = PartitionedStore(cfg, env)
+        parts, g = store.parts, store.schema
+        for name in models:
+            model_cfg = dataclasses.replace(cfg.model, name=name, hidden_channels=16)
+            torch.manual_seed(0)
+            if store.typed:
+                model = build_typed_model(model_cfg, g.node_types, g.relations, g.target, store.num_features,
+                                          store.num_classes, 2)
+                logits = techniques.partitioned_typed_layerwise_inference(model, store, cpu, 300)
+            else:
+                model = build_model(model_cfg, store.num_features, store.num_classes, 2)
+                logits = techniques.partitioned_layerwise_inference(model, store, cpu, 300,
+                                                                    lambda d, m=model_cfg: batch_transform(m, d))
+            task = build_task(dataclasses.replace(cfg, model=model_cfg), env, store, cpu)
+            out[name] = {"logits": logits, "acc": task.evaluate(model)}
+        out["nodes"] = parts.nodes
+        if store.typed:
+            off, n = g.offsets()[g.target], g.num_nodes[g.target]
+            mine = parts.nodes[(parts.nodes >= off) & (parts.nodes < off + n)]
+            out["nodes"] = mine[torch.argsort(parts.typed_rows(g.target, mine))] - off
+    torch.save(out, f"{folder}/rank{rank}.pt")
+
+
+def check_exact_inference(ranks: list[dict], name: str, whole, y, splits: dict) -> None:
+    """The ranks' logits (:func:`exact_inference_worker`) are ``whole``'s rows of their nodes, and their
+    accuracies on each split (``splits``: name -> ids) the whole graph's."""
+    import torch
+
+    for r in ranks:
+        assert torch.allclose(r[name]["logits"], whole[r["nodes"]], atol=1e-5), name
+    pred = whole.argmax(-1)
+    for split, idx in splits.items():
+        want = (pred[idx] == y[idx]).double().mean().item()
+        assert ranks[0][name]["acc"][f"{split}_acc"] == ranks[1][name]["acc"][f"{split}_acc"]
+        # untrained logits nearly tie: float noise at 1e-7 may flip one argmax
+        assert ranks[0][name]["acc"][f"{split}_acc"] == pytest.approx(want, abs=1.5 / idx.numel()), (name, split)
+
+
 def dead_pid() -> int:
     """The pid of a process that has exited (a killed writer's, in a leftover's name)."""
     child = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)

@@ -14,7 +14,17 @@ import numpy as np
 import pytest
 import torch
 import torch.multiprocessing as mp
-from conftest import DATA_ROOT, dead_pid, local_rank_env, make_config, run_cli, start_and_stop, summary_of
+from conftest import (
+    DATA_ROOT,
+    check_exact_inference,
+    dead_pid,
+    exact_inference_worker,
+    local_rank_env,
+    make_config,
+    run_cli,
+    start_and_stop,
+    summary_of,
+)
 
 from hpcgnn.config import DatasetConfig, GraphConfig
 from hpcgnn.data import open_graph, prepare
@@ -408,32 +418,6 @@ def test_partitioned_training_matches_replicated_accuracy(tmp_path):
     assert part["world_size"] == 2
 
 
-def _inference_worker(rank: int, world: int, port: int, cfg, folder: str) -> None:
-    from hpcgnn import techniques
-    from hpcgnn.dist import process_group
-    from hpcgnn.models import batch_transform, build_model
-    from hpcgnn.stores import PartitionedStore
-    from hpcgnn.tasks import build_task
-    from hpcgnn.techniques import partitioned_layerwise_inference
-
-    torch.set_num_threads(1)
-    techniques.FETCH_ROWS, techniques.SLICE_EDGES = 97, 1000  # several exchanges and slices
-    env = local_rank_env(rank, world, port)
-    out = {}
-    with process_group(env, cfg.dist, torch.device("cpu")):
-        store = PartitionedStore(cfg, env)
-        for name in INFERENCE_MODELS:
-            model_cfg = dataclasses.replace(cfg.model, name=name, hidden_channels=16)
-            torch.manual_seed(0)
-            model = build_model(model_cfg, store.num_features, store.num_classes, 2)
-            logits = partitioned_layerwise_inference(model, store, torch.device("cpu"), 700,  # several chunks
-                                                     lambda degree, m=model_cfg: batch_transform(m, degree))
-            task = build_task(dataclasses.replace(cfg, model=model_cfg), env, store, torch.device("cpu"))
-            out[name] = {"logits": logits, "acc": task.evaluate(model)}
-        out["nodes"] = store.parts.nodes
-    torch.save(out, f"{folder}/rank{rank}.pt")
-
-
 INFERENCE_MODELS = ("sage", "gcn", "gat", "mlp")
 
 
@@ -453,7 +437,8 @@ def test_exact_partitioned_inference_equals_the_replicated_layerwise_inference(t
     ensure_parts(cfg.dataset, cfg.graph, 2)
     graph = open_graph(cfg.dataset)
     port = free_port(23000 + os.getpid() % 5000, 20000, 32767)
-    mp.start_processes(_inference_worker, args=(2, port, cfg, str(tmp_path)), nprocs=2, start_method="spawn")
+    mp.start_processes(exact_inference_worker, args=(2, port, cfg, str(tmp_path), INFERENCE_MODELS), nprocs=2,
+                       start_method="spawn")
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(2)]
     assert sorted(torch.cat([r["nodes"] for r in ranks]).tolist()) == list(range(graph.num_nodes))
     for name in INFERENCE_MODELS:
@@ -462,12 +447,4 @@ def test_exact_partitioned_inference_equals_the_replicated_layerwise_inference(t
         model = build_model(model_cfg, graph.num_features, graph.num_classes, 2)
         whole = layerwise_inference(model, graph, torch.device("cpu"), 1000, 0, 1,
                                     transform=batch_transform(model_cfg, graph.degree()))
-        for r in ranks:
-            assert torch.allclose(r[name]["logits"], whole[r["nodes"]], atol=1e-5), name
-        pred = whole.argmax(-1)
-        for split in ("val", "test"):
-            idx = getattr(graph, f"{split}_idx")
-            want = (pred[idx] == graph.y[idx]).double().mean().item()
-            assert ranks[0][name]["acc"][f"{split}_acc"] == ranks[1][name]["acc"][f"{split}_acc"]
-            # untrained logits nearly tie: float noise at 1e-7 may flip one argmax
-            assert ranks[0][name]["acc"][f"{split}_acc"] == pytest.approx(want, abs=1.5 / idx.numel()), (name, split)
+        check_exact_inference(ranks, name, whole, graph.y, {"val": graph.val_idx, "test": graph.test_idx})

@@ -3,7 +3,6 @@ checked edge by edge, type by type, against the whole graph."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 
@@ -287,44 +286,13 @@ def test_partitioned_typed_batches_are_the_whole_graphs_edges_type_by_type(tmp_p
         assert 0 < stats["cache_hit_rate"] < 1 and res["cached"].numel() > 0
 
 
-def _typed_inference_worker(rank: int, world: int, port: int, cfg, folder: str) -> None:
-    from conftest import local_rank_env
-
-    from hpcgnn import techniques
-    from hpcgnn.dist import process_group
-    from hpcgnn.models import build_typed_model
-    from hpcgnn.stores import PartitionedStore
-    from hpcgnn.tasks import build_task
-    from hpcgnn.techniques import partitioned_typed_layerwise_inference
-
-    torch.set_num_threads(1)
-    techniques.FETCH_ROWS, techniques.SLICE_EDGES = 97, 1000  # several exchanges and slices
-    env = local_rank_env(rank, world, port)
-    out = {}
-    with process_group(env, cfg.dist, torch.device("cpu")):
-        store = PartitionedStore(cfg, env)
-        g = store.schema
-        for name in ("rgcn", "mlp"):
-            model_cfg = dataclasses.replace(cfg.model, name=name, hidden_channels=16)
-            torch.manual_seed(0)
-            model = build_typed_model(model_cfg, g.node_types, g.relations, g.target, store.num_features,
-                                      store.num_classes, 2)
-            logits = partitioned_typed_layerwise_inference(model, store, torch.device("cpu"), 300)  # several chunks
-            task = build_task(dataclasses.replace(cfg, model=model_cfg), env, store, torch.device("cpu"))
-            out[name] = {"logits": logits, "acc": task.evaluate(model)}
-        off, n = g.offsets()[g.target], g.num_nodes[g.target]
-        mine = store.parts.nodes[(store.parts.nodes >= off) & (store.parts.nodes < off + n)]
-        out["targets"] = mine[torch.argsort(store.parts.typed_rows(g.target, mine))] - off
-    torch.save(out, f"{folder}/rank{rank}.pt")
-
-
 @pytest.mark.slow
 def test_exact_partitioned_typed_inference_equals_the_whole_graphs(tmp_path):
     """train.eval_mode=full on typed parts: 2 gloo ranks holding 2 parts each compute their own nodes of every
     type layer by layer, fetching each type's halo; the target type's logits equal layer-wise inference on
     the whole typed graph, and the task's accuracies the whole graph's."""
     import torch.multiprocessing as mp
-    from conftest import DATA_ROOT, make_config
+    from conftest import DATA_ROOT, check_exact_inference, exact_inference_worker, make_config
 
     from hpcgnn.config import ModelConfig
     from hpcgnn.data import open_typed
@@ -338,23 +306,16 @@ def test_exact_partitioned_typed_inference_equals_the_whole_graphs(tmp_path):
     ensure_parts(cfg.dataset, cfg.graph, 4)
     graph = open_typed(cfg.dataset)
     port = free_port(23000 + os.getpid() % 5000, 20000, 32767)
-    mp.start_processes(_typed_inference_worker, args=(2, port, cfg, str(tmp_path)), nprocs=2, start_method="spawn")
+    mp.start_processes(exact_inference_worker, args=(2, port, cfg, str(tmp_path), ("rgcn", "mlp")), nprocs=2,
+                       start_method="spawn")
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(2)]
-    assert sorted(torch.cat([r["targets"] for r in ranks]).tolist()) == list(range(graph.num_nodes["paper"]))
+    assert sorted(torch.cat([r["nodes"] for r in ranks]).tolist()) == list(range(graph.num_nodes["paper"]))
     for name in ("rgcn", "mlp"):
         torch.manual_seed(0)
         model = build_typed_model(ModelConfig(name=name, hidden_channels=16), graph.node_types, graph.relations,
                                   graph.target, graph.num_features, graph.num_classes, 2)
         whole = typed_layerwise_inference(model, graph, torch.device("cpu"), 1000, 0, 1)
-        for r in ranks:
-            assert torch.allclose(r[name]["logits"], whole[r["targets"]], atol=1e-5), name
-        pred = whole.argmax(-1)
-        for split in ("val", "test"):
-            idx = getattr(graph, f"{split}_idx")
-            want = (pred[idx] == graph.y[idx]).double().mean().item()
-            assert ranks[0][name]["acc"][f"{split}_acc"] == ranks[1][name]["acc"][f"{split}_acc"]
-            # untrained logits nearly tie: float noise at 1e-7 may flip one argmax
-            assert ranks[0][name]["acc"][f"{split}_acc"] == pytest.approx(want, abs=1.5 / idx.numel()), (name, split)
+        check_exact_inference(ranks, name, whole, graph.y, {"val": graph.val_idx, "test": graph.test_idx})
 
 
 @pytest.mark.slow
