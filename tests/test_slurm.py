@@ -202,9 +202,9 @@ def test_plain_sbatch_template(tmp_path, tiny_overrides):
 
 def test_partitioned_run_waits_for_its_partitioning_job(tmp_path):
     """Missing parts: a partitioning job first (lp: one task on each of the two nodes, sharing the work),
-    training after it (afterok), on both nodes."""
+    training after it (afterok), on both nodes, evaluated exactly (each node's rank its own nodes)."""
     res = run_cli("+cluster=devcluster", "graph=partitioned", "graph.method=lp", "graph.seed=11",
-                  "dataset.num_nodes=20000", "train.epochs=2", cwd=tmp_path, timeout=600)
+                  "dataset.num_nodes=20000", "train.epochs=2", "train.eval_mode=full", cwd=tmp_path, timeout=600)
     assert res.returncode == 0, res.stdout + res.stderr
     m = re.search(r"submitted partitioning job (\d+) to devcluster", res.stdout)
     assert m, res.stdout
@@ -221,6 +221,7 @@ def test_partitioned_run_waits_for_its_partitioning_job(tmp_path):
     assert part_end <= train_start  # ISO timestamps: the dependency held
     s = _summary(tmp_path)
     assert s["graph_mode"] == "partitioned" and s["hostnames"] == ["n1", "n2"]
+    assert s["eval_mode"] == "full" and s["test_acc"] > 0.6, s["test_acc"]
 
 
 def test_failed_partitioning_cancels_training_with_the_reason(tmp_path):
