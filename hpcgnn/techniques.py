@@ -273,11 +273,11 @@ def partitioned_layerwise_inference(model: torch.nn.Module, store, device: torch
 
 def _remote_ids(col: Tensor, offset: int, view) -> Tensor:
     """Sorted distinct global ids ``col + offset`` that other ranks own, ``SLICE_EDGES`` at a time."""
-    found = [torch.empty(0, dtype=torch.long)]
-    for a in range(0, col.numel(), SLICE_EDGES):
+    found = torch.empty(0, dtype=torch.long)
+    for a in range(0, col.numel(), SLICE_EDGES):  # (merged slice by slice: never more than the halo and a slice)
         ids = col[a:a + SLICE_EDGES].long() + offset
-        found.append(torch.unique(ids[view.owner(ids) != view.rank]))
-    return torch.unique(torch.cat(found))
+        found = torch.unique(torch.cat([found, ids[view.owner(ids) != view.rank]]))
+    return found
 
 
 def _localized(col: Tensor, offset: int, view, row_of, own: int, halo: Tensor, dtype=torch.long) -> Tensor:
