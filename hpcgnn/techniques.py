@@ -234,6 +234,13 @@ SLICE_EDGES = 1 << 24  # a rank's edges mapped to local rows at a time (a few hu
 FETCH_ROWS = 1 << 18  # halo rows asked in one exchange (its buffers: a few times this many rows)
 
 
+def exact_inference_bytes(own: int, halo: int, edges: int, widths, edge_bytes: int = 4) -> int:
+    """About the peak bytes exact partitioned inference adds on a rank: the widest layer's input and output
+    tables (``own`` + ``halo`` rows of float32), its ``edges`` in local ids, and the fetch buffers."""
+    width = max(widths)
+    return 2 * (own + halo) * width * 4 + edges * edge_bytes + 4 * min(FETCH_ROWS, halo) * width * 4
+
+
 @torch.no_grad()
 def partitioned_layerwise_inference(model: torch.nn.Module, store, device: torch.device, chunk_size: int,
                                     transform_for=None) -> Tensor:

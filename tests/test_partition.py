@@ -448,3 +448,47 @@ def test_exact_partitioned_inference_equals_the_replicated_layerwise_inference(t
         whole = layerwise_inference(model, graph, torch.device("cpu"), 1000, 0, 1,
                                     transform=batch_transform(model_cfg, graph.degree()))
         check_exact_inference(ranks, name, whole, graph.y, {"val": graph.val_idx, "test": graph.test_idx})
+
+
+def test_halo_bound_is_the_halo_of_one_part_and_nothing_for_all_parts():
+    ensure_parts(SMALL, METIS, 2)
+    for i in range(2):
+        p = open_parts(SMALL, METIS, 2, [i])
+        halo = torch.unique(p.col[p.node_part.index_select(0, p.col.long()) != i])
+        assert p.halo_bound == halo.numel() > 0
+    assert open_parts(SMALL, METIS, 2, [0, 1]).halo_bound == 0
+
+
+def test_exact_evaluation_that_cannot_fit_is_refused_before_training(monkeypatch):
+    """The layer tables of train.eval_mode=full are sized at start, against the rank's share of the node's
+    memory: refused with the fix named, instead of killed at the first evaluation."""
+    from types import SimpleNamespace
+
+    from hpcgnn import stores
+    from hpcgnn.techniques import exact_inference_bytes
+
+    ensure_parts(SMALL, METIS, 2)
+    p = open_parts(SMALL, METIS, 2, [0])
+    cfg = make_config("graph=partitioned", "train.eval_mode=full", "model.hidden_channels=64")
+    need = exact_inference_bytes(p.nodes.numel(), p.halo_bound, p.col.numel(), (p.num_features, 64, p.num_classes))
+    assert need >= 2 * (p.nodes.numel() + p.halo_bound) * 64 * 4
+    env = local_rank_env(0, 2, 29500)
+    store = SimpleNamespace(parts=p, cfg=cfg)
+    monkeypatch.setattr(stores, "available_memory", lambda: 2 * need)  # a rank's share: need
+    stores.PartitionedStore._check_exact_inference_memory(store, env)
+    monkeypatch.setattr(stores, "available_memory", lambda: 2 * need - 2)
+    with pytest.raises(ConfigError, match=r"train.eval_mode=full on this partitioned graph needs about .* on a rank "
+                                          r".*x 64 floats.*\(2 rank\(s\) share a node's available memory\)\. "
+                                          r"HINT: train.eval_mode=sampled, or more nodes"):
+        stores.PartitionedStore._check_exact_inference_memory(store, env)
+
+
+@pytest.mark.slow
+def test_a_partitioned_run_whose_exact_evaluation_cannot_fit_exits_at_start(tmp_path):
+    ds = ["dataset.num_nodes=4000", "graph=partitioned", "graph.num_parts=2"]
+    cfg = make_config(*ds, f"dataset.root={DATA_ROOT}")
+    ensure_parts(cfg.dataset, cfg.graph, 2)  # (with the memory there is: the run below has 1 MB)
+    res = run_cli(*ds, "train.eval_mode=full", "train.epochs=1", cwd=tmp_path, env={"SLURM_MEM_PER_NODE": "1"})
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "hpcgnn: config error: train.eval_mode=full on this partitioned graph needs about" in res.stderr
+    assert "epoch 1/1" not in res.stdout + res.stderr and not (tmp_path / "run" / "summary.json").exists()

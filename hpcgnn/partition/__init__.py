@@ -523,6 +523,7 @@ class Parts:
     num_nodes: int  # of the whole graph
     train_pos: Tensor | None = None  # link prediction: int64 [2, E], the training edges whose source is owned here
     typed: TypedParts | None = None  # a typed graph's per-relation adjacency
+    halo_bound: int = 0  # at most this many nodes owned elsewhere are sources of the owned nodes' in-edges
 
     @property
     def num_features(self) -> int:
@@ -591,12 +592,16 @@ def open_parts(dataset: DatasetConfig, graph_cfg: GraphConfig, num_parts: int, o
     if typed_meta is not None:
         typed = _typed_parts(typed_meta, meta["report"]["nodes_by_type"], per_part, owned, num_parts)
 
+    own = int(sum(per_part[i]["nodes"].numel() for i in owned))
+    halos = meta.get("report", {}).get("halo_nodes")  # (each part's: their sum counts the rank's other parts too)
+    halo_bound = min(int(meta["num_nodes"]) - own, sum(halos[i] for i in owned) if halos else int(meta["num_nodes"]))
     return Parts(num_parts=num_parts, owned_parts=tuple(owned), node_part=load("node_part.npy"),
                  node_local=load("node_local.npy"), degree=load("degree.npy"), nodes=cat("nodes"), rowptr=rowptr, col=cat("col"),
                  x=cat("x"), y=cat("y"), train_idx=cat("train_idx"), val_idx=cat("val_idx"),
                  test_idx=cat("test_idx"), part_offset=offset,
                  num_classes=int(meta["num_classes"]), num_nodes=int(meta["num_nodes"]),
-                 train_pos=cat("train_pos", 1) if "train_pos" in edge_arrays else None, typed=typed)
+                 train_pos=cat("train_pos", 1) if "train_pos" in edge_arrays else None, typed=typed,
+                 halo_bound=halo_bound)
 
 
 def concat_rowptr(rowptrs: list[Tensor]) -> Tensor:
