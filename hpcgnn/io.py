@@ -155,7 +155,7 @@ def sweep_leftovers(parent: Path, prefix: str, keep: Path | None = None) -> list
 
 
 @contextlib.contextmanager
-def stop_cleanly_on_sigterm(what: str) -> Iterator[None]:
+def stop_cleanly_on_sigterm(what: str, then: str = "removing its temporary files") -> Iterator[None]:
     """While a prepare or a partition runs (hours, for a large graph): SIGTERM (``scancel``, a job's time
     limit, a plain ``kill``) raises ``SystemExit(143)`` in the main thread, so that the ``finally`` blocks
     remove the temporary folders instead of leaving gigabytes behind. The previous handler (submitit's)
@@ -168,7 +168,7 @@ def stop_cleanly_on_sigterm(what: str) -> Iterator[None]:
         return
 
     def stop(signum, frame):
-        print(f"hpcgnn: {what} stopped by SIGTERM; removing its temporary files", file=sys.stderr, flush=True)
+        print(f"hpcgnn: {what} stopped by SIGTERM; {then}", file=sys.stderr, flush=True)
         raise SystemExit(128 + signal.SIGTERM)
 
     previous = signal.signal(signal.SIGTERM, stop)

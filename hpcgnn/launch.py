@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 import socket
 import sys
@@ -27,7 +28,7 @@ from omegaconf import OmegaConf
 from hpcgnn import checks, env
 from hpcgnn.config import ClusterConfig, RunConfig
 from hpcgnn.errors import EXIT_FAILED, EXIT_PREEMPTED, EXIT_USER_ERROR, ConfigError
-from hpcgnn.io import atomic_open
+from hpcgnn.io import atomic_open, stop_cleanly_on_sigterm
 
 
 def slurm_parameters(c: ClusterConfig) -> dict:
@@ -415,10 +416,26 @@ def _run_this_rank(cfg: RunConfig) -> int:
     return 0
 
 
-def _spawn_entry(local_rank: int, cfg: RunConfig, port: int) -> None:
+def _spawn_entry(local_rank: int, cfg: RunConfig, port: int, parent: int) -> None:
     from hpcgnn.job import run_rank
 
+    _end_with_parent(parent)
     run_rank(cfg, env.local_rank_environ(local_rank, cfg.launch.procs, port))
+
+
+def _end_with_parent(parent: int) -> None:
+    """Linux: SIGTERM this rank when the process that started it dies, even by SIGKILL (no orphan ranks
+    holding the graph and the cores after a killed launcher); elsewhere nothing."""
+    import ctypes
+    import signal
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # it died before the request was in place
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _spawn_local(cfg: RunConfig, grace_s: float = 3.0) -> int:
@@ -436,33 +453,35 @@ def _spawn_local(cfg: RunConfig, grace_s: float = 3.0) -> int:
                                       d.port_max)
     print(f"starting {cfg.launch.procs} local processes; output folder: {cfg.run_dir}", flush=True)
     ctx = multiprocessing.get_context("spawn")
-    procs = [ctx.Process(target=_spawn_entry, args=(r, cfg, port), name=f"hpcgnn-rank-{r}")
+    procs = [ctx.Process(target=_spawn_entry, args=(r, cfg, port, os.getpid()), name=f"hpcgnn-rank-{r}")
              for r in range(cfg.launch.procs)]
     first: tuple[int, int] | None = None  # (rank, exit code) of the first rank that failed
-    try:
-        for p in procs:
-            p.start()
-        running = {p.sentinel: (r, p) for r, p in enumerate(procs)}
-        deadline = None
-        while running:
-            timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
-            ready = wait(list(running), timeout)
-            if not ready:  # the grace after the first failure is over
-                break
-            for sentinel in ready:
-                rank, p = running.pop(sentinel)
-                p.join()
-                if p.exitcode != 0 and first is None:
-                    first, deadline = (rank, p.exitcode), time.monotonic() + grace_s
-    finally:
-        for p in procs:
-            if p.is_alive():
-                p.terminate()
-        for p in procs:
-            p.join(10)
-            if p.is_alive():
-                p.kill()
-                p.join()
+    # SIGTERM (kill, timeout, a job's end) raises here, so the finally stops the ranks; SIGKILL: _end_with_parent
+    with stop_cleanly_on_sigterm("the run", "stopping its ranks"):
+        try:
+            for p in procs:
+                p.start()
+            running = {p.sentinel: (r, p) for r, p in enumerate(procs)}
+            deadline = None
+            while running:
+                timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+                ready = wait(list(running), timeout)
+                if not ready:  # the grace after the first failure is over
+                    break
+                for sentinel in ready:
+                    rank, p = running.pop(sentinel)
+                    p.join()
+                    if p.exitcode != 0 and first is None:
+                        first, deadline = (rank, p.exitcode), time.monotonic() + grace_s
+        finally:
+            for p in procs:
+                if p.is_alive():
+                    p.terminate()
+            for p in procs:
+                p.join(10)
+                if p.is_alive():
+                    p.kill()
+                    p.join()
     if first is not None:
         rank, code = first
         if code == EXIT_PREEMPTED:  # rank 0 printed where the checkpoint is

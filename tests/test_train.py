@@ -253,3 +253,44 @@ def test_metrics_split_every_step_and_name_the_straggler(tmp_path):
     assert re.search(r"straggler: rank 1 on \S+: p95 busy step time [\d.]+ s is [\d.]+x the median", res.stdout)
     assert list((run / "tensorboard").glob("events.out.tfevents.*"))
     assert "epoch 1/2" in res.stderr  # the progress bar (on a terminal it is on by default)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return "State:\tZ" not in open(f"/proc/{pid}/status").read()
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("signame", ["SIGTERM", "SIGKILL"])
+def test_a_killed_launcher_takes_its_ranks_along(tmp_path, signame):
+    """``kill``/``timeout`` (SIGTERM) on a local run stops its ranks through the launcher; SIGKILL, which the
+    launcher cannot see, reaches them as their parent-death signal: no orphan ranks keep the graph and cores."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    run = tmp_path / "run"
+    with open(tmp_path / "out.txt", "w") as out:
+        launcher = subprocess.Popen([sys.executable, "-m", "hpcgnn", "dataset.num_nodes=4000", "train.epochs=500",
+                                     f"dataset.root={DATA_ROOT}", f"hydra.run.dir={run}"], stdout=out, stderr=out)
+    children: list[int] = []
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and launcher.poll() is None:
+        children = [int(c) for c in open(f"/proc/{launcher.pid}/task/{launcher.pid}/children").read().split()]
+        if len(children) >= 2 and (run / "progress.json").exists():  # the ranks train
+            break
+        time.sleep(0.2)
+    assert launcher.poll() is None and len(children) >= 2, (tmp_path / "out.txt").read_text()
+    os.kill(launcher.pid, getattr(signal, signame))
+    launcher.wait(60)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and any(_alive(c) for c in children):
+        time.sleep(0.2)
+    left = [c for c in children if _alive(c)]
+    for c in left:
+        os.kill(c, signal.SIGKILL)
+    assert not left, f"orphan ranks after {signame} to the launcher: {left}"
+    if signame == "SIGTERM":
+        assert launcher.returncode == 143 and "stopped by SIGTERM; stopping its ranks" in (tmp_path / "out.txt").read_text()
