@@ -156,9 +156,10 @@ def sweep_leftovers(parent: Path, prefix: str, keep: Path | None = None) -> list
 
 @contextlib.contextmanager
 def stop_cleanly_on_sigterm(what: str, then: str = "removing its temporary files") -> Iterator[None]:
-    """While a prepare or a partition runs (hours, for a large graph): SIGTERM (``scancel``, a job's time
-    limit, a plain ``kill``) raises ``SystemExit(143)`` in the main thread, so that the ``finally`` blocks
-    remove the temporary folders instead of leaving gigabytes behind. The previous handler (submitit's)
+    """While a prepare or a partition runs (hours, for a large graph), or a local run's launcher waits on its
+    ranks: SIGTERM (``scancel``, a job's time limit, a plain ``kill``, ``timeout``) raises ``SystemExit(143)``
+    in the main thread, so that the ``finally`` blocks remove the temporary folders instead of leaving
+    gigabytes behind, or stop the ranks (``then`` says which, on stderr). The previous handler (submitit's)
     is put back after; outside the main thread nothing changes."""
     import signal
     import threading
