@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from hpcgnn import dist
-from hpcgnn.checks import is_typed, link_eval_mode
+from hpcgnn.checks import is_typed
 from hpcgnn.config import RunConfig
 from hpcgnn.data import (
     Graph,
@@ -39,7 +39,7 @@ from hpcgnn.data import (
     open_typed,
     prepare,
 )
-from hpcgnn.env import RankEnv, available_memory
+from hpcgnn.env import RankEnv
 from hpcgnn.errors import ConfigError
 from hpcgnn.io import write_npy
 from hpcgnn.models import uses_edges
@@ -351,8 +351,6 @@ class PartitionedStore(Store):
                                f"{num_parts}-part partition: use fewer parts, or graph.balance_train=true with "
                                "graph.method=metis")
         self.seeds_per_rank = most
-        if (link_eval_mode(cfg) if self.link is not None else t.eval_mode) == "full":
-            self._check_exact_inference_memory(env)
         self.steps = math.ceil(self.seeds_per_rank / t.batch_size)
         self.row_cost: Tensor | None = None
         if t.edge_budget:  # as many steps as the rank with the costliest seeds needs, on every rank
@@ -377,28 +375,6 @@ class PartitionedStore(Store):
             off, cached = self.schema.offsets(), self.cache.cache_ids
             log.info("rank %d: cached rows by node type: %s", env.rank,
                      {t: int(((cached >= off[t]) & (cached < off[t] + n)).sum()) for t, n in self.schema.num_nodes.items()})
-
-    def _check_exact_inference_memory(self, env: RankEnv) -> None:
-        """train.eval_mode=full: fail now, together, when a rank's layer tables would not fit in its share of
-        the node's memory (not at the first evaluation, after an epoch of training)."""
-        from hpcgnn.techniques import exact_inference_bytes
-
-        p, m = self.parts, self.cfg.model
-        edges = sum(c.numel() for c in p.typed.col.values()) if p.typed is not None else p.col.numel()
-        need = exact_inference_bytes(p.nodes.numel(), p.halo_bound, edges,
-                                     (p.num_features, m.hidden_channels, p.num_classes), 8 if p.typed else 4)
-        room = available_memory() // env.local_world_size
-        worst_need, worst_room = dist.all_reduce_max(torch.tensor([need, -room])).tolist()
-        if worst_need > -worst_room:
-            raise ConfigError(
-                f"train.eval_mode=full on this partitioned graph needs about {cache.human_bytes(worst_need)} on a "
-                f"rank (its nodes and its halo, x {max(p.num_features, m.hidden_channels)} floats, twice: a "
-                f"layer's input and output), but a rank has {cache.human_bytes(-worst_room)} "
-                f"({env.local_world_size} rank(s) share a node's available memory). HINT: train.eval_mode=sampled, "
-                "or more nodes for the job (cluster.nodes, with graph.num_parts a multiple of the ranks), or a "
-                "smaller model.hidden_channels")
-        log.info("rank %d: exact evaluation will hold about %s (%s available to the rank)", env.rank,
-                 cache.human_bytes(need), cache.human_bytes(room))
 
     def train_seeds(self, epoch: int) -> Tensor:
         """The rank's own training seeds (nodes; link: ids of its edges), shuffled and padded (wrapping) to

@@ -8,6 +8,7 @@ Each is a ``train.*`` option; the trainer calls these helpers and records what t
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import threading
 import time
@@ -18,6 +19,10 @@ import torch
 from torch import Tensor
 
 from hpcgnn import dist
+from hpcgnn.env import available_memory
+from hpcgnn.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 # --------------------------------------------------------------------------- LR and its schedule
 
@@ -241,6 +246,28 @@ def exact_inference_bytes(own: int, halo: int, edges: int, widths, edge_bytes: i
     return 2 * (own + halo) * width * 4 + edges * edge_bytes + 4 * min(FETCH_ROWS, halo) * width * 4
 
 
+def check_exact_inference_memory(parts, model_cfg, env) -> None:
+    """train.eval_mode=full on a partitioned graph: fail at start, together, when a rank's layer tables would not
+    fit in its share of the node's memory (not at the first evaluation, after an epoch of training)."""
+    from hpcgnn.data.cache import human_bytes
+
+    p, m = parts, model_cfg
+    edges = sum(c.numel() for c in p.typed.col.values()) if p.typed is not None else p.col.numel()
+    need = exact_inference_bytes(p.nodes.numel(), p.halo_bound, edges, (p.num_features, m.hidden_channels,
+                                                                       p.num_classes), 8 if p.typed else 4)
+    room = available_memory() // env.local_world_size
+    worst_need, worst_room = dist.all_reduce_max(torch.tensor([need, -room])).tolist()
+    if worst_need > -worst_room:
+        raise ConfigError(
+            f"train.eval_mode=full on this partitioned graph needs about {human_bytes(worst_need)} on a rank (its "
+            f"nodes and its halo, x {max(p.num_features, m.hidden_channels)} floats, twice: a layer's input and "
+            f"output), but a rank has {human_bytes(-worst_room)} ({env.local_world_size} rank(s) share a node's "
+            "available memory). HINT: train.eval_mode=sampled, or more nodes for the job (cluster.nodes, with "
+            "graph.num_parts a multiple of the ranks), or a smaller model.hidden_channels")
+    log.info("rank %d: exact evaluation will hold about %s (%s available to the rank)", env.rank, human_bytes(need),
+             human_bytes(room))
+
+
 @torch.no_grad()
 def partitioned_layerwise_inference(model: torch.nn.Module, store, device: torch.device, chunk_size: int,
                                     transform_for=None) -> Tensor:
@@ -271,7 +298,7 @@ def partitioned_layerwise_inference(model: torch.nn.Module, store, device: torch
     fill(table)
     for i in range(model.num_layers):
         last = i == model.num_layers - 1
-        table = _into_table(0, own, 0 if last else halo.numel(), chunk_size,
+        table = _into_table(own, 0 if last else halo.numel(), chunk_size,
                             lambda a, b, x=table, i=i: _layer(model, i, x, graph, a, b, device, transform))
         if not last:
             fill(table)
@@ -317,15 +344,15 @@ def _halo_filler(ex, view, own: int, halo: Tensor, row_of):
     return fill
 
 
-def _into_table(lo: int, hi: int, extra: int, chunk_size: int, fn) -> Tensor:
-    """``fn(a, b)`` over ``lo .. hi`` in chunks, written into one table with ``extra`` rows left after them
+def _into_table(n: int, extra: int, chunk_size: int, fn) -> Tensor:
+    """``fn(a, b)`` over rows ``0 .. n`` in chunks, written into one table with ``extra`` rows left after them
     (for the halo), allocated at the first chunk's width."""
     table = None
-    for a in range(lo, max(hi, lo + 1), chunk_size):  # (one empty chunk gives the width when there are no rows)
-        out = fn(a, min(a + chunk_size, hi))
+    for a in range(0, max(n, 1), chunk_size):  # (one empty chunk gives the width when there are no rows)
+        out = fn(a, min(a + chunk_size, n))
         if table is None:
-            table = out.new_empty((hi - lo + extra, *out.shape[1:]))
-        table[a - lo:a - lo + out.size(0)] = out
+            table = out.new_empty((n + extra, *out.shape[1:]))
+        table[a:a + out.size(0)] = out
     return table
 
 
@@ -351,10 +378,7 @@ def partitioned_typed_layerwise_inference(model: torch.nn.Module, store, device:
     parts, view, ex = store.parts, store.view, store.exchange
     typed, off = parts.typed, parts.typed.schema.offsets()
     types = list(typed.schema.node_types)
-    own = {}  # global ids of the owned nodes of each type, in typed-row order
-    for t in types:
-        ids = parts.nodes[(parts.nodes >= off[t]) & (parts.nodes < off[t] + typed.schema.num_nodes[t])]
-        own[t] = ids[torch.argsort(parts.typed_rows(t, ids))]
+    own = {t: parts.own_of_type(t) for t in types}
     if isinstance(model, TypedMLP):
         x = parts.x.index_select(0, view.row(own[model.target]))
         return _chunked(0, x.size(0), chunk_size, lambda a, b: model.mlp(x[a:b].float().to(device)).float().cpu())
@@ -380,7 +404,7 @@ def partitioned_typed_layerwise_inference(model: torch.nn.Module, store, device:
     for i in range(model.num_layers):
         computes, wanted = model.layer_types(i), reads(i + 1)
         here = {t: x[t].to(device) for t in types if t in reads(i) or t in computes}
-        x = {t: _into_table(0, own[t].numel(), halo[t].numel() if t in wanted else 0, chunk_size,
+        x = {t: _into_table(own[t].numel(), halo[t].numel() if t in wanted else 0, chunk_size,
                             lambda a, b, t=t, i=i, here=here: model.inference_per_layer(i, t, here, graph, a, b)
                             .float().cpu()) for t in computes}
         del here

@@ -79,9 +79,7 @@ def exact_inference_worker(rank: int, world: int, port: int, cfg, folder: str, m
             out[name] = {"logits": logits, "acc": task.evaluate(model)}
         out["nodes"] = parts.nodes
         if store.typed:
-            off, n = g.offsets()[g.target], g.num_nodes[g.target]
-            mine = parts.nodes[(parts.nodes >= off) & (parts.nodes < off + n)]
-            out["nodes"] = mine[torch.argsort(parts.typed_rows(g.target, mine))] - off
+            out["nodes"] = parts.own_of_type(g.target) - g.offsets()[g.target]
     torch.save(out, f"{folder}/rank{rank}.pt")
 
 

@@ -462,10 +462,8 @@ def test_halo_bound_is_the_halo_of_one_part_and_nothing_for_all_parts():
 def test_exact_evaluation_that_cannot_fit_is_refused_before_training(monkeypatch):
     """The layer tables of train.eval_mode=full are sized at start, against the rank's share of the node's
     memory: refused with the fix named, instead of killed at the first evaluation."""
-    from types import SimpleNamespace
-
-    from hpcgnn import stores
-    from hpcgnn.techniques import exact_inference_bytes
+    from hpcgnn import techniques
+    from hpcgnn.techniques import check_exact_inference_memory, exact_inference_bytes
 
     ensure_parts(SMALL, METIS, 2)
     p = open_parts(SMALL, METIS, 2, [0])
@@ -473,14 +471,13 @@ def test_exact_evaluation_that_cannot_fit_is_refused_before_training(monkeypatch
     need = exact_inference_bytes(p.nodes.numel(), p.halo_bound, p.col.numel(), (p.num_features, 64, p.num_classes))
     assert need >= 2 * (p.nodes.numel() + p.halo_bound) * 64 * 4
     env = local_rank_env(0, 2, 29500)
-    store = SimpleNamespace(parts=p, cfg=cfg)
-    monkeypatch.setattr(stores, "available_memory", lambda: 2 * need)  # a rank's share: need
-    stores.PartitionedStore._check_exact_inference_memory(store, env)
-    monkeypatch.setattr(stores, "available_memory", lambda: 2 * need - 2)
+    monkeypatch.setattr(techniques, "available_memory", lambda: 2 * need)  # a rank's share: need
+    check_exact_inference_memory(p, cfg.model, env)
+    monkeypatch.setattr(techniques, "available_memory", lambda: 2 * need - 2)
     with pytest.raises(ConfigError, match=r"train.eval_mode=full on this partitioned graph needs about .* on a rank "
                                           r".*x 64 floats.*\(2 rank\(s\) share a node's available memory\)\. "
                                           r"HINT: train.eval_mode=sampled, or more nodes"):
-        stores.PartitionedStore._check_exact_inference_memory(store, env)
+        check_exact_inference_memory(p, cfg.model, env)
 
 
 @pytest.mark.slow

@@ -529,6 +529,12 @@ class Parts:
     def num_features(self) -> int:
         return self.x.size(1)
 
+    def own_of_type(self, node_type: str) -> Tensor:
+        """Global ids of the owned nodes of ``node_type`` (a typed graph), in the order of their typed rows."""
+        off, n = self.typed.schema.offsets()[node_type], self.typed.schema.num_nodes[node_type]
+        ids = self.nodes[(self.nodes >= off) & (self.nodes < off + n)]
+        return ids[torch.argsort(self.typed_rows(node_type, ids))]
+
     def typed_rows(self, node_type: str, ids: Tensor) -> Tensor:
         """Rows of owned nodes (global ``ids``) of ``node_type`` in its relations' CSRs here (a typed graph)."""
         return self.typed.type_base[node_type].index_select(0, self.node_part.index_select(0, ids).long()) + \
@@ -592,16 +598,15 @@ def open_parts(dataset: DatasetConfig, graph_cfg: GraphConfig, num_parts: int, o
     if typed_meta is not None:
         typed = _typed_parts(typed_meta, meta["report"]["nodes_by_type"], per_part, owned, num_parts)
 
-    own = int(sum(per_part[i]["nodes"].numel() for i in owned))
-    halos = meta.get("report", {}).get("halo_nodes")  # (each part's: their sum counts the rank's other parts too)
-    halo_bound = min(int(meta["num_nodes"]) - own, sum(halos[i] for i in owned) if halos else int(meta["num_nodes"]))
+    nodes, num_nodes = cat("nodes"), int(meta["num_nodes"])
+    halos = meta["report"]["halo_nodes"]  # (each part's: their sum counts the rank's other parts too)
     return Parts(num_parts=num_parts, owned_parts=tuple(owned), node_part=load("node_part.npy"),
-                 node_local=load("node_local.npy"), degree=load("degree.npy"), nodes=cat("nodes"), rowptr=rowptr, col=cat("col"),
+                 node_local=load("node_local.npy"), degree=load("degree.npy"), nodes=nodes, rowptr=rowptr, col=cat("col"),
                  x=cat("x"), y=cat("y"), train_idx=cat("train_idx"), val_idx=cat("val_idx"),
                  test_idx=cat("test_idx"), part_offset=offset,
-                 num_classes=int(meta["num_classes"]), num_nodes=int(meta["num_nodes"]),
+                 num_classes=int(meta["num_classes"]), num_nodes=num_nodes,
                  train_pos=cat("train_pos", 1) if "train_pos" in edge_arrays else None, typed=typed,
-                 halo_bound=halo_bound)
+                 halo_bound=min(num_nodes - nodes.numel(), sum(halos[i] for i in owned)))
 
 
 def concat_rowptr(rowptrs: list[Tensor]) -> Tensor:
