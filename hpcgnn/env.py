@@ -84,6 +84,7 @@ VARIABLES: dict[str, str] = {
     "torchrun_id": "TORCHELASTIC_RUN_ID",  # torchrun's run id ("none" unless --rdzv-id)
     "master_addr": "MASTER_ADDR",
     "master_port": "MASTER_PORT",
+    "cpu_flags": "HPCGNN_CPU_FLAGS",  # the CPU flags to decide by instead of /proc/cpuinfo's (tests: the other CPU kind)
 }
 # Job names of shells a user types in (Lightning's rule, with the common shells).
 INTERACTIVE_JOB_NAMES = ("bash", "sh", "zsh", "fish", "tcsh", "csh", "ksh", "interactive")
@@ -182,8 +183,18 @@ def available_memory() -> int:
     return min(limits) if limits else 2**62
 
 
-def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> frozenset[str]:
-    """The CPU's feature flags as Linux lists them (``amx_bf16``, ``avx512_bf16``, ...); empty elsewhere."""
+def cpu_flags(cpuinfo: str = "/proc/cpuinfo", environ: Mapping[str, str] | None = None) -> frozenset[str]:
+    """The CPU's feature flags as Linux lists them (``amx_bf16``, ``avx512_bf16``, ...); empty elsewhere.
+
+    ``HPCGNN_CPU_FLAGS`` (space-separated flags), when set, replaces them: what hpcgnn decides from the CPU
+    (``train.precision=auto``) is then decided as on a CPU with those flags, e.g. ``HPCGNN_CPU_FLAGS=avx2``
+    for an AVX2-only CPU (fp32) or ``HPCGNN_CPU_FLAGS="avx2 avx512_bf16"`` for one that computes bf16. The
+    test suite runs the tests that compare computation paths both ways through it. The kernels torch picks
+    do not change: only hpcgnn's own decisions do.
+    """
+    override = read("cpu_flags", environ)
+    if override is not None:
+        return frozenset(override.split())
     try:
         with open(cpuinfo) as f:
             for line in f:

@@ -29,6 +29,25 @@ def _remove_data_root():
     shutil.rmtree(DATA_ROOT, ignore_errors=True)
 
 
+# The two kinds of CPU users have, as HPCGNN_CPU_FLAGS (hpcgnn.env.cpu_flags) makes hpcgnn see them: what
+# train.precision=auto picks on each. The tests that compare computation paths take the `cpu_kind` fixture and
+# run both ways on whichever machine runs the suite.
+CPU_KINDS = {"avx2": ("fpu sse avx avx2 fma", "fp32"),
+             "avx512_bf16": ("fpu sse avx avx2 fma avx512f avx512bw avx512_bf16", "bf16")}
+
+
+@pytest.fixture(params=sorted(CPU_KINDS))
+def cpu_kind(request, monkeypatch) -> str:
+    """Run the test as if on each kind of CPU (processes it starts inherit it); the precision auto picks there."""
+    flags, precision = CPU_KINDS[request.param]
+    monkeypatch.setenv("HPCGNN_CPU_FLAGS", flags)
+    return precision
+
+
+# Unit roundoff of each precision's compute type (half an ulp at 1.0): fp32 2^-24, bf16 2^-8 (8 significant bits).
+UNIT_ROUNDOFF = {"fp32": 2.0**-24, "bf16": 2.0**-8}
+
+
 def make_config(*overrides: str, run_dir: str = "/tmp/hpcgnn-test-run") -> RunConfig:
     """Compose the packaged configs with ``overrides``, on the path every hpcgnn command takes."""
     return compose([*overrides, f"run_dir={run_dir}"]).cfg

@@ -399,7 +399,7 @@ def test_partition_cli_partitions_then_reuses(tmp_path):
 
 
 @pytest.mark.slow
-def test_partitioned_training_matches_replicated_accuracy(tmp_path):
+def test_partitioned_training_matches_replicated_accuracy(tmp_path, cpu_kind):
     """K=2 METIS parts (made by the launcher, or reused), within 1 point of the same job on a replicated graph."""
     runs = {}
     for mode in ("replicated", "partitioned"):
@@ -409,6 +409,7 @@ def test_partitioned_training_matches_replicated_accuracy(tmp_path):
         runs[mode] = summary_of(tmp_path / mode)
     part, rep = runs["partitioned"], runs["replicated"]
     assert part["graph_mode"] == "partitioned" and rep["graph_mode"] == "replicated"
+    assert part["precision"] == rep["precision"] == cpu_kind  # (the ranks inherit the CPU kind)
     assert abs(part["test_acc"] - rep["test_acc"]) <= 0.01, (part["test_acc"], rep["test_acc"])
     assert len(set(part["param_checksums"])) == 1
     last = part["history"][-1]

@@ -140,6 +140,16 @@ def test_precision_auto_is_bf16_where_the_cpu_computes_it(tmp_path):
     assert resolve_precision("fp32", cpu, cpu_flags(str(sapphire))) == ("fp32", "train.precision")
     here = cpu_flags()
     assert resolve_precision("auto", cpu)[0] == ("bf16" if {"amx_bf16", "avx512_bf16"} & here else "fp32")
+    # HPCGNN_CPU_FLAGS stands in for the CPU's flags (the suite runs as if on the other kind of CPU through it)
+    assert cpu_flags(str(sapphire), {"HPCGNN_CPU_FLAGS": "avx2 fma"}) == {"avx2", "fma"}
+    assert cpu_flags(str(older), {"HPCGNN_CPU_FLAGS": "avx2 avx512_bf16"}) == {"avx2", "avx512_bf16"}
+
+
+def test_the_cpu_kind_fixture_decides_auto_as_on_that_cpu(cpu_kind):
+    """`cpu_kind` (conftest) makes this process and its children decide as on each kind of CPU."""
+    from hpcgnn.techniques import resolve_precision
+
+    assert resolve_precision("auto", torch.device("cpu"))[0] == cpu_kind
 
 
 @pytest.mark.parametrize("name", ["sage", "gcn", "gin", "gat", "mlp"])

@@ -169,7 +169,7 @@ def test_preempted_run_resumes_bitwise_identically(tmp_path, graph, whole_run):
 
 
 @pytest.mark.parametrize("sampler", ["saint_rw", "cluster"])
-def test_preempted_rank_resumes_bitwise_with_samplers_that_hold_state(tmp_path, sampler):
+def test_preempted_rank_resumes_bitwise_with_samplers_that_hold_state(tmp_path, sampler, cpu_kind):
     """GraphSAINT's counted inclusion probabilities and Cluster-GCN's clusters come back the same after
     a resume: one rank in this process (the trainer itself), preempted mid-epoch, resumed, compared."""
     from hpcgnn.checkpoint import Preempted
@@ -183,7 +183,7 @@ def test_preempted_rank_resumes_bitwise_with_samplers_that_hold_state(tmp_path, 
     with pytest.raises(Preempted, match="preempted: checkpoint of step 7 saved in"):
         Trainer(cut, single, cpu).train()
     again = Trainer(cut, single, cpu).train()
-    assert again["resumes"] == 1 and whole["resumes"] == 0
+    assert again["resumes"] == 1 and whole["resumes"] == 0 and again["precision"] == cpu_kind
     assert again["param_checksums"] == whole["param_checksums"]
     assert [r["loss"] for r in again["history"]] == [r["loss"] for r in whole["history"]]
 

@@ -334,7 +334,7 @@ def test_partitioned_typed_training_is_within_a_point_of_replicated(typed_runs):
 
 
 @pytest.mark.slow
-def test_typed_training_resumes_bitwise(tmp_path):
+def test_typed_training_resumes_bitwise(tmp_path, cpu_kind):
     """One rank in this process, GraphSAGE through to_hetero, preempted mid-epoch and resumed."""
     from conftest import DATA_ROOT, make_config
 
@@ -352,6 +352,7 @@ def test_typed_training_resumes_bitwise(tmp_path):
         Trainer(cut, single, cpu).train()
     again = Trainer(cut, single, cpu).train()
     assert again["resumes"] == 1 and again["param_checksums"] == whole["param_checksums"]
+    assert again["precision"] == cpu_kind
 
 
 @pytest.mark.slow
