@@ -17,7 +17,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-from hpcgnn.errors import EXIT_USER_ERROR, UserError, describe
+from hpcgnn.errors import UserError, report
 
 # subcommand -> module whose main(argv) -> exit code runs it
 SUBCOMMANDS = {
@@ -46,8 +46,7 @@ def main(argv: list[str] | None = None) -> int:
                             f"and the subcommands {', '.join(SUBCOMMANDS)}")
         return train(overrides, multirun="multirun" in flags, print_config="cfg" in flags)
     except UserError as exc:
-        print(describe(exc), file=sys.stderr, flush=True)
-        return EXIT_USER_ERROR
+        return report(exc)
 
 
 def train(overrides: list[str], multirun: bool = False, print_config: bool = False) -> int:

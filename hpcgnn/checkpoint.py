@@ -20,11 +20,14 @@ save, and all stop together after a preemption save.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
+import os
 import shutil
 import signal
 import time
+import uuid
 from pathlib import Path
 
 import torch
@@ -70,11 +73,77 @@ def _barrier() -> None:
     dist.all_reduce_sum(torch.zeros(1))
 
 
+# Settings a resumed run may hold at other values than its checkpoint's. FREE: they touch no state the checkpoint
+# holds (dataset.*: its graph is the fingerprint's; the rest: evaluation, logging, launching, performance).
+# APPLIED: they change training from the resumed step on; Trainer.resume applies each for real (the optimizer's
+# learning rate and weight decay are set; the rest is built from the config anyway) and the summary's
+# resume_changes names them with the step. Any other setting that differs is refused: the checkpoint cannot
+# honour it (the model's shape, the batches' making, the partition).
+RESUME_FREE = ("run_dir", "launch.", "metrics.", "debug.", "checkpoint.", "dist.", "cluster", "dataset.",
+               "train.eval_", "train.num_threads", "train.keep_freed_memory", "train.prefetch", "train.device",
+               "train.graph_on", "task.hits_k", "graph.cache_", "graph.warmup_batches", "graph.partition_mem_gb",
+               "model.aggregation")
+RESUME_APPLIED = ("train.lr", "train.weight_decay", "train.lr_scaling", "train.lr_schedule", "train.warmup",
+                  "train.epochs", "train.precision", "train.nonfinite", "train.grad_compression",
+                  "train.powersgd_rank", "model.dropout")
+SET_ASIDE = "previous"  # checkpoints/previous/<run id>/step-*: other runs' checkpoints, moved here, never deleted
+
+
+def flat_config(cfg: RunConfig) -> dict:
+    """The config as ``{"train.lr": 0.003, ...}``, JSON's types (what a manifest records and is compared with)."""
+    def walk(obj, prefix: str) -> dict:
+        if isinstance(obj, dict) and obj and prefix not in ("train.relation_fanouts", "cluster.sbatch_extra"):
+            return {k: v for key, value in obj.items() for k, v in walk(value, f"{prefix}.{key}" if prefix else key).items()}
+        return {prefix: obj}
+    return json.loads(json.dumps(walk(dataclasses.asdict(cfg), "")))
+
+
+def resume_changes(saved: dict, now: dict) -> tuple[list[dict], list[dict]]:
+    """The settings that differ between a checkpoint's config and this job's: (applied, refused), each
+    ``{"setting", "checkpoint", "now"}`` (see RESUME_FREE, RESUME_APPLIED)."""
+    applied, refused = [], []
+    for key in sorted(set(saved) | set(now)):
+        a, b = saved.get(key), now.get(key)
+        if a == b or key.startswith(RESUME_FREE):
+            continue
+        (applied if key in RESUME_APPLIED else refused).append({"setting": key, "checkpoint": a, "now": b})
+    return applied, refused
+
+
+def _manifest(folder: Path) -> dict | None:
+    try:
+        return json.loads((folder / "MANIFEST.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _run_id(manifest: dict | None) -> str:
+    """The run that wrote a checkpoint (one written before runs were recorded: "unrecorded")."""
+    return ((manifest or {}).get("run") or {}).get("id", "unrecorded")
+
+
 class Checkpointer:
+    """The checkpoints of one run in ``<run_dir>/checkpoints``.
+
+    A run is one training from its first step on, across its resumes; its identity (an id minted when it
+    starts from nothing, the job that started it) is in every manifest. :meth:`start` decides, before the
+    first step, which checkpoint the run continues from, if any, and moves every other run's checkpoints to
+    ``checkpoints/previous/<run id>/`` (named, never deleted), so ``checkpoints/`` holds one run's and rotation
+    (``checkpoint.keep``) counts and removes only them; resume never picks another run's checkpoint.
+
+    - ``checkpoint.resume=true``: continue the newest run in the folder from its newest intact checkpoint,
+      when its fingerprint and settings fit this job (else :class:`CheckpointError`, naming what differs).
+    - ``checkpoint.resume=false``: start over; a SLURM job requeued after a preemption still continues the
+      checkpoints that this same job wrote (same job id), and nothing else.
+    """
+
     def __init__(self, cfg: RunConfig, env: RankEnv):
         self.cfg, self.env = cfg, env
         self.folder = Path(cfg.run_dir) / "checkpoints"
         self.fingerprint = fingerprint(cfg, env)
+        self.config = flat_config(cfg)
+        self.run: dict | None = None  # this run's identity: {"id", "job_id", "started"} (start() decides)
+        self.changes: list[dict] = []  # settings changed since the checkpoint resumed from, to apply
         self._last = time.monotonic()
 
     # ----------------------------------------------------------- when
@@ -85,10 +154,73 @@ class Checkpointer:
             return True
         return bool(c.every_minutes) and time.monotonic() - self._last >= 60 * c.every_minutes
 
+    # ----------------------------------------------------------- which run
+
+    def start(self) -> Path | None:
+        """Collective, before the first step: the checkpoint this run continues from (None: a new run, with a
+        new id), the same on every rank; other runs' checkpoints are then moved aside (rank 0)."""
+        folder = self._pick()
+        _barrier()  # every rank has read the folder before rank 0 moves anything
+        if folder is not None:
+            manifest = _manifest(folder) or {}
+            self.run = manifest.get("run") or {"id": "unrecorded", "job_id": "", "started": manifest.get("time", 0.0)}
+        else:
+            new = {"id": uuid.uuid4().hex[:12], "job_id": self.env.job_id, "started": time.time()}
+            self.run = dist.all_gather_object(new)[0]  # rank 0's
+        if self.env.is_main:
+            self._set_aside_others()
+        _barrier()
+        return folder
+
+    def _pick(self) -> Path | None:
+        """The newest intact checkpoint of the newest run this job may continue (see the class), or None."""
+        runs: dict[str, list[tuple[Path, dict | None]]] = {}
+        for folder in sorted(self.folder.glob("step-*")):
+            manifest = _manifest(folder)
+            runs.setdefault(_run_id(manifest), []).append((folder, manifest))
+        if not self.cfg.checkpoint.resume:  # only a requeued job's own
+            mine = self.env.job_id if self.env.source in ("slurm", "submitit_local") else ""
+            runs = {r: c for r, c in runs.items() if mine and all(((m or {}).get("run") or {}).get("job_id") == mine
+                                                                  for _, m in c if m is not None)}
+        newest = sorted(runs.values(), key=lambda c: max((m or {}).get("time", 0.0) for _, m in c), reverse=True)
+        for candidates in newest:
+            for folder, _ in reversed(candidates):  # newest step first
+                problem = self._verify(folder)
+                if problem is None:
+                    self._check_fits(folder)
+                    return folder
+                log.warning("checkpoint %s skipped: %s; trying the previous one", folder, problem)
+                if self.env.is_main:
+                    print(f"hpcgnn: WARNING: checkpoint {folder} skipped: {problem}", flush=True)
+        return None
+
+    def _set_aside_others(self) -> None:
+        """Move every checkpoint of another run to ``previous/<run id>/``, saying where."""
+        moved: dict[str, list[str]] = {}
+        for folder in sorted(self.folder.glob("step-*")):
+            run = _run_id(_manifest(folder))
+            if run != self.run["id"]:
+                self._set_aside(folder, run)
+                moved.setdefault(run, []).append(folder.name)
+        for run, names in moved.items():
+            why = "checkpoint.resume=false" if not self.cfg.checkpoint.resume else "a new run starts here"
+            print(f"hpcgnn: {why}: {len(names)} checkpoint(s) of run {run} ({', '.join(names)}) moved to "
+                  f"{self.folder / SET_ASIDE / run}", flush=True)
+
+    def _set_aside(self, folder: Path, run: str) -> None:
+        target = self.folder / SET_ASIDE / run / folder.name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        n = 1
+        while target.exists():  # (the same step set aside twice: keep both)
+            target, n = target.with_name(f"{folder.name}.{n}"), n + 1
+        os.rename(folder, target)
+
     # ----------------------------------------------------------- save
 
     def save(self, global_step: int, common: dict, rank_state: dict) -> Path:
         """Collective: every rank writes its file; rank 0 the common state, the manifest, the rename."""
+        if self.run is None:
+            raise RuntimeError("Checkpointer.save before start(): the run's identity is not decided")
         folder = AtomicFolder(self.folder / f"step-{global_step:09d}", replace=True,
                               tmp_name=f".step-{global_step:09d}.tmp")
         if self.env.is_main:
@@ -100,10 +232,14 @@ class Checkpointer:
         _barrier()  # every rank's file is on disk
         if self.env.is_main:
             files = sorted(p.name for p in folder.tmp.iterdir() if p.suffix == ".pt")
-            manifest = {"format_version": FORMAT_VERSION, "step": global_step, "time": time.time(),
-                        "fingerprint": self.fingerprint, "files": {n: sha256_file(folder.tmp / n) for n in files}}
+            manifest = {"format_version": FORMAT_VERSION, "step": global_step, "time": time.time(), "run": self.run,
+                        "fingerprint": self.fingerprint, "config": self.config,
+                        "files": {n: sha256_file(folder.tmp / n) for n in files}}
             with open(folder.tmp / "MANIFEST.json", "w") as f:
                 json.dump(manifest, f, indent=2)
+            other = _run_id(_manifest(folder.final)) if folder.final.exists() else self.run["id"]
+            if other != self.run["id"]:  # another run wrote into this folder meanwhile: keep its checkpoint
+                self._set_aside(folder.final, other)
             folder.commit()
             self._prune()
         _barrier()  # nobody moves on (or exits) before the checkpoint is in place
@@ -111,8 +247,9 @@ class Checkpointer:
         return folder.final
 
     def _prune(self) -> None:
-        steps = sorted(self.folder.glob("step-*"))
-        for old in steps[: max(0, len(steps) - self.cfg.checkpoint.keep)]:
+        """Keep this run's newest ``checkpoint.keep`` checkpoints; another run's are never touched."""
+        mine = [f for f in sorted(self.folder.glob("step-*")) if _run_id(_manifest(f)) == self.run["id"]]
+        for old in mine[: max(0, len(mine) - self.cfg.checkpoint.keep)]:
             shutil.rmtree(old, ignore_errors=True)
 
     # ----------------------------------------------------------- load
@@ -135,32 +272,29 @@ class Checkpointer:
                 return f"{name} is corrupt or truncated (sha256 differs from MANIFEST.json)"
         return None
 
-    def _check_fingerprint(self, folder: Path) -> None:
+    def _check_fits(self, folder: Path) -> None:
+        """The checkpoint can continue this job: same format, fingerprint and settings, but for those a resume
+        may change (they are kept in ``changes``, to apply). Raises CheckpointError naming what differs."""
         manifest = json.loads((folder / "MANIFEST.json").read_text())
+        start_over = (f"HINT: to start over instead, use a new output folder (hydra.run.dir=...) or "
+                      f"checkpoint.resume=false (the checkpoints there are moved to {self.folder / SET_ASIDE}/)")
         if manifest.get("format_version") != FORMAT_VERSION:
             raise CheckpointError(f"the checkpoint {folder} has format {manifest.get('format_version')}, this hpcgnn "
-                                  f"resumes format {FORMAT_VERSION}. HINT: use a new output folder (hydra.run.dir=...), "
-                                  "or checkpoint.resume=false to start over")
+                                  f"resumes format {FORMAT_VERSION}. {start_over}")
         theirs = manifest["fingerprint"]
         diff = {k: (theirs.get(k), v) for k, v in self.fingerprint.items() if theirs.get(k) != v}
         if diff:
             listing = ", ".join(f"{k}: checkpoint {a!r}, job {b!r}" for k, (a, b) in diff.items())
-            raise CheckpointError(f"the checkpoint {folder} belongs to another job ({listing}). HINT: use a new "
-                                  "output folder (hydra.run.dir=...), or checkpoint.resume=false to start over")
-
-    def latest(self) -> Path | None:
-        """The newest intact checkpoint of this run (same on every rank), or None."""
-        if not self.cfg.checkpoint.resume:
-            return None
-        for folder in sorted(self.folder.glob("step-*"), reverse=True):
-            problem = self._verify(folder)
-            if problem is None:
-                self._check_fingerprint(folder)
-                return folder
-            log.warning("checkpoint %s skipped: %s; trying the previous one", folder, problem)
-            if self.env.is_main:
-                print(f"hpcgnn: WARNING: checkpoint {folder} skipped: {problem}", flush=True)
-        return None
+            raise CheckpointError(f"the checkpoint {folder} belongs to another job ({listing}). {start_over}")
+        if "config" not in manifest:
+            log.warning("checkpoint %s records no settings (written by an older hpcgnn): settings changed since are "
+                        "not checked", folder)
+            return
+        self.changes, refused = resume_changes(manifest["config"], self.config)
+        if refused:
+            listing = "; ".join(f"{c['setting']}: checkpoint {c['checkpoint']!r}, now {c['now']!r}" for c in refused)
+            raise CheckpointError(f"the checkpoint {folder} was written with settings a resumed run cannot change "
+                                  f"({listing}). HINT: set them back to resume; {start_over.removeprefix('HINT: ')}")
 
     def load(self, folder: Path) -> tuple[dict, dict]:
         common = torch.load(folder / "common.pt", map_location="cpu", weights_only=True)

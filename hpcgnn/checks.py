@@ -77,10 +77,10 @@ def check_dataset_config(dataset) -> None:
 
 
 def check_fractions(fractions: tuple[float, ...]) -> None:
-    if len(fractions) != 3 or any(f < 0 for f in fractions) or abs(sum(fractions) - 1) > 1e-6 \
-            or fractions[1] <= 0 or fractions[2] <= 0:
-        raise ConfigError(f"dataset.edge_split={list(fractions)} must be three fractions (train, val, test) that sum "
-                          "to 1, with val and test above 0, e.g. dataset.edge_split=[0.85,0.05,0.1]")
+    if len(fractions) != 3 or any(not f > 0 for f in fractions) or abs(sum(fractions) - 1) > 1e-6:
+        raise ConfigError(f"dataset.edge_split={list(fractions)} must be three fractions (train, val, test) above 0 "
+                          "that sum to 1 (the training edges carry the messages and are the training positives), "
+                          "e.g. dataset.edge_split=[0.85,0.05,0.1]")
 
 
 def is_typed(dataset) -> bool:

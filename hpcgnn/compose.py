@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf.errors import OmegaConfBaseException
 
 from hpcgnn.config import RunConfig, check_override_keys, register_configs
 from hpcgnn.errors import ConfigError
@@ -50,7 +51,6 @@ def _compose_dict(overrides: list[str]) -> DictConfig:
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.utils import setup_globals
     from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
 
     register_configs()
     setup_globals()  # Hydra's ${now:...} resolver, which hydra.run.dir and hydra.sweep.dir use
@@ -59,9 +59,39 @@ def _compose_dict(overrides: list[str]) -> DictConfig:
         with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
             return hydra_compose(config_name=CONFIG_NAME, overrides=overrides, return_hydra_config=True)
     except (HydraException, OmegaConfBaseException) as exc:  # unknown group option, bad syntax, wrong type
-        raise ConfigError(str(exc).strip()) from None
+        raise ConfigError(hydra_message(exc)) from None
     finally:
         GlobalHydra.instance().clear()
+
+
+def hydra_message(exc: BaseException) -> str:
+    """Hydra's error with its cause (``Error merging override train.lr=abc``: why), without the schema
+    configs (``base_<group>``) in its lists of available options: they are not choices."""
+    text = str(exc).strip()
+    cause = exc.__cause__ or exc.__context__
+    if cause is not None and str(cause).strip() and str(cause).strip() not in text:
+        text += ": " + str(cause).strip().splitlines()[0]
+    return "\n".join(line for line in text.splitlines() if not line.strip().startswith(SCHEMA_PREFIX))
+
+
+SCHEMA_PREFIX = "base_"  # the schema of each config group (config.register_configs), stored beside its options
+
+
+def check_group_choices(dcfg: DictConfig) -> None:
+    """A group's schema (``model=base_model``) is not an option of the group: refuse it by name."""
+    choices = OmegaConf.select(dcfg, "hydra.runtime.choices") or {}
+    for group, choice in choices.items():
+        if isinstance(choice, str) and choice.startswith(SCHEMA_PREFIX) and not group.startswith("hydra"):
+            raise ConfigError(f"{group}={choice} is the schema of the {group} group, not one of its options. HINT: "
+                              f"use one of {', '.join(group_options(group))}")
+
+
+def group_options(group: str) -> list[str]:
+    """The options of a config group: its YAML files, packaged and in the user's config folder."""
+    from hpcgnn.env import user_config_dir
+
+    found = {p.stem for folder in (conf_dir(), user_config_dir()) for p in (folder / group).glob("*.yaml")}
+    return sorted(found)
 
 
 def compose(overrides: list[str] | tuple[str, ...] = (), job_num: int | None = None, sweep_dir: str | None = None,
@@ -77,6 +107,7 @@ def compose(overrides: list[str] | tuple[str, ...] = (), job_num: int | None = N
     if sweep_dir is not None:
         extra.append(f"hydra.sweep.dir={sweep_dir}")
     dcfg = _compose_dict(overrides + extra)
+    check_group_choices(dcfg)
     sweep_dir = None
     try:
         run_dir = dcfg.get("run_dir") or None
@@ -88,9 +119,7 @@ def compose(overrides: list[str] | tuple[str, ...] = (), job_num: int | None = N
             del dcfg["hydra"]
         dcfg.run_dir = run_dir
         cfg = RunConfig.from_dictconfig(dcfg)
-    except ConfigError:
-        raise
-    except Exception as exc:  # OmegaConf's interpolation and type errors, worded by OmegaConf
+    except OmegaConfBaseException as exc:  # OmegaConf's interpolation and type errors, worded by OmegaConf
         raise ConfigError(str(exc).strip()) from None
     if check_names:
         check_registered_names(cfg)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import math
 import typing
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional, Tuple
@@ -46,7 +47,7 @@ class DatasetConfig:
     path: Optional[str] = None  # files: folder with edge_index, x, y, train_idx, val_idx, test_idx (.npy/.pt), or typed: nodes/<type>/, edges/<src>__<name>__<dst>/
     to_undirected: bool = False  # add the reverse of every edge (customary for ogbn-arxiv)
     num_nodes: int = 100_000  # synthetic: nodes in the graph
-    num_classes: int = 8  # synthetic: label classes
+    num_classes: int = 8  # synthetic: label classes; files: the model's classes (0 = the labels', which must be 0..K-1, each in use)
     num_features: int = 32  # synthetic: feature dimensions
     avg_degree: float = 12.0  # synthetic: mean undirected degree
     degree_exponent: float = 0.0  # synthetic: 0 = moderate log-normal tail; >2 = power-law exponent (hubs)
@@ -119,6 +120,7 @@ class TrainConfig:
     device: str = "auto"  # auto (cuda:<local_rank> when CUDA is present, else cpu) | cpu | cuda
     graph_on: str = "auto"  # where a replicated rank samples: host | device (CSR, features, labels copied to its GPU once) | auto (device when on a GPU, sampler=neighbor, node task and the graph takes at most graph_on_fraction of the GPU's memory)
     graph_on_fraction: float = 0.5  # graph_on=auto: largest share of the GPU's memory the graph may take (shared by the ranks on that GPU)
+    nonfinite: str = "stop"  # a NaN/inf loss or gradient: stop (the run fails, naming the step and rank) | skip (that optimizer step is skipped and counted)
 
 
 @dataclass(frozen=True)
@@ -192,6 +194,8 @@ class DebugConfig:
     delay_s: float = 0.0
     signal_rank: int = -1  # this rank sends itself checkpoint.signal ...
     signal_step: int = 1  # ... just before this step (a preemption, in-process)
+    nan_rank: int = -1  # this rank's loss becomes NaN ...
+    nan_step: int = 1  # ... at this step (a diverging run)
 
 
 @dataclass(frozen=True)
@@ -227,19 +231,33 @@ class RunConfig:
     def validate(self) -> None:
         """Cross-field checks, each naming the setting to change."""
         t, m, d = self.train, self.model, self.dataset
+        for key, value in _numbers(self, ""):
+            if not math.isfinite(value):
+                raise ConfigError(f"{key}={value} is not a finite number: a run with it would train to NaN or stop "
+                                  f"at once. HINT: give {key} a finite value")
         _validate_graph(self.graph, self.world_size)
         if not t.fanouts or any(f < 1 for f in t.fanouts):
             raise ConfigError(f"train.fanouts={list(t.fanouts)} must be one or more positive integers, e.g. train.fanouts=[10,5]")
         for key, value in (("train.epochs", t.epochs), ("train.batch_size", t.batch_size),
                            ("train.eval_batch_size", t.eval_batch_size), ("train.eval_every", t.eval_every),
                            ("launch.procs", self.launch.procs), ("model.hidden_channels", m.hidden_channels),
-                           ("dataset.num_classes", d.num_classes), ("dataset.num_nodes", d.num_nodes)):
+                           ("dataset.num_nodes", d.num_nodes)):
             if value < 1:
                 raise ConfigError(f"{key}={value} must be at least 1")
+        if d.num_classes < (0 if d.name == "files" else 1):
+            raise ConfigError(f"dataset.num_classes={d.num_classes} must be at least 1"
+                              f"{' (or 0: the classes of the labels)' if d.name == 'files' else ''}")
         if t.prefetch < 0:
             raise ConfigError(f"train.prefetch={t.prefetch} must be 0 (off) or more batches")
         if t.lr <= 0:
             raise ConfigError(f"train.lr={t.lr} must be positive")
+        if t.weight_decay < 0:
+            raise ConfigError(f"train.weight_decay={t.weight_decay} must be 0 or more")
+        if t.nonfinite not in ("stop", "skip"):
+            raise ConfigError(f"train.nonfinite={t.nonfinite!r} is unknown: use stop or skip")
+        if t.precision == "fp16" and t.device == "cpu":
+            raise ConfigError("train.precision=fp16 needs a GPU, and train.device=cpu. HINT: train.precision=bf16 "
+                              "(or auto) on CPUs")
         if d.prepared_for != self.task.name:
             raise ConfigError(f"dataset.prepared_for={d.prepared_for} follows task.name={self.task.name}: leave it unset")
         if self.launch.mode not in ("auto", "submit", "local", "rank"):
@@ -310,6 +328,39 @@ class RunConfig:
                 raise ConfigError(f"{key}={value} must be in [0, 1]")
         if self.cluster is not None:
             _validate_cluster(self.cluster)
+        if d.name == "synthetic" and self.task.name == "node":
+            _check_synthetic_splits(d)
+
+
+def _numbers(obj: Any, prefix: str) -> list[tuple[str, float]]:
+    """Every float of a config (``train.lr``, ``dataset.edge_split[1]``, ...) with its key."""
+    if dataclasses.is_dataclass(obj):
+        return [kv for f in dataclasses.fields(obj)
+                for kv in _numbers(getattr(obj, f.name), f"{prefix}.{f.name}" if prefix else f.name)]
+    if isinstance(obj, dict):
+        return [kv for k, v in obj.items() for kv in _numbers(v, f"{prefix}.{k}")]
+    if isinstance(obj, (tuple, list)):
+        return [kv for i, v in enumerate(obj) for kv in _numbers(v, f"{prefix}[{i}]")]
+    if isinstance(obj, float):
+        return [(prefix, obj)]
+    return []
+
+
+def _check_synthetic_splits(d: DatasetConfig) -> None:
+    """The synthetic graph's node splits (``int(fraction x num_nodes)`` nodes each, the rest test) all hold a node."""
+    def fewest(n: int) -> int:
+        n_train, n_val = int(d.train_fraction * n), int(d.val_fraction * n)
+        return min(n_train, n_val if d.val_fraction > 0 else 1, n - n_train - n_val)
+
+    n_train, n_val = int(d.train_fraction * d.num_nodes), int(d.val_fraction * d.num_nodes)
+    if fewest(d.num_nodes) < 1:
+        need = d.num_nodes + 1
+        while fewest(need) < 1:
+            need += 1
+        raise ConfigError(f"dataset.num_nodes={d.num_nodes} leaves a split without nodes ({n_train} train, {n_val} "
+                          f"validation, {d.num_nodes - n_train - n_val} test with dataset.train_fraction="
+                          f"{d.train_fraction} and dataset.val_fraction={d.val_fraction}). HINT: "
+                          f"dataset.num_nodes={need} or more")
 
 
 SAMPLERS = ("neighbor", "ladies", "saint_node", "saint_edge", "saint_rw", "cluster")

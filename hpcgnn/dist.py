@@ -28,7 +28,7 @@ import torch.distributed as dist
 
 from hpcgnn.config import DistConfig, TrainConfig
 from hpcgnn.env import RankEnv
-from hpcgnn.errors import ConfigError
+from hpcgnn.errors import AllocationError, ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,8 @@ def pick_device(env: RankEnv, train: TrainConfig) -> torch.device:
     if not want_cuda:
         return torch.device("cpu")
     if not torch.cuda.is_available():
-        raise RuntimeError("train.device=cuda but torch sees no CUDA device: set train.device=auto or cpu")
+        raise AllocationError("train.device=cuda but torch sees no CUDA device here. HINT: ask the job for GPUs "
+                              "(cluster.gpus_per_node), or set train.device=auto (or cpu)")
     return torch.device("cuda", env.local_rank % torch.cuda.device_count())
 
 

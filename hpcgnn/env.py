@@ -84,6 +84,7 @@ VARIABLES: dict[str, str] = {
     "torchrun_id": "TORCHELASTIC_RUN_ID",  # torchrun's run id ("none" unless --rdzv-id)
     "master_addr": "MASTER_ADDR",
     "master_port": "MASTER_PORT",
+    "full_error": "HYDRA_FULL_ERROR",  # 1: print the traceback of a user error too (Hydra's own switch)
     "cpu_flags": "HPCGNN_CPU_FLAGS",  # the CPU flags to decide by instead of /proc/cpuinfo's (tests: the other CPU kind)
 }
 # Job names of shells a user types in (Lightning's rule, with the common shells).
@@ -136,6 +137,11 @@ def read_int(role: str, environ: Mapping[str, str] | None = None) -> int | None:
 def user_config_dir(environ: Mapping[str, str] | None = None) -> Path:
     """The user's config folder: $HPCGNN_CONFIG_DIR, default ~/.config/hpcgnn."""
     return Path(read("config_dir", environ) or Path.home() / ".config" / "hpcgnn").expanduser()
+
+
+def full_error(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether user errors come with their traceback (``HYDRA_FULL_ERROR=1``)."""
+    return read("full_error", environ) == "1"
 
 
 def restart_count(environ: Mapping[str, str] | None = None) -> int:

@@ -3,8 +3,9 @@
 Every error that the user must fix (a config value, the data, the allocation, a partition
 or checkpoint artifact) is a :class:`UserError`: the commands print it as
 ``hpcgnn: <kind>: <message>`` and exit with :data:`EXIT_USER_ERROR`, and its message names
-the fix (often after ``HINT:``). Anything else is a bug or a failure of the machine and
-keeps its traceback.
+the fix (often after ``HINT:``), with no traceback (``HYDRA_FULL_ERROR=1`` adds it), also when a
+rank met it: the launcher's last line is then the rank's. Anything else is a bug or a failure of
+the machine and keeps its traceback.
 
 Exit codes of ``python -m hpcgnn`` (and of ``hpcgnn``):
 
@@ -12,6 +13,7 @@ Exit codes of ``python -m hpcgnn`` (and of ``hpcgnn``):
     1  the run failed: a rank raised, the job was cancelled or killed
     2  a user error, caught before anything ran or on the compute node before the first step
     3  preempted outside submitit: the checkpoint is saved; the same command resumes
+    4  diverged: the loss or a gradient became NaN or infinite (``train.nonfinite=stop``)
 """
 
 from __future__ import annotations
@@ -20,12 +22,14 @@ EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USER_ERROR = 2
 EXIT_PREEMPTED = 3
+EXIT_DIVERGED = 4
 
 
 class UserError(Exception):
     """Something the user must change; the message says what. Exit code 2."""
 
     kind = "error"  # printed before the message: "hpcgnn: <kind>: ..."
+    exit_code = EXIT_USER_ERROR
 
 
 class ConfigError(UserError, ValueError):
@@ -58,6 +62,27 @@ class CheckpointError(UserError):
     kind = "checkpoint error"
 
 
+class Diverged(UserError):
+    """The loss or a gradient became NaN or infinite; the message names the step, the rank and the likely cause."""
+
+    kind = "diverged"
+    exit_code = EXIT_DIVERGED
+
+
 def describe(exc: UserError) -> str:
     """The one line (or paragraph) a command prints for a user error."""
     return f"hpcgnn: {exc.kind}: {exc}"
+
+
+def report(exc: UserError) -> int:
+    """Print a user error as every command does (its traceback first only under ``HYDRA_FULL_ERROR=1``);
+    returns the exit code to leave with."""
+    import sys
+    import traceback
+
+    from hpcgnn.env import full_error
+
+    if full_error():
+        traceback.print_exception(exc, file=sys.stderr)
+    print(describe(exc), file=sys.stderr, flush=True)
+    return exc.exit_code

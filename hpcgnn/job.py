@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import signal
 import socket
 import sys
@@ -25,38 +26,46 @@ from hpcgnn.checkpoint import Preempted
 from hpcgnn.config import RunConfig
 from hpcgnn.dist import pick_device, process_group
 from hpcgnn.env import RankEnv, check_allocation
-from hpcgnn.errors import EXIT_PREEMPTED, UserError, describe
+from hpcgnn.errors import EXIT_FAILED, EXIT_PREEMPTED, UserError, describe
 from hpcgnn.io import write_json
 from hpcgnn.sampling.loader import keep_freed_memory
 from hpcgnn.trainer import train
 
 
 def run_rank(cfg: RunConfig, environ: Mapping[str, str]) -> dict:
-    env = RankEnv.from_environ(environ, (cfg.dist.port_min, cfg.dist.port_max), cfg.dist.master_port)
-    _setup_logging(env)
-    if cfg.cluster is not None:  # without a cluster file, the layout is whatever started us
-        c = cfg.cluster
-        check_allocation(env, c.nodes, c.tasks_per_node, c.gpus_per_node,
-                         torch.cuda.device_count() if torch.cuda.is_available() else 0)
-    torch.set_num_threads(cfg.train.num_threads or env.default_threads(environ))
-    if cfg.train.keep_freed_memory:
-        keep_freed_memory()
-    device = pick_device(env, cfg.train)
-    if device.type == "cuda":
-        torch.cuda.set_device(device)  # nccl's object collectives use the current device
-    logging.getLogger(__name__).info("rank %d/%d (local %d/%d, node %d/%d) via %s on %s, %d threads",
-                                     env.rank, env.world_size, env.local_rank, env.local_world_size,
-                                     env.node_rank, env.num_nodes, env.source, device, torch.get_num_threads())
-    with process_group(env, cfg.dist, device):
-        try:
-            return train(cfg, env, device)
-        except Preempted as stop:
-            raise _requeue(cfg, env, stop) from None
-        except Exception as exc:
-            # Recorded before the process group is torn down: the other ranks only
-            # fail once this rank's connections close, so the cause is recorded first.
+    """Train as one rank. Any failure is recorded in ``run_dir/failures/`` (:func:`record_failure`) for the
+    launcher's report before it leaves, and the exception says so (``exc.recorded``)."""
+    env: RankEnv | None = None
+    try:
+        env = RankEnv.from_environ(environ, (cfg.dist.port_min, cfg.dist.port_max), cfg.dist.master_port)
+        _setup_logging(env)
+        if cfg.cluster is not None:  # without a cluster file, the layout is whatever started us
+            c = cfg.cluster
+            check_allocation(env, c.nodes, c.tasks_per_node, c.gpus_per_node,
+                             torch.cuda.device_count() if torch.cuda.is_available() else 0)
+        torch.set_num_threads(cfg.train.num_threads or env.default_threads(environ))
+        if cfg.train.keep_freed_memory:
+            keep_freed_memory()
+        device = pick_device(env, cfg.train)
+        if device.type == "cuda":
+            torch.cuda.set_device(device)  # nccl's object collectives use the current device
+        logging.getLogger(__name__).info("rank %d/%d (local %d/%d, node %d/%d) via %s on %s, %d threads",
+                                         env.rank, env.world_size, env.local_rank, env.local_world_size,
+                                         env.node_rank, env.num_nodes, env.source, device, torch.get_num_threads())
+        with process_group(env, cfg.dist, device):
+            try:
+                return train(cfg, env, device)
+            except Preempted as stop:
+                raise _requeue(cfg, env, stop) from None
+            except Exception as exc:
+                # Recorded before the process group is torn down: the other ranks only
+                # fail once this rank's connections close, so the cause is recorded first.
+                record_failure(Path(cfg.run_dir), env, exc)
+                raise
+    except Exception as exc:
+        if not getattr(exc, "recorded", False):  # failed before the process group was up
             record_failure(Path(cfg.run_dir), env, exc)
-            raise
+        raise
 
 
 def _requeue(cfg: RunConfig, env: RankEnv, stop: Preempted) -> BaseException:
@@ -89,16 +98,23 @@ def _requeue(cfg: RunConfig, env: RankEnv, stop: Preempted) -> BaseException:
     return outcome
 
 
-def record_failure(run_dir: Path, env: RankEnv, exc: BaseException | None = None) -> None:
-    """Write this rank's traceback to ``run_dir/failures/rank-<r>.json`` for the launcher's report.
+def record_failure(run_dir: Path, env: RankEnv | None, exc: BaseException) -> None:
+    """Write this rank's traceback to ``run_dir/failures/rank-<r>.json`` for the launcher's report, and mark
+    ``exc.recorded`` when it is on disk (a rank whose environment could not be read is named by its pid).
 
     A user error (a corrupt partition, a checkpoint of another job, ...) is marked so, with
-    the line that names the fix: the launcher reports it as such and exits with code 2.
+    the line that names the fix and its exit code: the launcher reports that line alone and
+    leaves with that code (2; 4 for a diverged run).
     """
-    record = {"rank": env.rank, "host": socket.gethostname(), "job_id": env.job_id, "time": time.time(),
-              "error": traceback.format_exc(),
-              "user_error": describe(exc) if isinstance(exc, UserError) else None}
-    write_json(run_dir / "failures" / f"rank-{env.rank}.json", record)
+    user = isinstance(exc, UserError)
+    record = {"rank": env.rank if env is not None else -1, "host": socket.gethostname(),
+              "job_id": env.job_id if env is not None else "", "time": time.time(),
+              "error": "".join(traceback.format_exception(exc)),
+              "user_error": describe(exc) if user else None, "exit_code": exc.exit_code if user else EXIT_FAILED}
+    name = f"rank-{env.rank}.json" if env is not None else f"rank-unknown-{os.getpid()}.json"
+    with contextlib.suppress(OSError):  # (a full or unwritable disk: the rank's own stderr keeps the traceback)
+        write_json(run_dir / "failures" / name, record)
+        exc.recorded = True
 
 
 def read_failures(run_dir: Path) -> list[dict]:

@@ -290,6 +290,9 @@ def _print_result(summary: dict) -> None:
     print(f"test {name} {summary['test']:.4f} (best val {summary['best_val']:.4f} at epoch "
           f"{summary['best_epoch']}), {summary['world_size']} ranks on {', '.join(summary['hostnames'])}, "
           f"{summary['seeds_per_s']:.0f} seeds/s, {summary['wall_time_s']:.1f} s", flush=True)
+    if summary.get("nonfinite_skipped"):
+        print(f"hpcgnn: WARNING: {summary['nonfinite_skipped']} optimizer step(s) were skipped for NaN/inf gradients "
+              "(train.nonfinite=skip)", flush=True)
     print(f"summary: {Path(summary['run_dir']) / 'summary.json'}", flush=True)
 
 
@@ -342,17 +345,21 @@ def _failures(run_dir: Path) -> list[dict]:
 
 
 def failure_report(run_dir: Path, fallback: str) -> str:
-    """Which ranks failed, and the full error of the one that failed first.
+    """Which ranks failed, and the full error of the one that failed first; a user error, its one line.
 
     When one rank dies, the others fail next with communication errors
-    ("Connection closed by peer"); the earliest failure record is the cause.
+    ("Connection closed by peer"); the earliest failure record is the cause. When that cause
+    is something to fix (a user error), its line is the whole report (and the last line): the
+    traceback and the other ranks' echoes only with ``HYDRA_FULL_ERROR=1``.
     """
     records = _failures(run_dir)
     if not records:
         return fallback
+    first = records[0]
+    if first.get("user_error") and not env.full_error():
+        return first["user_error"]
     lines = ["failed ranks:"]
     lines += [f"  rank {r['rank']} on {r['host']}: {_last_line(r['error'])}" for r in sorted(records, key=lambda r: r["rank"])]
-    first = records[0]
     lines += [f"first failure, rank {first['rank']} on {first['host']}:", first["error"].rstrip()]
     if first.get("user_error"):  # the cause is something to fix, not a bug: say it plainly last
         lines.append(first["user_error"])
@@ -360,11 +367,14 @@ def failure_report(run_dir: Path, fallback: str) -> str:
 
 
 def report_failure(run_dir: Path, fallback: str, headline: str = "") -> int:
-    """Print the failure report of a run; the exit code: 2 when the first failure was a user error."""
+    """Print the failure report of a run; the exit code: the user error's (2; 4 diverged) when the first
+    failure was one, else 1."""
     report = failure_report(run_dir, fallback)
     print(f"{headline}\n{report}" if headline else report, file=sys.stderr, flush=True)
     records = _failures(run_dir)
-    return EXIT_USER_ERROR if records and records[0].get("user_error") else EXIT_FAILED
+    if records and records[0].get("user_error"):
+        return records[0].get("exit_code", EXIT_USER_ERROR)
+    return EXIT_FAILED
 
 
 def _last_line(text: str) -> str:
@@ -402,7 +412,8 @@ def free_port(start: int, port_min: int, port_max: int, host: str = "127.0.0.1")
             except OSError:
                 continue
             return port
-    raise RuntimeError(f"no free port in {port_min}..{port_max}: set dist.port_min/dist.port_max")
+    raise ConfigError(f"no free port in {port_min}..{port_max} on this host. HINT: set dist.port_min and "
+                      "dist.port_max to a range with free ports")
 
 
 def _run_this_rank(cfg: RunConfig) -> int:
@@ -417,10 +428,19 @@ def _run_this_rank(cfg: RunConfig) -> int:
 
 
 def _spawn_entry(local_rank: int, cfg: RunConfig, port: int, parent: int) -> None:
+    """One local rank. A failure it recorded (run_rank) is the launcher's to report, once for the run: the rank
+    leaves quietly with its exit code (its traceback stays in the record; ``HYDRA_FULL_ERROR=1`` prints it here
+    too). An unrecorded one keeps multiprocessing's traceback on stderr."""
+    from hpcgnn.errors import UserError
     from hpcgnn.job import run_rank
 
     _end_with_parent(parent)
-    run_rank(cfg, env.local_rank_environ(local_rank, cfg.launch.procs, port))
+    try:
+        run_rank(cfg, env.local_rank_environ(local_rank, cfg.launch.procs, port))
+    except Exception as exc:
+        if not getattr(exc, "recorded", False) or env.full_error():
+            raise
+        sys.exit(exc.exit_code if isinstance(exc, UserError) else EXIT_FAILED)
 
 
 def _end_with_parent(parent: int) -> None:

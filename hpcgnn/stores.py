@@ -40,7 +40,7 @@ from hpcgnn.data import (
     prepare,
 )
 from hpcgnn.env import RankEnv
-from hpcgnn.errors import ConfigError
+from hpcgnn.errors import AllocationError, ConfigError, DatasetError, PartitionError
 from hpcgnn.io import write_npy
 from hpcgnn.models import uses_edges
 from hpcgnn.rng import derive_seed, generator
@@ -84,6 +84,14 @@ def on_local_rank0(env: RankEnv, what: str, fn) -> None:
         raise error
     if int(failed.item()):
         raise RuntimeError(f"rank {env.rank}: a node's local rank 0 failed to {what} (see its error)")
+
+
+def require_training_items(cfg: RunConfig, count: int, what: str) -> None:
+    """A dataset whose training split is empty cannot train: say so before the loaders find nothing to share out."""
+    if count < 1:
+        raise DatasetError(f"dataset {cfg.dataset.name} has no training {what}: nothing to train on. HINT: a larger "
+                           "graph (dataset.num_nodes), a larger training split (dataset.train_fraction or "
+                           "dataset.edge_split), or a files folder whose training split is not empty")
 
 
 def open_shared_graph(cfg: RunConfig, env: RankEnv) -> Graph:
@@ -220,6 +228,7 @@ class ReplicatedStore(Store):
         self.seed_cost: Tensor | None = None
         if self.link is not None:  # link prediction: a step's seeds are positive training edges
             train = self.link.train.pos
+            require_training_items(cfg, train.size(1), "edges")
             self.train_sampler = self._link_sampler(self.sampler, train, csr_has_edge(g.rowptr, g.col))
             self.items, self.items_per_step = torch.arange(train.size(1)), cfg.train.batch_size
             self.steps = steps_per_epoch(train.size(1), env.world_size, cfg.train.batch_size)
@@ -228,6 +237,7 @@ class ReplicatedStore(Store):
                      "predict", g.num_nodes, g.num_edges, g.num_features, train.size(1), self.link.val.pos.size(1),
                      self.link.test.pos.size(1))
             return
+        require_training_items(cfg, g.train_idx.numel(), "nodes")
         self.steps = steps_per_epoch(g.train_idx.numel(), env.world_size, cfg.train.batch_size)
         self.graph_on = graph_on(cfg, env, self.device, self.resident_bytes())
         if self.graph_on == "device":  # sampled and gathered where the model runs: no copy per step
@@ -313,8 +323,8 @@ class PartitionedStore(Store):
         g, t = cfg.graph, cfg.train
         num_parts = g.num_parts or env.world_size
         if num_parts % env.world_size:  # the config check knew only the configured world size
-            raise RuntimeError(f"graph.num_parts={num_parts} cannot be shared by the {env.world_size} ranks started: "
-                               f"use a multiple of {env.world_size}, or graph.num_parts=0 (one part per rank)")
+            raise AllocationError(f"graph.num_parts={num_parts} cannot be shared by the {env.world_size} ranks started. "
+                                  f"HINT: use a multiple of {env.world_size}, or graph.num_parts=0 (one part per rank)")
         per_rank = num_parts // env.world_size
         owned = list(range(env.rank * per_rank, (env.rank + 1) * per_rank))
         self.parts = parts = open_parts(cfg.dataset, g, num_parts, owned)
@@ -347,9 +357,9 @@ class PartitionedStore(Store):
             self.train_sampler = self._link_sampler(self.sampler, parts.train_pos, owned_has_edge(self.view))
         most, fewest = dist.all_reduce_max(torch.tensor([own, -own])).tolist()
         if -fewest == 0:  # decided together: one rank failing alone would leave the others in an exchange
-            raise RuntimeError(f"a rank owns no training {'nodes' if self.link is None else 'edges'} in the "
-                               f"{num_parts}-part partition: use fewer parts, or graph.balance_train=true with "
-                               "graph.method=metis")
+            raise PartitionError(f"a rank owns no training {'nodes' if self.link is None else 'edges'} in the "
+                                 f"{num_parts}-part partition. HINT: use fewer parts, or graph.balance_train=true "
+                                 "with graph.method=metis")
         self.seeds_per_rank = most
         self.steps = math.ceil(self.seeds_per_rank / t.batch_size)
         self.row_cost: Tensor | None = None
@@ -450,6 +460,7 @@ class TypedStore(Store):
             log.info("typed graph copied to %s in %.1f s: sampling and gathering there (%.0f MB)", self.device,
                      time.perf_counter() - t0, self.resident_bytes() / 2**20)
         self.sampler = self.train_sampler = TypedNeighborSampler(self.features, typed_fanouts(cfg, g))
+        require_training_items(cfg, g.train_idx.numel(), f"{g.target} nodes")
         self.steps = steps_per_epoch(g.train_idx.numel(), env.world_size, cfg.train.batch_size)
         log.info("typed graph: %s nodes; %s edges; target %s: %d features, %d classes, %d/%d/%d train/val/test; "
                  "features of %s", g.num_nodes, {"__".join(r): g.num_edges(r) for r in g.relations}, g.target,

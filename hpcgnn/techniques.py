@@ -92,7 +92,8 @@ def grad_scaler(precision: str, device: torch.device):
     if precision != "fp16":
         return None
     if device.type != "cuda":
-        raise RuntimeError("train.precision=fp16 needs a GPU: use bf16 on CPU")
+        raise ConfigError("train.precision=fp16 needs a GPU, and this rank runs on the CPU. HINT: "
+                          "train.precision=bf16 (or auto) on CPUs")
     return torch.amp.GradScaler("cuda")
 
 

@@ -38,6 +38,7 @@ from hpcgnn.config import RunConfig
 from hpcgnn.env import RankEnv, restart_count
 from hpcgnn.io import write_json
 from hpcgnn.metrics import StepMetrics
+from hpcgnn.nonfinite import NonFiniteGuard
 from hpcgnn.rng import rng_state, set_rng_state
 from hpcgnn.stores import open_store
 from hpcgnn.tasks import build_task
@@ -67,34 +68,40 @@ class TrainState:
     best_epoch: int = 0  # epoch of the best validation metric (0: none yet)
     best: dict[str, float] = field(default_factory=dict)  # that epoch's evaluation row
     history: list[dict] = field(default_factory=list)  # one row per finished epoch
+    nonfinite_skipped: int = 0  # optimizer steps skipped for NaN/inf gradients (train.nonfinite=skip)
+    resume_changes: list[dict] = field(default_factory=list)  # settings changed on a resume: what, from, to, at which step
 
     def state_dict(self) -> dict:
         return dataclasses.asdict(self)
 
     def load_state_dict(self, state: dict) -> None:
+        fresh = TrainState()  # (fields added since a checkpoint was written keep their defaults)
         for f in dataclasses.fields(self):
-            setattr(self, f.name, state[f.name])
+            setattr(self, f.name, state.get(f.name, getattr(fresh, f.name)))
 
 
 class EpochSums:
     """This rank's running sums of an epoch; the loss and hit sums stay on the device until it ends."""
 
     def __init__(self, device: torch.device):
-        self.values = torch.zeros(2, dtype=torch.float64, device=device)  # loss x targets, targets predicted right
-        self.count = 0  # targets (the loss's and the accuracy's denominator)
+        # loss x targets, targets predicted right, targets whose batch's loss was finite (the loss's denominator)
+        self.values = torch.zeros(3, dtype=torch.float64, device=device)
+        self.count = 0  # targets (the accuracy's denominator)
         self.seeds = 0  # what the steps trained on (seed nodes, positive edges): throughput
         self.steps = 0
         self.time_s = 0.0  # training time of the epoch before this (re)start
 
-    def add(self, out) -> None:
-        """One micro-batch's StepResult."""
-        self.values += torch.stack([out.loss.detach().double() * out.count, out.correct.double()])
+    def add(self, out, finite: torch.Tensor) -> None:
+        """One micro-batch's StepResult, and whether its loss is finite (a bad batch's loss is left out: it can
+        only be there under train.nonfinite=skip)."""
+        loss = torch.where(finite, out.loss.detach().double(), 0.0)
+        self.values += torch.stack([loss * out.count, out.correct.double(), finite.double() * out.count])
         self.count += out.count
         self.seeds += out.count if out.seeds is None else out.seeds
         self.steps += 1
 
     def totals(self) -> list[float]:
-        """[loss x targets, correct, targets, seeds] summed over ranks (collective)."""
+        """[loss x targets, correct, targets with a finite loss, targets, seeds] summed over ranks (collective)."""
         host = torch.tensor([float(self.count), float(self.seeds)], dtype=torch.float64)
         return dist.all_reduce_sum(torch.cat([self.values.cpu(), host])).tolist()
 
@@ -103,7 +110,10 @@ class EpochSums:
                 "time_s": elapsed_s}
 
     def load_state_dict(self, state: dict) -> None:
-        self.values.copy_(state["values"])
+        values = state["values"]
+        if values.numel() == 2:  # written before the finite targets were counted: all of them were
+            values = torch.cat([values, torch.tensor([float(state["count"])], dtype=values.dtype)])
+        self.values.copy_(values)
         self.count, self.seeds, self.steps, self.time_s = state["count"], state["seeds"], state["steps"], state["time_s"]
 
 
@@ -133,6 +143,7 @@ class Trainer:
         self.state = TrainState()
         self.sums = EpochSums(device)
         self.hook = CommHook(t.grad_compression, t.powersgd_rank)
+        self.guard = NonFiniteGuard(t.nonfinite, device, watch_grads=t.precision != "fp16")
         self.allreduce_bytes: list[int] = []
         self.ddp: torch.nn.Module = self.model
         self.first_step_done = False
@@ -163,8 +174,9 @@ class Trainer:
             self.sums.load_state_dict(state["sums"])
 
     def resume(self) -> None:
-        """Continue from the newest intact checkpoint of the run folder, if any (the same on every rank)."""
-        folder = self.checkpointer.latest()
+        """Continue from the newest intact checkpoint of this run, if any (the same on every rank), with the
+        settings a resume may change applied from here on (checkpoint.RESUME_APPLIED) and recorded."""
+        folder = self.checkpointer.start()
         if folder is None:
             return
         common, mine = self.checkpointer.load(folder)
@@ -174,6 +186,24 @@ class Trainer:
         s = self.state
         log.info("resumed from %s: epoch %d, step %d of %d (resume %d)", folder, s.epoch, s.step_in_epoch,
                  self.store.steps, s.resumes)
+        changes = self.checkpointer.changes
+        if changes:
+            self._apply_optimizer_settings()
+            s.resume_changes += [{**c, "from_step": s.step + 1} for c in changes]
+            log.info("settings changed since the checkpoint, applied from step %d: %s", s.step + 1,
+                     ", ".join(f"{c['setting']} {c['checkpoint']} -> {c['now']}" for c in changes))
+
+    def _apply_optimizer_settings(self) -> None:
+        """The optimizer's state came from the checkpoint: give it this run's learning rate (train.lr, its
+        scaling) and weight decay, at the schedule's current point (the other settings a resume may change
+        are built from the config)."""
+        sched = self.scheduler
+        sched.base_lrs = [self.lr for _ in sched.base_lrs]
+        for group, factor in zip(self.optimizer.param_groups, sched.lr_lambdas, strict=True):
+            group["initial_lr"] = self.lr
+            group["lr"] = self.lr * factor(sched.last_epoch)
+            group["weight_decay"] = self.cfg.train.weight_decay
+        sched._last_lr = [group["lr"] for group in self.optimizer.param_groups]
 
     # ------------------------------------------------------------------ the loop
 
@@ -207,6 +237,7 @@ class Trainer:
         self.model.train()
         if s.step_in_epoch == 0:
             self.sums = EpochSums(self.device)
+        skipped = s.nonfinite_skipped
         loader = self.store.train_loader(epoch, s.step_in_epoch, self.task.transform)
         weights = step_weights(dist.all_gather_object(loader.sizes), self.env.rank, t.accumulate)
         before = self.store.counters()
@@ -225,22 +256,28 @@ class Trainer:
                 last = (i + 1) % t.accumulate == 0 or i + 1 == steps  # the micro-batch that ends a step
                 self.train_step(batch, epoch, weights[i], last, wait_s)
                 if last:  # checkpoints fall between optimizer steps, never inside one
-                    self._after_optimizer_step(epoch, self.sums.time_s + time.perf_counter() - t0, preempt)
+                    # the device's NaN/inf notes are read where the host waits anyway (see hpcgnn.nonfinite)
+                    fresh = self.device.type != "cuda" or s.step % self.cfg.metrics.every_steps == 0 or i + 1 == steps
+                    self._after_optimizer_step(epoch, self.sums.time_s + time.perf_counter() - t0, preempt, fresh)
                 t_ready = time.perf_counter()
         if self.sums.steps != steps:  # an invariant of the seed schedule; a mismatch would hang DDP next epoch
             raise RuntimeError(f"rank {self.env.rank} ran {self.sums.steps} steps, expected {steps}")
         elapsed = dist.all_reduce_max(torch.tensor([self.sums.time_s + time.perf_counter() - t0]))
-        loss_sum, correct, count, seeds = self.sums.totals()
+        loss_sum, correct, finite, count, seeds = self.sums.totals()
         comm = (self.store.counters() - before).per_batch() if self.store.mode == "partitioned" else {}
         epoch_metrics = self.metrics.end_epoch(epoch, socket.gethostname())
         s.train_time_s += elapsed.item()
         s.seeds_done += int(seeds)
         ranks = epoch_metrics["ranks"]
-        return {"epoch": epoch, "loss": loss_sum / max(count, 1), "train_acc": correct / max(count, 1),
+        if s.nonfinite_skipped > skipped:
+            log.warning("epoch %d: %d optimizer step(s) skipped for NaN/inf gradients (train.nonfinite=skip)", epoch,
+                        s.nonfinite_skipped - skipped)
+        return {"epoch": epoch, "loss": loss_sum / finite if finite else math.nan, "train_acc": correct / max(count, 1),
                 "seeds_per_s": seeds / elapsed.item(), "edges_per_s": sum(r["edges"] for r in ranks) / elapsed.item(),
                 "epoch_s": elapsed.item(), "lr": self.scheduler.get_last_lr()[0], "balance": epoch_metrics["balance"],
                 "peak_mem_mb": max(r["peak_mem_mb"] for r in ranks),
-                "host_peak_mb": max(r["host_peak_mb"] for r in ranks), **comm}
+                "host_peak_mb": max(r["host_peak_mb"] for r in ranks), **comm,
+                **({"nonfinite_skipped": s.nonfinite_skipped - skipped} if t.nonfinite == "skip" else {})}
 
     def train_step(self, batch, epoch: int, weight: float, last: bool, wait_s: float) -> None:
         """Forward and backward of one micro-batch, its loss weighted by its share of the step's targets;
@@ -252,17 +289,22 @@ class Trainer:
             m0 = clock.mark()
             with autocast(t.precision, self.device):
                 out = self.task.step(self.ddp, batch)
+            if self.env.rank == self.cfg.debug.nan_rank and s.step + 1 == self.cfg.debug.nan_step:
+                out = dataclasses.replace(out, loss=out.loss * math.nan)  # fault injection (debug.nan_rank)
+            finite = self.guard.loss(s.step + 1, out.loss)
             m1 = clock.mark()
             scaled = out.loss * weight
             (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
             m2 = clock.mark()
         if last:
-            optimizer_step(self.optimizer, self.scheduler, self.scaler)
+            apply = self.guard.gradients_ok(s.step + 1, self.model.parameters())
+            s.nonfinite_skipped += not apply
+            optimizer_step(self.optimizer, self.scheduler, self.scaler, apply)
         m3 = clock.mark()
         allreduce_s, sent = self.hook.take()
         if last and self.env.world_size > 1:
             self.allreduce_bytes.append(sent)
-        self.sums.add(out)
+        self.sums.add(out, finite)
         s.step += 1
         s.step_in_epoch += 1
         host = {"wait_s": wait_s, "allreduce_s": allreduce_s}
@@ -273,13 +315,19 @@ class Trainer:
             self.first_step_done = True
             dist.shorten_timeouts(self.cfg.dist.timeout_s)
 
-    def _after_optimizer_step(self, epoch: int, elapsed_s: float, preempt: PreemptionFlag) -> None:
-        """All ranks agree on whether to checkpoint now (a signal may have reached only some), and do."""
+    def _after_optimizer_step(self, epoch: int, elapsed_s: float, preempt: PreemptionFlag, fresh: bool) -> None:
+        """All ranks agree on whether to stop for a NaN/inf (read from the device when ``fresh``) and whether to
+        checkpoint now (a signal may have reached only some), and do; never a checkpoint after a bad step."""
         s = self.state
         due = self.checkpointer.periodic_due(s.step)
-        flags = dist.all_reduce_max(torch.tensor([int(preempt.raised), int(due)]))
+        bad = fresh and self.guard.seen() > 0
+        flags = dist.all_reduce_max(torch.tensor([int(preempt.raised), int(due), int(bad)]))
+        if int(flags[2]):
+            raise self.guard.stop(epoch, self.env.rank, self.lr, self.cfg)
         if not int(flags.sum()):
             return
+        if not fresh and int(dist.all_reduce_max(torch.tensor([int(self.guard.seen() > 0)])).item()):
+            raise self.guard.stop(epoch, self.env.rank, self.lr, self.cfg)
         s.epoch = epoch
         folder = self.checkpointer.save(s.step, self.common_state(), self.rank_state(elapsed_s))
         if int(flags[0]):
@@ -357,6 +405,8 @@ class Trainer:
             "train_time_s": s.train_time_s,
             "wall_time_s": time.perf_counter() - self.t_start,
             "resumes": s.resumes,  # times this run continued from a checkpoint
+            "resume_changes": s.resume_changes,  # settings changed on a resume and applied from the step named
+            "nonfinite_skipped": s.nonfinite_skipped,  # optimizer steps skipped for NaN/inf (train.nonfinite=skip)
             "requeues": restart_count(),  # times SLURM requeued the job
             "param_checksums": checksums,
             "history": s.history,
@@ -404,11 +454,13 @@ class Trainer:
             os.kill(os.getpid(), getattr(signal, f"SIG{self.cfg.checkpoint.signal}"))
 
 
-def optimizer_step(opt: torch.optim.Optimizer, sched, scaler) -> None:
-    if scaler is not None:
+def optimizer_step(opt: torch.optim.Optimizer, sched, scaler, apply: bool = True) -> None:
+    """The optimizer's step (through the gradient scaler under fp16), the schedule's, and the gradients dropped;
+    ``apply=False`` skips the optimizer's step alone (non-finite gradients, train.nonfinite=skip)."""
+    if apply and scaler is not None:
         scaler.step(opt)
         scaler.update()
-    else:
+    elif apply:
         opt.step()
     sched.step()
     opt.zero_grad(set_to_none=True)

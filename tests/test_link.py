@@ -90,7 +90,8 @@ def test_link_datasets_are_prepared_out_of_core_into_the_split_made_in_memory(tm
 
 
 @pytest.mark.parametrize("fractions, message", [([0.9, 0.1], "must be three fractions"), ([0.9, 0.1, 0.1], "sum to 1"),
-                                                ([1.0, 0.0, 0.0], "val and test above 0")])
+                                                ([1.0, 0.0, 0.0], r"\(train, val, test\) above 0"),
+                                                ([0.0, 0.5, 0.5], r"above 0 .*the training edges carry the messages")])
 def test_edge_split_fractions_are_checked(fractions, message):
     with pytest.raises(ConfigError, match=message):
         make_config("task=link", f"dataset.edge_split=[{','.join(map(str, fractions))}]")

@@ -62,6 +62,7 @@ from hpcgnn.data.synthetic import (
     synthetic_typed_source,
 )
 from hpcgnn.data.typed import TypedGraph, TypedSchema, TypedSource, TypedWriter, relation_key
+from hpcgnn.errors import DatasetError
 from hpcgnn.io import atomic_folder
 
 log = logging.getLogger(__name__)
@@ -137,6 +138,8 @@ def cache_folder(cfg: DatasetConfig) -> Path:
             fields["erase_types"] = cfg.erase_types
     if cfg.name in ("synthetic", "synthetic_hetero"):
         fields["generator"] = GENERATOR_VERSION
+    if cfg.name == "files" and cfg.num_classes:  # declared classes (0, the labels' own, keeps the keys as they were)
+        fields["num_classes"] = cfg.num_classes
     if cfg.feature_dtype != "float32":  # float32 keeps the keys graphs had before the option
         fields["feature_dtype"] = cfg.feature_dtype
     name = cfg.name
@@ -221,8 +224,9 @@ def _check_space(folder: Path, need: float) -> None:
     """Refuse before writing when ``folder``'s file system lacks ``need`` bytes (the graph and its scratch)."""
     free = shutil.disk_usage(folder.parent).free
     if need > free:
-        raise OSError(f"preparing the graph needs about {cache.human_bytes(need)} in {folder.parent} (with its "
-                      f"scratch), but only {cache.human_bytes(free)} are free: set dataset.root to a larger file system")
+        raise DatasetError(f"preparing the graph needs about {cache.human_bytes(need)} in {folder.parent} (with "
+                           f"its scratch), but only {cache.human_bytes(free)} are free. HINT: set dataset.root to a "
+                           "larger file system")
 
 
 def prepare_mem_bytes(cfg: DatasetConfig) -> int:

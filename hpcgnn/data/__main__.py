@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 
-from hpcgnn.errors import EXIT_USER_ERROR, UserError, describe
+from hpcgnn.errors import EXIT_USER_ERROR, UserError, report
 
 
 def main(argv: list[str]) -> int:
@@ -24,8 +24,7 @@ def main(argv: list[str]) -> int:
         with stop_cleanly_on_sigterm("prepare"):
             folder = prepare(cfg, allow_download=True)
     except UserError as exc:
-        print(describe(exc), file=sys.stderr)
-        return EXIT_USER_ERROR
+        return report(exc)
     print(f"{cfg.name}: prepared in {folder} ({cache.human_bytes(cache.size_bytes(folder))})")
     return 0
 

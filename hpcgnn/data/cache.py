@@ -18,6 +18,7 @@ import torch
 
 from hpcgnn.data.graph import Graph
 from hpcgnn.data.ooc import FeatureWriter, load_features
+from hpcgnn.errors import DatasetError
 from hpcgnn.io import atomic_folder
 
 FORMAT_VERSION = 1
@@ -88,8 +89,8 @@ def load(folder: Path, mmap: bool = True) -> Graph:
     """
     meta = json.loads((folder / "meta.json").read_text())
     if meta.get("format_version") != FORMAT_VERSION:
-        raise RuntimeError(f"{folder} holds format {meta.get('format_version')}, this hpcgnn reads "
-                           f"{FORMAT_VERSION}: delete the folder to prepare the dataset again")
+        raise DatasetError(f"{folder} holds format {meta.get('format_version')}, this hpcgnn reads "
+                           f"{FORMAT_VERSION}. HINT: delete the folder to prepare the dataset again")
     mode = "c" if mmap else None
     arrays = {name: torch.from_numpy(np.load(folder / f"{name}.npy", mmap_mode=mode)) for name in ARRAYS if name != "x"}
     arrays["x"] = load_features(folder / "x.npy", meta.get("feature_dtype", "float32"), mode)

@@ -126,6 +126,27 @@ def check_edges(pe: Path, ei: np.ndarray, num_src: int, num_dst: int, what: str)
             raise DatasetFileError(f"{pe}: {end} ids must lie in [0, {n}) ({what}); found min {lo}, max {hi}")
 
 
+def label_classes(py: Path, y: np.ndarray, declared: int) -> int:
+    """The classes of the model: ``dataset.num_classes`` when given (every label below it), else the labels'
+    own, which must then be every id from 0 to the largest (a stray label 99 among classes 0..3 would make a
+    100-class model without a word)."""
+    labelled = y[y >= 0]
+    top = int(labelled.max()) + 1 if labelled.size else 0
+    if declared:
+        if top > declared:
+            raise DatasetFileError(f"{py}: label {top - 1} is not below dataset.num_classes={declared}. HINT: "
+                                   f"set dataset.num_classes={top} or more, or fix the label")
+        return declared
+    used = np.unique(labelled)
+    if used.size != top:
+        gaps = np.setdiff1d(np.arange(top), used)
+        raise DatasetFileError(
+            f"{py}: labels run up to {top - 1} but only {used.size} classes have nodes ({gaps.size} ids in between "
+            f"have none, e.g. {int(gaps[0])}): a stray label would make a {top}-class model. HINT: number the "
+            f"classes 0..{used.size - 1}, or set dataset.num_classes={top} if the model should have those classes")
+    return top
+
+
 def check_labels_and_splits(arrays: dict, n: int) -> dict[str, tuple[Path, np.ndarray]]:
     """Labels [n] (class ids, -1: unlabeled) and three disjoint, labelled, non-empty-for-training splits."""
     py, y = arrays["y"]
@@ -158,9 +179,9 @@ def check_labels_and_splits(arrays: dict, n: int) -> dict[str, tuple[Path, np.nd
     return splits
 
 
-def read_checked(cfg: DatasetConfig, mmap: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict]:
-    """(edge_index [2, E], x [N, F], y [N], splits) of a homogeneous folder, every file checked; ``mmap``:
-    .npy files memory-mapped (the checks read them a pass at a time; nothing is copied whole)."""
+def read_checked(cfg: DatasetConfig, mmap: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict, int]:
+    """(edge_index [2, E], x [N, F], y [N], splits, classes) of a homogeneous folder, every file checked;
+    ``mmap``: .npy files memory-mapped (the checks read them a pass at a time; nothing is copied whole)."""
     folder = files_folder(cfg)
     arrays = {name: _read(folder, name, mmap) for name in FILES}
     px, x = arrays["x"]
@@ -169,20 +190,21 @@ def read_checked(cfg: DatasetConfig, mmap: bool = False) -> tuple[np.ndarray, np
     pe, ei = arrays["edge_index"]
     check_edges(pe, ei, n, n, f"{n} = rows of {px.name}")
     splits = check_labels_and_splits(arrays, n)
-    return ei, x, arrays["y"][1], {k: v[1] for k, v in splits.items()}
+    classes = label_classes(*arrays["y"], cfg.num_classes)
+    return ei, x, arrays["y"][1], {k: v[1] for k, v in splits.items()}, classes
 
 
 def stream_files(cfg: DatasetConfig, buckets, features, chunk: int = STREAM_VALUES) -> tuple[np.ndarray, dict, int]:
     """A homogeneous folder into an out-of-core CSR: edges a chunk at a time into ``buckets`` (with their
     reverses for ``dataset.to_undirected``), feature rows into ``features``; returns (y, splits, classes)."""
-    ei, x, y, splits = read_checked(cfg, mmap=True)
+    ei, x, y, splits, classes = read_checked(cfg, mmap=True)
     for src, dst in _edge_chunks(ei, chunk):
         buckets.add(dst, src)
         if cfg.to_undirected:
             buckets.add(src, dst)
     for a, rows in _feature_chunks(x, chunk):
         features.write(a, rows)
-    return np.asarray(y, dtype=np.int64), {k: np.asarray(v, dtype=np.int64) for k, v in splits.items()}, int(y.max()) + 1
+    return np.asarray(y, dtype=np.int64), {k: np.asarray(v, dtype=np.int64) for k, v in splits.items()}, classes
 
 
 def read_shapes(cfg: DatasetConfig) -> dict:
@@ -198,14 +220,14 @@ def load_files(cfg: DatasetConfig, allow_download: bool = False) -> Graph:
     folder = files_folder(cfg)
     if is_typed_folder(folder):  # served homogeneous: dataset.erase_types=true
         return load_typed_files(cfg).homogeneous()
-    ei, x, y, splits = read_checked(cfg)
+    ei, x, y, splits, classes = read_checked(cfg)
     n = x.shape[0]
     edge_index = torch.from_numpy(ei.astype(np.int64))
     if cfg.to_undirected:
         edge_index = torch.cat([edge_index, edge_index.flip(0)], dim=1)
     return Graph.from_edge_index(edge_index, n, torch.from_numpy(x.astype(np.float32)), torch.from_numpy(y.astype(np.int64)),
                                  *(torch.from_numpy(splits[k].astype(np.int64)) for k in splits),
-                                 num_classes=int(y.max()) + 1)
+                                 num_classes=classes)
 
 
 def is_typed_folder(folder: Path) -> bool:
@@ -223,6 +245,7 @@ class TypedFolder:
     splits: dict[str, np.ndarray]  # train_idx, val_idx, test_idx
     edges: dict[tuple[str, str, str], np.ndarray]  # [2, E] per given relation, sorted by folder name
     feature_from: dict[str, tuple[str, str, str]]
+    num_classes: int
 
 
 def read_typed_folder(cfg: DatasetConfig, mmap: bool = False) -> TypedFolder:
@@ -262,6 +285,7 @@ def read_typed_folder(cfg: DatasetConfig, mmap: bool = False) -> TypedFolder:
     target = labelled[0]
     arrays = {name: _read(nodes_dir / target, name) for name in ("y", "train_idx", "val_idx", "test_idx")}
     splits = check_labels_and_splits(arrays, num_nodes[target])
+    classes = label_classes(*arrays["y"], cfg.num_classes)
     rels = sorted(p.name for p in edges_dir.iterdir() if p.is_dir())
     edges = {}
     for key in rels:
@@ -269,6 +293,13 @@ def read_typed_folder(cfg: DatasetConfig, mmap: bool = False) -> TypedFolder:
         if len(rel) != 3 or rel[0] not in num_nodes or rel[2] not in num_nodes:
             raise DatasetFileError(f"{edges_dir / key}: a relation's folder is named <source type>__<name>__<target "
                                    f"type>, with types among {', '.join(types)}")
+        if rel[0] != rel[2] and rel[1].startswith("rev_"):  # (it would merge into, or pile onto, an added reverse)
+            forward = f"{rel[2]}__{rel[1].removeprefix('rev_')}__{rel[0]}"
+            twin = f" It is the very reverse added to {forward}." if forward in rels else ""
+            raise DatasetFileError(f"{edges_dir / key}: relation names starting with rev_ are the reverses hpcgnn adds "
+                                   f"(every relation between two types gains rev_<name>).{twin} HINT: remove this "
+                                   "folder if it holds another relation's reverse (it is added for you), or rename "
+                                   "the relation without rev_")
         pe, ei = _read(edges_dir / key, "edge_index", mmap)
         check_edges(pe, ei, num_nodes[rel[0]], num_nodes[rel[2]], f"the {rel[0]} and {rel[2]} counts")
         edges[rel] = ei
@@ -285,7 +316,7 @@ def read_typed_folder(cfg: DatasetConfig, mmap: bool = False) -> TypedFolder:
                                    f"to take their mean over: add nodes/{t}/x.npy, or such a relation")
         feature_from[t] = max(into, key=lambda c: (c[0], c[1]))[1]
     return TypedFolder(num_nodes, x, target, arrays["y"][1], {k: v[1] for k, v in splits.items()}, edges,
-                       feature_from)
+                       feature_from, classes)
 
 
 def load_typed_files(cfg: DatasetConfig, allow_download: bool = False):
@@ -297,7 +328,7 @@ def load_typed_files(cfg: DatasetConfig, allow_download: bool = False):
     return TypedGraph.from_edges(f.num_nodes, {r: torch.from_numpy(ei.astype(np.int64)) for r, ei in f.edges.items()},
                                  {t: torch.from_numpy(v.astype(np.float32)) for t, v in f.x.items()}, f.target, y,
                                  *(torch.from_numpy(f.splits[k].astype(np.int64)) for k in f.splits),
-                                 num_classes=int(y.max()) + 1, feature_from=f.feature_from)
+                                 num_classes=f.num_classes, feature_from=f.feature_from)
 
 
 def typed_files_source(cfg: DatasetConfig):
@@ -318,6 +349,6 @@ def typed_files_source(cfg: DatasetConfig):
         return y, *(torch.from_numpy(np.asarray(f.splits[k], dtype=np.int64)) for k in f.splits)
 
     return TypedSource(f.num_nodes, list(f.edges), {r: int(ei.shape[1]) for r, ei in f.edges.items()},
-                       next(iter(f.x.values())).shape[1], f.target, int(y.max()) + 1, f.feature_from, feed)
+                       next(iter(f.x.values())).shape[1], f.target, f.num_classes, f.feature_from, feed)
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import sys
 import time
 
-from hpcgnn.errors import EXIT_USER_ERROR, UserError, describe
+from hpcgnn.errors import UserError, report
 
 
 def main(argv: list[str]) -> int:
@@ -48,8 +48,7 @@ def main(argv: list[str]) -> int:
         job = submit_partition(cfg)
         return wait_partition(job, cfg) if cfg.launch.wait is not False else 0
     except UserError as exc:
-        print(describe(exc), file=sys.stderr)
-        return EXIT_USER_ERROR
+        return report(exc)
 
 
 if __name__ == "__main__":
