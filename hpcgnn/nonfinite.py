@@ -73,8 +73,9 @@ class NonFiniteGuard:
 
     def stop(self, epoch: int, rank: int, lr: float, cfg) -> Diverged:
         """Collective, once some rank saw a bad step: the error every rank raises, naming the earliest."""
-        mine = (self.seen(), rank, int(self.what.item()))
-        step, where, what = min((s, r, w) for s, r, w in dist.all_gather_object(mine) if s > 0)
+        mine = (self.seen(), int(self.what.item()), rank)
+        # the earliest step; there, a rank's loss before the gradients it spread to every rank (the cause first)
+        step, what, where = min(seen for seen in dist.all_gather_object(mine) if seen[0] > 0)
         t = cfg.train
         return Diverged(
             f"{WHAT[what]} became NaN or infinite at step {step} (epoch {epoch}) on rank {where}; the run stops "

@@ -1,7 +1,11 @@
-"""``python -m hpcgnn.data prepare dataset=NAME [overrides]``: download and prepare a dataset.
+"""``python -m hpcgnn.data prepare|download dataset=NAME [overrides]``: make a dataset ready for training.
 
-Run it on a login node: compute nodes often have no internet, and training jobs
-never download. Does nothing when the prepared dataset is already there.
+    prepare    download (OGB datasets, when their files are not under dataset.root yet) and prepare
+               the memory-mappable graph; does nothing when it is already prepared
+    download   only fetch OGB's raw files into dataset.root/ogb/ (nothing else): on a machine with
+               internet, a login node; then ``prepare`` anywhere, compute nodes included
+
+Compute nodes often have no internet, and training jobs never download.
 """
 
 from __future__ import annotations
@@ -10,17 +14,34 @@ import sys
 
 from hpcgnn.errors import EXIT_USER_ERROR, UserError, report
 
+COMMANDS = ("prepare", "download")
+
 
 def main(argv: list[str]) -> int:
-    if not argv or argv[0] != "prepare":
+    if not argv or argv[0] not in COMMANDS:
         print(__doc__.strip(), file=sys.stderr)
         return EXIT_USER_ERROR if not argv or argv[0] not in ("-h", "--help") else 0
     from hpcgnn.compose import compose
-    from hpcgnn.data import cache, prepare
+    from hpcgnn.data import cache
     from hpcgnn.io import stop_cleanly_on_sigterm
 
     try:
         cfg = compose(argv[1:]).cfg.dataset
+        if argv[0] == "download":
+            if not cfg.name.startswith(("ogbn-", "ogbl-")):
+                where = "its files are read from dataset.path" if cfg.name == "files" else "it is generated"
+                print(f"dataset={cfg.name} has nothing to download ({where}); prepare it with: "
+                      f"python -m hpcgnn.data prepare {' '.join(argv[1:])}")
+                return 0
+            from hpcgnn.data.ogb import download_raw
+
+            with stop_cleanly_on_sigterm("download"):
+                folder = download_raw(cfg)
+            print(f"{cfg.name}: OGB's files are in {folder}; prepare it anywhere with: "
+                  f"python -m hpcgnn.data prepare {' '.join(argv[1:])}")
+            return 0
+        from hpcgnn.data import prepare
+
         with stop_cleanly_on_sigterm("prepare"):
             folder = prepare(cfg, allow_download=True)
     except UserError as exc:

@@ -8,6 +8,7 @@ memory-mappable cache.
 from __future__ import annotations
 
 import gzip
+import http.client
 import os
 import shutil
 import zipfile
@@ -34,7 +35,8 @@ class DatasetMissing(DatasetError):
 def prepare_command(cfg: DatasetConfig) -> str:
     """The command that prepares ``cfg``'s dataset (run where the internet is)."""
     root = f" dataset.root={cfg.root}" if cfg.root != DatasetConfig.root else ""
-    return f"python -m hpcgnn.data prepare dataset={cfg.name}{root}"
+    task = " task=link" if cfg.prepared_for == "link" else ""
+    return f"python -m hpcgnn.data prepare{task} dataset={cfg.name}{root}"
 
 
 def ogb_root(cfg: DatasetConfig) -> Path:
@@ -60,17 +62,34 @@ def _meta(name: str) -> dict:
     return master[name].to_dict()
 
 
+def download_command(cfg: DatasetConfig) -> str:
+    """The command that only downloads ``cfg``'s raw files (run where the internet is; prepare anywhere)."""
+    return prepare_command(cfg).replace(" prepare ", " download ", 1)
+
+
 def _download(cfg: DatasetConfig, meta: dict, folder: Path) -> None:
-    """ogb's download path: fetch the zip, unpack it, move it into place."""
+    """ogb's download path: fetch the zip (unless it already lies in ``<root>/ogb/``), unpack it, move it into
+    place. No network is a user error naming the address, where the files go, and the offline way."""
     from ogb.utils.url import decide_download, download_url, extract_zip
 
-    root = ogb_root(cfg)
+    root, url = ogb_root(cfg), meta["url"]
+    archive = root / url.rpartition("/")[2]
     root.mkdir(parents=True, exist_ok=True)
-    if not decide_download(meta["url"]):
-        raise DatasetMissing(f"download of {cfg.name} declined")
-    path = download_url(meta["url"], str(root))
-    extract_zip(path, str(root))
-    os.unlink(path)
+    if not (archive.is_file() and archive.stat().st_size > 0):  # (a zip placed there by hand is used as it is)
+        try:
+            if not decide_download(url):
+                raise DatasetMissing(f"download of {cfg.name} declined")
+            download_url(url, str(root))
+        except (OSError, RuntimeError, EOFError, http.client.HTTPException) as exc:  # (URLError is an OSError)
+            archive.unlink(missing_ok=True)
+            raise DatasetMissing(
+                f"could not download {cfg.name} from {url} ({getattr(exc, 'reason', exc)}): this machine cannot "
+                f"reach it (compute nodes often have no internet). HINT: download it where there is internet (a "
+                f"login node):\n    {download_command(cfg)}\nthen prepare it anywhere:\n    {prepare_command(cfg)}\n"
+                f"or place OGB's files yourself: the zip from {url} as {archive} (unpacked as it is), or its "
+                f"unpacked folder ({meta['download_name']}/) as {folder} (holding raw/ and split/)") from None
+    extract_zip(str(archive), str(root))
+    os.unlink(archive)
     shutil.rmtree(folder, ignore_errors=True)
     shutil.move(str(root / meta["download_name"]), str(folder))
 
@@ -81,9 +100,15 @@ def _raw_folder(cfg: DatasetConfig, meta: dict, allow_download: bool) -> Path:
         if not allow_download:
             raise DatasetMissing(
                 f"{cfg.name} is not under {ogb_root(cfg)}, and training jobs do not download (compute nodes often "
-                f"have no internet). HINT: on a login node run\n    {prepare_command(cfg)}")
+                f"have no internet). HINT: on a login node run\n    {prepare_command(cfg)}\n(or "
+                f"{download_command(cfg)} there, then prepare anywhere)")
         _download(cfg, meta, folder)
     return folder
+
+
+def download_raw(cfg: DatasetConfig) -> Path:
+    """``python -m hpcgnn.data download``: OGB's raw files of ``cfg``'s dataset under ``dataset.root``, nothing else."""
+    return _raw_folder(cfg, _meta(cfg.name), allow_download=True)
 
 
 def load_ogb(cfg: DatasetConfig, allow_download: bool) -> Graph:
