@@ -29,7 +29,7 @@ def main() -> None:
 
     from hpcgnn.data import open_link, prepare
     from hpcgnn.sampling import BatchLoader, CSRNeighborSampler, PrefetchLoader
-    from hpcgnn.sampling.link import LinkSampler
+    from hpcgnn.sampling.link import LinkSampler, csr_has_edge
     from hpcgnn.sampling.loader import keep_freed_memory
 
     keep_freed_memory()
@@ -43,7 +43,8 @@ def main() -> None:
     order = torch.randperm(data.train.pos.size(1), generator=torch.Generator().manual_seed(0))
 
     def hpcgnn_loader(prefetch: int):
-        sampler = LinkSampler(CSRNeighborSampler(g.rowptr, g.col, FANOUTS), data.train.pos, g.num_nodes, "uniform", 1)
+        sampler = LinkSampler(CSRNeighborSampler(g.rowptr, g.col, FANOUTS), data.train.pos, g.num_nodes, "uniform", 1,
+                              has_edge=csr_has_edge(g.rowptr, g.col))
         loader = BatchLoader(g, sampler, order, BATCH, batch_seed=0)
         return PrefetchLoader(loader, prefetch) if prefetch else loader
 

@@ -41,6 +41,7 @@ ON_DISK = ("files", *OGB_NODE_DATASETS, *OGB_LINK_DATASETS, *OGB_TYPED_DATASETS)
 TASK_NAMES = ("node", "link")
 NEGATIVES = ("uniform", "strict", "in_batch")
 FORMS = ("binary", "triplet")
+TARGET_EDGES = ("drop", "keep")
 
 
 def check_registered_names(cfg) -> None:
@@ -144,7 +145,7 @@ def link_eval_mode(cfg) -> str:
 def _check_link(cfg) -> None:
     k, t = cfg.task, cfg.train
     for key, value, allowed in (("task.decoder", k.decoder, DECODERS), ("task.negatives", k.negatives, NEGATIVES),
-                                ("task.form", k.form, FORMS)):
+                                ("task.form", k.form, FORMS), ("task.target_edges", k.target_edges, TARGET_EDGES)):
         if value not in allowed:
             raise ConfigError(f"{key}={value!r} is unknown: use one of {', '.join(allowed)}")
     if k.num_negatives < 1 or k.neg_retries < 0 or any(x < 1 for x in k.hits_k):

@@ -38,6 +38,7 @@ class TaskConfig:
     neg_retries: int = 3  # link, negatives=strict: redraws of a negative that is an edge; then it is padding (weight 0, counted)
     form: str = "binary"  # link: binary (labelled pairs, BCE) | triplet (each positive against its negatives, softmax)
     hits_k: Tuple[int, ...] = (20, 50, 100)  # link: the K of the Hits@K metrics reported
+    target_edges: str = "drop"  # link: drop (a step's target edges carry no messages in its batch) | keep (they do, as in a full-batch GAE)
 
 
 @dataclass(frozen=True)

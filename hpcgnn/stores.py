@@ -205,7 +205,7 @@ class Store(abc.ABC):
     def _link_sampler(self, node_sampler, train_pos: Tensor, has_edge) -> LinkSampler:
         k = self.cfg.task
         return LinkSampler(node_sampler, train_pos, self.num_nodes, k.negatives, k.num_negatives, k.neg_retries,
-                           k.form, has_edge=has_edge if k.negatives == "strict" else None)
+                           k.form, has_edge=has_edge, drop_targets=k.target_edges == "drop")
 
     def counters(self) -> CommStats:
         return CommStats()

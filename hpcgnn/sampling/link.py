@@ -58,8 +58,10 @@ def _local(seeds: Tensor, ids: Tensor) -> Tensor:
     return torch.searchsorted(seeds, ids)
 
 
-def _without_targets(out: SampledSubgraph, pairs: Tensor) -> SampledSubgraph:
-    """``out`` without its edges that join a target pair (local ids [2, B]), in either direction."""
+def _without_targets(out: SampledSubgraph, pairs: Tensor, absent_in_degree: Tensor) -> SampledSubgraph:
+    """``out`` without its edges that join a target pair (local ids [2, B]), in either direction, and with the
+    graph's in-edges of each local node that the pairs take away (``absent_in_degree``, sampled or not)."""
+    out = replace(out, absent_in_degree=absent_in_degree)
     n = out.n_id.numel()
     targets = torch.cat([pairs[0] * n + pairs[1], pairs[1] * n + pairs[0]])
     src, dst = out.edge_index
@@ -77,12 +79,14 @@ class LinkSampler:
     """Training batches of positive edges (by id), their negatives and their endpoints' neighbourhoods."""
 
     def __init__(self, node_sampler, edges: Tensor, num_nodes: int, negatives: str = "uniform",
-                 num_negatives: int = 1, retries: int = 3, form: str = "binary", has_edge: HasEdge | None = None):
+                 num_negatives: int = 1, retries: int = 3, form: str = "binary", has_edge: HasEdge | None = None,
+                 drop_targets: bool = True):
         self.node_sampler, self.edges, self.num_nodes = node_sampler, edges, num_nodes
+        self.drop_targets = drop_targets
         self.negatives, self.k, self.retries, self.form = negatives, num_negatives, retries, form
         self.has_edge = has_edge
-        if negatives == "strict" and has_edge is None:
-            raise ValueError("strict negatives need the graph's edge membership (has_edge)")
+        if (negatives == "strict" or drop_targets) and has_edge is None:
+            raise ValueError("strict negatives and dropped targets need the graph's edge membership (has_edge)")
 
     @property
     def rowptr(self) -> Tensor:  # where generators live (BatchLoader makes them on this device)
@@ -117,7 +121,12 @@ class LinkSampler:
         seeds = torch.unique(torch.cat([src, dst, neg.reshape(-1)]))
         out = self.node_sampler.sample(seeds, generator)
         s, d, n = _local(seeds, src), _local(seeds, dst), _local(seeds, neg)
-        out = _without_targets(out, torch.stack([s, d]))
+        if self.drop_targets:  # the positive src -> dst is an edge of the graph; its reverse may be
+            reverse = self.has_edge(dst, src).long()
+            absent = torch.bincount(d, minlength=seeds.numel()) + torch.bincount(s, weights=reverse.double(),
+                                                                                  minlength=seeds.numel()).long()
+            absent = torch.cat([absent, absent.new_zeros(out.n_id.numel() - seeds.numel())])
+            out = _without_targets(out, torch.stack([s, d]), absent)
         b, k = s.numel(), self.k
         if self.form == "triplet":
             targets = {"src_index": s, "dst_pos_index": d, "dst_neg_index": n, "neg_weight": neg_weight,

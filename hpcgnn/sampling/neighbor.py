@@ -32,6 +32,7 @@ class SampledSubgraph:
     node_weight: Tensor | None = None  # float [batch_size]: loss weight of each seed (None: a plain mean)
     edge_weight: Tensor | None = None  # float [num_edges]: per-edge weights a model asked for (GCN's normalisation)
     targets: dict | None = None  # what a task scores besides the seeds (link prediction: the pairs and labels)
+    absent_in_degree: Tensor | None = None  # int [num_nodes]: in-edges of the graph the batch leaves out (a link step's target edges), not counted in the degrees GCN normalises by
 
 
 class DenseIdMap:

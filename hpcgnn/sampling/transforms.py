@@ -11,6 +11,12 @@ the end of its row: the edges stay grouped by target), so that PyG's ``trim_to_l
 them exactly as long as the node is a target. With
 fanouts above every degree, the seeds' logits equal the full-batch GCN's (tested).
 
+A link step whose target edges carry no messages (``task.target_edges=drop``) stands for the graph
+without those edges, as evaluation's graph is without the held-out ones: their endpoints' degrees
+leave them out too (``absent_in_degree``). Normalised by the full degrees instead, an endpoint of a
+positive pair would aggregate fewer neighbours than its weights assume (half its embedding, for a
+node whose one edge is the target), which no endpoint at evaluation does.
+
 A self-loop already in the graph counts in the in-degree, and the batch gets one more;
 PyG's ``add_remaining_self_loops`` would keep only the existing one. Graphs are expected
 without self-loops (the synthetic, OGB and files loaders keep whatever the source has).
@@ -38,7 +44,10 @@ class GCNNorm:
 
     def __call__(self, out: SampledSubgraph) -> SampledSubgraph:
         n_id, edge_index = out.n_id, out.edge_index
-        dinv = (self.degree.index_select(0, n_id.cpu()).to(n_id.device, torch.float64) + 1.0).rsqrt()
+        degree = self.degree.index_select(0, n_id.cpu()).to(n_id.device, torch.float64)
+        if out.absent_in_degree is not None:  # edges the batch leaves out of the graph leave its degrees too
+            degree = degree - out.absent_in_degree.to(degree)
+        dinv = (degree + 1.0).rsqrt()
         if out.num_sampled_nodes is None:  # a subgraph without hops: every node is a target
             loops = torch.arange(n_id.numel(), device=n_id.device)
             edge_index = torch.cat([edge_index, torch.stack([loops, loops])], 1)

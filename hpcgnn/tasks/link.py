@@ -1,7 +1,7 @@
 """Link prediction: a batch's targets are positive edges and their negatives; the model scores node pairs.
 
-Training (``task.form``): ``binary``, binary cross-entropy over the positives (label 1) and their
-negatives (label 0), padded negatives weighing nothing; ``triplet``, each positive against its own
+Training (``task.form``): ``binary``, binary cross-entropy of the positives (label 1) plus that of their
+negatives (label 0), each a mean (a GAE's reconstruction loss), padded negatives weighing nothing; ``triplet``, each positive against its own
 negatives, a softmax cross-entropy over ``[positive, negatives]``. Evaluation: every split's
 metrics (:mod:`hpcgnn.tasks.link_metrics`), from exact full-neighbourhood embeddings
 (``train.eval_mode=full``, the default on replicated graphs) or from sampled batches around the
@@ -52,8 +52,7 @@ class LinkPrediction(Task):
             return self._triplet_step(model, batch)
         index, label, weight = batch.edge_label_index, batch.edge_label, batch.edge_label_weight
         scores = forward_pairs(model, batch, index).float()
-        loss = (F.binary_cross_entropy_with_logits(scores, label, reduction="none") * weight).sum() / \
-            weight.sum().clamp(min=1.0)
+        loss = balanced_bce(scores, label, weight)
         correct = (((scores > 0) == (label > 0.5)) & (weight > 0)).sum()
         return StepResult(loss, correct, label.numel() - batch.padded, seeds=batch.positives)
 
@@ -155,6 +154,16 @@ class LinkPrediction(Task):
         items = self.store.eval_items(split)  # in the order the loader walked them
         p = s.pos.size(1)
         return flat[items < p], flat[items >= p]
+
+
+def balanced_bce(scores: Tensor, label: Tensor, weight: Tensor) -> Tensor:
+    """The (weighted) mean loss of the positives plus that of the negatives: a GAE's reconstruction loss
+    (PyG's ``GAE.recon_loss``), whatever the negatives per positive. (One mean over every pair would give the
+    positives 1/(1 + k) of the loss with k negatives each.) Masks, not indexing: no wait for the device."""
+    loss = F.binary_cross_entropy_with_logits(scores, label, reduction="none") * weight
+    pos = (label > 0.5).to(loss.dtype)
+    return (loss * pos).sum() / (weight * pos).sum().clamp(min=1.0) + \
+        (loss * (1 - pos)).sum() / (weight * (1 - pos)).sum().clamp(min=1.0)
 
 
 def common_neighbour_scores(graph, pairs: Tensor) -> Tensor:
