@@ -5,12 +5,14 @@
                        TrainState (epoch and step cursor, history, best epoch, counters)
         rank-<r>.pt    each rank: its RNG states (torch, CUDA, numpy, python) and its partial
                        sums of the epoch; the epoch's batches are re-made from their seeds
-        MANIFEST.json  sha256 of every file and the job's fingerprint; written last
+        MANIFEST.json  sha256 of every file, the job's fingerprint, the run that wrote it and every
+                       setting (flat_config); written last
+    <run_dir>/checkpoints/previous/<run id>/step-*/   other runs' checkpoints, set aside (Checkpointer)
 
 A checkpoint is assembled in a temporary folder, every file fsync'd, and renamed into
-place by rank 0 once all ranks wrote theirs: a folder named ``step-*`` is complete. On
-load, every rank checks the same manifest and checksums, so all ranks pick the same
-checkpoint; a corrupt or truncated newest one is skipped with a warning. Loading uses
+place by rank 0 once all ranks wrote theirs: a folder named ``step-*`` is complete. At
+start, every rank reads the same manifests and checksums, so all ranks pick the same
+checkpoint of the same run; a corrupt or truncated newest one is skipped with a warning. Loading uses
 ``torch.load(weights_only=True)``: nothing but tensors and plain containers is unpickled.
 
 Preemption: the signal handler only sets a flag (:class:`PreemptionFlag`). After every
