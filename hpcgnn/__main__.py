@@ -17,6 +17,7 @@ from __future__ import annotations
 import importlib
 import sys
 
+from hpcgnn.env import full_error
 from hpcgnn.errors import UserError, report
 
 # subcommand -> module whose main(argv) -> exit code runs it
@@ -46,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
                             f"and the subcommands {', '.join(SUBCOMMANDS)}")
         return train(overrides, multirun="multirun" in flags, print_config="cfg" in flags)
     except UserError as exc:
-        return report(exc)
+        return report(exc, full_error())
 
 
 def train(overrides: list[str], multirun: bool = False, print_config: bool = False) -> int:

@@ -74,15 +74,13 @@ def describe(exc: UserError) -> str:
     return f"hpcgnn: {exc.kind}: {exc}"
 
 
-def report(exc: UserError) -> int:
-    """Print a user error as every command does (its traceback first only under ``HYDRA_FULL_ERROR=1``);
-    returns the exit code to leave with."""
+def report(exc: UserError, with_traceback: bool = False) -> int:
+    """Print a user error as every command does (its traceback first only when asked: ``HYDRA_FULL_ERROR=1``,
+    :func:`hpcgnn.env.full_error`); returns the exit code to leave with."""
     import sys
     import traceback
 
-    from hpcgnn.env import full_error
-
-    if full_error():
+    if with_traceback:
         traceback.print_exception(exc, file=sys.stderr)
     print(describe(exc), file=sys.stderr, flush=True)
     return exc.exit_code

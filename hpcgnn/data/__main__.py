@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import sys
 
+from hpcgnn.env import full_error
 from hpcgnn.errors import EXIT_USER_ERROR, UserError, report
 
 COMMANDS = ("prepare", "download")
@@ -45,7 +46,7 @@ def main(argv: list[str]) -> int:
         with stop_cleanly_on_sigterm("prepare"):
             folder = prepare(cfg, allow_download=True)
     except UserError as exc:
-        return report(exc)
+        return report(exc, full_error())
     print(f"{cfg.name}: prepared in {folder} ({cache.human_bytes(cache.size_bytes(folder))})")
     return 0
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import sys
 import time
 
+from hpcgnn.env import full_error
 from hpcgnn.errors import UserError, report
 
 
@@ -48,7 +49,7 @@ def main(argv: list[str]) -> int:
         job = submit_partition(cfg)
         return wait_partition(job, cfg) if cfg.launch.wait is not False else 0
     except UserError as exc:
-        return report(exc)
+        return report(exc, full_error())
 
 
 if __name__ == "__main__":
