@@ -62,6 +62,11 @@ class CheckpointError(UserError):
     kind = "checkpoint error"
 
 
+class AnotherRankFailed(RuntimeError):
+    """This rank stops because another one failed first (its error is that one's echo): never the cause
+    reported, whichever rank's record is written first."""
+
+
 class Diverged(UserError):
     """The loss or a gradient became NaN or infinite; the message names the step, the rank and the likely cause."""
 

@@ -26,7 +26,7 @@ from hpcgnn.checkpoint import Preempted
 from hpcgnn.config import RunConfig
 from hpcgnn.dist import pick_device, process_group
 from hpcgnn.env import RankEnv, check_allocation
-from hpcgnn.errors import EXIT_FAILED, EXIT_PREEMPTED, UserError, describe
+from hpcgnn.errors import EXIT_FAILED, EXIT_PREEMPTED, AnotherRankFailed, UserError, describe
 from hpcgnn.io import write_json
 from hpcgnn.sampling.loader import keep_freed_memory
 from hpcgnn.trainer import train
@@ -110,7 +110,8 @@ def record_failure(run_dir: Path, env: RankEnv | None, exc: BaseException) -> No
     record = {"rank": env.rank if env is not None else -1, "host": socket.gethostname(),
               "job_id": env.job_id if env is not None else "", "time": time.time(),
               "error": "".join(traceback.format_exception(exc)),
-              "user_error": describe(exc) if user else None, "exit_code": exc.exit_code if user else EXIT_FAILED}
+              "user_error": describe(exc) if user else None, "exit_code": exc.exit_code if user else EXIT_FAILED,
+              "echo": isinstance(exc, AnotherRankFailed)}
     name = f"rank-{env.rank}.json" if env is not None else f"rank-unknown-{os.getpid()}.json"
     with contextlib.suppress(OSError):  # (a full or unwritable disk: the rank's own stderr keeps the traceback)
         write_json(run_dir / "failures" / name, record)
@@ -118,12 +119,12 @@ def record_failure(run_dir: Path, env: RankEnv | None, exc: BaseException) -> No
 
 
 def read_failures(run_dir: Path) -> list[dict]:
-    """The failure records of a run, earliest first."""
+    """The failure records of a run, earliest first; echoes of another rank's failure after every cause."""
     records = []
     for path in (run_dir / "failures").glob("rank-*.json"):
         with contextlib.suppress(OSError, ValueError):
             records.append(json.loads(path.read_text()))
-    return sorted(records, key=lambda r: (r["time"], r["rank"]))
+    return sorted(records, key=lambda r: (r.get("echo", False), r["time"], r["rank"]))
 
 
 def _setup_logging(env: RankEnv) -> None:

@@ -40,7 +40,7 @@ from hpcgnn.data import (
     prepare,
 )
 from hpcgnn.env import RankEnv
-from hpcgnn.errors import AllocationError, ConfigError, DatasetError, PartitionError
+from hpcgnn.errors import AllocationError, AnotherRankFailed, ConfigError, DatasetError, PartitionError
 from hpcgnn.io import write_npy
 from hpcgnn.models import uses_edges
 from hpcgnn.rng import derive_seed, generator
@@ -83,7 +83,7 @@ def on_local_rank0(env: RankEnv, what: str, fn) -> None:
     if error is not None:
         raise error
     if int(failed.item()):
-        raise RuntimeError(f"rank {env.rank}: a node's local rank 0 failed to {what} (see its error)")
+        raise AnotherRankFailed(f"rank {env.rank}: a node's local rank 0 failed to {what} (see its error)")
 
 
 def require_training_items(cfg: RunConfig, count: int, what: str) -> None:
