@@ -31,8 +31,8 @@ def main() -> None:
 
     from hpcgnn.config import GraphConfig, ModelConfig, RunConfig, TaskConfig, TrainConfig
     from hpcgnn.env import RankEnv
-    from hpcgnn.metrics import Clock
     from hpcgnn.models import build_model, forward_batch
+    from hpcgnn.clock import Clock
     from hpcgnn.sampling import BatchLoader
     from hpcgnn.sampling.subgraph import expected_edges
     from hpcgnn.stores import ReplicatedStore

@@ -4,7 +4,7 @@ loop and PyG's NeighborLoader; GraphSAGE (3 layers, hidden 256).
     python benchmarks/epoch.py [--num-nodes 500000] [--avg-degree 50] [--steps 8]
 
 hpcgnn's pipeline: neighbour sampling in a prefetching thread, each layer computing only the nodes the
-next one needs, aggregation as sorted-CSR products (hpcgnn.aggregation), in fp32 and with
+next one needs, aggregation as sorted-CSR products (hpcgnn.models.aggregation), in fp32 and with
 ``train.precision=auto`` (bf16 autocast where the CPU has AMX or AVX512-BF16). Today's path (before
 the CSR aggregation): the same with PyG's gather/scatter aggregation in fp32. The plain loop: the same
 batches and model without overlap or trimming; PyG's NeighborLoader with the same model when pyg-lib or
@@ -24,7 +24,7 @@ from common import BATCH, FANOUTS, benchmark_graph, graph_arguments, hpcgnn_load
 
 def run(name: str, loader, model, steps: int, trim: bool, precision: str = "fp32") -> tuple[float, float]:
     """(seeds/s, forward + backward seconds per step) over ``steps`` steps after one warm-up step."""
-    from hpcgnn.techniques import autocast
+    from hpcgnn.rank.techniques import autocast
 
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     wait = fwd_bwd = optim = 0.0
@@ -58,8 +58,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=8)
     args = ap.parse_args()
 
-    from hpcgnn.aggregation import csr_model
-    from hpcgnn.techniques import resolve_precision
+    from hpcgnn.models.aggregation import csr_model
+    from hpcgnn.rank.techniques import resolve_precision
 
     graph = benchmark_graph(args)
     auto, why = resolve_precision("auto", torch.device("cpu"))

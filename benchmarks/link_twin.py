@@ -59,9 +59,9 @@ def gae_twin(cfg, seed: int, epochs: int, eval_every: int = 1) -> dict:
 
 def hpcgnn_run(overrides: list[str], run_dir: str) -> dict:
     """hpcgnn's link run in this process (one rank), as ``python -m hpcgnn task=link ...`` trains it."""
-    from hpcgnn.compose import compose
     from hpcgnn.env import RankEnv
-    from hpcgnn.trainer import Trainer
+    from hpcgnn.rank.trainer import Trainer
+    from hpcgnn.submit.compose import compose
 
     cfg = compose(["task=link", "metrics.tensorboard=false", *overrides, f"run_dir={run_dir}"]).cfg
     return Trainer(cfg, RankEnv.from_environ({}), torch.device("cpu")).train()
@@ -75,7 +75,7 @@ def main() -> None:
     ap.add_argument("--out", default="/tmp/hpcgnn-link-twin", help="run folders")
     ap.add_argument("overrides", nargs="*", help="hpcgnn overrides for both sides (after --)")
     args = ap.parse_args()
-    from hpcgnn.compose import compose
+    from hpcgnn.submit.compose import compose
 
     cfg = compose(["task=link", *args.overrides, f"run_dir={args.out}"]).cfg
     ours, twin, t0 = [], [], time.perf_counter()

@@ -3,9 +3,9 @@
     hpcgnn [-m] [--cfg] KEY=VALUE ... GROUP=OPTION ... +cluster=NAME   train (a sweep with -m)
     hpcgnn data prepare dataset=NAME ...                               python -m hpcgnn.data
     hpcgnn partition dataset=NAME graph.num_parts=K ...                python -m hpcgnn.partition
-    hpcgnn status SWEEP_DIR [--wait]                                   python -m hpcgnn.status
-    hpcgnn report RUN_OR_SWEEP_DIR                                     python -m hpcgnn.report
-    hpcgnn cluster init NAME [--partition P]                           python -m hpcgnn.cluster
+    hpcgnn status SWEEP_DIR [--wait]                                   python -m hpcgnn status
+    hpcgnn report RUN_OR_SWEEP_DIR                                     python -m hpcgnn report
+    hpcgnn cluster init NAME [--partition P]                           python -m hpcgnn cluster
 
 Options: -m/--multirun expands comma lists into a sweep (every combination; one SLURM job
 array with +cluster); --cfg prints the composed config and exits; -h/--help prints this.
@@ -24,9 +24,9 @@ from hpcgnn.errors import UserError, report
 SUBCOMMANDS = {
     "data": "hpcgnn.data.__main__",
     "partition": "hpcgnn.partition.__main__",
-    "status": "hpcgnn.status",
-    "report": "hpcgnn.report",
-    "cluster": "hpcgnn.cluster",
+    "status": "hpcgnn.submit.status",
+    "report": "hpcgnn.submit.report",
+    "cluster": "hpcgnn.submit.cluster",
 }
 FLAGS = {"-m": "multirun", "--multirun": "multirun", "--cfg": "cfg", "-c": "cfg", "-h": "help", "--help": "help"}
 
@@ -54,8 +54,8 @@ def train(overrides: list[str], multirun: bool = False, print_config: bool = Fal
     """Compose (every member of a sweep, all checked before anything runs), then launch."""
     from pathlib import Path
 
-    from hpcgnn.compose import compose, compose_sweep
-    from hpcgnn.launch import launch, resolved_yaml
+    from hpcgnn.submit.compose import compose, compose_sweep
+    from hpcgnn.submit.launch import launch, resolved_yaml
 
     if not multirun:
         composed = compose(overrides)
@@ -63,7 +63,7 @@ def train(overrides: list[str], multirun: bool = False, print_config: bool = Fal
             print(resolved_yaml(composed.cfg), end="")
             return 0
         return launch(composed.cfg, composed.overrides)
-    from hpcgnn.sweep import SweepMember, launch_sweep
+    from hpcgnn.submit.sweep import SweepMember, launch_sweep
 
     members = compose_sweep(overrides)
     if print_config:

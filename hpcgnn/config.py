@@ -4,7 +4,7 @@ Every config group owns one frozen dataclass. Hydra composes YAML files and
 command-line overrides against mutable twins of these classes (OmegaConf makes
 frozen dataclasses read-only, so Hydra could not merge into them); the result
 becomes a frozen, validated :class:`RunConfig` exactly once, in
-:func:`RunConfig.from_dictconfig` (called by :func:`hpcgnn.compose.compose`).
+:func:`RunConfig.from_dictconfig` (called by :func:`hpcgnn.submit.compose.compose`).
 Everything downstream takes a ``RunConfig``.
 
 This module checks values and their combinations only; it imports nothing of hpcgnn but

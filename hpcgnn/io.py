@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from hpcgnn import env
-from hpcgnn.slurm import ended_state
+from hpcgnn.submit.slurm import ended_state
 
 LEFTOVER_WARN_S = 3600  # another host's temporary folder untouched this long is named in a warning
 _TAG = re.compile(r"(?P<host>[A-Za-z0-9._]+)-(?P<pid>[0-9]+)-[0-9a-f]{8}(?:-j(?P<job>[0-9]+))?$")

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from hpcgnn.compose import compose
 from hpcgnn.config import RunConfig
+from hpcgnn.submit.compose import compose
 
 REPO = Path(__file__).resolve().parent.parent
 # Test accuracy the default job must reach, wherever it runs (local processes or SLURM).
@@ -70,9 +70,9 @@ def exact_inference_worker(rank: int, world: int, port: int, cfg, folder: str, m
 
     import torch
 
-    from hpcgnn import techniques
     from hpcgnn.dist import process_group
     from hpcgnn.models import batch_transform, build_model, build_typed_model
+    from hpcgnn.rank import techniques
     from hpcgnn.stores import PartitionedStore
     from hpcgnn.tasks import build_task
 

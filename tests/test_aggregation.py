@@ -1,4 +1,4 @@
-"""Sorted-CSR aggregation (hpcgnn.aggregation): the same logits and gradients as PyG's own path."""
+"""Sorted-CSR aggregation (hpcgnn.models.aggregation): the same logits and gradients as PyG's own path."""
 
 from __future__ import annotations
 
@@ -8,10 +8,9 @@ import pytest
 import torch
 from conftest import DATA_ROOT
 
-from hpcgnn import aggregation
 from hpcgnn.config import DatasetConfig, ModelConfig
 from hpcgnn.data import open_graph, prepare
-from hpcgnn.models import batch_transform, build_model, forward_batch
+from hpcgnn.models import aggregation, batch_transform, build_model, forward_batch
 from hpcgnn.sampling import BatchLoader, CSRNeighborSampler
 
 SMALL = DatasetConfig(num_nodes=3000, avg_degree=10, root=str(DATA_ROOT))
@@ -97,7 +96,7 @@ def test_gcn_self_loops_sit_at_the_end_of_their_rows():
 
 def test_bf16_csr_path_runs_the_bf16_kernels(graph):
     """Under bf16 autocast the CSR products run in bf16 after the first layer, forward and backward."""
-    from hpcgnn.techniques import autocast
+    from hpcgnn.rank.techniques import autocast
 
     torch.manual_seed(0)
     model = build_model(ModelConfig(name="gin", hidden_channels=16), graph.num_features, graph.num_classes, 3)

@@ -10,9 +10,9 @@ import pytest
 import torch
 from conftest import make_config
 
-from hpcgnn.checkpoint import Checkpointer, PreemptionFlag
 from hpcgnn.env import RankEnv
 from hpcgnn.errors import CheckpointError
+from hpcgnn.rank.checkpoint import Checkpointer, PreemptionFlag
 from hpcgnn.rng import rng_state, set_rng_state
 
 SINGLE = RankEnv.from_environ({}, (20000, 32767), 0)

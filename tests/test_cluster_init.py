@@ -1,11 +1,11 @@
-"""`python -m hpcgnn.cluster init NAME`: parsing what sinfo prints into a cluster file."""
+"""`python -m hpcgnn cluster init NAME`: parsing what sinfo prints into a cluster file."""
 
 from __future__ import annotations
 
 import pytest
 from conftest import make_config
 
-from hpcgnn.cluster import init, parse_gpus, parse_sinfo, parse_time_min
+from hpcgnn.submit.cluster import init, parse_gpus, parse_sinfo, parse_time_min
 
 SINFO = """gpu*|4|64|512000|gpu:a100:4(S:0-1)|2-00:00:00|g[001-004]
 gpu*|2|128|1024000|gpu:a100:4(S:0-1),shard:8|2-00:00:00|g[005-006]
@@ -44,4 +44,4 @@ def test_init_writes_a_cluster_file_hydra_composes(tmp_path, monkeypatch):
         init("big", None, tmp_path / "cluster", sinfo=SINFO)
     with pytest.raises(ValueError, match="no partition 'gpux'; sinfo lists: gpu, cpu"):
         init("other", "gpux", tmp_path / "cluster", sinfo=SINFO)
-    assert path.read_text().startswith("# Written by `python -m hpcgnn.cluster init big`")
+    assert path.read_text().startswith("# Written by `python -m hpcgnn cluster init big`")

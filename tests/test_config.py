@@ -13,7 +13,7 @@ from conftest import make_config, run_cli
 
 from hpcgnn.config import RunConfig, check_override_keys
 from hpcgnn.errors import ConfigError
-from hpcgnn.launch import check_partition_capacity, render_sbatch, slurm_parameters
+from hpcgnn.submit.launch import check_partition_capacity, render_sbatch, slurm_parameters
 
 GOLDEN = Path(__file__).parent / "golden"
 
@@ -92,7 +92,7 @@ def test_golden_sbatch_example_cluster():
 @pytest.mark.parametrize("method, nodes", [("metis", 1), ("random", 1), ("lp", 4)])
 def test_partitioning_job_spans_the_nodes_only_for_lp(method, nodes):
     """lp shares the work among one task per node of cluster.nodes; METIS and random are one process's."""
-    from hpcgnn.launch import partition_job_config
+    from hpcgnn.submit.launch import partition_job_config
 
     cfg = make_config("+cluster=example_gpu", "cluster.nodes=4", "graph=partitioned", f"graph.method={method}")
     c = partition_job_config(cfg).cluster
@@ -222,7 +222,7 @@ SRUN = {"SLURM_JOB_ID": "5", "SLURM_PROCID": "0", "SLURM_STEP_ID": "0", "SLURM_J
     ({}, ["+cluster=example_gpu", "launch.mode=local"], "local"),
 ])
 def test_launch_mode(environ, cluster, mode):
-    from hpcgnn.launch import launch_mode
+    from hpcgnn.submit.launch import launch_mode
 
     got, why = launch_mode(make_config(*cluster), environ)
     assert got == mode
@@ -306,7 +306,7 @@ def test_registries_hold_the_names_the_checks_know():
 def test_the_launching_process_imports_no_torch():
     """Composing, checking and launching a job (local, sweep or SLURM) imports neither torch nor PyG: the
     command starts its ranks or submits in a fraction of a second."""
-    code = ("import sys; from hpcgnn.compose import compose; import hpcgnn.launch, hpcgnn.sweep, hpcgnn.entry; "
+    code = ("import sys; from hpcgnn.submit.compose import compose; import hpcgnn.submit.launch, hpcgnn.submit.sweep, hpcgnn.submit.entry; "
             "[compose(o) for o in (['run_dir=/tmp/x'], ['task=link', 'run_dir=/tmp/x'], "
             "['+cluster=devcluster', 'graph=partitioned', 'run_dir=/tmp/x'])]; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'torch_geometric')))")

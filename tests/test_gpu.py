@@ -102,7 +102,7 @@ def test_pinned_gather_is_page_locked_and_exact(graph):
 def single_rank(*overrides: str, run_dir) -> tuple[dict, object]:
     """The trainer in this process, one rank on the GPU; returns (summary, trainer)."""
     from hpcgnn.env import RankEnv
-    from hpcgnn.trainer import Trainer
+    from hpcgnn.rank.trainer import Trainer
 
     cfg = make_config(*overrides, f"dataset.root={DATA_ROOT}", "metrics.tensorboard=false", "train.device=cuda",
                       run_dir=str(run_dir))
@@ -135,9 +135,9 @@ def test_resume_on_the_gpu_matches_the_whole_run(tmp_path):
     """Preempted mid-epoch and resumed on the GPU: the batches are re-made exactly (the sampler's
     generators live on the GPU), so the run ends where the uninterrupted one does, up to the
     nondeterministic order of the GPU's atomic scatter sums (measured: see the README)."""
-    from hpcgnn.checkpoint import Preempted
     from hpcgnn.env import RankEnv
-    from hpcgnn.trainer import Trainer
+    from hpcgnn.rank.checkpoint import Preempted
+    from hpcgnn.rank.trainer import Trainer
 
     # fp32: bf16 (auto's choice on an H100) carries the atomics' order further (measured: README)
     over = [*TINY, "train.epochs=3", f"dataset.root={DATA_ROOT}", "metrics.tensorboard=false", "train.device=cuda",

@@ -25,9 +25,9 @@ import pytest
 import torch
 from conftest import DATA_ROOT, make_config, run_cli
 
-from hpcgnn.checkpoint import Preempted
 from hpcgnn.env import RankEnv
 from hpcgnn.errors import AllocationError, CheckpointError, ConfigError, DatasetError, Diverged
+from hpcgnn.rank.checkpoint import Preempted
 
 # One rank in this process: 600 training nodes in steps of 64 seeds, 10 steps an epoch.
 SMALL = ["dataset.num_nodes=2000", f"dataset.root={DATA_ROOT}", "train.batch_size=64", "train.epochs=2",
@@ -36,7 +36,7 @@ SINGLE, CPU = RankEnv.from_environ({}), torch.device("cpu")
 
 
 def _train(*overrides: str, run_dir, trainer: bool = False):
-    from hpcgnn.trainer import Trainer
+    from hpcgnn.rank.trainer import Trainer
 
     t = Trainer(make_config(*SMALL, *overrides, run_dir=str(run_dir)), SINGLE, CPU)
     summary = t.train()
@@ -170,9 +170,9 @@ def test_5_what_the_ranks_meet_and_the_user_can_fix_is_a_user_error(tmp_path, mo
 
     from hpcgnn.data import _check_space
     from hpcgnn.dist import pick_device
-    from hpcgnn.launch import free_port
+    from hpcgnn.rank.techniques import grad_scaler
     from hpcgnn.stores import PartitionedStore
-    from hpcgnn.techniques import grad_scaler
+    from hpcgnn.submit.launch import free_port
 
     with pytest.raises(DatasetError, match=r"only .* are free. HINT: set dataset.root to a larger file system"):
         _check_space(tmp_path / "graph", 1 << 62)

@@ -84,7 +84,7 @@ def test_a_one_epoch_job_runs_from_any_folder(wheel_venv, tmp_path):
     prep = _run([wheel_venv / "bin" / "hpcgnn", "data", "prepare", "dataset.num_nodes=3000", f"dataset.root={data}"],
                 cwd=tmp_path)
     assert prep.returncode == 0 and "synthetic: prepared in" in prep.stdout, prep.stderr
-    status = _run([venv_python, "-m", "hpcgnn.status", tmp_path], cwd=tmp_path)
+    status = _run([venv_python, "-m", "hpcgnn.submit.status", tmp_path], cwd=tmp_path)
     assert status.returncode == 2 and "manifest.json not found" in status.stderr
     cluster = _run([wheel_venv / "bin" / "hpcgnn", "cluster", "--help"], cwd=tmp_path)
     assert cluster.returncode == 0 and "init" in cluster.stdout

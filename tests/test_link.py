@@ -228,7 +228,7 @@ def test_sharded_metrics_are_exact_across_ranks(tmp_path):
     """Three ranks, uneven shares: every rank gets the numbers of the whole split."""
     import torch.multiprocessing as mp
 
-    from hpcgnn.launch import free_port
+    from hpcgnn.submit.launch import free_port
 
     gen = torch.Generator().manual_seed(1)
     scores = {"pos": torch.randn(1001, generator=gen) + 1, "neg": torch.randn(1502, generator=gen),
@@ -350,7 +350,7 @@ def link_runs(tmp_path_factory) -> dict:
     from conftest import run_cli, summary_of
 
     from hpcgnn.env import RankEnv
-    from hpcgnn.trainer import Trainer
+    from hpcgnn.rank.trainer import Trainer
 
     runs = {}
     for name, over in (("sage", ["model=sage"]), ("partitioned", ["graph=partitioned"])):
@@ -418,9 +418,9 @@ def test_common_neighbours_counts_shared_neighbours(data):
 @pytest.mark.parametrize("form, negatives", [("binary", "strict"), ("triplet", "in_batch")])
 def test_preempted_link_training_resumes_bitwise(tmp_path, form, negatives, cpu_kind):
     """One rank in this process, preempted mid-epoch and resumed: the parameters of an uninterrupted run."""
-    from hpcgnn.checkpoint import Preempted
     from hpcgnn.env import RankEnv
-    from hpcgnn.trainer import Trainer
+    from hpcgnn.rank.checkpoint import Preempted
+    from hpcgnn.rank.trainer import Trainer
 
     over = ["task=link", "dataset.num_nodes=3000", "dataset.avg_degree=10", f"dataset.root={DATA_ROOT}",
             "train.epochs=2", "train.batch_size=256", f"task.form={form}", f"task.negatives={negatives}",
@@ -470,8 +470,8 @@ def test_sampled_evaluation_with_full_fanouts_equals_exact_evaluation(tmp_path, 
     of the precision ``auto`` picks on each kind of CPU, and their metrics lie within what that rounding can
     move them (every metric rises with the positives' scores and falls with the negatives')."""
     from hpcgnn.env import RankEnv
+    from hpcgnn.rank.trainer import Trainer
     from hpcgnn.tasks.link import LinkPrediction
-    from hpcgnn.trainer import Trainer
 
     over = ["task=link", "train.epochs=1", "train.fanouts=[500,500]", "metrics.tensorboard=false",
             "model.hidden_channels=16"]
@@ -537,8 +537,8 @@ def test_partitioned_link_batches_are_checked_edge_by_edge_against_the_whole_gra
     source it owns, in equal step counts."""
     import torch.multiprocessing as mp
 
-    from hpcgnn.launch import free_port
     from hpcgnn.partition import ensure_parts
+    from hpcgnn.submit.launch import free_port
 
     cfg = make_config("task=link", "graph=partitioned", "dataset.num_nodes=3000", "dataset.avg_degree=10",
                       f"dataset.root={DATA_ROOT}", "train.batch_size=400", "train.fanouts=[6,4]",
@@ -582,8 +582,8 @@ def test_exact_evaluation_is_taken_on_partitioned_graphs_when_asked():
 
 
 def _full_evaluation_worker(rank: int, world: int, port: int, cfgs: dict, folder: str) -> None:
-    from hpcgnn import techniques
     from hpcgnn.dist import process_group
+    from hpcgnn.rank import techniques
     from hpcgnn.stores import PartitionedStore
     from hpcgnn.tasks import build_task
 
@@ -608,9 +608,9 @@ def test_exact_evaluation_on_a_partitioned_graph_equals_the_whole_graphs(tmp_pat
     import torch.multiprocessing as mp
 
     from hpcgnn.env import RankEnv
-    from hpcgnn.launch import free_port
     from hpcgnn.partition import ensure_parts
     from hpcgnn.stores import ReplicatedStore
+    from hpcgnn.submit.launch import free_port
     from hpcgnn.tasks import build_task
 
     over = ["task=link", "train.eval_mode=full", "model.hidden_channels=16", "train.fanouts=[5,3]",

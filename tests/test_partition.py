@@ -269,7 +269,7 @@ def _sample_worker(rank: int, world: int, port: int, cfg, folder: str) -> None:
 
 
 def _run_workers(cfg, tmp_path: Path, world: int = 2) -> list[dict]:
-    from hpcgnn.launch import free_port
+    from hpcgnn.submit.launch import free_port
 
     port = free_port(23000 + os.getpid() % 5000, 20000, 32767)
     mp.start_processes(_sample_worker, args=(world, port, cfg, str(tmp_path)), nprocs=world, start_method="spawn")
@@ -352,8 +352,8 @@ def test_lp_partitions_as_a_multi_task_job_each_task_reading_its_share(tmp_path,
     """Two gloo tasks partition together (each reads half of every level's rows; moves gathered and agreed
     on): both end with the same META; two such runs write byte-identical parts; the cut is the one task's
     within 2%, the balance within 3%, and the artifact opens and verifies like any other."""
-    from hpcgnn.launch import free_port
     from hpcgnn.partition import multilevel
+    from hpcgnn.submit.launch import free_port
 
     mine = _private(tmp_path)
     prepare(mine)
@@ -428,9 +428,9 @@ def test_exact_partitioned_inference_equals_the_replicated_layerwise_inference(t
     fetching its halo's previous-layer outputs; equal to layer-wise inference on the whole graph, and the
     task's accuracies equal the whole graph's."""
     from hpcgnn.config import ModelConfig
-    from hpcgnn.launch import free_port
     from hpcgnn.models import batch_transform, build_model
-    from hpcgnn.techniques import layerwise_inference
+    from hpcgnn.rank.techniques import layerwise_inference
+    from hpcgnn.submit.launch import free_port
 
     cfg = make_config("graph=partitioned", "train.eval_mode=full", "train.fanouts=[5,3]", "graph.method=metis",
                       f"dataset.num_nodes={SMALL.num_nodes}", f"dataset.avg_degree={SMALL.avg_degree}",
@@ -463,8 +463,8 @@ def test_halo_bound_is_the_halo_of_one_part_and_nothing_for_all_parts():
 def test_exact_evaluation_that_cannot_fit_is_refused_before_training(monkeypatch):
     """The layer tables of train.eval_mode=full are sized at start, against the rank's share of the node's
     memory: refused with the fix named, instead of killed at the first evaluation."""
-    from hpcgnn import techniques
-    from hpcgnn.techniques import check_exact_inference_memory, exact_inference_bytes
+    from hpcgnn.rank import techniques
+    from hpcgnn.rank.techniques import check_exact_inference_memory, exact_inference_bytes
 
     ensure_parts(SMALL, METIS, 2)
     p = open_parts(SMALL, METIS, 2, [0])

@@ -1,4 +1,4 @@
-"""Pictures: `python -m hpcgnn.report` and the notebooks, executed headless on a small real run and sweep."""
+"""Pictures: `python -m hpcgnn report` and the notebooks, executed headless on a small real run and sweep."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def sweep_dir(local_sweep) -> Path:
 
 
 def _report(folder: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "hpcgnn.report", str(folder)], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "hpcgnn.submit.report", str(folder)], capture_output=True, text=True,
                           timeout=300)
 
 

@@ -242,7 +242,7 @@ TOLERANCE = 0.05  # test accuracy (exact, layer-wise inference) within 5 points 
 
 def _train_here(tmp_path_factory, sampler: str) -> dict:
     """One rank in this process (the trainer itself); the per-rank batch of RUNS."""
-    from hpcgnn.trainer import Trainer
+    from hpcgnn.rank.trainer import Trainer
 
     folder = tmp_path_factory.mktemp(sampler)
     cfg = make_config(*ACCURACY, f"train.sampler={sampler}", *RUNS[sampler], run_dir=str(folder / "run"))

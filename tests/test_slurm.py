@@ -288,7 +288,7 @@ def test_sweep_is_one_job_array_submitted_in_seconds_and_status_follows_it(tmp_p
     assert took < 120, took  # returned without waiting for the jobs (generous bound for a loaded CI machine)
     manifest = json.loads((sweep / "manifest.json").read_text())
     assert [e["job_id"] for e in manifest["members"]] == [f"{m.group(1)}_{i}" for i in range(4)]
-    st = subprocess.run([sys.executable, "-m", "hpcgnn.status", str(sweep), "--wait", "--poll-s", "2"],
+    st = subprocess.run([sys.executable, "-m", "hpcgnn.submit.status", str(sweep), "--wait", "--poll-s", "2"],
                         capture_output=True, text=True, timeout=900)
     assert st.returncode == 0, st.stdout + st.stderr
     rows = st.stdout.strip().splitlines()[1:]
@@ -299,7 +299,7 @@ def test_sweep_is_one_job_array_submitted_in_seconds_and_status_follows_it(tmp_p
 
 def test_cluster_init_describes_the_dev_cluster_and_its_file_runs_a_job(tmp_path):
     env = {**os.environ, "HPCGNN_CONFIG_DIR": str(tmp_path / "conf")}
-    res = subprocess.run([sys.executable, "-m", "hpcgnn.cluster", "init", "discovered"], capture_output=True,
+    res = subprocess.run([sys.executable, "-m", "hpcgnn.submit.cluster", "init", "discovered"], capture_output=True,
                          text=True, timeout=120, env=env)
     assert res.returncode == 0, res.stderr
     text = (tmp_path / "conf" / "cluster" / "discovered.yaml").read_text()

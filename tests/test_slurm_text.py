@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcgnn.slurm import (
+from hpcgnn.submit.slurm import (
     JobState,
     ended_state,
     expand_array_ids,

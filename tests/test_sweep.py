@@ -18,7 +18,7 @@ def _sweep(tmp_path, *args: str, timeout: float = 600) -> subprocess.CompletedPr
 
 
 def _status(tmp_path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "hpcgnn.status", str(tmp_path / "sweep"), *args],
+    return subprocess.run([sys.executable, "-m", "hpcgnn.submit.status", str(tmp_path / "sweep"), *args],
                           capture_output=True, text=True, timeout=900)
 
 
@@ -32,7 +32,7 @@ def test_local_sweep_runs_members_one_after_another(local_sweep):
         assert (sweep / str(m["member"]) / ".hydra" / "config.yaml").is_file()
         assert "model=" in (sweep / str(m["member"]) / ".hydra" / "overrides.yaml").read_text()
         assert json.loads((sweep / str(m["member"]) / "summary.json").read_text())["epochs"] == 2
-    st = subprocess.run([sys.executable, "-m", "hpcgnn.status", str(sweep)], capture_output=True, text=True, timeout=300)
+    st = subprocess.run([sys.executable, "-m", "hpcgnn.submit.status", str(sweep)], capture_output=True, text=True, timeout=300)
     assert st.returncode == 0, st.stderr
     assert st.stdout.count("COMPLETED") == 2 and "model=mlp" in st.stdout and "2/2" in st.stdout
 

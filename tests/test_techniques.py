@@ -15,10 +15,7 @@ from hpcgnn.data import open_graph, prepare
 from hpcgnn.env import RankEnv
 from hpcgnn.errors import ConfigError
 from hpcgnn.models import batch_transform, build_model, forward_batch
-from hpcgnn.sampling import BatchLoader, CSRNeighborSampler
-from hpcgnn.stores import ReplicatedStore
-from hpcgnn.tasks import build_task
-from hpcgnn.techniques import (
+from hpcgnn.rank.techniques import (
     autocast,
     effective_lr,
     layerwise_inference,
@@ -26,7 +23,10 @@ from hpcgnn.techniques import (
     make_scheduler,
     step_weights,
 )
-from hpcgnn.trainer import optimizer_step
+from hpcgnn.rank.trainer import optimizer_step
+from hpcgnn.sampling import BatchLoader, CSRNeighborSampler
+from hpcgnn.stores import ReplicatedStore
+from hpcgnn.tasks import build_task
 
 SMALL = DatasetConfig(num_nodes=3000, avg_degree=10, root=str(DATA_ROOT))
 
@@ -125,7 +125,7 @@ def test_bf16_autocast_computes_in_bf16(graph):
 def test_precision_auto_is_bf16_where_the_cpu_computes_it(tmp_path):
     """The decision from the CPU's flags (recorded /proc/cpuinfo lines), and this machine's own."""
     from hpcgnn.env import cpu_flags
-    from hpcgnn.techniques import resolve_precision
+    from hpcgnn.rank.techniques import resolve_precision
 
     cpu = torch.device("cpu")
     sapphire = tmp_path / "cpuinfo-amx"
@@ -147,7 +147,7 @@ def test_precision_auto_is_bf16_where_the_cpu_computes_it(tmp_path):
 
 def test_the_cpu_kind_fixture_decides_auto_as_on_that_cpu(cpu_kind):
     """`cpu_kind` (conftest) makes this process and its children decide as on each kind of CPU."""
-    from hpcgnn.techniques import resolve_precision
+    from hpcgnn.rank.techniques import resolve_precision
 
     assert resolve_precision("auto", torch.device("cpu"))[0] == cpu_kind
 

@@ -104,7 +104,7 @@ def test_no_wait_returns_job_id_and_folder(tmp_path, tiny_overrides):
 def test_every_registered_gnn_trains(tmp_path, tiny_overrides, model):
     """One rank, in this process: the trainer with each model of the registry learns."""
     from hpcgnn.env import RankEnv
-    from hpcgnn.trainer import Trainer
+    from hpcgnn.rank.trainer import Trainer
 
     cfg = make_config(f"model={model}", *tiny_overrides, "train.epochs=5", "train.lr=0.01", f"dataset.root={DATA_ROOT}",
                       "metrics.tensorboard=false", "train.keep_freed_memory=false", run_dir=str(tmp_path / "run"))
@@ -172,9 +172,9 @@ def test_preempted_run_resumes_bitwise_identically(tmp_path, graph, whole_run):
 def test_preempted_rank_resumes_bitwise_with_samplers_that_hold_state(tmp_path, sampler, cpu_kind):
     """GraphSAINT's counted inclusion probabilities and Cluster-GCN's clusters come back the same after
     a resume: one rank in this process (the trainer itself), preempted mid-epoch, resumed, compared."""
-    from hpcgnn.checkpoint import Preempted
     from hpcgnn.env import RankEnv
-    from hpcgnn.trainer import Trainer
+    from hpcgnn.rank.checkpoint import Preempted
+    from hpcgnn.rank.trainer import Trainer
 
     over = [*RESUME, f"train.sampler={sampler}", f"dataset.root={DATA_ROOT}", "metrics.tensorboard=false"]
     single, cpu = RankEnv.from_environ({}), torch.device("cpu")
@@ -228,7 +228,7 @@ def test_periodic_checkpoints_keep_the_newest(whole_run):
 
 
 def test_metrics_split_every_step_and_name_the_straggler(tmp_path):
-    from hpcgnn.metrics import PHASES
+    from hpcgnn.rank.metrics import PHASES
 
     res = run_cli(*RESUME, "train.epochs=2", "debug.slow_rank=1", "debug.slow_s=0.4", "metrics.progress_bar=on",
                   "metrics.every_steps=1",

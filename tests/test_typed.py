@@ -136,7 +136,7 @@ def typed_runs(tmp_path_factory) -> dict:
     from conftest import DATA_ROOT, make_config, run_cli, summary_of
 
     from hpcgnn.env import RankEnv
-    from hpcgnn.trainer import Trainer
+    from hpcgnn.rank.trainer import Trainer
 
     runs = {}
     for name, over in (("rgcn", []), ("rgcn_partitioned", ["graph=partitioned", "graph.cache_mb=0.5"])):
@@ -174,7 +174,7 @@ def test_typed_layerwise_inference_is_the_full_graph_forward(graph, name):
     equal to one forward over the whole graph."""
     from hpcgnn.config import ModelConfig
     from hpcgnn.models import build_typed_model
-    from hpcgnn.techniques import typed_layerwise_inference
+    from hpcgnn.rank.techniques import typed_layerwise_inference
 
     torch.manual_seed(0)
     model = build_typed_model(ModelConfig(name=name, hidden_channels=16), graph.node_types, graph.relations,
@@ -260,8 +260,8 @@ def test_partitioned_typed_batches_are_the_whole_graphs_edges_type_by_type(tmp_p
     from conftest import DATA_ROOT, make_config
 
     from hpcgnn.data import open_typed
-    from hpcgnn.launch import free_port
     from hpcgnn.partition import ensure_parts
+    from hpcgnn.submit.launch import free_port
 
     cfg = make_config("dataset=synthetic_hetero", "dataset.num_nodes=3000", "model=rgcn", "graph=partitioned",
                       "graph.num_parts=4", "graph.cache_mb=0.5", "graph.cache_policy=frequency",
@@ -296,10 +296,10 @@ def test_exact_partitioned_typed_inference_equals_the_whole_graphs(tmp_path):
 
     from hpcgnn.config import ModelConfig
     from hpcgnn.data import open_typed
-    from hpcgnn.launch import free_port
     from hpcgnn.models import build_typed_model
     from hpcgnn.partition import ensure_parts
-    from hpcgnn.techniques import typed_layerwise_inference
+    from hpcgnn.rank.techniques import typed_layerwise_inference
+    from hpcgnn.submit.launch import free_port
 
     cfg = make_config("dataset=synthetic_hetero", "dataset.num_nodes=3000", "model=rgcn", "graph=partitioned",
                       "graph.num_parts=4", "train.eval_mode=full", "train.fanouts=[4,3]", f"dataset.root={DATA_ROOT}")
@@ -338,9 +338,9 @@ def test_typed_training_resumes_bitwise(tmp_path, cpu_kind):
     """One rank in this process, GraphSAGE through to_hetero, preempted mid-epoch and resumed."""
     from conftest import DATA_ROOT, make_config
 
-    from hpcgnn.checkpoint import Preempted
     from hpcgnn.env import RankEnv
-    from hpcgnn.trainer import Trainer
+    from hpcgnn.rank.checkpoint import Preempted
+    from hpcgnn.rank.trainer import Trainer
 
     over = ["dataset=synthetic_hetero", "dataset.num_nodes=3000", "train.epochs=2", "train.batch_size=256",
             "model=sage", "model.hidden_channels=32", f"dataset.root={DATA_ROOT}", "metrics.tensorboard=false"]
@@ -360,7 +360,7 @@ def test_typed_training_with_exact_evaluation(tmp_path):
     from conftest import DATA_ROOT, make_config
 
     from hpcgnn.env import RankEnv
-    from hpcgnn.trainer import Trainer
+    from hpcgnn.rank.trainer import Trainer
 
     cfg = make_config("dataset=synthetic_hetero", "dataset.num_nodes=3000", "train.epochs=3", "train.batch_size=256",
                       "model=rgcn", "train.eval_mode=full", f"dataset.root={DATA_ROOT}", "metrics.tensorboard=false",

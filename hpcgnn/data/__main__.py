@@ -22,9 +22,9 @@ def main(argv: list[str]) -> int:
     if not argv or argv[0] not in COMMANDS:
         print(__doc__.strip(), file=sys.stderr)
         return EXIT_USER_ERROR if not argv or argv[0] not in ("-h", "--help") else 0
-    from hpcgnn.compose import compose
     from hpcgnn.data import cache
     from hpcgnn.io import stop_cleanly_on_sigterm
+    from hpcgnn.submit.compose import compose
 
     try:
         cfg = compose(argv[1:]).cfg.dataset

@@ -25,7 +25,7 @@ def main(argv: list[str]) -> int:
     if argv and argv[0] in ("-h", "--help"):
         print(__doc__.strip())
         return 0
-    from hpcgnn.compose import compose
+    from hpcgnn.submit.compose import compose
 
     try:
         overrides = list(argv)
@@ -44,7 +44,7 @@ def main(argv: list[str]) -> int:
             with stop_cleanly_on_sigterm("partition"):
                 run_partition(cfg.dataset, cfg.graph, cfg.graph.num_parts or cfg.world_size)
             return 0
-        from hpcgnn.launch import submit_partition, wait_partition
+        from hpcgnn.submit.launch import submit_partition, wait_partition
 
         job = submit_partition(cfg)
         return wait_partition(job, cfg) if cfg.launch.wait is not False else 0

@@ -22,8 +22,8 @@ from torch import Tensor
 from torch_geometric.data import Data
 
 from hpcgnn import rng
+from hpcgnn.clock import Clock
 from hpcgnn.data.graph import Graph
-from hpcgnn.metrics import Clock
 from hpcgnn.sampling.neighbor import SampledSubgraph
 
 
@@ -106,7 +106,7 @@ class BatchLoader:
     ``num_sampled_edges`` (per hop, for ``trim_to_layer``), ``node_weight`` (GraphSAINT),
     ``edge_weight`` (from ``transform``, e.g. GCN's global normalisation), and how long the
     batch's making took: ``sample_s``, ``gather_s`` (on the host) and ``h2d`` (the copy to the
-    device, as two clock marks: see :class:`hpcgnn.metrics.Clock`).
+    device, as two clock marks: see :class:`hpcgnn.clock.Clock`).
 
     ``seeds``: cut into batches of ``batch_size``, or the list of batches itself. ``sampler``:
     anything with ``sample(items, generator) -> SampledSubgraph``. ``features``: a Graph, or

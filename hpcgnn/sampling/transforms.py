@@ -69,7 +69,7 @@ class GCNNorm:
 
 def with_row_loops(edge_index: Tensor, lo: int, hi: int) -> Tensor:
     """A hop's edges (grouped by target, targets ``lo .. hi - 1`` in order) with a self-loop for every target
-    at the end of its row: still grouped by target, so the batch stays a CSR (:mod:`hpcgnn.aggregation`)."""
+    at the end of its row: still grouped by target, so the batch stays a CSR (:mod:`hpcgnn.models.aggregation`)."""
     dst = edge_index[1]
     rows = hi - lo
     ends = torch.cumsum(torch.bincount(dst - lo, minlength=rows), 0)  # each row's end among the edges

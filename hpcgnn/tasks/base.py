@@ -33,7 +33,7 @@ class Task(abc.ABC):
     def __init__(self, cfg, env, store, device: torch.device):
         self.cfg, self.env, self.store, self.device = cfg, env, store, device
         if self.eval_mode == "full" and store.mode == "partitioned":  # sized now, not at the first evaluation
-            from hpcgnn.techniques import check_exact_inference_memory
+            from hpcgnn.rank.techniques import check_exact_inference_memory
 
             check_exact_inference_memory(store.parts, cfg.model, env)
 

@@ -19,11 +19,11 @@ from torch import Tensor
 
 from hpcgnn.checks import link_eval_mode
 from hpcgnn.models import batch_transform, build_link_model, forward_pairs
+from hpcgnn.rank.techniques import autocast, layerwise_inference, partitioned_layerwise_inference
 from hpcgnn.sampling.distributed import fetch_rows
 from hpcgnn.sampling.link import share
 from hpcgnn.tasks import link_metrics as metrics
 from hpcgnn.tasks.base import StepResult, Task
-from hpcgnn.techniques import autocast, layerwise_inference, partitioned_layerwise_inference
 
 
 class LinkPrediction(Task):

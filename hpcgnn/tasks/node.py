@@ -13,14 +13,14 @@ import torch.nn.functional as F
 
 from hpcgnn import dist
 from hpcgnn.models import batch_transform, build_model, build_typed_model, forward_batch, forward_typed_batch
-from hpcgnn.tasks.base import StepResult, Task
-from hpcgnn.techniques import (
+from hpcgnn.rank.techniques import (
     autocast,
     layerwise_inference,
     partitioned_layerwise_inference,
     partitioned_typed_layerwise_inference,
     typed_layerwise_inference,
 )
+from hpcgnn.tasks.base import StepResult, Task
 
 
 class NodeClassification(Task):

@@ -123,7 +123,7 @@ def launch(cfg: RunConfig, overrides: tuple[str, ...] | list[str] = ()) -> int:
     if after is not None:  # SLURM starts training only once partitioning succeeded, and drops it otherwise
         ex.update_parameters(additional_parameters={**cfg.cluster.sbatch_extra, "dependency": f"afterok:{after.job_id}",
                                                     "kill_on_invalid_dep": "yes"})
-    from hpcgnn.entry import run_task
+    from hpcgnn.submit.entry import run_task
 
     with env.outside_job():
         job = ex.submit(run_task, cfg)
@@ -149,7 +149,7 @@ def check_partition_capacity(c: ClusterConfig, sinfo: str | None = None) -> None
 
     ``sinfo`` is the text of ``sinfo -h -o SINFO_FORMAT`` for testing; by default the cluster is asked.
     """
-    from hpcgnn.slurm import partitions, pick_partition
+    from hpcgnn.submit.slurm import partitions, pick_partition
 
     if c.executor != "slurm":
         return
@@ -339,7 +339,7 @@ def _wait(job, cfg: RunConfig, after=None) -> int:
 
 
 def _failures(run_dir: Path) -> list[dict]:
-    from hpcgnn.job import read_failures
+    from hpcgnn.rank.job import read_failures
 
     return read_failures(run_dir)
 
@@ -418,7 +418,7 @@ def free_port(start: int, port_min: int, port_max: int, host: str = "127.0.0.1")
 
 def _run_this_rank(cfg: RunConfig) -> int:
     """This process is one rank that srun or torchrun started: train here."""
-    from hpcgnn.job import run_rank
+    from hpcgnn.rank.job import run_rank
 
     environ = env.current()
     summary = run_rank(cfg, environ)
@@ -432,7 +432,7 @@ def _spawn_entry(local_rank: int, cfg: RunConfig, port: int, parent: int) -> Non
     leaves quietly with its exit code (its traceback stays in the record; ``HYDRA_FULL_ERROR=1`` prints it here
     too). An unrecorded one keeps multiprocessing's traceback on stderr."""
     from hpcgnn.errors import UserError
-    from hpcgnn.job import run_rank
+    from hpcgnn.rank.job import run_rank
 
     _end_with_parent(parent)
     try:

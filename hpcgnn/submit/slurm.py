@@ -1,7 +1,7 @@
 """What hpcgnn asks SLURM's commands, and how it reads their answers: sinfo and sacct.
 
 - :func:`partitions`: the partitions, their node groups (nodes, CPUs, memory, GPUs) and time
-  limits, from one ``sinfo`` format; used by ``hpcgnn.cluster init`` and by the submit-time
+  limits, from one ``sinfo`` format; used by ``hpcgnn.submit.cluster init`` and by the submit-time
   capacity check.
 - :func:`job_states`: the state of jobs and job-array members from ``sacct`` (``squeue`` when
   accounting cannot answer): array rows ``123_4`` and still-pending ranges ``123_[0-3%2]``,

@@ -1,4 +1,4 @@
-"""``python -m hpcgnn.report RUN_OR_SWEEP_DIR``: the figures of a run or a sweep, as PNG files.
+"""``python -m hpcgnn report RUN_OR_SWEEP_DIR``: the figures of a run or a sweep, as PNG files.
 
 A run folder (``summary.json`` or ``progress.json``, ``metrics/``) gives:
 - ``curves.png``: loss and train/val/test accuracy per epoch;

@@ -55,8 +55,8 @@ def _pyg(name: str):
 
 def _csr(name: str):
     """PyG's ``name`` model whose forward aggregates sampled batches as sorted-CSR products
-    (:mod:`hpcgnn.aggregation`; the same parameters and state dict)."""
-    from hpcgnn.aggregation import csr_model
+    (:mod:`hpcgnn.models.aggregation`; the same parameters and state dict)."""
+    from hpcgnn.models.aggregation import csr_model
 
     return csr_model(name)
 
@@ -178,7 +178,7 @@ class RGCN(torch.nn.Module):
     """
 
     supports_trim = True
-    aggregation = "csr"  # csr: on the CPU, each relation's mean as a sorted-CSR product (hpcgnn.aggregation)
+    aggregation = "csr"  # csr: on the CPU, each relation's mean as a sorted-CSR product (hpcgnn.models.aggregation)
 
     def __init__(self, node_types, relations, target: str, in_channels: int, hidden: int, out_channels: int,
                  num_layers: int, dropout: float):
@@ -214,7 +214,7 @@ class RGCN(torch.nn.Module):
                 num_sampled_edges_dict: dict | None = None) -> Tensor:
         from torch_geometric.utils import trim_to_layer
 
-        from hpcgnn.aggregation import sorted_by_target
+        from hpcgnn.models.aggregation import sorted_by_target
 
         if (self.aggregation == "csr" and num_sampled_nodes_dict is not None
                 and x_dict[self.target].device.type == "cpu"
@@ -234,7 +234,7 @@ class RGCN(torch.nn.Module):
     def _forward_csr(self, x_dict: dict, edge_index_dict: dict, num_nodes: dict, num_edges: dict) -> Tensor:
         """Layer by layer, each type's nodes that a later layer reads (the last: the seeds), each relation's
         mean as one product with the CSR of its edges' prefix (edges come grouped by target)."""
-        from hpcgnn.aggregation import csr, prefix_sums, target_rowptr
+        from hpcgnn.models.aggregation import csr, prefix_sums, target_rowptr
 
         layers = self.num_layers
         nodes = {t: prefix_sums(c) for t, c in num_nodes.items()}

@@ -5,7 +5,7 @@ config (``.hydra/``); hpcgnn collects the members, validates them all, and only 
 submits: members with the same cluster resources go out together as one SLURM job
 array (submitit's ``executor.batch()``), others as arrays of their own. The command
 returns at once with the sweep folder, whose ``manifest.json`` lists members, job ids,
-overrides and run folders; ``python -m hpcgnn.status SWEEP_DIR`` reads it at any later
+overrides and run folders; ``python -m hpcgnn status SWEEP_DIR`` reads it at any later
 time, from any shell. Without a cluster the members run here one after another.
 """
 
@@ -21,8 +21,8 @@ from pathlib import Path
 from hpcgnn import env
 from hpcgnn.config import RunConfig
 from hpcgnn.io import write_json
-from hpcgnn.report import selected
-from hpcgnn.slurm import FINAL_STATES, job_states
+from hpcgnn.submit.report import selected
+from hpcgnn.submit.slurm import FINAL_STATES, job_states
 
 MANIFEST = "manifest.json"
 
@@ -46,7 +46,7 @@ def write_manifest(sweep_dir: Path, members: list[SweepMember], cluster: str | N
 
 def launch_sweep(members: list[SweepMember], sweep_dir: Path) -> int:
     """Submit (or run here) every member; returns the exit code."""
-    from hpcgnn.launch import check_partition_capacity, launch, make_executor, record_config
+    from hpcgnn.submit.launch import check_partition_capacity, launch, make_executor, record_config
 
     members = sorted(members, key=lambda m: m.num)
     first = members[0].cfg
@@ -62,7 +62,7 @@ def launch_sweep(members: list[SweepMember], sweep_dir: Path) -> int:
             worst = max(worst, code)
         return worst
 
-    from hpcgnn.entry import run_task
+    from hpcgnn.submit.entry import run_task
 
     for m in members:  # everything checked before the first submission
         if m.cfg.dataset.name != "synthetic":  # files and OGB sources must be there (the synthetic graph is made)
@@ -95,7 +95,7 @@ def launch_sweep(members: list[SweepMember], sweep_dir: Path) -> int:
     arrays = {m.job_id.split("_")[0] for m in members if m.job_id}
     print(f"submitted a sweep of {len(members)} members to {first.cluster.name} as {len(arrays)} job array(s) "
           f"({', '.join(sorted(arrays))}); sweep folder: {sweep_dir}", flush=True)
-    print(f"manifest: {path}\nfollow it with: python -m hpcgnn.status {sweep_dir}", flush=True)
+    print(f"manifest: {path}\nfollow it with: python -m hpcgnn status {sweep_dir}", flush=True)
     if first.launch.wait is True:
         return status_main([str(sweep_dir), "--wait"])
     return 0
@@ -156,7 +156,7 @@ def status_table(sweep_dir: Path) -> tuple[str, list[dict]]:
 def status_main(argv: list[str]) -> int:
     import argparse
 
-    ap = argparse.ArgumentParser(prog="python -m hpcgnn.status",
+    ap = argparse.ArgumentParser(prog="python -m hpcgnn status",
                                  description="State, progress and best accuracy of every member of a sweep.")
     ap.add_argument("sweep_dir", type=Path)
     ap.add_argument("--wait", action="store_true", help="wait until every member has ended")

@@ -2,7 +2,7 @@
 
 The submitting process needs the function object to pickle it, so it lives here, away
 from torch: submitting a job or a sweep imports no torch, and the job imports it when it
-starts (:func:`hpcgnn.job.run_rank`).
+starts (:func:`hpcgnn.rank.job.run_rank`).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ class TrainTask(submitit.helpers.Checkpointable):
 
     def __call__(self, cfg) -> dict:
         from hpcgnn import env
-        from hpcgnn.job import run_rank
+        from hpcgnn.rank.job import run_rank
 
         return run_rank(cfg, env.current())
 

@@ -1,4 +1,4 @@
-"""``python -m hpcgnn.cluster init NAME [--partition P]``: a cluster file from what SLURM reports.
+"""``python -m hpcgnn cluster init NAME [--partition P]``: a cluster file from what SLURM reports.
 
 Asks ``sinfo`` for the partition's nodes, CPUs, memory, GPUs (gres) and time limit, and
 writes ``NAME.yaml`` to the user's cluster folder (``$HPCGNN_CONFIG_DIR/cluster``, default
@@ -17,7 +17,14 @@ import time
 from pathlib import Path
 
 from hpcgnn.env import user_config_dir
-from hpcgnn.slurm import SINFO_FORMAT, PartitionInfo, parse_gpus, parse_sinfo, parse_time_min, pick_partition
+from hpcgnn.submit.slurm import (
+    SINFO_FORMAT,
+    PartitionInfo,
+    parse_gpus,
+    parse_sinfo,
+    parse_time_min,
+    pick_partition,
+)
 
 __all__ = ["PartitionInfo", "cluster_yaml", "init", "main", "parse_gpus", "parse_sinfo", "parse_time_min"]
 
@@ -26,7 +33,7 @@ def cluster_yaml(name: str, p: PartitionInfo, host: str) -> str:
     mem_gb = int(p.mem_mb * 0.9 // 1024) if p.mem_mb > 1 else None  # leave the OS its share
     time_min = min(p.time_min, 24 * 60) if p.time_min else 60
     lines = [
-        f"# Written by `python -m hpcgnn.cluster init {name}` from sinfo on {host}, {time.strftime('%Y-%m-%d %H:%M')}.",
+        f"# Written by `python -m hpcgnn cluster init {name}` from sinfo on {host}, {time.strftime('%Y-%m-%d %H:%M')}.",
         f"# Partition {p.name}: {p.nodes} nodes ({p.nodelist}), {p.cpus} CPUs, {p.mem_mb} MB, {p.gpus} GPUs per node,",
         f"# time limit {'infinite' if p.time_min is None else f'{p.time_min} min'}. Edit freely.",
         "defaults:",
@@ -68,7 +75,7 @@ def init(name: str, partition: str | None, folder: Path, sinfo: str | None = Non
 
 
 def main(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(prog="python -m hpcgnn.cluster", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m hpcgnn cluster", description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="command", required=True)
     p = sub.add_parser("init", help="write NAME.yaml from sinfo")
     p.add_argument("name")

@@ -1,6 +1,6 @@
 """The code every rank runs, whichever launcher started it.
 
-submitit runs :data:`hpcgnn.entry.run_task` (a light object the submitting process pickles),
+submitit runs :data:`hpcgnn.submit.entry.run_task` (a light object the submitting process pickles),
 which calls :func:`run_rank`; the local spawn launcher and srun/torchrun ranks call it directly.
 """
 
@@ -22,14 +22,14 @@ import submitit
 import torch
 
 from hpcgnn import dist
-from hpcgnn.checkpoint import Preempted
 from hpcgnn.config import RunConfig
 from hpcgnn.dist import pick_device, process_group
 from hpcgnn.env import RankEnv, check_allocation
 from hpcgnn.errors import EXIT_FAILED, EXIT_PREEMPTED, AnotherRankFailed, UserError, describe
 from hpcgnn.io import write_json
+from hpcgnn.rank.checkpoint import Preempted
+from hpcgnn.rank.trainer import train
 from hpcgnn.sampling.loader import keep_freed_memory
-from hpcgnn.trainer import train
 
 
 def run_rank(cfg: RunConfig, environ: Mapping[str, str]) -> dict:

@@ -33,16 +33,13 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from hpcgnn import dist
-from hpcgnn.checkpoint import Checkpointer, Preempted, PreemptionFlag
 from hpcgnn.config import RunConfig
 from hpcgnn.env import RankEnv, restart_count
 from hpcgnn.io import write_json
-from hpcgnn.metrics import StepMetrics
-from hpcgnn.nonfinite import NonFiniteGuard
-from hpcgnn.rng import rng_state, set_rng_state
-from hpcgnn.stores import open_store
-from hpcgnn.tasks import build_task
-from hpcgnn.techniques import (
+from hpcgnn.rank.checkpoint import Checkpointer, Preempted, PreemptionFlag
+from hpcgnn.rank.metrics import StepMetrics
+from hpcgnn.rank.nonfinite import NonFiniteGuard
+from hpcgnn.rank.techniques import (
     CommHook,
     autocast,
     effective_lr,
@@ -51,6 +48,9 @@ from hpcgnn.techniques import (
     resolve_precision,
     step_weights,
 )
+from hpcgnn.rng import rng_state, set_rng_state
+from hpcgnn.stores import open_store
+from hpcgnn.tasks import build_task
 
 log = logging.getLogger(__name__)
 
@@ -256,7 +256,7 @@ class Trainer:
                 last = (i + 1) % t.accumulate == 0 or i + 1 == steps  # the micro-batch that ends a step
                 self.train_step(batch, epoch, weights[i], last, wait_s)
                 if last:  # checkpoints fall between optimizer steps, never inside one
-                    # the device's NaN/inf notes are read where the host waits anyway (see hpcgnn.nonfinite)
+                    # the device's NaN/inf notes are read where the host waits anyway (see hpcgnn.rank.nonfinite)
                     fresh = self.device.type != "cuda" or s.step % self.cfg.metrics.every_steps == 0 or i + 1 == steps
                     self._after_optimizer_step(epoch, self.sums.time_s + time.perf_counter() - t0, preempt, fresh)
                 t_ready = time.perf_counter()
@@ -346,7 +346,7 @@ class Trainer:
         s.history.append(row)
         self.metrics.epoch_scalars(row)
         s.epoch, s.step_in_epoch = epoch + 1, 0
-        if self.env.is_main:  # what `python -m hpcgnn.status` shows while the run goes on
+        if self.env.is_main:  # what `python -m hpcgnn status` shows while the run goes on
             write_json(Path(self.cfg.run_dir) / "progress.json", self._progress())
             evals = "".join(f" | {k.split('_', 1)[0]} {v:.4f}" for k, v in row.items()
                             if k in (f"val_{self.task.metric}", f"test_{self.task.metric}"))
@@ -354,7 +354,7 @@ class Trainer:
                      row["loss"], row["train_acc"], evals, row["seeds_per_s"])
 
     def _progress(self) -> dict:
-        """What `hpcgnn.status` reads while the run goes on (the summary's first keys)."""
+        """What `hpcgnn.submit.status` reads while the run goes on (the summary's first keys)."""
         s, metric = self.state, self.task.metric
         return {"epochs": self.cfg.train.epochs, "history": s.history, "metric": f"val_{metric}",
                 "best_val": s.best.get(f"val_{metric}", -1.0), "test": s.best.get(f"test_{metric}", 0.0),

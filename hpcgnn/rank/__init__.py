@@ -1,0 +1,1 @@
+"""What every rank runs: the entry point, the training loop and its components."""
