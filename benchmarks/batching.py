@@ -29,10 +29,10 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20, help="steps measured per rank")
     args = ap.parse_args()
 
+    from hpcgnn.clock import Clock
     from hpcgnn.config import GraphConfig, ModelConfig, RunConfig, TaskConfig, TrainConfig
     from hpcgnn.env import RankEnv
     from hpcgnn.models import build_model, forward_batch
-    from hpcgnn.clock import Clock
     from hpcgnn.sampling import BatchLoader
     from hpcgnn.sampling.subgraph import expected_edges
     from hpcgnn.stores import ReplicatedStore
