@@ -71,33 +71,29 @@ def exact_inference_worker(rank: int, world: int, port: int, cfg, folder: str, m
     import torch
 
     from hpcgnn.dist import process_group
-    from hpcgnn.models import batch_transform, build_model, build_typed_model
-    from hpcgnn.rank import techniques
+    from hpcgnn.models import batch_transform, build_node_model
     from hpcgnn.stores import PartitionedStore
+    from hpcgnn.stores import exact as ex
     from hpcgnn.tasks import build_task
 
     torch.set_num_threads(1)
-    techniques.FETCH_ROWS, techniques.SLICE_EDGES = 97, 1000
+    ex.FETCH_ROWS, ex.SLICE_EDGES = 97, 1000
     env, cpu = local_rank_env(rank, world, port), torch.device("cpu")
     out = {}
     with process_group(env, cfg.dist, cpu):
         store = PartitionedStore(cfg, env)
-        parts, g = store.parts, store.schema
+        parts, g = store.parts, store.shape.schema
         for name in models:
             model_cfg = dataclasses.replace(cfg.model, name=name, hidden_channels=16)
             torch.manual_seed(0)
-            if store.typed:
-                model = build_typed_model(model_cfg, g.node_types, g.relations, g.target, store.num_features,
-                                          store.num_classes, 2)
-                logits = techniques.partitioned_typed_layerwise_inference(model, store, cpu, 300)
-            else:
-                model = build_model(model_cfg, store.num_features, store.num_classes, 2)
-                logits = techniques.partitioned_layerwise_inference(model, store, cpu, 300,
-                                                                    lambda d, m=model_cfg: batch_transform(m, d))
+            model = build_node_model(model_cfg, store.shape, 2)
+            pieces = (ex.TypedPartsPieces(parts, store.view, store.exchange, cpu, 300) if g is not None else
+                      ex.PartsPieces(parts, store.view, store.exchange, cpu, 300,
+                                     lambda d, m=model_cfg: batch_transform(m, d)))
             task = build_task(dataclasses.replace(cfg, model=model_cfg), env, store, cpu)
-            out[name] = {"logits": logits, "acc": task.evaluate(model)}
+            out[name] = {"logits": ex.exact_outputs(model, pieces), "acc": task.evaluate(model)}
         out["nodes"] = parts.nodes
-        if store.typed:
+        if g is not None:
             out["nodes"] = parts.own_of_type(g.target) - g.offsets()[g.target]
     torch.save(out, f"{folder}/rank{rank}.pt")
 

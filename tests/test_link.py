@@ -454,13 +454,14 @@ def test_files_with_an_edge_split(tmp_path):
     assert data.graph.num_edges + 2 * (data.val.pos.size(1) + data.test.pos.size(1)) == ei.size(1)
 
 
-def _score_tolerance(emb: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, precision: str, layers: int):
+def _score_tolerance(rows, src: torch.Tensor, dst: torch.Tensor, precision: str, layers: int):
     """How far two computation paths' scores of the same pairs may lie apart. Each layer's output and the score
     are rounded to the compute type once; summed in another order before that rounding, a value may land one ulp
     (2u of it) away. To first order each of the ``layers + 1`` roundings moves a factor of the score's products by
     2u in each embedding, so the score moves by at most 4 (layers + 1) u sum_i |eu_i ev_i|; in fp32 that is
     within 1e-6 of the score's size, in bf16 (u = 2^-8) a few percent."""
-    return 4 * (layers + 1) * UNIT_ROUNDOFF[precision] * (emb[src].abs() * emb[dst].abs()).sum(-1)
+    emb = [rows(ids.reshape(-1)).view(*ids.shape, -1) for ids in (src, dst)]
+    return 4 * (layers + 1) * UNIT_ROUNDOFF[precision] * (emb[0].abs() * emb[1].abs()).sum(-1)
 
 
 @pytest.mark.parametrize("dataset", ["synthetic", "ogbl-citation2"])
@@ -470,6 +471,7 @@ def test_sampled_evaluation_with_full_fanouts_equals_exact_evaluation(tmp_path, 
     of the precision ``auto`` picks on each kind of CPU, and their metrics lie within what that rounding can
     move them (every metric rises with the positives' scores and falls with the negatives')."""
     from hpcgnn.env import RankEnv
+    from hpcgnn.rank.techniques import autocast
     from hpcgnn.rank.trainer import Trainer
     from hpcgnn.tasks.link import LinkPrediction
 
@@ -487,16 +489,18 @@ def test_sampled_evaluation_with_full_fanouts_equals_exact_evaluation(tmp_path, 
     metrics = {}
     for mode in ("sampled", "full"):
         monkeypatch.setattr(LinkPrediction, "eval_mode", property(lambda self, mode=mode: mode))
-        metrics[mode] = task.evaluate(model)
-    emb = task._embeddings(model)
+        metrics[mode] = trainer.evaluate()  # (in the run's precision)
+    with autocast(cpu_kind, torch.device("cpu")):
+        emb = task._embeddings(model)
     for split in ("val", "test"):
         s = task.data.split(split)
-        full, sampled = task._scores_full(model, emb, split), task._scores_sampled(model, split)
+        with autocast(cpu_kind, torch.device("cpu")):
+            full, sampled = task._scores_full(model, emb, split), task._scores_sampled(model, split)
         if s.neg_kind == "targets":
             ends = {"pos": (s.pos[0], s.pos[1]), "neg": (s.pos[0].unsqueeze(1).expand_as(s.neg), s.neg)}
         else:
             ends = {"pos": (s.pos[0], s.pos[1]), "neg": (s.neg[0], s.neg[1])}
-        tol = {k: _score_tolerance(emb, *ends[k], cpu_kind, 2) for k in ends}
+        tol = {k: _score_tolerance(emb.rows, *ends[k], cpu_kind, 2) for k in ends}
         for k, f, p in (("pos", full[0], sampled[0]), ("neg", full[1], sampled[1])):
             assert f.shape == p.shape and bool(((f - p).abs() <= tol[k]).all()), (split, k, (f - p).abs().max())
         ks = tuple(task.cfg.task.hits_k)
@@ -583,12 +587,12 @@ def test_exact_evaluation_is_taken_on_partitioned_graphs_when_asked():
 
 def _full_evaluation_worker(rank: int, world: int, port: int, cfgs: dict, folder: str) -> None:
     from hpcgnn.dist import process_group
-    from hpcgnn.rank import techniques
     from hpcgnn.stores import PartitionedStore
+    from hpcgnn.stores import exact as ex
     from hpcgnn.tasks import build_task
 
     torch.set_num_threads(1)
-    techniques.FETCH_ROWS, techniques.SLICE_EDGES = 97, 1000  # several exchanges and slices
+    ex.FETCH_ROWS, ex.SLICE_EDGES = 97, 1000  # several exchanges and slices
     env = local_rank_env(rank, world, port)
     out = {}
     with process_group(env, next(iter(cfgs.values())).dist, torch.device("cpu")):

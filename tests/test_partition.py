@@ -429,7 +429,7 @@ def test_exact_partitioned_inference_equals_the_replicated_layerwise_inference(t
     task's accuracies equal the whole graph's."""
     from hpcgnn.config import ModelConfig
     from hpcgnn.models import batch_transform, build_model
-    from hpcgnn.rank.techniques import layerwise_inference
+    from hpcgnn.stores.exact import WholeGraphPieces, exact_outputs
     from hpcgnn.submit.launch import free_port
 
     cfg = make_config("graph=partitioned", "train.eval_mode=full", "train.fanouts=[5,3]", "graph.method=metis",
@@ -446,8 +446,8 @@ def test_exact_partitioned_inference_equals_the_replicated_layerwise_inference(t
         model_cfg = ModelConfig(name=name, hidden_channels=16)
         torch.manual_seed(0)
         model = build_model(model_cfg, graph.num_features, graph.num_classes, 2)
-        whole = layerwise_inference(model, graph, torch.device("cpu"), 1000, 0, 1,
-                                    transform=batch_transform(model_cfg, graph.degree()))
+        whole = exact_outputs(model, WholeGraphPieces(graph, torch.device("cpu"), 1000, 0, 1,
+                                                      transform=batch_transform(model_cfg, graph.degree())))
         check_exact_inference(ranks, name, whole, graph.y, {"val": graph.val_idx, "test": graph.test_idx})
 
 
@@ -463,8 +463,8 @@ def test_halo_bound_is_the_halo_of_one_part_and_nothing_for_all_parts():
 def test_exact_evaluation_that_cannot_fit_is_refused_before_training(monkeypatch):
     """The layer tables of train.eval_mode=full are sized at start, against the rank's share of the node's
     memory: refused with the fix named, instead of killed at the first evaluation."""
-    from hpcgnn.rank import techniques
-    from hpcgnn.rank.techniques import check_exact_inference_memory, exact_inference_bytes
+    from hpcgnn.stores import exact as techniques
+    from hpcgnn.stores.exact import check_exact_inference_memory, exact_inference_bytes
 
     ensure_parts(SMALL, METIS, 2)
     p = open_parts(SMALL, METIS, 2, [0])

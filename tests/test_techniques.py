@@ -18,7 +18,6 @@ from hpcgnn.models import batch_transform, build_model, forward_batch
 from hpcgnn.rank.techniques import (
     autocast,
     effective_lr,
-    layerwise_inference,
     lr_multiplier,
     make_scheduler,
     step_weights,
@@ -26,6 +25,7 @@ from hpcgnn.rank.techniques import (
 from hpcgnn.rank.trainer import optimizer_step
 from hpcgnn.sampling import BatchLoader, CSRNeighborSampler
 from hpcgnn.stores import ReplicatedStore
+from hpcgnn.stores.exact import WholeGraphPieces, exact_outputs
 from hpcgnn.tasks import build_task
 
 SMALL = DatasetConfig(num_nodes=3000, avg_degree=10, root=str(DATA_ROOT))
@@ -160,8 +160,8 @@ def test_layerwise_inference_is_exact(graph, name):
     cfg = ModelConfig(name=name, hidden_channels=16, heads=2)
     model = build_model(cfg, graph.num_features, graph.num_classes, 2).eval()
     whole = _full_batch_twin(model, name)(graph.x, graph.edge_index())
-    chunked = layerwise_inference(model, graph, torch.device("cpu"), 700, 0, 1,
-                                  transform=batch_transform(cfg, graph.degree()))
+    chunked = exact_outputs(model, WholeGraphPieces(graph, torch.device("cpu"), 700, 0, 1,
+                                                    transform=batch_transform(cfg, graph.degree())))
     assert torch.allclose(chunked, whole, atol=1e-5), (chunked - whole).abs().max()
 
 

@@ -174,7 +174,7 @@ def test_typed_layerwise_inference_is_the_full_graph_forward(graph, name):
     equal to one forward over the whole graph."""
     from hpcgnn.config import ModelConfig
     from hpcgnn.models import build_typed_model
-    from hpcgnn.rank.techniques import typed_layerwise_inference
+    from hpcgnn.stores.exact import WholeTypedPieces, exact_outputs
 
     torch.manual_seed(0)
     model = build_typed_model(ModelConfig(name=name, hidden_channels=16), graph.node_types, graph.relations,
@@ -182,7 +182,7 @@ def test_typed_layerwise_inference_is_the_full_graph_forward(graph, name):
     whole = graph.to_hetero_data()
     with torch.no_grad():
         want = model(whole.x_dict, whole.edge_index_dict)
-    got = typed_layerwise_inference(model, graph, torch.device("cpu"), 700, 0, 1)  # chunks of 700 nodes
+    got = exact_outputs(model, WholeTypedPieces(graph, torch.device("cpu"), 700, 0, 1))  # chunks of 700 nodes
     assert got.shape == (graph.num_nodes["paper"], graph.num_classes)
     assert torch.allclose(got, want, atol=1e-5), (got - want).abs().max()
 
@@ -248,7 +248,7 @@ def _typed_sample_worker(rank: int, world: int, port: int, cfg, folder: str) -> 
         batches = list(store.train_loader(1))  # every rank walks the same steps (the exchanges are collective)
         stats = (store.counters() - before).per_batch()
         torch.save({"batches": batches[:3] + batches[-1:], "stats": stats, "owned": store.parts.nodes,
-                    "steps": len(batches), "mode": store.mode, "cached": store.cache.cache_ids},
+                    "steps": len(batches), "kind": type(store).__name__, "cached": store.cache.cache_ids},
                    f"{folder}/rank{rank}.pt")
 
 
@@ -271,7 +271,7 @@ def test_partitioned_typed_batches_are_the_whole_graphs_edges_type_by_type(tmp_p
     port = free_port(23000 + os.getpid() % 5000, 20000, 32767)
     mp.start_processes(_typed_sample_worker, args=(2, port, cfg, str(tmp_path)), nprocs=2, start_method="spawn")
     results = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2)]
-    assert results[0]["steps"] == results[1]["steps"] and results[0]["mode"] == "partitioned"
+    assert results[0]["steps"] == results[1]["steps"] and results[0]["kind"] == "PartitionedStore"
     off = graph.offsets()["paper"]
     for res in results:
         owned = set(res["owned"].tolist())
@@ -298,7 +298,7 @@ def test_exact_partitioned_typed_inference_equals_the_whole_graphs(tmp_path):
     from hpcgnn.data import open_typed
     from hpcgnn.models import build_typed_model
     from hpcgnn.partition import ensure_parts
-    from hpcgnn.rank.techniques import typed_layerwise_inference
+    from hpcgnn.stores.exact import WholeTypedPieces, exact_outputs
     from hpcgnn.submit.launch import free_port
 
     cfg = make_config("dataset=synthetic_hetero", "dataset.num_nodes=3000", "model=rgcn", "graph=partitioned",
@@ -314,7 +314,7 @@ def test_exact_partitioned_typed_inference_equals_the_whole_graphs(tmp_path):
         torch.manual_seed(0)
         model = build_typed_model(ModelConfig(name=name, hidden_channels=16), graph.node_types, graph.relations,
                                   graph.target, graph.num_features, graph.num_classes, 2)
-        whole = typed_layerwise_inference(model, graph, torch.device("cpu"), 1000, 0, 1)
+        whole = exact_outputs(model, WholeTypedPieces(graph, torch.device("cpu"), 1000, 0, 1))
         check_exact_inference(ranks, name, whole, graph.y, {"val": graph.val_idx, "test": graph.test_idx})
 
 

@@ -46,13 +46,6 @@ class ModelSpec:
     uses_edges: bool = True  # False: batches need no sampled neighbours
 
 
-def _pyg(name: str):
-    """A torch_geometric.nn model class, imported when a model is built (not when names are checked)."""
-    import torch_geometric.nn
-
-    return getattr(torch_geometric.nn, name)
-
-
 def _csr(name: str):
     """PyG's ``name`` model whose forward aggregates sampled batches as sorted-CSR products
     (:mod:`hpcgnn.models.aggregation`; the same parameters and state dict)."""
@@ -70,10 +63,6 @@ MODELS: dict[str, ModelSpec] = {
     "gin": ModelSpec(lambda c, i, o, n: _csr("GIN")(i, c.hidden_channels, n, o, dropout=c.dropout)),
     "mlp": ModelSpec(lambda c, i, o, n: MLPBaseline(i, c.hidden_channels, n, o, c.dropout), uses_edges=False),
 }
-# Models whose exact layer-wise inference (train.eval_mode=full) is implemented.
-FULL_INFERENCE_MODELS = checks.FULL_INFERENCE_MODELS
-
-
 def build_model(cfg: ModelConfig, in_channels: int, out_channels: int, num_layers: int) -> torch.nn.Module:
     return _with_aggregation(MODELS[cfg.name].build(cfg, in_channels, out_channels, num_layers), cfg)
 
@@ -325,3 +314,24 @@ def forward_typed_batch(model: torch.nn.Module, data) -> Tensor:
         kwargs = {"num_sampled_nodes_dict": data.num_sampled_nodes_dict,
                   "num_sampled_edges_dict": data.num_sampled_edges_dict}
     return model(data.x_dict, data.edge_index_dict, **kwargs)[: data[target].batch_size]
+
+
+# ------------------------------------------------------------------------------ node classification, any graph
+
+
+def build_node_model(cfg: ModelConfig, shape, num_layers: int) -> torch.nn.Module:
+    """A node classifier for a graph of ``shape`` (a store's GraphShape): a typed model when the graph has a
+    schema (its node types and relations), else a homogeneous one."""
+    g = shape.schema
+    if g is not None:
+        return build_typed_model(cfg, g.node_types, g.relations, g.target, shape.num_features, shape.num_classes,
+                                 num_layers)
+    return build_model(cfg, shape.num_features, shape.num_classes, num_layers)
+
+
+def node_logits_and_labels(model: torch.nn.Module, data) -> tuple[Tensor, Tensor]:
+    """A node batch's seeds' logits and labels (a typed batch, ``HeteroData``: the target type's)."""
+    n = data.batch_size
+    if hasattr(data, "node_types"):
+        return forward_typed_batch(model, data), data[getattr(model, "module", model).target].y[:n]
+    return forward_batch(model, data), data.y[:n]

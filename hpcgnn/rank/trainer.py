@@ -264,7 +264,7 @@ class Trainer:
             raise RuntimeError(f"rank {self.env.rank} ran {self.sums.steps} steps, expected {steps}")
         elapsed = dist.all_reduce_max(torch.tensor([self.sums.time_s + time.perf_counter() - t0]))
         loss_sum, correct, finite, count, seeds = self.sums.totals()
-        comm = (self.store.counters() - before).per_batch() if self.store.mode == "partitioned" else {}
+        comm = self.store.comm(before)
         epoch_metrics = self.metrics.end_epoch(epoch, socket.gethostname())
         s.train_time_s += elapsed.item()
         s.seeds_done += int(seeds)
@@ -335,8 +335,9 @@ class Trainer:
         log.info("checkpoint: %s", folder)
 
     def evaluate(self) -> dict:
-        """The task's metrics on val and test (the same on every rank)."""
-        return self.task.evaluate(self.model)
+        """The task's metrics on val and test (the same on every rank), in the run's precision."""
+        with autocast(self.cfg.train.precision, self.device):
+            return self.task.evaluate(self.model)
 
     def end_epoch(self, epoch: int, row: dict) -> None:
         s, select = self.state, f"val_{self.task.metric}"
@@ -397,7 +398,7 @@ class Trainer:
             "eval_mode": self.task.eval_mode,
             "sampler": t.sampler,
             "edge_budget": t.edge_budget,
-            "graph_mode": self.store.mode,
+            "graph_mode": cfg.graph.mode,
             "graph_on": self.store.graph_on,
             "resident_graph_bytes": dist.all_gather_object(self.store.resident_bytes()),
             "model": cfg.model.name,
@@ -425,7 +426,7 @@ class Trainer:
     def _log_start(self) -> None:
         t, env, store = self.cfg.train, self.env, self.store
         log.info("training %s (%s task) on %d rank(s), %s graph, %s sampler on the %s: %d steps/epoch of %s per "
-                 "rank, fanouts %s", self.cfg.model.name, self.task.name, env.world_size, store.mode, t.sampler,
+                 "rank, fanouts %s", self.cfg.model.name, self.task.name, env.world_size, self.cfg.graph.mode, t.sampler,
                  store.graph_on, store.steps, f"~{t.edge_budget} sampled edges" if t.edge_budget else
                  f"{t.batch_size} seeds", list(t.fanouts))
         log.info("global batch %d seeds (%d ranks x %d micro-batches x %d), lr %.3g (train.lr %.3g, scaling %s, "

@@ -32,10 +32,8 @@ class Task(abc.ABC):
 
     def __init__(self, cfg, env, store, device: torch.device):
         self.cfg, self.env, self.store, self.device = cfg, env, store, device
-        if self.eval_mode == "full" and store.mode == "partitioned":  # sized now, not at the first evaluation
-            from hpcgnn.rank.techniques import check_exact_inference_memory
-
-            check_exact_inference_memory(store.parts, cfg.model, env)
+        if self.eval_mode == "full":  # sized now, not at the first evaluation
+            store.check_exact(cfg.model)
 
     @abc.abstractmethod
     def build_model(self) -> torch.nn.Module:

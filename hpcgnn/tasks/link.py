@@ -19,9 +19,8 @@ from torch import Tensor
 
 from hpcgnn.checks import link_eval_mode
 from hpcgnn.models import batch_transform, build_link_model, forward_pairs
-from hpcgnn.rank.techniques import autocast, layerwise_inference, partitioned_layerwise_inference
-from hpcgnn.sampling.distributed import fetch_rows
 from hpcgnn.sampling.link import share
+from hpcgnn.stores import Exact
 from hpcgnn.tasks import link_metrics as metrics
 from hpcgnn.tasks.base import StepResult, Task
 
@@ -36,7 +35,7 @@ class LinkPrediction(Task):
         self._transform = batch_transform(cfg.model, store.degree)
 
     def build_model(self) -> torch.nn.Module:
-        return build_link_model(self.cfg.model, self.cfg.task.decoder, self.store.num_features,
+        return build_link_model(self.cfg.model, self.cfg.task.decoder, self.store.shape.num_features,
                                 len(self.cfg.train.fanouts))
 
     @property
@@ -86,34 +85,16 @@ class LinkPrediction(Task):
             out.update({f"{split}_{name}": value for name, value in values.items()})
         return out
 
-    def _embeddings(self, model: torch.nn.Module) -> Tensor:
-        """Node embeddings with full neighbourhoods, layer by layer (exact): every node's, shared by all ranks
-        (a replicated graph), or this rank's own nodes', in its row order (a partitioned graph)."""
-        t, s = self.cfg.train, self.store
-        with autocast(t.precision, self.device):
-            if s.mode == "partitioned":
-                return partitioned_layerwise_inference(model.encoder, s, self.device, t.eval_chunk,
-                                                       lambda degree: batch_transform(self.cfg.model, degree))
-            return layerwise_inference(model.encoder, s.graph, self.device, t.eval_chunk, self.env.rank,
-                                       self.env.world_size, transform=self._transform)
+    def _embeddings(self, model: torch.nn.Module) -> Exact:
+        """Every node's embedding with its full neighbourhood, layer by layer (exact), from the store."""
+        return self.store.exact(model.encoder, lambda degree: batch_transform(self.cfg.model, degree))
 
-    def _rows_of(self, emb: Tensor) -> Callable[[Tensor], Tensor]:
-        """``rows(ids)``: the embeddings of any nodes. A partitioned graph's come from their owners (a
-        collective: every rank calls it as often as the others, with no ids when it has none to score)."""
-        if self.store.mode != "partitioned":
-            return lambda ids: emb.index_select(0, ids)
-        view, ex = self.store.view, self.store.exchange
-
-        def rows(ids: Tensor) -> Tensor:
-            uniq, inv = torch.unique(ids, return_inverse=True)
-            return fetch_rows(ex, view, emb, uniq, view.owner(uniq)).index_select(0, inv)
-        return rows
-
-    def _scores_full(self, model, emb: Tensor, split: str) -> tuple[Tensor, Tensor]:
+    def _scores_full(self, model, emb: Exact, split: str) -> tuple[Tensor, Tensor]:
         """This rank's share of the split's positives and negatives, scored from the embeddings, ``chunk``
-        pairs (or positives with their candidates) a round; every rank takes as many rounds as the busiest."""
+        pairs (or positives with their candidates) a round; every rank takes as many rounds as the busiest
+        (the embeddings of nodes another rank computed come from it: a collective)."""
         s, rank, world = self.data.split(split), self.env.rank, self.env.world_size
-        chunk, rows = max(1, self.cfg.train.eval_batch_size), self._rows_of(emb)
+        chunk, rows = max(1, self.cfg.train.eval_batch_size), emb.rows
 
         def scored(total: int, per: int, ends) -> list[Tensor]:
             """Scores of items [a, b) of this rank's share, per round: ``ends(a, b)`` = (sources [B],
@@ -145,8 +126,7 @@ class LinkPrediction(Task):
         for batch in self.store.eval_loader(split, transform=self._transform):
             if batch.batch_size == 0:  # padding: this rank only serves the others' exchanges
                 continue
-            with autocast(self.cfg.train.precision, self.device):
-                scores.append(forward_pairs(model, batch, batch.edge_label_index).float().cpu())
+            scores.append(forward_pairs(model, batch, batch.edge_label_index).float().cpu())
         flat = torch.cat(scores) if scores else torch.empty(0)
         if s.neg_kind == "targets":
             per = flat.reshape(-1, 1 + s.neg.size(1))

@@ -1,0 +1,24 @@
+"""What a rank trains on, behind one contract (:mod:`hpcgnn.stores.base`): the whole graph (replicated),
+a typed graph (whole), or the rank's own parts (partitioned); exact inference beside them (exact.py)."""
+
+from __future__ import annotations
+
+import torch
+
+from hpcgnn.checks import is_typed
+from hpcgnn.config import RunConfig
+from hpcgnn.env import RankEnv
+from hpcgnn.stores.base import GraphShape, Store
+from hpcgnn.stores.exact import Exact
+from hpcgnn.stores.partitioned import PartitionedStore
+from hpcgnn.stores.replicated import ReplicatedStore
+from hpcgnn.stores.typed import TypedStore
+
+__all__ = ["Exact", "GraphShape", "PartitionedStore", "ReplicatedStore", "Store", "TypedStore", "open_store"]
+
+
+def open_store(cfg: RunConfig, env: RankEnv, device: torch.device | None = None) -> Store:
+    """The store of ``cfg``'s graph mode: parts when partitioned, else the whole graph (typed or not)."""
+    if cfg.graph.mode == "partitioned":
+        return PartitionedStore(cfg, env, device)
+    return (TypedStore if is_typed(cfg.dataset) else ReplicatedStore)(cfg, env, device)

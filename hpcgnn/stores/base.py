@@ -1,0 +1,230 @@
+"""The store contract: what a rank holds of the graph, and all a task may ask of it.
+
+A store is the one seam between a graph mode (the whole graph on every rank, a rank's parts; homogeneous
+or typed; on the host or the GPU) and a task. A task never asks which one it holds; it asks:
+
+- ``shape`` (:class:`GraphShape`): the model's dimensions, and a typed graph's schema;
+- ``degree``: every node's in-degree by global id (batch transforms: GCN's normalisation), or None;
+- ``link``: a link task's splits (:class:`~hpcgnn.data.link.LinkData`), or None;
+- ``steps``: batches per epoch, equal on every rank (DDP's all-reduce and the exchanges need it);
+- ``train_loader(epoch, start_step, transform)``: this rank's batches of an epoch, each sampled with a
+  generator seeded per (seed, epoch, rank, step), from ``start_step`` on (an exact resume), prefetched,
+  on the device; ``loader.sizes`` weighs each step's loss;
+- ``eval_loader(split, transform)``, ``eval_items(split)``: this rank's share of a split in batches
+  (padded with empty ones where the other ranks need this rank's exchanges), and which items they are;
+- ``exact(model, transform_for)``: the model's exact outputs (:class:`~hpcgnn.stores.exact.Exact`),
+  and ``check_exact(model_cfg)`` at start, whether they will fit;
+- ``counters()`` and ``comm(before)``: what crossed between ranks per batch since a snapshot;
+- ``graph_on`` and ``resident_bytes()``: where batches are made, and what the rank holds (the summary).
+
+Adding a store kind adds a subclass here, nothing in the tasks or the trainer.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from hpcgnn import dist
+from hpcgnn.config import ModelConfig, RunConfig
+from hpcgnn.env import RankEnv
+from hpcgnn.errors import AnotherRankFailed, ConfigError, DatasetError
+from hpcgnn.models import uses_edges
+from hpcgnn.rng import derive_seed, generator
+from hpcgnn.sampling import BatchLoader, PrefetchLoader, rank_seeds
+from hpcgnn.sampling import subgraph as sub
+from hpcgnn.sampling.distributed import CommStats
+from hpcgnn.sampling.link import LinkSampler, pair_sampler, share
+from hpcgnn.stores.exact import Exact
+
+
+@dataclass(frozen=True)
+class GraphShape:
+    """What a model is built for: feature width, classes, and a typed graph's node types and relations."""
+
+    num_features: int
+    num_classes: int
+    num_nodes: int
+    schema: object = None  # a typed graph's TypedSchema (node types, relations, target); None: homogeneous
+
+
+class Store(abc.ABC):
+    """What a rank holds and the batches it hands out (see the module for the contract)."""
+
+    steps: int
+    shape: GraphShape
+    degree: Tensor | None = None
+    link = None  # a link task's splits (LinkData), else None
+    graph_on = "host"  # where batches are made: host, or device (a replicated graph copied to the GPU)
+    weigh_by_seeds: bool = True  # steps' losses weighed by their seeds (subgraph samplers: by batches)
+
+    def __init__(self, cfg: RunConfig, env: RankEnv, device: torch.device):
+        self.cfg, self.env, self.device = cfg, env, device
+
+    # ------------------------------------------------------------------ batches
+
+    @abc.abstractmethod
+    def train_batches(self, epoch: int) -> list[Tensor]:
+        """This rank's batches of seeds (items) for ``epoch``: ``steps`` of them."""
+
+    def train_loader(self, epoch: int, start_step: int = 0, transform=None):
+        """This rank's batches of ``epoch`` from ``start_step`` on, on the device, prefetched."""
+        t = self.cfg.train
+        loader = BatchLoader(self.features, self.train_sampler, self.train_batches(epoch),
+                             batch_seed=derive_seed(t.seed, "train", epoch, self.env.rank), start=start_step,
+                             num_batches=self.steps, device=self.device, pin_memory=self.device.type == "cuda",
+                             transform=transform, weigh_by_seeds=self.weigh_by_seeds)
+        return PrefetchLoader(loader, t.prefetch) if t.prefetch else loader
+
+    def eval_loader(self, split: str, transform=None) -> BatchLoader:
+        """This rank's share of ``split`` in batches of ``train.eval_batch_size`` (link: pairs to score)."""
+        t = self.cfg.train
+        seeds, num_batches = self.eval_seeds(split)
+        sampler = self.sampler if self.link is None else pair_sampler(self.sampler, self.link.split(split))
+        return BatchLoader(self.features, sampler, seeds, self.eval_batch_size(split),
+                           batch_seed=derive_seed(t.seed, "eval", split, self.env.rank), num_batches=num_batches,
+                           device=self.device, pin_memory=self.device.type == "cuda", transform=transform)
+
+    @abc.abstractmethod
+    def eval_seeds(self, split: str) -> tuple[Tensor, int | None]:
+        """This rank's share of ``split`` and the batch count to pad to (None: no padding needed)."""
+
+    def eval_batch_size(self, split: str) -> int:
+        """Items per evaluation batch: ``train.eval_batch_size`` seeds, or pairs (a positive with K candidate
+        targets counts 1 + K)."""
+        s = self.link.split(split) if self.link is not None else None
+        per_item = 1 + s.neg.size(1) if s is not None and s.neg_kind == "targets" else 1
+        return max(1, self.cfg.train.eval_batch_size // per_item)
+
+    def eval_items(self, split: str) -> Tensor:
+        """This rank's contiguous share of a link split's items: its pairs (positives first), or its
+        positives, each with its candidate targets."""
+        s = self.link.split(split)
+        total = s.pos.size(1) + (s.neg.size(1) if s.neg_kind == "pairs" else 0)
+        lo, hi = share(total, self.env.rank, self.env.world_size)
+        return torch.arange(lo, hi)
+
+    def _link_sampler(self, node_sampler, train_pos: Tensor, has_edge) -> LinkSampler:
+        k = self.cfg.task
+        return LinkSampler(node_sampler, train_pos, self.shape.num_nodes, k.negatives, k.num_negatives,
+                           k.neg_retries, k.form, has_edge=has_edge, drop_targets=k.target_edges == "drop")
+
+    # ------------------------------------------------------------------ exact outputs
+
+    @abc.abstractmethod
+    def exact(self, model: torch.nn.Module, transform_for=None) -> Exact:
+        """``model``'s outputs with every node's full neighbourhood (collective). ``transform_for(degree)``:
+        the model's batch transform for nodes of these in-degrees (GCN's normalisation), or None."""
+
+    def check_exact(self, model_cfg: ModelConfig) -> None:
+        """At start, together: fail now, naming the fix, when exact outputs would not fit in memory (a whole
+        graph's always do: its ranks hold it already, and a layer's outputs are its size)."""
+        return None
+
+    # ------------------------------------------------------------------ what it cost and holds
+
+    def counters(self) -> CommStats:
+        """A snapshot of the communication counters (subtract two for what happened between them)."""
+        return CommStats()
+
+    def comm(self, before: CommStats) -> dict:
+        """Per batch, what crossed between ranks since ``before`` (remote rows, bytes, cache hits); nothing
+        when nothing does."""
+        return {}
+
+    @abc.abstractmethod
+    def resident_bytes(self) -> int:
+        """Bytes of the graph this rank holds (mapped pages shared by a node's ranks count for each)."""
+
+
+class WholeGraphStore(Store):
+    """A graph every rank holds whole: items (seed nodes, or ids of training edges) shuffled alike on every
+    rank and shared out, ``items_per_step`` to a batch (or cut by their sampling cost: ``seed_cost``)."""
+
+    items: Tensor
+    items_per_step: int
+    seed_cost: Tensor | None = None
+    graph = None
+
+    def train_seeds(self, epoch: int) -> Tensor:
+        """This rank's seeds (items) for one epoch, in order (shuffled alike on every rank, then shared out)."""
+        return rank_seeds(self.items, self.env.world_size, self.env.rank, generator(self.cfg.train.seed, "epoch", epoch))
+
+    def train_batches(self, epoch: int) -> list[Tensor]:
+        """This rank's batches for one epoch: ``steps`` of them (the last ones may be short)."""
+        seeds = self.train_seeds(epoch)
+        if self.seed_cost is not None:
+            return sub.split_by_cost(seeds, self.seed_cost.index_select(0, seeds), self.steps)
+        return list(seeds.split(self.items_per_step))
+
+    def eval_seeds(self, split: str) -> tuple[Tensor, int | None]:
+        """This rank's share of ``split`` (every world_size-th node; link: a contiguous range of its items)."""
+        if self.link is not None:
+            return self.eval_items(split), None
+        return getattr(self.graph, f"{split}_idx")[self.env.rank::self.env.world_size], None
+
+    def _exact(self, table: Tensor) -> Exact:
+        """Outputs of every node on every rank: rows are read in place; a split's share is this rank's seeds."""
+        g = self.graph
+
+        def split(name: str) -> tuple[Tensor, Tensor]:
+            ids = self.eval_seeds(name)[0]
+            return table.index_select(0, ids), g.y.index_select(0, ids)
+
+        return Exact(table, lambda ids: table.index_select(0, ids), split)
+
+
+# ---------------------------------------------------------------------- helpers every store kind uses
+
+
+def on_local_rank0(env: RankEnv, what: str, fn) -> None:
+    """Run ``fn()`` on every node's local rank 0 while the other ranks wait.
+
+    A failure there fails every rank at once instead of leaving them in a barrier.
+    """
+    error: Exception | None = None
+    if env.local_rank == 0:
+        try:
+            fn()
+        except Exception as exc:  # reported below, after the others heard of it
+            error = exc
+    failed = dist.all_reduce_max(torch.tensor([0 if error is None else 1]))
+    if error is not None:
+        raise error
+    if int(failed.item()):
+        raise AnotherRankFailed(f"rank {env.rank}: a node's local rank 0 failed to {what} (see its error)")
+
+
+def require_training_items(cfg: RunConfig, count: int, what: str) -> None:
+    """A dataset whose training split is empty cannot train: say so before the loaders find nothing to share out."""
+    if count < 1:
+        raise DatasetError(f"dataset {cfg.dataset.name} has no training {what}: nothing to train on. HINT: a larger "
+                           "graph (dataset.num_nodes), a larger training split (dataset.train_fraction or "
+                           "dataset.edge_split), or a files folder whose training split is not empty")
+
+
+def fanouts(cfg: RunConfig) -> tuple[int, ...]:
+    """Hops to sample: ``train.fanouts``, or none for a model that reads no edges."""
+    return tuple(cfg.train.fanouts) if uses_edges(cfg.model) else ()
+
+
+def typed_fanouts(cfg: RunConfig, graph) -> dict:
+    """Each relation's fanouts: ``train.fanouts``, or its entry in ``train.relation_fanouts``; ``graph``:
+    anything with the relations (a TypedGraph, a TypedSchema)."""
+    from hpcgnn.data.typed import relation_key
+
+    t = cfg.train
+    known = {relation_key(r): r for r in graph.relations}
+    unknown = sorted(set(t.relation_fanouts) - set(known))
+    if unknown:
+        raise ConfigError(f"train.relation_fanouts names {', '.join(unknown)}, not a relation of {cfg.dataset.name}. "
+                          f"HINT: use {', '.join(known)}")
+    out = {r: tuple(int(f) for f in t.relation_fanouts.get(k, t.fanouts)) for k, r in known.items()}
+    bad = [k for k, r in known.items() if len(out[r]) != len(t.fanouts)]
+    if bad:
+        raise ConfigError(f"train.relation_fanouts: {', '.join(bad)} need {len(t.fanouts)} hops like train.fanouts")
+    return out
+

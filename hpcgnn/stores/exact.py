@@ -1,0 +1,391 @@
+"""Exact inference: a model's outputs with every node's full neighbourhood, layer by layer (no sampling).
+
+One driver, :func:`exact_outputs`, walks the layers; each store kind gives it its pieces
+(:class:`ExactPieces`): where a layer's inputs come from, how a layer is computed for the rows this
+rank computes, and how the rows it reads but does not compute arrive:
+
+- :class:`WholeGraphPieces` (a replicated graph): ranks share every node (contiguous ranges), each
+  layer's output all-gathered with a tensor collective;
+- :class:`WholeTypedPieces` (a replicated typed graph): the same per node type, each layer computing
+  the types the next one reads;
+- :class:`PartsPieces` (a partitioned graph): each rank computes its own nodes; before each layer it
+  fetches its halo's previous outputs (the non-owned sources of its nodes' in-edges) from their owners,
+  the same number of exchanges on every rank;
+- :class:`TypedPartsPieces`: the same per type.
+
+A layer runs a chunk of target nodes at a time with all their in-neighbours, through PyG's own
+``inference_per_layer``. The driver hands back an :class:`Exact`: the outputs of any nodes by global
+id (``rows``), and this rank's share of a node split with its labels (``split``); that is all a task
+asks (:meth:`hpcgnn.stores.base.Store.exact`).
+
+Memory, partitioned: one layer's input and output tables (own nodes and halo, float32), the rank's
+edges in local ids (int32), and bounded temporaries: edges are mapped ``SLICE_EDGES`` at a time,
+outputs are written into their table chunk by chunk, and the halo is fetched ``FETCH_ROWS`` rows an
+exchange. :func:`check_exact_inference_memory` sizes that at start.
+"""
+
+from __future__ import annotations
+
+import abc
+import logging
+import math
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from hpcgnn import dist
+from hpcgnn.env import available_memory
+from hpcgnn.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+SLICE_EDGES = 1 << 24  # a rank's edges mapped to local rows at a time (a few hundred MB of temporaries)
+FETCH_ROWS = 1 << 18  # halo rows asked in one exchange (its buffers: a few times this many rows)
+
+
+@dataclass
+class Exact:
+    """A model's exact outputs on this rank. ``rows(ids)``: the outputs of any nodes (by global id; a target
+    type's own ids on a typed graph); a collective where rows live on other ranks (every rank calls it as
+    often, with no ids when it has none). ``split(name)``: this rank's share of a node split, (outputs,
+    labels), the shares of all ranks making the split once."""
+
+    table: Tensor
+    rows: Callable[[Tensor], Tensor]
+    split: Callable[[str], tuple[Tensor, Tensor]]
+
+
+class ExactPieces(abc.ABC):
+    """What one store kind gives the driver (see the module)."""
+
+    def __init__(self, device: torch.device, chunk_size: int):
+        self.device, self.chunk_size = device, chunk_size
+
+    @abc.abstractmethod
+    def without_edges(self, model: torch.nn.Module) -> Tensor:
+        """The outputs of a model that reads no edges (the MLP): its rows on the features alone."""
+
+    @abc.abstractmethod
+    def inputs(self, model: torch.nn.Module):
+        """Layer 0's input table(s)."""
+
+    @abc.abstractmethod
+    def layer(self, model: torch.nn.Module, i: int, table, last: bool):
+        """Layer ``i`` on ``table``: the rows this rank computes, and those the next layer reads (none after
+        the last)."""
+
+    def outputs(self, model: torch.nn.Module, table) -> Tensor:
+        return table
+
+
+@torch.no_grad()
+def exact_outputs(model: torch.nn.Module, pieces: ExactPieces) -> Tensor:
+    """The one driver: a model's outputs layer by layer, from the store's pieces."""
+    from hpcgnn.models import MLPBaseline, TypedMLP
+
+    model.eval()
+    if isinstance(model, (MLPBaseline, TypedMLP)):
+        return pieces.without_edges(model)
+    table = pieces.inputs(model)
+    for i in range(model.num_layers):
+        table = pieces.layer(model, i, table, last=i == model.num_layers - 1)
+    return pieces.outputs(model, table)
+
+
+# --------------------------------------------------------------------------- a whole graph on every rank
+
+
+class WholeGraphPieces(ExactPieces):
+    """A replicated graph: each layer for all nodes, ranks sharing them, all-gathered. ``transform``: the
+    model's batch transform; GCN's (global-degree weights and self-loops) turns a chunk into a weighted
+    sparse adjacency, run in fp32 (sparse products have no bf16 kernel on CPU)."""
+
+    def __init__(self, graph, device: torch.device, chunk_size: int, rank: int, world_size: int, transform=None):
+        super().__init__(device, chunk_size)
+        self.graph, self.rank, self.world_size, self.transform = graph, rank, world_size, transform
+
+    def _all(self, fn) -> Tensor:
+        return _sharded(self.graph.num_nodes, self.chunk_size, self.rank, self.world_size, fn)
+
+    def without_edges(self, model):
+        x = self.graph.x
+        return self._all(lambda a, b: model(x[a:b].float().to(self.device)).float().cpu())
+
+    def inputs(self, model):
+        return self.graph.x
+
+    def layer(self, model, i, table, last):
+        return self._all(lambda a, b: _layer(model, i, table, self.graph, a, b, self.device, self.transform))
+
+
+class WholeTypedPieces(ExactPieces):
+    """A replicated typed graph: each layer computes every node of the types the next one reads, ranks sharing
+    each type's nodes, all-gathered; the outputs are the target type's."""
+
+    def __init__(self, graph, device: torch.device, chunk_size: int, rank: int, world_size: int):
+        super().__init__(device, chunk_size)
+        self.graph, self.rank, self.world_size = graph, rank, world_size
+
+    def _all(self, n: int, fn) -> Tensor:
+        return _sharded(n, self.chunk_size, self.rank, self.world_size, fn)
+
+    def without_edges(self, model):
+        x = self.graph.x[self.graph.target]
+        return self._all(x.size(0), lambda a, b: model.mlp(x[a:b].float().to(self.device)).float().cpu())
+
+    def inputs(self, model):
+        return dict(self.graph.x)
+
+    def layer(self, model, i, table, last):
+        here = {k: v.to(self.device) for k, v in table.items()}  # the layer's input, where the model runs
+        return {t: self._all(self.graph.num_nodes[t], lambda a, b, t=t: model.inference_per_layer(
+            i, t, here, self.graph, a, b).float().cpu()) for t in model.layer_types(i)}
+
+    def outputs(self, model, table):
+        return table[self.graph.target]
+
+
+# --------------------------------------------------------------------------- a rank's parts
+
+
+class PartsPieces(ExactPieces):
+    """A partitioned graph: each rank computes its own nodes (in its row order), fetching its halo's rows
+    before each layer. ``transform_for(degree)``: the model's batch transform for nodes in local ids given
+    their global in-degrees (GCN's normalisation), or None."""
+
+    def __init__(self, parts, view, exchange, device: torch.device, chunk_size: int, transform_for=None):
+        super().__init__(device, chunk_size)
+        self.parts, self.view, self.exchange, self.transform_for = parts, view, exchange, transform_for
+        self.own = parts.nodes.numel()
+
+    def without_edges(self, model):
+        x = self.parts.x
+        return _chunked(0, self.own, self.chunk_size, lambda a, b: model(x[a:b].float().to(self.device)).float().cpu())
+
+    def inputs(self, model):
+        parts, view = self.parts, self.view
+        self.halo = _remote_ids(parts.col, 0, view)
+        self.graph = LocalCSR(parts.rowptr, _localized(parts.col, 0, view, view.row, self.own, self.halo, torch.int32))
+        self.transform = (self.transform_for(parts.degree.index_select(0, torch.cat([parts.nodes, self.halo])))
+                          if self.transform_for else None)
+        self.fill = _halo_filler(self.exchange, view, self.own, self.halo, view.row)
+        table = torch.empty(self.own + self.halo.numel(), parts.num_features)
+        for a in range(0, self.own, FETCH_ROWS):
+            b = min(a + FETCH_ROWS, self.own)
+            table[a:b] = parts.x[a:b]  # (upcast a slice at a time)
+        self.fill(table)
+        return table
+
+    def layer(self, model, i, table, last):
+        out = _into_table(self.own, 0 if last else self.halo.numel(), self.chunk_size,
+                          lambda a, b: _layer(model, i, table, self.graph, a, b, self.device, self.transform))
+        if not last:
+            self.fill(out)
+        return out
+
+
+class TypedPartsPieces(ExactPieces):
+    """A partitioned typed graph: each rank computes its own nodes of every type the next layer reads, relation
+    by relation, after fetching each read type's halo from its owners (type by type, in the same order on every
+    rank); the outputs are its own target-type nodes' (rows: ``parts.typed_rows(target, ids)``)."""
+
+    def __init__(self, parts, view, exchange, device: torch.device, chunk_size: int):
+        super().__init__(device, chunk_size)
+        self.parts, self.view, self.exchange = parts, view, exchange
+        self.types = list(parts.typed.schema.node_types)
+        self.own = {t: parts.own_of_type(t) for t in self.types}
+
+    def without_edges(self, model):
+        x = self.parts.x.index_select(0, self.view.row(self.own[model.target]))
+        return _chunked(0, x.size(0), self.chunk_size, lambda a, b: model.mlp(x[a:b].float().to(self.device)).float().cpu())
+
+    def reads(self, model, i: int) -> set[str]:
+        """The types whose halo layer ``i`` reads (the sources of its relations; none past the last)."""
+        if i >= model.num_layers:
+            return set()
+        return {rel[0] for t in model.layer_types(i) for rel, _ in model.relations_into(i, t)}
+
+    def inputs(self, model):
+        parts, view, typed, own = self.parts, self.view, self.parts.typed, self.own
+        off = typed.schema.offsets()
+        self.halo = {t: torch.unique(torch.cat([torch.empty(0, dtype=torch.long)] + [
+            _remote_ids(c, off[t], view) for rel, c in typed.col.items() if rel[0] == t])) for t in self.types}
+        row_of = {t: (lambda ids, t=t: parts.typed_rows(t, ids)) for t in self.types}
+        self.graph = LocalTypedCSR(typed.rowptr, {rel: _localized(c, off[rel[0]], view, row_of[rel[0]],
+                                                                  own[rel[0]].numel(), self.halo[rel[0]])
+                                                  for rel, c in typed.col.items()})
+        self.fill = {t: _halo_filler(self.exchange, view, own[t].numel(), self.halo[t], row_of[t])
+                     for t in self.types}  # (in type order)
+        x = {}
+        for t in self.types:  # layer 0's input: own features (upcast), then the halo's rows, where layer 0 reads them
+            x[t] = torch.empty(own[t].numel() + (self.halo[t].numel() if t in self.reads(model, 0) else 0),
+                               parts.num_features)
+            x[t][:own[t].numel()] = parts.x.index_select(0, view.row(own[t]))
+            if t in self.reads(model, 0):
+                self.fill[t](x[t])
+        return x
+
+    def layer(self, model, i, table, last):
+        computes, wanted = model.layer_types(i), self.reads(model, i + 1)
+        here = {t: table[t].to(self.device) for t in self.types if t in self.reads(model, i) or t in computes}
+        out = {t: _into_table(self.own[t].numel(), self.halo[t].numel() if t in wanted else 0, self.chunk_size,
+                              lambda a, b, t=t, here=here: model.inference_per_layer(i, t, here, self.graph, a, b)
+                              .float().cpu())
+               for t in computes}
+        del here
+        for t in self.types:  # (type order: the same exchanges on every rank)
+            if t in wanted:
+                self.fill[t](out[t])
+        return out
+
+    def outputs(self, model, table):
+        return table[model.target][:self.own[model.target].numel()]
+
+
+# --------------------------------------------------------------------------- pieces' parts
+
+
+def _chunked(lo: int, hi: int, chunk_size: int, fn) -> Tensor:
+    """``fn(a, b)`` over ``lo .. hi`` in chunks, concatenated (``fn(lo, lo)``'s empty rows when there are none)."""
+    outs = [fn(a, min(a + chunk_size, hi)) for a in range(lo, hi, chunk_size)]
+    return torch.cat(outs) if outs else fn(lo, lo)
+
+
+def _sharded(n: int, chunk_size: int, rank: int, world_size: int, fn) -> Tensor:
+    """Rows ``0 .. n`` of ``fn``, each rank computing a contiguous range in chunks; all-gathered."""
+    per = math.ceil(n / world_size)
+    counts = [max(0, min(n, (r + 1) * per) - min(n, r * per)) for r in range(world_size)]
+    return dist.all_gather_rows(_chunked(min(rank * per, n), min((rank + 1) * per, n), chunk_size, fn), counts)
+
+
+@dataclass(frozen=True)
+class LocalCSR:
+    """A rank's own rows of the in-adjacency in local ids: its nodes first (in row order), then the halo."""
+
+    rowptr: Tensor
+    col: Tensor
+
+
+@dataclass(frozen=True)
+class LocalTypedCSR:
+    """A typed rank's in-adjacency per relation in local ids: rows are its own nodes of the relation's target
+    type (in their typed-row order); sources index the source type's table: its own nodes, then its halo."""
+
+    rowptr: dict
+    col: dict
+
+
+def _remote_ids(col: Tensor, offset: int, view) -> Tensor:
+    """Sorted distinct global ids ``col + offset`` that other ranks own, ``SLICE_EDGES`` at a time."""
+    found = torch.empty(0, dtype=torch.long)
+    for a in range(0, col.numel(), SLICE_EDGES):  # (merged slice by slice: never more than the halo and a slice)
+        ids = col[a:a + SLICE_EDGES].long() + offset
+        found = torch.unique(torch.cat([found, ids[view.owner(ids) != view.rank]]))
+    return found
+
+
+def _localized(col: Tensor, offset: int, view, row_of, own: int, halo: Tensor, dtype=torch.long) -> Tensor:
+    """Global ids ``col + offset`` as rows of a rank's table of its ``own`` nodes (at ``row_of(id)``) followed
+    by the ``halo`` (sorted global ids), ``SLICE_EDGES`` at a time."""
+    out = torch.empty(col.numel(), dtype=dtype)
+    for a in range(0, col.numel(), SLICE_EDGES):
+        ids = col[a:a + SLICE_EDGES].long() + offset
+        remote = view.owner(ids) != view.rank
+        local = torch.empty_like(ids)
+        local[~remote] = row_of(ids[~remote])
+        local[remote] = own + torch.searchsorted(halo, ids[remote])
+        out[a:a + SLICE_EDGES] = local
+    return out
+
+
+def _halo_filler(ex, view, own: int, halo: Tensor, row_of):
+    """``fill(table)``: rows ``own..`` of ``table`` become its owners' rows of the ``halo`` nodes (they read
+    their own rows ``row_of(id)``); collective, in as many exchanges of ``FETCH_ROWS`` rows as the rank
+    with the largest halo needs (decided once, here)."""
+    from hpcgnn.sampling.distributed import fetch_rows
+
+    rounds = int(dist.all_reduce_max(torch.tensor([math.ceil(halo.numel() / FETCH_ROWS)])).item())
+    owner = view.owner(halo)
+
+    def fill(table: Tensor) -> None:
+        for j in range(rounds):
+            a, b = min(j * FETCH_ROWS, halo.numel()), min((j + 1) * FETCH_ROWS, halo.numel())
+            table[own + a:own + b] = fetch_rows(ex, view, table, halo[a:b], owner[a:b], row_of)
+    return fill
+
+
+def _into_table(n: int, extra: int, chunk_size: int, fn) -> Tensor:
+    """``fn(a, b)`` over rows ``0 .. n`` in chunks, written into one table with ``extra`` rows left after them
+    (for the halo), allocated at the first chunk's width."""
+    table = None
+    for a in range(0, max(n, 1), chunk_size):  # (one empty chunk gives the width when there are no rows)
+        out = fn(a, min(a + chunk_size, n))
+        if table is None:
+            table = out.new_empty((n + extra, *out.shape[1:]))
+        table[a:a + out.size(0)] = out
+    return table
+
+
+def _layer(model, i: int, x: Tensor, graph, lo: int, hi: int, device: torch.device, transform) -> Tensor:
+    """Layer ``i`` for targets ``lo..hi`` with all their in-neighbours (targets first, as root weights expect)."""
+    from hpcgnn.sampling.neighbor import SampledSubgraph
+
+    t = hi - lo
+    targets = torch.arange(lo, hi)
+    nbr = graph.col[graph.rowptr[lo]:graph.rowptr[hi]].long()
+    dst = torch.repeat_interleave(torch.arange(t), (graph.rowptr[lo + 1:hi + 1] - graph.rowptr[lo:hi]).long())
+    others = torch.unique(nbr)
+    others = others[(others < lo) | (others >= hi)]
+    n_id = torch.cat([targets, others])
+    order = torch.argsort(n_id)
+    src = order[torch.searchsorted(n_id[order], nbr)]
+    if transform is None:
+        return model.inference_per_layer(i, x.index_select(0, n_id).float().to(device), torch.stack([src, dst]).to(device),
+                                         t).float().cpu()
+    out = transform(SampledSubgraph(n_id, torch.stack([src, dst]), t, (t, others.numel()), (dst.numel(),)))
+    # The weighted adjacency of the chunk, rows = targets (CSR, sorted by target then source).
+    order = torch.argsort(out.edge_index[1] * n_id.numel() + out.edge_index[0])
+    rows, cols, values = out.edge_index[1][order], out.edge_index[0][order], out.edge_weight[order]
+    crow = torch.zeros(t + 1, dtype=torch.long)
+    crow[1:] = torch.cumsum(torch.bincount(rows, minlength=t), 0)
+    with warnings.catch_warnings():  # "sparse CSR support is in beta": the products used here are not
+        warnings.simplefilter("ignore", UserWarning)
+        adj = torch.sparse_csr_tensor(crow, cols, values, (t, n_id.numel()), check_invariants=True)
+        with torch.autocast(device.type, enabled=False):
+            return model.inference_per_layer(i, x.index_select(0, n_id).float().to(device), adj.to(device),
+                                             t).float().cpu()
+
+
+# --------------------------------------------------------------------------- sized at start
+
+
+def exact_inference_bytes(own: int, halo: int, edges: int, widths, edge_bytes: int = 4) -> int:
+    """About the peak bytes exact partitioned inference adds on a rank: the widest layer's input and output
+    tables (``own`` + ``halo`` rows of float32), its ``edges`` in local ids, and the fetch buffers."""
+    width = max(widths)
+    return 2 * (own + halo) * width * 4 + edges * edge_bytes + 4 * min(FETCH_ROWS, halo) * width * 4
+
+
+def check_exact_inference_memory(parts, model_cfg, env) -> None:
+    """train.eval_mode=full on a partitioned graph: fail at start, together, when a rank's layer tables would not
+    fit in its share of the node's memory (not at the first evaluation, after an epoch of training)."""
+    from hpcgnn.data.cache import human_bytes
+
+    p, m = parts, model_cfg
+    edges = sum(c.numel() for c in p.typed.col.values()) if p.typed is not None else p.col.numel()
+    need = exact_inference_bytes(p.nodes.numel(), p.halo_bound, edges, (p.num_features, m.hidden_channels,
+                                                                       p.num_classes), 8 if p.typed else 4)
+    room = available_memory() // env.local_world_size
+    worst_need, worst_room = dist.all_reduce_max(torch.tensor([need, -room])).tolist()
+    if worst_need > -worst_room:
+        raise ConfigError(
+            f"train.eval_mode=full on this partitioned graph needs about {human_bytes(worst_need)} on a rank (its "
+            f"nodes and its halo, x {max(p.num_features, m.hidden_channels)} floats, twice: a layer's input and "
+            f"output), but a rank has {human_bytes(-worst_room)} ({env.local_world_size} rank(s) share a node's "
+            "available memory). HINT: train.eval_mode=sampled, or more nodes for the job (cluster.nodes, with "
+            "graph.num_parts a multiple of the ranks), or a smaller model.hidden_channels")
+    log.info("rank %d: exact evaluation will hold about %s (%s available to the rank)", env.rank, human_bytes(need),
+             human_bytes(room))

@@ -1,0 +1,181 @@
+"""A rank's own parts of a partitioned graph; remote neighbours and feature rows travel over a second process
+group, through the hot-node cache first."""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import torch
+from torch import Tensor
+
+from hpcgnn import dist
+from hpcgnn.config import RunConfig
+from hpcgnn.data import cache, open_link_splits
+from hpcgnn.env import RankEnv
+from hpcgnn.errors import AllocationError, PartitionError
+from hpcgnn.rng import generator
+from hpcgnn.sampling import subgraph as sub
+from hpcgnn.sampling.distributed import CommStats, fetch_rows
+from hpcgnn.sampling.link import csr_has_edge
+from hpcgnn.stores.base import GraphShape, Store, fanouts, typed_fanouts
+from hpcgnn.stores.exact import (
+    Exact,
+    PartsPieces,
+    TypedPartsPieces,
+    check_exact_inference_memory,
+    exact_outputs,
+)
+
+log = logging.getLogger(__name__)
+
+
+def owned_has_edge(view):
+    """Edge membership where this rank holds the target's row (its own nodes); False elsewhere. Enough for
+    strict negatives of an owned source on an undirected graph: its neighbours are its in-neighbours."""
+    parts = view.parts
+    has = csr_has_edge(parts.rowptr, parts.col)
+
+    def has_edge(src: Tensor, dst: Tensor) -> Tensor:
+        out = torch.zeros(dst.numel(), dtype=torch.bool)
+        owned = view.owner(dst) == view.rank
+        if bool(owned.any()):
+            out[owned] = has(src[owned], view.row(dst[owned]))
+        return out
+
+    return has_edge
+
+
+class PartitionedStore(Store):
+    """Each rank holds its parts; remote neighbours and features travel over a second process group."""
+
+    def __init__(self, cfg: RunConfig, env: RankEnv, device: torch.device | None = None):
+        from hpcgnn.partition import open_parts
+        from hpcgnn.sampling import distributed as d
+
+        super().__init__(cfg, env, device or torch.device("cpu"))
+        g, t = cfg.graph, cfg.train
+        num_parts = g.num_parts or env.world_size
+        if num_parts % env.world_size:  # the config check knew only the configured world size
+            raise AllocationError(f"graph.num_parts={num_parts} cannot be shared by the {env.world_size} ranks started. "
+                                  f"HINT: use a multiple of {env.world_size}, or graph.num_parts=0 (one part per rank)")
+        per_rank = num_parts // env.world_size
+        owned = list(range(env.rank * per_rank, (env.rank + 1) * per_rank))
+        self.parts = parts = open_parts(cfg.dataset, g, num_parts, owned)
+        self.stats_ = d.CommStats()
+        self.exchange = d.Exchange(dist.new_group(cfg.dist), env.rank, env.world_size, dist.comm_device(), self.stats_)
+        self.view = d.PartitionView(parts, env.rank, per_rank)
+        self.degree = parts.degree
+        self.weigh_by_seeds = True
+        self.shape = GraphShape(parts.num_features, parts.num_classes, parts.num_nodes,
+                                parts.typed.schema if parts.typed is not None else None)
+        # Link prediction: a rank's training edges are those whose source it owns; their endpoints, like any
+        # other node, are sampled and fetched wherever they live. Evaluation reads the splits' (small) arrays.
+        self.link = open_link_splits(cfg.dataset) if cfg.dataset.prepared_for == "link" else None
+        # The rank's rows of other ranks' nodes (the hot-node cache, over every node type) and where they come from.
+        self.cache = self.features = d.PartitionedFeatures(self.view, self.exchange, labels=self.link is None)
+        self.seed_offset = 0  # global id -> sampler seed (a typed graph's sampler takes target-type ids)
+        if parts.typed is not None:  # batches are HeteroData; seeds are the target type's own ids
+            from hpcgnn.sampling.typed import PartitionedTypedFeatures, PartitionedTypedSampler
+
+            schema = parts.typed.schema
+            self.seed_offset = schema.offsets()[schema.target]
+            self.sampler = PartitionedTypedSampler(self.view, typed_fanouts(cfg, schema), self.exchange,
+                                                   g.boundary_fraction)
+            self.features = PartitionedTypedFeatures(self.cache, self.sampler)
+        else:
+            self.sampler = d.PartitionedNeighborSampler(self.view, fanouts(cfg), self.exchange, g.boundary_fraction)
+        self.train_sampler = self.sampler
+        own = parts.train_idx.numel() if self.link is None else parts.train_pos.size(1)
+        if self.link is not None:
+            self.train_sampler = self._link_sampler(self.sampler, parts.train_pos, owned_has_edge(self.view))
+        most, fewest = dist.all_reduce_max(torch.tensor([own, -own])).tolist()
+        if -fewest == 0:  # decided together: one rank failing alone would leave the others in an exchange
+            raise PartitionError(f"a rank owns no training {'nodes' if self.link is None else 'edges'} in the "
+                                 f"{num_parts}-part partition. HINT: use fewer parts, or graph.balance_train=true "
+                                 "with graph.method=metis")
+        self.seeds_per_rank = most
+        self.steps = math.ceil(self.seeds_per_rank / t.batch_size)
+        self.row_cost: Tensor | None = None
+        if t.edge_budget:  # as many steps as the rank with the costliest seeds needs, on every rank
+            self.row_cost = sub.expected_edges_of_rows(parts.rowptr, parts.col, parts.degree, t.fanouts)
+            own = self.row_cost.index_select(0, self._rows(parts.train_idx)).double()
+            need = sub.batches_for_budget(float(own.mean()) * self.seeds_per_rank, 1, t.edge_budget, self.seeds_per_rank)
+            self.steps = int(dist.all_reduce_max(torch.tensor([need])).item())
+        if g.cache_mb > 0:
+            budget = int(g.cache_mb * 2**20) // (parts.num_features * parts.x.element_size() + 8)
+            gen = generator(t.seed, "cache_warmup", env.rank)
+            warm = self.train_seeds(0).split(t.batch_size)[: g.warmup_batches]
+            if self.link is not None:  # the warm-up samples around the edges' endpoints
+                warm = [torch.unique(parts.train_pos[:, ids].reshape(-1)) for ids in warm]
+            warm = list(warm) + [warm[0][:0]] * (g.warmup_batches - len(warm))
+            ids = d.hot_nodes(self.view, budget, g.cache_policy, self.sampler, warm, gen)
+            self.cache.fill_cache(ids)
+        log.info("rank %d: parts %s of %d: %d nodes, %d edges, %d train seeds (padded to %d), cache %s rows "
+                 "(%s), holds %s", env.rank, owned, num_parts, parts.nodes.numel(), parts.col.numel(),
+                 own, self.seeds_per_rank, self.cache.cache_ids.numel(), g.cache_policy,
+                 cache.human_bytes(self.resident_bytes()))
+        if parts.typed is not None:
+            schema, cached = parts.typed.schema, self.cache.cache_ids
+            off = schema.offsets()
+            log.info("rank %d: cached rows by node type: %s", env.rank,
+                     {t: int(((cached >= off[t]) & (cached < off[t] + n)).sum()) for t, n in schema.num_nodes.items()})
+
+    def train_seeds(self, epoch: int) -> Tensor:
+        """The rank's own training seeds (nodes; link: ids of its edges), shuffled and padded (wrapping) to
+        the largest rank's count."""
+        own = self.parts.train_idx - self.seed_offset if self.link is None else torch.arange(self.parts.train_pos.size(1))
+        order = own[torch.randperm(own.numel(), generator=generator(self.cfg.train.seed, "epoch", epoch))]
+        return order.repeat(math.ceil(self.seeds_per_rank / max(own.numel(), 1)))[: self.seeds_per_rank]
+
+    def _rows(self, ids: Tensor) -> Tensor:
+        """Rows of owned nodes (global ``ids``) in this rank's CSR."""
+        p = self.parts
+        return p.part_offset.index_select(0, p.node_part.index_select(0, ids).long()) + \
+            p.node_local.index_select(0, ids).long()
+
+    def train_batches(self, epoch: int) -> list[Tensor]:
+        seeds = self.train_seeds(epoch)
+        if self.row_cost is not None:
+            return sub.split_by_cost(seeds, self.row_cost.index_select(0, self._rows(seeds)), self.steps)
+        return list(seeds.split(self.cfg.train.batch_size))
+
+    def eval_seeds(self, split: str) -> tuple[Tensor, int | None]:
+        """This rank's share of ``split`` and the batch count every rank walks (the most any rank needs)."""
+        mine = self.eval_items(split) if self.link is not None else getattr(self.parts, f"{split}_idx") - self.seed_offset
+        batches = math.ceil(mine.numel() / self.eval_batch_size(split))
+        return mine, int(dist.all_reduce_max(torch.tensor([batches])).item())
+
+    def counters(self) -> CommStats:
+        return self.stats_.snapshot()
+
+    def comm(self, before: CommStats) -> dict:
+        return (self.counters() - before).per_batch()
+
+    def exact(self, model: torch.nn.Module, transform_for=None) -> Exact:
+        """Each rank computes its own nodes' outputs (in its row order; a typed graph: its own target-type nodes,
+        in their typed rows); other nodes' rows come from their owners (a collective)."""
+        t, parts, view, ex = self.cfg.train, self.parts, self.view, self.exchange
+        if parts.typed is None:
+            pieces, row_of = PartsPieces(parts, view, ex, self.device, t.eval_chunk, transform_for), view.row
+        else:
+            target = parts.typed.schema.target
+            pieces, row_of = TypedPartsPieces(parts, view, ex, self.device, t.eval_chunk), \
+                (lambda ids: parts.typed_rows(target, ids))
+        table = exact_outputs(model, pieces)
+
+        def rows(ids: Tensor) -> Tensor:  # (the task's ids: a typed graph's are the target type's own)
+            uniq, inv = torch.unique(ids + self.seed_offset, return_inverse=True)
+            return fetch_rows(ex, view, table, uniq, view.owner(uniq), row_of).index_select(0, inv)
+
+        def split(name: str) -> tuple[Tensor, Tensor]:
+            ids = getattr(parts, f"{name}_idx")  # (the global ids of its own nodes in the split)
+            return table.index_select(0, row_of(ids)), parts.y.index_select(0, view.row(ids))
+
+        return Exact(table, rows, split)
+
+    def check_exact(self, model_cfg) -> None:
+        check_exact_inference_memory(self.parts, model_cfg, self.env)
+
+    def resident_bytes(self) -> int:
+        return self.parts.nbytes() + self.cache.cache_bytes()

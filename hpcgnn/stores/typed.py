@@ -1,0 +1,61 @@
+"""A typed graph every rank of a node maps whole; seeds are the target type's training nodes, batches HeteroData."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+
+from hpcgnn.config import RunConfig
+from hpcgnn.data import open_typed, prepare
+from hpcgnn.env import RankEnv
+from hpcgnn.sampling import steps_per_epoch
+from hpcgnn.stores.base import (
+    GraphShape,
+    WholeGraphStore,
+    on_local_rank0,
+    require_training_items,
+    typed_fanouts,
+)
+from hpcgnn.stores.exact import Exact, WholeTypedPieces, exact_outputs
+from hpcgnn.stores.replicated import graph_on
+
+log = logging.getLogger(__name__)
+
+
+class TypedStore(WholeGraphStore):
+    """A typed graph, whole on every rank (one mapped copy per node); seeds are the target type's
+    training nodes (in its own ids), split across ranks as a replicated graph's are."""
+
+    def __init__(self, cfg: RunConfig, env: RankEnv, device: torch.device | None = None):
+        from hpcgnn.sampling.typed import TypedNeighborSampler
+
+        super().__init__(cfg, env, device or torch.device("cpu"))
+        on_local_rank0(env, f"prepare {cfg.dataset.name}", lambda: prepare(cfg.dataset))
+        self.graph = self.features = g = open_typed(cfg.dataset)
+        self.shape = GraphShape(g.num_features, g.num_classes, sum(g.num_nodes.values()), g.schema)
+        self.graph_on = graph_on(cfg, env, self.device, self.resident_bytes())
+        if self.graph_on == "device":  # sampled and gathered where the model runs
+            t0 = time.perf_counter()
+            self.features = g.to(self.device)
+            log.info("typed graph copied to %s in %.1f s: sampling and gathering there (%.0f MB)", self.device,
+                     time.perf_counter() - t0, self.resident_bytes() / 2**20)
+        self.sampler = self.train_sampler = TypedNeighborSampler(self.features, typed_fanouts(cfg, g))
+        require_training_items(cfg, g.train_idx.numel(), f"{g.target} nodes")
+        self.items, self.items_per_step = g.train_idx, cfg.train.batch_size
+        self.steps = steps_per_epoch(g.train_idx.numel(), env.world_size, cfg.train.batch_size)
+        log.info("typed graph: %s nodes; %s edges; target %s: %d features, %d classes, %d/%d/%d train/val/test; "
+                 "features of %s", g.num_nodes, {"__".join(r): g.num_edges(r) for r in g.relations}, g.target,
+                 g.num_features, g.num_classes, g.train_idx.numel(), g.val_idx.numel(), g.test_idx.numel(),
+                 {t: rule for t, rule in g.feature_rule.items() if rule != "given"})
+
+    def exact(self, model: torch.nn.Module, transform_for=None) -> Exact:
+        t, env = self.cfg.train, self.env
+        return self._exact(exact_outputs(model, WholeTypedPieces(self.graph, self.device, t.eval_chunk, env.rank,
+                                                                 env.world_size)))
+
+    def resident_bytes(self) -> int:
+        g = self.graph
+        tensors = [*g.rowptr.values(), *g.col.values(), *g.x.values(), g.y]
+        return sum(t.numel() * t.element_size() for t in tensors)
