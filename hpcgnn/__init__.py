@@ -6,8 +6,16 @@ from pathlib import Path
 
 __version__ = "0.1.0"
 
-# The Hydra configs ship inside the package: a clone and an installed wheel read the same files.
-CONF_DIR = Path(__file__).resolve().parent / "conf"
+
+
+def _conf_dir() -> Path:
+    """The Hydra configs: the repository's conf/, installed inside the package by a wheel (hpcgnn/conf), read in
+    place beside the package in a clone and an editable install."""
+    here = Path(__file__).resolve().parent
+    return here / "conf" if (here / "conf").is_dir() else here.parent / "conf"
+
+
+CONF_DIR = _conf_dir()
 
 
 def user_config_dir() -> Path:

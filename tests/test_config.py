@@ -313,3 +313,14 @@ def test_the_launching_process_imports_no_torch():
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == "[]", res.stdout
+
+
+def test_a_clone_and_an_editable_install_read_the_repositorys_conf():
+    """The configs live in the repository's top-level conf/ (a wheel installs them inside the package:
+    test_install), and a clone or an editable install composes from that folder."""
+    from conftest import REPO
+
+    import hpcgnn
+
+    assert hpcgnn.CONF_DIR == REPO / "conf" and (REPO / "conf" / "config.yaml").is_file()
+    assert not (REPO / "hpcgnn" / "conf").exists()

@@ -2,7 +2,7 @@
 
 The wheel is built from a copy of the tracked sources (nothing is written into the clone),
 installed with pip into a new venv, and every command is run from an unrelated folder, so
-nothing can come from the repository: the configs ship inside the package. The venv reaches
+nothing can come from the repository: the repository's conf/ ships inside the package. The venv reaches
 the already-installed dependencies (torch, PyG, hydra, ...) through a .pth file, since
 tests download nothing; hpcgnn itself must come from the wheel, which the test checks.
 """
@@ -35,7 +35,7 @@ def wheel_venv(tmp_path_factory) -> Path:
     src.mkdir()
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(REPO / name, src / name)
-    for pkg in ("hpcgnn", "hydra_plugins"):
+    for pkg in ("hpcgnn", "hydra_plugins", "conf"):  # (conf/ ships inside the package: pyproject's package-dir)
         shutil.copytree(REPO / pkg, src / pkg, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     built = _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
                   "-w", root / "dist", src], cwd=root)
@@ -63,6 +63,7 @@ def test_the_installed_package_is_the_wheel(wheel_venv, tmp_path):
     package, plugin, conf = res.stdout.split()
     assert package.startswith(str(wheel_venv)) and plugin.startswith(str(wheel_venv)), res.stdout
     assert (Path(conf) / "config.yaml").is_file() and (Path(conf) / "model" / "gcn.yaml").is_file()
+    assert Path(conf) == Path(package).parent / "conf"  # the repository's conf/, installed inside the package
 
 
 def test_a_one_epoch_job_runs_from_any_folder(wheel_venv, tmp_path):

@@ -39,7 +39,7 @@ class Composed:
 
 
 def conf_dir() -> Path:
-    """The packaged configs (``hpcgnn/conf``), in a clone and in an installed wheel alike."""
+    """The configs: the repository's ``conf/`` (a wheel installs it inside the package), see ``hpcgnn.CONF_DIR``."""
     from hpcgnn import CONF_DIR
 
     return CONF_DIR
