@@ -28,8 +28,9 @@ def main() -> None:
     args = ap.parse_args()
 
     from hpcgnn.data import open_link, prepare
+    from hpcgnn.data.graph import csr_has_edge
     from hpcgnn.sampling import BatchLoader, CSRNeighborSampler, PrefetchLoader
-    from hpcgnn.sampling.link import LinkSampler, csr_has_edge
+    from hpcgnn.sampling.link import LinkSampler
     from hpcgnn.sampling.loader import keep_freed_memory
 
     keep_freed_memory()

@@ -18,7 +18,7 @@ of the memory-mapped graph it touched) and its wall time:
 - **rank**, at K=4 (``--rank-parts``): the memory a partitioned rank holds after opening its part,
   building its sampler and sampling (RSS growth over an idle process), against a replicated rank's.
 
-The last lines are the comparisons the issue asks for.
+The last lines compare the partitioners and the memory of the paths (one line each).
 """
 
 from __future__ import annotations

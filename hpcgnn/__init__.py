@@ -17,9 +17,3 @@ def _conf_dir() -> Path:
 
 CONF_DIR = _conf_dir()
 
-
-def user_config_dir() -> Path:
-    """Where users keep their own config files, e.g. cluster/mycluster.yaml ($HPCGNN_CONFIG_DIR)."""
-    from hpcgnn.env import user_config_dir as _folder
-
-    return _folder()

@@ -63,8 +63,8 @@ def check_dataset_config(dataset) -> None:
         raise ConfigError(f"dataset.feature_dtype={dataset.feature_dtype!r} is unknown: use one of "
                           f"{', '.join(FEATURE_DTYPES)} (float16/bfloat16 store features in half the bytes)")
     if dataset.prepare_mem_gb is not None and dataset.prepare_mem_gb <= 0:
-        raise ConfigError(f"dataset.prepare_mem_gb={dataset.prepare_mem_gb} must be above 0 (or null: half of "
-                          "the memory free)")
+        raise ConfigError(f"dataset.prepare_mem_gb={dataset.prepare_mem_gb} must be above 0 (or null: a quarter "
+                          "of the free memory, at most 0.25 GB)")
     if dataset.prepared_for == "link":
         if dataset.name not in LINK_DATASETS:
             raise ConfigError(f"dataset={dataset.name} has no edges to predict: task=link needs one of "
@@ -95,8 +95,8 @@ def is_typed(dataset) -> bool:
 
 
 def check_typed_config(cfg) -> None:
-    """What a typed graph asks of the rest of the config (this release: node classification, neighbour
-    sampling, on a replicated or partitioned graph)."""
+    """What a typed graph asks of the rest of the config (node classification, neighbour sampling, on a
+    replicated or partitioned graph)."""
     t, m = cfg.train, cfg.model
     if not is_typed(cfg.dataset):
         if m.name not in MODEL_NAMES:

@@ -8,8 +8,8 @@ becomes a frozen, validated :class:`RunConfig` exactly once, in
 Everything downstream takes a ``RunConfig``.
 
 This module checks values and their combinations only; it imports nothing of hpcgnn but
-its errors. The registries (models, datasets, tasks) check their own names, in
-``compose.check_registered_names``.
+its errors and the port range env.py derives in. The registries' names (models, datasets,
+tasks) are checked by :func:`hpcgnn.checks.check_registered_names`.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from typing import Any, Dict, Optional, Tuple
 
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from hpcgnn.env import PORTS
 from hpcgnn.errors import ConfigError
 
 __all__ = ["ConfigError", "RunConfig", "check_override_keys", "register_configs"]
@@ -89,6 +90,10 @@ class GraphConfig:
     warmup_batches: int = 8  # partitioned, cache_policy=frequency: batches sampled to count remote hits
     boundary_fraction: float = 1.0  # partitioned: keep this fraction of remote neighbours per hop (BNS-GCN)
 
+    def parts_for(self, world_size: int) -> int:
+        """How many parts the graph is cut into for ``world_size`` ranks: ``num_parts``, or one per rank."""
+        return self.num_parts or world_size
+
 
 @dataclass(frozen=True)
 class TrainConfig:
@@ -130,8 +135,8 @@ class DistConfig:
     init_timeout_s: float = 1800.0  # seconds a collective may wait until the first training step succeeded (rendezvous, data preparation, partitioning on local rank 0)
     timeout_s: float = 120.0  # seconds a collective may wait after that: a hung rank fails the job this soon
     master_port: int = 0  # 0 = derive from the job id inside port_min..port_max
-    port_min: int = 20000  # lowest derived port
-    port_max: int = 32767  # highest derived port (Linux's ephemeral range starts at 32768)
+    port_min: int = PORTS[0]  # lowest derived port
+    port_max: int = PORTS[1]  # highest derived port (Linux's ephemeral range starts at 32768)
 
 
 @dataclass(frozen=True)

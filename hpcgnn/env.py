@@ -87,6 +87,8 @@ VARIABLES: dict[str, str] = {
     "full_error": "HYDRA_FULL_ERROR",  # 1: print the traceback of a user error too (Hydra's own switch)
     "cpu_flags": "HPCGNN_CPU_FLAGS",  # the CPU flags to decide by instead of /proc/cpuinfo's (tests: the other CPU kind)
 }
+# Where master ports are derived (dist.port_min/port_max): below Linux's ephemeral range, which starts at 32768.
+PORTS = (20000, 32767)
 # Job names of shells a user types in (Lightning's rule, with the common shells).
 INTERACTIVE_JOB_NAMES = ("bash", "sh", "zsh", "fish", "tcsh", "csh", "ksh", "interactive")
 
@@ -248,7 +250,7 @@ class RankEnv:
         return max(1, len(os.sched_getaffinity(0)) // self.local_world_size)
 
     @classmethod
-    def from_environ(cls, environ: Mapping[str, str], port_range: tuple[int, int] = (20000, 32767),
+    def from_environ(cls, environ: Mapping[str, str], port_range: tuple[int, int] = PORTS,
                      master_port: int = 0) -> RankEnv:
         """Read the rank layout of this process from ``environ``.
 
@@ -346,7 +348,7 @@ def run_name(environ: Mapping[str, str] | None = None, now: datetime.datetime | 
     return (now or datetime.datetime.now()).strftime("%Y-%m-%d/%H-%M-%S-%f")
 
 
-def derive_port(job_id: str, port_min: int = 20000, port_max: int = 32767) -> int:
+def derive_port(job_id: str, port_min: int = PORTS[0], port_max: int = PORTS[1]) -> int:
     """A port in [port_min, port_max] that is a function of the job id alone.
 
     Every node of a job computes the same port without talking to the others, and

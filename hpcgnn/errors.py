@@ -14,6 +14,9 @@ Exit codes of ``python -m hpcgnn`` (and of ``hpcgnn``):
     2  a user error, caught before anything ran or on the compute node before the first step
     3  preempted outside submitit: the checkpoint is saved; the same command resumes
     4  diverged: the loss or a gradient became NaN or infinite (``train.nonfinite=stop``)
+  130  stopped waiting (Ctrl-C): a submitted job goes on
+  143  stopped by SIGTERM (a local run stops its ranks first)
+  255  a task of a submitit job that was requeued (or gave up requeuing): submitit's own exit
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ EXIT_FAILED = 1
 EXIT_USER_ERROR = 2
 EXIT_PREEMPTED = 3
 EXIT_DIVERGED = 4
+EXIT_INTERRUPTED = 130  # 128 + SIGINT
+EXIT_REQUEUED = -1  # what submitit's requeue handler exits with (status 255)
 
 
 class UserError(Exception):

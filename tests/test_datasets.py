@@ -301,7 +301,7 @@ def test_handing_back_pages_keeps_every_value(tmp_path):
 def test_leftovers_of_a_gone_writer_here_are_removed_others_named_when_old(tmp_path, capsys):
     import os
 
-    from hpcgnn.io import _host, sweep_leftovers, writer_tag
+    from hpcgnn.writers import _host, sweep_leftovers, writer_tag
 
     prefix = ".synthetic-0123.tmp-"
     dead = tmp_path / f"{prefix}{_host()}-{dead_pid()}-0badc0de"

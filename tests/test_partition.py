@@ -68,7 +68,7 @@ def test_parts_are_byte_identical_across_runs(tmp_path, method):
 def test_a_killed_lp_partitions_leftovers_are_removed_by_the_next_on_this_host(tmp_path):
     """A partition killed mid-way leaves its parts' temporary folder and lp's coarse levels beside the parts;
     the next partition on this host removes both (their writer's pid is gone) and leaves only the parts."""
-    from hpcgnn.io import _host
+    from hpcgnn.writers import _host
 
     mine = _private(tmp_path)
     prepare(mine)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcgnn.submit.slurm import (
+from hpcgnn.slurm import (
     JobState,
     ended_state,
     expand_array_ids,
@@ -159,13 +159,13 @@ def test_live_array_job_states_follow_the_scheduler(devcluster_up, tmp_path):
 def test_another_hosts_leftover_is_removed_once_its_slurm_job_ended(devcluster_up, tmp_path, capsys):
     """A temporary folder written inside a SLURM job carries the job id; from another host, the next writer
     removes it once sacct says the job ended, and leaves it while the job is queued or running, or unknown."""
-    from hpcgnn.io import sweep_leftovers
+    from hpcgnn.writers import sweep_leftovers
 
     def sbatch(*args: str) -> str:
         return subprocess.run(["sbatch", "--parsable", "-N1", "-n1", f"--output={tmp_path}/%j.out", *args],
                               capture_output=True, text=True, check=True, timeout=120).stdout.strip()
 
-    tag_job = sbatch("--wait", "--wrap", f"{sys.executable} -c 'from hpcgnn.io import writer_tag; print(writer_tag())'")
+    tag_job = sbatch("--wait", "--wrap", f"{sys.executable} -c 'from hpcgnn.writers import writer_tag; print(writer_tag())'")
     tag = (tmp_path / f"{tag_job}.out").read_text().strip()
     assert tag.endswith(f"-j{tag_job}"), tag  # inside a job, the writer tag names it
     running = sbatch("--wrap", "sleep 300")

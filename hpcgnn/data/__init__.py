@@ -310,7 +310,7 @@ def _split_streamed(cfg: DatasetConfig, whole: Path, tmp: Path, source: dict) ->
     """A link dataset from the prepared graph in ``whole``: its edges split a chunk of rows at a time
     (:func:`split_rows`: the split :func:`split_edges` makes of the graph read whole), the training edges
     bucketed into the message-passing CSR, the positives and negatives appended to their files."""
-    from hpcgnn.sampling.link import csr_has_edge
+    from hpcgnn.data.graph import csr_has_edge
 
     graph = cache.load(whole)
     n, has_edge = graph.num_nodes, csr_has_edge(graph.rowptr, graph.col)

@@ -150,7 +150,7 @@ def split_edges(graph: Graph, fractions: tuple[float, ...], seed: int) -> LinkDa
     One negative per validation and test positive (:func:`pair_negatives`).
     """
     check_fractions(fractions)
-    from hpcgnn.sampling.link import csr_has_edge
+    from hpcgnn.data.graph import csr_has_edge
 
     parts = split_rows(graph.rowptr, graph.col, 0, graph.num_nodes, tuple(fractions), seed,
                        csr_has_edge(graph.rowptr, graph.col))

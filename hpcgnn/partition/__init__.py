@@ -47,9 +47,10 @@ from hpcgnn.data.graph import Graph
 from hpcgnn.data.ooc import NpyAppender, drop_pages, gather_sorted, trim_heap
 from hpcgnn.data.typed import Relation, TypedSchema, relation_key
 from hpcgnn.errors import ConfigError, PartitionError
-from hpcgnn.io import AtomicFolder, sha256_file, stop_cleanly_on_sigterm, writer_tag
+from hpcgnn.io import AtomicFolder, sha256_file, stop_cleanly_on_sigterm
 from hpcgnn.partition.multilevel import LOCAL, Comm, balance_groups, task_spans
 from hpcgnn.rng import generator
+from hpcgnn.writers import writer_tag
 
 log = logging.getLogger(__name__)
 
@@ -690,4 +691,4 @@ def run_partition_task(cfg) -> dict:
     torch.set_num_threads(rank_env.default_threads(environ))
     with stop_cleanly_on_sigterm("partition task"), process_group(rank_env, cfg.dist, torch.device("cpu")):
         comm = Comm(rank_env.rank, rank_env.world_size) if rank_env.world_size > 1 else LOCAL
-        return run_partition(cfg.dataset, cfg.graph, cfg.graph.num_parts or cfg.world_size, comm)
+        return run_partition(cfg.dataset, cfg.graph, cfg.graph.parts_for(cfg.world_size), comm)

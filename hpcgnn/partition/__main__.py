@@ -42,7 +42,7 @@ def main(argv: list[str]) -> int:
             logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
 
             with stop_cleanly_on_sigterm("partition"):
-                run_partition(cfg.dataset, cfg.graph, cfg.graph.num_parts or cfg.world_size)
+                run_partition(cfg.dataset, cfg.graph, cfg.graph.parts_for(cfg.world_size))
             return 0
         from hpcgnn.submit.launch import submit_partition, wait_partition
 

@@ -38,8 +38,8 @@ import torch
 from torch import Tensor
 
 from hpcgnn.data.ooc import EdgeBuckets, chunks, drop_pages, trim_heap
-from hpcgnn.io import sweep_leftovers, writer_tag
 from hpcgnn.rng import derive_seed
+from hpcgnn.writers import sweep_leftovers, writer_tag
 
 log = logging.getLogger(__name__)
 

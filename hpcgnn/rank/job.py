@@ -7,14 +7,9 @@ which calls :func:`run_rank`; the local spawn launcher and srun/torchrun ranks c
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
-import os
 import signal
-import socket
 import sys
-import time
-import traceback
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -25,8 +20,8 @@ from hpcgnn import dist
 from hpcgnn.config import RunConfig
 from hpcgnn.dist import pick_device, process_group
 from hpcgnn.env import RankEnv, check_allocation
-from hpcgnn.errors import EXIT_FAILED, EXIT_PREEMPTED, AnotherRankFailed, UserError, describe
-from hpcgnn.io import write_json
+from hpcgnn.errors import EXIT_PREEMPTED, EXIT_REQUEUED
+from hpcgnn.failures import record_failure
 from hpcgnn.rank.checkpoint import Preempted
 from hpcgnn.rank.trainer import train
 from hpcgnn.sampling.loader import keep_freed_memory
@@ -84,47 +79,18 @@ def _requeue(cfg: RunConfig, env: RankEnv, stop: Preempted) -> BaseException:
         submitit.JobEnvironment()  # raises outside a submitit job
         handler = signal.getsignal(getattr(signal, f"SIG{cfg.checkpoint.signal}"))
     if not callable(handler) or not env.is_main:
-        outcome: BaseException = SystemExit(EXIT_PREEMPTED if handler is None else -1)
+        outcome: BaseException = SystemExit(EXIT_PREEMPTED if handler is None else EXIT_REQUEUED)
     else:
         log.info("%s; asking submitit to requeue the job", stop)
         try:
             handler(getattr(signal, f"SIG{cfg.checkpoint.signal}"), None)
-            outcome = SystemExit(-1)
+            outcome = SystemExit(EXIT_REQUEUED)
         except BaseException as exc:  # SystemExit after the requeue, or why it did not requeue
             outcome = exc
     dist.all_reduce_sum(torch.zeros(1))  # rank 0 has requeued (or given up) before anyone exits
     if env.is_main and handler is None:
         print(f"hpcgnn: {stop}; run the same command with hydra.run.dir={cfg.run_dir} to resume", flush=True)
     return outcome
-
-
-def record_failure(run_dir: Path, env: RankEnv | None, exc: BaseException) -> None:
-    """Write this rank's traceback to ``run_dir/failures/rank-<r>.json`` for the launcher's report, and mark
-    ``exc.recorded`` when it is on disk (a rank whose environment could not be read is named by its pid).
-
-    A user error (a corrupt partition, a checkpoint of another job, ...) is marked so, with
-    the line that names the fix and its exit code: the launcher reports that line alone and
-    leaves with that code (2; 4 for a diverged run).
-    """
-    user = isinstance(exc, UserError)
-    record = {"rank": env.rank if env is not None else -1, "host": socket.gethostname(),
-              "job_id": env.job_id if env is not None else "", "time": time.time(),
-              "error": "".join(traceback.format_exception(exc)),
-              "user_error": describe(exc) if user else None, "exit_code": exc.exit_code if user else EXIT_FAILED,
-              "echo": isinstance(exc, AnotherRankFailed)}
-    name = f"rank-{env.rank}.json" if env is not None else f"rank-unknown-{os.getpid()}.json"
-    with contextlib.suppress(OSError):  # (a full or unwritable disk: the rank's own stderr keeps the traceback)
-        write_json(run_dir / "failures" / name, record)
-        exc.recorded = True
-
-
-def read_failures(run_dir: Path) -> list[dict]:
-    """The failure records of a run, earliest first; echoes of another rank's failure after every cause."""
-    records = []
-    for path in (run_dir / "failures").glob("rank-*.json"):
-        with contextlib.suppress(OSError, ValueError):
-            records.append(json.loads(path.read_text()))
-    return sorted(records, key=lambda r: (r.get("echo", False), r["time"], r["rank"]))
 
 
 def _setup_logging(env: RankEnv) -> None:

@@ -413,7 +413,7 @@ class Trainer:
             "history": s.history,
             "run_dir": cfg.run_dir,
         }
-        if metric == "acc":  # node classification's names since the first release
+        if metric == "acc":  # node classification also names it best_val_acc
             out["best_val_acc"] = out["best_val"]
         if env.is_main:
             path = write_json(Path(cfg.run_dir) / "summary.json", out)

@@ -28,29 +28,8 @@ from dataclasses import replace
 import torch
 from torch import Tensor
 
+from hpcgnn.data.graph import HasEdge
 from hpcgnn.sampling.neighbor import SampledSubgraph
-
-HasEdge = Callable[[Tensor, Tensor], Tensor]  # (src, dst) -> bool: is src -> dst an edge of the graph
-
-
-def csr_has_edge(rowptr: Tensor, col: Tensor) -> HasEdge:
-    """Edge membership in a CSR of in-edges (sources sorted within each row): a vectorised binary search."""
-    max_deg = int((rowptr[1:] - rowptr[:-1]).max()) if rowptr.numel() > 1 else 0
-    steps = max(1, max_deg.bit_length())
-
-    def has_edge(src: Tensor, dst: Tensor) -> Tensor:
-        lo, hi = rowptr.index_select(0, dst).clone(), rowptr.index_select(0, dst + 1).clone()
-        for _ in range(steps):  # invariant: src, if present, lies in col[lo:hi]
-            active = lo < hi
-            mid = torch.where(active, (lo + hi) // 2, lo)
-            value = col.index_select(0, mid.clamp(max=max(col.numel() - 1, 0)))
-            go_right = active & (value < src)
-            lo = torch.where(go_right, mid + 1, lo)
-            hi = torch.where(active & ~go_right, mid, hi)
-        found = lo < rowptr.index_select(0, dst + 1)
-        return found & (col.index_select(0, lo.clamp(max=max(col.numel() - 1, 0))) == src)
-
-    return has_edge
 
 
 def _local(seeds: Tensor, ids: Tensor) -> Tensor:

@@ -12,12 +12,12 @@ from torch import Tensor
 from hpcgnn import dist
 from hpcgnn.config import RunConfig
 from hpcgnn.data import cache, open_link_splits
+from hpcgnn.data.graph import csr_has_edge
 from hpcgnn.env import RankEnv
 from hpcgnn.errors import AllocationError, PartitionError
 from hpcgnn.rng import generator
 from hpcgnn.sampling import subgraph as sub
 from hpcgnn.sampling.distributed import CommStats, fetch_rows
-from hpcgnn.sampling.link import csr_has_edge
 from hpcgnn.stores.base import GraphShape, Store, fanouts, typed_fanouts
 from hpcgnn.stores.exact import (
     Exact,
@@ -55,7 +55,7 @@ class PartitionedStore(Store):
 
         super().__init__(cfg, env, device or torch.device("cpu"))
         g, t = cfg.graph, cfg.train
-        num_parts = g.num_parts or env.world_size
+        num_parts = g.parts_for(env.world_size)
         if num_parts % env.world_size:  # the config check knew only the configured world size
             raise AllocationError(f"graph.num_parts={num_parts} cannot be shared by the {env.world_size} ranks started. "
                                   f"HINT: use a multiple of {env.world_size}, or graph.num_parts=0 (one part per rank)")

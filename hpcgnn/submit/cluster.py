@@ -17,7 +17,8 @@ import time
 from pathlib import Path
 
 from hpcgnn.env import user_config_dir
-from hpcgnn.submit.slurm import (
+from hpcgnn.errors import EXIT_USER_ERROR
+from hpcgnn.slurm import (
     SINFO_FORMAT,
     PartitionInfo,
     parse_gpus,
@@ -86,7 +87,7 @@ def main(argv: list[str]) -> int:
         path = init(args.name, args.partition, user_config_dir() / "cluster", force=args.force)
     except (ValueError, RuntimeError, FileExistsError, OSError, subprocess.TimeoutExpired) as exc:
         print(f"hpcgnn: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_USER_ERROR
     print(path.read_text(), end="")
     print(f"written: {path}\nuse it with: python -m hpcgnn +cluster={args.name}")
     return 0

@@ -16,13 +16,14 @@ The run folder: ``run_dir=...`` if given, else ``hydra.run.dir`` (a run) or
 from __future__ import annotations
 
 import itertools
-import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
+from hpcgnn import CONF_DIR
+from hpcgnn.checks import check_registered_names
 from hpcgnn.config import RunConfig, check_override_keys, register_configs
 from hpcgnn.errors import ConfigError
 
@@ -38,13 +39,6 @@ class Composed:
     sweep_dir: str | None  # the sweep's folder, for members of a sweep
 
 
-def conf_dir() -> Path:
-    """The configs: the repository's ``conf/`` (a wheel installs it inside the package), see ``hpcgnn.CONF_DIR``."""
-    from hpcgnn import CONF_DIR
-
-    return CONF_DIR
-
-
 def _compose_dict(overrides: list[str]) -> DictConfig:
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
@@ -56,7 +50,7 @@ def _compose_dict(overrides: list[str]) -> DictConfig:
     setup_globals()  # Hydra's ${now:...} resolver, which hydra.run.dir and hydra.sweep.dir use
     GlobalHydra.instance().clear()
     try:
-        with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
             return hydra_compose(config_name=CONFIG_NAME, overrides=overrides, return_hydra_config=True)
     except (HydraException, OmegaConfBaseException) as exc:  # unknown group option, bad syntax, wrong type
         raise ConfigError(hydra_message(exc)) from None
@@ -90,7 +84,7 @@ def group_options(group: str) -> list[str]:
     """The options of a config group: its YAML files, packaged and in the user's config folder."""
     from hpcgnn.env import user_config_dir
 
-    found = {p.stem for folder in (conf_dir(), user_config_dir()) for p in (folder / group).glob("*.yaml")}
+    found = {p.stem for folder in (CONF_DIR, user_config_dir()) for p in (folder / group).glob("*.yaml")}
     return sorted(found)
 
 
@@ -122,15 +116,8 @@ def compose(overrides: list[str] | tuple[str, ...] = (), job_num: int | None = N
     except OmegaConfBaseException as exc:  # OmegaConf's interpolation and type errors, worded by OmegaConf
         raise ConfigError(str(exc).strip()) from None
     if check_names:
-        check_registered_names(cfg)
+        check_registered_names(cfg)  # (hpcgnn.checks: the registries' names, no torch imported)
     return Composed(cfg, tuple(overrides), sweep_dir)
-
-
-def check_registered_names(cfg: RunConfig) -> None:
-    """The model's, dataset's and task's names and what the task asks (hpcgnn.checks: no torch imported)."""
-    from hpcgnn import checks
-
-    checks.check_registered_names(cfg)
 
 
 def expand_sweep(overrides: list[str]) -> list[list[str]]:
@@ -164,7 +151,3 @@ def compose_sweep(overrides: list[str]) -> list[Composed]:
     members = expand_sweep(overrides)
     first = compose(members[0], job_num=0)
     return [first] + [compose(m, job_num=num, sweep_dir=first.sweep_dir) for num, m in enumerate(members[1:], 1)]
-
-
-def with_run_dir(cfg: RunConfig, run_dir: str | os.PathLike) -> RunConfig:
-    return replace(cfg, run_dir=str(run_dir))

@@ -27,7 +27,8 @@ from omegaconf import OmegaConf
 
 from hpcgnn import checks, env
 from hpcgnn.config import ClusterConfig, RunConfig
-from hpcgnn.errors import EXIT_FAILED, EXIT_PREEMPTED, EXIT_USER_ERROR, ConfigError
+from hpcgnn.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_PREEMPTED, EXIT_USER_ERROR, ConfigError
+from hpcgnn.failures import read_failures
 from hpcgnn.io import atomic_open, stop_cleanly_on_sigterm
 
 
@@ -108,10 +109,7 @@ def launch(cfg: RunConfig, overrides: tuple[str, ...] | list[str] = ()) -> int:
     if mode == "local":
         cfg = dataclasses.replace(cfg, cluster=None)  # the ranks are these processes, whatever the cluster file says
     record_config(cfg, overrides)
-    if cfg.dataset.name in checks.ON_DISK:  # files and OGB sources must be there (synthetic graphs are made)
-        from hpcgnn.data import check_available
-
-        check_available(cfg.dataset)
+    check_data_on_disk(cfg.dataset)
     if mode == "submit":
         check_partition_capacity(cfg.cluster)
     after = None
@@ -135,6 +133,15 @@ def launch(cfg: RunConfig, overrides: tuple[str, ...] | list[str] = ()) -> int:
     return _wait(job, cfg, after)
 
 
+def check_data_on_disk(dataset) -> None:
+    """Before submitting: the files and OGB sources a job reads must be there (synthetic graphs are made where
+    they are prepared). The data module's check imports torch: only datasets read from disk pay for it."""
+    if dataset.name in checks.ON_DISK:
+        from hpcgnn.data import check_available
+
+        check_available(dataset)
+
+
 def record_config(cfg: RunConfig, overrides: tuple[str, ...] | list[str]) -> None:
     """``<run_dir>/.hydra/``: the resolved config and the overrides it came from (as Hydra's own runs keep)."""
     folder = Path(cfg.run_dir) / ".hydra"
@@ -149,7 +156,7 @@ def check_partition_capacity(c: ClusterConfig, sinfo: str | None = None) -> None
 
     ``sinfo`` is the text of ``sinfo -h -o SINFO_FORMAT`` for testing; by default the cluster is asked.
     """
-    from hpcgnn.submit.slurm import partitions, pick_partition
+    from hpcgnn.slurm import partitions, pick_partition
 
     if c.executor != "slurm":
         return
@@ -183,7 +190,7 @@ def _ensure_partitioned(cfg: RunConfig, mode: str):
     Returns that job, or None when nothing was submitted."""
     from hpcgnn.partition import parts_ready, run_partition
 
-    num_parts = cfg.graph.num_parts or cfg.world_size
+    num_parts = cfg.graph.parts_for(cfg.world_size)
     if parts_ready(cfg.dataset, cfg.graph, num_parts):
         return None
     if mode == "local" or cfg.cluster.executor == "local":
@@ -325,23 +332,17 @@ def _wait(job, cfg: RunConfig, after=None) -> int:
             print(f"job {job.job_id} was cancelled ({state}){why}; output folder: {cfg.run_dir}", file=sys.stderr,
                   flush=True)
             return EXIT_FAILED
-        if _failures(Path(cfg.run_dir)):
+        if read_failures(Path(cfg.run_dir)):
             return report_failure(Path(cfg.run_dir), "", f"job {job.job_id} failed (state {state})")
         results = job.results()
     except KeyboardInterrupt:
         print(f"\nstopped waiting; job {job.job_id} goes on (output folder: {cfg.run_dir})", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
     except (FailedJobError, UncompletedJobError) as exc:
         print(f"job {job.job_id} failed (state {job.state}):\n{exc}", file=sys.stderr, flush=True)
         return EXIT_FAILED
     _print_result(results[0])
     return 0
-
-
-def _failures(run_dir: Path) -> list[dict]:
-    from hpcgnn.rank.job import read_failures
-
-    return read_failures(run_dir)
 
 
 def failure_report(run_dir: Path, fallback: str) -> str:
@@ -352,7 +353,7 @@ def failure_report(run_dir: Path, fallback: str) -> str:
     is something to fix (a user error), its line is the whole report (and the last line): the
     traceback and the other ranks' echoes only with ``HYDRA_FULL_ERROR=1``.
     """
-    records = _failures(run_dir)
+    records = read_failures(run_dir)
     if not records:
         return fallback
     first = records[0]
@@ -371,7 +372,7 @@ def report_failure(run_dir: Path, fallback: str, headline: str = "") -> int:
     failure was one, else 1."""
     report = failure_report(run_dir, fallback)
     print(f"{headline}\n{report}" if headline else report, file=sys.stderr, flush=True)
-    records = _failures(run_dir)
+    records = read_failures(run_dir)
     if records and records[0].get("user_error"):
         return records[0].get("exit_code", EXIT_USER_ERROR)
     return EXIT_FAILED

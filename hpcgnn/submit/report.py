@@ -16,6 +16,8 @@ import json
 import sys
 from pathlib import Path
 
+from hpcgnn.errors import EXIT_USER_ERROR
+
 
 def load_run(run_dir: Path) -> dict:
     """The run's summary (or its progress so far) and its per-epoch metrics."""
@@ -150,12 +152,12 @@ def _save(fig, path: Path) -> Path:
 def main(argv: list[str]) -> int:
     if len(argv) != 1 or argv[0] in ("-h", "--help"):
         print(__doc__.strip(), file=sys.stderr)
-        return 2
+        return EXIT_USER_ERROR
     try:
         paths = write_report(Path(argv[0]))
     except (FileNotFoundError, ValueError, KeyError) as exc:
         print(f"hpcgnn: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_USER_ERROR
     for p in paths:
         print(p)
     return 0

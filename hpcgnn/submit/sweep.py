@@ -20,9 +20,10 @@ from pathlib import Path
 
 from hpcgnn import env
 from hpcgnn.config import RunConfig
+from hpcgnn.errors import EXIT_USER_ERROR
 from hpcgnn.io import write_json
+from hpcgnn.slurm import FINAL_STATES, job_states
 from hpcgnn.submit.report import selected
-from hpcgnn.submit.slurm import FINAL_STATES, job_states
 
 MANIFEST = "manifest.json"
 
@@ -46,7 +47,13 @@ def write_manifest(sweep_dir: Path, members: list[SweepMember], cluster: str | N
 
 def launch_sweep(members: list[SweepMember], sweep_dir: Path) -> int:
     """Submit (or run here) every member; returns the exit code."""
-    from hpcgnn.submit.launch import check_partition_capacity, launch, make_executor, record_config
+    from hpcgnn.submit.launch import (
+        check_data_on_disk,
+        check_partition_capacity,
+        launch,
+        make_executor,
+        record_config,
+    )
 
     members = sorted(members, key=lambda m: m.num)
     first = members[0].cfg
@@ -65,10 +72,7 @@ def launch_sweep(members: list[SweepMember], sweep_dir: Path) -> int:
     from hpcgnn.submit.entry import run_task
 
     for m in members:  # everything checked before the first submission
-        if m.cfg.dataset.name != "synthetic":  # files and OGB sources must be there (the synthetic graph is made)
-            from hpcgnn.data import check_available
-
-            check_available(m.cfg.dataset)
+        check_data_on_disk(m.cfg.dataset)
         if m.cfg.cluster is not None and m.cfg.cluster.executor == "slurm":
             check_partition_capacity(m.cfg.cluster)
     groups: dict[str, list[SweepMember]] = {}
@@ -106,7 +110,7 @@ def _needs_partition_job(cfg: RunConfig) -> bool:
         return False
     from hpcgnn.partition import parts_ready
 
-    return not parts_ready(cfg.dataset, cfg.graph, cfg.graph.num_parts or cfg.world_size)
+    return not parts_ready(cfg.dataset, cfg.graph, cfg.graph.parts_for(cfg.world_size))
 
 
 # ------------------------------------------------------------------------------------- status
@@ -165,7 +169,7 @@ def status_main(argv: list[str]) -> int:
     if not (args.sweep_dir / MANIFEST).is_file():
         print(f"hpcgnn: {args.sweep_dir / MANIFEST} not found: give the sweep folder that `python -m hpcgnn -m` "
               "printed", file=sys.stderr)
-        return 2
+        return EXIT_USER_ERROR
     while True:
         table, rows = status_table(args.sweep_dir)
         done = all(r["state"] in FINAL_STATES for r in rows)

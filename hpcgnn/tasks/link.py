@@ -144,16 +144,3 @@ def balanced_bce(scores: Tensor, label: Tensor, weight: Tensor) -> Tensor:
     pos = (label > 0.5).to(loss.dtype)
     return (loss * pos).sum() / (weight * pos).sum().clamp(min=1.0) + \
         (loss * (1 - pos)).sum() / (weight * (1 - pos)).sum().clamp(min=1.0)
-
-
-def common_neighbour_scores(graph, pairs: Tensor) -> Tensor:
-    """The common-neighbours heuristic for ``pairs`` [2, P]: in-neighbours ``u`` and ``v`` share (a baseline
-    a GNN must beat; vectorised over the pairs)."""
-    from hpcgnn.sampling.neighbor import sample_neighbors
-    from hpcgnn.sampling.subgraph import ALL
-
-    n = graph.num_nodes
-    row_u, nbr_u = sample_neighbors(graph.rowptr, graph.col, pairs[0], ALL)
-    row_v, nbr_v = sample_neighbors(graph.rowptr, graph.col, pairs[1], ALL)
-    shared = torch.isin(row_u * n + nbr_u, row_v * n + nbr_v)
-    return torch.bincount(row_u[shared], minlength=pairs.size(1)).float()

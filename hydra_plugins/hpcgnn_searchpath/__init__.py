@@ -12,7 +12,8 @@ from hydra.plugins.search_path_plugin import SearchPathPlugin
 
 class HpcgnnSearchPathPlugin(SearchPathPlugin):
     def manipulate_search_path(self, search_path: ConfigSearchPath) -> None:
-        from hpcgnn import CONF_DIR, user_config_dir
+        from hpcgnn import CONF_DIR
+        from hpcgnn.env import user_config_dir
 
         if not any(_is_dir(e.path, CONF_DIR) for e in search_path.get_path()):
             return
