@@ -20,8 +20,6 @@ import dataclasses
 import hashlib
 import logging
 import math
-import os
-import signal
 import socket
 import sys
 import time
@@ -37,6 +35,7 @@ from hpcgnn.config import RunConfig
 from hpcgnn.env import RankEnv, restart_count
 from hpcgnn.io import write_json
 from hpcgnn.rank.checkpoint import Checkpointer, Preempted, PreemptionFlag
+from hpcgnn.rank.faults import Faults
 from hpcgnn.rank.metrics import StepMetrics
 from hpcgnn.rank.nonfinite import NonFiniteGuard
 from hpcgnn.rank.techniques import (
@@ -144,6 +143,7 @@ class Trainer:
         self.sums = EpochSums(device)
         self.hook = CommHook(t.grad_compression, t.powersgd_rank)
         self.guard = NonFiniteGuard(t.nonfinite, device, watch_grads=t.precision != "fp16")
+        self.faults = Faults(cfg.debug, env.rank, cfg.checkpoint.signal)
         self.allreduce_bytes: list[int] = []
         self.ddp: torch.nn.Module = self.model
         self.first_step_done = False
@@ -250,7 +250,7 @@ class Trainer:
         with contextlib.closing(batches):
             t_ready = time.perf_counter()
             for batch in batches:
-                self._debug_hooks(s.step + 1)  # (a straggler's sleep counts as its wait)
+                self.faults.before_step(s.step + 1)  # (debug.*: none by default)
                 wait_s = time.perf_counter() - t_ready
                 i = s.step_in_epoch
                 last = (i + 1) % t.accumulate == 0 or i + 1 == steps  # the micro-batch that ends a step
@@ -289,8 +289,7 @@ class Trainer:
             m0 = clock.mark()
             with autocast(t.precision, self.device):
                 out = self.task.step(self.ddp, batch)
-            if self.env.rank == self.cfg.debug.nan_rank and s.step + 1 == self.cfg.debug.nan_step:
-                out = dataclasses.replace(out, loss=out.loss * math.nan)  # fault injection (debug.nan_rank)
+            out = self.faults.after_forward(s.step + 1, out)
             finite = self.guard.loss(s.step + 1, out.loss)
             m1 = clock.mark()
             scaled = out.loss * weight
@@ -437,22 +436,6 @@ class Trainer:
     def _progress_bar(self) -> bool:
         m = self.cfg.metrics
         return self.env.is_main and (m.progress_bar == "on" or (m.progress_bar == "auto" and sys.stdout.isatty()))
-
-    def _debug_hooks(self, step: int) -> None:
-        """Fault injection for tests: fail, hang, be slow or be preempted just before ``step``."""
-        d, rank = self.cfg.debug, self.env.rank
-        if rank == d.fail_rank and step == d.fail_step:
-            raise RuntimeError(f"injected failure on rank {rank} at step {step} (debug.fail_rank)")
-        if rank == d.hang_rank and step == d.hang_step:
-            log.warning("rank %d hangs at step %d (debug.hang_rank)", rank, step)
-            while True:
-                time.sleep(3600)
-        if rank == d.slow_rank:
-            time.sleep(d.slow_s)
-        if rank == d.delay_rank and step == 1:
-            time.sleep(d.delay_s)
-        if rank == d.signal_rank and step == d.signal_step:
-            os.kill(os.getpid(), getattr(signal, f"SIG{self.cfg.checkpoint.signal}"))
 
 
 def optimizer_step(opt: torch.optim.Optimizer, sched, scaler, apply: bool = True) -> None:
