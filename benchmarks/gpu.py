@@ -10,7 +10,7 @@ seeds, with the CSR on the host (torch's CPU threads, every core) and in GPU mem
 GPU memory, the prefetch thread sampling on its own stream). Seeds/s over ``--steps`` steps of an
 epoch, and the share of the step lost to the loader: 1 - (compute alone) / (pipeline), where compute
 alone runs the same number of steps on batches made beforehand; also the host's wait in ``next()``.
-Prints one line each, then one comparison line with the bars the README names.
+Prints one line each, then one comparison line with the bars docs/gpus.md names.
 """
 
 from __future__ import annotations

@@ -101,7 +101,7 @@ class TrainConfig:
     batch_size: int = 512  # seed nodes per rank per step
     fanouts: Tuple[int, ...] = (10, 5)  # neighbours sampled per node, hop 1 first; one GNN layer each
     relation_fanouts: Dict[str, Any] = field(default_factory=dict)  # typed graphs: {src__name__dst: [per hop]} overriding train.fanouts for that relation (0: not sampled)
-    sampler: str = "neighbor"  # neighbor | ladies | saint_node | saint_edge | saint_rw | cluster (README: samplers)
+    sampler: str = "neighbor"  # neighbor | ladies | saint_node | saint_edge | saint_rw | cluster (docs/training.md: samplers)
     edge_budget: int = 0  # sampler=neighbor: cut seeds into batches of about this many sampled edges (0 = batch_size seeds)
     clusters_per_batch: int = 4  # sampler=cluster: METIS clusters whose induced subgraph is one step
     num_clusters: int = 0  # sampler=cluster: clusters of the graph; 0 = clusters_per_batch x train nodes / batch_size

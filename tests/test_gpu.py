@@ -134,12 +134,12 @@ def test_single_rank_on_the_gpu_reaches_the_cpu_bar(tmp_path, graph_on, precisio
 def test_resume_on_the_gpu_matches_the_whole_run(tmp_path):
     """Preempted mid-epoch and resumed on the GPU: the batches are re-made exactly (the sampler's
     generators live on the GPU), so the run ends where the uninterrupted one does, up to the
-    nondeterministic order of the GPU's atomic scatter sums (measured: see the README)."""
+    nondeterministic order of the GPU's atomic scatter sums (measured: see docs/gpus.md)."""
     from hpcgnn.env import RankEnv
     from hpcgnn.rank.checkpoint import Preempted
     from hpcgnn.rank.trainer import Trainer
 
-    # fp32: bf16 (auto's choice on an H100) carries the atomics' order further (measured: README)
+    # fp32: bf16 (auto's choice on an H100) carries the atomics' order further (measured: docs/gpus.md)
     over = [*TINY, "train.epochs=3", f"dataset.root={DATA_ROOT}", "metrics.tensorboard=false", "train.device=cuda",
             "train.precision=fp32"]
     whole = Trainer(make_config(*over, run_dir=str(tmp_path / "whole")), RankEnv.from_environ({}), CUDA)
