@@ -94,3 +94,27 @@ def test_every_command_line_composes(page, line, user_cluster):
         assert compose_sweep(overrides)
     else:
         assert compose(overrides).cfg
+
+
+def _layout(page: Path) -> list[str]:
+    """The paths a page's layout names (the indented lines of its "Layout, in the order data flows")."""
+    text = page.read_text()
+    section = text.split("Layout, in the order data flows", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"(?m)^ {4}(\S+)", section)
+
+
+def test_the_layout_matches_the_tree():
+    """README's layout names every folder of the package, and the architecture page every module and folder:
+    each named path exists, and nothing of the tree is left out."""
+    folders = {f"hpcgnn/{p.name}/" for p in (REPO / "hpcgnn").iterdir() if (p / "__init__.py").exists()}
+    readme = set(_layout(REPO / "README.md"))
+    assert all((REPO / p).exists() for p in readme) and folders <= readme, folders - readme
+    named = _layout(REPO / "docs" / "architecture.md")
+    top = {p for p in named if p.startswith("hpcgnn/")}
+    assert all((REPO / p).exists() for p in top), [p for p in top if not (REPO / p).exists()]
+    modules = {f"hpcgnn/{p.name}" for p in (REPO / "hpcgnn").glob("*.py") if p.name != "__init__.py"}
+    assert modules | folders <= top, (modules | folders) - top
+    for folder in ("submit", "rank"):  # their modules, one per line under the folder
+        files = {p.name for p in (REPO / "hpcgnn" / folder).glob("*.py") if p.name != "__init__.py"}
+        listed = set(re.findall(r"\b(\w+\.py)\b", (REPO / "docs" / "architecture.md").read_text()))
+        assert files <= listed, files - listed
