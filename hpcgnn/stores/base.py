@@ -56,6 +56,9 @@ class Store(abc.ABC):
 
     steps: int
     shape: GraphShape
+    features: object  # what batches' rows are gathered from (the graph, its copy on the GPU, the parts and cache)
+    sampler: object  # evaluation's sampler (and training's, unless train_sampler differs)
+    train_sampler: object
     degree: Tensor | None = None
     link = None  # a link task's splits (LinkData), else None
     graph_on = "host"  # where batches are made: host, or device (a replicated graph copied to the GPU)
@@ -167,11 +170,12 @@ class WholeGraphStore(Store):
         return getattr(self.graph, f"{split}_idx")[self.env.rank::self.env.world_size], None
 
     def _exact(self, table: Tensor) -> Exact:
-        """Outputs of every node on every rank: rows are read in place; a split's share is this rank's seeds."""
-        g = self.graph
+        """Outputs of every node on every rank: rows are read in place; a split's share is every world_size-th
+        of its nodes (as its evaluation batches share it)."""
+        g, env = self.graph, self.env
 
         def split(name: str) -> tuple[Tensor, Tensor]:
-            ids = self.eval_seeds(name)[0]
+            ids = getattr(g, f"{name}_idx")[env.rank::env.world_size]
             return table.index_select(0, ids), g.y.index_select(0, ids)
 
         return Exact(table, lambda ids: table.index_select(0, ids), split)
