@@ -102,9 +102,9 @@ def check_typed_config(cfg) -> None:
         d = cfg.dataset
         unread = d.name == "files" and not (d.path and Path(d.path).expanduser().is_dir())
         if m.name not in MODEL_NAMES and not unread:  # (a folder not here yet: the launcher names it before submitting)
-            raise ConfigError(f"model={m.name} needs a typed graph (e.g. dataset=synthetic_hetero, or a files "
-                              f"folder with nodes/ and edges/); got dataset={d.name}. HINT: use one of "
-                              f"{', '.join(MODEL_NAMES)}")
+            raise ConfigError(f"model={m.name} needs a typed graph (e.g. dataset=synthetic_hetero); got "
+                              f"dataset={d.name}. HINT: use one of {', '.join(MODEL_NAMES)} (a typed files folder "
+                              "holds nodes/ and edges/)")
         return
     if m.name not in TYPED_MODELS:
         raise ConfigError(f"dataset={cfg.dataset.name} is a typed graph: model={m.name} reads one node and edge type. "
