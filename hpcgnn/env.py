@@ -191,20 +191,21 @@ def available_memory() -> int:
     return min(limits) if limits else 2**62
 
 
-def cpu_flags(cpuinfo: str = "/proc/cpuinfo", environ: Mapping[str, str] | None = None) -> frozenset[str]:
-    """The CPU's feature flags as Linux lists them (``amx_bf16``, ``avx512_bf16``, ...); empty elsewhere.
+def cpu_flags(cpuinfo: str | None = None, environ: Mapping[str, str] | None = None) -> frozenset[str]:
+    """This CPU's feature flags as Linux lists them (``amx_bf16``, ``avx512_bf16``, ...; empty elsewhere), or
+    those of a recorded ``cpuinfo`` file.
 
-    ``HPCGNN_CPU_FLAGS`` (space-separated flags), when set, replaces them: what hpcgnn decides from the CPU
-    (``train.precision=auto``) is then decided as on a CPU with those flags, e.g. ``HPCGNN_CPU_FLAGS=avx2``
+    ``HPCGNN_CPU_FLAGS`` (space-separated flags), when set, replaces this CPU's: what hpcgnn decides from the
+    CPU (``train.precision=auto``) is then decided as on a CPU with those flags, e.g. ``HPCGNN_CPU_FLAGS=avx2``
     for an AVX2-only CPU (fp32) or ``HPCGNN_CPU_FLAGS="avx2 avx512_bf16"`` for one that computes bf16. The
     test suite runs the tests that compare computation paths both ways through it. The kernels torch picks
     do not change: only hpcgnn's own decisions do.
     """
-    override = read("cpu_flags", environ)
+    override = read("cpu_flags", environ) if cpuinfo is None else None
     if override is not None:
         return frozenset(override.split())
     try:
-        with open(cpuinfo) as f:
+        with open(cpuinfo or "/proc/cpuinfo") as f:
             for line in f:
                 if line.startswith("flags"):
                     return frozenset(line.split(":", 1)[1].split())

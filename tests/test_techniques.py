@@ -141,8 +141,9 @@ def test_precision_auto_is_bf16_where_the_cpu_computes_it(tmp_path):
     here = cpu_flags()
     assert resolve_precision("auto", cpu)[0] == ("bf16" if {"amx_bf16", "avx512_bf16"} & here else "fp32")
     # HPCGNN_CPU_FLAGS stands in for the CPU's flags (the suite runs as if on the other kind of CPU through it)
-    assert cpu_flags(str(sapphire), {"HPCGNN_CPU_FLAGS": "avx2 fma"}) == {"avx2", "fma"}
-    assert cpu_flags(str(older), {"HPCGNN_CPU_FLAGS": "avx2 avx512_bf16"}) == {"avx2", "avx512_bf16"}
+    assert cpu_flags(environ={"HPCGNN_CPU_FLAGS": "avx2 fma"}) == {"avx2", "fma"}
+    assert cpu_flags(environ={"HPCGNN_CPU_FLAGS": "avx2 avx512_bf16"}) == {"avx2", "avx512_bf16"}
+    assert cpu_flags(str(older), {"HPCGNN_CPU_FLAGS": "avx2 avx512_bf16"}) == {"fpu", "sse", "avx", "avx2", "fma"}
 
 
 def test_the_cpu_kind_fixture_decides_auto_as_on_that_cpu(cpu_kind):
