@@ -161,10 +161,9 @@ class Checkpointer:
     def start(self) -> Path | None:
         """Collective, before the first step: the checkpoint this run continues from (None: a new run, with a
         new id), the same on every rank; other runs' checkpoints are then moved aside (rank 0)."""
-        folder = self._pick()
+        folder, manifest = self._pick()
         _barrier()  # every rank has read the folder before rank 0 moves anything
         if folder is not None:
-            manifest = _manifest(folder) or {}
             self.run = manifest.get("run") or {"id": "unrecorded", "job_id": "", "started": manifest.get("time", 0.0)}
         else:
             new = {"id": uuid.uuid4().hex[:12], "job_id": self.env.job_id, "started": time.time()}
@@ -174,8 +173,9 @@ class Checkpointer:
         _barrier()
         return folder
 
-    def _pick(self) -> Path | None:
-        """The newest intact checkpoint of the newest run this job may continue (see the class), or None."""
+    def _pick(self) -> tuple[Path | None, dict]:
+        """The newest intact checkpoint of the newest run this job may continue (see the class) and its manifest,
+        or (None, {}); every manifest is read once."""
         runs: dict[str, list[tuple[Path, dict | None]]] = {}
         for folder in sorted(self.folder.glob("step-*")):
             manifest = _manifest(folder)
@@ -186,15 +186,15 @@ class Checkpointer:
                                                                   for _, m in c if m is not None)}
         newest = sorted(runs.values(), key=lambda c: max((m or {}).get("time", 0.0) for _, m in c), reverse=True)
         for candidates in newest:
-            for folder, _ in reversed(candidates):  # newest step first
-                problem = self._verify(folder)
+            for folder, manifest in reversed(candidates):  # newest step first
+                problem = self._verify(folder, manifest)
                 if problem is None:
-                    self._check_fits(folder)
-                    return folder
+                    self._check_fits(folder, manifest)
+                    return folder, manifest
                 log.warning("checkpoint %s skipped: %s; trying the previous one", folder, problem)
                 if self.env.is_main:
                     print(f"hpcgnn: WARNING: checkpoint {folder} skipped: {problem}", flush=True)
-        return None
+        return None, {}
 
     def _set_aside_others(self) -> None:
         """Move every checkpoint of another run to ``previous/<run id>/``, saying where."""
@@ -256,12 +256,11 @@ class Checkpointer:
 
     # ----------------------------------------------------------- load
 
-    def _verify(self, folder: Path) -> str | None:
-        """None if the checkpoint is complete and intact; else what is wrong."""
-        try:
-            manifest = json.loads((folder / "MANIFEST.json").read_text())
-        except (OSError, ValueError) as exc:
-            return f"unreadable MANIFEST.json ({exc})"
+    def _verify(self, folder: Path, manifest: dict | None = None) -> str | None:
+        """None if the checkpoint is complete and intact; else what is wrong (``manifest``: read already)."""
+        manifest = manifest if manifest is not None else _manifest(folder)
+        if manifest is None:
+            return "MANIFEST.json is missing or unreadable"
         expected = {"common.pt", *(f"rank-{r}.pt" for r in range(self.env.world_size))}
         if manifest.get("fingerprint", {}).get("world_size") == self.env.world_size and \
                 set(manifest.get("files", {})) != expected:
@@ -274,10 +273,9 @@ class Checkpointer:
                 return f"{name} is corrupt or truncated (sha256 differs from MANIFEST.json)"
         return None
 
-    def _check_fits(self, folder: Path) -> None:
+    def _check_fits(self, folder: Path, manifest: dict) -> None:
         """The checkpoint can continue this job: same format, fingerprint and settings, but for those a resume
         may change (they are kept in ``changes``, to apply). Raises CheckpointError naming what differs."""
-        manifest = json.loads((folder / "MANIFEST.json").read_text())
         start_over = (f"HINT: to start over instead, use a new output folder (hydra.run.dir=...) or "
                       f"checkpoint.resume=false (the checkpoints there are moved to {self.folder / SET_ASIDE}/)")
         if manifest.get("format_version") != FORMAT_VERSION:

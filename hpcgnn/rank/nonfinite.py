@@ -34,7 +34,6 @@ class NonFiniteGuard:
         self.mode, self.watch_grads = mode, watch_grads
         self.first = torch.zeros((), dtype=torch.long, device=device)  # the first bad step (1-based); 0: none
         self.what = torch.zeros((), dtype=torch.long, device=device)  # WHAT's key for that step
-        self.skipped = 0  # optimizer steps skipped (mode skip), in the run
 
     def loss(self, step: int, loss: torch.Tensor) -> torch.Tensor:
         """Note micro-batch ``step``'s loss; returns whether it is finite (a device bool: the epoch's loss
@@ -52,11 +51,8 @@ class NonFiniteGuard:
         if not grads:
             return True
         bad = ~torch.isfinite(torch.stack(torch._foreach_norm(grads))).all()
-        if self.mode == "skip":
-            if bool(bad):
-                self.skipped += 1
-                return False
-            return True
+        if self.mode == "skip":  # (the trainer counts the skipped steps, in its checkpointed state)
+            return not bool(bad)
         self._note(step, bad, 2)
         return True
 

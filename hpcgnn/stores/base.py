@@ -178,7 +178,7 @@ class WholeGraphStore(Store):
             ids = getattr(g, f"{name}_idx")[env.rank::env.world_size]
             return table.index_select(0, ids), g.y.index_select(0, ids)
 
-        return Exact(table, lambda ids: table.index_select(0, ids), split)
+        return Exact(lambda ids: table.index_select(0, ids), split)
 
 
 # ---------------------------------------------------------------------- helpers every store kind uses

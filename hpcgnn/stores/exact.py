@@ -53,7 +53,6 @@ class Exact:
     often, with no ids when it has none). ``split(name)``: this rank's share of a node split, (outputs,
     labels), the shares of all ranks making the split once."""
 
-    table: Tensor
     rows: Callable[[Tensor], Tensor]
     split: Callable[[str], tuple[Tensor, Tensor]]
 

@@ -172,7 +172,7 @@ class PartitionedStore(Store):
             ids = getattr(parts, f"{name}_idx")  # (the global ids of its own nodes in the split)
             return table.index_select(0, row_of(ids)), parts.y.index_select(0, view.row(ids))
 
-        return Exact(table, rows, split)
+        return Exact(rows, split)
 
     def check_exact(self, model_cfg) -> None:
         check_exact_inference_memory(self.parts, model_cfg, self.env)
