@@ -120,9 +120,11 @@ class TrainConfig:
     seed: int = 0  # seeds the model init, the seed order and the sampler
     eval_every: int = 1  # evaluate on val/test every N epochs (and after the last)
     eval_batch_size: int = 2048  # seed nodes per evaluation step
-    num_threads: int = 0  # torch intra-op threads per rank; 0 = CPUs of the task / local ranks
+    num_threads: int = 0  # torch intra-op threads per rank (with sampler processes: theirs and the rank's together); 0 = CPUs of the task / local ranks
     keep_freed_memory: bool = True  # malloc reuses freed blocks: no page faults on per-batch buffers (glibc)
-    prefetch: int = 2  # batches sampled ahead in a background thread (0 = sample inside the training loop)
+    prefetch: int = 2  # batches sampled ahead in a background thread (0 = sample inside the training loop); with sampler processes: slots per process
+    sampler_procs: int = 0  # processes per rank that sample and gather training batches beside the training loop (0 = the prefetch thread); docs/samplers.md
+    sampler_threads: int = 0  # torch threads of each sampler process; 0 = an equal share of the rank's cores (train.num_threads or the task's CPUs), the rank keeping the rest
     device: str = "auto"  # auto (cuda:<local_rank> when CUDA is present, else cpu) | cpu | cuda
     graph_on: str = "auto"  # where a replicated rank samples: host | device (CSR, features, labels copied to its GPU once) | auto (device when on a GPU, sampler=neighbor, node task and the graph takes at most graph_on_fraction of the GPU's memory)
     graph_on_fraction: float = 0.5  # graph_on=auto: largest share of the GPU's memory the graph may take (shared by the ranks on that GPU)
@@ -198,6 +200,8 @@ class DebugConfig:
     slow_s: float = 0.0
     delay_rank: int = -1  # this rank sleeps debug.delay_s before the first step only (a slow start)
     delay_s: float = 0.0
+    sampler_fail_rank: int = -1  # this rank's sampler process (train.sampler_procs) raises ...
+    sampler_fail_batch: int = 0  # ... making this batch (0-based index in an epoch; the process making it raises)
     signal_rank: int = -1  # this rank sends itself checkpoint.signal ...
     signal_step: int = 1  # ... just before this step (a preemption, in-process)
     nan_rank: int = -1  # this rank's loss becomes NaN ...
@@ -255,6 +259,12 @@ class RunConfig:
                               f"{' (or 0: the classes of the labels)' if d.name == 'files' else ''}")
         if t.prefetch < 0:
             raise ConfigError(f"train.prefetch={t.prefetch} must be 0 (off) or more batches")
+        if t.sampler_procs < 0 or t.sampler_threads < 0:
+            raise ConfigError(f"train.sampler_procs={t.sampler_procs} and train.sampler_threads={t.sampler_threads} "
+                              "must be 0 or more (sampler_procs 0: sample in the rank's prefetch thread)")
+        if t.sampler_procs and t.graph_on == "device":
+            raise ConfigError("train.sampler_procs samples on the host, and train.graph_on=device on the GPU. HINT: "
+                              "one of train.sampler_procs=0 or train.graph_on=host (or auto)")
         if t.lr <= 0:
             raise ConfigError(f"train.lr={t.lr} must be positive")
         if t.weight_decay < 0:

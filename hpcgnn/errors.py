@@ -72,6 +72,11 @@ class AnotherRankFailed(RuntimeError):
     reported, whichever rank's record is written first."""
 
 
+class SamplerFailed(RuntimeError):
+    """A sampler process (``train.sampler_procs``) raised or died; the message names it (process k of rank r,
+    its pid) and its exception, or the signal that killed it. Exit code 1."""
+
+
 class Diverged(UserError):
     """The loss or a gradient became NaN or infinite; the message names the step, the rank and the likely cause."""
 

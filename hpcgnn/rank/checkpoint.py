@@ -82,7 +82,7 @@ def _barrier() -> None:
 # resume_changes names them with the step. Any other setting that differs is refused: the checkpoint cannot
 # honour it (the model's shape, the batches' making, the partition).
 RESUME_FREE = ("run_dir", "launch.", "metrics.", "debug.", "checkpoint.", "dist.", "cluster", "dataset.",
-               "train.eval_", "train.num_threads", "train.keep_freed_memory", "train.prefetch", "train.device",
+               "train.eval_", "train.num_threads", "train.keep_freed_memory", "train.prefetch", "train.sampler_", "train.device",
                "train.graph_on", "task.hits_k", "graph.cache_", "graph.warmup_batches", "graph.partition_mem_gb",
                "model.aggregation")
 RESUME_APPLIED = ("train.lr", "train.weight_decay", "train.lr_scaling", "train.lr_schedule", "train.warmup",

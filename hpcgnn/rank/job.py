@@ -7,6 +7,7 @@ which calls :func:`run_rank`; the local spawn launcher and srun/torchrun ranks c
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import signal
 import sys
@@ -38,7 +39,8 @@ def run_rank(cfg: RunConfig, environ: Mapping[str, str]) -> dict:
             c = cfg.cluster
             check_allocation(env, c.nodes, c.tasks_per_node, c.gpus_per_node,
                              torch.cuda.device_count() if torch.cuda.is_available() else 0)
-        torch.set_num_threads(cfg.train.num_threads or env.default_threads(environ))
+        threads, cfg = _thread_budget(cfg, env, environ)
+        torch.set_num_threads(threads)
         if cfg.train.keep_freed_memory:
             keep_freed_memory()
         device = pick_device(env, cfg.train)
@@ -61,6 +63,21 @@ def run_rank(cfg: RunConfig, environ: Mapping[str, str]) -> dict:
         if not getattr(exc, "recorded", False):  # failed before the process group was up
             record_failure(Path(cfg.run_dir), env, exc)
         raise
+
+
+def _thread_budget(cfg: RunConfig, env: RankEnv, environ: Mapping[str, str]) -> tuple[int, RunConfig]:
+    """The rank's torch threads, and the config with each sampler process's (``train.sampler_threads``) resolved:
+    together they take the cores the rank has (``train.num_threads``, else the task's CPUs), never more."""
+    from hpcgnn.sampling.procs import split_threads
+
+    t = cfg.train
+    budget = t.num_threads or env.default_threads(environ)
+    mine, each = split_threads(budget, t.sampler_procs, t.sampler_threads)
+    if t.sampler_procs:
+        logging.getLogger(__name__).info("rank %d: %d core(s): %d thread(s) for the rank, %d sampler process(es) of "
+                                         "%d thread(s)", env.rank, budget, mine, t.sampler_procs, each)
+        cfg = dataclasses.replace(cfg, train=dataclasses.replace(t, sampler_threads=each))
+    return mine, cfg
 
 
 def _requeue(cfg: RunConfig, env: RankEnv, stop: Preempted) -> BaseException:

@@ -217,6 +217,8 @@ class Trainer:
         self._log_start()
         preempt = PreemptionFlag(self.cfg.checkpoint.signal)
         try:
+            if self.cfg.train.sampler_procs:  # started before the clock runs (a few seconds of imports)
+                self.store.sampler_pool(self.task.transform).start()
             for epoch in range(self.state.epoch, self.cfg.train.epochs + 1):
                 row = self.run_epoch(epoch, preempt)
                 if epoch % self.cfg.train.eval_every == 0 or epoch == self.cfg.train.epochs:
@@ -225,6 +227,7 @@ class Trainer:
         finally:
             preempt.restore()
             self.metrics.close()
+            self.store.close()  # its sampler processes, if any
             # Free DDP's reducer now, on this thread, while the process group lives. Kept alive by an
             # exception's traceback instead, it would be freed at interpreter exit, where gloo's
             # destructor joins a worker thread that waits for the GIL: a hang at exit.

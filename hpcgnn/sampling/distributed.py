@@ -40,6 +40,11 @@ class CommStats:
     def snapshot(self) -> CommStats:
         return replace(self)
 
+    def add(self, other: CommStats) -> None:
+        """Count ``other``'s (a sampler process's batch) here too."""
+        for f in fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
     def __sub__(self, other: CommStats) -> CommStats:
         return CommStats(**{f.name: getattr(self, f.name) - getattr(other, f.name) for f in fields(self)})
 
@@ -53,16 +58,36 @@ class CommStats:
                 "comm_s_per_batch": self.comm_s / n}
 
 
+_process_group = None  # a sampler process's own group over every rank's sampler k (sampling/procs.py)
+
+
+def use_group(group) -> None:
+    """The group an Exchange that travelled to this process (a sampler process) exchanges on."""
+    global _process_group
+    _process_group = group
+
+
+def _exchange_here(rank: int, world_size: int, stats: CommStats) -> Exchange:
+    if world_size > 1 and _process_group is None:
+        raise RuntimeError("an Exchange reached a process without a group of its own (call use_group first)")
+    return Exchange(_process_group, rank, world_size, torch.device("cpu"), stats)
+
+
 class Exchange:
     """``all_to_all_single`` on one process group, with byte and time accounting.
 
     Inputs are grouped by destination rank; ``send_counts[r]`` rows go to rank r. Under
     nccl the buffers travel through the rank's GPU; the results come back to the host.
+    Pickled (to a sampler process), an Exchange becomes one on that process's own gloo group
+    (:func:`use_group`), counting into the CommStats that travelled with it.
     """
 
     def __init__(self, group, rank: int, world_size: int, comm_device: torch.device, stats: CommStats):
         self.group, self.rank, self.world_size = group, rank, world_size
         self.comm_device, self.stats = comm_device, stats
+
+    def __reduce__(self):
+        return _exchange_here, (self.rank, self.world_size, self.stats)
 
     def counts(self, send_counts: Tensor) -> Tensor:
         """How many rows every rank will send here, given what this rank sends everyone."""

@@ -80,7 +80,34 @@ class Store(abc.ABC):
                              batch_seed=derive_seed(t.seed, "train", epoch, self.env.rank), start=start_step,
                              num_batches=self.steps, device=self.device, pin_memory=self.device.type == "cuda",
                              transform=transform, weigh_by_seeds=self.weigh_by_seeds)
+        if t.sampler_procs:  # the same batches, made by the rank's sampler processes
+            return self.sampler_pool(transform).loader(loader)
         return PrefetchLoader(loader, t.prefetch) if t.prefetch else loader
+
+    def sampler_pool(self, transform=None):
+        """The rank's sampler processes (``train.sampler_procs``), made once; they start with the first epoch."""
+        pool = getattr(self, "_pool", None)
+        if pool is None:
+            from hpcgnn.sampling.procs import SamplerPool
+
+            t, env, d = self.cfg.train, self.env, self.cfg.dist
+            exchange = getattr(self, "exchange", None)  # a partitioned graph: the processes exchange among themselves
+            group = None if exchange is None or env.world_size == 1 else dict(
+                group_size=env.world_size, master_addr=env.master_addr, master_port=env.master_port,
+                init_timeout_s=d.init_timeout_s, timeout_s=d.timeout_s)
+            recipe = (self.features, self.train_sampler, transform, exchange.stats if exchange is not None else None)
+            dbg = self.cfg.debug
+            pool = self._pool = SamplerPool(recipe, t.sampler_procs, t.prefetch, t.sampler_threads or 1,
+                                            self.device, rank=env.rank, keep_freed=t.keep_freed_memory, group=group,
+                                            fail_batch=dbg.sampler_fail_batch if dbg.sampler_fail_rank == env.rank
+                                            else -1)
+        return pool
+
+    def close(self) -> None:
+        """Stop what the store started (its sampler processes)."""
+        pool = getattr(self, "_pool", None)
+        if pool is not None:
+            pool.close()
 
     def eval_loader(self, split: str, transform=None) -> BatchLoader:
         """This rank's share of ``split`` in batches of ``train.eval_batch_size`` (link: pairs to score)."""

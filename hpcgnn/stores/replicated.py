@@ -64,7 +64,7 @@ def graph_on(cfg: RunConfig, env: RankEnv, device: torch.device, graph_bytes: in
     t = cfg.train
     if t.graph_on != "auto":
         return t.graph_on
-    if device.type != "cuda" or t.sampler != "neighbor" or cfg.task.name != "node":
+    if device.type != "cuda" or t.sampler != "neighbor" or cfg.task.name != "node" or t.sampler_procs:
         return "host"
     sharing = env.local_world_size if torch.cuda.device_count() < env.local_world_size else 1
     total = torch.cuda.get_device_properties(device).total_memory

@@ -1,0 +1,373 @@
+"""Sampler processes per rank (``train.sampler_procs=N``): batches made beside the training loop, on other cores.
+
+Who owns what:
+
+- The **rank** starts N processes (spawn: libgomp is not fork-safe) once per run, and owns every buffer:
+  ``train.prefetch`` shared-memory *slots* per process, handed over at start (pinned with
+  ``cudaHostRegister`` when the rank trains on a GPU). The segments are unlinked as they are made
+  (torch's file-descriptor sharing), so a killed job leaves nothing in ``/dev/shm``.
+- **Sampler process k** maps the prepared graph itself (:mod:`hpcgnn.sampling.shipping`: no copy), and makes
+  the batches i = k, k+N, k+2N, ... of each epoch, each with the generator ``rng.generator(batch_seed, i)``
+  the in-process loader would use, into a free slot. Only a small description of the batch crosses a pipe.
+- The rank **consumes batches in index order** (batch i from process i mod N), viewing them in their slot, and
+  hands a slot back when it asks for the next batch (on a GPU: once the copy out of it is done). The batches,
+  and so training, are bitwise those of ``train.sampler_procs=0``.
+
+A partitioned graph: each sampler process fetches remote neighbours and rows itself, over a gloo group of
+its own made of sampler k of every rank (through rank 0's rendezvous store, under a prefix). Every rank walks
+the same number of batches, so sampler k of every rank makes the same batch indices in the same order, and
+their exchanges meet; the rank's own groups stay free for DDP, and nothing waits on the training loop.
+
+Faults: a sampler process that raises reports its exception and exits; one that dies is noticed within a
+second. Either fails its rank with :class:`~hpcgnn.errors.SamplerFailed`, naming the process. A sampler
+process ignores the job's signals (the rank decides when to stop) and dies with its rank (PR_SET_PDEATHSIG).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import ctypes
+import logging
+import os
+import queue
+import signal
+import time
+import traceback
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.multiprocessing as mp
+from torch import Tensor
+
+from hpcgnn import rng
+from hpcgnn.errors import ConfigError, SamplerFailed
+from hpcgnn.sampling import shipping
+from hpcgnn.sampling.loader import BatchLoader, keep_freed_memory, to_device
+
+log = logging.getLogger(__name__)
+
+SLOT_BYTES = 64 * 2**20  # a slot's first size; a batch that does not fit gets a larger slot (once or twice)
+GROWTH = 1.25  # a grown slot holds the batch that did not fit, plus this margin
+POLL_S = 0.5  # how often a waiting rank checks that its sampler process lives
+
+
+def split_threads(budget: int, procs: int, per_sampler: int = 0) -> tuple[int, int]:
+    """(the rank's threads, each sampler process's) out of ``budget`` cores, so that together they never exceed
+    it. ``per_sampler`` 0: about an equal share each, at least one, the rank keeping the rest."""
+    if procs == 0:
+        return budget, 0
+    each = per_sampler or max(1, (budget - 1) // (procs + 1))
+    if procs * each >= budget:
+        raise ConfigError(f"train.sampler_procs={procs} with {each} thread(s) each leaves the rank no core of the "
+                          f"{budget} it has. HINT: lower train.sampler_procs (or train.sampler_threads), ask for more "
+                          "cores per rank (cluster.cpus_per_task), or set train.num_threads to the cores a rank may "
+                          "use with its sampler processes")
+    return budget - procs * each, each
+
+
+@dataclass(frozen=True)
+class SamplerSpec:
+    """What a sampler process needs besides its recipe: who it is, its threads, and its group's rendezvous."""
+
+    index: int  # k: makes batches k, k+N, ...
+    procs: int  # N
+    rank: int
+    threads: int
+    keep_freed_memory: bool
+    group_size: int = 1  # >1: join the group of sampler k of every rank (a partitioned graph)
+    master_addr: str = ""
+    master_port: int = 0
+    prefix: str = ""  # the group's keys in rank 0's store
+    init_timeout_s: float = 1800.0
+    timeout_s: float = 120.0
+    fail_batch: int = -1  # debug.sampler_fail_*: raise making this batch (fault injection for tests)
+
+    @property
+    def name(self) -> str:
+        return f"sampler process {self.index} of rank {self.rank}"
+
+
+# ---------------------------------------------------------------------- inside a sampler process
+
+
+def _die_with_parent() -> None:
+    """The kernel kills this process when the rank that started it dies (however it dies)."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        pr_set_pdeathsig = 1
+        libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
+
+
+def _join_group(spec: SamplerSpec) -> None:
+    import torch.distributed as dist
+
+    from hpcgnn.sampling import distributed as d
+
+    store = dist.TCPStore(spec.master_addr, spec.master_port, is_master=False,
+                          timeout=timedelta(seconds=spec.init_timeout_s))
+    dist.init_process_group("gloo", store=dist.PrefixStore(spec.prefix, store), rank=spec.rank,
+                            world_size=spec.group_size, timeout=timedelta(seconds=spec.init_timeout_s))
+    d.use_group(dist.group.WORLD)  # this process's default group is the sampler group
+
+
+def serve(spec: SamplerSpec, recipe: bytes, slots: list[Tensor], inbox, outbox) -> None:
+    """A sampler process's life: make the batches it is sent, into free slots, until told to stop."""
+    _die_with_parent()
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(sig, signal.SIG_IGN)  # the rank decides when its samplers stop
+    torch.set_num_threads(spec.threads)
+    if spec.keep_freed_memory:
+        keep_freed_memory()
+    i = -1
+    try:
+        if spec.group_size > 1:
+            _join_group(spec)
+        features, sampler, transform, stats = shipping.loads(recipe)
+        loader = BatchLoader(features, sampler, [], transform=transform)
+        outbox.put(("ready",))
+        pending: collections.deque = collections.deque()  # (i, seeds, batch_seed)
+        free = collections.deque(range(len(slots)))
+        shortened = False
+        while True:
+            try:
+                msg = inbox.get(timeout=1.0) if not (pending and free) else inbox.get_nowait()
+            except queue.Empty:
+                msg = None
+            if msg is not None:
+                kind = msg[0]
+                if kind == "stop":
+                    break
+                if kind == "epoch":
+                    _, batch_seed, jobs = msg
+                    pending.extend((i, torch.from_numpy(seeds), batch_seed) for i, seeds in jobs)
+                elif kind == "free":
+                    free.append(msg[1])
+                continue
+            if not (pending and free):
+                continue
+            i, seeds, batch_seed = pending.popleft()
+            if i == spec.fail_batch:
+                raise RuntimeError(f"injected failure making batch {i} (debug.sampler_fail_rank)")
+            before = stats.snapshot() if stats is not None else None
+            data = loader.sample(seeds, rng.generator(batch_seed, i))
+            s = free.popleft()
+            meta, needed = shipping.pack(data, slots[s])
+            if meta is None:  # the rank hands over a larger slot
+                outbox.put(("grow", i, s, needed))
+                slots[s] = _wait_for_slot(inbox, s, free)
+                meta, _ = shipping.pack(data, slots[s])
+            outbox.put(("batch", i, s, meta, stats - before if stats is not None else None))
+            del data
+            if spec.group_size > 1 and not shortened:  # as the rank does after its first step
+                from torch.distributed.distributed_c10d import _set_pg_timeout
+
+                _set_pg_timeout(timedelta(seconds=spec.timeout_s), None)
+                shortened = True
+    except BaseException as exc:  # reported to the rank, which fails naming this process
+        outbox.put(("error", i, f"{type(exc).__name__}: {exc}", traceback.format_exc()))
+        outbox.close()
+        outbox.join_thread()
+        os._exit(1)
+    outbox.close()
+    outbox.join_thread()
+
+
+def _wait_for_slot(inbox, s: int, free: collections.deque) -> Tensor:
+    while True:
+        msg = inbox.get()
+        if msg[0] == "slot" and msg[1] == s:
+            return msg[2]
+        if msg[0] == "free":
+            free.append(msg[1])
+        elif msg[0] == "stop":
+            raise SystemExit(0)
+
+
+# ---------------------------------------------------------------------- on the rank
+
+
+def _shared(nbytes: int, pin: bool) -> Tensor:
+    t = torch.empty(nbytes, dtype=torch.uint8).share_memory_()
+    if pin:  # page-locked, so that a batch's copy to the GPU runs asynchronously from its slot
+        torch.cuda.cudart().cudaHostRegister(t.data_ptr(), t.numel(), 0)
+    return t
+
+
+def _unpin(t: Tensor) -> None:
+    with contextlib.suppress(Exception):
+        torch.cuda.cudart().cudaHostUnregister(t.data_ptr())
+
+
+@dataclass
+class _Proc:
+    spec: SamplerSpec
+    process: object
+    inbox: object  # the rank's messages to it (epochs, freed slots, grown slots, stop)
+    outbox: object  # its messages to the rank (batches, growth requests, errors)
+    slots: list
+
+
+class SamplerPool:
+    """A rank's sampler processes, started at the first epoch that needs them and stopped by :meth:`close`
+    (or when an epoch is abandoned: the run is ending)."""
+
+    def __init__(self, recipe: tuple, procs: int, depth: int, threads: int, device: torch.device, *,
+                 rank: int, keep_freed: bool = True, group: dict | None = None, fail_batch: int = -1):
+        self.recipe, self.procs, self.depth, self.threads = recipe, procs, max(1, depth), threads
+        self.device, self.rank, self.keep_freed, self.group = device, rank, keep_freed, group or {}
+        self.pin, self.fail_batch = device.type == "cuda", fail_batch
+        self.running: list[_Proc] = []
+        self.stats = recipe[3]  # the rank's CommStats (or None): the processes' batches count there
+        self.starts = 0  # the same on every rank: pools start and stop together
+
+    def start(self) -> None:
+        """Start the processes (a partitioned graph's: on every rank at once, their groups meet)."""
+        if self.running:
+            return
+        ctx = mp.get_context("spawn")
+        recipe = shipping.dumps(self.recipe)
+        t0 = time.perf_counter()
+        self.starts += 1
+        for k in range(self.procs):
+            group = {**self.group, "prefix": f"hpcgnn/samplers/{self.starts}/{k}"} if self.group else {}
+            spec = SamplerSpec(k, self.procs, self.rank, self.threads, self.keep_freed, **group,
+                               fail_batch=self.fail_batch)
+            slots = [_shared(SLOT_BYTES, self.pin) for _ in range(self.depth)]
+            inbox, outbox = ctx.Queue(), ctx.Queue()
+            p = ctx.Process(target=serve, args=(spec, recipe, slots, inbox, outbox), daemon=True,
+                            name=f"hpcgnn-sampler-{self.rank}.{k}")
+            p.start()
+            self.running.append(_Proc(spec, p, inbox, outbox, slots))
+        for p in self.running:  # each has mapped the graph and built its sampler (and met its group)
+            self._next(p, "start")
+        log.info("%d sampler process(es) started, pids %s (%d thread(s), %d slot(s) each; recipe %.1f MB) in %.1f s",
+                 self.procs, " ".join(map(str, self.pids())), self.threads, self.depth, len(recipe) / 2**20,
+                 time.perf_counter() - t0)
+
+    def pids(self) -> list[int]:
+        return [p.process.pid for p in self.running]
+
+    def loader(self, loader: BatchLoader) -> ProcessLoader:
+        """``loader``'s batches (the same seeds, generators and order), made by these processes."""
+        return ProcessLoader(self, loader.batches, loader.num_batches, loader.batch_seed, loader.start,
+                             loader.sizes)
+
+    # ---------------------------------------------------------------- one epoch
+
+    def begin(self, batches: list[Tensor], num_batches: int, batch_seed: int, start: int) -> None:
+        """Send each process its batches of the epoch (their seeds; padding batches are empty)."""
+        empty = batches[0][:0] if batches else torch.empty(0, dtype=torch.long)
+        for p in self.running:
+            jobs = [(i, (batches[i] if i < len(batches) else empty).numpy())
+                    for i in range(start, num_batches) if i % self.procs == p.spec.index]
+            p.inbox.put(("epoch", batch_seed, jobs))
+
+    def receive(self, i: int):
+        """Batch ``i``, viewed in its slot: (data, its process, slot)."""
+        p = self.running[i % self.procs]
+        _, at, s, meta, delta = self._next(p, i)
+        if at != i:
+            raise RuntimeError(f"{p.spec.name} sent batch {at}, expected {i}")
+        if delta is not None and self.stats is not None:
+            self.stats.add(delta)
+        return shipping.unpack(meta, p.slots[s]), p, s
+
+    def _next(self, p: _Proc, i: int | str):
+        """``p``'s next message (a batch, or that it is ready), growing its slots as it asks; fails the rank
+        when it raised or died."""
+        while True:
+            try:
+                msg = p.outbox.get(timeout=POLL_S)
+            except queue.Empty:
+                if not p.process.is_alive():
+                    raise self._died(p, i) from None
+                continue
+            kind = msg[0]
+            if kind == "grow":
+                _, _, s, needed = msg
+                old = p.slots[s]
+                p.slots[s] = _shared(int(needed * GROWTH), self.pin)
+                if self.pin:
+                    _unpin(old)
+                p.inbox.put(("slot", s, p.slots[s]))
+                log.debug("%s: slot %d grown to %.1f MB", p.spec.name, s, p.slots[s].numel() / 2**20)
+                continue
+            if kind == "error":
+                _, at, line, trace = msg
+                what = f"making batch {at}" if at >= 0 else "at its start"
+                raise SamplerFailed(f"{p.spec.name} (pid {p.process.pid}) failed {what}: {line}\n"
+                                    f"its traceback:\n{trace}")
+            return msg
+
+    def _died(self, p: _Proc, i: int | str) -> SamplerFailed:
+        code = p.process.exitcode
+        how = f"signal {signal.Signals(-code).name}" if code is not None and code < 0 else f"exit code {code}"
+        waited = "its start" if i == "start" else f"batch {i}"
+        return SamplerFailed(f"{p.spec.name} (pid {p.process.pid}) died ({how}) while the rank waited for {waited}. "
+                             "HINT: SIGKILL is what the kernel's out-of-memory killer sends: check the node's memory "
+                             "(cluster.mem_gb) or lower train.sampler_procs")
+
+    def release(self, p: _Proc, s: int, done) -> None:
+        """Hand slot ``s`` back to process ``p`` (once the copy out of it, ``done``, has finished)."""
+        if done is not None:
+            done.synchronize()
+        p.inbox.put(("free", s))
+
+    def close(self) -> None:
+        """Stop every process (a clean stop, else killed) and free the slots."""
+        for p in self.running:
+            with contextlib.suppress(Exception):
+                p.inbox.put(("stop",))
+        deadline = time.monotonic() + 5.0
+        for p in self.running:
+            p.process.join(timeout=max(0.0, deadline - time.monotonic()))
+            if p.process.is_alive():
+                p.process.kill()
+                p.process.join()
+            for q in (p.inbox, p.outbox):
+                q.cancel_join_thread()
+                q.close()
+            if self.pin:
+                for t in p.slots:
+                    _unpin(t)
+        self.running = []
+
+
+class ProcessLoader:
+    """One epoch's batches from a :class:`SamplerPool`, in index order, on the device (``BatchLoader``'s
+    interface: ``sizes``, ``len``, iteration)."""
+
+    def __init__(self, pool: SamplerPool, batches: list[Tensor], num_batches: int, batch_seed: int, start: int,
+                 sizes: list[int]):
+        self.pool, self.batches, self.num_batches = pool, batches, num_batches
+        self.batch_seed, self.start, self.sizes = batch_seed, start, sizes
+
+    def __len__(self) -> int:
+        return self.num_batches - self.start
+
+    def __iter__(self) -> Iterator:
+        pool, device = self.pool, self.pool.device
+        pool.start()
+        pool.begin(self.batches, self.num_batches, self.batch_seed, self.start)
+        held, finished = None, False
+        try:
+            for i in range(self.start, self.num_batches):
+                data, p, s = pool.receive(i)
+                if held is not None:
+                    pool.release(*held)
+                data = to_device(data, device)
+                done = None
+                if device.type == "cuda":
+                    done = torch.cuda.Event()
+                    done.record()
+                held = (p, s, done)
+                yield data
+            finished = True
+        finally:
+            if finished and held is not None:
+                pool.release(*held)
+            if not finished:  # abandoned mid-epoch (an error, a preemption): the run is ending
+                pool.close()

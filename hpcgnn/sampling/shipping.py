@@ -1,0 +1,174 @@
+"""Handing a rank's sampler to another process without copying the graph, and batches back without pickling.
+
+**Out** (once, when sampler processes start): the sampler, the features and the batch transform are pickled
+with cloudpickle (closures travel by value), except every tensor that lies in a memory-mapped file (the
+prepared graph, a partition's arrays): it travels as *where it lies* (file, byte offset, dtype, shape,
+strides) and the other process maps the same file range. A node's processes so read one copy of the graph
+in the page cache, whatever their number. Other tensors (a degree vector, a cache's rows) travel by value.
+
+**Back** (every batch): a batch's tensors are written into a shared-memory slot the rank handed over once
+(:func:`pack`); only a small description (offsets, dtypes, shapes, and the batch's plain values) crosses a
+pipe, and the rank views the tensors in place (:func:`unpack`).
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import pickle
+from dataclasses import dataclass
+
+import cloudpickle
+import numpy as np
+import torch
+from torch import Tensor
+from torch_geometric.data import Data, HeteroData
+
+log = logging.getLogger(__name__)
+
+ALIGN = 64  # bytes: every tensor in a slot starts on a cache line (and any dtype's alignment)
+LARGE = 16 * 2**20  # a tensor this large copied into the recipe is logged (it is in every sampler process)
+
+
+def _file_mappings() -> list[tuple[int, int, int, str]]:
+    """This process's mappings of regular files: (start, end, file offset, path), from /proc/self/maps."""
+    out = []
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                fields = line.split(maxsplit=5)
+                if len(fields) < 6:
+                    continue
+                path = fields[5].strip()
+                if not path.startswith("/") or path.startswith(("/dev/", "/proc/")) or path.endswith("(deleted)"):
+                    continue
+                lo, hi = (int(x, 16) for x in fields[0].split("-"))
+                out.append((lo, hi, int(fields[2], 16), path))
+    except OSError:  # not Linux: everything travels by value
+        pass
+    return out
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+class _Pickler(cloudpickle.Pickler):
+    def __init__(self, file):
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self.maps = _file_mappings()
+        self.copied = 0  # bytes of large tensors pickled by value
+
+    def persistent_id(self, obj):
+        if not isinstance(obj, Tensor) or obj.device.type != "cpu" or obj.layout != torch.strided:
+            return None
+        storage = obj.untyped_storage()
+        ptr, nbytes = storage.data_ptr(), storage.nbytes()
+        if nbytes == 0:
+            return None
+        for lo, hi, offset, path in self.maps:
+            if lo <= ptr and ptr + nbytes <= hi:
+                return ("mapped", path, offset + ptr - lo, nbytes, _dtype_name(obj.dtype), tuple(obj.shape),
+                        tuple(obj.stride()), obj.storage_offset())
+        if nbytes >= LARGE:
+            self.copied += nbytes
+        return None
+
+
+class _Unpickler(pickle.Unpickler):
+    def __init__(self, file):
+        super().__init__(file)
+        self.maps: dict[tuple[str, int, int], Tensor] = {}
+
+    def persistent_load(self, pid):
+        kind, path, offset, nbytes, dtype, shape, stride, storage_offset = pid
+        if kind != "mapped":
+            raise pickle.UnpicklingError(f"unknown persistent id {kind!r}")
+        key = (path, offset, nbytes)
+        if key not in self.maps:  # copy-on-write, like the rank's own mapping: nothing is ever written
+            array = np.memmap(path, dtype=np.uint8, mode="c", offset=offset, shape=(nbytes,))
+            self.maps[key] = torch.from_numpy(array)
+        base = self.maps[key].view(getattr(torch, dtype))
+        return base.as_strided(shape, stride, storage_offset)
+
+
+def dumps(obj) -> bytes:
+    """``obj`` pickled, its memory-mapped tensors as references to their files."""
+    buf = io.BytesIO()
+    pickler = _Pickler(buf)
+    pickler.dump(obj)
+    if pickler.copied:
+        log.info("sampler recipe: %.1f MB of tensors copied into every sampler process (not memory-mapped)",
+                 pickler.copied / 2**20)
+    return buf.getvalue()
+
+
+def loads(data: bytes):
+    """The object :func:`dumps` pickled, its mapped tensors mapped again here."""
+    return _Unpickler(io.BytesIO(data)).load()
+
+
+# ---------------------------------------------------------------------- batches through a shared slot
+
+
+@dataclass(frozen=True)
+class Ref:
+    """A tensor's place in a slot."""
+
+    offset: int
+    dtype: str
+    shape: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * torch.empty(0, dtype=getattr(torch, self.dtype)).element_size()
+
+
+def _walk(obj, fn):
+    """``obj`` with every tensor (in dicts, lists, tuples) replaced by ``fn(tensor)``."""
+    if isinstance(obj, (Tensor, Ref)):
+        return fn(obj)
+    if isinstance(obj, dict):
+        return {k: _walk(v, fn) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_walk(v, fn) for v in obj]
+    if type(obj) is tuple:
+        return tuple(_walk(v, fn) for v in obj)
+    return obj
+
+
+def _aligned(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
+
+
+def _view(slot: Tensor, offset: int, dtype: torch.dtype, shape) -> Tensor:
+    nbytes = int(np.prod(shape, dtype=np.int64)) * torch.empty(0, dtype=dtype).element_size()
+    return slot[offset: offset + nbytes].view(dtype).view(shape)
+
+
+def pack(data: Data | HeteroData, slot: Tensor) -> tuple[tuple | None, int]:
+    """Write ``data``'s tensors into ``slot`` (uint8): (its description, bytes used), or (None, bytes needed)
+    when they do not fit."""
+    d = data.to_dict()
+    tensors: list[Tensor] = []
+    _walk(d, tensors.append)
+    needed = sum(_aligned(t.numel() * t.element_size()) for t in tensors)
+    if needed > slot.numel():
+        return None, needed
+    offset = 0
+
+    def place(t: Tensor) -> Ref:
+        nonlocal offset
+        ref = Ref(offset, _dtype_name(t.dtype), tuple(t.shape))
+        _view(slot, offset, t.dtype, t.shape).copy_(t)
+        offset += _aligned(t.numel() * t.element_size())
+        return ref
+
+    return (type(data).__name__, _walk(d, place)), needed
+
+
+def unpack(meta: tuple, slot: Tensor) -> Data | HeteroData:
+    """The batch :func:`pack` wrote, its tensors viewed in ``slot`` (valid until the slot is written again)."""
+    kind, d = meta
+    cls = {"Data": Data, "HeteroData": HeteroData}[kind]
+    return cls.from_dict(_walk(d, lambda ref: _view(slot, ref.offset, getattr(torch, ref.dtype), ref.shape)))
