@@ -1,0 +1,212 @@
+"""Sampler processes per rank (train.sampler_procs): the graph shipped by reference, batches through shared
+slots, training bitwise as with in-process sampling, thread budgets, and faults (no orphan, nothing in /dev/shm)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch_geometric.data import Data, HeteroData
+
+from conftest import DATA_ROOT, TINY, make_config, run_cli, summary_of
+from hpcgnn.errors import ConfigError
+from hpcgnn.sampling import shipping
+from hpcgnn.sampling.procs import split_threads
+
+# ------------------------------------------------------------------ thread budgets
+
+
+def test_thread_budgets_add_up_to_the_rank_cores_and_never_exceed_them():
+    assert split_threads(2, 0) == (2, 0)
+    assert split_threads(2, 1) == (1, 1)
+    assert split_threads(16, 12) == (4, 1)
+    assert split_threads(16, 2) == (6, 5)
+    assert split_threads(8, 2, per_sampler=3) == (2, 3)
+    for budget, procs in ((2, 1), (3, 2), (16, 12), (16, 2), (64, 7)):
+        mine, each = split_threads(budget, procs)
+        assert mine >= 1 and each >= 1 and mine + procs * each <= budget
+    with pytest.raises(ConfigError, match=r"train.sampler_procs=2 with 1 thread\(s\) each leaves the rank no core of "
+                                          r"the 2 it has. HINT: lower train.sampler_procs"):
+        split_threads(2, 2)
+    with pytest.raises(ConfigError, match=r"sampler_procs=2 with 4 thread\(s\) each leaves the rank no core of the 8"):
+        split_threads(8, 2, per_sampler=4)
+
+
+def test_sampler_procs_config_is_checked_at_submit_time():
+    with pytest.raises(ConfigError, match=r"train.sampler_procs=-1 and train.sampler_threads=0 must be 0 or more"):
+        make_config("train.sampler_procs=-1")
+    with pytest.raises(ConfigError, match=r"train.sampler_procs samples on the host, and train.graph_on=device on the "
+                                          r"GPU. HINT: one of train.sampler_procs=0 or train.graph_on=host"):
+        make_config("train.sampler_procs=2", "train.graph_on=device", "train.device=cuda")
+
+
+# ------------------------------------------------------------------ shipping: the graph by reference
+
+
+def test_memory_mapped_tensors_travel_as_file_ranges_and_others_by_value(tmp_path):
+    array = np.arange(1 << 20, dtype=np.float32).reshape(-1, 16)
+    np.save(tmp_path / "x.npy", array)
+    mapped = torch.from_numpy(np.load(tmp_path / "x.npy", mmap_mode="c"))
+    view = mapped[10:20:2, 3:]  # a strided view into the mapping
+    as_bf16 = mapped.view(torch.int32)[5:]  # another dtype over the same bytes
+    own = torch.arange(1 << 18)  # in anonymous memory: by value
+    blob = shipping.dumps({"x": mapped, "view": view, "cast": as_bf16, "own": own, "f": lambda t: t + 1})
+    assert len(blob) < own.numel() * 8 + 64 * 1024  # the 4 MB mapped array is not in it; the 2 MB owned one is
+    back = shipping.loads(blob)
+    assert torch.equal(back["x"], mapped) and torch.equal(back["view"], view) and torch.equal(back["cast"], as_bf16)
+    assert back["view"].stride() == view.stride() and torch.equal(back["own"], own)
+    assert back["x"].data_ptr() != mapped.data_ptr()  # mapped again, not the same memory object
+    assert torch.equal(back["f"](own[:3]), own[:3] + 1)  # closures travel by value
+
+
+def test_a_batch_round_trips_through_a_slot_and_says_when_it_needs_a_larger_one():
+    data = Data(x=torch.randn(50, 7), edge_index=torch.randint(0, 50, (2, 90)), y=torch.arange(50), n_id=torch.arange(50),
+                batch_size=10, num_sampled_nodes=[10, 40], sample=(1.0, 2.0), mask=torch.rand(50) > 0.5,
+                x16=torch.randn(50, 3).bfloat16())
+    slot = torch.zeros(1 << 16, dtype=torch.uint8)
+    meta, used = shipping.pack(data, slot)
+    back = shipping.unpack(meta, slot)
+    for key in ("x", "edge_index", "y", "n_id", "mask", "x16"):
+        assert torch.equal(back[key], data[key]) and back[key].dtype == data[key].dtype
+        assert slot.data_ptr() <= back[key].data_ptr() < slot.data_ptr() + slot.numel()  # viewed in place
+    assert back.batch_size == 10 and back.num_sampled_nodes == [10, 40] and back.sample == (1.0, 2.0)
+    small = torch.zeros(used - 1, dtype=torch.uint8)
+    assert shipping.pack(data, small) == (None, used)
+    hetero = HeteroData()
+    hetero["paper"].x, hetero["paper"].batch_size = torch.randn(5, 4), 2
+    hetero["paper", "cites", "paper"].edge_index = torch.tensor([[0, 1], [2, 3]])
+    back = shipping.unpack(shipping.pack(hetero, slot)[0], slot)
+    assert torch.equal(back["paper"].x, hetero["paper"].x) and back["paper"].batch_size == 2
+    assert torch.equal(back["paper", "cites", "paper"].edge_index, hetero["paper", "cites", "paper"].edge_index)
+
+
+# ------------------------------------------------------------------ the same training, bitwise
+
+STORES = {
+    "replicated": ["launch.procs=1"],
+    "partitioned": ["graph=partitioned", "graph.cache_mb=0.1"],
+    "typed": ["dataset=synthetic_hetero", "launch.procs=1"],
+    "link": ["task=link", "launch.procs=1"],
+    "cluster": ["train.sampler=cluster", "launch.procs=1"],
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("store", sorted(STORES))
+def test_two_sampler_processes_train_bitwise_as_in_process_sampling(store, tmp_path):
+    """Same seed, 2 epochs: parameters equal bit for bit with train.sampler_procs=2 and 0 (the rank keeps one
+    thread either way: 3 cores = the rank's 1 + 2 processes of 1), and so do the partitioned exchanges' counts."""
+    over = [*TINY, *STORES[store], "metrics.tensorboard=false"]
+    runs = {}
+    for procs, threads in ((0, 1), (2, 3)):
+        res = run_cli(*over, f"train.sampler_procs={procs}", f"train.num_threads={threads}", cwd=tmp_path / str(procs))
+        assert res.returncode == 0, res.stdout + res.stderr
+        runs[procs] = summary_of(tmp_path / str(procs))
+    assert "2 sampler process(es) started" in res.stdout
+    assert runs[2]["param_checksums"] == runs[0]["param_checksums"]
+    last = [r["history"][-1] for r in (runs[0], runs[2])]
+    for key in ("loss", "remote_rows_per_batch", "fetched_rows_per_batch", "bytes_sent_per_batch"):
+        assert last[0].get(key) == last[1].get(key), key
+
+
+# ------------------------------------------------------------------ faults
+
+
+def _shm() -> set[str]:
+    return set(os.listdir("/dev/shm"))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:  # a zombie has ended
+        return f.read().split(")")[-1].split()[0] != "Z"
+
+
+def _start(tmp_path: Path, *over: str) -> tuple[subprocess.Popen, Path]:
+    log = tmp_path / "out.txt"
+    child = subprocess.Popen([sys.executable, "-m", "hpcgnn", "dataset.num_nodes=20000", "train.epochs=50",
+                              "train.batch_size=256", "launch.procs=1", "train.sampler_procs=1",
+                              "metrics.tensorboard=false", f"dataset.root={DATA_ROOT}", f"hydra.run.dir={tmp_path / 'run'}",
+                              *over], stdout=log.open("w"), stderr=subprocess.STDOUT, cwd=tmp_path,
+                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    return child, log
+
+
+def _sampler_pids(child: subprocess.Popen, log: Path) -> list[int]:
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and child.poll() is None:
+        found = re.search(r"sampler process\(es\) started, pids ([\d ]+) ", log.read_text())
+        if found:
+            return [int(p) for p in found.group(1).split()]
+        time.sleep(0.05)
+    child.kill()
+    pytest.fail(f"no sampler process started:\n{log.read_text()}")
+
+
+@pytest.mark.slow
+def test_a_killed_sampler_process_fails_its_rank_at_once_naming_it_and_leaves_nothing(tmp_path):
+    before = _shm()
+    child, log = _start(tmp_path)
+    (pid,) = _sampler_pids(child, log)
+    time.sleep(1.0)  # mid-epoch
+    os.kill(pid, signal.SIGKILL)
+    t0 = time.monotonic()
+    assert child.wait(timeout=60) == 1, log.read_text()
+    assert time.monotonic() - t0 < 30
+    out = log.read_text()
+    assert re.search(rf"sampler process 0 of rank 0 \(pid {pid}\) died \(signal SIGKILL\) while the rank waited for "
+                     r"batch \d+\. HINT: SIGKILL is what the kernel's out-of-memory killer sends", out), out
+    assert not _alive(pid) and _shm() <= before
+
+
+@pytest.mark.slow
+def test_a_sampler_process_that_raises_fails_its_rank_with_its_exception(tmp_path):
+    res = run_cli(*TINY, "train.num_threads=2", "train.sampler_procs=1", "debug.sampler_fail_rank=1",
+                  "debug.sampler_fail_batch=1", cwd=tmp_path)
+    assert res.returncode == 1
+    assert re.search(r"SamplerFailed: sampler process 0 of rank 1 \(pid \d+\) failed making batch 1: RuntimeError: "
+                     r"injected failure making batch 1 \(debug.sampler_fail_rank\)", res.stdout + res.stderr)
+
+
+@pytest.mark.slow
+def test_sigterm_stops_the_samplers_with_no_orphan_and_nothing_in_dev_shm(tmp_path):
+    before = _shm()
+    child, log = _start(tmp_path)
+    pids = _sampler_pids(child, log)
+    time.sleep(0.5)
+    child.send_signal(signal.SIGTERM)
+    assert child.wait(timeout=60) == 143, log.read_text()
+    deadline = time.monotonic() + 10
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(p) for p in pids) and _shm() <= before
+
+
+@pytest.mark.slow
+def test_preempted_with_sampler_processes_resumes_exactly(tmp_path):
+    """Preempted at step 5 (mid-epoch 2), resumed: the same parameters as an uninterrupted run; the samplers
+    of the preempted run are gone."""
+    over = [*TINY, "train.epochs=3", "launch.procs=1", "train.sampler_procs=1", "metrics.tensorboard=false"]
+    before = _shm()
+    cut = run_cli(*over, "debug.signal_rank=0", "debug.signal_step=5", cwd=tmp_path / "cut")
+    assert cut.returncode == 3, cut.stdout + cut.stderr
+    pids = [int(p) for p in re.search(r"pids ([\d ]+) ", cut.stdout).group(1).split()]
+    assert not any(_alive(p) for p in pids) and _shm() <= before
+    again = run_cli(*over, cwd=tmp_path / "cut")
+    whole = run_cli(*over, cwd=tmp_path / "whole")
+    assert again.returncode == 0 and whole.returncode == 0, again.stdout + again.stderr
+    a, w = summary_of(tmp_path / "cut"), summary_of(tmp_path / "whole")
+    assert a["resumes"] == 1 and a["param_checksums"] == w["param_checksums"]
+    assert json.dumps(a["history"][-1]["loss"]) == json.dumps(w["history"][-1]["loss"])
