@@ -73,18 +73,23 @@ def test_a_batch_round_trips_through_a_slot_and_says_when_it_needs_a_larger_one(
                 batch_size=10, num_sampled_nodes=[10, 40], sample=(1.0, 2.0), mask=torch.rand(50) > 0.5,
                 x16=torch.randn(50, 3).bfloat16())
     slot = torch.zeros(1 << 16, dtype=torch.uint8)
-    meta, used = shipping.pack(data, slot)
+    writer = shipping.SlotWriter(slot)
+    made_there = writer.alloc((50, 7), torch.float32)  # what a sampler process gathers straight into its slot
+    made_there.copy_(data.x)
+    data.x = made_there
+    meta, used = shipping.pack(data, writer)
     back = shipping.unpack(meta, slot)
     for key in ("x", "edge_index", "y", "n_id", "mask", "x16"):
         assert torch.equal(back[key], data[key]) and back[key].dtype == data[key].dtype
         assert slot.data_ptr() <= back[key].data_ptr() < slot.data_ptr() + slot.numel()  # viewed in place
+    assert back.x.data_ptr() == made_there.data_ptr()  # not copied again
     assert back.batch_size == 10 and back.num_sampled_nodes == [10, 40] and back.sample == (1.0, 2.0)
     small = torch.zeros(used - 1, dtype=torch.uint8)
-    assert shipping.pack(data, small) == (None, used)
+    assert shipping.pack(data, shipping.SlotWriter(small)) == (None, used)
     hetero = HeteroData()
     hetero["paper"].x, hetero["paper"].batch_size = torch.randn(5, 4), 2
     hetero["paper", "cites", "paper"].edge_index = torch.tensor([[0, 1], [2, 3]])
-    back = shipping.unpack(shipping.pack(hetero, slot)[0], slot)
+    back = shipping.unpack(shipping.pack(hetero, shipping.SlotWriter(slot))[0], slot)
     assert torch.equal(back["paper"].x, hetero["paper"].x) and back["paper"].batch_size == 2
     assert torch.equal(back["paper", "cites", "paper"].edge_index, hetero["paper", "cites", "paper"].edge_index)
 

@@ -78,11 +78,19 @@ class LocalFeatures:
     def __init__(self, graph: Graph):
         self.graph = graph
 
-    def gather(self, n_id: Tensor, batch_size: int, pin_memory: bool = False) -> tuple[Tensor, Tensor]:
+    def gather(self, n_id: Tensor, batch_size: int, pin_memory: bool = False, alloc=None) -> tuple[Tensor, Tensor]:
         """Rows ``n_id`` of the features and labels, where the graph lives; ``pin_memory``: straight into
-        page-locked buffers (a host graph bound for a GPU), so the copy can run asynchronously."""
+        page-locked buffers (a host graph bound for a GPU), so the copy can run asynchronously; ``alloc(shape,
+        dtype)``: the features straight into memory it hands out (a sampler process's shared slot)."""
         g = self.graph
         n_id = n_id.to(g.x.device)
+        if alloc is not None:
+            x = alloc((n_id.numel(), *g.x.shape[1:]), torch.float32)
+            if g.x.dtype == torch.float32:
+                torch.index_select(g.x, 0, n_id, out=x)
+            else:  # upcast on the way in: the same values as .float() below
+                x.copy_(g.x.index_select(0, n_id))
+            return x, (g.y.index_select(0, n_id) if g.y.numel() else g.y)
         # index_select: a parallel row gather, markedly faster than advanced indexing for features
         x = gather_rows(g.x, n_id, pin_memory).float()  # features stored as float16/bfloat16: upcast per batch
         y = gather_rows(g.y, n_id, pin_memory) if g.y.numel() else g.y  # a link graph has no labels
@@ -170,9 +178,10 @@ class BatchLoader:
             return self.generator
         return rng.generator(self.batch_seed, i, device=self.graph_device)
 
-    def sample(self, seeds: Tensor, generator: torch.Generator | None = None) -> Data:
+    def sample(self, seeds: Tensor, generator: torch.Generator | None = None, alloc=None) -> Data:
         """One batch where the graph lives (the host, or the GPU of a device graph): sampled subgraph,
-        gathered features and labels; ``data.sample`` and ``data.gather``: clock marks around both."""
+        gathered features and labels; ``data.sample`` and ``data.gather``: clock marks around both. ``alloc``:
+        where a whole graph's feature rows go (see :meth:`LocalFeatures.gather`)."""
         clock = self.clock
         m0 = clock.mark()
         out = self.sampler.sample(seeds, generator if generator is not None else self.generator)
@@ -185,7 +194,7 @@ class BatchLoader:
             data = to_hetero_data(self.features, out)
             data.sample, data.gather = (m0, m1), (m1, clock.mark())
             return data
-        x, y = gather_features(self.features, out.n_id, out.batch_size, self.pin_memory)
+        x, y = gather_features(self.features, out.n_id, out.batch_size, self.pin_memory, alloc)
         data = Data(x=x, edge_index=out.edge_index, y=y, n_id=out.n_id, batch_size=out.batch_size,
                     sample=(m0, m1), gather=(m1, clock.mark()))
         if out.num_sampled_nodes is not None:  # layered: the model may trim the outer hops
@@ -199,11 +208,11 @@ class BatchLoader:
         return data
 
 
-def gather_features(features, n_id: Tensor, batch_size: int, pin_memory: bool) -> tuple[Tensor, Tensor]:
-    """``features.gather``: a local graph's rows where it lives (into pinned buffers if asked), or a
-    partitioned store's (fetched on the host, then pinned)."""
+def gather_features(features, n_id: Tensor, batch_size: int, pin_memory: bool, alloc=None) -> tuple[Tensor, Tensor]:
+    """``features.gather``: a local graph's rows where it lives (into pinned buffers, or ``alloc``'s, if asked),
+    or a partitioned store's (fetched on the host, then pinned)."""
     if isinstance(features, LocalFeatures):
-        return features.gather(n_id, batch_size, pin_memory)
+        return features.gather(n_id, batch_size, pin_memory, alloc)
     x, y = features.gather(n_id.cpu(), batch_size)
     return (x.pin_memory(), y.pin_memory()) if pin_memory else (x, y)
 

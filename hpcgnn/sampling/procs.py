@@ -152,13 +152,14 @@ def serve(spec: SamplerSpec, recipe: bytes, slots: list[Tensor], inbox, outbox) 
             if i == spec.fail_batch:
                 raise RuntimeError(f"injected failure making batch {i} (debug.sampler_fail_rank)")
             before = stats.snapshot() if stats is not None else None
-            data = loader.sample(seeds, rng.generator(batch_seed, i))
             s = free.popleft()
-            meta, needed = shipping.pack(data, slots[s])
+            writer = shipping.SlotWriter(slots[s])
+            data = loader.sample(seeds, rng.generator(batch_seed, i), alloc=writer.alloc)
+            meta, needed = shipping.pack(data, writer)
             if meta is None:  # the rank hands over a larger slot
                 outbox.put(("grow", i, s, needed))
                 slots[s] = _wait_for_slot(inbox, s, free)
-                meta, _ = shipping.pack(data, slots[s])
+                meta, _ = shipping.pack(data, shipping.SlotWriter(slots[s]))
             outbox.put(("batch", i, s, meta, stats - before if stats is not None else None))
             del data
             if spec.group_size > 1 and not shortened:  # as the rank does after its first step

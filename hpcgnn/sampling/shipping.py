@@ -119,10 +119,6 @@ class Ref:
     dtype: str
     shape: tuple[int, ...]
 
-    @property
-    def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * torch.empty(0, dtype=getattr(torch, self.dtype)).element_size()
-
 
 def _walk(obj, fn):
     """``obj`` with every tensor (in dicts, lists, tuples) replaced by ``fn(tensor)``."""
@@ -146,23 +142,47 @@ def _view(slot: Tensor, offset: int, dtype: torch.dtype, shape) -> Tensor:
     return slot[offset: offset + nbytes].view(dtype).view(shape)
 
 
-def pack(data: Data | HeteroData, slot: Tensor) -> tuple[tuple | None, int]:
-    """Write ``data``'s tensors into ``slot`` (uint8): (its description, bytes used), or (None, bytes needed)
-    when they do not fit."""
+class SlotWriter:
+    """Hands out a slot's bytes front to back (``alloc``), so that a batch's largest tensors are written there
+    as they are made; past the end, ordinary memory (the batch is then copied into a larger slot)."""
+
+    def __init__(self, slot: Tensor):
+        self.slot, self.used = slot, 0
+
+    def alloc(self, shape, dtype: torch.dtype) -> Tensor:
+        nbytes = int(np.prod(shape, dtype=np.int64)) * torch.empty(0, dtype=dtype).element_size()
+        if self.used + nbytes > self.slot.numel():
+            return torch.empty(shape, dtype=dtype)
+        out = _view(self.slot, self.used, dtype, shape)
+        self.used += _aligned(nbytes)
+        return out
+
+    def offset_of(self, t: Tensor) -> int | None:
+        """Where ``t`` lies in the slot, if :meth:`alloc` handed it out."""
+        start = t.data_ptr() - self.slot.data_ptr()
+        inside = t.numel() > 0 and 0 <= start < self.used and t.is_contiguous() and \
+            t.untyped_storage().data_ptr() == self.slot.data_ptr()
+        return start if inside else None
+
+
+def pack(data: Data | HeteroData, writer: SlotWriter) -> tuple[tuple | None, int]:
+    """Put ``data``'s tensors in ``writer``'s slot (those it handed out stay where they are): (the batch's
+    description, bytes used), or (None, bytes needed) when they do not fit."""
     d = data.to_dict()
     tensors: list[Tensor] = []
     _walk(d, tensors.append)
-    needed = sum(_aligned(t.numel() * t.element_size()) for t in tensors)
-    if needed > slot.numel():
+    placed = {id(t) for t in tensors if writer.offset_of(t) is not None}
+    needed = writer.used + sum(_aligned(t.numel() * t.element_size()) for t in tensors if id(t) not in placed)
+    if needed > writer.slot.numel():
         return None, needed
-    offset = 0
 
     def place(t: Tensor) -> Ref:
-        nonlocal offset
-        ref = Ref(offset, _dtype_name(t.dtype), tuple(t.shape))
-        _view(slot, offset, t.dtype, t.shape).copy_(t)
-        offset += _aligned(t.numel() * t.element_size())
-        return ref
+        if id(t) in placed:
+            offset = writer.offset_of(t)
+        else:
+            offset = writer.used
+            writer.alloc(tuple(t.shape), t.dtype).copy_(t)  # fits: counted in ``needed``
+        return Ref(offset, _dtype_name(t.dtype), tuple(t.shape))
 
     return (type(data).__name__, _walk(d, place)), needed
 
