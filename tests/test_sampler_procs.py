@@ -15,9 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import DATA_ROOT, TINY, make_config, run_cli, summary_of
 from torch_geometric.data import Data, HeteroData
 
-from conftest import DATA_ROOT, TINY, make_config, run_cli, summary_of
 from hpcgnn.errors import ConfigError
 from hpcgnn.sampling import shipping
 from hpcgnn.sampling.procs import split_threads
