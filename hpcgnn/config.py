@@ -168,6 +168,7 @@ class LaunchConfig:
     dry_run: bool = False  # print the job script and the resolved config, submit nothing
     wait: Optional[bool] = None  # wait for the job(s) and print the result; default: a run waits, a sweep (-m) does not
     procs: int = 2  # processes on this machine when no +cluster is given
+    sampler_servers: int = 0  # local runs: sampler server processes beside the ranks, making their training batches (docs/training.md); on SLURM: the cluster file's samplers group
     poll_s: float = 2.0  # seconds between checks for result files while waiting
     state_poll_s: float = 10.0  # seconds between asking the scheduler (sacct) for the job state
 

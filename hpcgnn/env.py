@@ -17,6 +17,7 @@ this process's environment).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime
 import itertools
 import os
@@ -86,6 +87,14 @@ VARIABLES: dict[str, str] = {
     "master_port": "MASTER_PORT",
     "full_error": "HYDRA_FULL_ERROR",  # 1: print the traceback of a user error too (Hydra's own switch)
     "cpu_flags": "HPCGNN_CPU_FLAGS",  # the CPU flags to decide by instead of /proc/cpuinfo's (tests: the other CPU kind)
+    # Sampler servers (docs/samplers.md). In a heterogeneous job, group 0 runs the trainers and group 1 the servers:
+    "het_size": "SLURM_HET_SIZE",  # components of a heterogeneous job (set in its steps)
+    "server_nodelist": "SLURM_JOB_NODELIST_HET_GROUP_1",  # the sampler servers' nodes
+    "server_tasks_per_node": "SLURM_TASKS_PER_NODE_HET_GROUP_1",  # their tasks per node, e.g. 2(x3)
+    "het_job_id": "SLURM_JOB_ID_HET_GROUP_0",  # the job's leader id: the servers' ports derive from it
+    "task_rank": "SLURM_PROCID",  # a server's index among the servers (its own step)
+    "task_local": "SLURM_LOCALID",  # ... and on its node
+    "local_servers": "HPCGNN_SAMPLER_SERVERS",  # host:port,... of local sampler servers (set by the local launcher)
 }
 # Where master ports are derived (dist.port_min/port_max): below Linux's ephemeral range, which starts at 32768.
 PORTS = (20000, 32767)
@@ -237,6 +246,7 @@ class RankEnv:
     master_addr: str  # host of rank 0's TCP store
     master_port: int  # port of rank 0's TCP store
     job_id: str  # the launcher's job id ("" when none)
+    sampler_servers: tuple[tuple[str, int], ...] = ()  # (host, port) of the job's sampler servers (none: none)
 
     @property
     def is_main(self) -> bool:
@@ -257,6 +267,12 @@ class RankEnv:
 
         ``master_port`` > 0 overrides the derived port; ``port_range`` bounds the derivation.
         """
+        layout = cls._layout(environ, port_range, master_port)
+        servers = tuple(sampler_servers(environ, port_range))
+        return dataclasses.replace(layout, sampler_servers=servers) if servers else layout
+
+    @classmethod
+    def _layout(cls, environ: Mapping[str, str], port_range: tuple[int, int], master_port: int) -> RankEnv:
         source = detect_source(environ)
         if source == "single":
             port = master_port or derive_port(str(os.getpid()), *port_range)
@@ -461,3 +477,40 @@ def check_allocation(env: RankEnv, nodes: int, tasks_per_node: int, gpus_per_nod
             raise AllocationError(
                 f"{env.local_world_size} ranks on this node but only {cuda_devices} visible GPUs. "
                 f"HINT: set cluster.tasks_per_node={cuda_devices}")
+
+
+# ---------------------------------------------------------------- sampler servers
+
+
+def server_port(job_id: str, local_index: int, port_min: int = PORTS[0], port_max: int = PORTS[1]) -> int:
+    """The port of a job's sampler server ``local_index`` on its node: derived from the job id, away from the
+    job's master port (the other half of the range), so that both sides compute it without talking."""
+    span = port_max - port_min + 1
+    base = derive_port(job_id, port_min, port_max) - port_min
+    return port_min + (base + span // 2 + local_index) % span
+
+
+def sampler_servers(environ: Mapping[str, str] | None = None, port_range: tuple[int, int] = PORTS
+                    ) -> list[tuple[str, int]]:
+    """Where this job's sampler servers listen, in server order: the local launcher's list, or a heterogeneous
+    job's group 1 (its nodes and tasks per node); [] when there are none."""
+    environ = os.environ if environ is None else environ
+    listed = read("local_servers", environ)
+    if listed:
+        return [(host, int(port)) for host, _, port in (item.rpartition(":") for item in listed.split(","))]
+    nodes = read("server_nodelist", environ)
+    if not nodes or (read_int("het_size", environ) or 0) < 2:
+        return []
+    job = read("het_job_id", environ) or read("slurm_job_id", environ) or ""
+    hosts = expand_nodelist(nodes)
+    per_node = expand_tasks_per_node(read("server_tasks_per_node", environ) or "1")
+    return [(host, server_port(job, k, *port_range)) for host, n in zip(hosts, per_node, strict=True)
+            for k in range(n)]
+
+
+def this_server(environ: Mapping[str, str] | None = None, port_range: tuple[int, int] = PORTS) -> tuple[int, int]:
+    """(index, port) of this sampler server: a task of group 1 of a heterogeneous job (its step's rank and
+    local id)."""
+    environ = os.environ if environ is None else environ
+    job = read("het_job_id", environ) or read("slurm_job_id", environ) or ""
+    return int(read("task_rank", environ) or 0), server_port(job, int(read("task_local", environ) or 0), *port_range)

@@ -111,12 +111,17 @@ def _requeue(cfg: RunConfig, env: RankEnv, stop: Preempted) -> BaseException:
 
 
 def _setup_logging(env: RankEnv) -> None:
-    """hpcgnn's loggers write to the task's stdout; rank 0 tells the story, the others warn only."""
+    setup_logging(f"rank {env.rank}", env.is_main)
+
+
+def setup_logging(label: str, main: bool) -> None:
+    """hpcgnn's loggers write to the task's stdout, each line marked ``[label]``; the main process (rank 0)
+    tells the story, the others warn only."""
     logger = logging.getLogger("hpcgnn")
     for handler in list(logger.handlers):
         logger.removeHandler(handler)
     handler = logging.StreamHandler(sys.stdout)
-    handler.setFormatter(logging.Formatter(f"%(asctime)s [rank {env.rank}] %(message)s", datefmt="%H:%M:%S"))
+    handler.setFormatter(logging.Formatter(f"%(asctime)s [{label}] %(message)s", datefmt="%H:%M:%S"))
     logger.addHandler(handler)
-    logger.setLevel(logging.INFO if env.is_main else logging.WARNING)
+    logger.setLevel(logging.INFO if main else logging.WARNING)
     logger.propagate = False

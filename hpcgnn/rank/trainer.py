@@ -217,7 +217,7 @@ class Trainer:
         self._log_start()
         preempt = PreemptionFlag(self.cfg.checkpoint.signal)
         try:
-            if self.cfg.train.sampler_procs:  # started before the clock runs (a few seconds of imports)
+            if self.cfg.train.sampler_procs or self.env.sampler_servers:  # started before the clock runs
                 self.store.sampler_pool(self.task.transform).start()
             for epoch in range(self.state.epoch, self.cfg.train.epochs + 1):
                 row = self.run_epoch(epoch, preempt)

@@ -80,7 +80,7 @@ class Store(abc.ABC):
                              batch_seed=derive_seed(t.seed, "train", epoch, self.env.rank), start=start_step,
                              num_batches=self.steps, device=self.device, pin_memory=self.device.type == "cuda",
                              transform=transform, weigh_by_seeds=self.weigh_by_seeds)
-        if t.sampler_procs:  # the same batches, made by the rank's sampler processes
+        if t.sampler_procs or self.env.sampler_servers:  # the same batches, made by other processes
             return self.sampler_pool(transform).loader(loader)
         return PrefetchLoader(loader, t.prefetch) if t.prefetch else loader
 
@@ -92,6 +92,16 @@ class Store(abc.ABC):
 
             t, env, d = self.cfg.train, self.env, self.cfg.dist
             exchange = getattr(self, "exchange", None)  # a partitioned graph: the processes exchange among themselves
+            if env.sampler_servers:  # sampler servers (another group of the job, or local processes)
+                from hpcgnn.sampling.server import RemotePool
+
+                if exchange is not None:
+                    raise ConfigError("sampler servers serve whole graphs (graph=replicated) so far. HINT: with "
+                                      "graph=partitioned use train.sampler_procs (sampler processes per rank)")
+                self._pool = RemotePool((self.features, self.train_sampler, transform, None), list(env.sampler_servers),
+                                        t.prefetch, self.device, rank=env.rank, timeout_s=d.timeout_s,
+                                        connect_s=d.init_timeout_s)
+                return self._pool
             group = None if exchange is None or env.world_size == 1 else dict(
                 group_size=env.world_size, master_addr=env.master_addr, master_port=env.master_port,
                 init_timeout_s=d.init_timeout_s, timeout_s=d.timeout_s)

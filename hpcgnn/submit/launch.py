@@ -428,7 +428,33 @@ def _run_this_rank(cfg: RunConfig) -> int:
     return 0
 
 
-def _spawn_entry(local_rank: int, cfg: RunConfig, port: int, parent: int) -> None:
+def _server_entry(index: int, port: int, cfg: RunConfig, parent: int) -> None:
+    """One local sampler server (``launch.sampler_servers``): serves every rank, then leaves."""
+    from hpcgnn.data import prepare
+    from hpcgnn.rank.job import setup_logging
+    from hpcgnn.sampling.server import run_server
+
+    _end_with_parent(parent)
+    setup_logging(f"server {index}", main=index == 0)
+    dbg = cfg.debug
+    run_server(index, port, cfg.launch.procs, cfg.train.sampler_threads or 1, cfg.run_dir,
+               prepare=lambda: prepare(cfg.dataset), host="127.0.0.1",
+               fail_batch=dbg.sampler_fail_batch if dbg.sampler_fail_rank == index else -1)
+
+
+def _start_servers(cfg: RunConfig, ctx) -> tuple[list, dict[str, str]]:
+    """``launch.sampler_servers`` local server processes on free ports, and the variable that tells the ranks."""
+    d, servers, ports = cfg.dist, [], []
+    for k in range(cfg.launch.sampler_servers):
+        port = free_port(env.derive_port(str(time.time_ns() + k), d.port_min, d.port_max), d.port_min, d.port_max)
+        ports.append(port)
+        servers.append(ctx.Process(target=_server_entry, args=(k, port, cfg, os.getpid()),
+                                   name=f"hpcgnn-sampler-server-{k}"))
+    listed = ",".join(f"127.0.0.1:{p}" for p in ports)
+    return servers, ({env.VARIABLES["local_servers"]: listed} if servers else {})
+
+
+def _spawn_entry(local_rank: int, cfg: RunConfig, port: int, parent: int, extra: dict | None = None) -> None:
     """One local rank. A failure it recorded (run_rank) is the launcher's to report, once for the run: the rank
     leaves quietly with its exit code (its traceback stays in the record; ``HYDRA_FULL_ERROR=1`` prints it here
     too). An unrecorded one keeps multiprocessing's traceback on stderr."""
@@ -437,7 +463,7 @@ def _spawn_entry(local_rank: int, cfg: RunConfig, port: int, parent: int) -> Non
 
     _end_with_parent(parent)
     try:
-        run_rank(cfg, env.local_rank_environ(local_rank, cfg.launch.procs, port))
+        run_rank(cfg, {**env.local_rank_environ(local_rank, cfg.launch.procs, port), **(extra or {})})
     except Exception as exc:
         if not getattr(exc, "recorded", False) or env.full_error():
             raise
@@ -474,15 +500,17 @@ def _spawn_local(cfg: RunConfig, grace_s: float = 3.0) -> int:
                                       d.port_max)
     print(f"starting {cfg.launch.procs} local processes; output folder: {cfg.run_dir}", flush=True)
     ctx = multiprocessing.get_context("spawn")
-    procs = [ctx.Process(target=_spawn_entry, args=(r, cfg, port, os.getpid()), name=f"hpcgnn-rank-{r}")
+    servers, extra = _start_servers(cfg, ctx)
+    procs = [ctx.Process(target=_spawn_entry, args=(r, cfg, port, os.getpid(), extra), name=f"hpcgnn-rank-{r}")
              for r in range(cfg.launch.procs)]
     first: tuple[int, int] | None = None  # (rank, exit code) of the first rank that failed
     # SIGTERM (kill, timeout, a job's end) raises here, so the finally stops the ranks; SIGKILL: _end_with_parent
     with stop_cleanly_on_sigterm("the run", "stopping its ranks"):
         try:
-            for p in procs:
+            for p in [*servers, *procs]:
                 p.start()
             running = {p.sentinel: (r, p) for r, p in enumerate(procs)}
+            running.update({p.sentinel: (f"sampler server {k}", p) for k, p in enumerate(servers)})
             deadline = None
             while running:
                 timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
@@ -495,10 +523,10 @@ def _spawn_local(cfg: RunConfig, grace_s: float = 3.0) -> int:
                     if p.exitcode != 0 and first is None:
                         first, deadline = (rank, p.exitcode), time.monotonic() + grace_s
         finally:
-            for p in procs:
+            for p in [*procs, *servers]:
                 if p.is_alive():
                     p.terminate()
-            for p in procs:
+            for p in [*procs, *servers]:
                 p.join(10)
                 if p.is_alive():
                     p.kill()
@@ -508,7 +536,8 @@ def _spawn_local(cfg: RunConfig, grace_s: float = 3.0) -> int:
         if code == EXIT_PREEMPTED:  # rank 0 printed where the checkpoint is
             return EXIT_PREEMPTED
         how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
-        return report_failure(Path(cfg.run_dir), f"local rank {rank} {how}")
+        who = rank if isinstance(rank, str) else f"local rank {rank}"
+        return report_failure(Path(cfg.run_dir), f"{who} {how}")
     with open(Path(cfg.run_dir) / "summary.json") as f:
         _print_result(json.load(f))
     return 0

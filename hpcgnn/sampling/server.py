@@ -1,0 +1,320 @@
+"""Sampler servers: processes on other nodes (or local processes) that make trainers' batches and stream them.
+
+A server holds the graph (it prepares it if its node has no copy, then maps it: one copy per node) and
+listens on a port derived from the job id (:func:`hpcgnn.env.server_port`). Every trainer connects to every
+server and sends its sampler once, as sampler processes get it (:mod:`hpcgnn.sampling.shipping`: the graph's
+tensors as file ranges). Each epoch it sends the seeds of the batches a server is to make: batch i of rank r
+goes to server (i + r) mod S, and is made with the generator the in-process loader would use, so the batches
+and the training are those of ``train.sampler_procs=0``.
+
+Transport: one TCP connection per (trainer, server). A batch is a small pickled header (offsets, shapes,
+the batch's plain values) and then its tensors' bytes as they lie in the server's buffer; the trainer reads
+them straight into one of its slots (``recv_into``: no pickle, no copy in Python) and views them in place.
+A server has at most ``train.prefetch`` batches in flight per trainer: it makes the next one when the trainer
+hands a slot back. Sockets and not torch.distributed: the two sides need no common process group (a server's
+death must not hang a collective), and a message whose size only the sender knows needs no size exchange.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pickle
+import select
+import socket
+import struct
+import threading
+import time
+import traceback
+from collections import deque
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from hpcgnn import rng
+from hpcgnn.errors import SamplerFailed
+from hpcgnn.sampling import shipping
+from hpcgnn.sampling.loader import BatchLoader, keep_freed_memory
+
+log = logging.getLogger(__name__)
+
+_HEAD = struct.Struct("!QQ")  # header bytes, payload bytes
+SLOT_BYTES = 64 * 2**20
+
+
+def send(sock: socket.socket, obj, payload: memoryview | None = None) -> None:
+    head = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    sock.sendall(_HEAD.pack(len(head), 0 if payload is None else len(payload)) + head)
+    if payload is not None and len(payload):
+        sock.sendall(payload)
+
+
+def _recv_into(sock: socket.socket, view: memoryview) -> None:
+    while len(view):
+        n = sock.recv_into(view)
+        if n == 0:
+            raise ConnectionError("connection closed")
+        view = view[n:]
+
+
+def receive(sock: socket.socket, slot=None):
+    """The next message, and its payload read into ``slot(nbytes)`` (a uint8 tensor it returns), if any."""
+    head = bytearray(_HEAD.size)
+    _recv_into(sock, memoryview(head))
+    n_head, n_payload = _HEAD.unpack(head)
+    body = bytearray(n_head)
+    _recv_into(sock, memoryview(body))
+    obj = pickle.loads(body)
+    if n_payload:
+        buf = slot(n_payload)
+        _recv_into(sock, memoryview(buf.numpy())[:n_payload])
+    return obj
+
+
+# ---------------------------------------------------------------------- the server
+
+
+class _Counters:
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.batches, self.sample_s, self.wait_s, self.bytes = 0, 0.0, 0.0, 0
+
+    def as_dict(self) -> dict:
+        return {"batches_served": self.batches, "sample_s": round(self.sample_s, 3),
+                "wait_s": round(self.wait_s, 3), "bytes_sent": self.bytes}
+
+
+def _serve_trainer(conn: socket.socket, recipes: dict, counters: _Counters, fail_batch: int) -> None:
+    """One trainer's connection: its sampler, then its batches, ``depth`` in flight, until it stops."""
+    hello = receive(conn)
+    _, rank, recipe, depth = hello
+    key = hash(recipe)
+    if key not in recipes:  # every trainer of a replicated graph sends the same: one copy of it here
+        recipes[key] = shipping.loads(recipe)
+    features, sampler, transform, _ = recipes[key]
+    loader = BatchLoader(features, sampler, [], transform=transform)
+    send(conn, ("ready",))
+    pending: deque = deque()
+    credits, buf, i = depth, torch.empty(SLOT_BYTES, dtype=torch.uint8), -1
+    try:
+        while True:
+            idle = not (pending and credits)
+            t0 = time.perf_counter()
+            while idle or select.select([conn], [], [], 0)[0]:  # what the trainer says comes first
+                msg = receive(conn)
+                if msg[0] == "stop":
+                    return
+                if msg[0] == "epoch":
+                    pending.extend((i, torch.from_numpy(seeds), msg[1]) for i, seeds in msg[2])
+                elif msg[0] == "free":
+                    credits += 1
+                idle = not (pending and credits)
+            counters.wait_s += time.perf_counter() - t0
+            i, seeds, batch_seed = pending.popleft()
+            if i == fail_batch:
+                raise RuntimeError(f"injected failure making batch {i} (debug.sampler_fail_rank)")
+            t0 = time.perf_counter()
+            writer = shipping.SlotWriter(buf)
+            data = loader.sample(seeds, rng.generator(batch_seed, i), alloc=writer.alloc)
+            meta, used = shipping.pack(data, writer)
+            if meta is None:
+                buf = torch.empty(int(used * 1.25), dtype=torch.uint8)
+                meta, used = shipping.pack(data, shipping.SlotWriter(buf))
+            with counters.lock:
+                counters.batches += 1
+                counters.sample_s += time.perf_counter() - t0
+                counters.bytes += used
+            send(conn, ("batch", i, meta, None), memoryview(buf.numpy())[:used])
+            credits -= 1
+    except (ConnectionError, OSError):
+        return  # the trainer is gone (the run ended, or it failed: its own error says why)
+    except BaseException as exc:
+        try:
+            send(conn, ("error", i, f"{type(exc).__name__}: {exc}", traceback.format_exc()))
+        except OSError:
+            pass
+        raise
+
+
+def run_server(index: int, port: int, trainers: int, threads: int, run_dir: str, prepare=None,
+               host: str = "", fail_batch: int = -1) -> None:
+    """Serve ``trainers`` trainers' connections on ``port``, then return; ``prepare()`` first (the dataset)."""
+    torch.set_num_threads(threads)
+    keep_freed_memory()
+    if prepare is not None:
+        prepare()
+    counters, recipes = _Counters(), {}
+    name = f"sampler server {index} on {socket.gethostname()}:{port}"
+    out = Path(run_dir) / "metrics" / f"sampler-server-{index}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+
+    def write() -> None:
+        out.write_text(json.dumps({"server": index, "host": socket.gethostname(), "port": port, "pid": os.getpid(),
+                                   **counters.as_dict()}))
+
+    with socket.create_server((host, port), reuse_port=False, backlog=max(trainers, 8)) as listener:
+        log.info("%s: listening for %d trainer(s), %d thread(s)", name, trainers, threads)
+        threads_: list[threading.Thread] = []
+        errors: list[BaseException] = []
+
+        def serve(conn: socket.socket) -> None:
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            try:
+                _serve_trainer(conn, recipes, counters, fail_batch)
+            except BaseException as exc:
+                errors.append(exc)
+            finally:
+                conn.close()
+
+        for _ in range(trainers):
+            conn, _ = listener.accept()
+            t = threading.Thread(target=serve, args=(conn,), daemon=True)
+            t.start()
+            threads_.append(t)
+        for t in threads_:
+            t.join()
+    write()
+    log.info("%s: served %s", name, counters.as_dict())
+    if errors:
+        raise errors[0]
+
+
+# ---------------------------------------------------------------------- the trainer's side
+
+
+class _Link:
+    """A trainer's connection to one server, and the slots its batches land in."""
+
+    def __init__(self, index: int, host: str, port: int, sock: socket.socket, depth: int, pin: bool):
+        self.index, self.host, self.port, self.sock, self.pin = index, host, port, sock, pin
+        self.slots = [_slot(SLOT_BYTES, pin) for _ in range(depth)]
+        self.free = deque(range(depth))
+
+    @property
+    def name(self) -> str:
+        return f"sampler server {self.index} at {self.host}:{self.port}"
+
+
+def _slot(nbytes: int, pin: bool) -> Tensor:
+    return torch.empty(nbytes, dtype=torch.uint8, pin_memory=pin)
+
+
+class RemotePool:
+    """A trainer's sampler servers: :class:`~hpcgnn.sampling.procs.SamplerPool`'s interface over sockets."""
+
+    def __init__(self, recipe: tuple, servers: list[tuple[str, int]], depth: int, device: torch.device, *,
+                 rank: int, timeout_s: float = 120.0, connect_s: float = 1800.0):
+        self.recipe, self.servers, self.depth = recipe, servers, max(1, depth)
+        self.device, self.rank, self.timeout_s, self.connect_s = device, rank, timeout_s, connect_s
+        self.links: list[_Link] = []
+        self.stats = recipe[3]
+
+    @property
+    def running(self) -> list[_Link]:
+        return self.links
+
+    def start(self) -> None:
+        if self.links:
+            return
+        recipe = shipping.dumps(self.recipe)
+        t0 = time.perf_counter()
+        for k, (host, port) in enumerate(self.servers):
+            sock = _connect(host, port, k, self.connect_s)
+            sock.settimeout(self.timeout_s)
+            send(sock, ("hello", self.rank, recipe, self.depth))
+            self.links.append(_Link(k, host, port, sock, self.depth, self.device.type == "cuda"))
+        for link in self.links:
+            self._next(link, "start")
+        log.info("rank %d: %d sampler server(s) ready (%s) in %.1f s", self.rank, len(self.links),
+                 ", ".join(f"{h}:{p}" for h, p in self.servers), time.perf_counter() - t0)
+
+    def pids(self) -> list[int]:
+        return []
+
+    def loader(self, loader: BatchLoader):
+        from hpcgnn.sampling.procs import ProcessLoader
+
+        return ProcessLoader(self, loader.batches, loader.num_batches, loader.batch_seed, loader.start,
+                             loader.sizes)
+
+    def _link_of(self, i: int) -> _Link:
+        return self.links[(i + self.rank) % len(self.links)]
+
+    def begin(self, batches: list[Tensor], num_batches: int, batch_seed: int, start: int) -> None:
+        empty = batches[0][:0] if batches else torch.empty(0, dtype=torch.long)
+        jobs: dict[int, list] = {link.index: [] for link in self.links}
+        for i in range(start, num_batches):
+            jobs[self._link_of(i).index].append((i, (batches[i] if i < len(batches) else empty).numpy()))
+        for link in self.links:
+            self._send(link, ("epoch", batch_seed, jobs[link.index]))
+
+    def _send(self, link: _Link, msg) -> None:
+        try:
+            send(link.sock, msg)
+        except OSError as exc:
+            raise self._lost(link, "sending to it", exc) from None
+
+    def _next(self, link: _Link, i, slot=None):
+        try:
+            msg = receive(link.sock, slot)
+        except (OSError, ConnectionError, EOFError) as exc:
+            raise self._lost(link, "its start" if i == "start" else f"batch {i}", exc) from None
+        if msg[0] == "error":
+            _, at, line, trace = msg
+            raise SamplerFailed(f"{link.name} failed making batch {at} of rank {self.rank}: {line}\n"
+                                f"its traceback:\n{trace}")
+        return msg
+
+    def _lost(self, link: _Link, what: str, exc: BaseException) -> SamplerFailed:
+        how = "did not answer in time" if isinstance(exc, TimeoutError) else f"closed the connection ({exc})"
+        return SamplerFailed(f"{link.name} {how} while rank {self.rank} waited for {what}. HINT: its log says why "
+                             "(the submitit folder's *_server_* files; SIGKILL: the node's memory)")
+
+    def receive(self, i: int):
+        link = self._link_of(i)
+        s = link.free.popleft()
+
+        def slot(nbytes: int) -> Tensor:
+            if link.slots[s].numel() < nbytes:
+                link.slots[s] = _slot(int(nbytes * 1.25), link.pin)
+            return link.slots[s]
+
+        _, at, meta, delta = self._next(link, i, slot)
+        if at != i:
+            raise RuntimeError(f"{link.name} sent batch {at}, expected {i}")
+        if delta is not None and self.stats is not None:
+            self.stats.add(delta)
+        return shipping.unpack(meta, link.slots[s]), link, s
+
+    def release(self, link: _Link, s: int, done) -> None:
+        if done is not None:
+            done.synchronize()
+        link.free.append(s)
+        self._send(link, ("free", s))
+
+    def close(self) -> None:
+        for link in self.links:
+            try:
+                send(link.sock, ("stop",))
+            except OSError:
+                pass
+            link.sock.close()
+        self.links = []
+
+
+def _connect(host: str, port: int, k: int, within_s: float) -> socket.socket:
+    """Connect, retrying while the server starts (it may still be preparing the dataset)."""
+    deadline = time.monotonic() + within_s
+    while True:
+        try:
+            sock = socket.create_connection((host, port), timeout=10)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            return sock
+        except OSError as exc:
+            if time.monotonic() > deadline:
+                raise SamplerFailed(f"sampler server {k} at {host}:{port} could not be reached in {within_s:.0f} s "
+                                    f"({exc}). HINT: its log says whether it started") from None
+            time.sleep(0.5)
+
