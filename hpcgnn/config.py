@@ -142,6 +142,18 @@ class DistConfig:
 
 
 @dataclass(frozen=True)
+class SamplerNodesConfig:
+    """Sampler servers in the same job (docs/training.md): nodes that hold the graph and make the trainers' batches."""
+
+    nodes: int = 0  # nodes of sampler servers (0: none; the ranks sample themselves)
+    tasks_per_node: int = 1  # servers per node
+    cpus_per_task: int = 0  # cores of each server (0: cluster.cpus_per_task)
+    mem_gb: Optional[float] = None  # memory per sampler node in GB (None = partition default)
+    partition: Optional[str] = None  # None: the trainers' partition
+    het: bool = True  # one heterogeneous job (trainers group 0, servers group 1); false: a second job started beside the trainers', for sites that refuse heterogeneous jobs
+
+
+@dataclass(frozen=True)
 class ClusterConfig:
     name: str = "cluster"  # label used in logs and job names
     executor: str = "slurm"  # slurm (sbatch via submitit) | local (submitit's local executor)
@@ -160,6 +172,7 @@ class ClusterConfig:
     sbatch_extra: dict[str, str] = field(default_factory=dict)  # more sbatch options, {option: value}
     setup: Tuple[str, ...] = ()  # shell lines run before srun (module load ..., source venv/bin/activate)
     signal_delay_s: int = 120  # seconds before the time limit at which SLURM sends USR2
+    samplers: SamplerNodesConfig = field(default_factory=SamplerNodesConfig)  # sampler server nodes in the same job
 
 
 @dataclass(frozen=True)
@@ -444,6 +457,13 @@ def _validate_cluster(c: ClusterConfig) -> None:
                           "this machine only. HINT: set cluster.nodes=1")
     if c.mem_gb is not None and c.mem_gb <= 0:
         raise ConfigError(f"cluster.mem_gb={c.mem_gb} must be positive (or null for the partition default)")
+    sn = c.samplers
+    if sn.nodes < 0 or sn.tasks_per_node < 1 or sn.cpus_per_task < 0 or (sn.mem_gb is not None and sn.mem_gb <= 0):
+        raise ConfigError("cluster.samplers: nodes must be 0 (none) or more, tasks_per_node at least 1, cpus_per_task "
+                          "0 (the cluster's) or more, mem_gb positive or null")
+    if sn.nodes and c.executor != "slurm":
+        raise ConfigError("cluster.samplers.nodes needs cluster.executor=slurm (sampler nodes are part of a SLURM "
+                          "job). HINT: without SLURM, launch.sampler_servers=N runs servers on this machine")
     # Values that land on '#SBATCH' lines: a newline there would start a new shell line.
     single_line = {k: getattr(c, k) for k in ("name", "partition", "account", "qos", "constraint", "exclude", "job_name")}
     single_line.update({f"sbatch_extra.{k}": v for k, v in c.sbatch_extra.items()})

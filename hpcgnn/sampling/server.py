@@ -318,3 +318,31 @@ def _connect(host: str, port: int, k: int, within_s: float) -> socket.socket:
                                     f"({exc}). HINT: its log says whether it started") from None
             time.sleep(0.5)
 
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m hpcgnn.sampling.server CONFIG``: one sampler server of a SLURM job (its group of the
+    heterogeneous job); where it listens follows from the job's variables (:func:`hpcgnn.env.this_server`)."""
+    import signal
+    import sys
+
+    from hpcgnn import env
+    from hpcgnn.data import prepare
+    from hpcgnn.rank.job import setup_logging
+
+    argv = sys.argv[1:] if argv is None else argv
+    cfg = pickle.loads(Path(argv[0]).read_bytes())
+    for sig in (signal.SIGUSR1, signal.SIGUSR2):  # the trainers' preemption signal: theirs to act on
+        signal.signal(sig, signal.SIG_IGN)
+    environ = env.current()
+    index, port = env.this_server(environ, (cfg.dist.port_min, cfg.dist.port_max))
+    setup_logging(f"server {index}", main=True)
+    dbg = cfg.debug
+    run_server(index, port, cfg.world_size, env.slurm_cpus_per_task(environ) or 1, cfg.run_dir,
+               prepare=lambda: prepare(cfg.dataset),
+               fail_batch=dbg.sampler_fail_batch if dbg.sampler_fail_rank == index else -1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -80,8 +80,16 @@ def make_executor(cfg: RunConfig, python: str | None = None, render_only: bool =
         def affinity(cls) -> int:  # SlurmExecutor refuses to exist where srun is missing
             return 1
 
-    ex = (_RenderOnly if render_only else SlurmExecutor)(job_folder(cfg), python=python,
-                                                         max_num_timeout=cfg.checkpoint.max_timeouts)
+    base = _RenderOnly if render_only else SlurmExecutor
+    if c.samplers.nodes and c.samplers.het:  # trainers and sampler servers: one heterogeneous job
+        from hpcgnn.submit.het import heterogeneous
+
+        class _Heterogeneous(base):
+            def _make_submission_file_text(self, command: str, uid: str) -> str:
+                return heterogeneous(super()._make_submission_file_text(command, uid), cfg)
+
+        base = _Heterogeneous
+    ex = base(job_folder(cfg), python=python, max_num_timeout=cfg.checkpoint.max_timeouts)
     ex.update_parameters(**slurm_parameters(c))
     return ex
 
@@ -123,6 +131,10 @@ def launch(cfg: RunConfig, overrides: tuple[str, ...] | list[str] = ()) -> int:
                                                     "kill_on_invalid_dep": "yes"})
     from hpcgnn.submit.entry import run_task
 
+    if cfg.cluster.samplers.nodes:  # what the sampler servers start from
+        from hpcgnn.submit.het import write_servers_config
+
+        write_servers_config(cfg, job_folder(cfg))
     with env.outside_job():
         job = ex.submit(run_task, cfg)
     print(f"submitted job {job.job_id} to {cfg.cluster.name} ({cfg.world_size} tasks)"
