@@ -151,10 +151,20 @@ def run_server(index: int, port: int, trainers: int, threads: int, run_dir: str,
     out.parent.mkdir(parents=True, exist_ok=True)
 
     def write() -> None:
-        out.write_text(json.dumps({"server": index, "host": socket.gethostname(), "port": port, "pid": os.getpid(),
-                                   **counters.as_dict()}))
+        tmp = out.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"server": index, "host": socket.gethostname(), "port": port, "pid": os.getpid(),
+                                   "time": time.time(), **counters.as_dict()}))
+        tmp.replace(out)
+
+    stop = threading.Event()
+
+    def keep_writing() -> None:  # what `python -m hpcgnn status RUN_DIR` shows while the run goes on
+        while not stop.wait(2.0):
+            write()
 
     with socket.create_server((host, port), reuse_port=False, backlog=max(trainers, 8)) as listener:
+        write()
+        threading.Thread(target=keep_writing, daemon=True).start()
         log.info("%s: listening for %d trainer(s), %d thread(s)", name, trainers, threads)
         threads_: list[threading.Thread] = []
         errors: list[BaseException] = []
@@ -175,6 +185,7 @@ def run_server(index: int, port: int, trainers: int, threads: int, run_dir: str,
             threads_.append(t)
         for t in threads_:
             t.join()
+    stop.set()
     write()
     log.info("%s: served %s", name, counters.as_dict())
     if errors:

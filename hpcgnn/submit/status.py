@@ -1,12 +1,61 @@
-"""``python -m hpcgnn status SWEEP_DIR [--wait]``: the members of a sweep, their state and best accuracy."""
+"""``python -m hpcgnn status DIR [--wait]``: a sweep's members (state, progress, best accuracy), or one run's
+progress and its sampler servers (batches served, time sampling, time waiting for trainers)."""
 
 from __future__ import annotations
 
+import json
 import sys
+import time
+from pathlib import Path
 
-from hpcgnn.submit.sweep import status_main as main
+from hpcgnn.submit.sweep import MANIFEST
+from hpcgnn.submit.sweep import status_main as sweep_main
 
-__all__ = ["main"]
+
+def server_rows(run_dir: Path) -> list[dict]:
+    """The run's sampler servers, as they last wrote (``metrics/sampler-server-<k>.json``)."""
+    rows = []
+    for path in sorted((run_dir / "metrics").glob("sampler-server-*.json"), key=lambda p: int(p.stem.rsplit("-", 1)[1])):
+        try:
+            rows.append(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            continue
+    return rows
+
+
+def run_status(run_dir: Path, now: float | None = None) -> str:
+    """One run's progress and its servers, as lines."""
+    now = time.time() if now is None else now
+    lines = []
+    for name in ("summary.json", "progress.json"):
+        path = run_dir / name
+        if path.is_file():
+            p = json.loads(path.read_text())
+            done = len(p.get("history", []))
+            lines.append(f"{'finished' if name == 'summary.json' else 'running'}: epoch {done}/{p.get('epochs', '?')}, "
+                         f"best val {p.get('best_val', float('nan')):.4f}")
+            break
+    else:
+        lines.append("no epoch ended yet")
+    rows = server_rows(run_dir)
+    if rows:
+        lines.append("sampler server  host:port        batches  sampling s  waiting s  MB sent  last report")
+        for r in rows:
+            lines.append(f"{r['server']:<14}  {r['host'] + ':' + str(r['port']):<15}  {r['batches_served']:>7}  "
+                         f"{r['sample_s']:>10.1f}  {r['wait_s']:>9.1f}  {r['bytes_sent'] / 2**20:>7.0f}  "
+                         f"{now - r.get('time', now):.0f} s ago")
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    if argv and not argv[0].startswith("-") and not (Path(argv[0]) / MANIFEST).is_file() and \
+            any((Path(argv[0]) / n).exists() for n in ("summary.json", "progress.json", "metrics")):
+        print(run_status(Path(argv[0])), flush=True)
+        return 0
+    return sweep_main(argv)
+
+
+__all__ = ["main", "run_status"]
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

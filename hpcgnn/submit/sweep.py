@@ -168,7 +168,7 @@ def status_main(argv: list[str]) -> int:
     args = ap.parse_args(argv)
     if not (args.sweep_dir / MANIFEST).is_file():
         print(f"hpcgnn: {args.sweep_dir / MANIFEST} not found: give the sweep folder that `python -m hpcgnn -m` "
-              "printed", file=sys.stderr)
+              "printed, or a run's output folder", file=sys.stderr)
         return EXIT_USER_ERROR
     while True:
         table, rows = status_table(args.sweep_dir)
