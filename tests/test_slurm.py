@@ -361,3 +361,65 @@ def test_a_multi_task_srun_step_still_runs_as_ranks_whatever_the_job_is_called(t
     s = _summary(tmp_path)
     assert s["launcher"] == "slurm" and s["world_size"] == 2 and s["hostnames"] == ["n1", "n2"]
     assert res.stdout.count("test accuracy") == 1
+
+
+# ------------------------------------------------------------------ sampler servers: one heterogeneous job
+
+def _het_state(job_id: str) -> str:
+    """The state of a heterogeneous job's trainers (component +0; sacct lists each component)."""
+    out = subprocess.run(["sacct", "-X", "-n", "-P", "-j", job_id, "-o", "JobID,State"], capture_output=True,
+                         text=True, check=True).stdout
+    states = dict(line.split("|", 1) for line in out.split())
+    return states.get(f"{job_id}+0", "")
+
+
+HET = ["+cluster=devcluster", "cluster.nodes=1", "train.epochs=3", "dataset.num_nodes=20000", "train.batch_size=128",
+       "debug.slow_rank=0", "debug.slow_s=0.1", "metrics.tensorboard=false"]
+
+
+def test_sampler_server_on_n2_preempted_requeued_trains_bitwise_as_in_process(tmp_path):
+    """The trainer on n1, its sampler server on n2 (one heterogeneous job), USR2 mid-epoch: the whole job is
+    requeued and resumes; the parameters equal those of a plain job that sampled in-process."""
+    cut = tmp_path / "het"
+    res = run_cli(*HET, "cluster.samplers.nodes=1", "launch.wait=false", cwd=cut, timeout=120)
+    assert res.returncode == 0, res.stderr
+    job = _job_id(res.stdout)
+    log = cut / "run" / "submitit" / f"{job}_0_log.out"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and "epoch 1/3" not in (log.read_text() if log.exists() else ""):
+        time.sleep(0.5)
+    text = log.read_text()
+    assert re.search(r"1 sampler server\(s\) ready \(n2:\d+\)", text), text
+    subprocess.run(["scancel", "--signal=USR2", job], check=True)
+    plain = run_cli(*HET, cwd=tmp_path / "plain", timeout=600)
+    assert plain.returncode == 0, plain.stdout + plain.stderr
+    deadline = time.monotonic() + 400
+    while time.monotonic() < deadline and not (cut / "run" / "summary.json").exists():
+        time.sleep(1)
+    s, ref = _summary(cut), _summary(tmp_path / "plain")
+    assert "(resume 1)" in log.read_text() and s["requeues"] == 1 and s["hostnames"] == ["n1"]
+    assert s["param_checksums"] == ref["param_checksums"]
+    served = json.loads((cut / "run" / "metrics" / "sampler-server-0.json").read_text())
+    assert served["host"] == "n2" and served["batches_served"] > 0
+
+
+def test_a_killed_sampler_server_fails_the_heterogeneous_job_naming_its_node(tmp_path):
+    res = run_cli(*HET, "train.epochs=30", "cluster.samplers.nodes=1", "launch.wait=false", cwd=tmp_path, timeout=120)
+    job = _job_id(res.stdout)
+    info = tmp_path / "run" / "metrics" / "sampler-server-0.json"
+    log = tmp_path / "run" / "submitit" / f"{job}_0_log.out"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and "epoch 1/30" not in (log.read_text() if log.exists() else ""):
+        time.sleep(0.5)
+    server = json.loads(info.read_text())
+    os.kill(server["pid"], 9)  # the dev cluster's nodes are this machine's processes
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 120 and _het_state(job) in ("PENDING", "RUNNING", "COMPLETING", ""):
+        time.sleep(1)
+    assert _het_state(job) == "FAILED"
+    assert time.monotonic() - t0 < 90  # within dist.timeout_s (120 s), in fact at once
+    report = subprocess.run([sys.executable, "-m", "hpcgnn", "status", str(tmp_path / "run")], capture_output=True,
+                            text=True)  # the folder still shows the server
+    text = log.read_text() + (tmp_path / "run" / "submitit" / f"{job}_0_log.err").read_text()
+    assert re.search(r"sampler server 0 at n2:\d+ closed the connection .* while rank 0 waited for batch \d+", text), text
+    assert "n2:" in report.stdout

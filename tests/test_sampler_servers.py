@@ -1,0 +1,113 @@
+"""Sampler servers: discovery from SLURM's heterogeneous-job variables, the heterogeneous script, local
+servers training bitwise as in-process sampling, and a server's death failing the run, naming it. The dev
+cluster's cases (a trainer on n1, a server on n2) are in tests/test_slurm.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import DATA_ROOT, REPO, TINY, make_config, run_cli, summary_of
+
+from hpcgnn import env
+from hpcgnn.errors import ConfigError
+
+GOLDEN = REPO / "tests" / "golden" / "slurm"
+
+
+def _recorded(name: str) -> dict[str, str]:
+    """A step's SLURM_* variables as a real heterogeneous job on the dev cluster had them."""
+    return dict(line.split("=", 1) for line in (GOLDEN / name).read_text().splitlines() if "=" in line)
+
+
+def test_trainers_find_the_servers_from_the_heterogeneous_jobs_own_variables():
+    trainer = _recorded("het-group0-step.env")  # group 0 (n1) of job 46508612; group 1 (n2) is 46508613
+    server = _recorded("het-group1-step.env")
+    port = env.server_port("46508612", 0)
+    assert env.sampler_servers(trainer) == [("n2", port)]
+    assert env.this_server(server) == (0, port)  # the server listens where the trainers look
+    assert env.RankEnv.from_environ(trainer).sampler_servers == (("n2", port),)
+    assert port != env.derive_port("46508612")  # not the trainers' master port
+    wide = {**trainer, "SLURM_JOB_NODELIST_HET_GROUP_1": "s[07-08]", "SLURM_TASKS_PER_NODE_HET_GROUP_1": "2(x2)"}
+    assert env.sampler_servers(wide) == [("s07", port), ("s07", port + 1), ("s08", port), ("s08", port + 1)]
+    assert env.sampler_servers({k: v for k, v in trainer.items() if "HET" not in k}) == []  # a plain job: none
+    assert env.sampler_servers({"HPCGNN_SAMPLER_SERVERS": "127.0.0.1:2001,h:2002"}) == [("127.0.0.1", 2001),
+                                                                                      ("h", 2002)]
+
+
+def test_the_dry_run_prints_the_heterogeneous_script(tmp_path):
+    res = run_cli("+cluster=devcluster", "cluster.nodes=1", "cluster.samplers.nodes=2", "cluster.samplers.cpus_per_task=3",
+                  "launch.dry_run=true", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    script = res.stdout.split("# resolved config")[0]
+    head = script.split("#SBATCH hetjob")
+    assert len(head) == 2 and "--nodes=1" in head[0] and "--signal=USR2@30" in head[0]
+    assert "#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=1\n#SBATCH --cpus-per-task=3" in head[1]
+    servers = re.search(r"^srun --het-group=1 .* -u -m hpcgnn.sampling.server \S+sampler-servers.pkl &$", script, re.M)
+    trainers = re.search(r"^srun --het-group=0 .* -m submitit.core._submit \S+$", script, re.M)
+    assert servers and trainers and servers.start() < trainers.start()
+    assert script.rstrip().endswith('kill "$HPCGNN_SERVERS" 2>/dev/null\nwait\nexit "$status"')
+
+
+def test_sampler_nodes_are_checked_at_submit_time():
+    with pytest.raises(ConfigError, match=r"cluster.samplers.nodes needs cluster.executor=slurm .* HINT: without "
+                                          r"SLURM, launch.sampler_servers=N runs servers on this machine"):
+        make_config("+cluster=local", "cluster.samplers.nodes=1")
+    with pytest.raises(ConfigError, match=r"cluster.samplers: nodes must be 0 \(none\) or more, tasks_per_node at "
+                                          r"least 1"):
+        make_config("+cluster=devcluster", "cluster.samplers.tasks_per_node=0")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("store", ["replicated", "link", "typed"])
+def test_local_sampler_servers_train_bitwise_as_in_process_sampling(store, tmp_path):
+    over = {"replicated": [*TINY], "link": [*TINY, "task=link"],
+            "typed": ["dataset=synthetic_hetero", "train.epochs=2"]}[store]
+    runs = {}
+    for servers in (0, 2):
+        res = run_cli(*over, "train.num_threads=1", f"launch.sampler_servers={servers}", "metrics.tensorboard=false",
+                      cwd=tmp_path / str(servers))
+        assert res.returncode == 0, res.stdout + res.stderr
+        runs[servers] = summary_of(tmp_path / str(servers))
+    assert "2 sampler server(s) ready" in res.stdout
+    assert runs[2]["param_checksums"] == runs[0]["param_checksums"]
+    served = [json.loads((tmp_path / "2" / "run" / "metrics" / f"sampler-server-{k}.json").read_text())
+              for k in range(2)]
+    steps = runs[0]["steps_per_epoch"] * 2 * runs[0]["world_size"]
+    assert sum(s["batches_served"] for s in served) == steps and all(s["batches_served"] > 0 for s in served)
+
+
+@pytest.mark.slow
+def test_partitioned_graphs_are_refused_by_sampler_servers_naming_the_fix(tmp_path):
+    res = run_cli(*TINY, "graph=partitioned", "launch.sampler_servers=1", cwd=tmp_path)
+    assert res.returncode == 2
+    assert "sampler servers serve whole graphs (graph=replicated) so far. HINT: with graph=partitioned use " \
+           "train.sampler_procs" in res.stderr.splitlines()[-1]
+
+
+@pytest.mark.slow
+def test_a_killed_sampler_server_fails_the_run_naming_it(tmp_path):
+    log = tmp_path / "out.txt"
+    child = subprocess.Popen([sys.executable, "-m", "hpcgnn", "dataset.num_nodes=20000", "train.epochs=50",
+                              "train.batch_size=256", "launch.procs=1", "launch.sampler_servers=1",
+                              "metrics.tensorboard=false", f"dataset.root={DATA_ROOT}",
+                              f"hydra.run.dir={tmp_path / 'run'}"], stdout=log.open("w"), stderr=subprocess.STDOUT,
+                             cwd=tmp_path, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    info = tmp_path / "run" / "metrics" / "sampler-server-0.json"
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and "epoch 1/50" not in log.read_text():
+        time.sleep(0.1)
+    assert info.exists(), log.read_text()
+    pid = json.loads(info.read_text())["pid"]
+    os.kill(pid, signal.SIGKILL)
+    assert child.wait(timeout=60) == 1, log.read_text()
+    out = log.read_text()
+    assert re.search(r"SamplerFailed: sampler server 0 at 127.0.0.1:\d+ closed the connection \(.*\) while rank 0 "
+                     r"waited for batch \d+", out), out
