@@ -11,7 +11,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 from conftest import DATA_ROOT, REPO, TINY, make_config, run_cli, summary_of
