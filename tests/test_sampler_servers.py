@@ -65,30 +65,28 @@ def test_sampler_nodes_are_checked_at_submit_time():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("store", ["replicated", "link", "typed"])
+@pytest.mark.parametrize("store", ["replicated", "link", "typed", "partitioned"])
 def test_local_sampler_servers_train_bitwise_as_in_process_sampling(store, tmp_path):
+    """2 ranks, 2 servers: the same parameters as in-process sampling. A whole graph: each rank's batches alternate
+    between the servers; a partitioned one: server r makes rank r's batches, sampling across parts with the
+    other server (and the exchange counts reach the rank)."""
     over = {"replicated": [*TINY], "link": [*TINY, "task=link"],
-            "typed": ["dataset=synthetic_hetero", "train.epochs=2"]}[store]
+            "typed": ["dataset=synthetic_hetero", "train.epochs=2"],
+            "partitioned": [*TINY, "graph=partitioned", "graph.cache_mb=0.1"]}[store]
     runs = {}
     for servers in (0, 2):
         res = run_cli(*over, "train.num_threads=1", f"launch.sampler_servers={servers}", "metrics.tensorboard=false",
                       cwd=tmp_path / str(servers))
         assert res.returncode == 0, res.stdout + res.stderr
         runs[servers] = summary_of(tmp_path / str(servers))
-    assert "2 sampler server(s) ready" in res.stdout
+    assert re.search(r"rank 0: [12] sampler server\(s\) ready", res.stdout), res.stdout
     assert runs[2]["param_checksums"] == runs[0]["param_checksums"]
+    for key in ("loss", "remote_rows_per_batch", "bytes_sent_per_batch"):
+        assert runs[2]["history"][-1].get(key) == runs[0]["history"][-1].get(key), key
     served = [json.loads((tmp_path / "2" / "run" / "metrics" / f"sampler-server-{k}.json").read_text())
               for k in range(2)]
     steps = runs[0]["steps_per_epoch"] * 2 * runs[0]["world_size"]
     assert sum(s["batches_served"] for s in served) == steps and all(s["batches_served"] > 0 for s in served)
-
-
-@pytest.mark.slow
-def test_partitioned_graphs_are_refused_by_sampler_servers_naming_the_fix(tmp_path):
-    res = run_cli(*TINY, "graph=partitioned", "launch.sampler_servers=1", cwd=tmp_path)
-    assert res.returncode == 2
-    assert "sampler servers serve whole graphs (graph=replicated) so far. HINT: with graph=partitioned use " \
-           "train.sampler_procs" in res.stderr.splitlines()[-1]
 
 
 @pytest.mark.slow

@@ -221,7 +221,9 @@ class SamplerPool:
         self.device, self.rank, self.keep_freed, self.group = device, rank, keep_freed, group or {}
         self.pin, self.fail_batch = device.type == "cuda", fail_batch
         self.running: list[_Proc] = []
-        self.stats = recipe[3]  # the rank's CommStats (or None): the processes' batches count there
+        # the rank's CommStats (or None): the processes' batches count there (a recipe already pickled: a sampler
+        # server's, which hands each batch's counts on to its trainer)
+        self.stats = None if isinstance(recipe, bytes) else recipe[3]
         self.starts = 0  # the same on every rank: pools start and stop together
 
     def start(self) -> None:
@@ -229,7 +231,7 @@ class SamplerPool:
         if self.running:
             return
         ctx = mp.get_context("spawn")
-        recipe = shipping.dumps(self.recipe)
+        recipe = self.recipe if isinstance(self.recipe, bytes) else shipping.dumps(self.recipe)
         t0 = time.perf_counter()
         self.starts += 1
         for k in range(self.procs):
@@ -261,20 +263,23 @@ class SamplerPool:
     def begin(self, batches: list[Tensor], num_batches: int, batch_seed: int, start: int) -> None:
         """Send each process its batches of the epoch (their seeds; padding batches are empty)."""
         empty = batches[0][:0] if batches else torch.empty(0, dtype=torch.long)
-        for p in self.running:
-            jobs = [(i, (batches[i] if i < len(batches) else empty).numpy())
-                    for i in range(start, num_batches) if i % self.procs == p.spec.index]
-            p.inbox.put(("epoch", batch_seed, jobs))
+        self.submit(batch_seed, [(i, (batches[i] if i < len(batches) else empty).numpy())
+                                 for i in range(start, num_batches)])
 
     def receive(self, i: int):
-        """Batch ``i``, viewed in its slot: (data, its process, slot)."""
+        """Batch ``i``, viewed in its slot: (data, its process, slot, its exchange counts or None)."""
         p = self.running[i % self.procs]
         _, at, s, meta, delta = self._next(p, i)
         if at != i:
             raise RuntimeError(f"{p.spec.name} sent batch {at}, expected {i}")
         if delta is not None and self.stats is not None:
             self.stats.add(delta)
-        return shipping.unpack(meta, p.slots[s]), p, s
+        return shipping.unpack(meta, p.slots[s]), p, s, delta
+
+    def submit(self, batch_seed: int, jobs: list) -> None:
+        """Batches to make, as (index, seeds as a numpy array), each to the process its index says."""
+        for p in self.running:
+            p.inbox.put(("epoch", batch_seed, [(i, seeds) for i, seeds in jobs if i % self.procs == p.spec.index]))
 
     def _next(self, p: _Proc, i: int | str):
         """``p``'s next message (a batch, or that it is ready), growing its slots as it asks; fails the rank
@@ -356,7 +361,7 @@ class ProcessLoader:
         held, finished = None, False
         try:
             for i in range(self.start, self.num_batches):
-                data, p, s = pool.receive(i)
+                data, p, s, _ = pool.receive(i)
                 if held is not None:
                     pool.release(*held)
                 data = to_device(data, device)

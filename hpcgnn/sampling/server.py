@@ -86,15 +86,26 @@ class _Counters:
                 "wait_s": round(self.wait_s, 3), "bytes_sent": self.bytes}
 
 
-def _serve_trainer(conn: socket.socket, recipes: dict, counters: _Counters, fail_batch: int) -> None:
-    """One trainer's connection: its sampler, then its batches, ``depth`` in flight, until it stops."""
-    hello = receive(conn)
-    _, rank, recipe, depth = hello
-    key = hash(recipe)
-    if key not in recipes:  # every trainer of a replicated graph sends the same: one copy of it here
-        recipes[key] = shipping.loads(recipe)
-    features, sampler, transform, _ = recipes[key]
-    loader = BatchLoader(features, sampler, [], transform=transform)
+def _serve_trainer(conn: socket.socket, recipes: dict, counters: _Counters, threads: int, fail_batch: int) -> None:
+    """One trainer's connection: its sampler, then its batches, ``depth`` in flight, until it stops.
+
+    A whole graph's batches are made here, in this thread. A partitioned graph's are made by a sampler process
+    of this trainer's (:class:`~hpcgnn.sampling.procs.SamplerPool`), which joins the group of every trainer's
+    (on every server) to sample across parts; this thread relays its batches."""
+    _, rank, recipe, depth, group = receive(conn)
+    pool = None
+    if group:
+        from hpcgnn.sampling.procs import SamplerPool
+
+        pool = SamplerPool(recipe, 1, depth, threads, torch.device("cpu"), rank=rank, group=group,
+                           fail_batch=fail_batch)
+        pool.start()
+    else:
+        key = hash(recipe)
+        if key not in recipes:  # every trainer of a whole graph sends the same: one copy of it here
+            recipes[key] = shipping.loads(recipe)
+        features, sampler, transform, _ = recipes[key]
+        loader = BatchLoader(features, sampler, [], transform=transform)
     send(conn, ("ready",))
     pending: deque = deque()
     credits, buf, i = depth, torch.empty(SLOT_BYTES, dtype=torch.uint8), -1
@@ -108,25 +119,33 @@ def _serve_trainer(conn: socket.socket, recipes: dict, counters: _Counters, fail
                     return
                 if msg[0] == "epoch":
                     pending.extend((i, torch.from_numpy(seeds), msg[1]) for i, seeds in msg[2])
+                    if pool is not None:  # its process starts on them at once
+                        pool.submit(msg[1], msg[2])
                 elif msg[0] == "free":
                     credits += 1
                 idle = not (pending and credits)
             counters.wait_s += time.perf_counter() - t0
             i, seeds, batch_seed = pending.popleft()
-            if i == fail_batch:
+            if i == fail_batch and pool is None:
                 raise RuntimeError(f"injected failure making batch {i} (debug.sampler_fail_rank)")
             t0 = time.perf_counter()
-            writer = shipping.SlotWriter(buf)
-            data = loader.sample(seeds, rng.generator(batch_seed, i), alloc=writer.alloc)
+            writer, delta, held = shipping.SlotWriter(buf), None, None
+            if pool is None:
+                data = loader.sample(seeds, rng.generator(batch_seed, i), alloc=writer.alloc)
+            else:
+                data, p, slot, delta = pool.receive(i)
+                held = (p, slot)
             meta, used = shipping.pack(data, writer)
             if meta is None:
                 buf = torch.empty(int(used * 1.25), dtype=torch.uint8)
                 meta, used = shipping.pack(data, shipping.SlotWriter(buf))
+            if held is not None:
+                pool.release(*held, None)
             with counters.lock:
                 counters.batches += 1
                 counters.sample_s += time.perf_counter() - t0
                 counters.bytes += used
-            send(conn, ("batch", i, meta, None), memoryview(buf.numpy())[:used])
+            send(conn, ("batch", i, meta, delta), memoryview(buf.numpy())[:used])
             credits -= 1
     except (ConnectionError, OSError):
         return  # the trainer is gone (the run ended, or it failed: its own error says why)
@@ -136,6 +155,15 @@ def _serve_trainer(conn: socket.socket, recipes: dict, counters: _Counters, fail
         except OSError:
             pass
         raise
+    finally:
+        if pool is not None:
+            pool.close()
+
+
+def trainers_of(server: int, servers: int, world_size: int, partitioned: bool) -> int:
+    """How many trainers connect to server ``server``: all of them, or (a partitioned graph) those whose rank
+    it serves (rank mod servers)."""
+    return len([r for r in range(world_size) if not partitioned or r % servers == server])
 
 
 def run_server(index: int, port: int, trainers: int, threads: int, run_dir: str, prepare=None,
@@ -172,7 +200,7 @@ def run_server(index: int, port: int, trainers: int, threads: int, run_dir: str,
         def serve(conn: socket.socket) -> None:
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             try:
-                _serve_trainer(conn, recipes, counters, fail_batch)
+                _serve_trainer(conn, recipes, counters, threads, fail_batch)
             except BaseException as exc:
                 errors.append(exc)
             finally:
@@ -216,8 +244,11 @@ class RemotePool:
     """A trainer's sampler servers: :class:`~hpcgnn.sampling.procs.SamplerPool`'s interface over sockets."""
 
     def __init__(self, recipe: tuple, servers: list[tuple[str, int]], depth: int, device: torch.device, *,
-                 rank: int, timeout_s: float = 120.0, connect_s: float = 1800.0):
-        self.recipe, self.servers, self.depth = recipe, servers, max(1, depth)
+                 rank: int, timeout_s: float = 120.0, connect_s: float = 1800.0, group: dict | None = None):
+        self.recipe, self.depth, self.group = recipe, max(1, depth), group
+        # a partitioned graph: one server makes all of this rank's batches, in the rank's group of samplers
+        self.servers = [servers[rank % len(servers)]] if group else servers
+        self.first = rank % len(servers) if group else 0  # the index of self.servers[0] among all servers
         self.device, self.rank, self.timeout_s, self.connect_s = device, rank, timeout_s, connect_s
         self.links: list[_Link] = []
         self.stats = recipe[3]
@@ -231,10 +262,10 @@ class RemotePool:
             return
         recipe = shipping.dumps(self.recipe)
         t0 = time.perf_counter()
-        for k, (host, port) in enumerate(self.servers):
+        for k, (host, port) in enumerate(self.servers, start=self.first):
             sock = _connect(host, port, k, self.connect_s)
             sock.settimeout(self.timeout_s)
-            send(sock, ("hello", self.rank, recipe, self.depth))
+            send(sock, ("hello", self.rank, recipe, self.depth, self.group))
             self.links.append(_Link(k, host, port, sock, self.depth, self.device.type == "cuda"))
         for link in self.links:
             self._next(link, "start")
@@ -255,7 +286,7 @@ class RemotePool:
 
     def begin(self, batches: list[Tensor], num_batches: int, batch_seed: int, start: int) -> None:
         empty = batches[0][:0] if batches else torch.empty(0, dtype=torch.long)
-        jobs: dict[int, list] = {link.index: [] for link in self.links}
+        jobs: dict[int, list] = {link.index: [] for link in self.links}  # (by index among all servers)
         for i in range(start, num_batches):
             jobs[self._link_of(i).index].append((i, (batches[i] if i < len(batches) else empty).numpy()))
         for link in self.links:
@@ -297,7 +328,7 @@ class RemotePool:
             raise RuntimeError(f"{link.name} sent batch {at}, expected {i}")
         if delta is not None and self.stats is not None:
             self.stats.add(delta)
-        return shipping.unpack(meta, link.slots[s]), link, s
+        return shipping.unpack(meta, link.slots[s]), link, s, delta
 
     def release(self, link: _Link, s: int, done) -> None:
         if done is not None:
@@ -349,7 +380,9 @@ def main(argv: list[str] | None = None) -> int:
     index, port = env.this_server(environ, (cfg.dist.port_min, cfg.dist.port_max))
     setup_logging(f"server {index}", main=True)
     dbg = cfg.debug
-    run_server(index, port, cfg.world_size, env.slurm_cpus_per_task(environ) or 1, cfg.run_dir,
+    sn = cfg.cluster.samplers
+    trainers = trainers_of(index, sn.nodes * sn.tasks_per_node, cfg.world_size, cfg.graph.mode == "partitioned")
+    run_server(index, port, trainers, env.slurm_cpus_per_task(environ) or 1, cfg.run_dir,
                prepare=lambda: prepare(cfg.dataset),
                fail_batch=dbg.sampler_fail_batch if dbg.sampler_fail_rank == index else -1)
     return 0

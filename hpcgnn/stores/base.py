@@ -92,20 +92,16 @@ class Store(abc.ABC):
 
             t, env, d = self.cfg.train, self.env, self.cfg.dist
             exchange = getattr(self, "exchange", None)  # a partitioned graph: the processes exchange among themselves
-            if env.sampler_servers:  # sampler servers (another group of the job, or local processes)
-                from hpcgnn.sampling.server import RemotePool
-
-                if exchange is not None:
-                    raise ConfigError("sampler servers serve whole graphs (graph=replicated) so far. HINT: with "
-                                      "graph=partitioned use train.sampler_procs (sampler processes per rank)")
-                self._pool = RemotePool((self.features, self.train_sampler, transform, None), list(env.sampler_servers),
-                                        t.prefetch, self.device, rank=env.rank, timeout_s=d.timeout_s,
-                                        connect_s=d.init_timeout_s)
-                return self._pool
             group = None if exchange is None or env.world_size == 1 else dict(
                 group_size=env.world_size, master_addr=env.master_addr, master_port=env.master_port,
                 init_timeout_s=d.init_timeout_s, timeout_s=d.timeout_s)
             recipe = (self.features, self.train_sampler, transform, exchange.stats if exchange is not None else None)
+            if env.sampler_servers:  # sampler servers (another group of the job, or local processes)
+                from hpcgnn.sampling.server import RemotePool
+
+                self._pool = RemotePool(recipe, list(env.sampler_servers), t.prefetch, self.device, rank=env.rank,
+                                        timeout_s=d.timeout_s, connect_s=d.init_timeout_s, group=group)
+                return self._pool
             dbg = self.cfg.debug
             pool = self._pool = SamplerPool(recipe, t.sampler_procs, t.prefetch, t.sampler_threads or 1,
                                             self.device, rank=env.rank, keep_freed=t.keep_freed_memory, group=group,

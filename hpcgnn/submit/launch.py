@@ -449,7 +449,10 @@ def _server_entry(index: int, port: int, cfg: RunConfig, parent: int) -> None:
     _end_with_parent(parent)
     setup_logging(f"server {index}", main=index == 0)
     dbg = cfg.debug
-    run_server(index, port, cfg.launch.procs, cfg.train.sampler_threads or 1, cfg.run_dir,
+    from hpcgnn.sampling.server import trainers_of
+
+    trainers = trainers_of(index, cfg.launch.sampler_servers, cfg.launch.procs, cfg.graph.mode == "partitioned")
+    run_server(index, port, trainers, cfg.train.sampler_threads or 1, cfg.run_dir,
                prepare=lambda: prepare(cfg.dataset), host="127.0.0.1",
                fail_batch=dbg.sampler_fail_batch if dbg.sampler_fail_rank == index else -1)
 
