@@ -401,6 +401,12 @@ def test_sampler_server_on_n2_preempted_requeued_trains_bitwise_as_in_process(tm
     assert s["param_checksums"] == ref["param_checksums"]
     served = json.loads((cut / "run" / "metrics" / "sampler-server-0.json").read_text())
     assert served["host"] == "n2" and served["batches_served"] > 0
+    # Where a site refuses heterogeneous jobs: the servers' own job, submitted first, met through the run folder.
+    two = run_cli(*HET, "cluster.samplers.nodes=1", "cluster.samplers.het=false", cwd=tmp_path / "two", timeout=600)
+    assert two.returncode == 0, two.stdout + two.stderr
+    assert re.search(r"submitted the sampler servers' job \d+", two.stdout)
+    assert _summary(tmp_path / "two")["param_checksums"] == ref["param_checksums"]
+    assert re.fullmatch(r"n[12]:\d+", (tmp_path / "two" / "run" / "servers" / "0").read_text())
 
 
 def test_a_killed_sampler_server_fails_the_heterogeneous_job_naming_its_node(tmp_path):

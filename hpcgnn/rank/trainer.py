@@ -217,13 +217,14 @@ class Trainer:
         self._log_start()
         preempt = PreemptionFlag(self.cfg.checkpoint.signal)
         try:
-            if self.cfg.train.sampler_procs or self.env.sampler_servers:  # started before the clock runs
+            if self.cfg.train.sampler_procs or self.store.sampler_servers:  # started before the clock runs
                 self.store.sampler_pool(self.task.transform).start()
             for epoch in range(self.state.epoch, self.cfg.train.epochs + 1):
                 row = self.run_epoch(epoch, preempt)
                 if epoch % self.cfg.train.eval_every == 0 or epoch == self.cfg.train.epochs:
                     row.update(self.evaluate())
                 self.end_epoch(epoch, row)
+            self.store.close(done=True)  # sampler servers, if any, may leave
         finally:
             preempt.restore()
             self.metrics.close()

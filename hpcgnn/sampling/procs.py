@@ -322,8 +322,8 @@ class SamplerPool:
             done.synchronize()
         p.inbox.put(("free", s))
 
-    def close(self) -> None:
-        """Stop every process (a clean stop, else killed) and free the slots."""
+    def close(self, done: bool = False) -> None:
+        """Stop every process (a clean stop, else killed) and free the slots (``done``: as for RemotePool)."""
         for p in self.running:
             with contextlib.suppress(Exception):
                 p.inbox.put(("stop",))

@@ -86,8 +86,9 @@ class _Counters:
                 "wait_s": round(self.wait_s, 3), "bytes_sent": self.bytes}
 
 
-def _serve_trainer(conn: socket.socket, recipes: dict, counters: _Counters, threads: int, fail_batch: int) -> None:
-    """One trainer's connection: its sampler, then its batches, ``depth`` in flight, until it stops.
+def _serve_trainer(conn: socket.socket, recipes: dict, counters: _Counters, threads: int, fail_batch: int) -> bool:
+    """One trainer's connection: its sampler, then its batches, ``depth`` in flight, until it stops (True: it
+    is done; False: it left without saying so, and may come back after a requeue).
 
     A whole graph's batches are made here, in this thread. A partitioned graph's are made by a sampler process
     of this trainer's (:class:`~hpcgnn.sampling.procs.SamplerPool`), which joins the group of every trainer's
@@ -116,7 +117,7 @@ def _serve_trainer(conn: socket.socket, recipes: dict, counters: _Counters, thre
             while idle or select.select([conn], [], [], 0)[0]:  # what the trainer says comes first
                 msg = receive(conn)
                 if msg[0] == "stop":
-                    return
+                    return True
                 if msg[0] == "epoch":
                     pending.extend((i, torch.from_numpy(seeds), msg[1]) for i, seeds in msg[2])
                     if pool is not None:  # its process starts on them at once
@@ -148,7 +149,7 @@ def _serve_trainer(conn: socket.socket, recipes: dict, counters: _Counters, thre
             send(conn, ("batch", i, meta, delta), memoryview(buf.numpy())[:used])
             credits -= 1
     except (ConnectionError, OSError):
-        return  # the trainer is gone (the run ended, or it failed: its own error says why)
+        return False  # the trainer is gone (preempted, or it failed: its own error says why)
     except BaseException as exc:
         try:
             send(conn, ("error", i, f"{type(exc).__name__}: {exc}", traceback.format_exc()))
@@ -167,12 +168,18 @@ def trainers_of(server: int, servers: int, world_size: int, partitioned: bool) -
 
 
 def run_server(index: int, port: int, trainers: int, threads: int, run_dir: str, prepare=None,
-               host: str = "", fail_batch: int = -1) -> None:
-    """Serve ``trainers`` trainers' connections on ``port``, then return; ``prepare()`` first (the dataset)."""
+               host: str = "", fail_batch: int = -1, idle_s: float = 1800.0, announce: Path | None = None) -> None:
+    """Serve trainers on ``port`` until ``trainers`` of them have said they are done (a trainer that is requeued
+    connects again), then return; ``prepare()`` first (the dataset). ``announce``: a file to write
+    ``host:port`` into (two jobs meeting through the run folder). Gives up after ``idle_s`` without a
+    trainer."""
     torch.set_num_threads(threads)
     keep_freed_memory()
-    if prepare is not None:
-        prepare()
+    if announce is not None:
+        announce.parent.mkdir(parents=True, exist_ok=True)
+        tmp = announce.with_suffix(".tmp")
+        tmp.write_text(f"{socket.gethostname()}:{port}")
+        tmp.replace(announce)
     counters, recipes = _Counters(), {}
     name = f"sampler server {index} on {socket.gethostname()}:{port}"
     out = Path(run_dir) / "metrics" / f"sampler-server-{index}.json"
@@ -193,25 +200,41 @@ def run_server(index: int, port: int, trainers: int, threads: int, run_dir: str,
     with socket.create_server((host, port), reuse_port=False, backlog=max(trainers, 8)) as listener:
         write()
         threading.Thread(target=keep_writing, daemon=True).start()
+        if prepare is not None:  # (trainers that connect meanwhile wait in the backlog)
+            prepare()
         log.info("%s: listening for %d trainer(s), %d thread(s)", name, trainers, threads)
-        threads_: list[threading.Thread] = []
+        active: list[threading.Thread] = []
         errors: list[BaseException] = []
+        done = [0]
 
         def serve(conn: socket.socket) -> None:
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             try:
-                _serve_trainer(conn, recipes, counters, threads, fail_batch)
+                if _serve_trainer(conn, recipes, counters, threads, fail_batch):
+                    with counters.lock:
+                        done[0] += 1
             except BaseException as exc:
                 errors.append(exc)
             finally:
                 conn.close()
 
-        for _ in range(trainers):
-            conn, _ = listener.accept()
+        listener.settimeout(1.0)
+        idle_since = time.monotonic()
+        while done[0] < trainers and not errors:
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                active = [t for t in active if t.is_alive()]
+                if active:
+                    idle_since = time.monotonic()
+                elif time.monotonic() - idle_since > idle_s:
+                    raise SamplerFailed(f"{name}: no trainer for {idle_s:.0f} s (dist.init_timeout_s); giving up") from None
+                continue
+            conn.settimeout(None)
             t = threading.Thread(target=serve, args=(conn,), daemon=True)
             t.start()
-            threads_.append(t)
-        for t in threads_:
+            active.append(t)
+        for t in active:
             t.join()
     stop.set()
     write()
@@ -264,11 +287,12 @@ class RemotePool:
         t0 = time.perf_counter()
         for k, (host, port) in enumerate(self.servers, start=self.first):
             sock = _connect(host, port, k, self.connect_s)
-            sock.settimeout(self.timeout_s)
+            sock.settimeout(self.connect_s)  # a server may still be preparing the dataset
             send(sock, ("hello", self.rank, recipe, self.depth, self.group))
             self.links.append(_Link(k, host, port, sock, self.depth, self.device.type == "cuda"))
         for link in self.links:
             self._next(link, "start")
+            link.sock.settimeout(self.timeout_s)
         log.info("rank %d: %d sampler server(s) ready (%s) in %.1f s", self.rank, len(self.links),
                  ", ".join(f"{h}:{p}" for h, p in self.servers), time.perf_counter() - t0)
 
@@ -336,14 +360,32 @@ class RemotePool:
         link.free.append(s)
         self._send(link, ("free", s))
 
-    def close(self) -> None:
+    def close(self, done: bool = False) -> None:
+        """Close the connections; ``done``: the run has finished, the servers may leave (otherwise they wait for
+        this trainer to come back, after a requeue)."""
         for link in self.links:
-            try:
-                send(link.sock, ("stop",))
-            except OSError:
-                pass
+            if done:
+                try:
+                    send(link.sock, ("stop",))
+                except OSError:
+                    pass
             link.sock.close()
         self.links = []
+
+
+def announced_servers(folder: Path, count: int, within_s: float) -> list[tuple[str, int]]:
+    """The ``count`` servers of a separate job, as they write ``host:port`` into ``folder/<k>`` when they start
+    (waiting up to ``within_s`` for them)."""
+    deadline = time.monotonic() + within_s
+    while True:
+        found = [folder / str(k) for k in range(count)]
+        if all(p.is_file() for p in found):
+            return [(host, int(port)) for host, _, port in (p.read_text().strip().rpartition(":") for p in found)]
+        if time.monotonic() > deadline:
+            missing = [p.name for p in found if not p.is_file()]
+            raise SamplerFailed(f"sampler servers {', '.join(missing)} did not announce themselves in {folder} within "
+                                f"{within_s:.0f} s. HINT: check the servers' job (its *_server_* logs)")
+        time.sleep(1.0)
 
 
 def _connect(host: str, port: int, k: int, within_s: float) -> socket.socket:
@@ -382,8 +424,11 @@ def main(argv: list[str] | None = None) -> int:
     dbg = cfg.debug
     sn = cfg.cluster.samplers
     trainers = trainers_of(index, sn.nodes * sn.tasks_per_node, cfg.world_size, cfg.graph.mode == "partitioned")
+    from hpcgnn.submit.het import announced
+
     run_server(index, port, trainers, env.slurm_cpus_per_task(environ) or 1, cfg.run_dir,
-               prepare=lambda: prepare(cfg.dataset),
+               prepare=lambda: prepare(cfg.dataset), idle_s=cfg.dist.init_timeout_s,
+               announce=None if sn.het else announced(cfg.run_dir) / str(index),
                fail_batch=dbg.sampler_fail_batch if dbg.sampler_fail_rank == index else -1)
     return 0
 

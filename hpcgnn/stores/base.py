@@ -23,6 +23,7 @@ Adding a store kind adds a subclass here, nothing in the tasks or the trainer.
 from __future__ import annotations
 
 import abc
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -31,7 +32,7 @@ from torch import Tensor
 from hpcgnn import dist
 from hpcgnn.config import ModelConfig, RunConfig
 from hpcgnn.env import RankEnv
-from hpcgnn.errors import AnotherRankFailed, ConfigError, DatasetError
+from hpcgnn.errors import AllocationError, AnotherRankFailed, ConfigError, DatasetError
 from hpcgnn.models import uses_edges
 from hpcgnn.rng import derive_seed, generator
 from hpcgnn.sampling import BatchLoader, PrefetchLoader, rank_seeds
@@ -80,7 +81,7 @@ class Store(abc.ABC):
                              batch_seed=derive_seed(t.seed, "train", epoch, self.env.rank), start=start_step,
                              num_batches=self.steps, device=self.device, pin_memory=self.device.type == "cuda",
                              transform=transform, weigh_by_seeds=self.weigh_by_seeds)
-        if t.sampler_procs or self.env.sampler_servers:  # the same batches, made by other processes
+        if t.sampler_procs or self.sampler_servers:  # the same batches, made by other processes
             return self.sampler_pool(transform).loader(loader)
         return PrefetchLoader(loader, t.prefetch) if t.prefetch else loader
 
@@ -96,10 +97,10 @@ class Store(abc.ABC):
                 group_size=env.world_size, master_addr=env.master_addr, master_port=env.master_port,
                 init_timeout_s=d.init_timeout_s, timeout_s=d.timeout_s)
             recipe = (self.features, self.train_sampler, transform, exchange.stats if exchange is not None else None)
-            if env.sampler_servers:  # sampler servers (another group of the job, or local processes)
+            if self.sampler_servers:  # sampler servers (another group of the job, another job, or local processes)
                 from hpcgnn.sampling.server import RemotePool
 
-                self._pool = RemotePool(recipe, list(env.sampler_servers), t.prefetch, self.device, rank=env.rank,
+                self._pool = RemotePool(recipe, self.sampler_servers, t.prefetch, self.device, rank=env.rank,
                                         timeout_s=d.timeout_s, connect_s=d.init_timeout_s, group=group)
                 return self._pool
             dbg = self.cfg.debug
@@ -109,11 +110,33 @@ class Store(abc.ABC):
                                             else -1)
         return pool
 
-    def close(self) -> None:
-        """Stop what the store started (its sampler processes)."""
+    @functools.cached_property
+    def sampler_servers(self) -> list[tuple[str, int]]:
+        """(host, port) of the job's sampler servers, [] when there are none: a heterogeneous job's group 1 or a
+        local launcher's (from the environment), or a separate job's (``cluster.samplers.het: false``: the
+        addresses its servers write into the run folder)."""
+        c, env = self.cfg.cluster, self.env
+        if env.sampler_servers:
+            return list(env.sampler_servers)
+        if c is None or not c.samplers.nodes or env.source != "slurm":
+            return []
+        if c.samplers.het:
+            raise AllocationError(f"cluster.samplers asks for {c.samplers.nodes} sampler node(s), but this job is not "
+                                  "heterogeneous (no SLURM_JOB_NODELIST_HET_GROUP_1). HINT: let hpcgnn submit it "
+                                  "(python -m hpcgnn +cluster=NAME), or set cluster.samplers.het=false where the site "
+                                  "refuses heterogeneous jobs")
+        from hpcgnn.sampling.server import announced_servers
+        from hpcgnn.submit.het import announced
+
+        return announced_servers(announced(self.cfg.run_dir), c.samplers.nodes * c.samplers.tasks_per_node,
+                                 self.cfg.dist.init_timeout_s)
+
+    def close(self, done: bool = False) -> None:
+        """Stop what the store started (its sampler processes, its server connections); ``done``: training has
+        finished (sampler servers may leave; otherwise they wait for a requeued rank)."""
         pool = getattr(self, "_pool", None)
         if pool is not None:
-            pool.close()
+            pool.close(done)
 
     def eval_loader(self, split: str, transform=None) -> BatchLoader:
         """This rank's share of ``split`` in batches of ``train.eval_batch_size`` (link: pairs to score)."""

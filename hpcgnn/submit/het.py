@@ -69,3 +69,32 @@ def write_servers_config(cfg: RunConfig, folder: Path) -> Path:
     tmp.write_bytes(pickle.dumps(cfg))
     tmp.replace(path)
     return path
+
+
+def servers_script(cfg: RunConfig, folder: Path, python: str) -> str:
+    """The servers' own job (``samplers.het: false``): its directives, the cluster's setup lines, one srun."""
+    c = cfg.cluster
+    out = shlex.quote(str(folder / "%j_server_%t.out"))
+    lines = ["#!/bin/bash", "", "# Parameters", *server_directives(c), f"#SBATCH --output={folder / '%j_servers.out'}",
+             "", "# setup", *c.setup, "", "# sampler servers: the trainers' job starts once this one has",
+             f"srun --unbuffered --output {out} --error {out} {shlex.quote(python)} -u -m hpcgnn.sampling.server "
+             f"{shlex.quote(str(folder / SERVERS_PICKLE))}"]
+    return "\n".join(lines) + "\n"
+
+
+def submit_servers(cfg: RunConfig, folder: Path, python: str) -> str:
+    """Submit the servers' job; its id."""
+    import subprocess
+
+    script = folder / "sampler-servers.sbatch"
+    folder.mkdir(parents=True, exist_ok=True)
+    script.write_text(servers_script(cfg, folder, python))
+    res = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True)
+    if res.returncode:
+        raise RuntimeError(f"sbatch refused the sampler servers' job: {res.stderr.strip()}")
+    return res.stdout.strip().split(";")[0]
+
+
+def announced(run_dir: Path) -> Path:
+    """Where servers of a separate job write ``host:port`` (``servers/<k>``), for the trainers to read."""
+    return Path(run_dir) / "servers"

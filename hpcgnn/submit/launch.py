@@ -19,6 +19,7 @@ import json
 import os
 import re
 import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -131,10 +132,18 @@ def launch(cfg: RunConfig, overrides: tuple[str, ...] | list[str] = ()) -> int:
                                                     "kill_on_invalid_dep": "yes"})
     from hpcgnn.submit.entry import run_task
 
+    servers = None
     if cfg.cluster.samplers.nodes:  # what the sampler servers start from
-        from hpcgnn.submit.het import write_servers_config
+        from hpcgnn.submit.het import submit_servers, write_servers_config
 
         write_servers_config(cfg, job_folder(cfg))
+        if not cfg.cluster.samplers.het:  # a job of their own, started first; the trainers' waits for it
+            with env.outside_job():
+                servers = submit_servers(cfg, job_folder(cfg), sys.executable)
+            extra = dict(ex.parameters.get("additional_parameters", {}))
+            extra["dependency"] = ",".join(filter(None, [extra.get("dependency"), f"after:{servers}"]))
+            ex.update_parameters(additional_parameters=extra)
+            print(f"submitted the sampler servers' job {servers}", flush=True)
     with env.outside_job():
         job = ex.submit(run_task, cfg)
     print(f"submitted job {job.job_id} to {cfg.cluster.name} ({cfg.world_size} tasks)"
@@ -142,7 +151,11 @@ def launch(cfg: RunConfig, overrides: tuple[str, ...] | list[str] = ()) -> int:
           flush=True)
     if cfg.launch.wait is False:
         return 0
-    return _wait(job, cfg, after)
+    try:
+        return _wait(job, cfg, after)
+    finally:
+        if servers is not None:  # done with the trainers: the servers' job ends too
+            subprocess.run(["scancel", servers], capture_output=True)
 
 
 def check_data_on_disk(dataset) -> None:
@@ -300,6 +313,11 @@ def dry_run_text(cfg: RunConfig) -> str:
         plan = f"# would start {cfg.cluster.tasks_per_node} tasks with submitit's LocalExecutor in {job_folder(cfg)}"
     else:
         plan = "# sbatch script\n" + render_sbatch(cfg)
+        if cfg.cluster.samplers.nodes and not cfg.cluster.samplers.het:
+            from hpcgnn.submit.het import servers_script
+
+            plan = ("# sampler servers' sbatch script (submitted first; the trainers' job waits for it to start)\n"
+                    + servers_script(cfg, job_folder(cfg), sys.executable) + "\n" + plan)
     return f"{plan}\n\n# resolved config\n{resolved_yaml(cfg)}"
 
 
