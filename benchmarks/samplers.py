@@ -10,7 +10,9 @@
 (2) Memory: summed PSS (/proc/PID/smaps_rollup; shared pages split between the processes that map them) of the
     rank and its sampler processes at the last batch, against a rank alone (today's path: the prefetch thread,
     depth 2, all cores).
-(3) Training: seeds/s of the last of 2 epochs of `python -m hpcgnn` (one rank, GraphSAGE, the same fanouts and
+(3) Transport: batches/s from one sampler server (a local process; the batches cross TCP) against one sampler
+    process (shared-memory slots).
+(4) Training: seeds/s of the last of 2 epochs of `python -m hpcgnn` (one rank, GraphSAGE, the same fanouts and
     batch) on a --train-nodes graph, with the prefetch thread (train.sampler_procs=0) and with 1 sampler process.
 
 Timings on shared machines are noisy: compare the ratios within one run. Prints one comparison line.
@@ -51,6 +53,23 @@ def cpu_s(pid: int | str = "self") -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+SERVER = -2  # _rank's procs for: one local sampler server
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _server(port: int) -> None:
+    from hpcgnn.sampling.server import run_server
+
+    run_server(0, port, 1, 1, tempfile.mkdtemp(prefix="hpcgnn-bench-server-"), host="127.0.0.1")
+
+
 def _rank(cfg, procs: int, batches: int, out) -> None:
     """One rank's loop over ``batches`` batches (after a warm-up), with ``procs`` sampler processes (0: in the
     rank, one thread, no prefetch; -1: today's rank, the prefetch thread and every core)."""
@@ -68,14 +87,23 @@ def _rank(cfg, procs: int, batches: int, out) -> None:
     seeds = graph.train_idx[torch.randperm(graph.train_idx.numel(), generator=torch.Generator().manual_seed(0))]
     warm = max(procs, 1) * 2
     loader = BatchLoader(graph, sampler, seeds[: (warm + batches) * BATCH], BATCH, batch_seed=1)
-    pool = None
+    pool = server = None
     if procs > 0:
         pool = SamplerPool((graph, sampler, None, None), procs, 2, 1, torch.device("cpu"), rank=0)
         pool.start()
         walk = pool.loader(loader)
+    elif procs == SERVER:  # one sampler server, a local process over TCP
+        from hpcgnn.sampling.server import RemotePool
+
+        port = free_port()
+        server = mp.get_context("spawn").Process(target=_server, args=(port,))
+        server.start()
+        pool = RemotePool((graph, sampler, None, None), [("127.0.0.1", port)], 2, torch.device("cpu"), rank=0)
+        pool.start()
+        walk = pool.loader(loader)
     else:
         walk = PrefetchLoader(loader, 2) if procs < 0 else loader
-    pids = ["self", *(pool.pids() if pool is not None else [])]
+    pids = ["self", *(pool.pids() if pool is not None else []), *([server.pid] if server is not None else [])]
     edges, t0, c0 = 0, 0.0, 0.0
     for i, batch in enumerate(walk):
         if i == warm:
@@ -88,7 +116,9 @@ def _rank(cfg, procs: int, batches: int, out) -> None:
             pss = sum(pss_mb(p) for p in pids)
             graph = sum(pss_file_mb(p) for p in pids)
     if pool is not None:
-        pool.close()
+        pool.close(done=True)
+    if server is not None:
+        server.join()
     out.put({"batches_per_s": (batches - 1) / elapsed, "edges_per_batch": edges / batches, "pss_mb": pss,
              "graph_pss_mb": graph, "cores": cores})
 
@@ -146,6 +176,9 @@ def main() -> None:
         print(f"{n} sampler process(es): {pools[n]['batches_per_s']:.2f} batches/s, {pools[n]['cores']:.2f} cores "
               f"busy, PSS rank + samplers {pools[n]['pss_mb']:.0f} MB (file-backed {pools[n]['graph_pss_mb']:.0f})",
               flush=True)
+    served = sampling(cfg, SERVER, args.batches)
+    print(f"1 sampler server (local, TCP): {served['batches_per_s']:.2f} batches/s, {served['cores']:.2f} cores busy, "
+          f"PSS {served['pss_mb']:.0f} MB", flush=True)
     trained = {}
     if args.train_nodes:
         for procs in (0, 1):
@@ -158,6 +191,8 @@ def main() -> None:
              for n in counts[1:]]
     line += [f"PSS {n} procs / rank alone {pools[n]['pss_mb'] / alone['pss_mb']:.2f}x (file-backed "
              f"{pools[n]['graph_pss_mb'] / alone['graph_pss_mb']:.2f}x)" for n in counts]
+    line.append(f"1 server (TCP) / 1 proc (shared memory) {served['batches_per_s'] / pools[1]['batches_per_s']:.2f}x"
+                if 1 in pools else f"1 server {served['batches_per_s']:.2f} batches/s")
     if trained:
         line.append(f"training 1 proc / prefetch thread {trained[1] / trained[0]:.2f}x")
     print("; ".join(line))

@@ -193,7 +193,10 @@ def _wait_for_slot(inbox, s: int, free: collections.deque) -> Tensor:
 def _shared(nbytes: int, pin: bool) -> Tensor:
     t = torch.empty(nbytes, dtype=torch.uint8).share_memory_()
     if pin:  # page-locked, so that a batch's copy to the GPU runs asynchronously from its slot
-        torch.cuda.cudart().cudaHostRegister(t.data_ptr(), t.numel(), 0)
+        err = torch.cuda.cudart().cudaHostRegister(t.data_ptr(), t.numel(), 0)
+        if int(err) != 0:  # (e.g. a locked-memory limit): the copies still work, synchronously
+            log.warning("a sampler slot of %.0f MB could not be pinned (cudaHostRegister: %s): its copies to the GPU "
+                        "will not overlap", nbytes / 2**20, err)
     return t
 
 
