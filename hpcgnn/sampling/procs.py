@@ -172,6 +172,10 @@ def serve(spec: SamplerSpec, recipe: bytes, slots: list[Tensor], inbox, outbox) 
         outbox.close()
         outbox.join_thread()
         os._exit(1)
+    if spec.group_size > 1:
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
     outbox.close()
     outbox.join_thread()
 
@@ -364,9 +368,10 @@ class ProcessLoader:
         held, finished = None, False
         try:
             for i in range(self.start, self.num_batches):
-                data, p, s, _ = pool.receive(i)
-                if held is not None:
+                if held is not None:  # the step on the previous batch is over: its slot is free again
                     pool.release(*held)
+                    held = None
+                data, p, s, _ = pool.receive(i)
                 data = to_device(data, device)
                 done = None
                 if device.type == "cuda":
