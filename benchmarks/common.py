@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import subprocess
+import sys
 import time
 
 import torch
@@ -69,3 +72,18 @@ def pyg_loader(graph, fanouts, batch_size: int, num_workers: int, seed: int = 0)
     loader = NeighborLoader(data, num_neighbors=list(fanouts), input_nodes=graph.train_idx, batch_size=batch_size,
                             shuffle=True, num_workers=num_workers)
     return loader, f"PyG NeighborLoader ({backend}, {num_workers} workers)"
+
+
+@contextlib.contextmanager
+def busy_core(enabled: bool = True, limit_s: float = 3600.0):
+    """A process beside the benchmark that keeps one core busy (``--contended``), for at most ``limit_s``."""
+    if not enabled:
+        yield
+        return
+    busy = subprocess.Popen([sys.executable, "-c", f"import time\nend = time.time() + {limit_s}\nwhile time.time() < end: pass"])
+    try:
+        time.sleep(0.5)
+        yield
+    finally:
+        busy.kill()
+        busy.wait()

@@ -1,0 +1,66 @@
+"""DGL's neighbour sampler on hpcgnn's prepared graph, run in the DGL reference environment (benchmarks/dgl_venv.sh).
+
+    <dgl venv>/bin/python benchmarks/dgl_sampler.py FOLDER [--batches 30] [--workers 0,2] [--threads 2]
+
+Imports neither hpcgnn nor the project's torch: it reads the prepared arrays (FOLDER/*.npy: the CSR of in-edges,
+features, training ids) with numpy, builds the same graph (CSC: each node's in-neighbours), and walks DGL's
+NeighborSampler (fanouts [15, 10, 5] from the seeds, 1024 seeds per batch, features gathered as a training
+step reads them) with DGL's DataLoader. Prints one JSON line: batches/s per worker count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+FANOUTS, BATCH = (15, 10, 5), 1024  # hop 1 first, as benchmarks/common.py
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("folder", type=Path)
+    ap.add_argument("--batches", type=int, default=30)
+    ap.add_argument("--workers", default="0,2")
+    ap.add_argument("--threads", type=int, default=0)
+    args = ap.parse_args()
+
+    import dgl
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    meta = json.loads((args.folder / "meta.json").read_text())
+    rowptr = torch.from_numpy(np.load(args.folder / "rowptr.npy"))
+    col = torch.from_numpy(np.load(args.folder / "col.npy"))
+    x = np.load(args.folder / "x.npy", mmap_mode="r")
+    feats = torch.from_numpy(np.ascontiguousarray(x))
+    if meta.get("feature_dtype") == "bfloat16":
+        feats = feats.view(torch.bfloat16)
+    train = torch.from_numpy(np.load(args.folder / "train_idx.npy")).long()
+    g = dgl.graph(("csc", (rowptr.long(), col.long(), torch.tensor([], dtype=torch.long))),
+                  num_nodes=int(meta["num_nodes"]))
+    g.ndata["feat"] = feats
+    out = {"dgl": dgl.__version__, "torch": torch.__version__, "threads": torch.get_num_threads()}
+    for workers in (int(w) for w in args.workers.split(",")):
+        # DGL's fanouts run from the input layer to the output: the reverse of hops from the seeds
+        sampler = dgl.dataloading.NeighborSampler(list(reversed(FANOUTS)), prefetch_node_feats=["feat"])
+        loader = dgl.dataloading.DataLoader(g, train, sampler, batch_size=BATCH, shuffle=True, drop_last=False,
+                                            num_workers=workers)
+        it = iter(loader)
+        next(it)  # warm-up (and the workers' start)
+        t0, edges = time.perf_counter(), 0
+        for _input_nodes, _seeds, blocks in itertools.islice(it, args.batches):
+            assert blocks[0].srcdata["feat"].shape[0] == _input_nodes.numel()
+            edges += sum(b.num_edges() for b in blocks)
+        elapsed = time.perf_counter() - t0
+        out[f"workers_{workers}"] = {"batches_per_s": args.batches / elapsed, "edges_per_batch": edges / args.batches}
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
