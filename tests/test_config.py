@@ -40,7 +40,7 @@ def test_group_choices_and_cluster_append():
 @pytest.mark.parametrize("override, message", [
     ("train.lrr=1", r"Unknown config key 'train.lrr'\. Did you mean train.lr\? Valid keys under 'train': "
                     r"accumulate, batch_size, clusters_per_batch, device, edge_budget, epochs, .*lr, .*prefetch, "
-                    r".*saint_coverage, sampler, seed, .*weight_decay"),
+                    r".*saint_coverage, sampler, sampler_procs, sampler_threads, seed, .*weight_decay"),
     ("trian.lr=1", r"Unknown config key 'trian.lr'\. Did you mean train\? Valid keys at the top level: .*"),
     ("cluster.gpus_per_nod=1", r"Did you mean cluster.gpus_per_node\?"),
     ("+cluster.foo=1", r"Unknown config key 'cluster.foo'"),
