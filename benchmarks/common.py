@@ -87,3 +87,16 @@ def busy_core(enabled: bool = True, limit_s: float = 3600.0):
     finally:
         busy.kill()
         busy.wait()
+
+
+def in_child(target, *args):
+    """``target(*args, queue)`` in a fresh spawned process (a rank, a partitioner): what it put in the queue."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    p = ctx.Process(target=target, args=(*args, out))
+    p.start()
+    result = out.get()
+    p.join()
+    return result

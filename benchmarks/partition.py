@@ -18,10 +18,9 @@ Also: the bytes a rank of the partitioned job holds vs the replicated graph.
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
 import time
 
-from common import BATCH, FANOUTS, benchmark_config, benchmark_graph, graph_arguments
+from common import BATCH, FANOUTS, benchmark_config, benchmark_graph, graph_arguments, in_child
 
 
 def _status_mb(field: str) -> float:
@@ -54,13 +53,7 @@ def _partition_in_child(cfg, k: int, method: str, out) -> None:
 
 
 def partition_cost(cfg, k: int, method: str) -> tuple[float, float]:
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    p = ctx.Process(target=_partition_in_child, args=(cfg, k, method, q))
-    p.start()
-    result = q.get()
-    p.join()
-    return result
+    return in_child(_partition_in_child, cfg, k, method)
 
 
 def remote_rows(graph, cfg, gcfg, k: int, batches: int) -> dict:

@@ -30,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import BATCH, FANOUTS, benchmark_config, graph_arguments
+from common import BATCH, FANOUTS, benchmark_config, graph_arguments, in_child
 
 
 def pss_mb(pid: int | str = "self", kind: str = "Pss:") -> float:
@@ -124,13 +124,7 @@ def _rank(cfg, procs: int, batches: int, out) -> None:
 
 
 def sampling(cfg, procs: int, batches: int) -> dict:
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    p = ctx.Process(target=_rank, args=(cfg, procs, batches, out))
-    p.start()
-    result = out.get()
-    p.join()
-    return result
+    return in_child(_rank, cfg, procs, batches)
 
 
 def training(args, procs: int, root: str) -> float:

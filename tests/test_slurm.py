@@ -42,6 +42,19 @@ def _sacct(job_id: str, fields: str = "State") -> list[str]:
     return out.stdout.strip().split("|")
 
 
+def _submitted_until(folder: Path, text: str, *over: str) -> tuple[str, Path]:
+    """Submit a run without waiting; return once rank 0's log shows ``text``: the job id and that log."""
+    res = run_cli(*over, "launch.wait=false", cwd=folder, timeout=120)
+    assert res.returncode == 0, res.stderr
+    job = _job_id(res.stdout)
+    log = folder / "run" / "submitit" / f"{job}_0_log.out"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and text not in (log.read_text() if log.exists() else ""):
+        time.sleep(0.5)
+    assert text in log.read_text()
+    return job, log
+
+
 def _final_state(job_id: str, limit_s: float = 60) -> str:
     """The job's state once accounting has caught up (sacct may still say RUNNING for a moment)."""
     deadline = time.monotonic() + limit_s
@@ -249,14 +262,7 @@ def test_partitioning_that_cannot_fit_is_refused_before_submitting(tmp_path):
 def test_preempted_job_requeues_resumes_and_matches_an_uninterrupted_one(tmp_path, two_node_run):
     """SLURM delivers USR2 to both nodes mid-epoch: checkpoint, requeue, resume, same parameters."""
     cut = tmp_path / "cut"
-    res = run_cli(*COMMON, "launch.wait=false", cwd=cut, timeout=120)
-    assert res.returncode == 0, res.stderr
-    job = _job_id(res.stdout)
-    log = cut / "run" / "submitit" / f"{job}_0_log.out"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and "epoch 1/3" not in (log.read_text() if log.exists() else ""):
-        time.sleep(0.5)
-    assert "epoch 1/3" in log.read_text()
+    job, log = _submitted_until(cut, "epoch 1/3", *COMMON)
     subprocess.run(["scancel", "--signal=USR2", job], check=True)  # to every task of the job's steps
     assert _final_state(job, limit_s=400) == "COMPLETED"
     text = log.read_text()
@@ -381,13 +387,7 @@ def test_sampler_server_on_n2_preempted_requeued_trains_bitwise_as_in_process(tm
     """The trainer on n1, its sampler server on n2 (one heterogeneous job), USR2 mid-epoch: the whole job is
     requeued and resumes; the parameters equal those of a plain job that sampled in-process."""
     cut = tmp_path / "het"
-    res = run_cli(*HET, "cluster.samplers.nodes=1", "launch.wait=false", cwd=cut, timeout=120)
-    assert res.returncode == 0, res.stderr
-    job = _job_id(res.stdout)
-    log = cut / "run" / "submitit" / f"{job}_0_log.out"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and "epoch 1/3" not in (log.read_text() if log.exists() else ""):
-        time.sleep(0.5)
+    job, log = _submitted_until(cut, "epoch 1/3", *HET, "cluster.samplers.nodes=1")
     text = log.read_text()
     assert re.search(r"1 sampler server\(s\) ready \(n2:\d+\)", text), text
     subprocess.run(["scancel", "--signal=USR2", job], check=True)
@@ -410,14 +410,8 @@ def test_sampler_server_on_n2_preempted_requeued_trains_bitwise_as_in_process(tm
 
 
 def test_a_killed_sampler_server_fails_the_heterogeneous_job_naming_its_node(tmp_path):
-    res = run_cli(*HET, "train.epochs=30", "cluster.samplers.nodes=1", "launch.wait=false", cwd=tmp_path, timeout=120)
-    job = _job_id(res.stdout)
-    info = tmp_path / "run" / "metrics" / "sampler-server-0.json"
-    log = tmp_path / "run" / "submitit" / f"{job}_0_log.out"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and "epoch 1/30" not in (log.read_text() if log.exists() else ""):
-        time.sleep(0.5)
-    server = json.loads(info.read_text())
+    job, log = _submitted_until(tmp_path, "epoch 1/30", *HET, "train.epochs=30", "cluster.samplers.nodes=1")
+    server = json.loads((tmp_path / "run" / "metrics" / "sampler-server-0.json").read_text())
     os.kill(server["pid"], 9)  # the dev cluster's nodes are this machine's processes
     t0 = time.monotonic()
     while time.monotonic() - t0 < 120 and _het_state(job) in ("PENDING", "RUNNING", "COMPLETING", ""):
