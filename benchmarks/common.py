@@ -4,11 +4,18 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import subprocess
 import sys
 import time
 
 import torch
+
+from hpcgnn import env
+
+# The environment without hpcgnn's process defaults (OMP_WAIT_POLICY): the references run in it. (hpcgnn's
+# own processes get them: a benchmark imports hpcgnn before torch, as `python -m hpcgnn` does.)
+USER_ENV = {k: v for k, v in os.environ.items() if k not in env.APPLIED}
 
 
 def graph_arguments(ap: argparse.ArgumentParser, num_nodes: int = 500_000) -> None:

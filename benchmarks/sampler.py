@@ -17,10 +17,12 @@ batch's measured time. Prints one comparison line.
 
 from __future__ import annotations
 
+# isort: off
+import hpcgnn  # noqa: F401  (first: its process defaults, OMP_WAIT_POLICY, before torch loads OpenMP)
+# isort: on
 import argparse
 import itertools
 import json
-import os
 import statistics
 import subprocess
 import time
@@ -30,6 +32,7 @@ import torch
 from common import (
     BATCH,
     FANOUTS,
+    USER_ENV,
     benchmark_config,
     benchmark_graph,
     busy_core,
@@ -77,7 +80,7 @@ def dgl_reference(python: str, graph_folder: Path, batches: int) -> dict | str:
         return "DGL reference: none (benchmarks/dgl_venv.sh sets it up; --dgl PYTHON)"
     res = subprocess.run([python, str(Path(__file__).with_name("dgl_sampler.py")), str(graph_folder),
                           "--batches", str(batches), "--threads", str(torch.get_num_threads())],
-                         capture_output=True, text=True, env={**os.environ, "DGLBACKEND": "pytorch"})
+                         capture_output=True, text=True, env={**USER_ENV, "DGLBACKEND": "pytorch"})
     if res.returncode:
         return f"DGL reference failed: {res.stderr.strip().splitlines()[-1] if res.stderr.strip() else res.returncode}"
     return json.loads(res.stdout.strip().splitlines()[-1])

@@ -6,6 +6,9 @@ from pathlib import Path
 
 __version__ = "0.1.0"
 
+from hpcgnn.env import apply_process_defaults  # noqa: E402  (before anything here imports torch)
+
+apply_process_defaults()
 
 
 def _conf_dir() -> Path:

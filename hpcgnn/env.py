@@ -10,8 +10,9 @@ This module is the only reader of environment variables. Two tables say what is 
 - :data:`VARIABLES`: every other variable, by role (the requeue count, CPUs and memory of
   the allocation, whether a shell is interactive, the user's config folder).
 
-Nothing here writes ``os.environ``: every function takes the mapping it reads (default:
-this process's environment).
+Nothing here writes ``os.environ`` but :func:`apply_process_defaults` (the one table of variables hpcgnn
+sets, :data:`PROCESS_DEFAULTS`, where the user has not): every function takes the mapping it reads
+(default: this process's environment).
 """
 
 from __future__ import annotations
@@ -96,10 +97,30 @@ VARIABLES: dict[str, str] = {
     "task_local": "SLURM_LOCALID",  # ... and on its node
     "local_servers": "HPCGNN_SAMPLER_SERVERS",  # host:port,... of local sampler servers (set by the local launcher)
 }
+# Variables hpcgnn sets for its own processes and those they start, unless the user did. Read by libraries
+# once, when they load; hpcgnn/__init__.py applies them before anything imports torch.
+PROCESS_DEFAULTS: dict[str, str] = {
+    # OpenMP threads waiting at a barrier sleep instead of spinning. With a core taken by another process
+    # (a rank's own sampler processes or prefetch thread, a neighbour on a shared node) spinning teams made
+    # the loaders 2.6x slower and passive ones 1.4x (benchmarks/sampler.py --contended); quiet, no slower.
+    "OMP_WAIT_POLICY": "PASSIVE",
+}
 # Where master ports are derived (dist.port_min/port_max): below Linux's ephemeral range, which starts at 32768.
 PORTS = (20000, 32767)
 # Job names of shells a user types in (Lightning's rule, with the common shells).
 INTERACTIVE_JOB_NAMES = ("bash", "sh", "zsh", "fish", "tcsh", "csh", "ksh", "interactive")
+
+
+APPLIED: set[str] = set()  # the keys apply_process_defaults set in this process (the user had not)
+
+
+def apply_process_defaults(environ: dict | None = None) -> None:
+    """Set :data:`PROCESS_DEFAULTS` in ``environ`` (this process's environment), keeping what is set."""
+    environ = os.environ if environ is None else environ
+    for key, value in PROCESS_DEFAULTS.items():
+        if key not in environ:
+            environ[key] = value
+            APPLIED.add(key)
 
 
 def current() -> Mapping[str, str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 
 import pytest
@@ -235,3 +236,19 @@ def test_backend_choice():
     with pytest.raises(ConfigError, match=r"dist.backend=nccl needs a GPU per rank, but some ranks share one\. "
                                           r"HINT: set dist.backend=gloo"):
         pick_backend(DistConfig(backend="nccl"), cuda, shared=True)
+
+
+@pytest.mark.slow
+def test_openmp_threads_wait_passively_in_hpcgnn_processes_unless_the_user_says_otherwise():
+    """libgomp reads OMP_WAIT_POLICY once, when torch loads it: importing hpcgnn first sets PASSIVE (spinning
+    teams slowed the loaders 2.6x with one core taken), and a user's own value stays."""
+    import subprocess
+    import sys
+
+    code = "import hpcgnn, torch; torch.ones(10**6).sum()"
+    base = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    for given, expected in ((None, "PASSIVE"), ("active", "ACTIVE")):
+        extra = {"OMP_WAIT_POLICY": given} if given else {}
+        res = subprocess.run([sys.executable, "-c", code], env={**base, **extra, "OMP_DISPLAY_ENV": "true"},
+                             capture_output=True, text=True, check=True)
+        assert f"OMP_WAIT_POLICY = '{expected}'" in res.stderr
