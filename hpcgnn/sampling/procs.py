@@ -3,15 +3,17 @@
 Who owns what:
 
 - The **rank** starts N processes (spawn: libgomp is not fork-safe) once per run, and owns every buffer:
-  ``train.prefetch`` shared-memory *slots* per process, handed over at start (pinned with
+  N + ``train.prefetch`` - 1 shared-memory *slots*, handed to every process at start (pinned with
   ``cudaHostRegister`` when the rank trains on a GPU). The segments are unlinked as they are made
   (torch's file-descriptor sharing), so a killed job leaves nothing in ``/dev/shm``.
 - **Sampler process k** maps the prepared graph itself (:mod:`hpcgnn.sampling.shipping`: no copy), and makes
   the batches i = k, k+N, k+2N, ... of each epoch, each with the generator ``rng.generator(batch_seed, i)``
-  the in-process loader would use, into a free slot. Only a small description of the batch crosses a pipe.
-- The rank **consumes batches in index order** (batch i from process i mod N), viewing them in their slot, and
-  hands a slot back when it asks for the next batch (on a GPU: once the copy out of it is done). The batches,
-  and so training, are bitwise those of ``train.sampler_procs=0``.
+  the in-process loader would use, into the slot the rank granted batch i. Only a small description of the
+  batch crosses a pipe.
+- The rank **consumes batches in index order** (batch i from process i mod N), viewing them in their slot.
+  When it asks for the next batch it hands the slot back (on a GPU: once the copy out of it is done), and the
+  slot goes to the next batch without one, in index order. The batches, and so training, are bitwise those
+  of ``train.sampler_procs=0``.
 
 A partitioned graph: each sampler process fetches remote neighbours and rows itself, over a gloo group of
 its own made of sampler k of every rank (through rank 0's rendezvous store, under a prefix). Every rank walks
@@ -129,36 +131,32 @@ def serve(spec: SamplerSpec, recipe: bytes, slots: list[Tensor], inbox, outbox) 
         loader = BatchLoader(features, sampler, [], transform=transform)
         outbox.put(("ready",))
         pending: collections.deque = collections.deque()  # (i, seeds, batch_seed)
-        free = collections.deque(range(len(slots)))
+        grants: dict[int, int] = {}  # batch index -> the slot the rank gave it
         shortened = False
         while True:
+            ready = bool(pending) and pending[0][0] in grants
             try:
-                msg = inbox.get(timeout=1.0) if not (pending and free) else inbox.get_nowait()
+                msg = inbox.get_nowait() if ready else inbox.get(timeout=1.0)
             except queue.Empty:
                 msg = None
             if msg is not None:
-                kind = msg[0]
-                if kind == "stop":
+                if msg[0] == "stop":
                     break
-                if kind == "epoch":
-                    _, batch_seed, jobs = msg
-                    pending.extend((i, torch.from_numpy(seeds), batch_seed) for i, seeds in jobs)
-                elif kind == "free":
-                    free.append(msg[1])
+                _take(msg, pending, grants, slots)
                 continue
-            if not (pending and free):
+            if not ready:
                 continue
             i, seeds, batch_seed = pending.popleft()
             if i == spec.fail_batch:
                 raise RuntimeError(f"injected failure making batch {i} (debug.sampler_fail_rank)")
             before = stats.snapshot() if stats is not None else None
-            s = free.popleft()
+            s = grants.pop(i)
             writer = shipping.SlotWriter(slots[s])
             data = loader.sample(seeds, rng.generator(batch_seed, i), alloc=writer.alloc)
             meta, needed = shipping.pack(data, writer)
-            if meta is None:  # the rank hands over a larger slot
+            if meta is None:  # the rank hands every process a larger slot
                 outbox.put(("grow", i, s, needed))
-                slots[s] = _wait_for_slot(inbox, s, free)
+                _wait_for_slot(inbox, s, pending, grants, slots)
                 meta, _ = shipping.pack(data, shipping.SlotWriter(slots[s]))
             outbox.put(("batch", i, s, meta, stats - before if stats is not None else None))
             del data
@@ -180,15 +178,26 @@ def serve(spec: SamplerSpec, recipe: bytes, slots: list[Tensor], inbox, outbox) 
     outbox.join_thread()
 
 
-def _wait_for_slot(inbox, s: int, free: collections.deque) -> Tensor:
+def _take(msg, pending: collections.deque, grants: dict, slots: list) -> None:
+    """A message from the rank: an epoch's batches, a slot for a batch, or a grown slot."""
+    if msg[0] == "epoch":
+        _, batch_seed, jobs = msg
+        pending.extend((i, torch.from_numpy(seeds), batch_seed) for i, seeds in jobs)
+    elif msg[0] == "grant":
+        grants[msg[1]] = msg[2]
+    elif msg[0] == "slot":
+        slots[msg[1]] = msg[2]
+
+
+def _wait_for_slot(inbox, s: int, pending: collections.deque, grants: dict, slots: list) -> None:
+    """Until the rank has handed over slot ``s`` grown."""
     while True:
         msg = inbox.get()
-        if msg[0] == "slot" and msg[1] == s:
-            return msg[2]
-        if msg[0] == "free":
-            free.append(msg[1])
-        elif msg[0] == "stop":
+        if msg[0] == "stop":
             raise SystemExit(0)
+        _take(msg, pending, grants, slots)
+        if msg[0] == "slot" and msg[1] == s:
+            return
 
 
 # ---------------------------------------------------------------------- on the rank
@@ -213,9 +222,8 @@ def _unpin(t: Tensor) -> None:
 class _Proc:
     spec: SamplerSpec
     process: object
-    inbox: object  # the rank's messages to it (epochs, freed slots, grown slots, stop)
+    inbox: object  # the rank's messages to it (epochs, slots granted to batches, grown slots, stop)
     outbox: object  # its messages to the rank (batches, growth requests, errors)
-    slots: list
 
 
 class SamplerPool:
@@ -228,6 +236,12 @@ class SamplerPool:
         self.device, self.rank, self.keep_freed, self.group = device, rank, keep_freed, group or {}
         self.pin, self.fail_batch = device.type == "cuda", fail_batch
         self.running: list[_Proc] = []
+        # Slots shared by every process: one per process at work, plus the batches ahead the rank may hold
+        # (train.prefetch - 1 besides the one it trains on); the rank grants each batch a slot in index order.
+        self.total = procs + max(1, depth - 1)
+        self.slots: list[Tensor] = []
+        self.free: collections.deque = collections.deque()
+        self.waiting: collections.deque = collections.deque()  # batch indices without a slot yet, in order
         # the rank's CommStats (or None): the processes' batches count there (a recipe already pickled: a sampler
         # server's, which hands each batch's counts on to its trainer)
         self.stats = None if isinstance(recipe, bytes) else recipe[3]
@@ -241,20 +255,21 @@ class SamplerPool:
         recipe = self.recipe if isinstance(self.recipe, bytes) else shipping.dumps(self.recipe)
         t0 = time.perf_counter()
         self.starts += 1
+        self.slots = [_shared(SLOT_BYTES, self.pin) for _ in range(self.total)]
+        self.free, self.waiting = collections.deque(range(self.total)), collections.deque()
         for k in range(self.procs):
             group = {**self.group, "prefix": f"hpcgnn/samplers/{self.starts}/{k}"} if self.group else {}
             spec = SamplerSpec(k, self.procs, self.rank, self.threads, self.keep_freed, **group,
                                fail_batch=self.fail_batch)
-            slots = [_shared(SLOT_BYTES, self.pin) for _ in range(self.depth)]
             inbox, outbox = ctx.Queue(), ctx.Queue()
-            p = ctx.Process(target=serve, args=(spec, recipe, slots, inbox, outbox), daemon=True,
+            p = ctx.Process(target=serve, args=(spec, recipe, self.slots, inbox, outbox), daemon=True,
                             name=f"hpcgnn-sampler-{self.rank}.{k}")
             p.start()
-            self.running.append(_Proc(spec, p, inbox, outbox, slots))
+            self.running.append(_Proc(spec, p, inbox, outbox))
         for p in self.running:  # each has mapped the graph and built its sampler (and met its group)
             self._next(p, "start")
-        log.info("%d sampler process(es) started, pids %s (%d thread(s), %d slot(s) each; recipe %.1f MB) in %.1f s",
-                 self.procs, " ".join(map(str, self.pids())), self.threads, self.depth, len(recipe) / 2**20,
+        log.info("%d sampler process(es) started, pids %s (%d thread(s) each, %d shared slots; recipe %.1f MB) in "
+                 "%.1f s", self.procs, " ".join(map(str, self.pids())), self.threads, self.total, len(recipe) / 2**20,
                  time.perf_counter() - t0)
 
     def pids(self) -> list[int]:
@@ -281,12 +296,20 @@ class SamplerPool:
             raise RuntimeError(f"{p.spec.name} sent batch {at}, expected {i}")
         if delta is not None and self.stats is not None:
             self.stats.add(delta)
-        return shipping.unpack(meta, p.slots[s]), p, s, delta
+        return shipping.unpack(meta, self.slots[s]), p, s, delta
 
     def submit(self, batch_seed: int, jobs: list) -> None:
-        """Batches to make, as (index, seeds as a numpy array), each to the process its index says."""
+        """Batches to make, as (index, seeds as a numpy array) in index order, each to the process its index
+        says; the first ones get their slots at once."""
         for p in self.running:
             p.inbox.put(("epoch", batch_seed, [(i, seeds) for i, seeds in jobs if i % self.procs == p.spec.index]))
+        self.waiting.extend(i for i, _ in jobs)
+        self._grant()
+
+    def _grant(self) -> None:
+        while self.free and self.waiting:
+            i = self.waiting.popleft()
+            self.running[i % self.procs].inbox.put(("grant", i, self.free.popleft()))
 
     def _next(self, p: _Proc, i: int | str):
         """``p``'s next message (a batch, or that it is ready), growing its slots as it asks; fails the rank
@@ -299,14 +322,15 @@ class SamplerPool:
                     raise self._died(p, i) from None
                 continue
             kind = msg[0]
-            if kind == "grow":
+            if kind == "grow":  # every process gets the grown slot (before any later grant of it)
                 _, _, s, needed = msg
-                old = p.slots[s]
-                p.slots[s] = _shared(int(needed * GROWTH), self.pin)
+                old = self.slots[s]
+                self.slots[s] = _shared(int(needed * GROWTH), self.pin)
                 if self.pin:
                     _unpin(old)
-                p.inbox.put(("slot", s, p.slots[s]))
-                log.debug("%s: slot %d grown to %.1f MB", p.spec.name, s, p.slots[s].numel() / 2**20)
+                for q in self.running:
+                    q.inbox.put(("slot", s, self.slots[s]))
+                log.debug("%s: slot %d grown to %.1f MB", p.spec.name, s, self.slots[s].numel() / 2**20)
                 continue
             if kind == "error":
                 _, at, line, trace = msg
@@ -327,7 +351,8 @@ class SamplerPool:
         """Hand slot ``s`` back to process ``p`` (once the copy out of it, ``done``, has finished)."""
         if done is not None:
             done.synchronize()
-        p.inbox.put(("free", s))
+        self.free.append(s)
+        self._grant()
 
     def close(self, done: bool = False) -> None:
         """Stop every process (a clean stop, else killed) and free the slots (``done``: as for RemotePool)."""
@@ -343,10 +368,10 @@ class SamplerPool:
             for q in (p.inbox, p.outbox):
                 q.cancel_join_thread()
                 q.close()
-            if self.pin:
-                for t in p.slots:
-                    _unpin(t)
-        self.running = []
+        if self.pin:
+            for t in self.slots:
+                _unpin(t)
+        self.running, self.slots = [], []
 
 
 class ProcessLoader:

@@ -320,22 +320,22 @@ class RemotePool:
         try:
             send(link.sock, msg)
         except OSError as exc:
-            raise self._lost(link, "sending to it", exc) from None
+            raise self._lost(link, "sending to it", exc) from None  # (its death is seen here first, often)
 
     def _next(self, link: _Link, i, slot=None):
         try:
             msg = receive(link.sock, slot)
         except (OSError, ConnectionError, EOFError) as exc:
-            raise self._lost(link, "its start" if i == "start" else f"batch {i}", exc) from None
+            raise self._lost(link, "waiting for its start" if i == "start" else f"waiting for batch {i}", exc) from None
         if msg[0] == "error":
             _, at, line, trace = msg
             raise SamplerFailed(f"{link.name} failed making batch {at} of rank {self.rank}: {line}\n"
                                 f"its traceback:\n{trace}")
         return msg
 
-    def _lost(self, link: _Link, what: str, exc: BaseException) -> SamplerFailed:
+    def _lost(self, link: _Link, doing: str, exc: BaseException) -> SamplerFailed:
         how = "did not answer in time" if isinstance(exc, TimeoutError) else f"closed the connection ({exc})"
-        return SamplerFailed(f"{link.name} {how} while rank {self.rank} waited for {what}. HINT: its log says why "
+        return SamplerFailed(f"{link.name} {how} while rank {self.rank} was {doing}. HINT: its log says why "
                              "(the submitit folder's *_server_* files; SIGKILL: the node's memory)")
 
     def receive(self, i: int):
