@@ -74,8 +74,7 @@ def split_threads(budget: int, procs: int, per_sampler: int = 0) -> tuple[int, i
 class SamplerSpec:
     """What a sampler process needs besides its recipe: who it is, its threads, and its group's rendezvous."""
 
-    index: int  # k: makes batches k, k+N, ...
-    procs: int  # N
+    index: int  # k: makes batches k, k+N, ... (N processes)
     rank: int
     threads: int
     keep_freed_memory: bool
@@ -259,7 +258,7 @@ class SamplerPool:
         self.free, self.waiting = collections.deque(range(self.total)), collections.deque()
         for k in range(self.procs):
             group = {**self.group, "prefix": f"hpcgnn/samplers/{self.starts}/{k}"} if self.group else {}
-            spec = SamplerSpec(k, self.procs, self.rank, self.threads, self.keep_freed, **group,
+            spec = SamplerSpec(k, self.rank, self.threads, self.keep_freed, **group,
                                fail_batch=self.fail_batch)
             inbox, outbox = ctx.Queue(), ctx.Queue()
             p = ctx.Process(target=serve, args=(spec, recipe, self.slots, inbox, outbox), daemon=True,

@@ -86,28 +86,29 @@ class Store(abc.ABC):
         return PrefetchLoader(loader, t.prefetch) if t.prefetch else loader
 
     def sampler_pool(self, transform=None):
-        """The rank's sampler processes (``train.sampler_procs``), made once; they start with the first epoch."""
+        """Whatever makes this rank's training batches elsewhere, made once: its connections to the job's sampler
+        servers, or its sampler processes (``train.sampler_procs``). Both start before the first epoch."""
         pool = getattr(self, "_pool", None)
         if pool is None:
-            from hpcgnn.sampling.procs import SamplerPool
-
             t, env, d = self.cfg.train, self.env, self.cfg.dist
-            exchange = getattr(self, "exchange", None)  # a partitioned graph: the processes exchange among themselves
+            exchange = getattr(self, "exchange", None)  # a partitioned graph: the samplers exchange among themselves
             group = None if exchange is None or env.world_size == 1 else dict(
                 group_size=env.world_size, master_addr=env.master_addr, master_port=env.master_port,
                 init_timeout_s=d.init_timeout_s, timeout_s=d.timeout_s)
             recipe = (self.features, self.train_sampler, transform, exchange.stats if exchange is not None else None)
-            if self.sampler_servers:  # sampler servers (another group of the job, another job, or local processes)
+            if self.sampler_servers:  # another group of the job, another job, or local processes
                 from hpcgnn.sampling.server import RemotePool
 
-                self._pool = RemotePool(recipe, self.sampler_servers, t.prefetch, self.device, rank=env.rank,
-                                        timeout_s=d.timeout_s, connect_s=d.init_timeout_s, group=group)
-                return self._pool
-            dbg = self.cfg.debug
-            pool = self._pool = SamplerPool(recipe, t.sampler_procs, t.prefetch, t.sampler_threads or 1,
-                                            self.device, rank=env.rank, keep_freed=t.keep_freed_memory, group=group,
-                                            fail_batch=dbg.sampler_fail_batch if dbg.sampler_fail_rank == env.rank
-                                            else -1)
+                pool = RemotePool(recipe, self.sampler_servers, t.prefetch, self.device, rank=env.rank,
+                                  timeout_s=d.timeout_s, connect_s=d.init_timeout_s, group=group)
+            else:
+                from hpcgnn.sampling.procs import SamplerPool
+
+                dbg = self.cfg.debug
+                pool = SamplerPool(recipe, t.sampler_procs, t.prefetch, t.sampler_threads or 1, self.device,
+                                   rank=env.rank, keep_freed=t.keep_freed_memory, group=group,
+                                   fail_batch=dbg.sampler_fail_batch if dbg.sampler_fail_rank == env.rank else -1)
+            self._pool = pool
         return pool
 
     @functools.cached_property
