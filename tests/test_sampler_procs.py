@@ -130,6 +130,17 @@ def _shm() -> set[str]:
     return set(os.listdir("/dev/shm"))
 
 
+def _gone(pids: list[int], shm_before: set[str], within_s: float = 15.0) -> bool:
+    """Whether the processes have ended and /dev/shm holds nothing new, waiting a little: multiprocessing's named
+    semaphores (sem.mp-*, its queues' locks) are unlinked by its resource tracker as the processes end."""
+    deadline = time.monotonic() + within_s
+    while any(_alive(p) for p in pids) or not _shm() <= shm_before:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -173,7 +184,7 @@ def test_a_killed_sampler_process_fails_its_rank_at_once_naming_it_and_leaves_no
     out = log.read_text()
     assert re.search(rf"sampler process 0 of rank 0 \(pid {pid}\) died \(signal SIGKILL\) while the rank waited for "
                      r"batch \d+\. HINT: SIGKILL is what the kernel's out-of-memory killer sends", out), out
-    assert not _alive(pid) and _shm() <= before
+    assert _gone([pid], before), (_shm() - before)
 
 
 @pytest.mark.slow
@@ -193,10 +204,7 @@ def test_sigterm_stops_the_samplers_with_no_orphan_and_nothing_in_dev_shm(tmp_pa
     time.sleep(0.5)
     child.send_signal(signal.SIGTERM)
     assert child.wait(timeout=60) == 143, log.read_text()
-    deadline = time.monotonic() + 10
-    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not any(_alive(p) for p in pids) and _shm() <= before
+    assert _gone(pids, before), (_shm() - before)
 
 
 @pytest.mark.slow
@@ -208,7 +216,7 @@ def test_preempted_with_sampler_processes_resumes_exactly(tmp_path):
     cut = run_cli(*over, "debug.signal_rank=0", "debug.signal_step=5", cwd=tmp_path / "cut")
     assert cut.returncode == 3, cut.stdout + cut.stderr
     pids = [int(p) for p in re.search(r"pids ([\d ]+) ", cut.stdout).group(1).split()]
-    assert not any(_alive(p) for p in pids) and _shm() <= before
+    assert _gone(pids, before), (_shm() - before)
     again = run_cli(*over, cwd=tmp_path / "cut")
     whole = run_cli(*over, cwd=tmp_path / "whole")
     assert again.returncode == 0 and whole.returncode == 0, again.stdout + again.stderr
