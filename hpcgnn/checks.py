@@ -162,3 +162,32 @@ def _check_link(cfg) -> None:
     if link_eval_mode(cfg) == "full" and cfg.model.name not in FULL_INFERENCE_MODELS:
         raise ConfigError(f"train.eval_mode=full needs model {', '.join(FULL_INFERENCE_MODELS)}; got "
                           f"model={cfg.model.name}. HINT: train.eval_mode=sampled (or auto)")
+
+
+# ------------------------------------------------------------------ thread budgets (train.sampler_procs)
+
+
+def split_threads(budget: int, procs: int, per_sampler: int = 0) -> tuple[int, int]:
+    """(the rank's threads, each sampler process's) out of ``budget`` cores, so that together they never exceed
+    it. ``per_sampler`` 0: about an equal share each, at least one, the rank keeping the rest."""
+    if procs == 0:
+        return budget, 0
+    each = per_sampler or max(1, (budget - 1) // (procs + 1))
+    if procs * each >= budget:
+        raise ConfigError(f"train.sampler_procs={procs} with {each} thread(s) each leaves the rank no core of the "
+                          f"{budget} it has. HINT: lower train.sampler_procs (or train.sampler_threads), ask for more "
+                          "cores per rank (cluster.cpus_per_task), or set train.num_threads to the cores a rank may "
+                          "use with its sampler processes")
+    return budget - procs * each, each
+
+
+def check_thread_budget(cfg, local_cores: int) -> None:
+    """At submit time: the rank's cores (``train.num_threads``, else ``cluster.cpus_per_task`` on a cluster,
+    else this machine's cores / ``launch.procs``) must leave each rank a core beside its sampler processes."""
+    t = cfg.train
+    if not t.sampler_procs:
+        return
+    c = cfg.cluster
+    budget = t.num_threads or (c.cpus_per_task if c is not None and c.executor == "slurm"
+                               else max(1, local_cores // (c.tasks_per_node if c is not None else cfg.launch.procs)))
+    split_threads(budget, t.sampler_procs, t.sampler_threads)

@@ -18,9 +18,9 @@ import torch
 from conftest import DATA_ROOT, TINY, make_config, run_cli, summary_of
 from torch_geometric.data import Data, HeteroData
 
+from hpcgnn.checks import check_thread_budget, split_threads
 from hpcgnn.errors import ConfigError
 from hpcgnn.sampling import shipping
-from hpcgnn.sampling.procs import split_threads
 
 # ------------------------------------------------------------------ thread budgets
 
@@ -39,6 +39,19 @@ def test_thread_budgets_add_up_to_the_rank_cores_and_never_exceed_them():
         split_threads(2, 2)
     with pytest.raises(ConfigError, match=r"sampler_procs=2 with 4 thread\(s\) each leaves the rank no core of the 8"):
         split_threads(8, 2, per_sampler=4)
+
+
+def test_a_budget_that_leaves_a_rank_no_core_is_refused_at_submit_time():
+    """Two local ranks on 2 cores have a core each: a sampler process would leave the rank none. On a cluster the
+    budget is cluster.cpus_per_task; train.num_threads overrides both."""
+    with pytest.raises(ConfigError, match=r"train.sampler_procs=1 with 1 thread\(s\) each leaves the rank no core of "
+                                          r"the 1 it has"):
+        check_thread_budget(make_config("train.sampler_procs=1", "launch.procs=2"), local_cores=2)
+    check_thread_budget(make_config("train.sampler_procs=1", "launch.procs=1"), local_cores=2)
+    check_thread_budget(make_config("train.sampler_procs=1", "launch.procs=2", "train.num_threads=2"), local_cores=2)
+    check_thread_budget(make_config("train.sampler_procs=3", "+cluster=devcluster", "cluster.cpus_per_task=4"), 2)
+    with pytest.raises(ConfigError, match=r"no core of the 1 it has"):
+        check_thread_budget(make_config("train.sampler_procs=1", "+cluster=devcluster"), local_cores=64)
 
 
 def test_sampler_procs_config_is_checked_at_submit_time():

@@ -68,7 +68,7 @@ def run_rank(cfg: RunConfig, environ: Mapping[str, str]) -> dict:
 def _thread_budget(cfg: RunConfig, env: RankEnv, environ: Mapping[str, str]) -> tuple[int, RunConfig]:
     """The rank's torch threads, and the config with each sampler process's (``train.sampler_threads``) resolved:
     together they take the cores the rank has (``train.num_threads``, else the task's CPUs), never more."""
-    from hpcgnn.sampling.procs import split_threads
+    from hpcgnn.checks import split_threads
 
     t = cfg.train
     budget = t.num_threads or env.default_threads(environ)

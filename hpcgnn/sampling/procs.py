@@ -45,7 +45,7 @@ import torch.multiprocessing as mp
 from torch import Tensor
 
 from hpcgnn import rng
-from hpcgnn.errors import ConfigError, SamplerFailed
+from hpcgnn.errors import SamplerFailed
 from hpcgnn.sampling import shipping
 from hpcgnn.sampling.loader import BatchLoader, keep_freed_memory, to_device
 
@@ -54,20 +54,6 @@ log = logging.getLogger(__name__)
 SLOT_BYTES = 64 * 2**20  # a slot's first size; a batch that does not fit gets a larger slot (once or twice)
 GROWTH = 1.25  # a grown slot holds the batch that did not fit, plus this margin
 POLL_S = 0.5  # how often a waiting rank checks that its sampler process lives
-
-
-def split_threads(budget: int, procs: int, per_sampler: int = 0) -> tuple[int, int]:
-    """(the rank's threads, each sampler process's) out of ``budget`` cores, so that together they never exceed
-    it. ``per_sampler`` 0: about an equal share each, at least one, the rank keeping the rest."""
-    if procs == 0:
-        return budget, 0
-    each = per_sampler or max(1, (budget - 1) // (procs + 1))
-    if procs * each >= budget:
-        raise ConfigError(f"train.sampler_procs={procs} with {each} thread(s) each leaves the rank no core of the "
-                          f"{budget} it has. HINT: lower train.sampler_procs (or train.sampler_threads), ask for more "
-                          "cores per rank (cluster.cpus_per_task), or set train.num_threads to the cores a rank may "
-                          "use with its sampler processes")
-    return budget - procs * each, each
 
 
 @dataclass(frozen=True)

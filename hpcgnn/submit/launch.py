@@ -119,6 +119,9 @@ def launch(cfg: RunConfig, overrides: tuple[str, ...] | list[str] = ()) -> int:
         cfg = dataclasses.replace(cfg, cluster=None)  # the ranks are these processes, whatever the cluster file says
     record_config(cfg, overrides)
     check_data_on_disk(cfg.dataset)
+    from hpcgnn.checks import check_thread_budget
+
+    check_thread_budget(cfg, len(os.sched_getaffinity(0)))
     if mode == "submit":
         check_partition_capacity(cfg.cluster)
     after = None
