@@ -217,7 +217,7 @@ class SamplerPool:
 
     def __init__(self, recipe: tuple, procs: int, depth: int, threads: int, device: torch.device, *,
                  rank: int, keep_freed: bool = True, group: dict | None = None, fail_batch: int = -1):
-        self.recipe, self.procs, self.depth, self.threads = recipe, procs, max(1, depth), threads
+        self.recipe, self.procs, self.threads = recipe, procs, threads
         self.device, self.rank, self.keep_freed, self.group = device, rank, keep_freed, group or {}
         self.pin, self.fail_batch = device.type == "cuda", fail_batch
         self.running: list[_Proc] = []

@@ -125,7 +125,8 @@ def _serve_trainer(conn: socket.socket, recipes: dict, counters: _Counters, thre
                 elif msg[0] == "free":
                     credits += 1
                 idle = not (pending and credits)
-            counters.wait_s += time.perf_counter() - t0
+            with counters.lock:  # (every trainer's thread counts here)
+                counters.wait_s += time.perf_counter() - t0
             i, seeds, batch_seed = pending.popleft()
             if i == fail_batch and pool is None:
                 raise RuntimeError(f"injected failure making batch {i} (debug.sampler_fail_rank)")
