@@ -389,7 +389,7 @@ def test_sampler_server_on_n2_preempted_requeued_trains_bitwise_as_in_process(tm
     cut = tmp_path / "het"
     job, log = _submitted_until(cut, "epoch 1/3", *HET, "cluster.samplers.nodes=1")
     text = log.read_text()
-    assert re.search(r"1 sampler server\(s\) ready \(n2:\d+\)", text), text
+    assert re.search(r"1 sampler server\(s\) ready \(n2:\d+\)", text), text  # the trainers' group came first: n1
     subprocess.run(["scancel", "--signal=USR2", job], check=True)
     plain = run_cli(*HET, cwd=tmp_path / "plain", timeout=600)
     assert plain.returncode == 0, plain.stdout + plain.stderr
@@ -397,10 +397,11 @@ def test_sampler_server_on_n2_preempted_requeued_trains_bitwise_as_in_process(tm
     while time.monotonic() < deadline and not (cut / "run" / "summary.json").exists():
         time.sleep(1)
     s, ref = _summary(cut), _summary(tmp_path / "plain")
-    assert "(resume 1)" in log.read_text() and s["requeues"] == 1 and s["hostnames"] == ["n1"]
+    assert "(resume 1)" in log.read_text() and s["requeues"] == 1
     assert s["param_checksums"] == ref["param_checksums"]
+    # The requeued job is placed afresh (the scheduler may swap the groups' nodes): still one node each.
     served = json.loads((cut / "run" / "metrics" / "sampler-server-0.json").read_text())
-    assert served["host"] == "n2" and served["batches_served"] > 0
+    assert served["batches_served"] > 0 and sorted([*s["hostnames"], served["host"]]) == ["n1", "n2"]
     # Where a site refuses heterogeneous jobs: the servers' own job, submitted first, met through the run folder.
     two = run_cli(*HET, "cluster.samplers.nodes=1", "cluster.samplers.het=false", cwd=tmp_path / "two", timeout=600)
     assert two.returncode == 0, two.stdout + two.stderr
