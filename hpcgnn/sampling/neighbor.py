@@ -39,11 +39,28 @@ class DenseIdMap:
     """Global -> batch-local ids in an array over every id: one gather per lookup (a replicated rank,
     which holds the whole graph anyway). Entries are -1 outside the batch."""
 
+    # ``fresh`` scans the whole table (instead of sorting the ids) while it holds at most this many entries per id.
+    SCAN_PER_ID = 8
+
     def __init__(self, size: int, device: torch.device | str | None = None):
         self.table = torch.full((size,), -1, dtype=torch.long, device=device)
+        self._mark: Tensor | None = None  # bool [size], all False between calls to fresh
 
     def get(self, ids: Tensor) -> Tensor:
         return self.table.index_select(0, ids)
+
+    def fresh(self, ids: Tensor) -> Tensor:
+        """The distinct ids not in the map, sorted (what ``torch.unique`` of them gives). Many ids against a small
+        table: mark them and scan the table, which comes out sorted with no sort (an outer hop, ~1M ids)."""
+        if ids.numel() * self.SCAN_PER_ID < self.table.numel():
+            return torch.unique(ids[self.get(ids) < 0])
+        if self._mark is None:
+            self._mark = torch.zeros(self.table.numel(), dtype=torch.bool, device=self.table.device)
+        mark = self._mark
+        mark.index_fill_(0, ids, True)
+        out = torch.logical_and(mark, self.table < 0, out=mark).nonzero().squeeze(1)
+        mark.zero_()
+        return out
 
     def put(self, ids: Tensor, local: Tensor) -> None:
         self.table[ids] = local
@@ -66,6 +83,10 @@ class SortedIdMap:
             return torch.full_like(ids, -1)
         pos = torch.searchsorted(self.keys, ids).clamp_(max=self.keys.numel() - 1)
         return torch.where(self.keys.index_select(0, pos) == ids, self.values.index_select(0, pos), -1)
+
+    def fresh(self, ids: Tensor) -> Tensor:
+        """The distinct ids not in the map, sorted."""
+        return torch.unique(ids[self.get(ids) < 0])
 
     def put(self, ids: Tensor, local: Tensor) -> None:
         """Add ``ids`` (distinct, not in the map yet)."""
@@ -106,25 +127,27 @@ class CSRNeighborSampler(BaseSampler):
         self.begin_batch()
         n_ids = [seeds]
         local.put(seeds, torch.arange(seeds.numel(), device=dev))
-        num_nodes, edges, num_edges = [seeds.numel()], [], []
-        frontier, frontier_local, total = seeds, torch.arange(seeds.numel(), device=dev), seeds.numel()
+        num_nodes, sources, targets, num_edges = [seeds.numel()], [], [], []
+        # The frontier's batch-local ids are always one range: [first, first + len(frontier)).
+        frontier, first, total = seeds, 0, seeds.numel()
         try:
             for fanout in self.fanouts:
                 row, nbr = self.hop(frontier, fanout, generator)
-                new_nodes = torch.unique(nbr[local.get(nbr) < 0])  # sorted: deterministic local order
-                new_local = torch.arange(total, total + new_nodes.numel(), device=dev)
-                local.put(new_nodes, new_local)
-                total += new_nodes.numel()
-                nbr_local = local.get(nbr)
-                edges.append(torch.stack([nbr_local, frontier_local.index_select(0, row)]))
+                new_nodes = local.fresh(nbr)  # sorted: deterministic local order
+                local.put(new_nodes, torch.arange(total, total + new_nodes.numel(), device=dev))
+                sources.append(local.get(nbr))
+                targets.append(row.add_(first) if first else row)
                 num_edges.append(nbr.numel())
                 num_nodes.append(new_nodes.numel())
                 n_ids.append(new_nodes)
-                frontier, frontier_local = new_nodes, new_local
+                frontier, first, total = new_nodes, total, total + new_nodes.numel()
             n_id = torch.cat(n_ids)
         finally:
             local.clear(torch.cat(n_ids))
-        edge_index = torch.cat(edges, dim=1) if edges else torch.empty(2, 0, dtype=torch.long, device=dev)
+        edge_index = torch.empty(2, sum(num_edges), dtype=torch.long, device=dev)
+        if sources:  # each row written once, in place (no stack, then cat, of 2 x edges)
+            torch.cat(sources, out=edge_index[0])
+            torch.cat(targets, out=edge_index[1])
         return SampledSubgraph(n_id, edge_index, seeds.numel(), tuple(num_nodes), tuple(num_edges))
 
     # -------------------------------------------------------------------- PyG's sampler protocol
@@ -168,13 +191,13 @@ def sample_neighbors(rowptr: Tensor, col: Tensor, nodes: Tensor, fanout: int,
     than the whole rest of the batch, measured on an H100 in benchmarks/gpu.py).
     """
     device = rowptr.device
-    start = rowptr[nodes]
-    deg = rowptr[nodes + 1] - start
+    start = rowptr.index_select(0, nodes)
+    deg = rowptr.index_select(0, nodes + 1).sub_(start)
     take = deg.clamp(max=fanout)
+    first = torch.cumsum(take, 0).sub_(take)  # where each row's output slots begin
     row = torch.repeat_interleave(torch.arange(nodes.numel(), device=device), take)
-    # Offset of each output slot inside its row's neighbour list: 0, 1, ... per row.
-    slot = torch.arange(row.numel(), device=device) - torch.repeat_interleave(torch.cumsum(take, 0) - take, take,
-                                                                              output_size=row.numel())
+    # Where in col each output slot reads: a row's slots read its neighbour list from its start, in order...
+    pos = torch.arange(row.numel(), device=device).add_((start - first).index_select(0, row))
     big = (deg > fanout).nonzero().squeeze(1)  # rows that draw a subset (one host-device sync)
     if big.numel():
         n = deg.index_select(0, big)
@@ -183,10 +206,10 @@ def sample_neighbors(rowptr: Tensor, col: Tensor, nodes: Tensor, fanout: int,
                 else "floyd"
         sample = floyd_sample if method == "floyd" else key_sample
         offsets = sample(n, fanout, generator)  # [rows with deg > fanout, fanout]
-        # Big rows own exactly `fanout` consecutive slots each, from where their row's slots start.
-        first = (torch.cumsum(take, 0) - take).index_select(0, big)
-        slot[(first.unsqueeze(1) + torch.arange(fanout, device=device)).view(-1)] = offsets.view(-1)
-    return row, col.index_select(0, start.index_select(0, row) + slot).long()  # col may be stored as int32
+        # ...but big rows own exactly `fanout` consecutive slots each, which read their drawn offsets.
+        slots = (first.index_select(0, big).unsqueeze(1) + torch.arange(fanout, device=device)).view(-1)
+        pos[slots] = offsets.add_(start.index_select(0, big).unsqueeze(1)).view(-1)
+    return row, col.index_select(0, pos).long()  # col may be stored as int32
 
 
 KEYS_PER_SLOT = 4  # on a GPU: keys while the big rows' degrees sum to at most this many per sampled slot
