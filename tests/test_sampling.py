@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -10,6 +12,7 @@ import torch
 from hpcgnn.config import DatasetConfig
 from hpcgnn.data import Graph, build_graph
 from hpcgnn.sampling import BatchLoader, CSRNeighborSampler, rank_seeds, sample_neighbors, steps_per_epoch
+from hpcgnn.sampling.neighbor import DenseIdMap
 
 
 @pytest.fixture(scope="module")
@@ -149,6 +152,37 @@ def test_sorted_id_map_samples_the_dense_maps_batches(graph):
         assert b.n_id.dtype == b.edge_index.dtype == torch.long
         assert torch.equal(a.n_id, b.n_id) and torch.equal(a.edge_index, b.edge_index)
         assert a.num_sampled_nodes == b.num_sampled_nodes
+
+
+def test_a_hops_new_nodes_are_those_unique_gives_by_scan_or_by_sort():
+    """DenseIdMap.fresh marks and scans the table for many ids, sorts a few: both are torch.unique's answer,
+    and the scan leaves its marks cleared."""
+    ids_map = DenseIdMap(1000)
+    ids_map.put(torch.tensor([5, 17, 999]), torch.tensor([0, 1, 2]))
+    g = torch.Generator().manual_seed(0)
+    for n in (3, 50, 124, 125, 5000):  # fewer than 1000 / 8 ids: sorted; else scanned
+        ids = torch.randint(0, 1000, (n,), generator=g)
+        expect = torch.unique(ids[~torch.isin(ids, torch.tensor([5, 17, 999]))])
+        assert torch.equal(ids_map.fresh(ids), expect)
+        assert ids_map._mark is None or not bool(ids_map._mark.any())
+    assert ids_map._mark is not None  # the scan ran
+
+
+def test_freed_batch_memory_is_reused_not_faulted_in_again():
+    """keep_freed_memory: a batch-sized buffer freed, then a slightly larger one, costs no fresh pages
+    (mallopt's values are C ints: a trim threshold cut to 0 handed every freed block back to the kernel)."""
+    code = """
+import resource, torch
+from hpcgnn.sampling.loader import keep_freed_memory
+assert keep_freed_memory()
+x = torch.empty(2**25).fill_(1)  # 128 MiB
+del x
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+y = torch.empty(2**25 + 2**18).fill_(1)
+print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert int(out.stdout) < 2**27 // 4096 // 4, out.stdout  # far fewer faults than the 32k pages it spans
 
 
 @pytest.mark.parametrize("num_seeds", [1, 7, 100, 1001, 1023])
