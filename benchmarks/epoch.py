@@ -8,7 +8,9 @@ next one needs, aggregation as sorted-CSR products (hpcgnn.models.aggregation), 
 ``train.precision=auto`` (bf16 autocast where the CPU has AMX or AVX512-BF16). Today's path (before
 the CSR aggregation): the same with PyG's gather/scatter aggregation in fp32. The plain loop: the same
 batches and model without overlap or trimming; PyG's NeighborLoader with the same model when pyg-lib or
-torch-sparse is importable. For each: seeds/s and a step's loader wait, forward + backward, optimizer.
+torch-sparse is importable (``benchmarks/pyglib_venv.sh`` makes a venv with pyg-lib), and PyG as an expert
+runs it: the same loader, ``trim_to_layer``, SAGEConv's fused CSR aggregation (``torch.sparse.mm``) and bf16
+autocast where the CPU has it (``--compile``: also under ``torch.compile``). For each: seeds/s and a step's loader wait, forward + backward, optimizer.
 Prints one line each, then one comparison line.
 """
 
@@ -20,6 +22,9 @@ import time
 import torch
 import torch.nn.functional as F
 from common import BATCH, FANOUTS, benchmark_graph, graph_arguments, hpcgnn_loader, pyg_loader
+from torch_geometric import EdgeIndex
+from torch_geometric.nn import GraphSAGE
+from torch_geometric.utils import trim_to_layer
 
 
 def run(name: str, loader, model, steps: int, trim: bool, precision: str = "fp32") -> tuple[float, float]:
@@ -56,6 +61,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     graph_arguments(ap)
     ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--compile", action="store_true", help="also the expert PyG model under torch.compile")
     args = ap.parse_args()
 
     from hpcgnn.models.aggregation import csr_model
@@ -88,7 +94,36 @@ def main() -> None:
     else:
         ref, _ = run(ref_name, ref_loader, model("pyg"), args.steps, trim=False)
         line += f" | hpcgnn auto / {ref_name} = {ours / ref:.2f}x (target >= 3x)"
+        expert_loader, _ = pyg_loader(graph, FANOUTS, BATCH, num_workers=0)
+        expert, _ = run(f"expert PyG ({ref_name}, trim_to_layer, CSR spmm, precision {auto})", expert_loader,
+                        ExpertSAGE(graph.num_features, 256, 3, graph.num_classes), args.steps, trim=True,
+                        precision=auto)
+        line += f" | hpcgnn auto / expert PyG = {ours / expert:.2f}x"
+        if args.compile:
+            expert_loader, _ = pyg_loader(graph, FANOUTS, BATCH, num_workers=0)
+            compiled, _ = run("expert PyG + torch.compile(dynamic=True)", expert_loader,
+                              torch.compile(ExpertSAGE(graph.num_features, 256, 3, graph.num_classes), dynamic=True),
+                              args.steps, trim=True, precision=auto)
+            line += f" | hpcgnn auto / expert PyG compiled = {ours / compiled:.2f}x"
     print(line)
+
+
+class ExpertSAGE(GraphSAGE):
+    """PyG's GraphSAGE run the way PyG's own speed guides advise: ``trim_to_layer`` drops each layer's outer
+    hop, the aggregation is SAGEConv's fused sparse path (the edges sorted into a CSR adjacency through
+    ``EdgeIndex``, ``torch.sparse.mm`` with reduce="mean"), and the caller adds bf16 autocast where the CPU has it. Parameters as PyG's GraphSAGE."""
+
+    def forward(self, x, edge_index, num_sampled_nodes_per_hop, num_sampled_edges_per_hop):
+        for i, conv in enumerate(self.convs):
+            x, edge_index, _ = trim_to_layer(i, num_sampled_nodes_per_hop, num_sampled_edges_per_hop, x, edge_index)
+            # Rows: the targets; duplicate edges stay (a multigraph's mean counts them, as PyG's scatter does).
+            n = x.size(0)
+            adj_t = EdgeIndex(edge_index.flip(0), sparse_size=(n, n)).sort_by("row")[0].to_sparse_csr(
+                x.new_ones(edge_index.size(1)))
+            x = conv(x, adj_t)
+            if i < self.num_layers - 1:
+                x = self.dropout(self.act(x))
+        return x
 
 
 if __name__ == "__main__":
