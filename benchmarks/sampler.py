@@ -1,18 +1,21 @@
 """hpcgnn's sampler + loader vs PyG's NeighborLoader and DGL's: batches/s on the same graph, and the memory limit.
 
-    python benchmarks/sampler.py [--num-nodes 500000] [--avg-degree 50] [--batches 30] [--dgl PYTHON]
+    python benchmarks/sampler.py [--num-nodes 500000] [--avg-degree 50] [--degree-exponent 2.5] [--batches 30]
+        [--repeat 3] [--contended] [--dgl PYTHON] [--pyg PYTHON]
 
 Fanouts [15, 10, 5], batch 1024, one process. A batch is a sampled subgraph with its
 features gathered (what a training step consumes). hpcgnn is measured plainly and with
-its prefetching thread; PyG when pyg-lib or torch-sparse is importable (else it says so);
-DGL 2.1 in its own environment (``benchmarks/dgl_venv.sh`` makes it; ``--dgl`` names its
-python, default ~/.cache/hpcgnn/dgl-venv/bin/python when it exists), as a subprocess on the
-same prepared graph, with 0 and 2 workers.
+its prefetching thread. The references run as users run them, each in a process and environment
+of its own on the same prepared graph, with 0 and 2 workers: PyG's NeighborLoader with pyg-lib
+or torch-sparse (``--pyg``: this python when it has one, else the venv ``benchmarks/pyglib_venv.sh``
+makes) and DGL 2.1 (``--dgl``: the venv ``benchmarks/dgl_venv.sh`` makes). Each side's runs are
+interleaved and the line prints medians.
 
 The limit: the bytes a batch must move (its feature rows read and written, one 8-byte read
 per sampled edge, its index arrays written: edge_index and n_id), divided by this machine's
 copy bandwidth measured in the same run (a large tensor copy, as many threads), against the
-batch's measured time. Prints one comparison line.
+batch's measured time; and where hpcgnn's batch time goes: sampling, and the feature gather with
+the bandwidth it reaches. Prints one comparison line.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import itertools
 import json
 import statistics
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -38,7 +42,6 @@ from common import (
     busy_core,
     graph_arguments,
     hpcgnn_loader,
-    pyg_loader,
 )
 
 
@@ -61,29 +64,43 @@ def copy_bandwidth(nbytes: int = 512 * 2**20, reps: int = 5) -> float:
     return 2 * nbytes * reps / (time.perf_counter() - t0)
 
 
-def batch_floor_bytes(graph, batches: int = 5) -> float:
-    """The bytes a batch must move, on average over a few batches."""
-    total = 0
-    for i, batch in enumerate(hpcgnn_loader(graph)):
-        if i == batches:
-            break
+def batch_floor_bytes(graph, batches: int = 10) -> tuple[float, float, float, float]:
+    """The bytes a batch must move, and hpcgnn's seconds sampling and gathering features, and the bytes the
+    gather moves, per batch on average over a few batches (after one)."""
+    total = sample_s = gather_s = gathered = 0
+    for i, batch in enumerate(itertools.islice(hpcgnn_loader(graph), batches + 1)):
+        if i == 0:
+            continue
+        sample_s += batch.sample[1] - batch.sample[0]
+        gather_s += batch.gather[1] - batch.gather[0]
+        gathered += batch.n_id.numel() * graph.x.size(1) * (graph.x.element_size() + batch.x.element_size())
         rows = batch.n_id.numel() * graph.x.size(1)
         total += rows * graph.x.element_size() + rows * batch.x.element_size()  # feature rows read and written
         total += batch.edge_index.size(1) * 8  # one read of the CSR per sampled edge
         total += batch.edge_index.numel() * batch.edge_index.element_size() + batch.n_id.numel() * 8  # indices written
-    return total / batches
+    return total / batches, sample_s / batches, gather_s / batches, gathered / batches
 
 
-def dgl_reference(python: str, graph_folder: Path, batches: int) -> dict | str:
-    """DGL's batches/s from its own environment, or why there is none."""
+def reference(script: str, python: str, graph_folder: Path, batches: int, why_none: str) -> dict | str:
+    """A reference's batches/s from its own process and environment (``script`` in ``python``), or why none."""
     if not python or not Path(python).exists():
-        return "DGL reference: none (benchmarks/dgl_venv.sh sets it up; --dgl PYTHON)"
-    res = subprocess.run([python, str(Path(__file__).with_name("dgl_sampler.py")), str(graph_folder),
+        return why_none
+    res = subprocess.run([python, str(Path(__file__).with_name(script)), str(graph_folder),
                           "--batches", str(batches), "--threads", str(torch.get_num_threads())],
                          capture_output=True, text=True, env={**USER_ENV, "DGLBACKEND": "pytorch"})
     if res.returncode:
-        return f"DGL reference failed: {res.stderr.strip().splitlines()[-1] if res.stderr.strip() else res.returncode}"
+        return f"{script} failed: {res.stderr.strip().splitlines()[-1] if res.stderr.strip() else res.returncode}"
     return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def default_pyg_python() -> str:
+    """This python when it has pyg-lib or torch-sparse, else benchmarks/pyglib_venv.sh's when it exists."""
+    from torch_geometric.typing import WITH_PYG_LIB, WITH_TORCH_SPARSE
+
+    if WITH_PYG_LIB or WITH_TORCH_SPARSE:
+        return sys.executable
+    venv = Path("~/.cache/hpcgnn/pyg-venv/bin/python").expanduser()
+    return str(venv) if venv.exists() else ""
 
 
 def main() -> None:
@@ -95,6 +112,8 @@ def main() -> None:
     default_dgl = Path("~/.cache/hpcgnn/dgl-venv/bin/python").expanduser()
     ap.add_argument("--dgl", default=str(default_dgl) if default_dgl.exists() else "",
                     help="python of the DGL reference environment (benchmarks/dgl_venv.sh)")
+    ap.add_argument("--pyg", default=default_pyg_python(),
+                    help="python with PyG and pyg-lib or torch-sparse (benchmarks/pyglib_venv.sh)")
     args = ap.parse_args()
 
     from hpcgnn.data import cache_folder
@@ -108,33 +127,35 @@ def main() -> None:
         runs["plain"].append(batches_per_s(hpcgnn_loader(graph), args.batches))
         runs["ahead"].append(batches_per_s(hpcgnn_loader(graph, prefetch=2), args.batches))
         runs["bandwidth"].append(copy_bandwidth())
-        dgl = dgl_reference(args.dgl, cache_folder(benchmark_config(args)), args.batches)
-        if isinstance(dgl, dict):
-            for workers in (0, 2):
-                runs.setdefault(f"dgl{workers}", []).append(dgl[f"workers_{workers}"]["batches_per_s"])
-                names[f"dgl{workers}"] = f"DGL {dgl['dgl']} ({workers} workers)"
-        elif r == 0:
-            missing.append(dgl)
-        for workers in (0, 2):
-            loader, name = pyg_loader(graph, FANOUTS, BATCH, workers)
-            if loader is None:
+        folder = cache_folder(benchmark_config(args))
+        for ref, script, python, why in (
+                ("dgl", "dgl_sampler.py", args.dgl, "DGL reference: none (benchmarks/dgl_venv.sh sets it up; --dgl PYTHON)"),
+                ("pyg", "pyg_sampler.py", args.pyg, "PyG reference: none (NeighborLoader needs pyg-lib or torch-sparse: "
+                                                    "benchmarks/pyglib_venv.sh builds pyg-lib; --pyg PYTHON)")):
+            res = reference(script, python, folder, args.batches, why)
+            if isinstance(res, str):
                 if r == 0:
-                    missing.append(name)
-                break
-            runs.setdefault(f"pyg{workers}", []).append(batches_per_s(loader, args.batches))
-            names[f"pyg{workers}"] = name
+                    missing.append(res)
+                continue
+            for workers in (0, 2):
+                runs.setdefault(f"{ref}{workers}", []).append(res[f"workers_{workers}"]["batches_per_s"])
+                names[f"{ref}{workers}"] = (f"DGL {res['dgl']}" if ref == "dgl" else
+                                            f"PyG {res['pyg']} NeighborLoader ({res['backend']}") + \
+                    (f", {workers} workers)" if ref == "pyg" else f" ({workers} workers)")
         print(f"run {r + 1}: " + ", ".join(f"{k} {v[-1]:.2f}" for k, v in runs.items()), flush=True)
     contended.__exit__(None, None, None)
     med = {k: statistics.median(v) for k, v in runs.items()}
     plain, ahead, bandwidth = med["plain"], med["ahead"], med["bandwidth"]
-    floor = batch_floor_bytes(graph)
+    floor, sample_s, gather_s, gathered = batch_floor_bytes(graph)
     limit = bandwidth / floor  # batches/s if moving the bytes were all a batch cost
     line = (f"sampler ({torch.get_num_threads()} threads, fanouts {list(FANOUTS)}, batch {BATCH}, median of "
             f"{args.repeat}{', one core taken by a busy process' if args.contended else ''}"
             f"{f', degree exponent {args.degree_exponent}' if args.degree_exponent else ''}): "
             f"hpcgnn {plain:.2f} batches/s, with prefetch thread {ahead:.2f} | limit: {floor / 2**20:.0f} MB per "
             f"batch at {bandwidth / 1e9:.1f} GB/s copy bandwidth = {limit:.2f} batches/s, hpcgnn at "
-            f"{max(plain, ahead) / limit:.0%} of it")
+            f"{max(plain, ahead) / limit:.0%} of it; a batch: sampling {sample_s * 1e3:.1f} ms, feature gather "
+            f"{gather_s * 1e3:.1f} ms at {gathered / gather_s / 1e9:.1f} GB/s ({gathered / gather_s / bandwidth:.0%} "
+            f"of the copy bandwidth)")
     for ref in ("dgl", "pyg"):
         if f"{ref}0" not in med:
             continue
