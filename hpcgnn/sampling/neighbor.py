@@ -67,7 +67,10 @@ class DenseIdMap:
 
     def clear(self, ids: Tensor) -> None:
         """Forget the batch: ``ids`` are every id put since the last clear."""
-        self.table[ids] = -1
+        if ids.numel() * self.SCAN_PER_ID < self.table.numel():
+            self.table[ids] = -1
+        else:  # a batch over much of the graph: one sequential fill beats scattered writes
+            self.table.fill_(-1)
 
 
 class SortedIdMap:

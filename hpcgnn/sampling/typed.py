@@ -111,7 +111,7 @@ class TypedNeighborSampler:
                     if not found:
                         continue
                     cand = torch.cat(found)
-                    new = torch.unique(cand[local[t].get(cand) < 0])
+                    new = local[t].fresh(cand)  # sorted
                     new_local = torch.arange(total[t], total[t] + new.numel(), device=device)
                     local[t].put(new, new_local)
                     total[t] += new.numel()
