@@ -149,6 +149,11 @@ def test_link_batches_hold_their_targets_but_never_pass_messages_along_them(data
         targets = _pairs(pos)
         assert not mp & (targets | {(b, a) for a, b in targets})  # the answers are left out
         assert sum(batch.num_sampled_edges) == batch.edge_index.size(1)
+        ends, first = torch.tensor([0, *batch.num_sampled_nodes]).cumsum(0), 0  # hop h's edges end in hop h - 1's nodes
+        for h, m in enumerate(batch.num_sampled_edges):
+            d = batch.edge_index[1, first:first + m]
+            assert bool(((d >= ends[h]) & (d < ends[h + 1])).all()), h
+            first += m
         negs = n_id[idx[:, 200:]]
         assert torch.equal(negs[0], pos[0].repeat_interleave(2))  # the source is kept, the target corrupted
         if negatives == "strict":  # no edge either way, unless padded (weight 0)

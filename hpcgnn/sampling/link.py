@@ -41,16 +41,20 @@ def _without_targets(out: SampledSubgraph, pairs: Tensor, absent_in_degree: Tens
     """``out`` without its edges that join a target pair (local ids [2, B]), in either direction, and with the
     graph's in-edges of each local node that the pairs take away (``absent_in_degree``, sampled or not)."""
     out = replace(out, absent_in_degree=absent_in_degree)
-    n = out.n_id.numel()
-    targets = torch.cat([pairs[0] * n + pairs[1], pairs[1] * n + pairs[0]])
+    b = out.batch_size  # the pairs join seeds, the first b local nodes: only edges between seeds can be targets
     src, dst = out.edge_index
-    keep = ~torch.isin(src * n + dst, targets)
-    if bool(keep.all()):
+    among = torch.logical_and(src < b, dst < b).nonzero().squeeze(1)  # a few thousand of ~2M edges
+    targets = torch.cat([pairs[0] * b + pairs[1], pairs[1] * b + pairs[0]])
+    drop = among[torch.isin(src.index_select(0, among) * b + dst.index_select(0, among), targets)]
+    if drop.numel() == 0:
         return out
+    keep = torch.ones(src.numel(), dtype=torch.bool, device=src.device)
+    keep[drop] = False
     num_edges = None
     if out.num_sampled_edges is not None:  # per-hop counts of what is kept, for trim_to_layer
-        hop = torch.repeat_interleave(torch.arange(len(out.num_sampled_edges)), torch.tensor(out.num_sampled_edges))
-        num_edges = tuple(torch.bincount(hop[keep], minlength=len(out.num_sampled_edges)).tolist())
+        per_hop = torch.tensor(out.num_sampled_edges)
+        hop = torch.searchsorted(per_hop.cumsum(0), drop.cpu(), right=True)
+        num_edges = tuple((per_hop - torch.bincount(hop, minlength=per_hop.numel())).tolist())
     return replace(out, edge_index=out.edge_index[:, keep], num_sampled_edges=num_edges)
 
 
