@@ -12,6 +12,9 @@ the same number of steps.
 
 from __future__ import annotations
 
+# isort: off
+import hpcgnn  # noqa: F401  (first: its process defaults, OMP_WAIT_POLICY, before torch loads OpenMP)
+# isort: on
 import argparse
 import time
 

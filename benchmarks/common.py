@@ -96,6 +96,27 @@ def busy_core(enabled: bool = True, limit_s: float = 3600.0):
         busy.wait()
 
 
+def interleaved_medians(sides: dict, repeat: int) -> dict[str, float]:
+    """Each side's figure (a callable's return), median of ``repeat`` runs, taken in turn so that a noisy
+    minute hits every side alike. Prints each run."""
+    import statistics
+
+    runs: dict[str, list[float]] = {name: [] for name in sides}
+    for r in range(repeat):
+        for name, measure in sides.items():
+            runs[name].append(measure())
+        print(f"run {r + 1}: " + ", ".join(f"{k} {v[-1]:.2f}" for k, v in runs.items()), flush=True)
+    return {name: statistics.median(v) for name, v in runs.items()}
+
+
+def contended(measure):
+    """``measure`` run with a busy process beside it taking one core (``--contended``)."""
+    def run():
+        with busy_core():
+            return measure()
+    return run
+
+
 def in_child(target, *args):
     """``target(*args, queue)`` in a fresh spawned process (a rank, a partitioner): what it put in the queue."""
     import multiprocessing as mp

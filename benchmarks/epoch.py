@@ -16,6 +16,9 @@ Prints one line each, then one comparison line.
 
 from __future__ import annotations
 
+# isort: off
+import hpcgnn  # noqa: F401  (first: its process defaults, OMP_WAIT_POLICY, before torch loads OpenMP)
+# isort: on
 import argparse
 import time
 

@@ -15,6 +15,9 @@ Prints one line each, then one comparison line with the bars docs/gpus.md names.
 
 from __future__ import annotations
 
+# isort: off
+import hpcgnn  # noqa: F401  (first: its process defaults, OMP_WAIT_POLICY, before torch loads OpenMP)
+# isort: on
 import argparse
 import time
 

@@ -12,6 +12,9 @@ split. Prints one comparison line (the mean and every seed of each side, and the
 
 from __future__ import annotations
 
+# isort: off
+import hpcgnn  # noqa: F401  (first: its process defaults, OMP_WAIT_POLICY, before torch loads OpenMP)
+# isort: on
 import argparse
 import statistics
 import time

@@ -11,6 +11,9 @@ arrays into private memory, as a per-process load does) is the reference. Prints
 
 from __future__ import annotations
 
+# isort: off
+import hpcgnn  # noqa: F401  (first: its process defaults, OMP_WAIT_POLICY, before torch loads OpenMP)
+# isort: on
 import argparse
 import multiprocessing as mp
 import time

@@ -17,6 +17,9 @@ Also: the bytes a rank of the partitioned job holds vs the replicated graph.
 
 from __future__ import annotations
 
+# isort: off
+import hpcgnn  # noqa: F401  (first: its process defaults, OMP_WAIT_POLICY, before torch loads OpenMP)
+# isort: on
 import argparse
 import time
 

@@ -20,6 +20,9 @@ Timings on shared machines are noisy: compare the ratios within one run. Prints 
 
 from __future__ import annotations
 
+# isort: off
+import hpcgnn  # noqa: F401  (first: its process defaults, OMP_WAIT_POLICY, before torch loads OpenMP)
+# isort: on
 import argparse
 import json
 import multiprocessing as mp

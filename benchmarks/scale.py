@@ -23,6 +23,9 @@ The last lines compare the partitioners and the memory of the paths (one line ea
 
 from __future__ import annotations
 
+# isort: off
+import hpcgnn  # noqa: F401  (first: its process defaults, OMP_WAIT_POLICY, before torch loads OpenMP)
+# isort: on
 import argparse
 import dataclasses
 import multiprocessing as mp
