@@ -96,7 +96,8 @@ class TypedNeighborSampler:
         n_ids: dict[str, list[Tensor]] = {t: [] for t in node_types}
         counts = {t: [0] * (self.num_hops + 1) for t in node_types}
         total = dict.fromkeys(node_types, 0)
-        edges: dict[Relation, list[Tensor]] = {r: [] for r in g.relations}
+        sources: dict[Relation, list[Tensor]] = {r: [] for r in g.relations}
+        targets: dict[Relation, list[Tensor]] = {r: [] for r in g.relations}
         num_edges = {r: [0] * self.num_hops for r in g.relations}
         local[g.target].put(seeds, torch.arange(seeds.numel(), device=device))
         n_ids[g.target].append(seeds)
@@ -120,15 +121,20 @@ class TypedNeighborSampler:
                     if new.numel():
                         frontier[t] = (new, new_local)
                 for rel, dst_local, nbr in drawn:
-                    edges[rel].append(torch.stack([local[rel[0]].get(nbr), dst_local]))
+                    sources[rel].append(local[rel[0]].get(nbr))
+                    targets[rel].append(dst_local)
                     num_edges[rel][hop] += nbr.numel()
             n_id = {t: torch.cat(v) if v else torch.empty(0, dtype=torch.long, device=device) for t, v in n_ids.items()}
         finally:
             for t, parts in n_ids.items():
                 if parts:
                     local[t].clear(torch.cat(parts))
-        edge_index = {r: torch.cat(v, 1) if v else torch.empty(2, 0, dtype=torch.long, device=device)
-                      for r, v in edges.items()}
+        edge_index = {}
+        for rel in g.relations:  # each row written once, in place (no stack, then cat, of 2 x edges)
+            edge_index[rel] = torch.empty(2, sum(num_edges[rel]), dtype=torch.long, device=device)
+            if sources[rel]:
+                torch.cat(sources[rel], out=edge_index[rel][0])
+                torch.cat(targets[rel], out=edge_index[rel][1])
         return TypedSubgraph(n_id, edge_index, seeds.numel(), counts, num_edges)
 
 
