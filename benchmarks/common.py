@@ -117,6 +117,28 @@ def contended(measure):
     return run
 
 
+def loader_sides(plain, ahead, with_contended: bool) -> dict:
+    """hpcgnn's sides of a loader benchmark: ``plain`` and ``ahead`` (the prefetch thread) batches/s, and
+    both again with one core taken when ``with_contended``."""
+    sides = {"plain": plain, "ahead": ahead}
+    if with_contended:
+        sides["plain contended"], sides["ahead contended"] = contended(plain), contended(ahead)
+    return sides
+
+
+def loader_part(med: dict, with_contended: bool) -> str:
+    """hpcgnn's figures of a loader benchmark's line: quiet, and contended against quiet in the same run."""
+    line = f"hpcgnn {med['plain']:.2f} batches/s, with prefetch thread {med['ahead']:.2f}"
+    return line + (contended_part(med) if with_contended else "")
+
+
+def contended_part(med: dict) -> str:
+    """The contended figures against the quiet ones of the same run."""
+    return (f" | one core taken by a busy process: {med['plain contended']:.2f}, with prefetch thread "
+            f"{med['ahead contended']:.2f} = {med['plain'] / med['plain contended']:.2f}x and "
+            f"{med['ahead'] / med['ahead contended']:.2f}x slower than quiet (target <= 2.5x)")
+
+
 def in_child(target, *args):
     """``target(*args, queue)`` in a fresh spawned process (a rank, a partitioner): what it put in the queue."""
     import multiprocessing as mp

@@ -26,8 +26,7 @@ import itertools
 import time
 
 import torch
-from common import contended, interleaved_medians
-from link import contended_part
+from common import interleaved_medians, loader_part, loader_sides
 
 # ogbn-mag as OGB describes it
 MAG_NODES = {"paper": 736_389, "author": 1_134_649, "institution": 8_740, "field_of_study": 59_965}
@@ -130,11 +129,9 @@ def main() -> None:
     print(f"graph: {sum(graph.num_nodes.values())} nodes ({graph.num_nodes}), {graph.num_edges()} edges with "
           f"reverses over {len(graph.relations)} relations, built in {time.perf_counter() - t0:.0f} s", flush=True)
     fan = tuple(args.fanouts)
-    sides = {"plain": lambda: batches_per_s(hpcgnn_loader(graph, fan, args.batch_size), args.batches),
-             "ahead": lambda: batches_per_s(hpcgnn_loader(graph, fan, args.batch_size, prefetch=2), args.batches)}
-    if args.contended:
-        sides["plain contended"] = contended(sides["plain"])
-        sides["ahead contended"] = contended(sides["ahead"])
+    sides = loader_sides(lambda: batches_per_s(hpcgnn_loader(graph, fan, args.batch_size), args.batches),
+                         lambda: batches_per_s(hpcgnn_loader(graph, fan, args.batch_size, prefetch=2), args.batches),
+                         args.contended)
     names, missing = {}, ""
     for workers in () if args.no_pyg else (0, 2):
         loader, name = pyg_loader(graph, fan, args.batch_size, workers)
@@ -147,9 +144,7 @@ def main() -> None:
     med = interleaved_medians(sides, args.repeat)
     plain, ahead = med["plain"], med["ahead"]
     line = (f"hetero ({torch.get_num_threads()} threads, fanouts {list(fan)} per relation, batch {args.batch_size}, "
-            f"median of {args.repeat}): hpcgnn {plain:.2f} batches/s, with prefetch thread {ahead:.2f}")
-    if args.contended:
-        line += contended_part(med)
+            f"median of {args.repeat}): {loader_part(med, args.contended)}")
     if args.gpu:
         cuda = torch.device("cuda")
         on_gpu = graph.to(cuda)

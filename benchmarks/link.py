@@ -22,7 +22,15 @@ import dataclasses
 import time
 
 import torch
-from common import BATCH, FANOUTS, benchmark_config, contended, graph_arguments, interleaved_medians
+from common import (
+    BATCH,
+    FANOUTS,
+    benchmark_config,
+    graph_arguments,
+    interleaved_medians,
+    loader_part,
+    loader_sides,
+)
 from sampler import batches_per_s
 
 
@@ -56,32 +64,20 @@ def main() -> None:
         loader = BatchLoader(g, sampler, order, BATCH, batch_seed=0)
         return PrefetchLoader(loader, prefetch) if prefetch else loader
 
-    sides = {"plain": lambda: batches_per_s(hpcgnn_loader(0), args.batches),
-             "ahead": lambda: batches_per_s(hpcgnn_loader(2), args.batches)}
-    if args.contended:
-        sides["plain contended"] = contended(sides["plain"])
-        sides["ahead contended"] = contended(sides["ahead"])
+    sides = loader_sides(lambda: batches_per_s(hpcgnn_loader(0), args.batches),
+                         lambda: batches_per_s(hpcgnn_loader(2), args.batches), args.contended)
     loader, name = pyg_link_loader(g, data.train.pos[:, order], args)
     if loader is not None:
         sides["pyg"] = lambda: batches_per_s(pyg_link_loader(g, data.train.pos[:, order], args)[0], args.batches)
     med = interleaved_medians(sides, args.repeat)
     plain, ahead = med["plain"], med["ahead"]
     line = (f"link loader ({torch.get_num_threads()} threads, fanouts {list(FANOUTS)}, {BATCH} positive edges + 1 "
-            f"negative each, median of {args.repeat}): hpcgnn {plain:.2f} batches/s, with prefetch thread {ahead:.2f}")
-    if args.contended:
-        line += contended_part(med)
+            f"negative each, median of {args.repeat}): {loader_part(med, args.contended)}")
     if loader is None:
         line += f" | {name}"
     else:
         line += f" | {name} {med['pyg']:.2f} batches/s, hpcgnn/PyG = {max(plain, ahead) / med['pyg']:.2f}x (target >= 3x)"
     print(line)
-
-
-def contended_part(med: dict) -> str:
-    """The contended figures against the quiet ones of the same run."""
-    return (f" | one core taken by a busy process: {med['plain contended']:.2f}, with prefetch thread "
-            f"{med['ahead contended']:.2f} = {med['plain'] / med['plain contended']:.2f}x and "
-            f"{med['ahead'] / med['ahead contended']:.2f}x slower than quiet (target <= 2.5x)")
 
 
 def pyg_link_loader(graph, edges: torch.Tensor, args):
