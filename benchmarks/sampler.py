@@ -8,8 +8,8 @@ features gathered (what a training step consumes). hpcgnn is measured plainly an
 its prefetching thread. The references run as users run them, each in a process and environment
 of its own on the same prepared graph, with 0 and 2 workers: PyG's NeighborLoader with pyg-lib
 or torch-sparse (``--pyg``: this python when it has one, else the venv ``benchmarks/pyglib_venv.sh``
-makes) and DGL 2.1 (``--dgl``: the venv ``benchmarks/dgl_venv.sh`` makes). Each side's runs are
-interleaved and the line prints medians.
+makes) and DGL 2.1 (``--dgl``: the venv ``benchmarks/dgl_venv.sh`` makes; GraphBolt's sampler too where it
+runs). Each side's runs are interleaved and the line prints medians.
 
 The limit: the bytes a batch must move (its feature rows read and written, one 8-byte read
 per sampled edge, its index arrays written: edge_index and n_id), divided by this machine's
@@ -137,6 +137,11 @@ def main() -> None:
                 if r == 0:
                     missing.append(res)
                 continue
+            gb = res.get("graphbolt_0")
+            if isinstance(gb, dict):
+                runs.setdefault("graphbolt", []).append(gb["batches_per_s"])
+            elif gb and r == 0:
+                missing.append(f"GraphBolt did not run: {gb}")
             for workers in (0, 2):
                 runs.setdefault(f"{ref}{workers}", []).append(res[f"workers_{workers}"]["batches_per_s"])
                 names[f"{ref}{workers}"] = (f"DGL {res['dgl']}" if ref == "dgl" else
@@ -164,6 +169,9 @@ def main() -> None:
         line += (f" | {names[f'{ref}0']} {zero:.2f}, {names.get(f'{ref}2', '2 workers')} {two:.2f} batches/s: "
                  f"hpcgnn/{ref.upper()} with 0 workers = {plain / zero:.2f}x, best against best = "
                  f"{max(plain, ahead) / max(zero, two):.2f}x (target >= {target}x)")
+    if "graphbolt" in med:
+        line += (f" | DGL GraphBolt (0 workers) {med['graphbolt']:.2f} batches/s, hpcgnn/GraphBolt = "
+                 f"{plain / med['graphbolt']:.2f}x")
     for why in missing:
         line += f" | {why}"
     print(line)
