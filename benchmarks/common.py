@@ -62,20 +62,28 @@ def benchmark_graph(args):
     return graph
 
 
-def pyg_loader(graph, fanouts, batch_size: int, num_workers: int, seed: int = 0):
-    """PyG's NeighborLoader on the same graph, or None with the reason when it cannot run here."""
+def pyg_backend(loader: str = "NeighborLoader") -> tuple[str | None, str]:
+    """PyG's sampling backend here, ``("pyg-lib" or "torch-sparse", "")``, or ``(None, why)`` when PyG's
+    ``loader`` cannot run (benchmarks/pyglib_venv.sh makes a python with pyg-lib)."""
     try:
         from torch_geometric.typing import WITH_PYG_LIB, WITH_TORCH_SPARSE
     except ImportError as exc:
         return None, f"torch_geometric.typing unavailable ({exc})"
     if not (WITH_PYG_LIB or WITH_TORCH_SPARSE):
-        return None, "PyG reference unavailable: NeighborLoader needs pyg-lib or torch-sparse, neither is importable"
+        return None, f"PyG reference unavailable: {loader} needs pyg-lib or torch-sparse, neither is importable"
+    return ("pyg-lib" if WITH_PYG_LIB else "torch-sparse"), ""
+
+
+def pyg_loader(graph, fanouts, batch_size: int, num_workers: int, seed: int = 0):
+    """PyG's NeighborLoader on the same graph, or None with the reason when it cannot run here."""
+    backend, why = pyg_backend()
+    if backend is None:
+        return None, why
     from torch_geometric.data import Data
     from torch_geometric.loader import NeighborLoader
 
     data = Data(x=graph.x, y=graph.y, edge_index=graph.edge_index(), num_nodes=graph.num_nodes)
     torch.manual_seed(seed)
-    backend = "pyg-lib" if WITH_PYG_LIB else "torch-sparse"
     loader = NeighborLoader(data, num_neighbors=list(fanouts), input_nodes=graph.train_idx, batch_size=batch_size,
                             shuffle=True, num_workers=num_workers)
     return loader, f"PyG NeighborLoader ({backend}, {num_workers} workers)"

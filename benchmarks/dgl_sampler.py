@@ -11,40 +11,29 @@ Prints one JSON line: batches/s per worker count (GraphBolt's: its figures, or w
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import time
-from pathlib import Path
 
-import numpy as np
-
-FANOUTS, BATCH = (15, 10, 5), 1024  # hop 1 first, as benchmarks/common.py
+from reference_graph import BATCH, FANOUTS, arguments, load
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("folder", type=Path)
-    ap.add_argument("--batches", type=int, default=30)
-    ap.add_argument("--workers", default="0,2")
-    ap.add_argument("--threads", type=int, default=0)
-    args = ap.parse_args()
+    args = arguments(__doc__)
 
     import dgl
     import torch
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    meta = json.loads((args.folder / "meta.json").read_text())
-    rowptr = torch.from_numpy(np.load(args.folder / "rowptr.npy"))
-    col = torch.from_numpy(np.load(args.folder / "col.npy"))
-    x = np.load(args.folder / "x.npy", mmap_mode="r")
-    feats = torch.from_numpy(np.ascontiguousarray(x))
-    if meta.get("feature_dtype") == "bfloat16":
+    arrays = load(args.folder)
+    rowptr, col = torch.from_numpy(arrays["rowptr"]), torch.from_numpy(arrays["col"])
+    feats = torch.from_numpy(arrays["x"])
+    if arrays["feature_dtype"] == "bfloat16":
         feats = feats.view(torch.bfloat16)
-    train = torch.from_numpy(np.load(args.folder / "train_idx.npy")).long()
+    train = torch.from_numpy(arrays["train"]).long()
     g = dgl.graph(("csc", (rowptr.long(), col.long(), torch.tensor([], dtype=torch.long))),
-                  num_nodes=int(meta["num_nodes"]))
+                  num_nodes=arrays["num_nodes"])
     g.ndata["feat"] = feats
     out = {"dgl": dgl.__version__, "torch": torch.__version__, "threads": torch.get_num_threads()}
     for workers in (int(w) for w in args.workers.split(",")):

@@ -26,7 +26,7 @@ import itertools
 import time
 
 import torch
-from common import interleaved_medians, loader_part, loader_sides
+from common import interleaved_medians, loader_part, loader_sides, pyg_backend
 
 # ogbn-mag as OGB describes it
 MAG_NODES = {"paper": 736_389, "author": 1_134_649, "institution": 8_740, "field_of_study": 59_965}
@@ -95,14 +95,12 @@ def hpcgnn_loader(graph, fanouts, batch_size: int, prefetch: int = 0, device: to
 
 def pyg_loader(graph, fanouts, batch_size: int, num_workers: int):
     """PyG's NeighborLoader over the same graph as HeteroData, or None with the reason."""
-    from torch_geometric.typing import WITH_PYG_LIB, WITH_TORCH_SPARSE
-
-    if not (WITH_PYG_LIB or WITH_TORCH_SPARSE):
-        return None, "PyG reference unavailable: NeighborLoader needs pyg-lib or torch-sparse, neither is importable"
+    backend, why = pyg_backend()
+    if backend is None:
+        return None, why
     from torch_geometric.loader import NeighborLoader
 
     torch.manual_seed(0)
-    backend = "pyg-lib" if WITH_PYG_LIB else "torch-sparse"
     loader = NeighborLoader(graph.to_hetero_data(), num_neighbors=list(fanouts),
                             input_nodes=(graph.target, graph.train_idx), batch_size=batch_size, shuffle=True,
                             num_workers=num_workers)

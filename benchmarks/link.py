@@ -30,6 +30,7 @@ from common import (
     interleaved_medians,
     loader_part,
     loader_sides,
+    pyg_backend,
 )
 from sampler import batches_per_s
 
@@ -82,18 +83,14 @@ def main() -> None:
 
 def pyg_link_loader(graph, edges: torch.Tensor, args):
     """PyG's LinkNeighborLoader on the same graph and edges, or None with the reason when it cannot run here."""
-    try:
-        from torch_geometric.typing import WITH_PYG_LIB, WITH_TORCH_SPARSE
-    except ImportError as exc:
-        return None, f"torch_geometric.typing unavailable ({exc})"
-    if not (WITH_PYG_LIB or WITH_TORCH_SPARSE):
-        return None, "PyG reference unavailable: LinkNeighborLoader needs pyg-lib or torch-sparse, neither is importable"
+    backend, why = pyg_backend("LinkNeighborLoader")
+    if backend is None:
+        return None, why
     from torch_geometric.data import Data
     from torch_geometric.loader import LinkNeighborLoader
     from torch_geometric.sampler import NegativeSampling
 
     data = Data(x=graph.x, edge_index=graph.edge_index(), num_nodes=graph.num_nodes)
-    backend = "pyg-lib" if WITH_PYG_LIB else "torch-sparse"
     loader = LinkNeighborLoader(data, num_neighbors=list(FANOUTS), edge_label_index=edges, batch_size=BATCH,
                                 neg_sampling=NegativeSampling("binary", 1), shuffle=False)
     return loader, f"PyG LinkNeighborLoader ({backend})"

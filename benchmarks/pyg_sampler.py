@@ -11,24 +11,15 @@ JSON line: batches/s per worker count, and the backend (pyg-lib or torch-sparse)
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import time
-from pathlib import Path
 
-import numpy as np
-
-FANOUTS, BATCH = (15, 10, 5), 1024  # as benchmarks/common.py
+from reference_graph import BATCH, FANOUTS, arguments, load
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("folder", type=Path)
-    ap.add_argument("--batches", type=int, default=30)
-    ap.add_argument("--workers", default="0,2")
-    ap.add_argument("--threads", type=int, default=0)
-    args = ap.parse_args()
+    args = arguments(__doc__)
 
     import torch
     import torch_geometric
@@ -41,16 +32,14 @@ def main() -> None:
                          "(benchmarks/pyglib_venv.sh builds pyg-lib)")
     if args.threads:
         torch.set_num_threads(args.threads)
-    meta = json.loads((args.folder / "meta.json").read_text())
-    rowptr = torch.from_numpy(np.load(args.folder / "rowptr.npy")).long()
-    col = torch.from_numpy(np.load(args.folder / "col.npy")).long()
+    g = load(args.folder)
+    rowptr, col = torch.from_numpy(g["rowptr"]).long(), torch.from_numpy(g["col"]).long()
     dst = torch.repeat_interleave(torch.arange(rowptr.numel() - 1), rowptr.diff())  # in-edges: col -> node
-    x = torch.from_numpy(np.ascontiguousarray(np.load(args.folder / "x.npy", mmap_mode="r")))
-    if meta.get("feature_dtype") == "bfloat16":
+    x = torch.from_numpy(g["x"])
+    if g["feature_dtype"] == "bfloat16":
         x = x.view(torch.bfloat16)
-    y = torch.from_numpy(np.load(args.folder / "y.npy")).long()
-    train = torch.from_numpy(np.load(args.folder / "train_idx.npy")).long()
-    data = Data(x=x, y=y, edge_index=torch.stack([col, dst]), num_nodes=int(meta["num_nodes"]))
+    train = torch.from_numpy(g["train"]).long()
+    data = Data(x=x, y=torch.from_numpy(g["y"]).long(), edge_index=torch.stack([col, dst]), num_nodes=g["num_nodes"])
     backend = "pyg-lib" if WITH_PYG_LIB else "torch-sparse"
     out = {"pyg": torch_geometric.__version__, "backend": backend, "torch": torch.__version__,
            "threads": torch.get_num_threads()}

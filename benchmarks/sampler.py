@@ -42,6 +42,7 @@ from common import (
     busy_core,
     graph_arguments,
     hpcgnn_loader,
+    pyg_backend,
 )
 
 
@@ -64,21 +65,21 @@ def copy_bandwidth(nbytes: int = 512 * 2**20, reps: int = 5) -> float:
     return 2 * nbytes * reps / (time.perf_counter() - t0)
 
 
-def batch_floor_bytes(graph, batches: int = 10) -> tuple[float, float, float, float]:
-    """The bytes a batch must move, and hpcgnn's seconds sampling and gathering features, and the bytes the
-    gather moves, per batch on average over a few batches (after one)."""
-    total = sample_s = gather_s = gathered = 0
-    for i, batch in enumerate(itertools.islice(hpcgnn_loader(graph), batches + 1)):
-        if i == 0:
-            continue
+def batch_floor_bytes(graph, batches: int = 10) -> tuple[float, float, float, float, float]:
+    """Per batch, on average over a few batches (after one): the bytes a batch must move, hpcgnn's seconds
+    sampling and gathering features, the bytes the gather moves, and the sampled edges."""
+    total = sample_s = gather_s = gathered = edges = n = 0
+    for batch in itertools.islice(hpcgnn_loader(graph), 1, batches + 1):
+        n += 1  # a small graph's epoch may hold fewer
         sample_s += batch.sample[1] - batch.sample[0]
         gather_s += batch.gather[1] - batch.gather[0]
-        gathered += batch.n_id.numel() * graph.x.size(1) * (graph.x.element_size() + batch.x.element_size())
         rows = batch.n_id.numel() * graph.x.size(1)
-        total += rows * graph.x.element_size() + rows * batch.x.element_size()  # feature rows read and written
-        total += batch.edge_index.size(1) * 8  # one read of the CSR per sampled edge
+        features = rows * graph.x.element_size() + rows * batch.x.element_size()  # feature rows read and written
+        gathered += features
+        edges += batch.edge_index.size(1)
+        total += features + batch.edge_index.size(1) * 8  # and one read of the CSR per sampled edge
         total += batch.edge_index.numel() * batch.edge_index.element_size() + batch.n_id.numel() * 8  # indices written
-    return total / batches, sample_s / batches, gather_s / batches, gathered / batches
+    return total / n, sample_s / n, gather_s / n, gathered / n, edges / n
 
 
 def reference(script: str, python: str, graph_folder: Path, batches: int, why_none: str) -> dict | str:
@@ -95,12 +96,17 @@ def reference(script: str, python: str, graph_folder: Path, batches: int, why_no
 
 def default_pyg_python() -> str:
     """This python when it has pyg-lib or torch-sparse, else benchmarks/pyglib_venv.sh's when it exists."""
-    from torch_geometric.typing import WITH_PYG_LIB, WITH_TORCH_SPARSE
-
-    if WITH_PYG_LIB or WITH_TORCH_SPARSE:
+    if pyg_backend()[0] is not None:
         return sys.executable
     venv = Path("~/.cache/hpcgnn/pyg-venv/bin/python").expanduser()
     return str(venv) if venv.exists() else ""
+
+
+REFERENCES = (  # (argument and name, script, why there is none)
+    ("dgl", "dgl_sampler.py", "DGL reference: none (benchmarks/dgl_venv.sh sets it up; --dgl PYTHON)"),
+    ("pyg", "pyg_sampler.py", "PyG reference: none (NeighborLoader needs pyg-lib or torch-sparse: "
+                              "benchmarks/pyglib_venv.sh builds pyg-lib; --pyg PYTHON)"),
+)
 
 
 def main() -> None:
@@ -120,38 +126,33 @@ def main() -> None:
 
     graph = benchmark_graph(args)
     runs: dict[str, list[float]] = {"plain": [], "ahead": [], "bandwidth": []}
-    names, missing = {}, []
-    contended = busy_core(args.contended)
-    contended.__enter__()
-    for r in range(args.repeat):  # interleaved, so that a noisy minute hits every side alike
-        runs["plain"].append(batches_per_s(hpcgnn_loader(graph), args.batches))
-        runs["ahead"].append(batches_per_s(hpcgnn_loader(graph, prefetch=2), args.batches))
-        runs["bandwidth"].append(copy_bandwidth())
-        folder = cache_folder(benchmark_config(args))
-        for ref, script, python, why in (
-                ("dgl", "dgl_sampler.py", args.dgl, "DGL reference: none (benchmarks/dgl_venv.sh sets it up; --dgl PYTHON)"),
-                ("pyg", "pyg_sampler.py", args.pyg, "PyG reference: none (NeighborLoader needs pyg-lib or torch-sparse: "
-                                                    "benchmarks/pyglib_venv.sh builds pyg-lib; --pyg PYTHON)")):
-            res = reference(script, python, folder, args.batches, why)
-            if isinstance(res, str):
-                if r == 0:
-                    missing.append(res)
-                continue
-            gb = res.get("graphbolt_0")
-            if isinstance(gb, dict):
-                runs.setdefault("graphbolt", []).append(gb["batches_per_s"])
-            elif gb and r == 0:
-                missing.append(f"GraphBolt did not run: {gb}")
-            for workers in (0, 2):
-                runs.setdefault(f"{ref}{workers}", []).append(res[f"workers_{workers}"]["batches_per_s"])
-                names[f"{ref}{workers}"] = (f"DGL {res['dgl']}" if ref == "dgl" else
-                                            f"PyG {res['pyg']} NeighborLoader ({res['backend']}") + \
-                    (f", {workers} workers)" if ref == "pyg" else f" ({workers} workers)")
-        print(f"run {r + 1}: " + ", ".join(f"{k} {v[-1]:.2f}" for k, v in runs.items()), flush=True)
-    contended.__exit__(None, None, None)
+    names, edges, missing = {}, {}, []
+    folder = cache_folder(benchmark_config(args))
+    with busy_core(args.contended):
+        for r in range(args.repeat):  # interleaved, so that a noisy minute hits every side alike
+            runs["plain"].append(batches_per_s(hpcgnn_loader(graph), args.batches))
+            runs["ahead"].append(batches_per_s(hpcgnn_loader(graph, prefetch=2), args.batches))
+            runs["bandwidth"].append(copy_bandwidth())
+            for ref, script, why in REFERENCES:
+                res = reference(script, getattr(args, ref), folder, args.batches, why)
+                if isinstance(res, str):
+                    if r == 0:
+                        missing.append(res)
+                    continue
+                gb = res.get("graphbolt_0")
+                if isinstance(gb, dict):
+                    runs.setdefault("graphbolt", []).append(gb["batches_per_s"])
+                elif gb and r == 0:
+                    missing.append(f"GraphBolt did not run: {gb}")
+                for workers in (0, 2):
+                    runs.setdefault(f"{ref}{workers}", []).append(res[f"workers_{workers}"]["batches_per_s"])
+                names[ref] = (f"DGL {res['dgl']}", "") if ref == "dgl" else \
+                    (f"PyG {res['pyg']} NeighborLoader", f"{res['backend']}, ")
+                edges[ref] = res["workers_0"]["edges_per_batch"]
+            print(f"run {r + 1}: " + ", ".join(f"{k} {v[-1]:.2f}" for k, v in runs.items()), flush=True)
     med = {k: statistics.median(v) for k, v in runs.items()}
     plain, ahead, bandwidth = med["plain"], med["ahead"], med["bandwidth"]
-    floor, sample_s, gather_s, gathered = batch_floor_bytes(graph)
+    floor, sample_s, gather_s, gathered, edges["hpcgnn"] = batch_floor_bytes(graph)
     limit = bandwidth / floor  # batches/s if moving the bytes were all a batch cost
     line = (f"sampler ({torch.get_num_threads()} threads, fanouts {list(FANOUTS)}, batch {BATCH}, median of "
             f"{args.repeat}{', one core taken by a busy process' if args.contended else ''}"
@@ -161,17 +162,15 @@ def main() -> None:
             f"{max(plain, ahead) / limit:.0%} of it; a batch: sampling {sample_s * 1e3:.1f} ms, feature gather "
             f"{gather_s * 1e3:.1f} ms at {gathered / gather_s / 1e9:.1f} GB/s ({gathered / gather_s / bandwidth:.0%} "
             f"of the copy bandwidth)")
-    for ref in ("dgl", "pyg"):
-        if f"{ref}0" not in med:
-            continue
-        zero, two = med[f"{ref}0"], med.get(f"{ref}2", 0.0)
-        target = 2 if ref == "dgl" else 3
-        line += (f" | {names[f'{ref}0']} {zero:.2f}, {names.get(f'{ref}2', '2 workers')} {two:.2f} batches/s: "
-                 f"hpcgnn/{ref.upper()} with 0 workers = {plain / zero:.2f}x, best against best = "
-                 f"{max(plain, ahead) / max(zero, two):.2f}x (target >= {target}x)")
+    for ref, (name, backend) in names.items():
+        zero, two = med[f"{ref}0"], med[f"{ref}2"]
+        line += (f" | {name} ({backend}0 workers) {zero:.2f}, ({backend}2 workers) {two:.2f} batches/s: hpcgnn/"
+                 f"{'DGL' if ref == 'dgl' else 'PyG'} with 0 workers = {plain / zero:.2f}x, best against best = "
+                 f"{max(plain, ahead) / max(zero, two):.2f}x (target >= {2 if ref == 'dgl' else 3}x)")
     if "graphbolt" in med:
         line += (f" | DGL GraphBolt (0 workers) {med['graphbolt']:.2f} batches/s, hpcgnn/GraphBolt = "
                  f"{plain / med['graphbolt']:.2f}x")
+    line += " | sampled edges per batch: " + ", ".join(f"{k} {v:.0f}" for k, v in edges.items())
     for why in missing:
         line += f" | {why}"
     print(line)
