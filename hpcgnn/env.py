@@ -96,6 +96,10 @@ VARIABLES: dict[str, str] = {
     "task_rank": "SLURM_PROCID",  # a server's index among the servers (its own step)
     "task_local": "SLURM_LOCALID",  # ... and on its node
     "local_servers": "HPCGNN_SAMPLER_SERVERS",  # host:port,... of local sampler servers (set by the local launcher)
+    # The C sampling kernels (hpcgnn/sampling/native.py), built on first use:
+    "native": "HPCGNN_NATIVE",  # 0: sample on torch ops only (the same batches, slower)
+    "c_compiler": "CC",  # the C compiler that builds them (default cc)
+    "cache_home": "XDG_CACHE_HOME",  # where they are kept: $XDG_CACHE_HOME/hpcgnn/native (default ~/.cache)
 }
 # Variables hpcgnn sets for its own processes and those they start, unless the user did. Read by libraries
 # once, when they load; hpcgnn/__init__.py applies them before anything imports torch.
@@ -169,6 +173,11 @@ def read_int(role: str, environ: Mapping[str, str] | None = None) -> int | None:
 def user_config_dir(environ: Mapping[str, str] | None = None) -> Path:
     """The user's config folder: $HPCGNN_CONFIG_DIR, default ~/.config/hpcgnn."""
     return Path(read("config_dir", environ) or Path.home() / ".config" / "hpcgnn").expanduser()
+
+
+def cache_home(environ: Mapping[str, str] | None = None) -> Path:
+    """The user's cache folder: $XDG_CACHE_HOME, default ~/.cache."""
+    return Path(read("cache_home", environ) or Path.home() / ".cache")
 
 
 def full_error(environ: Mapping[str, str] | None = None) -> bool:

@@ -64,6 +64,12 @@ def test_the_installed_package_is_the_wheel(wheel_venv, tmp_path):
     assert package.startswith(str(wheel_venv)) and plugin.startswith(str(wheel_venv)), res.stdout
     assert (Path(conf) / "config.yaml").is_file() and (Path(conf) / "model" / "gcn.yaml").is_file()
     assert Path(conf) == Path(package).parent / "conf"  # the repository's conf/, installed inside the package
+    # The C sampling kernels' source ships too, and builds from the installed package (a cache of this test's own).
+    native = _run([wheel_venv / "bin" / "python", "-c", "from hpcgnn.sampling import native; print(native.SOURCE); "
+                   "print(native.kernels() is not None)"], cwd=tmp_path, env={"XDG_CACHE_HOME": str(tmp_path)})
+    source, built = native.stdout.split()
+    assert source.startswith(str(wheel_venv)) and Path(source).is_file(), native.stdout + native.stderr
+    assert built == str(shutil.which("cc") is not None) and "not available" not in native.stderr, native.stderr
 
 
 def test_a_one_epoch_job_runs_from_any_folder(wheel_venv, tmp_path):

@@ -19,6 +19,8 @@ import torch
 from torch import Tensor
 from torch_geometric.sampler import BaseSampler, NodeSamplerInput, SamplerOutput
 
+from hpcgnn.sampling import native
+
 
 @dataclass(frozen=True)
 class SampledSubgraph:
@@ -65,6 +67,17 @@ class DenseIdMap:
     def put(self, ids: Tensor, local: Tensor) -> None:
         self.table[ids] = local
 
+    def add_new(self, candidates: list[Tensor], total: int) -> Tensor:
+        """The distinct candidates not in the map, sorted, put as ``total``, ``total + 1``, ... (``fresh`` of
+        them all, then ``put``): in one pass of C on the host where the kernels are (hpcgnn.sampling.native)."""
+        if native.usable(self.table):
+            if self._mark is None:
+                self._mark = torch.zeros(self.table.numel(), dtype=torch.bool, device=self.table.device)
+            return native.number_new(self.table, self._mark, candidates, total)
+        new = self.fresh(torch.cat(candidates) if len(candidates) > 1 else candidates[0])
+        self.put(new, torch.arange(total, total + new.numel(), device=self.table.device))
+        return new
+
     def clear(self, ids: Tensor) -> None:
         """Forget the batch: ``ids`` are every id put since the last clear."""
         if ids.numel() * self.SCAN_PER_ID < self.table.numel():
@@ -90,6 +103,12 @@ class SortedIdMap:
     def fresh(self, ids: Tensor) -> Tensor:
         """The distinct ids not in the map, sorted."""
         return torch.unique(ids[self.get(ids) < 0])
+
+    def add_new(self, candidates: list[Tensor], total: int) -> Tensor:
+        """The distinct candidates not in the map, sorted, put as ``total``, ``total + 1``, ..."""
+        new = self.fresh(torch.cat(candidates) if len(candidates) > 1 else candidates[0])
+        self.put(new, torch.arange(total, total + new.numel(), device=self.device))
+        return new
 
     def put(self, ids: Tensor, local: Tensor) -> None:
         """Add ``ids`` (distinct, not in the map yet)."""
@@ -136,8 +155,7 @@ class CSRNeighborSampler(BaseSampler):
         try:
             for fanout in self.fanouts:
                 row, nbr = self.hop(frontier, fanout, generator)
-                new_nodes = local.fresh(nbr)  # sorted: deterministic local order
-                local.put(new_nodes, torch.arange(total, total + new_nodes.numel(), device=dev))
+                new_nodes = local.add_new([nbr], total)  # sorted: deterministic local order
                 sources.append(local.get(nbr))
                 targets.append(row.add_(first) if first else row)
                 num_edges.append(nbr.numel())
@@ -194,6 +212,8 @@ def sample_neighbors(rowptr: Tensor, col: Tensor, nodes: Tensor, fanout: int,
     than the whole rest of the batch, measured on an H100 in benchmarks/gpu.py).
     """
     device = rowptr.device
+    if method in (None, "floyd") and native.usable(rowptr, col, nodes):
+        return native.sample_neighbors(rowptr, col, nodes, fanout, generator)  # the same draws, in C
     start = rowptr.index_select(0, nodes)
     deg = rowptr.index_select(0, nodes + 1).sub_(start)
     take = deg.clamp(max=fanout)

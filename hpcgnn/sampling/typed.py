@@ -111,10 +111,8 @@ class TypedNeighborSampler:
                     found = [nbr for rel, _, nbr in drawn if rel[0] == t]
                     if not found:
                         continue
-                    cand = torch.cat(found)
-                    new = local[t].fresh(cand)  # sorted
+                    new = local[t].add_new(found, total[t])  # sorted
                     new_local = torch.arange(total[t], total[t] + new.numel(), device=device)
-                    local[t].put(new, new_local)
                     total[t] += new.numel()
                     counts[t][hop + 1] = new.numel()
                     n_ids[t].append(new)

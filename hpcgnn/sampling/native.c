@@ -1,0 +1,262 @@
+/* hpcgnn's sampling kernels in C: the loops that torch ops can only express in many passes.
+ *
+ * Built on first use by hpcgnn/sampling/native.py (the C compiler, no torch headers) and called
+ * through ctypes with tensors' data pointers. Every function computes exactly what the torch ops
+ * of hpcgnn/sampling/neighbor.py compute (same random numbers in, same batch out, bit for bit),
+ * so a machine without a compiler makes the same batches, only slower.
+ *
+ * Work is cut into chunks that `threads` threads take in turn (pthreads, not OpenMP: torch brings
+ * its own OpenMP runtime, and two in one process fight), so a thread slowed by a busy core takes
+ * fewer chunks instead of holding the others up. What a chunk writes depends only on the chunk.
+ *
+ * Ids are int64; col may be int32 or int64 (col_is_int32).
+ */
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Loads run ahead of their use by this many items: the rows' neighbour lists and the id maps are far
+ * larger than the caches, so each item waits on memory unless many are in flight at once. */
+#define AHEAD 16
+#define PREFETCH(p) __builtin_prefetch((const void *)(p), 0, 0)
+#define MAX_THREADS 64
+
+typedef void (*chunk_fn)(void *ctx, int64_t chunk);
+
+struct team {
+    chunk_fn fn;
+    void *ctx;
+    int64_t chunks, next;
+};
+
+static void *team_work(void *arg) {
+    struct team *t = (struct team *)arg;
+    for (int64_t c; (c = __atomic_fetch_add(&t->next, 1, __ATOMIC_RELAXED)) < t->chunks;) t->fn(t->ctx, c);
+    return NULL;
+}
+
+/* fn(ctx, c) for every chunk c < chunks, on up to `threads` threads (this one included). */
+static void parallel_chunks(int threads, int64_t chunks, chunk_fn fn, void *ctx) {
+    struct team t = {fn, ctx, chunks, 0};
+    pthread_t helpers[MAX_THREADS];
+    int started = 0;
+    if (threads > MAX_THREADS) threads = MAX_THREADS;
+    if (threads > chunks) threads = (int)chunks;
+    for (int k = 1; k < threads; k++)
+        if (pthread_create(&helpers[started], NULL, team_work, &t) == 0) started++;
+    team_work(&t);
+    for (int k = 0; k < started; k++) pthread_join(helpers[k], NULL);
+}
+
+/* Chunk c of n items: [n * c / chunks, n * (c + 1) / chunks). */
+static inline int64_t chunk_start(int64_t n, int64_t chunks, int64_t c) { return (int64_t)((__int128)n * c / chunks); }
+
+/* One hop's plan: the output slots (sum over nodes of min(deg, fanout)) and the nodes that draw a
+ * subset (deg > fanout), whose count sizes the [fanout, nbig] uniform draw; per chunk of nodes,
+ * where its slots and its drawing nodes start (chunk_slot, chunk_big: chunks + 1 entries).
+ * A node outside [0, rows) returns -1 - its index, and nothing is sampled. */
+int64_t hpcgnn_hop_plan(const int64_t *rowptr, int64_t rows, const int64_t *nodes, int64_t m, int64_t fanout,
+                        int64_t chunks, int64_t *chunk_slot, int64_t *chunk_big) {
+    int64_t slots = 0, nbig = 0;
+    for (int64_t i = 0; i < m; i++)
+        if (nodes[i] < 0 || nodes[i] >= rows) return -1 - i; /* -1 - (the first node out of range) */
+    for (int64_t c = 0; c < chunks; c++) {
+        chunk_slot[c] = slots;
+        chunk_big[c] = nbig;
+        for (int64_t i = chunk_start(m, chunks, c), end = chunk_start(m, chunks, c + 1); i < end; i++) {
+            if (i + AHEAD < m) PREFETCH(rowptr + nodes[i + AHEAD]);
+            int64_t deg = rowptr[nodes[i] + 1] - rowptr[nodes[i]];
+            if (deg > fanout) {
+                slots += fanout;
+                nbig++;
+            } else {
+                slots += deg;
+            }
+        }
+    }
+    chunk_slot[chunks] = slots;
+    chunk_big[chunks] = nbig;
+    return slots;
+}
+
+struct hop {
+    const int64_t *rowptr, *nodes, *chunk_slot, *chunk_big;
+    const void *col;
+    int col_is_int32;
+    int64_t m, fanout, chunks, nbig;
+    const double *u;
+    int64_t *row_out, *nbr_out;
+};
+
+static void hop_chunk(void *ctx, int64_t c) {
+    const struct hop *h = (const struct hop *)ctx;
+    const int64_t *rowptr = h->rowptr, *nodes = h->nodes, fanout = h->fanout, nbig = h->nbig;
+    const int32_t *col32 = (const int32_t *)h->col;
+    const int64_t *col64 = (const int64_t *)h->col;
+    int64_t slot = h->chunk_slot[c], b = h->chunk_big[c], end = chunk_start(h->m, h->chunks, c + 1);
+    int64_t drawn[fanout > 0 ? fanout : 1];
+    for (int64_t i = chunk_start(h->m, h->chunks, c); i < end; i++) {
+        if (i + AHEAD < end) PREFETCH(rowptr + nodes[i + AHEAD]);
+        if (i + AHEAD / 2 < end) { /* a later row's list (its rowptr entry was asked for AHEAD / 2 items ago) */
+            int64_t s = rowptr[nodes[i + AHEAD / 2]];
+            PREFETCH(h->col_is_int32 ? (const void *)(col32 + s) : (const void *)(col64 + s));
+        }
+        int64_t start = rowptr[nodes[i]], deg = rowptr[nodes[i] + 1] - start;
+        if (deg > fanout) {
+            for (int64_t j = 0; j < fanout; j++) {
+                int64_t top = deg - fanout + j;
+                int64_t t = (int64_t)(h->u[j * nbig + b] * (double)(top + 1));
+                if (t > top) t = top;
+                for (int64_t q = 0; q < j; q++) {
+                    if (drawn[q] == t) {
+                        t = top;
+                        break;
+                    }
+                }
+                drawn[j] = t;
+            }
+            for (int64_t j = 0; j < fanout; j++) {
+                int64_t p = start + drawn[j];
+                h->row_out[slot] = i;
+                h->nbr_out[slot++] = h->col_is_int32 ? (int64_t)col32[p] : col64[p];
+            }
+            b++;
+        } else {
+            for (int64_t j = 0; j < deg; j++) {
+                h->row_out[slot] = i;
+                h->nbr_out[slot++] = h->col_is_int32 ? (int64_t)col32[start + j] : col64[start + j];
+            }
+        }
+    }
+}
+
+/* One hop: for node i, row = i and nbr = its neighbours, all of them (deg <= fanout) or the
+ * subset Floyd's algorithm draws from u (float64 [fanout, nbig], column b for the b-th drawing
+ * node): at step j, t = min(floor(u * (top + 1)), top) with top = deg - fanout + j; t if not drawn
+ * before, else top (neighbor.floyd_sample). Chunks as hpcgnn_hop_plan cut them. */
+void hpcgnn_hop_fill(const int64_t *rowptr, const void *col, int col_is_int32, const int64_t *nodes, int64_t m,
+                     int64_t fanout, int64_t chunks, const int64_t *chunk_slot, const int64_t *chunk_big,
+                     const double *u, int64_t nbig, int64_t *row_out, int64_t *nbr_out, int threads) {
+    struct hop h = {rowptr, nodes, chunk_slot, chunk_big, col, col_is_int32, m, fanout, chunks, nbig, u,
+                    row_out, nbr_out};
+    parallel_chunks(threads, chunks, hop_chunk, &h);
+}
+
+struct marking {
+    const int64_t *table, *ids;
+    uint8_t *mark;
+    int64_t size, n, chunks;
+    int64_t *found, *chunk_found;
+};
+
+static void mark_chunk(void *ctx, int64_t c) {
+    const struct marking *k = (const struct marking *)ctx;
+    int64_t i = chunk_start(k->n, k->chunks, c), end = chunk_start(k->n, k->chunks, c + 1);
+    int64_t *out = k->found + i, count = 0; /* this chunk's part of found: as long as its ids */
+    for (; i < end; i++) {
+        if (i + AHEAD < end) {
+            PREFETCH(k->table + k->ids[i + AHEAD]);
+            PREFETCH(k->mark + k->ids[i + AHEAD]);
+        }
+        int64_t id = k->ids[i];
+        if (id < 0 || id >= k->size) { /* outside the map: the chunk reports it, and marks nothing more */
+            k->chunk_found[c] = -1 - i;
+            return;
+        }
+        if (k->table[id] < 0 && !__atomic_load_n(k->mark + id, __ATOMIC_RELAXED) &&
+            !__atomic_exchange_n(k->mark + id, 1, __ATOMIC_RELAXED))
+            out[count++] = id;
+    }
+    k->chunk_found[c] = count;
+}
+
+/* The ids not in the map (table[id] < 0) and not marked yet: marked, and appended to found[count:]
+ * (in no set order: hpcgnn_number_found sorts them). Returns the new count. Called once per list of
+ * candidates; hpcgnn_number_found ends the round. chunk_found: scratch of `chunks` entries. An id
+ * outside [0, size) returns -1 - its index; marks made are left (the caller clears them). */
+int64_t hpcgnn_mark_new(const int64_t *table, uint8_t *mark, int64_t size, const int64_t *ids, int64_t n,
+                        int64_t *found, int64_t count, int64_t chunks, int64_t *chunk_found, int threads) {
+    struct marking k = {table, ids, mark, size, n, chunks, found + count, chunk_found};
+    parallel_chunks(threads, chunks, mark_chunk, &k);
+    for (int64_t c = 0; c < chunks; c++)
+        if (chunk_found[c] < 0) return chunk_found[c]; /* the caller clears the marks (a new map) */
+    for (int64_t c = 0; c < chunks; c++) { /* close the gaps between the chunks' parts */
+        int64_t *part = k.found + chunk_start(n, chunks, c);
+        if (found + count != part) memmove(found + count, part, sizeof(int64_t) * (size_t)chunk_found[c]);
+        count += chunk_found[c];
+    }
+    return count;
+}
+
+static void radix_sort(int64_t *a, int64_t n, int64_t max_id) {
+    if (n < 2) return;
+    int64_t *tmp = (int64_t *)malloc(sizeof(int64_t) * (size_t)n);
+    int64_t *src = a, *dst = tmp;
+    for (int shift = 0; shift < 64 && (max_id >> shift) > 0; shift += 11) {
+        int64_t count[2049];
+        memset(count, 0, sizeof(count));
+        for (int64_t i = 0; i < n; i++) count[((src[i] >> shift) & 2047) + 1]++;
+        for (int d = 0; d < 2048; d++) count[d + 1] += count[d];
+        for (int64_t i = 0; i < n; i++) dst[count[(src[i] >> shift) & 2047]++] = src[i];
+        int64_t *t = src;
+        src = dst;
+        dst = t;
+    }
+    if (src != a) memcpy(a, src, sizeof(int64_t) * (size_t)n);
+    free(tmp);
+}
+
+struct numbering {
+    int64_t *table, *found, *chunk_found;
+    uint8_t *mark;
+    int64_t size, count, total, chunks;
+};
+
+static void count_marks(void *ctx, int64_t c) { /* scan, first pass: the marks of each chunk of the table */
+    struct numbering *k = (struct numbering *)ctx;
+    int64_t id = chunk_start(k->size, k->chunks, c), end = chunk_start(k->size, k->chunks, c + 1), count = 0;
+    for (; id < end; id++) count += k->mark[id];
+    k->chunk_found[c] = count;
+}
+
+static void read_marks(void *ctx, int64_t c) { /* scan, second pass: the marked ids in order, marks cleared */
+    struct numbering *k = (struct numbering *)ctx;
+    int64_t id = chunk_start(k->size, k->chunks, c), end = chunk_start(k->size, k->chunks, c + 1);
+    int64_t *out = k->found + k->chunk_found[c];
+    for (; id < end; id++)
+        if (k->mark[id]) {
+            *out++ = id;
+            k->mark[id] = 0;
+        }
+}
+
+static void put_found(void *ctx, int64_t c) {
+    struct numbering *k = (struct numbering *)ctx;
+    for (int64_t r = chunk_start(k->count, k->chunks, c), end = chunk_start(k->count, k->chunks, c + 1); r < end; r++) {
+        if (r + AHEAD < end) __builtin_prefetch(k->table + k->found[r + AHEAD], 1, 0);
+        k->table[k->found[r]] = k->total + r;
+    }
+}
+
+/* Ends a round of hpcgnn_mark_new: found[:count] sorted (as torch.unique gives them), each put in the
+ * map as total, total + 1, ..., and the marks cleared. Few ids against a large table are radix-sorted;
+ * many are read back in order from the marks (a scan of the table's marks, no sort).
+ * chunk_found: scratch of chunks + 1 entries. */
+void hpcgnn_number_found(int64_t *table, uint8_t *mark, int64_t size, int64_t *found, int64_t count, int64_t total,
+                         int64_t chunks, int64_t *chunk_found, int threads) {
+    struct numbering k = {table, found, chunk_found, mark, size, count, total, chunks};
+    if (count * 16 < size) {
+        radix_sort(found, count, size - 1);
+        for (int64_t r = 0; r < count; r++) mark[found[r]] = 0;
+    } else {
+        parallel_chunks(threads, chunks, count_marks, &k);
+        for (int64_t c = 0, start = 0; c < chunks; c++) { /* where each chunk's ids go */
+            int64_t n = chunk_found[c];
+            chunk_found[c] = start;
+            start += n;
+        }
+        parallel_chunks(threads, chunks, read_marks, &k);
+    }
+    parallel_chunks(threads, chunks, put_found, &k);
+}

@@ -1,0 +1,158 @@
+"""hpcgnn's sampling kernels in C (``native.c``), built on first use and called through ctypes.
+
+The host sampler's hops and its numbering of new nodes are loops that torch ops express only in
+many passes over memory (a Floyd step per sampled slot, a sort or a scan per hop). ``native.c``
+runs them in one pass each. It includes no torch header: the C compiler builds it in about a
+second, into ``$XDG_CACHE_HOME/hpcgnn/native`` (default ``~/.cache``), keyed by the source, the
+compiler and the machine, so every rank of a node, and every later run, loads the same library.
+
+The kernels take the same random numbers (drawn by torch from the batch's generator) and make
+the same batch, bit for bit, as the torch ops of :mod:`hpcgnn.sampling.neighbor`: a machine with
+no C compiler (or ``HPCGNN_NATIVE=0``) samples the same batches, only slower, and a run resumed on
+either kind of machine goes on as it would have. The GIL is released while a kernel runs.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from hpcgnn import env
+
+log = logging.getLogger(__name__)
+SOURCE = Path(__file__).with_name("native.c")
+FLAGS = ("-O3", "-std=gnu11", "-shared", "-fPIC", "-pthread")  # portable: no -march=native (a cache on a shared home)
+
+_I64, _P, _INT = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
+SIGNATURES = {  # name: (result, arguments)
+    "hpcgnn_hop_plan": (_I64, (_P, _I64, _P, _I64, _I64, _I64, _P, _P)),
+    "hpcgnn_hop_fill": (None, (_P, _P, _INT, _P, _I64, _I64, _I64, _P, _P, _P, _I64, _P, _P, _INT)),
+    "hpcgnn_mark_new": (_I64, (_P, _P, _I64, _P, _I64, _P, _I64, _I64, _P, _INT)),
+    "hpcgnn_number_found": (None, (_P, _P, _I64, _P, _I64, _I64, _I64, _P, _INT)),
+}
+CHUNK = 4096  # items per chunk of work (at most MAX_CHUNKS chunks), which the kernels' threads take in turn
+MAX_CHUNKS = 256
+
+
+class NativeUnavailable(RuntimeError):
+    """The C kernels could not be built or loaded here (the reason says why)."""
+
+
+def build(cache: Path | None = None, compiler: str | None = None) -> Path:
+    """The kernels' shared library, built now if this source, compiler and machine have none yet."""
+    compiler = compiler or env.read("c_compiler") or "cc"
+    path = shutil.which(compiler)
+    if path is None:
+        raise NativeUnavailable(f"no C compiler {compiler!r} on PATH")
+    try:
+        version = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise NativeUnavailable(f"{compiler} --version failed: {e}") from e
+    source = SOURCE.read_bytes()
+    key = hashlib.sha256(source + version.encode() + " ".join(FLAGS).encode() + platform.machine().encode())
+    folder = cache or env.cache_home() / "hpcgnn" / "native"
+    lib = folder / f"sampling-{key.hexdigest()[:16]}.so"
+    if lib.exists():
+        return lib
+    folder.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=lib.stem, suffix=".so.tmp", dir=folder)
+    os.close(fd)
+    try:  # built aside, then renamed: ranks building at once each leave a whole library
+        res = subprocess.run([path, *FLAGS, str(SOURCE), "-o", tmp], capture_output=True, text=True, timeout=120)
+        if res.returncode:
+            raise NativeUnavailable(f"{compiler} failed: {res.stderr.strip()[-500:]}")
+        os.replace(tmp, lib)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise NativeUnavailable(f"building {SOURCE.name} failed: {e}") from e
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return lib
+
+
+def load(path: Path) -> ctypes.CDLL:
+    lib = ctypes.CDLL(str(path))
+    for name, (res, args) in SIGNATURES.items():
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = res, args
+    return lib
+
+
+@functools.lru_cache(maxsize=1)
+def kernels() -> ctypes.CDLL | None:
+    """The loaded kernels, or None (``HPCGNN_NATIVE=0``, or they could not be built: logged once, with the fix)."""
+    if env.read("native") == "0":
+        return None
+    try:
+        return load(build())
+    except (NativeUnavailable, OSError) as e:
+        log.warning("hpcgnn's C sampling kernels are not available (%s): sampling runs on torch ops, the same "
+                    "batches, slower. Install a C compiler (e.g. `module load gcc`, or set CC), or set "
+                    "HPCGNN_NATIVE=0 to sample on torch ops without this warning.", e)
+        return None
+
+
+def usable(*tensors: Tensor) -> bool:
+    """Whether the kernels can run on these tensors (host memory) and are available."""
+    return all(t.device.type == "cpu" for t in tensors) and kernels() is not None
+
+
+def _ptr(t: Tensor) -> int:
+    return t.data_ptr()
+
+
+def _chunks(n: int) -> int:
+    return max(1, min(MAX_CHUNKS, n // CHUNK))
+
+
+def sample_neighbors(rowptr: Tensor, col: Tensor, nodes: Tensor, fanout: int,
+                     generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
+    """:func:`hpcgnn.sampling.neighbor.sample_neighbors` with Floyd's draws, in two passes of C."""
+    lib = kernels()
+    rowptr, col, nodes = rowptr.contiguous(), col.contiguous(), nodes.long().contiguous()
+    m, chunks = nodes.numel(), _chunks(nodes.numel())
+    chunk_slot, chunk_big = torch.empty(chunks + 1, dtype=torch.long), torch.empty(chunks + 1, dtype=torch.long)
+    slots = lib.hpcgnn_hop_plan(_ptr(rowptr), rowptr.numel() - 1, _ptr(nodes), m, fanout, chunks, _ptr(chunk_slot),
+                                _ptr(chunk_big))
+    if slots < 0:
+        raise IndexError(f"node {int(nodes[-1 - slots])} is out of range for a graph of {rowptr.numel() - 1} nodes")
+    nbig = int(chunk_big[chunks])
+    # The draw the torch path makes (floyd_sample): one [fanout, rows that draw] block of float64.
+    u = torch.rand(fanout, nbig, generator=generator, dtype=torch.float64) if nbig else \
+        torch.empty(0, dtype=torch.float64)
+    row = torch.empty(slots, dtype=torch.long)
+    nbr = torch.empty(slots, dtype=torch.long)
+    lib.hpcgnn_hop_fill(_ptr(rowptr), _ptr(col), int(col.dtype == torch.int32), _ptr(nodes), m, fanout, chunks,
+                        _ptr(chunk_slot), _ptr(chunk_big), _ptr(u), nbig, _ptr(row), _ptr(nbr),
+                        torch.get_num_threads())
+    return row, nbr
+
+
+def number_new(table: Tensor, mark: Tensor, candidates: list[Tensor], total: int) -> Tensor:
+    """The distinct candidates not in ``table`` (-1 there), sorted, entered as ``total``, ``total + 1``, ...
+    (``DenseIdMap.fresh`` then ``put``). ``mark``: bool scratch over the table, all False, left so."""
+    lib, threads = kernels(), torch.get_num_threads()
+    found = torch.empty(sum(c.numel() for c in candidates), dtype=torch.long)
+    per_chunk = torch.empty(MAX_CHUNKS + 1, dtype=torch.long)
+    count = 0
+    for c in candidates:
+        c = c.long().contiguous()
+        count = lib.hpcgnn_mark_new(_ptr(table), _ptr(mark), table.numel(), _ptr(c), c.numel(), _ptr(found),
+                                    count, _chunks(c.numel()), _ptr(per_chunk), threads)
+        if count < 0:
+            mark.zero_()
+            raise IndexError(f"id {int(c[-1 - count])} is out of range for a map of {table.numel()} ids")
+    lib.hpcgnn_number_found(_ptr(table), _ptr(mark), table.numel(), _ptr(found), count, total,
+                            _chunks(max(count, table.numel() // 16)), _ptr(per_chunk), threads)
+    return found[:count]

@@ -1,0 +1,149 @@
+"""The C sampling kernels (hpcgnn/sampling/native.c): the same batches as the torch ops, bit for bit; built
+once per source and compiler; a machine without a compiler samples on torch ops and says how to mend it."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+
+import pytest
+import torch
+
+from hpcgnn.config import DatasetConfig
+from hpcgnn.data import Graph, build_graph
+from hpcgnn.data.synthetic import make_synthetic_typed
+from hpcgnn.sampling import CSRNeighborSampler, native
+from hpcgnn.sampling.neighbor import DenseIdMap, sample_neighbors
+from hpcgnn.sampling.typed import TypedNeighborSampler
+
+needs_cc = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler here: the kernels cannot be built")
+
+
+@pytest.fixture
+def switch(monkeypatch):
+    """``switch(on)``: the kernels on (where they build) or off (HPCGNN_NATIVE=0, torch ops only)."""
+
+    def set_native(on: bool) -> None:
+        if on:
+            monkeypatch.delenv("HPCGNN_NATIVE", raising=False)
+        else:
+            monkeypatch.setenv("HPCGNN_NATIVE", "0")
+        native.kernels.cache_clear()
+        assert (native.kernels() is not None) == on
+
+    yield set_native
+    monkeypatch.delenv("HPCGNN_NATIVE", raising=False)
+    native.kernels.cache_clear()
+
+
+def both(switch, make):
+    """What ``make()`` returns with the kernels, and with torch ops alone."""
+    switch(True)
+    a = make()
+    switch(False)
+    return a, make()
+
+
+@pytest.fixture(scope="module")
+def graph() -> Graph:
+    """A small graph with two hubs of 598 neighbours (the rows that draw a subset) and many small rows."""
+    base = build_graph(DatasetConfig(num_nodes=3000, avg_degree=8, seed=3))
+    spokes = torch.arange(2, 600)
+    extra = torch.cat([torch.stack([spokes, torch.zeros_like(spokes)]), torch.stack([spokes, torch.ones_like(spokes)])], 1)
+    ei = torch.cat([base.edge_index(), extra, extra.flip(0)], 1)
+    return Graph.from_edge_index(ei, base.num_nodes, base.x, base.y, base.train_idx, base.val_idx, base.test_idx,
+                                 base.num_classes)
+
+
+@needs_cc
+@pytest.mark.parametrize("col_dtype", [torch.long, torch.int32])
+@pytest.mark.parametrize("fanouts", [(7, 4, 3), (25, 10), (1,), (600, 2)])
+def test_kernels_sample_the_torch_ops_batches(switch, graph, col_dtype, fanouts):
+    sampler = CSRNeighborSampler(graph.rowptr, graph.col.to(col_dtype), fanouts)
+
+    def batches():
+        gen = torch.Generator().manual_seed(7)
+        return [sampler.sample(seeds, gen) for seeds in (torch.tensor([0, 1, 2]), torch.arange(100, 1600, 3),
+                                                          torch.randperm(3000, generator=gen)[:900])]
+
+    for a, b in zip(*both(switch, batches), strict=True):
+        assert torch.equal(a.n_id, b.n_id) and torch.equal(a.edge_index, b.edge_index)
+        assert a.num_sampled_nodes == b.num_sampled_nodes and a.num_sampled_edges == b.num_sampled_edges
+    assert bool((sampler._local.table == -1).all()) and not bool(sampler._local._mark.any())
+
+
+@needs_cc
+def test_kernels_split_large_hops_into_chunks_and_still_match(switch, graph):
+    """A frontier of 60k nodes (repeats allowed in a hop) and 200k candidate ids: many chunks, both threads."""
+    torch.set_num_threads(2)
+    nodes = torch.randint(0, graph.num_nodes, (60_000,), generator=torch.Generator().manual_seed(1))
+    hop = both(switch, lambda: sample_neighbors(graph.rowptr, graph.col, nodes, 5, torch.Generator().manual_seed(2)))
+    assert torch.equal(hop[0][0], hop[1][0]) and torch.equal(hop[0][1], hop[1][1])
+    assert hop[0][0].numel() > 8 * native.CHUNK
+
+    def numbered(size, n):
+        ids_map = DenseIdMap(size)
+        ids_map.put(torch.tensor([5, 17, size - 1]), torch.tensor([0, 1, 2]))
+        gen = torch.Generator().manual_seed(size + n)
+        parts = [torch.randint(0, size, (n,), generator=gen), torch.randint(0, size // 2, (n // 3,), generator=gen)]
+        new = ids_map.add_new(parts, 3)
+        return new, ids_map.table.clone()
+
+    for size, n in ((1_000_000, 200_000), (1_000_000, 3000), (50, 10)):  # scanned, radix-sorted, scanned
+        (new_a, table_a), (new_b, table_b) = both(switch, lambda size=size, n=n: numbered(size, n))
+        assert torch.equal(new_a, new_b) and torch.equal(table_a, table_b)
+        assert torch.equal(table_a[new_a], torch.arange(3, 3 + new_a.numel()))
+
+
+@needs_cc
+def test_kernels_sample_the_torch_ops_typed_batches(switch):
+    typed = make_synthetic_typed(DatasetConfig(num_nodes=3000, avg_degree=10, homophily=0.8, seed=5))
+    sampler = TypedNeighborSampler(typed, (6, 4))
+
+    def batches():
+        gen = torch.Generator().manual_seed(3)
+        return [sampler.sample(typed.train_idx[i:i + 200], gen) for i in (0, 200, 400)]
+
+    for a, b in zip(*both(switch, batches), strict=True):
+        assert a.n_id.keys() == b.n_id.keys() and all(torch.equal(a.n_id[t], b.n_id[t]) for t in a.n_id)
+        assert all(torch.equal(a.edge_index[r], b.edge_index[r]) for r in a.edge_index)
+        assert a.num_sampled_nodes == b.num_sampled_nodes and a.num_sampled_edges == b.num_sampled_edges
+
+
+@needs_cc
+def test_kernels_refuse_ids_outside_the_graph(switch, graph):
+    switch(True)
+    with pytest.raises(IndexError, match="node 3000 is out of range for a graph of 3000 nodes"):
+        sample_neighbors(graph.rowptr, graph.col, torch.tensor([4, 3000]), 3)
+    ids_map = DenseIdMap(100)
+    with pytest.raises(IndexError, match="id 100 is out of range for a map of 100 ids"):
+        ids_map.add_new([torch.tensor([1, 2]), torch.tensor([3, 100])], 0)
+    assert not bool(ids_map._mark.any())  # the marks the first list made are gone
+
+
+@needs_cc
+def test_kernels_are_built_once_per_source_and_compiler(tmp_path):
+    lib = native.build(cache=tmp_path)
+    assert lib.parent == tmp_path and lib.suffix == ".so"
+    built = lib.stat().st_mtime_ns
+    assert native.build(cache=tmp_path) == lib and lib.stat().st_mtime_ns == built
+    assert [p.name for p in tmp_path.iterdir()] == [lib.name]  # no temporary left beside it
+    assert native.load(lib).hpcgnn_hop_plan is not None
+
+
+def test_without_a_compiler_sampling_runs_on_torch_ops_and_says_how_to_mend_it(monkeypatch, caplog, graph):
+    with pytest.raises(native.NativeUnavailable, match="no C compiler 'no-such-cc' on PATH"):
+        native.build(compiler="no-such-cc")
+    monkeypatch.setenv("CC", "no-such-cc")
+    monkeypatch.delenv("HPCGNN_NATIVE", raising=False)
+    native.kernels.cache_clear()
+    try:
+        with caplog.at_level(logging.WARNING, logger="hpcgnn.sampling.native"):
+            out = CSRNeighborSampler(graph.rowptr, graph.col, (4, 2)).sample(torch.tensor([0, 9]),
+                                                                            torch.Generator().manual_seed(0))
+        assert native.kernels() is None
+        assert "sampling runs on torch ops, the same batches, slower. Install a C compiler" in caplog.text
+        assert "HPCGNN_NATIVE=0" in caplog.text and caplog.text.count("not available") == 1  # said once
+        assert out.num_sampled_nodes[0] == 2 and out.edge_index.size(1) == sum(out.num_sampled_edges)
+    finally:
+        native.kernels.cache_clear()
