@@ -160,21 +160,25 @@ static void mark_chunk(void *ctx, int64_t c) {
             PREFETCH(k->mark + k->ids[i + AHEAD]);
         }
         int64_t id = k->ids[i];
-        if (id < 0 || id >= k->size) { /* outside the map: the chunk reports it, and marks nothing more */
+        if ((uint64_t)id >= (uint64_t)k->size) { /* outside the map: the chunk reports it, and marks nothing more */
             k->chunk_found[c] = -1 - i;
             return;
         }
-        if (k->table[id] < 0 && !__atomic_load_n(k->mark + id, __ATOMIC_RELAXED) &&
-            !__atomic_exchange_n(k->mark + id, 1, __ATOMIC_RELAXED))
-            out[count++] = id;
+        /* No branch on the map (whether an id is new is a coin toss to the CPU): every id is written to out,
+         * and the count moves past it when it is new. Threads may each find the same id: numbering dedups. */
+        uint8_t absent = k->table[id] < 0, seen = __atomic_load_n(k->mark + id, __ATOMIC_RELAXED);
+        __atomic_store_n(k->mark + id, (uint8_t)(seen | absent), __ATOMIC_RELAXED);
+        out[count] = id;
+        count += absent & !seen;
     }
     k->chunk_found[c] = count;
 }
 
 /* The ids not in the map (table[id] < 0) and not marked yet: marked, and appended to found[count:]
- * (in no set order: hpcgnn_number_found sorts them). Returns the new count. Called once per list of
- * candidates; hpcgnn_number_found ends the round. chunk_found: scratch of `chunks` entries. An id
- * outside [0, size) returns -1 - its index; marks made are left (the caller clears them). */
+ * (in no set order, and an id may come twice when two threads met it at once: hpcgnn_number_found sorts
+ * and dedups them). Returns the new count. Called once per list of candidates; hpcgnn_number_found ends
+ * the round. chunk_found: scratch of `chunks` entries. An id outside [0, size) returns -1 - its index;
+ * marks made are left (the caller clears them). */
 int64_t hpcgnn_mark_new(const int64_t *table, uint8_t *mark, int64_t size, const int64_t *ids, int64_t n,
                         int64_t *found, int64_t count, int64_t chunks, int64_t *chunk_found, int threads) {
     struct marking k = {table, ids, mark, size, n, chunks, found + count, chunk_found};
@@ -216,6 +220,12 @@ struct numbering {
 static void count_marks(void *ctx, int64_t c) { /* scan, first pass: the marks of each chunk of the table */
     struct numbering *k = (struct numbering *)ctx;
     int64_t id = chunk_start(k->size, k->chunks, c), end = chunk_start(k->size, k->chunks, c + 1), count = 0;
+    for (; id < end && id % 8; id++) count += k->mark[id];
+    for (; id + 8 <= end; id += 8) { /* marks are 0 or 1: a word's bytes summed by one multiplication */
+        uint64_t word;
+        memcpy(&word, k->mark + id, 8);
+        count += (int64_t)((word * 0x0101010101010101ULL) >> 56);
+    }
     for (; id < end; id++) count += k->mark[id];
     k->chunk_found[c] = count;
 }
@@ -224,11 +234,23 @@ static void read_marks(void *ctx, int64_t c) { /* scan, second pass: the marked 
     struct numbering *k = (struct numbering *)ctx;
     int64_t id = chunk_start(k->size, k->chunks, c), end = chunk_start(k->size, k->chunks, c + 1);
     int64_t *out = k->found + k->chunk_found[c];
-    for (; id < end; id++)
-        if (k->mark[id]) {
-            *out++ = id;
-            k->mark[id] = 0;
+    for (; id < end && id % 8; id++)
+        if (k->mark[id]) *out++ = id;
+    for (; id + 8 <= end; id += 8) {
+        uint64_t word;
+        memcpy(&word, k->mark + id, 8);
+        if (!word) continue;
+        int64_t ids[8], r = 0; /* no branch per mark: each id written, kept when marked */
+        for (int q = 0; q < 8; q++) {
+            ids[r] = id + q;
+            r += k->mark[id + q];
         }
+        memcpy(out, ids, sizeof(int64_t) * (size_t)r);
+        out += r;
+    }
+    for (; id < end; id++)
+        if (k->mark[id]) *out++ = id;
+    memset(k->mark + chunk_start(k->size, k->chunks, c), 0, (size_t)(end - chunk_start(k->size, k->chunks, c)));
 }
 
 static void put_found(void *ctx, int64_t c) {
@@ -239,24 +261,31 @@ static void put_found(void *ctx, int64_t c) {
     }
 }
 
-/* Ends a round of hpcgnn_mark_new: found[:count] sorted (as torch.unique gives them), each put in the
- * map as total, total + 1, ..., and the marks cleared. Few ids against a large table are radix-sorted;
- * many are read back in order from the marks (a scan of the table's marks, no sort).
- * chunk_found: scratch of chunks + 1 entries. */
-void hpcgnn_number_found(int64_t *table, uint8_t *mark, int64_t size, int64_t *found, int64_t count, int64_t total,
-                         int64_t chunks, int64_t *chunk_found, int threads) {
+/* Ends a round of hpcgnn_mark_new (found[:count], an id possibly twice): the distinct ids, sorted (as
+ * torch.unique gives them) into found, each put in the map as total, total + 1, ..., and the marks
+ * cleared; returns how many. Few ids against a large table are radix-sorted; many are read back in order
+ * from the marks (a scan of the table's marks, no sort). chunk_found: scratch of chunks + 1 entries. */
+int64_t hpcgnn_number_found(int64_t *table, uint8_t *mark, int64_t size, int64_t *found, int64_t count,
+                            int64_t total, int64_t chunks, int64_t *chunk_found, int threads) {
     struct numbering k = {table, found, chunk_found, mark, size, count, total, chunks};
     if (count * 16 < size) {
         radix_sort(found, count, size - 1);
-        for (int64_t r = 0; r < count; r++) mark[found[r]] = 0;
+        int64_t distinct = 0;
+        for (int64_t r = 0; r < count; r++) {
+            mark[found[r]] = 0;
+            if (distinct == 0 || found[r] != found[distinct - 1]) found[distinct++] = found[r];
+        }
+        k.count = distinct;
     } else {
         parallel_chunks(threads, chunks, count_marks, &k);
-        for (int64_t c = 0, start = 0; c < chunks; c++) { /* where each chunk's ids go */
+        k.count = 0;
+        for (int64_t c = 0; c < chunks; c++) { /* where each chunk's ids go */
             int64_t n = chunk_found[c];
-            chunk_found[c] = start;
-            start += n;
+            chunk_found[c] = k.count;
+            k.count += n;
         }
         parallel_chunks(threads, chunks, read_marks, &k);
     }
     parallel_chunks(threads, chunks, put_found, &k);
+    return k.count;
 }

@@ -39,7 +39,7 @@ SIGNATURES = {  # name: (result, arguments)
     "hpcgnn_hop_plan": (_I64, (_P, _I64, _P, _I64, _I64, _I64, _P, _P)),
     "hpcgnn_hop_fill": (None, (_P, _P, _INT, _P, _I64, _I64, _I64, _P, _P, _P, _I64, _P, _P, _INT)),
     "hpcgnn_mark_new": (_I64, (_P, _P, _I64, _P, _I64, _P, _I64, _I64, _P, _INT)),
-    "hpcgnn_number_found": (None, (_P, _P, _I64, _P, _I64, _I64, _I64, _P, _INT)),
+    "hpcgnn_number_found": (_I64, (_P, _P, _I64, _P, _I64, _I64, _I64, _P, _INT)),
 }
 CHUNK = 4096  # items per chunk of work (at most MAX_CHUNKS chunks), which the kernels' threads take in turn
 MAX_CHUNKS = 256
@@ -153,6 +153,6 @@ def number_new(table: Tensor, mark: Tensor, candidates: list[Tensor], total: int
         if count < 0:
             mark.zero_()
             raise IndexError(f"id {int(c[-1 - count])} is out of range for a map of {table.numel()} ids")
-    lib.hpcgnn_number_found(_ptr(table), _ptr(mark), table.numel(), _ptr(found), count, total,
-                            _chunks(max(count, table.numel() // 16)), _ptr(per_chunk), threads)
+    count = lib.hpcgnn_number_found(_ptr(table), _ptr(mark), table.numel(), _ptr(found), count, total,
+                                    _chunks(max(count, table.numel() // 16)), _ptr(per_chunk), threads)
     return found[:count]
