@@ -147,3 +147,17 @@ def test_without_a_compiler_sampling_runs_on_torch_ops_and_says_how_to_mend_it(m
         assert out.num_sampled_nodes[0] == 2 and out.edge_index.size(1) == sum(out.num_sampled_edges)
     finally:
         native.kernels.cache_clear()
+
+
+def test_floyds_uniform_numbers_are_uniform_and_differ_per_key():
+    """counter_uniform (SplitMix64 of key and index), which both paths compute: in [0, 1), even over 50 bins
+    (chi-square, 49 degrees of freedom: 85.4 is the 0.1% critical value; fixed keys, not flaky), a fresh
+    stream per key, and any piece of the block the same as the whole block's."""
+    from hpcgnn.sampling.neighbor import counter_uniform
+
+    u = counter_uniform(12345, 200_000)
+    assert u.dtype == torch.float64 and bool((u >= 0).all()) and bool((u < 1).all())
+    counts = torch.bincount((u * 50).long(), minlength=50).double()
+    assert float(((counts - 4000) ** 2 / 4000).sum()) < 85.4
+    assert not torch.equal(counter_uniform(12346, 1000), u[:1000])
+    assert abs(float(torch.corrcoef(torch.stack([u[:-1], u[1:]]))[0, 1])) < 0.01  # neighbours unrelated

@@ -2,7 +2,7 @@
  *
  * Built on first use by hpcgnn/sampling/native.py (the C compiler, no torch headers) and called
  * through ctypes with tensors' data pointers. Every function computes exactly what the torch ops
- * of hpcgnn/sampling/neighbor.py compute (same random numbers in, same batch out, bit for bit),
+ * of hpcgnn/sampling/neighbor.py compute (the same key in, the same random numbers of it, the same batch out, bit for bit),
  * so a machine without a compiler makes the same batches, only slower.
  *
  * Work is cut into chunks that `threads` threads take in turn (pthreads, not OpenMP: torch brings
@@ -52,6 +52,16 @@ static void parallel_chunks(int threads, int64_t chunks, chunk_fn fn, void *ctx)
 /* Chunk c of n items: [n * c / chunks, n * (c + 1) / chunks). */
 static inline int64_t chunk_start(int64_t n, int64_t chunks, int64_t c) { return (int64_t)((__int128)n * c / chunks); }
 
+/* The index-th uniform number in [0, 1) of a key: SplitMix64's output for state key + (index + 1) * gamma,
+ * its top 53 bits over 2^53 (neighbor.counter_uniform computes the same with torch ops). */
+static inline double counter_uniform(uint64_t key, int64_t index) {
+    uint64_t z = key + (uint64_t)(index + 1) * 0x9E3779B97F4A7C15ULL;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    z ^= z >> 31;
+    return (double)(z >> 11) * 0x1.0p-53;
+}
+
 /* One hop's plan: the output slots (sum over nodes of min(deg, fanout)) and the nodes that draw a
  * subset (deg > fanout), whose count sizes the [fanout, nbig] uniform draw; per chunk of nodes,
  * where its slots and its drawing nodes start (chunk_slot, chunk_big: chunks + 1 entries).
@@ -85,7 +95,7 @@ struct hop {
     const void *col;
     int col_is_int32;
     int64_t m, fanout, chunks, nbig;
-    const double *u;
+    uint64_t key;
     int64_t *row_out, *nbr_out;
 };
 
@@ -106,7 +116,7 @@ static void hop_chunk(void *ctx, int64_t c) {
         if (deg > fanout) {
             for (int64_t j = 0; j < fanout; j++) {
                 int64_t top = deg - fanout + j;
-                int64_t t = (int64_t)(h->u[j * nbig + b] * (double)(top + 1));
+                int64_t t = (int64_t)(counter_uniform(h->key, j * nbig + b) * (double)(top + 1));
                 if (t > top) t = top;
                 for (int64_t q = 0; q < j; q++) {
                     if (drawn[q] == t) {
@@ -132,13 +142,14 @@ static void hop_chunk(void *ctx, int64_t c) {
 }
 
 /* One hop: for node i, row = i and nbr = its neighbours, all of them (deg <= fanout) or the
- * subset Floyd's algorithm draws from u (float64 [fanout, nbig], column b for the b-th drawing
- * node): at step j, t = min(floor(u * (top + 1)), top) with top = deg - fanout + j; t if not drawn
- * before, else top (neighbor.floyd_sample). Chunks as hpcgnn_hop_plan cut them. */
+ * subset Floyd's algorithm draws from the uniform numbers u[j, b] (number j * nbig + b of the hop's
+ * key, for the b-th drawing node): at step j, t = min(floor(u * (top + 1)), top) with
+ * top = deg - fanout + j; t if not drawn before, else top (neighbor.floyd_sample). Chunks as
+ * hpcgnn_hop_plan cut them. */
 void hpcgnn_hop_fill(const int64_t *rowptr, const void *col, int col_is_int32, const int64_t *nodes, int64_t m,
                      int64_t fanout, int64_t chunks, const int64_t *chunk_slot, const int64_t *chunk_big,
-                     const double *u, int64_t nbig, int64_t *row_out, int64_t *nbr_out, int threads) {
-    struct hop h = {rowptr, nodes, chunk_slot, chunk_big, col, col_is_int32, m, fanout, chunks, nbig, u,
+                     int64_t key, int64_t nbig, int64_t *row_out, int64_t *nbr_out, int threads) {
+    struct hop h = {rowptr, nodes, chunk_slot, chunk_big, col, col_is_int32, m, fanout, chunks, nbig, (uint64_t)key,
                     row_out, nbr_out};
     parallel_chunks(threads, chunks, hop_chunk, &h);
 }

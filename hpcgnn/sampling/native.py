@@ -6,10 +6,11 @@ runs them in one pass each. It includes no torch header: the C compiler builds i
 second, into ``$XDG_CACHE_HOME/hpcgnn/native`` (default ``~/.cache``), keyed by the source, the
 compiler and the machine, so every rank of a node, and every later run, loads the same library.
 
-The kernels take the same random numbers (drawn by torch from the batch's generator) and make
-the same batch, bit for bit, as the torch ops of :mod:`hpcgnn.sampling.neighbor`: a machine with
-no C compiler (or ``HPCGNN_NATIVE=0``) samples the same batches, only slower, and a run resumed on
-either kind of machine goes on as it would have. The GIL is released while a kernel runs.
+The kernels take the same key (drawn by torch from the batch's generator, once per hop), make the
+same uniform numbers of it (``neighbor.counter_uniform``) and the same batch, bit for bit, as the
+torch ops of :mod:`hpcgnn.sampling.neighbor`: a machine with no C compiler (or ``HPCGNN_NATIVE=0``)
+samples the same batches, only slower, and a run resumed on either kind of machine goes on as it
+would have. The GIL is released while a kernel runs.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ FLAGS = ("-O3", "-std=gnu11", "-shared", "-fPIC", "-pthread")  # portable: no -m
 _I64, _P, _INT = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
 SIGNATURES = {  # name: (result, arguments)
     "hpcgnn_hop_plan": (_I64, (_P, _I64, _P, _I64, _I64, _I64, _P, _P)),
-    "hpcgnn_hop_fill": (None, (_P, _P, _INT, _P, _I64, _I64, _I64, _P, _P, _P, _I64, _P, _P, _INT)),
+    "hpcgnn_hop_fill": (None, (_P, _P, _INT, _P, _I64, _I64, _I64, _P, _P, _I64, _I64, _P, _P, _INT)),
     "hpcgnn_mark_new": (_I64, (_P, _P, _I64, _P, _I64, _P, _I64, _I64, _P, _INT)),
     "hpcgnn_number_found": (_I64, (_P, _P, _I64, _P, _I64, _I64, _I64, _P, _INT)),
 }
@@ -119,6 +120,8 @@ def _chunks(n: int) -> int:
 def sample_neighbors(rowptr: Tensor, col: Tensor, nodes: Tensor, fanout: int,
                      generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
     """:func:`hpcgnn.sampling.neighbor.sample_neighbors` with Floyd's draws, in two passes of C."""
+    from hpcgnn.sampling import neighbor
+
     lib = kernels()
     rowptr, col, nodes = rowptr.contiguous(), col.contiguous(), nodes.long().contiguous()
     m, chunks = nodes.numel(), _chunks(nodes.numel())
@@ -128,13 +131,12 @@ def sample_neighbors(rowptr: Tensor, col: Tensor, nodes: Tensor, fanout: int,
     if slots < 0:
         raise IndexError(f"node {int(nodes[-1 - slots])} is out of range for a graph of {rowptr.numel() - 1} nodes")
     nbig = int(chunk_big[chunks])
-    # The draw the torch path makes (floyd_sample): one [fanout, rows that draw] block of float64.
-    u = torch.rand(fanout, nbig, generator=generator, dtype=torch.float64) if nbig else \
-        torch.empty(0, dtype=torch.float64)
+    # The key the torch path draws (floyd_sample), when a row draws: the kernel makes the uniform numbers of it.
+    key = int(neighbor.draw_key(generator, rowptr.device)) if nbig else 0
     row = torch.empty(slots, dtype=torch.long)
     nbr = torch.empty(slots, dtype=torch.long)
     lib.hpcgnn_hop_fill(_ptr(rowptr), _ptr(col), int(col.dtype == torch.int32), _ptr(nodes), m, fanout, chunks,
-                        _ptr(chunk_slot), _ptr(chunk_big), _ptr(u), nbig, _ptr(row), _ptr(nbr),
+                        _ptr(chunk_slot), _ptr(chunk_big), key, nbig, _ptr(row), _ptr(nbr),
                         torch.get_num_threads())
     return row, nbr
 
