@@ -152,7 +152,7 @@ def test_without_a_compiler_sampling_runs_on_torch_ops_and_says_how_to_mend_it(m
 def test_floyds_uniform_numbers_are_uniform_and_differ_per_key():
     """counter_uniform (SplitMix64 of key and index), which both paths compute: in [0, 1), even over 50 bins
     (chi-square, 49 degrees of freedom: 85.4 is the 0.1% critical value; fixed keys, not flaky), a fresh
-    stream per key, and any piece of the block the same as the whole block's."""
+    stream per key, consecutive numbers uncorrelated."""
     from hpcgnn.sampling.neighbor import counter_uniform
 
     u = counter_uniform(12345, 200_000)
