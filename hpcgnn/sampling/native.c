@@ -99,6 +99,8 @@ struct hop {
     int64_t *row_out, *nbr_out;
 };
 
+#define BLOCK 16 /* rows whose positions are found (and their neighbours asked for) before any is read */
+
 static void hop_chunk(void *ctx, int64_t c) {
     const struct hop *h = (const struct hop *)ctx;
     const int64_t *rowptr = h->rowptr, *nodes = h->nodes, fanout = h->fanout, nbig = h->nbig;
@@ -106,38 +108,46 @@ static void hop_chunk(void *ctx, int64_t c) {
     const int64_t *col64 = (const int64_t *)h->col;
     int64_t slot = h->chunk_slot[c], b = h->chunk_big[c], end = chunk_start(h->m, h->chunks, c + 1);
     int64_t drawn[fanout > 0 ? fanout : 1];
-    for (int64_t i = chunk_start(h->m, h->chunks, c); i < end; i++) {
-        if (i + AHEAD < end) PREFETCH(rowptr + nodes[i + AHEAD]);
-        if (i + AHEAD / 2 < end) { /* a later row's list (its rowptr entry was asked for AHEAD / 2 items ago) */
-            int64_t s = rowptr[nodes[i + AHEAD / 2]];
-            PREFETCH(h->col_is_int32 ? (const void *)(col32 + s) : (const void *)(col64 + s));
-        }
-        int64_t start = rowptr[nodes[i]], deg = rowptr[nodes[i] + 1] - start;
-        if (deg > fanout) {
-            for (int64_t j = 0; j < fanout; j++) {
-                int64_t top = deg - fanout + j;
-                int64_t t = (int64_t)(counter_uniform(h->key, j * nbig + b) * (double)(top + 1));
-                if (t > top) t = top;
-                for (int64_t q = 0; q < j; q++) {
-                    if (drawn[q] == t) {
-                        t = top;
-                        break;
+    for (int64_t block = chunk_start(h->m, h->chunks, c); block < end; block += BLOCK) {
+        int64_t block_end = block + BLOCK < end ? block + BLOCK : end, first_slot = slot;
+        /* First the block's positions in col, written where its neighbours go, each asked for at once... */
+        for (int64_t i = block; i < block_end; i++) {
+            if (i + 2 * BLOCK < end) PREFETCH(rowptr + nodes[i + 2 * BLOCK]); /* the block after next's rows */
+            int64_t start = rowptr[nodes[i]], deg = rowptr[nodes[i] + 1] - start;
+            if (deg > fanout) {
+                for (int64_t j = 0; j < fanout; j++) {
+                    int64_t top = deg - fanout + j;
+                    int64_t t = (int64_t)(counter_uniform(h->key, j * nbig + b) * (double)(top + 1));
+                    if (t > top) t = top;
+                    for (int64_t q = 0; q < j; q++) {
+                        if (drawn[q] == t) {
+                            t = top;
+                            break;
+                        }
                     }
+                    drawn[j] = t;
                 }
-                drawn[j] = t;
-            }
-            for (int64_t j = 0; j < fanout; j++) {
-                int64_t p = start + drawn[j];
-                h->row_out[slot] = i;
-                h->nbr_out[slot++] = h->col_is_int32 ? (int64_t)col32[p] : col64[p];
-            }
-            b++;
-        } else {
-            for (int64_t j = 0; j < deg; j++) {
-                h->row_out[slot] = i;
-                h->nbr_out[slot++] = h->col_is_int32 ? (int64_t)col32[start + j] : col64[start + j];
+                for (int64_t j = 0; j < fanout; j++) {
+                    int64_t p = start + drawn[j];
+                    PREFETCH(h->col_is_int32 ? (const void *)(col32 + p) : (const void *)(col64 + p));
+                    h->row_out[slot] = i;
+                    h->nbr_out[slot++] = p;
+                }
+                b++;
+            } else {
+                for (int64_t j = 0; j < deg; j += 8) /* a line holds 16 int32 or 8 int64 entries */
+                    PREFETCH(h->col_is_int32 ? (const void *)(col32 + start + j) : (const void *)(col64 + start + j));
+                for (int64_t j = 0; j < deg; j++) {
+                    h->row_out[slot] = i;
+                    h->nbr_out[slot++] = start + j;
+                }
             }
         }
+        /* ...then read, by which time they are on their way. */
+        if (h->col_is_int32)
+            for (int64_t s = first_slot; s < slot; s++) h->nbr_out[s] = col32[h->nbr_out[s]];
+        else
+            for (int64_t s = first_slot; s < slot; s++) h->nbr_out[s] = col64[h->nbr_out[s]];
     }
 }
 
