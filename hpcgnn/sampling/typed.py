@@ -72,17 +72,18 @@ class TypedNeighborSampler:
     def begin_batch(self) -> None:
         """Called once per batch, before its first hop."""
 
-    def draw(self, hop: int, frontier: dict[str, tuple[Tensor, Tensor]], generator: torch.Generator | None
+    def draw(self, hop: int, frontier: dict[str, tuple[Tensor, int]], generator: torch.Generator | None
              ) -> list[tuple[Relation, Tensor, Tensor]]:
         """One hop: per relation into a frontier type, (relation, targets' batch-local ids, sources' type-local
-        ids), one entry per sampled edge. ``frontier``: type -> (type-local ids, batch-local ids)."""
+        ids), one entry per sampled edge. ``frontier``: type -> (type-local ids, the batch-local id of the
+        first: a frontier's batch-local ids are one range)."""
         g, drawn = self.graph, []
         for rel in g.relations:
             if rel[2] not in frontier or self.fanouts[rel][hop] < 1:
                 continue
-            nodes, nodes_local = frontier[rel[2]]
+            nodes, first = frontier[rel[2]]
             row, nbr = sample_neighbors(g.rowptr[rel], g.col[rel], nodes, self.fanouts[rel][hop], generator)
-            drawn.append((rel, nodes_local.index_select(0, row), nbr))
+            drawn.append((rel, row.add_(first) if first else row, nbr))
         return drawn
 
     def sample(self, seeds: Tensor, generator: torch.Generator | None = None) -> TypedSubgraph:
@@ -102,7 +103,7 @@ class TypedNeighborSampler:
         local[g.target].put(seeds, torch.arange(seeds.numel(), device=device))
         n_ids[g.target].append(seeds)
         counts[g.target][0] = total[g.target] = seeds.numel()
-        frontier = {g.target: (seeds, torch.arange(seeds.numel(), device=device))}
+        frontier = {g.target: (seeds, 0)}
         try:
             for hop in range(self.num_hops):
                 drawn = self.draw(hop, frontier, generator)
@@ -112,12 +113,11 @@ class TypedNeighborSampler:
                     if not found:
                         continue
                     new = local[t].add_new(found, total[t])  # sorted
-                    new_local = torch.arange(total[t], total[t] + new.numel(), device=device)
+                    if new.numel():
+                        frontier[t] = (new, total[t])
                     total[t] += new.numel()
                     counts[t][hop + 1] = new.numel()
                     n_ids[t].append(new)
-                    if new.numel():
-                        frontier[t] = (new, new_local)
                 for rel, dst_local, nbr in drawn:
                     sources[rel].append(local[rel[0]].get(nbr))
                     targets[rel].append(dst_local)
@@ -207,7 +207,8 @@ class PartitionedTypedSampler(TypedNeighborSampler):
         for rel in rels:
             if rel[2] not in frontier or self.fanouts[rel][hop] < 1:
                 continue
-            nodes, nodes_local = frontier[rel[2]]
+            nodes, first = frontier[rel[2]]
+            nodes_local = torch.arange(first, first + nodes.numel())
             gid = nodes + self.offsets[rel[2]]
             owner = view.owner(gid)
             mine = owner == view.rank
