@@ -37,7 +37,19 @@ class SampledSubgraph:
     absent_in_degree: Tensor | None = None  # int [num_nodes]: in-edges of the graph the batch leaves out (a link step's target edges), not counted in the degrees GCN normalises by
 
 
-class DenseIdMap:
+class IdMap:
+    """Global -> batch-local ids of the batch being made; subclasses hold them (``fresh``, ``put``, ``get``)."""
+
+    device: torch.device | str | None
+
+    def add_new(self, candidates: list[Tensor], total: int) -> Tensor:
+        """The distinct candidates not in the map, sorted, put as ``total``, ``total + 1``, ..."""
+        new = self.fresh(torch.cat(candidates) if len(candidates) > 1 else candidates[0])
+        self.put(new, torch.arange(total, total + new.numel(), device=self.device))
+        return new
+
+
+class DenseIdMap(IdMap):
     """Global -> batch-local ids in an array over every id: one gather per lookup (a replicated rank,
     which holds the whole graph anyway). Entries are -1 outside the batch."""
 
@@ -46,6 +58,7 @@ class DenseIdMap:
 
     def __init__(self, size: int, device: torch.device | str | None = None):
         self.table = torch.full((size,), -1, dtype=torch.long, device=device)
+        self.device = self.table.device
         self._mark: Tensor | None = None  # bool [size], all False between calls to fresh
 
     def get(self, ids: Tensor) -> Tensor:
@@ -68,15 +81,12 @@ class DenseIdMap:
         self.table[ids] = local
 
     def add_new(self, candidates: list[Tensor], total: int) -> Tensor:
-        """The distinct candidates not in the map, sorted, put as ``total``, ``total + 1``, ... (``fresh`` of
-        them all, then ``put``): in one pass of C on the host where the kernels are (hpcgnn.sampling.native)."""
-        if native.usable(self.table):
-            if self._mark is None:
-                self._mark = torch.zeros(self.table.numel(), dtype=torch.bool, device=self.table.device)
-            return native.number_new(self.table, self._mark, candidates, total)
-        new = self.fresh(torch.cat(candidates) if len(candidates) > 1 else candidates[0])
-        self.put(new, torch.arange(total, total + new.numel(), device=self.table.device))
-        return new
+        """:meth:`IdMap.add_new`, in one pass of C on the host where the kernels are (hpcgnn.sampling.native)."""
+        if not native.usable(self.table):
+            return super().add_new(candidates, total)
+        if self._mark is None:
+            self._mark = torch.zeros(self.table.numel(), dtype=torch.bool, device=self.table.device)
+        return native.number_new(self.table, self._mark, candidates, total)
 
     def clear(self, ids: Tensor) -> None:
         """Forget the batch: ``ids`` are every id put since the last clear."""
@@ -86,7 +96,7 @@ class DenseIdMap:
             self.table.fill_(-1)
 
 
-class SortedIdMap:
+class SortedIdMap(IdMap):
     """Global -> batch-local ids of one batch as a sorted array: memory in proportion to the batch, not to
     the graph (a partitioned rank holds nothing of the graph's size). Lookups are binary searches."""
 
@@ -103,12 +113,6 @@ class SortedIdMap:
     def fresh(self, ids: Tensor) -> Tensor:
         """The distinct ids not in the map, sorted."""
         return torch.unique(ids[self.get(ids) < 0])
-
-    def add_new(self, candidates: list[Tensor], total: int) -> Tensor:
-        """The distinct candidates not in the map, sorted, put as ``total``, ``total + 1``, ..."""
-        new = self.fresh(torch.cat(candidates) if len(candidates) > 1 else candidates[0])
-        self.put(new, torch.arange(total, total + new.numel(), device=self.device))
-        return new
 
     def put(self, ids: Tensor, local: Tensor) -> None:
         """Add ``ids`` (distinct, not in the map yet)."""
