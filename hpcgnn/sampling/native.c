@@ -2,12 +2,13 @@
  *
  * Built on first use by hpcgnn/sampling/native.py (the C compiler, no torch headers) and called
  * through ctypes with tensors' data pointers. Every function computes exactly what the torch ops
- * of hpcgnn/sampling/neighbor.py compute (the same key in, the same random numbers of it, the same batch out, bit for bit),
- * so a machine without a compiler makes the same batches, only slower.
+ * of hpcgnn/sampling/neighbor.py compute (the same key in, the same random numbers of it, the same
+ * batch out, bit for bit), so a machine without a compiler makes the same batches, only slower.
  *
- * Work is cut into chunks that `threads` threads take in turn (pthreads, not OpenMP: torch brings
- * its own OpenMP runtime, and two in one process fight), so a thread slowed by a busy core takes
- * fewer chunks instead of holding the others up. What a chunk writes depends only on the chunk.
+ * Work is cut into chunks that `threads` threads take in turn (pthreads, not OpenMP: torch's wheels
+ * bring their own OpenMP runtime, and a second one would keep a thread pool of its own beside it),
+ * so a thread slowed by a busy core takes fewer chunks instead of holding the others up. What a
+ * chunk writes depends only on the chunk.
  *
  * Ids are int64; col may be int32 or int64 (col_is_int32).
  */
@@ -63,7 +64,7 @@ static inline double counter_uniform(uint64_t key, int64_t index) {
 }
 
 /* One hop's plan: the output slots (sum over nodes of min(deg, fanout)) and the nodes that draw a
- * subset (deg > fanout), whose count sizes the [fanout, nbig] uniform draw; per chunk of nodes,
+ * subset (deg > fanout), nbig, the stride of the hop's uniform numbers; per chunk of nodes,
  * where its slots and its drawing nodes start (chunk_slot, chunk_big: chunks + 1 entries).
  * A node outside [0, rows) returns -1 - its index, and nothing is sampled. */
 int64_t hpcgnn_hop_plan(const int64_t *rowptr, int64_t rows, const int64_t *nodes, int64_t m, int64_t fanout,
@@ -107,7 +108,7 @@ static void hop_chunk(void *ctx, int64_t c) {
     const int32_t *col32 = (const int32_t *)h->col;
     const int64_t *col64 = (const int64_t *)h->col;
     int64_t slot = h->chunk_slot[c], b = h->chunk_big[c], end = chunk_start(h->m, h->chunks, c + 1);
-    int64_t drawn[fanout > 0 ? fanout : 1];
+    int64_t *drawn = (int64_t *)malloc(sizeof(int64_t) * (size_t)(fanout > 0 ? fanout : 1)); /* a row's offsets */
     for (int64_t block = chunk_start(h->m, h->chunks, c); block < end; block += BLOCK) {
         int64_t block_end = block + BLOCK < end ? block + BLOCK : end, first_slot = slot;
         /* First the block's positions in col, written where its neighbours go, each asked for at once... */
@@ -149,6 +150,7 @@ static void hop_chunk(void *ctx, int64_t c) {
         else
             for (int64_t s = first_slot; s < slot; s++) h->nbr_out[s] = col64[h->nbr_out[s]];
     }
+    free(drawn);
 }
 
 /* One hop: for node i, row = i and nbr = its neighbours, all of them (deg <= fanout) or the
@@ -214,9 +216,18 @@ int64_t hpcgnn_mark_new(const int64_t *table, uint8_t *mark, int64_t size, const
     return count;
 }
 
+static int compare_ids(const void *x, const void *y) {
+    int64_t a = *(const int64_t *)x, b = *(const int64_t *)y;
+    return (a > b) - (a < b);
+}
+
 static void radix_sort(int64_t *a, int64_t n, int64_t max_id) {
     if (n < 2) return;
     int64_t *tmp = (int64_t *)malloc(sizeof(int64_t) * (size_t)n);
+    if (!tmp) { /* no memory for the radix passes: sorted in place, slower */
+        qsort(a, (size_t)n, sizeof(int64_t), compare_ids);
+        return;
+    }
     int64_t *src = a, *dst = tmp;
     for (int shift = 0; shift < 64 && (max_id >> shift) > 0; shift += 11) {
         int64_t count[2049];
