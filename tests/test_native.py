@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -161,3 +162,35 @@ def test_floyds_uniform_numbers_are_uniform_and_differ_per_key():
     assert float(((counts - 4000) ** 2 / 4000).sum()) < 85.4
     assert not torch.equal(counter_uniform(12346, 1000), u[:1000])
     assert abs(float(torch.corrcoef(torch.stack([u[:-1], u[1:]]))[0, 1])) < 0.01  # neighbours unrelated
+
+
+@pytest.mark.slow
+@needs_cc
+def test_ranks_building_at_once_each_load_one_whole_library(tmp_path):
+    """Three processes build into one fresh cache at the same time (a node's ranks at their first batch): each
+    gets the library and can load it, and only that library is left, no half-written file or temporary."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from pathlib import Path; from hpcgnn.sampling import native; "
+            "lib = native.build(cache=Path(sys.argv[1])); native.load(lib); print(lib)")
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+             for _ in range(3)]
+    paths = {p.communicate(timeout=120)[0].strip() for p in procs}
+    assert all(p.returncode == 0 for p in procs)
+    assert len(paths) == 1 and [p.name for p in tmp_path.iterdir()] == [Path(paths.pop()).name]
+
+
+@needs_cc
+def test_a_cache_folder_that_cannot_be_made_falls_back_to_torch_ops(monkeypatch, caplog, tmp_path):
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(blocker))
+    monkeypatch.delenv("HPCGNN_NATIVE", raising=False)
+    native.kernels.cache_clear()
+    try:
+        with caplog.at_level(logging.WARNING, logger="hpcgnn.sampling.native"):
+            assert native.kernels() is None
+        assert "C sampling kernels are not available" in caplog.text and "not-a-folder" in caplog.text
+    finally:
+        native.kernels.cache_clear()
