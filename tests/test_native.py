@@ -194,3 +194,10 @@ def test_a_cache_folder_that_cannot_be_made_falls_back_to_torch_ops(monkeypatch,
         assert "C sampling kernels are not available" in caplog.text and "not-a-folder" in caplog.text
     finally:
         native.kernels.cache_clear()
+
+
+@needs_cc
+def test_a_compiler_with_flags_of_its_own_builds_its_own_library(tmp_path):
+    """CC may carry flags ("cc -O2"): they are passed, and key the library apart from plain cc's."""
+    plain, flagged = native.build(cache=tmp_path), native.build(cache=tmp_path, compiler="cc -DHPCGNN_FLAGGED")
+    assert plain != flagged and native.load(flagged).hpcgnn_hop_fill is not None

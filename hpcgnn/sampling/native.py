@@ -21,6 +21,7 @@ import hashlib
 import logging
 import os
 import platform
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -53,15 +54,18 @@ class NativeUnavailable(RuntimeError):
 def build(cache: Path | None = None, compiler: str | None = None) -> Path:
     """The kernels' shared library, built now if this source, compiler and machine have none yet."""
     compiler = compiler or env.read("c_compiler") or "cc"
-    path = shutil.which(compiler)
+    command = shlex.split(compiler)  # CC may carry flags of its own ("gcc -m64")
+    path = shutil.which(command[0]) if command else None
     if path is None:
         raise NativeUnavailable(f"no C compiler {compiler!r} on PATH")
+    command[0] = path
     try:
-        version = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30).stdout
+        version = subprocess.run([*command, "--version"], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.TimeoutExpired) as e:
         raise NativeUnavailable(f"{compiler} --version failed: {e}") from e
     source = SOURCE.read_bytes()
-    key = hashlib.sha256(source + version.encode() + " ".join(FLAGS).encode() + platform.machine().encode())
+    key = hashlib.sha256(source + version.encode() + " ".join([*command[1:], *FLAGS]).encode()
+                         + platform.machine().encode())
     folder = cache or env.cache_home() / "hpcgnn" / "native"
     lib = folder / f"sampling-{key.hexdigest()[:16]}.so"
     if lib.exists():
@@ -70,7 +74,7 @@ def build(cache: Path | None = None, compiler: str | None = None) -> Path:
     fd, tmp = tempfile.mkstemp(prefix=lib.stem, suffix=".so.tmp", dir=folder)
     os.close(fd)
     try:  # built aside, then renamed: ranks building at once each leave a whole library
-        res = subprocess.run([path, *FLAGS, str(SOURCE), "-o", tmp], capture_output=True, text=True, timeout=120)
+        res = subprocess.run([*command, *FLAGS, str(SOURCE), "-o", tmp], capture_output=True, text=True, timeout=120)
         if res.returncode:
             raise NativeUnavailable(f"{compiler} failed: {res.stderr.strip()[-500:]}")
         os.replace(tmp, lib)
