@@ -58,7 +58,7 @@ def graph() -> Graph:
 
 @needs_cc
 @pytest.mark.parametrize("col_dtype", [torch.long, torch.int32])
-@pytest.mark.parametrize("fanouts", [(7, 4, 3), (25, 10), (1,), (600, 2)])
+@pytest.mark.parametrize("fanouts", [(7, 4, 3), (25, 10), (1,), (600, 2), (2**62, 2)])
 def test_kernels_sample_the_torch_ops_batches(switch, graph, col_dtype, fanouts):
     sampler = CSRNeighborSampler(graph.rowptr, graph.col.to(col_dtype), fanouts)
 

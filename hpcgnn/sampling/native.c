@@ -108,7 +108,9 @@ static void hop_chunk(void *ctx, int64_t c) {
     const int32_t *col32 = (const int32_t *)h->col;
     const int64_t *col64 = (const int64_t *)h->col;
     int64_t slot = h->chunk_slot[c], b = h->chunk_big[c], end = chunk_start(h->m, h->chunks, c + 1);
-    int64_t *drawn = (int64_t *)malloc(sizeof(int64_t) * (size_t)(fanout > 0 ? fanout : 1)); /* a row's offsets */
+    /* A drawing row's offsets, where the chunk has such rows (then fanout < their degree: a real size; a
+     * fanout that keeps every neighbour, 2^62, allocates nothing). */
+    int64_t *drawn = h->chunk_big[c + 1] > b ? (int64_t *)malloc(sizeof(int64_t) * (size_t)fanout) : NULL;
     for (int64_t block = chunk_start(h->m, h->chunks, c); block < end; block += BLOCK) {
         int64_t block_end = block + BLOCK < end ? block + BLOCK : end, first_slot = slot;
         /* First the block's positions in col, written where its neighbours go, each asked for at once... */
