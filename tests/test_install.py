@@ -66,7 +66,8 @@ def test_the_installed_package_is_the_wheel(wheel_venv, tmp_path):
     assert Path(conf) == Path(package).parent / "conf"  # the repository's conf/, installed inside the package
     # The C sampling kernels' source ships too, and builds from the installed package (a cache of this test's own).
     native = _run([wheel_venv / "bin" / "python", "-c", "from hpcgnn.sampling import native; print(native.SOURCE); "
-                   "print(native.kernels() is not None)"], cwd=tmp_path, env={"XDG_CACHE_HOME": str(tmp_path)})
+                   "print(native.kernels() is not None)"], cwd=tmp_path,
+                  env={"XDG_CACHE_HOME": str(tmp_path), "HPCGNN_NATIVE": "1"})  # on, even in a suite run without
     source, built = native.stdout.split()
     assert source.startswith(str(wheel_venv)) and Path(source).is_file(), native.stdout + native.stderr
     has_cc = shutil.which("cc") is not None
