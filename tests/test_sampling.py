@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import subprocess
 import sys
@@ -227,12 +228,18 @@ def test_synthetic_graph_is_deterministic_and_homophilous():
 def test_prefetching_loader_yields_the_plain_loaders_batches(graph):
     from hpcgnn.sampling import PrefetchLoader
 
+    class Features:  # features the loader cannot tell are local: sampled and gathered in one thread
+        def gather(self, n_id, batch_size):
+            return graph.x.index_select(0, n_id), graph.y.index_select(0, n_id)
+
     seeds = graph.train_idx
     plain = list(BatchLoader(graph, CSRNeighborSampler(graph.rowptr, graph.col, FANOUTS), seeds, 64,
                              generator=torch.Generator().manual_seed(9)))
-    for depth in (1, 3):
-        ahead = list(PrefetchLoader(BatchLoader(graph, CSRNeighborSampler(graph.rowptr, graph.col, FANOUTS), seeds, 64,
-                                                generator=torch.Generator().manual_seed(9)), depth))
+    for depth, features in ((1, graph), (3, graph), (2, Features())):
+        loader = BatchLoader(features, CSRNeighborSampler(graph.rowptr, graph.col, FANOUTS), seeds, 64,
+                             generator=torch.Generator().manual_seed(9))
+        assert loader.two_stage == (features is graph)  # a host graph held whole: sampling and gathering overlap
+        ahead = list(PrefetchLoader(loader, depth))
         assert len(ahead) == len(plain) == math.ceil(seeds.numel() / 64)
         for a, b in zip(ahead, plain, strict=True):
             assert torch.equal(a.n_id, b.n_id) and torch.equal(a.edge_index, b.edge_index)
@@ -249,11 +256,16 @@ def test_prefetching_loader_stops_cleanly(graph):
     for i, _ in enumerate(loader):
         if i == 2:
             break  # the consumer leaves early: the thread must end, not block on a full queue
-    assert not any(t.name == "hpcgnn-prefetch" for t in threading.enumerate())
+    assert not any(t.name in ("hpcgnn-prefetch", "hpcgnn-sample") for t in threading.enumerate())
     bad = PrefetchLoader(BatchLoader(graph, CSRNeighborSampler(graph.rowptr, graph.col, FANOUTS),
                                      torch.tensor([1, 1]), 2), 2)
     with pytest.raises(ValueError, match="seeds must be distinct"):
-        list(bad)  # errors in the thread surface in the consumer
+        list(bad)  # errors in the sampling thread surface in the consumer
+    short = dataclasses.replace(graph, x=graph.x[:10])  # rows missing: the gathering thread fails
+    bad = PrefetchLoader(BatchLoader(short, CSRNeighborSampler(graph.rowptr, graph.col, FANOUTS), graph.train_idx, 16), 2)
+    with pytest.raises(IndexError, match="out of range"):
+        list(bad)
+    assert not any(t.name in ("hpcgnn-prefetch", "hpcgnn-sample") for t in threading.enumerate())
 
 
 def test_the_sampler_plugs_into_pygs_own_node_loader(graph):

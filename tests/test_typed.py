@@ -107,6 +107,22 @@ def test_typed_sampling_is_deterministic_and_leaves_no_state(graph):
         sampler.sample(torch.tensor([1, 1]))
 
 
+def test_typed_batches_ahead_are_the_plain_loaders(graph):
+    """PrefetchLoader samples a typed host graph in one thread and gathers in another: the same batches."""
+    from hpcgnn.sampling import BatchLoader, PrefetchLoader
+
+    def loader():
+        return BatchLoader(graph, TypedNeighborSampler(graph, FANOUTS), graph.train_idx, 97, batch_seed=5)
+
+    assert loader().two_stage
+    plain, ahead = list(loader()), list(PrefetchLoader(loader(), 2))
+    assert len(plain) == len(ahead) > 2
+    for a, b in zip(ahead, plain, strict=True):
+        assert all(torch.equal(a[t].n_id, b[t].n_id) and torch.equal(a[t].x, b[t].x) for t in graph.node_types)
+        assert all(torch.equal(a[r].edge_index, b[r].edge_index) for r in graph.relations)
+        assert torch.equal(a[graph.target].y, b[graph.target].y)
+
+
 def test_fanouts_per_relation():
     rels = [("a", "r", "b"), ("b", "s", "a")]
     assert relation_fanouts(rels, [5, 3]) == {rels[0]: (5, 3), rels[1]: (5, 3)}
