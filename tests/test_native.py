@@ -4,6 +4,7 @@ once per source and compiler; a machine without a compiler samples on torch ops 
 from __future__ import annotations
 
 import logging
+import pickle
 import shutil
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from hpcgnn.config import DatasetConfig
 from hpcgnn.data import Graph, build_graph
 from hpcgnn.data.synthetic import make_synthetic_typed
 from hpcgnn.sampling import CSRNeighborSampler, native
-from hpcgnn.sampling.neighbor import DenseIdMap, sample_neighbors
+from hpcgnn.sampling.neighbor import BatchIdMap, DenseIdMap, SortedIdMap, sample_neighbors
 from hpcgnn.sampling.typed import TypedNeighborSampler
 
 needs_cc = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler here: the kernels cannot be built")
@@ -97,18 +98,66 @@ def test_kernels_split_large_hops_into_chunks_and_still_match(switch, graph):
 
 
 @needs_cc
+def test_the_batch_sized_map_holds_the_dense_maps_ids(switch):
+    """A partitioned rank's map: a hash table in C (grown as a batch grows, filled by both threads at once),
+    or sorted arrays on torch ops; both number a round's new ids as the dense map does."""
+    torch.set_num_threads(2)
+    size = 2_000_000
+
+    def rounds(make):
+        ids_map, total, out = make(), 3, []
+        ids_map.put(torch.tensor([5, 17, size - 1]), torch.tensor([0, 1, 2]))
+        out.append(ids_map.get(torch.tensor([6, 17])))
+        gen = torch.Generator().manual_seed(4)
+        for n in (10, 3000, 300_000):  # each round larger than the table's room: grown (rehashed) on the way
+            parts = [torch.randint(0, size, (n,), generator=gen), torch.randint(0, size // 50, (n // 3,), generator=gen)]
+            new = ids_map.add_new(parts, total)
+            total += new.numel()
+            out += [new, ids_map.get(parts[0])]
+        return out
+
+    dense = rounds(lambda: DenseIdMap(size))
+    switch(True)
+    batch = BatchIdMap()
+    assert isinstance(batch.impl, native.HashTable)
+    hashed = rounds(BatchIdMap)
+    switch(False)
+    assert isinstance(BatchIdMap().impl, SortedIdMap)
+    for a, b, c in zip(dense, hashed, rounds(BatchIdMap), strict=True):
+        assert torch.equal(a, b) and torch.equal(a, c)
+    assert hashed[0].tolist() == [-1, 1]  # an id not held, and one held
+
+
+@needs_cc
+def test_the_batch_sized_map_refuses_negative_ids_and_chooses_again_where_it_lands(switch):
+    switch(True)
+    ids_map = BatchIdMap()
+    ids_map.put(torch.tensor([1, 2]), torch.tensor([0, 1]))
+    with pytest.raises(IndexError, match="id -3 is not a node id"):
+        ids_map.add_new([torch.tensor([7, 8]), torch.tensor([9, -3])], 2)
+    assert len(ids_map) == 0 and bool((ids_map.impl.keys == -1).all())  # no id half-entered is left
+    ids_map.put(torch.tensor([4]), torch.tensor([0]))
+    switch(False)  # a sampler pickled to a process where the kernels are not: sorted arrays there
+    there = pickle.loads(pickle.dumps(ids_map))
+    assert isinstance(there.impl, SortedIdMap) and len(there) == 0
+
+
+@needs_cc
 def test_kernels_sample_the_torch_ops_typed_batches(switch):
     typed = make_synthetic_typed(DatasetConfig(num_nodes=3000, avg_degree=10, homophily=0.8, seed=5))
     sampler = TypedNeighborSampler(typed, (6, 4))
 
-    def batches():
+    def batches(id_map="dense"):
         gen = torch.Generator().manual_seed(3)
-        return [sampler.sample(typed.train_idx[i:i + 200], gen) for i in (0, 200, 400)]
+        lean = TypedNeighborSampler(typed, (6, 4), id_map="batch")  # a partitioned rank's maps, chosen now
+        return [(sampler if id_map == "dense" else lean).sample(typed.train_idx[i:i + 200], gen) for i in (0, 200, 400)]
 
-    for a, b in zip(*both(switch, batches), strict=True):
-        assert a.n_id.keys() == b.n_id.keys() and all(torch.equal(a.n_id[t], b.n_id[t]) for t in a.n_id)
-        assert all(torch.equal(a.edge_index[r], b.edge_index[r]) for r in a.edge_index)
-        assert a.num_sampled_nodes == b.num_sampled_nodes and a.num_sampled_edges == b.num_sampled_edges
+    dense, lean = both(switch, batches), both(switch, lambda: batches("batch"))
+    for a, *others in zip(*dense, *lean, strict=True):
+        for b in others:
+            assert a.n_id.keys() == b.n_id.keys() and all(torch.equal(a.n_id[t], b.n_id[t]) for t in a.n_id)
+            assert all(torch.equal(a.edge_index[r], b.edge_index[r]) for r in a.edge_index)
+            assert a.num_sampled_nodes == b.num_sampled_nodes and a.num_sampled_edges == b.num_sampled_edges
 
 
 @needs_cc

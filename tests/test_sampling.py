@@ -136,16 +136,16 @@ def test_sampler_leaves_no_state_between_batches(graph):
     sampler = CSRNeighborSampler(graph.rowptr, graph.col, FANOUTS)
     sampler.sample(torch.tensor([0, 7, 9]), torch.Generator().manual_seed(1))
     assert bool((sampler._local.table == -1).all())
-    lean = CSRNeighborSampler(graph.rowptr, graph.col, FANOUTS, id_map="sorted")
+    lean = CSRNeighborSampler(graph.rowptr, graph.col, FANOUTS, id_map="batch")
     lean.sample(torch.tensor([0, 7, 9]), torch.Generator().manual_seed(1))
-    assert lean._local.keys.numel() == 0
+    assert len(lean._local) == 0
 
 
-def test_sorted_id_map_samples_the_dense_maps_batches(graph):
-    """A partitioned rank's map (sorted, the batch's size) gives the same batches as the dense one,
-    with col stored as int32 (a streamed graph) as well as int64."""
+def test_batch_sized_id_map_samples_the_dense_maps_batches(graph):
+    """A partitioned rank's map (the batch's size: a hash table in C, else sorted arrays) gives the same
+    batches as the dense one, with col stored as int32 (a streamed graph) as well as int64."""
     dense = CSRNeighborSampler(graph.rowptr, graph.col, FANOUTS)
-    lean = CSRNeighborSampler(graph.rowptr, graph.col.int(), FANOUTS, id_map="sorted")
+    lean = CSRNeighborSampler(graph.rowptr, graph.col.int(), FANOUTS, id_map="batch")
     for seed in range(3):
         seeds = torch.randperm(graph.num_nodes, generator=torch.Generator().manual_seed(seed))[:50]
         a = dense.sample(seeds, torch.Generator().manual_seed(seed))

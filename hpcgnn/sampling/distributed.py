@@ -150,7 +150,7 @@ class PartitionedNeighborSampler(CSRNeighborSampler):
     """
 
     def __init__(self, view: PartitionView, fanouts, exchange: Exchange, boundary_fraction: float = 1.0):
-        super().__init__(view.parts.rowptr, view.parts.col, fanouts, num_nodes=view.parts.num_nodes, id_map="sorted")
+        super().__init__(view.parts.rowptr, view.parts.col, fanouts, num_nodes=view.parts.num_nodes, id_map="batch")
         self.view, self.exchange, self.boundary_fraction = view, exchange, boundary_fraction
 
     def begin_batch(self) -> None:

@@ -42,6 +42,9 @@ SIGNATURES = {  # name: (result, arguments)
     "hpcgnn_hop_fill": (None, (_P, _P, _INT, _P, _I64, _I64, _I64, _P, _P, _I64, _I64, _P, _P, _INT)),
     "hpcgnn_mark_new": (_I64, (_P, _P, _I64, _P, _I64, _P, _I64, _I64, _P, _INT)),
     "hpcgnn_number_found": (_I64, (_P, _P, _I64, _P, _I64, _I64, _I64, _P, _INT)),
+    "hpcgnn_hash_insert": (_I64, (_P, _P, _I64, _P, _P, _I64, _P, _I64, _I64, _P, _INT)),
+    "hpcgnn_hash_get": (None, (_P, _P, _I64, _P, _I64, _P, _I64, _INT)),
+    "hpcgnn_hash_number": (None, (_P, _P, _I64, _P, _I64, _I64, _I64, _INT)),
 }
 CHUNK = 4096  # items per chunk of work (at most MAX_CHUNKS chunks), which the kernels' threads take in turn
 MAX_CHUNKS = 256
@@ -162,3 +165,78 @@ def number_new(table: Tensor, mark: Tensor, candidates: list[Tensor], total: int
     count = lib.hpcgnn_number_found(_ptr(table), _ptr(mark), table.numel(), _ptr(found), count, total,
                                     _chunks(max(count, table.numel() // 16)), _ptr(per_chunk), threads)
     return found[:count]
+
+
+class HashTable:
+    """A batch's global -> batch-local ids in a hash table of ``native.c`` (open addressing): memory in
+    proportion to the batch (a partitioned rank's map, where an array over every id would be the graph's
+    size), a lookup in a probe or two. Grown before each insert to at least twice the ids it may hold."""
+
+    MIN_CAPACITY = 1 << 12
+
+    def __init__(self):
+        self.keys = torch.full((self.MIN_CAPACITY,), -1, dtype=torch.long)
+        self.values = torch.empty(self.MIN_CAPACITY, dtype=torch.long)
+        self.count = 0  # ids held
+
+    @property
+    def capacity(self) -> int:
+        return self.keys.numel()
+
+    def reserve(self, more: int) -> None:
+        """Room for ``more`` ids beside those held, the table at most half full."""
+        need = 2 * (self.count + more)
+        if need <= self.capacity:
+            return
+        held = self.keys >= 0
+        ids, values = self.keys[held], self.values[held]
+        capacity = 1 << (need - 1).bit_length()
+        self.keys = torch.full((capacity,), -1, dtype=torch.long)
+        self.values = torch.empty(capacity, dtype=torch.long)
+        self.count = 0
+        self.put(ids, values)
+
+    def _insert(self, ids: Tensor, values: Tensor | None, found: Tensor | None, count: int) -> int:
+        ids = ids.long().contiguous()
+        chunks = _chunks(ids.numel())
+        scratch = torch.empty(chunks, dtype=torch.long)
+        out = kernels().hpcgnn_hash_insert(_ptr(self.keys), _ptr(self.values), self.capacity, _ptr(ids),
+                                           _ptr(values) if values is not None else None, ids.numel(),
+                                           _ptr(found) if found is not None else None, count, chunks, _ptr(scratch),
+                                           torch.get_num_threads())
+        if out < 0:
+            raise IndexError(f"id {int(ids[-1 - out])} is not a node id (ids are 0 or more)")
+        return out
+
+    def put(self, ids: Tensor, values: Tensor) -> None:
+        """Add ``ids`` (distinct, not held yet) as ``values``."""
+        self.reserve(ids.numel())
+        self.count += self._insert(ids, values.long().contiguous(), None, 0)
+
+    def get(self, ids: Tensor) -> Tensor:
+        """The values of ``ids``, -1 where an id is not held."""
+        ids = ids.long().contiguous()
+        out = torch.empty_like(ids)
+        kernels().hpcgnn_hash_get(_ptr(self.keys), _ptr(self.values), self.capacity, _ptr(ids), ids.numel(), _ptr(out),
+                                  _chunks(ids.numel()), torch.get_num_threads())
+        return out
+
+    def add_new(self, candidates: list[Tensor], total: int) -> Tensor:
+        """The distinct candidates not held, sorted, added as ``total``, ``total + 1``, ..."""
+        n = sum(c.numel() for c in candidates)
+        self.reserve(n)
+        found, count = torch.empty(n, dtype=torch.long), 0
+        try:
+            for c in candidates:
+                count = self._insert(c, None, found, count)
+        except IndexError:
+            self.clear()  # ids inserted with no value yet: the map is unusable until cleared
+            raise
+        kernels().hpcgnn_hash_number(_ptr(self.keys), _ptr(self.values), self.capacity, _ptr(found), count, total,
+                                     _chunks(count), torch.get_num_threads())
+        self.count += count
+        return found[:count]
+
+    def clear(self) -> None:
+        self.keys.fill_(-1)
+        self.count = 0

@@ -125,6 +125,49 @@ class SortedIdMap(IdMap):
         self.values = torch.empty(0, dtype=torch.long, device=self.device)
 
 
+class BatchIdMap(IdMap):
+    """Global -> batch-local ids in memory that follows the batch, not the graph (a partitioned rank's):
+    a hash table in C where the kernels are (:class:`hpcgnn.sampling.native.HashTable`), else sorted
+    arrays (:class:`SortedIdMap`); the same ids either way. Chosen per process: a sampler pickled to a
+    sampler process (maybe on a node with no C compiler) chooses there, the map being empty between batches."""
+
+    def __init__(self, device: torch.device | str | None = None):
+        self.device = torch.device(device if device is not None else "cpu")
+        self._choose()
+
+    def _choose(self) -> None:
+        cpu = self.device.type == "cpu"
+        self.impl = native.HashTable() if cpu and native.kernels() is not None else SortedIdMap(self.device)
+
+    def __getstate__(self) -> dict:
+        return {"device": self.device}
+
+    def __setstate__(self, state: dict) -> None:
+        self.device = state["device"]
+        self._choose()
+
+    def __len__(self) -> int:
+        """Ids held (0 between batches)."""
+        impl = self.impl
+        return impl.count if isinstance(impl, native.HashTable) else impl.keys.numel()
+
+    def get(self, ids: Tensor) -> Tensor:
+        return self.impl.get(ids)
+
+    def put(self, ids: Tensor, local: Tensor) -> None:
+        self.impl.put(ids, local)
+
+    def fresh(self, ids: Tensor) -> Tensor:
+        """The distinct ids not in the map, sorted."""
+        return torch.unique(ids[self.get(ids) < 0])
+
+    def add_new(self, candidates: list[Tensor], total: int) -> Tensor:
+        return self.impl.add_new(candidates, total)
+
+    def clear(self, ids: Tensor | None) -> None:
+        self.impl.clear() if isinstance(self.impl, native.HashTable) else self.impl.clear(ids)
+
+
 class CSRNeighborSampler(BaseSampler):
     """Samples ``fanouts[h]`` neighbours per node at hop ``h``; holds only references to the CSR.
 
@@ -139,9 +182,10 @@ class CSRNeighborSampler(BaseSampler):
         self.method = method  # how a row's subset is drawn (see sample_neighbors); None: by device
         # Global -> local id scratch map, reset after every batch (not thread-safe: one sampler per thread).
         # ``num_nodes``: ids col may hold, when rowptr covers only some of them (a rank's parts);
-        # ``id_map="sorted"``: a map the size of the batch instead of an array over every id (partitioned ranks).
+        # ``id_map="batch"``: a map the size of the batch instead of an array over every id (partitioned ranks:
+        # BatchIdMap).
         size = rowptr.numel() - 1 if num_nodes is None else num_nodes
-        self._local = DenseIdMap(size, rowptr.device) if id_map == "dense" else SortedIdMap(rowptr.device)
+        self._local = DenseIdMap(size, rowptr.device) if id_map == "dense" else BatchIdMap(rowptr.device)
 
     def sample(self, seeds: Tensor, generator: torch.Generator | None = None) -> SampledSubgraph:
         """Sample the subgraph around ``seeds``; the generator must live on the graph's device."""

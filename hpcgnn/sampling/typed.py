@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from hpcgnn.data.typed import Relation
-from hpcgnn.sampling.neighbor import DenseIdMap, SortedIdMap, sample_neighbors
+from hpcgnn.sampling.neighbor import BatchIdMap, DenseIdMap, sample_neighbors
 
 
 @dataclass(frozen=True)
@@ -65,8 +65,8 @@ class TypedNeighborSampler:
         self.num_hops = len(next(iter(self.fanouts.values()))) if self.fanouts else 0
         self.device = device = device if device is not None else graph.rowptr[graph.relations[0]].device
         # Type-local -> batch-local scratch maps, reset after every batch (one sampler per thread).
-        # (``id_map="sorted"``: maps the size of the batch, for partitioned ranks; see CSRNeighborSampler)
-        self._local = {t: DenseIdMap(n, device) if id_map == "dense" else SortedIdMap(device)
+        # (``id_map="batch"``: maps the size of the batch, for partitioned ranks; see CSRNeighborSampler)
+        self._local = {t: DenseIdMap(n, device) if id_map == "dense" else BatchIdMap(device)
                        for t, n in graph.num_nodes.items()}
 
     def begin_batch(self) -> None:
@@ -178,7 +178,7 @@ class PartitionedTypedSampler(TypedNeighborSampler):
 
     def __init__(self, view, fanouts: Sequence[int] | Mapping, exchange, boundary_fraction: float = 1.0):
         typed = view.parts.typed
-        super().__init__(typed.schema, fanouts, device=torch.device("cpu"), id_map="sorted")
+        super().__init__(typed.schema, fanouts, device=torch.device("cpu"), id_map="batch")
         self.view, self.typed, self.exchange, self.boundary_fraction = view, typed, exchange, boundary_fraction
         self.offsets = typed.schema.offsets()
         self.relation_ids = {rel: i for i, rel in enumerate(self.graph.relations)}
