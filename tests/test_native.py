@@ -143,6 +143,41 @@ def test_the_batch_sized_map_refuses_negative_ids_and_chooses_again_where_it_lan
 
 
 @needs_cc
+def test_the_row_gather_copies_what_torch_copies_and_refuses_rows_outside(switch):
+    torch.set_num_threads(2)
+    gen = torch.Generator().manual_seed(6)
+    x = torch.randn(50_000, 24, generator=gen)
+    index = torch.randint(0, 50_000, (40_000,), generator=gen)  # repeats allowed, many chunks
+    switch(True)
+    for src in (x, x.bfloat16(), torch.arange(50_000), x[:, :3].contiguous()):
+        for idx in (index, index[:0], index[:7].int()):
+            out = torch.empty((idx.numel(), *src.shape[1:]), dtype=src.dtype)
+            assert native.gather_rows(src, idx, out) is out and torch.equal(out, src.index_select(0, idx))
+    out = torch.empty(3, 24)
+    with pytest.raises(IndexError, match="index 50000 is out of range for 50000 rows"):
+        native.gather_rows(x, torch.tensor([1, 50_000, 2]), out)
+    with pytest.raises(IndexError, match="index -1 is out of range for 50000 rows"):
+        native.gather_rows(x, torch.tensor([-1, 0, 2]), out)
+    strided = x[:, ::2]  # not contiguous: torch's own gather
+    assert torch.equal(native.gather_rows(strided, index, torch.empty(40_000, 12)), strided.index_select(0, index))
+
+
+def test_a_threads_budget_holds_for_its_thread_only():
+    import threading
+
+    seen = {}
+
+    def stage():
+        native.thread_budget(1)
+        seen["stage"] = native.threads()
+
+    t = threading.Thread(target=stage)
+    t.start()
+    t.join()
+    assert seen["stage"] == 1 and native.threads() == torch.get_num_threads()
+
+
+@needs_cc
 def test_kernels_sample_the_torch_ops_typed_batches(switch):
     typed = make_synthetic_typed(DatasetConfig(num_nodes=3000, avg_degree=10, homophily=0.8, seed=5))
     sampler = TypedNeighborSampler(typed, (6, 4))

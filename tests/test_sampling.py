@@ -13,6 +13,7 @@ import torch
 from hpcgnn.config import DatasetConfig
 from hpcgnn.data import Graph, build_graph
 from hpcgnn.sampling import BatchLoader, CSRNeighborSampler, rank_seeds, sample_neighbors, steps_per_epoch
+from hpcgnn.sampling.native import threads
 from hpcgnn.sampling.neighbor import DenseIdMap
 
 
@@ -228,6 +229,11 @@ def test_synthetic_graph_is_deterministic_and_homophilous():
 def test_prefetching_loader_yields_the_plain_loaders_batches(graph):
     from hpcgnn.sampling import PrefetchLoader
 
+    class Recording(CSRNeighborSampler):  # the C kernels' threads where the loader samples
+        def sample(self, seeds, generator=None):
+            budgets.add(threads())
+            return super().sample(seeds, generator)
+
     class Features:  # features the loader cannot tell are local: sampled and gathered in one thread
         def gather(self, n_id, batch_size):
             return graph.x.index_select(0, n_id), graph.y.index_select(0, n_id)
@@ -235,11 +241,14 @@ def test_prefetching_loader_yields_the_plain_loaders_batches(graph):
     seeds = graph.train_idx
     plain = list(BatchLoader(graph, CSRNeighborSampler(graph.rowptr, graph.col, FANOUTS), seeds, 64,
                              generator=torch.Generator().manual_seed(9)))
+    torch.set_num_threads(2)
     for depth, features in ((1, graph), (3, graph), (2, Features())):
-        loader = BatchLoader(features, CSRNeighborSampler(graph.rowptr, graph.col, FANOUTS), seeds, 64,
+        budgets: set[int] = set()
+        loader = BatchLoader(features, Recording(graph.rowptr, graph.col, FANOUTS), seeds, 64,
                              generator=torch.Generator().manual_seed(9))
         assert loader.two_stage == (features is graph)  # a host graph held whole: sampling and gathering overlap
         ahead = list(PrefetchLoader(loader, depth))
+        assert budgets == ({1} if features is graph else {2})  # two stages split the 2 threads
         assert len(ahead) == len(plain) == math.ceil(seeds.numel() / 64)
         for a, b in zip(ahead, plain, strict=True):
             assert torch.equal(a.n_id, b.n_id) and torch.equal(a.edge_index, b.edge_index)

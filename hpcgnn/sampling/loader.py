@@ -26,6 +26,8 @@ from torch_geometric.data import Data
 from hpcgnn import rng
 from hpcgnn.clock import Clock
 from hpcgnn.data.graph import Graph
+from hpcgnn.data.typed import TypedGraph
+from hpcgnn.sampling import native
 from hpcgnn.sampling.neighbor import SampledSubgraph
 
 
@@ -91,7 +93,7 @@ class LocalFeatures:
         if alloc is not None:
             x = alloc((n_id.numel(), *g.x.shape[1:]), torch.float32)
             if g.x.dtype == torch.float32:
-                torch.index_select(g.x, 0, n_id, out=x)
+                native.gather_rows(g.x, n_id, x)
             else:  # upcast on the way in: the same values as .float() below
                 x.copy_(g.x.index_select(0, n_id))
             return x, (g.y.index_select(0, n_id) if g.y.numel() else g.y)
@@ -101,13 +103,27 @@ class LocalFeatures:
         return x, y
 
 
+class LocalTypedFeatures:
+    """Features and labels of a typed graph this process holds whole, per node type (replicated mode)."""
+
+    def __init__(self, graph: TypedGraph):
+        self.graph, self.target = graph, graph.target
+
+    def gather_types(self, n_id: dict[str, Tensor], batch_size: int) -> tuple[dict[str, Tensor], Tensor]:
+        """:meth:`TypedGraph.gather_types`, each type's rows by :func:`gather_rows`."""
+        g = self.graph
+        x = {t: gather_rows(g.x[t], ids.to(g.x[t].device)) for t, ids in n_id.items()}
+        return x, gather_rows(g.y, n_id[g.target][:batch_size].to(g.y.device))
+
+
 def gather_rows(src: Tensor, index: Tensor, pin_memory: bool = False) -> Tensor:
-    """``src.index_select(0, index)``; with ``pin_memory`` (host tensors) written into a page-locked buffer
-    from the CUDA host allocator's cache, with no second copy."""
-    if not pin_memory or src.is_cuda:
+    """``src.index_select(0, index)``: on the host by the C kernels where they are (each row asked for from
+    memory ahead of its copy; :func:`hpcgnn.sampling.native.gather_rows`); with ``pin_memory`` written into
+    a page-locked buffer from the CUDA host allocator's cache, with no second copy."""
+    if src.is_cuda:
         return src.index_select(0, index)
-    out = torch.empty((index.numel(), *src.shape[1:]), dtype=src.dtype, pin_memory=True)
-    return torch.index_select(src, 0, index, out=out)
+    out = torch.empty((index.numel(), *src.shape[1:]), dtype=src.dtype, pin_memory=pin_memory)
+    return native.gather_rows(src, index, out)
 
 
 @dataclass(frozen=True)
@@ -147,7 +163,8 @@ class BatchLoader:
                  generator: torch.Generator | None = None, batch_seed: int | None = None, start: int = 0,
                  num_batches: int | None = None, device: torch.device | None = None, pin_memory: bool = False,
                  transform: Callable[[SampledSubgraph], SampledSubgraph] | None = None, weigh_by_seeds: bool = True):
-        self.features = LocalFeatures(features) if isinstance(features, Graph) else features
+        self.features = LocalFeatures(features) if isinstance(features, Graph) else \
+            LocalTypedFeatures(features) if isinstance(features, TypedGraph) else features
         self.sampler = sampler
         if isinstance(seeds, (list, tuple)):  # the batches themselves (e.g. cut by an edge budget)
             self.batches, self.empty = list(seeds), (seeds[0][:0] if seeds else torch.empty(0, dtype=torch.long))
@@ -196,9 +213,7 @@ class BatchLoader:
         """Whether sampling and gathering may run in two threads (:class:`PrefetchLoader`): the graph is on
         the host and the gather reads this process's memory only. A partitioned rank's gather and sampling
         both run collectives, whose order must be the same on every rank: they stay in one thread."""
-        from hpcgnn.data.typed import TypedGraph
-
-        return self.graph_device.type == "cpu" and isinstance(self.features, (LocalFeatures, TypedGraph))
+        return self.graph_device.type == "cpu" and isinstance(self.features, (LocalFeatures, LocalTypedFeatures))
 
     def batch_generator(self, i: int) -> torch.Generator | None:
         if self.batch_seed is None:
@@ -223,15 +238,16 @@ class BatchLoader:
     def assemble(self, drawn: Drawn, alloc=None) -> Data:
         """The batch of a sampled subgraph: its features and labels gathered (``alloc``: see :meth:`sample`)."""
         clock, out, m0, m1 = self.clock, drawn.out, drawn.start, drawn.end
+        g0 = clock.mark()  # not m1: a batch sampled in another thread may wait between the two stages
         if isinstance(out.n_id, dict):  # a typed batch: HeteroData, features per node type
             from hpcgnn.sampling.typed import to_hetero_data
 
             data = to_hetero_data(self.features, out)
-            data.sample, data.gather = (m0, m1), (m1, clock.mark())
+            data.sample, data.gather = (m0, m1), (g0, clock.mark())
             return data
         x, y = gather_features(self.features, out.n_id, out.batch_size, self.pin_memory, alloc)
         data = Data(x=x, edge_index=out.edge_index, y=y, n_id=out.n_id, batch_size=out.batch_size,
-                    sample=(m0, m1), gather=(m1, clock.mark()))
+                    sample=(m0, m1), gather=(g0, clock.mark()))
         if out.num_sampled_nodes is not None:  # layered: the model may trim the outer hops
             data.num_sampled_nodes, data.num_sampled_edges = list(out.num_sampled_nodes), list(out.num_sampled_edges)
         if out.node_weight is not None:
@@ -331,9 +347,15 @@ class PrefetchLoader:
 
         # Two stages where they may (see BatchLoader.two_stage): one thread samples the next batch while
         # another gathers this one's features, so a batch costs about the longer of the two, not their sum.
+        # The stages split the threads of the C kernels (sampling, the row gather) between them: two teams
+        # of all of them would take turns on the cores (a typed batch: 38 batches/s against 45 split, by hand).
         drawn: queue.Queue = queue.Queue(maxsize=1)
+        threads = native.threads()
+        sample_threads = max(1, threads // 2)
+        gather_threads = max(1, threads - sample_threads)
 
         def draw() -> None:
+            native.thread_budget(sample_threads)
             try:
                 for item in self.loader.drawn_batches():
                     if not put(item, drawn):
@@ -346,6 +368,8 @@ class PrefetchLoader:
         helpers = [threading.Thread(target=draw, name="hpcgnn-sample", daemon=True)] if two_stage else []
 
         def work() -> None:
+            if two_stage:
+                native.thread_budget(gather_threads)
             try:
                 with torch.cuda.device(device) if cuda else contextlib.nullcontext(), \
                         torch.cuda.stream(side) if cuda else contextlib.nullcontext():

@@ -444,3 +444,46 @@ void hpcgnn_hash_number(int64_t *keys, int64_t *vals, int64_t capacity, int64_t 
     struct hashing k = {keys, vals, found, NULL, capacity, count, chunks, total, found, NULL, NULL};
     parallel_chunks(threads, chunks, number_chunk, &k);
 }
+
+/* ------------------------------------------------------------------------------------------------------
+ * Feature rows: out[i] = src[index[i]], rows of row_bytes. A row's cache lines are asked for AHEAD rows
+ * before it is copied, so many rows are on their way from memory at once. */
+
+struct rows {
+    const char *src;
+    char *out;
+    const int64_t *index;
+    int64_t rows, row_bytes, n, chunks, *chunk_bad;
+};
+
+static void rows_chunk(void *ctx, int64_t c) {
+    const struct rows *k = (const struct rows *)ctx;
+    int64_t i = chunk_start(k->n, k->chunks, c), end = chunk_start(k->n, k->chunks, c + 1);
+    const size_t size = (size_t)k->row_bytes;
+    for (int64_t a = i; a < end && a < i + AHEAD; a++) /* the first rows' checks come with their copies */
+        if ((uint64_t)k->index[a] < (uint64_t)k->rows) PREFETCH(k->src + (size_t)k->index[a] * size);
+    for (; i < end; i++) {
+        if (i + AHEAD < end && (uint64_t)k->index[i + AHEAD] < (uint64_t)k->rows) {
+            const char *ahead = k->src + (size_t)k->index[i + AHEAD] * size;
+            for (size_t b = 0; b < size; b += 64) PREFETCH(ahead + b);
+        }
+        int64_t r = k->index[i];
+        if ((uint64_t)r >= (uint64_t)k->rows) { /* outside src: the chunk reports it */
+            k->chunk_bad[c] = -1 - i;
+            return;
+        }
+        memcpy(k->out + (size_t)i * size, k->src + (size_t)r * size, size);
+    }
+}
+
+/* Copies rows index[:n] of src (rows x row_bytes) into out; returns 0, or -1 - i for an index outside
+ * [0, rows) (out then holds only some of the rows). chunk_bad: scratch of `chunks` entries. */
+int64_t hpcgnn_gather_rows(const void *src, int64_t rows, int64_t row_bytes, const int64_t *index, int64_t n, void *out,
+                           int64_t chunks, int64_t *chunk_bad, int threads) {
+    struct rows k = {(const char *)src, (char *)out, index, rows, row_bytes, n, chunks, chunk_bad};
+    for (int64_t c = 0; c < chunks; c++) chunk_bad[c] = 0;
+    parallel_chunks(threads, chunks, rows_chunk, &k);
+    for (int64_t c = 0; c < chunks; c++)
+        if (chunk_bad[c] < 0) return chunk_bad[c];
+    return 0;
+}

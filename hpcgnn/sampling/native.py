@@ -25,6 +25,7 @@ import shlex
 import shutil
 import subprocess
 import tempfile
+import threading
 from pathlib import Path
 
 import torch
@@ -45,9 +46,26 @@ SIGNATURES = {  # name: (result, arguments)
     "hpcgnn_hash_insert": (_I64, (_P, _P, _I64, _P, _P, _I64, _P, _I64, _I64, _P, _INT)),
     "hpcgnn_hash_get": (None, (_P, _P, _I64, _P, _I64, _P, _I64, _INT)),
     "hpcgnn_hash_number": (None, (_P, _P, _I64, _P, _I64, _I64, _I64, _INT)),
+    "hpcgnn_gather_rows": (_I64, (_P, _I64, _I64, _P, _I64, _P, _I64, _P, _INT)),
 }
 CHUNK = 4096  # items per chunk of work (at most MAX_CHUNKS chunks), which the kernels' threads take in turn
 MAX_CHUNKS = 256
+
+
+_budget = threading.local()
+
+
+def threads() -> int:
+    """Threads a kernel called from this thread runs on: this thread's budget (:func:`thread_budget`), else
+    torch's thread count."""
+    return getattr(_budget, "threads", None) or torch.get_num_threads()
+
+
+def thread_budget(n: int | None) -> None:
+    """The kernels called from this thread from now on run on ``n`` threads (None: torch's count). Two
+    loader stages running at once (sampling, gathering) split the rank's threads this way instead of each
+    starting a team of all of them."""
+    _budget.threads = n
 
 
 class NativeUnavailable(RuntimeError):
@@ -144,26 +162,26 @@ def sample_neighbors(rowptr: Tensor, col: Tensor, nodes: Tensor, fanout: int,
     nbr = torch.empty(slots, dtype=torch.long)
     lib.hpcgnn_hop_fill(_ptr(rowptr), _ptr(col), int(col.dtype == torch.int32), _ptr(nodes), m, fanout, chunks,
                         _ptr(chunk_slot), _ptr(chunk_big), key, nbig, _ptr(row), _ptr(nbr),
-                        torch.get_num_threads())
+                        threads())
     return row, nbr
 
 
 def number_new(table: Tensor, mark: Tensor, candidates: list[Tensor], total: int) -> Tensor:
     """The distinct candidates not in ``table`` (-1 there), sorted, entered as ``total``, ``total + 1``, ...
     (``DenseIdMap.fresh`` then ``put``). ``mark``: bool scratch over the table, all False, left so."""
-    lib, threads = kernels(), torch.get_num_threads()
+    lib, n_threads = kernels(), threads()
     found = torch.empty(sum(c.numel() for c in candidates), dtype=torch.long)
     per_chunk = torch.empty(MAX_CHUNKS + 1, dtype=torch.long)
     count = 0
     for c in candidates:
         c = c.long().contiguous()
         count = lib.hpcgnn_mark_new(_ptr(table), _ptr(mark), table.numel(), _ptr(c), c.numel(), _ptr(found),
-                                    count, _chunks(c.numel()), _ptr(per_chunk), threads)
+                                    count, _chunks(c.numel()), _ptr(per_chunk), n_threads)
         if count < 0:
             mark.zero_()
             raise IndexError(f"id {int(c[-1 - count])} is out of range for a map of {table.numel()} ids")
     count = lib.hpcgnn_number_found(_ptr(table), _ptr(mark), table.numel(), _ptr(found), count, total,
-                                    _chunks(max(count, table.numel() // 16)), _ptr(per_chunk), threads)
+                                    _chunks(max(count, table.numel() // 16)), _ptr(per_chunk), n_threads)
     return found[:count]
 
 
@@ -203,7 +221,7 @@ class HashTable:
         out = kernels().hpcgnn_hash_insert(_ptr(self.keys), _ptr(self.values), self.capacity, _ptr(ids),
                                            _ptr(values) if values is not None else None, ids.numel(),
                                            _ptr(found) if found is not None else None, count, chunks, _ptr(scratch),
-                                           torch.get_num_threads())
+                                           threads())
         if out < 0:
             raise IndexError(f"id {int(ids[-1 - out])} is not a node id (ids are 0 or more)")
         return out
@@ -218,7 +236,7 @@ class HashTable:
         ids = ids.long().contiguous()
         out = torch.empty_like(ids)
         kernels().hpcgnn_hash_get(_ptr(self.keys), _ptr(self.values), self.capacity, _ptr(ids), ids.numel(), _ptr(out),
-                                  _chunks(ids.numel()), torch.get_num_threads())
+                                  _chunks(ids.numel()), threads())
         return out
 
     def add_new(self, candidates: list[Tensor], total: int) -> Tensor:
@@ -233,10 +251,27 @@ class HashTable:
             self.clear()  # ids inserted with no value yet: the map is unusable until cleared
             raise
         kernels().hpcgnn_hash_number(_ptr(self.keys), _ptr(self.values), self.capacity, _ptr(found), count, total,
-                                     _chunks(count), torch.get_num_threads())
+                                     _chunks(count), threads())
         self.count += count
         return found[:count]
 
     def clear(self) -> None:
         self.keys.fill_(-1)
         self.count = 0
+
+
+def gather_rows(src: Tensor, index: Tensor, out: Tensor) -> Tensor:
+    """``torch.index_select(src, 0, index, out=out)``: in C where it can (host tensors, ``src`` and ``out``
+    contiguous, the kernels here), on this thread's budget of threads, the rows asked for from memory
+    ahead of their copy; else by torch."""
+    if not (src.is_contiguous() and out.is_contiguous() and src.dim() >= 1 and out.dtype == src.dtype
+            and usable(src, index, out)) or out.shape != (index.numel(), *src.shape[1:]):
+        return torch.index_select(src, 0, index, out=out)
+    index = index.long().contiguous()
+    chunks = _chunks(index.numel())
+    scratch = torch.empty(chunks, dtype=torch.long)
+    bad = kernels().hpcgnn_gather_rows(_ptr(src), src.size(0), src[0].numel() * src.element_size() if src.size(0) else 0,
+                                       _ptr(index), index.numel(), _ptr(out), chunks, _ptr(scratch), threads())
+    if bad < 0:
+        raise IndexError(f"index {int(index[-1 - bad])} is out of range for {src.size(0)} rows")
+    return out
