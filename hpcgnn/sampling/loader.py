@@ -348,11 +348,12 @@ class PrefetchLoader:
         # Two stages where they may (see BatchLoader.two_stage): one thread samples the next batch while
         # another gathers this one's features, so a batch costs about the longer of the two, not their sum.
         # The stages split the threads of the C kernels (sampling, the row gather) between them: two teams
-        # of all of them would take turns on the cores (a typed batch: 38 batches/s against 45 split, by hand).
+        # of all of them would take turns on the cores (typed batches on 2 cores, by hand: 35-39 batches/s
+        # with a team of 2 in each stage, 40-45 with one thread each).
         drawn: queue.Queue = queue.Queue(maxsize=1)
-        threads = native.threads()
-        sample_threads = max(1, threads // 2)
-        gather_threads = max(1, threads - sample_threads)
+        budget = native.threads()
+        sample_threads = max(1, budget // 2)
+        gather_threads = max(1, budget - sample_threads)
 
         def draw() -> None:
             native.thread_budget(sample_threads)
