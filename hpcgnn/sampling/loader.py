@@ -293,9 +293,8 @@ class PrefetchLoader:
     exactly as a plain loop would, with the same generator, so the batches are the
     same. Where the loader allows it (:attr:`BatchLoader.two_stage`: a host graph whose
     features this process holds), a second thread samples the next batch while the
-    first gathers this one's features: both are memory-bound loops that leave each
-    other bandwidth to spare on few cores (a typed batch of ogbn-mag's size: 12.7 ms of
-    sampling and 16.5 ms of gathering on 2 cores, 33 batches/s in one thread, 44 in two).
+    first gathers this one's features (a typed batch of ogbn-mag's size on 2 cores, in
+    benchmarks/hetero.py: 29.93-31.37 batches/s in one thread, 38.69-44.66 in two).
     On a GPU the gathering thread works on a stream of its own: a device graph's sampling
     kernels and a host batch's copy from pinned memory (non-blocking) overlap the
     training step's kernels on the default stream, which waits for each batch's
