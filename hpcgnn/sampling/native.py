@@ -255,7 +255,8 @@ class HashTable:
         self.count += count
         return found[:count]
 
-    def clear(self) -> None:
+    def clear(self, ids: Tensor | None = None) -> None:
+        """Forget every id (``ids``, those put since the last clear, are not needed: one fill)."""
         self.keys.fill_(-1)
         self.count = 0
 

@@ -157,15 +157,11 @@ class BatchIdMap(IdMap):
     def put(self, ids: Tensor, local: Tensor) -> None:
         self.impl.put(ids, local)
 
-    def fresh(self, ids: Tensor) -> Tensor:
-        """The distinct ids not in the map, sorted."""
-        return torch.unique(ids[self.get(ids) < 0])
-
     def add_new(self, candidates: list[Tensor], total: int) -> Tensor:
         return self.impl.add_new(candidates, total)
 
     def clear(self, ids: Tensor | None) -> None:
-        self.impl.clear() if isinstance(self.impl, native.HashTable) else self.impl.clear(ids)
+        self.impl.clear(ids)
 
 
 class CSRNeighborSampler(BaseSampler):
