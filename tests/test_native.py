@@ -71,7 +71,8 @@ def test_kernels_sample_the_torch_ops_batches(switch, graph, col_dtype, fanouts)
     for a, b in zip(*both(switch, batches), strict=True):
         assert torch.equal(a.n_id, b.n_id) and torch.equal(a.edge_index, b.edge_index)
         assert a.num_sampled_nodes == b.num_sampled_nodes and a.num_sampled_edges == b.num_sampled_edges
-    assert bool((sampler._local.table == -1).all()) and not bool(sampler._local._mark.any())
+    local = sampler._local
+    assert bool((local.table == -1).all()) and not bool(local._mark.any()) and not bool(local._state.any())
 
 
 @needs_cc
@@ -201,9 +202,11 @@ def test_kernels_refuse_ids_outside_the_graph(switch, graph):
     with pytest.raises(IndexError, match="node 3000 is out of range for a graph of 3000 nodes"):
         sample_neighbors(graph.rowptr, graph.col, torch.tensor([4, 3000]), 3)
     ids_map = DenseIdMap(100)
+    ids_map.put(torch.tensor([7]), torch.tensor([0]))
     with pytest.raises(IndexError, match="id 100 is out of range for a map of 100 ids"):
-        ids_map.add_new([torch.tensor([1, 2]), torch.tensor([3, 100])], 0)
-    assert not bool(ids_map._mark.any())  # the marks the first list made are gone
+        ids_map.add_new([torch.tensor([1, 2]), torch.tensor([3, 100])], 1)
+    # the marks the first list made are gone; the id in the map keeps its state
+    assert ids_map._state.nonzero().flatten().tolist() == [7] and int(ids_map._state[7]) == 2
 
 
 @needs_cc

@@ -22,6 +22,7 @@
 #define AHEAD 16
 #define PREFETCH(p) __builtin_prefetch((const void *)(p), 0, 0)
 #define MAX_THREADS 64
+#define LOW_BITS 0x0101010101010101ULL /* the lowest bit of each of a word's bytes */
 
 typedef void (*chunk_fn)(void *ctx, int64_t chunk);
 
@@ -169,7 +170,7 @@ void hpcgnn_hop_fill(const int64_t *rowptr, const void *col, int col_is_int32, c
 }
 
 struct marking {
-    const int64_t *table, *ids;
+    const int64_t *ids;
     uint8_t *mark;
     int64_t size, n, chunks;
     int64_t *found, *chunk_found;
@@ -180,10 +181,7 @@ static void mark_chunk(void *ctx, int64_t c) {
     int64_t i = chunk_start(k->n, k->chunks, c), end = chunk_start(k->n, k->chunks, c + 1);
     int64_t *out = k->found + i, count = 0; /* this chunk's part of found: as long as its ids */
     for (; i < end; i++) {
-        if (i + AHEAD < end) {
-            PREFETCH(k->table + k->ids[i + AHEAD]);
-            PREFETCH(k->mark + k->ids[i + AHEAD]);
-        }
+        if (i + AHEAD < end) PREFETCH(k->mark + k->ids[i + AHEAD]);
         int64_t id = k->ids[i];
         if ((uint64_t)id >= (uint64_t)k->size) { /* outside the map: the chunk reports it, and marks nothing more */
             k->chunk_found[c] = -1 - i;
@@ -191,25 +189,27 @@ static void mark_chunk(void *ctx, int64_t c) {
         }
         /* No branch on the map (whether an id is new is a coin toss to the CPU): every id is written to out,
          * and the count moves past it when it is new. Threads may each find the same id: numbering dedups. */
-        uint8_t absent = k->table[id] < 0, seen = __atomic_load_n(k->mark + id, __ATOMIC_RELAXED);
-        __atomic_store_n(k->mark + id, (uint8_t)(seen | absent), __ATOMIC_RELAXED);
+        uint8_t state = __atomic_load_n(k->mark + id, __ATOMIC_RELAXED), absent = state == 0;
+        __atomic_store_n(k->mark + id, (uint8_t)(state | absent), __ATOMIC_RELAXED);
         out[count] = id;
-        count += absent & !seen;
+        count += absent;
     }
     k->chunk_found[c] = count;
 }
 
-/* The ids not in the map (table[id] < 0) and not marked yet: marked, and appended to found[count:]
- * (in no set order, and an id may come twice when two threads met it at once: hpcgnn_number_found sorts
- * and dedups them). Returns the new count. Called once per list of candidates; hpcgnn_number_found ends
- * the round. chunk_found: scratch of `chunks` entries. An id outside [0, size) returns -1 - its index;
- * marks made are left (the caller clears them). */
-int64_t hpcgnn_mark_new(const int64_t *table, uint8_t *mark, int64_t size, const int64_t *ids, int64_t n,
-                        int64_t *found, int64_t count, int64_t chunks, int64_t *chunk_found, int threads) {
-    struct marking k = {table, ids, mark, size, n, chunks, found + count, chunk_found};
+/* An id's state in `mark`, a byte per id of the map (1/8 of the table's size, so far more of it stays in
+ * the caches than of the table): 2 where the id is in the map, 1 where this round found it new, 0 else.
+ * Marks the ids of ids[:n] in neither state 1 nor 2 and appends them to found[count:] (in no set order, and
+ * an id may come twice when two threads met it at once: hpcgnn_number_found sorts and dedups them).
+ * Returns the new count. Called once per list of candidates; hpcgnn_number_found ends the round.
+ * chunk_found: scratch of `chunks` entries. An id outside [0, size) returns -1 - its index; marks made
+ * are left (the caller clears the 1s). */
+int64_t hpcgnn_mark_new(uint8_t *mark, int64_t size, const int64_t *ids, int64_t n, int64_t *found, int64_t count,
+                        int64_t chunks, int64_t *chunk_found, int threads) {
+    struct marking k = {ids, mark, size, n, chunks, found + count, chunk_found};
     parallel_chunks(threads, chunks, mark_chunk, &k);
     for (int64_t c = 0; c < chunks; c++)
-        if (chunk_found[c] < 0) return chunk_found[c]; /* the caller clears the marks (a new map) */
+        if (chunk_found[c] < 0) return chunk_found[c]; /* the caller clears the marks */
     for (int64_t c = 0; c < chunks; c++) { /* close the gaps between the chunks' parts */
         int64_t *part = k.found + chunk_start(n, chunks, c);
         if (found + count != part) memmove(found + count, part, sizeof(int64_t) * (size_t)chunk_found[c]);
@@ -254,37 +254,44 @@ struct numbering {
 static void count_marks(void *ctx, int64_t c) { /* scan, first pass: the marks of each chunk of the table */
     struct numbering *k = (struct numbering *)ctx;
     int64_t id = chunk_start(k->size, k->chunks, c), end = chunk_start(k->size, k->chunks, c + 1), count = 0;
-    for (; id < end && id % 8; id++) count += k->mark[id];
-    for (; id + 8 <= end; id += 8) { /* marks are 0 or 1: a word's bytes summed by one multiplication */
+    for (; id < end && id % 8; id++) count += k->mark[id] & 1;
+    for (; id + 8 <= end; id += 8) { /* states are 0, 1 or 2: a word's low bits summed by one multiplication */
         uint64_t word;
         memcpy(&word, k->mark + id, 8);
-        count += (int64_t)((word * 0x0101010101010101ULL) >> 56);
+        count += (int64_t)(((word & LOW_BITS) * LOW_BITS) >> 56);
     }
-    for (; id < end; id++) count += k->mark[id];
+    for (; id < end; id++) count += k->mark[id] & 1;
     k->chunk_found[c] = count;
 }
 
-static void read_marks(void *ctx, int64_t c) { /* scan, second pass: the marked ids in order, marks cleared */
+static void read_marks(void *ctx, int64_t c) { /* scan, second pass: the marked ids in order, now in the map */
     struct numbering *k = (struct numbering *)ctx;
     int64_t id = chunk_start(k->size, k->chunks, c), end = chunk_start(k->size, k->chunks, c + 1);
     int64_t *out = k->found + k->chunk_found[c];
     for (; id < end && id % 8; id++)
-        if (k->mark[id]) *out++ = id;
+        if (k->mark[id] & 1) {
+            *out++ = id;
+            k->mark[id] = 2;
+        }
     for (; id + 8 <= end; id += 8) {
         uint64_t word;
         memcpy(&word, k->mark + id, 8);
-        if (!word) continue;
+        if (!(word & LOW_BITS)) continue;
         int64_t ids[8], r = 0; /* no branch per mark: each id written, kept when marked */
         for (int q = 0; q < 8; q++) {
             ids[r] = id + q;
-            r += k->mark[id + q];
+            r += k->mark[id + q] & 1;
         }
         memcpy(out, ids, sizeof(int64_t) * (size_t)r);
         out += r;
+        word = ((word | (word >> 1)) & LOW_BITS) << 1; /* 1 and 2 become 2, 0 stays */
+        memcpy(k->mark + id, &word, 8);
     }
     for (; id < end; id++)
-        if (k->mark[id]) *out++ = id;
-    memset(k->mark + chunk_start(k->size, k->chunks, c), 0, (size_t)(end - chunk_start(k->size, k->chunks, c)));
+        if (k->mark[id] & 1) {
+            *out++ = id;
+            k->mark[id] = 2;
+        }
 }
 
 static void put_found(void *ctx, int64_t c) {
@@ -296,8 +303,8 @@ static void put_found(void *ctx, int64_t c) {
 }
 
 /* Ends a round of hpcgnn_mark_new (found[:count], an id possibly twice): the distinct ids, sorted (as
- * torch.unique gives them) into found, each put in the map as total, total + 1, ..., and the marks
- * cleared; returns how many. Few ids against a large table are radix-sorted; many are read back in order
+ * torch.unique gives them) into found, each put in the map as total, total + 1, ..., its state 2;
+ * returns how many. Few ids against a large table are radix-sorted; many are read back in order
  * from the marks (a scan of the table's marks, no sort). chunk_found: scratch of chunks + 1 entries. */
 int64_t hpcgnn_number_found(int64_t *table, uint8_t *mark, int64_t size, int64_t *found, int64_t count,
                             int64_t total, int64_t chunks, int64_t *chunk_found, int threads) {
@@ -306,7 +313,7 @@ int64_t hpcgnn_number_found(int64_t *table, uint8_t *mark, int64_t size, int64_t
         radix_sort(found, count, size - 1);
         int64_t distinct = 0;
         for (int64_t r = 0; r < count; r++) {
-            mark[found[r]] = 0;
+            mark[found[r]] = 2;
             if (distinct == 0 || found[r] != found[distinct - 1]) found[distinct++] = found[r];
         }
         k.count = distinct;

@@ -41,7 +41,7 @@ _I64, _P, _INT = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
 SIGNATURES = {  # name: (result, arguments)
     "hpcgnn_hop_plan": (_I64, (_P, _I64, _P, _I64, _I64, _I64, _P, _P)),
     "hpcgnn_hop_fill": (None, (_P, _P, _INT, _P, _I64, _I64, _I64, _P, _P, _I64, _I64, _P, _P, _INT)),
-    "hpcgnn_mark_new": (_I64, (_P, _P, _I64, _P, _I64, _P, _I64, _I64, _P, _INT)),
+    "hpcgnn_mark_new": (_I64, (_P, _I64, _P, _I64, _P, _I64, _I64, _P, _INT)),
     "hpcgnn_number_found": (_I64, (_P, _P, _I64, _P, _I64, _I64, _I64, _P, _INT)),
     "hpcgnn_hash_insert": (_I64, (_P, _P, _I64, _P, _P, _I64, _P, _I64, _I64, _P, _INT)),
     "hpcgnn_hash_get": (None, (_P, _P, _I64, _P, _I64, _P, _I64, _INT)),
@@ -166,21 +166,22 @@ def sample_neighbors(rowptr: Tensor, col: Tensor, nodes: Tensor, fanout: int,
     return row, nbr
 
 
-def number_new(table: Tensor, mark: Tensor, candidates: list[Tensor], total: int) -> Tensor:
+def number_new(table: Tensor, state: Tensor, candidates: list[Tensor], total: int) -> Tensor:
     """The distinct candidates not in ``table`` (-1 there), sorted, entered as ``total``, ``total + 1``, ...
-    (``DenseIdMap.fresh`` then ``put``). ``mark``: bool scratch over the table, all False, left so."""
+    (``DenseIdMap.fresh`` then ``put``). ``state``: uint8 over the table, 2 where an id is in it, else 0; so
+    left, the new ids' 2 included (a byte per id: far more of it stays in the caches than of the table)."""
     lib, n_threads = kernels(), threads()
     found = torch.empty(sum(c.numel() for c in candidates), dtype=torch.long)
     per_chunk = torch.empty(MAX_CHUNKS + 1, dtype=torch.long)
     count = 0
     for c in candidates:
         c = c.long().contiguous()
-        count = lib.hpcgnn_mark_new(_ptr(table), _ptr(mark), table.numel(), _ptr(c), c.numel(), _ptr(found),
-                                    count, _chunks(c.numel()), _ptr(per_chunk), n_threads)
+        count = lib.hpcgnn_mark_new(_ptr(state), state.numel(), _ptr(c), c.numel(), _ptr(found), count,
+                                    _chunks(c.numel()), _ptr(per_chunk), n_threads)
         if count < 0:
-            mark.zero_()
+            state.masked_fill_(state == 1, 0)  # this round's marks; the map's ids keep theirs
             raise IndexError(f"id {int(c[-1 - count])} is out of range for a map of {table.numel()} ids")
-    count = lib.hpcgnn_number_found(_ptr(table), _ptr(mark), table.numel(), _ptr(found), count, total,
+    count = lib.hpcgnn_number_found(_ptr(table), _ptr(state), table.numel(), _ptr(found), count, total,
                                     _chunks(max(count, table.numel() // 16)), _ptr(per_chunk), n_threads)
     return found[:count]
 

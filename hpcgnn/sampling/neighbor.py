@@ -60,6 +60,8 @@ class DenseIdMap(IdMap):
         self.table = torch.full((size,), -1, dtype=torch.long, device=device)
         self.device = self.table.device
         self._mark: Tensor | None = None  # bool [size], all False between calls to fresh
+        # uint8 [size] of the C kernels (native.number_new): 2 where an id is in the map, else 0 between calls
+        self._state: Tensor | None = None
 
     def get(self, ids: Tensor) -> Tensor:
         return self.table.index_select(0, ids)
@@ -79,21 +81,27 @@ class DenseIdMap(IdMap):
 
     def put(self, ids: Tensor, local: Tensor) -> None:
         self.table[ids] = local
+        if self._state is not None:
+            self._state[ids] = 2
 
     def add_new(self, candidates: list[Tensor], total: int) -> Tensor:
         """:meth:`IdMap.add_new`, in one pass of C on the host where the kernels are (hpcgnn.sampling.native)."""
         if not native.usable(self.table):
             return super().add_new(candidates, total)
-        if self._mark is None:
-            self._mark = torch.zeros(self.table.numel(), dtype=torch.bool, device=self.table.device)
-        return native.number_new(self.table, self._mark, candidates, total)
+        if self._state is None:  # the first time: the ids put so far (the seeds) in the state too
+            self._state = (self.table >= 0).to(torch.uint8).mul_(2)
+        return native.number_new(self.table, self._state, candidates, total)
 
     def clear(self, ids: Tensor) -> None:
         """Forget the batch: ``ids`` are every id put since the last clear."""
         if ids.numel() * self.SCAN_PER_ID < self.table.numel():
             self.table[ids] = -1
+            if self._state is not None:
+                self._state[ids] = 0
         else:  # a batch over much of the graph: one sequential fill beats scattered writes
             self.table.fill_(-1)
+            if self._state is not None:
+                self._state.zero_()
 
 
 class SortedIdMap(IdMap):
