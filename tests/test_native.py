@@ -137,6 +137,9 @@ def test_the_batch_sized_map_refuses_negative_ids_and_chooses_again_where_it_lan
     with pytest.raises(IndexError, match="id -3 is not a node id"):
         ids_map.add_new([torch.tensor([7, 8]), torch.tensor([9, -3])], 2)
     assert len(ids_map) == 0 and bool((ids_map.impl.keys == -1).all())  # no id half-entered is left
+    with pytest.raises(IndexError, match="id -1 is not a node id"):
+        ids_map.put(torch.tensor([3, -1]), torch.tensor([0, 1]))
+    assert len(ids_map) == 0 and bool((ids_map.impl.keys == -1).all())
     ids_map.put(torch.tensor([4]), torch.tensor([0]))
     switch(False)  # a sampler pickled to a process where the kernels are not: sorted arrays there
     there = pickle.loads(pickle.dumps(ids_map))

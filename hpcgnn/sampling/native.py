@@ -230,7 +230,11 @@ class HashTable:
     def put(self, ids: Tensor, values: Tensor) -> None:
         """Add ``ids`` (distinct, not held yet) as ``values``."""
         self.reserve(ids.numel())
-        self.count += self._insert(ids, values.long().contiguous(), None, 0)
+        try:
+            self.count += self._insert(ids, values.long().contiguous(), None, 0)
+        except IndexError:
+            self.clear()  # some ids went in, uncounted: the map is unusable until cleared
+            raise
 
     def get(self, ids: Tensor) -> Tensor:
         """The values of ``ids``, -1 where an id is not held."""
