@@ -198,6 +198,9 @@ class HashTable:
         self.values = torch.empty(self.MIN_CAPACITY, dtype=torch.long)
         self.count = 0  # ids held
 
+    def __len__(self) -> int:
+        return self.count
+
     @property
     def capacity(self) -> int:
         return self.keys.numel()

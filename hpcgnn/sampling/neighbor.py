@@ -112,6 +112,9 @@ class SortedIdMap(IdMap):
         self.device = device
         self.clear(None)
 
+    def __len__(self) -> int:
+        return self.keys.numel()
+
     def get(self, ids: Tensor) -> Tensor:
         if self.keys.numel() == 0:
             return torch.full_like(ids, -1)
@@ -156,8 +159,7 @@ class BatchIdMap(IdMap):
 
     def __len__(self) -> int:
         """Ids held (0 between batches)."""
-        impl = self.impl
-        return impl.count if isinstance(impl, native.HashTable) else impl.keys.numel()
+        return len(self.impl)
 
     def get(self, ids: Tensor) -> Tensor:
         return self.impl.get(ids)
