@@ -169,6 +169,23 @@ void hpcgnn_hop_fill(const int64_t *rowptr, const void *col, int col_is_int32, c
     parallel_chunks(threads, chunks, hop_chunk, &h);
 }
 
+/* After chunks that each wrote their ids at the start of their own part of found (chunk c's part begins at
+ * chunk_start(n, chunks, c), chunk_found[c] ids long, or holds -1 - i for a bad id i): the first bad id's
+ * code, or the parts moved together after found[:count] and the new count. */
+static int64_t join_parts(int64_t *found, int64_t count, int64_t *parts, int64_t n, int64_t chunks,
+                          const int64_t *chunk_found) {
+    for (int64_t c = 0; c < chunks; c++)
+        if (chunk_found[c] < 0) return chunk_found[c];
+    for (int64_t c = 0; c < chunks; c++) {
+        if (found) {
+            int64_t *part = parts + chunk_start(n, chunks, c);
+            if (found + count != part) memmove(found + count, part, sizeof(int64_t) * (size_t)chunk_found[c]);
+        }
+        count += chunk_found[c];
+    }
+    return count;
+}
+
 struct marking {
     const int64_t *ids;
     uint8_t *mark;
@@ -208,14 +225,7 @@ int64_t hpcgnn_mark_new(uint8_t *mark, int64_t size, const int64_t *ids, int64_t
                         int64_t chunks, int64_t *chunk_found, int threads) {
     struct marking k = {ids, mark, size, n, chunks, found + count, chunk_found};
     parallel_chunks(threads, chunks, mark_chunk, &k);
-    for (int64_t c = 0; c < chunks; c++)
-        if (chunk_found[c] < 0) return chunk_found[c]; /* the caller clears the marks */
-    for (int64_t c = 0; c < chunks; c++) { /* close the gaps between the chunks' parts */
-        int64_t *part = k.found + chunk_start(n, chunks, c);
-        if (found + count != part) memmove(found + count, part, sizeof(int64_t) * (size_t)chunk_found[c]);
-        count += chunk_found[c];
-    }
-    return count;
+    return join_parts(found, count, k.found, n, chunks, chunk_found); /* on a bad id the caller clears the marks */
 }
 
 static int compare_ids(const void *x, const void *y) {
@@ -391,16 +401,7 @@ int64_t hpcgnn_hash_insert(int64_t *keys, int64_t *vals, int64_t capacity, const
                            int64_t n, int64_t *found, int64_t count, int64_t chunks, int64_t *chunk_found, int threads) {
     struct hashing k = {keys, vals, ids, values, capacity, n, chunks, 0, found ? found + count : NULL, chunk_found, NULL};
     parallel_chunks(threads, chunks, insert_chunk, &k);
-    for (int64_t c = 0; c < chunks; c++)
-        if (chunk_found[c] < 0) return chunk_found[c];
-    for (int64_t c = 0; c < chunks; c++) {
-        if (found) {
-            int64_t *part = k.found + chunk_start(n, chunks, c);
-            if (found + count != part) memmove(found + count, part, sizeof(int64_t) * (size_t)chunk_found[c]);
-        }
-        count += chunk_found[c];
-    }
-    return count;
+    return join_parts(found, count, k.found, n, chunks, chunk_found);
 }
 
 static inline int64_t hash_find(const int64_t *keys, int64_t capacity, int shift, int64_t id) {
