@@ -8,6 +8,7 @@ rank gets exactly ``ceil(num_seeds / world_size)`` seeds and the same step count
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import ctypes.util
@@ -15,6 +16,7 @@ import functools
 import math
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -283,6 +285,23 @@ def to_device(data: Data, device: torch.device | None) -> Data:
 
 
 _END = object()
+# The walks of PrefetchLoaders under way: their stop event and threads (see _stop_walks_left_open).
+_walks: dict[int, tuple[threading.Event, list[threading.Thread]]] = {}
+
+
+@atexit.register
+def _stop_walks_left_open(timeout_s: float = 10.0) -> None:
+    """At exit, stop the threads of walks left open (an iterator kept in a global to the end of a script) and
+    wait for them. A daemon thread still inside torch when the interpreter ends is killed there, which aborts
+    the process ("terminate called without an active exception", exit status 134: a finished job marked
+    failed). Bounded: a thread stuck in a collective that another rank left is not waited for past ``timeout_s``."""
+    walks = list(_walks.values())
+    for stop, _ in walks:
+        stop.set()
+    deadline = time.monotonic() + timeout_s
+    for _, threads in walks:
+        for thread in threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
 
 
 class PrefetchLoader:
@@ -388,6 +407,7 @@ class PrefetchLoader:
                 put(exc)
 
         threads = [*helpers, threading.Thread(target=work, name="hpcgnn-prefetch", daemon=True)]
+        _walks[id(stop)] = (stop, threads)
         for thread in threads:
             thread.start()
         try:
@@ -412,5 +432,6 @@ class PrefetchLoader:
             stop.set()
             for thread in threads:
                 thread.join()
+            _walks.pop(id(stop), None)
             if cuda:  # the thread's last kernels come before whatever the default stream does next
                 torch.cuda.current_stream(device).wait_stream(side)
