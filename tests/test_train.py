@@ -262,19 +262,24 @@ def _alive(pid: int) -> bool:
         return False
 
 
-@pytest.mark.parametrize("signame", ["SIGTERM", "SIGKILL"])
+@pytest.mark.parametrize("signame", ["SIGTERM", "SIGKILL", "SIGINT"])
 def test_a_killed_launcher_takes_its_ranks_along(tmp_path, signame):
     """``kill``/``timeout`` (SIGTERM) on a local run stops its ranks through the launcher; SIGKILL, which the
-    launcher cannot see, reaches them as their parent-death signal: no orphan ranks keep the graph and cores."""
+    launcher cannot see, reaches them as their parent-death signal: no orphan ranks keep the graph and cores.
+    Ctrl-C (SIGINT to the terminal's whole process group, ranks included) stops the run with one line, no
+    traceback, exit 130 (before: the launcher's KeyboardInterrupt traceback, and a second one if the signal
+    came twice while it stopped the ranks)."""
     import os
     import signal
     import subprocess
     import sys
 
     run = tmp_path / "run"
-    with open(tmp_path / "out.txt", "w") as out:
+    with open(tmp_path / "out.txt", "w") as out:  # its own process group, SIGINT not ignored: as in a terminal
         launcher = subprocess.Popen([sys.executable, "-m", "hpcgnn", "dataset.num_nodes=4000", "train.epochs=500",
-                                     f"dataset.root={DATA_ROOT}", f"hydra.run.dir={run}"], stdout=out, stderr=out)
+                                     f"dataset.root={DATA_ROOT}", f"hydra.run.dir={run}"], stdout=out, stderr=out,
+                                    start_new_session=True,
+                                    preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     children: list[int] = []
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and launcher.poll() is None:
@@ -283,7 +288,12 @@ def test_a_killed_launcher_takes_its_ranks_along(tmp_path, signame):
             break
         time.sleep(0.2)
     assert launcher.poll() is None and len(children) >= 2, (tmp_path / "out.txt").read_text()
-    os.kill(launcher.pid, getattr(signal, signame))
+    if signame == "SIGINT":
+        os.killpg(launcher.pid, signal.SIGINT)
+        time.sleep(0.05)
+        os.killpg(launcher.pid, signal.SIGINT)  # impatient: twice
+    else:
+        os.kill(launcher.pid, getattr(signal, signame))
     launcher.wait(60)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and any(_alive(c) for c in children):
@@ -294,3 +304,7 @@ def test_a_killed_launcher_takes_its_ranks_along(tmp_path, signame):
     assert not left, f"orphan ranks after {signame} to the launcher: {left}"
     if signame == "SIGTERM":
         assert launcher.returncode == 143 and "stopped by SIGTERM; stopping its ranks" in (tmp_path / "out.txt").read_text()
+    if signame == "SIGINT":
+        text = (tmp_path / "out.txt").read_text()
+        assert launcher.returncode == 130 and "hpcgnn: the run stopped by Ctrl-C; stopping its ranks" in text, text
+        assert "Traceback" not in text, text

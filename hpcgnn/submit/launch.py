@@ -14,14 +14,18 @@ The sbatch script is rendered by submitit's own code path for dry runs too, so
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -507,11 +511,12 @@ def _spawn_entry(local_rank: int, cfg: RunConfig, port: int, parent: int, extra:
 
 
 def _end_with_parent(parent: int) -> None:
-    """Linux: SIGTERM this rank when the process that started it dies, even by SIGKILL (no orphan ranks
-    holding the graph and the cores after a killed launcher); elsewhere nothing."""
+    """A local run's rank or server: Ctrl-C is ignored (a terminal sends it to the whole process group; the
+    launcher acts on it and stops the run). Linux: SIGTERM this process when the one that started it dies,
+    even by SIGKILL (no orphan ranks holding the graph and the cores after a killed launcher)."""
     import ctypes
-    import signal
 
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
@@ -519,6 +524,19 @@ def _end_with_parent(parent: int) -> None:
         return
     if os.getppid() != parent:  # it died before the request was in place
         os.kill(os.getpid(), signal.SIGTERM)
+
+
+@contextlib.contextmanager
+def ignoring_ctrl_c() -> Iterator[None]:
+    """SIGINT ignored inside (in the main thread; elsewhere Python delivers none anyway)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _spawn_local(cfg: RunConfig, grace_s: float = 3.0) -> int:
@@ -540,7 +558,9 @@ def _spawn_local(cfg: RunConfig, grace_s: float = 3.0) -> int:
     procs = [ctx.Process(target=_spawn_entry, args=(r, cfg, port, os.getpid(), extra), name=f"hpcgnn-rank-{r}")
              for r in range(cfg.launch.procs)]
     first: tuple[int, int] | None = None  # (rank, exit code) of the first rank that failed
-    # SIGTERM (kill, timeout, a job's end) raises here, so the finally stops the ranks; SIGKILL: _end_with_parent
+    interrupted = False
+    # SIGTERM (kill, timeout, a job's end) raises here, so the finally stops the ranks; SIGKILL: _end_with_parent.
+    # Ctrl-C too (the ranks ignore it: it reaches the terminal's whole process group, and the launcher decides).
     with stop_cleanly_on_sigterm("the run", "stopping its ranks"):
         try:
             for p in [*servers, *procs]:
@@ -558,15 +578,26 @@ def _spawn_local(cfg: RunConfig, grace_s: float = 3.0) -> int:
                     p.join()
                     if p.exitcode != 0 and first is None:
                         first, deadline = (rank, p.exitcode), time.monotonic() + grace_s
+        except KeyboardInterrupt:
+            interrupted = True
+            # from now on (KeyboardInterrupt comes in the main thread only): the run is ending, and another
+            # Ctrl-C must not cut that short or turn the exit status into a traceback
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            print(f"\nhpcgnn: the run stopped by Ctrl-C; stopping its ranks (output folder: {cfg.run_dir})",
+                  file=sys.stderr, flush=True)
         finally:
-            for p in [*procs, *servers]:
-                if p.is_alive():
-                    p.terminate()
-            for p in [*procs, *servers]:
-                p.join(10)
-                if p.is_alive():
-                    p.kill()
-                    p.join()
+            # a second Ctrl-C does not cut this short (it is bounded: 10 s a process, then SIGKILL)
+            with ignoring_ctrl_c():
+                for p in [*procs, *servers]:
+                    if p.is_alive():
+                        p.terminate()
+                for p in [*procs, *servers]:
+                    p.join(10)
+                    if p.is_alive():
+                        p.kill()
+                        p.join()
+    if interrupted:
+        return EXIT_INTERRUPTED
     if first is not None:
         rank, code = first
         if code == EXIT_PREEMPTED:  # rank 0 printed where the checkpoint is
