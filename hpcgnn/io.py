@@ -83,8 +83,8 @@ def stop_cleanly_on_sigterm(what: str, then: str = "removing its temporary files
     """While a prepare or a partition runs (hours, for a large graph), or a local run's launcher waits on its
     ranks: SIGTERM (``scancel``, a job's time limit, a plain ``kill``, ``timeout``) raises ``SystemExit(143)``
     in the main thread, so that the ``finally`` blocks remove the temporary folders instead of leaving
-    gigabytes behind, or stop the ranks (``then`` says which, on stderr). The previous handler (submitit's)
-    is put back after; outside the main thread nothing changes."""
+    gigabytes behind, or stop the ranks (``then`` says which, on stderr). Ctrl-C likewise, with exit status
+    130. The previous handler (submitit's) is put back after; outside the main thread nothing changes."""
     import signal
     import threading
 
@@ -99,6 +99,10 @@ def stop_cleanly_on_sigterm(what: str, then: str = "removing its temporary files
     previous = signal.signal(signal.SIGTERM, stop)
     try:
         yield
+    except KeyboardInterrupt:  # Ctrl-C: the finally blocks inside have run; one line, no traceback, exit 130
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the command is ending: a second Ctrl-C changes nothing
+        print(f"\nhpcgnn: {what} stopped by Ctrl-C; {then}", file=sys.stderr, flush=True)
+        raise SystemExit(128 + signal.SIGINT) from None
     finally:
         signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
 

@@ -121,8 +121,11 @@ def dead_pid() -> int:
 
 def start_and_stop(args: list[str], started, signum: int, cwd: Path | None = None):
     """Run ``python <args>`` until ``started()`` is true, then send ``signum``; the finished process."""
+    import signal
+
+    # SIGINT as in a terminal, even where this test process was started with it ignored (a background job)
     child = subprocess.Popen([sys.executable, *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                             cwd=cwd)
+                             cwd=cwd, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 120
     while not started() and child.poll() is None:
         if time.monotonic() > deadline:

@@ -342,15 +342,19 @@ def test_a_killed_prepare_leaves_a_folder_the_next_prepare_removes(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_prepare_stopped_by_sigterm_removes_its_temporary_folder(tmp_path):
-    """scancel or a job's time limit sends SIGTERM: the prepare stops at once, says so, and leaves nothing."""
+@pytest.mark.parametrize("signame, status, said", [("SIGTERM", 143, "SIGTERM"), ("SIGINT", 130, "Ctrl-C")])
+def test_a_prepare_stopped_by_sigterm_removes_its_temporary_folder(tmp_path, signame, status, said):
+    """scancel or a job's time limit sends SIGTERM: the prepare stops at once, says so, and leaves nothing.
+    Ctrl-C likewise, in one line with no traceback."""
     import signal
 
     prepared = tmp_path / "prepared"
     child = start_and_stop(["-m", "hpcgnn.data", "prepare", "dataset.num_nodes=400000", f"dataset.root={tmp_path}"],
-                           lambda: any(prepared.glob(".synthetic-*.tmp-*/scratch/bucket*")), signal.SIGTERM)
-    assert child.returncode == 143, child.stderr.read()
-    assert "hpcgnn: prepare stopped by SIGTERM; removing its temporary files" in child.stderr.read()
+                           lambda: any(prepared.glob(".synthetic-*.tmp-*/scratch/bucket*")), getattr(signal, signame))
+    stderr = child.stderr.read()
+    assert child.returncode == status, stderr
+    assert f"hpcgnn: prepare stopped by {said}; removing its temporary files" in stderr
+    assert "Traceback" not in stderr, stderr
     assert list(prepared.iterdir()) == []
 
 
