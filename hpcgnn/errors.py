@@ -14,7 +14,9 @@ Exit codes of ``python -m hpcgnn`` (and of ``hpcgnn``):
     2  a user error, caught before anything ran or on the compute node before the first step
     3  preempted outside submitit: the checkpoint is saved; the same command resumes
     4  diverged: the loss or a gradient became NaN or infinite (``train.nonfinite=stop``)
-  130  Ctrl-C: a submitted job goes on (only the waiting stopped); a local run stops its ranks
+  130  Ctrl-C: a submitted job goes on (only the waiting stopped; its processes ignore the terminal's
+       Ctrl-C, also under submitit's local executor); a local run stops its ranks; a prepare or partition
+       removes its temporary files
   143  stopped by SIGTERM (a local run stops its ranks first)
   255  a task of a submitit job that was requeued (or gave up requeuing): submitit's own exit
 """

@@ -79,6 +79,26 @@ def fsync_dir(path: Path) -> None:
 
 
 @contextlib.contextmanager
+def ignoring_ctrl_c() -> Iterator[None]:
+    """SIGINT ignored inside, in the main thread (elsewhere Python delivers none anyway). Around a submission:
+    what it starts inherits the ignored Ctrl-C, so that a terminal's Ctrl-C, which reaches the whole process
+    group, stops the waiting but not the job (submitit's local executor runs the job's tasks as children of
+    this process; ``sbatch`` is not cut off halfway). Around a local run's end: a second Ctrl-C does not cut
+    short the stopping of the ranks."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+@contextlib.contextmanager
 def stop_cleanly_on_sigterm(what: str, then: str = "removing its temporary files") -> Iterator[None]:
     """While a prepare or a partition runs (hours, for a large graph), or a local run's launcher waits on its
     ranks: SIGTERM (``scancel``, a job's time limit, a plain ``kill``, ``timeout``) raises ``SystemExit(143)``

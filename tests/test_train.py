@@ -86,6 +86,34 @@ def test_failing_rank_fails_the_run_with_its_traceback(tmp_path, tiny_overrides,
     assert not (tmp_path / "run" / "summary.json").exists()
 
 
+def test_ctrl_c_while_waiting_leaves_a_submitted_job_running(tmp_path):
+    """Ctrl-C reaches the terminal's whole process group, and submitit's local executor runs the job's tasks as
+    children of the command: they inherit an ignored Ctrl-C, so only the waiting stops (before: the tasks died
+    with KeyboardInterrupt while the command said the job went on, and the controller printed a traceback)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    run = tmp_path / "run"
+    with open(tmp_path / "out.txt", "w") as out:  # its own process group, SIGINT not ignored: as in a terminal
+        waiting = subprocess.Popen([sys.executable, "-m", "hpcgnn", "+cluster=local", "dataset.num_nodes=4000",
+                                    "train.epochs=40", f"dataset.root={DATA_ROOT}", f"hydra.run.dir={run}"],
+                                   stdout=out, stderr=out, start_new_session=True,
+                                   preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and waiting.poll() is None and not (run / "progress.json").exists():
+        time.sleep(0.2)
+    assert waiting.poll() is None, (tmp_path / "out.txt").read_text()
+    os.killpg(waiting.pid, signal.SIGINT)
+    assert waiting.wait(60) == 130
+    text = (tmp_path / "out.txt").read_text()
+    assert re.search(r"stopped waiting; job \d+ goes on", text) and "Traceback" not in text, text
+    while time.monotonic() < deadline + 120 and not (run / "summary.json").exists():
+        time.sleep(1)
+    assert summary_of(tmp_path)["epochs"] == 40
+
+
 def test_no_wait_returns_job_id_and_folder(tmp_path, tiny_overrides):
     t0 = time.monotonic()
     res = run_cli("+cluster=local", "launch.wait=false", *tiny_overrides, cwd=tmp_path, timeout=120)

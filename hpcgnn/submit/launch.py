@@ -14,7 +14,6 @@ The sbatch script is rendered by submitit's own code path for dry runs too, so
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import os
@@ -23,9 +22,7 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -34,7 +31,7 @@ from hpcgnn import checks, env
 from hpcgnn.config import ClusterConfig, RunConfig
 from hpcgnn.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_PREEMPTED, EXIT_USER_ERROR, ConfigError
 from hpcgnn.failures import read_failures
-from hpcgnn.io import atomic_open, stop_cleanly_on_sigterm
+from hpcgnn.io import atomic_open, ignoring_ctrl_c, stop_cleanly_on_sigterm
 
 
 def slurm_parameters(c: ClusterConfig) -> dict:
@@ -145,13 +142,13 @@ def launch(cfg: RunConfig, overrides: tuple[str, ...] | list[str] = ()) -> int:
 
         write_servers_config(cfg, job_folder(cfg))
         if not cfg.cluster.samplers.het:  # a job of their own, started first; the trainers' waits for it
-            with env.outside_job():
+            with env.outside_job(), ignoring_ctrl_c():  # what the job inherits (see ignoring_ctrl_c)
                 servers = submit_servers(cfg, job_folder(cfg), sys.executable)
             extra = dict(ex.parameters.get("additional_parameters", {}))
             extra["dependency"] = ",".join(filter(None, [extra.get("dependency"), f"after:{servers}"]))
             ex.update_parameters(additional_parameters=extra)
             print(f"submitted the sampler servers' job {servers}", flush=True)
-    with env.outside_job():
+    with env.outside_job(), ignoring_ctrl_c():  # what the job inherits (see ignoring_ctrl_c)
         job = ex.submit(run_task, cfg)
     print(f"submitted job {job.job_id} to {cfg.cluster.name} ({cfg.world_size} tasks)"
           f"{f', after partitioning job {after.job_id}' if after is not None else ''}; output folder: {cfg.run_dir}",
@@ -258,7 +255,7 @@ def submit_partition(cfg: RunConfig):
     from hpcgnn.partition import run_partition_task
 
     pcfg = partition_job_config(cfg)
-    with env.outside_job():
+    with env.outside_job(), ignoring_ctrl_c():  # what the job inherits (see ignoring_ctrl_c)
         job = make_executor(pcfg).submit(run_partition_task, cfg)
     print(f"submitted partitioning job {job.job_id} to {cfg.cluster.name}; output folder: {pcfg.run_dir}", flush=True)
     return job
@@ -524,19 +521,6 @@ def _end_with_parent(parent: int) -> None:
         return
     if os.getppid() != parent:  # it died before the request was in place
         os.kill(os.getpid(), signal.SIGTERM)
-
-
-@contextlib.contextmanager
-def ignoring_ctrl_c() -> Iterator[None]:
-    """SIGINT ignored inside (in the main thread; elsewhere Python delivers none anyway)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
 
 
 def _spawn_local(cfg: RunConfig, grace_s: float = 3.0) -> int:

@@ -21,7 +21,7 @@ from pathlib import Path
 from hpcgnn import env
 from hpcgnn.config import RunConfig
 from hpcgnn.errors import EXIT_USER_ERROR
-from hpcgnn.io import write_json
+from hpcgnn.io import ignoring_ctrl_c, write_json
 from hpcgnn.slurm import FINAL_STATES, job_states
 from hpcgnn.submit.report import selected
 
@@ -88,7 +88,7 @@ def launch_sweep(members: list[SweepMember], sweep_dir: Path) -> int:
         ex = make_executor(array_cfg)
         for m in group:
             record_config(m.cfg, m.overrides)
-        with env.outside_job(), ex.batch():
+        with env.outside_job(), ignoring_ctrl_c(), ex.batch():  # what the jobs inherit
             jobs = [ex.submit(run_task, m.cfg) for m in group]
         for m, job in zip(group, jobs, strict=True):
             m.job_id = str(job.job_id)
