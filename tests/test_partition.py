@@ -84,6 +84,31 @@ def test_a_killed_lp_partitions_leftovers_are_removed_by_the_next_on_this_host(t
 
 
 @pytest.mark.slow
+def test_ctrl_c_while_waiting_on_a_partitioning_job_leaves_it_running(tmp_path):
+    """A partitioning job submitted (here through submitit's local executor) goes on when Ctrl-C stops the
+    waiting: one line, exit 130, and the job's parts appear after."""
+    import signal
+    import time
+
+    mine = DatasetConfig(num_nodes=200_000, root=str(tmp_path / "data"))
+    parts = prepare(mine) / "parts"
+    waiting = subprocess.Popen([sys.executable, "-m", "hpcgnn.partition", "+cluster=local", "dataset.num_nodes=200000",
+                                f"dataset.root={mine.root}", "graph.method=lp", "graph.num_parts=4"],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+                               start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and waiting.poll() is None and not any(parts.glob("hpcgnn-lp-*/level1/*")):
+        time.sleep(0.05)
+    os.killpg(waiting.pid, signal.SIGINT)  # the terminal's whole process group
+    assert waiting.wait(60) == 130
+    stderr = waiting.stderr.read()
+    assert re.search(r"stopped waiting; partitioning job \d+ goes on", stderr) and "Traceback" not in stderr, stderr
+    while time.monotonic() < deadline and not (parts / "lp-k4-s0").exists():
+        time.sleep(0.5)
+    assert [p.name for p in parts.iterdir()] == ["lp-k4-s0"]
+
+
+@pytest.mark.slow
 def test_an_lp_partition_stopped_by_sigterm_leaves_nothing_behind(tmp_path):
     """SIGTERM while lp coarsens: the command exits 143 and removes its coarse levels (parts/ is empty)."""
     import signal

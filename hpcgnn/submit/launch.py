@@ -266,6 +266,9 @@ def wait_partition(job, cfg: RunConfig) -> int:
 
     try:
         job.results()  # every task's (lp shares the work among several)
+    except KeyboardInterrupt:
+        print(f"\nstopped waiting; partitioning job {job.job_id} goes on", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except (FailedJobError, UncompletedJobError) as exc:
         print(f"partitioning job {job.job_id} failed (state {job.state}):\n{exc}", file=sys.stderr, flush=True)
         return EXIT_FAILED
