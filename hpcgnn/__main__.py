@@ -18,7 +18,7 @@ import importlib
 import sys
 
 from hpcgnn.env import full_error
-from hpcgnn.errors import UserError, report
+from hpcgnn.errors import EXIT_INTERRUPTED, UserError, report
 
 # subcommand -> module whose main(argv) -> exit code runs it
 SUBCOMMANDS = {
@@ -75,8 +75,13 @@ def train(overrides: list[str], multirun: bool = False, print_config: bool = Fal
 
 
 def cli() -> None:
-    """The ``hpcgnn`` console script."""
-    sys.exit(main())
+    """The ``hpcgnn`` console script. A Ctrl-C that nothing closer caught (a second one, as the first ends the
+    run) exits 130 without a traceback."""
+    try:
+        code = main()
+    except KeyboardInterrupt:
+        code = EXIT_INTERRUPTED
+    sys.exit(code)
 
 
 if __name__ == "__main__":

@@ -567,9 +567,6 @@ def _spawn_local(cfg: RunConfig, grace_s: float = 3.0) -> int:
                         first, deadline = (rank, p.exitcode), time.monotonic() + grace_s
         except KeyboardInterrupt:
             interrupted = True
-            # from now on (KeyboardInterrupt comes in the main thread only): the run is ending, and another
-            # Ctrl-C must not cut that short or turn the exit status into a traceback
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
             print(f"\nhpcgnn: the run stopped by Ctrl-C; stopping its ranks (output folder: {cfg.run_dir})",
                   file=sys.stderr, flush=True)
         finally:
