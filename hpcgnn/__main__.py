@@ -76,10 +76,16 @@ def train(overrides: list[str], multirun: bool = False, print_config: bool = Fal
 
 def cli() -> None:
     """The ``hpcgnn`` console script. A Ctrl-C that nothing closer caught (a second one, as the first ends the
-    run) exits 130 without a traceback."""
+    run) exits 130 without a traceback; once the command ends on a Ctrl-C, further ones are ignored, so that
+    none turns the exit into a KeyboardInterrupt at shutdown."""
+    import signal
+
     try:
         code = main()
+        if code == EXIT_INTERRUPTED:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
     except KeyboardInterrupt:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         code = EXIT_INTERRUPTED
     sys.exit(code)
 
