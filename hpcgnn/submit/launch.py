@@ -14,6 +14,7 @@ The sbatch script is rendered by submitit's own code path for dry runs too, so
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -23,6 +24,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -61,6 +63,14 @@ def slurm_parameters(c: ClusterConfig) -> dict:
 def job_folder(cfg: RunConfig) -> Path:
     """submitit's folder for the job's pickles and per-task logs."""
     return Path(cfg.run_dir) / "submitit"
+
+
+@contextlib.contextmanager
+def submitting() -> Iterator[None]:
+    """Around a submission: what it starts inherits this process's environment without the variables of the
+    job it runs in (:func:`hpcgnn.env.outside_job`), and Ctrl-C ignored (:func:`hpcgnn.io.ignoring_ctrl_c`)."""
+    with env.outside_job(), ignoring_ctrl_c():
+        yield
 
 
 def make_executor(cfg: RunConfig, python: str | None = None, render_only: bool = False):
@@ -142,13 +152,13 @@ def launch(cfg: RunConfig, overrides: tuple[str, ...] | list[str] = ()) -> int:
 
         write_servers_config(cfg, job_folder(cfg))
         if not cfg.cluster.samplers.het:  # a job of their own, started first; the trainers' waits for it
-            with env.outside_job(), ignoring_ctrl_c():  # what the job inherits (see ignoring_ctrl_c)
+            with submitting():
                 servers = submit_servers(cfg, job_folder(cfg), sys.executable)
             extra = dict(ex.parameters.get("additional_parameters", {}))
             extra["dependency"] = ",".join(filter(None, [extra.get("dependency"), f"after:{servers}"]))
             ex.update_parameters(additional_parameters=extra)
             print(f"submitted the sampler servers' job {servers}", flush=True)
-    with env.outside_job(), ignoring_ctrl_c():  # what the job inherits (see ignoring_ctrl_c)
+    with submitting():
         job = ex.submit(run_task, cfg)
     print(f"submitted job {job.job_id} to {cfg.cluster.name} ({cfg.world_size} tasks)"
           f"{f', after partitioning job {after.job_id}' if after is not None else ''}; output folder: {cfg.run_dir}",
@@ -255,7 +265,7 @@ def submit_partition(cfg: RunConfig):
     from hpcgnn.partition import run_partition_task
 
     pcfg = partition_job_config(cfg)
-    with env.outside_job(), ignoring_ctrl_c():  # what the job inherits (see ignoring_ctrl_c)
+    with submitting():
         job = make_executor(pcfg).submit(run_partition_task, cfg)
     print(f"submitted partitioning job {job.job_id} to {cfg.cluster.name}; output folder: {pcfg.run_dir}", flush=True)
     return job

@@ -18,10 +18,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from hpcgnn import env
 from hpcgnn.config import RunConfig
 from hpcgnn.errors import EXIT_USER_ERROR
-from hpcgnn.io import ignoring_ctrl_c, write_json
+from hpcgnn.io import write_json
 from hpcgnn.slurm import FINAL_STATES, job_states
 from hpcgnn.submit.report import selected
 
@@ -53,6 +52,7 @@ def launch_sweep(members: list[SweepMember], sweep_dir: Path) -> int:
         launch,
         make_executor,
         record_config,
+        submitting,
     )
 
     members = sorted(members, key=lambda m: m.num)
@@ -88,7 +88,7 @@ def launch_sweep(members: list[SweepMember], sweep_dir: Path) -> int:
         ex = make_executor(array_cfg)
         for m in group:
             record_config(m.cfg, m.overrides)
-        with env.outside_job(), ignoring_ctrl_c(), ex.batch():  # what the jobs inherit
+        with submitting(), ex.batch():
             jobs = [ex.submit(run_task, m.cfg) for m in group]
         for m, job in zip(group, jobs, strict=True):
             m.job_id = str(job.job_id)
