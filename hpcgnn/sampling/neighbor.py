@@ -206,6 +206,7 @@ class CSRNeighborSampler(BaseSampler):
         num_nodes, sources, targets, num_edges = [seeds.numel()], [], [], []
         # The frontier's batch-local ids are always one range: [first, first + len(frontier)).
         frontier, first, total = seeds, 0, seeds.numel()
+        n_id = None
         try:
             for fanout in self.fanouts:
                 row, nbr = self.hop(frontier, fanout, generator)
@@ -217,8 +218,8 @@ class CSRNeighborSampler(BaseSampler):
                 n_ids.append(new_nodes)
                 frontier, first, total = new_nodes, total, total + new_nodes.numel()
             n_id = torch.cat(n_ids)
-        finally:
-            local.clear(torch.cat(n_ids))
+        finally:  # the ids put since the last clear: the batch's (one concatenation of them, not two)
+            local.clear(n_id if n_id is not None else torch.cat(n_ids))
         edge_index = torch.empty(2, sum(num_edges), dtype=torch.long, device=dev)
         if sources:  # each row written once, in place (no stack, then cat, of 2 x edges)
             torch.cat(sources, out=edge_index[0])

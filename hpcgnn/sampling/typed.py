@@ -104,6 +104,7 @@ class TypedNeighborSampler:
         n_ids[g.target].append(seeds)
         counts[g.target][0] = total[g.target] = seeds.numel()
         frontier = {g.target: (seeds, 0)}
+        n_id: dict[str, Tensor] = {}
         try:
             for hop in range(self.num_hops):
                 drawn = self.draw(hop, frontier, generator)
@@ -123,10 +124,10 @@ class TypedNeighborSampler:
                     targets[rel].append(dst_local)
                     num_edges[rel][hop] += nbr.numel()
             n_id = {t: torch.cat(v) if v else torch.empty(0, dtype=torch.long, device=device) for t, v in n_ids.items()}
-        finally:
+        finally:  # the ids put since the last clear: the batch's (one concatenation of them, not two)
             for t, parts in n_ids.items():
                 if parts:
-                    local[t].clear(torch.cat(parts))
+                    local[t].clear(n_id[t] if t in n_id else torch.cat(parts))
         edge_index = {}
         for rel in g.relations:  # each row written once, in place (no stack, then cat, of 2 x edges)
             edge_index[rel] = torch.empty(2, sum(num_edges[rel]), dtype=torch.long, device=device)
