@@ -32,13 +32,13 @@ import contextlib
 import ctypes
 import logging
 import os
-import queue
 import signal
 import time
 import traceback
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
+from multiprocessing.connection import Connection
 
 import torch
 import torch.multiprocessing as mp
@@ -100,8 +100,9 @@ def _join_group(spec: SamplerSpec) -> None:
     d.use_group(dist.group.WORLD)  # this process's default group is the sampler group
 
 
-def serve(spec: SamplerSpec, recipe: bytes, slots: list[Tensor], inbox, outbox) -> None:
-    """A sampler process's life: make the batches it is sent, into free slots, until told to stop."""
+def serve(spec: SamplerSpec, recipe: bytes, slots: list[Tensor], inbox: Connection, outbox: Connection) -> None:
+    """A sampler process's life: make the batches it is sent, into free slots, until told to stop. ``inbox``: the
+    rank's messages (read here), ``outbox``: this process's (written here)."""
     _die_with_parent()
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, signal.SIG_IGN)  # the rank decides when its samplers stop
@@ -114,16 +115,16 @@ def serve(spec: SamplerSpec, recipe: bytes, slots: list[Tensor], inbox, outbox) 
             _join_group(spec)
         features, sampler, transform, stats = shipping.loads(recipe)
         loader = BatchLoader(features, sampler, [], transform=transform)
-        outbox.put(("ready",))
+        outbox.send(("ready",))
         pending: collections.deque = collections.deque()  # (i, seeds, batch_seed)
         grants: dict[int, int] = {}  # batch index -> the slot the rank gave it
         shortened = False
         while True:
             ready = bool(pending) and pending[0][0] in grants
             try:
-                msg = inbox.get_nowait() if ready else inbox.get(timeout=1.0)
-            except queue.Empty:
-                msg = None
+                msg = inbox.recv() if inbox.poll(0 if ready else 1.0) else None
+            except EOFError:  # the rank has ended (and this process with it: _die_with_parent)
+                return
             if msg is not None:
                 if msg[0] == "stop":
                     break
@@ -140,10 +141,10 @@ def serve(spec: SamplerSpec, recipe: bytes, slots: list[Tensor], inbox, outbox) 
             data = loader.sample(seeds, rng.generator(batch_seed, i), alloc=writer.alloc)
             meta, needed = shipping.pack(data, writer)
             if meta is None:  # the rank hands every process a larger slot
-                outbox.put(("grow", i, s, needed))
+                outbox.send(("grow", i, s, needed))
                 _wait_for_slot(inbox, s, pending, grants, slots)
                 meta, _ = shipping.pack(data, shipping.SlotWriter(slots[s]))
-            outbox.put(("batch", i, s, meta, stats - before if stats is not None else None))
+            outbox.send(("batch", i, s, meta, stats - before if stats is not None else None))
             del data
             if spec.group_size > 1 and not shortened:  # as the rank does after its first step
                 from torch.distributed.distributed_c10d import _set_pg_timeout
@@ -151,16 +152,14 @@ def serve(spec: SamplerSpec, recipe: bytes, slots: list[Tensor], inbox, outbox) 
                 _set_pg_timeout(timedelta(seconds=spec.timeout_s), None)
                 shortened = True
     except BaseException as exc:  # reported to the rank, which fails naming this process
-        outbox.put(("error", i, f"{type(exc).__name__}: {exc}", traceback.format_exc()))
-        outbox.close()
-        outbox.join_thread()
+        with contextlib.suppress(OSError):  # (a rank that has ended reads nothing)
+            outbox.send(("error", i, f"{type(exc).__name__}: {exc}", traceback.format_exc()))
         os._exit(1)
     if spec.group_size > 1:
         import torch.distributed as dist
 
         dist.destroy_process_group()
     outbox.close()
-    outbox.join_thread()
 
 
 def _take(msg, pending: collections.deque, grants: dict, slots: list) -> None:
@@ -177,7 +176,7 @@ def _take(msg, pending: collections.deque, grants: dict, slots: list) -> None:
 def _wait_for_slot(inbox, s: int, pending: collections.deque, grants: dict, slots: list) -> None:
     """Until the rank has handed over slot ``s`` grown."""
     while True:
-        msg = inbox.get()
+        msg = inbox.recv()
         if msg[0] == "stop":
             raise SystemExit(0)
         _take(msg, pending, grants, slots)
@@ -207,8 +206,8 @@ def _unpin(t: Tensor) -> None:
 class _Proc:
     spec: SamplerSpec
     process: object
-    inbox: object  # the rank's messages to it (epochs, slots granted to batches, grown slots, stop)
-    outbox: object  # its messages to the rank (batches, growth requests, errors)
+    inbox: Connection  # the rank's messages to it (epochs, slots granted to batches, grown slots, stop): written here
+    outbox: Connection  # its messages to the rank (batches, growth requests, errors): read here
 
 
 class SamplerPool:
@@ -246,10 +245,16 @@ class SamplerPool:
             group = {**self.group, "prefix": f"hpcgnn/samplers/{self.starts}/{k}"} if self.group else {}
             spec = SamplerSpec(k, self.rank, self.threads, self.keep_freed, **group,
                                fail_batch=self.fail_batch)
-            inbox, outbox = ctx.Queue(), ctx.Queue()
-            p = ctx.Process(target=serve, args=(spec, recipe, self.slots, inbox, outbox), daemon=True,
+            # Pipes, not multiprocessing's queues: a queue's named semaphores outlive a rank that a signal ends
+            # (scancel, a time limit, Ctrl-C on a local run) until its resource tracker unlinks them, which warns
+            # of "leaked semaphore objects" on every such stop. A pipe ends with the processes holding it.
+            inbox_end, inbox = ctx.Pipe(duplex=False)
+            outbox, outbox_end = ctx.Pipe(duplex=False)
+            p = ctx.Process(target=serve, args=(spec, recipe, self.slots, inbox_end, outbox_end), daemon=True,
                             name=f"hpcgnn-sampler-{self.rank}.{k}")
             p.start()
+            inbox_end.close()  # the process's ends: a pipe whose other end has gone reads EOF, writes fail
+            outbox_end.close()
             self.running.append(_Proc(spec, p, inbox, outbox))
         for p in self.running:  # each has mapped the graph and built its sampler (and met its group)
             self._next(p, "start")
@@ -287,22 +292,25 @@ class SamplerPool:
         """Batches to make, as (index, seeds as a numpy array) in index order, each to the process its index
         says; the first ones get their slots at once."""
         for p in self.running:
-            p.inbox.put(("epoch", batch_seed, [(i, seeds) for i, seeds in jobs if i % self.procs == p.spec.index]))
+            self._send(p, ("epoch", batch_seed, [(i, seeds) for i, seeds in jobs if i % self.procs == p.spec.index]))
         self.waiting.extend(i for i, _ in jobs)
         self._grant()
 
     def _grant(self) -> None:
         while self.free and self.waiting:
             i = self.waiting.popleft()
-            self.running[i % self.procs].inbox.put(("grant", i, self.free.popleft()))
+            self._send(self.running[i % self.procs], ("grant", i, self.free.popleft()))
 
     def _next(self, p: _Proc, i: int | str):
         """``p``'s next message (a batch, or that it is ready), growing its slots as it asks; fails the rank
         when it raised or died."""
         while True:
             try:
-                msg = p.outbox.get(timeout=POLL_S)
-            except queue.Empty:
+                msg = p.outbox.recv() if p.outbox.poll(POLL_S) else None
+            except EOFError:  # it has ended (its end of the pipe closed as it exited)
+                p.process.join(POLL_S)
+                msg = None
+            if msg is None:
                 if not p.process.is_alive():
                     raise self._died(p, i) from None
                 continue
@@ -314,21 +322,41 @@ class SamplerPool:
                 if self.pin:
                     _unpin(old)
                 for q in self.running:
-                    q.inbox.put(("slot", s, self.slots[s]))
+                    self._send(q, ("slot", s, self.slots[s]))
                 log.debug("%s: slot %d grown to %.1f MB", p.spec.name, s, self.slots[s].numel() / 2**20)
                 continue
             if kind == "error":
-                _, at, line, trace = msg
-                what = f"making batch {at}" if at >= 0 else "at its start"
-                raise SamplerFailed(f"{p.spec.name} (pid {p.process.pid}) failed {what}: {line}\n"
-                                    f"its traceback:\n{trace}")
+                raise self._failed(p, msg)
             return msg
 
+    def _send(self, p: _Proc, msg: tuple) -> None:
+        """A message to ``p``; fails the rank when ``p`` has ended (with the error it sent, if it sent one)."""
+        try:
+            p.inbox.send(msg)
+        except OSError:  # its end of the pipe has closed: it failed, or died
+            error = None
+            with contextlib.suppress(EOFError, OSError):
+                while error is None and p.outbox.poll(0):
+                    reply = p.outbox.recv()
+                    error = reply if reply[0] == "error" else None
+            if error is not None:
+                raise self._failed(p, error) from None
+            p.process.join(5.0)
+            raise self._died(p, msg[0]) from None
+
+    def _failed(self, p: _Proc, msg: tuple) -> SamplerFailed:
+        _, at, line, trace = msg
+        what = f"making batch {at}" if at >= 0 else "at its start"
+        return SamplerFailed(f"{p.spec.name} (pid {p.process.pid}) failed {what}: {line}\nits traceback:\n{trace}")
+
     def _died(self, p: _Proc, i: int | str) -> SamplerFailed:
+        """``p`` died while the rank waited for batch ``i``, for its start (``"start"``), or sent it a message
+        (``i``: the message's kind)."""
         code = p.process.exitcode
         how = f"signal {signal.Signals(-code).name}" if code is not None and code < 0 else f"exit code {code}"
-        waited = "its start" if i == "start" else f"batch {i}"
-        return SamplerFailed(f"{p.spec.name} (pid {p.process.pid}) died ({how}) while the rank waited for {waited}. "
+        when = (f"while the rank waited for batch {i}" if isinstance(i, int) else
+                "while the rank waited for its start" if i == "start" else f"before the rank could send it {i!r}")
+        return SamplerFailed(f"{p.spec.name} (pid {p.process.pid}) died ({how}) {when}. "
                              "HINT: SIGKILL is what the kernel's out-of-memory killer sends: check the node's memory "
                              "(cluster.mem_gb) or lower train.sampler_procs")
 
@@ -342,17 +370,16 @@ class SamplerPool:
     def close(self, done: bool = False) -> None:
         """Stop every process (a clean stop, else killed) and free the slots (``done``: as for RemotePool)."""
         for p in self.running:
-            with contextlib.suppress(Exception):
-                p.inbox.put(("stop",))
+            with contextlib.suppress(OSError):  # (one that has ended reads nothing)
+                p.inbox.send(("stop",))
         deadline = time.monotonic() + 5.0
         for p in self.running:
             p.process.join(timeout=max(0.0, deadline - time.monotonic()))
             if p.process.is_alive():
                 p.process.kill()
                 p.process.join()
-            for q in (p.inbox, p.outbox):
-                q.cancel_join_thread()
-                q.close()
+            p.inbox.close()
+            p.outbox.close()
         if self.pin:
             for t in self.slots:
                 _unpin(t)
