@@ -716,8 +716,10 @@ def test_one_step_equals_a_full_batch_gae_step_with_the_same_negatives(tmp_path,
 def test_the_sampled_link_run_does_not_trail_its_full_batch_twin(tmp_path):
     """The link default (task=link: sage, fanouts [10, 5], 512 positives a step, one uniform negative each, lr
     0.003) on a 4000-node synthetic link graph, 10 epochs (about the steps the default run takes on its 20k-node
-    graph), against PyG's full-batch GAE on the same split, 300 full-batch steps, mean of 3 seeds: at most one
-    AUC point below it (benchmarks/link_twin.py measures the default graph itself)."""
+    graph), against PyG's full-batch GAE on the same split, 300 full-batch steps: at most one AUC point below it
+    (benchmarks/link_twin.py measures the default graph itself). One seed of the twin: its seeds 0, 1 and 2 gave
+    0.8958, 0.8965 and 0.8958 here, 23-25 s each, so two more would cost most of a minute of CI to move its AUC
+    by less than a tenth of the margin."""
     import sys
 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
@@ -726,5 +728,5 @@ def test_the_sampled_link_run_does_not_trail_its_full_batch_twin(tmp_path):
     over = ["dataset.num_nodes=4000", f"dataset.root={DATA_ROOT}"]
     ours = hpcgnn_run([*over, "train.epochs=10"], str(tmp_path / "run"))["test_auc"]
     cfg = make_config("task=link", *over)
-    twin = [gae_twin(cfg, seed, 300, eval_every=10)["test_auc"] for seed in range(3)]
-    assert ours >= sum(twin) / 3 - 0.01, (ours, twin)
+    twin = gae_twin(cfg, 0, 300, eval_every=10)["test_auc"]
+    assert ours >= twin - 0.01, (ours, twin)
