@@ -211,6 +211,35 @@ def test_a_sampler_process_that_raises_fails_its_rank_with_its_exception(tmp_pat
 
 
 @pytest.mark.slow
+def test_batches_larger_than_the_slots_grow_them_in_every_process_and_come_out_the_same(monkeypatch):
+    """Slots of 4 KB: every process asks for a larger one, the rank hands the grown slot to every process (a tensor
+    through the pipe), and the batches are those of the in-process loader, in order."""
+    from hpcgnn.data.graph import Graph
+    from hpcgnn.sampling import BatchLoader, CSRNeighborSampler
+    from hpcgnn.sampling import procs as procs_module
+
+    monkeypatch.setattr(procs_module, "SLOT_BYTES", 4096)
+    gen = torch.Generator().manual_seed(0)
+    n = 2000
+    graph = Graph.from_edge_index(torch.randint(0, n, (2, 20 * n), generator=gen), n, torch.randn(n, 16, generator=gen),
+                                  torch.randint(0, 4, (n,), generator=gen), torch.arange(n), torch.arange(0),
+                                  torch.arange(0), 4)
+    loader = BatchLoader(graph, CSRNeighborSampler(graph.rowptr, graph.col, (5, 5)), torch.arange(600), 100,
+                         batch_seed=3)
+    pool = procs_module.SamplerPool((graph, loader.sampler, None, None), 2, 2, 1, torch.device("cpu"), rank=0)
+    try:
+        pool.start()
+        made = [(b.x.clone(), b.edge_index.clone(), b.n_id.clone()) for b in pool.loader(loader)]
+        assert min(t.numel() for t in pool.slots) > 4096  # grown
+    finally:
+        pool.close(done=True)
+    here = [(b.x, b.edge_index, b.n_id) for b in loader]
+    assert len(made) == len(here) == 6
+    for a, b in zip(made, here, strict=True):
+        assert all(torch.equal(u, v) for u, v in zip(a, b, strict=True))
+
+
+@pytest.mark.slow
 def test_a_message_to_a_sampler_process_that_has_ended_fails_the_rank_naming_it():
     """The rank's messages go through a pipe: one to a process that has ended fails the rank with the error that
     process sent before it went, or else with how it died (not a bare BrokenPipeError)."""
