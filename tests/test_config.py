@@ -327,3 +327,15 @@ def test_a_clone_and_an_editable_install_read_the_repositorys_conf():
 
     assert hpcgnn.CONF_DIR == REPO / "conf" and (REPO / "conf" / "config.yaml").is_file()
     assert not (REPO / "hpcgnn" / "conf").exists()
+
+
+def test_the_result_line_counts_ranks_in_words(capsys):
+    from hpcgnn.submit.launch import _print_result
+
+    summary = {"metric": "val_acc", "test": 0.91614, "best_val": 0.9147, "best_epoch": 2, "world_size": 1,
+               "hostnames": ["vm"], "seeds_per_s": 36810.2, "wall_time_s": 6.21, "run_dir": "/tmp/run"}
+    _print_result(summary)
+    _print_result({**summary, "world_size": 4, "hostnames": ["n1", "n2"]})
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "test accuracy 0.9161 (best val 0.9147 at epoch 2), 1 rank on vm, 36810 seeds/s, 6.2 s"
+    assert lines[2].startswith("test accuracy 0.9161 (best val 0.9147 at epoch 2), 4 ranks on n1, n2, ")

@@ -342,7 +342,8 @@ def _print_result(summary: dict) -> None:
     metric = summary.get("metric", "val_acc").removeprefix("val_")
     name = "accuracy" if metric == "acc" else metric
     print(f"test {name} {summary['test']:.4f} (best val {summary['best_val']:.4f} at epoch "
-          f"{summary['best_epoch']}), {summary['world_size']} ranks on {', '.join(summary['hostnames'])}, "
+          f"{summary['best_epoch']}), {summary['world_size']} rank{'s' if summary['world_size'] != 1 else ''} on "
+          f"{', '.join(summary['hostnames'])}, "
           f"{summary['seeds_per_s']:.0f} seeds/s, {summary['wall_time_s']:.1f} s", flush=True)
     if summary.get("nonfinite_skipped"):
         print(f"hpcgnn: WARNING: {summary['nonfinite_skipped']} optimizer step(s) were skipped for NaN/inf gradients "
