@@ -166,6 +166,34 @@ def test_the_row_gather_copies_what_torch_copies_and_refuses_rows_outside(switch
     assert torch.equal(native.gather_rows(strided, index, torch.empty(40_000, 12)), strided.index_select(0, index))
 
 
+@needs_cc
+def test_rows_stored_as_bfloat16_are_gathered_as_the_float32_upcast_gives_them(switch):
+    """One pass (gather and widen) for bfloat16 features, bit for bit torch's index_select then .float(), special
+    values included; float16 rows take torch's two steps, with the same result."""
+    from hpcgnn.data.graph import Graph
+    from hpcgnn.sampling.loader import LocalFeatures
+
+    torch.set_num_threads(2)
+    gen = torch.Generator().manual_seed(7)
+    x = torch.randn(50_000, 24, generator=gen).mul_(1e3)
+    x[0, :6] = torch.tensor([float("nan"), float("inf"), -float("inf"), -0.0, 1e-40, -1e-39])  # subnormals
+    index = torch.cat([torch.tensor([0]), torch.randint(0, 50_000, (40_000,), generator=gen)])
+    for on in (False, True):
+        switch(on)
+        for src in (x.bfloat16(), x.half()):
+            out = torch.empty(index.numel(), 24)
+            got = native.gather_rows(src, index, out)
+            want = src.index_select(0, index).float()
+            assert got is out and torch.equal(got.view(torch.int32), want.view(torch.int32))  # bits, NaN too
+    with pytest.raises(IndexError, match="index 50000 is out of range for 50000 rows"):
+        native.gather_rows(x.bfloat16(), torch.tensor([1, 50_000, 2]), torch.empty(3, 24))
+    graph = Graph(torch.zeros(50_001, dtype=torch.long), torch.empty(0, dtype=torch.long), x.bfloat16(),
+                  torch.arange(50_000), torch.arange(10), torch.arange(0), torch.arange(0), 2)
+    batch_x, _ = LocalFeatures(graph).gather(index, 10)
+    assert batch_x.dtype == torch.float32 and torch.equal(batch_x.view(torch.int32),
+                                                          x.bfloat16()[index].float().view(torch.int32))
+
+
 def test_a_threads_budget_holds_for_its_thread_only():
     import threading
 

@@ -92,15 +92,10 @@ class LocalFeatures:
         dtype)``: the features straight into memory it hands out (a sampler process's shared slot)."""
         g = self.graph
         n_id = n_id.to(g.x.device)
-        if alloc is not None:
-            x = alloc((n_id.numel(), *g.x.shape[1:]), torch.float32)
-            if g.x.dtype == torch.float32:
-                native.gather_rows(g.x, n_id, x)
-            else:  # upcast on the way in: the same values as .float() below
-                x.copy_(g.x.index_select(0, n_id))
+        if alloc is not None:  # upcast on the way in (features stored as float16/bfloat16), as below
+            x = native.gather_rows(g.x, n_id, alloc((n_id.numel(), *g.x.shape[1:]), torch.float32))
             return x, (g.y.index_select(0, n_id) if g.y.numel() else g.y)
-        # index_select: a parallel row gather, markedly faster than advanced indexing for features
-        x = gather_rows(g.x, n_id, pin_memory).float()  # features stored as float16/bfloat16: upcast per batch
+        x = gather_rows(g.x, n_id, pin_memory, torch.float32)  # features stored as float16/bfloat16: upcast per batch
         y = gather_rows(g.y, n_id, pin_memory) if g.y.numel() else g.y  # a link graph has no labels
         return x, y
 
@@ -114,17 +109,19 @@ class LocalTypedFeatures:
     def gather_types(self, n_id: dict[str, Tensor], batch_size: int) -> tuple[dict[str, Tensor], Tensor]:
         """:meth:`TypedGraph.gather_types`, each type's rows by :func:`gather_rows`."""
         g = self.graph
-        x = {t: gather_rows(g.x[t], ids.to(g.x[t].device)) for t, ids in n_id.items()}
+        x = {t: gather_rows(g.x[t], ids.to(g.x[t].device), dtype=torch.float32) for t, ids in n_id.items()}
         return x, gather_rows(g.y, n_id[g.target][:batch_size].to(g.y.device))
 
 
-def gather_rows(src: Tensor, index: Tensor, pin_memory: bool = False) -> Tensor:
-    """``src.index_select(0, index)``: on the host by the C kernels where they are (each row asked for from
-    memory ahead of its copy; :func:`hpcgnn.sampling.native.gather_rows`); with ``pin_memory`` written into
-    a page-locked buffer from the CUDA host allocator's cache, with no second copy."""
+def gather_rows(src: Tensor, index: Tensor, pin_memory: bool = False, dtype: torch.dtype | None = None) -> Tensor:
+    """``src.index_select(0, index)``, as ``dtype`` (default ``src``'s): on the host by the C kernels where they are
+    (each row asked for from memory ahead of its copy; bfloat16 rows widened to float32 in the same pass:
+    :func:`hpcgnn.sampling.native.gather_rows`); with ``pin_memory`` written into a page-locked buffer from the
+    CUDA host allocator's cache, with no second copy."""
+    dtype = dtype or src.dtype
     if src.is_cuda:
-        return src.index_select(0, index)
-    out = torch.empty((index.numel(), *src.shape[1:]), dtype=src.dtype, pin_memory=pin_memory)
+        return src.index_select(0, index).to(dtype)
+    out = torch.empty((index.numel(), *src.shape[1:]), dtype=dtype, pin_memory=pin_memory)
     return native.gather_rows(src, index, out)
 
 

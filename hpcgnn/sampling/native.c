@@ -495,3 +495,48 @@ int64_t hpcgnn_gather_rows(const void *src, int64_t rows, int64_t row_bytes, con
         if (chunk_bad[c] < 0) return chunk_bad[c];
     return 0;
 }
+
+/* Feature rows stored as bfloat16, gathered as float32: out[i] = src[index[i]] widened, each bfloat16 the top half
+ * of the float32 of the same value (exact: what torch's .float() gives). One pass over the rows, where a gather
+ * then an upcast would write the narrow rows and read them again. */
+
+struct wide_rows {
+    const uint16_t *src;
+    uint32_t *out; /* float32 bits */
+    const int64_t *index;
+    int64_t rows, cols, n, chunks, *chunk_bad;
+};
+
+static void wide_rows_chunk(void *ctx, int64_t c) {
+    const struct wide_rows *k = (const struct wide_rows *)ctx;
+    int64_t i = chunk_start(k->n, k->chunks, c), end = chunk_start(k->n, k->chunks, c + 1);
+    const size_t cols = (size_t)k->cols, row_bytes = cols * sizeof(uint16_t);
+    for (int64_t a = i; a < end && a < i + AHEAD; a++)
+        if ((uint64_t)k->index[a] < (uint64_t)k->rows) PREFETCH(k->src + (size_t)k->index[a] * cols);
+    for (; i < end; i++) {
+        if (i + AHEAD < end && (uint64_t)k->index[i + AHEAD] < (uint64_t)k->rows) {
+            const char *ahead = (const char *)(k->src + (size_t)k->index[i + AHEAD] * cols);
+            for (size_t b = 0; b < row_bytes; b += 64) PREFETCH(ahead + b);
+        }
+        int64_t r = k->index[i];
+        if ((uint64_t)r >= (uint64_t)k->rows) { /* outside src: the chunk reports it */
+            k->chunk_bad[c] = -1 - i;
+            return;
+        }
+        const uint16_t *s = k->src + (size_t)r * cols;
+        uint32_t *o = k->out + (size_t)i * cols;
+        for (size_t j = 0; j < cols; j++) o[j] = (uint32_t)s[j] << 16;
+    }
+}
+
+/* Rows index[:n] of src (rows x cols bfloat16) into out (n x cols float32); returns 0, or -1 - i for an index
+ * outside [0, rows). chunk_bad: scratch of `chunks` entries. */
+int64_t hpcgnn_gather_rows_bf16(const void *src, int64_t rows, int64_t cols, const int64_t *index, int64_t n, void *out,
+                                int64_t chunks, int64_t *chunk_bad, int threads) {
+    struct wide_rows k = {(const uint16_t *)src, (uint32_t *)out, index, rows, cols, n, chunks, chunk_bad};
+    for (int64_t c = 0; c < chunks; c++) chunk_bad[c] = 0;
+    parallel_chunks(threads, chunks, wide_rows_chunk, &k);
+    for (int64_t c = 0; c < chunks; c++)
+        if (chunk_bad[c] < 0) return chunk_bad[c];
+    return 0;
+}
