@@ -167,9 +167,9 @@ def test_the_row_gather_copies_what_torch_copies_and_refuses_rows_outside(switch
 
 
 @needs_cc
-def test_rows_stored_as_bfloat16_are_gathered_as_the_float32_upcast_gives_them(switch):
-    """One pass (gather and widen) for bfloat16 features, bit for bit torch's index_select then .float(), special
-    values included; float16 rows take torch's two steps, with the same result."""
+def test_rows_stored_in_half_precision_are_gathered_as_the_float32_upcast_gives_them(switch):
+    """One pass (gather and widen) for bfloat16 and float16 features, bit for bit torch's index_select then .float():
+    every one of the 65536 values of each (subnormals, infinities, NaNs), and many rows on two threads."""
     from hpcgnn.data.graph import Graph
     from hpcgnn.sampling.loader import LocalFeatures
 
@@ -178,12 +178,16 @@ def test_rows_stored_as_bfloat16_are_gathered_as_the_float32_upcast_gives_them(s
     x = torch.randn(50_000, 24, generator=gen).mul_(1e3)
     x[0, :6] = torch.tensor([float("nan"), float("inf"), -float("inf"), -0.0, 1e-40, -1e-39])  # subnormals
     index = torch.cat([torch.tensor([0]), torch.randint(0, 50_000, (40_000,), generator=gen)])
+    every_value = torch.arange(-2**15, 2**15, dtype=torch.int32).to(torch.int16)
+    by_32, by_5 = every_value.view(2048, 32), every_value[:65535].view(13107, 5)  # rows of 5: a row's last few
     for on in (False, True):
         switch(on)
-        for src in (x.bfloat16(), x.half()):
-            out = torch.empty(index.numel(), 24)
-            got = native.gather_rows(src, index, out)
-            want = src.index_select(0, index).float()
+        for src in (x.bfloat16(), x.half(), *(t.view(dtype) for t in (by_32, by_5)
+                                               for dtype in (torch.bfloat16, torch.float16))):
+            idx = index if src.size(0) == x.size(0) else torch.randperm(src.size(0), generator=gen)
+            out = torch.empty(idx.numel(), src.size(1))
+            got = native.gather_rows(src, idx, out)
+            want = src.index_select(0, idx).float()
             assert got is out and torch.equal(got.view(torch.int32), want.view(torch.int32))  # bits, NaN too
     with pytest.raises(IndexError, match="index 50000 is out of range for 50000 rows"):
         native.gather_rows(x.bfloat16(), torch.tensor([1, 50_000, 2]), torch.empty(3, 24))

@@ -115,7 +115,7 @@ class LocalTypedFeatures:
 
 def gather_rows(src: Tensor, index: Tensor, pin_memory: bool = False, dtype: torch.dtype | None = None) -> Tensor:
     """``src.index_select(0, index)``, as ``dtype`` (default ``src``'s): on the host by the C kernels where they are
-    (each row asked for from memory ahead of its copy; bfloat16 rows widened to float32 in the same pass:
+    (each row asked for from memory ahead of its copy; bfloat16 or float16 rows widened to float32 in the same pass:
     :func:`hpcgnn.sampling.native.gather_rows`); with ``pin_memory`` written into a page-locked buffer from the
     CUDA host allocator's cache, with no second copy."""
     dtype = dtype or src.dtype

@@ -47,7 +47,8 @@ SIGNATURES = {  # name: (result, arguments)
     "hpcgnn_hash_get": (None, (_P, _P, _I64, _P, _I64, _P, _I64, _INT)),
     "hpcgnn_hash_number": (None, (_P, _P, _I64, _P, _I64, _I64, _I64, _INT)),
     "hpcgnn_gather_rows": (_I64, (_P, _I64, _I64, _P, _I64, _P, _I64, _P, _INT)),
-    "hpcgnn_gather_rows_bf16": (_I64, (_P, _I64, _I64, _P, _I64, _P, _I64, _P, _INT)),
+    "hpcgnn_gather_rows_wide": (_I64, (_P, _I64, _I64, _INT, _P, _I64, _P, _I64, _P, _INT)),
+    "hpcgnn_f16c": (_INT, ()),
 }
 CHUNK = 4096  # items per chunk of work (at most MAX_CHUNKS chunks), which the kernels' threads take in turn
 MAX_CHUNKS = 256
@@ -270,12 +271,18 @@ class HashTable:
         self.count = 0
 
 
+def f16c() -> bool:
+    """Whether the kernels can widen float16 rows by the CPU's own conversion (x86's F16C)."""
+    lib = kernels()
+    return lib is not None and bool(lib.hpcgnn_f16c())
+
+
 def gather_rows(src: Tensor, index: Tensor, out: Tensor) -> Tensor:
     """``torch.index_select(src, 0, index, out=out)``, into ``out``'s dtype (``src``'s, or float32 from rows stored
-    as bfloat16, widened on the way: one pass instead of a gather and an upcast). In C where it can (host tensors,
-    ``src`` and ``out`` contiguous, the kernels here), on this thread's budget of threads, the rows asked for from
-    memory ahead of their copy; else by torch."""
-    widen = src.dtype == torch.bfloat16 and out.dtype == torch.float32
+    as bfloat16, or float16 where the CPU converts it (:func:`f16c`), widened on the way, bit for bit as
+    ``.float()``: one pass instead of a gather and an upcast). In C where it can (host tensors, ``src`` and ``out`` contiguous, the kernels here), on this thread's
+    budget of threads, the rows asked for from memory ahead of their copy; else by torch."""
+    widen = out.dtype == torch.float32 and (src.dtype == torch.bfloat16 or src.dtype == torch.float16 and f16c())
     if not (src.is_contiguous() and out.is_contiguous() and src.dim() >= 1 and (out.dtype == src.dtype or widen)
             and usable(src, index, out)) or out.shape != (index.numel(), *src.shape[1:]):
         if out.dtype == src.dtype:
@@ -286,8 +293,8 @@ def gather_rows(src: Tensor, index: Tensor, out: Tensor) -> Tensor:
     scratch = torch.empty(chunks, dtype=torch.long)
     row = src[0].numel() if src.size(0) else 0
     if widen:
-        bad = kernels().hpcgnn_gather_rows_bf16(_ptr(src), src.size(0), row, _ptr(index), index.numel(), _ptr(out),
-                                                chunks, _ptr(scratch), threads())
+        bad = kernels().hpcgnn_gather_rows_wide(_ptr(src), src.size(0), row, int(src.dtype == torch.float16), _ptr(index),
+                                                index.numel(), _ptr(out), chunks, _ptr(scratch), threads())
     else:
         bad = kernels().hpcgnn_gather_rows(_ptr(src), src.size(0), row * src.element_size(), _ptr(index), index.numel(),
                                            _ptr(out), chunks, _ptr(scratch), threads())
