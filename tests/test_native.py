@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import pickle
+import platform
 import shutil
 from pathlib import Path
 
@@ -323,3 +324,18 @@ def test_a_compiler_with_flags_of_its_own_builds_its_own_library(tmp_path):
     """CC may carry flags ("cc -O2"): they are passed, and key the library apart from plain cc's."""
     plain, flagged = native.build(cache=tmp_path), native.build(cache=tmp_path, compiler="cc -DHPCGNN_FLAGGED")
     assert plain != flagged and native.load(flagged).hpcgnn_hop_fill is not None
+
+
+@needs_cc
+def test_a_compiler_that_cannot_build_the_f16c_conversion_still_builds_the_kernels(tmp_path):
+    """An older compiler may not know F16C's intrinsics: the kernels are built without them, and float16 rows take
+    torch's gather and upcast (bfloat16 rows still one pass)."""
+    old = tmp_path / "old-cc"
+    old.write_text('#!/bin/sh\ncase " $* " in *" --version "*|*" -DHPCGNN_NO_F16C "*) exec cc "$@";; esac\n'
+                   'echo "error: unknown target attribute f16c" >&2\nexit 1\n')
+    old.chmod(0o755)
+    lib = native.load(native.build(cache=tmp_path / "cache", compiler=str(old)))
+    assert lib.hpcgnn_f16c() == 0 and lib.hpcgnn_gather_rows_wide is not None
+    cpu = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    has = platform.machine() in ("x86_64", "i686") and " f16c" in cpu and " avx" in cpu
+    assert native.load(native.build(cache=tmp_path / "plain")).hpcgnn_f16c() == int(has)

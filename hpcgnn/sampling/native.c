@@ -520,7 +520,8 @@ static inline uint32_t f16_widened(uint16_t h) {
     return sign | (two_w < (1u << 27) ? f32_bits(denormalized) : f32_bits(normalized));
 }
 
-#if defined(__x86_64__) || defined(__i386__)
+#if (defined(__x86_64__) || defined(__i386__)) && !defined(HPCGNN_NO_F16C) /* (set by native.py where this fails) */
+#include <cpuid.h>
 #include <immintrin.h>
 /* float16 rows by the CPU's own conversion (F16C: eight values an instruction, the same bits as the arithmetic
  * above, which widens the last few of a row), where the CPU has it: the arithmetic alone, on this build's portable
@@ -532,9 +533,14 @@ __attribute__((target("avx,f16c"))) static void f16_row_f16c(const uint16_t *s, 
     for (; j < cols; j++) o[j] = f16_widened(s[j]);
 }
 
+/* Whether the CPU has F16C and AVX and the OS keeps the AVX registers (cpuid and xgetbv: older compilers' builtins
+ * do not all know "f16c"). */
 int hpcgnn_f16c(void) {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
+    unsigned a, b, c, d, lo, hi;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return 0;
+    if (!(c & (1u << 27)) || !(c & (1u << 28)) || !(c & (1u << 29))) return 0; /* OSXSAVE, AVX, F16C */
+    __asm__ __volatile__("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return (lo & 6u) == 6u; /* the XMM and YMM states enabled */
 }
 #else /* (not called: hpcgnn_f16c() says no, and the rows take torch's two steps) */
 static void f16_row_f16c(const uint16_t *s, uint32_t *o, size_t cols) {

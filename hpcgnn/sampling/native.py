@@ -98,6 +98,9 @@ def build(cache: Path | None = None, compiler: str | None = None) -> Path:
     os.close(fd)
     try:  # built aside, then renamed: ranks building at once each leave a whole library
         res = subprocess.run([*command, *FLAGS, str(SOURCE), "-o", tmp], capture_output=True, text=True, timeout=120)
+        if res.returncode:  # an older compiler may not know F16C's intrinsics: without them (float16 rows by torch)
+            res = subprocess.run([*command, *FLAGS, "-DHPCGNN_NO_F16C", str(SOURCE), "-o", tmp], capture_output=True,
+                                 text=True, timeout=120)
         if res.returncode:
             raise NativeUnavailable(f"{compiler} failed: {res.stderr.strip()[-500:]}")
         os.replace(tmp, lib)
