@@ -194,9 +194,16 @@ def test_rows_stored_in_half_precision_are_gathered_as_the_float32_upcast_gives_
         native.gather_rows(x.bfloat16(), torch.tensor([1, 50_000, 2]), torch.empty(3, 24))
     graph = Graph(torch.zeros(50_001, dtype=torch.long), torch.empty(0, dtype=torch.long), x.bfloat16(),
                   torch.arange(50_000), torch.arange(10), torch.arange(0), torch.arange(0), 2)
-    batch_x, _ = LocalFeatures(graph).gather(index, 10)
-    assert batch_x.dtype == torch.float32 and torch.equal(batch_x.view(torch.int32),
-                                                          x.bfloat16()[index].float().view(torch.int32))
+    slot = []
+
+    def into_slot(shape, dtype):  # what a sampler process's slot hands out
+        slot.append(torch.empty(shape, dtype=dtype))
+        return slot[-1]
+
+    for batch_x, _ in (LocalFeatures(graph).gather(index, 10), LocalFeatures(graph).gather(index, 10, alloc=into_slot)):
+        assert batch_x.dtype == torch.float32 and torch.equal(batch_x.view(torch.int32),
+                                                              x.bfloat16()[index].float().view(torch.int32))
+    assert batch_x is slot[0]
 
 
 def test_a_threads_budget_holds_for_its_thread_only():
