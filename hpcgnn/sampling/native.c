@@ -584,8 +584,8 @@ static void wide_rows_chunk(void *ctx, int64_t c) {
 }
 
 /* Rows index[:n] of src (rows x cols; bfloat16, or float16 where half, for CPUs where hpcgnn_f16c() says yes)
- * into out (n x cols float32); returns 0,
- * or -1 - i for an index outside [0, rows). chunk_bad: scratch of `chunks` entries. */
+ * into out (n x cols float32); returns 0, or -1 - i for an index outside [0, rows). chunk_bad: scratch of
+ * `chunks` entries. */
 int64_t hpcgnn_gather_rows_wide(const void *src, int64_t rows, int64_t cols, int half, const int64_t *index, int64_t n,
                                 void *out, int64_t chunks, int64_t *chunk_bad, int threads) {
     struct wide_rows k = {(const uint16_t *)src, (uint32_t *)out, index, rows, cols, n, chunks, chunk_bad, half};
