@@ -271,7 +271,7 @@ def test_a_message_to_a_sampler_process_that_has_ended_fails_the_rank_naming_it(
 
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
-def test_sigterm_stops_the_samplers_with_no_orphan_and_nothing_in_dev_shm(sig, tmp_path):
+def test_sigterm_or_ctrl_c_stops_the_samplers_leaving_no_orphan_nothing_in_dev_shm_and_no_warning(sig, tmp_path):
     """SIGTERM or Ctrl-C to a local run: the launcher stops its rank with SIGTERM, which ends it there and then (no
     clean exit); its samplers end with it, and nothing is left for multiprocessing's resource tracker to warn of (it
     did, of the queues' named semaphores: "There appear to be 6 leaked semaphore objects to clean up at shutdown")."""
