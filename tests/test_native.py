@@ -206,6 +206,28 @@ def test_rows_stored_in_half_precision_are_gathered_as_the_float32_upcast_gives_
     assert batch_x is slot[0]
 
 
+@needs_cc
+def test_rows_gathered_into_given_places_are_those_torch_puts_there(switch):
+    """``out[at] = src[index]`` (a partitioned rank's batch: its own rows, cached rows and fetched rows each written
+    once where they belong), widened where the rows are stored in half precision; places outside ``out`` refused."""
+    gen = torch.Generator().manual_seed(8)
+    x = torch.randn(20_000, 24, generator=gen)
+    index = torch.randint(0, 20_000, (30_000,), generator=gen)
+    at = torch.randperm(50_000, generator=gen)[:30_000]  # distinct places in a batch of 50k rows
+    for on in (False, True):
+        switch(on)
+        for src, dtype in ((x, torch.float32), (x.bfloat16(), torch.float32), (x.half(), torch.float32),
+                           (x.bfloat16(), torch.bfloat16)):
+            out = torch.zeros(50_000, 24, dtype=dtype)
+            want = out.clone()
+            want[at] = src[index].to(dtype)
+            assert native.gather_rows(src, index, out, at=at) is out and torch.equal(out, want)
+        with pytest.raises(IndexError, match=r"a place in rows 0..49999 of out is outside them"):
+            native.gather_rows(x, index[:2], torch.empty(50_000, 24), at=torch.tensor([3, 50_000]))
+        with pytest.raises(ValueError, match="1 places for 2 rows"):
+            native.gather_rows(x, index[:2], torch.empty(50_000, 24), at=torch.tensor([3]))
+
+
 def test_a_threads_budget_holds_for_its_thread_only():
     import threading
 

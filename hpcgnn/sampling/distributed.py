@@ -22,6 +22,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from hpcgnn.partition import Parts
+from hpcgnn.sampling import native
 from hpcgnn.sampling.neighbor import CSRNeighborSampler, sample_neighbors
 
 
@@ -216,22 +217,25 @@ class PartitionedFeatures:
         mine = owner == view.rank
         if self.labels and not bool(mine[:batch_size].all()):
             raise ValueError("seeds must be owned by the sampling rank")
-        x = parts.x.new_empty((n_id.numel(), parts.x.size(1)))
+        # Batches are float32; rows are stored, cached and sent in the stored dtype (float16/bfloat16: half the
+        # bytes), and each is widened as it is written to its place in the batch, once (native.gather_rows).
+        x = torch.empty((n_id.numel(), parts.x.size(1)))
         idx_mine = mine.nonzero().flatten()
-        x[idx_mine] = parts.x.index_select(0, view.row(n_id.index_select(0, idx_mine)))
+        native.gather_rows(parts.x, view.row(n_id.index_select(0, idx_mine)), x, at=idx_mine)
         remote = (~mine).nonzero().flatten()
         stats.remote_rows += remote.numel()
         if self.cache_ids.numel() and remote.numel():
             ids = n_id.index_select(0, remote)
             pos = torch.searchsorted(self.cache_ids, ids).clamp_(max=self.cache_ids.numel() - 1)
             hit = self.cache_ids.index_select(0, pos) == ids
-            x[remote[hit]] = self.cache_x.index_select(0, pos[hit])
+            native.gather_rows(self.cache_x, pos[hit], x, at=remote[hit])
             stats.cache_hits += int(hit.sum())
             remote = remote[~hit]
         ids = n_id.index_select(0, remote)
-        x[remote] = self.fetch(ids, owner.index_select(0, remote))
+        fetched = self.fetch(ids, owner.index_select(0, remote))
+        native.gather_rows(fetched, torch.arange(fetched.size(0)), x, at=remote)
         y = parts.y.index_select(0, view.row(n_id[:batch_size])) if self.labels else parts.y[:0]
-        return x.float(), y  # rows travel in the stored dtype (float16/bfloat16: half the bytes), batches in float32
+        return x, y
 
     def fill_cache(self, ids: Tensor) -> None:
         """Cache the features of ``ids`` (non-owned); collective: every rank calls it once."""

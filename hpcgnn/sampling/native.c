@@ -454,13 +454,13 @@ void hpcgnn_hash_number(int64_t *keys, int64_t *vals, int64_t capacity, int64_t 
 }
 
 /* ------------------------------------------------------------------------------------------------------
- * Feature rows: out[i] = src[index[i]], rows of row_bytes. A row's cache lines are asked for AHEAD rows
- * before it is copied, so many rows are on their way from memory at once. */
+ * Feature rows: out[at[i]] = src[index[i]] (at NULL: out[i]), rows of row_bytes. A row's cache lines are asked
+ * for AHEAD rows before it is copied, so many rows are on their way from memory at once. */
 
 struct rows {
     const char *src;
     char *out;
-    const int64_t *index;
+    const int64_t *index, *at;
     int64_t rows, row_bytes, n, chunks, *chunk_bad;
 };
 
@@ -480,15 +480,16 @@ static void rows_chunk(void *ctx, int64_t c) {
             k->chunk_bad[c] = -1 - i;
             return;
         }
-        memcpy(k->out + (size_t)i * size, k->src + (size_t)r * size, size);
+        memcpy(k->out + (size_t)(k->at ? k->at[i] : i) * size, k->src + (size_t)r * size, size);
     }
 }
 
-/* Copies rows index[:n] of src (rows x row_bytes) into out; returns 0, or -1 - i for an index outside
- * [0, rows) (out then holds only some of the rows). chunk_bad: scratch of `chunks` entries. */
+/* Copies rows index[:n] of src (rows x row_bytes) into out, at rows at[:n] of it (NULL: rows 0..n-1; the caller
+ * checks them); returns 0, or -1 - i for an index outside [0, rows) (out then holds only some of the rows).
+ * chunk_bad: scratch of `chunks` entries. */
 int64_t hpcgnn_gather_rows(const void *src, int64_t rows, int64_t row_bytes, const int64_t *index, int64_t n, void *out,
-                           int64_t chunks, int64_t *chunk_bad, int threads) {
-    struct rows k = {(const char *)src, (char *)out, index, rows, row_bytes, n, chunks, chunk_bad};
+                           const int64_t *at, int64_t chunks, int64_t *chunk_bad, int threads) {
+    struct rows k = {(const char *)src, (char *)out, index, at, rows, row_bytes, n, chunks, chunk_bad};
     for (int64_t c = 0; c < chunks; c++) chunk_bad[c] = 0;
     parallel_chunks(threads, chunks, rows_chunk, &k);
     for (int64_t c = 0; c < chunks; c++)
@@ -553,7 +554,7 @@ int hpcgnn_f16c(void) { return 0; }
 struct wide_rows {
     const uint16_t *src;
     uint32_t *out; /* float32 bits */
-    const int64_t *index;
+    const int64_t *index, *at;
     int64_t rows, cols, n, chunks, *chunk_bad;
     int half; /* float16 rows (else bfloat16) */
 };
@@ -575,7 +576,7 @@ static void wide_rows_chunk(void *ctx, int64_t c) {
             return;
         }
         const uint16_t *s = k->src + (size_t)r * cols;
-        uint32_t *o = k->out + (size_t)i * cols;
+        uint32_t *o = k->out + (size_t)(k->at ? k->at[i] : i) * cols;
         if (k->half)
             f16_row_f16c(s, o, cols);
         else
@@ -584,11 +585,11 @@ static void wide_rows_chunk(void *ctx, int64_t c) {
 }
 
 /* Rows index[:n] of src (rows x cols; bfloat16, or float16 where half, for CPUs where hpcgnn_f16c() says yes)
- * into out (n x cols float32); returns 0, or -1 - i for an index outside [0, rows). chunk_bad: scratch of
- * `chunks` entries. */
+ * into out (float32 rows of cols), at rows at[:n] of it as hpcgnn_gather_rows puts them; returns 0, or -1 - i for
+ * an index outside [0, rows). chunk_bad: scratch of `chunks` entries. */
 int64_t hpcgnn_gather_rows_wide(const void *src, int64_t rows, int64_t cols, int half, const int64_t *index, int64_t n,
-                                void *out, int64_t chunks, int64_t *chunk_bad, int threads) {
-    struct wide_rows k = {(const uint16_t *)src, (uint32_t *)out, index, rows, cols, n, chunks, chunk_bad, half};
+                                void *out, const int64_t *at, int64_t chunks, int64_t *chunk_bad, int threads) {
+    struct wide_rows k = {(const uint16_t *)src, (uint32_t *)out, index, at, rows, cols, n, chunks, chunk_bad, half};
     for (int64_t c = 0; c < chunks; c++) chunk_bad[c] = 0;
     parallel_chunks(threads, chunks, wide_rows_chunk, &k);
     for (int64_t c = 0; c < chunks; c++)

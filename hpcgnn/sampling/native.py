@@ -46,8 +46,8 @@ SIGNATURES = {  # name: (result, arguments)
     "hpcgnn_hash_insert": (_I64, (_P, _P, _I64, _P, _P, _I64, _P, _I64, _I64, _P, _INT)),
     "hpcgnn_hash_get": (None, (_P, _P, _I64, _P, _I64, _P, _I64, _INT)),
     "hpcgnn_hash_number": (None, (_P, _P, _I64, _P, _I64, _I64, _I64, _INT)),
-    "hpcgnn_gather_rows": (_I64, (_P, _I64, _I64, _P, _I64, _P, _I64, _P, _INT)),
-    "hpcgnn_gather_rows_wide": (_I64, (_P, _I64, _I64, _INT, _P, _I64, _P, _I64, _P, _INT)),
+    "hpcgnn_gather_rows": (_I64, (_P, _I64, _I64, _P, _I64, _P, _P, _I64, _P, _INT)),
+    "hpcgnn_gather_rows_wide": (_I64, (_P, _I64, _I64, _INT, _P, _I64, _P, _P, _I64, _P, _INT)),
     "hpcgnn_f16c": (_INT, ()),
 }
 CHUNK = 4096  # items per chunk of work (at most MAX_CHUNKS chunks), which the kernels' threads take in turn
@@ -280,14 +280,25 @@ def f16c() -> bool:
     return lib is not None and bool(lib.hpcgnn_f16c())
 
 
-def gather_rows(src: Tensor, index: Tensor, out: Tensor) -> Tensor:
+def gather_rows(src: Tensor, index: Tensor, out: Tensor, at: Tensor | None = None) -> Tensor:
     """``torch.index_select(src, 0, index, out=out)``, into ``out``'s dtype (``src``'s, or float32 from rows stored
     as bfloat16, or float16 where the CPU converts it (:func:`f16c`), widened on the way, bit for bit as
-    ``.float()``: one pass instead of a gather and an upcast). In C where it can (host tensors, ``src`` and ``out`` contiguous, the kernels here), on this thread's
-    budget of threads, the rows asked for from memory ahead of their copy; else by torch."""
+    ``.float()``: one pass instead of a gather and an upcast). ``at``: the rows of ``out`` they go to
+    (``out[at] = src[index]``; default: all of ``out``, in order). In C where it can (host tensors, ``src`` and
+    ``out`` contiguous, the kernels here), on this thread's budget of threads, the rows asked for from memory ahead
+    of their copy; else by torch."""
+    if at is not None:
+        at = at.long().contiguous()
+        if at.numel() != index.numel():
+            raise ValueError(f"{at.numel()} places for {index.numel()} rows")
+        if at.numel() and (int(at.min()) < 0 or int(at.max()) >= out.size(0)):
+            raise IndexError(f"a place in rows 0..{out.size(0) - 1} of out is outside them")
     widen = out.dtype == torch.float32 and (src.dtype == torch.bfloat16 or src.dtype == torch.float16 and f16c())
+    rows = index.numel() if at is None else out.size(0)
     if not (src.is_contiguous() and out.is_contiguous() and src.dim() >= 1 and (out.dtype == src.dtype or widen)
-            and usable(src, index, out)) or out.shape != (index.numel(), *src.shape[1:]):
+            and usable(src, index, out)) or out.shape != (rows, *src.shape[1:]):
+        if at is not None:
+            return out.index_copy_(0, at, src.index_select(0, index).to(out.dtype))
         if out.dtype == src.dtype:
             return torch.index_select(src, 0, index, out=out)
         return out.copy_(src.index_select(0, index))
@@ -295,12 +306,13 @@ def gather_rows(src: Tensor, index: Tensor, out: Tensor) -> Tensor:
     chunks = _chunks(index.numel())
     scratch = torch.empty(chunks, dtype=torch.long)
     row = src[0].numel() if src.size(0) else 0
+    places = _ptr(at) if at is not None else None
     if widen:
         bad = kernels().hpcgnn_gather_rows_wide(_ptr(src), src.size(0), row, int(src.dtype == torch.float16), _ptr(index),
-                                                index.numel(), _ptr(out), chunks, _ptr(scratch), threads())
+                                                index.numel(), _ptr(out), places, chunks, _ptr(scratch), threads())
     else:
         bad = kernels().hpcgnn_gather_rows(_ptr(src), src.size(0), row * src.element_size(), _ptr(index), index.numel(),
-                                           _ptr(out), chunks, _ptr(scratch), threads())
+                                           _ptr(out), places, chunks, _ptr(scratch), threads())
     if bad < 0:
         raise IndexError(f"index {int(index[-1 - bad])} is out of range for {src.size(0)} rows")
     return out
