@@ -291,7 +291,8 @@ def gather_rows(src: Tensor, index: Tensor, out: Tensor, at: Tensor | None = Non
         at = at.long().contiguous()
         if at.numel() != index.numel():
             raise ValueError(f"{at.numel()} places for {index.numel()} rows")
-        if at.numel() and (int(at.min()) < 0 or int(at.max()) >= out.size(0)):
+        low, high = torch.aminmax(at) if at.numel() else (0, 0)  # one pass over the places
+        if at.numel() and (int(low) < 0 or int(high) >= out.size(0)):
             raise IndexError(f"a place in rows 0..{out.size(0) - 1} of out is outside them")
     widen = out.dtype == torch.float32 and (src.dtype == torch.bfloat16 or src.dtype == torch.float16 and f16c())
     rows = index.numel() if at is None else out.size(0)
