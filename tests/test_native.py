@@ -72,8 +72,9 @@ def test_kernels_sample_the_torch_ops_batches(switch, graph, col_dtype, fanouts)
     for a, b in zip(*both(switch, batches), strict=True):
         assert torch.equal(a.n_id, b.n_id) and torch.equal(a.edge_index, b.edge_index)
         assert a.num_sampled_nodes == b.num_sampled_nodes and a.num_sampled_edges == b.num_sampled_edges
-    local = sampler._local
-    assert bool((local.table == -1).all()) and not bool(local._mark.any()) and not bool(local._state.any())
+    local = sampler._local  # empty between batches (its table's entries are stale: the state says none is held)
+    assert bool((local.get(torch.arange(graph.num_nodes)) == -1).all())
+    assert not bool(local._mark.any()) and not bool(local._state.any())
 
 
 @needs_cc
@@ -272,6 +273,9 @@ def test_kernels_refuse_ids_outside_the_graph(switch, graph):
         ids_map.add_new([torch.tensor([1, 2]), torch.tensor([3, 100])], 1)
     # the marks the first list made are gone; the id in the map keeps its state
     assert ids_map._state.nonzero().flatten().tolist() == [7] and int(ids_map._state[7]) == 2
+    assert ids_map.get(torch.tensor([7, 3, 99])).tolist() == [0, -1, -1]  # looked up in C, by the state
+    with pytest.raises(IndexError, match="id 100 is out of range for a map of 100 ids"):
+        ids_map.get(torch.tensor([7, 100]))
 
 
 @needs_cc

@@ -341,6 +341,43 @@ int64_t hpcgnn_number_found(int64_t *table, uint8_t *mark, int64_t size, int64_t
     return k.count;
 }
 
+struct lookup {
+    const int64_t *table, *ids;
+    const uint8_t *mark;
+    int64_t size, n, chunks;
+    int64_t *out, *chunk_bad;
+};
+
+static void lookup_chunk(void *ctx, int64_t c) {
+    const struct lookup *k = (const struct lookup *)ctx;
+    const int64_t *restrict table = k->table, *restrict ids = k->ids;
+    const uint8_t *restrict mark = k->mark;
+    int64_t *restrict out = k->out;
+    const uint64_t size = (uint64_t)k->size;
+    int64_t i = chunk_start(k->n, k->chunks, c), end = chunk_start(k->n, k->chunks, c + 1);
+    k->chunk_bad[c] = 0;
+    for (; i < end; i++) {
+        int64_t id = ids[i];
+        if ((uint64_t)id >= size) {
+            k->chunk_bad[c] = -1 - i;
+            return;
+        }
+        out[i] = table[id] | -(int64_t)(mark[id] != 2); /* -1 outside the map, with no branch */
+    }
+}
+
+/* A dense map's lookups: out[i] = table[ids[i]] where the id is in the map (its state 2), else -1. The table
+ * itself is not cleared between batches (only the state bytes are), so an entry outside the map is stale.
+ * Returns 0, or -1 - the index of an id outside [0, size). chunk_bad: scratch of `chunks` entries. */
+int64_t hpcgnn_dense_get(const int64_t *table, const uint8_t *mark, int64_t size, const int64_t *ids, int64_t n,
+                         int64_t *out, int64_t chunks, int64_t *chunk_bad, int threads) {
+    struct lookup k = {table, ids, mark, size, n, chunks, out, chunk_bad};
+    parallel_chunks(threads, chunks, lookup_chunk, &k);
+    for (int64_t c = 0; c < chunks; c++)
+        if (chunk_bad[c]) return chunk_bad[c];
+    return 0;
+}
+
 /* ------------------------------------------------------------------------------------------------------
  * A batch's id map as a hash table: a partitioned rank's, whose memory follows the batch, not the graph.
  * Open addressing with linear probing; keys are -1 where empty. The capacity is a power of two and at

@@ -43,6 +43,7 @@ SIGNATURES = {  # name: (result, arguments)
     "hpcgnn_hop_fill": (None, (_P, _P, _INT, _P, _I64, _I64, _I64, _P, _P, _I64, _I64, _P, _P, _INT)),
     "hpcgnn_mark_new": (_I64, (_P, _I64, _P, _I64, _P, _I64, _I64, _P, _INT)),
     "hpcgnn_number_found": (_I64, (_P, _P, _I64, _P, _I64, _I64, _I64, _P, _INT)),
+    "hpcgnn_dense_get": (_I64, (_P, _P, _I64, _P, _I64, _P, _I64, _P, _INT)),
     "hpcgnn_hash_insert": (_I64, (_P, _P, _I64, _P, _P, _I64, _P, _I64, _I64, _P, _INT)),
     "hpcgnn_hash_get": (None, (_P, _P, _I64, _P, _I64, _P, _I64, _INT)),
     "hpcgnn_hash_number": (None, (_P, _P, _I64, _P, _I64, _I64, _I64, _INT)),
@@ -189,6 +190,21 @@ def number_new(table: Tensor, state: Tensor, candidates: list[Tensor], total: in
     count = lib.hpcgnn_number_found(_ptr(table), _ptr(state), table.numel(), _ptr(found), count, total,
                                     _chunks(max(count, table.numel() // 16)), _ptr(per_chunk), n_threads)
     return found[:count]
+
+
+def dense_get(table: Tensor, state: Tensor, ids: Tensor) -> Tensor:
+    """A dense map's lookups (``DenseIdMap.get`` once :func:`number_new` keeps its state): ``table[ids]`` where
+    an id is in the map (its state 2), else -1, whatever the table holds there (it is not cleared between
+    batches: the state is)."""
+    ids = ids.long().contiguous()
+    out = torch.empty_like(ids)
+    chunks = _chunks(ids.numel())
+    scratch = torch.empty(chunks, dtype=torch.long)
+    bad = kernels().hpcgnn_dense_get(_ptr(table), _ptr(state), table.numel(), _ptr(ids), ids.numel(), _ptr(out),
+                                     chunks, _ptr(scratch), threads())
+    if bad < 0:
+        raise IndexError(f"id {int(ids[-1 - bad])} is out of range for a map of {table.numel()} ids")
+    return out
 
 
 class HashTable:
