@@ -276,6 +276,8 @@ def test_kernels_refuse_ids_outside_the_graph(switch, graph):
     assert ids_map.get(torch.tensor([7, 3, 99])).tolist() == [0, -1, -1]  # looked up in C, by the state
     with pytest.raises(IndexError, match="id 100 is out of range for a map of 100 ids"):
         ids_map.get(torch.tensor([7, 100]))
+    with pytest.raises(ValueError, match=r"out must be a contiguous int64 tensor of shape \(2,\)"):
+        native.dense_get(ids_map.table, ids_map._state, torch.tensor([7, 3]), torch.empty(2, dtype=torch.int32))
 
 
 @needs_cc

@@ -96,7 +96,7 @@ struct hop {
     const int64_t *rowptr, *nodes, *chunk_slot, *chunk_big;
     const void *col;
     int col_is_int32;
-    int64_t m, fanout, chunks, nbig;
+    int64_t m, fanout, chunks, nbig, row_base;
     uint64_t key;
     int64_t *row_out, *nbr_out;
 };
@@ -117,7 +117,7 @@ static void hop_chunk(void *ctx, int64_t c) {
         /* First the block's positions in col, written where its neighbours go, each asked for at once... */
         for (int64_t i = block; i < block_end; i++) {
             if (i + 2 * BLOCK < end) PREFETCH(rowptr + nodes[i + 2 * BLOCK]); /* the block after next's rows */
-            int64_t start = rowptr[nodes[i]], deg = rowptr[nodes[i] + 1] - start;
+            int64_t start = rowptr[nodes[i]], deg = rowptr[nodes[i] + 1] - start, row = h->row_base + i;
             if (deg > fanout) {
                 for (int64_t j = 0; j < fanout; j++) {
                     int64_t top = deg - fanout + j;
@@ -134,7 +134,7 @@ static void hop_chunk(void *ctx, int64_t c) {
                 for (int64_t j = 0; j < fanout; j++) {
                     int64_t p = start + drawn[j];
                     PREFETCH(h->col_is_int32 ? (const void *)(col32 + p) : (const void *)(col64 + p));
-                    h->row_out[slot] = i;
+                    h->row_out[slot] = row;
                     h->nbr_out[slot++] = p;
                 }
                 b++;
@@ -142,7 +142,7 @@ static void hop_chunk(void *ctx, int64_t c) {
                 for (int64_t j = 0; j < deg; j += 8) /* a line holds 16 int32 or 8 int64 entries */
                     PREFETCH(h->col_is_int32 ? (const void *)(col32 + start + j) : (const void *)(col64 + start + j));
                 for (int64_t j = 0; j < deg; j++) {
-                    h->row_out[slot] = i;
+                    h->row_out[slot] = row;
                     h->nbr_out[slot++] = start + j;
                 }
             }
@@ -156,16 +156,16 @@ static void hop_chunk(void *ctx, int64_t c) {
     free(drawn);
 }
 
-/* One hop: for node i, row = i and nbr = its neighbours, all of them (deg <= fanout) or the
+/* One hop: for node i, row = row_base + i and nbr = its neighbours, all of them (deg <= fanout) or the
  * subset Floyd's algorithm draws from the uniform numbers u[j, b] (number j * nbig + b of the hop's
  * key, for the b-th drawing node): at step j, t = min(floor(u * (top + 1)), top) with
  * top = deg - fanout + j; t if not drawn before, else top (neighbor.floyd_sample). Chunks as
  * hpcgnn_hop_plan cut them. */
 void hpcgnn_hop_fill(const int64_t *rowptr, const void *col, int col_is_int32, const int64_t *nodes, int64_t m,
                      int64_t fanout, int64_t chunks, const int64_t *chunk_slot, const int64_t *chunk_big,
-                     int64_t key, int64_t nbig, int64_t *row_out, int64_t *nbr_out, int threads) {
-    struct hop h = {rowptr, nodes, chunk_slot, chunk_big, col, col_is_int32, m, fanout, chunks, nbig, (uint64_t)key,
-                    row_out, nbr_out};
+                     int64_t key, int64_t nbig, int64_t row_base, int64_t *row_out, int64_t *nbr_out, int threads) {
+    struct hop h = {rowptr, nodes, chunk_slot, chunk_big, col, col_is_int32, m, fanout, chunks, nbig, row_base,
+                    (uint64_t)key, row_out, nbr_out};
     parallel_chunks(threads, chunks, hop_chunk, &h);
 }
 

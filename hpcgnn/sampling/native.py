@@ -40,7 +40,7 @@ FLAGS = ("-O3", "-std=gnu11", "-shared", "-fPIC", "-pthread")  # portable: no -m
 _I64, _P, _INT = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
 SIGNATURES = {  # name: (result, arguments)
     "hpcgnn_hop_plan": (_I64, (_P, _I64, _P, _I64, _I64, _I64, _P, _P)),
-    "hpcgnn_hop_fill": (None, (_P, _P, _INT, _P, _I64, _I64, _I64, _P, _P, _I64, _I64, _P, _P, _INT)),
+    "hpcgnn_hop_fill": (None, (_P, _P, _INT, _P, _I64, _I64, _I64, _P, _P, _I64, _I64, _I64, _P, _P, _INT)),
     "hpcgnn_mark_new": (_I64, (_P, _I64, _P, _I64, _P, _I64, _I64, _P, _INT)),
     "hpcgnn_number_found": (_I64, (_P, _P, _I64, _P, _I64, _I64, _I64, _P, _INT)),
     "hpcgnn_dense_get": (_I64, (_P, _P, _I64, _P, _I64, _P, _I64, _P, _INT)),
@@ -149,7 +149,7 @@ def _chunks(n: int) -> int:
 
 
 def sample_neighbors(rowptr: Tensor, col: Tensor, nodes: Tensor, fanout: int,
-                     generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
+                     generator: torch.Generator | None = None, row_start: int = 0) -> tuple[Tensor, Tensor]:
     """:func:`hpcgnn.sampling.neighbor.sample_neighbors` with Floyd's draws, in two passes of C."""
     from hpcgnn.sampling import neighbor
 
@@ -167,7 +167,7 @@ def sample_neighbors(rowptr: Tensor, col: Tensor, nodes: Tensor, fanout: int,
     row = torch.empty(slots, dtype=torch.long)
     nbr = torch.empty(slots, dtype=torch.long)
     lib.hpcgnn_hop_fill(_ptr(rowptr), _ptr(col), int(col.dtype == torch.int32), _ptr(nodes), m, fanout, chunks,
-                        _ptr(chunk_slot), _ptr(chunk_big), key, nbig, _ptr(row), _ptr(nbr),
+                        _ptr(chunk_slot), _ptr(chunk_big), key, nbig, row_start, _ptr(row), _ptr(nbr),
                         threads())
     return row, nbr
 
@@ -192,12 +192,15 @@ def number_new(table: Tensor, state: Tensor, candidates: list[Tensor], total: in
     return found[:count]
 
 
-def dense_get(table: Tensor, state: Tensor, ids: Tensor) -> Tensor:
+def dense_get(table: Tensor, state: Tensor, ids: Tensor, out: Tensor | None = None) -> Tensor:
     """A dense map's lookups (``DenseIdMap.get`` once :func:`number_new` keeps its state): ``table[ids]`` where
     an id is in the map (its state 2), else -1, whatever the table holds there (it is not cleared between
-    batches: the state is)."""
+    batches: the state is). ``out``: int64, contiguous, as long as ``ids``, written in place."""
     ids = ids.long().contiguous()
-    out = torch.empty_like(ids)
+    if out is None:
+        out = torch.empty_like(ids)
+    elif out.dtype != torch.long or not out.is_contiguous() or out.shape != ids.shape:
+        raise ValueError(f"out must be a contiguous int64 tensor of shape {tuple(ids.shape)}")
     chunks = _chunks(ids.numel())
     scratch = torch.empty(chunks, dtype=torch.long)
     bad = kernels().hpcgnn_dense_get(_ptr(table), _ptr(state), table.numel(), _ptr(ids), ids.numel(), _ptr(out),

@@ -42,6 +42,10 @@ class IdMap:
 
     device: torch.device | str | None
 
+    def get_into(self, ids: Tensor, out: Tensor) -> Tensor:
+        """``get(ids)`` written into ``out`` (a slice of a batch's edge index)."""
+        return out.copy_(self.get(ids))
+
     def add_new(self, candidates: list[Tensor], total: int) -> Tensor:
         """The distinct candidates not in the map, sorted, put as ``total``, ``total + 1``, ..."""
         new = self.fresh(torch.cat(candidates) if len(candidates) > 1 else candidates[0])
@@ -78,6 +82,11 @@ class DenseIdMap(IdMap):
         if native.usable(self.table, ids):
             return native.dense_get(self.table, self._state, ids)
         return torch.where(self._state.index_select(0, ids) == 2, self.table.index_select(0, ids), -1)
+
+    def get_into(self, ids: Tensor, out: Tensor) -> Tensor:
+        if self._state is not None and out.is_contiguous() and native.usable(self.table, ids, out):
+            return native.dense_get(self.table, self._state, ids, out)
+        return super().get_into(ids, out)
 
     def fresh(self, ids: Tensor) -> Tensor:
         """The distinct ids not in the map, sorted (what ``torch.unique`` of them gives). Many ids against a small
@@ -223,19 +232,22 @@ class CSRNeighborSampler(BaseSampler):
             for fanout in self.fanouts:
                 row, nbr = self.hop(frontier, fanout, generator)
                 new_nodes = local.add_new([nbr], total)  # sorted: deterministic local order
-                sources.append(local.get(nbr))
+                sources.append(nbr)  # global ids: looked up once the walk is done
                 targets.append(row.add_(first) if first else row)
                 num_edges.append(nbr.numel())
                 num_nodes.append(new_nodes.numel())
                 n_ids.append(new_nodes)
                 frontier, first, total = new_nodes, total, total + new_nodes.numel()
             n_id = torch.cat(n_ids)
+            edge_index = torch.empty(2, sum(num_edges), dtype=torch.long, device=dev)
+            at = 0
+            for nbr in sources:  # each row written once, in place: the sources' local ids straight into it
+                local.get_into(nbr, edge_index[0, at:at + nbr.numel()])
+                at += nbr.numel()
+            if targets:
+                torch.cat(targets, out=edge_index[1])
         finally:  # the ids put since the last clear: the batch's (one concatenation of them, not two)
             local.clear(n_id if n_id is not None else torch.cat(n_ids))
-        edge_index = torch.empty(2, sum(num_edges), dtype=torch.long, device=dev)
-        if sources:  # each row written once, in place (no stack, then cat, of 2 x edges)
-            torch.cat(sources, out=edge_index[0])
-            torch.cat(targets, out=edge_index[1])
         return SampledSubgraph(n_id, edge_index, seeds.numel(), tuple(num_nodes), tuple(num_edges))
 
     # -------------------------------------------------------------------- PyG's sampler protocol
@@ -261,11 +273,13 @@ class CSRNeighborSampler(BaseSampler):
 
 
 def sample_neighbors(rowptr: Tensor, col: Tensor, nodes: Tensor, fanout: int,
-                     generator: torch.Generator | None = None, method: str | None = None) -> tuple[Tensor, Tensor]:
+                     generator: torch.Generator | None = None, method: str | None = None,
+                     row_start: int = 0) -> tuple[Tensor, Tensor]:
     """Up to ``fanout`` distinct uniform neighbours of each node.
 
-    Returns ``(row, nbr)``: ``row[i]`` indexes ``nodes`` and ``nbr[i]`` is a global
-    neighbour id of ``nodes[row[i]]``. Rows come out in order. Nodes with at most
+    Returns ``(row, nbr)``: ``row[i] - row_start`` indexes ``nodes`` (``row_start``: the batch-local
+    id of ``nodes[0]``, a frontier's ids being one range) and ``nbr[i]`` is a global
+    neighbour id of ``nodes[row[i] - row_start]``. Rows come out in order. Nodes with at most
     ``fanout`` neighbours keep them all; the others draw ``fanout`` distinct offsets.
 
     ``method``: ``floyd``, Floyd's algorithm vectorised over rows: ``fanout`` small steps
@@ -280,7 +294,7 @@ def sample_neighbors(rowptr: Tensor, col: Tensor, nodes: Tensor, fanout: int,
     """
     device = rowptr.device
     if method in (None, "floyd") and native.usable(rowptr, col, nodes):
-        return native.sample_neighbors(rowptr, col, nodes, fanout, generator)  # the same draws, in C
+        return native.sample_neighbors(rowptr, col, nodes, fanout, generator, row_start)  # the same draws, in C
     start = rowptr.index_select(0, nodes)
     deg = rowptr.index_select(0, nodes + 1).sub_(start)
     take = deg.clamp(max=fanout)
@@ -299,7 +313,7 @@ def sample_neighbors(rowptr: Tensor, col: Tensor, nodes: Tensor, fanout: int,
         # ...but big rows own exactly `fanout` consecutive slots each, which read their drawn offsets.
         slots = (first.index_select(0, big).unsqueeze(1) + torch.arange(fanout, device=device)).view(-1)
         pos[slots] = offsets.add_(start.index_select(0, big).unsqueeze(1)).view(-1)
-    return row, col.index_select(0, pos).long()  # col may be stored as int32
+    return row.add_(row_start) if row_start else row, col.index_select(0, pos).long()  # col may be stored as int32
 
 
 KEYS_PER_SLOT = 4  # on a GPU: keys while the big rows' degrees sum to at most this many per sampled slot

@@ -82,8 +82,8 @@ class TypedNeighborSampler:
             if rel[2] not in frontier or self.fanouts[rel][hop] < 1:
                 continue
             nodes, first = frontier[rel[2]]
-            row, nbr = sample_neighbors(g.rowptr[rel], g.col[rel], nodes, self.fanouts[rel][hop], generator)
-            drawn.append((rel, row.add_(first) if first else row, nbr))
+            drawn.append((rel, *sample_neighbors(g.rowptr[rel], g.col[rel], nodes, self.fanouts[rel][hop], generator,
+                                                 row_start=first)))
         return drawn
 
     def sample(self, seeds: Tensor, generator: torch.Generator | None = None) -> TypedSubgraph:
@@ -120,20 +120,23 @@ class TypedNeighborSampler:
                     counts[t][hop + 1] = new.numel()
                     n_ids[t].append(new)
                 for rel, dst_local, nbr in drawn:
-                    sources[rel].append(local[rel[0]].get(nbr))
+                    sources[rel].append(nbr)  # type-local ids: looked up once the walk is done
                     targets[rel].append(dst_local)
                     num_edges[rel][hop] += nbr.numel()
             n_id = {t: torch.cat(v) if v else torch.empty(0, dtype=torch.long, device=device) for t, v in n_ids.items()}
+            edge_index = {}
+            for rel in g.relations:  # each row written once, in place (no stack, then cat, of 2 x edges)
+                edge_index[rel] = ei = torch.empty(2, sum(num_edges[rel]), dtype=torch.long, device=device)
+                at = 0
+                for nbr in sources[rel]:  # the sources' batch-local ids, straight into the edge index
+                    local[rel[0]].get_into(nbr, ei[0, at:at + nbr.numel()])
+                    at += nbr.numel()
+                if targets[rel]:
+                    torch.cat(targets[rel], out=ei[1])
         finally:  # the ids put since the last clear: the batch's (one concatenation of them, not two)
             for t, parts in n_ids.items():
                 if parts:
                     local[t].clear(n_id[t] if t in n_id else torch.cat(parts))
-        edge_index = {}
-        for rel in g.relations:  # each row written once, in place (no stack, then cat, of 2 x edges)
-            edge_index[rel] = torch.empty(2, sum(num_edges[rel]), dtype=torch.long, device=device)
-            if sources[rel]:
-                torch.cat(sources[rel], out=edge_index[rel][0])
-                torch.cat(targets[rel], out=edge_index[rel][1])
         return TypedSubgraph(n_id, edge_index, seeds.numel(), counts, num_edges)
 
 
