@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -16,6 +18,9 @@ from hpcgnn import env
 # The environment without hpcgnn's process defaults (OMP_WAIT_POLICY): the references run in it. (hpcgnn's
 # own processes get them: a benchmark imports hpcgnn before torch, as `python -m hpcgnn` does.)
 USER_ENV = {k: v for k, v in os.environ.items() if k not in env.APPLIED}
+# hpcgnn.sampling.loader.keep_freed_memory's malloc settings, as glibc reads them from the environment: a reference
+# process given them reuses its freed batch buffers as hpcgnn's processes do.
+KEEP_FREED_ENV = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(2**31 - 1), "MALLOC_ARENA_MAX": "1"}
 
 
 def graph_arguments(ap: argparse.ArgumentParser, num_nodes: int = 500_000) -> None:
@@ -72,6 +77,48 @@ def pyg_backend(loader: str = "NeighborLoader") -> tuple[str | None, str]:
     if not (WITH_PYG_LIB or WITH_TORCH_SPARSE):
         return None, f"PyG reference unavailable: {loader} needs pyg-lib or torch-sparse, neither is importable"
     return ("pyg-lib" if WITH_PYG_LIB else "torch-sparse"), ""
+
+
+def default_pyg_python() -> str:
+    """This python when it has pyg-lib or torch-sparse, else benchmarks/pyglib_venv.sh's when it exists."""
+    if pyg_backend()[0] is not None:
+        return sys.executable
+    venv = Path("~/.cache/hpcgnn/pyg-venv/bin/python").expanduser()
+    return str(venv) if venv.exists() else ""
+
+
+class ReferenceServer:
+    """A reference's loader in a process of its own (``script`` run by ``python`` in the user's environment,
+    :data:`USER_ENV`), asked for one measurement at a time so that its runs interleave with hpcgnn's while its
+    memory, its allocator and its workers' forks stay out of hpcgnn's process. The script prints a JSON line once
+    ready, then answers each line it reads (the measurement's key) with a JSON line holding ``batches_per_s``.
+    ``environ``: the process's environment instead."""
+
+    def __init__(self, python: str, script: str, args: list[str], environ: dict | None = None):
+        self.proc = subprocess.Popen([python, str(Path(__file__).with_name(script)), *args], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True, env=USER_ENV if environ is None else environ)
+        self.ready = self._answer()
+
+    def _answer(self) -> dict:
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the reference process ended (exit status {self.proc.wait()}); its errors are above")
+        return json.loads(line)
+
+    def measure(self, key) -> float:
+        self.proc.stdin.write(f"{key}\n")
+        self.proc.stdin.flush()
+        return float(self._answer()["batches_per_s"])
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.proc.stdin.write("\n")
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
 
 
 def pyg_loader(graph, fanouts, batch_size: int, num_workers: int, seed: int = 0):

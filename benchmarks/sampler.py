@@ -28,7 +28,6 @@ import itertools
 import json
 import statistics
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -40,9 +39,9 @@ from common import (
     benchmark_config,
     benchmark_graph,
     busy_core,
+    default_pyg_python,
     graph_arguments,
     hpcgnn_loader,
-    pyg_backend,
 )
 
 
@@ -92,14 +91,6 @@ def reference(script: str, python: str, graph_folder: Path, batches: int, why_no
     if res.returncode:
         return f"{script} failed: {res.stderr.strip().splitlines()[-1] if res.stderr.strip() else res.returncode}"
     return json.loads(res.stdout.strip().splitlines()[-1])
-
-
-def default_pyg_python() -> str:
-    """This python when it has pyg-lib or torch-sparse, else benchmarks/pyglib_venv.sh's when it exists."""
-    if pyg_backend()[0] is not None:
-        return sys.executable
-    venv = Path("~/.cache/hpcgnn/pyg-venv/bin/python").expanduser()
-    return str(venv) if venv.exists() else ""
 
 
 REFERENCES = (  # (argument and name, script, why there is none)

@@ -55,7 +55,9 @@ class IdMap:
 
 class DenseIdMap(IdMap):
     """Global -> batch-local ids in an array over every id: one gather per lookup (a replicated rank,
-    which holds the whole graph anyway). Entries are -1 outside the batch."""
+    which holds the whole graph anyway). ``get`` answers -1 for ids outside the batch: the table's own
+    entries are -1 there on torch ops; with the C kernels a state byte per id says which are held, and
+    the table's entries outside them are stale, never read."""
 
     # ``fresh`` scans the whole table (instead of sorting the ids) while it holds at most this many entries per id.
     SCAN_PER_ID = 8
