@@ -288,6 +288,11 @@ def test_kernels_are_built_once_per_source_and_compiler(tmp_path):
     assert native.build(cache=tmp_path) == lib and lib.stat().st_mtime_ns == built
     assert [p.name for p in tmp_path.iterdir()] == [lib.name]  # no temporary left beside it
     assert native.load(lib).hpcgnn_hop_plan is not None
+    # another compiler answering --version alike (a module's wrapper, another install of one version) builds its own
+    other = tmp_path / "bin" / "cc"
+    other.parent.mkdir()
+    other.symlink_to(shutil.which("cc"))
+    assert native.build(cache=tmp_path, compiler=str(other)) != lib
 
 
 def test_without_a_compiler_sampling_runs_on_torch_ops_and_says_how_to_mend_it(monkeypatch, caplog, graph):

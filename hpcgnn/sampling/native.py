@@ -88,7 +88,7 @@ def build(cache: Path | None = None, compiler: str | None = None) -> Path:
     except (OSError, subprocess.TimeoutExpired) as e:
         raise NativeUnavailable(f"{compiler} --version failed: {e}") from e
     source = SOURCE.read_bytes()
-    key = hashlib.sha256(source + version.encode() + " ".join([*command[1:], *FLAGS]).encode()
+    key = hashlib.sha256(source + version.encode() + " ".join([*command, *FLAGS]).encode()  # the compiler's path too
                          + platform.machine().encode())
     folder = cache or env.cache_home() / "hpcgnn" / "native"
     lib = folder / f"sampling-{key.hexdigest()[:16]}.so"
