@@ -22,6 +22,29 @@ def graph() -> TypedGraph:
     return make_synthetic_typed(DatasetConfig(num_nodes=3000, avg_degree=10, homophily=0.8, seed=5))
 
 
+def test_the_typed_benchmarks_reference_process_reads_the_same_graph(graph, tmp_path):
+    """benchmarks/hetero.py hands PyG's process (benchmarks/pyg_hetero.py) the graph through files: what that
+    process builds is the HeteroData hpcgnn's graph converts to, every tensor equal."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    try:
+        from pyg_hetero import load_hetero, save_typed
+    finally:
+        sys.path.pop(0)
+    save_typed(graph, tmp_path)
+    data, target, train = load_hetero(tmp_path)
+    expect = graph.to_hetero_data()
+    assert target == graph.target and torch.equal(train, graph.train_idx)
+    assert set(data.node_types) == set(expect.node_types) and set(data.edge_types) == set(expect.edge_types)
+    for t in expect.node_types:
+        assert torch.equal(data[t].x, expect[t].x) and data[t].num_nodes == expect[t].num_nodes
+    assert torch.equal(data[target].y, expect[target].y)
+    for rel in expect.edge_types:
+        assert torch.equal(data[rel].edge_index, expect[rel].edge_index)
+
+
 def test_relations_are_reversed_and_features_follow_the_rule(graph):
     rels = set(graph.relations)
     assert ("author", "writes", "paper") in rels and ("paper", "rev_writes", "author") in rels
