@@ -86,7 +86,7 @@ class _Counters:
                 "wait_s": round(self.wait_s, 3), "bytes_sent": self.bytes}
 
 
-def _serve_trainer(conn: socket.socket, recipes: dict, counters: _Counters, threads: int, fail_batch: int) -> bool:
+def _serve_trainer(conn: socket.socket, counters: _Counters, threads: int, fail_batch: int) -> bool:
     """One trainer's connection: its sampler, then its batches, ``depth`` in flight, until it stops (True: it
     is done; False: it left without saying so, and may come back after a requeue).
 
@@ -102,10 +102,10 @@ def _serve_trainer(conn: socket.socket, recipes: dict, counters: _Counters, thre
                            fail_batch=fail_batch)
         pool.start()
     else:
-        key = hash(recipe)
-        if key not in recipes:  # every trainer of a whole graph sends the same: one copy of it here
-            recipes[key] = shipping.loads(recipe)
-        features, sampler, transform, _ = recipes[key]
+        # Each trainer's own sampler, even where trainers send the same recipe: a sampler's scratch (its id maps)
+        # holds one batch at a time, and this thread samples while the others do. The graph's file-backed
+        # tensors are mapped again, not copied: the node's one copy in the page cache serves them all.
+        features, sampler, transform, _ = shipping.loads(recipe)
         loader = BatchLoader(features, sampler, [], transform=transform)
     send(conn, ("ready",))
     pending: deque = deque()
@@ -181,7 +181,7 @@ def run_server(index: int, port: int, trainers: int, threads: int, run_dir: str,
         tmp = announce.with_suffix(".tmp")
         tmp.write_text(f"{socket.gethostname()}:{port}")
         tmp.replace(announce)
-    counters, recipes = _Counters(), {}
+    counters = _Counters()
     name = f"sampler server {index} on {socket.gethostname()}:{port}"
     out = Path(run_dir) / "metrics" / f"sampler-server-{index}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -211,7 +211,7 @@ def run_server(index: int, port: int, trainers: int, threads: int, run_dir: str,
         def serve(conn: socket.socket) -> None:
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             try:
-                if _serve_trainer(conn, recipes, counters, threads, fail_batch):
+                if _serve_trainer(conn, counters, threads, fail_batch):
                     with counters.lock:
                         done[0] += 1
             except BaseException as exc:
