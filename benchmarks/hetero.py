@@ -137,28 +137,28 @@ def main() -> None:
                          lambda: batches_per_s(hpcgnn_loader(graph, fan, args.batch_size, prefetch=2), args.batches),
                          args.contended)
     names, missing, servers = {}, "", []
-    if not args.no_pyg and not (args.pyg and Path(args.pyg).exists()):
-        missing = (" | PyG reference: none (NeighborLoader needs pyg-lib or torch-sparse: benchmarks/pyglib_venv.sh "
-                   "builds pyg-lib; --pyg PYTHON)")
-    elif not args.no_pyg:
-        folder = reference_folder(args.root, args.scale)
-        if not (folder / "meta.json").exists():
-            from pyg_hetero import save_typed
-
-            save_typed(graph, folder)
-        ref_args = [str(folder), "--batches", str(args.batches), "--batch-size", str(args.batch_size), "--fanouts",
-                    *map(str, fan), "--threads", str(torch.get_num_threads())]
-        # PyG as its users run it (glibc's malloc as it comes), and with the malloc settings hpcgnn gives itself
-        # (keep_freed_memory, through glibc's environment variables): the line's targets count against the faster.
-        for tag, extra in (("", {}), (", hpcgnn's malloc settings", KEEP_FREED_ENV)):
-            server = ReferenceServer(args.pyg, "pyg_hetero.py", ref_args, {**USER_ENV, **extra})
-            servers.append(server)
-            for workers in (0, 2):
-                key = f"pyg{workers}{'+' if extra else ''}"
-                names[key] = (workers, f"PyG NeighborLoader on HeteroData ({server.ready['ready']}, {workers} "
-                                       f"workers{tag})")
-                sides[key] = (lambda srv, w: lambda: srv.measure(w))(server, workers)
     try:
+        if not args.no_pyg and not (args.pyg and Path(args.pyg).exists()):
+            missing = (" | PyG reference: none (NeighborLoader needs pyg-lib or torch-sparse: "
+                       "benchmarks/pyglib_venv.sh builds pyg-lib; --pyg PYTHON)")
+        elif not args.no_pyg:
+            folder = reference_folder(args.root, args.scale)
+            if not (folder / "meta.json").exists():
+                from pyg_hetero import save_typed
+
+                save_typed(graph, folder)
+            ref_args = [str(folder), "--batches", str(args.batches), "--batch-size", str(args.batch_size),
+                        "--fanouts", *map(str, fan), "--threads", str(torch.get_num_threads())]
+            # PyG as its users run it (glibc's malloc as it comes), and with the malloc settings hpcgnn gives itself
+            # (keep_freed_memory, through glibc's environment variables): the line's targets count against the faster.
+            for tag, extra in (("", {}), (", hpcgnn's malloc settings", KEEP_FREED_ENV)):
+                server = ReferenceServer(args.pyg, "pyg_hetero.py", ref_args, {**USER_ENV, **extra})
+                servers.append(server)
+                for workers in (0, 2):
+                    key = f"pyg{workers}{'+' if extra else ''}"
+                    names[key] = (workers, f"PyG NeighborLoader on HeteroData ({server.ready['ready']}, {workers} "
+                                           f"workers{tag})")
+                    sides[key] = (lambda srv, w: lambda: srv.measure(w))(server, workers)
         med = interleaved_medians(sides, args.repeat)
     finally:
         for server in servers:
