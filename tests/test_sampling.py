@@ -146,6 +146,39 @@ def test_sampler_leaves_no_state_between_batches(graph):
     assert len(lean._local) == 0
 
 
+def test_a_second_thread_sampling_with_the_same_sampler_is_refused_not_mixed_in(graph):
+    """A sampler's id maps hold one batch at a time: a batch begun while another thread is making one would mix
+    the two silently (as sampler servers once shared one sampler between trainers). It is refused, naming the fix;
+    the first batch comes out as it would alone, and the sampler serves again once it is done."""
+    import threading
+
+    inside, go = threading.Event(), threading.Event()
+
+    class Slow(CSRNeighborSampler):
+        def hop(self, frontier, fanout, generator):
+            inside.set()
+            assert go.wait(30)
+            return super().hop(frontier, fanout, generator)
+
+    sampler = Slow(graph.rowptr, graph.col, FANOUTS)
+    got = {}
+    first = threading.Thread(target=lambda: got.update(a=sampler.sample(torch.tensor([0, 7, 9]),
+                                                                        torch.Generator().manual_seed(1))))
+    first.start()
+    assert inside.wait(30)
+    with pytest.raises(RuntimeError, match="this sampler is making a batch in another thread: its id maps hold one "
+                                           "batch at a time; give each thread its own sampler"):
+        sampler.sample(torch.tensor([1, 2]), torch.Generator().manual_seed(2))
+    go.set()
+    first.join(30)
+    plain = CSRNeighborSampler(graph.rowptr, graph.col, FANOUTS)
+    alone = plain.sample(torch.tensor([0, 7, 9]), torch.Generator().manual_seed(1))
+    assert torch.equal(got["a"].n_id, alone.n_id) and torch.equal(got["a"].edge_index, alone.edge_index)
+    again = pickle.loads(pickle.dumps(plain))  # the guard pickles (as a fresh one)
+    assert torch.equal(again.sample(torch.tensor([0, 7, 9]), torch.Generator().manual_seed(1)).n_id, alone.n_id)
+    assert sampler.sample(torch.tensor([1, 2]), torch.Generator().manual_seed(2)).n_id.numel() >= 2
+
+
 def test_batch_sized_id_map_samples_the_dense_maps_batches(graph):
     """A partitioned rank's map (the batch's size: a hash table in C, else sorted arrays) gives the same
     batches as the dense one, with col stored as int32 (a streamed graph) as well as int64."""

@@ -13,6 +13,7 @@ hpcgnn's own loader calls :meth:`CSRNeighborSampler.sample` and gets a :class:`S
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -35,6 +36,29 @@ class SampledSubgraph:
     edge_weight: Tensor | None = None  # float [num_edges]: per-edge weights a model asked for (GCN's normalisation)
     targets: dict | None = None  # what a task scores besides the seeds (link prediction: the pairs and labels)
     absent_in_degree: Tensor | None = None  # int [num_nodes]: in-edges of the graph the batch leaves out (a link step's target edges), not counted in the degrees GCN normalises by
+
+
+class OneBatchAtATime:
+    """A sampler's guard: its scratch (id maps, marks) holds one batch at a time, so a second batch begun while
+    one is being made, in another thread, would mix the two silently. It is refused instead, naming the fix.
+    Pickles as a fresh guard (a sampler shipped to another process)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+
+    def __enter__(self) -> None:
+        if not self._lock.acquire(blocking=False):
+            raise RuntimeError("this sampler is making a batch in another thread: its id maps hold one batch at a "
+                               "time; give each thread its own sampler")
+
+    def __exit__(self, *exc) -> None:
+        self._lock.release()
+
+    def __getstate__(self) -> dict:
+        return {}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__()
 
 
 class IdMap:
@@ -215,9 +239,15 @@ class CSRNeighborSampler(BaseSampler):
         # BatchIdMap).
         size = rowptr.numel() - 1 if num_nodes is None else num_nodes
         self._local = DenseIdMap(size, rowptr.device) if id_map == "dense" else BatchIdMap(rowptr.device)
+        self._guard = OneBatchAtATime()
 
     def sample(self, seeds: Tensor, generator: torch.Generator | None = None) -> SampledSubgraph:
-        """Sample the subgraph around ``seeds``; the generator must live on the graph's device."""
+        """Sample the subgraph around ``seeds``; the generator must live on the graph's device. One batch at a
+        time: a second thread sampling with this sampler meanwhile is refused (:class:`OneBatchAtATime`)."""
+        with self._guard:
+            return self._walk(seeds, generator)
+
+    def _walk(self, seeds: Tensor, generator: torch.Generator | None) -> SampledSubgraph:
         dev = self.rowptr.device
         if torch.unique(seeds).numel() != seeds.numel():  # on the seeds' device (the host's batches: no GPU sync)
             raise ValueError("seeds must be distinct")

@@ -28,7 +28,7 @@ import math
 import torch
 from torch import Tensor
 
-from hpcgnn.sampling.neighbor import CSRNeighborSampler, SampledSubgraph, sample_neighbors
+from hpcgnn.sampling.neighbor import CSRNeighborSampler, OneBatchAtATime, SampledSubgraph, sample_neighbors
 
 ALL = 2**62  # a fanout that keeps every neighbour
 
@@ -96,12 +96,18 @@ class SubgraphSampler(abc.ABC):
         self.num_train = train_idx.numel()
         self._local = torch.full((n,), -1, dtype=torch.long)
         self.inclusion: Tensor | None = None  # lambda_v: probability that v is in a step's subgraph
+        self._guard = OneBatchAtATime()
 
     @abc.abstractmethod
     def nodes(self, items: Tensor, generator: torch.Generator | None) -> Tensor:
         """Global ids of the step's node set (repeats allowed)."""
 
     def sample(self, items: Tensor, generator: torch.Generator | None = None) -> SampledSubgraph:
+        """The step's induced subgraph, one at a time (:class:`OneBatchAtATime`)."""
+        with self._guard:
+            return self._walk(items, generator)
+
+    def _walk(self, items: Tensor, generator: torch.Generator | None) -> SampledSubgraph:
         nodes = torch.unique(self.nodes(items, generator))
         train = self.is_train[nodes]
         nodes = torch.cat([nodes[train], nodes[~train]])  # loss targets first
@@ -249,11 +255,12 @@ class LadiesSampler(CSRNeighborSampler):
     the neighbours that were drawn.
     """
 
-    def sample(self, seeds: Tensor, generator: torch.Generator | None = None) -> SampledSubgraph:
-        self._num_seeds = seeds.numel()
-        return super().sample(seeds, generator)
+    def begin_batch(self) -> None:
+        self._num_seeds = None  # the first hop's frontier: the seeds (set inside the sampler's guard)
 
     def hop(self, frontier: Tensor, fanout: int, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
+        if self._num_seeds is None:
+            self._num_seeds = frontier.numel()
         row, nbr = sample_neighbors(self.rowptr, self.col, frontier, ALL)
         if nbr.numel() == 0:
             return row, nbr

@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from hpcgnn.data.typed import Relation
-from hpcgnn.sampling.neighbor import BatchIdMap, DenseIdMap, sample_neighbors
+from hpcgnn.sampling.neighbor import BatchIdMap, DenseIdMap, OneBatchAtATime, sample_neighbors
 
 
 @dataclass(frozen=True)
@@ -68,6 +68,7 @@ class TypedNeighborSampler:
         # (``id_map="batch"``: maps the size of the batch, for partitioned ranks; see CSRNeighborSampler)
         self._local = {t: DenseIdMap(n, device) if id_map == "dense" else BatchIdMap(device)
                        for t, n in graph.num_nodes.items()}
+        self._guard = OneBatchAtATime()
 
     def begin_batch(self) -> None:
         """Called once per batch, before its first hop."""
@@ -87,6 +88,11 @@ class TypedNeighborSampler:
         return drawn
 
     def sample(self, seeds: Tensor, generator: torch.Generator | None = None) -> TypedSubgraph:
+        """The typed subgraph around ``seeds`` (target-type ids), one batch at a time (:class:`OneBatchAtATime`)."""
+        with self._guard:
+            return self._walk(seeds, generator)
+
+    def _walk(self, seeds: Tensor, generator: torch.Generator | None) -> TypedSubgraph:
         g, local = self.graph, self._local
         if torch.unique(seeds).numel() != seeds.numel():
             raise ValueError("seeds must be distinct")
