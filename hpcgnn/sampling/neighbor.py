@@ -233,7 +233,7 @@ class CSRNeighborSampler(BaseSampler):
             raise TypeError("rowptr must be int64, col int64 or int32")
         self.rowptr, self.col, self.fanouts = rowptr, col, tuple(int(f) for f in fanouts)
         self.method = method  # how a row's subset is drawn (see sample_neighbors); None: by device
-        # Global -> local id scratch map, reset after every batch (not thread-safe: one sampler per thread).
+        # Global -> local id scratch map, reset after every batch (one batch at a time: self._guard refuses a second).
         # ``num_nodes``: ids col may hold, when rowptr covers only some of them (a rank's parts);
         # ``id_map="batch"``: a map the size of the batch instead of an array over every id (partitioned ranks:
         # BatchIdMap).

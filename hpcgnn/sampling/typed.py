@@ -64,7 +64,7 @@ class TypedNeighborSampler:
         self.fanouts = relation_fanouts(graph.relations, fanouts)
         self.num_hops = len(next(iter(self.fanouts.values()))) if self.fanouts else 0
         self.device = device = device if device is not None else graph.rowptr[graph.relations[0]].device
-        # Type-local -> batch-local scratch maps, reset after every batch (one sampler per thread).
+        # Type-local -> batch-local scratch maps, reset after every batch (one batch at a time: see self._guard).
         # (``id_map="batch"``: maps the size of the batch, for partitioned ranks; see CSRNeighborSampler)
         self._local = {t: DenseIdMap(n, device) if id_map == "dense" else BatchIdMap(device)
                        for t, n in graph.num_nodes.items()}
