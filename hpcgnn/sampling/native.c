@@ -54,6 +54,16 @@ static void parallel_chunks(int threads, int64_t chunks, chunk_fn fn, void *ctx)
 /* Chunk c of n items: [n * c / chunks, n * (c + 1) / chunks). */
 static inline int64_t chunk_start(int64_t n, int64_t chunks, int64_t c) { return (int64_t)((__int128)n * c / chunks); }
 
+/* parallel_chunks for kernels that check their items: a chunk that meets a bad one writes -1 - its index to
+ * chunk_bad[chunk] (scratch of `chunks` entries) and stops. Returns 0, or the first chunk's such code. */
+static int64_t checked_chunks(int threads, int64_t chunks, chunk_fn fn, void *ctx, int64_t *chunk_bad) {
+    for (int64_t c = 0; c < chunks; c++) chunk_bad[c] = 0;
+    parallel_chunks(threads, chunks, fn, ctx);
+    for (int64_t c = 0; c < chunks; c++)
+        if (chunk_bad[c] < 0) return chunk_bad[c];
+    return 0;
+}
+
 /* The index-th uniform number in [0, 1) of a key: SplitMix64's output for state key + (index + 1) * gamma,
  * its top 53 bits over 2^53 (neighbor.counter_uniform computes the same with torch ops). */
 static inline double counter_uniform(uint64_t key, int64_t index) {
@@ -355,7 +365,6 @@ static void lookup_chunk(void *ctx, int64_t c) {
     int64_t *restrict out = k->out;
     const uint64_t size = (uint64_t)k->size;
     int64_t i = chunk_start(k->n, k->chunks, c), end = chunk_start(k->n, k->chunks, c + 1);
-    k->chunk_bad[c] = 0;
     for (; i < end; i++) {
         int64_t id = ids[i];
         if ((uint64_t)id >= size) {
@@ -372,10 +381,7 @@ static void lookup_chunk(void *ctx, int64_t c) {
 int64_t hpcgnn_dense_get(const int64_t *table, const uint8_t *mark, int64_t size, const int64_t *ids, int64_t n,
                          int64_t *out, int64_t chunks, int64_t *chunk_bad, int threads) {
     struct lookup k = {table, ids, mark, size, n, chunks, out, chunk_bad};
-    parallel_chunks(threads, chunks, lookup_chunk, &k);
-    for (int64_t c = 0; c < chunks; c++)
-        if (chunk_bad[c]) return chunk_bad[c];
-    return 0;
+    return checked_chunks(threads, chunks, lookup_chunk, &k, chunk_bad);
 }
 
 /* ------------------------------------------------------------------------------------------------------
@@ -527,11 +533,7 @@ static void rows_chunk(void *ctx, int64_t c) {
 int64_t hpcgnn_gather_rows(const void *src, int64_t rows, int64_t row_bytes, const int64_t *index, int64_t n, void *out,
                            const int64_t *at, int64_t chunks, int64_t *chunk_bad, int threads) {
     struct rows k = {(const char *)src, (char *)out, index, at, rows, row_bytes, n, chunks, chunk_bad};
-    for (int64_t c = 0; c < chunks; c++) chunk_bad[c] = 0;
-    parallel_chunks(threads, chunks, rows_chunk, &k);
-    for (int64_t c = 0; c < chunks; c++)
-        if (chunk_bad[c] < 0) return chunk_bad[c];
-    return 0;
+    return checked_chunks(threads, chunks, rows_chunk, &k, chunk_bad);
 }
 
 /* Feature rows stored as bfloat16 or float16, gathered as float32: out[i] = src[index[i]] widened, exactly as
@@ -627,9 +629,5 @@ static void wide_rows_chunk(void *ctx, int64_t c) {
 int64_t hpcgnn_gather_rows_wide(const void *src, int64_t rows, int64_t cols, int half, const int64_t *index, int64_t n,
                                 void *out, const int64_t *at, int64_t chunks, int64_t *chunk_bad, int threads) {
     struct wide_rows k = {(const uint16_t *)src, (uint32_t *)out, index, at, rows, cols, n, chunks, chunk_bad, half};
-    for (int64_t c = 0; c < chunks; c++) chunk_bad[c] = 0;
-    parallel_chunks(threads, chunks, wide_rows_chunk, &k);
-    for (int64_t c = 0; c < chunks; c++)
-        if (chunk_bad[c] < 0) return chunk_bad[c];
-    return 0;
+    return checked_chunks(threads, chunks, wide_rows_chunk, &k, chunk_bad);
 }

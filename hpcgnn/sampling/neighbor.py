@@ -103,16 +103,19 @@ class DenseIdMap(IdMap):
         self.__init__(state["size"], state["device"])
 
     def get(self, ids: Tensor) -> Tensor:
-        if self._state is None:
-            return self.table.index_select(0, ids)
-        if native.usable(self.table, ids):
-            return native.dense_get(self.table, self._state, ids)
-        return torch.where(self._state.index_select(0, ids) == 2, self.table.index_select(0, ids), -1)
+        return self._lookup(ids, None)
 
     def get_into(self, ids: Tensor, out: Tensor) -> Tensor:
-        if self._state is not None and out.is_contiguous() and native.usable(self.table, ids, out):
-            return native.dense_get(self.table, self._state, ids, out)
-        return super().get_into(ids, out)
+        return self._lookup(ids, out)
+
+    def _lookup(self, ids: Tensor, out: Tensor | None) -> Tensor:
+        if self._state is not None and (out is None or out.is_contiguous()) and native.usable(self.table, ids):
+            return native.dense_get(self.table, self._state, ids, out)  # in C, by the state
+        if self._state is None:
+            found = self.table.index_select(0, ids)
+        else:  # the state says which entries are held (the others are stale)
+            found = torch.where(self._state.index_select(0, ids) == 2, self.table.index_select(0, ids), -1)
+        return found if out is None else out.copy_(found)
 
     def fresh(self, ids: Tensor) -> Tensor:
         """The distinct ids not in the map, sorted (what ``torch.unique`` of them gives). Many ids against a small
