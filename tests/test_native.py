@@ -229,6 +229,39 @@ def test_rows_gathered_into_given_places_are_those_torch_puts_there(switch):
             native.gather_rows(x, index[:2], torch.empty(50_000, 24), at=torch.tensor([3]))
 
 
+@needs_cc
+def test_batches_larger_than_the_caches_are_written_past_them_and_hold_the_same_rows(switch):
+    """A gather's output of ``stream_bytes()`` or more is written with stores that go past the caches: whole
+    lines streamed, a row's first and last bytes written the usual way where its row does not start or end on a
+    line. The rows are the same, bit for bit: widths that cut lines anywhere, an output that does not start on a
+    line, rows widened from half precision, rows put at places."""
+    switch(True)
+    torch.set_num_threads(2)
+    big = native.stream_bytes()
+    if platform.machine() in ("x86_64", "AMD64"):
+        assert big > 0  # else this test would not reach the streamed stores
+    big = big or 1 << 20
+    gen = torch.Generator().manual_seed(9)
+    for cols, dtype, out_dtype in ((24, torch.float32, torch.float32), (128, torch.float32, torch.float32),
+                                   (3, torch.int64, torch.int64), (40, torch.bfloat16, torch.float32),
+                                   (24, torch.float16, torch.float32), (21, torch.bfloat16, torch.float32)):
+        n = big // (cols * 4 if out_dtype == torch.float32 else cols * 8) + 1000
+        x = torch.randn(n // 2, cols, generator=gen).mul_(100).to(dtype)
+        index = torch.randint(0, n // 2, (n,), generator=gen)
+        want = x.index_select(0, index).to(out_dtype)
+        for shift in (0, 1):  # an output that starts on a line, and one that starts 4 or 8 bytes past it
+            out = torch.empty(n * cols + shift, dtype=out_dtype)[shift:].view(n, cols)
+            got = native.gather_rows(x, index, out)
+            assert got.element_size() * got.numel() >= big
+            assert torch.equal(got.view(torch.int32) if out_dtype == torch.float32 else got,
+                               want.view(torch.int32) if out_dtype == torch.float32 else want)
+        at = torch.randperm(n + 5, generator=gen)[:n]
+        out = torch.zeros(n + 5, cols, dtype=out_dtype)
+        expect = out.clone()
+        expect[at] = want
+        assert torch.equal(native.gather_rows(x, index, out, at=at), expect)
+
+
 def test_a_threads_budget_holds_for_its_thread_only():
     import threading
 
@@ -367,9 +400,10 @@ def test_a_compiler_with_flags_of_its_own_builds_its_own_library(tmp_path):
 
 
 @needs_cc
-def test_a_compiler_that_cannot_build_the_f16c_conversion_still_builds_the_kernels(tmp_path):
+def test_a_compiler_that_cannot_build_the_f16c_conversion_still_builds_the_kernels(tmp_path, monkeypatch):
     """An older compiler may not know F16C's intrinsics: the kernels are built without them, and float16 rows take
-    torch's gather and upcast (bfloat16 rows still one pass)."""
+    torch's gather and upcast (bfloat16 rows still one pass). Large batches are still written past the caches,
+    by SSE2's stores, the same rows."""
     old = tmp_path / "old-cc"
     old.write_text('#!/bin/sh\ncase " $* " in *" --version "*|*" -DHPCGNN_NO_F16C "*) exec cc "$@";; esac\n'
                    'echo "error: unknown target attribute f16c" >&2\nexit 1\n')
@@ -379,3 +413,11 @@ def test_a_compiler_that_cannot_build_the_f16c_conversion_still_builds_the_kerne
     cpu = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
     has = platform.machine() in ("x86_64", "i686") and " f16c" in cpu and " avx" in cpu
     assert native.load(native.build(cache=tmp_path / "plain")).hpcgnn_f16c() == int(has)
+    monkeypatch.setattr(native, "kernels", lambda: lib)
+    gen = torch.Generator().manual_seed(10)
+    n = max(native.stream_bytes(), 1 << 20) // (24 * 4) + 1000
+    x = torch.randn(n // 2, 24, generator=gen)
+    index = torch.randint(0, n // 2, (n,), generator=gen)
+    for src in (x, x.bfloat16(), x.half()):
+        out = torch.empty(n * 24 + 1)[1:].view(n, 24)  # rows that start anywhere in a line
+        assert torch.equal(native.gather_rows(src, index, out), src.index_select(0, index).float())

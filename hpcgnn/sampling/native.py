@@ -50,6 +50,7 @@ SIGNATURES = {  # name: (result, arguments)
     "hpcgnn_gather_rows": (_I64, (_P, _I64, _I64, _P, _I64, _P, _P, _I64, _P, _INT)),
     "hpcgnn_gather_rows_wide": (_I64, (_P, _I64, _I64, _INT, _P, _I64, _P, _P, _I64, _P, _INT)),
     "hpcgnn_f16c": (_INT, ()),
+    "hpcgnn_stream_bytes": (_I64, ()),
 }
 CHUNK = 4096  # items per chunk of work (at most MAX_CHUNKS chunks), which the kernels' threads take in turn
 MAX_CHUNKS = 256
@@ -297,6 +298,12 @@ def f16c() -> bool:
     """Whether the kernels can widen float16 rows by the CPU's own conversion (x86's F16C)."""
     lib = kernels()
     return lib is not None and bool(lib.hpcgnn_f16c())
+
+
+def stream_bytes() -> int:
+    """The size of a gather's output from which :func:`gather_rows` writes it past the caches (0: never here)."""
+    lib = kernels()
+    return 0 if lib is None else int(lib.hpcgnn_stream_bytes())
 
 
 def gather_rows(src: Tensor, index: Tensor, out: Tensor, at: Tensor | None = None) -> Tensor:
