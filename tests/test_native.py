@@ -262,6 +262,58 @@ def test_batches_larger_than_the_caches_are_written_past_them_and_hold_the_same_
         assert torch.equal(native.gather_rows(x, index, out, at=at), expect)
 
 
+@needs_cc
+def test_a_gather_shared_with_a_helper_thread_writes_the_same_rows(switch):
+    """The sampling thread of a two-stage loader, its next batch waiting for room, takes chunks of the running
+    gather (GatherShare): the rows are the same whichever thread copied them, a bad index is still reported,
+    and a helper with no gather running, or come once its chunks are gone, does nothing."""
+    import threading
+
+    switch(True)
+    share = native.GatherShare()
+    assert share.help() == 0  # no gather running
+    gen = torch.Generator().manual_seed(11)
+    x = torch.randn(200_000, 32, generator=gen)
+    index = torch.randint(0, 200_000, (1_000_000,), generator=gen)  # 244 chunks
+    want = x.index_select(0, index)
+
+    def gather_helped(index: torch.Tensor, out: torch.Tensor) -> tuple[int, list]:
+        done, helped, seen = threading.Event(), [], []
+
+        def helper():
+            while not done.is_set():
+                job = share.job
+                if job is not None:
+                    seen.append(job)
+                    helped.append(share.help())
+
+        thread = threading.Thread(target=helper)
+        thread.start()
+        native.thread_budget(1)
+        native.share_gathers(share)
+        try:
+            native.gather_rows(x, index, out)
+        finally:
+            native.share_gathers(None)
+            native.thread_budget(None)
+            done.set()
+            thread.join()
+        return sum(helped), seen
+
+    for _ in range(5):  # the helper takes chunks once it sees the gather (on a busy machine, maybe not at once)
+        out = torch.empty(index.numel(), 32)
+        chunks, seen = gather_helped(index, out)
+        assert torch.equal(out, want) and share.job is None
+        if chunks:
+            break
+    assert chunks > 0
+    assert native.kernels().hpcgnn_job_help(native._ptr(seen[0])) == 0  # late: nothing left in it
+    bad = index.clone()
+    bad[-5] = 200_000
+    with pytest.raises(IndexError, match="index 200000 is out of range for 200000 rows"):
+        gather_helped(bad, torch.empty(index.numel(), 32))
+
+
 def test_a_threads_budget_holds_for_its_thread_only():
     import threading
 

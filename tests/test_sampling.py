@@ -292,6 +292,37 @@ def test_prefetching_loader_yields_the_plain_loaders_batches(graph):
             assert torch.equal(a.x, b.x) and a.num_sampled_nodes == b.num_sampled_nodes
 
 
+def test_two_stage_batches_whose_gathers_the_sampling_thread_helps_with_are_the_plain_ones():
+    """Batches of tens of thousands of rows: their gathers come in many chunks, and the sampling thread, its next
+    batch made, takes some of them (native.GatherShare). The batches are the plain loop's, bit for bit."""
+    from hpcgnn.sampling import PrefetchLoader, native
+
+    big = build_graph(DatasetConfig(num_nodes=60_000, avg_degree=12, num_features=16, seed=4))
+
+    def loader():
+        return BatchLoader(big, CSRNeighborSampler(big.rowptr, big.col, (10, 10)), big.train_idx[:4096], 1024,
+                           batch_seed=2)
+
+    shared = []
+    run = native.GatherShare._run
+
+    def counting(self, *args):
+        shared.append(self)
+        return run(self, *args)
+
+    torch.set_num_threads(2)
+    plain = list(loader())
+    assert min(b.n_id.numel() for b in plain) > 2 * native.CHUNK  # gathers of more than one chunk
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(native.GatherShare, "_run", counting)
+        ahead = list(PrefetchLoader(loader(), 2))
+    assert len(shared) == 8 and len(set(map(id, shared))) == 1  # each batch's x and y, offered to the one helper
+    assert len(ahead) == len(plain) == 4
+    for a, b in zip(ahead, plain, strict=True):
+        assert torch.equal(a.n_id, b.n_id) and torch.equal(a.edge_index, b.edge_index)
+        assert torch.equal(a.x, b.x) and torch.equal(a.y, b.y)
+
+
 def test_prefetching_loader_stops_cleanly(graph):
     import threading
 

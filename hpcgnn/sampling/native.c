@@ -13,6 +13,7 @@
  * Ids are int64; col may be int32 or int64 (col_is_int32).
  */
 #include <pthread.h>
+#include <sched.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,11 +55,65 @@ static void parallel_chunks(int threads, int64_t chunks, chunk_fn fn, void *ctx)
 /* Chunk c of n items: [n * c / chunks, n * (c + 1) / chunks). */
 static inline int64_t chunk_start(int64_t n, int64_t chunks, int64_t c) { return (int64_t)((__int128)n * c / chunks); }
 
+/* Work that a thread outside its team may help with (the sampling thread of a two-stage loader, while its next
+ * batch waits for room, helps the gathering thread with its rows): the team and any helper take chunks from one
+ * counter. The job lives in a buffer of hpcgnn_job_bytes() zeroed bytes that the caller hands to the work and to
+ * helpers, a new buffer for each piece of work: a helper late for one finds no chunk left in it, never another's.
+ * ctx is the caller's, on its stack: only a helper holding a chunk reads it, and the caller returns only once
+ * every chunk is done. */
+struct job {
+    int64_t chunks; /* stored last (release): a helper that reads it reads fn and ctx too */
+    int64_t next, done;
+    chunk_fn fn;
+    void *ctx;
+};
+
+int64_t hpcgnn_job_bytes(void) { return (int64_t)sizeof(struct job); }
+
+/* Chunks of the job until none is left (none at all in a buffer not yet, or no longer, in use); returns how
+ * many it did. */
+int64_t hpcgnn_job_help(void *job) {
+    struct job *j = (struct job *)job;
+    const int64_t chunks = __atomic_load_n(&j->chunks, __ATOMIC_ACQUIRE);
+    int64_t did = 0;
+    for (int64_t c; chunks && (c = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED)) < chunks; did++) {
+        j->fn(j->ctx, c);
+        __atomic_fetch_add(&j->done, 1, __ATOMIC_RELEASE); /* what the chunk wrote comes before */
+    }
+    return did;
+}
+
+static void *job_thread(void *job) {
+    (void)hpcgnn_job_help(job);
+    return NULL;
+}
+
+/* fn(ctx, c) for every chunk, on up to `threads` threads and whichever helpers come (hpcgnn_job_help); returns
+ * once every chunk is done, helpers' included. */
+static void shared_chunks(int threads, int64_t chunks, chunk_fn fn, void *ctx, struct job *j) {
+    pthread_t helpers[MAX_THREADS];
+    int started = 0;
+    j->fn = fn;
+    j->ctx = ctx;
+    __atomic_store_n(&j->chunks, chunks, __ATOMIC_RELEASE);
+    if (threads > MAX_THREADS) threads = MAX_THREADS;
+    if (threads > chunks) threads = (int)chunks;
+    for (int k = 1; k < threads; k++)
+        if (pthread_create(&helpers[started], NULL, job_thread, j) == 0) started++;
+    hpcgnn_job_help(j);
+    for (int k = 0; k < started; k++) pthread_join(helpers[k], NULL);
+    while (__atomic_load_n(&j->done, __ATOMIC_ACQUIRE) < chunks) sched_yield(); /* a helper's last chunk */
+}
+
 /* parallel_chunks for kernels that check their items: a chunk that meets a bad one writes -1 - its index to
- * chunk_bad[chunk] (scratch of `chunks` entries) and stops. Returns 0, or the first chunk's such code. */
-static int64_t checked_chunks(int threads, int64_t chunks, chunk_fn fn, void *ctx, int64_t *chunk_bad) {
+ * chunk_bad[chunk] (scratch of `chunks` entries) and stops. Returns 0, or the first chunk's such code. job: NULL,
+ * or a fresh job buffer that helpers may be handed (shared_chunks). */
+static int64_t checked_chunks(int threads, int64_t chunks, chunk_fn fn, void *ctx, int64_t *chunk_bad, void *job) {
     for (int64_t c = 0; c < chunks; c++) chunk_bad[c] = 0;
-    parallel_chunks(threads, chunks, fn, ctx);
+    if (job)
+        shared_chunks(threads, chunks, fn, ctx, (struct job *)job);
+    else
+        parallel_chunks(threads, chunks, fn, ctx);
     for (int64_t c = 0; c < chunks; c++)
         if (chunk_bad[c] < 0) return chunk_bad[c];
     return 0;
@@ -381,7 +436,7 @@ static void lookup_chunk(void *ctx, int64_t c) {
 int64_t hpcgnn_dense_get(const int64_t *table, const uint8_t *mark, int64_t size, const int64_t *ids, int64_t n,
                          int64_t *out, int64_t chunks, int64_t *chunk_bad, int threads) {
     struct lookup k = {table, ids, mark, size, n, chunks, out, chunk_bad};
-    return checked_chunks(threads, chunks, lookup_chunk, &k, chunk_bad);
+    return checked_chunks(threads, chunks, lookup_chunk, &k, chunk_bad, NULL);
 }
 
 /* ------------------------------------------------------------------------------------------------------
@@ -600,12 +655,12 @@ static void rows_chunk(void *ctx, int64_t c) {
 
 /* Copies rows index[:n] of src (rows x row_bytes) into out, at rows at[:n] of it (NULL: rows 0..n-1; the caller
  * checks them); returns 0, or -1 - i for an index outside [0, rows) (out then holds only some of the rows).
- * chunk_bad: scratch of `chunks` entries. */
+ * chunk_bad: scratch of `chunks` entries. job: NULL, or a fresh job buffer for helpers (hpcgnn_job_help). */
 int64_t hpcgnn_gather_rows(const void *src, int64_t rows, int64_t row_bytes, const int64_t *index, int64_t n, void *out,
-                           const int64_t *at, int64_t chunks, int64_t *chunk_bad, int threads) {
+                           const int64_t *at, int64_t chunks, int64_t *chunk_bad, int threads, void *job) {
     struct rows k = {(const char *)src, (char *)out, index, at, rows, row_bytes, n, chunks, chunk_bad,
                      CAN_STREAM && n * row_bytes >= STREAM_BYTES};
-    return checked_chunks(threads, chunks, rows_chunk, &k, chunk_bad);
+    return checked_chunks(threads, chunks, rows_chunk, &k, chunk_bad, job);
 }
 
 /* Feature rows stored as bfloat16 or float16, gathered as float32: out[i] = src[index[i]] widened, exactly as
@@ -719,10 +774,10 @@ static void wide_rows_chunk(void *ctx, int64_t c) {
 
 /* Rows index[:n] of src (rows x cols; bfloat16, or float16 where half, for CPUs where hpcgnn_f16c() says yes)
  * into out (float32 rows of cols), at rows at[:n] of it as hpcgnn_gather_rows puts them; returns 0, or -1 - i for
- * an index outside [0, rows). chunk_bad: scratch of `chunks` entries. */
+ * an index outside [0, rows). chunk_bad: scratch of `chunks` entries; job as hpcgnn_gather_rows takes it. */
 int64_t hpcgnn_gather_rows_wide(const void *src, int64_t rows, int64_t cols, int half, const int64_t *index, int64_t n,
-                                void *out, const int64_t *at, int64_t chunks, int64_t *chunk_bad, int threads) {
+                                void *out, const int64_t *at, int64_t chunks, int64_t *chunk_bad, int threads, void *job) {
     struct wide_rows k = {(const uint16_t *)src, (uint32_t *)out, index, at, rows, cols, n, chunks, chunk_bad, half,
                           CAN_STREAM && n * cols * (int64_t)sizeof(float) >= STREAM_BYTES};
-    return checked_chunks(threads, chunks, wide_rows_chunk, &k, chunk_bad);
+    return checked_chunks(threads, chunks, wide_rows_chunk, &k, chunk_bad, job);
 }

@@ -47,8 +47,10 @@ SIGNATURES = {  # name: (result, arguments)
     "hpcgnn_hash_insert": (_I64, (_P, _P, _I64, _P, _P, _I64, _P, _I64, _I64, _P, _INT)),
     "hpcgnn_hash_get": (None, (_P, _P, _I64, _P, _I64, _P, _I64, _INT)),
     "hpcgnn_hash_number": (None, (_P, _P, _I64, _P, _I64, _I64, _I64, _INT)),
-    "hpcgnn_gather_rows": (_I64, (_P, _I64, _I64, _P, _I64, _P, _P, _I64, _P, _INT)),
-    "hpcgnn_gather_rows_wide": (_I64, (_P, _I64, _I64, _INT, _P, _I64, _P, _P, _I64, _P, _INT)),
+    "hpcgnn_gather_rows": (_I64, (_P, _I64, _I64, _P, _I64, _P, _P, _I64, _P, _INT, _P)),
+    "hpcgnn_gather_rows_wide": (_I64, (_P, _I64, _I64, _INT, _P, _I64, _P, _P, _I64, _P, _INT, _P)),
+    "hpcgnn_job_bytes": (_I64, ()),
+    "hpcgnn_job_help": (_I64, (_P,)),
     "hpcgnn_f16c": (_INT, ()),
     "hpcgnn_stream_bytes": (_I64, ()),
 }
@@ -70,6 +72,37 @@ def thread_budget(n: int | None) -> None:
     loader stages running at once (sampling, gathering) split the rank's threads this way instead of each
     starting a team of all of them."""
     _budget.threads = n
+
+
+class GatherShare:
+    """Row gathers that another thread may help with: the gathering thread of a two-stage loader hands each of
+    its row gathers here while it runs (:func:`share_gathers`), and the sampling thread, its next batch made
+    and waiting for room, takes chunks of it (:meth:`help`). The stages then meet where their times differ
+    (a typed batch's gather takes longer than its sampling), with no thread more than the cores."""
+
+    def __init__(self) -> None:
+        self.job: Tensor | None = None  # the running gather's job buffer (C's struct job), or None
+        self.changed = threading.Condition()  # notified when a gather starts, and by the caller when room opens
+
+    def help(self) -> int:
+        """Chunks of the running gather until none is left; how many this thread did (0: none was left, or
+        no gather is running)."""
+        job = self.job  # held here: the buffer lives while this thread may still read it
+        return 0 if job is None else int(kernels().hpcgnn_job_help(_ptr(job)))
+
+    def _run(self, job: Tensor, fn, *args) -> int:
+        with self.changed:
+            self.job = job
+            self.changed.notify_all()
+        try:
+            return fn(*args, _ptr(job))
+        finally:
+            self.job = None
+
+
+def share_gathers(share: GatherShare | None) -> None:
+    """Row gathers called from this thread from now on are handed to ``share`` while they run (None: not)."""
+    _budget.share = share
 
 
 class NativeUnavailable(RuntimeError):
@@ -334,12 +367,17 @@ def gather_rows(src: Tensor, index: Tensor, out: Tensor, at: Tensor | None = Non
     scratch = torch.empty(chunks, dtype=torch.long)
     row = src[0].numel() if src.size(0) else 0
     places = _ptr(at) if at is not None else None
+    lib = kernels()
     if widen:
-        bad = kernels().hpcgnn_gather_rows_wide(_ptr(src), src.size(0), row, int(src.dtype == torch.float16), _ptr(index),
-                                                index.numel(), _ptr(out), places, chunks, _ptr(scratch), threads())
+        fn, args = lib.hpcgnn_gather_rows_wide, (_ptr(src), src.size(0), row, int(src.dtype == torch.float16))
     else:
-        bad = kernels().hpcgnn_gather_rows(_ptr(src), src.size(0), row * src.element_size(), _ptr(index), index.numel(),
-                                           _ptr(out), places, chunks, _ptr(scratch), threads())
+        fn, args = lib.hpcgnn_gather_rows, (_ptr(src), src.size(0), row * src.element_size())
+    args = (*args, _ptr(index), index.numel(), _ptr(out), places, chunks, _ptr(scratch), threads())
+    share = getattr(_budget, "share", None)
+    if share is None or chunks < 2:
+        bad = fn(*args, None)
+    else:  # a job buffer of its own (zeroed: no chunk in it until the gather publishes them)
+        bad = share._run(torch.zeros(lib.hpcgnn_job_bytes(), dtype=torch.uint8), fn, *args)
     if bad < 0:
         raise IndexError(f"index {int(index[-1 - bad])} is out of range for {src.size(0)} rows")
     return out
