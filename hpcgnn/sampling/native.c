@@ -587,9 +587,10 @@ __attribute__((target("avx"))) static void stream_lines_avx(char *o, const char 
 /* n bytes (whole lines, o at a line's start) from s to o, past the caches. */
 static void stream_lines(char *o, const char *s, size_t n) {
 #if !defined(HPCGNN_NO_F16C)
-    static int avx = -1; /* (threads that race here all write the same answer) */
-    if (avx < 0) avx = has_avx(0);
-    if (avx) {
+    static int avx = -1; /* asked once; threads that race here all store the same answer */
+    int has = __atomic_load_n(&avx, __ATOMIC_RELAXED);
+    if (has < 0) __atomic_store_n(&avx, has = has_avx(0), __ATOMIC_RELAXED);
+    if (has) {
         stream_lines_avx(o, s, n);
         return;
     }
