@@ -27,40 +27,14 @@
 
 typedef void (*chunk_fn)(void *ctx, int64_t chunk);
 
-struct team {
-    chunk_fn fn;
-    void *ctx;
-    int64_t chunks, next;
-};
-
-static void *team_work(void *arg) {
-    struct team *t = (struct team *)arg;
-    for (int64_t c; (c = __atomic_fetch_add(&t->next, 1, __ATOMIC_RELAXED)) < t->chunks;) t->fn(t->ctx, c);
-    return NULL;
-}
-
-/* fn(ctx, c) for every chunk c < chunks, on up to `threads` threads (this one included). */
-static void parallel_chunks(int threads, int64_t chunks, chunk_fn fn, void *ctx) {
-    struct team t = {fn, ctx, chunks, 0};
-    pthread_t helpers[MAX_THREADS];
-    int started = 0;
-    if (threads > MAX_THREADS) threads = MAX_THREADS;
-    if (threads > chunks) threads = (int)chunks;
-    for (int k = 1; k < threads; k++)
-        if (pthread_create(&helpers[started], NULL, team_work, &t) == 0) started++;
-    team_work(&t);
-    for (int k = 0; k < started; k++) pthread_join(helpers[k], NULL);
-}
-
 /* Chunk c of n items: [n * c / chunks, n * (c + 1) / chunks). */
 static inline int64_t chunk_start(int64_t n, int64_t chunks, int64_t c) { return (int64_t)((__int128)n * c / chunks); }
 
-/* Work that a thread outside its team may help with (the sampling thread of a two-stage loader, while its next
- * batch waits for room, helps the gathering thread with its rows): the team and any helper take chunks from one
- * counter. The job lives in a buffer of hpcgnn_job_bytes() zeroed bytes that the caller hands to the work and to
- * helpers, a new buffer for each piece of work: a helper late for one finds no chunk left in it, never another's.
- * ctx is the caller's, on its stack: only a helper holding a chunk reads it, and the caller returns only once
- * every chunk is done. */
+/* Work cut into chunks that a team of threads takes from one counter. A thread outside the team may help (the
+ * sampling thread of a two-stage loader, while its next batch waits for room, helps the gathering thread with its
+ * rows) where the caller hands it the job: a buffer of hpcgnn_job_bytes() zeroed bytes, a new one for each piece
+ * of work, so a helper late for one finds no chunk left in it, never another's. ctx is the caller's, on its
+ * stack: only a thread holding a chunk reads it, and the caller returns only once every chunk is done. */
 struct job {
     int64_t chunks; /* stored last (release): a helper that reads it reads fn and ctx too */
     int64_t next, done;
@@ -88,8 +62,8 @@ static void *job_thread(void *job) {
     return NULL;
 }
 
-/* fn(ctx, c) for every chunk, on up to `threads` threads and whichever helpers come (hpcgnn_job_help); returns
- * once every chunk is done, helpers' included. */
+/* fn(ctx, c) for every chunk, on up to `threads` threads (this one included) and whichever helpers the job
+ * buffer j was handed to; returns once every chunk is done, helpers' included. */
 static void shared_chunks(int threads, int64_t chunks, chunk_fn fn, void *ctx, struct job *j) {
     pthread_t helpers[MAX_THREADS];
     int started = 0;
@@ -103,6 +77,12 @@ static void shared_chunks(int threads, int64_t chunks, chunk_fn fn, void *ctx, s
     hpcgnn_job_help(j);
     for (int k = 0; k < started; k++) pthread_join(helpers[k], NULL);
     while (__atomic_load_n(&j->done, __ATOMIC_ACQUIRE) < chunks) sched_yield(); /* a helper's last chunk */
+}
+
+/* fn(ctx, c) for every chunk c < chunks, on up to `threads` threads (this one included): a job no helper sees. */
+static void parallel_chunks(int threads, int64_t chunks, chunk_fn fn, void *ctx) {
+    struct job j = {0, 0, 0, NULL, NULL};
+    shared_chunks(threads, chunks, fn, ctx, &j);
 }
 
 /* parallel_chunks for kernels that check their items: a chunk that meets a bad one writes -1 - its index to
@@ -611,6 +591,9 @@ static void stream_done(void) {}
 /* The bytes from which a gather's rows are written past the caches (0: never, on this CPU's kind). */
 int64_t hpcgnn_stream_bytes(void) { return CAN_STREAM ? STREAM_BYTES : 0; }
 
+/* Whether a gather writing out_bytes writes them past the caches. */
+static int streams(int64_t out_bytes) { return CAN_STREAM && out_bytes >= STREAM_BYTES; }
+
 /* memcpy(o, s, n), the whole lines of o streamed. */
 static inline void copy_streamed(char *o, const char *s, size_t n) {
     size_t head = (LINE - ((uintptr_t)o & (LINE - 1))) & (LINE - 1);
@@ -660,7 +643,7 @@ static void rows_chunk(void *ctx, int64_t c) {
 int64_t hpcgnn_gather_rows(const void *src, int64_t rows, int64_t row_bytes, const int64_t *index, int64_t n, void *out,
                            const int64_t *at, int64_t chunks, int64_t *chunk_bad, int threads, void *job) {
     struct rows k = {(const char *)src, (char *)out, index, at, rows, row_bytes, n, chunks, chunk_bad,
-                     CAN_STREAM && n * row_bytes >= STREAM_BYTES};
+                     streams(n * row_bytes)};
     return checked_chunks(threads, chunks, rows_chunk, &k, chunk_bad, job);
 }
 
@@ -779,6 +762,6 @@ static void wide_rows_chunk(void *ctx, int64_t c) {
 int64_t hpcgnn_gather_rows_wide(const void *src, int64_t rows, int64_t cols, int half, const int64_t *index, int64_t n,
                                 void *out, const int64_t *at, int64_t chunks, int64_t *chunk_bad, int threads, void *job) {
     struct wide_rows k = {(const uint16_t *)src, (uint32_t *)out, index, at, rows, cols, n, chunks, chunk_bad, half,
-                          CAN_STREAM && n * cols * (int64_t)sizeof(float) >= STREAM_BYTES};
+                          streams(n * cols * (int64_t)sizeof(float))};
     return checked_chunks(threads, chunks, wide_rows_chunk, &k, chunk_bad, job);
 }
