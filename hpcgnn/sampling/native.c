@@ -19,9 +19,22 @@
 #include <string.h>
 
 /* Loads run ahead of their use by this many items: the rows' neighbour lists and the id maps are far
- * larger than the caches, so each item waits on memory unless many are in flight at once. */
+ * larger than the caches, so each item waits on memory unless many are in flight at once.
+ *
+ * Where the lines go: into L2 where HPCGNN_PREFETCH_L2 is defined (native.py defines it on Intel CPUs), else
+ * non-temporally (prefetchnta). An Intel core tracks its L1 misses in a few line fill buffers (10-16), and a
+ * prefetch into L1 holds one until its line arrives, so few lines are in flight per core; a prefetch into L2
+ * is tracked by L2's longer queue. On an Emerald Rapids core that made a typed batch's row gather 1.6x faster
+ * and its sampling 1.15x (docs/benchmarks.md). AMD's Zen 4, where prefetchnta was measured, keeps it. */
 #define AHEAD 16
-#define PREFETCH(p) __builtin_prefetch((const void *)(p), 0, 0)
+#ifdef HPCGNN_PREFETCH_L2
+#define PREFETCH_HINT 2 /* prefetcht1 */
+#else
+#define PREFETCH_HINT 0 /* prefetchnta */
+#endif
+#define PREFETCH(p) __builtin_prefetch((const void *)(p), 0, PREFETCH_HINT)
+/* A line about to be written (prefetchw where the compiler may use it; else a read prefetch, the same hint). */
+#define PREFETCH_W(p) __builtin_prefetch((const void *)(p), 1, PREFETCH_HINT)
 #define MAX_THREADS 64
 #define LOW_BITS 0x0101010101010101ULL /* the lowest bit of each of a word's bytes */
 
@@ -352,7 +365,7 @@ static void read_marks(void *ctx, int64_t c) { /* scan, second pass: the marked 
 static void put_found(void *ctx, int64_t c) {
     struct numbering *k = (struct numbering *)ctx;
     for (int64_t r = chunk_start(k->count, k->chunks, c), end = chunk_start(k->count, k->chunks, c + 1); r < end; r++) {
-        if (r + AHEAD < end) __builtin_prefetch(k->table + k->found[r + AHEAD], 1, 0);
+        if (r + AHEAD < end) PREFETCH_W(k->table + k->found[r + AHEAD]);
         k->table[k->found[r]] = k->total + r;
     }
 }
@@ -450,7 +463,7 @@ static void insert_chunk(void *ctx, int64_t c) {
     int64_t *out = k->found ? k->found + i : NULL, count = 0;
     for (; i < end; i++) {
         if (i + AHEAD < end && k->ids[i + AHEAD] >= 0)
-            __builtin_prefetch(k->keys + hash_slot(k->ids[i + AHEAD], shift), 1, 0);
+            PREFETCH_W(k->keys + hash_slot(k->ids[i + AHEAD], shift));
         int64_t id = k->ids[i];
         if (id < 0) { /* not an id: the chunk reports it */
             k->chunk_found[c] = -1 - i;
