@@ -253,19 +253,6 @@ def cpu_flags(cpuinfo: str | None = None, environ: Mapping[str, str] | None = No
     return frozenset()
 
 
-def cpu_vendor(cpuinfo: str | None = None) -> str:
-    """This CPU's vendor as Linux lists it (``GenuineIntel``, ``AuthenticAMD``; empty elsewhere), or that of a
-    recorded ``cpuinfo`` file. hpcgnn's C kernels prefetch by it (:func:`hpcgnn.sampling.native.machine_defines`)."""
-    try:
-        with open(cpuinfo or "/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("vendor_id"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return ""
-
-
 def interactive_reason(environ: Mapping[str, str] | None = None) -> str | None:
     """Why this process looks like a shell a user types in (srun --pty bash, salloc), or None."""
     if read("pty_port", environ) is not None:

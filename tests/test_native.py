@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from hpcgnn import env
 from hpcgnn.config import DatasetConfig
 from hpcgnn.data import Graph, build_graph
 from hpcgnn.data.synthetic import make_synthetic_typed
@@ -379,36 +378,6 @@ def test_kernels_are_built_once_per_source_and_compiler(tmp_path):
     other.parent.mkdir()
     other.symlink_to(shutil.which("cc"))
     assert native.build(cache=tmp_path, compiler=str(other)) != lib
-
-
-@needs_cc
-def test_each_cpu_vendor_gets_its_own_build_and_both_make_the_same_batches(tmp_path, monkeypatch, graph):
-    """Intel's build prefetches into L2, the others' non-temporally: a shared home holds one library per
-    vendor (a login node and compute nodes of another kind), and both sample and gather bit for bit alike."""
-    intel, amd = tmp_path / "cpuinfo-intel", tmp_path / "cpuinfo-amd"
-    intel.write_text("processor\t: 0\nvendor_id\t: GenuineIntel\nflags\t\t: fpu avx2\n")
-    amd.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\nflags\t\t: fpu avx2\n")
-    assert (env.cpu_vendor(str(intel)), env.cpu_vendor(str(amd))) == ("GenuineIntel", "AuthenticAMD")
-    assert env.cpu_vendor(str(tmp_path / "none")) == ""
-    assert native.machine_defines("GenuineIntel") == ("-DHPCGNN_PREFETCH_L2",)
-    assert native.machine_defines("AuthenticAMD") == native.machine_defines("") == ()
-    libs = {}
-    for vendor in ("GenuineIntel", "AuthenticAMD"):
-        monkeypatch.setattr(env, "cpu_vendor", lambda vendor=vendor: vendor)
-        libs[vendor] = native.load(native.build(cache=tmp_path / "cache"))
-    assert len(list((tmp_path / "cache").iterdir())) == 2
-    gen = torch.Generator().manual_seed(4)
-    x = torch.randn(5000, 40, generator=gen)
-    index = torch.randint(0, 5000, (max(native.stream_bytes(), 1 << 20) // 160 + 100,), generator=gen)
-    seeds = torch.randperm(graph.num_nodes, generator=gen)[:64]
-    made = []
-    for lib in libs.values():
-        monkeypatch.setattr(native, "kernels", lambda lib=lib: lib)
-        out = CSRNeighborSampler(graph.rowptr, graph.col, (5, 3)).sample(seeds, torch.Generator().manual_seed(1))
-        made.append((out, native.gather_rows(x, index, torch.empty(index.numel(), 40))))
-    (a, rows_a), (b, rows_b) = made
-    assert torch.equal(rows_a, x.index_select(0, index)) and torch.equal(rows_a, rows_b)
-    assert torch.equal(a.n_id, b.n_id) and torch.equal(a.edge_index, b.edge_index)
 
 
 def test_without_a_compiler_sampling_runs_on_torch_ops_and_says_how_to_mend_it(monkeypatch, caplog, graph):

@@ -21,17 +21,13 @@
 /* Loads run ahead of their use by this many items: the rows' neighbour lists and the id maps are far
  * larger than the caches, so each item waits on memory unless many are in flight at once.
  *
- * Where the lines go: into L2 where HPCGNN_PREFETCH_L2 is defined (native.py defines it on Intel CPUs), else
- * non-temporally (prefetchnta). An Intel core tracks its L1 misses in a few line fill buffers (10-16), and a
- * prefetch into L1 holds one until its line arrives, so few lines are in flight per core; a prefetch into L2
- * is tracked by L2's longer queue. On an Emerald Rapids core that made a typed batch's row gather 1.6x faster
- * and its sampling 1.15x (docs/benchmarks.md). AMD's Zen 4, where prefetchnta was measured, keeps it. */
+ * Where the lines go: into L2 (prefetcht1 on x86). A core tracks its L1 misses in a few miss buffers (an Intel
+ * core's 10-16 line fill buffers), and a prefetch into L1, prefetchnta included, holds one until its line arrives,
+ * so few lines are in flight per core; a prefetch into L2 is tracked by L2's longer queue. On an Emerald Rapids
+ * core that made a typed batch's row gather 1.6x faster and its sampling 1.15x; on an AMD Zen 4 (EPYC) core, the
+ * typed loader 1.17x and the default graph's 1.13x (docs/benchmarks.md). */
 #define AHEAD 16
-#ifdef HPCGNN_PREFETCH_L2
 #define PREFETCH_HINT 2 /* prefetcht1 */
-#else
-#define PREFETCH_HINT 0 /* prefetchnta */
-#endif
 #define PREFETCH(p) __builtin_prefetch((const void *)(p), 0, PREFETCH_HINT)
 /* A line about to be written (prefetchw where the compiler may use it; else a read prefetch, the same hint). */
 #define PREFETCH_W(p) __builtin_prefetch((const void *)(p), 1, PREFETCH_HINT)

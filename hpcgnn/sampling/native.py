@@ -4,8 +4,8 @@ The host sampler's hops and its numbering of new nodes are loops that torch ops 
 many passes over memory (a Floyd step per sampled slot, a sort or a scan per hop). ``native.c``
 runs them in one pass each. It includes no torch header: the C compiler builds it in about a
 second, into ``$XDG_CACHE_HOME/hpcgnn/native`` (default ``~/.cache``), keyed by the source, the
-compiler and the machine (its architecture, and its CPU vendor: native.c prefetches by it), so every rank
-of a node, and every later run, loads the same library.
+compiler and the machine's architecture, so every rank of a node, and every later run, loads the same
+library.
 
 The kernels take the same key (drawn by torch from the batch's generator, once per hop), make the
 same uniform numbers of it (``neighbor.counter_uniform``) and the same batch, bit for bit, as the
@@ -110,13 +110,6 @@ class NativeUnavailable(RuntimeError):
     """The C kernels could not be built or loaded here (the reason says why)."""
 
 
-def machine_defines(vendor: str | None = None) -> tuple[str, ...]:
-    """What the kernels are built with for this CPU (``vendor``: :func:`hpcgnn.env.cpu_vendor`'s answer): on
-    Intel's, prefetches into L2 (``HPCGNN_PREFETCH_L2``, the reason in native.c), elsewhere non-temporal ones."""
-    vendor = env.cpu_vendor() if vendor is None else vendor
-    return ("-DHPCGNN_PREFETCH_L2",) if vendor == "GenuineIntel" else ()
-
-
 def build(cache: Path | None = None, compiler: str | None = None) -> Path:
     """The kernels' shared library, built now if this source, compiler and machine have none yet."""
     compiler = compiler or env.read("c_compiler") or "cc"
@@ -130,8 +123,7 @@ def build(cache: Path | None = None, compiler: str | None = None) -> Path:
     except (OSError, subprocess.TimeoutExpired) as e:
         raise NativeUnavailable(f"{compiler} --version failed: {e}") from e
     source = SOURCE.read_bytes()
-    flags = (*FLAGS, *machine_defines())
-    key = hashlib.sha256(source + version.encode() + " ".join([*command, *flags]).encode()  # the compiler's path too
+    key = hashlib.sha256(source + version.encode() + " ".join([*command, *FLAGS]).encode()  # the compiler's path too
                          + platform.machine().encode())
     folder = cache or env.cache_home() / "hpcgnn" / "native"
     lib = folder / f"sampling-{key.hexdigest()[:16]}.so"
@@ -141,9 +133,9 @@ def build(cache: Path | None = None, compiler: str | None = None) -> Path:
     fd, tmp = tempfile.mkstemp(prefix=lib.stem, suffix=".so.tmp", dir=folder)
     os.close(fd)
     try:  # built aside, then renamed: ranks building at once each leave a whole library
-        res = subprocess.run([*command, *flags, str(SOURCE), "-o", tmp], capture_output=True, text=True, timeout=120)
+        res = subprocess.run([*command, *FLAGS, str(SOURCE), "-o", tmp], capture_output=True, text=True, timeout=120)
         if res.returncode:  # an older compiler may not know F16C's intrinsics: without them (float16 rows by torch)
-            res = subprocess.run([*command, *flags, "-DHPCGNN_NO_F16C", str(SOURCE), "-o", tmp], capture_output=True,
+            res = subprocess.run([*command, *FLAGS, "-DHPCGNN_NO_F16C", str(SOURCE), "-o", tmp], capture_output=True,
                                  text=True, timeout=120)
         if res.returncode:
             raise NativeUnavailable(f"{compiler} failed: {res.stderr.strip()[-500:]}")
