@@ -410,6 +410,10 @@ static void lookup_chunk(void *ctx, int64_t c) {
     const uint64_t size = (uint64_t)k->size;
     int64_t i = chunk_start(k->n, k->chunks, c), end = chunk_start(k->n, k->chunks, c + 1);
     for (; i < end; i++) {
+        if (i + AHEAD < end && (uint64_t)ids[i + AHEAD] < size) {
+            PREFETCH(table + ids[i + AHEAD]);
+            PREFETCH(mark + ids[i + AHEAD]);
+        }
         int64_t id = ids[i];
         if ((uint64_t)id >= size) {
             k->chunk_bad[c] = -1 - i;
