@@ -163,9 +163,10 @@ static void hop_chunk(void *ctx, int64_t c) {
     const int32_t *col32 = (const int32_t *)h->col;
     const int64_t *col64 = (const int64_t *)h->col;
     int64_t slot = h->chunk_slot[c], b = h->chunk_big[c], end = chunk_start(h->m, h->chunks, c + 1);
-    /* A drawing row's offsets, where the chunk has such rows (then fanout < their degree: a real size; a
-     * fanout that keeps every neighbour, 2^62, allocates nothing). */
-    int64_t *drawn = h->chunk_big[c + 1] > b ? (int64_t *)malloc(sizeof(int64_t) * (size_t)fanout) : NULL;
+    /* Which of a drawing row's offsets are drawn: a bit per offset, grown to the chunk's largest degree, its bits
+     * cleared after each row (Floyd's "drawn before?" in one test, where a scan of the draws took fanout / 2). */
+    uint64_t *seen = NULL;
+    int64_t seen_words = 0;
     for (int64_t block = chunk_start(h->m, h->chunks, c); block < end; block += BLOCK) {
         int64_t block_end = block + BLOCK < end ? block + BLOCK : end, first_slot = slot;
         /* First the block's positions in col, written where its neighbours go, each asked for at once... */
@@ -173,24 +174,23 @@ static void hop_chunk(void *ctx, int64_t c) {
             if (i + 2 * BLOCK < end) PREFETCH(rowptr + nodes[i + 2 * BLOCK]); /* the block after next's rows */
             int64_t start = rowptr[nodes[i]], deg = rowptr[nodes[i] + 1] - start, row = h->row_base + i;
             if (deg > fanout) {
-                for (int64_t j = 0; j < fanout; j++) {
-                    int64_t top = deg - fanout + j;
-                    int64_t t = (int64_t)(counter_uniform(h->key, j * nbig + b) * (double)(top + 1));
-                    if (t > top) t = top;
-                    for (int64_t q = 0; q < j; q++) {
-                        if (drawn[q] == t) {
-                            t = top;
-                            break;
-                        }
-                    }
-                    drawn[j] = t;
+                if ((deg + 63) >> 6 > seen_words) {
+                    free(seen);
+                    seen_words = (deg + 63) >> 6;
+                    seen = (uint64_t *)calloc((size_t)seen_words, sizeof(uint64_t));
                 }
                 for (int64_t j = 0; j < fanout; j++) {
-                    int64_t p = start + drawn[j];
+                    int64_t top = deg - fanout + j; /* every earlier draw is below top: top is never drawn yet */
+                    int64_t t = (int64_t)(counter_uniform(h->key, j * nbig + b) * (double)(top + 1));
+                    if (t > top) t = top;
+                    if (seen[t >> 6] >> (t & 63) & 1) t = top;
+                    seen[t >> 6] |= 1ULL << (t & 63);
+                    int64_t p = start + t;
                     PREFETCH(h->col_is_int32 ? (const void *)(col32 + p) : (const void *)(col64 + p));
                     h->row_out[slot] = row;
                     h->nbr_out[slot++] = p;
                 }
+                for (int64_t s = slot - fanout; s < slot; s++) seen[(h->nbr_out[s] - start) >> 6] = 0;
                 b++;
             } else {
                 for (int64_t j = 0; j < deg; j += 8) /* a line holds 16 int32 or 8 int64 entries */
@@ -207,7 +207,7 @@ static void hop_chunk(void *ctx, int64_t c) {
         else
             for (int64_t s = first_slot; s < slot; s++) h->nbr_out[s] = col64[h->nbr_out[s]];
     }
-    free(drawn);
+    free(seen);
 }
 
 /* One hop: for node i, row = row_base + i and nbr = its neighbours, all of them (deg <= fanout) or the
