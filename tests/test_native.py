@@ -314,6 +314,74 @@ def test_a_gather_shared_with_a_helper_thread_writes_the_same_rows(switch):
         gather_helped(bad, torch.empty(index.numel(), 32))
 
 
+@needs_cc
+def test_the_kernels_keep_their_helper_threads_and_share_them_with_callers_and_forked_children(switch, tmp_path,
+                                                                                              monkeypatch):
+    """The kernels' helpers are kept between calls (a pool in native.c, not a thread started per call); a second
+    thread calling while the first holds the pool starts helpers of its own; a child of fork() starts a pool of its
+    own (the parent's helpers are not in it), here while another thread is calling the kernels. Every gather is
+    torch's, bit for bit, and nothing hangs."""
+    import functools
+    import os
+    import signal
+    import threading
+    import time
+
+    switch(True)
+    lib = native.load(native.build(cache=tmp_path))  # a library of its own: a pool no earlier test started
+    monkeypatch.setattr(native, "kernels", functools.lru_cache(maxsize=1)(lambda: lib))
+    gen = torch.Generator().manual_seed(12)
+    x = torch.randn(200_000, 32, generator=gen)
+    index = torch.randint(0, 200_000, (300_000,), generator=gen)  # 73 chunks
+    want = x.index_select(0, index)
+
+    def gathers(times: int, results: list) -> None:
+        native.thread_budget(2)
+        try:
+            for _ in range(times):
+                results.append(torch.equal(native.gather_rows(x, index, torch.empty(index.numel(), 32)), want))
+        finally:
+            native.thread_budget(None)
+
+    tasks = Path("/proc/self/task")  # this process's threads (Linux)
+    threads_now = (lambda: len(list(tasks.iterdir()))) if tasks.exists() else (lambda: 0)
+    before, first = threads_now(), []
+    gathers(1, first)
+    kept = threads_now()
+    assert kept == before + (1 if tasks.exists() else 0)  # the call's helper stays, waiting for the next call
+    gathers(30, first)
+    assert all(first) and len(first) == 31 and threads_now() == kept  # no thread came or went per call
+    results: list[bool] = []
+    callers = [threading.Thread(target=gathers, args=(20, results)) for _ in range(2)]
+    for t in callers:
+        t.start()
+    out = torch.zeros(index.numel(), 32).share_memory_()
+    native.thread_budget(2)
+    try:
+        pid = os.fork()  # while the two threads call the kernels
+        if pid == 0:  # the child: one thread, the kernels only (no torch op that uses OpenMP)
+            code = 1
+            try:
+                native.gather_rows(x, index, out)
+                code = 0 if not tasks.exists() or len(os.listdir(tasks)) == 2 else 3  # itself and its own helper
+            finally:
+                os._exit(code)
+    finally:
+        native.thread_budget(None)
+    deadline = time.monotonic() + 120
+    while (status := os.waitpid(pid, os.WNOHANG))[0] == 0:
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child's gather hung")
+        time.sleep(0.02)
+    for t in callers:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in callers), "two threads calling the kernels at once hung"
+    assert os.waitstatus_to_exitcode(status[1]) == 0 and torch.equal(out, want)
+    assert len(results) == 40 and all(results)
+
+
 def test_a_threads_budget_holds_for_its_thread_only():
     import threading
 
