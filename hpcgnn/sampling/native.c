@@ -8,7 +8,7 @@
  * Work is cut into chunks that `threads` threads take in turn (pthreads, not OpenMP: torch's wheels
  * bring their own OpenMP runtime, and a second one would keep a thread pool of its own beside it),
  * so a thread slowed by a busy core takes fewer chunks instead of holding the others up. What a
- * chunk writes depends only on the chunk.
+ * chunk writes depends only on the chunk. The helper threads are kept between calls (the pool below).
  *
  * Ids are int64; col may be int32 or int64 (col_is_int32).
  */
