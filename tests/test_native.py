@@ -420,6 +420,11 @@ def test_kernels_refuse_ids_outside_the_graph(switch, graph):
     switch(True)
     with pytest.raises(IndexError, match="node 3000 is out of range for a graph of 3000 nodes"):
         sample_neighbors(graph.rowptr, graph.col, torch.tensor([4, 3000]), 3)
+    torch.set_num_threads(2)
+    many = torch.randint(0, 3000, (5 * native.CHUNK,), generator=torch.Generator().manual_seed(3))
+    many[[2 * native.CHUNK + 7, 4 * native.CHUNK + 1]] = torch.tensor([3001, 3000])  # counted in chunks: the first
+    with pytest.raises(IndexError, match="node 3001 is out of range for a graph of 3000 nodes"):
+        sample_neighbors(graph.rowptr, graph.col, many, 3)
     ids_map = DenseIdMap(100)
     ids_map.put(torch.tensor([7]), torch.tensor([0]))
     with pytest.raises(IndexError, match="id 100 is out of range for a map of 100 ids"):

@@ -209,25 +209,45 @@ static inline double counter_uniform(uint64_t key, int64_t index) {
 /* One hop's plan: the output slots (sum over nodes of min(deg, fanout)) and the nodes that draw a
  * subset (deg > fanout), nbig, the stride of the hop's uniform numbers; per chunk of nodes,
  * where its slots and its drawing nodes start (chunk_slot, chunk_big: chunks + 1 entries).
- * A node outside [0, rows) returns -1 - its index, and nothing is sampled. */
-int64_t hpcgnn_hop_plan(const int64_t *rowptr, int64_t rows, const int64_t *nodes, int64_t m, int64_t fanout,
-                        int64_t chunks, int64_t *chunk_slot, int64_t *chunk_big) {
+ * A node outside [0, rows) returns -1 - its index (the first such), and nothing is sampled.
+ * The chunks are counted on up to `threads` threads, then summed in order. */
+struct plan {
+    const int64_t *rowptr, *nodes;
+    int64_t rows, m, fanout, chunks;
+    int64_t *chunk_slot, *chunk_big;
+};
+
+static void plan_chunk(void *ctx, int64_t c) { /* chunk c's slots and drawing nodes (or -1 - its first bad node) */
+    const struct plan *k = (const struct plan *)ctx;
     int64_t slots = 0, nbig = 0;
-    for (int64_t i = 0; i < m; i++)
-        if (nodes[i] < 0 || nodes[i] >= rows) return -1 - i; /* -1 - (the first node out of range) */
-    for (int64_t c = 0; c < chunks; c++) {
+    for (int64_t i = chunk_start(k->m, k->chunks, c), end = chunk_start(k->m, k->chunks, c + 1); i < end; i++) {
+        if (i + AHEAD < end && (uint64_t)k->nodes[i + AHEAD] < (uint64_t)k->rows)
+            PREFETCH(k->rowptr + k->nodes[i + AHEAD]);
+        if ((uint64_t)k->nodes[i] >= (uint64_t)k->rows) {
+            k->chunk_slot[c] = -1 - i;
+            return;
+        }
+        int64_t deg = k->rowptr[k->nodes[i] + 1] - k->rowptr[k->nodes[i]];
+        slots += deg > k->fanout ? k->fanout : deg;
+        nbig += deg > k->fanout;
+    }
+    k->chunk_slot[c] = slots;
+    k->chunk_big[c] = nbig;
+}
+
+int64_t hpcgnn_hop_plan(const int64_t *rowptr, int64_t rows, const int64_t *nodes, int64_t m, int64_t fanout,
+                        int64_t chunks, int64_t *chunk_slot, int64_t *chunk_big, int threads) {
+    struct plan k = {rowptr, nodes, rows, m, fanout, chunks, chunk_slot, chunk_big};
+    parallel_chunks(threads, chunks, plan_chunk, &k);
+    int64_t slots = 0, nbig = 0;
+    for (int64_t c = 0; c < chunks; c++)
+        if (chunk_slot[c] < 0) return chunk_slot[c];
+    for (int64_t c = 0; c < chunks; c++) { /* each chunk's counts become where it starts */
+        int64_t s = chunk_slot[c], b = chunk_big[c];
         chunk_slot[c] = slots;
         chunk_big[c] = nbig;
-        for (int64_t i = chunk_start(m, chunks, c), end = chunk_start(m, chunks, c + 1); i < end; i++) {
-            if (i + AHEAD < m) PREFETCH(rowptr + nodes[i + AHEAD]);
-            int64_t deg = rowptr[nodes[i] + 1] - rowptr[nodes[i]];
-            if (deg > fanout) {
-                slots += fanout;
-                nbig++;
-            } else {
-                slots += deg;
-            }
-        }
+        slots += s;
+        nbig += b;
     }
     chunk_slot[chunks] = slots;
     chunk_big[chunks] = nbig;

@@ -40,7 +40,7 @@ FLAGS = ("-O3", "-std=gnu11", "-shared", "-fPIC", "-pthread")  # portable: no -m
 
 _I64, _P, _INT = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
 SIGNATURES = {  # name: (result, arguments)
-    "hpcgnn_hop_plan": (_I64, (_P, _I64, _P, _I64, _I64, _I64, _P, _P)),
+    "hpcgnn_hop_plan": (_I64, (_P, _I64, _P, _I64, _I64, _I64, _P, _P, _INT)),
     "hpcgnn_hop_fill": (None, (_P, _P, _INT, _P, _I64, _I64, _I64, _P, _P, _I64, _I64, _I64, _P, _P, _INT)),
     "hpcgnn_mark_new": (_I64, (_P, _I64, _P, _I64, _P, _I64, _I64, _P, _INT)),
     "hpcgnn_number_found": (_I64, (_P, _P, _I64, _P, _I64, _I64, _I64, _P, _INT)),
@@ -193,7 +193,7 @@ def sample_neighbors(rowptr: Tensor, col: Tensor, nodes: Tensor, fanout: int,
     m, chunks = nodes.numel(), _chunks(nodes.numel())
     chunk_slot, chunk_big = torch.empty(chunks + 1, dtype=torch.long), torch.empty(chunks + 1, dtype=torch.long)
     slots = lib.hpcgnn_hop_plan(_ptr(rowptr), rowptr.numel() - 1, _ptr(nodes), m, fanout, chunks, _ptr(chunk_slot),
-                                _ptr(chunk_big))
+                                _ptr(chunk_big), threads())
     if slots < 0:
         raise IndexError(f"node {int(nodes[-1 - slots])} is out of range for a graph of {rowptr.numel() - 1} nodes")
     nbig = int(chunk_big[chunks])
