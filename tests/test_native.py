@@ -436,6 +436,15 @@ def test_kernels_refuse_ids_outside_the_graph(switch, graph):
         ids_map.get(torch.tensor([7, 100]))
     with pytest.raises(ValueError, match=r"out must be a contiguous int64 tensor of shape \(2,\)"):
         native.dense_get(ids_map.table, ids_map._state, torch.tensor([7, 3]), torch.empty(2, dtype=torch.int32))
+    # in place (a walk's last hop looks its sources up in the edge index itself), across chunks
+    big = DenseIdMap(3000)
+    big.add_new([many[many < 3000][:700]], 0)
+    ids = torch.randint(0, 3000, (5 * native.CHUNK,), generator=torch.Generator().manual_seed(4))
+    want = big.get(ids.clone())
+    assert big.get_into(ids, ids).data_ptr() == ids.data_ptr() and torch.equal(ids, want)
+    ids = many.clone()  # ...and the id out of range named as it was, not as its chunk left it
+    with pytest.raises(IndexError, match="id 3001 is out of range for a map of 3000 ids"):
+        big.get_into(ids, ids)
 
 
 @needs_cc

@@ -512,9 +512,9 @@ struct lookup {
 
 static void lookup_chunk(void *ctx, int64_t c) {
     const struct lookup *k = (const struct lookup *)ctx;
-    const int64_t *restrict table = k->table, *restrict ids = k->ids;
+    const int64_t *restrict table = k->table, *ids = k->ids; /* ids and out may be one array: not restrict */
     const uint8_t *restrict mark = k->mark;
-    int64_t *restrict out = k->out;
+    int64_t *out = k->out;
     const uint64_t size = (uint64_t)k->size;
     int64_t i = chunk_start(k->n, k->chunks, c), end = chunk_start(k->n, k->chunks, c + 1);
     for (; i < end; i++) {
@@ -533,6 +533,8 @@ static void lookup_chunk(void *ctx, int64_t c) {
 
 /* A dense map's lookups: out[i] = table[ids[i]] where the id is in the map (its state 2), else -1. The table
  * itself is not cleared between batches (only the state bytes are), so an entry outside the map is stale.
+ * out may be ids itself (a walk's last hop looks its sources up in place, in the edge index); an id out of
+ * range is reported before its own entry is written.
  * Returns 0, or -1 - the index of an id outside [0, size). chunk_bad: scratch of `chunks` entries. */
 int64_t hpcgnn_dense_get(const int64_t *table, const uint8_t *mark, int64_t size, const int64_t *ids, int64_t n,
                          int64_t *out, int64_t chunks, int64_t *chunk_bad, int threads) {

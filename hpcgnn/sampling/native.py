@@ -27,6 +27,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -184,8 +185,9 @@ def _chunks(n: int) -> int:
 
 
 def sample_neighbors(rowptr: Tensor, col: Tensor, nodes: Tensor, fanout: int,
-                     generator: torch.Generator | None = None, row_start: int = 0) -> tuple[Tensor, Tensor]:
-    """:func:`hpcgnn.sampling.neighbor.sample_neighbors` with Floyd's draws, in two passes of C."""
+                     generator: torch.Generator | None = None, row_start: int = 0,
+                     out: Callable[[int], tuple[Tensor, Tensor]] | None = None) -> tuple[Tensor, Tensor]:
+    """:func:`hpcgnn.sampling.neighbor.sample_neighbors` with Floyd's draws, in two passes of C (``out``: there)."""
     from hpcgnn.sampling import neighbor
 
     lib = kernels()
@@ -199,8 +201,9 @@ def sample_neighbors(rowptr: Tensor, col: Tensor, nodes: Tensor, fanout: int,
     nbig = int(chunk_big[chunks])
     # The key the torch path draws (floyd_sample), when a row draws: the kernel makes the uniform numbers of it.
     key = int(neighbor.draw_key(generator, rowptr.device)) if nbig else 0
-    row = torch.empty(slots, dtype=torch.long)
-    nbr = torch.empty(slots, dtype=torch.long)
+    row, nbr = out(slots) if out is not None else (torch.empty(slots, dtype=torch.long), torch.empty(slots, dtype=torch.long))
+    if out is not None and not all(t.dtype == torch.long and t.is_contiguous() and t.shape == (slots,) for t in (row, nbr)):
+        raise ValueError(f"out must give two contiguous int64 tensors of {slots} entries")
     lib.hpcgnn_hop_fill(_ptr(rowptr), _ptr(col), int(col.dtype == torch.int32), _ptr(nodes), m, fanout, chunks,
                         _ptr(chunk_slot), _ptr(chunk_big), key, nbig, row_start, _ptr(row), _ptr(nbr),
                         threads())
@@ -230,7 +233,7 @@ def number_new(table: Tensor, state: Tensor, candidates: list[Tensor], total: in
 def dense_get(table: Tensor, state: Tensor, ids: Tensor, out: Tensor | None = None) -> Tensor:
     """A dense map's lookups (``DenseIdMap.get`` once :func:`number_new` keeps its state): ``table[ids]`` where
     an id is in the map (its state 2), else -1, whatever the table holds there (it is not cleared between
-    batches: the state is). ``out``: int64, contiguous, as long as ``ids``, written in place."""
+    batches: the state is). ``out``: int64, contiguous, as long as ``ids``, written in place (it may be ``ids`` itself)."""
     ids = ids.long().contiguous()
     if out is None:
         out = torch.empty_like(ids)

@@ -13,7 +13,10 @@ hpcgnn's own loader calls :meth:`CSRNeighborSampler.sample` and gets a :class:`S
 
 from __future__ import annotations
 
+import functools
+import inspect
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -225,6 +228,43 @@ class BatchIdMap(IdMap):
         self.impl.clear(ids)
 
 
+@functools.cache
+def takes_out(hop) -> bool:
+    """Whether a sampler's ``hop`` (or ``draw``) takes ``out`` (a subclass's own may not)."""
+    return "out" in inspect.signature(hop).parameters
+
+
+class LastHop:
+    """A walk's edge index, its last hop sampled straight into it (its rows are most of a batch's edges): :meth:`out`
+    hands the sampler views of an edge index with room for the earlier hops' edges before them, so that only those
+    are copied in (:meth:`edge_index`), not the last hop's too. A hop that wrote its edges elsewhere (a subclass that
+    samples on other ranks) gets a new edge index, every hop's targets copied in."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.index: Tensor | None = None
+
+    def out(self, before: int) -> Callable[[int], tuple[Tensor, Tensor]]:
+        """``sample_neighbors``' ``out`` for the last hop, after ``before`` edges of the earlier hops."""
+        def place(slots: int) -> tuple[Tensor, Tensor]:
+            self.index = torch.empty(2, before + slots, dtype=torch.long, device=self.device)
+            return self.index[1, before:], self.index[0, before:]
+        return place
+
+    def edge_index(self, targets: list[Tensor]) -> Tensor:
+        """The [2, E] edge index with every hop's targets in row 1 (row 0 is the caller's: the sources' local ids)."""
+        index, total = self.index, sum(t.numel() for t in targets)
+        if index is None or index.size(1) != total or not targets or \
+                targets[-1].data_ptr() != index[1, total - targets[-1].numel():].data_ptr():
+            index = torch.empty(2, total, dtype=torch.long, device=self.device)  # the last hop went elsewhere
+        at = 0
+        for tgt in targets:
+            if tgt.numel() and tgt.data_ptr() != index[1, at:].data_ptr():
+                index[1, at:at + tgt.numel()] = tgt
+            at += tgt.numel()
+        return index
+
+
 class CSRNeighborSampler(BaseSampler):
     """Samples ``fanouts[h]`` neighbours per node at hop ``h``; holds only references to the CSR.
 
@@ -264,9 +304,12 @@ class CSRNeighborSampler(BaseSampler):
         # The frontier's batch-local ids are always one range: [first, first + len(frontier)).
         frontier, first, total = seeds, 0, seeds.numel()
         n_id = None
+        placed = LastHop(dev)
         try:
-            for fanout in self.fanouts:
-                row, nbr = self.hop(frontier, fanout, generator)
+            for h, fanout in enumerate(self.fanouts):
+                last = h == len(self.fanouts) - 1
+                into = {"out": placed.out(sum(num_edges))} if last and takes_out(type(self).hop) else {}
+                row, nbr = self.hop(frontier, fanout, generator, **into)
                 new_nodes = local.add_new([nbr], total)  # sorted: deterministic local order
                 sources.append(nbr)  # global ids: looked up once the walk is done
                 targets.append(row.add_(first) if first else row)
@@ -275,13 +318,11 @@ class CSRNeighborSampler(BaseSampler):
                 n_ids.append(new_nodes)
                 frontier, first, total = new_nodes, total, total + new_nodes.numel()
             n_id = torch.cat(n_ids)
-            edge_index = torch.empty(2, sum(num_edges), dtype=torch.long, device=dev)
+            edge_index = placed.edge_index(targets)
             at = 0
             for nbr in sources:  # each row written once, in place: the sources' local ids straight into it
                 local.get_into(nbr, edge_index[0, at:at + nbr.numel()])
                 at += nbr.numel()
-            if targets:
-                torch.cat(targets, out=edge_index[1])
         finally:  # the ids put since the last clear: the batch's (one concatenation of them, not two)
             local.clear(n_id if n_id is not None else torch.cat(n_ids))
         return SampledSubgraph(n_id, edge_index, seeds.numel(), tuple(num_nodes), tuple(num_edges))
@@ -303,14 +344,17 @@ class CSRNeighborSampler(BaseSampler):
     def begin_batch(self) -> None:
         """Called before the first hop of every batch (the distributed sampler resets its counters)."""
 
-    def hop(self, frontier: Tensor, fanout: int, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
-        """``(row, nbr)`` for one hop: see :func:`sample_neighbors`. Subclasses sample elsewhere."""
-        return sample_neighbors(self.rowptr, self.col, frontier, fanout, generator, self.method)
+    def hop(self, frontier: Tensor, fanout: int, generator: torch.Generator | None,
+            out: Callable[[int], tuple[Tensor, Tensor]] | None = None) -> tuple[Tensor, Tensor]:
+        """``(row, nbr)`` for one hop: see :func:`sample_neighbors` (``out``: where they may go; a subclass that
+        samples elsewhere may leave it). Subclasses sample elsewhere."""
+        return sample_neighbors(self.rowptr, self.col, frontier, fanout, generator, self.method, out=out)
 
 
 def sample_neighbors(rowptr: Tensor, col: Tensor, nodes: Tensor, fanout: int,
                      generator: torch.Generator | None = None, method: str | None = None,
-                     row_start: int = 0) -> tuple[Tensor, Tensor]:
+                     row_start: int = 0, out: Callable[[int], tuple[Tensor, Tensor]] | None = None
+                     ) -> tuple[Tensor, Tensor]:
     """Up to ``fanout`` distinct uniform neighbours of each node.
 
     Returns ``(row, nbr)``: ``row[i] - row_start`` indexes ``nodes`` (``row_start``: the batch-local
@@ -327,10 +371,12 @@ def sample_neighbors(rowptr: Tensor, col: Tensor, nodes: Tensor, fanout: int,
     first hops: few rows, where Floyd's launches would leave the GPU waiting for the host),
     else Floyd (the outer hops: a sort of every neighbour of 100k+ rows costs more GPU time
     than the whole rest of the batch, measured on an H100 in benchmarks/gpu.py).
+    ``out(slots)``: two int64 tensors of ``slots`` entries to write ``row`` and ``nbr`` into (the last hop's, views
+    of the batch's edge index, which then needs no concatenation); default: new ones.
     """
     device = rowptr.device
     if method in (None, "floyd") and native.usable(rowptr, col, nodes):
-        return native.sample_neighbors(rowptr, col, nodes, fanout, generator, row_start)  # the same draws, in C
+        return native.sample_neighbors(rowptr, col, nodes, fanout, generator, row_start, out)  # the same draws, in C
     start = rowptr.index_select(0, nodes)
     deg = rowptr.index_select(0, nodes + 1).sub_(start)
     take = deg.clamp(max=fanout)
@@ -349,7 +395,11 @@ def sample_neighbors(rowptr: Tensor, col: Tensor, nodes: Tensor, fanout: int,
         # ...but big rows own exactly `fanout` consecutive slots each, which read their drawn offsets.
         slots = (first.index_select(0, big).unsqueeze(1) + torch.arange(fanout, device=device)).view(-1)
         pos[slots] = offsets.add_(start.index_select(0, big).unsqueeze(1)).view(-1)
-    return row.add_(row_start) if row_start else row, col.index_select(0, pos).long()  # col may be stored as int32
+    row, nbr = row.add_(row_start) if row_start else row, col.index_select(0, pos).long()  # col may be int32
+    if out is None:
+        return row, nbr
+    row_out, nbr_out = out(row.numel())
+    return row_out.copy_(row), nbr_out.copy_(nbr)
 
 
 KEYS_PER_SLOT = 4  # on a GPU: keys while the big rows' degrees sum to at most this many per sampled slot

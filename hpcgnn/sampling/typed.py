@@ -14,14 +14,21 @@ is the same for the same (seed, epoch, rank, step) however it is re-made.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from hpcgnn.data.typed import Relation
-from hpcgnn.sampling.neighbor import BatchIdMap, DenseIdMap, OneBatchAtATime, sample_neighbors
+from hpcgnn.sampling.neighbor import (
+    BatchIdMap,
+    DenseIdMap,
+    LastHop,
+    OneBatchAtATime,
+    sample_neighbors,
+    takes_out,
+)
 
 
 @dataclass(frozen=True)
@@ -73,18 +80,19 @@ class TypedNeighborSampler:
     def begin_batch(self) -> None:
         """Called once per batch, before its first hop."""
 
-    def draw(self, hop: int, frontier: dict[str, tuple[Tensor, int]], generator: torch.Generator | None
-             ) -> list[tuple[Relation, Tensor, Tensor]]:
+    def draw(self, hop: int, frontier: dict[str, tuple[Tensor, int]], generator: torch.Generator | None,
+             out: Callable[[Relation], Callable] | None = None) -> list[tuple[Relation, Tensor, Tensor]]:
         """One hop: per relation into a frontier type, (relation, targets' batch-local ids, sources' type-local
         ids), one entry per sampled edge. ``frontier``: type -> (type-local ids, the batch-local id of the
-        first: a frontier's batch-local ids are one range)."""
+        first: a frontier's batch-local ids are one range). ``out(rel)``: :func:`sample_neighbors`' ``out`` for a
+        relation's edges (the last hop's: views of its edge index)."""
         g, drawn = self.graph, []
         for rel in g.relations:
             if rel[2] not in frontier or self.fanouts[rel][hop] < 1:
                 continue
             nodes, first = frontier[rel[2]]
             drawn.append((rel, *sample_neighbors(g.rowptr[rel], g.col[rel], nodes, self.fanouts[rel][hop], generator,
-                                                 row_start=first)))
+                                                 row_start=first, out=out(rel) if out is not None else None)))
         return drawn
 
     def sample(self, seeds: Tensor, generator: torch.Generator | None = None) -> TypedSubgraph:
@@ -111,9 +119,12 @@ class TypedNeighborSampler:
         counts[g.target][0] = total[g.target] = seeds.numel()
         frontier = {g.target: (seeds, 0)}
         n_id: dict[str, Tensor] = {}
+        lasts = {r: LastHop(device) for r in g.relations}  # each relation's last hop, sampled into its edge index
         try:
             for hop in range(self.num_hops):
-                drawn = self.draw(hop, frontier, generator)
+                into = {"out": lambda rel: lasts[rel].out(sum(num_edges[rel]))} \
+                    if hop == self.num_hops - 1 and takes_out(type(self).draw) else {}
+                drawn = self.draw(hop, frontier, generator, **into)
                 frontier = {}
                 for t in node_types:  # number the new nodes of each type (sorted: a deterministic order)
                     found = [nbr for rel, _, nbr in drawn if rel[0] == t]
@@ -132,13 +143,11 @@ class TypedNeighborSampler:
             n_id = {t: torch.cat(v) if v else torch.empty(0, dtype=torch.long, device=device) for t, v in n_ids.items()}
             edge_index = {}
             for rel in g.relations:  # each row written once, in place (no stack, then cat, of 2 x edges)
-                edge_index[rel] = ei = torch.empty(2, sum(num_edges[rel]), dtype=torch.long, device=device)
+                edge_index[rel] = ei = lasts[rel].edge_index(targets[rel])
                 at = 0
                 for nbr in sources[rel]:  # the sources' batch-local ids, straight into the edge index
                     local[rel[0]].get_into(nbr, ei[0, at:at + nbr.numel()])
                     at += nbr.numel()
-                if targets[rel]:
-                    torch.cat(targets[rel], out=ei[1])
         finally:  # the ids put since the last clear: the batch's (one concatenation of them, not two)
             for t, parts in n_ids.items():
                 if parts:
