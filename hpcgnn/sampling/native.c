@@ -238,10 +238,9 @@ static void plan_chunk(void *ctx, int64_t c) { /* chunk c's slots and drawing no
 int64_t hpcgnn_hop_plan(const int64_t *rowptr, int64_t rows, const int64_t *nodes, int64_t m, int64_t fanout,
                         int64_t chunks, int64_t *chunk_slot, int64_t *chunk_big, int threads) {
     struct plan k = {rowptr, nodes, rows, m, fanout, chunks, chunk_slot, chunk_big};
-    parallel_chunks(threads, chunks, plan_chunk, &k);
+    int64_t bad = checked_chunks(threads, chunks, plan_chunk, &k, chunk_slot, NULL); /* a bad node's code there */
+    if (bad < 0) return bad;
     int64_t slots = 0, nbig = 0;
-    for (int64_t c = 0; c < chunks; c++)
-        if (chunk_slot[c] < 0) return chunk_slot[c];
     for (int64_t c = 0; c < chunks; c++) { /* each chunk's counts become where it starts */
         int64_t s = chunk_slot[c], b = chunk_big[c];
         chunk_slot[c] = slots;

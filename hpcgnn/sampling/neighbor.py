@@ -238,7 +238,8 @@ class LastHop:
     """A walk's edge index, its last hop sampled straight into it (its rows are most of a batch's edges): :meth:`out`
     hands the sampler views of an edge index with room for the earlier hops' edges before them, so that only those
     are copied in (:meth:`edge_index`), not the last hop's too. A hop that wrote its edges elsewhere (a subclass that
-    samples on other ranks) gets a new edge index, every hop's targets copied in."""
+    samples on other ranks) gets a new edge index, every hop's targets copied in. Both walks (the typed one per
+    relation) make their edge index here."""
 
     def __init__(self, device: torch.device):
         self.device = device
@@ -251,8 +252,9 @@ class LastHop:
             return self.index[1, before:], self.index[0, before:]
         return place
 
-    def edge_index(self, targets: list[Tensor]) -> Tensor:
-        """The [2, E] edge index with every hop's targets in row 1 (row 0 is the caller's: the sources' local ids)."""
+    def edge_index(self, targets: list[Tensor], sources: list[Tensor], local: IdMap) -> Tensor:
+        """The [2, E] edge index: every hop's targets (batch-local ids) in row 1, its sources' batch-local ids (their
+        ids looked up in ``local``) in row 0; each row written once, in place."""
         index, total = self.index, sum(t.numel() for t in targets)
         if index is None or index.size(1) != total or not targets or \
                 targets[-1].data_ptr() != index[1, total - targets[-1].numel():].data_ptr():
@@ -262,6 +264,10 @@ class LastHop:
             if tgt.numel() and tgt.data_ptr() != index[1, at:].data_ptr():
                 index[1, at:at + tgt.numel()] = tgt
             at += tgt.numel()
+        at = 0
+        for nbr in sources:  # the sources' batch-local ids straight into row 0 (the last hop's: in place)
+            local.get_into(nbr, index[0, at:at + nbr.numel()])
+            at += nbr.numel()
         return index
 
 
@@ -318,11 +324,7 @@ class CSRNeighborSampler(BaseSampler):
                 n_ids.append(new_nodes)
                 frontier, first, total = new_nodes, total, total + new_nodes.numel()
             n_id = torch.cat(n_ids)
-            edge_index = placed.edge_index(targets)
-            at = 0
-            for nbr in sources:  # each row written once, in place: the sources' local ids straight into it
-                local.get_into(nbr, edge_index[0, at:at + nbr.numel()])
-                at += nbr.numel()
+            edge_index = placed.edge_index(targets, sources, local)
         finally:  # the ids put since the last clear: the batch's (one concatenation of them, not two)
             local.clear(n_id if n_id is not None else torch.cat(n_ids))
         return SampledSubgraph(n_id, edge_index, seeds.numel(), tuple(num_nodes), tuple(num_edges))

@@ -141,13 +141,7 @@ class TypedNeighborSampler:
                     targets[rel].append(dst_local)
                     num_edges[rel][hop] += nbr.numel()
             n_id = {t: torch.cat(v) if v else torch.empty(0, dtype=torch.long, device=device) for t, v in n_ids.items()}
-            edge_index = {}
-            for rel in g.relations:  # each row written once, in place (no stack, then cat, of 2 x edges)
-                edge_index[rel] = ei = lasts[rel].edge_index(targets[rel])
-                at = 0
-                for nbr in sources[rel]:  # the sources' batch-local ids, straight into the edge index
-                    local[rel[0]].get_into(nbr, ei[0, at:at + nbr.numel()])
-                    at += nbr.numel()
+            edge_index = {rel: lasts[rel].edge_index(targets[rel], sources[rel], local[rel[0]]) for rel in g.relations}
         finally:  # the ids put since the last clear: the batch's (one concatenation of them, not two)
             for t, parts in n_ids.items():
                 if parts:
