@@ -220,6 +220,7 @@ class DebugConfig:
     signal_step: int = 1  # ... just before this step (a preemption, in-process)
     nan_rank: int = -1  # this rank's loss becomes NaN ...
     nan_step: int = 1  # ... at this step (a diverging run)
+    server_port: int = 0  # local sampler server 0 listens on this port, free or not (tests: a port another process holds); 0: a free one
 
 
 @dataclass(frozen=True)

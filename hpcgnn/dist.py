@@ -18,6 +18,7 @@ that hangs mid-run fails the job within that time (torchtitan does the same).
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import socket
 from collections.abc import Iterator
@@ -106,8 +107,14 @@ def process_group(env: RankEnv, cfg: DistConfig, device: torch.device, always: b
     try:
         # Our own store, so that the rendezvous has its own timeout: waiting for a
         # slow node to start is normal, a collective stuck that long is not.
+        local = is_loopback(env.master_addr)
+        if local:  # every rank is on this machine: nothing listens beyond it (the store here, gloo's pairs)
+            from hpcgnn.env import gloo_on_loopback
+
+            gloo_on_loopback()
         store = dist.TCPStore(env.master_addr, env.master_port, env.world_size, is_master=env.is_main,
-                              timeout=timedelta(seconds=cfg.init_timeout_s), wait_for_workers=True)
+                              timeout=timedelta(seconds=cfg.init_timeout_s), wait_for_workers=True,
+                              master_listen_fd=_listen_on_loopback(env.master_port) if local and env.is_main else None)
     except Exception as exc:
         hint = ("the port is taken: set dist.master_port to a free port" if env.is_main
                 else f"rank 0 did not open {where} in time: check that it started and that the port is reachable")
@@ -132,6 +139,25 @@ def process_group(env: RankEnv, cfg: DistConfig, device: torch.device, always: b
         dist.destroy_process_group()
         _comm_device, _control, _backend = torch.device("cpu"), None, "none"
         _groups.clear()
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` names this machine's loopback interface (a local run's MASTER_ADDR)."""
+    return host in ("localhost", "::1") or host.startswith("127.")
+
+
+def _listen_on_loopback(port: int) -> int:
+    """A socket listening on 127.0.0.1:``port`` for the rendezvous store to take over (its file descriptor):
+    torch's store, left to itself, listens on every interface."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", port))
+        sock.listen(1024)
+    except OSError:
+        sock.close()
+        raise
+    return sock.detach()
 
 
 def backend() -> str:
@@ -195,12 +221,28 @@ def all_reduce_max(t: torch.Tensor) -> torch.Tensor:
 
 
 def all_gather_object(obj: object) -> list:
-    """Every rank's ``obj`` (small, picklable), in rank order; through the control group under nccl."""
+    """Every rank's ``obj`` (small, JSON: numbers, strings, lists, dicts; a tuple comes back a list), in rank
+    order; through the control group under nccl. Nothing is unpickled: gloo's connections are not
+    authenticated (docs/security.md), and JSON runs no code whoever wrote the bytes."""
     if not initialized():
         return [obj]
-    out: list = [None] * dist.get_world_size()
-    dist.all_gather_object(out, obj, group=_control)
-    return out
+    return gather_json(obj, _control)
+
+
+def gather_json(obj: object, group=None) -> list:
+    """``obj`` of every member of ``group`` (default: the default group), in rank order, as JSON over two tensor
+    all-gathers (the lengths, then the bytes padded to the longest) on the CPU (gloo groups)."""
+    data = torch.frombuffer(bytearray(json.dumps(obj).encode()), dtype=torch.uint8)
+    size = dist.get_world_size(group)
+    n = torch.tensor([data.numel()], dtype=torch.long)
+    lengths = [torch.zeros_like(n) for _ in range(size)]
+    dist.all_gather(lengths, n, group=group)
+    most = max(int(x) for x in lengths)
+    mine = torch.zeros(most, dtype=torch.uint8)
+    mine[: data.numel()] = data
+    parts = [torch.empty(most, dtype=torch.uint8) for _ in range(size)]
+    dist.all_gather(parts, mine, group=group)
+    return [json.loads(bytes(p[: int(k)].numpy())) for p, k in zip(parts, lengths, strict=True)]
 
 
 def all_gather_rows(mine: torch.Tensor, counts: list[int]) -> torch.Tensor:

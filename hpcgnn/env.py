@@ -10,8 +10,8 @@ This module is the only reader of environment variables. Two tables say what is 
 - :data:`VARIABLES`: every other variable, by role (the requeue count, CPUs and memory of
   the allocation, whether a shell is interactive, the user's config folder).
 
-Nothing here writes ``os.environ`` but :func:`apply_process_defaults` (the one table of variables hpcgnn
-sets, :data:`PROCESS_DEFAULTS`, where the user has not): every function takes the mapping it reads
+Nothing here writes ``os.environ`` but :func:`apply_process_defaults` and :func:`gloo_on_loopback` (the
+tables of variables hpcgnn sets, :data:`PROCESS_DEFAULTS` and :data:`LOOPBACK_DEFAULTS`, where the user has not): every function takes the mapping it reads
 (default: this process's environment).
 """
 
@@ -92,6 +92,8 @@ VARIABLES: dict[str, str] = {
     "het_size": "SLURM_HET_SIZE",  # components of a heterogeneous job (set in its steps)
     "server_nodelist": "SLURM_JOB_NODELIST_HET_GROUP_1",  # the sampler servers' nodes
     "server_tasks_per_node": "SLURM_TASKS_PER_NODE_HET_GROUP_1",  # their tasks per node, e.g. 2(x3)
+    "trainer_nodelist": "SLURM_JOB_NODELIST_HET_GROUP_0",  # the trainers' nodes (a server binds where they reach it)
+    "node_name": "SLURMD_NODENAME",  # this task's node, as SLURM names it
     "het_job_id": "SLURM_JOB_ID_HET_GROUP_0",  # the job's leader id: the servers' ports derive from it
     "task_rank": "SLURM_PROCID",  # a server's index among the servers (its own step)
     "task_local": "SLURM_LOCALID",  # ... and on its node
@@ -122,6 +124,23 @@ def apply_process_defaults(environ: dict | None = None) -> None:
     """Set :data:`PROCESS_DEFAULTS` in ``environ`` (this process's environment), keeping what is set."""
     environ = os.environ if environ is None else environ
     for key, value in PROCESS_DEFAULTS.items():
+        if key not in environ:
+            environ[key] = value
+            APPLIED.add(key)
+
+
+LOOPBACK_DEFAULTS: dict[str, str] = {
+    # gloo listens for its peers on the interface this names (else: the one the host's name resolves to). A run
+    # whose ranks all meet on this machine's loopback needs nothing else, and nothing else is reachable.
+    "GLOO_SOCKET_IFNAME": "lo",
+}
+
+
+def gloo_on_loopback(environ: dict | None = None) -> None:
+    """Set :data:`LOOPBACK_DEFAULTS` in ``environ`` (this process's environment), keeping what the user set: a run
+    whose ranks all meet on 127.0.0.1 (before its process group is made)."""
+    environ = os.environ if environ is None else environ
+    for key, value in LOOPBACK_DEFAULTS.items():
         if key not in environ:
             environ[key] = value
             APPLIED.add(key)

@@ -69,6 +69,22 @@ class CheckpointError(UserError):
     kind = "checkpoint error"
 
 
+class Untrusted(UserError):
+    """A peer failed the run's authentication (:mod:`hpcgnn.trust`): another user's or another job's process
+    holds a port of the run. Not the user's doing, but nothing to debug either: one line naming the port and
+    the likely cause, exit code 1."""
+
+    kind = "security"
+    exit_code = EXIT_FAILED
+
+
+class PortTaken(UserError):
+    """A port the run must listen on is held by another process; one line naming it, exit code 1."""
+
+    kind = "port taken"
+    exit_code = EXIT_FAILED
+
+
 class AnotherRankFailed(RuntimeError):
     """This rank stops because another one failed first (its error is that one's echo): never the cause
     reported, whichever rank's record is written first."""

@@ -82,24 +82,20 @@ class Comm:
         return out
 
     def gather_objects(self, obj) -> list:
-        """Every other task's ``obj`` (picklable), in task order; [] for one task."""
+        """Every other task's ``obj`` (JSON: nothing unpickled from the wire), in task order; [] for one task."""
         if self.size == 1:
             return []
-        import torch.distributed as dist
+        from hpcgnn.dist import gather_json
 
-        out = [None] * self.size
-        dist.all_gather_object(out, obj, group=self.group)
-        return [o for r, o in enumerate(out) if r != self.rank]
+        return [o for r, o in enumerate(gather_json(obj, self.group)) if r != self.rank]
 
     def broadcast_object(self, obj):
-        """Task 0's ``obj`` (picklable), on every task."""
+        """Task 0's ``obj`` (JSON), on every task."""
         if self.size == 1:
             return obj
-        import torch.distributed as dist
+        from hpcgnn.dist import gather_json
 
-        box = [obj]
-        dist.broadcast_object_list(box, 0, group=self.group)
-        return box[0]
+        return gather_json(obj, self.group)[0]
 
     def broadcast(self, t: Tensor) -> Tensor:
         """Task 0's ``t`` (every task passes a tensor of the same shape and dtype)."""

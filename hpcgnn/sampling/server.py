@@ -17,6 +17,7 @@ death must not hang a collective), and a message whose size only the sender know
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -33,8 +34,9 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from hpcgnn import rng
-from hpcgnn.errors import SamplerFailed
+from hpcgnn import rng, trust
+from hpcgnn.errors import AnotherRankFailed, PortTaken, SamplerFailed
+from hpcgnn.failures import server_failure as failure_record
 from hpcgnn.sampling import shipping
 from hpcgnn.sampling.loader import BatchLoader, keep_freed_memory
 
@@ -93,7 +95,10 @@ def _serve_trainer(conn: socket.socket, counters: _Counters, threads: int, fail_
     A whole graph's batches are made here, in this thread. A partitioned graph's are made by a sampler process
     of this trainer's (:class:`~hpcgnn.sampling.procs.SamplerPool`), which joins the group of every trainer's
     (on every server) to sample across parts; this thread relays its batches."""
-    _, rank, recipe, depth, group = receive(conn)
+    try:
+        _, rank, recipe, depth, group = receive(conn)
+    except (ConnectionError, OSError):
+        return False  # it left before saying what it wants (a requeued trainer comes back)
     pool = None
     if group:
         from hpcgnn.sampling.procs import SamplerPool
@@ -168,21 +173,36 @@ def trainers_of(server: int, servers: int, world_size: int, partitioned: bool) -
     return len([r for r in range(world_size) if not partitioned or r % servers == server])
 
 
-def run_server(index: int, port: int, trainers: int, threads: int, run_dir: str, prepare=None,
+MAX_HANDSHAKES = 64  # connections a server authenticates at once; more are closed unread
+
+
+def run_server(index: int, port: int, trainers: int, threads: int, run_dir: str, key: bytes, prepare=None,
                host: str = "", fail_batch: int = -1, idle_s: float = 1800.0, announce: Path | None = None) -> None:
-    """Serve trainers on ``port`` until ``trainers`` of them have said they are done (a trainer that is requeued
-    connects again), then return; ``prepare()`` first (the dataset). ``announce``: a file to write
-    ``host:port`` into (two jobs meeting through the run folder). Gives up after ``idle_s`` without a
-    trainer."""
+    """Serve trainers on ``host:port`` until ``trainers`` of them have said they are done (a trainer that is
+    requeued connects again), then return; ``prepare()`` (the dataset) runs meanwhile, and trainers wait for it.
+    ``announce``: a file to write ``host:port`` into (two jobs meeting through the run folder). Gives up after
+    ``idle_s`` without a trainer.
+
+    Every connection must first pass the run's handshake (:func:`hpcgnn.trust.accept`, with ``key``, the run's
+    secret): one that does not is logged with its address and closed, unread, and the server serves on. A port
+    another process holds is :class:`~hpcgnn.errors.PortTaken` (one line)."""
     torch.set_num_threads(threads)
     keep_freed_memory()
+    name = f"sampler server {index} on {socket.gethostname()}:{port}"
+    try:
+        listener = socket.create_server((host, port), reuse_port=False, backlog=max(trainers, 8) + MAX_HANDSHAKES)
+    except OSError as exc:
+        if exc.errno != errno.EADDRINUSE:
+            raise
+        raise PortTaken(f"{name} cannot listen: port {port} of {host or 'this node'} is taken by another process "
+                        "(another user's or another job's). HINT: start the run again (a new job id moves the port), "
+                        "or move the ports with dist.port_min and dist.port_max") from None
     if announce is not None:
         announce.parent.mkdir(parents=True, exist_ok=True)
         tmp = announce.with_suffix(".tmp")
         tmp.write_text(f"{socket.gethostname()}:{port}")
         tmp.replace(announce)
     counters = _Counters()
-    name = f"sampler server {index} on {socket.gethostname()}:{port}"
     out = Path(run_dir) / "metrics" / f"sampler-server-{index}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
 
@@ -198,41 +218,67 @@ def run_server(index: int, port: int, trainers: int, threads: int, run_dir: str,
         while not stop.wait(2.0):
             write()
 
-    with socket.create_server((host, port), reuse_port=False, backlog=max(trainers, 8)) as listener:
+    active: list[threading.Thread] = []
+    errors: list[BaseException] = []
+    done = [0]
+    prepared = threading.Event()
+    handshakes = threading.BoundedSemaphore(MAX_HANDSHAKES)
+
+    def get_ready() -> None:
+        try:
+            if prepare is not None:
+                prepare()
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            prepared.set()
+
+    def serve(conn: socket.socket, peer: str) -> None:
+        try:
+            try:
+                trust.accept(conn, key)
+            except trust.PeerRefused as why:
+                log.warning("%s: refused a connection from %s: %s", name, peer, why)
+                return
+            finally:
+                handshakes.release()
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            prepared.wait()  # (trainers that connect meanwhile wait here, authenticated)
+            if errors:
+                return
+            if _serve_trainer(conn, counters, threads, fail_batch):
+                with counters.lock:
+                    done[0] += 1
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            conn.close()
+
+    with listener:
         write()
         threading.Thread(target=keep_writing, daemon=True).start()
-        if prepare is not None:  # (trainers that connect meanwhile wait in the backlog)
-            prepare()
+        threading.Thread(target=get_ready, daemon=True).start()
         log.info("%s: listening for %d trainer(s), %d thread(s)", name, trainers, threads)
-        active: list[threading.Thread] = []
-        errors: list[BaseException] = []
-        done = [0]
-
-        def serve(conn: socket.socket) -> None:
-            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            try:
-                if _serve_trainer(conn, counters, threads, fail_batch):
-                    with counters.lock:
-                        done[0] += 1
-            except BaseException as exc:
-                errors.append(exc)
-            finally:
-                conn.close()
-
         listener.settimeout(1.0)
         idle_since = time.monotonic()
         while done[0] < trainers and not errors:
             try:
-                conn, _ = listener.accept()
+                conn, addr = listener.accept()
             except TimeoutError:
                 active = [t for t in active if t.is_alive()]
-                if active:
+                if active or not prepared.is_set():
                     idle_since = time.monotonic()
                 elif time.monotonic() - idle_since > idle_s:
                     raise SamplerFailed(f"{name}: no trainer for {idle_s:.0f} s (dist.init_timeout_s); giving up") from None
                 continue
+            peer = f"{addr[0]}:{addr[1]}"
+            if not handshakes.acquire(blocking=False):
+                log.warning("%s: refused a connection from %s unread: %d others are in their handshake", name, peer,
+                            MAX_HANDSHAKES)
+                conn.close()
+                continue
             conn.settimeout(None)
-            t = threading.Thread(target=serve, args=(conn,), daemon=True)
+            t = threading.Thread(target=serve, args=(conn, peer), daemon=True)
             t.start()
             active.append(t)
         for t in active:
@@ -268,8 +314,10 @@ class RemotePool:
     """A trainer's sampler servers: :class:`~hpcgnn.sampling.procs.SamplerPool`'s interface over sockets."""
 
     def __init__(self, recipe: tuple, servers: list[tuple[str, int]], depth: int, device: torch.device, *,
-                 rank: int, timeout_s: float = 120.0, connect_s: float = 1800.0, group: dict | None = None):
+                 rank: int, key: bytes, run_dir: str | Path, timeout_s: float = 120.0, connect_s: float = 1800.0,
+                 group: dict | None = None):
         self.recipe, self.depth, self.group = recipe, max(1, depth), group
+        self.key, self.run_dir = key, Path(run_dir)  # the run's secret (hpcgnn.trust); where servers record failures
         # a partitioned graph: one server makes all of this rank's batches, in the rank's group of samplers
         self.servers = [servers[rank % len(servers)]] if group else servers
         self.first = rank % len(servers) if group else 0  # the index of self.servers[0] among all servers
@@ -287,7 +335,7 @@ class RemotePool:
         recipe = shipping.dumps(self.recipe)
         t0 = time.perf_counter()
         for k, (host, port) in enumerate(self.servers, start=self.first):
-            sock = _connect(host, port, k, self.connect_s)
+            sock = _connect(host, port, k, self.connect_s, self.key, self.run_dir)
             sock.settimeout(self.connect_s)  # a server may still be preparing the dataset
             send(sock, ("hello", self.rank, recipe, self.depth, self.group))
             self.links.append(_Link(k, host, port, sock, self.depth, self.device.type == "cuda"))
@@ -389,30 +437,64 @@ def announced_servers(folder: Path, count: int, within_s: float) -> list[tuple[s
         time.sleep(1.0)
 
 
-def _connect(host: str, port: int, k: int, within_s: float) -> socket.socket:
-    """Connect, retrying while the server starts (it may still be preparing the dataset)."""
+def _connect(host: str, port: int, k: int, within_s: float, key: bytes, run_dir: Path) -> socket.socket:
+    """Connect to server ``k``, retrying while it starts (it may still be preparing the dataset), and prove to each
+    other that both know the run's secret (:func:`hpcgnn.trust.connect`: a process of another user or job on
+    the port is :class:`~hpcgnn.errors.Untrusted`). A server that recorded a failure (it could not listen)
+    ends the wait at once."""
+    name = f"sampler server {k} at {host}:{port}"
     deadline = time.monotonic() + within_s
     while True:
         try:
             sock = socket.create_connection((host, port), timeout=10)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            return sock
+            break
         except OSError as exc:
+            if failure_record(run_dir, k) is not None:
+                raise AnotherRankFailed(f"{name} failed (its record in {run_dir / 'failures'} says why)") from None
             if time.monotonic() > deadline:
-                raise SamplerFailed(f"sampler server {k} at {host}:{port} could not be reached in {within_s:.0f} s "
-                                    f"({exc}). HINT: its log says whether it started") from None
+                raise SamplerFailed(f"{name} could not be reached in {within_s:.0f} s ({exc}). HINT: its log says "
+                                    "whether it started") from None
             time.sleep(0.5)
+    try:
+        trust.connect(sock, key, name)
+    except BaseException:
+        sock.close()
+        raise
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
 
+
+def bind_address(own: str, peers: list[str] = (), resolve=socket.gethostbyname) -> str:
+    """The address a server listens on: the one its trainers reach it by (``own``, its node's name as they know
+    it). Where that name resolves to loopback here (a Debian hosts file maps the host's own name to 127.0.1.1),
+    the trainers reach the node by another address, unless they resolve their own names to loopback too (one
+    machine: the dev cluster): then every interface (""), which the handshake guards as any other. A name that
+    does not resolve: every interface."""
+    try:
+        addr = resolve(own)
+    except OSError:
+        return ""
+    if not addr.startswith("127."):
+        return addr
+    try:
+        local = all(resolve(p) == addr for p in peers)
+    except OSError:
+        local = False
+    return addr if peers and local else ""
 
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m hpcgnn.sampling.server CONFIG``: one sampler server of a SLURM job (its group of the
-    heterogeneous job); where it listens follows from the job's variables (:func:`hpcgnn.env.this_server`)."""
+    heterogeneous job); where it listens follows from the job's variables (:func:`hpcgnn.env.this_server`).
+    A user error (a taken port, a refused secret) is printed as one line and recorded for the trainers and
+    the launcher; anything else keeps its traceback. Exit code: the error's."""
     import signal
     import sys
 
     from hpcgnn import env
     from hpcgnn.data import prepare
+    from hpcgnn.errors import UserError, describe
+    from hpcgnn.failures import record_failure
     from hpcgnn.rank.job import setup_logging
 
     argv = sys.argv[1:] if argv is None else argv
@@ -427,10 +509,22 @@ def main(argv: list[str] | None = None) -> int:
     trainers = trainers_of(index, sn.nodes * sn.tasks_per_node, cfg.world_size, cfg.graph.mode == "partitioned")
     from hpcgnn.submit.het import announced
 
-    run_server(index, port, trainers, env.slurm_cpus_per_task(environ) or 1, cfg.run_dir,
-               prepare=lambda: prepare(cfg.dataset), idle_s=cfg.dist.init_timeout_s,
-               announce=None if sn.het else announced(cfg.run_dir) / str(index),
-               fail_batch=dbg.sampler_fail_batch if dbg.sampler_fail_rank == index else -1)
+    own = env.read("node_name", environ) or socket.gethostname()
+    peers = env.expand_nodelist(env.read("trainer_nodelist", environ) or "") if sn.het else []
+    try:
+        run_server(index, port, trainers, env.slurm_cpus_per_task(environ) or 1, cfg.run_dir,
+                   trust.run_secret(cfg.run_dir), prepare=lambda: prepare(cfg.dataset), host=bind_address(own, peers),
+                   idle_s=cfg.dist.init_timeout_s, announce=None if sn.het else announced(cfg.run_dir) / str(index),
+                   fail_batch=dbg.sampler_fail_batch if dbg.sampler_fail_rank == index else -1)
+    except UserError as exc:
+        record_failure(Path(cfg.run_dir), None, exc, server=index)
+        if env.full_error():
+            raise
+        print(describe(exc), file=sys.stderr, flush=True)
+        return exc.exit_code
+    except Exception as exc:
+        record_failure(Path(cfg.run_dir), None, exc, server=index)
+        raise
     return 0
 
 

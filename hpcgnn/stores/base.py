@@ -98,9 +98,11 @@ class Store(abc.ABC):
             recipe = (self.features, self.train_sampler, transform, exchange.stats if exchange is not None else None)
             if self.sampler_servers:  # another group of the job, another job, or local processes
                 from hpcgnn.sampling.server import RemotePool
+                from hpcgnn.trust import run_secret
 
                 pool = RemotePool(recipe, self.sampler_servers, t.prefetch, self.device, rank=env.rank,
-                                  timeout_s=d.timeout_s, connect_s=d.init_timeout_s, group=group)
+                                  key=run_secret(self.cfg.run_dir), run_dir=self.cfg.run_dir, timeout_s=d.timeout_s,
+                                  connect_s=d.init_timeout_s, group=group)
             else:
                 from hpcgnn.sampling.procs import SamplerPool
 

@@ -34,6 +34,7 @@ from hpcgnn.config import ClusterConfig, RunConfig
 from hpcgnn.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_PREEMPTED, EXIT_USER_ERROR, ConfigError
 from hpcgnn.failures import read_failures
 from hpcgnn.io import atomic_open, ignoring_ctrl_c, stop_cleanly_on_sigterm
+from hpcgnn.trust import run_secret
 
 
 def slurm_parameters(c: ClusterConfig) -> dict:
@@ -129,6 +130,7 @@ def launch(cfg: RunConfig, overrides: tuple[str, ...] | list[str] = ()) -> int:
     if mode == "local":
         cfg = dataclasses.replace(cfg, cluster=None)  # the ranks are these processes, whatever the cluster file says
     record_config(cfg, overrides)
+    run_secret(cfg.run_dir)  # made here, by the user who starts the run (hpcgnn.trust); refused if others can read it
     check_data_on_disk(cfg.dataset)
     from hpcgnn.checks import check_thread_budget
 
@@ -408,11 +410,16 @@ def failure_report(run_dir: Path, fallback: str) -> str:
     if first.get("user_error") and not env.full_error():
         return first["user_error"]
     lines = ["failed ranks:"]
-    lines += [f"  rank {r['rank']} on {r['host']}: {_last_line(r['error'])}" for r in sorted(records, key=lambda r: r["rank"])]
-    lines += [f"first failure, rank {first['rank']} on {first['host']}:", first["error"].rstrip()]
+    lines += [f"  {r['who']} on {r['host']}: {_last_line(r['error'])}" for r in sorted(records, key=_by_process)]
+    lines += [f"first failure, {first['who']} on {first['host']}:", first["error"].rstrip()]
     if first.get("user_error"):  # the cause is something to fix, not a bug: say it plainly last
         lines.append(first["user_error"])
     return "\n".join(lines)
+
+
+def _by_process(record: dict) -> tuple:
+    """Ranks in rank order, then the sampler servers."""
+    return record["who"].startswith("sampler"), record.get("rank", -1), record["who"]
 
 
 def report_failure(run_dir: Path, fallback: str, headline: str = "") -> int:
@@ -477,20 +484,28 @@ def _run_this_rank(cfg: RunConfig) -> int:
 
 
 def _server_entry(index: int, port: int, cfg: RunConfig, parent: int) -> None:
-    """One local sampler server (``launch.sampler_servers``): serves every rank, then leaves."""
+    """One local sampler server (``launch.sampler_servers``): serves every rank on loopback, then leaves. Its
+    failure is recorded for the launcher's report (a user error's line only, as a rank's)."""
     from hpcgnn.data import prepare
+    from hpcgnn.errors import UserError
+    from hpcgnn.failures import record_failure
     from hpcgnn.rank.job import setup_logging
-    from hpcgnn.sampling.server import run_server
+    from hpcgnn.sampling.server import run_server, trainers_of
+    from hpcgnn.trust import run_secret
 
     _end_with_parent(parent)
     setup_logging(f"server {index}", main=index == 0)
     dbg = cfg.debug
-    from hpcgnn.sampling.server import trainers_of
-
     trainers = trainers_of(index, cfg.launch.sampler_servers, cfg.launch.procs, cfg.graph.mode == "partitioned")
-    run_server(index, port, trainers, cfg.train.sampler_threads or 1, cfg.run_dir,
-               prepare=lambda: prepare(cfg.dataset), host="127.0.0.1",
-               fail_batch=dbg.sampler_fail_batch if dbg.sampler_fail_rank == index else -1)
+    try:
+        run_server(index, port, trainers, cfg.train.sampler_threads or 1, cfg.run_dir, run_secret(cfg.run_dir),
+                   prepare=lambda: prepare(cfg.dataset), host="127.0.0.1",
+                   fail_batch=dbg.sampler_fail_batch if dbg.sampler_fail_rank == index else -1)
+    except Exception as exc:
+        record_failure(Path(cfg.run_dir), None, exc, server=index)
+        if isinstance(exc, UserError) and not env.full_error():
+            sys.exit(exc.exit_code)
+        raise
 
 
 def _start_servers(cfg: RunConfig, ctx) -> tuple[list, dict[str, str]]:
@@ -498,6 +513,8 @@ def _start_servers(cfg: RunConfig, ctx) -> tuple[list, dict[str, str]]:
     d, servers, ports = cfg.dist, [], []
     for k in range(cfg.launch.sampler_servers):
         port = free_port(env.derive_port(str(time.time_ns() + k), d.port_min, d.port_max), d.port_min, d.port_max)
+        if k == 0 and cfg.debug.server_port:
+            port = cfg.debug.server_port
         ports.append(port)
         servers.append(ctx.Process(target=_server_entry, args=(k, port, cfg, os.getpid()),
                                    name=f"hpcgnn-sampler-server-{k}"))
