@@ -16,7 +16,7 @@ STAMP := $(VENV)/.hpcgnn-installed
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py hpcgnn/sampling/native.c
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check $(TORCH_SPEC)
 	$(PY) -m pip install --quiet --disable-pip-version-check -e ".[dev]"

@@ -98,10 +98,11 @@ VARIABLES: dict[str, str] = {
     "task_rank": "SLURM_PROCID",  # a server's index among the servers (its own step)
     "task_local": "SLURM_LOCALID",  # ... and on its node
     "local_servers": "HPCGNN_SAMPLER_SERVERS",  # host:port,... of local sampler servers (set by the local launcher)
-    # The C sampling kernels (hpcgnn/sampling/native.py), built on first use:
+    # The C sampling kernels (hpcgnn/sampling/build.py), built at install, else on first use into a cache:
     "native": "HPCGNN_NATIVE",  # 0: sample on torch ops only (the same batches, slower)
-    "c_compiler": "CC",  # the C compiler that builds them (default cc)
-    "cache_home": "XDG_CACHE_HOME",  # where they are kept: $XDG_CACHE_HOME/hpcgnn/native (default ~/.cache)
+    "c_compiler": "CC",  # the C compiler that builds them on first use (default cc)
+    "native_cache": "HPCGNN_NATIVE_CACHE",  # where those are kept (a folder only you may write)
+    "cache_home": "XDG_CACHE_HOME",  # ... default $XDG_CACHE_HOME/hpcgnn/native (XDG_CACHE_HOME default ~/.cache)
 }
 # Variables hpcgnn sets for its own processes and those they start, unless the user did. Read by libraries
 # once, when they load; hpcgnn/__init__.py applies them before anything imports torch.

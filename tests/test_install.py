@@ -33,7 +33,7 @@ def wheel_venv(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("install")
     src = root / "src"
     src.mkdir()
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "setup.py", "README.md"):
         shutil.copy(REPO / name, src / name)
     for pkg in ("hpcgnn", "hydra_plugins", "conf"):  # (conf/ ships inside the package: pyproject's package-dir)
         shutil.copytree(REPO / pkg, src / pkg, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
@@ -64,14 +64,17 @@ def test_the_installed_package_is_the_wheel(wheel_venv, tmp_path):
     assert package.startswith(str(wheel_venv)) and plugin.startswith(str(wheel_venv)), res.stdout
     assert (Path(conf) / "config.yaml").is_file() and (Path(conf) / "model" / "gcn.yaml").is_file()
     assert Path(conf) == Path(package).parent / "conf"  # the repository's conf/, installed inside the package
-    # The C sampling kernels' source ships too, and builds from the installed package (a cache of this test's own).
-    native = _run([wheel_venv / "bin" / "python", "-c", "from hpcgnn.sampling import native; print(native.SOURCE); "
-                   "print(native.kernels() is not None)"], cwd=tmp_path,
-                  env={"XDG_CACHE_HOME": str(tmp_path), "HPCGNN_NATIVE": "1"})  # on, even in a suite run without
-    source, built = native.stdout.split()
+    # The C sampling kernels are built into the wheel (setup.py): they load where no compiler is (CC names none),
+    # from the installed package, checked against the source installed beside them.
+    native = _run([wheel_venv / "bin" / "python", "-c", "from hpcgnn.sampling import build, native; "
+                   "print(build.SOURCE); print(build.packaged()); print(native.kernels() is not None)"], cwd=tmp_path,
+                  env={"XDG_CACHE_HOME": str(tmp_path), "HPCGNN_NATIVE": "1", "CC": "no-such-cc"})
+    source, packaged, loaded = native.stdout.split()
     assert source.startswith(str(wheel_venv)) and Path(source).is_file(), native.stdout + native.stderr
     has_cc = shutil.which("cc") is not None
-    assert built == str(has_cc) and ("not available" in native.stderr) != has_cc, native.stderr
+    assert (packaged != "None") == has_cc and packaged.startswith(str(wheel_venv)) == has_cc, native.stdout
+    assert loaded == str(has_cc) and ("not available" in native.stderr) != has_cc, native.stderr
+    assert not (tmp_path / "hpcgnn").exists()  # nothing built into the cache
 
 
 def test_a_one_epoch_job_runs_from_any_folder(wheel_venv, tmp_path):

@@ -4,6 +4,7 @@ once per source and compiler; a machine without a compiler samples on torch ops 
 from __future__ import annotations
 
 import logging
+import os
 import pickle
 import platform
 import shutil
@@ -15,7 +16,7 @@ import torch
 from hpcgnn.config import DatasetConfig
 from hpcgnn.data import Graph, build_graph
 from hpcgnn.data.synthetic import make_synthetic_typed
-from hpcgnn.sampling import CSRNeighborSampler, native
+from hpcgnn.sampling import CSRNeighborSampler, build, native
 from hpcgnn.sampling.neighbor import BatchIdMap, DenseIdMap, SortedIdMap, sample_neighbors
 from hpcgnn.sampling.typed import TypedNeighborSampler
 
@@ -328,7 +329,7 @@ def test_the_kernels_keep_their_helper_threads_and_share_them_with_callers_and_f
     import time
 
     switch(True)
-    lib = native.load(native.build(cache=tmp_path))  # a library of its own: a pool no earlier test started
+    lib = build.load(build.build(cache=tmp_path))  # a library of its own: a pool no earlier test started
     monkeypatch.setattr(native, "kernels", functools.lru_cache(maxsize=1)(lambda: lib))
     gen = torch.Generator().manual_seed(12)
     x = torch.randn(200_000, 32, generator=gen)
@@ -449,35 +450,72 @@ def test_kernels_refuse_ids_outside_the_graph(switch, graph):
 
 @needs_cc
 def test_kernels_are_built_once_per_source_and_compiler(tmp_path):
-    lib = native.build(cache=tmp_path)
-    assert lib.parent == tmp_path and lib.suffix == ".so"
+    lib = build.build(cache=tmp_path)
+    assert lib.parent == tmp_path and lib.suffix == ".so" and lib.name.startswith(f"sampling-{build.source_hash()}-")
     built = lib.stat().st_mtime_ns
-    assert native.build(cache=tmp_path) == lib and lib.stat().st_mtime_ns == built
-    assert [p.name for p in tmp_path.iterdir()] == [lib.name]  # no temporary left beside it
-    assert native.load(lib).hpcgnn_hop_plan is not None
+    assert build.build(cache=tmp_path) == lib and lib.stat().st_mtime_ns == built
+    assert sorted(p.name for p in tmp_path.iterdir()) == [lib.with_suffix(".json").name, lib.name]  # no temporary
+    assert build.load(lib).hpcgnn_hop_plan is not None
     # another compiler answering --version alike (a module's wrapper, another install of one version) builds its own
     other = tmp_path / "bin" / "cc"
     other.parent.mkdir()
     other.symlink_to(shutil.which("cc"))
-    assert native.build(cache=tmp_path, compiler=str(other)) != lib
+    assert build.build(cache=tmp_path, compiler=str(other)) != lib
 
 
-def test_without_a_compiler_sampling_runs_on_torch_ops_and_says_how_to_mend_it(monkeypatch, caplog, graph):
-    with pytest.raises(native.NativeUnavailable, match="no C compiler 'no-such-cc' on PATH"):
-        native.build(compiler="no-such-cc")
-    monkeypatch.setenv("CC", "no-such-cc")
-    monkeypatch.delenv("HPCGNN_NATIVE", raising=False)
+@pytest.fixture
+def kernels_from(monkeypatch, tmp_path):
+    """``kernels_from(packaged=None, cache=None, cc=None)``: the kernels this process would load with that library
+    in the package's place (None: none there), that cache folder and that C compiler; and the warnings logged."""
+    def load(packaged=None, cache=None, cc=None, caplog=None):
+        monkeypatch.setattr(build, "packaged", lambda: packaged)
+        monkeypatch.setenv("HPCGNN_NATIVE_CACHE", str(cache or tmp_path / "cache"))
+        monkeypatch.delenv("HPCGNN_NATIVE", raising=False)
+        if cc is None:
+            monkeypatch.delenv("CC", raising=False)
+        else:
+            monkeypatch.setenv("CC", cc)
+        native.kernels.cache_clear()
+        return native.kernels()
+
+    yield load
+    native.kernels.cache_clear()
+
+
+def _same_batches(graph) -> None:
+    """The batch the loaded kernels (or torch ops) make is the torch ops' own, bit for bit."""
+    def make():
+        sampler = CSRNeighborSampler(graph.rowptr, graph.col, (25, 10))
+        return sampler.sample(torch.arange(0, 3000, 7), torch.Generator().manual_seed(5))
+
+    a = make()
+    os.environ["HPCGNN_NATIVE"] = "0"
     native.kernels.cache_clear()
     try:
-        with caplog.at_level(logging.WARNING, logger="hpcgnn.sampling.native"):
-            out = CSRNeighborSampler(graph.rowptr, graph.col, (4, 2)).sample(torch.tensor([0, 9]),
-                                                                            torch.Generator().manual_seed(0))
-        assert native.kernels() is None
-        assert "sampling runs on torch ops, the same batches, slower. Install a C compiler" in caplog.text
-        assert "HPCGNN_NATIVE=0" in caplog.text and caplog.text.count("not available") == 1  # said once
-        assert out.num_sampled_nodes[0] == 2 and out.edge_index.size(1) == sum(out.num_sampled_edges)
+        b = make()
     finally:
+        del os.environ["HPCGNN_NATIVE"]
         native.kernels.cache_clear()
+    assert torch.equal(a.edge_index, b.edge_index) and torch.equal(a.n_id, b.n_id)
+
+
+def _warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING and r.name.startswith("hpcgnn")]
+
+
+def test_without_a_compiler_sampling_runs_on_torch_ops_and_says_how_to_mend_it(kernels_from, caplog, graph):
+    with pytest.raises(build.NativeUnavailable, match="no C compiler 'no-such-cc' on PATH"):
+        build.build(compiler="no-such-cc")
+    with caplog.at_level(logging.WARNING, logger="hpcgnn"):
+        assert kernels_from(cc="no-such-cc") is None
+        out = CSRNeighborSampler(graph.rowptr, graph.col, (4, 2)).sample(torch.tensor([0, 9]),
+                                                                        torch.Generator().manual_seed(0))
+        assert native.kernels() is None
+    (said,) = _warnings(caplog)  # said once
+    assert "no C compiler 'no-such-cc' on PATH" in said and "sampling runs on torch ops, the same batches, slower. " \
+        "Install hpcgnn where a C compiler is (`pip install` builds the kernels into the package)" in said
+    assert "HPCGNN_NATIVE=0" in said
+    assert out.num_sampled_nodes[0] == 2 and out.edge_index.size(1) == sum(out.num_sampled_edges)
 
 
 def test_floyds_uniform_numbers_are_uniform_and_differ_per_key():
@@ -498,39 +536,36 @@ def test_floyds_uniform_numbers_are_uniform_and_differ_per_key():
 @needs_cc
 def test_ranks_building_at_once_each_load_one_whole_library(tmp_path):
     """Three processes build into one fresh cache at the same time (a node's ranks at their first batch): each
-    gets the library and can load it, and only that library is left, no half-written file or temporary."""
+    gets the library and can load it, and only that library is left (with what it was built for), no
+    half-written file or temporary."""
     import subprocess
     import sys
 
-    code = ("import sys; from pathlib import Path; from hpcgnn.sampling import native; "
-            "lib = native.build(cache=Path(sys.argv[1])); native.load(lib); print(lib)")
+    code = ("import sys; from pathlib import Path; from hpcgnn.sampling import build; "
+            "lib = build.build(cache=Path(sys.argv[1])); build.load(lib); print(lib)")
     procs = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True)
              for _ in range(3)]
     paths = {p.communicate(timeout=120)[0].strip() for p in procs}
     assert all(p.returncode == 0 for p in procs)
-    assert len(paths) == 1 and [p.name for p in tmp_path.iterdir()] == [Path(paths.pop()).name]
+    lib = Path(paths.pop())
+    assert not paths and sorted(p.name for p in tmp_path.iterdir()) == [lib.with_suffix(".json").name, lib.name]
 
 
-@needs_cc
-def test_a_cache_folder_that_cannot_be_made_falls_back_to_torch_ops(monkeypatch, caplog, tmp_path):
+def test_a_cache_folder_that_cannot_be_made_falls_back_to_torch_ops(kernels_from, caplog, tmp_path):
     blocker = tmp_path / "not-a-folder"
     blocker.write_text("")
-    monkeypatch.setenv("XDG_CACHE_HOME", str(blocker))
-    monkeypatch.delenv("HPCGNN_NATIVE", raising=False)
-    native.kernels.cache_clear()
-    try:
-        with caplog.at_level(logging.WARNING, logger="hpcgnn.sampling.native"):
-            assert native.kernels() is None
-        assert "C sampling kernels are not available" in caplog.text and "not-a-folder" in caplog.text
-    finally:
-        native.kernels.cache_clear()
+    with caplog.at_level(logging.WARNING, logger="hpcgnn"):
+        assert kernels_from(cache=blocker / "native") is None
+    (said,) = _warnings(caplog)
+    assert "C sampling kernels are not available" in said and "not-a-folder" in said
+    assert "Set HPCGNN_NATIVE_CACHE to a folder of your own" in said
 
 
 @needs_cc
 def test_a_compiler_with_flags_of_its_own_builds_its_own_library(tmp_path):
     """CC may carry flags ("cc -O2"): they are passed, and key the library apart from plain cc's."""
-    plain, flagged = native.build(cache=tmp_path), native.build(cache=tmp_path, compiler="cc -DHPCGNN_FLAGGED")
-    assert plain != flagged and native.load(flagged).hpcgnn_hop_fill is not None
+    plain, flagged = build.build(cache=tmp_path), build.build(cache=tmp_path, compiler="cc -DHPCGNN_FLAGGED")
+    assert plain != flagged and build.load(flagged).hpcgnn_hop_fill is not None
 
 
 @needs_cc
@@ -542,11 +577,11 @@ def test_a_compiler_that_cannot_build_the_f16c_conversion_still_builds_the_kerne
     old.write_text('#!/bin/sh\ncase " $* " in *" --version "*|*" -DHPCGNN_NO_F16C "*) exec cc "$@";; esac\n'
                    'echo "error: unknown target attribute f16c" >&2\nexit 1\n')
     old.chmod(0o755)
-    lib = native.load(native.build(cache=tmp_path / "cache", compiler=str(old)))
+    lib = build.load(build.build(cache=tmp_path / "cache", compiler=str(old)))
     assert lib.hpcgnn_f16c() == 0 and lib.hpcgnn_gather_rows_wide is not None
     cpu = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
     has = platform.machine() in ("x86_64", "i686") and " f16c" in cpu and " avx" in cpu
-    assert native.load(native.build(cache=tmp_path / "plain")).hpcgnn_f16c() == int(has)
+    assert build.load(build.build(cache=tmp_path / "plain")).hpcgnn_f16c() == int(has)
     monkeypatch.setattr(native, "kernels", lambda: lib)
     gen = torch.Generator().manual_seed(10)
     n = max(native.stream_bytes(), 1 << 20) // (24 * 4) + 1000
@@ -555,3 +590,24 @@ def test_a_compiler_that_cannot_build_the_f16c_conversion_still_builds_the_kerne
     for src in (x, x.bfloat16(), x.half()):
         out = torch.empty(n * 24 + 1)[1:].view(n, 24)  # rows that start anywhere in a line
         assert torch.equal(native.gather_rows(src, index, out), src.index_select(0, index).float())
+
+
+def test_the_ctypes_signatures_are_native_cs_prototypes():
+    """build.SIGNATURES, by which ctypes calls the kernels, says what native.c declares: every exported function,
+    its result and each argument's type (a drift would be a segfault, not an error)."""
+    import ctypes
+    import re
+
+    text = build.SOURCE.read_text()
+    kinds = {"int64_t": ctypes.c_int64, "int": ctypes.c_int, "void": None, "const char *": ctypes.c_char_p}
+    declared = {}
+    for m in re.finditer(r"^(int64_t|void|int|const char \*) ?(hpcgnn_\w+)\(([^)]*)\)\s*\{", text, re.M):
+        result, name, params = m.groups()
+        args = []
+        for p in " ".join(params.split()).split(","):
+            p = p.strip()
+            if p in ("void", ""):
+                continue
+            args.append(ctypes.c_void_p if "*" in p else kinds[p.rsplit(" ", 1)[0].replace("const ", "")])
+        declared[name] = (kinds[result], tuple(args))
+    assert declared == build.SIGNATURES

@@ -1,6 +1,6 @@
 /* hpcgnn's sampling kernels in C: the loops that torch ops can only express in many passes.
  *
- * Built on first use by hpcgnn/sampling/native.py (the C compiler, no torch headers) and called
+ * Built when hpcgnn is installed (setup.py), else on first use (hpcgnn/sampling/build.py), with no torch header, and called
  * through ctypes with tensors' data pointers. Every function computes exactly what the torch ops
  * of hpcgnn/sampling/neighbor.py compute (the same key in, the same random numbers of it, the same
  * batch out, bit for bit), so a machine without a compiler makes the same batches, only slower.
@@ -33,6 +33,13 @@
 /* A line about to be written (prefetchw where the compiler may use it; else a read prefetch, the same hint). */
 #define PREFETCH_W(p) __builtin_prefetch((const void *)(p), 1, PREFETCH_HINT)
 #define MAX_THREADS 64
+
+/* The source this library was built from (the first 16 hex digits of native.c's SHA-256, passed by whoever builds
+ * it: setup.py, hpcgnn/sampling/build.py): a library that answers otherwise is not used. */
+#ifndef HPCGNN_SOURCE_HASH
+#define HPCGNN_SOURCE_HASH "unknown"
+#endif
+const char *hpcgnn_source_hash(void) { return HPCGNN_SOURCE_HASH; }
 #define LOW_BITS 0x0101010101010101ULL /* the lowest bit of each of a word's bytes */
 
 typedef void (*chunk_fn)(void *ctx, int64_t chunk);

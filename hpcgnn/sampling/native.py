@@ -1,11 +1,10 @@
-"""hpcgnn's sampling kernels in C (``native.c``), built on first use and called through ctypes.
+"""hpcgnn's sampling kernels in C (``native.c``), called through ctypes.
 
 The host sampler's hops and its numbering of new nodes are loops that torch ops express only in
 many passes over memory (a Floyd step per sampled slot, a sort or a scan per hop). ``native.c``
-runs them in one pass each. It includes no torch header: the C compiler builds it in about a
-second, into ``$XDG_CACHE_HOME/hpcgnn/native`` (default ``~/.cache``), keyed by the source, the
-compiler and the machine's architecture, so every rank of a node, and every later run, loads the same
-library.
+runs them in one pass each. It includes no torch header: ``pip install`` builds it into the package, or the C
+compiler on first use into a cache (:mod:`hpcgnn.sampling.build`, which also checks a library before it is
+called).
 
 The kernels take the same key (drawn by torch from the batch's generator, once per hop), make the
 same uniform numbers of it (``neighbor.counter_uniform``) and the same batch, bit for bit, as the
@@ -18,17 +17,9 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
 import logging
-import os
-import platform
-import shlex
-import shutil
-import subprocess
-import tempfile
 import threading
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 from torch import Tensor
@@ -36,26 +27,6 @@ from torch import Tensor
 from hpcgnn import env
 
 log = logging.getLogger(__name__)
-SOURCE = Path(__file__).with_name("native.c")
-FLAGS = ("-O3", "-std=gnu11", "-shared", "-fPIC", "-pthread")  # portable: no -march=native (a cache on a shared home)
-
-_I64, _P, _INT = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
-SIGNATURES = {  # name: (result, arguments)
-    "hpcgnn_hop_plan": (_I64, (_P, _I64, _P, _I64, _I64, _I64, _P, _P, _INT)),
-    "hpcgnn_hop_fill": (None, (_P, _P, _INT, _P, _I64, _I64, _I64, _P, _P, _I64, _I64, _I64, _P, _P, _INT)),
-    "hpcgnn_mark_new": (_I64, (_P, _I64, _P, _I64, _P, _I64, _I64, _P, _INT)),
-    "hpcgnn_number_found": (_I64, (_P, _P, _I64, _P, _I64, _I64, _I64, _P, _INT)),
-    "hpcgnn_dense_get": (_I64, (_P, _P, _I64, _P, _I64, _P, _I64, _P, _INT)),
-    "hpcgnn_hash_insert": (_I64, (_P, _P, _I64, _P, _P, _I64, _P, _I64, _I64, _P, _INT)),
-    "hpcgnn_hash_get": (None, (_P, _P, _I64, _P, _I64, _P, _I64, _INT)),
-    "hpcgnn_hash_number": (None, (_P, _P, _I64, _P, _I64, _I64, _I64, _INT)),
-    "hpcgnn_gather_rows": (_I64, (_P, _I64, _I64, _P, _I64, _P, _P, _I64, _P, _INT, _P)),
-    "hpcgnn_gather_rows_wide": (_I64, (_P, _I64, _I64, _INT, _P, _I64, _P, _P, _I64, _P, _INT, _P)),
-    "hpcgnn_job_bytes": (_I64, ()),
-    "hpcgnn_job_help": (_I64, (_P,)),
-    "hpcgnn_f16c": (_INT, ()),
-    "hpcgnn_stream_bytes": (_I64, ()),
-}
 CHUNK = 4096  # items per chunk of work (at most MAX_CHUNKS chunks), which the kernels' threads take in turn
 MAX_CHUNKS = 256
 
@@ -107,68 +78,15 @@ def share_gathers(share: GatherShare | None) -> None:
     _budget.share = share
 
 
-class NativeUnavailable(RuntimeError):
-    """The C kernels could not be built or loaded here (the reason says why)."""
-
-
-def build(cache: Path | None = None, compiler: str | None = None) -> Path:
-    """The kernels' shared library, built now if this source, compiler and machine have none yet."""
-    compiler = compiler or env.read("c_compiler") or "cc"
-    command = shlex.split(compiler)  # CC may carry flags of its own ("gcc -m64")
-    path = shutil.which(command[0]) if command else None
-    if path is None:
-        raise NativeUnavailable(f"no C compiler {compiler!r} on PATH")
-    command[0] = path
-    try:
-        version = subprocess.run([*command, "--version"], capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.TimeoutExpired) as e:
-        raise NativeUnavailable(f"{compiler} --version failed: {e}") from e
-    source = SOURCE.read_bytes()
-    key = hashlib.sha256(source + version.encode() + " ".join([*command, *FLAGS]).encode()  # the compiler's path too
-                         + platform.machine().encode())
-    folder = cache or env.cache_home() / "hpcgnn" / "native"
-    lib = folder / f"sampling-{key.hexdigest()[:16]}.so"
-    if lib.exists():
-        return lib
-    folder.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=lib.stem, suffix=".so.tmp", dir=folder)
-    os.close(fd)
-    try:  # built aside, then renamed: ranks building at once each leave a whole library
-        res = subprocess.run([*command, *FLAGS, str(SOURCE), "-o", tmp], capture_output=True, text=True, timeout=120)
-        if res.returncode:  # an older compiler may not know F16C's intrinsics: without them (float16 rows by torch)
-            res = subprocess.run([*command, *FLAGS, "-DHPCGNN_NO_F16C", str(SOURCE), "-o", tmp], capture_output=True,
-                                 text=True, timeout=120)
-        if res.returncode:
-            raise NativeUnavailable(f"{compiler} failed: {res.stderr.strip()[-500:]}")
-        os.replace(tmp, lib)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        raise NativeUnavailable(f"building {SOURCE.name} failed: {e}") from e
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return lib
-
-
-def load(path: Path) -> ctypes.CDLL:
-    lib = ctypes.CDLL(str(path))
-    for name, (res, args) in SIGNATURES.items():
-        fn = getattr(lib, name)
-        fn.restype, fn.argtypes = res, args
-    return lib
-
-
 @functools.lru_cache(maxsize=1)
 def kernels() -> ctypes.CDLL | None:
-    """The loaded kernels, or None (``HPCGNN_NATIVE=0``, or they could not be built: logged once, with the fix)."""
+    """The loaded kernels, checked (:func:`hpcgnn.sampling.build.find`), or None (``HPCGNN_NATIVE=0``, or none
+    here is usable: logged once, with the fix)."""
     if env.read("native") == "0":
         return None
-    try:
-        return load(build())
-    except (NativeUnavailable, OSError) as e:
-        log.warning("hpcgnn's C sampling kernels are not available (%s): sampling runs on torch ops, the same "
-                    "batches, slower. Install a C compiler (e.g. `module load gcc`, or set CC), or set "
-                    "HPCGNN_NATIVE=0 to sample on torch ops without this warning.", e)
-        return None
+    from hpcgnn.sampling.build import find
+
+    return find()
 
 
 def usable(*tensors: Tensor) -> bool:
