@@ -69,6 +69,12 @@ class CheckpointError(UserError):
     kind = "checkpoint error"
 
 
+class RunFolderBusy(UserError):
+    """Another job is running in the run folder (its lock, :mod:`hpcgnn.runlock`); the message names it."""
+
+    kind = "run folder in use"
+
+
 class Untrusted(UserError):
     """A peer failed the run's authentication (:mod:`hpcgnn.trust`): another user's or another job's process
     holds a port of the run. Not the user's doing, but nothing to debug either: one line naming the port and

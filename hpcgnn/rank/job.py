@@ -21,7 +21,7 @@ from hpcgnn import dist
 from hpcgnn.config import RunConfig
 from hpcgnn.dist import pick_device, process_group
 from hpcgnn.env import RankEnv, check_allocation
-from hpcgnn.errors import EXIT_PREEMPTED, EXIT_REQUEUED
+from hpcgnn.errors import EXIT_PREEMPTED, EXIT_REQUEUED, RunFolderBusy
 from hpcgnn.failures import record_failure
 from hpcgnn.rank.checkpoint import Preempted
 from hpcgnn.rank.trainer import train
@@ -50,6 +50,7 @@ def run_rank(cfg: RunConfig, environ: Mapping[str, str]) -> dict:
                                          env.rank, env.world_size, env.local_rank, env.local_world_size,
                                          env.node_rank, env.num_nodes, env.source, device, torch.get_num_threads())
         with process_group(env, cfg.dist, device):
+            lock = _hold_run_folder(cfg, env, environ)
             try:
                 return train(cfg, env, device)
             except Preempted as stop:
@@ -59,10 +60,36 @@ def run_rank(cfg: RunConfig, environ: Mapping[str, str]) -> dict:
                 # fail once this rank's connections close, so the cause is recorded first.
                 record_failure(Path(cfg.run_dir), env, exc)
                 raise
+            finally:
+                if lock is not None:
+                    lock.release()
+    except RunFolderBusy:
+        raise  # (not recorded: the folder's records are the running job's)
     except Exception as exc:
         if not getattr(exc, "recorded", False):  # failed before the process group was up
             record_failure(Path(cfg.run_dir), env, exc)
         raise
+
+
+def _hold_run_folder(cfg: RunConfig, env: RankEnv, environ: Mapping[str, str]):
+    """Collective, before training: rank 0 takes the run folder's lock (:mod:`hpcgnn.runlock`) unless the local
+    launcher holds it, and sets an earlier attempt's failure records aside; where another job holds it, every
+    rank raises :class:`~hpcgnn.errors.RunFolderBusy` naming it (none waits for the others)."""
+    from hpcgnn import runlock
+    from hpcgnn.env import read
+    from hpcgnn.failures import set_aside_failures
+
+    lock, busy = None, ""
+    if env.is_main and read("run_locked", environ) != "1":
+        try:
+            lock = runlock.take(cfg.run_dir, f"rank 0 of {env.world_size}", env.job_id)
+            set_aside_failures(Path(cfg.run_dir))
+        except RunFolderBusy as exc:
+            busy = str(exc)
+    busy = dist.all_gather_object(busy)[0]
+    if busy:
+        raise RunFolderBusy(busy)
+    return lock
 
 
 def _thread_budget(cfg: RunConfig, env: RankEnv, environ: Mapping[str, str]) -> tuple[int, RunConfig]:

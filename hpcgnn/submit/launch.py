@@ -29,10 +29,10 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from hpcgnn import checks, env
+from hpcgnn import checks, env, runlock
 from hpcgnn.config import ClusterConfig, RunConfig
 from hpcgnn.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_PREEMPTED, EXIT_USER_ERROR, ConfigError
-from hpcgnn.failures import read_failures
+from hpcgnn.failures import read_failures, set_aside_failures
 from hpcgnn.io import atomic_open, ignoring_ctrl_c, stop_cleanly_on_sigterm
 from hpcgnn.trust import run_secret
 
@@ -129,6 +129,29 @@ def launch(cfg: RunConfig, overrides: tuple[str, ...] | list[str] = ()) -> int:
         return _run_this_rank(cfg)
     if mode == "local":
         cfg = dataclasses.replace(cfg, cluster=None)  # the ranks are these processes, whatever the cluster file says
+    with new_attempt(cfg, mode):
+        return _start(cfg, mode, overrides)
+
+
+@contextlib.contextmanager
+def new_attempt(cfg: RunConfig, mode: str) -> Iterator[None]:
+    """Around starting a run in its folder: one job at a time there (:mod:`hpcgnn.runlock`: a local run's launcher
+    holds the folder's lock until the run ends; before a submission, no running job may hold it), and an earlier
+    attempt's failure records set aside, so that this attempt's report is its own."""
+    lock = runlock.take(cfg.run_dir, "a local run's launcher") if mode == "local" else None
+    try:
+        if lock is None:
+            runlock.check_free(cfg.run_dir)
+        aside = set_aside_failures(Path(cfg.run_dir))
+        if aside is not None:
+            print(f"hpcgnn: an earlier attempt's failure records were moved to {aside}", flush=True)
+        yield
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _start(cfg: RunConfig, mode: str, overrides) -> int:
     record_config(cfg, overrides)
     run_secret(cfg.run_dir)  # made here, by the user who starts the run (hpcgnn.trust); refused if others can read it
     check_data_on_disk(cfg.dataset)
@@ -519,7 +542,7 @@ def _start_servers(cfg: RunConfig, ctx) -> tuple[list, dict[str, str]]:
         servers.append(ctx.Process(target=_server_entry, args=(k, port, cfg, os.getpid()),
                                    name=f"hpcgnn-sampler-server-{k}"))
     listed = ",".join(f"127.0.0.1:{p}" for p in ports)
-    return servers, ({env.VARIABLES["local_servers"]: listed} if servers else {})
+    return servers, ({env.VARIABLES["local_servers"]: listed} if servers else {}) | {env.VARIABLES["run_locked"]: "1"}
 
 
 def _spawn_entry(local_rank: int, cfg: RunConfig, port: int, parent: int, extra: dict | None = None) -> None:

@@ -54,6 +54,7 @@ def launch_sweep(members: list[SweepMember], sweep_dir: Path) -> int:
         record_config,
         submitting,
     )
+    from hpcgnn.trust import run_secret
 
     members = sorted(members, key=lambda m: m.num)
     first = members[0].cfg
@@ -88,6 +89,7 @@ def launch_sweep(members: list[SweepMember], sweep_dir: Path) -> int:
         ex = make_executor(array_cfg)
         for m in group:
             record_config(m.cfg, m.overrides)
+            run_secret(m.cfg.run_dir)
         with submitting(), ex.batch():
             jobs = [ex.submit(run_task, m.cfg) for m in group]
         for m, job in zip(group, jobs, strict=True):

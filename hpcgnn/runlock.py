@@ -1,0 +1,89 @@
+"""A run folder holds one running job: a lock that dies with its holder.
+
+Two runs writing one folder at once mix their checkpoints and metrics, and one of them crashes mid-write.
+The process that runs a job in a folder holds an exclusive ``flock`` on ``<run_dir>/.lock`` until it ends.
+The kernel releases the lock when that process dies, however it dies, so a requeued or resumed run takes it
+again, and a crashed one never blocks the folder. Which process holds it:
+
+- a local run: the launcher, for the whole run (its ranks know it holds it);
+- a submitted job, or ranks started by hand (``srun python -m hpcgnn``): rank 0, from before the first step
+  to its exit; the launcher only checks, before submitting, that no job holds it.
+
+The holder writes who it is into the file (host, pid, job, since when), for the one that is refused.
+On NFS, Linux implements ``flock`` with the server's locks (NFSv4, or v3 with lockd), so ranks on
+different nodes see one another's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import fcntl
+import json
+import os
+import socket
+import time
+from pathlib import Path
+
+from hpcgnn.errors import RunFolderBusy
+
+LOCK_FILE = ".lock"
+
+
+class RunLock:
+    """The held lock of a run folder (released by :meth:`release`, or when the process ends)."""
+
+    def __init__(self, path: Path, fd: int):
+        self.path, self.fd = path, fd
+
+    def release(self) -> None:
+        if self.fd >= 0:
+            with contextlib.suppress(OSError):
+                fcntl.flock(self.fd, fcntl.LOCK_UN)
+            os.close(self.fd)
+            self.fd = -1
+
+
+def _holder(path: Path) -> str:
+    """Who holds the lock, as it wrote itself down."""
+    try:
+        info = json.loads(path.read_text())
+        since = datetime.datetime.fromtimestamp(info["started"]).strftime("%Y-%m-%d %H:%M:%S")
+        job = f", job {info['job_id']}" if info.get("job_id") else ""
+        return f"{info['who']} (pid {info['pid']} on {info['host']}{job}, since {since})"
+    except (OSError, ValueError, KeyError, TypeError):
+        return "another process"
+
+
+def take(run_dir: str | Path, who: str, job_id: str = "") -> RunLock:
+    """Hold ``run_dir``'s lock as ``who``; :class:`~hpcgnn.errors.RunFolderBusy` (exit 2) naming the holder when
+    another process holds it."""
+    folder = Path(run_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / LOCK_FILE
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        hint = (f"wait for it to end, stop it (scancel {job_id_of(path)})" if job_id_of(path) else
+                "wait for it to end, stop it")
+        raise RunFolderBusy(f"the run folder {folder} is in use by {_holder(path)}. HINT: {hint}, or give this run "
+                            "another folder (hydra.run.dir=...)") from None
+    os.ftruncate(fd, 0)
+    os.write(fd, json.dumps({"who": who, "pid": os.getpid(), "host": socket.gethostname(), "job_id": job_id,
+                             "started": time.time()}).encode())
+    return RunLock(path, fd)
+
+
+def job_id_of(path: Path) -> str:
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        return str(json.loads(path.read_text()).get("job_id") or "")
+    return ""
+
+
+def check_free(run_dir: str | Path) -> None:
+    """Before submitting: no running job holds ``run_dir`` (:class:`~hpcgnn.errors.RunFolderBusy` otherwise). Must
+    not be called by a process that holds the lock (on NFS, closing any descriptor of the file drops it)."""
+    if (Path(run_dir) / LOCK_FILE).exists():
+        take(run_dir, "a check").release()
