@@ -119,6 +119,7 @@ class TrainConfig:
     eval_chunk: int = 8192  # eval_mode=full: target nodes per chunk
     seed: int = 0  # seeds the model init, the seed order and the sampler
     eval_every: int = 1  # evaluate on val/test every N epochs (and after the last)
+    select: str = "val"  # the epoch whose metrics the summary reports: val (the best validation metric) | last (the last evaluated: a graph with no validation split)
     eval_batch_size: int = 2048  # seed nodes per evaluation step
     num_threads: int = 0  # torch intra-op threads per rank (with sampler processes: theirs and the rank's together); 0 = CPUs of the task / local ranks
     keep_freed_memory: bool = True  # malloc reuses freed blocks: no page faults on per-batch buffers (glibc)
@@ -223,6 +224,14 @@ class DebugConfig:
     server_port: int = 0  # local sampler server 0 listens on this port, free or not (tests: a port another process holds); 0: a free one
 
 
+def single_class(where: str) -> str:
+    """Why node classification with one class is refused (every prediction is right: accuracy 1.0, whatever the
+    model learned)."""
+    return (f"{where}: node classification with a single class predicts it for every node, and scores accuracy "
+            "1.0 whatever the model learned. HINT: give the labels two classes or more (dataset.num_classes), or "
+            "train task=link")
+
+
 @dataclass(frozen=True)
 class RunConfig:
     task: TaskConfig = MISSING
@@ -272,6 +281,8 @@ class RunConfig:
         if d.num_classes < (0 if d.name == "files" else 1):
             raise ConfigError(f"dataset.num_classes={d.num_classes} must be at least 1"
                               f"{' (or 0: the classes of the labels)' if d.name == 'files' else ''}")
+        if d.num_classes == 1 and self.task.name == "node":
+            raise ConfigError(single_class("dataset.num_classes=1"))
         if t.prefetch < 0:
             raise ConfigError(f"train.prefetch={t.prefetch} must be 0 (off) or more batches")
         if t.sampler_procs < 0 or t.sampler_threads < 0:
@@ -305,6 +316,7 @@ class RunConfig:
                                     ("train.precision", t.precision, ("auto", "fp32", "bf16", "fp16")),
                                     ("train.grad_compression", t.grad_compression, ("none", "fp16", "bf16", "powersgd")),
                                     ("train.eval_mode", t.eval_mode, ("auto", "sampled", "full")),
+                                    ("train.select", t.select, ("val", "last")),
                                     ("model.aggregation", self.model.aggregation, ("csr", "pyg"))):
             if value not in allowed:
                 raise ConfigError(f"{key}={value!r} is unknown: use one of {', '.join(allowed)}")
@@ -360,7 +372,7 @@ class RunConfig:
         if self.cluster is not None:
             _validate_cluster(self.cluster)
         if d.name == "synthetic" and self.task.name == "node":
-            _check_synthetic_splits(d)
+            _check_synthetic_splits(d, t.select)
 
 
 def _numbers(obj: Any, prefix: str) -> list[tuple[str, float]]:
@@ -377,13 +389,22 @@ def _numbers(obj: Any, prefix: str) -> list[tuple[str, float]]:
     return []
 
 
-def _check_synthetic_splits(d: DatasetConfig) -> None:
+def empty_validation(what: str) -> str:
+    """Why a run without validation nodes is refused (unless it reports its last epoch)."""
+    return (f"{what}: no epoch can be chosen by a validation metric. HINT: give the dataset a validation split, or "
+            "set train.select=last to report the last epoch's metrics")
+
+
+def _check_synthetic_splits(d: DatasetConfig, select: str) -> None:
     """The synthetic graph's node splits (``int(fraction x num_nodes)`` nodes each, the rest test) all hold a node."""
     def fewest(n: int) -> int:
         n_train, n_val = int(d.train_fraction * n), int(d.val_fraction * n)
         return min(n_train, n_val if d.val_fraction > 0 else 1, n - n_train - n_val)
 
     n_train, n_val = int(d.train_fraction * d.num_nodes), int(d.val_fraction * d.num_nodes)
+    if d.val_fraction == 0 and select == "val":
+        raise ConfigError(empty_validation(f"dataset.val_fraction=0 leaves the validation split of dataset {d.name} "
+                                           "empty"))
     if fewest(d.num_nodes) < 1:
         need = d.num_nodes + 1
         while fewest(need) < 1:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import os
 import shutil
 import sys
@@ -48,10 +49,22 @@ def atomic_open(path: Path, mode: str = "w") -> Iterator:
 
 
 def write_json(path: Path, data: dict) -> Path:
-    """Write ``path`` atomically: readers never see half a file."""
+    """Write ``path`` atomically: readers never see half a file. Always valid JSON: a NaN or infinite float (a
+    loss that diverged, a metric of nothing) is written as null, which every JSON reader takes."""
     with atomic_open(path) as f:
-        json.dump(data, f, indent=2)
+        json.dump(finite(data), f, indent=2, allow_nan=False)
     return path
+
+
+def finite(obj):
+    """``obj`` with every NaN or infinite float (in dicts, lists, tuples) replaced by None."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite(v) for v in obj]
+    return obj
 
 
 def write_npy(path: Path, array: np.ndarray) -> Path:

@@ -26,6 +26,7 @@ import torch
 
 from hpcgnn import dist
 from hpcgnn.clock import Clock
+from hpcgnn.io import finite
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +111,7 @@ class StepMetrics:
             rec["loss"] = loss
             self.epoch_steps.append(rec)
             if rec["step"] % self.every == 0:
-                self.file.write(json.dumps(rec) + "\n")
+                self.file.write(json.dumps(finite(rec)) + "\n")
                 if self.writer is not None:
                     self.writer.add_scalar("train/loss", loss, rec["step"])
                     self.writer.add_scalar("time/step_s", rec["step_s"], rec["step"])
@@ -139,7 +140,7 @@ class StepMetrics:
             r.pop("step_edges")
         if self.rank == 0:
             with open(self.folder / "epochs.jsonl", "a") as f:
-                f.write(json.dumps(out) + "\n")
+                f.write(json.dumps(finite(out)) + "\n")
             for warning in out["balance"]["stragglers"]:
                 log.warning("straggler: rank %d on %s: p95 busy step time %.3f s is %.1fx the median rank's %.3f s "
                             "(metrics.straggler_factor=%.1f)", warning["rank"], warning["host"], warning["p95_busy_s"],

@@ -31,8 +31,9 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from hpcgnn import dist
-from hpcgnn.config import RunConfig
+from hpcgnn.config import RunConfig, empty_validation
 from hpcgnn.env import RankEnv, restart_count
+from hpcgnn.errors import DatasetError
 from hpcgnn.io import write_json
 from hpcgnn.rank.checkpoint import Checkpointer, Preempted, PreemptionFlag
 from hpcgnn.rank.faults import Faults
@@ -47,6 +48,7 @@ from hpcgnn.rank.techniques import (
     resolve_precision,
     step_weights,
 )
+from hpcgnn.results import result_words
 from hpcgnn.rng import rng_state, set_rng_state
 from hpcgnn.stores import open_store
 from hpcgnn.tasks import build_task
@@ -208,6 +210,7 @@ class Trainer:
     # ------------------------------------------------------------------ the loop
 
     def train(self) -> dict:
+        self.check_splits()
         self.resume()
         if self.env.world_size > 1:
             self.ddp = DistributedDataParallel(self.model,
@@ -342,9 +345,22 @@ class Trainer:
         with autocast(self.cfg.train.precision, self.device):
             return self.task.evaluate(self.model)
 
+    def check_splits(self) -> None:
+        """Collective, before the first step: the splits evaluation scores must not be empty. An empty validation
+        split cannot choose the epoch reported (unless ``train.select=last``); an empty test split is reported as
+        absent (no test metric, never NaN)."""
+        sizes, t, d = self.task.split_sizes(), self.cfg.train, self.cfg.dataset
+        if not sizes["val"] and t.select == "val":
+            raise DatasetError(empty_validation(f"the validation split of dataset {d.name} is empty"))
+        if not sizes["test"]:
+            log.warning("the test split of dataset %s is empty: the summary reports no test metric", d.name)
+        self.task.splits = tuple(s for s in ("val", "test") if sizes[s])
+
     def end_epoch(self, epoch: int, row: dict) -> None:
         s, select = self.state, f"val_{self.task.metric}"
-        if select in row and (s.best_epoch == 0 or row[select] > s.best[select]):
+        evaluated = any(k.startswith(("val_", "test_")) for k in row)
+        if (self.cfg.train.select == "last" and evaluated) or \
+                (select in row and (s.best_epoch == 0 or row[select] > s.best[select])):
             s.best_epoch = epoch
             s.best = {k: v for k, v in row.items() if k.startswith(("val_", "test_"))}
         s.history.append(row)
@@ -361,7 +377,7 @@ class Trainer:
         """What `hpcgnn.submit.status` reads while the run goes on (the summary's first keys)."""
         s, metric = self.state, self.task.metric
         return {"epochs": self.cfg.train.epochs, "history": s.history, "metric": f"val_{metric}",
-                "best_val": s.best.get(f"val_{metric}", -1.0), "test": s.best.get(f"test_{metric}", 0.0),
+                "best_val": s.best.get(f"val_{metric}"), "test": s.best.get(f"test_{metric}"),
                 "best_epoch": s.best_epoch}
 
     # ------------------------------------------------------------------ the summary
@@ -374,8 +390,9 @@ class Trainer:
         out = {
             "task": self.task.name,
             "metric": f"val_{metric}",  # the evaluation metric that selects the best epoch
-            "best_val": s.best.get(f"val_{metric}", -1.0),  # its best value ...
-            "test": s.best.get(f"test_{metric}", 0.0),  # ... and the test value of the same metric at that epoch
+            "best_val": s.best.get(f"val_{metric}"),  # its best value (None: no validation split) ...
+            "test": s.best.get(f"test_{metric}"),  # ... and the test value at that epoch (None: no test split)
+            "select": self.cfg.train.select,  # val: the epoch of the best validation metric; last: the last evaluated
             **s.best,  # every val_* / test_* metric at that epoch (test_acc, test_auc, test_hits@50, ...)
             "best_epoch": s.best_epoch,
             f"final_test_{metric}": s.history[-1].get(f"test_{metric}") if s.history else None,
@@ -420,8 +437,7 @@ class Trainer:
             out["best_val_acc"] = out["best_val"]
         if env.is_main:
             path = write_json(Path(cfg.run_dir) / "summary.json", out)
-            log.info("test %s %.4f (best val %.4f at epoch %d); summary: %s", metric, out["test"], out["best_val"],
-                     out["best_epoch"], path)
+            log.info("%s; summary: %s", result_words(out), path)
         return out
 
     # ------------------------------------------------------------------ small things
@@ -464,3 +480,4 @@ def param_checksum(model: torch.nn.Module) -> str:
 def train(cfg: RunConfig, env: RankEnv, device: torch.device) -> dict:
     """Train on this rank; returns the run summary (the same on every rank)."""
     return Trainer(cfg, env, device).train()
+

@@ -34,6 +34,7 @@ from hpcgnn.config import ClusterConfig, RunConfig
 from hpcgnn.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_PREEMPTED, EXIT_USER_ERROR, ConfigError
 from hpcgnn.failures import read_failures, set_aside_failures
 from hpcgnn.io import atomic_open, ignoring_ctrl_c, stop_cleanly_on_sigterm
+from hpcgnn.results import result_words
 from hpcgnn.trust import run_secret
 
 
@@ -364,10 +365,7 @@ def dry_run_text(cfg: RunConfig) -> str:
 
 
 def _print_result(summary: dict) -> None:
-    metric = summary.get("metric", "val_acc").removeprefix("val_")
-    name = "accuracy" if metric == "acc" else metric
-    print(f"test {name} {summary['test']:.4f} (best val {summary['best_val']:.4f} at epoch "
-          f"{summary['best_epoch']}), {summary['world_size']} rank{'s' if summary['world_size'] != 1 else ''} on "
+    print(f"{result_words(summary)}, {summary['world_size']} rank{'s' if summary['world_size'] != 1 else ''} on "
           f"{', '.join(summary['hostnames'])}, "
           f"{summary['seeds_per_s']:.0f} seeds/s, {summary['wall_time_s']:.1f} s", flush=True)
     if summary.get("nonfinite_skipped"):

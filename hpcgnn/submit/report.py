@@ -54,7 +54,8 @@ def load_sweep(sweep_dir: Path) -> list[dict]:
 def selected(summary: dict, which: str) -> float:
     """The selecting metric's best validation value (``best_val``) or its test value then (``test``);
     summaries written before the task seam named them ``best_val_acc`` and ``test_acc``."""
-    return summary.get(which, summary.get({"best_val": "best_val_acc", "test": "test_acc"}[which], float("nan")))
+    value = summary.get(which, summary.get({"best_val": "best_val_acc", "test": "test_acc"}[which]))
+    return float("nan") if value is None else value  # (None: the run had no such split)
 
 
 def plot_curves(run: dict, ax_loss, ax_acc) -> None:

@@ -33,7 +33,8 @@ def run_status(run_dir: Path, now: float | None = None) -> str:
             p = json.loads(path.read_text())
             done = len(p.get("history", []))
             lines.append(f"{'finished' if name == 'summary.json' else 'running'}: epoch {done}/{p.get('epochs', '?')}, "
-                         f"best val {p.get('best_val', float('nan')):.4f}")
+                         + (f"best val {p['best_val']:.4f}" if isinstance(p.get("best_val"), float) else
+                            "no validation metric"))
             break
     else:
         lines.append("no epoch ended yet")

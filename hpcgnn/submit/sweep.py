@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import sys
 import time
 from dataclasses import dataclass
@@ -133,14 +134,16 @@ def member_row(entry: dict, state: str) -> dict:
         history = progress.get("history", [])
         row["epochs"] = f"{len(history)}/{progress.get('epochs', '?')}"
         best = selected(progress, "best_val")
-        if best is not None and best >= 0:
+        if best >= 0:
             row["val"] = f"{best:.4f}"
-            row["test"] = f"{selected(progress, 'test'):.4f}"
+        test = selected(progress, "test")
+        if progress.get("best_epoch") and not math.isnan(test):
+            row["test"] = f"{test:.4f}"
         if history:
             row["seeds_per_s"] = f"{history[-1].get('seeds_per_s', 0):.0f}"
     if (run / "summary.json").exists() and state in ("UNKNOWN", "PENDING", "SUBMITTED", "RUNNING"):
         row["state"] = "COMPLETED" if state != "RUNNING" else state
-    elif (run / "failures").is_dir() and state in ("UNKNOWN", "SUBMITTED"):
+    elif any((run / "failures").glob("*.json")) and state in ("UNKNOWN", "SUBMITTED"):
         row["state"] = "FAILED"
     return row
 

@@ -29,6 +29,7 @@ class Task(abc.ABC):
 
     name: str
     metric: str
+    splits: tuple[str, ...] = ("val", "test")  # the splits :meth:`evaluate` scores (the trainer drops empty ones)
 
     def __init__(self, cfg, env, store, device: torch.device):
         self.cfg, self.env, self.store, self.device = cfg, env, store, device
@@ -55,4 +56,12 @@ class Task(abc.ABC):
 
     @abc.abstractmethod
     def evaluate(self, model: torch.nn.Module) -> dict[str, float]:
-        """``val_*`` and ``test_*`` metrics, the same on every rank (collective)."""
+        """``val_*`` and ``test_*`` metrics (of :attr:`splits`), the same on every rank (collective)."""
+
+    def split_sizes(self) -> dict[str, int]:
+        """Targets in the val and test splits, over every rank (collective): the nodes each rank evaluates."""
+        from hpcgnn import dist
+
+        counts = torch.tensor([self.store.eval_seeds(s)[0].numel() for s in ("val", "test")], dtype=torch.long)
+        counts = dist.all_reduce_sum(counts)
+        return {"val": int(counts[0]), "test": int(counts[1])}

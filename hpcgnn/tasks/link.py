@@ -68,13 +68,17 @@ class LinkPrediction(Task):
 
     # ------------------------------------------------------------------ evaluation
 
+    def split_sizes(self) -> dict[str, int]:
+        """Positive pairs of the val and test splits (every rank holds the splits whole)."""
+        return {s: int(self.data.split(s).pos.size(1)) for s in ("val", "test")}
+
     @torch.no_grad()
     def evaluate(self, model: torch.nn.Module) -> dict[str, float]:
         model.eval()
         full = self.eval_mode == "full"
         emb = self._embeddings(model) if full else None
         out = {}
-        for split in ("val", "test"):
+        for split in self.splits:
             s = self.data.split(split)
             pos, neg = self._scores_full(model, emb, split) if full else self._scores_sampled(model, split)
             ks = tuple(self.cfg.task.hits_k)

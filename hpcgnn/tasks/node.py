@@ -12,6 +12,8 @@ import torch
 import torch.nn.functional as F
 
 from hpcgnn import dist
+from hpcgnn.config import single_class
+from hpcgnn.errors import DatasetError
 from hpcgnn.models import batch_transform, build_node_model, node_logits_and_labels
 from hpcgnn.tasks.base import StepResult, Task
 
@@ -23,6 +25,8 @@ class NodeClassification(Task):
     metric = "acc"
 
     def __init__(self, cfg, env, store, device: torch.device):
+        if store.shape.num_classes < 2:
+            raise DatasetError(single_class(f"dataset {cfg.dataset.name} has {store.shape.num_classes} class"))
         super().__init__(cfg, env, store, device)
         self._transform = batch_transform(cfg.model, store.degree)
 
@@ -54,7 +58,7 @@ class NodeClassification(Task):
         if self.cfg.train.eval_mode == "full":
             exact = self.store.exact(model, lambda degree: batch_transform(self.cfg.model, degree))
         out = {}
-        for split in ("val", "test"):
+        for split in self.splits:
             counts = torch.zeros(2, dtype=torch.float64, device=self.device)  # (on the device: no wait per batch)
             for logits, y in [exact.split(split)] if exact is not None else self._sampled(model, split):
                 counts[0] += (logits.argmax(-1) == y).sum()
