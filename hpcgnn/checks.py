@@ -191,3 +191,64 @@ def check_thread_budget(cfg, local_cores: int) -> None:
     budget = t.num_threads or (c.cpus_per_task if c is not None and c.executor == "slurm"
                                else max(1, local_cores // (c.tasks_per_node if c is not None else cfg.launch.procs)))
     split_threads(budget, t.sampler_procs, t.sampler_threads)
+
+
+# ------------------------------------------------------------------ memory the batch slots take
+
+SLOT_BYTES = 64 * 2**20  # a batch slot's first size (sampler processes' shared slots, a trainer's slots per server)
+SLOTS_SHARE = 0.5  # the batch slots may take at most this share of a node's memory (the graph and model need room)
+
+
+def sampler_servers(cfg) -> int:
+    """Sampler servers of the run: the local launcher's (``launch.sampler_servers``), or the cluster file's group."""
+    c = cfg.cluster
+    if c is None:
+        return cfg.launch.sampler_servers
+    return c.samplers.nodes * c.samplers.tasks_per_node if c.samplers.nodes else 0
+
+
+def slot_bytes(cfg) -> tuple[int, int]:
+    """(shared-memory bytes, other bytes) a rank's batch slots take at the start: sampler processes share
+    ``sampler_procs + prefetch - 1`` slots with the rank (in /dev/shm); a trainer of sampler servers keeps
+    ``prefetch`` slots per server it reads from (one server on a partitioned graph)."""
+    t, servers = cfg.train, sampler_servers(cfg)
+    if servers:
+        links = 1 if cfg.graph.mode == "partitioned" else servers
+        return 0, max(1, t.prefetch) * links * SLOT_BYTES
+    if t.sampler_procs:
+        return (t.sampler_procs + max(1, t.prefetch - 1)) * SLOT_BYTES, 0
+    return 0, 0
+
+
+def check_slots(cfg, ranks_here: int, shm_free: int | None, memory: int | None, where: str) -> None:
+    """The batch slots of ``ranks_here`` ranks fit in ``shm_free`` bytes of /dev/shm and their share of ``memory``
+    bytes of the node (None: unknown there); refused with the numbers otherwise, before any is taken."""
+    shared, other = slot_bytes(cfg)
+    if not shared and not other:
+        return
+    t, gib = cfg.train, 2**30
+    need = (shared + other) * ranks_here
+    what = (f"train.prefetch={t.prefetch} with train.sampler_procs={t.sampler_procs}: "
+            f"{shared // SLOT_BYTES} shared-memory slots" if shared else
+            f"train.prefetch={t.prefetch} with {sampler_servers(cfg)} sampler server(s): "
+            f"{other // SLOT_BYTES} batch slots")
+    head = (f"{what} of {SLOT_BYTES // 2**20} MiB per rank take {need / gib:.1f} GiB for {ranks_here} "
+            f"rank(s) on {where}")
+    hint = "HINT: lower train.prefetch (2 to 4 batches ahead keep a training loop fed)"
+    if shared and shm_free is not None and need > shm_free:
+        raise ConfigError(f"{head}, but /dev/shm has {shm_free / gib:.1f} GiB free. {hint}, or run where /dev/shm "
+                          "is larger")
+    if memory is not None and need > SLOTS_SHARE * memory:
+        raise ConfigError(f"{head}, more than {SLOTS_SHARE:.0%} of its {memory / gib:.1f} GiB of memory (the graph and "
+                          f"the model need the rest). {hint}")
+
+
+def shm_free(path: str = "/dev/shm") -> int | None:
+    """Bytes free in /dev/shm here (None: no such file system)."""
+    import os
+
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize

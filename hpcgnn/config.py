@@ -262,6 +262,22 @@ class RunConfig:
             return self.launch.procs
         return self.cluster.nodes * self.cluster.tasks_per_node
 
+    def _validate_servers(self) -> None:
+        """Sampler servers against the ranks they serve, and against sampler processes."""
+        from hpcgnn.checks import sampler_servers
+
+        if self.launch.sampler_servers < 0:
+            raise ConfigError(f"launch.sampler_servers={self.launch.sampler_servers} must be 0 (none) or more")
+        servers, t = sampler_servers(self), self.train
+        if servers and t.sampler_procs:
+            raise ConfigError(f"train.sampler_procs={t.sampler_procs} with {servers} sampler server(s): the servers make "
+                              "every training batch, and the rank's sampler processes would only take its cores. HINT: "
+                              "set train.sampler_procs=0, or use no sampler servers")
+        if servers > self.world_size and self.graph.mode == "partitioned":
+            raise ConfigError(f"{servers} sampler servers for {self.world_size} rank(s) on a partitioned graph: server "
+                              f"k makes the batches of ranks k, k+{servers}, ..., so a server past the ranks would wait "
+                              f"for a trainer that never comes. HINT: at most {self.world_size} sampler server(s)")
+
     def validate(self) -> None:
         """Cross-field checks, each naming the setting to change."""
         t, m, d = self.train, self.model, self.dataset
@@ -325,6 +341,7 @@ class RunConfig:
         if not 0 <= t.warmup < 1:
             raise ConfigError(f"train.warmup={t.warmup} must be a fraction of the steps in [0, 1)")
         _validate_sampler(t, self.graph)
+        self._validate_servers()
         if t.lr_schedule not in ("constant", "cosine"):
             raise ConfigError(f"train.lr_schedule={t.lr_schedule!r} is unknown: use constant or cosine")
         c = self.checkpoint

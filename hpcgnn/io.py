@@ -196,3 +196,7 @@ def atomic_folder(final: Path, replace: bool = False) -> Iterator[Path]:
         folder.commit()
     finally:
         folder.discard()
+
+
+def human_bytes(n: float) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"

@@ -16,6 +16,7 @@ import os
 import pickle
 import re
 import shutil
+import signal
 import socket
 import stat
 import subprocess
@@ -663,3 +664,119 @@ def test_8_what_hpcgnn_writes_as_json_is_always_json(tmp_path):
 
     write_json(tmp_path / "s.json", {"loss": float("nan"), "rows": [1.0, float("inf"), (2.0, -float("inf"))]})
     assert _strict_json(tmp_path / "s.json") == {"loss": None, "rows": [1.0, None, [2.0, None]]}
+
+
+# ------------------------------------------------------------------ 9. resources checked before they are taken
+
+
+def test_9_batch_slots_are_bounded_by_shared_memory_and_the_nodes_memory():
+    from conftest import make_config
+
+    from hpcgnn.checks import check_slots
+
+    cfg = make_config("train.prefetch=2000", "train.sampler_procs=1", "launch.procs=1")
+    with pytest.raises(ConfigError, match=r"train.prefetch=2000 with train.sampler_procs=1: 2000 shared-memory slots "
+                                          r"of 64 MiB per rank take 250.0 GiB for 2 rank\(s\) on this machine, but "
+                                          r"/dev/shm has 22.0 GiB free. HINT: lower train.prefetch"):
+        check_slots(cfg, 2, 22 * 2**30, 2**40, "this machine")
+    with pytest.raises(ConfigError, match=r"take 125.0 GiB for 1 rank\(s\) on a node of c, more than 50% of its 128.0 "
+                                          r"GiB of memory"):
+        check_slots(cfg, 1, None, 128 * 2**30, "a node of c")
+    check_slots(make_config("train.sampler_procs=1", "launch.procs=1"), 2, 2**30, 8 * 2**30, "this machine")
+    served = make_config("train.prefetch=400", "launch.sampler_servers=2")
+    with pytest.raises(ConfigError, match=r"train.prefetch=400 with 2 sampler server\(s\): 800 batch slots of 64 MiB "
+                                          r"per rank"):
+        check_slots(served, 2, None, 64 * 2**30, "this machine")
+
+
+@pytest.mark.slow
+def test_9_a_prefetch_that_cannot_fit_is_refused_before_anything_starts(tmp_path):
+    res = run_cli("train.prefetch=20000", "train.sampler_procs=1", "launch.procs=1", cwd=tmp_path, timeout=60)
+    assert res.returncode == 2 and "starting" not in res.stdout, res.stdout + res.stderr
+    assert re.search(r"20000 shared-memory slots of 64 MiB per rank take 1250.0 GiB for 1 rank\(s\) on this machine, "
+                     r"but /dev/shm has [\d.]+ GiB free", _one_line(res, "config error"))
+
+
+def test_9_server_counts_are_checked_against_ranks_and_sampler_processes():
+    from conftest import make_config
+
+    with pytest.raises(ConfigError, match=r"3 sampler servers for 1 rank\(s\) on a partitioned graph: .* HINT: at most "
+                                          r"1 sampler server"):
+        make_config("launch.procs=1", "launch.sampler_servers=3", "graph=partitioned")
+    with pytest.raises(ConfigError, match=r"train.sampler_procs=1 with 1 sampler server\(s\): the servers make every "
+                                          r"training batch.* HINT: set train.sampler_procs=0"):
+        make_config("train.sampler_procs=1", "launch.sampler_servers=1")
+    with pytest.raises(ConfigError, match=r"launch.sampler_servers=-1 must be 0 \(none\) or more"):
+        make_config("launch.sampler_servers=-1")
+    with pytest.raises(ConfigError, match=r"4 sampler servers for 2 rank\(s\) on a partitioned graph"):
+        make_config("+cluster=devcluster", "cluster.nodes=1", "cluster.tasks_per_node=2", "cluster.samplers.nodes=2",
+                    "cluster.samplers.tasks_per_node=2", "graph=partitioned")
+    make_config("launch.procs=2", "launch.sampler_servers=3")  # a whole graph: every trainer reads every server
+
+
+# ------------------------------------------------------------------ 10. a full disk during a checkpoint
+
+
+@pytest.mark.slow
+def test_10_a_full_disk_during_a_checkpoint_exits_2_and_keeps_the_one_before(tmp_path):
+    """Two ranks checkpoint every 2 steps onto a file system with room for one checkpoint and a half: the second
+    cannot be written; the run stops with exit 2 and one line (the folder, bytes needed and free), and the first
+    checkpoint is whole (a later run there with room resumes from it)."""
+    args = [*TINY, "train.epochs=4", "checkpoint.every_steps=2", "checkpoint.keep=5", "metrics.tensorboard=false"]
+    roomy = run_cli(*args, cwd=tmp_path / "roomy")
+    assert roomy.returncode == 0, roomy.stderr
+    first = sorted((tmp_path / "roomy" / "run" / "checkpoints").glob("step-*"))[0]
+    pages = sum(-(-f.stat().st_size // 4096) for f in first.iterdir())
+    checkpoints = tmp_path / "full" / "run" / "checkpoints"
+    checkpoints.mkdir(parents=True)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={int(pages * 1.5 + 2) * 4096}", "tmpfs",
+                              str(checkpoints)], capture_output=True, text=True)
+    if mounted.returncode:
+        pytest.skip(f"cannot mount a small file system here to fill: {mounted.stderr.strip()}")
+    try:
+        full = run_cli(*args, cwd=tmp_path / "full")
+        assert full.returncode == 2, full.stdout + full.stderr
+        line = _one_line(full, "checkpoint error")
+        assert re.search(rf"the checkpoint of step 4 does not fit in {checkpoints}: it needs about [\d.]+ [MG]iB and "
+                         rf"[\d.]+ [MG]iB are free there \(the disk is full, or your quota\); the checkpoint "
+                         rf"{checkpoints / 'step-000000002'} is intact\. HINT: free space there", line), line
+        from hpcgnn.rank.checkpoint import _manifest
+        from hpcgnn.io import sha256_file
+
+        (kept,) = checkpoints.glob("step-*")
+        manifest = _manifest(kept)
+        assert manifest["step"] == 2 and all(sha256_file(kept / n) == h for n, h in manifest["files"].items())
+        assert not [p for p in checkpoints.iterdir() if p.name.startswith(".")]  # no half-written one left
+    finally:
+        subprocess.run(["umount", str(checkpoints)], capture_output=True)
+
+
+# ------------------------------------------------------------------ 11. the preemption signal sent to the launcher
+
+
+@pytest.mark.slow
+def test_11_usr2_to_a_local_launcher_checkpoints_exits_3_and_the_same_command_resumes(tmp_path):
+    """USR2 (what `scancel --signal=USR2` or a wrapper sends) to the process the user started: the ranks get it,
+    checkpoint and stop, the launcher exits 3; the same command resumes and ends bitwise as an uninterrupted run."""
+    args = [*TINY, "train.epochs=8", "metrics.tensorboard=false", f"dataset.root={DATA_ROOT}"]
+    whole = run_cli(*args, cwd=tmp_path / "whole")
+    assert whole.returncode == 0, whole.stderr
+    folder = tmp_path / "cut"
+    folder.mkdir()
+    log = folder / "out.txt"
+    command = [sys.executable, "-m", "hpcgnn", *args, f"hydra.run.dir={folder / 'run'}"]
+    child = subprocess.Popen(command, stdout=log.open("w"), stderr=subprocess.STDOUT, cwd=folder,
+                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    deadline = time.monotonic() + 120
+    while "epoch 1/8" not in log.read_text() and child.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    os.kill(child.pid, signal.SIGUSR2)
+    assert child.wait(timeout=120) == 3, log.read_text()
+    out = log.read_text()
+    assert "hpcgnn: SIGUSR2 received: passed to the ranks: they checkpoint at their next step and stop" in out
+    assert re.search(r"hpcgnn: preempted: checkpoint of step \d+ saved in .*; run the same command with "
+                     rf"hydra.run.dir={folder / 'run'} to resume", out), out
+    again = subprocess.run(command, capture_output=True, text=True, cwd=folder, timeout=300)
+    assert again.returncode == 0, again.stdout + again.stderr
+    resumed = summary_of(folder)
+    assert resumed["resumes"] == 1 and resumed["param_checksums"] == summary_of(tmp_path / "whole")["param_checksums"]

@@ -19,7 +19,7 @@ import torch
 from hpcgnn.data.graph import Graph
 from hpcgnn.data.ooc import FeatureWriter, load_features
 from hpcgnn.errors import DatasetError
-from hpcgnn.io import atomic_folder
+from hpcgnn.io import atomic_folder, human_bytes
 
 FORMAT_VERSION = 1
 ARRAYS = ("rowptr", "col", "x", "y", "train_idx", "val_idx", "test_idx")
@@ -107,6 +107,3 @@ def load_extra(folder: Path) -> tuple[dict[str, torch.Tensor], dict]:
 def size_bytes(folder: Path) -> int:
     return int(json.loads((folder / "meta.json").read_text())["bytes"])
 
-
-def human_bytes(n: float) -> str:
-    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"

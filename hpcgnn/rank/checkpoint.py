@@ -23,6 +23,7 @@ save, and all stop together after a preemption save.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import logging
 import os
@@ -37,8 +38,8 @@ import torch
 from hpcgnn import dist
 from hpcgnn.config import RunConfig
 from hpcgnn.env import RankEnv
-from hpcgnn.errors import CheckpointError
-from hpcgnn.io import AtomicFolder, atomic_open, sha256_file
+from hpcgnn.errors import AnotherRankFailed, CheckpointError
+from hpcgnn.io import AtomicFolder, atomic_open, human_bytes, sha256_file
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +74,31 @@ def _write(path: Path, obj) -> None:
 
 def _barrier() -> None:
     dist.all_reduce_sum(torch.zeros(1))
+
+
+def _attempt(fn, *args) -> OSError | None:
+    """``fn(*args)``; the OSError it raised, if any (the disk full, a quota: the ranks then agree to stop)."""
+    try:
+        fn(*args)
+    except OSError as exc:
+        return exc
+    return None
+
+
+def _full(exc: OSError | None) -> bool:
+    """Whether ``exc`` says the file system has no room for this user (full, a quota, a file size limit)."""
+    return exc is not None and exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+def _tensor_bytes(obj) -> int:
+    """Bytes of the tensors in a state (dicts, lists, tuples): about what its file takes."""
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(_tensor_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(_tensor_bytes(v) for v in obj)
+    return 0
 
 
 # Settings a resumed run may hold at other values than its checkpoint's. FREE: they touch no state the checkpoint
@@ -225,28 +251,59 @@ class Checkpointer:
             raise RuntimeError("Checkpointer.save before start(): the run's identity is not decided")
         folder = AtomicFolder(self.folder / f"step-{global_step:09d}", replace=True,
                               tmp_name=f".step-{global_step:09d}.tmp")
+        need = _tensor_bytes(rank_state) + (_tensor_bytes(common) if self.env.is_main else 0)
+        self._agree(global_step, folder, need, _attempt(folder.create) if self.env.is_main else None)
+        failed = _attempt(_write, folder.tmp / f"rank-{self.env.rank}.pt", rank_state)
+        if self.env.is_main and failed is None:
+            failed = _attempt(_write, folder.tmp / "common.pt", {"format_version": FORMAT_VERSION, **common})
+        self._agree(global_step, folder, need, failed)  # every rank's file is on disk
         if self.env.is_main:
-            folder.create()
-        _barrier()
-        _write(folder.tmp / f"rank-{self.env.rank}.pt", rank_state)
-        if self.env.is_main:
-            _write(folder.tmp / "common.pt", {"format_version": FORMAT_VERSION, **common})
-        _barrier()  # every rank's file is on disk
-        if self.env.is_main:
-            files = sorted(p.name for p in folder.tmp.iterdir() if p.suffix == ".pt")
-            manifest = {"format_version": FORMAT_VERSION, "step": global_step, "time": time.time(), "run": self.run,
-                        "fingerprint": self.fingerprint, "config": self.config,
-                        "files": {n: sha256_file(folder.tmp / n) for n in files}}
-            with open(folder.tmp / "MANIFEST.json", "w") as f:
-                json.dump(manifest, f, indent=2)
-            other = _run_id(_manifest(folder.final)) if folder.final.exists() else self.run["id"]
-            if other != self.run["id"]:  # another run wrote into this folder meanwhile: keep its checkpoint
-                self._set_aside(folder.final, other)
-            folder.commit()
-            self._prune()
-        _barrier()  # nobody moves on (or exits) before the checkpoint is in place
+            failed = _attempt(self._commit, global_step, folder)
+        self._agree(global_step, folder, need, failed if self.env.is_main else None)
+        # (nobody moves on, or exits, before the checkpoint is in place)
         self._last = time.monotonic()
         return folder.final
+
+    def _commit(self, global_step: int, folder: AtomicFolder) -> None:
+        """Rank 0, once every file is written: the manifest, the rename into place, old checkpoints pruned."""
+        files = sorted(p.name for p in folder.tmp.iterdir() if p.suffix == ".pt")
+        manifest = {"format_version": FORMAT_VERSION, "step": global_step, "time": time.time(), "run": self.run,
+                    "fingerprint": self.fingerprint, "config": self.config,
+                    "files": {n: sha256_file(folder.tmp / n) for n in files}}
+        with open(folder.tmp / "MANIFEST.json", "w") as f:
+            json.dump(manifest, f, indent=2)
+            f.flush()
+            os.fsync(f.fileno())
+        other = _run_id(_manifest(folder.final)) if folder.final.exists() else self.run["id"]
+        if other != self.run["id"]:  # another run wrote into this folder meanwhile: keep its checkpoint
+            self._set_aside(folder.final, other)
+        folder.commit()
+        self._prune()
+
+    def _agree(self, step: int, folder: AtomicFolder, need: int, failed: OSError | None) -> None:
+        """Collective, at each stage of a save: whether a rank failed to write. If one did, the temporary folder
+        goes (the checkpoints before it stay whole) and every rank raises: a full disk or quota as a
+        :class:`~hpcgnn.errors.CheckpointError` naming the folder, the bytes needed and free; anything else as
+        it is (the other ranks as echoes of it)."""
+        flags = dist.all_reduce_max(torch.tensor([int(failed is not None), int(_full(failed))]))
+        if not int(flags[0]):
+            return
+        total = int(dist.all_reduce_sum(torch.tensor([need], dtype=torch.float64)).item())
+        if self.env.is_main:
+            folder.discard()
+        _barrier()
+        if failed is not None and not _full(failed):
+            raise failed
+        if not int(flags[1]):
+            raise AnotherRankFailed(f"another rank could not write its part of the checkpoint of step {step}")
+        mine = sorted(self.folder.glob("step-*"))
+        intact = f"the checkpoint {mine[-1]} is intact" if mine else "no earlier checkpoint of this run exists"
+        free = shutil.disk_usage(self.folder).free
+        raise CheckpointError(f"the checkpoint of step {step} does not fit in {self.folder}: it needs about "
+                              f"{human_bytes(total)} and {human_bytes(free)} are free there (the disk is full, or your "
+                              f"quota); {intact}. HINT: free space there, or move the run to a file system with room "
+                              "(the same command with another hydra.run.dir starts anew; this one resumes from the "
+                              "intact checkpoint once there is room)")
 
     def _prune(self) -> None:
         """Keep this run's newest ``checkpoint.keep`` checkpoints; another run's are never touched."""
@@ -302,6 +359,15 @@ class Checkpointer:
         return common, mine
 
 
+_early: set[int] = set()  # preemption signals that arrived before a PreemptionFlag watched for them
+
+
+def catch_early(signame: str) -> None:
+    """Until training watches for it (:class:`PreemptionFlag`), the preemption signal is noted, not fatal: the rank
+    then checkpoints at its first step (a local run's launcher passes the signal on whenever it comes)."""
+    signal.signal(getattr(signal, f"SIG{signame}"), lambda signum, frame: _early.add(signum))
+
+
 class PreemptionFlag:
     """Replaces the handler of ``signame`` with one that only records the signal.
 
@@ -311,7 +377,8 @@ class PreemptionFlag:
 
     def __init__(self, signame: str):
         self.signum = getattr(signal, f"SIG{signame}")
-        self.raised = False
+        self.raised = self.signum in _early  # (it came before training began: see catch_early)
+        _early.discard(self.signum)
         self.previous = signal.signal(self.signum, self._handle)
 
     def _handle(self, signum, frame) -> None:

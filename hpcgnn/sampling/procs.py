@@ -45,13 +45,15 @@ import torch.multiprocessing as mp
 from torch import Tensor
 
 from hpcgnn import rng
+from hpcgnn.checks import (
+    SLOT_BYTES,  # a slot's first size; a batch that does not fit gets a larger slot (once or twice)
+)
 from hpcgnn.errors import SamplerFailed
 from hpcgnn.sampling import shipping
 from hpcgnn.sampling.loader import BatchLoader, keep_freed_memory, to_device
 
 log = logging.getLogger(__name__)
 
-SLOT_BYTES = 64 * 2**20  # a slot's first size; a batch that does not fit gets a larger slot (once or twice)
 GROWTH = 1.25  # a grown slot holds the batch that did not fit, plus this margin
 POLL_S = 0.5  # how often a waiting rank checks that its sampler process lives
 

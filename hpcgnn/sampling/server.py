@@ -35,6 +35,7 @@ import torch
 from torch import Tensor
 
 from hpcgnn import rng, trust
+from hpcgnn.checks import SLOT_BYTES
 from hpcgnn.errors import AnotherRankFailed, PortTaken, SamplerFailed
 from hpcgnn.failures import server_failure as failure_record
 from hpcgnn.sampling import shipping
@@ -43,7 +44,6 @@ from hpcgnn.sampling.loader import BatchLoader, keep_freed_memory
 log = logging.getLogger(__name__)
 
 _HEAD = struct.Struct("!QQ")  # header bytes, payload bytes
-SLOT_BYTES = 64 * 2**20
 
 
 def send(sock: socket.socket, obj, payload: memoryview | None = None) -> None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import abc
 import functools
+import socket
 from dataclasses import dataclass
 
 import torch
@@ -91,6 +92,10 @@ class Store(abc.ABC):
         pool = getattr(self, "_pool", None)
         if pool is None:
             t, env, d = self.cfg.train, self.env, self.cfg.dist
+            from hpcgnn.checks import check_slots, shm_free
+            from hpcgnn.env import available_memory
+
+            check_slots(self.cfg, env.local_world_size, shm_free(), available_memory(), f"node {socket.gethostname()}")
             exchange = getattr(self, "exchange", None)  # a partitioned graph: the samplers exchange among themselves
             group = None if exchange is None or env.world_size == 1 else dict(
                 group_size=env.world_size, master_addr=env.master_addr, master_port=env.master_port,

@@ -371,7 +371,7 @@ def exact_inference_bytes(own: int, halo: int, edges: int, widths, edge_bytes: i
 def check_exact_inference_memory(parts, model_cfg, env) -> None:
     """train.eval_mode=full on a partitioned graph: fail at start, together, when a rank's layer tables would not
     fit in its share of the node's memory (not at the first evaluation, after an epoch of training)."""
-    from hpcgnn.data.cache import human_bytes
+    from hpcgnn.io import human_bytes
 
     p, m = parts, model_cfg
     edges = sum(c.numel() for c in p.typed.col.values()) if p.typed is not None else p.col.numel()

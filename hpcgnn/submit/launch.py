@@ -161,6 +161,11 @@ def _start(cfg: RunConfig, mode: str, overrides) -> int:
     check_thread_budget(cfg, len(os.sched_getaffinity(0)))
     if mode == "submit":
         check_partition_capacity(cfg.cluster)
+        c = cfg.cluster
+        checks.check_slots(cfg, c.tasks_per_node, None, None if c.mem_gb is None else int(c.mem_gb * 2**30),
+                           f"a node of {c.name} (cluster.mem_gb={c.mem_gb})")
+    else:
+        checks.check_slots(cfg, cfg.launch.procs, checks.shm_free(), env.available_memory(), "this machine")
     after = None
     if cfg.graph.mode == "partitioned":
         after = _ensure_partitioned(cfg, mode)
@@ -364,6 +369,28 @@ def dry_run_text(cfg: RunConfig) -> str:
     return f"{plan}\n\n# resolved config\n{resolved_yaml(cfg)}"
 
 
+@contextlib.contextmanager
+def forwarding(signame: str, forward) -> Iterator[None]:
+    """While a launcher waits on its ranks or job: the preemption signal (``checkpoint.signal``, USR2), sent to the
+    launcher as a wrapper or ``kill`` would, is handed on by ``forward()`` (which says where it went) instead of
+    killing the launcher. Outside the main thread nothing changes."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    signum = getattr(signal, f"SIG{signame}")
+
+    def handle(sig, frame) -> None:
+        print(f"hpcgnn: SIG{signame} received: {forward()}", file=sys.stderr, flush=True)
+
+    previous = signal.signal(signum, handle)
+    try:
+        yield
+    finally:
+        signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
+
+
 def _print_result(summary: dict) -> None:
     print(f"{result_words(summary)}, {summary['world_size']} rank{'s' if summary['world_size'] != 1 else ''} on "
           f"{', '.join(summary['hostnames'])}, "
@@ -379,13 +406,29 @@ def _wait(job, cfg: RunConfig, after=None) -> int:
 
     Result files are checked every ``launch.poll_s``; the scheduler is asked every
     ``launch.state_poll_s``, so a job that ends without results (cancelled, killed,
-    node failure) is noticed promptly, not only by submitit's slowing poll.
+    node failure) is noticed promptly, not only by submitit's slowing poll. The preemption signal sent to this
+    process goes to a SLURM job's ranks (:func:`forwarding`).
     """
-    from submitit.core.utils import FailedJobError, UncompletedJobError
     from submitit.slurm.slurm import SlurmJob
 
     on_slurm = isinstance(job, SlurmJob)
     offset, last_asked = 0, time.monotonic()
+
+    def forward() -> str:
+        if not on_slurm:
+            return ("not passed on: submitit's local executor forwards only SIGTERM to its tasks; the job goes on "
+                    "(signal its tasks themselves to have them checkpoint)")
+        subprocess.run(["scancel", f"--signal={cfg.checkpoint.signal}", str(job.job_id)], capture_output=True)
+        return (f"passed to job {job.job_id} (scancel --signal={cfg.checkpoint.signal}): its ranks checkpoint and "
+                "the job is requeued")
+
+    with forwarding(cfg.checkpoint.signal, forward):
+        return _follow_job(job, cfg, after, on_slurm, offset, last_asked)
+
+
+def _follow_job(job, cfg: RunConfig, after, on_slurm: bool, offset: int, last_asked: float) -> int:
+    from submitit.core.utils import FailedJobError, UncompletedJobError
+
     try:
         while not job.done():
             offset = _follow(job.paths.stdout, offset)
@@ -551,6 +594,9 @@ def _spawn_entry(local_rank: int, cfg: RunConfig, port: int, parent: int, extra:
     from hpcgnn.rank.job import run_rank
 
     _end_with_parent(parent)
+    from hpcgnn.rank.checkpoint import catch_early
+
+    catch_early(cfg.checkpoint.signal)  # the launcher passes its preemption signal on, maybe before training starts
     try:
         run_rank(cfg, {**env.local_rank_environ(local_rank, cfg.launch.procs, port), **(extra or {})})
     except Exception as exc:
@@ -597,7 +643,13 @@ def _spawn_local(cfg: RunConfig, grace_s: float = 3.0) -> int:
     interrupted = False
     # SIGTERM (kill, timeout, a job's end) raises here, so the finally stops the ranks; SIGKILL: _end_with_parent.
     # Ctrl-C too (the ranks ignore it: it reaches the terminal's whole process group, and the launcher decides).
-    with stop_cleanly_on_sigterm("the run", "stopping its ranks"):
+    def forward() -> str:
+        for p in procs:
+            if p.is_alive():
+                os.kill(p.pid, getattr(signal, f"SIG{cfg.checkpoint.signal}"))
+        return "passed to the ranks: they checkpoint at their next step and stop (exit 3; the same command resumes)"
+
+    with stop_cleanly_on_sigterm("the run", "stopping its ranks"), forwarding(cfg.checkpoint.signal, forward):
         try:
             for p in [*servers, *procs]:
                 p.start()
