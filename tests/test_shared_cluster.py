@@ -740,8 +740,8 @@ def test_10_a_full_disk_during_a_checkpoint_exits_2_and_keeps_the_one_before(tmp
         assert re.search(rf"the checkpoint of step 4 does not fit in {checkpoints}: it needs about [\d.]+ [MG]iB and "
                          rf"[\d.]+ [MG]iB are free there \(the disk is full, or your quota\); the checkpoint "
                          rf"{checkpoints / 'step-000000002'} is intact\. HINT: free space there", line), line
-        from hpcgnn.rank.checkpoint import _manifest
         from hpcgnn.io import sha256_file
+        from hpcgnn.rank.checkpoint import _manifest
 
         (kept,) = checkpoints.glob("step-*")
         manifest = _manifest(kept)
