@@ -604,6 +604,10 @@ def check_override_keys(overrides: list[str]) -> None:
         return
     for ov in parsed:
         key = ov.key_or_group
+        if key in ("hydra/launcher", "hydra/sweeper"):
+            raise ConfigError(f"{key}={ov.value()}: hpcgnn submits and sweeps by itself, not through Hydra's launcher "
+                              "and sweeper plugins. HINT: submit with +cluster=NAME (a cluster file: python -m hpcgnn "
+                              "cluster init NAME) and sweep with -m (e.g. -m model=sage,gat +cluster=NAME)")
         if key.startswith("hydra") or "@" in key or ov.is_delete():
             continue
         parts = key.split(".")

@@ -24,8 +24,10 @@ def main(argv: list[str]) -> int:
         return EXIT_USER_ERROR if not argv or argv[0] not in ("-h", "--help") else 0
     from hpcgnn.data import cache
     from hpcgnn.io import stop_cleanly_on_sigterm
+    from hpcgnn.logs import setup_logging
     from hpcgnn.submit.compose import compose
 
+    setup_logging(argv[0], main=True)  # what it does and how far it is, minute by minute
     try:
         cfg = compose(argv[1:]).cfg.dataset
         if argv[0] == "download":

@@ -26,6 +26,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from hpcgnn.logs import Progress
+
 BYTES_PER_EDGE = 32  # sorting one bucket: the keys, the sort's copy and its output, the columns out
 MIN_BUCKET_EDGES = 1 << 16  # fewer per bucket: more files than the sort saves
 ADD_EDGES = 1 << 21  # edges bucketed at a time by EdgeBuckets.add: about 100 MB of temporaries
@@ -118,6 +120,7 @@ class EdgeBuckets:
             self.bounds = torch.cat([torch.zeros(1, dtype=torch.long), inner, torch.tensor([num_nodes])])
         scratch.mkdir(parents=True, exist_ok=True)
         self.added = 0
+        self.progress = Progress("reading edges", expected_edges, "edges")
 
     def _file(self, b: int, which: str) -> Path:
         return self.scratch / f"bucket{b:05d}.{which}"
@@ -150,15 +153,21 @@ class EdgeBuckets:
                     with open(self._file(b, which), "ab") as f:
                         f.write(t[lo:hi].numpy().astype(dtype).tobytes())
         self.added += dst.numel()
+        self.progress.advance(dst.numel())
 
     def write_csr(self, folder: Path) -> int:
         """``folder/rowptr.npy`` and ``folder/col.npy`` (and ``weight.npy``), bucket by bucket; returns the
         edge count."""
+        self.progress.finish()
+        sorting = Progress("sorting the edges into rows", self.num_buckets, "buckets")
+
         def merged():
             for b in range(self.num_buckets):
                 counts, c, w = self.merge_bucket(b, [self])
+                sorting.advance(1)
                 if counts is not None:
                     yield counts, c, w
+            sorting.finish()
 
         total = self._write_rows(folder, merged())
         shutil.rmtree(self.scratch, ignore_errors=True)

@@ -10,7 +10,6 @@ import contextlib
 import dataclasses
 import logging
 import signal
-import sys
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from hpcgnn.dist import pick_device, process_group
 from hpcgnn.env import RankEnv, check_allocation
 from hpcgnn.errors import EXIT_PREEMPTED, EXIT_REQUEUED, RunFolderBusy
 from hpcgnn.failures import record_failure
+from hpcgnn.logs import setup_logging
 from hpcgnn.rank.checkpoint import Preempted
 from hpcgnn.rank.trainer import train
 from hpcgnn.sampling.loader import keep_freed_memory
@@ -139,16 +139,3 @@ def _requeue(cfg: RunConfig, env: RankEnv, stop: Preempted) -> BaseException:
 
 def _setup_logging(env: RankEnv) -> None:
     setup_logging(f"rank {env.rank}", env.is_main)
-
-
-def setup_logging(label: str, main: bool) -> None:
-    """hpcgnn's loggers write to the task's stdout, each line marked ``[label]``; the main process (rank 0)
-    tells the story, the others warn only."""
-    logger = logging.getLogger("hpcgnn")
-    for handler in list(logger.handlers):
-        logger.removeHandler(handler)
-    handler = logging.StreamHandler(sys.stdout)
-    handler.setFormatter(logging.Formatter(f"%(asctime)s [{label}] %(message)s", datefmt="%H:%M:%S"))
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO if main else logging.WARNING)
-    logger.propagate = False

@@ -495,7 +495,7 @@ def main(argv: list[str] | None = None) -> int:
     from hpcgnn.data import prepare
     from hpcgnn.errors import UserError, describe
     from hpcgnn.failures import record_failure
-    from hpcgnn.rank.job import setup_logging
+    from hpcgnn.logs import setup_logging
 
     argv = sys.argv[1:] if argv is None else argv
     cfg = pickle.loads(Path(argv[0]).read_bytes())

@@ -49,6 +49,12 @@ def cluster_yaml(name: str, p: PartitionInfo, host: str) -> str:
         f"mem_gb: {mem_gb if mem_gb else 'null'}",
         f"time_min: {time_min}",
         f"job_name: hpcgnn-{name}",
+        "# account: my-project  # --account: your project, where the site bills jobs to one",
+        "# qos: normal          # --qos",
+        "# setup: shell lines the batch script runs before the ranks start: load what the job needs, e.g.",
+        "#   - module load gcc cuda",
+        "#   - source /path/to/your/venv/bin/activate   # the environment must be at the same path on every node",
+        "setup: []",
     ]
     return "\n".join(lines) + "\n"
 

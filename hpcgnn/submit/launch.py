@@ -553,7 +553,7 @@ def _server_entry(index: int, port: int, cfg: RunConfig, parent: int) -> None:
     from hpcgnn.data import prepare
     from hpcgnn.errors import UserError
     from hpcgnn.failures import record_failure
-    from hpcgnn.rank.job import setup_logging
+    from hpcgnn.logs import setup_logging
     from hpcgnn.sampling.server import run_server, trainers_of
     from hpcgnn.trust import run_secret
 
