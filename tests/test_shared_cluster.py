@@ -812,8 +812,8 @@ def test_12_every_library_hpcgnn_imports_is_declared():
     package) comes from a distribution pyproject.toml names."""
     import ast
     import importlib.metadata
-    import tomllib
 
+    import tomllib
     from conftest import REPO
 
     declared = {re.split(r"[<>=!~\[ ;]", d)[0].lower().replace("_", "-")
