@@ -146,9 +146,10 @@ def is_loopback(host: str) -> bool:
     return host in ("localhost", "::1") or host.startswith("127.")
 
 
-def _listen_on_loopback(port: int) -> int:
+def _listen_on_loopback(port: int) -> int | None:
     """A socket listening on 127.0.0.1:``port`` for the rendezvous store to take over (its file descriptor):
-    torch's store, left to itself, listens on every interface."""
+    torch's store, left to itself, listens on every interface. None where the port is held already (torchrun's
+    agent keeps a store of its own there, which the ranks share): torch's store then does as it does."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -156,7 +157,7 @@ def _listen_on_loopback(port: int) -> int:
         sock.listen(1024)
     except OSError:
         sock.close()
-        raise
+        return None
     return sock.detach()
 
 

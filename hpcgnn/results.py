@@ -4,11 +4,11 @@
 from __future__ import annotations
 
 
-def result_words(summary: dict) -> str:
-    """What a run's summary says of its result: "test acc 0.9263 (best val 0.9301 at epoch 7)", or with no
-    test split or no validation split, what there is."""
+def result_words(summary: dict, short: bool = False) -> str:
+    """What a run's summary says of its result: "test accuracy 0.9263 (best val 0.9301 at epoch 7)" (``short``:
+    the metric's own name, "test acc ..."), or with no test split or no validation split, what there is."""
     metric = summary.get("metric", "val_acc").removeprefix("val_")
-    name = "accuracy" if metric == "acc" else metric
+    name = "accuracy" if metric == "acc" and not short else metric
     test, val, epoch = summary.get("test"), summary.get("best_val"), summary.get("best_epoch")
     head = f"test {name} {test:.4f}" if test is not None else f"no test {name} (the test split is empty)"
     if summary.get("select") == "last":

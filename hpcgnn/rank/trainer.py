@@ -437,7 +437,7 @@ class Trainer:
             out["best_val_acc"] = out["best_val"]
         if env.is_main:
             path = write_json(Path(cfg.run_dir) / "summary.json", out)
-            log.info("%s; summary: %s", result_words(out), path)
+            log.info("%s; summary: %s", result_words(out, short=True), path)
         return out
 
     # ------------------------------------------------------------------ small things
