@@ -840,3 +840,30 @@ def test_12_hydras_launcher_and_sweeper_plugins_point_to_cluster_and_m():
                                               r"launcher and sweeper plugins. HINT: submit with \+cluster=NAME .* and "
                                               r"sweep with -m"):
             make_config(override)
+
+
+@needs_cc
+def test_4_a_cache_folder_that_cannot_be_written_says_so_and_a_library_built_there_still_loads(kernels_with, tmp_path):
+    """A read-only cache (a project space mounted read-only on compute nodes): nothing can be built there, and the
+    warning names the folder and HPCGNN_NATIVE_CACHE, not a compiler; a library built there before still loads."""
+    from hpcgnn.sampling import build
+
+    cache = tmp_path / "ro"
+    cache.mkdir(mode=0o700)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m,mode=0700", "tmpfs", str(cache)],
+                             capture_output=True, text=True)
+    if mounted.returncode:
+        pytest.skip(f"cannot mount a file system here to make read-only: {mounted.stderr.strip()}")
+    try:
+        subprocess.run(["mount", "-o", "remount,ro", str(cache)], check=True)
+        lib, said = kernels_with(cache=cache)
+        assert lib is None and len(said) == 1, said
+        assert f"the cache folder {cache} cannot be written (Read-only file system)" in said[0]
+        assert "Set HPCGNN_NATIVE_CACHE to a folder of your own" in said[0] and "C compiler is" not in said[0]
+        subprocess.run(["mount", "-o", "remount,rw", str(cache)], check=True)
+        path = build.build(cache)
+        subprocess.run(["mount", "-o", "remount,ro", str(cache)], check=True)
+        lib, said = kernels_with(cache=cache)
+        assert lib is not None and lib._name == str(path) and said == []
+    finally:
+        subprocess.run(["umount", str(cache)], capture_output=True)

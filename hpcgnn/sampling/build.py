@@ -76,7 +76,12 @@ ISA_MACROS = {"__SSE3__": "pni", "__SSSE3__": "ssse3", "__SSE4_1__": "sse4_1", "
 
 
 class NativeUnavailable(RuntimeError):
-    """The C kernels could not be built here (the reason says why and how to mend it)."""
+    """The C kernels could not be built here (the reason says why; ``cache``: the cache folder is the cause, and
+    moving it the fix)."""
+
+    def __init__(self, message: str, cache: bool = False):
+        super().__init__(message)
+        self.cache = cache
 
 
 class Rejected(RuntimeError):
@@ -194,14 +199,15 @@ def private_folder(folder: Path) -> Path:
         st = folder.stat()
     except OSError as exc:
         raise NativeUnavailable(f"the cache folder {folder} cannot be made ({exc.strerror}). HINT: set "
-                                "HPCGNN_NATIVE_CACHE to a folder of your own") from None
+                                "HPCGNN_NATIVE_CACHE to a folder of your own", cache=True) from None
     if not stat.S_ISDIR(st.st_mode):
         raise NativeUnavailable(f"the cache folder {folder} is not a folder. HINT: set HPCGNN_NATIVE_CACHE to a "
-                                "folder of your own")
+                                "folder of your own", cache=True)
     if st.st_uid != os.getuid() or st.st_mode & 0o022:
         raise NativeUnavailable(f"the cache folder {folder} is refused: others may write it (mode "
                                 f"{stat.S_IMODE(st.st_mode):04o}, owner uid {st.st_uid}), and so plant a library "
-                                "there. HINT: chmod go-w it, or set HPCGNN_NATIVE_CACHE to a folder of your own")
+                                "there. HINT: chmod go-w it, or set HPCGNN_NATIVE_CACHE to a folder of your own",
+                                cache=True)
     return folder
 
 
@@ -261,9 +267,12 @@ def build(cache: Path | None = None, compiler: str | None = None) -> Path:
             log.warning("the C kernels' library %s is damaged (%s): building it again", lib, why)
             with contextlib.suppress(FileNotFoundError):
                 lib.unlink()  # (a process that has it mapped keeps its inode)
-    _write_meta(lib.with_suffix(".json"), {"source": source_hash(), "machine": platform.machine(), "isa": cc.isa(),
-                                           "compiler": cc.spec})
-    fd, tmp = tempfile.mkstemp(prefix=lib.stem, suffix=".so.tmp", dir=folder)
+    try:
+        _write_meta(lib.with_suffix(".json"), {"source": source_hash(), "machine": platform.machine(),
+                                               "isa": cc.isa(), "compiler": cc.spec})
+        fd, tmp = tempfile.mkstemp(prefix=lib.stem, suffix=".so.tmp", dir=folder)
+    except OSError as exc:
+        raise NativeUnavailable(f"the cache folder {folder} cannot be written ({exc.strerror})", cache=True) from None
     os.close(fd)
     define = f'-DHPCGNN_SOURCE_HASH="{source_hash()}"'
     try:  # built aside, then linked into place whole: ranks building at once each leave a whole library
@@ -314,6 +323,7 @@ def find() -> ctypes.CDLL | None:
     where a compiler is, else one built before from this source), each checked first (:func:`load`). What did
     not work is logged once as a warning, naming the file or the cause, with the fix."""
     problems: list[str] = []
+    cache_problem = False
     lib_path = packaged()
     if lib_path is not None:
         try:
@@ -340,10 +350,10 @@ def find() -> ctypes.CDLL | None:
             return _warned(load(path), problems)
     except (NativeUnavailable, Rejected) as e:
         problems.append(str(e))
-    fix = ("Install hpcgnn where a C compiler is (`pip install` builds the kernels into the package), or make one "
+        cache_problem = getattr(e, "cache", False)
+    fix = ("Set HPCGNN_NATIVE_CACHE to a folder of your own" if cache_problem else
+           "Install hpcgnn where a C compiler is (`pip install` builds the kernels into the package), or make one "
            "available (e.g. `module load gcc`, or set CC)")
-    if any("cache folder" in p for p in problems):
-        fix = "Set HPCGNN_NATIVE_CACHE to a folder of your own"
     log.warning("hpcgnn's C sampling kernels are not available (%s): sampling runs on torch ops, the same batches, "
                 "slower. %s, or set HPCGNN_NATIVE=0 to sample on torch ops without this warning.",
                 "; ".join(problems), fix)
