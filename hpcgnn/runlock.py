@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import errno
 import fcntl
 import json
+import logging
 import os
 import socket
 import time
@@ -27,6 +29,7 @@ from pathlib import Path
 
 from hpcgnn.errors import RunFolderBusy
 
+log = logging.getLogger(__name__)
 LOCK_FILE = ".lock"
 
 
@@ -64,8 +67,14 @@ def take(run_dir: str | Path, who: str, job_id: str = "") -> RunLock:
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
+    except OSError as exc:
         os.close(fd)
+        if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            # The file system keeps no locks (Lustre mounted without -o flock, some FUSE): nothing to hold.
+            log.warning("the run folder %s cannot be locked (%s): two runs started there at once would not be told "
+                        "apart. HINT: use a run folder on a file system with locks (Lustre: mounted with -o flock)",
+                        folder, exc.strerror)
+            return RunLock(path, -1)
         hint = (f"wait for it to end, stop it (scancel {job_id_of(path)})" if job_id_of(path) else
                 "wait for it to end, stop it")
         raise RunFolderBusy(f"the run folder {folder} is in use by {_holder(path)}. HINT: {hint}, or give this run "
