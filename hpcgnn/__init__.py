@@ -20,3 +20,13 @@ def _conf_dir() -> Path:
 
 CONF_DIR = _conf_dir()
 
+
+def __getattr__(name: str):
+    """``hpcgnn.load_model``: imported when first used (a plain ``import hpcgnn``, which every command does, stays
+    free of torch)."""
+    if name == "load_model":
+        from hpcgnn.models.saved import load_model
+
+        return load_model
+    raise AttributeError(f"module 'hpcgnn' has no attribute {name!r}")
+

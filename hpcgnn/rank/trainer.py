@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import hashlib
 import logging
 import math
@@ -33,8 +34,9 @@ from tqdm import tqdm
 from hpcgnn import dist
 from hpcgnn.config import RunConfig, empty_validation
 from hpcgnn.env import RankEnv, restart_count
-from hpcgnn.errors import DatasetError
+from hpcgnn.errors import CheckpointError, DatasetError
 from hpcgnn.io import write_json
+from hpcgnn.models import saved
 from hpcgnn.rank.checkpoint import Checkpointer, Preempted, PreemptionFlag
 from hpcgnn.rank.faults import Faults
 from hpcgnn.rank.metrics import StepMetrics
@@ -149,6 +151,7 @@ class Trainer:
         self.allreduce_bytes: list[int] = []
         self.ddp: torch.nn.Module = self.model
         self.first_step_done = False
+        self.best_weights: dict | None = None  # rank 0: the weights of the best epoch so far (model/best.pt)
 
     # ------------------------------------------------------------------ state: saving and resuming
 
@@ -157,6 +160,8 @@ class Trainer:
                  "scheduler": self.scheduler.state_dict(), "state": self.state.state_dict()}
         if self.scaler is not None:
             state["scaler"] = self.scaler.state_dict()
+        if self.best_weights is not None:  # (rank 0's, who writes this part)
+            state["best_model"] = self.best_weights
         return state
 
     def load_common_state(self, state: dict) -> None:
@@ -166,6 +171,9 @@ class Trainer:
         if self.scaler is not None and "scaler" in state:
             self.scaler.load_state_dict(state["scaler"])
         self.state.load_state_dict(state["state"])
+        if self.env.is_main and state.get("best_model") is not None:  # best.pt as of this point of the run
+            self.best_weights = state["best_model"]
+            self.keep_model("best", self.best_weights, self.state.best_epoch, self.state.best)
 
     def rank_state(self, elapsed_s: float) -> dict:
         return {"rng": rng_state(), "sums": self.sums.state_dict(elapsed_s)}
@@ -228,6 +236,10 @@ class Trainer:
                     row.update(self.evaluate())
                 self.end_epoch(epoch, row)
             self.store.close(done=True)  # sampler servers, if any, may leave
+            if self.env.is_main:
+                last = self.state.history[-1] if self.state.history else {}
+                self.keep_model("last", saved.cpu_weights(self.model), self.cfg.train.epochs,
+                                {k: v for k, v in last.items() if k.startswith(("val_", "test_"))})
         finally:
             preempt.restore()
             self.metrics.close()
@@ -336,6 +348,8 @@ class Trainer:
             raise self.guard.stop(epoch, self.env.rank, self.lr, self.cfg)
         s.epoch = epoch
         folder = self.checkpointer.save(s.step, self.common_state(), self.rank_state(elapsed_s))
+        if self.env.is_main:  # the newest weights, beside the checkpoint (a preempted run leaves them too)
+            self.keep_model("last", saved.cpu_weights(self.model), epoch, {})
         if int(flags[0]):
             raise Preempted(s.step, folder)
         log.info("checkpoint: %s", folder)
@@ -363,6 +377,9 @@ class Trainer:
                 (select in row and (s.best_epoch == 0 or row[select] > s.best[select])):
             s.best_epoch = epoch
             s.best = {k: v for k, v in row.items() if k.startswith(("val_", "test_"))}
+            if self.env.is_main:
+                self.best_weights = saved.cpu_weights(self.model)
+                self.keep_model("best", self.best_weights, epoch, s.best)
         s.history.append(row)
         self.metrics.epoch_scalars(row)
         s.epoch, s.step_in_epoch = epoch + 1, 0
@@ -372,6 +389,21 @@ class Trainer:
                             if k in (f"val_{self.task.metric}", f"test_{self.task.metric}"))
             log.info("epoch %d/%d | loss %.4f | train acc %.4f%s | %.0f seeds/s", epoch, self.cfg.train.epochs,
                      row["loss"], row["train_acc"], evals, row["seeds_per_s"])
+
+    def keep_model(self, which: str, weights: dict, epoch: int, metrics: dict) -> Path:
+        """Rank 0: ``model/<which>.pt`` (:mod:`hpcgnn.models.saved`), whole or not at all; a full disk is a
+        :class:`~hpcgnn.errors.CheckpointError` naming it."""
+        path = saved.model_path(self.cfg.run_dir, which)
+        record = saved.describe(self.model, self.cfg, self.store.shape, weights, which=which, epoch=epoch,
+                                step=self.state.step, metrics=dict(metrics), run_id=(self.checkpointer.run or {}).get("id"),
+                                dataset=self.checkpointer.fingerprint["dataset"])
+        try:
+            return saved.write(path, record)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+                raise
+            raise CheckpointError(f"the {which} model ({path}) does not fit: {exc.strerror}. HINT: free space there, "
+                                  "or move the run to a file system with room") from None
 
     def _progress(self) -> dict:
         """What `hpcgnn.submit.status` reads while the run goes on (the summary's first keys)."""
@@ -432,6 +464,9 @@ class Trainer:
             "param_checksums": checksums,
             "history": s.history,
             "run_dir": cfg.run_dir,
+            # the trained model (hpcgnn.load_model(run_dir, which)): the best epoch's weights, the last step's
+            "model_files": {w: str(saved.model_path(cfg.run_dir, w)) if saved.model_path(cfg.run_dir, w).is_file()
+                            else None for w in saved.WHICH},
         }
         if metric == "acc":  # node classification also names it best_val_acc
             out["best_val_acc"] = out["best_val"]

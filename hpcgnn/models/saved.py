@@ -1,0 +1,116 @@
+"""A run's trained model, kept in its run folder, and :func:`load_model`, which gives it back.
+
+    <run_dir>/model/best.pt   the weights of the best validation epoch (the one summary.json reports)
+    <run_dir>/model/last.pt   the weights at the run's last step (and at each checkpoint before it)
+
+Each file holds the weights and what rebuilds the model: the model config, the task (and a link model's
+decoder), the depth, the data's widths (features, classes; a typed graph's node types and relations), the
+class, and where they came from (run id, dataset fingerprint, epoch, step, the epoch's metrics). Plain
+containers and tensors only: :func:`torch.load` reads it with ``weights_only=True``. Rank 0 writes them,
+atomically: ``best.pt`` once per improvement, ``last.pt`` at each checkpoint and at the end. The best weights
+are also part of every checkpoint, so a resumed run keeps the right ``best.pt`` whatever happened after.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import torch
+
+from hpcgnn.errors import UserError
+
+FORMAT = 1
+FOLDER = "model"
+WHICH = ("best", "last")
+
+
+class ModelFileError(UserError):
+    """A run folder without the model asked for, or a file that is not one of hpcgnn's models."""
+
+    kind = "model error"
+
+
+def model_path(run_dir: str | Path, which: str) -> Path:
+    return Path(run_dir) / FOLDER / f"{which}.pt"
+
+
+def describe(model: torch.nn.Module, cfg, shape, weights: dict, **origin) -> dict:
+    """What a model file holds: ``weights`` (a state dict, on the CPU) and what rebuilds the model."""
+    schema = shape.schema
+    return {
+        "format": FORMAT,
+        "task": cfg.task.name,
+        "decoder": cfg.task.decoder,
+        "model": dataclasses.asdict(cfg.model),
+        "num_layers": len(cfg.train.fanouts),
+        "shape": {"num_features": shape.num_features, "num_classes": shape.num_classes, "num_nodes": shape.num_nodes,
+                  "schema": schema.to_meta() if schema is not None else None},
+        "class": f"{type(model).__module__}.{type(model).__qualname__}",
+        **origin,
+        "state_dict": weights,
+    }
+
+
+def cpu_weights(model: torch.nn.Module) -> dict:
+    """A copy of ``model``'s state dict on the CPU (what a model file keeps)."""
+    return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+
+
+def write(path: Path, record: dict) -> Path:
+    """``record`` into ``path``, whole or not at all."""
+    from hpcgnn.io import atomic_open
+
+    with atomic_open(path, "wb") as f:
+        torch.save(record, f)
+    return path
+
+
+def read(path: str | Path) -> dict:
+    """A model file's record (refused, naming the fix, when there is none or it is not hpcgnn's)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ModelFileError(f"no model file {path}. HINT: a run keeps model/best.pt and model/last.pt from its first "
+                             "evaluated epoch on; runs made before hpcgnn kept models have none")
+    try:
+        record = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # (a truncated or foreign file: torch's own error says which)
+        raise ModelFileError(f"{path} is not a model file hpcgnn can read ({type(exc).__name__}: {exc})") from None
+    if not isinstance(record, dict) or record.get("format") != FORMAT or "state_dict" not in record:
+        raise ModelFileError(f"{path} is not a model file of this hpcgnn (format {record.get('format')!r}, want "
+                             f"{FORMAT})" if isinstance(record, dict) else f"{path} is not a model file of hpcgnn")
+    return record
+
+
+def rebuild(record: dict) -> torch.nn.Module:
+    """The model a record describes, with its weights, in eval mode, on the CPU."""
+    from hpcgnn.config import ModelConfig
+    from hpcgnn.data.typed import TypedSchema
+    from hpcgnn.models import build_link_model, build_node_model
+    from hpcgnn.stores.base import GraphShape
+
+    cfg = ModelConfig(**record["model"])
+    s = record["shape"]
+    if record["task"] == "link":
+        model = build_link_model(cfg, record["decoder"], s["num_features"], record["num_layers"])
+    else:
+        schema = TypedSchema.from_meta(s["schema"]) if s["schema"] is not None else None
+        shape = GraphShape(s["num_features"], s["num_classes"], s["num_nodes"], schema)
+        model = build_node_model(cfg, shape, record["num_layers"])
+    model.load_state_dict(record["state_dict"])
+    return model.eval()
+
+
+def load_model(run_dir: str | Path, which: str = "best") -> torch.nn.Module:
+    """The model a run trained, as a ``torch.nn.Module`` on the CPU in eval mode: ``which="best"`` (the weights of
+    the epoch summary.json reports) or ``"last"``; ``run_dir`` may also be a model file itself. Needs no SLURM,
+    no process group and no data: a notebook can call it.
+
+    >>> model = hpcgnn.load_model("outputs/2026-11-26/10-00-00")   # doctest: +SKIP
+    """
+    path = Path(run_dir)
+    if path.is_dir():
+        if which not in WHICH:
+            raise ModelFileError(f"which={which!r}: a run keeps {' and '.join(WHICH)}")
+        path = model_path(path, which)
+    return rebuild(read(path))
