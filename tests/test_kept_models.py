@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 
 import pytest
 import torch
-from conftest import DATA_ROOT, TINY, run_cli, summary_of
+from conftest import TINY, run_cli, summary_of
 
 from hpcgnn.models.saved import ModelFileError, load_model, read
 
