@@ -51,10 +51,26 @@ def check_registered_names(cfg) -> None:
     check_task_config(cfg)
 
 
+CUSTOM = "custom"  # model.name of a model of the user's own (model._target_)
+WIDTHS = ("in_channels", "out_channels", "hidden_channels", "num_layers", "dropout")  # what hpcgnn fills in
+
+
+def is_custom(model) -> bool:
+    return model.name == CUSTOM
+
+
 def check_model_config(model) -> None:
+    if is_custom(model):
+        if not model._target_ or "." not in model._target_:
+            raise ConfigError(f"model=custom needs model._target_=package.module.Class (got {model._target_!r}): the "
+                              "class of your model, importable where the job runs")
+        return
+    if model._target_:
+        raise ConfigError(f"model._target_={model._target_} with model={model.name}: a class of your own is "
+                          "model=custom. HINT: model=custom model._target_=...")
     if model.name not in (*MODEL_NAMES, *TYPED_MODELS):
         raise ConfigError(f"model.name={model.name!r} is unknown: use one of "
-                          f"{', '.join(sorted({*MODEL_NAMES, *TYPED_MODELS}))}")
+                          f"{', '.join(sorted({*MODEL_NAMES, *TYPED_MODELS, CUSTOM}))}")
 
 
 def check_dataset_config(dataset) -> None:
@@ -101,7 +117,7 @@ def check_typed_config(cfg) -> None:
     if not is_typed(cfg.dataset):
         d = cfg.dataset
         unread = d.name == "files" and not (d.path and Path(d.path).expanduser().is_dir())
-        if m.name not in MODEL_NAMES and not unread:  # (a folder not here yet: the launcher names it before submitting)
+        if m.name not in (*MODEL_NAMES, CUSTOM) and not unread:  # (a folder not here yet: the launcher names it)
             raise ConfigError(f"model={m.name} needs a typed graph (e.g. dataset=synthetic_hetero); got "
                               f"dataset={d.name}. HINT: use one of {', '.join(MODEL_NAMES)} (a typed files folder "
                               "holds nodes/ and edges/)")
@@ -130,7 +146,7 @@ def check_task_config(cfg) -> None:
 def _check_node(cfg) -> None:
     t = cfg.train
     typed = is_typed(cfg.dataset)
-    models = TYPED_FULL_INFERENCE_MODELS if typed else FULL_INFERENCE_MODELS
+    models = TYPED_FULL_INFERENCE_MODELS if typed else (*FULL_INFERENCE_MODELS, CUSTOM)  # (custom: a BasicGNN's)
     if t.eval_mode == "full" and cfg.model.name not in models:
         raise ConfigError(f"train.eval_mode=full needs model {', '.join(models)}"
                           + (" on a typed graph" if typed else "")
@@ -140,8 +156,8 @@ def _check_node(cfg) -> None:
 def link_eval_mode(cfg) -> str:
     """``train.eval_mode`` for link prediction: ``auto`` is exact (full) on replicated graphs, else sampled."""
     mode = cfg.train.eval_mode
-    if mode == "auto":
-        return "full" if cfg.graph.mode == "replicated" else "sampled"
+    if mode == "auto":  # (a model of the user's own: sampled, unless they ask for full)
+        return "full" if cfg.graph.mode == "replicated" and not is_custom(cfg.model) else "sampled"
     return mode
 
 
@@ -159,7 +175,7 @@ def _check_link(cfg) -> None:
     if t.sampler != "neighbor" or t.edge_budget:
         raise ConfigError(f"task=link samples the neighbourhoods of its edges' endpoints: use train.sampler=neighbor "
                           f"without train.edge_budget (got train.sampler={t.sampler}, train.edge_budget={t.edge_budget})")
-    if link_eval_mode(cfg) == "full" and cfg.model.name not in FULL_INFERENCE_MODELS:
+    if link_eval_mode(cfg) == "full" and cfg.model.name not in (*FULL_INFERENCE_MODELS, CUSTOM):
         raise ConfigError(f"train.eval_mode=full needs model {', '.join(FULL_INFERENCE_MODELS)}; got "
                           f"model={cfg.model.name}. HINT: train.eval_mode=sampled (or auto)")
 

@@ -69,12 +69,27 @@ class DatasetConfig:
 
 
 @dataclass(frozen=True)
+class WidthNames:
+    """A model class's own names for the widths hpcgnn fills in (None: the name itself, where the class takes it)."""
+
+    in_channels: Optional[str] = None  # features of a node
+    out_channels: Optional[str] = None  # classes (a link model: its embedding, model.hidden_channels)
+    hidden_channels: Optional[str] = None  # model.hidden_channels
+    num_layers: Optional[str] = None  # len(train.fanouts): one layer per sampled hop
+    dropout: Optional[str] = None  # model.dropout
+
+
+@dataclass(frozen=True)
 class ModelConfig:
-    name: str = "sage"  # sage | gcn | gat | gin | mlp; depth is len(train.fanouts)
+    name: str = "sage"  # sage | gcn | gat | gin | mlp | custom (a model of yours: _target_); depth is len(train.fanouts)
     hidden_channels: int = 128  # width of every hidden layer
     dropout: float = 0.3  # dropout probability between layers
     heads: int = 4  # gat: attention heads per layer
     aggregation: str = "csr"  # csr: sage/gcn/gin aggregate sampled batches on the CPU as sorted-CSR products | pyg: PyG's gather/scatter
+    _target_: Optional[str] = None  # custom: the model's class, pkg.module.Class (importable in the job: installed, or on PYTHONPATH)
+    kwargs: Dict[str, Any] = field(default_factory=dict)  # custom: keyword arguments of the class, besides the widths hpcgnn fills in
+    widths: WidthNames = field(default_factory=WidthNames)  # custom: your class's argument for each width hpcgnn fills in, where its names differ
+    gcn_norm: bool = False  # custom: batches carry GCN's weights from the whole graph's degrees (edge_weight) and self-loops
 
 
 @dataclass(frozen=True)
@@ -516,6 +531,12 @@ def _validate_cluster(c: ClusterConfig) -> None:
 
 
 # ---------------------------------------------------------------- dict -> frozen dataclasses
+
+
+def frozen(tp: type, data: dict) -> Any:
+    """A frozen config of class ``tp`` (``ModelConfig``, ...) from its plain data (``dataclasses.asdict``'s), fields
+    it lacks at their defaults."""
+    return _build(tp, data, "")
 
 
 def _build(tp: Any, value: Any, where: str) -> Any:

@@ -64,6 +64,10 @@ MODELS: dict[str, ModelSpec] = {
     "mlp": ModelSpec(lambda c, i, o, n: MLPBaseline(i, c.hidden_channels, n, o, c.dropout), uses_edges=False),
 }
 def build_model(cfg: ModelConfig, in_channels: int, out_channels: int, num_layers: int) -> torch.nn.Module:
+    if checks.is_custom(cfg):  # a model of the user's own (hpcgnn.models.custom)
+        from hpcgnn.models.custom import build_custom
+
+        return build_custom(cfg, in_channels, out_channels, num_layers)
     return _with_aggregation(MODELS[cfg.name].build(cfg, in_channels, out_channels, num_layers), cfg)
 
 
@@ -75,12 +79,12 @@ def _with_aggregation(model: torch.nn.Module, cfg: ModelConfig) -> torch.nn.Modu
 
 
 def uses_edges(cfg: ModelConfig) -> bool:
-    return MODELS[cfg.name].uses_edges
+    return checks.is_custom(cfg) or MODELS[cfg.name].uses_edges
 
 
 def batch_transform(cfg: ModelConfig, degree: Tensor):
     """What every batch of this model needs done where it is made (None: nothing)."""
-    if cfg.name in MODELS and MODELS[cfg.name].global_gcn_norm:
+    if (cfg.name in MODELS and MODELS[cfg.name].global_gcn_norm) or (checks.is_custom(cfg) and cfg.gcn_norm):
         from hpcgnn.sampling.transforms import GCNNorm
 
         return GCNNorm(degree)
@@ -94,10 +98,14 @@ def _batch_kwargs(model: torch.nn.Module, data) -> dict:
     per-hop counts: the last layer computes the seeds only.
     """
     inner = getattr(model, "module", model)
+    if isinstance(inner, LinkModel):
+        inner = inner.encoder
+    from hpcgnn.models.custom import takes
+
     kwargs = {}
-    if "edge_weight" in data:
+    if "edge_weight" in data and takes(inner, "edge_weight"):
         kwargs["edge_weight"] = data.edge_weight
-    if getattr(inner, "supports_trim", True) and "num_sampled_nodes" in data:
+    if getattr(inner, "supports_trim", True) and "num_sampled_nodes" in data and takes(inner, "num_sampled_nodes_per_hop"):
         kwargs.update(num_sampled_nodes_per_hop=data.num_sampled_nodes,
                       num_sampled_edges_per_hop=data.num_sampled_edges)
     return kwargs

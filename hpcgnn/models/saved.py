@@ -46,10 +46,28 @@ def describe(model: torch.nn.Module, cfg, shape, weights: dict, **origin) -> dic
         "num_layers": len(cfg.train.fanouts),
         "shape": {"num_features": shape.num_features, "num_classes": shape.num_classes, "num_nodes": shape.num_nodes,
                   "schema": schema.to_meta() if schema is not None else None},
-        "class": f"{type(model).__module__}.{type(model).__qualname__}",
+        "class": class_name(model),
+        "source": model_source(cfg.model),  # a model of the user's own: its class, source file and the file's hash
         **origin,
         "state_dict": weights,
     }
+
+
+def class_name(model: torch.nn.Module) -> str:
+    """The model's class, module and name (a link model: its encoder's, the one the config chose)."""
+    model = getattr(model, "encoder", model)
+    return f"{type(model).__module__}.{type(model).__qualname__}"
+
+
+def model_source(model_cfg) -> dict | None:
+    """A model of the user's own: its class, source file and the file's SHA-256 (None: one of hpcgnn's)."""
+    from hpcgnn.checks import is_custom
+
+    if not is_custom(model_cfg):
+        return None
+    from hpcgnn.models.custom import source_of
+
+    return source_of(model_cfg)
 
 
 def cpu_weights(model: torch.nn.Module) -> dict:
@@ -84,12 +102,12 @@ def read(path: str | Path) -> dict:
 
 def rebuild(record: dict) -> torch.nn.Module:
     """The model a record describes, with its weights, in eval mode, on the CPU."""
-    from hpcgnn.config import ModelConfig
+    from hpcgnn.config import ModelConfig, frozen
     from hpcgnn.data.typed import TypedSchema
     from hpcgnn.models import build_link_model, build_node_model
     from hpcgnn.stores.base import GraphShape
 
-    cfg = ModelConfig(**record["model"])
+    cfg = frozen(ModelConfig, record["model"])
     s = record["shape"]
     if record["task"] == "link":
         model = build_link_model(cfg, record["decoder"], s["num_features"], record["num_layers"])

@@ -60,7 +60,7 @@ def fingerprint(cfg: RunConfig, env: RankEnv) -> dict:
 
     return {"task": cfg.task.name, "dataset": cache_folder(cfg.dataset).name, "graph_mode": cfg.graph.mode,
             "num_parts": cfg.graph.parts_for(env.world_size) if cfg.graph.mode == "partitioned" else 0,
-            "world_size": env.world_size, "model": cfg.model.name, "hidden_channels": cfg.model.hidden_channels,
+            "world_size": env.world_size, "model": cfg.model._target_ or cfg.model.name, "hidden_channels": cfg.model.hidden_channels,
             "fanouts": list(cfg.train.fanouts), "batch_size": cfg.train.batch_size, "seed": cfg.train.seed,
             "sampler": cfg.train.sampler, "edge_budget": cfg.train.edge_budget,
             "clusters": [cfg.train.num_clusters, cfg.train.clusters_per_batch] if cfg.train.sampler == "cluster" else []}

@@ -454,6 +454,8 @@ class Trainer:
             "graph_on": self.store.graph_on,
             "resident_graph_bytes": dist.all_gather_object(self.store.resident_bytes()),
             "model": cfg.model.name,
+            "model_class": saved.class_name(self.model),  # (a link model's: its encoder's)
+            "model_source": saved.model_source(cfg.model),  # a model of the user's own: class, file, file's hash
             "seeds_per_s": s.seeds_done / s.train_time_s if s.train_time_s > 0 else 0.0,
             "train_time_s": s.train_time_s,
             "wall_time_s": time.perf_counter() - self.t_start,

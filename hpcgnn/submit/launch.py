@@ -156,6 +156,7 @@ def _start(cfg: RunConfig, mode: str, overrides) -> int:
     record_config(cfg, overrides)
     run_secret(cfg.run_dir)  # made here, by the user who starts the run (hpcgnn.trust); refused if others can read it
     check_data_on_disk(cfg.dataset)
+    check_model(cfg)
     from hpcgnn.checks import check_thread_budget
 
     check_thread_budget(cfg, len(os.sched_getaffinity(0)))
@@ -210,6 +211,16 @@ def check_data_on_disk(dataset) -> None:
         from hpcgnn.data import check_available
 
         check_available(dataset)
+
+
+def check_model(cfg: RunConfig) -> None:
+    """Before submitting: a model of the user's own imports, takes its arguments and returns one row per node on a
+    tiny graph (on the CPU, here; torch is imported for it alone)."""
+    if checks.is_custom(cfg.model):
+        from hpcgnn.models.custom import check_custom
+
+        d = cfg.dataset
+        check_custom(cfg, d.num_features if d.name == "synthetic" else 16, d.num_classes if d.name == "synthetic" else 3)
 
 
 def record_config(cfg: RunConfig, overrides: tuple[str, ...] | list[str]) -> None:

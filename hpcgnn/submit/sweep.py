@@ -49,6 +49,7 @@ def launch_sweep(members: list[SweepMember], sweep_dir: Path) -> int:
     """Submit (or run here) every member; returns the exit code."""
     from hpcgnn.submit.launch import (
         check_data_on_disk,
+        check_model,
         check_partition_capacity,
         launch,
         make_executor,
@@ -75,6 +76,7 @@ def launch_sweep(members: list[SweepMember], sweep_dir: Path) -> int:
 
     for m in members:  # everything checked before the first submission
         check_data_on_disk(m.cfg.dataset)
+        check_model(m.cfg)
         if m.cfg.cluster is not None and m.cfg.cluster.executor == "slurm":
             check_partition_capacity(m.cfg.cluster)
     groups: dict[str, list[SweepMember]] = {}

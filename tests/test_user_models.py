@@ -1,0 +1,144 @@
+"""A model of the user's own (model=custom model._target_=...): checked before anything is submitted, then trained
+like hpcgnn's own in every mode that makes sense for it, its provenance recorded, its weights kept."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+import pytest
+import torch
+from conftest import REPO, TINY, make_config, run_cli, summary_of
+
+from hpcgnn.errors import ConfigError
+from hpcgnn.models.saved import load_model
+from hpcgnn.submit.launch import check_model
+
+EXAMPLES = {"PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "examples"), os.environ.get("PYTHONPATH")]))}
+
+
+class WrongWidth(torch.nn.Module):
+    """Returns two columns whatever it was asked for."""
+
+    def __init__(self, in_channels: int, out_channels: int):
+        super().__init__()
+        self.lin = torch.nn.Linear(in_channels, 2)
+
+    def forward(self, x, edge_index):
+        return self.lin(x)
+
+
+class GraphLevel(torch.nn.Module):
+    """Pools the graph: one row for all nodes."""
+
+    def __init__(self, in_channels: int, out_channels: int):
+        super().__init__()
+        self.lin = torch.nn.Linear(in_channels, out_channels)
+
+    def forward(self, x, edge_index):
+        return self.lin(x).mean(0, keepdim=True)
+
+
+def _custom(*overrides: str):
+    return make_config("model=custom", *overrides)
+
+
+def test_a_model_that_cannot_be_used_is_refused_before_anything_is_submitted(monkeypatch):
+    monkeypatch.syspath_prepend(str(REPO / "examples"))
+    cases = [
+        (["model._target_=no_such_pkg.Model"], r"model._target_=no_such_pkg.Model cannot be imported \(ModuleNotFoundError: "
+         r"No module named 'no_such_pkg'\). HINT: the job imports it too: install its package in the job's "
+         r"environment, or put its folder on PYTHONPATH \(a submitted job inherits it\)"),
+        (["model._target_=my_gnn.NoSuchClass"], r"cannot be imported: my_gnn has no NoSuchClass"),
+        (["model._target_=my_gnn.JumpingGraphConv"], r"model._target_=my_gnn.JumpingGraphConv refused its arguments "
+         r"\{'hidden_channels': 128, 'num_layers': 2\} \(TypeError: .*missing 2 required positional arguments: 'nfeat' "
+         r"and 'nclass'\). HINT: set its own in model.kwargs"),
+        (["model._target_=my_gnn.ResidualSAGE", "model.widths.in_channels=nfeat"], r"model.widths.in_channels=nfeat: "
+         r"my_gnn.ResidualSAGE takes no argument 'nfeat' \(it takes dropout, hidden_channels, in_channels, num_layers, "
+         r"out_channels\)"),
+        (["model._target_=test_user_models.WrongWidth"], r"model._target_=test_user_models.WrongWidth returned shape "
+         r"\(6, 2\), torch.float32 for 6 nodes: a model returns one row of 8 floats per node \(out_channels, the "
+         r"classes\). HINT: take out_channels in __init__"),
+        (["model._target_=test_user_models.GraphLevel"], r"returned shape \(1, 8\), torch.float32 for 6 nodes"),
+        (["model._target_=torch.nn.Linear", "model.widths.in_channels=in_features",
+          "model.widths.out_channels=out_features"], r"model._target_=torch.nn.Linear failed on a 6-node graph: "
+         r"forward\(x, edge_index\) raised TypeError"),
+        (["model._target_=my_gnn.ResidualSAGE", "train.eval_mode=full"], r"train.eval_mode=full runs a model layer by "
+         r"layer \(PyG's BasicGNN interface: num_layers, inference_per_layer\); my_gnn.ResidualSAGE has none. HINT: "
+         r"train.eval_mode=sampled"),
+        (["model._target_=torch.optim.SGD"], r"model._target_=torch.optim.SGD is not a torch.nn.Module class"),
+    ]
+    for overrides, message in cases:
+        with pytest.raises(ConfigError, match=message):
+            check_model(_custom(*overrides))
+    with pytest.raises(ConfigError, match=r"model=custom needs model._target_=package.module.Class \(got None\)"):
+        _custom()
+    with pytest.raises(ConfigError, match=r"model._target_=my_gnn.ResidualSAGE with model=sage: a class of your own "
+                                          r"is model=custom"):
+        make_config("model=sage", "model._target_=my_gnn.ResidualSAGE")
+    check_model(_custom("model._target_=my_gnn.JumpingGraphConv", "model.widths.in_channels=nfeat",
+                        "model.widths.out_channels=nclass", "+model.kwargs.mode=max"))
+    check_model(_custom("model._target_=my_gnn.ResidualSAGE", "task=link"))  # the encoder: the embedding's width
+
+
+@pytest.mark.slow
+def test_a_cli_refusal_is_one_line_before_anything_runs(tmp_path):
+    res = run_cli("model=custom", "model._target_=my_gnn.JumpingGraphConv", cwd=tmp_path, env=EXAMPLES)
+    assert res.returncode == 2 and "starting" not in res.stdout, res.stdout + res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("hpcgnn: config error: model._target_=my_gnn.JumpingGraphConv "
+                                                   "refused its arguments"), res.stderr
+
+
+@pytest.mark.slow
+def test_a_user_model_trains_with_sampler_processes_and_resumes_bitwise(tmp_path):
+    """The example's ResidualSAGE (no hpcgnn import): one rank with a sampler process, preempted mid-run and resumed,
+    ends bitwise as an uninterrupted run; the run records its class, source file and the file's hash, and keeps
+    weights load_model gives back."""
+    args = [*TINY, "train.epochs=3", "launch.procs=1", "train.sampler_procs=1", "model=custom",
+            "model._target_=my_gnn.ResidualSAGE", "metrics.tensorboard=false"]
+    whole = run_cli(*args, cwd=tmp_path / "whole", env=EXAMPLES)
+    assert whole.returncode == 0, whole.stdout + whole.stderr
+    cut = run_cli(*args, "debug.signal_rank=0", "debug.signal_step=4", cwd=tmp_path / "cut", env=EXAMPLES)
+    assert cut.returncode == 3, cut.stdout + cut.stderr
+    again = run_cli(*args, cwd=tmp_path / "cut", env=EXAMPLES)
+    assert again.returncode == 0, again.stdout + again.stderr
+    s, w = summary_of(tmp_path / "cut"), summary_of(tmp_path / "whole")
+    assert s["resumes"] == 1 and s["param_checksums"] == w["param_checksums"]
+    source = REPO / "examples" / "my_gnn.py"
+    assert w["model_class"] == "my_gnn.ResidualSAGE" and w["model_source"] == {
+        "class": "my_gnn.ResidualSAGE", "file": str(source), "sha256": hashlib.sha256(source.read_bytes()).hexdigest()}
+    import sys
+
+    sys.path.insert(0, str(REPO / "examples"))
+    try:
+        model = load_model(tmp_path / "whole" / "run")
+    finally:
+        sys.path.remove(str(REPO / "examples"))
+    assert type(model).__name__ == "ResidualSAGE" and not model.training
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["partitioned-node", "replicated-link", "partitioned-link"])
+def test_a_user_model_trains_partitioned_and_as_a_link_encoder(mode, tmp_path):
+    graph, task = mode.split("-")
+    res = run_cli(*TINY, "model=custom", "model._target_=my_gnn.JumpingGraphConv", "model.widths.in_channels=nfeat",
+                  "model.widths.out_channels=nclass", f"graph={graph}", f"task={task}", "metrics.tensorboard=false",
+                  cwd=tmp_path, env=EXAMPLES)
+    assert res.returncode == 0, res.stdout + res.stderr
+    s = summary_of(tmp_path)
+    assert s["model_class"] == "my_gnn.JumpingGraphConv" and s["eval_mode"] == "sampled" and s["world_size"] == 2
+    assert len(set(s["param_checksums"])) == 1 and s["best_val"] > (0.55 if task == "link" else 0.3)
+
+
+@pytest.mark.slow
+def test_pygs_own_graphsage_by_target_gets_csr_aggregation_and_exact_evaluation(tmp_path):
+    res = run_cli(*TINY, "model=custom", "model._target_=torch_geometric.nn.models.GraphSAGE", "train.eval_mode=full",
+                  "metrics.tensorboard=false", cwd=tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr
+    s = summary_of(tmp_path)
+    assert s["model_class"] == "hpcgnn.models.aggregation.GraphSAGE" and s["eval_mode"] == "full"
+    plain = run_cli(*TINY, "model=sage", "train.eval_mode=full", "metrics.tensorboard=false", cwd=tmp_path / "sage")
+    assert plain.returncode == 0, plain.stderr
+    # the same class, widths, seed and batches as model=sage: the same training
+    assert s["param_checksums"] == summary_of(tmp_path / "sage")["param_checksums"]
