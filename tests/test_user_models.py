@@ -121,10 +121,13 @@ def test_a_user_model_trains_with_sampler_processes_and_resumes_bitwise(tmp_path
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["partitioned-node", "replicated-link", "partitioned-link"])
 def test_a_user_model_trains_partitioned_and_as_a_link_encoder(mode, tmp_path):
+    """The example's JumpingGraphConv (its own argument names, mapped): partitioned, and as a link encoder; on the
+    partitioned node task with GCN's global-degree weights handed to its forward (model.gcn_norm)."""
     graph, task = mode.split("-")
+    norm = ["model.gcn_norm=true"] if mode == "partitioned-node" else []
     res = run_cli(*TINY, "model=custom", "model._target_=my_gnn.JumpingGraphConv", "model.widths.in_channels=nfeat",
                   "model.widths.out_channels=nclass", f"graph={graph}", f"task={task}", "metrics.tensorboard=false",
-                  cwd=tmp_path, env=EXAMPLES)
+                  *norm, cwd=tmp_path, env=EXAMPLES)
     assert res.returncode == 0, res.stdout + res.stderr
     s = summary_of(tmp_path)
     assert s["model_class"] == "my_gnn.JumpingGraphConv" and s["eval_mode"] == "sampled" and s["world_size"] == 2
