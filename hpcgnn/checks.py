@@ -25,14 +25,14 @@ DECODERS = ("dot", "mlp")  # link prediction: how a pair of embeddings becomes a
 
 OGB_NODE_DATASETS = ("ogbn-arxiv", "ogbn-products", "ogbn-papers100M")
 OGB_LINK_DATASETS = ("ogbl-collab", "ogbl-citation2")
-NODE_DATASETS = ("synthetic", "files", *OGB_NODE_DATASETS)
-LINK_DATASETS = ("synthetic", "files", *OGB_LINK_DATASETS)
+NODE_DATASETS = ("synthetic", "files", "pyg", *OGB_NODE_DATASETS)  # pyg: a graph of PyG's (dataset._target_)
+LINK_DATASETS = ("synthetic", "files", "pyg", *OGB_LINK_DATASETS)
 OGB_TYPED_DATASETS = ("ogbn-mag",)
 # Typed graphs (hpcgnn.data.TYPED_LOADERS; files: a folder laid out with nodes/ and edges/); erase_types serves
 # them homogeneous.
 TYPED_DATASETS = ("synthetic_hetero", *OGB_TYPED_DATASETS, "files")
 NODE_DATASETS = tuple(dict.fromkeys((*NODE_DATASETS, *TYPED_DATASETS)))
-SPLIT_EDGES = ("synthetic", "files")  # link datasets whose edges hpcgnn splits itself (dataset.edge_split)
+SPLIT_EDGES = ("synthetic", "files", "pyg")  # link datasets whose edges hpcgnn splits itself (dataset.edge_split)
 # Datasets read from files that must be there before a job starts (the synthetic ones are generated).
 ON_DISK = ("files", *OGB_NODE_DATASETS, *OGB_LINK_DATASETS, *OGB_TYPED_DATASETS)
 
@@ -81,6 +81,10 @@ def check_dataset_config(dataset) -> None:
     if dataset.prepare_mem_gb is not None and dataset.prepare_mem_gb <= 0:
         raise ConfigError(f"dataset.prepare_mem_gb={dataset.prepare_mem_gb} must be above 0 (or null: a quarter "
                           "of the free memory, at most 0.25 GB)")
+    if (dataset.name == "pyg") != bool(dataset._target_):
+        raise ConfigError(f"dataset._target_={dataset._target_} goes with dataset=pyg (a PyG dataset class or a function "
+                          f"returning a Data); got dataset={dataset.name}. HINT: dataset=pyg "
+                          "dataset._target_=torch_geometric.datasets.NAME")
     if dataset.prepared_for == "link":
         if dataset.name not in LINK_DATASETS:
             raise ConfigError(f"dataset={dataset.name} has no edges to predict: task=link needs one of "

@@ -65,6 +65,9 @@ class DatasetConfig:
     prepared_for: str = "node"  # node | link: what the prepared graph serves (follows task.name; not set by hand)
     feature_dtype: str = "float32"  # float32 | float16 | bfloat16: how features are stored (half the bytes); batches are upcast to float32
     prepare_mem_gb: Optional[float] = None  # memory preparing may use (edges are sorted on disk in buckets of this size); None = a quarter of what is free, at most 0.25
+    _target_: Optional[str] = None  # pyg: a torch_geometric.datasets class or a callable returning a Data, pkg.module.Name
+    kwargs: Dict[str, Any] = field(default_factory=dict)  # pyg: its keyword arguments (root: <dataset.root>/pyg/<Name> unless given)
+    split_index: int = 0  # pyg: which split of masks that hold several (one column each, as WikiCS's)
     erase_types: bool = False  # typed datasets (synthetic_hetero, ogbn-mag, typed files): serve the homogeneous view, types erased (a baseline)
 
 

@@ -53,6 +53,7 @@ from hpcgnn.data.ogb import (
     stream_ogb,
     stream_raw_graph,
 )
+from hpcgnn.data.pyg import load_pyg, target_object
 from hpcgnn.data.synthetic import (
     GENERATOR_VERSION,
     expected_edges,
@@ -71,6 +72,7 @@ log = logging.getLogger(__name__)
 LOADERS: dict[str, Callable[[DatasetConfig, bool], Graph]] = {
     "synthetic": lambda cfg, allow_download: make_synthetic(cfg),
     "files": load_files,
+    "pyg": load_pyg,
     **{name: load_ogb for name in OGB_NAMES},
     # typed sources with dataset.erase_types=true: the homogeneous view
     "synthetic_hetero": lambda cfg, allow_download: make_synthetic_typed(cfg).homogeneous(),
@@ -101,6 +103,7 @@ def _split(build: Callable[[DatasetConfig, bool], Graph]) -> Callable[[DatasetCo
 LINK_LOADERS: dict[str, Callable[[DatasetConfig, bool], LinkData]] = {
     "synthetic": _split(LOADERS["synthetic"]),
     "files": _split(load_files),
+    "pyg": _split(load_pyg),
     **{name: load_ogb_link for name in OGB_LINK_NAMES},
 }
 
@@ -111,12 +114,13 @@ _KEY_FIELDS = {
                   "val_fraction",
                   "seed"),
     "files": ("path", "to_undirected"),
+    "pyg": ("_target_", "kwargs", "train_fraction", "val_fraction", "split_index", "seed", "to_undirected"),
     "synthetic_hetero": ("num_nodes", "num_classes", "num_features", "avg_degree", "communities_per_class", "homophily",
                          "feature_noise", "train_fraction", "val_fraction", "seed", "erase_types"),
     **{name: ("to_undirected",) for name in (*OGB_NAMES, *OGB_LINK_NAMES)},
     "ogbn-mag": ("erase_types",),
 }
-_LINK_KEY_FIELDS = {"synthetic": ("edge_split",), "files": ("edge_split",)}  # and the seed, for the split
+_LINK_KEY_FIELDS = {"synthetic": ("edge_split",), "files": ("edge_split",), "pyg": ("edge_split",)}  # and the seed, for the split
 
 
 def build_graph(cfg: DatasetConfig, allow_download: bool = False) -> Graph:
@@ -349,6 +353,8 @@ def check_available(cfg: DatasetConfig) -> None:
     """Before submitting: fail now, not on a compute node, when the data cannot be there."""
     if cfg.name == "files":
         files_folder(cfg)
+    elif cfg.name == "pyg":
+        target_object(cfg)  # (importable here; a dataset that downloads does so when prepared)
     elif cfg.name in ON_DISK and not cache.is_complete(cache_folder(cfg)) and not has_raw(cfg):
         raise DatasetMissing(f"{cfg.name} is not under {Path(cfg.root).expanduser()}: jobs do not download. "
                              f"HINT: first run\n    {prepare_command(cfg)}")

@@ -46,6 +46,16 @@ def owned_has_edge(view):
     return has_edge
 
 
+def distinct(batch: Tensor) -> Tensor:
+    """``batch`` with each value once, at its first place (itself when its values are distinct already)."""
+    values, inverse = torch.unique(batch, return_inverse=True)
+    if values.numel() == batch.numel():
+        return batch
+    first = torch.full((values.numel(),), batch.numel(), dtype=torch.long)
+    first.scatter_reduce_(0, inverse, torch.arange(batch.numel()), "amin")
+    return batch.index_select(0, first.sort().values)
+
+
 class PartitionedStore(Store):
     """Each rank holds its parts; remote neighbours and features travel over a second process group."""
 
@@ -135,10 +145,14 @@ class PartitionedStore(Store):
             p.node_local.index_select(0, ids).long()
 
     def train_batches(self, epoch: int) -> list[Tensor]:
+        """The rank's seeds in ``steps`` batches; a seed the padding repeated inside one batch (a rank with fewer
+        seeds than a batch holds) is in it once: a sampler takes distinct seeds."""
         seeds = self.train_seeds(epoch)
         if self.row_cost is not None:
-            return sub.split_by_cost(seeds, self.row_cost.index_select(0, self._rows(seeds)), self.steps)
-        return list(seeds.split(self.cfg.train.batch_size))
+            batches = sub.split_by_cost(seeds, self.row_cost.index_select(0, self._rows(seeds)), self.steps)
+        else:
+            batches = list(seeds.split(self.cfg.train.batch_size))
+        return [distinct(b) for b in batches]
 
     def eval_seeds(self, split: str) -> tuple[Tensor, int | None]:
         """This rank's share of ``split`` and the batch count every rank walks (the most any rank needs)."""

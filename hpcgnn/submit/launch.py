@@ -207,7 +207,7 @@ def _start(cfg: RunConfig, mode: str, overrides) -> int:
 def check_data_on_disk(dataset) -> None:
     """Before submitting: the files and OGB sources a job reads must be there (synthetic graphs are made where
     they are prepared). The data module's check imports torch: only datasets read from disk pay for it."""
-    if dataset.name in checks.ON_DISK:
+    if dataset.name in (*checks.ON_DISK, "pyg"):  # (pyg: its class or function must import)
         from hpcgnn.data import check_available
 
         check_available(dataset)
