@@ -67,7 +67,7 @@ def test_valid_overrides_pass_the_typo_guard():
     (["+cluster=example_gpu", "cluster.executor=pbs"], r"cluster.executor='pbs' is unknown: use slurm or local"),
     (["train.fanouts=[]"], r"train.fanouts=\[\] must be one or more positive integers"),
     (["train.batch_size=0"], r"train.batch_size=0 must be at least 1"),
-    (["model.name=transformer"], r"model.name='transformer' is unknown: use one of gat, gcn, gin, mlp, rgcn, sage"),
+    (["model.name=transformer"], r"model.name='transformer' is unknown: use one of custom, gat, gcn, gin, mlp, rgcn, sage"),
     (["dataset.train_fraction=0.95"], r"must be positive and sum to less than 1"),
     (["dist.backend=mpi"], r"dist.backend='mpi' is unknown"),
     (["train.graph_on=gpu"], r"train.graph_on='gpu' is unknown: use auto, host or device"),

@@ -150,7 +150,7 @@ def test_4_a_learning_rate_that_overflows_stops_the_run_or_its_steps_are_skipped
     (["train.precision=fp16", "train.device=cpu"], r"fp16 needs a GPU"),
     (["train.lr=abc"], r"Error merging override train.lr=abc: Value 'abc' of type 'str' could not be converted"),
     (["model=base_model"], r"model=base_model is the schema of the model group, not one of its options. HINT: use "
-                           r"one of gat, gcn, gin, mlp, rgcn, sage"),
+                           r"one of custom, gat, gcn, gin, mlp, rgcn, sage"),
 ])
 def test_5_user_errors_on_the_launcher_exit_2_with_one_line(tmp_path, overrides, message):
     import re
