@@ -63,7 +63,7 @@ def test_the_best_weights_come_back_in_a_fresh_process_and_reproduce_the_summary
 def test_a_preempted_run_keeps_the_best_model_of_its_own_history(tmp_path):
     """Preempted mid-run, its best.pt overwritten (as by an improvement after the checkpoint that the resumed run
     will not see), then resumed: best.pt is that of an uninterrupted run, bitwise; last.pt too."""
-    args = [*TINY, "train.epochs=4", "metrics.tensorboard=false"]
+    args = [*TINY, "train.epochs=3", "metrics.tensorboard=false"]
     whole = run_cli(*args, cwd=tmp_path / "whole")
     assert whole.returncode == 0, whole.stderr
     cut = run_cli(*args, "debug.signal_rank=0", "debug.signal_step=5", cwd=tmp_path / "cut")

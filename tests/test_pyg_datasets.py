@@ -70,7 +70,7 @@ def test_a_padded_batch_holds_each_seed_once():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["replicated-node", "partitioned-node", "replicated-link"])
+@pytest.mark.parametrize("mode", ["partitioned-node", "replicated-link"])
 def test_a_pyg_dataset_trains_in_every_mode(mode, tmp_path):
     graph, task = mode.split("-")
     res = run_cli(*FAKE, f"graph={graph}", f"task={task}", "train.epochs=2", "metrics.tensorboard=false", cwd=tmp_path)

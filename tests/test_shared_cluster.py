@@ -526,12 +526,12 @@ def test_6_a_second_run_in_a_folder_where_one_runs_is_refused_naming_it(tmp_path
     folder = tmp_path / "a"
     folder.mkdir()
     log = folder / "out.txt"
-    args = [sys.executable, "-m", "hpcgnn", *TINY, "train.epochs=40", "debug.slow_rank=0", "debug.slow_s=0.1",
+    args = [sys.executable, "-m", "hpcgnn", *TINY, "train.epochs=20", "debug.slow_rank=0", "debug.slow_s=0.1",
             "checkpoint.every_steps=5", "checkpoint.keep=2",
             "metrics.tensorboard=false", f"dataset.root={DATA_ROOT}", f"hydra.run.dir={folder / 'run'}"]
     a = subprocess.Popen(args, stdout=log.open("w"), stderr=subprocess.STDOUT, cwd=folder)
     deadline = time.monotonic() + 120
-    while "epoch 1/40" not in log.read_text() and a.poll() is None and time.monotonic() < deadline:
+    while "epoch 1/20" not in log.read_text() and a.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
     b = run_cli(*TINY, "train.epochs=1", cwd=folder, timeout=120)
     assert b.returncode == 2, b.stdout + b.stderr
@@ -541,7 +541,7 @@ def test_6_a_second_run_in_a_folder_where_one_runs_is_refused_naming_it(tmp_path
                      r"\(hydra.run.dir=\.\.\.\)", line), line
     assert a.wait(timeout=180) == 0, log.read_text()
     summary = summary_of(folder)
-    assert summary["resumes"] == 0 and summary["history"][-1]["epoch"] == 40
+    assert summary["resumes"] == 0 and summary["history"][-1]["epoch"] == 20
 
 
 @pytest.mark.slow
@@ -759,7 +759,7 @@ def test_10_a_full_disk_during_a_checkpoint_exits_2_and_keeps_the_one_before(tmp
 def test_11_usr2_to_a_local_launcher_checkpoints_exits_3_and_the_same_command_resumes(tmp_path):
     """USR2 (what `scancel --signal=USR2` or a wrapper sends) to the process the user started: the ranks get it,
     checkpoint and stop, the launcher exits 3; the same command resumes and ends bitwise as an uninterrupted run."""
-    args = [*TINY, "train.epochs=8", "debug.slow_rank=0", "debug.slow_s=0.2", "metrics.tensorboard=false",
+    args = [*TINY, "train.epochs=6", "debug.slow_rank=0", "debug.slow_s=0.1", "metrics.tensorboard=false",
             f"dataset.root={DATA_ROOT}"]  # (slow steps: the signal comes while it trains)
     whole = run_cli(*args, cwd=tmp_path / "whole")
     assert whole.returncode == 0, whole.stderr
@@ -770,7 +770,7 @@ def test_11_usr2_to_a_local_launcher_checkpoints_exits_3_and_the_same_command_re
     child = subprocess.Popen(command, stdout=log.open("w"), stderr=subprocess.STDOUT, cwd=folder,
                              env={**os.environ, "PYTHONUNBUFFERED": "1"})
     deadline = time.monotonic() + 120
-    while "epoch 1/8" not in log.read_text() and child.poll() is None and time.monotonic() < deadline:
+    while "epoch 1/6" not in log.read_text() and child.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
     os.kill(child.pid, signal.SIGUSR2)
     assert child.wait(timeout=120) == 3, log.read_text()
