@@ -214,3 +214,15 @@ def devcluster_up():
         if os.environ.get("CI"):
             pytest.fail(f"the SLURM dev cluster is not running in CI ({problem}); {hint}")
         pytest.skip(f"SLURM dev cluster not running ({problem}); {hint}")
+
+
+def train_here(*overrides: str, run_dir) -> dict:
+    """One rank trained in this process (no launcher, no process group): the run's summary. A preemption
+    (``debug.signal_*``) raises :class:`hpcgnn.rank.checkpoint.Preempted` after its checkpoint, as a rank would."""
+    import torch
+
+    from hpcgnn.env import RankEnv
+    from hpcgnn.rank.trainer import Trainer
+
+    return Trainer(make_config(*overrides, run_dir=str(run_dir)), RankEnv.from_environ({}),
+                   torch.device("cpu")).train()

@@ -10,9 +10,10 @@ import sys
 
 import pytest
 import torch
-from conftest import TINY, run_cli, summary_of
+from conftest import DATA_ROOT, TINY, run_cli, summary_of, train_here
 
 from hpcgnn.models.saved import ModelFileError, load_model, read
+from hpcgnn.rank.checkpoint import Preempted
 
 # In a fresh process: the run's own config (its overrides), rank 0 of 1, the run's evaluation path (sampled batches,
 # the run's precision), with the best weights load_model gives back.
@@ -59,25 +60,22 @@ def test_the_best_weights_come_back_in_a_fresh_process_and_reproduce_the_summary
     assert best["task"] == "node" and best["class"].endswith("GraphSAGE") and best["shape"]["num_classes"] == 8
 
 
-@pytest.mark.slow
 def test_a_preempted_run_keeps_the_best_model_of_its_own_history(tmp_path):
     """Preempted mid-run, its best.pt overwritten (as by an improvement after the checkpoint that the resumed run
     will not see), then resumed: best.pt is that of an uninterrupted run, bitwise; last.pt too."""
-    args = [*TINY, "train.epochs=3", "metrics.tensorboard=false"]
-    whole = run_cli(*args, cwd=tmp_path / "whole")
-    assert whole.returncode == 0, whole.stderr
-    cut = run_cli(*args, "debug.signal_rank=0", "debug.signal_step=5", cwd=tmp_path / "cut")
-    assert cut.returncode == 3, cut.stdout + cut.stderr
-    best = tmp_path / "cut" / "run" / "model" / "best.pt"
+    args = [*TINY, f"dataset.root={DATA_ROOT}", "train.epochs=3", "metrics.tensorboard=false"]
+    whole = train_here(*args, run_dir=tmp_path / "whole")
+    with pytest.raises(Preempted):
+        train_here(*args, "debug.signal_rank=0", "debug.signal_step=7", run_dir=tmp_path / "cut")  # (epoch 2)
+    best = tmp_path / "cut" / "model" / "best.pt"
     record = read(best)
     record["state_dict"] = {k: torch.zeros_like(v) for k, v in record["state_dict"].items()}
     torch.save(record, best)
-    again = run_cli(*args, cwd=tmp_path / "cut")
-    assert again.returncode == 0, again.stdout + again.stderr
-    assert summary_of(tmp_path / "cut")["best_epoch"] == summary_of(tmp_path / "whole")["best_epoch"]
+    again = train_here(*args, run_dir=tmp_path / "cut")
+    assert again["resumes"] == 1 and again["best_epoch"] == whole["best_epoch"]
     for which in ("best", "last"):
-        mine = read(tmp_path / "cut" / "run" / "model" / f"{which}.pt")["state_dict"]
-        theirs = read(tmp_path / "whole" / "run" / "model" / f"{which}.pt")["state_dict"]
+        mine = read(tmp_path / "cut" / "model" / f"{which}.pt")["state_dict"]
+        theirs = read(tmp_path / "whole" / "model" / f"{which}.pt")["state_dict"]
         assert mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in mine), which
 
 
@@ -92,13 +90,11 @@ def test_a_run_folder_without_a_model_is_named(tmp_path):
         load_model(tmp_path)
 
 
-@pytest.mark.slow
 def test_link_and_typed_runs_keep_models_that_load(tmp_path):
     for name, extra in (("link", ["task=link"]), ("typed", ["dataset=synthetic_hetero", "model=rgcn",
                                                             "dataset.num_nodes=3000"])):
-        res = run_cli(*TINY, "launch.procs=1", "train.epochs=1", "metrics.tensorboard=false", *extra,
-                      cwd=tmp_path / name)
-        assert res.returncode == 0, res.stdout + res.stderr
-        model = load_model(tmp_path / name / "run")
+        train_here(*TINY, f"dataset.root={DATA_ROOT}", "train.epochs=1", "metrics.tensorboard=false", *extra,
+                   run_dir=tmp_path / name)
+        model = load_model(tmp_path / name)
         assert not model.training and all(p.device.type == "cpu" for p in model.parameters())
-        assert read(tmp_path / name / "run" / "model" / "last.pt")["task"] == ("link" if name == "link" else "node")
+        assert read(tmp_path / name / "model" / "last.pt")["task"] == ("link" if name == "link" else "node")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import DATA_ROOT, make_config, run_cli, summary_of
+from conftest import DATA_ROOT, make_config, run_cli, summary_of, train_here
 from torch_geometric.data import Data
 
 from hpcgnn.data import build_graph, cache_folder
@@ -70,11 +70,14 @@ def test_a_padded_batch_holds_each_seed_once():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["partitioned-node", "replicated-link"])
-def test_a_pyg_dataset_trains_in_every_mode(mode, tmp_path):
-    graph, task = mode.split("-")
-    res = run_cli(*FAKE, f"graph={graph}", f"task={task}", "train.epochs=2", "metrics.tensorboard=false", cwd=tmp_path)
+def test_a_pyg_dataset_trains_partitioned_on_two_ranks(tmp_path):
+    res = run_cli(*FAKE, "graph=partitioned", "train.epochs=2", "metrics.tensorboard=false", cwd=tmp_path)
     assert res.returncode == 0, res.stdout + res.stderr
     s = summary_of(tmp_path)
-    assert s["dataset"] == "pyg" and s["graph_mode"] == graph and s["task"] == task
-    assert (DATA_ROOT / "prepared").is_dir()
+    assert s["dataset"] == "pyg" and s["graph_mode"] == "partitioned" and s["world_size"] == 2
+
+
+def test_a_pyg_dataset_serves_link_prediction(tmp_path):
+    s = train_here(*FAKE, f"dataset.root={DATA_ROOT}", "task=link", "train.epochs=1", "metrics.tensorboard=false",
+                   run_dir=tmp_path)
+    assert s["dataset"] == "pyg" and s["task"] == "link" and 0 <= s["test"] <= 1

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import DATA_ROOT, TINY, run_cli, summary_of
+from conftest import DATA_ROOT, TINY, run_cli, summary_of, train_here
 
 from hpcgnn import trust
 from hpcgnn.errors import ConfigError, DatasetError, PortTaken, SamplerFailed, Untrusted
@@ -604,15 +604,6 @@ SMALL_FILES = ["dataset=files", f"dataset.root={DATA_ROOT}", "train.batch_size=6
                "model.hidden_channels=16", "metrics.tensorboard=false"]
 
 
-def _train_here(*overrides: str, run_dir) -> dict:
-    from conftest import make_config
-
-    from hpcgnn.env import RankEnv
-    from hpcgnn.rank.trainer import Trainer
-
-    return Trainer(make_config(*overrides, run_dir=str(run_dir)), RankEnv.from_environ({}), torch.device("cpu")).train()
-
-
 def test_8_an_empty_validation_split_is_refused_unless_the_last_epoch_is_asked_for(tmp_path):
     from conftest import make_config
 
@@ -623,8 +614,8 @@ def test_8_an_empty_validation_split_is_refused_unless_the_last_epoch_is_asked_f
     path = _files(tmp_path, val_idx=np.array([], dtype=np.int64))
     with pytest.raises(DatasetError, match=r"the validation split of dataset files is empty: no epoch can be chosen "
                                            r"by a validation metric. HINT: .* or set train.select=last"):
-        _train_here(*SMALL_FILES, path, run_dir=tmp_path / "refused")
-    summary = _train_here(*SMALL_FILES, path, "train.select=last", run_dir=tmp_path / "last")
+        train_here(*SMALL_FILES, path, run_dir=tmp_path / "refused")
+    summary = train_here(*SMALL_FILES, path, "train.select=last", run_dir=tmp_path / "last")
     last = summary["history"][-1]
     assert summary["best_epoch"] == 3 and summary["test"] == last["test_acc"] and summary["best_val"] is None
     assert "val_acc" not in last and _strict_json(tmp_path / "last" / "summary.json")["select"] == "last"
@@ -639,7 +630,7 @@ def test_8_an_empty_test_split_is_reported_absent_never_nan(tmp_path, caplog):
     path = _files(tmp_path, test_idx=np.array([], dtype=np.int64))
     with caplog.at_level(logging.WARNING, logger="hpcgnn"):
         logging.getLogger("hpcgnn").propagate = True
-        summary = _train_here(*SMALL_FILES, path, run_dir=tmp_path / "run")
+        summary = train_here(*SMALL_FILES, path, run_dir=tmp_path / "run")
     assert "the test split of dataset files is empty: the summary reports no test metric" in caplog.text
     written = _strict_json(tmp_path / "run" / "summary.json")
     assert written["test"] is None and summary["test"] is None and "test_acc" not in written["history"][-1]
@@ -657,7 +648,7 @@ def test_8_a_single_class_is_refused(tmp_path):
     make_config("dataset.num_classes=1", "task=link")  # link prediction has no classes to predict
     path = _files(tmp_path, y=np.zeros(300, dtype=np.int64))
     with pytest.raises(DatasetError, match=r"dataset files has 1 class: node classification with a single class"):
-        _train_here(*SMALL_FILES, path, run_dir=tmp_path / "run")
+        train_here(*SMALL_FILES, path, run_dir=tmp_path / "run")
 
 
 def test_8_what_hpcgnn_writes_as_json_is_always_json(tmp_path):

@@ -8,10 +8,11 @@ import os
 
 import pytest
 import torch
-from conftest import REPO, TINY, make_config, run_cli, summary_of
+from conftest import DATA_ROOT, REPO, TINY, make_config, run_cli, summary_of, train_here
 
 from hpcgnn.errors import ConfigError
 from hpcgnn.models.saved import load_model
+from hpcgnn.rank.checkpoint import Preempted
 from hpcgnn.submit.launch import check_model
 
 EXAMPLES = {"PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "examples"), os.environ.get("PYTHONPATH")]))}
@@ -91,30 +92,22 @@ def test_a_cli_refusal_is_one_line_before_anything_runs(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_user_model_trains_with_sampler_processes_and_resumes_bitwise(tmp_path):
-    """The example's ResidualSAGE (no hpcgnn import): one rank with a sampler process, preempted mid-run and resumed,
-    ends bitwise as an uninterrupted run; the run records its class, source file and the file's hash, and keeps
-    weights load_model gives back."""
-    args = [*TINY, "train.epochs=2", "launch.procs=1", "train.sampler_procs=1", "model=custom",
-            "model._target_=my_gnn.ResidualSAGE", "metrics.tensorboard=false"]
-    whole = run_cli(*args, cwd=tmp_path / "whole", env=EXAMPLES)
-    assert whole.returncode == 0, whole.stdout + whole.stderr
-    cut = run_cli(*args, "debug.signal_rank=0", "debug.signal_step=4", cwd=tmp_path / "cut", env=EXAMPLES)
-    assert cut.returncode == 3, cut.stdout + cut.stderr
-    again = run_cli(*args, cwd=tmp_path / "cut", env=EXAMPLES)
-    assert again.returncode == 0, again.stdout + again.stderr
-    s, w = summary_of(tmp_path / "cut"), summary_of(tmp_path / "whole")
-    assert s["resumes"] == 1 and s["param_checksums"] == w["param_checksums"]
+def test_a_user_model_trains_with_sampler_processes_and_resumes_bitwise(tmp_path, monkeypatch):
+    """The example's ResidualSAGE (no hpcgnn import), one rank in this process with a sampler process: preempted
+    mid-run and resumed, it ends bitwise as an uninterrupted run; the run records its class, source file and the
+    file's hash, and keeps weights load_model gives back."""
+    monkeypatch.syspath_prepend(str(REPO / "examples"))
+    args = [*TINY, f"dataset.root={DATA_ROOT}", "train.epochs=2", "train.sampler_procs=1", "train.num_threads=2",
+            "model=custom", "model._target_=my_gnn.ResidualSAGE", "metrics.tensorboard=false"]
+    whole = train_here(*args, run_dir=tmp_path / "whole")
+    with pytest.raises(Preempted, match="checkpoint of step 4 saved"):
+        train_here(*args, "debug.signal_rank=0", "debug.signal_step=4", run_dir=tmp_path / "cut")
+    again = train_here(*args, run_dir=tmp_path / "cut")
+    assert again["resumes"] == 1 and again["param_checksums"] == whole["param_checksums"]
     source = REPO / "examples" / "my_gnn.py"
-    assert w["model_class"] == "my_gnn.ResidualSAGE" and w["model_source"] == {
+    assert whole["model_class"] == "my_gnn.ResidualSAGE" and whole["model_source"] == {
         "class": "my_gnn.ResidualSAGE", "file": str(source), "sha256": hashlib.sha256(source.read_bytes()).hexdigest()}
-    import sys
-
-    sys.path.insert(0, str(REPO / "examples"))
-    try:
-        model = load_model(tmp_path / "whole" / "run")
-    finally:
-        sys.path.remove(str(REPO / "examples"))
+    model = load_model(tmp_path / "whole")
     assert type(model).__name__ == "ResidualSAGE" and not model.training
 
 
@@ -134,11 +127,9 @@ def test_a_user_model_trains_partitioned_and_as_a_link_encoder(mode, tmp_path):
     assert len(set(s["param_checksums"])) == 1 and s["best_val"] > (0.55 if task == "link" else 0.3)
 
 
-@pytest.mark.slow
 def test_pygs_own_graphsage_by_target_gets_csr_aggregation_and_exact_evaluation(tmp_path):
-    res = run_cli(*TINY, "model=custom", "model._target_=torch_geometric.nn.models.GraphSAGE", "train.eval_mode=full",
-                  "metrics.tensorboard=false", cwd=tmp_path)
-    assert res.returncode == 0, res.stdout + res.stderr
-    s = summary_of(tmp_path)
+    s = train_here(*TINY, f"dataset.root={DATA_ROOT}", "train.epochs=1", "model=custom",
+                   "model._target_=torch_geometric.nn.models.GraphSAGE", "train.eval_mode=full",
+                   "metrics.tensorboard=false", run_dir=tmp_path)
     # hpcgnn's CSR twin of PyG's class (the class model=sage builds), evaluated exactly, layer by layer
     assert s["model_class"] == "hpcgnn.models.aggregation.GraphSAGE" and s["eval_mode"] == "full"
