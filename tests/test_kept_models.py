@@ -45,7 +45,7 @@ with autocast(resolve_precision(cfg.train.precision, cpu)[0], cpu):
 def test_the_best_weights_come_back_in_a_fresh_process_and_reproduce_the_summary(tmp_path):
     """One rank on the default graph (100k nodes): the best epoch's weights, loaded where no SLURM, process group or
     hpcgnn run is, score exactly the validation and test accuracy the summary reports for that epoch."""
-    res = run_cli("launch.procs=1", "train.epochs=3", "metrics.tensorboard=false", cwd=tmp_path)
+    res = run_cli("launch.procs=1", "train.epochs=2", "metrics.tensorboard=false", cwd=tmp_path)
     assert res.returncode == 0, res.stdout + res.stderr
     summary = summary_of(tmp_path)
     assert summary["model_files"] == {w: str(tmp_path / "run" / "model" / f"{w}.pt") for w in ("best", "last")}

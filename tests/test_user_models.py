@@ -111,20 +111,25 @@ def test_a_user_model_trains_with_sampler_processes_and_resumes_bitwise(tmp_path
     assert type(model).__name__ == "ResidualSAGE" and not model.training
 
 
+JUMPING = ["model=custom", "model._target_=my_gnn.JumpingGraphConv", "model.widths.in_channels=nfeat",
+           "model.widths.out_channels=nclass", "metrics.tensorboard=false"]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["partitioned-node", "partitioned-link"])
-def test_a_user_model_trains_partitioned_and_as_a_link_encoder(mode, tmp_path):
-    """The example's JumpingGraphConv (its own argument names, mapped): partitioned, and as a link encoder; on the
-    partitioned node task with GCN's global-degree weights handed to its forward (model.gcn_norm)."""
-    graph, task = mode.split("-")
-    norm = ["model.gcn_norm=true"] if mode == "partitioned-node" else []
-    res = run_cli(*TINY, "model=custom", "model._target_=my_gnn.JumpingGraphConv", "model.widths.in_channels=nfeat",
-                  "model.widths.out_channels=nclass", f"graph={graph}", f"task={task}", "metrics.tensorboard=false",
-                  *norm, cwd=tmp_path, env=EXAMPLES)
+def test_a_user_model_trains_partitioned_on_two_ranks(tmp_path):
+    """The example's JumpingGraphConv (its own argument names, mapped) on a partitioned graph, with GCN's
+    global-degree weights handed to its forward (model.gcn_norm)."""
+    res = run_cli(*TINY, *JUMPING, "graph=partitioned", "model.gcn_norm=true", cwd=tmp_path, env=EXAMPLES)
     assert res.returncode == 0, res.stdout + res.stderr
     s = summary_of(tmp_path)
     assert s["model_class"] == "my_gnn.JumpingGraphConv" and s["eval_mode"] == "sampled" and s["world_size"] == 2
-    assert len(set(s["param_checksums"])) == 1 and s["best_val"] > (0.55 if task == "link" else 0.3)
+    assert len(set(s["param_checksums"])) == 1 and s["best_val"] > 0.3
+
+
+def test_a_user_model_is_a_link_encoder(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(REPO / "examples"))
+    s = train_here(*TINY, *JUMPING, f"dataset.root={DATA_ROOT}", "task=link", run_dir=tmp_path)
+    assert s["model_class"] == "my_gnn.JumpingGraphConv" and s["eval_mode"] == "sampled" and s["best_val"] > 0.55
 
 
 def test_pygs_own_graphsage_by_target_gets_csr_aggregation_and_exact_evaluation(tmp_path):
