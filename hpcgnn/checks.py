@@ -55,6 +55,20 @@ CUSTOM = "custom"  # model.name of a model of the user's own (model._target_)
 WIDTHS = ("in_channels", "out_channels", "hidden_channels", "num_layers", "dropout")  # what hpcgnn fills in
 
 
+def locate(dotted: str | None) -> tuple[object | None, str]:
+    """What a dotted path (``pkg.module.Name``: a ``_target_``) names, or None; and why its module did not import
+    ("" when it did)."""
+    import importlib
+
+    module_name, _, name = (dotted or "").rpartition(".")
+    if not module_name:
+        return None, ""
+    try:
+        return getattr(importlib.import_module(module_name), name, None), ""
+    except Exception as exc:  # (ImportError, or the module failing as it imports)
+        return None, f" ({type(exc).__name__}: {exc})"
+
+
 def is_custom(model) -> bool:
     return model.name == CUSTOM
 

@@ -312,11 +312,6 @@ class RunConfig:
                            ("dataset.num_nodes", d.num_nodes)):
             if value < 1:
                 raise ConfigError(f"{key}={value} must be at least 1")
-        if d.num_classes < (0 if d.name == "files" else 1):
-            raise ConfigError(f"dataset.num_classes={d.num_classes} must be at least 1"
-                              f"{' (or 0: the classes of the labels)' if d.name == 'files' else ''}")
-        if d.num_classes == 1 and self.task.name == "node":
-            raise ConfigError(single_class("dataset.num_classes=1"))
         if t.prefetch < 0:
             raise ConfigError(f"train.prefetch={t.prefetch} must be 0 (off) or more batches")
         if t.sampler_procs < 0 or t.sampler_threads < 0:
@@ -334,8 +329,6 @@ class RunConfig:
         if t.precision == "fp16" and t.device == "cpu":
             raise ConfigError("train.precision=fp16 needs a GPU, and train.device=cpu. HINT: train.precision=bf16 "
                               "(or auto) on CPUs")
-        if d.prepared_for != self.task.name:
-            raise ConfigError(f"dataset.prepared_for={d.prepared_for} follows task.name={self.task.name}: leave it unset")
         if self.launch.mode not in ("auto", "submit", "local", "rank"):
             raise ConfigError(f"launch.mode={self.launch.mode!r} is unknown: use auto, submit, local or rank")
         if self.launch.mode == "submit" and self.cluster is None:
@@ -393,21 +386,33 @@ class RunConfig:
         if not 1024 <= self.dist.port_min < self.dist.port_max <= 65535:
             raise ConfigError(f"dist.port_min..dist.port_max={self.dist.port_min}..{self.dist.port_max} "
                               "must be an increasing range inside 1024..65535")
-        if d.train_fraction <= 0 or d.val_fraction < 0 or d.train_fraction + d.val_fraction >= 1:
-            raise ConfigError(f"dataset.train_fraction={d.train_fraction} and dataset.val_fraction={d.val_fraction} "
-                              "must be positive and sum to less than 1 (the rest is the test split)")
-        if d.degree_exponent != 0 and d.degree_exponent <= 2:
-            raise ConfigError(f"dataset.degree_exponent={d.degree_exponent} must be 0 (log-normal tail) or above 2 "
-                              "(a power law with a finite mean degree), e.g. 2.5")
-        if d.centroids not in ("class", "community"):
-            raise ConfigError(f"dataset.centroids={d.centroids!r} is unknown: use class or community")
-        for key, value in (("dataset.homophily", d.homophily), ("dataset.locality", d.locality)):
-            if not 0 <= value <= 1:
-                raise ConfigError(f"{key}={value} must be in [0, 1]")
         if self.cluster is not None:
             _validate_cluster(self.cluster)
-        if d.name == "synthetic" and self.task.name == "node":
-            _check_synthetic_splits(d, t.select)
+        _validate_dataset(d, self.task.name, t.select)
+
+
+def _validate_dataset(d: DatasetConfig, task: str, select: str) -> None:
+    """The dataset group's values, and what the task (and ``train.select``) asks of its splits and classes."""
+    if d.num_classes < (0 if d.name == "files" else 1):
+        raise ConfigError(f"dataset.num_classes={d.num_classes} must be at least 1"
+                          f"{' (or 0: the classes of the labels)' if d.name == 'files' else ''}")
+    if d.num_classes == 1 and task == "node":
+        raise ConfigError(single_class("dataset.num_classes=1"))
+    if d.prepared_for != task:
+        raise ConfigError(f"dataset.prepared_for={d.prepared_for} follows task.name={task}: leave it unset")
+    if d.train_fraction <= 0 or d.val_fraction < 0 or d.train_fraction + d.val_fraction >= 1:
+        raise ConfigError(f"dataset.train_fraction={d.train_fraction} and dataset.val_fraction={d.val_fraction} "
+                          "must be positive and sum to less than 1 (the rest is the test split)")
+    if d.degree_exponent != 0 and d.degree_exponent <= 2:
+        raise ConfigError(f"dataset.degree_exponent={d.degree_exponent} must be 0 (log-normal tail) or above 2 "
+                          "(a power law with a finite mean degree), e.g. 2.5")
+    if d.centroids not in ("class", "community"):
+        raise ConfigError(f"dataset.centroids={d.centroids!r} is unknown: use class or community")
+    for key, value in (("dataset.homophily", d.homophily), ("dataset.locality", d.locality)):
+        if not 0 <= value <= 1:
+            raise ConfigError(f"{key}={value} must be in [0, 1]")
+    if d.name == "synthetic" and task == "node":
+        _check_synthetic_splits(d, select)
 
 
 def _numbers(obj: Any, prefix: str) -> list[tuple[str, float]]:

@@ -13,6 +13,7 @@ the next writer of the same folder removes those whose writer is gone (:mod:`hpc
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import math
@@ -196,6 +197,11 @@ def atomic_folder(final: Path, replace: bool = False) -> Iterator[Path]:
         folder.commit()
     finally:
         folder.discard()
+
+
+def no_room(exc: BaseException | None) -> bool:
+    """Whether ``exc`` says the file system has no room for this user: full, a quota, a file size limit."""
+    return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
 def human_bytes(n: float) -> str:

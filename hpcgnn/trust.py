@@ -105,13 +105,18 @@ def _proof(key: bytes, role: bytes, first: bytes, second: bytes) -> bytes:
     return hmac.new(key, role + first + second, "sha256").digest()
 
 
-def _read_exactly(sock: socket.socket, n: int) -> bytes:
-    buf = bytearray()
-    while len(buf) < n:
-        chunk = sock.recv(n - len(buf))
-        if not chunk:
+def recv_into(sock: socket.socket, view: memoryview) -> None:
+    """Fill ``view`` from ``sock`` (ConnectionError when the peer closes first)."""
+    while len(view):
+        n = sock.recv_into(view)
+        if n == 0:
             raise ConnectionError("the peer closed the connection")
-        buf += chunk
+        view = view[n:]
+
+
+def _read_exactly(sock: socket.socket, n: int) -> bytes:
+    buf = bytearray(n)
+    recv_into(sock, memoryview(buf))
     return bytes(buf)
 
 
@@ -129,7 +134,7 @@ def accept(sock: socket.socket, key: bytes, timeout_s: float | None = None) -> N
         if not hmac.compare_digest(proof, _proof(key, b"trainer", mine, theirs)):
             raise PeerRefused("it does not know the run's secret")
         sock.sendall(_proof(key, b"server", theirs, mine))
-    except (OSError, ConnectionError) as exc:
+    except OSError as exc:  # (ConnectionError and TimeoutError among them)
         raise PeerRefused(f"the handshake broke off ({exc})") from None
     finally:
         with contextlib.suppress(OSError):
@@ -157,7 +162,7 @@ def connect(sock: socket.socket, key: bytes, name: str, timeout_s: float | None 
         proof = _read_exactly(sock, DIGEST)
     except TimeoutError:
         raise Untrusted(f"{name} did not complete the run's handshake within {timeout_s:.0f} s: {cause}") from None
-    except (OSError, ConnectionError) as exc:
+    except OSError as exc:
         raise Untrusted(f"{name} broke off the run's handshake ({exc}): {cause}") from None
     if not hmac.compare_digest(proof, _proof(key, b"server", mine, theirs)):
         raise Untrusted(f"{name} failed the run's handshake: {cause}")

@@ -18,23 +18,19 @@ is prepared again. The graph then serves every mode (replicated, partitioned, sa
 from __future__ import annotations
 
 import contextlib
-import importlib
 
 import torch
 
+from hpcgnn.checks import locate
 from hpcgnn.config import DatasetConfig
 from hpcgnn.data.graph import Graph
 from hpcgnn.errors import DatasetError
+from hpcgnn.rng import rng_state, set_rng_state
 
 
 def target_object(cfg: DatasetConfig):
     """What ``dataset._target_`` names (refused, naming the fix, when it cannot be imported)."""
-    module_name, _, name = (cfg._target_ or "").rpartition(".")
-    why = ""
-    try:
-        obj = getattr(importlib.import_module(module_name), name, None) if module_name else None
-    except Exception as exc:
-        obj, why = None, f" ({type(exc).__name__}: {exc})"
+    obj, why = locate(cfg._target_)
     if obj is None or not callable(obj):
         raise DatasetError(f"dataset._target_={cfg._target_} cannot be imported{why}. HINT: name a class or function "
                            "as package.module.Name, e.g. torch_geometric.datasets.FakeDataset; the job imports it "
@@ -45,21 +41,19 @@ def target_object(cfg: DatasetConfig):
 @contextlib.contextmanager
 def _seeded(seed: int):
     """torch's, numpy's and Python's generators seeded (a generated graph is the same each time it is made), and
-    put back after."""
+    put back after (:func:`hpcgnn.rng.rng_state`)."""
     import random
 
     import numpy as np
 
-    state, np_state = random.getstate(), np.random.get_state()
-    with torch.random.fork_rng():
-        torch.manual_seed(seed)
-        random.seed(seed)
-        np.random.seed(seed)
-        try:
-            yield
-        finally:
-            random.setstate(state)
-            np.random.set_state(np_state)
+    state = rng_state()
+    torch.manual_seed(seed)
+    random.seed(seed)
+    np.random.seed(seed)
+    try:
+        yield
+    finally:
+        set_rng_state(state)
 
 
 def pyg_data(cfg: DatasetConfig, allow_download: bool = False):

@@ -18,6 +18,7 @@ from torch import Tensor
 
 from hpcgnn import checks
 from hpcgnn.config import ModelConfig
+from hpcgnn.models.custom import build_custom, takes
 
 
 class MLPBaseline(torch.nn.Module):
@@ -65,8 +66,6 @@ MODELS: dict[str, ModelSpec] = {
 }
 def build_model(cfg: ModelConfig, in_channels: int, out_channels: int, num_layers: int) -> torch.nn.Module:
     if checks.is_custom(cfg):  # a model of the user's own (hpcgnn.models.custom)
-        from hpcgnn.models.custom import build_custom
-
         return build_custom(cfg, in_channels, out_channels, num_layers)
     return _with_aggregation(MODELS[cfg.name].build(cfg, in_channels, out_channels, num_layers), cfg)
 
@@ -100,8 +99,6 @@ def _batch_kwargs(model: torch.nn.Module, data) -> dict:
     inner = getattr(model, "module", model)
     if isinstance(inner, LinkModel):
         inner = inner.encoder
-    from hpcgnn.models.custom import takes
-
     kwargs = {}
     if "edge_weight" in data and takes(inner, "edge_weight"):
         kwargs["edge_weight"] = data.edge_weight

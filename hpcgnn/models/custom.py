@@ -23,13 +23,12 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import importlib
 import inspect
 from pathlib import Path
 
 import torch
 
-from hpcgnn.checks import WIDTHS
+from hpcgnn.checks import WIDTHS, locate
 from hpcgnn.errors import ConfigError
 
 CSR_CLASSES = ("GraphSAGE", "GIN", "GAT")  # PyG's own classes that hpcgnn's CSR aggregation replaces alike
@@ -37,13 +36,9 @@ CSR_CLASSES = ("GraphSAGE", "GIN", "GAT")  # PyG's own classes that hpcgnn's CSR
 
 def model_class(cfg) -> type:
     """The class ``model._target_`` names (refused, naming the fix, when it cannot be imported)."""
-    module_name, _, class_name = cfg._target_.rpartition(".")
-    why = ""
-    try:
-        cls = getattr(importlib.import_module(module_name), class_name, None)
-    except Exception as exc:  # (ImportError, or the module failing as it imports)
-        cls, why = None, f" ({type(exc).__name__}: {exc})"
+    cls, why = locate(cfg._target_)
     if cls is None:
+        module_name, _, class_name = cfg._target_.rpartition(".")
         raise ConfigError(f"model._target_={cfg._target_} cannot be imported{why or f': {module_name} has no {class_name}'}"
                           f". HINT: the job imports it too: install its package in the job's environment, or put "
                           f"its folder on PYTHONPATH (a submitted job inherits it)")

@@ -23,7 +23,6 @@ save, and all stop together after a preemption save.
 from __future__ import annotations
 
 import dataclasses
-import errno
 import json
 import logging
 import os
@@ -39,7 +38,7 @@ from hpcgnn import dist
 from hpcgnn.config import RunConfig
 from hpcgnn.env import RankEnv
 from hpcgnn.errors import AnotherRankFailed, CheckpointError
-from hpcgnn.io import AtomicFolder, atomic_open, human_bytes, sha256_file
+from hpcgnn.io import AtomicFolder, atomic_open, human_bytes, no_room, sha256_file
 
 log = logging.getLogger(__name__)
 
@@ -83,11 +82,6 @@ def _attempt(fn, *args) -> OSError | None:
     except OSError as exc:
         return exc
     return None
-
-
-def _full(exc: OSError | None) -> bool:
-    """Whether ``exc`` says the file system has no room for this user (full, a quota, a file size limit)."""
-    return exc is not None and exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
 def _tensor_bytes(obj) -> int:
@@ -285,14 +279,14 @@ class Checkpointer:
         goes (the checkpoints before it stay whole) and every rank raises: a full disk or quota as a
         :class:`~hpcgnn.errors.CheckpointError` naming the folder, the bytes needed and free; anything else as
         it is (the other ranks as echoes of it)."""
-        flags = dist.all_reduce_max(torch.tensor([int(failed is not None), int(_full(failed))]))
+        flags = dist.all_reduce_max(torch.tensor([int(failed is not None), int(no_room(failed))]))
         if not int(flags[0]):
             return
         total = int(dist.all_reduce_sum(torch.tensor([need], dtype=torch.float64)).item())
         if self.env.is_main:
             folder.discard()
         _barrier()
-        if failed is not None and not _full(failed):
+        if failed is not None and not no_room(failed):
             raise failed
         if not int(flags[1]):
             raise AnotherRankFailed(f"another rank could not write its part of the checkpoint of step {step}")

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import errno
 import hashlib
 import logging
 import math
@@ -35,7 +34,7 @@ from hpcgnn import dist
 from hpcgnn.config import RunConfig, empty_validation
 from hpcgnn.env import RankEnv, restart_count
 from hpcgnn.errors import CheckpointError, DatasetError
-from hpcgnn.io import write_json
+from hpcgnn.io import no_room, write_json
 from hpcgnn.models import saved
 from hpcgnn.rank.checkpoint import Checkpointer, Preempted, PreemptionFlag
 from hpcgnn.rank.faults import Faults
@@ -400,7 +399,7 @@ class Trainer:
         try:
             return saved.write(path, record)
         except OSError as exc:
-            if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+            if not no_room(exc):
                 raise
             raise CheckpointError(f"the {which} model ({path}) does not fit: {exc.strerror}. HINT: free space there, "
                                   "or move the run to a file system with room") from None
@@ -467,8 +466,8 @@ class Trainer:
             "history": s.history,
             "run_dir": cfg.run_dir,
             # the trained model (hpcgnn.load_model(run_dir, which)): the best epoch's weights, the last step's
-            "model_files": {w: str(saved.model_path(cfg.run_dir, w)) if saved.model_path(cfg.run_dir, w).is_file()
-                            else None for w in saved.WHICH},
+            "model_files": {w: str(p) if (p := saved.model_path(cfg.run_dir, w)).is_file() else None
+                            for w in saved.WHICH},
         }
         if metric == "acc":  # node classification also names it best_val_acc
             out["best_val_acc"] = out["best_val"]
@@ -517,4 +516,3 @@ def param_checksum(model: torch.nn.Module) -> str:
 def train(cfg: RunConfig, env: RankEnv, device: torch.device) -> dict:
     """Train on this rank; returns the run summary (the same on every rank)."""
     return Trainer(cfg, env, device).train()
-

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import hashlib
 import importlib.machinery
 import json
@@ -88,6 +89,7 @@ class Rejected(RuntimeError):
     """A library that is not the one this source makes (the reason says how it differs)."""
 
 
+@functools.lru_cache(maxsize=1)
 def source_hash() -> str:
     """What ``hpcgnn_source_hash()`` returns in a library built from this ``native.c`` (setup.py computes the same)."""
     return hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:16]

@@ -37,6 +37,7 @@ from torch import Tensor
 from hpcgnn import rng, trust
 from hpcgnn.checks import SLOT_BYTES
 from hpcgnn.errors import AnotherRankFailed, PortTaken, SamplerFailed
+from hpcgnn.failures import record_failure
 from hpcgnn.failures import server_failure as failure_record
 from hpcgnn.sampling import shipping
 from hpcgnn.sampling.loader import BatchLoader, keep_freed_memory
@@ -53,25 +54,17 @@ def send(sock: socket.socket, obj, payload: memoryview | None = None) -> None:
         sock.sendall(payload)
 
 
-def _recv_into(sock: socket.socket, view: memoryview) -> None:
-    while len(view):
-        n = sock.recv_into(view)
-        if n == 0:
-            raise ConnectionError("connection closed")
-        view = view[n:]
-
-
 def receive(sock: socket.socket, slot=None):
     """The next message, and its payload read into ``slot(nbytes)`` (a uint8 tensor it returns), if any."""
     head = bytearray(_HEAD.size)
-    _recv_into(sock, memoryview(head))
+    trust.recv_into(sock, memoryview(head))
     n_head, n_payload = _HEAD.unpack(head)
     body = bytearray(n_head)
-    _recv_into(sock, memoryview(body))
+    trust.recv_into(sock, memoryview(body))
     obj = pickle.loads(body)
     if n_payload:
         buf = slot(n_payload)
-        _recv_into(sock, memoryview(buf.numpy())[:n_payload])
+        trust.recv_into(sock, memoryview(buf.numpy())[:n_payload])
     return obj
 
 
@@ -185,109 +178,131 @@ def run_server(index: int, port: int, trainers: int, threads: int, run_dir: str,
 
     Every connection must first pass the run's handshake (:func:`hpcgnn.trust.accept`, with ``key``, the run's
     secret): one that does not is logged with its address and closed, unread, and the server serves on. A port
-    another process holds is :class:`~hpcgnn.errors.PortTaken` (one line)."""
-    torch.set_num_threads(threads)
-    keep_freed_memory()
-    name = f"sampler server {index} on {socket.gethostname()}:{port}"
+    another process holds is :class:`~hpcgnn.errors.PortTaken` (one line). A failure is recorded in the run's
+    failure records (the trainers and the launcher read it), then raised."""
     try:
-        listener = socket.create_server((host, port), reuse_port=False, backlog=max(trainers, 8) + MAX_HANDSHAKES)
-    except OSError as exc:
-        if exc.errno != errno.EADDRINUSE:
-            raise
-        raise PortTaken(f"{name} cannot listen: port {port} of {host or 'this node'} is taken by another process "
-                        "(another user's or another job's). HINT: start the run again (a new job id moves the port), "
-                        "or move the ports with dist.port_min and dist.port_max") from None
-    if announce is not None:
-        announce.parent.mkdir(parents=True, exist_ok=True)
-        tmp = announce.with_suffix(".tmp")
-        tmp.write_text(f"{socket.gethostname()}:{port}")
-        tmp.replace(announce)
-    counters = _Counters()
-    out = Path(run_dir) / "metrics" / f"sampler-server-{index}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
+        torch.set_num_threads(threads)
+        keep_freed_memory()
+        _Server(index, port, trainers, threads, run_dir, key, host, fail_batch).run(prepare, idle_s, announce)
+    except Exception as exc:
+        record_failure(Path(run_dir), None, exc, server=index)
+        raise
 
-    def write() -> None:
-        tmp = out.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"server": index, "host": socket.gethostname(), "port": port, "pid": os.getpid(),
-                                   "time": time.time(), **counters.as_dict()}))
-        tmp.replace(out)
 
-    stop = threading.Event()
+class _Server:
+    """One sampler server's listener, its connections' threads, and the status file ``hpcgnn status`` reads."""
 
-    def keep_writing() -> None:  # what `python -m hpcgnn status RUN_DIR` shows while the run goes on
-        while not stop.wait(2.0):
-            write()
+    def __init__(self, index: int, port: int, trainers: int, threads: int, run_dir: str, key: bytes, host: str,
+                 fail_batch: int):
+        self.index, self.port, self.trainers, self.threads = index, port, trainers, threads
+        self.key, self.fail_batch = key, fail_batch
+        self.name = f"sampler server {index} on {socket.gethostname()}:{port}"
+        try:
+            self.listener = socket.create_server((host, port), reuse_port=False,
+                                                 backlog=max(trainers, 8) + MAX_HANDSHAKES)
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                raise
+            raise PortTaken(f"{self.name} cannot listen: port {port} of {host or 'this node'} is taken by another "
+                            "process (another user's or another job's). HINT: start the run again (a new job id moves "
+                            "the port), or move the ports with dist.port_min and dist.port_max") from None
+        self.status = Path(run_dir) / "metrics" / f"sampler-server-{index}.json"
+        self.status.parent.mkdir(parents=True, exist_ok=True)
+        self.counters = _Counters()
+        self.errors: list[BaseException] = []
+        self.done = 0  # trainers that said they are done
+        self.prepared = threading.Event()
+        self.handshakes = threading.BoundedSemaphore(MAX_HANDSHAKES)
 
-    active: list[threading.Thread] = []
-    errors: list[BaseException] = []
-    done = [0]
-    prepared = threading.Event()
-    handshakes = threading.BoundedSemaphore(MAX_HANDSHAKES)
+    def write_status(self) -> None:
+        tmp = self.status.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"server": self.index, "host": socket.gethostname(), "port": self.port,
+                                   "pid": os.getpid(), "time": time.time(), **self.counters.as_dict()}))
+        tmp.replace(self.status)
 
-    def get_ready() -> None:
+    def run(self, prepare, idle_s: float, announce: Path | None) -> None:
+        if announce is not None:
+            announce.parent.mkdir(parents=True, exist_ok=True)
+            tmp = announce.with_suffix(".tmp")
+            tmp.write_text(f"{socket.gethostname()}:{self.port}")
+            tmp.replace(announce)
+        stop = threading.Event()
+
+        def keep_writing() -> None:  # what `python -m hpcgnn status RUN_DIR` shows while the run goes on
+            while not stop.wait(2.0):
+                self.write_status()
+
+        with self.listener:
+            self.write_status()
+            threading.Thread(target=keep_writing, daemon=True).start()
+            threading.Thread(target=self._get_ready, args=(prepare,), daemon=True).start()
+            log.info("%s: listening for %d trainer(s), %d thread(s)", self.name, self.trainers, self.threads)
+            self._accept(idle_s)
+        stop.set()
+        self.write_status()
+        log.info("%s: served %s", self.name, self.counters.as_dict())
+        if self.errors:
+            raise self.errors[0]
+
+    def _get_ready(self, prepare) -> None:
         try:
             if prepare is not None:
                 prepare()
         except BaseException as exc:
-            errors.append(exc)
+            self.errors.append(exc)
         finally:
-            prepared.set()
+            self.prepared.set()
 
-    def serve(conn: socket.socket, peer: str) -> None:
-        try:
-            try:
-                trust.accept(conn, key)
-            except trust.PeerRefused as why:
-                log.warning("%s: refused a connection from %s: %s", name, peer, why)
-                return
-            finally:
-                handshakes.release()
-            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            prepared.wait()  # (trainers that connect meanwhile wait here, authenticated)
-            if errors:
-                return
-            if _serve_trainer(conn, counters, threads, fail_batch):
-                with counters.lock:
-                    done[0] += 1
-        except BaseException as exc:
-            errors.append(exc)
-        finally:
-            conn.close()
-
-    with listener:
-        write()
-        threading.Thread(target=keep_writing, daemon=True).start()
-        threading.Thread(target=get_ready, daemon=True).start()
-        log.info("%s: listening for %d trainer(s), %d thread(s)", name, trainers, threads)
-        listener.settimeout(1.0)
+    def _accept(self, idle_s: float) -> None:
+        """Connections, each in a thread of its own, until every trainer is done or a connection failed."""
+        active: list[threading.Thread] = []
+        self.listener.settimeout(1.0)
         idle_since = time.monotonic()
-        while done[0] < trainers and not errors:
+        while self.done < self.trainers and not self.errors:
             try:
-                conn, addr = listener.accept()
+                conn, addr = self.listener.accept()
             except TimeoutError:
                 active = [t for t in active if t.is_alive()]
-                if active or not prepared.is_set():
+                if active or not self.prepared.is_set():
                     idle_since = time.monotonic()
                 elif time.monotonic() - idle_since > idle_s:
-                    raise SamplerFailed(f"{name}: no trainer for {idle_s:.0f} s (dist.init_timeout_s); giving up") from None
+                    raise SamplerFailed(f"{self.name}: no trainer for {idle_s:.0f} s (dist.init_timeout_s); "
+                                        "giving up") from None
                 continue
             peer = f"{addr[0]}:{addr[1]}"
-            if not handshakes.acquire(blocking=False):
-                log.warning("%s: refused a connection from %s unread: %d others are in their handshake", name, peer,
-                            MAX_HANDSHAKES)
+            if not self.handshakes.acquire(blocking=False):
+                log.warning("%s: refused a connection from %s unread: %d others are in their handshake", self.name,
+                            peer, MAX_HANDSHAKES)
                 conn.close()
                 continue
             conn.settimeout(None)
-            t = threading.Thread(target=serve, args=(conn, peer), daemon=True)
+            t = threading.Thread(target=self._serve, args=(conn, peer), daemon=True)
             t.start()
             active.append(t)
         for t in active:
             t.join()
-    stop.set()
-    write()
-    log.info("%s: served %s", name, counters.as_dict())
-    if errors:
-        raise errors[0]
+
+    def _serve(self, conn: socket.socket, peer: str) -> None:
+        """One connection: the run's handshake, then (once the dataset is ready) the trainer's batches."""
+        try:
+            try:
+                trust.accept(conn, self.key)
+            except trust.PeerRefused as why:
+                log.warning("%s: refused a connection from %s: %s", self.name, peer, why)
+                return
+            finally:
+                self.handshakes.release()
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self.prepared.wait()  # (trainers that connect meanwhile wait here, authenticated)
+            if self.errors:
+                return
+            if _serve_trainer(conn, self.counters, self.threads, self.fail_batch):
+                with self.counters.lock:
+                    self.done += 1
+        except BaseException as exc:
+            self.errors.append(exc)
+        finally:
+            conn.close()
 
 
 # ---------------------------------------------------------------------- the trainer's side
@@ -486,15 +501,14 @@ def bind_address(own: str, peers: list[str] = (), resolve=socket.gethostbyname) 
 def main(argv: list[str] | None = None) -> int:
     """``python -m hpcgnn.sampling.server CONFIG``: one sampler server of a SLURM job (its group of the
     heterogeneous job); where it listens follows from the job's variables (:func:`hpcgnn.env.this_server`).
-    A user error (a taken port, a refused secret) is printed as one line and recorded for the trainers and
-    the launcher; anything else keeps its traceback. Exit code: the error's."""
+    A user error (a taken port, a refused secret) is printed as one line (run_server records it for the trainers
+    and the launcher); anything else keeps its traceback. Exit code: the error's."""
     import signal
     import sys
 
     from hpcgnn import env
     from hpcgnn.data import prepare
     from hpcgnn.errors import UserError, describe
-    from hpcgnn.failures import record_failure
     from hpcgnn.logs import setup_logging
 
     argv = sys.argv[1:] if argv is None else argv
@@ -516,15 +530,11 @@ def main(argv: list[str] | None = None) -> int:
                    trust.run_secret(cfg.run_dir), prepare=lambda: prepare(cfg.dataset), host=bind_address(own, peers),
                    idle_s=cfg.dist.init_timeout_s, announce=None if sn.het else announced(cfg.run_dir) / str(index),
                    fail_batch=dbg.sampler_fail_batch if dbg.sampler_fail_rank == index else -1)
-    except UserError as exc:
-        record_failure(Path(cfg.run_dir), None, exc, server=index)
+    except UserError as exc:  # (recorded by run_server)
         if env.full_error():
             raise
         print(describe(exc), file=sys.stderr, flush=True)
         return exc.exit_code
-    except Exception as exc:
-        record_failure(Path(cfg.run_dir), None, exc, server=index)
-        raise
     return 0
 
 

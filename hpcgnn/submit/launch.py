@@ -423,7 +423,6 @@ def _wait(job, cfg: RunConfig, after=None) -> int:
     from submitit.slurm.slurm import SlurmJob
 
     on_slurm = isinstance(job, SlurmJob)
-    offset, last_asked = 0, time.monotonic()
 
     def forward() -> str:
         if not on_slurm:
@@ -434,12 +433,13 @@ def _wait(job, cfg: RunConfig, after=None) -> int:
                 "the job is requeued")
 
     with forwarding(cfg.checkpoint.signal, forward):
-        return _follow_job(job, cfg, after, on_slurm, offset, last_asked)
+        return _follow_job(job, cfg, after, on_slurm)
 
 
-def _follow_job(job, cfg: RunConfig, after, on_slurm: bool, offset: int, last_asked: float) -> int:
+def _follow_job(job, cfg: RunConfig, after, on_slurm: bool) -> int:
     from submitit.core.utils import FailedJobError, UncompletedJobError
 
+    offset, last_asked = 0, time.monotonic()
     try:
         while not job.done():
             offset = _follow(job.paths.stdout, offset)
@@ -559,11 +559,10 @@ def _run_this_rank(cfg: RunConfig) -> int:
 
 
 def _server_entry(index: int, port: int, cfg: RunConfig, parent: int) -> None:
-    """One local sampler server (``launch.sampler_servers``): serves every rank on loopback, then leaves. Its
-    failure is recorded for the launcher's report (a user error's line only, as a rank's)."""
+    """One local sampler server (``launch.sampler_servers``): serves every rank on loopback, then leaves. A user
+    error leaves quietly with its code (run_server recorded it: the launcher reports its line, as a rank's)."""
     from hpcgnn.data import prepare
     from hpcgnn.errors import UserError
-    from hpcgnn.failures import record_failure
     from hpcgnn.logs import setup_logging
     from hpcgnn.sampling.server import run_server, trainers_of
     from hpcgnn.trust import run_secret
@@ -576,11 +575,10 @@ def _server_entry(index: int, port: int, cfg: RunConfig, parent: int) -> None:
         run_server(index, port, trainers, cfg.train.sampler_threads or 1, cfg.run_dir, run_secret(cfg.run_dir),
                    prepare=lambda: prepare(cfg.dataset), host="127.0.0.1",
                    fail_batch=dbg.sampler_fail_batch if dbg.sampler_fail_rank == index else -1)
-    except Exception as exc:
-        record_failure(Path(cfg.run_dir), None, exc, server=index)
-        if isinstance(exc, UserError) and not env.full_error():
-            sys.exit(exc.exit_code)
-        raise
+    except UserError as exc:  # (recorded by run_server, for the launcher's report)
+        if env.full_error():
+            raise
+        sys.exit(exc.exit_code)
 
 
 def _start_servers(cfg: RunConfig, ctx) -> tuple[list, dict[str, str]]:
