@@ -190,14 +190,15 @@ def test_a_killed_sampler_process_fails_its_rank_at_once_naming_it_and_leaves_no
     before = _shm()
     child, log = _start(tmp_path)
     (pid,) = _sampler_pids(child, log)
-    time.sleep(1.0)  # mid-run: most likely mid-epoch, or (epochs take a fraction of a second) between two
+    time.sleep(1.0)  # mid-run: most likely mid-epoch, or (epochs take a fraction of a second) between two; the
+    # rank notices it waiting for a batch or sending the process its next epoch, a grant or a grown slot
     os.kill(pid, signal.SIGKILL)
     t0 = time.monotonic()
     assert child.wait(timeout=60) == 1, log.read_text()
     assert time.monotonic() - t0 < 30
     out = log.read_text()
     assert re.search(rf"sampler process 0 of rank 0 \(pid {pid}\) died \(signal SIGKILL\) (while the rank waited for "
-                     r"batch \d+|before the rank could send it 'epoch')\. HINT: SIGKILL is what the kernel's "
+                     r"batch \d+|before the rank could send it '(epoch|grant|slot)')\. HINT: SIGKILL is what the kernel's "
                      r"out-of-memory killer sends", out), out
     assert _gone([pid], before), (_shm() - before)
 
