@@ -3,21 +3,26 @@
     PYTHONPATH=examples python -m hpcgnn model=custom model._target_=my_gnn.ResidualSAGE
     PYTHONPATH=examples python -m hpcgnn model=custom model._target_=my_gnn.JumpingGraphConv \\
         model.widths.in_channels=nfeat model.widths.out_channels=nclass '+model.kwargs.mode=max'
+    PYTHONPATH=examples python -m hpcgnn dataset=synthetic_hetero model=custom model._target_=my_gnn.HeteroSAGE
+    PYTHONPATH=examples python -m hpcgnn dataset=synthetic_hetero model=custom model._target_=my_gnn.ResidualSAGE
 
 hpcgnn fills in the widths a class takes by name (in_channels, out_channels, hidden_channels, num_layers,
 dropout; model.widths maps them to other names) and hands forward the batch's nodes and edges; the rows
-of the batch's seeds come first and are the ones scored.
+of the batch's seeds come first and are the ones scored. On a typed graph a class that takes ``metadata``
+(HeteroSAGE) is built with the graph's node and edge types; any other (ResidualSAGE) is made relational by
+PyG's to_hetero.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch_geometric.nn import GraphConv, JumpingKnowledge, SAGEConv
+from torch_geometric.nn import GraphConv, HeteroConv, JumpingKnowledge, SAGEConv
 
 
 class ResidualSAGE(torch.nn.Module):
-    """GraphSAGE layers with a residual connection and layer norm between them."""
+    """GraphSAGE layers with a residual connection and layer norm between them. Dropout is a module, not
+    F.dropout(x, p, self.training): PyG's to_hetero (a typed graph) traces the latter as always on."""
 
     def __init__(self, in_channels: int, hidden_channels: int, out_channels: int, num_layers: int = 2,
                  dropout: float = 0.0):
@@ -26,12 +31,12 @@ class ResidualSAGE(torch.nn.Module):
         self.convs = torch.nn.ModuleList(SAGEConv(hidden_channels, hidden_channels) for _ in range(num_layers))
         self.norms = torch.nn.ModuleList(torch.nn.LayerNorm(hidden_channels) for _ in range(num_layers))
         self.out = torch.nn.Linear(hidden_channels, out_channels)
-        self.dropout = dropout
+        self.dropout = torch.nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor, edge_index: torch.Tensor) -> torch.Tensor:
         h = self.inp(x)
         for conv, norm in zip(self.convs, self.norms, strict=True):
-            h = h + F.dropout(F.relu(norm(conv(h, edge_index))), self.dropout, self.training)
+            h = h + self.dropout(F.relu(norm(conv(h, edge_index))))
         return self.out(h)
 
 
@@ -52,3 +57,22 @@ class JumpingGraphConv(torch.nn.Module):
             x = F.relu(conv(x, edge_index, edge_weight))
             outs.append(x)
         return self.out(self.jump(outs))
+
+
+class HeteroSAGE(torch.nn.Module):
+    """For typed graphs: a SAGEConv per relation, summed per node type (HeteroConv), input widths sized lazily
+    (-1) by the first forward; returns every type's rows (hpcgnn scores the labelled type's)."""
+
+    def __init__(self, metadata, hidden_channels: int, out_channels: int, num_layers: int = 2, dropout: float = 0.0):
+        super().__init__()
+        _, edge_types = metadata
+        self.convs = torch.nn.ModuleList(
+            HeteroConv({rel: SAGEConv((-1, -1), hidden_channels) for rel in edge_types}, aggr="sum")
+            for _ in range(num_layers))
+        self.dropout = torch.nn.Dropout(dropout)
+        self.out = torch.nn.Linear(hidden_channels, out_channels)
+
+    def forward(self, x_dict: dict, edge_index_dict: dict) -> dict:
+        for conv in self.convs:
+            x_dict = {t: self.dropout(F.relu(h)) for t, h in conv(x_dict, edge_index_dict).items()}
+        return {t: self.out(h) for t, h in x_dict.items()}

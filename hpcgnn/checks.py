@@ -30,8 +30,9 @@ LINK_DATASETS = ("synthetic", "files", "pyg", *OGB_LINK_DATASETS)
 OGB_TYPED_DATASETS = ("ogbn-mag",)
 # Typed graphs (hpcgnn.data.TYPED_LOADERS; files: a folder laid out with nodes/ and edges/); erase_types serves
 # them homogeneous.
-TYPED_DATASETS = ("synthetic_hetero", *OGB_TYPED_DATASETS, "files")
+TYPED_DATASETS = ("synthetic_hetero", *OGB_TYPED_DATASETS, "files", "pyg_hetero")  # pyg_hetero: a PyG HeteroData
 NODE_DATASETS = tuple(dict.fromkeys((*NODE_DATASETS, *TYPED_DATASETS)))
+PYG_DATASETS = ("pyg", "pyg_hetero")  # a graph of PyG's, by dataset._target_
 SPLIT_EDGES = ("synthetic", "files", "pyg")  # link datasets whose edges hpcgnn splits itself (dataset.edge_split)
 # Datasets read from files that must be there before a job starts (the synthetic ones are generated).
 ON_DISK = ("files", *OGB_NODE_DATASETS, *OGB_LINK_DATASETS, *OGB_TYPED_DATASETS)
@@ -95,10 +96,13 @@ def check_dataset_config(dataset) -> None:
     if dataset.prepare_mem_gb is not None and dataset.prepare_mem_gb <= 0:
         raise ConfigError(f"dataset.prepare_mem_gb={dataset.prepare_mem_gb} must be above 0 (or null: a quarter "
                           "of the free memory, at most 0.25 GB)")
-    if (dataset.name == "pyg") != bool(dataset._target_):
+    if (dataset.name in PYG_DATASETS) != bool(dataset._target_):
         raise ConfigError(f"dataset._target_={dataset._target_} goes with dataset=pyg (a PyG dataset class or a function "
-                          f"returning a Data); got dataset={dataset.name}. HINT: dataset=pyg "
-                          "dataset._target_=torch_geometric.datasets.NAME")
+                          f"returning a Data; a HeteroData: dataset=pyg_hetero); got dataset={dataset.name}. HINT: "
+                          "dataset=pyg dataset._target_=torch_geometric.datasets.NAME")
+    if dataset.target_type is not None and dataset.name != "pyg_hetero":
+        raise ConfigError(f"dataset.target_type={dataset.target_type} names the labelled node type of a PyG HeteroData "
+                          f"(dataset=pyg_hetero); got dataset={dataset.name}. HINT: drop it")
     if dataset.prepared_for == "link":
         if dataset.name not in LINK_DATASETS:
             raise ConfigError(f"dataset={dataset.name} has no edges to predict: task=link needs one of "
@@ -140,9 +144,10 @@ def check_typed_config(cfg) -> None:
                               f"dataset={d.name}. HINT: use one of {', '.join(MODEL_NAMES)} (a typed files folder "
                               "holds nodes/ and edges/)")
         return
-    if m.name not in TYPED_MODELS:
+    if m.name not in (*TYPED_MODELS, CUSTOM):
         raise ConfigError(f"dataset={cfg.dataset.name} is a typed graph: model={m.name} reads one node and edge type. "
-                          f"HINT: use model=rgcn (or sage, mlp), or dataset.erase_types=true for the homogeneous view")
+                          f"HINT: use model=rgcn (or sage, mlp, custom), or dataset.erase_types=true for the "
+                          "homogeneous view")
     for ok, why in ((cfg.task.name == "node", f"task={cfg.task.name}"),
                     (t.sampler == "neighbor" and not t.edge_budget, f"train.sampler={t.sampler}"
                      + (f" with train.edge_budget={t.edge_budget}" if t.edge_budget else ""))):

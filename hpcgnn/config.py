@@ -44,7 +44,7 @@ class TaskConfig:
 
 @dataclass(frozen=True)
 class DatasetConfig:
-    name: str = "synthetic"  # synthetic | ogbn-arxiv | ogbn-products | ogbn-papers100M | files | synthetic_hetero | ogbn-mag
+    name: str = "synthetic"  # synthetic | ogbn-arxiv | ogbn-products | ogbn-papers100M | files | pyg | synthetic_hetero | ogbn-mag | pyg_hetero
     root: str = "~/.cache/hpcgnn"  # downloads (ogb/) and prepared, memory-mappable graphs (prepared/)
     path: Optional[str] = None  # files: folder with edge_index, x, y, train_idx, val_idx, test_idx (.npy/.pt), or typed: nodes/<type>/, edges/<src>__<name>__<dst>/
     to_undirected: bool = False  # add the reverse of every edge (customary for ogbn-arxiv)
@@ -65,10 +65,11 @@ class DatasetConfig:
     prepared_for: str = "node"  # node | link: what the prepared graph serves (follows task.name; not set by hand)
     feature_dtype: str = "float32"  # float32 | float16 | bfloat16: how features are stored (half the bytes); batches are upcast to float32
     prepare_mem_gb: Optional[float] = None  # memory preparing may use (edges are sorted on disk in buckets of this size); None = a quarter of what is free, at most 0.25
-    _target_: Optional[str] = None  # pyg: a torch_geometric.datasets class or a callable returning a Data, pkg.module.Name
+    _target_: Optional[str] = None  # pyg: a torch_geometric.datasets class or a callable returning a Data (pyg_hetero: a HeteroData), pkg.module.Name
     kwargs: Dict[str, Any] = field(default_factory=dict)  # pyg: its keyword arguments (root: <dataset.root>/pyg/<Name> unless given)
     split_index: int = 0  # pyg: which split of masks that hold several (one column each, as WikiCS's)
-    erase_types: bool = False  # typed datasets (synthetic_hetero, ogbn-mag, typed files): serve the homogeneous view, types erased (a baseline)
+    target_type: Optional[str] = None  # pyg_hetero: the node type whose labels are predicted (None: the one type with y)
+    erase_types: bool = False  # typed datasets (synthetic_hetero, ogbn-mag, typed files, pyg_hetero): serve the homogeneous view, types erased (a baseline)
 
 
 @dataclass(frozen=True)

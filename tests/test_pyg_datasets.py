@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import DATA_ROOT, make_config, run_cli, summary_of, train_here
-from torch_geometric.data import Data
+from torch_geometric.data import Data, HeteroData
 
-from hpcgnn.data import build_graph, cache_folder
+from hpcgnn.data import TYPED_LOADERS, build_graph, cache_folder
 from hpcgnn.errors import ConfigError, DatasetError
 from hpcgnn.stores.partitioned import distinct
 
@@ -25,6 +25,55 @@ def masked_graph(num_nodes: int = 200) -> Data:
     train[:100], val[100:130], test[130:] = True, True, True
     return Data(x=torch.randn(num_nodes, 5), edge_index=edge_index, y=src % 3, train_mask=train, val_mask=val,
                 test_mask=test)
+
+
+def typed_graph(papers: int = 60, labelled_authors: bool = False) -> HeteroData:
+    """A typed callable of the test's own: papers (4 features, labels, masks), authors (2 features) who write them,
+    fields (no features) the papers have; papers cite papers."""
+    p = torch.arange(papers)
+    data = HeteroData()
+    data["paper"].x = torch.randn(papers, 4)
+    data["paper"].y = p % 3
+    data["paper"].train_mask, data["paper"].val_mask, data["paper"].test_mask = p < 30, (p >= 30) & (p < 40), p >= 40
+    data["author"].x = torch.randn(20, 2)
+    if labelled_authors:
+        data["author"].y = torch.arange(20) % 2
+    data["field"].num_nodes = 5
+    data["author", "writes", "paper"].edge_index = torch.stack([p % 20, p])
+    data["paper", "cites", "paper"].edge_index = torch.stack([p, (p * 7 + 1) % papers])
+    data["paper", "has", "field"].edge_index = torch.stack([p, p % 5])
+    return data
+
+
+def test_a_pyg_heterodata_keeps_its_types_pads_its_features_and_gives_featureless_types_a_mean():
+    cfg = make_config("dataset=pyg_hetero", "dataset._target_=test_pyg_datasets.typed_graph").dataset
+    g = TYPED_LOADERS["pyg_hetero"](cfg, False)
+    torch.manual_seed(cfg.seed)  # (the loader calls it under the dataset's seed)
+    data = typed_graph()
+    assert g.target == "paper" and g.num_nodes == {"paper": 60, "author": 20, "field": 5} and g.num_classes == 3
+    assert g.train_idx.tolist() == list(range(30)) and g.test_idx.tolist() == list(range(40, 60))
+    assert set(g.relations) == {("author", "writes", "paper"), ("paper", "rev_writes", "author"),
+                                ("paper", "cites", "paper"), ("paper", "has", "field"), ("field", "rev_has", "paper")}
+    assert g.num_features == 4 and torch.equal(g.x["author"][:, :2], data["author"].x)  # padded on the right
+    assert not g.x["author"][:, 2:].any()
+    assert g.feature_rule["field"] == "mean over paper__has__field"
+    assert torch.allclose(g.x["field"][0], data["paper"].x[p_of_field_0 := torch.arange(0, 60, 5)].mean(0))
+    assert len(p_of_field_0) == 12
+    directed = TYPED_LOADERS["pyg_hetero"](
+        make_config("dataset=pyg_hetero", "dataset._target_=test_pyg_datasets.typed_graph",
+                    "dataset.to_undirected=false").dataset, False)
+    assert set(directed.relations) == {("author", "writes", "paper"), ("paper", "cites", "paper"),
+                                       ("paper", "has", "field")}
+    view = build_graph(make_config("dataset=pyg_hetero", "dataset._target_=test_pyg_datasets.typed_graph",
+                                   "dataset.erase_types=true").dataset)
+    assert view.num_nodes == 85 and view.train_idx.tolist() == list(range(30))  # (paper first: the graph's order)
+    two = ["dataset=pyg_hetero", "dataset._target_=test_pyg_datasets.typed_graph", "+dataset.kwargs.labelled_authors=true"]
+    with pytest.raises(DatasetError, match=r"dataset._target_=test_pyg_datasets.typed_graph: 2 node types have labels "
+                                           r"\(y\) \(paper, author\). HINT: name the one to predict with "
+                                           r"dataset.target_type=TYPE"):
+        TYPED_LOADERS["pyg_hetero"](make_config(*two).dataset, False)
+    authors = TYPED_LOADERS["pyg_hetero"](make_config(*two, "dataset.target_type=author").dataset, False)
+    assert authors.target == "author" and authors.num_classes == 2 and authors.train_idx.numel() == int(0.3 * 20)
 
 
 def test_a_callable_of_ones_own_keeps_its_masks_and_a_class_without_gets_a_seeded_split():
@@ -48,8 +97,15 @@ def test_what_cannot_be_read_is_named():
     with pytest.raises(DatasetError, match=r"dataset._target_=torch_geometric.datasets.NoSuchSet cannot be imported. "
                                            r"HINT: name a class or function as package.module.Name"):
         build_graph(make_config("dataset=pyg", "dataset._target_=torch_geometric.datasets.NoSuchSet").dataset)
-    with pytest.raises(DatasetError, match=r"gives a HeteroData: typed PyG graphs are not read yet"):
+    with pytest.raises(DatasetError, match=r"FakeHeteroDataset gives a HeteroData, a typed graph. HINT: "
+                                           r"dataset=pyg_hetero \(add dataset.erase_types=true for its homogeneous view\)"):
         build_graph(make_config("dataset=pyg", "dataset._target_=torch_geometric.datasets.FakeHeteroDataset").dataset)
+    with pytest.raises(DatasetError, match=r"KarateClub gives a Data, one node and edge type. HINT: dataset=pyg$"):
+        TYPED_LOADERS["pyg_hetero"](make_config("dataset=pyg_hetero",
+                                                "dataset._target_=torch_geometric.datasets.KarateClub").dataset, False)
+    with pytest.raises(ConfigError, match=r"dataset.target_type=paper names the labelled node type of a PyG "
+                                          r"HeteroData \(dataset=pyg_hetero\); got dataset=pyg. HINT: drop it"):
+        make_config(*FAKE, "dataset.target_type=paper")
     with pytest.raises(DatasetError, match=r"KarateClub\(bogus=1\) failed: TypeError: .*HINT: its arguments go in "
                                            r"dataset.kwargs"):
         build_graph(make_config("dataset=pyg", "dataset._target_=torch_geometric.datasets.KarateClub",
@@ -75,6 +131,22 @@ def test_a_pyg_dataset_trains_partitioned_on_two_ranks(tmp_path):
     assert res.returncode == 0, res.stdout + res.stderr
     s = summary_of(tmp_path)
     assert s["dataset"] == "pyg" and s["graph_mode"] == "partitioned" and s["world_size"] == 2
+
+
+@pytest.mark.slow
+def test_a_pyg_heterodata_trains_partitioned_with_a_relational_model_of_ones_own(tmp_path):
+    """PyG's FakeHeteroDataset (three node types of different feature widths, six relations) on two ranks, each
+    holding its part, with the example's HeteroSAGE and a sampler process per rank."""
+    from test_user_models import EXAMPLES
+
+    res = run_cli("dataset=pyg_hetero", "dataset._target_=torch_geometric.datasets.FakeHeteroDataset",
+                  "+dataset.kwargs={num_classes: 4}", "graph=partitioned", "model=custom",
+                  "model._target_=my_gnn.HeteroSAGE", "model.hidden_channels=32", "train.sampler_procs=1", "train.num_threads=2",
+                  "train.epochs=2", "metrics.tensorboard=false", cwd=tmp_path, env=EXAMPLES)
+    assert res.returncode == 0, res.stdout + res.stderr
+    s = summary_of(tmp_path)
+    assert s["dataset"] == "pyg_hetero" and s["graph_mode"] == "partitioned" and s["world_size"] == 2
+    assert s["model_class"] == "my_gnn.HeteroSAGE" and len(set(s["param_checksums"])) == 1 and 0 <= s["test"] <= 1
 
 
 def test_a_pyg_dataset_serves_link_prediction(tmp_path):

@@ -613,7 +613,7 @@ def test_typed_folder_errors_name_the_file(tmp_path, graph, damage, message):
         load_typed_files(DatasetConfig(name="files", path=str(tmp_path / "g")))
 
 
-@pytest.mark.parametrize("source", ["synthetic_hetero", "ogbn-mag", "files"])
+@pytest.mark.parametrize("source", ["synthetic_hetero", "ogbn-mag", "files", "pyg_hetero"])
 @pytest.mark.parametrize("erase_types", [False, True])
 def test_typed_graph_is_prepared_out_of_core_into_the_graph_built_in_memory(tmp_path, monkeypatch, graph, source,
                                                                             erase_types):
@@ -621,7 +621,7 @@ def test_typed_graph_is_prepared_out_of_core_into_the_graph_built_in_memory(tmp_
     several chunks of rows), every relation (and the homogeneous view) bucketed on disk in several buckets,
     the rule types' features averaged a chunk of rows at a time (ogbn-mag's institutions from the authors'
     computed ones): the typed graph and its view are the ones built in memory, array for array (types
-    erased: the view alone is kept)."""
+    erased: the view alone is kept). A PyG HeteroData (pyg_hetero) takes the same path."""
     from hpcgnn.data import (
         TYPED_LOADERS,
         build_graph,
@@ -643,8 +643,11 @@ def test_typed_graph_is_prepared_out_of_core_into_the_graph_built_in_memory(tmp_
         write_mini_mag(tmp_path)
     elif source == "files":
         write_typed_folder(tmp_path / "g", graph)
+    pyg = {"_target_": "torch_geometric.datasets.FakeHeteroDataset", "to_undirected": True} if source == "pyg_hetero" \
+        else {}  # (PyG's: three types of different feature widths, padded to one; six relations and their reverses)
     cfg = DatasetConfig(name=source, num_nodes=2000, root=str(tmp_path), prepare_mem_gb=1e-5 if source == "ogbn-mag"
-                        else 1e-4, erase_types=erase_types, path=str(tmp_path / "g") if source == "files" else None)
+                        else 1e-4, erase_types=erase_types, path=str(tmp_path / "g") if source == "files" else None,
+                        **pyg)
     buckets, write_csr = [], ooc.EdgeBuckets.write_csr
     monkeypatch.setattr(ooc.EdgeBuckets, "write_csr", lambda self, folder: buckets.append(self.num_buckets) or
                         write_csr(self, folder))

@@ -40,6 +40,39 @@ class GraphLevel(torch.nn.Module):
         return self.lin(x).mean(0, keepdim=True)
 
 
+class FunctionalDropout(torch.nn.Module):
+    """F.dropout(x, p, self.training): right on a homogeneous graph, always on once to_hetero has traced it."""
+
+    def __init__(self, in_channels: int, out_channels: int, dropout: float):
+        super().__init__()
+        self.lin, self.p = torch.nn.Linear(in_channels, out_channels), dropout
+
+    def forward(self, x, edge_index):
+        return torch.nn.functional.dropout(self.lin(x), self.p, self.training)
+
+
+class Branching(torch.nn.Module):
+    """Control flow on the values: torch.fx (to_hetero) cannot trace it."""
+
+    def __init__(self, in_channels: int, out_channels: int):
+        super().__init__()
+        self.lin = torch.nn.Linear(in_channels, out_channels)
+
+    def forward(self, x, edge_index):
+        return self.lin(x) if x.sum() > 0 else -self.lin(x)
+
+
+class PaperOnlyWidth(torch.nn.Module):
+    """Takes the graph's metadata and returns a dict with the wrong width for the labelled type."""
+
+    def __init__(self, metadata, in_channels: int, out_channels: int):
+        super().__init__()
+        self.lin = torch.nn.Linear(in_channels, out_channels + 1)
+
+    def forward(self, x_dict, edge_index_dict):
+        return {t: self.lin(x) for t, x in x_dict.items()}
+
+
 def _custom(*overrides: str):
     return make_config("model=custom", *overrides)
 
@@ -58,8 +91,8 @@ def test_a_model_that_cannot_be_used_is_refused_before_anything_is_submitted(mon
          r"my_gnn.ResidualSAGE takes no argument 'nfeat' \(it takes dropout, hidden_channels, in_channels, num_layers, "
          r"out_channels\)"),
         (["model._target_=test_user_models.WrongWidth"], r"model._target_=test_user_models.WrongWidth returned shape "
-         r"\(6, 2\), torch.float32 for 6 nodes: a model returns one row of 8 floats per node \(out_channels, the "
-         r"classes\). HINT: take out_channels in __init__"),
+         r"\(6, 2\), torch.float32 for 6 nodes: a model returns one row of 8 floats per node \(out_channels: the "
+         r"classes; a link task's encoder: its embedding, model.hidden_channels\). HINT: take out_channels in __init__"),
         (["model._target_=test_user_models.GraphLevel"], r"returned shape \(1, 8\), torch.float32 for 6 nodes"),
         (["model._target_=torch.nn.Linear", "model.widths.in_channels=in_features",
           "model.widths.out_channels=out_features"], r"model._target_=torch.nn.Linear failed on a 6-node graph: "
@@ -79,7 +112,60 @@ def test_a_model_that_cannot_be_used_is_refused_before_anything_is_submitted(mon
         make_config("model=sage", "model._target_=my_gnn.ResidualSAGE")
     check_model(_custom("model._target_=my_gnn.JumpingGraphConv", "model.widths.in_channels=nfeat",
                         "model.widths.out_channels=nclass", "+model.kwargs.mode=max"))
+    check_model(_custom("model._target_=test_user_models.FunctionalDropout"))  # (right where nothing traces it)
     check_model(_custom("model._target_=my_gnn.ResidualSAGE", "task=link"))  # the encoder: the embedding's width
+
+
+TYPED_SMALL = ["dataset=synthetic_hetero", "dataset.num_nodes=3000", f"dataset.root={DATA_ROOT}"]
+
+
+def test_a_relational_model_that_cannot_be_used_is_refused_before_anything_is_submitted(monkeypatch):
+    """On a typed graph, a class is checked against the graph's own node types and relations: given them
+    (``metadata``), or made relational by to_hetero."""
+    monkeypatch.syspath_prepend(str(REPO / "examples"))
+    cases = [
+        ("test_user_models.FunctionalDropout", r"model._target_=test_user_models.FunctionalDropout gives different "
+         r"outputs for the same input in eval mode: its evaluation would be random. HINT: drop out with "
+         r"torch.nn.Dropout modules \(a functional dropout that to_hetero traced stays on in eval mode\)"),
+        ("test_user_models.Branching", r"model._target_=test_user_models.Branching could not be made relational by "
+         r"PyG's to_hetero \(TraceError: .*\). HINT: take metadata in __init__ \(PyG's \(node_types, edge_types\)\) and "
+         r"build a layer per relation \(HeteroConv\)"),
+        ("test_user_models.PaperOnlyWidth", r"returned shape \(3, 9\), torch.float32 for 3 nodes: a model returns one "
+         r"row of 8 floats per node"),
+    ]
+    for target, message in cases:
+        with pytest.raises(ConfigError, match=message):
+            check_model(_custom(*TYPED_SMALL, f"model._target_={target}"))
+    with pytest.raises(ConfigError, match=r"train.eval_mode=full needs model rgcn, mlp on a typed graph; got "
+                                          r"model=custom. HINT: train.eval_mode=sampled"):
+        _custom(*TYPED_SMALL, "model._target_=my_gnn.HeteroSAGE", "train.eval_mode=full")
+    for target in ("my_gnn.HeteroSAGE", "my_gnn.ResidualSAGE"):
+        check_model(_custom(*TYPED_SMALL, f"model._target_={target}"))
+
+
+@pytest.mark.slow
+def test_a_relational_user_model_trains_on_a_typed_graph_and_resumes_bitwise(tmp_path, monkeypatch):
+    """The example's HeteroSAGE (PyG's HeteroConv, input widths sized lazily) on the typed synthetic graph, one
+    rank in this process: preempted mid-run and resumed, it ends bitwise as an uninterrupted run, and beats an MLP
+    on the papers' own features; its kept weights load back into the same class. ResidualSAGE made relational by
+    to_hetero trains too."""
+    monkeypatch.syspath_prepend(str(REPO / "examples"))
+    args = [*TYPED_SMALL, "train.epochs=3", "model.hidden_channels=32", "metrics.tensorboard=false", "model=custom",
+            "model._target_=my_gnn.HeteroSAGE"]
+    whole = train_here(*args, run_dir=tmp_path / "whole")
+    steps = whole["steps_per_epoch"]
+    with pytest.raises(Preempted):
+        train_here(*args, "debug.signal_rank=0", f"debug.signal_step={steps + 2}", run_dir=tmp_path / "cut")
+    again = train_here(*args, run_dir=tmp_path / "cut")
+    assert again["resumes"] == 1 and again["param_checksums"] == whole["param_checksums"]
+    assert whole["model_class"] == "my_gnn.HeteroSAGE"
+    mlp = train_here(*args[:-2], "model=mlp", run_dir=tmp_path / "mlp")
+    assert whole["test"] > mlp["test"] + 0.05, (whole["test"], mlp["test"])
+    model = load_model(tmp_path / "whole")
+    assert type(model.model).__name__ == "HeteroSAGE" and model.target == "paper" and not model.training
+    traced = train_here(*args[:-1], "model._target_=my_gnn.ResidualSAGE", run_dir=tmp_path / "traced")
+    assert traced["model_class"] == "my_gnn.ResidualSAGE (relational by to_hetero)"
+    assert traced["test"] > mlp["test"] + 0.05, (traced["test"], mlp["test"])
 
 
 @pytest.mark.slow

@@ -53,7 +53,7 @@ from hpcgnn.data.ogb import (
     stream_ogb,
     stream_raw_graph,
 )
-from hpcgnn.data.pyg import load_pyg, target_object
+from hpcgnn.data.pyg import load_pyg, load_pyg_typed, pyg_typed_source, target_object
 from hpcgnn.data.synthetic import (
     GENERATOR_VERSION,
     expected_edges,
@@ -62,7 +62,14 @@ from hpcgnn.data.synthetic import (
     make_synthetic_typed,
     synthetic_typed_source,
 )
-from hpcgnn.data.typed import TypedGraph, TypedSchema, TypedSource, TypedWriter, relation_key
+from hpcgnn.data.typed import (
+    TypedGraph,
+    TypedSchema,
+    TypedSource,
+    TypedWriter,
+    expand_relations,
+    relation_key,
+)
 from hpcgnn.errors import DatasetError
 from hpcgnn.io import atomic_folder
 
@@ -77,6 +84,7 @@ LOADERS: dict[str, Callable[[DatasetConfig, bool], Graph]] = {
     # typed sources with dataset.erase_types=true: the homogeneous view
     "synthetic_hetero": lambda cfg, allow_download: make_synthetic_typed(cfg).homogeneous(),
     "ogbn-mag": lambda cfg, allow_download: load_ogb_typed(cfg, allow_download).homogeneous(),
+    "pyg_hetero": lambda cfg, allow_download: load_pyg_typed(cfg, allow_download).homogeneous(),
 }
 
 # name -> typed-graph builder(cfg, allow_download)
@@ -84,6 +92,7 @@ TYPED_LOADERS: dict[str, Callable[[DatasetConfig, bool], TypedGraph]] = {
     "synthetic_hetero": lambda cfg, allow_download: make_synthetic_typed(cfg),
     "ogbn-mag": load_ogb_typed,
     "files": load_typed_files,  # a folder laid out with nodes/ and edges/
+    "pyg_hetero": load_pyg_typed,  # a PyG HeteroData (dataset._target_)
 }
 
 # name -> the typed source as prepare streams it (types erased or not: the view comes from the same stream)
@@ -91,6 +100,7 @@ TYPED_SOURCES: dict[str, Callable[[DatasetConfig, bool], TypedSource]] = {
     "synthetic_hetero": lambda cfg, allow_download: synthetic_typed_source(cfg),
     "ogbn-mag": ogb_typed_source,
     "files": lambda cfg, allow_download: typed_files_source(cfg),
+    "pyg_hetero": pyg_typed_source,
 }
 
 
@@ -115,6 +125,8 @@ _KEY_FIELDS = {
                   "seed"),
     "files": ("path", "to_undirected"),
     "pyg": ("_target_", "kwargs", "train_fraction", "val_fraction", "split_index", "seed", "to_undirected"),
+    "pyg_hetero": ("_target_", "kwargs", "train_fraction", "val_fraction", "split_index", "seed", "to_undirected",
+                   "target_type", "erase_types"),
     "synthetic_hetero": ("num_nodes", "num_classes", "num_features", "avg_degree", "communities_per_class", "homophily",
                          "feature_noise", "train_fraction", "val_fraction", "seed", "erase_types"),
     **{name: ("to_undirected",) for name in (*OGB_NAMES, *OGB_LINK_NAMES)},
@@ -208,7 +220,7 @@ def prepare_typed_streamed(cfg: DatasetConfig, folder: Path, source: dict, allow
 def _stream_typed(cfg: DatasetConfig, src: TypedSource, tmp: Path, source: dict, relations_too: bool) -> None:
     tmp.mkdir(exist_ok=True)
     sizes, total = src.num_nodes, sum(src.num_nodes.values())
-    writer = TypedWriter(tmp, sizes, src.relations, src.expected, src.num_features, prepare_mem_bytes(cfg),
+    writer = TypedWriter(tmp, sizes, src.relations, src.expected, src.num_features, prepare_mem_bytes(cfg), src.reverse,
                          relations_too=relations_too)
     y, *splits = src.feed(writer)
     num_edges, rule, arrays = writer.close(src.feature_from, cfg.feature_dtype)
@@ -353,7 +365,7 @@ def check_available(cfg: DatasetConfig) -> None:
     """Before submitting: fail now, not on a compute node, when the data cannot be there."""
     if cfg.name == "files":
         files_folder(cfg)
-    elif cfg.name == "pyg":
+    elif cfg.name in ("pyg", "pyg_hetero"):
         target_object(cfg)  # (importable here; a dataset that downloads does so when prepared)
     elif cfg.name in ON_DISK and not cache.is_complete(cache_folder(cfg)) and not has_raw(cfg):
         raise DatasetMissing(f"{cfg.name} is not under {Path(cfg.root).expanduser()}: jobs do not download. "
@@ -366,6 +378,21 @@ def open_graph(cfg: DatasetConfig) -> Graph:
     if not cache.is_complete(folder):
         raise DatasetMissing(f"{cfg.name} is not prepared in {folder}. HINT: {prepare_command(cfg)}")
     return cache.load(folder)
+
+
+def typed_shape(cfg: DatasetConfig) -> tuple[TypedSchema, int, int] | None:
+    """A typed dataset's (schema, feature width, classes) where they are known without building the graph: from a
+    prepared graph's meta.json, or from a source that tells its sizes before it is read (pyg_hetero builds its
+    graph whole: None until it is prepared). What a user's model is checked against at submit."""
+    folder = cache_folder(cfg)
+    if cache.is_complete(folder):
+        meta = json.loads((folder / "meta.json").read_text())
+        return TypedSchema.from_meta(meta["typed"]), int(meta["num_features"]), int(meta["num_classes"])
+    if cfg.name == "pyg_hetero":
+        return None
+    src = TYPED_SOURCES[cfg.name](cfg, False)
+    return (TypedSchema(src.num_nodes, tuple(expand_relations(src.relations, src.reverse)), src.target),
+            src.num_features, src.num_classes)
 
 
 def open_typed(cfg: DatasetConfig) -> TypedGraph:

@@ -1,5 +1,6 @@
 """A graph a user already has in PyG (``dataset=pyg dataset._target_=...``): a ``torch_geometric.datasets`` class,
-or any callable returning a ``Data`` (or a dataset of one), prepared once into hpcgnn's memory-mapped format.
+or any callable returning a ``Data`` (or a dataset of one), prepared once into hpcgnn's memory-mapped format;
+a ``HeteroData`` is ``dataset=pyg_hetero`` (a typed graph: below).
 
 - ``dataset._target_``: the class or function, ``pkg.module.Name``; ``dataset.kwargs``: its keyword arguments.
   A class that takes ``root`` and is not given one gets ``<dataset.root>/pyg/<Name>`` (where PyG's datasets keep
@@ -13,6 +14,14 @@ or any callable returning a ``Data`` (or a dataset of one), prepared once into h
 
 The prepared graph's key covers the target, its arguments, the split settings and the seed: change any and it
 is prepared again. The graph then serves every mode (replicated, partitioned, sampler processes and servers).
+
+Typed (``dataset=pyg_hetero``, a ``HeteroData``): the node type whose labels are predicted is the one type with
+``y`` (or ``dataset.target_type``); its masks or the seeded split as above. Each type's features keep their
+columns, zero-padded on the right to the widest type's width (hpcgnn's typed graphs have one width: a model's
+first layer is a linear map per type or relation, on which zero columns change nothing); a type without ``x``
+takes the mean of its in-neighbours' features along the first relation into it from a type that has them.
+Relations are the graph's edge types as given; ``dataset.to_undirected=true`` adds their reverses
+(``rev_<name>`` between two types, undirected inside one), as for ``synthetic_hetero`` and ogbn-mag.
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ import torch
 from hpcgnn.checks import locate
 from hpcgnn.config import DatasetConfig
 from hpcgnn.data.graph import Graph
+from hpcgnn.data.typed import Relation, TypedGraph, TypedSource, expand_relations
 from hpcgnn.errors import DatasetError
 from hpcgnn.rng import rng_state, set_rng_state
 
@@ -57,7 +67,7 @@ def _seeded(seed: int):
 
 
 def pyg_data(cfg: DatasetConfig, allow_download: bool = False):
-    """The ``Data`` the target makes (the first graph of a dataset)."""
+    """The ``Data`` the target makes (the first graph of a dataset); ``dataset=pyg_hetero``: the ``HeteroData``."""
     import inspect
 
     from torch_geometric.data import Data, HeteroData
@@ -81,17 +91,20 @@ def pyg_data(cfg: DatasetConfig, allow_download: bool = False):
                                "('+dataset.kwargs.NAME=VALUE'); a dataset that downloads must find its files under "
                                "root (prepare it once where there is internet)") from None
     data = made if isinstance(made, (Data, HeteroData)) else (made[0] if len(made) else None)
-    if isinstance(data, HeteroData):
-        raise DatasetError(f"dataset._target_={cfg._target_} gives a HeteroData: typed PyG graphs are not read yet. "
-                           "HINT: export it as a typed files folder (docs/datasets.md), or use its homogeneous view "
-                           "(HeteroData.to_homogeneous) in a function of your own")
-    if not isinstance(data, Data):
-        raise DatasetError(f"dataset._target_={cfg._target_} gave {type(made).__name__}, not a torch_geometric Data "
-                           "or a dataset of them")
+    typed = cfg.name == "pyg_hetero"
+    if isinstance(data, HeteroData) and not typed:
+        raise DatasetError(f"dataset._target_={cfg._target_} gives a HeteroData, a typed graph. HINT: "
+                           "dataset=pyg_hetero (add dataset.erase_types=true for its homogeneous view)")
+    if isinstance(data, Data) and typed:
+        raise DatasetError(f"dataset._target_={cfg._target_} gives a Data, one node and edge type. HINT: dataset=pyg")
+    if not isinstance(data, HeteroData if typed else Data):
+        raise DatasetError(f"dataset._target_={cfg._target_} gave {type(made).__name__}, not a torch_geometric "
+                           f"{'HeteroData' if typed else 'Data'} or a dataset of them")
     return data
 
 
 def _labels(cfg: DatasetConfig, data) -> tuple[torch.Tensor, int]:
+    """``data.y`` (a ``Data``, or a ``HeteroData``'s node type) as one class per node, and the number of classes."""
     y = getattr(data, "y", None)
     if y is None:
         raise DatasetError(f"dataset._target_={cfg._target_}: its graph has no labels (y): node classification needs "
@@ -135,3 +148,83 @@ def load_pyg(cfg: DatasetConfig, allow_download: bool = False) -> Graph:
         edge_index = torch.cat([edge_index, edge_index.flip(0)], dim=1)
     train, val, test = _splits(cfg, data, n)
     return Graph.from_edge_index(edge_index, n, x.float(), y, train, val, test, num_classes=classes)
+
+
+# ------------------------------------------------------------------------------ typed: dataset=pyg_hetero
+
+
+def _target_type(cfg: DatasetConfig, data) -> str:
+    """The node type whose labels are predicted: ``dataset.target_type``, else the one type with ``y``."""
+    with_y = [t for t in data.node_types if getattr(data[t], "y", None) is not None]
+    if cfg.target_type is not None:
+        if cfg.target_type not in with_y:
+            raise DatasetError(f"dataset.target_type={cfg.target_type}: the graph's node types with labels (y) are "
+                               f"{with_y or 'none'} (its types: {', '.join(data.node_types)})")
+        return cfg.target_type
+    if len(with_y) != 1:
+        raise DatasetError(f"dataset._target_={cfg._target_}: {len(with_y)} node types have labels (y) "
+                           f"({', '.join(with_y) or 'none'}). HINT: name the one to predict with dataset.target_type=TYPE")
+    return with_y[0]
+
+
+def _feature_rules(data, relations: list[Relation]) -> dict[str, Relation]:
+    """Each type without ``x``: the first relation into it from a type that has features (given, or ruled first)."""
+    have = {t for t in data.node_types if getattr(data[t], "x", None) is not None}
+    rules: dict[str, Relation] = {}
+    while True:
+        new = {r[2]: r for r in reversed(relations) if r[2] not in have and r[0] in have}
+        if not new:
+            break
+        rules.update(new)
+        have |= set(new)
+    missing = [t for t in data.node_types if t not in have]
+    if missing:
+        raise DatasetError(f"node types {', '.join(missing)} have no features (x) and no relation into them from a "
+                           "type that has some. HINT: dataset.to_undirected=true adds every relation's reverse")
+    return rules
+
+
+def _typed_parts(cfg: DatasetConfig, data) -> dict:
+    """What a typed graph is built from: sizes, relations, edges, padded features, rules, labels and splits."""
+    target = _target_type(cfg, data)
+    edges = {tuple(rel): data[rel].edge_index.long() for rel in data.edge_types}
+    relations = list(edges)
+    stored = expand_relations(relations, cfg.to_undirected)
+    rules = _feature_rules(data, stored)
+    given = {t: data[t].x for t in data.node_types if getattr(data[t], "x", None) is not None}
+    for t, x in given.items():
+        if x.dim() != 2 or x.size(0) != data[t].num_nodes:
+            raise DatasetError(f"node type {t}: x has shape {tuple(x.shape)}; features are one row per node "
+                               f"([{data[t].num_nodes}, width])")
+    width = max(x.size(1) for x in given.values())
+    x = {t: torch.nn.functional.pad(v.float(), (0, width - v.size(1))) for t, v in given.items()}
+    y, classes = _labels(cfg, data[target])
+    n = data[target].num_nodes
+    return {"num_nodes": {t: int(data[t].num_nodes) for t in data.node_types}, "relations": relations,
+            "edges": edges, "x": x, "width": width, "rules": rules, "target": target, "y": y, "classes": classes,
+            "splits": _splits(cfg, data[target], n)}
+
+
+def pyg_typed_source(cfg: DatasetConfig, allow_download: bool = False) -> TypedSource:
+    """The ``HeteroData`` as preparing streams a typed graph (its arrays are in memory already: PyG's are)."""
+    p = _typed_parts(cfg, pyg_data(cfg, allow_download))
+    chunk = 1 << 20
+
+    def feed(writer):
+        for rel, ei in p["edges"].items():
+            for a in range(0, ei.size(1), chunk):
+                writer.add(rel, ei[0, a:a + chunk], ei[1, a:a + chunk])
+        for t, x in p["x"].items():
+            for a in range(0, x.size(0), chunk // 16):
+                writer.write_features(t, a, x[a:a + chunk // 16])
+        return (p["y"], *p["splits"])
+
+    return TypedSource(p["num_nodes"], p["relations"], {r: ei.size(1) for r, ei in p["edges"].items()}, p["width"],
+                       p["target"], p["classes"], p["rules"], feed, reverse=cfg.to_undirected)
+
+
+def load_pyg_typed(cfg: DatasetConfig, allow_download: bool = False) -> TypedGraph:
+    """The ``HeteroData`` as hpcgnn's :class:`TypedGraph`, in memory (duplicate edges removed, as preparing does)."""
+    p = _typed_parts(cfg, pyg_data(cfg, allow_download))
+    return TypedGraph.from_edges(p["num_nodes"], p["edges"], p["x"], p["target"], p["y"], *p["splits"], p["classes"],
+                                 reverse=cfg.to_undirected, feature_from=p["rules"])

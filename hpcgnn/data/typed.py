@@ -241,6 +241,7 @@ class TypedSource:
     num_classes: int
     feature_from: dict[str, Relation]  # featureless type -> the relation whose sources' mean it takes
     feed: Callable[[TypedWriter], tuple[Tensor, Tensor, Tensor, Tensor]]
+    reverse: bool = True  # the writer adds each relation's reverse (expand_relations)
 
 
 class TypedWriter:

@@ -18,7 +18,7 @@ from torch import Tensor
 
 from hpcgnn import checks
 from hpcgnn.config import ModelConfig
-from hpcgnn.models.custom import build_custom, takes
+from hpcgnn.models.custom import build_custom, build_custom_typed, takes
 
 
 class MLPBaseline(torch.nn.Module):
@@ -292,6 +292,8 @@ class TypedSAGE(torch.nn.Module):
 
 def build_typed_model(cfg: ModelConfig, node_types, relations, target: str, in_channels: int, out_channels: int,
                       num_layers: int) -> torch.nn.Module:
+    if checks.is_custom(cfg):  # a model of the user's own, relational (hpcgnn.models.custom)
+        return build_custom_typed(cfg, node_types, relations, target, in_channels, out_channels, num_layers)
     if cfg.name == "mlp":  # the baseline on the target type's own features
         return TypedMLP(target, MLPBaseline(in_channels, cfg.hidden_channels, num_layers, out_channels, cfg.dropout))
     cls = {"rgcn": RGCN, "sage": TypedSAGE}[cfg.name]

@@ -17,6 +17,17 @@ A model built on PyG's ``BasicGNN`` (a subclass of yours, or PyG's own ``GraphSA
 ``inference_per_layer``: exact layer-wise evaluation (``train.eval_mode=full``) works for it. PyG's own
 ``GraphSAGE``, ``GIN`` and ``GAT`` get hpcgnn's CSR aggregation (``model.aggregation=csr``), the same
 parameters. Other models are evaluated on sampled batches; ``eval_mode=full`` is refused for them at submit.
+
+On a typed graph (``synthetic_hetero``, ogbn-mag, a typed folder, ``pyg_hetero``) the model is relational:
+
+- a class whose ``__init__`` takes ``metadata`` gets PyG's ``(node_types, edge_types)`` and is the model itself
+  (per-relation layers: ``HeteroConv``, ``HGTConv``...); its ``forward(x_dict, edge_index_dict)`` returns the
+  labelled type's rows, or a dict of every type's (the labelled type's are taken);
+- any other class is built as on a homogeneous graph and made relational by PyG's ``to_hetero`` (one copy of
+  each layer per relation, summed per type).
+
+Every type's features have the same width (``in_channels``). Layers with lazy widths (``-1``) are sized by one
+forward on a tiny graph when the model is built, on every rank alike (what DDP and the optimiser need).
 """
 
 from __future__ import annotations
@@ -71,7 +82,18 @@ def arguments(cfg, cls: type, in_channels: int, out_channels: int, num_layers: i
     return kwargs
 
 
+def _construct(cfg, cls: type, kwargs: dict) -> torch.nn.Module:
+    try:
+        return cls(**kwargs)
+    except Exception as exc:
+        shown = {k: v for k, v in kwargs.items() if k != "metadata"}
+        raise ConfigError(f"model._target_={cfg._target_} refused its arguments {shown} ({type(exc).__name__}: "
+                          f"{exc}). HINT: set its own in model.kwargs (e.g. '+model.kwargs.heads=2'); hpcgnn fills in "
+                          f"{', '.join(WIDTHS)} where the class takes them (model.widths maps other names)") from None
+
+
 def build_custom(cfg, in_channels: int, out_channels: int, num_layers: int) -> torch.nn.Module:
+    """The user's model for a homogeneous graph, probed on a tiny graph (:func:`probe`)."""
     cls = model_class(cfg)
     if cfg.aggregation == "csr" and cls.__module__.startswith("torch_geometric.") and cls.__name__ in CSR_CLASSES:
         import torch_geometric.nn
@@ -80,16 +102,95 @@ def build_custom(cfg, in_channels: int, out_channels: int, num_layers: int) -> t
             from hpcgnn.models.aggregation import csr_model
 
             cls = csr_model(cls.__name__)
-    kwargs = arguments(cfg, cls, in_channels, out_channels, num_layers)
-    try:
-        model = cls(**kwargs)
-    except Exception as exc:
-        raise ConfigError(f"model._target_={cfg._target_} refused its arguments {kwargs} ({type(exc).__name__}: "
-                          f"{exc}). HINT: set its own in model.kwargs (e.g. '+model.kwargs.heads=2'); hpcgnn fills in "
-                          f"{', '.join(WIDTHS)} where the class takes them (model.widths maps other names)") from None
+    model = _construct(cfg, cls, arguments(cfg, cls, in_channels, out_channels, num_layers))
     if hasattr(model, "aggregation"):
         model.aggregation = cfg.aggregation
+    x = torch.randn(6, in_channels, generator=torch.Generator().manual_seed(0))
+    edge_index = torch.tensor([[1, 2, 3, 4, 5, 0], [0, 0, 1, 2, 3, 4]])
+    kwargs = {"edge_weight": torch.ones(edge_index.size(1))} if cfg.gcn_norm and takes(model, "edge_weight") else {}
+    probe(cfg, model, (x, edge_index), kwargs, 6, out_channels)
     return model
+
+
+class TypedCustom(torch.nn.Module):
+    """A model of the user's own on a typed graph: ``forward(x_dict, edge_index_dict)`` gives the labelled type's
+    rows (taken from a dict of every type's where the model returns one). A relational model's last layer computes
+    types the loss never reads: DDP looks for the parameters a step did not use."""
+
+    unused_parameters = True
+
+    def __init__(self, target: str, model: torch.nn.Module, built_from: str):
+        super().__init__()
+        self.target, self.model, self.built_from = target, model, built_from  # (built_from: what summary.json names)
+        self.supports_trim = takes(model, "num_sampled_nodes_dict") and takes(model, "num_sampled_edges_dict")
+
+    def forward(self, x_dict: dict, edge_index_dict: dict, **kwargs) -> torch.Tensor:
+        out = self.model(x_dict, edge_index_dict, **kwargs)
+        return out[self.target] if isinstance(out, dict) else out
+
+
+def build_custom_typed(cfg, node_types, relations, target: str, in_channels: int, out_channels: int,
+                       num_layers: int) -> TypedCustom:
+    """The user's model for a typed graph: given ``metadata`` where it takes it, else made relational by
+    ``to_hetero``; probed on a tiny graph of the same types and relations (:func:`probe`)."""
+    cls = model_class(cfg)
+    metadata = (list(node_types), [tuple(r) for r in relations])
+    kwargs = arguments(cfg, cls, in_channels, out_channels, num_layers)
+    built_from = f"{cls.__module__}.{cls.__qualname__}"
+    if "metadata" in _parameters(cls.__init__)[0]:
+        model = _construct(cfg, cls, {"metadata": metadata, **kwargs})
+    else:
+        built_from += " (relational by to_hetero)"
+        from torch_geometric.nn import to_hetero
+
+        try:
+            model = to_hetero(_construct(cfg, cls, kwargs), metadata, aggr="sum")
+        except ConfigError:
+            raise
+        except Exception as exc:
+            raise ConfigError(f"model._target_={cfg._target_} could not be made relational by PyG's to_hetero "
+                              f"({type(exc).__name__}: {exc}). HINT: take metadata in __init__ (PyG's (node_types, "
+                              "edge_types)) and build a layer per relation (HeteroConv)") from None
+    model = TypedCustom(target, model, built_from)
+    n = 3
+    gen = torch.Generator().manual_seed(0)
+    x_dict = {t: torch.randn(n, in_channels, generator=gen) for t in node_types}
+    ring = torch.tensor([[0, 1, 2], [1, 2, 0]])
+    probe(cfg, model, (x_dict, {tuple(r): ring for r in relations}), {}, n, out_channels)
+    return model
+
+
+def probe(cfg, model: torch.nn.Module, inputs: tuple, kwargs: dict, n: int, out_channels: int) -> None:
+    """One forward on a tiny graph of ``n`` nodes (per type) in eval mode, without gradients: lazy widths (``-1``) get
+    their sizes, and a model that fails or returns anything but ``n`` rows of ``out_channels`` floats is refused
+    (:class:`~hpcgnn.errors.ConfigError`, naming the fix; at submit and on the rank)."""
+    was = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            y = model(*inputs, **kwargs)
+            again = model(*inputs, **kwargs) if isinstance(y, torch.Tensor) else y
+    except ConfigError:
+        raise
+    except Exception as exc:
+        what = "forward(x_dict, edge_index_dict)" if isinstance(model, TypedCustom) else "forward(x, edge_index)"
+        takes_ = ("(x_dict {type: [nodes, in_channels]}, edge_index_dict {relation: [2, edges]}) and returns the "
+                  "labelled type's rows" if isinstance(model, TypedCustom) else
+                  "(x [nodes, in_channels], edge_index [2, edges]) and returns one row per node")
+        raise ConfigError(f"model._target_={cfg._target_} failed on a {n}-node graph: {what} raised "
+                          f"{type(exc).__name__}: {exc}. HINT: a model's forward takes {takes_}") from None
+    finally:
+        model.train(was)
+    if not isinstance(y, torch.Tensor) or tuple(y.shape) != (n, out_channels) or not y.is_floating_point():
+        got = f"shape {tuple(y.shape)}, {y.dtype}" if isinstance(y, torch.Tensor) else type(y).__name__
+        raise ConfigError(f"model._target_={cfg._target_} returned {got} for {n} nodes: a model returns one row of "
+                          f"{out_channels} floats per node (out_channels: the classes; a link task's encoder: its embedding, "
+                          "model.hidden_channels). HINT: take out_channels in __init__ "
+                          "(hpcgnn fills it in) and end on a layer of that width")
+    if not torch.equal(y, again):  # (PyG's to_hetero traces F.dropout(x, p, self.training) as always on)
+        raise ConfigError(f"model._target_={cfg._target_} gives different outputs for the same input in eval mode: "
+                          "its evaluation would be random. HINT: drop out with torch.nn.Dropout modules (a functional "
+                          "dropout that to_hetero traced stays on in eval mode), or make forward deterministic")
 
 
 @functools.lru_cache(maxsize=64)
@@ -110,31 +211,20 @@ def is_layerwise(model: torch.nn.Module) -> bool:
     return callable(getattr(model, "inference_per_layer", None)) and isinstance(getattr(model, "num_layers", None), int)
 
 
-def check_custom(cfg, in_channels: int = 16, out_channels: int = 3) -> None:
+def check_custom(cfg, in_channels: int = 16, out_channels: int = 3, schema=None) -> None:
     """At submit, on the CPU: the class imports, takes its arguments, and returns one row of ``out_channels`` floats
-    per node of a tiny graph (a link model: of ``model.hidden_channels``); ``train.eval_mode=full`` needs a
-    layer-wise model. Each failure is a :class:`~hpcgnn.errors.ConfigError` naming the fix."""
-    out = cfg.model.hidden_channels if cfg.task.name == "link" else out_channels
-    model = build_custom(cfg.model, in_channels, out, len(cfg.train.fanouts)).eval()
-    n = 6
-    x = torch.randn(n, in_channels, generator=torch.Generator().manual_seed(0))
-    edge_index = torch.tensor([[1, 2, 3, 4, 5, 0], [0, 0, 1, 2, 3, 4]])
-    kwargs = {"edge_weight": torch.ones(edge_index.size(1))} if cfg.model.gcn_norm and takes(model, "edge_weight") \
-        else {}
-    try:
-        with torch.no_grad():
-            y = model(x, edge_index, **kwargs)
-    except Exception as exc:
-        raise ConfigError(f"model._target_={cfg.model._target_} failed on a 6-node graph: forward(x, edge_index) "
-                          f"raised {type(exc).__name__}: {exc}. HINT: a model's forward takes (x [nodes, "
-                          "in_channels], edge_index [2, edges]) and returns one row per node") from None
-    if not isinstance(y, torch.Tensor) or tuple(y.shape) != (n, out) or not y.is_floating_point():
-        got = f"shape {tuple(y.shape)}, {y.dtype}" if isinstance(y, torch.Tensor) else type(y).__name__
-        raise ConfigError(f"model._target_={cfg.model._target_} returned {got} for {n} nodes: a model returns one row "
-                          f"of {out} floats per node ({'model.hidden_channels, the embedding' if cfg.task.name == 'link' else 'out_channels, the classes'}). "
-                          "HINT: take out_channels in __init__ (hpcgnn fills it in) and end on a layer of that width")
+    per node of a tiny graph (a link model: of ``model.hidden_channels``; ``schema``: a typed graph's types and
+    relations); ``train.eval_mode=full`` needs a layer-wise model. Each failure is a
+    :class:`~hpcgnn.errors.ConfigError` naming the fix."""
     from hpcgnn.checks import link_eval_mode
 
+    layers = len(cfg.train.fanouts)
+    if schema is not None:
+        build_custom_typed(cfg.model, schema.node_types, schema.relations, schema.target, in_channels, out_channels,
+                           layers)
+        return  # (eval_mode=full on a typed graph: refused for custom models by the config's checks)
+    out = cfg.model.hidden_channels if cfg.task.name == "link" else out_channels
+    model = build_custom(cfg.model, in_channels, out, layers)
     full = (link_eval_mode(cfg) if cfg.task.name == "link" else cfg.train.eval_mode) == "full"
     if full and not is_layerwise(model):
         raise ConfigError(f"train.eval_mode=full runs a model layer by layer (PyG's BasicGNN interface: num_layers, "

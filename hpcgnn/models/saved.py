@@ -56,7 +56,8 @@ def describe(model: torch.nn.Module, cfg, shape, weights: dict, **origin) -> dic
 def class_name(model: torch.nn.Module) -> str:
     """The model's class, module and name (a link model: its encoder's, the one the config chose)."""
     model = getattr(model, "encoder", model)
-    return f"{type(model).__module__}.{type(model).__qualname__}"
+    built = getattr(model, "built_from", None)  # a user's model on a typed graph (models.custom.TypedCustom)
+    return built or f"{type(model).__module__}.{type(model).__qualname__}"
 
 
 def model_source(model_cfg) -> dict | None:

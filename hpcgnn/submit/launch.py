@@ -207,7 +207,7 @@ def _start(cfg: RunConfig, mode: str, overrides) -> int:
 def check_data_on_disk(dataset) -> None:
     """Before submitting: the files and OGB sources a job reads must be there (synthetic graphs are made where
     they are prepared). The data module's check imports torch: only datasets read from disk pay for it."""
-    if dataset.name in (*checks.ON_DISK, "pyg"):  # (pyg: its class or function must import)
+    if dataset.name in (*checks.ON_DISK, *checks.PYG_DATASETS):  # (pyg: its class or function must import)
         from hpcgnn.data import check_available
 
         check_available(dataset)
@@ -215,11 +215,19 @@ def check_data_on_disk(dataset) -> None:
 
 def check_model(cfg: RunConfig) -> None:
     """Before submitting: a model of the user's own imports, takes its arguments and returns one row per node on a
-    tiny graph (on the CPU, here; torch is imported for it alone)."""
+    tiny graph (on the CPU, here; torch is imported for it alone); on a typed graph, one of its node types and
+    relations (where they are known before the graph is prepared; else the rank checks it as it builds the model)."""
     if checks.is_custom(cfg.model):
         from hpcgnn.models.custom import check_custom
 
         d = cfg.dataset
+        if checks.is_typed(d):
+            from hpcgnn.data import typed_shape
+
+            shape = typed_shape(d)
+            if shape is not None:
+                check_custom(cfg, shape[1], shape[2], schema=shape[0])
+            return
         check_custom(cfg, d.num_features if d.name == "synthetic" else 16, d.num_classes if d.name == "synthetic" else 3)
 
 
