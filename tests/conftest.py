@@ -146,6 +146,9 @@ def run_cli(*args: str, cwd: Path, timeout: float = 300, env: dict | None = None
                           cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)
 
 
+# A child's environment in which examples/ (the models of a user's own) imports.
+EXAMPLES = {"PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "examples"), os.environ.get("PYTHONPATH")]))}
+
 # A graph and schedule small enough for a multi-process run in seconds.
 TINY = ["dataset.num_nodes=4000", "train.epochs=2", "train.batch_size=256", "model.hidden_channels=32"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import DATA_ROOT, make_config, run_cli, summary_of, train_here
+from conftest import DATA_ROOT, EXAMPLES, make_config, run_cli, summary_of, train_here
 from torch_geometric.data import Data, HeteroData
 
 from hpcgnn.data import TYPED_LOADERS, build_graph, cache_folder
@@ -137,8 +137,6 @@ def test_a_pyg_dataset_trains_partitioned_on_two_ranks(tmp_path):
 def test_a_pyg_heterodata_trains_partitioned_with_a_relational_model_of_ones_own(tmp_path):
     """PyG's FakeHeteroDataset (three node types of different feature widths, six relations) on two ranks, each
     holding its part, with the example's HeteroSAGE and a sampler process per rank."""
-    from test_user_models import EXAMPLES
-
     res = run_cli("dataset=pyg_hetero", "dataset._target_=torch_geometric.datasets.FakeHeteroDataset",
                   "+dataset.kwargs={num_classes: 4}", "graph=partitioned", "model=custom",
                   "model._target_=my_gnn.HeteroSAGE", "model.hidden_channels=32", "train.sampler_procs=1", "train.num_threads=2",

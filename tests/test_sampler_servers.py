@@ -13,7 +13,7 @@ import sys
 import time
 
 import pytest
-from conftest import DATA_ROOT, REPO, TINY, make_config, run_cli, summary_of
+from conftest import DATA_ROOT, EXAMPLES, REPO, TINY, make_config, run_cli, summary_of
 
 from hpcgnn import env
 from hpcgnn.errors import ConfigError
@@ -65,18 +65,21 @@ def test_sampler_nodes_are_checked_at_submit_time():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("store", ["replicated", "link", "typed", "partitioned"])
+@pytest.mark.parametrize("store", ["replicated", "link", "typed", "partitioned", "custom"])
 def test_local_sampler_servers_train_bitwise_as_in_process_sampling(store, tmp_path):
     """2 ranks, 2 servers: the same parameters as in-process sampling. A whole graph: each rank's batches alternate
     between the servers; a partitioned one: server r makes rank r's batches, sampling across parts with the
-    other server (and the exchange counts reach the rank)."""
+    other server (and the exchange counts reach the rank). custom: a model of the user's own, with autocast to
+    bf16 and two micro-batches per step."""
     over = {"replicated": [*TINY], "link": [*TINY, "task=link"],
             "typed": ["dataset=synthetic_hetero", "train.epochs=2"],
-            "partitioned": [*TINY, "graph=partitioned", "graph.cache_mb=0.1"]}[store]
+            "partitioned": [*TINY, "graph=partitioned", "graph.cache_mb=0.1"],
+            "custom": [*TINY, "model=custom", "model._target_=my_gnn.ResidualSAGE", "train.precision=bf16",
+                       "train.accumulate=2"]}[store]
     runs = {}
     for servers in (0, 2):
         res = run_cli(*over, "train.num_threads=1", f"launch.sampler_servers={servers}", "metrics.tensorboard=false",
-                      cwd=tmp_path / str(servers))
+                      cwd=tmp_path / str(servers), env=EXAMPLES if store == "custom" else None)
         assert res.returncode == 0, res.stdout + res.stderr
         runs[servers] = summary_of(tmp_path / str(servers))
     assert re.search(r"rank 0: [12] sampler server\(s\) ready", res.stdout), res.stdout

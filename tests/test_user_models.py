@@ -4,18 +4,15 @@ like hpcgnn's own in every mode that makes sense for it, its provenance recorded
 from __future__ import annotations
 
 import hashlib
-import os
 
 import pytest
 import torch
-from conftest import DATA_ROOT, REPO, TINY, make_config, run_cli, summary_of, train_here
+from conftest import DATA_ROOT, EXAMPLES, REPO, TINY, make_config, run_cli, summary_of, train_here
 
 from hpcgnn.errors import ConfigError
 from hpcgnn.models.saved import load_model
 from hpcgnn.rank.checkpoint import Preempted
 from hpcgnn.submit.launch import check_model
-
-EXAMPLES = {"PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "examples"), os.environ.get("PYTHONPATH")]))}
 
 
 class WrongWidth(torch.nn.Module):
