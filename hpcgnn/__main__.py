@@ -6,6 +6,7 @@
     hpcgnn status SWEEP_DIR [--wait]                                   python -m hpcgnn status
     hpcgnn report RUN_OR_SWEEP_DIR                                     python -m hpcgnn report
     hpcgnn cluster init NAME [--partition P]                           python -m hpcgnn cluster
+    hpcgnn predict RUN_DIR [split=all] [--embeddings] ...              a trained model's outputs, every node
 
 Options: -m/--multirun expands comma lists into a sweep (every combination; one SLURM job
 array with +cluster); --cfg prints the composed config and exits; -h/--help prints this.
@@ -27,6 +28,7 @@ SUBCOMMANDS = {
     "status": "hpcgnn.submit.status",
     "report": "hpcgnn.submit.report",
     "cluster": "hpcgnn.submit.cluster",
+    "predict": "hpcgnn.submit.predict",
 }
 FLAGS = {"-m": "multirun", "--multirun": "multirun", "--cfg": "cfg", "-c": "cfg", "-h": "help", "--help": "help"}
 

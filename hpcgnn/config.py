@@ -243,6 +243,17 @@ class DebugConfig:
     server_port: int = 0  # local sampler server 0 listens on this port, free or not (tests: a port another process holds); 0: a free one
 
 
+@dataclass(frozen=True)
+class PredictConfig:
+    """Set by ``hpcgnn predict RUN_DIR`` (hpcgnn.submit.predict), not by hand: the job then infers, not trains."""
+
+    model_file: Optional[str] = None  # the trained run's model/best.pt or model/last.pt; None: a training job
+    what: str = "predictions"  # predictions (class probabilities and labels) | embeddings (the last hidden layer; a link model's encoder output)
+    split: str = "test"  # train | val | test | all: the nodes written (a typed graph: of its labelled type)
+    mode: str = "auto"  # auto (the run's own evaluation path) | full (exact, layer-wise) | sampled (the evaluation's batches)
+    allow_other_graph: bool = False  # infer on a graph other than the run's (inductive), where its widths match
+
+
 def single_class(where: str) -> str:
     """Why node classification with one class is refused (every prediction is right: accuracy 1.0, whatever the
     model learned)."""
@@ -263,6 +274,7 @@ class RunConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     debug: DebugConfig = field(default_factory=DebugConfig)
+    predict: PredictConfig = field(default_factory=PredictConfig)
     cluster: Optional[ClusterConfig] = None  # absent: run launch.procs processes on this machine
     run_dir: str = ""  # where logs, summary.json and job files go; "" = hydra.run.dir (a sweep: hydra.sweep.dir/subdir)
 
@@ -345,7 +357,10 @@ class RunConfig:
                                     ("train.grad_compression", t.grad_compression, ("none", "fp16", "bf16", "powersgd")),
                                     ("train.eval_mode", t.eval_mode, ("auto", "sampled", "full")),
                                     ("train.select", t.select, ("val", "last")),
-                                    ("model.aggregation", self.model.aggregation, ("csr", "pyg"))):
+                                    ("model.aggregation", self.model.aggregation, ("csr", "pyg")),
+                                    ("predict.what", self.predict.what, ("predictions", "embeddings")),
+                                    ("predict.split", self.predict.split, ("train", "val", "test", "all")),
+                                    ("predict.mode", self.predict.mode, ("auto", "full", "sampled"))):
             if value not in allowed:
                 raise ConfigError(f"{key}={value!r} is unknown: use one of {', '.join(allowed)}")
         if t.accumulate < 1 or t.powersgd_rank < 1 or t.eval_chunk < 1:

@@ -91,6 +91,12 @@ class PortTaken(UserError):
     exit_code = EXIT_FAILED
 
 
+class PredictError(UserError):
+    """``hpcgnn predict`` asked of a folder that is not a run, of a run without that model, of another graph."""
+
+    kind = "predict error"
+
+
 class AnotherRankFailed(RuntimeError):
     """This rank stops because another one failed first (its error is that one's echo): never the cause
     reported, whichever rank's record is written first."""

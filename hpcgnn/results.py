@@ -6,7 +6,10 @@ from __future__ import annotations
 
 def result_words(summary: dict, short: bool = False) -> str:
     """What a run's summary says of its result: "test accuracy 0.9263 (best val 0.9301 at epoch 7)" (``short``:
-    the metric's own name, "test acc ..."), or with no test split or no validation split, what there is."""
+    the metric's own name, "test acc ..."), or with no test split or no validation split, what there is. A
+    prediction job's (``hpcgnn predict``): :func:`predict_words`."""
+    if summary.get("kind") == "predict":
+        return predict_words(summary)
     metric = summary.get("metric", "val_acc").removeprefix("val_")
     name = "accuracy" if metric == "acc" and not short else metric
     test, val, epoch = summary.get("test"), summary.get("best_val"), summary.get("best_epoch")
@@ -14,3 +17,15 @@ def result_words(summary: dict, short: bool = False) -> str:
     if summary.get("select") == "last":
         return f"{head} (last epoch, {epoch}{f'; val {val:.4f}' if val is not None else ''})"
     return f"{head} (best val {val:.4f} at epoch {epoch})"
+
+
+def predict_words(summary: dict) -> str:
+    """A prediction job's result: "test accuracy 0.9263 over 12000 nodes (the run's: 0.9263, epoch 7, best.pt)", or
+    what it wrote."""
+    what = f"{summary['what']} of {summary['rows']} node(s) ({summary['split']})"
+    if summary.get("value") is None:
+        return f"{what}, {summary['mode']} inference"
+    run = summary.get("run_value")
+    same = f"the run's: {run:.4f}" if run is not None else "the run reported none"
+    return (f"{summary['split']} accuracy {summary['value']:.4f} over {summary['rows']} nodes ({same}; epoch "
+            f"{summary.get('epoch')}, {summary.get('which')}.pt, {summary['mode']} inference)")

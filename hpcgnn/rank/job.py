@@ -29,7 +29,7 @@ from hpcgnn.sampling.loader import keep_freed_memory
 
 
 def run_rank(cfg: RunConfig, environ: Mapping[str, str]) -> dict:
-    """Train as one rank. Any failure is recorded in ``run_dir/failures/`` (:func:`record_failure`) for the
+    """Train as one rank (or infer, for ``hpcgnn predict``). Any failure is recorded in ``run_dir/failures/`` (:func:`record_failure`) for the
     launcher's report before it leaves, and the exception says so (``exc.recorded``)."""
     env: RankEnv | None = None
     try:
@@ -52,6 +52,10 @@ def run_rank(cfg: RunConfig, environ: Mapping[str, str]) -> dict:
         with process_group(env, cfg.dist, device):
             lock = _hold_run_folder(cfg, env, environ)
             try:
+                if cfg.predict.model_file:  # hpcgnn predict RUN_DIR: a trained model's outputs, no training
+                    from hpcgnn.rank.predict import predict
+
+                    return predict(cfg, env, device)
                 return train(cfg, env, device)
             except Preempted as stop:
                 raise _requeue(cfg, env, stop) from None

@@ -148,16 +148,33 @@ class Store(abc.ABC):
 
     def eval_loader(self, split: str, transform=None) -> BatchLoader:
         """This rank's share of ``split`` in batches of ``train.eval_batch_size`` (link: pairs to score)."""
+        if self.link is None:
+            return self.node_loader(split, transform)
         t = self.cfg.train
         seeds, num_batches = self.eval_seeds(split)
-        sampler = self.sampler if self.link is None else pair_sampler(self.sampler, self.link.split(split))
-        return BatchLoader(self.features, sampler, seeds, self.eval_batch_size(split),
+        return BatchLoader(self.features, pair_sampler(self.sampler, self.link.split(split)), seeds,
+                           self.eval_batch_size(split), batch_seed=derive_seed(t.seed, "eval", split, self.env.rank),
+                           num_batches=num_batches, device=self.device, pin_memory=self.device.type == "cuda",
+                           transform=transform)
+
+    def node_loader(self, split: str, transform=None) -> BatchLoader:
+        """This rank's share of a node split (``all``: every node; a link task's too: its encoder's inputs) in
+        batches of ``train.eval_batch_size`` seeds, sampled as evaluation samples them (the same seeds)."""
+        t = self.cfg.train
+        seeds, num_batches = self.node_share(split)
+        return BatchLoader(self.features, self.sampler, seeds, t.eval_batch_size,
                            batch_seed=derive_seed(t.seed, "eval", split, self.env.rank), num_batches=num_batches,
                            device=self.device, pin_memory=self.device.type == "cuda", transform=transform)
 
-    @abc.abstractmethod
     def eval_seeds(self, split: str) -> tuple[Tensor, int | None]:
-        """This rank's share of ``split`` and the batch count to pad to (None: no padding needed)."""
+        """This rank's share of ``split`` (link: of its items) and the batch count to pad to (None: no padding
+        needed)."""
+        return self.eval_items(split) if self.link is not None else self.node_share(split)
+
+    @abc.abstractmethod
+    def node_share(self, split: str) -> tuple[Tensor, int | None]:
+        """This rank's share of a node split (``all``: of every node; a typed graph: of its labelled type), in the
+        task's ids, and the batch count to pad to (None: no padding needed)."""
 
     def eval_batch_size(self, split: str) -> int:
         """Items per evaluation batch: ``train.eval_batch_size`` seeds, or pairs (a positive with K candidate
@@ -182,9 +199,11 @@ class Store(abc.ABC):
     # ------------------------------------------------------------------ exact outputs
 
     @abc.abstractmethod
-    def exact(self, model: torch.nn.Module, transform_for=None) -> Exact:
+    def exact(self, model: torch.nn.Module, transform_for=None, layers: int | None = None, on_layer=None) -> Exact:
         """``model``'s outputs with every node's full neighbourhood (collective). ``transform_for(degree)``:
-        the model's batch transform for nodes of these in-degrees (GCN's normalisation), or None."""
+        the model's batch transform for nodes of these in-degrees (GCN's normalisation), or None. ``layers``: the
+        output of that many layers (an embedding: all but the last); None: the model's. ``on_layer(i, of)``:
+        called as each layer ends."""
 
     def check_exact(self, model_cfg: ModelConfig) -> None:
         """At start, together: fail now, naming the fix, when exact outputs would not fit in memory (a whole
@@ -227,22 +246,26 @@ class WholeGraphStore(Store):
             return sub.split_by_cost(seeds, self.seed_cost.index_select(0, seeds), self.steps)
         return list(seeds.split(self.items_per_step))
 
-    def eval_seeds(self, split: str) -> tuple[Tensor, int | None]:
-        """This rank's share of ``split`` (every world_size-th node; link: a contiguous range of its items)."""
-        if self.link is not None:
-            return self.eval_items(split), None
-        return getattr(self.graph, f"{split}_idx")[self.env.rank::self.env.world_size], None
+    def node_share(self, split: str) -> tuple[Tensor, int | None]:
+        """Every world_size-th node of the split."""
+        return self._share(split), None
+
+    def _share(self, split: str) -> Tensor:
+        """Every world_size-th node of a split (``all``: of every node; a typed graph: of its labelled type)."""
+        g = self.graph
+        ids = torch.arange(g.y.numel()) if split == "all" else getattr(g, f"{split}_idx")
+        return ids[self.env.rank::self.env.world_size]
 
     def _exact(self, table: Tensor) -> Exact:
         """Outputs of every node on every rank: rows are read in place; a split's share is every world_size-th
         of its nodes (as its evaluation batches share it)."""
-        g, env = self.graph, self.env
+        g = self.graph
 
         def split(name: str) -> tuple[Tensor, Tensor]:
-            ids = getattr(g, f"{name}_idx")[env.rank::env.world_size]
+            ids = self._share(name)
             return table.index_select(0, ids), g.y.index_select(0, ids)
 
-        return Exact(lambda ids: table.index_select(0, ids), split)
+        return Exact(lambda ids: table.index_select(0, ids), split, self._share)
 
 
 # ---------------------------------------------------------------------- helpers every store kind uses

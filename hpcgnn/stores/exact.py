@@ -51,10 +51,12 @@ class Exact:
     """A model's exact outputs on this rank. ``rows(ids)``: the outputs of any nodes (by global id; a target
     type's own ids on a typed graph); a collective where rows live on other ranks (every rank calls it as
     often, with no ids when it has none). ``split(name)``: this rank's share of a node split, (outputs,
-    labels), the shares of all ranks making the split once."""
+    labels), the shares of all ranks making the split once (``all``: every node, labels -1 where there are
+    none); ``share(name)``: their ids."""
 
     rows: Callable[[Tensor], Tensor]
     split: Callable[[str], tuple[Tensor, Tensor]]
+    share: Callable[[str], Tensor]  # the ids of this rank's share of a split, in the order split gives its rows
 
 
 class ExactPieces(abc.ABC):
@@ -81,16 +83,19 @@ class ExactPieces(abc.ABC):
 
 
 @torch.no_grad()
-def exact_outputs(model: torch.nn.Module, pieces: ExactPieces) -> Tensor:
-    """The one driver: a model's outputs layer by layer, from the store's pieces."""
+def exact_outputs(model: torch.nn.Module, pieces: ExactPieces, layers: int | None = None, on_layer=None) -> Tensor:
+    """The one driver: a model's outputs layer by layer, from the store's pieces (``layers``: after that many;
+    None: all of them). ``on_layer(i, of)``: called as each layer ends (progress)."""
     from hpcgnn.models import MLPBaseline, TypedMLP
 
     model.eval()
     if isinstance(model, (MLPBaseline, TypedMLP)):
         return pieces.without_edges(model)
     table = pieces.inputs(model)
-    for i in range(model.num_layers):
+    for i in range(model.num_layers if layers is None else layers):
         table = pieces.layer(model, i, table, last=i == model.num_layers - 1)
+        if on_layer is not None:
+            on_layer(i + 1, model.num_layers if layers is None else layers)
     return pieces.outputs(model, table)
 
 
@@ -184,6 +189,9 @@ class PartsPieces(ExactPieces):
         if not last:
             self.fill(out)
         return out
+
+    def outputs(self, model, table):
+        return table[:self.own]  # (a layer before the last: its halo rows follow)
 
 
 class TypedPartsPieces(ExactPieces):

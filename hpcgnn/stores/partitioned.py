@@ -154,10 +154,26 @@ class PartitionedStore(Store):
             batches = list(seeds.split(self.cfg.train.batch_size))
         return [distinct(b) for b in batches]
 
+    def _own(self, split: str) -> Tensor:
+        """The global ids of this rank's own nodes in ``split`` (``all``: every one; a typed graph: of its
+        labelled type)."""
+        parts = self.parts
+        if split != "all":
+            return getattr(parts, f"{split}_idx")
+        return parts.nodes if parts.typed is None else parts.own_of_type(parts.typed.schema.target)
+
     def eval_seeds(self, split: str) -> tuple[Tensor, int | None]:
         """This rank's share of ``split`` and the batch count every rank walks (the most any rank needs)."""
-        mine = self.eval_items(split) if self.link is not None else getattr(self.parts, f"{split}_idx") - self.seed_offset
-        batches = math.ceil(mine.numel() / self.eval_batch_size(split))
+        return self._padded(self.eval_items(split), self.eval_batch_size(split)) if self.link is not None else \
+            self.node_share(split)
+
+    def node_share(self, split: str) -> tuple[Tensor, int | None]:
+        """Its own nodes of the split, and the batch count every rank walks."""
+        return self._padded(self._own(split) - self.seed_offset, self.cfg.train.eval_batch_size)
+
+    @staticmethod
+    def _padded(mine: Tensor, batch_size: int) -> tuple[Tensor, int]:
+        batches = math.ceil(mine.numel() / batch_size)
         return mine, int(dist.all_reduce_max(torch.tensor([batches])).item())
 
     def counters(self) -> CommStats:
@@ -166,7 +182,7 @@ class PartitionedStore(Store):
     def comm(self, before: CommStats) -> dict:
         return (self.counters() - before).per_batch()
 
-    def exact(self, model: torch.nn.Module, transform_for=None) -> Exact:
+    def exact(self, model: torch.nn.Module, transform_for=None, layers: int | None = None, on_layer=None) -> Exact:
         """Each rank computes its own nodes' outputs (in its row order; a typed graph: its own target-type nodes,
         in their typed rows); other nodes' rows come from their owners (a collective)."""
         t, parts, view, ex = self.cfg.train, self.parts, self.view, self.exchange
@@ -176,17 +192,17 @@ class PartitionedStore(Store):
             target = parts.typed.schema.target
             pieces, row_of = TypedPartsPieces(parts, view, ex, self.device, t.eval_chunk), \
                 (lambda ids: parts.typed_rows(target, ids))
-        table = exact_outputs(model, pieces)
+        table = exact_outputs(model, pieces, layers, on_layer)
 
         def rows(ids: Tensor) -> Tensor:  # (the task's ids: a typed graph's are the target type's own)
             uniq, inv = torch.unique(ids + self.seed_offset, return_inverse=True)
             return fetch_rows(ex, view, table, uniq, view.owner(uniq), row_of).index_select(0, inv)
 
         def split(name: str) -> tuple[Tensor, Tensor]:
-            ids = getattr(parts, f"{name}_idx")  # (the global ids of its own nodes in the split)
+            ids = self._own(name)
             return table.index_select(0, row_of(ids)), parts.y.index_select(0, view.row(ids))
 
-        return Exact(rows, split)
+        return Exact(rows, split, lambda name: self._own(name) - self.seed_offset)
 
     def check_exact(self, model_cfg) -> None:
         check_exact_inference_memory(self.parts, model_cfg, self.env)

@@ -144,11 +144,11 @@ class ReplicatedStore(WholeGraphStore):
         # Subgraph batches are each a whole estimate of the mean loss: weigh steps by batches, not seeds.
         self.weigh_by_seeds = not isinstance(self.train_sampler, sub.SubgraphSampler)
 
-    def exact(self, model: torch.nn.Module, transform_for=None) -> Exact:
+    def exact(self, model: torch.nn.Module, transform_for=None, layers: int | None = None, on_layer=None) -> Exact:
         t, env = self.cfg.train, self.env
         transform = transform_for(self.degree) if transform_for else None
         return self._exact(exact_outputs(model, WholeGraphPieces(self.graph, self.device, t.eval_chunk, env.rank,
-                                                                 env.world_size, transform)))
+                                                                 env.world_size, transform), layers, on_layer))
 
     def resident_bytes(self) -> int:
         g = self.graph

@@ -50,10 +50,10 @@ class TypedStore(WholeGraphStore):
                  g.num_features, g.num_classes, g.train_idx.numel(), g.val_idx.numel(), g.test_idx.numel(),
                  {t: rule for t, rule in g.feature_rule.items() if rule != "given"})
 
-    def exact(self, model: torch.nn.Module, transform_for=None) -> Exact:
+    def exact(self, model: torch.nn.Module, transform_for=None, layers: int | None = None, on_layer=None) -> Exact:
         t, env = self.cfg.train, self.env
         return self._exact(exact_outputs(model, WholeTypedPieces(self.graph, self.device, t.eval_chunk, env.rank,
-                                                                 env.world_size)))
+                                                                 env.world_size), layers, on_layer))
 
     def resident_bytes(self) -> int:
         g = self.graph

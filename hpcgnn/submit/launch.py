@@ -411,9 +411,13 @@ def forwarding(signame: str, forward) -> Iterator[None]:
 
 
 def _print_result(summary: dict) -> None:
-    print(f"{result_words(summary)}, {summary['world_size']} rank{'s' if summary['world_size'] != 1 else ''} on "
-          f"{', '.join(summary['hostnames'])}, "
-          f"{summary['seeds_per_s']:.0f} seeds/s, {summary['wall_time_s']:.1f} s", flush=True)
+    ranks = f"{summary['world_size']} rank{'s' if summary['world_size'] != 1 else ''} on {', '.join(summary['hostnames'])}"
+    if summary.get("kind") == "predict":  # hpcgnn predict RUN_DIR
+        print(f"{result_words(summary)}, {ranks}, {summary['wall_time_s']:.1f} s", flush=True)
+        print(f"outputs: {summary['run_dir']} (manifest.json)", flush=True)
+        return
+    print(f"{result_words(summary)}, {ranks}, {summary['seeds_per_s']:.0f} seeds/s, {summary['wall_time_s']:.1f} s",
+          flush=True)
     if summary.get("nonfinite_skipped"):
         print(f"hpcgnn: WARNING: {summary['nonfinite_skipped']} optimizer step(s) were skipped for NaN/inf gradients "
               "(train.nonfinite=skip)", flush=True)

@@ -1,0 +1,261 @@
+"""One rank's part of ``hpcgnn predict RUN_DIR`` (:mod:`hpcgnn.submit.predict`): the run's trained model on the
+run's graph and mode, every node of a split written into memory-mappable arrays, each rank its own rows (no
+gather onto one rank), then a manifest.
+
+    <out>/ids.npy          int64 [n]: the nodes, ascending (a typed graph: its labelled type's own ids)
+    <out>/probs.npy        float32 [n, classes]   predictions: class probabilities (softmax of the logits)
+    <out>/labels.npy       int64 [n]              predictions: the most probable class
+    <out>/embeddings.npy   float32 [n, width]     embeddings: the last hidden layer's output (a link model: the
+                                                  encoder's output, the embedding its decoder scores)
+    <out>/manifest.json    written last, once every array is whole: each array's dtype and shape, the model
+                           file, its run and epoch, the graph, the split, the metric
+    <out>/summary.json     the job's result, which the launcher prints (as a training run's)
+
+How the outputs are computed (``predict.mode``): ``full``, exact layer-wise inference over every neighbour
+(:mod:`hpcgnn.stores.exact`; a layer-wise model); ``sampled``, the evaluation batches of training (the same
+seeds, so the same outputs on the same ranks); ``auto``, the run's own evaluation path, so that the metric
+printed is the one ``summary.json`` reports. Embeddings of a node classifier are exact (they are a layer's
+output, which only layer-wise inference gives).
+
+Arrays are first written as ``<name>.npy.part`` (rank 0 makes each at its full size; every rank writes its
+rows in place), renamed once every rank has flushed: a reader never sees a half-written array under its name.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from hpcgnn import dist
+from hpcgnn.config import RunConfig
+from hpcgnn.env import RankEnv
+from hpcgnn.errors import PredictError
+from hpcgnn.io import write_json
+from hpcgnn.logs import Progress
+from hpcgnn.models import forward_batch, saved
+from hpcgnn.models.custom import is_layerwise
+from hpcgnn.rank.techniques import autocast, resolve_precision
+
+log = logging.getLogger(__name__)
+
+
+def predict(cfg: RunConfig, env: RankEnv, device: torch.device) -> dict:
+    """Infer as one rank; returns the job's summary (the same on every rank; rank 0 writes the files)."""
+    from hpcgnn.stores import open_store
+    from hpcgnn.tasks import build_task
+
+    t_start = time.perf_counter()
+    p = cfg.predict
+    record = saved.read(p.model_file)
+    precision, _ = resolve_precision(cfg.train.precision, device)
+    store = open_store(cfg, env, device)
+    check_graph(record, store.shape, cfg)
+    model = build_task(cfg, env, store, device).build_model()
+    model.load_state_dict(record["state_dict"])
+    model = model.to(device).eval()
+    mode = inference_mode(cfg, model)
+    ids = split_ids(cfg, p.split)
+    log.info("predict: %s of %d node(s) (split %s) with %s (epoch %s), %s inference, %s", p.what, ids.size, p.split,
+             p.model_file, record.get("epoch"), mode, precision)
+    with torch.no_grad(), autocast(precision, device):
+        rows, mine, labels = _outputs(cfg, store, model, mode)
+    arrays = _arrays(p.what, rows.float())
+    pos = mine.numpy() if p.split == "all" else np.searchsorted(ids, mine.numpy())
+    _write(Path(cfg.run_dir), env, ids, arrays, pos)
+    value = None
+    if labels is not None:
+        known = labels >= 0
+        counts = dist.all_reduce_sum(torch.tensor([float((torch.from_numpy(arrays["labels"])[known] == labels[known])
+                                                         .sum()), float(known.sum())], dtype=torch.float64))
+        value = (counts[0] / counts[1]).item() if counts[1] > 0 else None
+    widths = {"ids": [], **{k: list(v.shape[1:]) for k, v in arrays.items()}}
+    summary = {
+        "kind": "predict", "what": p.what, "split": p.split, "rows": int(ids.size), "mode": mode,
+        "metric": f"{p.split}_acc" if labels is not None else None, "value": value,
+        "run_value": (record.get("metrics") or {}).get(f"{p.split}_acc"),  # the trained run's, at that epoch
+        "arrays": {k: {"file": f"{k}.npy", "dtype": str(a.dtype), "shape": [int(ids.size), *widths[k]]}
+                   for k, a in [("ids", ids), *arrays.items()]},
+        "model_file": p.model_file, "which": record.get("which"), "epoch": record.get("epoch"),
+        "model_class": record.get("class"), "trained_run": str(Path(p.model_file).resolve().parent.parent),
+        "run_id": record.get("run_id"), "dataset": _graph_key(cfg), "model_dataset": record.get("dataset"),
+        "precision": precision, "world_size": env.world_size,
+        "hostnames": sorted(set(dist.all_gather_object(socket.gethostname()))),
+        "wall_time_s": time.perf_counter() - t_start, "run_dir": cfg.run_dir,
+    }
+    if env.is_main:  # (the manifest last: its presence says every array is whole)
+        write_json(Path(cfg.run_dir) / "summary.json", summary)
+        write_json(Path(cfg.run_dir) / "manifest.json", {k: v for k, v in summary.items() if k not in (
+            "kind", "hostnames", "wall_time_s", "run_dir")})
+    dist.all_reduce_sum(torch.zeros(1))  # the files are there before any rank (and so the launcher) ends
+    return summary
+
+
+def check_request(cfg: RunConfig) -> None:
+    """What is asked fits the model's task (at submit): a link model's output is every node's embedding."""
+    p = cfg.predict
+    if cfg.task.name == "link" and (p.split != "all" or p.what != "embeddings"):
+        raise PredictError(f"a link model's output is its node embeddings (what=embeddings split=all); got "
+                           f"what={p.what} split={p.split}. HINT: --embeddings split=all (to score pairs: "
+                           "hpcgnn.load_model(RUN_DIR) gives the model, its decoder scores embedding pairs)")
+
+
+def inference_mode(cfg: RunConfig, model: torch.nn.Module) -> str:
+    """``predict.mode`` decided: ``auto`` is the run's own evaluation path (exact where the run evaluated
+    exactly, else its sampled batches); embeddings of a node classifier are exact."""
+    from hpcgnn.checks import link_eval_mode
+
+    p = cfg.predict
+    encoder = getattr(model, "encoder", model)
+    run_mode = link_eval_mode(cfg) if cfg.task.name == "link" else cfg.train.eval_mode
+    mode = p.mode if p.mode != "auto" else ("full" if run_mode == "full" else "sampled")
+    if p.what == "embeddings" and cfg.task.name == "node":
+        mode = "full"
+    if mode == "full" and not (is_layerwise(encoder) or _is_mlp(encoder)):
+        why = f"{saved.class_name(model)} cannot be run layer by layer (exact inference: PyG's BasicGNN interface, " \
+              "num_layers and inference_per_layer)"
+        if p.what == "embeddings":
+            raise PredictError(f"{why}, and a node classifier's embedding is its last hidden layer's output. HINT: "
+                               "build the model on torch_geometric.nn.models.basic_gnn.BasicGNN, or take the layer "
+                               "you need from hpcgnn.load_model(RUN_DIR)")
+        raise PredictError(f"{why}. HINT: mode=sampled (the evaluation's sampled batches)")
+    if p.what == "embeddings" and cfg.task.name == "node" and _is_mlp(encoder):
+        raise PredictError("model=mlp reads no edges: its hidden layer is no graph embedding. HINT: embeddings of a "
+                           "GNN (sage, gcn, gin, gat, rgcn, or a layer-wise model of your own)")
+    return mode
+
+
+def _is_mlp(model: torch.nn.Module) -> bool:
+    from hpcgnn.models import MLPBaseline, TypedMLP
+
+    return isinstance(model, (MLPBaseline, TypedMLP))
+
+
+def same_graph(record: dict, cfg: RunConfig) -> bool:
+    """Whether the graph is the one the model was trained on (the prepared graph's key); refused, naming the fix,
+    where it is not and ``predict.allow_other_graph`` is not set (at submit, and on the rank)."""
+    theirs, ours = record.get("dataset"), _graph_key(cfg)
+    if theirs != ours and not cfg.predict.allow_other_graph:
+        raise PredictError(f"the graph here ({ours}) is not the one the model was trained on ({theirs}). HINT: drop "
+                           "the dataset.* overrides to predict on the run's own graph, or add --allow-other-graph "
+                           "to infer on another graph of the same widths (inductive use)")
+    return theirs == ours
+
+
+def check_graph(record: dict, shape, cfg: RunConfig) -> None:
+    """The graph is the one the model was trained on, or, with ``predict.allow_other_graph``, one of the same
+    widths (features, classes; a typed graph's types and relations): inductive inference."""
+    if same_graph(record, cfg):
+        return
+    theirs, ours = record.get("dataset"), _graph_key(cfg)
+    s = record["shape"]
+    schema = shape.schema.to_meta() if shape.schema is not None else None
+    mine = {"num_features": shape.num_features, "num_classes": shape.num_classes, "schema": schema}
+    want = {k: s[k] for k in mine}
+    if cfg.task.name == "link":
+        mine.pop("num_classes"), want.pop("num_classes")
+    if mine != want:
+        diff = ", ".join(f"{k} {want[k]} (here {mine[k]})" for k in mine if mine[k] != want[k])
+        raise PredictError(f"--allow-other-graph: the model was trained on a graph of other widths: {diff}. HINT: "
+                           "a model reads graphs of the widths it was trained on")
+    log.warning("predict: on a graph other than the model's (%s; trained on %s), as --allow-other-graph asks", ours,
+                theirs)
+
+
+def _graph_key(cfg: RunConfig) -> str:
+    from hpcgnn.data import cache_folder
+
+    return cache_folder(cfg.dataset).name
+
+
+def split_ids(cfg: RunConfig, split: str) -> np.ndarray:
+    """The split's node ids, ascending, in the task's ids (a typed graph: its labelled type's own), read from the
+    prepared graph (memory-mapped; every rank reads the same): the rows of the arrays written."""
+    from hpcgnn.checks import is_typed
+    from hpcgnn.data import cache, cache_folder, open_graph
+
+    g = open_graph(cfg.dataset)
+    offset, n = 0, g.num_nodes
+    if is_typed(cfg.dataset):
+        from hpcgnn.data.typed import TypedSchema
+
+        _, meta = cache.load_extra(cache_folder(cfg.dataset))
+        schema = TypedSchema.from_meta(meta["typed"])
+        offset, n = schema.offsets()[schema.target], schema.num_nodes[schema.target]
+    if split == "all":
+        return np.arange(n, dtype=np.int64)
+    return np.sort(np.asarray(getattr(g, f"{split}_idx"), dtype=np.int64) - offset)
+
+
+def _outputs(cfg: RunConfig, store, model: torch.nn.Module, mode: str):
+    """This rank's rows of the split: (outputs, their ids, their labels or None), exact or by sampled batches."""
+    from hpcgnn.models import batch_transform, node_logits_and_labels
+
+    p, link = cfg.predict, cfg.task.name == "link"
+    net = model.encoder if link else model
+    layers = net.num_layers - 1 if p.what == "embeddings" and not link else None
+    if mode == "full":
+        t0 = time.perf_counter()
+        exact = store.exact(net, lambda degree: batch_transform(cfg.model, degree), layers,
+                            lambda i, of: log.info("exact inference: layer %d of %d done in %.1f s", i, of,
+                                                   time.perf_counter() - t0))
+        rows, labels = exact.split(p.split)
+        return rows, exact.share(p.split), None if p.what == "embeddings" else labels
+    loader = store.node_loader(p.split, transform=batch_transform(cfg.model, store.degree))
+    outs, ids, labels = [], [], []
+    progress = Progress("predict", len(loader), "batches")
+    for k, batch in enumerate(loader):
+        if batch.batch_size:  # (an empty one: padding, this rank only serves the others' exchanges)
+            if link:
+                outs.append(forward_batch(net, batch).float().cpu())
+            else:
+                logits, y = node_logits_and_labels(model, batch)
+                outs.append(logits.float().cpu())
+                labels.append(y.cpu())
+            ids.append(loader.batches[k])
+        progress.advance(1)
+    progress.finish()
+    empty = torch.empty(0, dtype=torch.long)
+    return (torch.cat(outs) if outs else torch.empty(0, 0), torch.cat(ids) if ids else empty,
+            None if link else torch.cat(labels) if labels else empty)
+
+
+def _arrays(what: str, rows: torch.Tensor) -> dict[str, np.ndarray]:
+    if what == "embeddings":
+        return {"embeddings": rows.numpy().astype(np.float32, copy=False)}
+    probs = F.softmax(rows, dim=-1) if rows.numel() else rows
+    return {"probs": probs.numpy().astype(np.float32, copy=False),
+            "labels": (rows.argmax(-1) if rows.numel() else torch.empty(0, dtype=torch.long)).numpy()}
+
+
+def _write(out: Path, env: RankEnv, ids: np.ndarray, arrays: dict[str, np.ndarray], pos: np.ndarray) -> None:
+    """Each array at its full size (rank 0 makes it, at the widest width any rank has: one without rows has
+    none), every rank's rows written in place at ``pos`` and flushed; then renamed to its name by rank 0, once
+    every rank is done."""
+    widths = dist.all_gather_object({k: list(a.shape[1:]) for k, a in arrays.items()})
+    if env.is_main:
+        for stale in [out / "manifest.json", *out.glob("*.npy.part*")]:  # (an earlier attempt's: not this one's)
+            stale.unlink(missing_ok=True)
+        for name, a in arrays.items():
+            width = max((tuple(w[name]) for w in widths), key=lambda w: (len(w), w))
+            np.lib.format.open_memmap(out / f"{name}.npy.part", mode="w+", dtype=a.dtype,
+                                      shape=(ids.size, *width)).flush()
+        with open(out / "ids.npy.part", "wb") as f:  # (a file object: np.save would add .npy to the name)
+            np.save(f, ids)
+    dist.all_reduce_sum(torch.zeros(1))  # the arrays exist
+    for name, a in arrays.items():
+        if a.shape[0]:
+            target = np.load(out / f"{name}.npy.part", mmap_mode="r+")
+            target[pos] = a
+            target.flush()
+            del target
+    dist.all_reduce_sum(torch.zeros(1))  # every rank's rows are written
+    if env.is_main:
+        for name in ["ids", *arrays]:
+            os.replace(out / f"{name}.npy.part", out / f"{name}.npy")

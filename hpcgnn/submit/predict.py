@@ -1,0 +1,97 @@
+"""``hpcgnn predict RUN_DIR [OPTIONS] [OVERRIDES]``: a trained run's model, run on the run's graph in the run's
+mode, writing every node of a split (predictions, or embeddings) as memory-mappable arrays.
+
+    hpcgnn predict RUN_DIR                          the test split's class probabilities and labels
+    hpcgnn predict RUN_DIR split=all --embeddings   every node's embedding
+    hpcgnn predict RUN_DIR launch.procs=4           on 4 local ranks (+cluster=NAME: submitted, as training)
+
+Options: which=best|last (the model file: the best validation epoch's, or the last step's), split=test|val|
+train|all, what=predictions|embeddings (--embeddings), mode=auto|full|sampled (auto: the run's own evaluation
+path; full: exact layer-wise inference), out=DIR (default RUN_DIR/predict/<what>-<split>-<which>),
+--allow-other-graph (a graph other than the run's, of the same widths: inductive use). Any other KEY=VALUE
+overrides the run's config (launch.procs, +cluster, graph.mode, dataset.root ...).
+
+The job is composed from the run's own overrides (``RUN_DIR/.hydra/overrides.yaml``, without its ``hydra.*``
+and ``debug.*`` ones) and then these, checked like a training job, and run or submitted into the output folder
+(its own job folder: a run still training keeps its own). The ranks read the model file, which a run writes
+whole or not at all (:mod:`hpcgnn.models.saved`), and write the arrays (:mod:`hpcgnn.rank.predict`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hpcgnn.env import full_error
+from hpcgnn.errors import PredictError, UserError, report
+
+OPTIONS = ("which", "split", "what", "mode", "out")
+FLAGS = {"--embeddings": ("what", "embeddings"), "--allow-other-graph": ("allow_other_graph", "true")}
+DROPPED = ("hydra.", "debug.", "predict.")  # a run's overrides that a prediction job does not replay
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] in ("-h", "--help"):
+        print(__doc__.strip())
+        return 0 if argv else 2
+    try:
+        return predict(argv)
+    except UserError as exc:
+        return report(exc, full_error())
+
+
+def parse(argv: list[str]) -> tuple[Path, dict[str, str], list[str]]:
+    """(the run folder, the options given, the other overrides)."""
+    run, rest = Path(argv[0]).expanduser(), argv[1:]
+    options, overrides = {"which": "best", "mode": "auto"}, []
+    for arg in rest:
+        key, eq, value = arg.partition("=")
+        if arg in FLAGS:
+            options[FLAGS[arg][0]] = FLAGS[arg][1]
+        elif arg.startswith("-"):
+            raise PredictError(f"unknown option {arg!r}: hpcgnn predict takes {', '.join(FLAGS)}, "
+                               f"{'=, '.join(OPTIONS)}= and KEY=VALUE overrides")
+        elif eq and key in OPTIONS:
+            options[key] = value
+        else:
+            overrides.append(arg)
+    return run, options, overrides
+
+
+def run_overrides(run: Path) -> list[str]:
+    """The overrides the run was composed from (its own record), but for those a prediction job sets itself."""
+    from omegaconf import OmegaConf
+
+    record = run / ".hydra" / "overrides.yaml"
+    if not (run / ".hydra" / "config.yaml").is_file() or not record.is_file():
+        raise PredictError(f"{run} is not a run folder of hpcgnn (no .hydra/config.yaml and overrides.yaml). HINT: "
+                           "give the output folder a training run printed (hpcgnn status lists a sweep's)")
+    given = OmegaConf.to_container(OmegaConf.load(record))
+    return [o for o in given if not o.lstrip("+~").startswith(DROPPED)]
+
+
+def predict(argv: list[str]) -> int:
+    from hpcgnn.models.saved import WHICH, model_path, read
+    from hpcgnn.submit.compose import compose
+    from hpcgnn.submit.launch import launch
+
+    run, o, overrides = parse(argv)
+    if o["which"] not in WHICH:
+        raise PredictError(f"which={o['which']}: a run keeps {' and '.join(WHICH)}")
+    replay = run_overrides(run)
+    path = model_path(run, o["which"])
+    record = read(path)  # (a run without it, or a file that is not hpcgnn's: one line naming it)
+    link = record["task"] == "link"  # (its output: every node's embedding)
+    o = {"what": "embeddings" if link else "predictions", "split": "all" if link else "test", **o}
+    out = Path(o.get("out") or run / "predict" / f"{o['what']}-{o['split']}-{o['which']}").expanduser().resolve()
+    if out == run.resolve():
+        raise PredictError(f"out={out} is the run's own folder: a prediction job writes a folder of its own. HINT: "
+                           "leave out= out (RUN_DIR/predict/...) or name another folder")
+    composed = compose([*replay, *overrides, f"predict.model_file={path.resolve()}", f"predict.what={o['what']}",
+                        f"predict.split={o['split']}", f"predict.mode={o['mode']}",
+                        f"predict.allow_other_graph={o.get('allow_other_graph', 'false')}", f"hydra.run.dir={out}"])
+    cfg = composed.cfg
+    from hpcgnn.rank.predict import check_request, same_graph
+
+    check_request(cfg)
+    same_graph(record, cfg)
+    return launch(cfg, composed.overrides)
