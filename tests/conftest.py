@@ -226,6 +226,21 @@ def train_here(*overrides: str, run_dir) -> dict:
 
     from hpcgnn.env import RankEnv
     from hpcgnn.rank.trainer import Trainer
+    from hpcgnn.submit.launch import record_config
 
-    return Trainer(make_config(*overrides, run_dir=str(run_dir)), RankEnv.from_environ({}),
-                   torch.device("cpu")).train()
+    cfg = make_config(*overrides, run_dir=str(run_dir))
+    record_config(cfg, overrides)  # (as the launcher does: hpcgnn predict composes from it)
+    return Trainer(cfg, RankEnv.from_environ({}), torch.device("cpu")).train()
+
+
+def predict_here(run_dir, *args: str) -> dict:
+    """``hpcgnn predict RUN_DIR ARGS`` as one rank in this process: the prediction job's summary."""
+    import torch
+
+    from hpcgnn.env import RankEnv
+    from hpcgnn.rank.predict import predict
+    from hpcgnn.submit.predict import compose_prediction
+
+    cfg = compose_prediction([str(run_dir), *args]).cfg
+    Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
+    return predict(cfg, RankEnv.from_environ({}), torch.device("cpu"))

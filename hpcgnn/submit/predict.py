@@ -70,9 +70,17 @@ def run_overrides(run: Path) -> list[str]:
 
 
 def predict(argv: list[str]) -> int:
+    from hpcgnn.submit.launch import launch
+
+    composed = compose_prediction(argv)
+    return launch(composed.cfg, composed.overrides)
+
+
+def compose_prediction(argv: list[str]):
+    """The prediction job of ``hpcgnn predict ARGV``, composed and checked (a
+    :class:`~hpcgnn.submit.compose.Composed`)."""
     from hpcgnn.models.saved import WHICH, model_path, read
     from hpcgnn.submit.compose import compose
-    from hpcgnn.submit.launch import launch
 
     run, o, overrides = parse(argv)
     if o["which"] not in WHICH:
@@ -89,9 +97,8 @@ def predict(argv: list[str]) -> int:
     composed = compose([*replay, *overrides, f"predict.model_file={path.resolve()}", f"predict.what={o['what']}",
                         f"predict.split={o['split']}", f"predict.mode={o['mode']}",
                         f"predict.allow_other_graph={o.get('allow_other_graph', 'false')}", f"hydra.run.dir={out}"])
-    cfg = composed.cfg
     from hpcgnn.rank.predict import check_request, same_graph
 
-    check_request(cfg)
-    same_graph(record, cfg)
-    return launch(cfg, composed.overrides)
+    check_request(composed.cfg)
+    same_graph(record, composed.cfg)
+    return composed

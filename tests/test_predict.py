@@ -1,0 +1,128 @@
+"""hpcgnn predict RUN_DIR: a trained run's model on the run's graph and mode, every node of a split written as
+memory-mappable arrays by the ranks that own them, the metric printed equal to the run's own."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from conftest import DATA_ROOT, REPO, TINY, predict_here, run_cli, summary_of, train_here
+
+from hpcgnn.__main__ import main
+from hpcgnn.errors import ConfigError, PredictError
+from hpcgnn.models.saved import ModelFileError
+
+SMALL = [*TINY, f"dataset.root={DATA_ROOT}", "metrics.tensorboard=false"]
+
+
+def _arrays(folder) -> dict:
+    manifest = json.loads((folder / "manifest.json").read_text())
+    return {k: np.load(folder / v["file"], mmap_mode="r") for k, v in manifest["arrays"].items()}
+
+
+@pytest.fixture(scope="module")
+def node_run(tmp_path_factory):
+    """A one-rank node classifier trained here, evaluated on sampled batches (the default)."""
+    folder = tmp_path_factory.mktemp("node") / "run"
+    return folder, train_here(*SMALL, run_dir=folder)
+
+
+def test_predictions_reproduce_the_runs_test_accuracy_and_are_what_the_manifest_says(node_run):
+    run, trained = node_run
+    s = predict_here(run)
+    assert s["value"] == trained["test"] and s["run_value"] == trained["test"] and s["mode"] == "sampled"
+    out = run / "predict" / "predictions-test-best"
+    a = _arrays(out)
+    manifest = json.loads((out / "manifest.json").read_text())
+    test = np.load(next((DATA_ROOT / "prepared").glob(f"{s['dataset']}/test_idx.npy")))
+    assert np.array_equal(a["ids"], np.sort(test)) and manifest["rows"] == test.size
+    assert a["probs"].shape == (test.size, 8) and a["probs"].dtype == np.float32
+    assert np.allclose(a["probs"].sum(1), 1, atol=1e-5) and np.array_equal(a["labels"], a["probs"].argmax(1))
+    assert manifest["model_file"] == str(run / "model" / "best.pt") and manifest["epoch"] == trained["best_epoch"]
+    assert not list(out.glob("*.part"))
+    exact = predict_here(run, "mode=full", "split=all", "which=last", "out=" + str(run.parent / "all"))
+    assert exact["rows"] == 4000 and exact["mode"] == "full" and 0 < exact["value"] < 1
+    emb = predict_here(run, "split=all", "--embeddings")
+    e = _arrays(run / "predict" / "embeddings-all-best")["embeddings"]
+    assert emb["value"] is None and e.shape == (4000, 32) and np.isfinite(e).all() and (e >= 0).all()  # (after ReLU)
+
+
+@pytest.mark.slow
+def test_a_partitioned_runs_ranks_write_their_own_nodes_equal_to_the_replicated_outputs(tmp_path):
+    """Two ranks, each holding its part, write their own nodes' rows: fp32, the arrays equal those of the same
+    model run on the whole graph exactly, and the test accuracy is the run's (exact evaluation on both)."""
+    res = run_cli(*TINY, "graph=partitioned", "train.eval_mode=full", "train.precision=fp32",
+                  "metrics.tensorboard=false", cwd=tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr
+    run, trained = tmp_path / "run", summary_of(tmp_path)
+    res = subprocess_predict(run, "split=all")
+    assert res.returncode == 0, res.stdout + res.stderr
+    whole = subprocess_predict(run, "split=all", "graph.mode=replicated", f"out={tmp_path / 'whole'}")
+    assert whole.returncode == 0, whole.stdout + whole.stderr
+    parts, rep = _arrays(run / "predict" / "predictions-all-best"), _arrays(tmp_path / "whole")
+    assert np.array_equal(parts["probs"], rep["probs"]) and np.array_equal(parts["ids"], np.arange(4000))
+    test = subprocess_predict(run)
+    assert f"test accuracy {trained['test']:.4f} over 2400 nodes (the run's: {trained['test']:.4f}" in test.stdout
+
+
+def subprocess_predict(run, *args: str):
+    return subprocess.run([sys.executable, "-m", "hpcgnn", "predict", str(run), *args], capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "PYTHONUNBUFFERED": "1"}, cwd=run.parent)
+
+
+def test_a_typed_run_and_a_user_models_run_predict_as_they_evaluated(tmp_path, monkeypatch):
+    typed = tmp_path / "typed"
+    t = train_here("dataset=synthetic_hetero", "dataset.num_nodes=3000", "model=rgcn", "train.epochs=2",
+                   "model.hidden_channels=32", f"dataset.root={DATA_ROOT}", "metrics.tensorboard=false",
+                   run_dir=typed)
+    assert predict_here(typed)["value"] == t["test"]
+    emb = predict_here(typed, "split=all", "--embeddings")
+    assert emb["arrays"]["embeddings"]["shape"] == [3000, 32]  # (the papers, the labelled type)
+    monkeypatch.syspath_prepend(str(REPO / "examples"))
+    mine = tmp_path / "mine"
+    m = train_here(*SMALL, "model=custom", "model._target_=my_gnn.ResidualSAGE", run_dir=mine)
+    assert predict_here(mine)["value"] == m["test"]
+    with pytest.raises(PredictError, match=r"my_gnn.ResidualSAGE cannot be run layer by layer \(exact inference: "
+                                           r"PyG's BasicGNN interface, num_layers and inference_per_layer\), and a "
+                                           r"node classifier's embedding is its last hidden layer's output. HINT: build "
+                                           r"the model on torch_geometric.nn.models.basic_gnn.BasicGNN"):
+        predict_here(mine, "--embeddings")
+
+
+def test_what_cannot_be_predicted_is_refused_in_one_line(node_run, tmp_path, capsys):
+    run, _ = node_run
+    cases = [
+        ([str(tmp_path)], r"is not a run folder of hpcgnn \(no .hydra/config.yaml and overrides.yaml\)"),
+        ([str(run), "which=middle"], r"which=middle: a run keeps best and last"),
+        ([str(run), "dataset.num_nodes=5000"], r"the graph here \(synthetic-\w+\) is not the one the model was trained "
+         r"on \(synthetic-\w+\). HINT: drop the dataset.\* overrides .* or add --allow-other-graph"),
+        ([str(run), "--sideways"], r"unknown option '--sideways'"),
+        ([str(run), "split=everything"], r"predict.split='everything' is unknown: use one of train, val, test, all"),
+        ([str(run), f"out={run}"], r"is the run's own folder"),
+    ]
+    for argv, message in cases:
+        assert main(["predict", *argv]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("hpcgnn: ") and re.search(message, err[0]), err
+    other = run.parent / "other"  # an older run's folder: no model kept
+    (other / ".hydra").mkdir(parents=True)
+    for name in ("config.yaml", "overrides.yaml"):
+        (other / ".hydra" / name).write_text((run / ".hydra" / name).read_text())
+    with pytest.raises(ModelFileError, match=r"no model file .*other/model/best.pt. HINT: a run keeps model/best.pt"):
+        predict_here(other)
+    (other / "model").mkdir()
+    (other / "model" / "best.pt").write_bytes((run / "model" / "best.pt").read_bytes()[:1000])  # cut short
+    with pytest.raises(ModelFileError, match=r"best.pt is not a model file hpcgnn can read"):
+        predict_here(other)
+    with pytest.raises(PredictError, match=r"--allow-other-graph: the model was trained on a graph of other widths: "
+                                           r"num_features 32 \(here 16\)"):
+        predict_here(run, "dataset.num_features=16", "--allow-other-graph", f"out={tmp_path / 'o'}")
+    wider = predict_here(run, "dataset.num_nodes=5000", "--allow-other-graph", f"out={tmp_path / 'w'}")
+    assert wider["rows"] == int(0.6 * 5000) and wider["dataset"] != wider["model_dataset"]  # inductive: its own nodes
+    with pytest.raises(ConfigError, match=r"predict.mode='exactish' is unknown: use one of auto, full, sampled"):
+        predict_here(run, "mode=exactish")
