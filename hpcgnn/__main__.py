@@ -7,6 +7,7 @@
     hpcgnn report RUN_OR_SWEEP_DIR                                     python -m hpcgnn report
     hpcgnn cluster init NAME [--partition P]                           python -m hpcgnn cluster
     hpcgnn predict RUN_DIR [split=all] [--embeddings] ...              a trained model's outputs, every node
+    hpcgnn export RUN_DIR [which=best] [out=FILE]                      the model as a plain PyG file
 
 Options: -m/--multirun expands comma lists into a sweep (every combination; one SLURM job
 array with +cluster); --cfg prints the composed config and exits; -h/--help prints this.
@@ -29,6 +30,7 @@ SUBCOMMANDS = {
     "report": "hpcgnn.submit.report",
     "cluster": "hpcgnn.submit.cluster",
     "predict": "hpcgnn.submit.predict",
+    "export": "hpcgnn.submit.export",
 }
 FLAGS = {"-m": "multirun", "--multirun": "multirun", "--cfg": "cfg", "-c": "cfg", "-h": "help", "--help": "help"}
 

@@ -18,7 +18,7 @@ PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 # python -m hpcgnn[.data|.partition] ..., or the console script with a subcommand, a flag or an override
 COMMAND = re.compile(r"^(?:\$ )?(?:python -m hpcgnn(?:\.data|\.partition)?(?= |$)|hpcgnn (?:-|\S*=|data |partition |"
-                     r"status |report |cluster ))")
+                     r"status |report |cluster |predict |export ))")
 
 
 def _slug(heading: str) -> str:
@@ -82,8 +82,13 @@ def test_every_command_line_composes(page, line, user_cluster):
     module = program[-1] if words[0] == "python" else "hpcgnn"
     if module == "hpcgnn" and args and args[0] in SUBCOMMANDS:
         module, args = f"hpcgnn.{args[0]}", args[1:]
-    if module in ("hpcgnn.status", "hpcgnn.report", "hpcgnn.cluster"):
+    if module in ("hpcgnn.status", "hpcgnn.report", "hpcgnn.cluster", "hpcgnn.export"):
         return  # (folders and cluster names, not configs: the subcommand exists)
+    if module == "hpcgnn.predict":  # a run folder, its options, then overrides of the run's config
+        from hpcgnn.submit.predict import parse
+
+        _, options, args = parse(args)
+        args = [*args, *(f"predict.{k}={v}" for k, v in options.items() if k in ("what", "split", "mode"))]
     if module == "hpcgnn.data":
         assert args and args[0] in ("prepare", "download"), line
         args = args[1:]

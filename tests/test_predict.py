@@ -126,3 +126,30 @@ def test_what_cannot_be_predicted_is_refused_in_one_line(node_run, tmp_path, cap
     assert wider["rows"] == int(0.6 * 5000) and wider["dataset"] != wider["model_dataset"]  # inductive: its own nodes
     with pytest.raises(ConfigError, match=r"predict.mode='exactish' is unknown: use one of auto, full, sampled"):
         predict_here(run, "mode=exactish")
+
+
+def test_an_exported_model_loads_without_hpcgnn_into_pygs_own_class(node_run, tmp_path, capsys):
+    """The four lines of docs/after-training.md, in a process that never imports hpcgnn: PyG's own GraphSAGE with
+    the run's weights gives the outputs hpcgnn's model gives."""
+    run, _ = node_run
+    assert main(["export", str(run), f"out={tmp_path / 'plain.pt'}"]) == 0
+    assert capsys.readouterr().out.strip() == f"exported: {tmp_path / 'plain.pt'}"
+    code = ("import importlib, sys, torch\n"
+            f"rec = torch.load({str(tmp_path / 'plain.pt')!r}, weights_only=True)\n"
+            "module, _, name = rec['class'].rpartition('.')\n"
+            "model = getattr(importlib.import_module(module), name)(**rec['kwargs'])\n"
+            "model.load_state_dict(rec['state_dict'])\n"
+            "torch.manual_seed(0); x, ei = torch.randn(50, 32), torch.randint(0, 50, (2, 300))\n"
+            "torch.save(model.eval()(x, ei).detach(), sys.argv[1])\n"
+            "assert not [m for m in sys.modules if m.split('.')[0] == 'hpcgnn'], 'hpcgnn imported'\n"
+            "print(rec['class'])\n")
+    res = subprocess.run([sys.executable, "-c", code, str(tmp_path / "out.pt")], capture_output=True, text=True,
+                         timeout=120, cwd=tmp_path, env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    assert res.returncode == 0 and res.stdout.strip() == "torch_geometric.nn.models.GraphSAGE", res.stderr
+    import torch
+
+    from hpcgnn.models.saved import load_model
+
+    torch.manual_seed(0)
+    x, ei = torch.randn(50, 32), torch.randint(0, 50, (2, 300))
+    assert torch.equal(torch.load(tmp_path / "out.pt"), load_model(run)(x, ei).detach())

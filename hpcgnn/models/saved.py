@@ -133,3 +133,55 @@ def load_model(run_dir: str | Path, which: str = "best") -> torch.nn.Module:
             raise ModelFileError(f"which={which!r}: a run keeps {' and '.join(WHICH)}")
         path = model_path(path, which)
     return rebuild(read(path))
+
+
+# ------------------------------------------------------------------------------ a plain PyG model file
+
+PLAIN = {"sage": "GraphSAGE", "gcn": "GCN", "gat": "GAT", "gin": "GIN"}  # hpcgnn's name -> PyG's own class
+
+
+def plain(record: dict) -> dict:
+    """What rebuilds the model without hpcgnn: ``{"class": "pkg.module.Name", "kwargs": {...}, "state_dict":
+    {...}}`` (a link model: its encoder, the node embedding; ``decoder`` names how pairs were scored), and where
+    it came from (``hpcgnn``). hpcgnn's sage, gcn, gat and gin are PyG's own classes with the same parameters
+    (gcn with ``normalize=True``: PyG's own normalisation over the whole graph is the global-degree one it was
+    trained with), mlp is PyG's ``MLP``, a model of the user's own is its class with the arguments hpcgnn gave it.
+    Typed graphs' models are refused (``rgcn`` is hpcgnn's; ``to_hetero`` builds its modules at run time)."""
+    from hpcgnn.config import ModelConfig, frozen
+
+    cfg, s = frozen(ModelConfig, record["model"]), record["shape"]
+    if s["schema"] is not None:
+        raise ModelFileError(f"a model of a typed graph ({record['class']}) has no plain PyG form: its modules are "
+                             "built from the graph's types. HINT: hpcgnn.load_model(RUN_DIR) gives it, on the CPU")
+    link = record["task"] == "link"
+    inp, out, layers = s["num_features"], cfg.hidden_channels if link else s["num_classes"], record["num_layers"]
+    weights = {k.removeprefix("encoder."): v for k, v in record["state_dict"].items()
+               if not link or k.startswith("encoder.")}
+    if cfg.name == "custom":
+        from hpcgnn.models.custom import CSR_CLASSES, arguments, model_class
+
+        cls = model_class(cfg)
+        kwargs = arguments(cfg, cls, inp, out, layers)
+        name = cfg._target_
+        if cls.__module__.startswith("torch_geometric.") and cls.__name__ in CSR_CLASSES:
+            name = f"torch_geometric.nn.models.{cls.__name__}"
+    elif cfg.name == "mlp":
+        name = "torch_geometric.nn.models.MLP"
+        kwargs = {"in_channels": inp, "hidden_channels": cfg.hidden_channels, "out_channels": out,
+                  "num_layers": layers, "dropout": cfg.dropout, "norm": None}
+        weights = {k.removeprefix("mlp."): v for k, v in weights.items()}
+    else:
+        name = f"torch_geometric.nn.models.{PLAIN[cfg.name]}"
+        kwargs = {"in_channels": inp, "hidden_channels": cfg.hidden_channels, "num_layers": layers,
+                  "out_channels": out, "dropout": cfg.dropout, **({"heads": cfg.heads} if cfg.name == "gat" else {})}
+    return {"class": name, "kwargs": kwargs, "state_dict": weights, "decoder": record["decoder"] if link else None,
+            "hpcgnn": {k: record.get(k) for k in ("task", "class", "which", "epoch", "step", "metrics", "run_id",
+                                                  "dataset", "source")}}
+
+
+def export(run_dir: str | Path, which: str = "best", out: str | Path | None = None) -> Path:
+    """A run's model as a plain PyG file (:func:`plain`), ``RUN_DIR/model/<which>.plain.pt`` unless ``out``: load
+    it with torch and the class it names, no hpcgnn (docs/after-training.md shows the four lines)."""
+    path = model_path(run_dir, which) if Path(run_dir).is_dir() else Path(run_dir)
+    target = Path(out) if out is not None else path.with_suffix(".plain.pt")
+    return write(target, plain(read(path)))
