@@ -41,6 +41,7 @@ from hpcgnn.io import write_json
 from hpcgnn.logs import Progress
 from hpcgnn.models import forward_batch, saved
 from hpcgnn.models.custom import is_layerwise
+from hpcgnn.rank.metrics import peak_memory_mb
 from hpcgnn.rank.techniques import autocast, resolve_precision
 
 log = logging.getLogger(__name__)
@@ -64,11 +65,15 @@ def predict(cfg: RunConfig, env: RankEnv, device: torch.device) -> dict:
     ids = split_ids(cfg, p.split)
     log.info("predict: %s of %d node(s) (split %s) with %s (epoch %s), %s inference, %s", p.what, ids.size, p.split,
              p.model_file, record.get("epoch"), mode, precision)
+    t_infer = time.perf_counter()
     with torch.no_grad(), autocast(precision, device):
         rows, mine, labels = _outputs(cfg, store, model, mode)
+    infer_s = time.perf_counter() - t_infer
     arrays = _arrays(p.what, rows.float())
     pos = mine.numpy() if p.split == "all" else np.searchsorted(ids, mine.numpy())
+    t_write = time.perf_counter()
     _write(Path(cfg.run_dir), env, ids, arrays, pos)
+    write_s = time.perf_counter() - t_write
     value = None
     if labels is not None:
         known = labels >= 0
@@ -86,8 +91,10 @@ def predict(cfg: RunConfig, env: RankEnv, device: torch.device) -> dict:
         "model_class": record.get("class"), "trained_run": str(Path(p.model_file).resolve().parent.parent),
         "run_id": record.get("run_id"), "dataset": _graph_key(cfg), "model_dataset": record.get("dataset"),
         "precision": precision, "world_size": env.world_size,
+        "peak_memory_mb": dist.all_gather_object(peak_memory_mb(device)),  # per rank (the host's peak RSS on a CPU)
         "hostnames": sorted(set(dist.all_gather_object(socket.gethostname()))),
-        "wall_time_s": time.perf_counter() - t_start, "run_dir": cfg.run_dir,
+        "inference_s": infer_s, "write_s": write_s, "wall_time_s": time.perf_counter() - t_start,
+        "run_dir": cfg.run_dir,
     }
     if env.is_main:  # (the manifest last: its presence says every array is whole)
         write_json(Path(cfg.run_dir) / "summary.json", summary)

@@ -38,7 +38,7 @@ from hpcgnn.io import no_room, write_json
 from hpcgnn.models import saved
 from hpcgnn.rank.checkpoint import Checkpointer, Preempted, PreemptionFlag
 from hpcgnn.rank.faults import Faults
-from hpcgnn.rank.metrics import StepMetrics
+from hpcgnn.rank.metrics import StepMetrics, peak_memory_mb
 from hpcgnn.rank.nonfinite import NonFiniteGuard
 from hpcgnn.rank.techniques import (
     CommHook,
@@ -232,7 +232,9 @@ class Trainer:
             for epoch in range(self.state.epoch, self.cfg.train.epochs + 1):
                 row = self.run_epoch(epoch, preempt)
                 if epoch % self.cfg.train.eval_every == 0 or epoch == self.cfg.train.epochs:
+                    t0 = time.perf_counter()
                     row.update(self.evaluate())
+                    row["eval_s"] = time.perf_counter() - t0  # (exact inference's, with eval_mode=full)
                 self.end_epoch(epoch, row)
             self.store.close(done=True)  # sampler servers, if any, may leave
             if self.env.is_main:
@@ -452,6 +454,7 @@ class Trainer:
             "graph_mode": cfg.graph.mode,
             "graph_on": self.store.graph_on,
             "resident_graph_bytes": dist.all_gather_object(self.store.resident_bytes()),
+            "peak_memory_mb": dist.all_gather_object(peak_memory_mb(self.device)),  # per rank, evaluation included
             "model": cfg.model.name,
             "model_class": saved.class_name(self.model),  # (a link model's: its encoder's)
             "model_source": saved.model_source(cfg.model),  # a model of the user's own: class, file, file's hash
