@@ -248,10 +248,11 @@ class PredictConfig:
     """Set by ``hpcgnn predict RUN_DIR`` (hpcgnn.submit.predict), not by hand: the job then infers, not trains."""
 
     model_file: Optional[str] = None  # the trained run's model/best.pt or model/last.pt; None: a training job
-    what: str = "predictions"  # predictions (class probabilities and labels) | embeddings (the last hidden layer; a link model's encoder output)
+    what: str = "predictions"  # predictions (class probabilities and labels) | embeddings (the last hidden layer; a link model's encoder output) | scores (a link model's, of predict.pairs)
     split: str = "test"  # train | val | test | all: the nodes written (a typed graph: of its labelled type)
     mode: str = "auto"  # auto (the run's own evaluation path) | full (exact, layer-wise) | sampled (the evaluation's batches)
     allow_other_graph: bool = False  # infer on a graph other than the run's (inductive), where its widths match
+    pairs: Optional[str] = None  # scores: a .npy file of node pairs ([P, 2] or [2, P] ids) a link model scores
 
 
 def single_class(where: str) -> str:
@@ -358,7 +359,7 @@ class RunConfig:
                                     ("train.eval_mode", t.eval_mode, ("auto", "sampled", "full")),
                                     ("train.select", t.select, ("val", "last")),
                                     ("model.aggregation", self.model.aggregation, ("csr", "pyg")),
-                                    ("predict.what", self.predict.what, ("predictions", "embeddings")),
+                                    ("predict.what", self.predict.what, ("predictions", "embeddings", "scores")),
                                     ("predict.split", self.predict.split, ("train", "val", "test", "all")),
                                     ("predict.mode", self.predict.mode, ("auto", "full", "sampled"))):
             if value not in allowed:

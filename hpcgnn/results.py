@@ -22,7 +22,8 @@ def result_words(summary: dict, short: bool = False) -> str:
 def predict_words(summary: dict) -> str:
     """A prediction job's result: "test accuracy 0.9263 over 12000 nodes (the run's: 0.9263, epoch 7, best.pt)", or
     what it wrote."""
-    what = f"{summary['what']} of {summary['rows']} node(s) ({summary['split']})"
+    what = f"{summary['what']} of {summary['rows']} node(s) ({summary['split']})" if summary["what"] != "scores" else \
+        f"scores of {summary['rows']} pair(s)"
     if summary.get("value") is None:
         return f"{what}, {summary['mode']} inference"
     run = summary.get("run_value")

@@ -104,6 +104,7 @@ def test_what_cannot_be_predicted_is_refused_in_one_line(node_run, tmp_path, cap
         ([str(run), "--sideways"], r"unknown option '--sideways'"),
         ([str(run), "split=everything"], r"predict.split='everything' is unknown: use one of train, val, test, all"),
         ([str(run), f"out={run}"], r"is the run's own folder"),
+        ([str(run), "pairs=p.npy"], r"pairs=FILE: a node classifier scores no pairs; a link model does"),
     ]
     for argv, message in cases:
         assert main(["predict", *argv]) == 2
@@ -153,3 +154,32 @@ def test_an_exported_model_loads_without_hpcgnn_into_pygs_own_class(node_run, tm
     torch.manual_seed(0)
     x, ei = torch.randn(50, 32), torch.randint(0, 50, (2, 300))
     assert torch.equal(torch.load(tmp_path / "out.pt"), load_model(run)(x, ei).detach())
+
+
+def test_a_link_runs_embeddings_and_the_scores_of_a_pairs_file(tmp_path):
+    """A link run writes every node's embedding (exact: its replicated evaluation's path), and scores the pairs of a
+    file as its decoder scores their exact embeddings."""
+    run = tmp_path / "link"
+    train_here(*SMALL, "task=link", "train.epochs=1", run_dir=run)
+    emb = predict_here(run)
+    assert emb["what"] == "embeddings" and emb["mode"] == "full" and emb["rows"] == 4000
+    e = np.load(run / "predict" / "embeddings-all-best" / "embeddings.npy")
+    assert e.shape == (4000, 32) and (np.abs(e).sum(1) > 0).all()  # every node's row written
+    pairs = np.array([[0, 1], [5, 9], [100, 3999], [7, 7]])
+    np.save(tmp_path / "pairs.npy", pairs)
+    np.save(tmp_path / "pairs_t.npy", pairs.T)
+    s = predict_here(run, f"pairs={tmp_path / 'pairs.npy'}")
+    scores = np.load(run / "predict" / "scores-pairs-best" / "scores.npy")
+    assert s["rows"] == 4 and np.allclose(scores, (e[pairs[:, 0]] * e[pairs[:, 1]]).sum(1), rtol=1e-4, atol=1e-4)
+    predict_here(run, f"pairs={tmp_path / 'pairs_t.npy'}")
+    assert np.array_equal(np.load(run / "predict" / "scores-pairs_t-best" / "scores.npy"), scores)
+    np.save(tmp_path / "far.npy", np.array([[0, 4000]]))
+    np.save(tmp_path / "flat.npy", np.arange(6))
+    for name, message in (("far.npy", r"names node 4000, but the graph's nodes are 0..3999"),
+                          ("flat.npy", r"holds int64 of shape \[6\]: want integer node ids, shape \[P, 2\] or \[2, P\]"),
+                          ("none.npy", r"pairs=.*none.npy: no such file")):
+        with pytest.raises(PredictError, match=message):
+            predict_here(run, f"pairs={tmp_path / name}")
+    with pytest.raises(PredictError, match=r"a link model's output is its node embeddings \(what=embeddings "
+                                           r"split=all\) or the scores of pairs \(pairs=FILE\); got what=predictions"):
+        predict_here(run, "what=predictions")

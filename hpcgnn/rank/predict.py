@@ -7,6 +7,8 @@ gather onto one rank), then a manifest.
     <out>/labels.npy       int64 [n]              predictions: the most probable class
     <out>/embeddings.npy   float32 [n, width]     embeddings: the last hidden layer's output (a link model: the
                                                   encoder's output, the embedding its decoder scores)
+    <out>/scores.npy       float32 [P]            a link model's scores (logits) of the pairs of a file (ids.npy:
+                                                  0..P-1, the pairs' rows), from every node's exact embedding
     <out>/manifest.json    written last, once every array is whole: each array's dtype and shape, the model
                            file, its run and epoch, the graph, the split, the metric
     <out>/summary.json     the job's result, which the launcher prints (as a training run's)
@@ -24,6 +26,7 @@ rows in place), renamed once every rank has flushed: a reader never sees a half-
 from __future__ import annotations
 
 import logging
+import math
 import os
 import socket
 import time
@@ -62,15 +65,24 @@ def predict(cfg: RunConfig, env: RankEnv, device: torch.device) -> dict:
     model.load_state_dict(record["state_dict"])
     model = model.to(device).eval()
     mode = inference_mode(cfg, model)
-    ids = split_ids(cfg, p.split)
-    log.info("predict: %s of %d node(s) (split %s) with %s (epoch %s), %s inference, %s", p.what, ids.size, p.split,
-             p.model_file, record.get("epoch"), mode, precision)
+    pairs = read_pairs(p.pairs, store.shape.num_nodes) if p.what == "scores" else None
+    ids = split_ids(cfg, p.split) if pairs is None else np.arange(pairs.shape[1], dtype=np.int64)  # (pairs: rows)
+    log.info("predict: %s of %d %s with %s (epoch %s), %s inference, %s", p.what, ids.size,
+             f"node(s) (split {p.split})" if pairs is None else f"pair(s) of {p.pairs}", p.model_file,
+             record.get("epoch"), mode, precision)
     t_infer = time.perf_counter()
     with torch.no_grad(), autocast(precision, device):
-        rows, mine, labels = _outputs(cfg, store, model, mode)
+        if pairs is None:
+            rows, mine, labels = _outputs(cfg, store, model, mode)
+        else:
+            (rows, mine), labels = _scores(cfg, store, model, pairs, env), None
     infer_s = time.perf_counter() - t_infer
     arrays = _arrays(p.what, rows.float())
-    pos = mine.numpy() if p.split == "all" else np.searchsorted(ids, mine.numpy())
+    pos = mine.numpy() if p.split == "all" or pairs is not None else np.searchsorted(ids, mine.numpy())
+    written = int(dist.all_reduce_sum(torch.tensor([float(pos.size)], dtype=torch.float64)).item())
+    if written != ids.size or rows.size(0) != pos.size:  # every row once, by one rank: never a row left unwritten
+        raise RuntimeError(f"predict: the ranks computed {written} rows of {ids.size} (this rank {rows.size(0)} "
+                           f"outputs for {pos.size} ids)")
     t_write = time.perf_counter()
     _write(Path(cfg.run_dir), env, ids, arrays, pos)
     write_s = time.perf_counter() - t_write
@@ -104,13 +116,37 @@ def predict(cfg: RunConfig, env: RankEnv, device: torch.device) -> dict:
     return summary
 
 
-def check_request(cfg: RunConfig) -> None:
-    """What is asked fits the model's task (at submit): a link model's output is every node's embedding."""
+def check_request(cfg: RunConfig, num_nodes: int) -> None:
+    """What is asked fits the model's task (at submit): a link model gives every node's embedding, or the scores
+    of the pairs of a file (whose ids must be nodes of the graph: ``num_nodes``); a node classifier, a split's."""
     p = cfg.predict
-    if cfg.task.name == "link" and (p.split != "all" or p.what != "embeddings"):
-        raise PredictError(f"a link model's output is its node embeddings (what=embeddings split=all); got "
-                           f"what={p.what} split={p.split}. HINT: --embeddings split=all (to score pairs: "
-                           "hpcgnn.load_model(RUN_DIR) gives the model, its decoder scores embedding pairs)")
+    if cfg.task.name == "node" and (p.what == "scores" or p.pairs):
+        raise PredictError("pairs=FILE: a node classifier scores no pairs; a link model does. HINT: drop pairs=")
+    if cfg.task.name == "link" and p.what == "scores":
+        read_pairs(p.pairs, num_nodes)
+    elif cfg.task.name == "link" and (p.split != "all" or p.what != "embeddings"):
+        raise PredictError(f"a link model's output is its node embeddings (what=embeddings split=all) or the scores "
+                           f"of pairs (pairs=FILE); got what={p.what} split={p.split}. HINT: --embeddings split=all, "
+                           "or pairs=FILE.npy")
+
+
+def read_pairs(path: str | None, num_nodes: int) -> np.ndarray:
+    """The node pairs of a ``.npy`` file as [2, P] (given as [P, 2] or [2, P]), memory-mapped; refused, naming the
+    fix, when it is not one or names a node the graph does not have."""
+    if not path or not Path(path).is_file():
+        raise PredictError(f"pairs={path}: no such file. HINT: a .npy file of node id pairs, shape [P, 2] or [2, P]")
+    try:
+        pairs = np.load(path, mmap_mode="r")
+    except Exception as exc:
+        raise PredictError(f"pairs={path} is not a .npy file numpy can read ({type(exc).__name__}: {exc})") from None
+    if pairs.ndim != 2 or 2 not in pairs.shape or pairs.dtype.kind not in "iu":
+        raise PredictError(f"pairs={path} holds {pairs.dtype} of shape {list(pairs.shape)}: want integer node ids, "
+                           "shape [P, 2] or [2, P]")
+    pairs = pairs if pairs.shape[0] == 2 else pairs.T
+    lo, hi = (int(pairs.min()), int(pairs.max())) if pairs.size else (0, 0)
+    if lo < 0 or hi >= num_nodes:
+        raise PredictError(f"pairs={path} names node {lo if lo < 0 else hi}, but the graph's nodes are 0..{num_nodes - 1}")
+    return pairs
 
 
 def inference_mode(cfg: RunConfig, model: torch.nn.Module) -> str:
@@ -122,7 +158,7 @@ def inference_mode(cfg: RunConfig, model: torch.nn.Module) -> str:
     encoder = getattr(model, "encoder", model)
     run_mode = link_eval_mode(cfg) if cfg.task.name == "link" else cfg.train.eval_mode
     mode = p.mode if p.mode != "auto" else ("full" if run_mode == "full" else "sampled")
-    if p.what == "embeddings" and cfg.task.name == "node":
+    if p.what == "scores" or (p.what == "embeddings" and cfg.task.name == "node"):
         mode = "full"
     if mode == "full" and not (is_layerwise(encoder) or _is_mlp(encoder)):
         why = f"{saved.class_name(model)} cannot be run layer by layer (exact inference: PyG's BasicGNN interface, " \
@@ -131,6 +167,9 @@ def inference_mode(cfg: RunConfig, model: torch.nn.Module) -> str:
             raise PredictError(f"{why}, and a node classifier's embedding is its last hidden layer's output. HINT: "
                                "build the model on torch_geometric.nn.models.basic_gnn.BasicGNN, or take the layer "
                                "you need from hpcgnn.load_model(RUN_DIR)")
+        if p.what == "scores":
+            raise PredictError(f"{why}, and pairs are scored from every node's exact embedding. HINT: --embeddings "
+                               "(sampled), or hpcgnn.load_model(RUN_DIR) on a graph that fits in memory")
         raise PredictError(f"{why}. HINT: mode=sampled (the evaluation's sampled batches)")
     if p.what == "embeddings" and cfg.task.name == "node" and _is_mlp(encoder):
         raise PredictError("model=mlp reads no edges: its hidden layer is no graph embedding. HINT: embeddings of a "
@@ -233,7 +272,33 @@ def _outputs(cfg: RunConfig, store, model: torch.nn.Module, mode: str):
             None if link else torch.cat(labels) if labels else empty)
 
 
+PAIRS_CHUNK = 1 << 18  # pairs scored at a time (their embeddings fetched from their owners in one exchange)
+
+
+def _scores(cfg: RunConfig, store, model: torch.nn.Module, pairs: np.ndarray, env: RankEnv):
+    """This rank's contiguous share of the pairs: (their scores, their indices in the file), from every node's exact
+    embedding (a rank fetches the rows of nodes other ranks own: as many exchanges on every rank)."""
+    from hpcgnn.models import batch_transform
+    from hpcgnn.sampling.link import share
+
+    t0 = time.perf_counter()
+    exact = store.exact(model.encoder, lambda degree: batch_transform(cfg.model, degree), None,
+                        lambda i, of: log.info("exact inference: layer %d of %d done in %.1f s", i, of,
+                                               time.perf_counter() - t0))
+    lo, hi = share(pairs.shape[1], env.rank, env.world_size)
+    rounds = int(dist.all_reduce_max(torch.tensor([math.ceil((hi - lo) / PAIRS_CHUNK)])).item())
+    scores = []
+    for j in range(rounds):
+        a, b = min(lo + j * PAIRS_CHUNK, hi), min(lo + (j + 1) * PAIRS_CHUNK, hi)
+        chunk = torch.from_numpy(np.ascontiguousarray(pairs[:, a:b], dtype=np.int64))
+        h = exact.rows(chunk.reshape(-1)).to(next(model.parameters()).device)
+        scores.append(model.score(h[:b - a], h[b - a:]).float().cpu())
+    return (torch.cat(scores) if scores else torch.empty(0)), torch.arange(lo, hi)
+
+
 def _arrays(what: str, rows: torch.Tensor) -> dict[str, np.ndarray]:
+    if what == "scores":
+        return {"scores": rows.numpy().astype(np.float32, copy=False)}  # (logits: sigmoid for a probability)
     if what == "embeddings":
         return {"embeddings": rows.numpy().astype(np.float32, copy=False)}
     probs = F.softmax(rows, dim=-1) if rows.numel() else rows
@@ -244,7 +309,7 @@ def _arrays(what: str, rows: torch.Tensor) -> dict[str, np.ndarray]:
 def _write(out: Path, env: RankEnv, ids: np.ndarray, arrays: dict[str, np.ndarray], pos: np.ndarray) -> None:
     """Each array at its full size (rank 0 makes it, at the widest width any rank has: one without rows has
     none), every rank's rows written in place at ``pos`` and flushed; then renamed to its name by rank 0, once
-    every rank is done."""
+    every rank is done. ``ids`` (ids.npy): the rows' nodes (scores: the pairs' indices in their file)."""
     widths = dist.all_gather_object({k: list(a.shape[1:]) for k, a in arrays.items()})
     if env.is_main:
         for stale in [out / "manifest.json", *out.glob("*.npy.part*")]:  # (an earlier attempt's: not this one's)

@@ -253,7 +253,8 @@ class WholeGraphStore(Store):
     def _share(self, split: str) -> Tensor:
         """Every world_size-th node of a split (``all``: of every node; a typed graph: of its labelled type)."""
         g = self.graph
-        ids = torch.arange(g.y.numel()) if split == "all" else getattr(g, f"{split}_idx")
+        n = g.num_nodes[g.target] if isinstance(g.num_nodes, dict) else g.num_nodes  # (a link graph has no labels)
+        ids = torch.arange(n) if split == "all" else getattr(g, f"{split}_idx")
         return ids[self.env.rank::self.env.world_size]
 
     def _exact(self, table: Tensor) -> Exact:
@@ -263,12 +264,17 @@ class WholeGraphStore(Store):
 
         def split(name: str) -> tuple[Tensor, Tensor]:
             ids = self._share(name)
-            return table.index_select(0, ids), g.y.index_select(0, ids)
+            return table.index_select(0, ids), labels_of(g.y, ids)
 
         return Exact(lambda ids: table.index_select(0, ids), split, self._share)
 
 
 # ---------------------------------------------------------------------- helpers every store kind uses
+
+
+def labels_of(y: Tensor, rows: Tensor) -> Tensor:
+    """``y``'s labels at ``rows``; -1 each where the graph has none (a link task's graph)."""
+    return y.index_select(0, rows) if y.numel() else torch.full((rows.numel(),), -1, dtype=torch.long)
 
 
 def on_local_rank0(env: RankEnv, what: str, fn) -> None:

@@ -18,7 +18,7 @@ from hpcgnn.errors import AllocationError, PartitionError
 from hpcgnn.rng import generator
 from hpcgnn.sampling import subgraph as sub
 from hpcgnn.sampling.distributed import CommStats, fetch_rows
-from hpcgnn.stores.base import GraphShape, Store, fanouts, typed_fanouts
+from hpcgnn.stores.base import GraphShape, Store, fanouts, labels_of, typed_fanouts
 from hpcgnn.stores.exact import (
     Exact,
     PartsPieces,
@@ -200,7 +200,7 @@ class PartitionedStore(Store):
 
         def split(name: str) -> tuple[Tensor, Tensor]:
             ids = self._own(name)
-            return table.index_select(0, row_of(ids)), parts.y.index_select(0, view.row(ids))
+            return table.index_select(0, row_of(ids)), labels_of(parts.y, view.row(ids))
 
         return Exact(rows, split, lambda name: self._own(name) - self.seed_offset)
 

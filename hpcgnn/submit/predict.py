@@ -4,10 +4,12 @@ mode, writing every node of a split (predictions, or embeddings) as memory-mappa
     hpcgnn predict RUN_DIR                          the test split's class probabilities and labels
     hpcgnn predict RUN_DIR split=all --embeddings   every node's embedding
     hpcgnn predict RUN_DIR launch.procs=4           on 4 local ranks (+cluster=NAME: submitted, as training)
+    hpcgnn predict LINK_RUN pairs=PAIRS.npy         a link model's scores of node pairs ([P, 2] or [2, P] ids)
 
 Options: which=best|last (the model file: the best validation epoch's, or the last step's), split=test|val|
 train|all, what=predictions|embeddings (--embeddings), mode=auto|full|sampled (auto: the run's own evaluation
-path; full: exact layer-wise inference), out=DIR (default RUN_DIR/predict/<what>-<split>-<which>),
+path; full: exact layer-wise inference), pairs=FILE.npy (a link model: score these pairs), out=DIR (default
+RUN_DIR/predict/<what>-<split>-<which>),
 --allow-other-graph (a graph other than the run's, of the same widths: inductive use). Any other KEY=VALUE
 overrides the run's config (launch.procs, +cluster, graph.mode, dataset.root ...).
 
@@ -24,7 +26,7 @@ from pathlib import Path
 from hpcgnn.env import full_error
 from hpcgnn.errors import PredictError, UserError, report
 
-OPTIONS = ("which", "split", "what", "mode", "out")
+OPTIONS = ("which", "split", "what", "mode", "out", "pairs")
 FLAGS = {"--embeddings": ("what", "embeddings"), "--allow-other-graph": ("allow_other_graph", "true")}
 DROPPED = ("hydra.", "debug.", "predict.")  # a run's overrides that a prediction job does not replay
 
@@ -88,17 +90,20 @@ def compose_prediction(argv: list[str]):
     replay = run_overrides(run)
     path = model_path(run, o["which"])
     record = read(path)  # (a run without it, or a file that is not hpcgnn's: one line naming it)
-    link = record["task"] == "link"  # (its output: every node's embedding)
-    o = {"what": "embeddings" if link else "predictions", "split": "all" if link else "test", **o}
-    out = Path(o.get("out") or run / "predict" / f"{o['what']}-{o['split']}-{o['which']}").expanduser().resolve()
+    link = record["task"] == "link"  # (its output: every node's embedding, or the scores of pairs)
+    o = {"what": "scores" if "pairs" in o else "embeddings" if link else "predictions",
+         "split": "all" if link else "test", **o}
+    name = f"scores-{Path(o['pairs']).stem}" if o["what"] == "scores" else f"{o['what']}-{o['split']}"
+    out = Path(o.get("out") or run / "predict" / f"{name}-{o['which']}").expanduser().resolve()
     if out == run.resolve():
         raise PredictError(f"out={out} is the run's own folder: a prediction job writes a folder of its own. HINT: "
                            "leave out= out (RUN_DIR/predict/...) or name another folder")
     composed = compose([*replay, *overrides, f"predict.model_file={path.resolve()}", f"predict.what={o['what']}",
                         f"predict.split={o['split']}", f"predict.mode={o['mode']}",
-                        f"predict.allow_other_graph={o.get('allow_other_graph', 'false')}", f"hydra.run.dir={out}"])
+                        f"predict.allow_other_graph={o.get('allow_other_graph', 'false')}", f"hydra.run.dir={out}",
+                        *([f"predict.pairs={Path(o['pairs']).expanduser().resolve()}"] if "pairs" in o else [])])
     from hpcgnn.rank.predict import check_request, same_graph
 
-    check_request(composed.cfg)
+    check_request(composed.cfg, record["shape"]["num_nodes"])
     same_graph(record, composed.cfg)
     return composed
