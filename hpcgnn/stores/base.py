@@ -169,7 +169,7 @@ class Store(abc.ABC):
     def eval_seeds(self, split: str) -> tuple[Tensor, int | None]:
         """This rank's share of ``split`` (link: of its items) and the batch count to pad to (None: no padding
         needed)."""
-        return self.eval_items(split) if self.link is not None else self.node_share(split)
+        return (self.eval_items(split), None) if self.link is not None else self.node_share(split)
 
     @abc.abstractmethod
     def node_share(self, split: str) -> tuple[Tensor, int | None]:
