@@ -5,10 +5,11 @@ the exact evaluation training runs on it (the same layer-wise inference over eve
 
 Trains a short run on the benchmark graph, partitioned over ``--ranks`` local ranks, with exact evaluation
 (``train.eval_mode=full``, one epoch over a small training split: the weights do not matter here), then runs
-``hpcgnn predict`` for every node's embedding three times (medians). Per rank: the time of inference (the
-embeddings: all layers but the last, every node, then each rank's rows written into the shared array) and the
-rank's peak memory, against the training run's evaluation (every layer, every node) and its ranks' peak memory
-(which includes training's). Prints one comparison line.
+``hpcgnn predict`` three times (medians) for every node's embedding (all layers but the last) and for every
+node's class probabilities by exact inference (all layers: the work of training's exact evaluation). Per
+rank: the time of inference and of writing its rows into the shared arrays, and the rank's peak memory,
+against the training run's evaluation (every layer, every node) and its ranks' peak memory (which includes
+training's). Prints one comparison line.
 """
 
 from __future__ import annotations
@@ -41,25 +42,35 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="hpcgnn-predict-bench-"))
     run = work / "run"
     graph = [f"dataset.num_nodes={a.num_nodes}", f"dataset.avg_degree={a.avg_degree}",
-             f"dataset.degree_exponent={a.degree_exponent}", f"dataset.root={a.root}", "dataset.train_fraction=0.01",
+             f"dataset.degree_exponent={a.degree_exponent}", f"dataset.root={Path(a.root).expanduser()}",
+             "dataset.train_fraction=0.01",
              "graph=partitioned", "graph.method=lp", f"launch.procs={a.ranks}", f"model.hidden_channels={a.hidden}"]
     _run([*graph, "train.epochs=1", "train.eval_mode=full", "metrics.tensorboard=false", f"hydra.run.dir={run}"], work)
     trained = json.loads((run / "summary.json").read_text())
     eval_s = trained["history"][-1]["eval_s"]
     train_peak = trained["peak_memory_mb"]
-    runs = []
-    for k in range(a.repeats):
-        _run(["predict", str(run), "split=all", "--embeddings", f"out={work / f'emb{k}'}"], work)
-        runs.append(json.loads((work / f"emb{k}" / "summary.json").read_text()))
-    infer = statistics.median(r["inference_s"] + r["write_s"] for r in runs)
-    peak = [statistics.median(r["peak_memory_mb"][i] for r in runs) for i in range(a.ranks)]
-    shape = runs[0]["arrays"]["embeddings"]["shape"]
-    print(f"embeddings of {shape[0]} nodes x {shape[1]} on {a.ranks} ranks, partitioned (lp), {a.avg_degree:g} avg "
-          f"degree: predict {infer:.1f} s (inference {statistics.median(r['inference_s'] for r in runs):.1f} s + "
-          f"writing {statistics.median(r['write_s'] for r in runs):.1f} s), peak "
-          f"{', '.join(f'{p:.0f}' for p in peak)} MB per rank | training's exact evaluation (all layers, every "
-          f"node) {eval_s:.1f} s, training ranks' peak {', '.join(f'{p:.0f}' for p in train_peak)} MB | "
-          f"median of {a.repeats}; outputs in {work}")
+    def medians(tag: str, *options: str) -> tuple[dict, float, float, float, list[float]]:
+        runs = []
+        for k in range(a.repeats):
+            out = work / f"{tag}-{k}"
+            _run(["predict", str(run), "split=all", *options, f"out={out}"], work)
+            runs.append(json.loads((out / "summary.json").read_text()))
+        med = statistics.median
+        return (runs[0], med(r["inference_s"] + r["write_s"] for r in runs), med(r["inference_s"] for r in runs),
+                med(r["write_s"] for r in runs), [med(r["peak_memory_mb"][i] for r in runs) for i in range(a.ranks)])
+
+    def mb(values: list[float]) -> str:
+        return ", ".join(f"{v:.0f}" for v in values)
+
+    emb, total, infer, write, peak = medians("embeddings", "--embeddings")
+    _, p_total, p_infer, p_write, p_peak = medians("predictions", "mode=full")
+    shape = emb["arrays"]["embeddings"]["shape"]
+    print(f"{shape[0]} nodes, {a.avg_degree:g} avg degree, {a.ranks} ranks, partitioned (lp), hidden {shape[1]}: "
+          f"predict --embeddings (layer 1 of 2) {total:.1f} s (inference {infer:.1f} + writing {write:.1f}), peak "
+          f"{mb(peak)} MB per rank | predict mode=full, every node's class probabilities (both layers: training's "
+          f"evaluation's work) {p_total:.1f} s (inference {p_infer:.1f} + writing {p_write:.1f}), peak {mb(p_peak)} MB "
+          f"| training's exact evaluation (both layers, every node) {eval_s:.1f} s, its ranks' peak {mb(train_peak)} "
+          f"MB (training's included) | medians of {a.repeats}; outputs in {work}")
 
 
 if __name__ == "__main__":

@@ -117,6 +117,21 @@ def test_multi_node_training_reaches_the_local_bar(two_node_run):
     assert _final_state(job_id) == "COMPLETED"
 
 
+def test_predict_is_submitted_like_training_and_prints_the_runs_accuracy(two_node_run):
+    """hpcgnn predict on a 2-node run: a job of its own on both nodes (the run's cluster and layout), each rank
+    writing its nodes, and the run's test accuracy printed again."""
+    folder, _ = two_node_run
+    run, trained = folder / "run", _summary(folder)
+    res = subprocess.run([sys.executable, "-m", "hpcgnn", "predict", str(run)], capture_output=True, text=True,
+                         cwd=folder, timeout=300, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert re.search(r"submitted job \d+ to devcluster \(2 tasks\)", res.stdout), res.stdout
+    assert f"test accuracy {trained['test']:.4f} over 12000 nodes (the run's: {trained['test']:.4f}; epoch " \
+           f"{trained['best_epoch']}, best.pt, sampled inference), 2 ranks on n1, n2" in res.stdout, res.stdout
+    manifest = json.loads((run / "predict" / "predictions-test-best" / "manifest.json").read_text())
+    assert manifest["rows"] == 12000 and manifest["world_size"] == 2
+
+
 def test_two_ranks_per_node_reach_the_local_bar(two_jobs):
     folder, job_id = two_jobs["2x2"]
     _check_layout(_summary(folder), job_id, 2)
