@@ -8,6 +8,11 @@ split. Prints one comparison line (the mean and every seed of each side, and the
 
     python benchmarks/link_twin.py                               # the embedded link default (task=link)
     python benchmarks/link_twin.py --twin-epochs 600 -- model=gcn train.lr=0.01
+    python benchmarks/link_twin.py --seeds 5 --twin-epochs 200 --eval-every 1 -- dataset=pyg \
+        dataset._target_=torch_geometric.datasets.Planetoid '+dataset.kwargs={root: ROOT, name: Cora}' \
+        model=gcn train.epochs=200 train.lr=0.01 'train.fanouts=[200,200]' model.dropout=0.3
+                                      # Cora, whose raw files (kimiyoung/planetoid's data/ind.cora.*) lie in
+                                      # ROOT/Cora/raw/: PyG's Planetoid reads them offline
 """
 
 from __future__ import annotations
@@ -91,7 +96,10 @@ def main() -> None:
     t2 = time.perf_counter()
     a, b = statistics.mean(ours), statistics.mean(r["test_auc"] for r in twin)
     theirs = ", ".join(f"{r['test_auc']:.4f}@{r['epoch']}" for r in twin)
-    print(f"link, {cfg.dataset.name} {cfg.dataset.num_nodes} nodes, model={cfg.model.name}, lr {cfg.train.lr:g}: "
+    from hpcgnn.data import open_link
+
+    nodes = open_link(cfg.dataset).graph.num_nodes  # (the graph's own: dataset.num_nodes is the synthetic size)
+    print(f"link, {cfg.dataset.name} {nodes} nodes, model={cfg.model.name}, lr {cfg.train.lr:g}: "
           f"hpcgnn test AUC {a:.4f} ({', '.join(f'{v:.4f}' for v in ours)}; {cfg.train.epochs} epochs, "
           f"{(t1 - t0) / args.seeds:.0f} s a run) | full-batch GAE twin {b:.4f} "
           f"({theirs}; {args.twin_epochs} epochs, "
