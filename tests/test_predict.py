@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -47,6 +48,9 @@ def test_predictions_reproduce_the_runs_test_accuracy_and_are_what_the_manifest_
     assert not list(out.glob("*.part"))
     exact = predict_here(run, "mode=full", "split=all", "which=last", "out=" + str(run.parent / "all"))
     assert exact["rows"] == 4000 and exact["mode"] == "full" and 0 < exact["value"] < 1
+    odd = run.parent / "model=sage, lr=0.01" / "run"  # (a folder named as a sweep's member may be)
+    shutil.copytree(run, odd, ignore=shutil.ignore_patterns("predict"))
+    assert predict_here(odd)["value"] == trained["test"]
     emb = predict_here(run, "split=all", "--embeddings")
     e = _arrays(run / "predict" / "embeddings-all-best")["embeddings"]
     assert emb["value"] is None and e.shape == (4000, 32) and np.isfinite(e).all() and (e >= 0).all()  # (after ReLU)

@@ -59,6 +59,11 @@ def parse(argv: list[str]) -> tuple[Path, dict[str, str], list[str]]:
     return run, options, overrides
 
 
+def quoted(path: Path) -> str:
+    """A path as a Hydra override's value, quoted: a folder may be named with '=', ',' or spaces (a sweep member's)."""
+    return "'" + str(path).replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
 def run_overrides(run: Path) -> list[str]:
     """The overrides the run was composed from (its own record), but for those a prediction job sets itself."""
     from omegaconf import OmegaConf
@@ -98,10 +103,11 @@ def compose_prediction(argv: list[str]):
     if out == run.resolve():
         raise PredictError(f"out={out} is the run's own folder: a prediction job writes a folder of its own. HINT: "
                            "leave out= out (RUN_DIR/predict/...) or name another folder")
-    composed = compose([*replay, *overrides, f"predict.model_file={path.resolve()}", f"predict.what={o['what']}",
-                        f"predict.split={o['split']}", f"predict.mode={o['mode']}",
-                        f"predict.allow_other_graph={o.get('allow_other_graph', 'false')}", f"hydra.run.dir={out}",
-                        *([f"predict.pairs={Path(o['pairs']).expanduser().resolve()}"] if "pairs" in o else [])])
+    composed = compose([*replay, *overrides, f"predict.model_file={quoted(path.resolve())}",
+                        f"predict.what={o['what']}", f"predict.split={o['split']}", f"predict.mode={o['mode']}",
+                        f"predict.allow_other_graph={o.get('allow_other_graph', 'false')}",
+                        f"hydra.run.dir={quoted(out)}",
+                        *([f"predict.pairs={quoted(Path(o['pairs']).expanduser().resolve())}"] if "pairs" in o else [])])
     from hpcgnn.rank.predict import check_request, same_graph
 
     check_request(composed.cfg, record["shape"]["num_nodes"])
