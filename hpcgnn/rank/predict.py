@@ -79,10 +79,14 @@ def predict(cfg: RunConfig, env: RankEnv, device: torch.device) -> dict:
     infer_s = time.perf_counter() - t_infer
     arrays = _arrays(p.what, rows.float())
     pos = mine.numpy() if p.split == "all" or pairs is not None else np.searchsorted(ids, mine.numpy())
-    written = int(dist.all_reduce_sum(torch.tensor([float(pos.size)], dtype=torch.float64)).item())
-    if written != ids.size or rows.size(0) != pos.size:  # every row once, by one rank: never a row left unwritten
-        raise RuntimeError(f"predict: the ranks computed {written} rows of {ids.size} (this rank {rows.size(0)} "
-                           f"outputs for {pos.size} ids)")
+    # Every row once, by one rank (never a row left unwritten, as all-zero rows would be): the ranks' rows count
+    # the arrays' and sum to their positions' sum, each rank's distinct and one output to each; all ranks agree.
+    local_bad = int(rows.size(0) != pos.size or np.unique(pos).size != pos.size)
+    written, total, bad = dist.all_reduce_sum(torch.tensor([pos.size, int(pos.sum()), local_bad],
+                                                           dtype=torch.int64)).tolist()
+    if written != ids.size or total != ids.size * (ids.size - 1) // 2 or bad:
+        raise RuntimeError(f"predict: the ranks computed {written} rows of {ids.size}, positions summing to {total} "
+                           f"({bad} rank(s) with outputs and ids that disagree)")
     t_write = time.perf_counter()
     _write(Path(cfg.run_dir), env, ids, arrays, pos)
     write_s = time.perf_counter() - t_write
