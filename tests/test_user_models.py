@@ -116,6 +116,7 @@ def test_a_model_that_cannot_be_used_is_refused_before_anything_is_submitted(mon
 TYPED_SMALL = ["dataset=synthetic_hetero", "dataset.num_nodes=3000", f"dataset.root={DATA_ROOT}"]
 
 
+@pytest.mark.filterwarnings("ignore:Found function 'dropout':UserWarning")  # (PyG's, on the case meant to be refused)
 def test_a_relational_model_that_cannot_be_used_is_refused_before_anything_is_submitted(monkeypatch):
     """On a typed graph, a class is checked against the graph's own node types and relations: given them
     (``metadata``), or made relational by to_hetero."""
