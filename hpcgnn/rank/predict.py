@@ -66,7 +66,8 @@ def predict(cfg: RunConfig, env: RankEnv, device: torch.device) -> dict:
     model = model.to(device).eval()
     mode = inference_mode(cfg, model)
     pairs = read_pairs(p.pairs, store.shape.num_nodes) if p.what == "scores" else None
-    ids = split_ids(cfg, p.split) if pairs is None else np.arange(pairs.shape[1], dtype=np.int64)  # (pairs: rows)
+    ids = split_ids(cfg, p.split, store.shape.schema) if pairs is None else \
+        np.arange(pairs.shape[1], dtype=np.int64)  # (pairs: their rows)
     log.info("predict: %s of %d %s with %s (epoch %s), %s inference, %s", p.what, ids.size,
              f"node(s) (split {p.split})" if pairs is None else f"pair(s) of {p.pairs}", p.model_file,
              record.get("epoch"), mode, precision)
@@ -203,7 +204,6 @@ def check_graph(record: dict, shape, cfg: RunConfig) -> None:
     widths (features, classes; a typed graph's types and relations): inductive inference."""
     if same_graph(record, cfg):
         return
-    theirs, ours = record.get("dataset"), _graph_key(cfg)
     s = record["shape"]
     schema = shape.schema.to_meta() if shape.schema is not None else None
     mine = {"num_features": shape.num_features, "num_classes": shape.num_classes, "schema": schema}
@@ -214,8 +214,8 @@ def check_graph(record: dict, shape, cfg: RunConfig) -> None:
         diff = ", ".join(f"{k} {want[k]} (here {mine[k]})" for k in mine if mine[k] != want[k])
         raise PredictError(f"--allow-other-graph: the model was trained on a graph of other widths: {diff}. HINT: "
                            "a model reads graphs of the widths it was trained on")
-    log.warning("predict: on a graph other than the model's (%s; trained on %s), as --allow-other-graph asks", ours,
-                theirs)
+    log.warning("predict: on a graph other than the model's (%s; trained on %s), as --allow-other-graph asks",
+                _graph_key(cfg), record.get("dataset"))
 
 
 def _graph_key(cfg: RunConfig) -> str:
@@ -224,19 +224,14 @@ def _graph_key(cfg: RunConfig) -> str:
     return cache_folder(cfg.dataset).name
 
 
-def split_ids(cfg: RunConfig, split: str) -> np.ndarray:
-    """The split's node ids, ascending, in the task's ids (a typed graph: its labelled type's own), read from the
-    prepared graph (memory-mapped; every rank reads the same): the rows of the arrays written."""
-    from hpcgnn.checks import is_typed
-    from hpcgnn.data import cache, cache_folder, open_graph
+def split_ids(cfg: RunConfig, split: str, schema=None) -> np.ndarray:
+    """The split's node ids, ascending, in the task's ids (``schema``: a typed graph's, whose ids are its labelled
+    type's own), read from the prepared graph (memory-mapped; every rank reads the same): the arrays' rows."""
+    from hpcgnn.data import open_graph
 
     g = open_graph(cfg.dataset)
     offset, n = 0, g.num_nodes
-    if is_typed(cfg.dataset):
-        from hpcgnn.data.typed import TypedSchema
-
-        _, meta = cache.load_extra(cache_folder(cfg.dataset))
-        schema = TypedSchema.from_meta(meta["typed"])
+    if schema is not None:
         offset, n = schema.offsets()[schema.target], schema.num_nodes[schema.target]
     if split == "all":
         return np.arange(n, dtype=np.int64)
@@ -251,10 +246,7 @@ def _outputs(cfg: RunConfig, store, model: torch.nn.Module, mode: str):
     net = model.encoder if link else model
     layers = net.num_layers - 1 if p.what == "embeddings" and not link else None
     if mode == "full":
-        t0 = time.perf_counter()
-        exact = store.exact(net, lambda degree: batch_transform(cfg.model, degree), layers,
-                            lambda i, of: log.info("exact inference: layer %d of %d done in %.1f s", i, of,
-                                                   time.perf_counter() - t0))
+        exact = _exact(cfg, store, net, layers)
         rows, labels = exact.split(p.split)
         return rows, exact.share(p.split), None if p.what == "embeddings" else labels
     loader = store.node_loader(p.split, transform=batch_transform(cfg.model, store.degree))
@@ -276,19 +268,25 @@ def _outputs(cfg: RunConfig, store, model: torch.nn.Module, mode: str):
             None if link else torch.cat(labels) if labels else empty)
 
 
+def _exact(cfg: RunConfig, store, net: torch.nn.Module, layers: int | None):
+    """The store's exact outputs of ``net`` (after ``layers`` layers; None: all), each layer logged as it ends."""
+    from hpcgnn.models import batch_transform
+
+    t0 = time.perf_counter()
+    return store.exact(net, lambda degree: batch_transform(cfg.model, degree), layers,
+                       lambda i, of: log.info("exact inference: layer %d of %d done in %.1f s", i, of,
+                                              time.perf_counter() - t0))
+
+
 PAIRS_CHUNK = 1 << 18  # pairs scored at a time (their embeddings fetched from their owners in one exchange)
 
 
 def _scores(cfg: RunConfig, store, model: torch.nn.Module, pairs: np.ndarray, env: RankEnv):
     """This rank's contiguous share of the pairs: (their scores, their indices in the file), from every node's exact
     embedding (a rank fetches the rows of nodes other ranks own: as many exchanges on every rank)."""
-    from hpcgnn.models import batch_transform
     from hpcgnn.sampling.link import share
 
-    t0 = time.perf_counter()
-    exact = store.exact(model.encoder, lambda degree: batch_transform(cfg.model, degree), None,
-                        lambda i, of: log.info("exact inference: layer %d of %d done in %.1f s", i, of,
-                                               time.perf_counter() - t0))
+    exact = _exact(cfg, store, model.encoder, None)
     lo, hi = share(pairs.shape[1], env.rank, env.world_size)
     rounds = int(dist.all_reduce_max(torch.tensor([math.ceil((hi - lo) / PAIRS_CHUNK)])).item())
     scores = []
