@@ -63,12 +63,36 @@ def test_edge_split_keeps_both_directions_together_and_out_of_message_passing(da
     assert not undirected(mp) & (undirected(val) | undirected(test))  # never in message passing
     train_pairs = undirected(train)
     assert mp == {(a, b) for a, b in edges if (min(a, b), max(a, b)) in train_pairs}  # in both directions
+    degree = full.degree().double()
     for split in ("val", "test"):
         s = data.split(split)
-        assert s.neg_kind == "pairs" and s.neg.shape == s.pos.shape and torch.equal(s.neg[0], s.pos[0])
+        assert s.neg_kind == "pairs" and s.neg.shape == s.pos.shape and bool((s.neg[0] != s.neg[1]).all())
         assert not _pairs(s.neg) & edges and not _pairs(s.neg.flip(0)) & edges  # negatives are no edges at all
+        # random pairs (PyG's RandomLinkSplit, OGB): their ends are nodes at random, of the graph's mean degree,
+        # not the positives' ends (an edge's end has more neighbours: E[d^2]/E[d]), whichever end is the source
+        mean, ends = float(degree.mean()), float(degree[s.pos].mean())
+        assert ends > 1.1 * mean and all(abs(float(degree[e].mean()) - mean) < (ends - mean) / 2 for e in s.neg)
+        assert float((s.neg[0] == s.pos[0]).double().mean()) < 0.01  # not the positive's source kept
     again = build_link(LINK)  # seeded: the same split every time
     assert torch.equal(again.test.pos, data.test.pos) and torch.equal(again.test.neg, data.test.neg)
+
+
+def test_a_splits_auc_does_not_depend_on_how_the_nodes_are_numbered():
+    """Validation and test negatives are random pairs (PyG's RandomLinkSplit, OGB): a score's AUC is the same
+    whichever way the nodes are numbered. Negatives that kept the positive's source (the end with the larger id)
+    gave the degree product AUC 0.53 with ids ascending by degree and 0.79 descending, on this graph."""
+    from hpcgnn.data.link import message_passing_graph, split_edges
+
+    full = build_graph(dataclasses.replace(LINK, degree_exponent=2.5))  # hubs: degrees that differ
+    n = full.num_nodes
+    by_degree = torch.empty(n, dtype=torch.long)
+    by_degree[torch.argsort(full.degree(), stable=True)] = torch.arange(n)
+    auc = []
+    for ids in (by_degree, n - 1 - by_degree):  # ascending, then descending by degree
+        g = message_passing_graph(ids[full.edge_index()], n, full.x)
+        test, degree = split_edges(g, (0.85, 0.05, 0.1), 0).test, g.degree().double()
+        auc.append(lm.roc_auc(degree[test.pos[0]] * degree[test.pos[1]], degree[test.neg[0]] * degree[test.neg[1]]))
+    assert abs(auc[0] - auc[1]) < 0.05 and min(auc) > 0.7, auc
 
 
 @pytest.mark.parametrize("name", ["synthetic", "files"])

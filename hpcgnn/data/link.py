@@ -14,8 +14,8 @@ Sources:
 
 - ``synthetic`` and ``files``: a seeded random split of the graph's edges
   (``dataset.edge_split``), both directions of an undirected edge on the same side, and one
-  seeded negative per validation and test positive (a node that is no neighbour of the
-  source anywhere in the graph);
+  seeded negative per validation and test positive (a random pair of nodes joined by no
+  edge anywhere in the graph);
 - ``ogbl-collab``, ``ogbl-citation2``: OGB's raw files through ``ogb.io``'s readers and the
   official split files (see :mod:`hpcgnn.data.ogb`).
 """
@@ -30,10 +30,11 @@ from torch import Tensor
 from hpcgnn.checks import check_fractions
 from hpcgnn.data.graph import Graph
 from hpcgnn.errors import ConfigError
-from hpcgnn.rng import derive_seed
+from hpcgnn.rng import derive_seed, mix64
+from hpcgnn.rng import shift_right as _lsr
 
 SPLITS = ("train", "val", "test")
-SPLIT_VERSION = 2  # in the cache key: 2 splits each pair by a seeded hash (1: by a permutation)
+SPLIT_VERSION = 3  # in the cache key: 3 draws negative pairs uniformly (2: the positive's source kept; 1: split by a permutation)
 SPLIT_CHUNK_EDGES = 1 << 21  # edges per chunk of rows when a prepared graph is split out of core
 
 
@@ -75,20 +76,6 @@ def has_edge(keys: Tensor, num_nodes: int, src: Tensor, dst: Tensor) -> Tensor:
     return keys[pos] == k if keys.numel() else torch.zeros_like(k, dtype=torch.bool)
 
 
-def _lsr(z: Tensor, k: int) -> Tensor:
-    """Logical right shift of int64 (torch's ``>>`` keeps the sign)."""
-    return (z >> k) & ((1 << (64 - k)) - 1)
-
-
-def mix64(x: Tensor) -> Tensor:
-    """splitmix64's finaliser over int64 (products wrap): a counter-based hash, so a value drawn for an
-    edge depends on the edge and the seed alone, not on how the edges were cut into chunks."""
-    z = x + -7046029254386353131  # 0x9E3779B97F4A7C15 as a signed int64
-    z = (z ^ _lsr(z, 30)) * -4658895280553007687  # 0xBF58476D1CE4E5B9
-    z = (z ^ _lsr(z, 27)) * -7723592293110705685  # 0x94D049BB133111EB
-    return z ^ _lsr(z, 31)
-
-
 def edge_sides(src: Tensor, dst: Tensor, num_nodes: int, fractions: tuple[float, ...], seed: int) -> Tensor:
     """int64: 0 (train), 1 (val) or 2 (test) for each edge, a seeded hash of its unordered pair (both
     directions on the same side); self-loops are 0 (message passing only)."""
@@ -99,20 +86,26 @@ def edge_sides(src: Tensor, dst: Tensor, num_nodes: int, fractions: tuple[float,
 
 
 def pair_negatives(src: Tensor, dst: Tensor, has_edge, num_nodes: int, salt: int, rounds: int = 100) -> Tensor:
-    """One negative target per positive ``src -> dst``: uniform among nodes that are neither the source nor a
-    neighbour of it (in either direction, in the whole graph), drawn by a seeded hash of the positive and the
-    attempt. Raises when a source has (almost) no non-neighbour."""
+    """One negative pair ``[2, P]`` per positive ``src -> dst``: two nodes drawn uniformly, distinct and joined by no
+    edge in either direction (in the whole graph), by a seeded hash of the positive and the attempt (PyG's
+    ``RandomLinkSplit`` and OGB's convention: random pairs, not the positive's source with another target, whose
+    score would depend on which end of an undirected edge the split names its source). Raises when the graph
+    has (almost) no non-edge."""
     key = src * num_nodes + dst + salt
-    neg = _lsr(mix64(key), 1) % num_nodes
+
+    def draw(h: Tensor) -> Tensor:
+        return torch.stack([_lsr(h, 1) % num_nodes, _lsr(mix64(h), 1) % num_nodes])
+
+    neg = draw(mix64(key))
     todo = torch.arange(src.numel())
     for attempt in range(1, rounds + 1):
-        s, c = src[todo], neg[todo]
-        bad = (c == s) | has_edge(s, c) | has_edge(c, s)
+        a, b = neg[0, todo], neg[1, todo]
+        bad = (a == b) | has_edge(a, b) | has_edge(b, a)
         todo = todo[bad]
         if todo.numel() == 0:
             return neg
-        neg[todo] = _lsr(mix64(mix64(key[todo]) + attempt), 1) % num_nodes
-    raise ConfigError(f"could not draw negatives for {todo.numel()} sources in {rounds} rounds: the graph is "
+        neg[:, todo] = draw(mix64(mix64(key[todo]) + attempt))
+    raise ConfigError(f"could not draw negative pairs for {todo.numel()} positives in {rounds} rounds: the graph is "
                       "too dense for link prediction with sampled negatives")
 
 
@@ -136,7 +129,7 @@ def split_rows(rowptr: Tensor, col: Tensor, a: int, b: int, fractions: tuple[flo
         out[f"{name}_pos"] = torch.stack([src[m], dst[m]])
         if name != "train":
             salt = derive_seed("edge_split_negatives", seed, name) % (1 << 62)
-            out[f"{name}_neg"] = torch.stack([src[m], pair_negatives(src[m], dst[m], has_edge, n, salt)])
+            out[f"{name}_neg"] = pair_negatives(src[m], dst[m], has_edge, n, salt)
     return out
 
 
