@@ -38,6 +38,13 @@ from pathlib import Path
 from hpcgnn.errors import ConfigError, Untrusted
 
 SECRET_FILE = ".secret"  # in the run folder, mode 0600
+ANNOUNCED = "servers"  # in the run folder: where sampler servers of a separate job write host:port (servers/<k>)
+
+
+def announced(run_dir: str | Path) -> Path:
+    """Where servers of a separate job write ``host:port`` (``servers/<k>``), for the trainers to read (and then
+    prove themselves to, as anyone can write a port there that the run's secret does not answer)."""
+    return Path(run_dir) / ANNOUNCED
 MAGIC = b"hpcgnn-auth/1\n"
 NONCE = 32  # bytes, each side's
 DIGEST = 32  # bytes of HMAC-SHA256

@@ -522,7 +522,7 @@ def test_floyds_uniform_numbers_are_uniform_and_differ_per_key():
     """counter_uniform (SplitMix64 of key and index), which both paths compute: in [0, 1), even over 50 bins
     (chi-square, 49 degrees of freedom: 85.4 is the 0.1% critical value; fixed keys, not flaky), a fresh
     stream per key, consecutive numbers uncorrelated."""
-    from hpcgnn.sampling.neighbor import counter_uniform
+    from hpcgnn.rng import counter_uniform
 
     u = counter_uniform(12345, 200_000)
     assert u.dtype == torch.float64 and bool((u >= 0).all()) and bool((u < 1).all())

@@ -10,6 +10,16 @@ from torch import Tensor
 
 
 @dataclass(frozen=True)
+class GraphShape:
+    """What a model is built for: feature width, classes, and a typed graph's node types and relations."""
+
+    num_features: int
+    num_classes: int
+    num_nodes: int
+    schema: object = None  # a typed graph's TypedSchema (node types, relations, target); None: homogeneous
+
+
+@dataclass(frozen=True)
 class Graph:
     """A node-classification graph held in memory by every rank (replicated mode).
 

@@ -104,9 +104,9 @@ def read(path: str | Path) -> dict:
 def rebuild(record: dict) -> torch.nn.Module:
     """The model a record describes, with its weights, in eval mode, on the CPU."""
     from hpcgnn.config import ModelConfig, frozen
+    from hpcgnn.data.graph import GraphShape
     from hpcgnn.data.typed import TypedSchema
     from hpcgnn.models import build_link_model, build_node_model
-    from hpcgnn.stores.base import GraphShape
 
     cfg = frozen(ModelConfig, record["model"])
     s = record["shape"]

@@ -204,7 +204,7 @@ static int64_t checked_chunks(int threads, int64_t chunks, chunk_fn fn, void *ct
 }
 
 /* The index-th uniform number in [0, 1) of a key: SplitMix64's output for state key + (index + 1) * gamma,
- * its top 53 bits over 2^53 (neighbor.counter_uniform computes the same with torch ops). */
+ * its top 53 bits over 2^53 (hpcgnn.rng.counter_uniform computes the same with torch ops). */
 static inline double counter_uniform(uint64_t key, int64_t index) {
     uint64_t z = key + (uint64_t)(index + 1) * 0x9E3779B97F4A7C15ULL;
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;

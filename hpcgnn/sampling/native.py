@@ -7,7 +7,7 @@ compiler on first use into a cache (:mod:`hpcgnn.sampling.build`, which also che
 called).
 
 The kernels take the same key (drawn by torch from the batch's generator, once per hop), make the
-same uniform numbers of it (``neighbor.counter_uniform``) and the same batch, bit for bit, as the
+same uniform numbers of it (``rng.counter_uniform``) and the same batch, bit for bit, as the
 torch ops of :mod:`hpcgnn.sampling.neighbor`: a machine with no C compiler (or ``HPCGNN_NATIVE=0``)
 samples the same batches, only slower, and a run resumed on either kind of machine goes on as it
 would have. The GIL is released while a kernel runs.
@@ -24,7 +24,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from hpcgnn import env
+from hpcgnn import env, rng
 
 log = logging.getLogger(__name__)
 CHUNK = 4096  # items per chunk of work (at most MAX_CHUNKS chunks), which the kernels' threads take in turn
@@ -106,8 +106,6 @@ def sample_neighbors(rowptr: Tensor, col: Tensor, nodes: Tensor, fanout: int,
                      generator: torch.Generator | None = None, row_start: int = 0,
                      out: Callable[[int], tuple[Tensor, Tensor]] | None = None) -> tuple[Tensor, Tensor]:
     """:func:`hpcgnn.sampling.neighbor.sample_neighbors` with Floyd's draws, in two passes of C (``out``: there)."""
-    from hpcgnn.sampling import neighbor
-
     lib = kernels()
     rowptr, col, nodes = rowptr.contiguous(), col.contiguous(), nodes.long().contiguous()
     m, chunks = nodes.numel(), _chunks(nodes.numel())
@@ -118,7 +116,7 @@ def sample_neighbors(rowptr: Tensor, col: Tensor, nodes: Tensor, fanout: int,
         raise IndexError(f"node {int(nodes[-1 - slots])} is out of range for a graph of {rowptr.numel() - 1} nodes")
     nbig = int(chunk_big[chunks])
     # The key the torch path draws (floyd_sample), when a row draws: the kernel makes the uniform numbers of it.
-    key = int(neighbor.draw_key(generator, rowptr.device)) if nbig else 0
+    key = int(rng.draw_key(generator, rowptr.device)) if nbig else 0
     row, nbr = out(slots) if out is not None else (torch.empty(slots, dtype=torch.long), torch.empty(slots, dtype=torch.long))
     if out is not None and not all(t.dtype == torch.long and t.is_contiguous() and t.shape == (slots,) for t in (row, nbr)):
         raise ValueError(f"out must give two contiguous int64 tensors of {slots} entries")

@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 from torch_geometric.sampler import BaseSampler, NodeSamplerInput, SamplerOutput
 
+from hpcgnn import rng
 from hpcgnn.sampling import native
 
 
@@ -429,11 +430,11 @@ def floyd_sample(n: Tensor, k: int, generator: torch.Generator | None = None) ->
 
     Floyd's algorithm: at step j, draw t from [0, n - k + j]; if t was drawn before,
     take n - k + j itself. Every k-subset comes out with equal probability. All steps'
-    draws are made at once (row j of one [k, m] block of :func:`counter_uniform`);
+    draws are made at once (row j of one [k, m] block of :func:`hpcgnn.rng.counter_uniform`);
     only the check against the earlier steps runs step by step.
     """
     m, device = n.numel(), n.device
-    u = counter_uniform(draw_key(generator, device), k * m, device).view(k, m)
+    u = rng.counter_uniform(rng.draw_key(generator, device), k * m, device).view(k, m)
     top = (n - k).unsqueeze(0) + torch.arange(k, device=device).unsqueeze(1)  # [k, m]: step j's inclusive bound
     t = torch.minimum((u * (top + 1)).long(), top)
     out = torch.empty(m, k, dtype=torch.long, device=device)
@@ -443,30 +444,3 @@ def floyd_sample(n: Tensor, k: int, generator: torch.Generator | None = None) ->
         seen = (out[:, :j] == t[j].unsqueeze(1)).any(1)
         out[:, j] = torch.where(seen, top[j], t[j])
     return out
-
-
-# Floyd's uniform numbers: SplitMix64 (Steele, Lea and Flood, 2014) of a key the batch's generator draws once per
-# hop and the number's index, so that any piece of the [k, m] block can be made on its own, in any order, by any
-# thread (hpcgnn/sampling/native.c makes each as it uses it) and comes out the same as torch's whole block here.
-# The constants as int64 (torch's int64 products wrap, as C's uint64 ones do).
-_GAMMA, _MIX1, _MIX2 = (c - 2**64 for c in (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB))
-
-
-def draw_key(generator: torch.Generator | None, device: torch.device) -> Tensor:
-    """One hop's key for :func:`counter_uniform`: 62 random bits from the batch's generator (a 0-d tensor on
-    ``device``: no wait for a GPU)."""
-    return torch.randint(0, 2**62, (), generator=generator, device=device)
-
-
-def _shift_right(z: Tensor, s: int) -> Tensor:  # logical, on int64's bits
-    return (z >> s) & ((1 << (64 - s)) - 1)
-
-
-def counter_uniform(key: Tensor | int, count: int, device: torch.device | None = None) -> Tensor:
-    """``count`` float64 numbers uniform in [0, 1): the i-th is SplitMix64's output for state key + (i + 1) * gamma,
-    its top 53 bits over 2 ** 53."""
-    z = torch.arange(1, count + 1, dtype=torch.long, device=device).mul_(_GAMMA).add_(key)
-    z = (z ^ _shift_right(z, 30)).mul_(_MIX1)
-    z = (z ^ _shift_right(z, 27)).mul_(_MIX2)
-    z = z ^ _shift_right(z, 31)
-    return _shift_right(z, 11).double().mul_(2.0**-53)

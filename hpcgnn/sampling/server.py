@@ -521,14 +521,12 @@ def main(argv: list[str] | None = None) -> int:
     dbg = cfg.debug
     sn = cfg.cluster.samplers
     trainers = trainers_of(index, sn.nodes * sn.tasks_per_node, cfg.world_size, cfg.graph.mode == "partitioned")
-    from hpcgnn.submit.het import announced
-
     own = env.read("node_name", environ) or socket.gethostname()
     peers = env.expand_nodelist(env.read("trainer_nodelist", environ) or "") if sn.het else []
     try:
         run_server(index, port, trainers, env.slurm_cpus_per_task(environ) or 1, cfg.run_dir,
                    trust.run_secret(cfg.run_dir), prepare=lambda: prepare(cfg.dataset), host=bind_address(own, peers),
-                   idle_s=cfg.dist.init_timeout_s, announce=None if sn.het else announced(cfg.run_dir) / str(index),
+                   idle_s=cfg.dist.init_timeout_s, announce=None if sn.het else trust.announced(cfg.run_dir) / str(index),
                    fail_batch=dbg.sampler_fail_batch if dbg.sampler_fail_rank == index else -1)
     except UserError as exc:  # (recorded by run_server)
         if env.full_error():

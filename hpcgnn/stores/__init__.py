@@ -7,8 +7,9 @@ import torch
 
 from hpcgnn.checks import is_typed
 from hpcgnn.config import RunConfig
+from hpcgnn.data.graph import GraphShape
 from hpcgnn.env import RankEnv
-from hpcgnn.stores.base import GraphShape, Store
+from hpcgnn.stores.base import Store
 from hpcgnn.stores.exact import Exact
 from hpcgnn.stores.partitioned import PartitionedStore
 from hpcgnn.stores.replicated import ReplicatedStore

@@ -25,13 +25,13 @@ from __future__ import annotations
 import abc
 import functools
 import socket
-from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from hpcgnn import dist
+from hpcgnn import dist, trust
 from hpcgnn.config import ModelConfig, RunConfig
+from hpcgnn.data.graph import GraphShape
 from hpcgnn.env import RankEnv
 from hpcgnn.errors import AllocationError, AnotherRankFailed, ConfigError, DatasetError
 from hpcgnn.models import uses_edges
@@ -41,16 +41,6 @@ from hpcgnn.sampling import subgraph as sub
 from hpcgnn.sampling.distributed import CommStats
 from hpcgnn.sampling.link import LinkSampler, pair_sampler, share
 from hpcgnn.stores.exact import Exact
-
-
-@dataclass(frozen=True)
-class GraphShape:
-    """What a model is built for: feature width, classes, and a typed graph's node types and relations."""
-
-    num_features: int
-    num_classes: int
-    num_nodes: int
-    schema: object = None  # a typed graph's TypedSchema (node types, relations, target); None: homogeneous
 
 
 class Store(abc.ABC):
@@ -134,9 +124,8 @@ class Store(abc.ABC):
                                   "(python -m hpcgnn +cluster=NAME), or set cluster.samplers.het=false where the site "
                                   "refuses heterogeneous jobs")
         from hpcgnn.sampling.server import announced_servers
-        from hpcgnn.submit.het import announced
 
-        return announced_servers(announced(self.cfg.run_dir), c.samplers.nodes * c.samplers.tasks_per_node,
+        return announced_servers(trust.announced(self.cfg.run_dir), c.samplers.nodes * c.samplers.tasks_per_node,
                                  self.cfg.dist.init_timeout_s)
 
     def close(self, done: bool = False) -> None:

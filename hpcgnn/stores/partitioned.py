@@ -12,13 +12,13 @@ from torch import Tensor
 from hpcgnn import dist
 from hpcgnn.config import RunConfig
 from hpcgnn.data import cache, open_link_splits
-from hpcgnn.data.graph import csr_has_edge
+from hpcgnn.data.graph import GraphShape, csr_has_edge
 from hpcgnn.env import RankEnv
 from hpcgnn.errors import AllocationError, PartitionError
 from hpcgnn.rng import generator
 from hpcgnn.sampling import subgraph as sub
 from hpcgnn.sampling.distributed import CommStats, fetch_rows
-from hpcgnn.stores.base import GraphShape, Store, fanouts, labels_of, typed_fanouts
+from hpcgnn.stores.base import Store, fanouts, labels_of, typed_fanouts
 from hpcgnn.stores.exact import (
     Exact,
     PartsPieces,

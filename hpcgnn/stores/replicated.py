@@ -13,14 +13,14 @@ from torch import Tensor
 from hpcgnn import dist
 from hpcgnn.config import RunConfig
 from hpcgnn.data import Graph, cache_folder, open_graph, open_link, prepare
-from hpcgnn.data.graph import csr_has_edge
+from hpcgnn.data.graph import GraphShape, csr_has_edge
 from hpcgnn.env import RankEnv
 from hpcgnn.errors import ConfigError
 from hpcgnn.io import write_npy
 from hpcgnn.rng import generator
 from hpcgnn.sampling import CSRNeighborSampler, steps_per_epoch
 from hpcgnn.sampling import subgraph as sub
-from hpcgnn.stores.base import GraphShape, WholeGraphStore, fanouts, on_local_rank0, require_training_items
+from hpcgnn.stores.base import WholeGraphStore, fanouts, on_local_rank0, require_training_items
 from hpcgnn.stores.exact import Exact, WholeGraphPieces, exact_outputs
 
 log = logging.getLogger(__name__)

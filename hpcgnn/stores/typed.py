@@ -9,10 +9,10 @@ import torch
 
 from hpcgnn.config import RunConfig
 from hpcgnn.data import open_typed, prepare
+from hpcgnn.data.graph import GraphShape
 from hpcgnn.env import RankEnv
 from hpcgnn.sampling import steps_per_epoch
 from hpcgnn.stores.base import (
-    GraphShape,
     WholeGraphStore,
     on_local_rank0,
     require_training_items,

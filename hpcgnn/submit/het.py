@@ -93,8 +93,3 @@ def submit_servers(cfg: RunConfig, folder: Path, python: str) -> str:
     if res.returncode:
         raise RuntimeError(f"sbatch refused the sampler servers' job: {res.stderr.strip()}")
     return res.stdout.strip().split(";")[0]
-
-
-def announced(run_dir: Path) -> Path:
-    """Where servers of a separate job write ``host:port`` (``servers/<k>``), for the trainers to read."""
-    return Path(run_dir) / "servers"

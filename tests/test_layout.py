@@ -1,0 +1,98 @@
+"""The house's import graph: no circle anywhere in hpcgnn/, and no module importing from a layer above its own.
+
+Read from the source (every ``import`` statement, function-local ones too), not from what a process happens to
+load, so a circle hidden behind a lazy import is seen as well.
+"""
+
+from __future__ import annotations
+
+import ast
+
+from conftest import REPO
+
+# The layers, bottom first: a module may import its own layer and those below. The top-level modules (errors,
+# env, config, rng, trust, ...) and the package's own ``__init__`` are the ground floor; commands (``__main__``)
+# stand above everything, and so do the package's public names, which load what they name when first used.
+LAYERS = ("", "data", "partition", "sampling", "models", "stores", "tasks", "rank", "submit")
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the hpcgnn modules it imports (a name imported from a package is its submodule where it is one)."""
+    root = REPO / "hpcgnn"
+    modules = {}
+    for path in root.rglob("*.py"):
+        parts = path.relative_to(REPO).with_suffix("").parts
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph = {}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        out = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:  # relative: from the package, up level - 1
+                    base = ".".join([*package.split(".")[:len(package.split(".")) - node.level + 1], *filter(None, [base])])
+                for alias in node.names:
+                    out.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base)
+            elif isinstance(node, ast.Import):
+                out.update(alias.name for alias in node.names)
+        graph[name] = {m for m in out if m in modules and m != name}
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's)."""
+    index, low, stack, on, found = {}, {}, [], set(), []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def layer(module: str) -> int:
+    parts = module.split(".")
+    if parts[-1] == "__main__":
+        return len(LAYERS)  # the commands: the top
+    return LAYERS.index(parts[1]) if len(parts) > 1 and parts[1] in LAYERS else 0
+
+
+def test_hpcgnn_has_no_import_circle():
+    graph = import_graph()
+    assert len(graph) > 70 and "hpcgnn.sampling.neighbor" in graph["hpcgnn.sampling.loader"]  # the graph is read
+    assert circles(graph) == []
+
+
+def test_no_module_imports_from_a_layer_above_its_own():
+    """stores never import rank or submit; sampling never imports stores, rank or submit; and so on down."""
+    upward = sorted(f"{a} -> {b}" for a, targets in import_graph().items() for b in targets
+                    if layer(b) > layer(a) and a != "hpcgnn")  # (its public names load what they name, lazily)
+    assert upward == []
+
+
+def test_the_checks_see_a_circle_and_an_upward_import():
+    """The checks themselves can fail: a circle and an upward arrow made by hand are found."""
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert layer("hpcgnn.stores.base") > layer("hpcgnn.sampling.server") > layer("hpcgnn.trust")
+    assert layer("hpcgnn.partition.__main__") > layer("hpcgnn.submit.launch") > layer("hpcgnn") == 0
