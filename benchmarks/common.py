@@ -18,7 +18,7 @@ from hpcgnn import env
 # The environment without hpcgnn's process defaults (OMP_WAIT_POLICY): the references run in it. (hpcgnn's
 # own processes get them: a benchmark imports hpcgnn before torch, as `python -m hpcgnn` does.)
 USER_ENV = {k: v for k, v in os.environ.items() if k not in env.APPLIED}
-# hpcgnn.sampling.loader.keep_freed_memory's malloc settings, as glibc reads them from the environment: a reference
+# hpcgnn.process.keep_freed_memory's malloc settings, as glibc reads them from the environment: a reference
 # process given them reuses its freed batch buffers as hpcgnn's processes do.
 KEEP_FREED_ENV = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(2**31 - 1), "MALLOC_ARENA_MAX": "1"}
 

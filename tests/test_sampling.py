@@ -213,7 +213,7 @@ def test_freed_batch_memory_is_reused_not_faulted_in_again():
     one, 1 MiB more, was faulted in afresh in 5 of 12 runs here (CI met one), so the next batch is the smaller."""
     code = """
 import resource, torch
-from hpcgnn.sampling.loader import keep_freed_memory
+from hpcgnn.process import keep_freed_memory
 assert keep_freed_memory()
 x = torch.empty(2**25).fill_(1)  # 128 MiB
 del x

@@ -16,7 +16,7 @@ from pathlib import Path
 import submitit
 import torch
 
-from hpcgnn import dist
+from hpcgnn import dist, process
 from hpcgnn.config import RunConfig
 from hpcgnn.dist import pick_device, process_group
 from hpcgnn.env import RankEnv, check_allocation
@@ -25,7 +25,6 @@ from hpcgnn.failures import record_failure
 from hpcgnn.logs import setup_logging
 from hpcgnn.rank.checkpoint import Preempted
 from hpcgnn.rank.trainer import train
-from hpcgnn.sampling.loader import keep_freed_memory
 
 
 def run_rank(cfg: RunConfig, environ: Mapping[str, str]) -> dict:
@@ -42,7 +41,7 @@ def run_rank(cfg: RunConfig, environ: Mapping[str, str]) -> dict:
         threads, cfg = _thread_budget(cfg, env, environ)
         torch.set_num_threads(threads)
         if cfg.train.keep_freed_memory:
-            keep_freed_memory()
+            process.keep_freed_memory()
         device = pick_device(env, cfg.train)
         if device.type == "cuda":
             torch.cuda.set_device(device)  # nccl's object collectives use the current device

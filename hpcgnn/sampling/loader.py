@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import ctypes
-import ctypes.util
 import functools
 import math
 import queue
@@ -34,31 +32,6 @@ from hpcgnn.sampling.neighbor import SampledSubgraph
 
 
 @functools.cache
-def keep_freed_memory() -> bool:
-    """Let glibc's malloc reuse freed memory instead of handing it back to the kernel.
-
-    Every batch allocates hundreds of MB (features of ~400k nodes, sampler temporaries).
-    glibc serves blocks above 32 MB with a fresh mmap and unmaps them on free, so each
-    batch page-faults its buffers in again, zeroed by the kernel: that costs more than
-    the gather itself (85 ms vs 19 ms for 350k rows of 128 floats here). With mmap off
-    and trimming effectively off, freed blocks are reused, at the price of the process
-    keeping its high-water mark; what jemalloc or tcmalloc would do, without a dependency.
-    Returns whether it took effect (glibc only).
-    """
-    name = ctypes.util.find_library("c")
-    try:
-        libc = ctypes.CDLL(name)
-        m_trim_threshold, m_mmap_max, m_arena_max = -1, -4, -8
-        # One arena: blocks freed by the training thread serve the prefetch thread's next batch
-        # (a thread's own arena could not grow past 64 MB without mmap). mallopt takes a C int: the
-        # largest is 2**31 - 1 (2**40 was cut to its low 32 bits, 0: a trim at every free, 48k page
-        # faults and 25 ms more per batch of 380k rows of 128 floats here).
-        return all(libc.mallopt(opt, value) for opt, value in
-                   ((m_mmap_max, 0), (m_trim_threshold, 2**31 - 1), (m_arena_max, 1)))
-    except (OSError, AttributeError):
-        return False
-
-
 def rank_seeds(seeds: Tensor, world_size: int, rank: int, generator: torch.Generator | None = None) -> Tensor:
     """This rank's share of ``seeds``; every rank's share has the same length.
 

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import ctypes
 import logging
 import os
 import signal
@@ -44,13 +43,13 @@ import torch
 import torch.multiprocessing as mp
 from torch import Tensor
 
-from hpcgnn import rng
+from hpcgnn import process, rng
 from hpcgnn.checks import (
     SLOT_BYTES,  # a slot's first size; a batch that does not fit gets a larger slot (once or twice)
 )
 from hpcgnn.errors import SamplerFailed
 from hpcgnn.sampling import shipping
-from hpcgnn.sampling.loader import BatchLoader, keep_freed_memory, to_device
+from hpcgnn.sampling.loader import BatchLoader, to_device
 
 log = logging.getLogger(__name__)
 
@@ -82,14 +81,6 @@ class SamplerSpec:
 # ---------------------------------------------------------------------- inside a sampler process
 
 
-def _die_with_parent() -> None:
-    """The kernel kills this process when the rank that started it dies (however it dies)."""
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL(None, use_errno=True)
-        pr_set_pdeathsig = 1
-        libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
-
-
 def _join_group(spec: SamplerSpec) -> None:
     import torch.distributed as dist
 
@@ -105,12 +96,11 @@ def _join_group(spec: SamplerSpec) -> None:
 def serve(spec: SamplerSpec, recipe: bytes, slots: list[Tensor], inbox: Connection, outbox: Connection) -> None:
     """A sampler process's life: make the batches it is sent, into free slots, until told to stop. ``inbox``: the
     rank's messages (read here), ``outbox``: this process's (written here)."""
-    _die_with_parent()
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2):
-        signal.signal(sig, signal.SIG_IGN)  # the rank decides when its samplers stop
+    process.die_with_parent(signal.SIGKILL)
+    process.ignore_signals(signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)  # the rank decides when
     torch.set_num_threads(spec.threads)
     if spec.keep_freed_memory:
-        keep_freed_memory()
+        process.keep_freed_memory()
     i = -1
     try:
         if spec.group_size > 1:
@@ -125,7 +115,7 @@ def serve(spec: SamplerSpec, recipe: bytes, slots: list[Tensor], inbox: Connecti
             ready = bool(pending) and pending[0][0] in grants
             try:
                 msg = inbox.recv() if inbox.poll(0 if ready else 1.0) else None
-            except EOFError:  # the rank has ended (and this process with it: _die_with_parent)
+            except EOFError:  # the rank has ended (and this process with it: die_with_parent)
                 return
             if msg is not None:
                 if msg[0] == "stop":

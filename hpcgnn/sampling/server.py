@@ -34,13 +34,13 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from hpcgnn import rng, trust
+from hpcgnn import process, rng, trust
 from hpcgnn.checks import SLOT_BYTES
 from hpcgnn.errors import AnotherRankFailed, PortTaken, SamplerFailed
 from hpcgnn.failures import record_failure
 from hpcgnn.failures import server_failure as failure_record
 from hpcgnn.sampling import shipping
-from hpcgnn.sampling.loader import BatchLoader, keep_freed_memory
+from hpcgnn.sampling.loader import BatchLoader
 
 log = logging.getLogger(__name__)
 
@@ -182,7 +182,7 @@ def run_server(index: int, port: int, trainers: int, threads: int, run_dir: str,
     failure records (the trainers and the launcher read it), then raised."""
     try:
         torch.set_num_threads(threads)
-        keep_freed_memory()
+        process.keep_freed_memory()
         _Server(index, port, trainers, threads, run_dir, key, host, fail_batch).run(prepare, idle_s, announce)
     except Exception as exc:
         record_failure(Path(run_dir), None, exc, server=index)
@@ -513,8 +513,7 @@ def main(argv: list[str] | None = None) -> int:
 
     argv = sys.argv[1:] if argv is None else argv
     cfg = pickle.loads(Path(argv[0]).read_bytes())
-    for sig in (signal.SIGUSR1, signal.SIGUSR2):  # the trainers' preemption signal: theirs to act on
-        signal.signal(sig, signal.SIG_IGN)
+    process.ignore_signals(signal.SIGUSR1, signal.SIGUSR2)  # the trainers' preemption signal: theirs to act on
     environ = env.current()
     index, port = env.this_server(environ, (cfg.dist.port_min, cfg.dist.port_max))
     setup_logging(f"server {index}", main=True)

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from hpcgnn import checks, env, runlock
+from hpcgnn import checks, env, process, runlock
 from hpcgnn.config import ClusterConfig, RunConfig
 from hpcgnn.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_PREEMPTED, EXIT_USER_ERROR, ConfigError
 from hpcgnn.failures import read_failures, set_aside_failures
@@ -630,16 +630,8 @@ def _end_with_parent(parent: int) -> None:
     """A local run's rank or server: Ctrl-C is ignored (a terminal sends it to the whole process group; the
     launcher acts on it and stops the run). Linux: SIGTERM this process when the one that started it dies,
     even by SIGKILL (no orphan ranks holding the graph and the cores after a killed launcher)."""
-    import ctypes
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        return
-    if os.getppid() != parent:  # it died before the request was in place
-        os.kill(os.getpid(), signal.SIGTERM)
+    process.ignore_signals(signal.SIGINT)
+    process.die_with_parent(signal.SIGTERM, parent)
 
 
 def _spawn_local(cfg: RunConfig, grace_s: float = 3.0) -> int:
