@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from hpcgnn.partition import Parts
+from hpcgnn.partition.parts import Parts
 from hpcgnn.sampling import native
 from hpcgnn.sampling.neighbor import CSRNeighborSampler, sample_neighbors
 

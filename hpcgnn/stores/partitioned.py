@@ -60,7 +60,7 @@ class PartitionedStore(Store):
     """Each rank holds its parts; remote neighbours and features travel over a second process group."""
 
     def __init__(self, cfg: RunConfig, env: RankEnv, device: torch.device | None = None):
-        from hpcgnn.partition import open_parts
+        from hpcgnn.partition.parts import open_parts
         from hpcgnn.sampling import distributed as d
 
         super().__init__(cfg, env, device or torch.device("cpu"))

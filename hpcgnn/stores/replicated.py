@@ -38,7 +38,7 @@ def open_shared_graph(cfg: RunConfig, env: RankEnv) -> Graph:
 
 def cluster_assignment(cfg: RunConfig, env: RankEnv, graph: Graph, num_clusters: int) -> Tensor:
     """Cluster-GCN's METIS clusters of the whole graph, computed once per node and cached beside it."""
-    from hpcgnn.partition import compute_parts
+    from hpcgnn.partition.compute import compute_parts
 
     path = cache_folder(cfg.dataset) / "clusters" / f"metis-c{num_clusters}-s{cfg.graph.seed}.npy"
 

@@ -1,0 +1,178 @@
+"""Reading a partition: checksums, K and the dataset verified, then a rank's parts memory-mapped (:class:`Parts`, :class:`TypedParts`)."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from hpcgnn.checks import is_typed
+from hpcgnn.config import DatasetConfig, GraphConfig
+from hpcgnn.data import cache, cache_folder
+from hpcgnn.data.typed import Relation, TypedSchema, relation_key
+from hpcgnn.errors import PartitionError
+from hpcgnn.io import sha256_file
+from hpcgnn.partition.cache import dataset_fingerprint, parts_folder, read_meta
+from hpcgnn.partition.write import PART_ARRAYS
+
+log = logging.getLogger(__name__)
+
+@dataclass(frozen=True)
+class TypedParts:
+    """A typed graph's side of a rank's parts: per relation, the in-adjacency of the owned nodes of its
+    target type (rows part by part, in id order; sources in their own type's ids)."""
+
+    schema: TypedSchema
+    rowptr: dict[Relation, Tensor]  # int64 [owned nodes of the target type + 1]
+    col: dict[Relation, Tensor]  # int64: source ids, local to the source type
+    type_base: dict[str, Tensor]  # int64 [num_parts] per type: an owned node v of that type has row
+    #                               type_base[part(v)] + node_local(v) in its relations' CSRs (-1: not owned)
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in [*self.rowptr.values(), *self.col.values()])
+
+
+@dataclass(frozen=True)
+class Parts:
+    """What one rank holds: its parts (concatenated), plus the node -> (part, row) maps."""
+
+    num_parts: int
+    owned_parts: tuple[int, ...]
+    node_part: Tensor  # int16 [num_nodes] (int32 from 32768 parts), memory-mapped: shared by a node's ranks
+    node_local: Tensor  # int32 [num_nodes], row of each node inside its part, memory-mapped
+    degree: Tensor  # int32 [num_nodes], in-degree of every node, memory-mapped
+    nodes: Tensor  # int64 [owned], global ids, part by part
+    rowptr: Tensor  # int64 [owned + 1], over the concatenated owned parts
+    col: Tensor  # int64, global ids
+    x: Tensor
+    y: Tensor
+    train_idx: Tensor
+    val_idx: Tensor
+    test_idx: Tensor
+    part_offset: Tensor  # int64 [num_parts]: row of each owned part's first node here (-1: not owned)
+    num_classes: int
+    num_nodes: int  # of the whole graph
+    train_pos: Tensor | None = None  # link prediction: int64 [2, E], the training edges whose source is owned here
+    typed: TypedParts | None = None  # a typed graph's per-relation adjacency
+    halo_bound: int = 0  # at most this many nodes owned elsewhere are sources of the owned nodes' in-edges
+
+    @property
+    def num_features(self) -> int:
+        return self.x.size(1)
+
+    def own_of_type(self, node_type: str) -> Tensor:
+        """Global ids of the owned nodes of ``node_type`` (a typed graph), in the order of their typed rows."""
+        off, n = self.typed.schema.offsets()[node_type], self.typed.schema.num_nodes[node_type]
+        ids = self.nodes[(self.nodes >= off) & (self.nodes < off + n)]
+        return ids[torch.argsort(self.typed_rows(node_type, ids))]
+
+    def typed_rows(self, node_type: str, ids: Tensor) -> Tensor:
+        """Rows of owned nodes (global ``ids``) of ``node_type`` in its relations' CSRs here (a typed graph)."""
+        return self.typed.type_base[node_type].index_select(0, self.node_part.index_select(0, ids).long()) + \
+            self.node_local.index_select(0, ids).long()
+
+    def nbytes(self) -> int:
+        """Bytes of graph data this rank holds (the maps included)."""
+        own = sum(t.numel() * t.element_size() for t in (self.node_part, self.node_local, self.degree, self.nodes,
+                                                           self.rowptr, self.col, self.x, self.y))
+        return own + (self.typed.nbytes() if self.typed is not None else 0)
+
+
+def open_parts(dataset: DatasetConfig, graph_cfg: GraphConfig, num_parts: int, owned: list[int],
+               verify: bool = True) -> Parts:
+    """Memory-map ``owned`` parts after checking the artifact fits this job and is intact."""
+    data_folder = cache_folder(dataset)
+    folder = parts_folder(dataset, graph_cfg, num_parts)
+    meta = read_meta(folder)
+    hint = (f"HINT: python -m hpcgnn.partition dataset={dataset.name} graph.num_parts={num_parts} "
+            f"graph.method={graph_cfg.method} graph.seed={graph_cfg.seed}")
+    if meta is None:
+        raise PartitionError(f"no {num_parts}-part partition of {dataset.name} in {folder}. {hint}")
+    if not cache.is_complete(data_folder) or meta["dataset"] != dataset_fingerprint(data_folder):
+        raise PartitionError(f"{folder} was made from another graph than the prepared {dataset.name} in "
+                             f"{data_folder}: delete it and partition again. {hint}")
+    if meta["num_parts"] != num_parts:
+        raise PartitionError(f"{folder} holds {meta['num_parts']} parts, the job needs {num_parts}. {hint}")
+    typed_meta = meta.get("typed")
+    if (typed_meta is None) == is_typed(dataset):  # the fingerprint covers it; a clear word anyway
+        raise PartitionError(f"{folder} does not record the node types of the prepared {dataset.name}: delete it "
+                             f"and partition again. {hint}")
+    extra = [*meta.get("edge_arrays", []), *(typed_meta["arrays"] if typed_meta else [])]
+    need = ["node_part.npy", "node_local.npy", "degree.npy"] + \
+        [f"part_{i}/{a}.npy" for i in owned for a in [*PART_ARRAYS, *extra]]
+    for rel in need:
+        path = folder / rel
+        if not path.is_file():
+            raise PartitionError(f"{path} is missing: the partition is incomplete; delete {folder}. {hint}")
+        if verify and sha256_file(path) != meta["files"].get(rel):
+            raise PartitionError(f"{path} is corrupt (sha256 differs from META.json): delete {folder} and "
+                                 f"partition again. {hint}")
+
+    def load(rel: str) -> Tensor:
+        t = torch.from_numpy(np.load(folder / rel, mmap_mode="c"))
+        return t.view(torch.bfloat16) if rel.endswith("/x.npy") and meta.get("feature_dtype") == "bfloat16" else t
+
+    edge_arrays = meta.get("edge_arrays", [])
+    per_part = {i: {a: load(f"part_{i}/{a}.npy") for a in [*PART_ARRAYS, *extra]} for i in owned}
+    offset = torch.full((num_parts,), -1, dtype=torch.long)
+    start = 0
+    for i in owned:  # one CSR over the owned parts, one after the other
+        offset[i] = start
+        start += per_part[i]["nodes"].numel()
+    rowptr = concat_rowptr([per_part[i]["rowptr"] for i in owned])
+
+    def cat(name: str, dim: int = 0) -> Tensor:
+        tensors = [per_part[i][name] for i in owned]
+        return tensors[0] if len(tensors) == 1 else torch.cat(tensors, dim)
+
+    typed = None
+    if typed_meta is not None:
+        typed = _typed_parts(typed_meta, meta["report"]["nodes_by_type"], per_part, owned, num_parts)
+
+    nodes, num_nodes = cat("nodes"), int(meta["num_nodes"])
+    halos = meta["report"]["halo_nodes"]  # (each part's: their sum counts the rank's other parts too)
+    return Parts(num_parts=num_parts, owned_parts=tuple(owned), node_part=load("node_part.npy"),
+                 node_local=load("node_local.npy"), degree=load("degree.npy"), nodes=nodes, rowptr=rowptr, col=cat("col"),
+                 x=cat("x"), y=cat("y"), train_idx=cat("train_idx"), val_idx=cat("val_idx"),
+                 test_idx=cat("test_idx"), part_offset=offset,
+                 num_classes=int(meta["num_classes"]), num_nodes=num_nodes,
+                 train_pos=cat("train_pos", 1) if "train_pos" in edge_arrays else None, typed=typed,
+                 halo_bound=min(num_nodes - nodes.numel(), sum(halos[i] for i in owned)))
+
+
+def concat_rowptr(rowptrs: list[Tensor]) -> Tensor:
+    """The rowptr of CSRs stacked one after another (their columns concatenated in the same order)."""
+    if len(rowptrs) == 1:
+        return rowptrs[0]
+    shifted, start = [], 0
+    for rp in rowptrs:
+        shifted.append(rp[:-1] + start)
+        start += int(rp[-1])
+    return torch.cat([*shifted, torch.tensor([start])])
+
+
+def _typed_parts(typed_meta: dict, nodes_by_type: dict[str, list[int]], per_part: dict, owned: list[int],
+                 num_parts: int) -> TypedParts:
+    """The owned parts' relation CSRs, one after another, and where each type's rows start."""
+    schema = TypedSchema.from_meta(typed_meta)
+    counts = torch.tensor([nodes_by_type[t] for t in schema.node_types])  # [types, parts]
+    first = torch.cumsum(counts, 0) - counts  # a part's first row of each type (types in id order)
+    type_base = {}
+    for k, t in enumerate(schema.node_types):
+        base = torch.full((num_parts,), -1, dtype=torch.long)
+        before = 0
+        for i in owned:
+            base[i] = before - int(first[k, i])
+            before += int(counts[k, i])
+        type_base[t] = base
+    rowptr, col = {}, {}
+    for rel in schema.relations:
+        key = relation_key(rel)
+        rowptr[rel] = concat_rowptr([per_part[i][f"rowptr__{key}"] for i in owned])
+        cols = [per_part[i][f"col__{key}"] for i in owned]
+        col[rel] = cols[0] if len(cols) == 1 else torch.cat(cols)
+    return TypedParts(schema, rowptr, col, type_base)
+

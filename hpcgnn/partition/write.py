@@ -1,0 +1,134 @@
+"""Writing the parts: each part's nodes, in-adjacency, features, labels and splits, a chunk of rows at a time, into the artifact's folder with a checksum of every file."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from hpcgnn.data import cache
+from hpcgnn.data.graph import Graph
+from hpcgnn.data.ooc import NpyAppender, drop_pages, gather_sorted, trim_heap
+from hpcgnn.data.typed import relation_key
+from hpcgnn.io import AtomicFolder, sha256_file
+from hpcgnn.partition.compute import csr_rows
+from hpcgnn.partition.multilevel import LOCAL, Comm
+from hpcgnn.writers import writer_tag
+
+log = logging.getLogger(__name__)
+
+WRITE_ROWS = 1 << 16  # nodes per chunk when a part's columns and features are written
+
+
+PART_ARRAYS = ("nodes", "rowptr", "col", "x", "y", "train_idx", "val_idx", "test_idx")
+
+
+def _numpy(t: Tensor) -> np.ndarray:
+    """A tensor as numpy writes it: bfloat16, which numpy lacks, as its 16 bits (META names the dtype)."""
+    return (t.view(torch.uint16) if t.dtype == torch.bfloat16 else t).numpy()
+
+
+def write_parts(graph: Graph, part: Tensor, folder: Path, meta: dict, edges: dict[str, Tensor] | None = None,
+                typed=None, comm: Comm = LOCAL) -> None:
+    """Write the artifact atomically (temporary folder, fsync'd files, rename).
+
+    ``edges``: edge arrays [2, E] shared out by the part that owns each edge's source (a link task's
+    training edges), written as ``part_<i>/<name>.npy``. ``typed``: the :class:`TypedGraph` whose
+    homogeneous view ``graph`` is: each part also gets its nodes' in-adjacency per relation.
+    Several tasks (``comm``): task t writes parts t, t + tasks, ... into one temporary folder; task 0
+    writes the maps and META.json and renames the folder into place.
+    """
+    edges = edges or {}
+    num_parts = meta["num_parts"]
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    need = sum(getattr(graph, a).numel() * getattr(graph, a).element_size() for a in ("col", "x", "y")) * 1.05
+    free = shutil.disk_usage(folder.parent).free
+    if need > free:
+        raise OSError(f"writing {num_parts} parts needs about {cache.human_bytes(need)} in {folder.parent}, but "
+                      f"only {cache.human_bytes(free)} are free: set dataset.root to a larger file system")
+    target = AtomicFolder(folder, tag=comm.broadcast_object(writer_tag()))
+    tmp = target.tmp
+    try:
+        if comm.rank == 0:
+            target.create()
+        comm.barrier()
+        files = {}
+
+        def save(rel: str, array: Tensor) -> None:
+            path = tmp / rel
+            path.parent.mkdir(exist_ok=True)
+            with open(path, "wb") as f:  # (bfloat16, which numpy lacks, as its 16 bits; META says which)
+                np.save(f, _numpy(array))
+            files[rel] = sha256_file(path)
+
+        def savecsr_rows(rel: str, source: Tensor, rows) -> None:
+            """``source``'s rows at the ascending indices of each of ``rows``, appended chunk by chunk."""
+            path = tmp / rel
+            path.parent.mkdir(exist_ok=True)
+            out = NpyAppender(path, _numpy(source[:0]).dtype, tuple(source.shape[1:]))
+            for index in rows:
+                out.append(_numpy(gather_sorted(source, index)))
+            out.close()
+            files[rel] = sha256_file(path)
+
+        for i in range(comm.rank, num_parts, comm.size):
+            mine = part == i
+            nodes = mine.nonzero().flatten()
+            # rows a chunk of nodes at a time: the part's columns and features never whole in memory
+            runs = [nodes[a:a + WRITE_ROWS] for a in range(0, nodes.numel(), WRITE_ROWS)]
+            savecsr_rows(f"part_{i}/col.npy", graph.col, (csr_rows(graph.rowptr, r)[1] for r in runs))
+            savecsr_rows(f"part_{i}/x.npy", graph.x, runs)
+            rowptr = torch.zeros(nodes.numel() + 1, dtype=torch.long)
+            rowptr[1:] = torch.cumsum(graph.rowptr.index_select(0, nodes + 1) - graph.rowptr.index_select(0, nodes), 0)
+            arrays = {"nodes": nodes, "rowptr": rowptr,
+                      "y": graph.y.index_select(0, nodes) if graph.y.numel() else graph.y}  # a link graph: no labels
+            for split in ("train_idx", "val_idx", "test_idx"):
+                idx = getattr(graph, split)
+                arrays[split] = idx[mine[idx]]
+            for name, pairs in edges.items():
+                arrays[name] = pairs[:, mine.index_select(0, pairs[0])].contiguous()
+            if typed is not None:  # per relation, the rows of the part's nodes of its target type
+                off = typed.offsets()
+                for rel in typed.relations:
+                    t = rel[2]
+                    own = nodes[(nodes >= off[t]) & (nodes < off[t] + typed.num_nodes[t])] - off[t]
+                    rp, pos = csr_rows(typed.rowptr[rel], own)
+                    arrays[f"rowptr__{relation_key(rel)}"] = rp
+                    arrays[f"col__{relation_key(rel)}"] = typed.col[rel].index_select(0, pos)
+            for name in [*arrays]:
+                save(f"part_{i}/{name}.npy", arrays[name])
+            del arrays, rowptr, nodes, mine, runs
+            for mapped in (graph.x, graph.col, graph.rowptr):  # a part's rows are all over the graph's pages
+                drop_pages(mapped)
+            trim_heap()
+            log.debug("part %d written", i)
+        if comm.rank == 0:
+            local = torch.empty(graph.num_nodes, dtype=torch.int32)
+            for i in range(num_parts):
+                nodes = (part == i).nonzero().flatten()
+                local[nodes] = torch.arange(nodes.numel(), dtype=torch.int32)
+            save("node_part.npy", part.to(torch.int16) if num_parts < 2**15 else part)  # mapped by every rank
+            save("node_local.npy", local)
+            save("degree.npy", graph.degree().int())
+        for other in comm.gather_objects(files):
+            files.update(other)
+        if comm.rank == 0:
+            (tmp / "META.json").write_text(json.dumps({**meta, "files": dict(sorted(files.items()))}, indent=2))
+            target.commit()  # another writer may win the race with the same parts
+        comm.barrier()
+    finally:
+        if comm.rank == 0:
+            target.discard()
+
+
+def typed_arrays(typed) -> list[str]:
+    """The per-relation arrays of a typed graph's parts (none for a homogeneous graph)."""
+    if typed is None:
+        return []
+    return [f"{kind}__{relation_key(r)}" for r in typed.relations for kind in ("rowptr", "col")]
+
