@@ -174,7 +174,7 @@ def test_files_are_prepared_a_chunk_at_a_time_into_the_same_graph(tmp_path, monk
 
     _write_files(tmp_path / "g")
     real = files.stream_files
-    monkeypatch.setattr("hpcgnn.data.stream_files", lambda cfg, b, f: real(cfg, b, f, chunk=32))
+    monkeypatch.setattr("hpcgnn.data.prepared.stream_files", lambda cfg, b, f: real(cfg, b, f, chunk=32))
     cfg = DatasetConfig(name="files", path=str(tmp_path / "g"), root=str(tmp_path / "root"), to_undirected=undirected,
                         prepare_mem_gb=1e-6)
     prepare(cfg)

@@ -168,7 +168,7 @@ def test_5_the_groups_schemas_are_not_offered(tmp_path):
 def test_5_what_the_ranks_meet_and_the_user_can_fix_is_a_user_error(tmp_path, monkeypatch):
     import socket
 
-    from hpcgnn.data import _check_space
+    from hpcgnn.data.prepared import _check_space
     from hpcgnn.dist import pick_device
     from hpcgnn.rank.techniques import grad_scaler
     from hpcgnn.stores import PartitionedStore

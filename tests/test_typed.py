@@ -683,10 +683,10 @@ def test_a_typed_folders_link_dataset_is_prepared_out_of_core_into_the_split_mad
     write_typed_folder(tmp_path / "g", graph)
     cfg = DatasetConfig(name="files", path=str(tmp_path / "g"), root=str(tmp_path / "root"), erase_types=True,
                         prepared_for="link", prepare_mem_gb=1e-5)
-    import hpcgnn.data
+    import hpcgnn.data.prepared
 
     in_memory = []  # (the split of the whole view in memory is the reference below, not the path)
-    monkeypatch.setattr(hpcgnn.data, "build_link", lambda *a: in_memory.append(a) or build_link(*a))
+    monkeypatch.setattr(hpcgnn.data.prepared, "build_link", lambda *a: in_memory.append(a) or build_link(*a))
     prepare(cfg)
     assert not in_memory
     got, ref = open_link(cfg), build_link(cfg)

@@ -1,0 +1,296 @@
+"""Preparing a dataset once into its cache folder: the cache key, and the graph built whole or streamed out of core (a chunk of rows at a time, in buckets of the memory it may use)."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+from hpcgnn import env
+from hpcgnn.checks import ON_DISK, is_typed
+from hpcgnn.config import DatasetConfig
+from hpcgnn.data import cache, link, ooc
+from hpcgnn.data.files import (
+    files_folder,
+    is_typed_folder,
+    read_shapes,
+    stream_files,
+)
+from hpcgnn.data.link import SPLITS, LinkData, link_arrays, link_meta, split_rows
+from hpcgnn.data.ogb import LINK_NAMES as OGB_LINK_NAMES
+from hpcgnn.data.ogb import NAMES as OGB_NAMES
+from hpcgnn.data.ogb import (
+    DatasetMissing,
+    has_raw,
+    held_out_keys,
+    ogb_link_splits,
+    ogb_shapes,
+    prepare_command,
+    stream_ogb,
+    stream_raw_graph,
+)
+from hpcgnn.data.pyg import target_object
+from hpcgnn.data.sources import TYPED_SOURCES, build_graph, build_link
+from hpcgnn.data.synthetic import (
+    GENERATOR_VERSION,
+    expected_edges,
+    generate_synthetic,
+)
+from hpcgnn.data.typed import (
+    TypedSchema,
+    TypedSource,
+    TypedWriter,
+)
+from hpcgnn.errors import DatasetError
+from hpcgnn.io import atomic_folder
+
+log = logging.getLogger(__name__)
+
+# The fields that change what each source builds (the cache key).
+_KEY_FIELDS = {
+    "synthetic": ("num_nodes", "num_classes", "num_features", "avg_degree", "degree_exponent",
+                  "communities_per_class", "homophily", "locality", "feature_noise", "centroids", "train_fraction",
+                  "val_fraction",
+                  "seed"),
+    "files": ("path", "to_undirected"),
+    "pyg": ("_target_", "kwargs", "train_fraction", "val_fraction", "split_index", "seed", "to_undirected"),
+    "pyg_hetero": ("_target_", "kwargs", "train_fraction", "val_fraction", "split_index", "seed", "to_undirected",
+                   "target_type", "erase_types"),
+    "synthetic_hetero": ("num_nodes", "num_classes", "num_features", "avg_degree", "communities_per_class", "homophily",
+                         "feature_noise", "train_fraction", "val_fraction", "seed", "erase_types"),
+    **{name: ("to_undirected",) for name in (*OGB_NAMES, *OGB_LINK_NAMES)},
+    "ogbn-mag": ("erase_types",),
+}
+
+
+_LINK_KEY_FIELDS = {"synthetic": ("edge_split",), "files": ("edge_split",), "pyg": ("edge_split",)}  # and the seed, for the split
+
+
+def cache_folder(cfg: DatasetConfig) -> Path:
+    """``<root>/prepared/<name>-<key>``: the key covers every setting that changes the graph."""
+    fields = {k: getattr(cfg, k) for k in _KEY_FIELDS[cfg.name]}
+    if cfg.name == "files":
+        folder = files_folder(cfg)
+        fields["path"] = str(folder)
+        # Replaced files must not be served from an old cache.
+        fields["files"] = sorted((str(p.relative_to(folder)), p.stat().st_size, p.stat().st_mtime_ns)
+                                 for p in folder.rglob("*") if p.suffix in (".npy", ".pt"))
+        if is_typed_folder(folder):  # typed, or its homogeneous view
+            fields["erase_types"] = cfg.erase_types
+    if cfg.name in ("synthetic", "synthetic_hetero"):
+        fields["generator"] = GENERATOR_VERSION
+    if cfg.name == "files" and cfg.num_classes:  # declared classes (0, the labels' own, keeps the keys as they were)
+        fields["num_classes"] = cfg.num_classes
+    if cfg.feature_dtype != "float32":  # float32 keeps the keys graphs had before the option
+        fields["feature_dtype"] = cfg.feature_dtype
+    name = cfg.name
+    if cfg.prepared_for == "link":
+        fields.update({k: getattr(cfg, k) for k in _LINK_KEY_FIELDS.get(cfg.name, ())}, seed=cfg.seed, link=True)
+        if cfg.name in _LINK_KEY_FIELDS:  # how the edges are split (2: a seeded hash of each pair)
+            fields["split_version"] = link.SPLIT_VERSION
+        name = f"{cfg.name}-link" if cfg.name in _LINK_KEY_FIELDS else cfg.name
+    key = hashlib.sha256(json.dumps({"name": cfg.name, **fields}, sort_keys=True, default=str).encode()).hexdigest()
+    return Path(cfg.root).expanduser() / "prepared" / f"{name}-{key[:12]}"
+
+
+def prepare(cfg: DatasetConfig, allow_download: bool = False) -> Path:
+    """Build the graph (a link task: the link dataset) into the cache unless it is there; returns the folder."""
+    folder = cache_folder(cfg)
+    if cache.is_complete(folder):
+        return folder
+    log.info("preparing %s into %s", cfg.name, folder)
+    source = {"dataset": dataclasses.asdict(cfg)}
+    homogeneous_files = cfg.name == "files" and not is_typed_folder(files_folder(cfg))
+    if cfg.name in TYPED_SOURCES and not homogeneous_files and (cfg.prepared_for != "link" or cfg.name == "files"):
+        # typed sources, out of core (types erased: the view alone; a typed folder's link dataset: split from it)
+        return prepare_typed_streamed(cfg, folder, source, allow_download)
+    if cfg.prepared_for == "link" and (cfg.name in ("synthetic", *OGB_LINK_NAMES) or homogeneous_files):
+        return prepare_streamed(cfg, folder, source, allow_download)  # (split chunk by chunk)
+    if cfg.prepared_for == "link":
+        data = build_link(cfg, allow_download)
+        arrays, meta = link_arrays(data)
+        return cache.save(data.graph, folder, source, extra=arrays, extra_meta=meta)
+    if cfg.name in ("synthetic", *OGB_NAMES) or homogeneous_files:
+        # streamed to disk: edges in buckets, never the whole edge list in memory
+        return prepare_streamed(cfg, folder, source, allow_download)
+    return cache.save(build_graph(cfg, allow_download), folder, source)
+
+
+def prepare_typed_streamed(cfg: DatasetConfig, folder: Path, source: dict, allow_download: bool = False) -> Path:
+    """A typed graph drawn or read a chunk at a time into ``folder`` (:class:`TypedWriter`): each relation's
+    CSR and the homogeneous view's bucketed on disk, features written as they come, rule types' features
+    computed from the written CSR; with ``dataset.erase_types=true`` the view alone. A link dataset (of a
+    typed folder, types erased): the view whole first, then split a chunk of rows at a time."""
+    relations_too = is_typed(cfg) and cfg.prepared_for != "link"
+    src = TYPED_SOURCES[cfg.name](cfg, allow_download)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    total, edges = sum(src.num_nodes.values()), 2 * sum(src.expected.values())
+    need = edges * ooc.index_dtype(total).itemsize * (6 if relations_too else 3) + total * (src.num_features * 8 + 32)
+    _check_space(folder, need)
+    with atomic_folder(folder) as tmp:
+        if cfg.prepared_for == "link":
+            _stream_typed(cfg, src, tmp / "whole", source, relations_too=False)
+            _split_streamed(cfg, tmp / "whole", tmp, source)
+        else:
+            _stream_typed(cfg, src, tmp, source, relations_too)
+    return folder
+
+
+def _stream_typed(cfg: DatasetConfig, src: TypedSource, tmp: Path, source: dict, relations_too: bool) -> None:
+    tmp.mkdir(exist_ok=True)
+    sizes, total = src.num_nodes, sum(src.num_nodes.values())
+    writer = TypedWriter(tmp, sizes, src.relations, src.expected, src.num_features, prepare_mem_bytes(cfg), src.reverse,
+                         relations_too=relations_too)
+    y, *splits = src.feed(writer)
+    num_edges, rule, arrays = writer.close(src.feature_from, cfg.feature_dtype)
+    t0 = writer.off[src.target]
+    y_all = np.full(total, -1, dtype=np.int64)
+    y_all[t0:t0 + sizes[src.target]] = y.numpy()
+    np.save(tmp / "y.npy", y_all)
+    for name, idx in zip(("train_idx", "val_idx", "test_idx"), splits, strict=True):
+        np.save(tmp / f"{name}.npy", (idx.long() + t0).numpy())
+    schema = TypedSchema(sizes, writer.schema.relations, src.target)
+    meta = {"typed": {**schema.to_meta(), "feature_rule": rule}} if relations_too else None
+    cache.write_meta(tmp, total, num_edges, src.num_features, src.num_classes, source, cfg.feature_dtype,
+                     extra=arrays, extra_meta=meta)
+
+
+def _check_space(folder: Path, need: float) -> None:
+    """Refuse before writing when ``folder``'s file system lacks ``need`` bytes (the graph and its scratch)."""
+    free = shutil.disk_usage(folder.parent).free
+    if need > free:
+        raise DatasetError(f"preparing the graph needs about {cache.human_bytes(need)} in {folder.parent} (with "
+                           f"its scratch), but only {cache.human_bytes(free)} are free. HINT: set dataset.root to a "
+                           "larger file system")
+
+
+def prepare_mem_bytes(cfg: DatasetConfig) -> int:
+    """What sorting a bucket of edges may hold: ``dataset.prepare_mem_gb``, or a quarter of what is free and
+    at most 256 MiB (bigger buckets are not faster: the sort's cost is per edge; fewer buckets only save
+    file appends)."""
+    if cfg.prepare_mem_gb is not None:
+        return int(cfg.prepare_mem_gb * 2**30)
+    return max(min(env.available_memory() // 4, 256 << 20), 64 << 20)
+
+
+def prepare_streamed(cfg: DatasetConfig, folder: Path, source: dict, allow_download: bool = False) -> Path:
+    """The synthetic graph drawn chunk by chunk (a ``files`` folder read a chunk at a time from its
+    memory-mapped .npy files, an ogbn dataset from OGB's raw files) into ``folder``: edges bucketed on disk
+    by target and sorted bucket by bucket (:class:`EdgeBuckets`), features written as they come."""
+    shapes = None
+    if cfg.name == "files":
+        ei = read_shapes(cfg)
+        n, num_features, edges = ei["num_nodes"], ei["num_features"], ei["num_edges"] * (2 if cfg.to_undirected else 1)
+    elif cfg.name in (*OGB_NAMES, *OGB_LINK_NAMES):
+        shapes = ogb_shapes(cfg, allow_download)
+        n, num_features = shapes.num_nodes, shapes.num_features
+        edges = shapes.num_edges * (2 if shapes.inverse or cfg.to_undirected else 1)
+    else:
+        n, num_features, edges = cfg.num_nodes, cfg.num_features, expected_edges(cfg)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    need = edges * (ooc.index_dtype(n).itemsize * 3) + n * num_features * 4 + n * 32
+    _check_space(folder, need)
+    with atomic_folder(folder) as tmp:
+        if cfg.name in OGB_LINK_NAMES:  # the official split; its held-out edges dropped as they stream by
+            _stream_ogb_link(cfg, tmp, shapes, edges, source)
+        elif cfg.prepared_for == "link":  # the whole graph first, then split a chunk of rows at a time
+            _stream_graph(cfg, tmp / "whole", n, num_features, edges, shapes)
+            _split_streamed(cfg, tmp / "whole", tmp, source)
+        else:
+            _stream_graph(cfg, tmp, n, num_features, edges, shapes, source)
+    return folder
+
+
+def _stream_graph(cfg: DatasetConfig, tmp: Path, n: int, num_features: int, edges: int, shapes,
+                  source: dict | None = None) -> None:
+    tmp.mkdir(exist_ok=True)
+    buckets = ooc.EdgeBuckets(n, edges, tmp / "scratch", prepare_mem_bytes(cfg))
+    features = ooc.FeatureWriter(tmp / "x.npy", n, num_features, cfg.feature_dtype)
+    if cfg.name in ("files", *OGB_NAMES):
+        y, splits, num_classes = (stream_files(cfg, buckets, features) if cfg.name == "files" else
+                                  stream_ogb(cfg, shapes, buckets, features))
+        arrays = {"y": y, **splits}
+    else:
+        y, train_idx, val_idx, test_idx = generate_synthetic(cfg, lambda s, d: buckets.add(d, s), features.write)
+        arrays = {"y": y.numpy(), "train_idx": train_idx.numpy(), "val_idx": val_idx.numpy(),
+                  "test_idx": test_idx.numpy()}
+        num_classes = cfg.num_classes
+    features.close()
+    num_edges = buckets.write_csr(tmp)
+    for name, array in arrays.items():
+        np.save(tmp / f"{name}.npy", array)
+    cache.write_meta(tmp, n, num_edges, num_features, num_classes, source or {}, cfg.feature_dtype)
+
+
+def _stream_ogb_link(cfg: DatasetConfig, tmp: Path, shapes, edges: int, source: dict) -> None:
+    """An ogbl dataset: the raw graph streamed into the message-passing CSR without the validation and test
+    positives (either direction), the official splits (held whole: positives and negatives) beside it."""
+    splits = ogb_link_splits(shapes.folder, shapes.meta)
+    n = shapes.num_nodes
+    buckets = ooc.EdgeBuckets(n, edges, tmp / "scratch", prepare_mem_bytes(cfg))
+    features = ooc.FeatureWriter(tmp / "x.npy", n, shapes.num_features, cfg.feature_dtype)
+    stream_raw_graph(cfg, shapes, buckets, features, drop=held_out_keys(splits, n))
+    features.close()
+    num_edges = buckets.write_csr(tmp)
+    _save_no_labels(tmp)
+    data = LinkData(None, splits["train"], splits["val"], splits["test"], shapes.meta["eval metric"])
+    arrays, meta = link_arrays(data)
+    for name, array in arrays.items():
+        np.save(tmp / f"{name}.npy", array.numpy())
+    cache.write_meta(tmp, n, num_edges, shapes.num_features, 0, source, cfg.feature_dtype, extra=list(arrays),
+                     extra_meta=meta)
+
+
+def _split_streamed(cfg: DatasetConfig, whole: Path, tmp: Path, source: dict) -> None:
+    """A link dataset from the prepared graph in ``whole``: its edges split a chunk of rows at a time
+    (:func:`split_rows`: the split :func:`split_edges` makes of the graph read whole), the training edges
+    bucketed into the message-passing CSR, the positives and negatives appended to their files."""
+    from hpcgnn.data.graph import csr_has_edge
+
+    graph = cache.load(whole)
+    n, has_edge = graph.num_nodes, csr_has_edge(graph.rowptr, graph.col)
+    buckets = ooc.EdgeBuckets(n, graph.num_edges, tmp / "scratch", prepare_mem_bytes(cfg))
+    names = [f"{s}_pos" for s in SPLITS] + ["val_neg", "test_neg"]
+    rows = {(name, r): ooc.NpyAppender(tmp / f"{name}.{r}.part", np.int64) for name in names for r in (0, 1)}
+    for a, b in ooc.chunks(graph.rowptr, link.SPLIT_CHUNK_EDGES):
+        parts = split_rows(graph.rowptr, graph.col, a, b, tuple(cfg.edge_split), cfg.seed, has_edge)
+        buckets.add(parts["mp"][1], parts["mp"][0])
+        for (name, r), out in rows.items():
+            out.append(parts[name][r].numpy())
+        ooc.drop_pages(graph.col[int(graph.rowptr[a]):int(graph.rowptr[b])])
+    num_edges = buckets.write_csr(tmp)
+    for out in rows.values():
+        out.close()
+    for name in names:  # [2, P]: the sources' file, then the targets'
+        ooc.stack_rows(tmp / f"{name}.npy", [tmp / f"{name}.{r}.part" for r in (0, 1)])
+    (whole / "x.npy").rename(tmp / "x.npy")
+    num_features = graph.num_features
+    del graph, has_edge
+    shutil.rmtree(whole)
+    _save_no_labels(tmp)
+    kinds = {s: "none" if s == "train" else "pairs" for s in SPLITS}
+    cache.write_meta(tmp, n, num_edges, num_features, 0, source, cfg.feature_dtype, extra=names,
+                     extra_meta=link_meta("auc", kinds))
+
+
+def _save_no_labels(tmp: Path) -> None:
+    """A link dataset's graph has no node labels and no node splits: empty arrays in their places."""
+    empty = np.zeros(0, dtype=np.int64)
+    for name in ("y", "train_idx", "val_idx", "test_idx"):
+        np.save(tmp / f"{name}.npy", empty)
+
+
+def check_available(cfg: DatasetConfig) -> None:
+    """Before submitting: fail now, not on a compute node, when the data cannot be there."""
+    if cfg.name == "files":
+        files_folder(cfg)
+    elif cfg.name in ("pyg", "pyg_hetero"):
+        target_object(cfg)  # (importable here; a dataset that downloads does so when prepared)
+    elif cfg.name in ON_DISK and not cache.is_complete(cache_folder(cfg)) and not has_raw(cfg):
+        raise DatasetMissing(f"{cfg.name} is not under {Path(cfg.root).expanduser()}: jobs do not download. "
+                             f"HINT: first run\n    {prepare_command(cfg)}")
