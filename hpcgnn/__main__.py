@@ -59,7 +59,8 @@ def train(overrides: list[str], multirun: bool = False, print_config: bool = Fal
     from pathlib import Path
 
     from hpcgnn.submit.compose import compose, compose_sweep
-    from hpcgnn.submit.launch import launch, resolved_yaml
+    from hpcgnn.submit.executor import resolved_yaml
+    from hpcgnn.submit.launch import launch
 
     if not multirun:
         composed = compose(overrides)

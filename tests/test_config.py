@@ -13,7 +13,7 @@ from conftest import make_config, run_cli
 
 from hpcgnn.config import RunConfig, check_override_keys
 from hpcgnn.errors import ConfigError
-from hpcgnn.submit.launch import check_partition_capacity, render_sbatch, slurm_parameters
+from hpcgnn.submit.executor import check_partition_capacity, render_sbatch, slurm_parameters
 
 GOLDEN = Path(__file__).parent / "golden"
 
@@ -92,7 +92,7 @@ def test_golden_sbatch_example_cluster():
 @pytest.mark.parametrize("method, nodes", [("metis", 1), ("random", 1), ("lp", 4)])
 def test_partitioning_job_spans_the_nodes_only_for_lp(method, nodes):
     """lp shares the work among one task per node of cluster.nodes; METIS and random are one process's."""
-    from hpcgnn.submit.launch import partition_job_config
+    from hpcgnn.submit.partition_job import partition_job_config
 
     cfg = make_config("+cluster=example_gpu", "cluster.nodes=4", "graph=partitioned", f"graph.method={method}")
     c = partition_job_config(cfg).cluster
@@ -330,12 +330,12 @@ def test_a_clone_and_an_editable_install_read_the_repositorys_conf():
 
 
 def test_the_result_line_counts_ranks_in_words(capsys):
-    from hpcgnn.submit.launch import _print_result
+    from hpcgnn.submit.follow import print_result
 
     summary = {"metric": "val_acc", "test": 0.91614, "best_val": 0.9147, "best_epoch": 2, "world_size": 1,
                "hostnames": ["vm"], "seeds_per_s": 36810.2, "wall_time_s": 6.21, "run_dir": "/tmp/run"}
-    _print_result(summary)
-    _print_result({**summary, "world_size": 4, "hostnames": ["n1", "n2"]})
+    print_result(summary)
+    print_result({**summary, "world_size": 4, "hostnames": ["n1", "n2"]})
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == "test accuracy 0.9161 (best val 0.9147 at epoch 2), 1 rank on vm, 36810 seeds/s, 6.2 s"
     assert lines[2].startswith("test accuracy 0.9161 (best val 0.9147 at epoch 2), 4 ranks on n1, n2, ")

@@ -172,7 +172,7 @@ def test_5_what_the_ranks_meet_and_the_user_can_fix_is_a_user_error(tmp_path, mo
     from hpcgnn.dist import pick_device
     from hpcgnn.rank.techniques import grad_scaler
     from hpcgnn.stores import PartitionedStore
-    from hpcgnn.submit.launch import free_port
+    from hpcgnn.submit.local import free_port
 
     with pytest.raises(DatasetError, match=r"only .* are free. HINT: set dataset.root to a larger file system"):
         _check_space(tmp_path / "graph", 1 << 62)

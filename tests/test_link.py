@@ -271,7 +271,7 @@ def test_sharded_metrics_are_exact_across_ranks(tmp_path):
     """Three ranks, uneven shares: every rank gets the numbers of the whole split."""
     import torch.multiprocessing as mp
 
-    from hpcgnn.submit.launch import free_port
+    from hpcgnn.submit.local import free_port
 
     gen = torch.Generator().manual_seed(1)
     scores = {"pos": torch.randn(1001, generator=gen) + 1, "neg": torch.randn(1502, generator=gen),
@@ -583,7 +583,7 @@ def test_partitioned_link_batches_are_checked_edge_by_edge_against_the_whole_gra
     import torch.multiprocessing as mp
 
     from hpcgnn.partition import ensure_parts
-    from hpcgnn.submit.launch import free_port
+    from hpcgnn.submit.local import free_port
 
     cfg = make_config("task=link", "graph=partitioned", "dataset.num_nodes=3000", "dataset.avg_degree=10",
                       f"dataset.root={DATA_ROOT}", "train.batch_size=400", "train.fanouts=[6,4]",
@@ -655,7 +655,7 @@ def test_exact_evaluation_on_a_partitioned_graph_equals_the_whole_graphs(tmp_pat
     from hpcgnn.env import RankEnv
     from hpcgnn.partition import ensure_parts
     from hpcgnn.stores import ReplicatedStore
-    from hpcgnn.submit.launch import free_port
+    from hpcgnn.submit.local import free_port
     from hpcgnn.tasks import build_task
 
     over = ["task=link", "train.eval_mode=full", "model.hidden_channels=16", "train.fanouts=[5,3]",

@@ -294,7 +294,7 @@ def _sample_worker(rank: int, world: int, port: int, cfg, folder: str) -> None:
 
 
 def _run_workers(cfg, tmp_path: Path, world: int = 2) -> list[dict]:
-    from hpcgnn.submit.launch import free_port
+    from hpcgnn.submit.local import free_port
 
     port = free_port(23000 + os.getpid() % 5000, 20000, 32767)
     mp.start_processes(_sample_worker, args=(world, port, cfg, str(tmp_path)), nprocs=world, start_method="spawn")
@@ -378,7 +378,7 @@ def test_lp_partitions_as_a_multi_task_job_each_task_reading_its_share(tmp_path,
     on): both end with the same META; two such runs write byte-identical parts; the cut is the one task's
     within 2%, the balance within 3%, and the artifact opens and verifies like any other."""
     from hpcgnn.partition import multilevel
-    from hpcgnn.submit.launch import free_port
+    from hpcgnn.submit.local import free_port
 
     mine = _private(tmp_path)
     prepare(mine)
@@ -455,7 +455,7 @@ def test_exact_partitioned_inference_equals_the_replicated_layerwise_inference(t
     from hpcgnn.config import ModelConfig
     from hpcgnn.models import batch_transform, build_model
     from hpcgnn.stores.exact import WholeGraphPieces, exact_outputs
-    from hpcgnn.submit.launch import free_port
+    from hpcgnn.submit.local import free_port
 
     cfg = make_config("graph=partitioned", "train.eval_mode=full", "train.fanouts=[5,3]", "graph.method=metis",
                       f"dataset.num_nodes={SMALL.num_nodes}", f"dataset.avg_degree={SMALL.avg_degree}",

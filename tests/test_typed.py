@@ -300,7 +300,7 @@ def test_partitioned_typed_batches_are_the_whole_graphs_edges_type_by_type(tmp_p
 
     from hpcgnn.data import open_typed
     from hpcgnn.partition import ensure_parts
-    from hpcgnn.submit.launch import free_port
+    from hpcgnn.submit.local import free_port
 
     cfg = make_config("dataset=synthetic_hetero", "dataset.num_nodes=3000", "model=rgcn", "graph=partitioned",
                       "graph.num_parts=4", "graph.cache_mb=0.5", "graph.cache_policy=frequency",
@@ -338,7 +338,7 @@ def test_exact_partitioned_typed_inference_equals_the_whole_graphs(tmp_path):
     from hpcgnn.models import build_typed_model
     from hpcgnn.partition import ensure_parts
     from hpcgnn.stores.exact import WholeTypedPieces, exact_outputs
-    from hpcgnn.submit.launch import free_port
+    from hpcgnn.submit.local import free_port
 
     cfg = make_config("dataset=synthetic_hetero", "dataset.num_nodes=3000", "model=rgcn", "graph=partitioned",
                       "graph.num_parts=4", "train.eval_mode=full", "train.fanouts=[4,3]", f"dataset.root={DATA_ROOT}")

@@ -44,7 +44,7 @@ def main(argv: list[str]) -> int:
             with stop_cleanly_on_sigterm("partition"):
                 run_partition(cfg.dataset, cfg.graph, cfg.graph.parts_for(cfg.world_size))
             return 0
-        from hpcgnn.submit.launch import submit_partition, wait_partition
+        from hpcgnn.submit.partition_job import submit_partition, wait_partition
 
         job = submit_partition(cfg)
         return wait_partition(job, cfg) if cfg.launch.wait is not False else 0

@@ -47,15 +47,8 @@ def write_manifest(sweep_dir: Path, members: list[SweepMember], cluster: str | N
 
 def launch_sweep(members: list[SweepMember], sweep_dir: Path) -> int:
     """Submit (or run here) every member; returns the exit code."""
-    from hpcgnn.submit.launch import (
-        check_data_on_disk,
-        check_model,
-        check_partition_capacity,
-        launch,
-        make_executor,
-        record_config,
-        submitting,
-    )
+    from hpcgnn.submit.executor import check_partition_capacity, make_executor, submitting
+    from hpcgnn.submit.launch import check_data_on_disk, check_model, launch, record_config
     from hpcgnn.trust import run_secret
 
     members = sorted(members, key=lambda m: m.num)
