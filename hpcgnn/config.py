@@ -311,101 +311,126 @@ class RunConfig:
                               f"for a trainer that never comes. HINT: at most {self.world_size} sampler server(s)")
 
     def validate(self) -> None:
-        """Cross-field checks, each naming the setting to change."""
-        t, m, d = self.train, self.model, self.dataset
+        """Cross-field checks, each naming the setting to change: one check per group, then those across groups."""
         for key, value in _numbers(self, ""):
             if not math.isfinite(value):
                 raise ConfigError(f"{key}={value} is not a finite number: a run with it would train to NaN or stop "
                                   f"at once. HINT: give {key} a finite value")
         _validate_graph(self.graph, self.world_size)
-        if not t.fanouts or any(f < 1 for f in t.fanouts):
-            raise ConfigError(f"train.fanouts={list(t.fanouts)} must be one or more positive integers, e.g. train.fanouts=[10,5]")
-        for key, value in (("train.epochs", t.epochs), ("train.batch_size", t.batch_size),
-                           ("train.eval_batch_size", t.eval_batch_size), ("train.eval_every", t.eval_every),
-                           ("launch.procs", self.launch.procs), ("model.hidden_channels", m.hidden_channels),
-                           ("dataset.num_nodes", d.num_nodes)):
-            if value < 1:
-                raise ConfigError(f"{key}={value} must be at least 1")
-        if t.prefetch < 0:
-            raise ConfigError(f"train.prefetch={t.prefetch} must be 0 (off) or more batches")
-        if t.sampler_procs < 0 or t.sampler_threads < 0:
-            raise ConfigError(f"train.sampler_procs={t.sampler_procs} and train.sampler_threads={t.sampler_threads} "
-                              "must be 0 or more (sampler_procs 0: sample in the rank's prefetch thread)")
-        if t.sampler_procs and t.graph_on == "device":
-            raise ConfigError("train.sampler_procs samples on the host, and train.graph_on=device on the GPU. HINT: "
-                              "one of train.sampler_procs=0 or train.graph_on=host (or auto)")
-        if t.lr <= 0:
-            raise ConfigError(f"train.lr={t.lr} must be positive")
-        if t.weight_decay < 0:
-            raise ConfigError(f"train.weight_decay={t.weight_decay} must be 0 or more")
-        if t.nonfinite not in ("stop", "skip"):
-            raise ConfigError(f"train.nonfinite={t.nonfinite!r} is unknown: use stop or skip")
-        if t.precision == "fp16" and t.device == "cpu":
-            raise ConfigError("train.precision=fp16 needs a GPU, and train.device=cpu. HINT: train.precision=bf16 "
-                              "(or auto) on CPUs")
-        if self.launch.mode not in ("auto", "submit", "local", "rank"):
-            raise ConfigError(f"launch.mode={self.launch.mode!r} is unknown: use auto, submit, local or rank")
-        if self.launch.mode == "submit" and self.cluster is None:
-            raise ConfigError("launch.mode=submit needs a cluster to submit to. HINT: add +cluster=NAME")
-        if self.dist.timeout_s <= 0 or self.dist.init_timeout_s <= 0:
-            raise ConfigError("dist.init_timeout_s and dist.timeout_s must be positive (seconds)")
-        if self.metrics.progress_bar not in ("auto", "on", "off"):
-            raise ConfigError(f"metrics.progress_bar={self.metrics.progress_bar!r} is unknown: use auto, on or off")
-        if self.metrics.every_steps < 1 or self.metrics.straggler_factor <= 1:
-            raise ConfigError("metrics.every_steps must be at least 1 and metrics.straggler_factor above 1")
-        for key, value, allowed in (("train.lr_scaling", t.lr_scaling, ("none", "linear", "sqrt")),
-                                    ("train.precision", t.precision, ("auto", "fp32", "bf16", "fp16")),
-                                    ("train.grad_compression", t.grad_compression, ("none", "fp16", "bf16", "powersgd")),
-                                    ("train.eval_mode", t.eval_mode, ("auto", "sampled", "full")),
-                                    ("train.select", t.select, ("val", "last")),
-                                    ("model.aggregation", self.model.aggregation, ("csr", "pyg")),
-                                    ("predict.what", self.predict.what, ("predictions", "embeddings", "scores")),
-                                    ("predict.split", self.predict.split, ("train", "val", "test", "all")),
-                                    ("predict.mode", self.predict.mode, ("auto", "full", "sampled"))):
+        _validate_train(self.train)
+        _validate_run(self)
+        for key, value, allowed, words in choices(self):
             if value not in allowed:
-                raise ConfigError(f"{key}={value!r} is unknown: use one of {', '.join(allowed)}")
-        if t.accumulate < 1 or t.powersgd_rank < 1 or t.eval_chunk < 1:
-            raise ConfigError("train.accumulate, train.powersgd_rank and train.eval_chunk must be at least 1")
-        if not 0 <= t.warmup < 1:
-            raise ConfigError(f"train.warmup={t.warmup} must be a fraction of the steps in [0, 1)")
-        _validate_sampler(t, self.graph)
+                raise ConfigError(f"{key}={value!r} is unknown: use "
+                                  + (_or(allowed) if words else f"one of {', '.join(allowed)}"))
+        _validate_sampler(self.train, self.graph)
         self._validate_servers()
-        if t.lr_schedule not in ("constant", "cosine"):
-            raise ConfigError(f"train.lr_schedule={t.lr_schedule!r} is unknown: use constant or cosine")
-        c = self.checkpoint
-        if c.keep < 1 or c.every_steps < 0 or c.every_minutes < 0 or c.max_timeouts < 0:
-            raise ConfigError("checkpoint.keep must be at least 1; checkpoint.every_steps, checkpoint.every_minutes "
-                              "and checkpoint.max_timeouts must be 0 or more")
-        import signal as _signal
-
-        if not isinstance(getattr(_signal, f"SIG{c.signal}", None), _signal.Signals):
-            raise ConfigError(f"checkpoint.signal={c.signal!r} is not a signal name: use e.g. USR2 or USR1")
-        if not 0 <= m.dropout < 1:
-            raise ConfigError(f"model.dropout={m.dropout} must be in [0, 1)")
-        if t.device not in ("auto", "cpu", "cuda"):
-            raise ConfigError(f"train.device={t.device!r} is unknown: use auto, cpu or cuda")
-        if t.graph_on not in ("auto", "host", "device"):
-            raise ConfigError(f"train.graph_on={t.graph_on!r} is unknown: use auto, host or device")
-        if t.graph_on == "device":
-            why = ("train.device=cpu" if t.device == "cpu" else
-                   "graph=partitioned (its ranks sample on the host and exchange through the CPU)"
-                   if self.graph.mode != "replicated" else
-                   f"train.sampler={t.sampler} (only sampler=neighbor runs on the GPU)" if t.sampler != "neighbor" else
-                   f"task={self.task.name} (only node classification samples on the GPU)" if self.task.name != "node"
-                   else None)
-            if why is not None:
-                raise ConfigError(f"train.graph_on=device does not go with {why}. HINT: set train.graph_on=auto "
-                                  "(it samples on the GPU where it can) or host")
-        if not 0 < t.graph_on_fraction <= 1:
-            raise ConfigError(f"train.graph_on_fraction={t.graph_on_fraction} must be in (0, 1]")
-        if self.dist.backend not in ("auto", "nccl", "gloo"):
-            raise ConfigError(f"dist.backend={self.dist.backend!r} is unknown: use auto, nccl or gloo")
+        _validate_checkpoint(self.checkpoint)
+        if not 0 <= self.model.dropout < 1:
+            raise ConfigError(f"model.dropout={self.model.dropout} must be in [0, 1)")
+        _validate_graph_on(self)
         if not 1024 <= self.dist.port_min < self.dist.port_max <= 65535:
             raise ConfigError(f"dist.port_min..dist.port_max={self.dist.port_min}..{self.dist.port_max} "
                               "must be an increasing range inside 1024..65535")
         if self.cluster is not None:
             _validate_cluster(self.cluster)
-        _validate_dataset(d, self.task.name, t.select)
+        _validate_dataset(self.dataset, self.task.name, self.train.select)
+
+
+def choices(c: RunConfig) -> tuple[tuple[str, str, tuple[str, ...], bool], ...]:
+    """Every setting that names one of a few choices: (key, value, the choices, named in words: "a, b or c"
+    rather than "one of a, b, c")."""
+    t, m = c.train, c.model
+    return (("train.nonfinite", t.nonfinite, ("stop", "skip"), True),
+            ("launch.mode", c.launch.mode, ("auto", "submit", "local", "rank"), True),
+            ("metrics.progress_bar", c.metrics.progress_bar, ("auto", "on", "off"), True),
+            ("train.lr_scaling", t.lr_scaling, ("none", "linear", "sqrt"), False),
+            ("train.precision", t.precision, ("auto", "fp32", "bf16", "fp16"), False),
+            ("train.grad_compression", t.grad_compression, ("none", "fp16", "bf16", "powersgd"), False),
+            ("train.eval_mode", t.eval_mode, ("auto", "sampled", "full"), False),
+            ("train.select", t.select, ("val", "last"), False),
+            ("model.aggregation", m.aggregation, ("csr", "pyg"), False),
+            ("predict.what", c.predict.what, ("predictions", "embeddings", "scores"), False),
+            ("predict.split", c.predict.split, ("train", "val", "test", "all"), False),
+            ("predict.mode", c.predict.mode, ("auto", "full", "sampled"), False),
+            ("train.lr_schedule", t.lr_schedule, ("constant", "cosine"), True),
+            ("train.device", t.device, ("auto", "cpu", "cuda"), True),
+            ("train.graph_on", t.graph_on, ("auto", "host", "device"), True),
+            ("dist.backend", c.dist.backend, ("auto", "nccl", "gloo"), True))
+
+
+def _or(words: tuple[str, ...]) -> str:
+    return f"{', '.join(words[:-1])} or {words[-1]}" if len(words) > 1 else words[0]
+
+
+def _validate_train(t: TrainConfig) -> None:
+    """The train group's own values."""
+    if not t.fanouts or any(f < 1 for f in t.fanouts):
+        raise ConfigError(f"train.fanouts={list(t.fanouts)} must be one or more positive integers, e.g. train.fanouts=[10,5]")
+    for key, value in (("train.epochs", t.epochs), ("train.batch_size", t.batch_size),
+                       ("train.eval_batch_size", t.eval_batch_size), ("train.eval_every", t.eval_every)):
+        if value < 1:
+            raise ConfigError(f"{key}={value} must be at least 1")
+    if t.prefetch < 0:
+        raise ConfigError(f"train.prefetch={t.prefetch} must be 0 (off) or more batches")
+    if t.sampler_procs < 0 or t.sampler_threads < 0:
+        raise ConfigError(f"train.sampler_procs={t.sampler_procs} and train.sampler_threads={t.sampler_threads} "
+                          "must be 0 or more (sampler_procs 0: sample in the rank's prefetch thread)")
+    if t.sampler_procs and t.graph_on == "device":
+        raise ConfigError("train.sampler_procs samples on the host, and train.graph_on=device on the GPU. HINT: "
+                          "one of train.sampler_procs=0 or train.graph_on=host (or auto)")
+    if t.lr <= 0:
+        raise ConfigError(f"train.lr={t.lr} must be positive")
+    if t.weight_decay < 0:
+        raise ConfigError(f"train.weight_decay={t.weight_decay} must be 0 or more")
+    if t.precision == "fp16" and t.device == "cpu":
+        raise ConfigError("train.precision=fp16 needs a GPU, and train.device=cpu. HINT: train.precision=bf16 "
+                          "(or auto) on CPUs")
+    if t.accumulate < 1 or t.powersgd_rank < 1 or t.eval_chunk < 1:
+        raise ConfigError("train.accumulate, train.powersgd_rank and train.eval_chunk must be at least 1")
+    if not 0 <= t.warmup < 1:
+        raise ConfigError(f"train.warmup={t.warmup} must be a fraction of the steps in [0, 1)")
+    if not 0 < t.graph_on_fraction <= 1:
+        raise ConfigError(f"train.graph_on_fraction={t.graph_on_fraction} must be in (0, 1]")
+
+
+def _validate_run(c: RunConfig) -> None:
+    """The launch, dist and metrics groups, and the sizes other groups hold."""
+    for key, value in (("launch.procs", c.launch.procs), ("model.hidden_channels", c.model.hidden_channels),
+                       ("dataset.num_nodes", c.dataset.num_nodes)):
+        if value < 1:
+            raise ConfigError(f"{key}={value} must be at least 1")
+    if c.launch.mode == "submit" and c.cluster is None:
+        raise ConfigError("launch.mode=submit needs a cluster to submit to. HINT: add +cluster=NAME")
+    if c.dist.timeout_s <= 0 or c.dist.init_timeout_s <= 0:
+        raise ConfigError("dist.init_timeout_s and dist.timeout_s must be positive (seconds)")
+    if c.metrics.every_steps < 1 or c.metrics.straggler_factor <= 1:
+        raise ConfigError("metrics.every_steps must be at least 1 and metrics.straggler_factor above 1")
+
+
+def _validate_checkpoint(c: CheckpointConfig) -> None:
+    import signal
+
+    if c.keep < 1 or c.every_steps < 0 or c.every_minutes < 0 or c.max_timeouts < 0:
+        raise ConfigError("checkpoint.keep must be at least 1; checkpoint.every_steps, checkpoint.every_minutes "
+                          "and checkpoint.max_timeouts must be 0 or more")
+    if not isinstance(getattr(signal, f"SIG{c.signal}", None), signal.Signals):
+        raise ConfigError(f"checkpoint.signal={c.signal!r} is not a signal name: use e.g. USR2 or USR1")
+
+
+def _validate_graph_on(c: RunConfig) -> None:
+    """train.graph_on=device against the rest of the run: where the graph can be sampled on the GPU."""
+    t = c.train
+    if t.graph_on == "device":
+        why = ("train.device=cpu" if t.device == "cpu" else
+               "graph=partitioned (its ranks sample on the host and exchange through the CPU)"
+               if c.graph.mode != "replicated" else
+               f"train.sampler={t.sampler} (only sampler=neighbor runs on the GPU)" if t.sampler != "neighbor" else
+               f"task={c.task.name} (only node classification samples on the GPU)" if c.task.name != "node"
+               else None)
+        if why is not None:
+            raise ConfigError(f"train.graph_on=device does not go with {why}. HINT: set train.graph_on=auto "
+                              "(it samples on the GPU where it can) or host")
 
 
 def _validate_dataset(d: DatasetConfig, task: str, select: str) -> None:
