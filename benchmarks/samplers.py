@@ -82,6 +82,7 @@ def _rank(cfg, procs: int, batches: int, out) -> None:
     from hpcgnn.sampling import BatchLoader, CSRNeighborSampler, PrefetchLoader
     from hpcgnn.sampling.loader import keep_freed_memory
     from hpcgnn.sampling.procs import SamplerPool
+    from hpcgnn.sampling.shipping import Recipe
 
     keep_freed_memory()
     torch.set_num_threads(len(os.sched_getaffinity(0)) if procs < 0 else 1)
@@ -92,7 +93,7 @@ def _rank(cfg, procs: int, batches: int, out) -> None:
     loader = BatchLoader(graph, sampler, seeds[: (warm + batches) * BATCH], BATCH, batch_seed=1)
     pool = server = None
     if procs > 0:
-        pool = SamplerPool((graph, sampler, None, None), procs, 2, 1, torch.device("cpu"), rank=0)
+        pool = SamplerPool(Recipe(graph, sampler), procs, 2, 1, torch.device("cpu"), rank=0)
         pool.start()
         walk = pool.loader(loader)
     elif procs == SERVER:  # one sampler server, a local process over TCP
@@ -101,12 +102,12 @@ def _rank(cfg, procs: int, batches: int, out) -> None:
         port = free_port()
         server = mp.get_context("spawn").Process(target=_server, args=(port,))
         server.start()
-        pool = RemotePool((graph, sampler, None, None), [("127.0.0.1", port)], 2, torch.device("cpu"), rank=0)
+        pool = RemotePool(Recipe(graph, sampler), [("127.0.0.1", port)], 2, torch.device("cpu"), rank=0)
         pool.start()
         walk = pool.loader(loader)
     else:
         walk = PrefetchLoader(loader, 2) if procs < 0 else loader
-    pids = ["self", *(pool.pids() if pool is not None else []), *([server.pid] if server is not None else [])]
+    pids = ["self", *(pool.pids() if isinstance(pool, SamplerPool) else []), *([server.pid] if server is not None else [])]
     edges, t0, c0 = 0, 0.0, 0.0
     for i, batch in enumerate(walk):
         if i == warm:

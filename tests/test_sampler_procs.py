@@ -228,7 +228,7 @@ def test_batches_larger_than_the_slots_grow_them_in_every_process_and_come_out_t
                                   torch.arange(0), 4)
     loader = BatchLoader(graph, CSRNeighborSampler(graph.rowptr, graph.col, (5, 5)), torch.arange(600), 100,
                          batch_seed=3)
-    pool = procs_module.SamplerPool((graph, loader.sampler, None, None), 2, 2, 1, torch.device("cpu"), rank=0)
+    pool = procs_module.SamplerPool(shipping.Recipe(graph, loader.sampler), 2, 2, 1, torch.device("cpu"), rank=0)
     try:
         pool.start()
         made = [(b.x.clone(), b.edge_index.clone(), b.n_id.clone()) for b in pool.loader(loader)]

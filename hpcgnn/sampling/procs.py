@@ -105,8 +105,9 @@ def serve(spec: SamplerSpec, recipe: bytes, slots: list[Tensor], inbox: Connecti
     try:
         if spec.group_size > 1:
             _join_group(spec)
-        features, sampler, transform, stats = shipping.loads(recipe)
-        loader = BatchLoader(features, sampler, [], transform=transform)
+        r: shipping.Recipe = shipping.loads(recipe)
+        stats = r.stats
+        loader = BatchLoader(r.features, r.sampler, [], transform=r.transform)
         outbox.send(("ready",))
         pending: collections.deque = collections.deque()  # (i, seeds, batch_seed)
         grants: dict[int, int] = {}  # batch index -> the slot the rank gave it
@@ -206,7 +207,7 @@ class SamplerPool:
     """A rank's sampler processes, started at the first epoch that needs them and stopped by :meth:`close`
     (or when an epoch is abandoned: the run is ending)."""
 
-    def __init__(self, recipe: tuple, procs: int, depth: int, threads: int, device: torch.device, *,
+    def __init__(self, recipe: shipping.Recipe | bytes, procs: int, depth: int, threads: int, device: torch.device, *,
                  rank: int, keep_freed: bool = True, group: dict | None = None, fail_batch: int = -1):
         self.recipe, self.procs, self.threads = recipe, procs, threads
         self.device, self.rank, self.keep_freed, self.group = device, rank, keep_freed, group or {}
@@ -220,7 +221,7 @@ class SamplerPool:
         self.waiting: collections.deque = collections.deque()  # batch indices without a slot yet, in order
         # the rank's CommStats (or None): the processes' batches count there (a recipe already pickled: a sampler
         # server's, which hands each batch's counts on to its trainer)
-        self.stats = None if isinstance(recipe, bytes) else recipe[3]
+        self.stats = None if isinstance(recipe, bytes) else recipe.stats
         self.starts = 0  # the same on every rank: pools start and stop together
 
     def start(self) -> None:

@@ -103,8 +103,8 @@ def _serve_trainer(conn: socket.socket, counters: _Counters, threads: int, fail_
         # Each trainer's own sampler, even where trainers send the same recipe: a sampler's scratch (its id maps)
         # holds one batch at a time, and this thread samples while the others do. The graph's file-backed
         # tensors are mapped again, not copied: the node's one copy in the page cache serves them all.
-        features, sampler, transform, _ = shipping.loads(recipe)
-        loader = BatchLoader(features, sampler, [], transform=transform)
+        r: shipping.Recipe = shipping.loads(recipe)
+        loader = BatchLoader(r.features, r.sampler, [], transform=r.transform)
     send(conn, ("ready",))
     pending: deque = deque()
     credits, buf, i = depth, torch.empty(SLOT_BYTES, dtype=torch.uint8), -1
@@ -328,7 +328,7 @@ def _slot(nbytes: int, pin: bool) -> Tensor:
 class RemotePool:
     """A trainer's sampler servers: :class:`~hpcgnn.sampling.procs.SamplerPool`'s interface over sockets."""
 
-    def __init__(self, recipe: tuple, servers: list[tuple[str, int]], depth: int, device: torch.device, *,
+    def __init__(self, recipe: shipping.Recipe, servers: list[tuple[str, int]], depth: int, device: torch.device, *,
                  rank: int, key: bytes, run_dir: str | Path, timeout_s: float = 120.0, connect_s: float = 1800.0,
                  group: dict | None = None):
         self.recipe, self.depth, self.group = recipe, max(1, depth), group
@@ -338,11 +338,7 @@ class RemotePool:
         self.first = rank % len(servers) if group else 0  # the index of self.servers[0] among all servers
         self.device, self.rank, self.timeout_s, self.connect_s = device, rank, timeout_s, connect_s
         self.links: list[_Link] = []
-        self.stats = recipe[3]
-
-    @property
-    def running(self) -> list[_Link]:
-        return self.links
+        self.stats = recipe.stats
 
     def start(self) -> None:
         if self.links:
@@ -359,9 +355,6 @@ class RemotePool:
             link.sock.settimeout(self.timeout_s)
         log.info("rank %d: %d sampler server(s) ready (%s) in %.1f s", self.rank, len(self.links),
                  ", ".join(f"{h}:{p}" for h, p in self.servers), time.perf_counter() - t0)
-
-    def pids(self) -> list[int]:
-        return []
 
     def loader(self, loader: BatchLoader):
         from hpcgnn.sampling.procs import ProcessLoader

@@ -16,6 +16,7 @@ from __future__ import annotations
 import io
 import logging
 import pickle
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import cloudpickle
@@ -90,6 +91,17 @@ class _Unpickler(pickle.Unpickler):
             self.maps[key] = torch.from_numpy(array)
         base = self.maps[key].view(getattr(torch, dtype))
         return base.as_strided(shape, stride, storage_offset)
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """What a sampler process or a sampler server needs to make a rank's training batches: sent once, pickled by
+    :func:`dumps` (the graph's memory-mapped tensors by reference)."""
+
+    features: object  # where a batch's feature rows come from (a tensor, a typed graph's, a partitioned rank's)
+    sampler: object  # the rank's training sampler (hpcgnn.sampling's protocol: sample(seeds, generator))
+    transform: Callable | None = None  # the model's per-batch transform (GCNNorm), or None
+    stats: object = None  # a partitioned graph's exchange counters (CommStats), the producer's counts added there
 
 
 def dumps(obj) -> bytes:

@@ -36,7 +36,7 @@ from hpcgnn.env import RankEnv
 from hpcgnn.errors import AllocationError, AnotherRankFailed, ConfigError, DatasetError
 from hpcgnn.models import uses_edges
 from hpcgnn.rng import derive_seed, generator
-from hpcgnn.sampling import BatchLoader, PrefetchLoader, rank_seeds
+from hpcgnn.sampling import BatchLoader, PrefetchLoader, rank_seeds, shipping
 from hpcgnn.sampling import subgraph as sub
 from hpcgnn.sampling.distributed import CommStats
 from hpcgnn.sampling.link import LinkSampler, pair_sampler, share
@@ -90,7 +90,8 @@ class Store(abc.ABC):
             group = None if exchange is None or env.world_size == 1 else dict(
                 group_size=env.world_size, master_addr=env.master_addr, master_port=env.master_port,
                 init_timeout_s=d.init_timeout_s, timeout_s=d.timeout_s)
-            recipe = (self.features, self.train_sampler, transform, exchange.stats if exchange is not None else None)
+            recipe = shipping.Recipe(self.features, self.train_sampler, transform,
+                                     exchange.stats if exchange is not None else None)
             if self.sampler_servers:  # another group of the job, another job, or local processes
                 from hpcgnn.sampling.server import RemotePool
                 from hpcgnn.trust import run_secret
