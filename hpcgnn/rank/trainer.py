@@ -227,8 +227,9 @@ class Trainer:
         self._log_start()
         preempt = PreemptionFlag(self.cfg.checkpoint.signal)
         try:
-            if self.cfg.train.sampler_procs or self.store.sampler_servers:  # started before the clock runs
-                self.store.sampler_pool(self.task.transform).start()
+            producer = self.store.batch_producer(self.task.transform)
+            if producer is not None:  # started before the clock runs
+                producer.start()
             for epoch in range(self.state.epoch, self.cfg.train.epochs + 1):
                 row = self.run_epoch(epoch, preempt)
                 if epoch % self.cfg.train.eval_every == 0 or epoch == self.cfg.train.epochs:

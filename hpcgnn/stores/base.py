@@ -72,11 +72,20 @@ class Store(abc.ABC):
                              batch_seed=derive_seed(t.seed, "train", epoch, self.env.rank), start=start_step,
                              num_batches=self.steps, device=self.device, pin_memory=self.device.type == "cuda",
                              transform=transform, weigh_by_seeds=self.weigh_by_seeds)
-        if t.sampler_procs or self.sampler_servers:  # the same batches, made by other processes
-            return self.sampler_pool(transform).loader(loader)
+        producer = self.batch_producer(transform)
+        if producer is not None:  # the same batches, made by other processes
+            return producer.loader(loader)
         return PrefetchLoader(loader, t.prefetch) if t.prefetch else loader
 
-    def sampler_pool(self, transform=None):
+    def batch_producer(self, transform=None):
+        """What makes this rank's training batches outside its training loop, decided here and only here: its
+        sampler servers' connections, its sampler processes, or None (the rank's own loader, with its prefetch
+        thread). The trainer starts it before the first epoch."""
+        if not (self.cfg.train.sampler_procs or self.sampler_servers):
+            return None
+        return self._sampler_pool(transform)
+
+    def _sampler_pool(self, transform=None):
         """Whatever makes this rank's training batches elsewhere, made once: its connections to the job's sampler
         servers, or its sampler processes (``train.sampler_procs``). Both start before the first epoch."""
         pool = getattr(self, "_pool", None)
