@@ -248,12 +248,13 @@ def test_a_message_to_a_sampler_process_that_has_ended_fails_the_rank_naming_it(
     import multiprocessing
 
     from hpcgnn.errors import SamplerFailed
+    from hpcgnn.sampling import messages as m
     from hpcgnn.sampling.procs import SamplerPool, SamplerSpec, _Proc
 
     ctx = multiprocessing.get_context("spawn")
     pool = SamplerPool(b"", 1, 2, 1, torch.device("cpu"), rank=0)
 
-    def ended(error: tuple | None) -> _Proc:
+    def ended(error: m.Failed | None) -> _Proc:
         inbox_end, inbox = ctx.Pipe(duplex=False)
         outbox, outbox_end = ctx.Pipe(duplex=False)
         p = ctx.Process(target=outbox_end.send if error else os.getpid, args=(error,) if error else ())
@@ -265,10 +266,10 @@ def test_a_message_to_a_sampler_process_that_has_ended_fails_the_rank_naming_it(
 
     with pytest.raises(SamplerFailed, match=r"sampler process 0 of rank 0 \(pid \d+\) died \(exit code 0\) before the "
                                             r"rank could send it 'grant'. HINT"):
-        pool._send(ended(None), ("grant", 0, 0))
+        pool._send(ended(None), m.Grant(0, 0))
     with pytest.raises(SamplerFailed, match=r"sampler process 0 of rank 0 \(pid \d+\) failed making batch 3: "
                                             r"RuntimeError: boom\nits traceback:\nTraceback"):
-        pool._send(ended(("error", 3, "RuntimeError: boom", "Traceback (most recent call last): ...")), ("grant", 3, 1))
+        pool._send(ended(m.Failed(3, "RuntimeError: boom", "Traceback (most recent call last): ...")), m.Grant(3, 1))
 
 
 @pytest.mark.slow

@@ -48,6 +48,7 @@ from hpcgnn.checks import (
     SLOT_BYTES,  # a slot's first size; a batch that does not fit gets a larger slot (once or twice)
 )
 from hpcgnn.errors import SamplerFailed
+from hpcgnn.sampling import messages as m
 from hpcgnn.sampling import shipping
 from hpcgnn.sampling.loader import BatchLoader, to_device
 
@@ -108,7 +109,7 @@ def serve(spec: SamplerSpec, recipe: bytes, slots: list[Tensor], inbox: Connecti
         r: shipping.Recipe = shipping.loads(recipe)
         stats = r.stats
         loader = BatchLoader(r.features, r.sampler, [], transform=r.transform)
-        outbox.send(("ready",))
+        outbox.send(m.Ready())
         pending: collections.deque = collections.deque()  # (i, seeds, batch_seed)
         grants: dict[int, int] = {}  # batch index -> the slot the rank gave it
         shortened = False
@@ -119,7 +120,7 @@ def serve(spec: SamplerSpec, recipe: bytes, slots: list[Tensor], inbox: Connecti
             except EOFError:  # the rank has ended (and this process with it: die_with_parent)
                 return
             if msg is not None:
-                if msg[0] == "stop":
+                if isinstance(msg, m.Stop):
                     break
                 _take(msg, pending, grants, slots)
                 continue
@@ -134,10 +135,10 @@ def serve(spec: SamplerSpec, recipe: bytes, slots: list[Tensor], inbox: Connecti
             data = loader.sample(seeds, rng.generator(batch_seed, i), alloc=writer.alloc)
             meta, needed = shipping.pack(data, writer)
             if meta is None:  # the rank hands every process a larger slot
-                outbox.send(("grow", i, s, needed))
+                outbox.send(m.Grow(i, s, needed))
                 _wait_for_slot(inbox, s, pending, grants, slots)
                 meta, _ = shipping.pack(data, shipping.SlotWriter(slots[s]))
-            outbox.send(("batch", i, s, meta, stats - before if stats is not None else None))
+            outbox.send(m.Batch(i, meta, stats - before if stats is not None else None, slot=s))
             del data
             if spec.group_size > 1 and not shortened:  # as the rank does after its first step
                 from torch.distributed.distributed_c10d import _set_pg_timeout
@@ -146,7 +147,7 @@ def serve(spec: SamplerSpec, recipe: bytes, slots: list[Tensor], inbox: Connecti
                 shortened = True
     except BaseException as exc:  # reported to the rank, which fails naming this process
         with contextlib.suppress(OSError):  # (a rank that has ended reads nothing)
-            outbox.send(("error", i, f"{type(exc).__name__}: {exc}", traceback.format_exc()))
+            outbox.send(m.Failed(i, f"{type(exc).__name__}: {exc}", traceback.format_exc()))
         os._exit(1)
     if spec.group_size > 1:
         import torch.distributed as dist
@@ -157,23 +158,22 @@ def serve(spec: SamplerSpec, recipe: bytes, slots: list[Tensor], inbox: Connecti
 
 def _take(msg, pending: collections.deque, grants: dict, slots: list) -> None:
     """A message from the rank: an epoch's batches, a slot for a batch, or a grown slot."""
-    if msg[0] == "epoch":
-        _, batch_seed, jobs = msg
-        pending.extend((i, torch.from_numpy(seeds), batch_seed) for i, seeds in jobs)
-    elif msg[0] == "grant":
-        grants[msg[1]] = msg[2]
-    elif msg[0] == "slot":
-        slots[msg[1]] = msg[2]
+    if isinstance(msg, m.Epoch):
+        pending.extend((i, torch.from_numpy(seeds), msg.batch_seed) for i, seeds in msg.jobs)
+    elif isinstance(msg, m.Grant):
+        grants[msg.index] = msg.slot
+    elif isinstance(msg, m.Slot):
+        slots[msg.slot] = msg.tensor
 
 
 def _wait_for_slot(inbox, s: int, pending: collections.deque, grants: dict, slots: list) -> None:
     """Until the rank has handed over slot ``s`` grown."""
     while True:
         msg = inbox.recv()
-        if msg[0] == "stop":
+        if isinstance(msg, m.Stop):
             raise SystemExit(0)
         _take(msg, pending, grants, slots)
-        if msg[0] == "slot" and msg[1] == s:
+        if isinstance(msg, m.Slot) and msg.slot == s:
             return
 
 
@@ -274,25 +274,25 @@ class SamplerPool:
     def receive(self, i: int):
         """Batch ``i``, viewed in its slot: (data, its process, slot, its exchange counts or None)."""
         p = self.running[i % self.procs]
-        _, at, s, meta, delta = self._next(p, i)
-        if at != i:
-            raise RuntimeError(f"{p.spec.name} sent batch {at}, expected {i}")
-        if delta is not None and self.stats is not None:
-            self.stats.add(delta)
-        return shipping.unpack(meta, self.slots[s]), p, s, delta
+        batch = self._next(p, i)
+        if batch.index != i:
+            raise RuntimeError(f"{p.spec.name} sent batch {batch.index}, expected {i}")
+        if batch.delta is not None and self.stats is not None:
+            self.stats.add(batch.delta)
+        return shipping.unpack(batch.meta, self.slots[batch.slot]), p, batch.slot, batch.delta
 
     def submit(self, batch_seed: int, jobs: list) -> None:
         """Batches to make, as (index, seeds as a numpy array) in index order, each to the process its index
         says; the first ones get their slots at once."""
         for p in self.running:
-            self._send(p, ("epoch", batch_seed, [(i, seeds) for i, seeds in jobs if i % self.procs == p.spec.index]))
+            self._send(p, m.Epoch(batch_seed, [(i, seeds) for i, seeds in jobs if i % self.procs == p.spec.index]))
         self.waiting.extend(i for i, _ in jobs)
         self._grant()
 
     def _grant(self) -> None:
         while self.free and self.waiting:
             i = self.waiting.popleft()
-            self._send(self.running[i % self.procs], ("grant", i, self.free.popleft()))
+            self._send(self.running[i % self.procs], m.Grant(i, self.free.popleft()))
 
     def _next(self, p: _Proc, i: int | str):
         """``p``'s next message (a batch, or that it is ready), growing its slots as it asks; fails the rank
@@ -307,22 +307,21 @@ class SamplerPool:
                 if not p.process.is_alive():
                     raise self._died(p, i) from None
                 continue
-            kind = msg[0]
-            if kind == "grow":  # every process gets the grown slot (before any later grant of it)
-                _, _, s, needed = msg
+            if isinstance(msg, m.Grow):  # every process gets the grown slot (before any later grant of it)
+                s = msg.slot
                 old = self.slots[s]
-                self.slots[s] = _shared(int(needed * GROWTH), self.pin)
+                self.slots[s] = _shared(int(msg.needed * GROWTH), self.pin)
                 if self.pin:
                     _unpin(old)
                 for q in self.running:
-                    self._send(q, ("slot", s, self.slots[s]))
+                    self._send(q, m.Slot(s, self.slots[s]))
                 log.debug("%s: slot %d grown to %.1f MB", p.spec.name, s, self.slots[s].numel() / 2**20)
                 continue
-            if kind == "error":
+            if isinstance(msg, m.Failed):
                 raise self._failed(p, msg)
             return msg
 
-    def _send(self, p: _Proc, msg: tuple) -> None:
+    def _send(self, p: _Proc, msg) -> None:
         """A message to ``p``; fails the rank when ``p`` has ended (with the error it sent, if it sent one)."""
         try:
             p.inbox.send(msg)
@@ -331,16 +330,16 @@ class SamplerPool:
             with contextlib.suppress(EOFError, OSError):
                 while error is None and p.outbox.poll(0):
                     reply = p.outbox.recv()
-                    error = reply if reply[0] == "error" else None
+                    error = reply if isinstance(reply, m.Failed) else None
             if error is not None:
                 raise self._failed(p, error) from None
             p.process.join(5.0)
-            raise self._died(p, msg[0]) from None
+            raise self._died(p, msg.kind) from None
 
-    def _failed(self, p: _Proc, msg: tuple) -> SamplerFailed:
-        _, at, line, trace = msg
-        what = f"making batch {at}" if at >= 0 else "at its start"
-        return SamplerFailed(f"{p.spec.name} (pid {p.process.pid}) failed {what}: {line}\nits traceback:\n{trace}")
+    def _failed(self, p: _Proc, msg: m.Failed) -> SamplerFailed:
+        what = f"making batch {msg.index}" if msg.index >= 0 else "at its start"
+        return SamplerFailed(f"{p.spec.name} (pid {p.process.pid}) failed {what}: {msg.line}\nits traceback:\n"
+                             f"{msg.trace}")
 
     def _died(self, p: _Proc, i: int | str) -> SamplerFailed:
         """``p`` died while the rank waited for batch ``i``, for its start (``"start"``), or sent it a message
@@ -364,7 +363,7 @@ class SamplerPool:
         """Stop every process (a clean stop, else killed) and free the slots (``done``: as for RemotePool)."""
         for p in self.running:
             with contextlib.suppress(OSError):  # (one that has ended reads nothing)
-                p.inbox.send(("stop",))
+                p.inbox.send(m.Stop())
         deadline = time.monotonic() + 5.0
         for p in self.running:
             p.process.join(timeout=max(0.0, deadline - time.monotonic()))

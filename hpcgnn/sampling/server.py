@@ -39,6 +39,7 @@ from hpcgnn.checks import SLOT_BYTES
 from hpcgnn.errors import AnotherRankFailed, PortTaken, SamplerFailed
 from hpcgnn.failures import record_failure
 from hpcgnn.failures import server_failure as failure_record
+from hpcgnn.sampling import messages as m
 from hpcgnn.sampling import shipping
 from hpcgnn.sampling.loader import BatchLoader
 
@@ -89,9 +90,12 @@ def _serve_trainer(conn: socket.socket, counters: _Counters, threads: int, fail_
     of this trainer's (:class:`~hpcgnn.sampling.procs.SamplerPool`), which joins the group of every trainer's
     (on every server) to sample across parts; this thread relays its batches."""
     try:
-        _, rank, recipe, depth, group = receive(conn)
+        hello = receive(conn)
     except (ConnectionError, OSError):
         return False  # it left before saying what it wants (a requeued trainer comes back)
+    if not isinstance(hello, m.Hello):
+        raise RuntimeError(f"a trainer began with {type(hello).__name__}, not Hello")
+    rank, recipe, depth, group = hello.rank, hello.recipe, hello.depth, hello.group
     pool = None
     if group:
         from hpcgnn.sampling.procs import SamplerPool
@@ -105,7 +109,7 @@ def _serve_trainer(conn: socket.socket, counters: _Counters, threads: int, fail_
         # tensors are mapped again, not copied: the node's one copy in the page cache serves them all.
         r: shipping.Recipe = shipping.loads(recipe)
         loader = BatchLoader(r.features, r.sampler, [], transform=r.transform)
-    send(conn, ("ready",))
+    send(conn, m.Ready())
     pending: deque = deque()
     credits, buf, i = depth, torch.empty(SLOT_BYTES, dtype=torch.uint8), -1
     try:
@@ -114,13 +118,13 @@ def _serve_trainer(conn: socket.socket, counters: _Counters, threads: int, fail_
             t0 = time.perf_counter()
             while idle or select.select([conn], [], [], 0)[0]:  # what the trainer says comes first
                 msg = receive(conn)
-                if msg[0] == "stop":
+                if isinstance(msg, m.Stop):
                     return True
-                if msg[0] == "epoch":
-                    pending.extend((i, torch.from_numpy(seeds), msg[1]) for i, seeds in msg[2])
+                if isinstance(msg, m.Epoch):
+                    pending.extend((i, torch.from_numpy(seeds), msg.batch_seed) for i, seeds in msg.jobs)
                     if pool is not None:  # its process starts on them at once
-                        pool.submit(msg[1], msg[2])
-                elif msg[0] == "free":
+                        pool.submit(msg.batch_seed, msg.jobs)
+                elif isinstance(msg, m.Free):
                     credits += 1
                 idle = not (pending and credits)
             with counters.lock:  # (every trainer's thread counts here)
@@ -145,13 +149,13 @@ def _serve_trainer(conn: socket.socket, counters: _Counters, threads: int, fail_
                 counters.batches += 1
                 counters.sample_s += time.perf_counter() - t0
                 counters.bytes += used
-            send(conn, ("batch", i, meta, delta), memoryview(buf.numpy())[:used])
+            send(conn, m.Batch(i, meta, delta), memoryview(buf.numpy())[:used])
             credits -= 1
     except (ConnectionError, OSError):
         return False  # the trainer is gone (preempted, or it failed: its own error says why)
     except BaseException as exc:
         try:
-            send(conn, ("error", i, f"{type(exc).__name__}: {exc}", traceback.format_exc()))
+            send(conn, m.Failed(i, f"{type(exc).__name__}: {exc}", traceback.format_exc()))
         except OSError:
             pass
         raise
@@ -348,7 +352,7 @@ class RemotePool:
         for k, (host, port) in enumerate(self.servers, start=self.first):
             sock = _connect(host, port, k, self.connect_s, self.key, self.run_dir)
             sock.settimeout(self.connect_s)  # a server may still be preparing the dataset
-            send(sock, ("hello", self.rank, recipe, self.depth, self.group))
+            send(sock, m.Hello(self.rank, recipe, self.depth, self.group))
             self.links.append(_Link(k, host, port, sock, self.depth, self.device.type == "cuda"))
         for link in self.links:
             self._next(link, "start")
@@ -371,7 +375,7 @@ class RemotePool:
         for i in range(start, num_batches):
             jobs[self._link_of(i).index].append((i, (batches[i] if i < len(batches) else empty).numpy()))
         for link in self.links:
-            self._send(link, ("epoch", batch_seed, jobs[link.index]))
+            self._send(link, m.Epoch(batch_seed, jobs[link.index]))
 
     def _send(self, link: _Link, msg) -> None:
         try:
@@ -384,10 +388,9 @@ class RemotePool:
             msg = receive(link.sock, slot)
         except (OSError, ConnectionError, EOFError) as exc:
             raise self._lost(link, "waiting for its start" if i == "start" else f"waiting for batch {i}", exc) from None
-        if msg[0] == "error":
-            _, at, line, trace = msg
-            raise SamplerFailed(f"{link.name} failed making batch {at} of rank {self.rank}: {line}\n"
-                                f"its traceback:\n{trace}")
+        if isinstance(msg, m.Failed):
+            raise SamplerFailed(f"{link.name} failed making batch {msg.index} of rank {self.rank}: {msg.line}\n"
+                                f"its traceback:\n{msg.trace}")
         return msg
 
     def _lost(self, link: _Link, doing: str, exc: BaseException) -> SamplerFailed:
@@ -404,18 +407,18 @@ class RemotePool:
                 link.slots[s] = _slot(int(nbytes * 1.25), link.pin)
             return link.slots[s]
 
-        _, at, meta, delta = self._next(link, i, slot)
-        if at != i:
-            raise RuntimeError(f"{link.name} sent batch {at}, expected {i}")
-        if delta is not None and self.stats is not None:
-            self.stats.add(delta)
-        return shipping.unpack(meta, link.slots[s]), link, s, delta
+        batch = self._next(link, i, slot)
+        if batch.index != i:
+            raise RuntimeError(f"{link.name} sent batch {batch.index}, expected {i}")
+        if batch.delta is not None and self.stats is not None:
+            self.stats.add(batch.delta)
+        return shipping.unpack(batch.meta, link.slots[s]), link, s, batch.delta
 
     def release(self, link: _Link, s: int, done) -> None:
         if done is not None:
             done.synchronize()
         link.free.append(s)
-        self._send(link, ("free", s))
+        self._send(link, m.Free(s))
 
     def close(self, done: bool = False) -> None:
         """Close the connections; ``done``: the run has finished, the servers may leave (otherwise they wait for
@@ -423,7 +426,7 @@ class RemotePool:
         for link in self.links:
             if done:
                 try:
-                    send(link.sock, ("stop",))
+                    send(link.sock, m.Stop())
                 except OSError:
                     pass
             link.sock.close()
