@@ -305,3 +305,20 @@ def test_edge_budget_trains_under_ddp_with_equal_steps(tmp_path, graph):
                for r in range(2)]
     assert len(records[0]) == len(records[1]) == 2 * summary["steps_per_epoch"]
     assert 0 < summary["history"][-1]["balance"]["step_edges_max_over_mean"] < 1.2
+
+
+@pytest.mark.parametrize("over", [["train.sampler=neighbor"], ["train.sampler=ladies"], ["train.sampler=saint_node"],
+                                  ["train.sampler=saint_edge"], ["train.sampler=saint_rw"], ["train.sampler=cluster"],
+                                  ["task=link"], ["dataset=synthetic_hetero", "model=rgcn"]])
+def test_every_sampler_kind_is_the_samplers_protocol(over):
+    """Every kind declares what the loader, the sampler processes and the servers rely on (a sampler's device, its
+    sample), not probed (hpcgnn.sampling.protocol): its training sampler and its evaluation sampler alike."""
+    from hpcgnn.sampling.protocol import Sampler
+    from hpcgnn.stores import open_store
+
+    cfg = make_config(*over, "dataset.num_nodes=2000", "train.batch_size=64", f"dataset.root={DATA_ROOT}")
+    store = open_store(cfg, RankEnv.from_environ({}), torch.device("cpu"))
+    loader = store.eval_loader("val")
+    for sampler in (store.train_sampler, loader.sampler):
+        assert isinstance(sampler, Sampler) and sampler.device == torch.device("cpu"), type(sampler)
+    store.close()

@@ -72,8 +72,8 @@ class LinkSampler:
             raise ValueError("strict negatives and dropped targets need the graph's edge membership (has_edge)")
 
     @property
-    def rowptr(self) -> Tensor:  # where generators live (BatchLoader makes them on this device)
-        return self.node_sampler.rowptr
+    def device(self) -> torch.device:  # (hpcgnn.sampling.protocol)
+        return self.node_sampler.device
 
     def draw_negatives(self, src: Tensor, dst: Tensor, gen: torch.Generator | None) -> tuple[Tensor, Tensor]:
         """``[B, k]`` negative targets and their weights (0: padding) for positives ``src -> dst``."""
@@ -141,8 +141,8 @@ class PairSampler:
         self.node_sampler, self.pairs_of, self.pairs_per_item = node_sampler, pairs_of, pairs_per_item
 
     @property
-    def rowptr(self) -> Tensor:
-        return self.node_sampler.rowptr
+    def device(self) -> torch.device:  # (hpcgnn.sampling.protocol)
+        return self.node_sampler.device
 
     def sample(self, items: Tensor, generator: torch.Generator | None = None) -> SampledSubgraph:
         pairs = self.pairs_of(items.long())

@@ -154,12 +154,8 @@ class BatchLoader:
 
     @property
     def graph_device(self) -> torch.device:
-        """Where batches are made: the sampler's graph's device."""
-        device = getattr(self.sampler, "device", None)  # a typed sampler says it
-        if isinstance(device, torch.device):
-            return device
-        rowptr = getattr(self.sampler, "rowptr", None)
-        return rowptr.device if isinstance(rowptr, Tensor) else torch.device("cpu")
+        """Where batches are made: the sampler's graph's device (:class:`hpcgnn.sampling.protocol.Sampler`)."""
+        return self.sampler.device
 
     @functools.cached_property
     def clock(self) -> Clock:

@@ -292,6 +292,10 @@ class CSRNeighborSampler(BaseSampler):
         self._local = DenseIdMap(size, rowptr.device) if id_map == "dense" else BatchIdMap(rowptr.device)
         self._guard = OneBatchAtATime()
 
+    @property
+    def device(self) -> torch.device:  # (hpcgnn.sampling.protocol)
+        return self.rowptr.device
+
     def sample(self, seeds: Tensor, generator: torch.Generator | None = None) -> SampledSubgraph:
         """Sample the subgraph around ``seeds``; the generator must live on the graph's device. One batch at a
         time: a second thread sampling with this sampler meanwhile is refused (:class:`OneBatchAtATime`)."""

@@ -98,6 +98,10 @@ class SubgraphSampler(abc.ABC):
         self.inclusion: Tensor | None = None  # lambda_v: probability that v is in a step's subgraph
         self._guard = OneBatchAtATime()
 
+    @property
+    def device(self) -> torch.device:  # (hpcgnn.sampling.protocol)
+        return self.rowptr.device
+
     @abc.abstractmethod
     def nodes(self, items: Tensor, generator: torch.Generator | None) -> Tensor:
         """Global ids of the step's node set (repeats allowed)."""
