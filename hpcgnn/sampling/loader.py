@@ -297,111 +297,129 @@ class PrefetchLoader:
         return len(self.loader)
 
     def __iter__(self) -> Iterator[Data]:
-        q: queue.Queue = queue.Queue(maxsize=self.depth)
-        stop = threading.Event()
-        device = self.loader.device
-        cuda = device is not None and device.type == "cuda"
+        yield from _Walk(self.loader, self.depth).batches()  # (set up at the first batch asked for, not before)
+
+
+class _Walk:
+    """One walk of a :class:`PrefetchLoader`: its threads, the queues between them, and the consumer's end.
+
+    Two stages where they may (see BatchLoader.two_stage): one thread samples the next batch (:meth:`draw`)
+    while another gathers this one's features (:meth:`work`), so a batch costs about the longer of the two,
+    not their sum. The stages split the threads of the C kernels (sampling, the row gather) between them: two
+    teams of all of them would take turns on the cores (typed batches on 2 cores, by hand: 35-39 batches/s with
+    a team of 2 in each stage, 40-45 with one thread each). The sampling stage is the quicker one (a typed batch
+    of ogbn-mag's size: ~16 ms of sampling, ~21 of gathering, one thread each, by hand): once its next batch is
+    made and waits for room, the sampling thread takes chunks of the running gather (native.GatherShare)
+    instead of sleeping.
+    """
+
+    def __init__(self, loader: BatchLoader, depth: int):
+        self.loader = loader
+        self.q: queue.Queue = queue.Queue(maxsize=depth)  # the gathering thread -> the consumer
+        self.drawn: queue.Queue = queue.Queue(maxsize=1)  # the sampling thread -> the gathering thread
+        self.stop = threading.Event()
+        self.device = loader.device
+        self.cuda = self.device is not None and self.device.type == "cuda"
         # High priority: the thread's small kernels (and the syncs between them) get SMs as soon as they free
         # up, instead of queueing behind the training step's large kernels.
-        side = torch.cuda.Stream(device, priority=-1) if cuda else None
-        if cuda:  # what the default stream did before (the sampler's scratch map, say) comes first
-            side.wait_stream(torch.cuda.current_stream(device))
-
-        def put(item, into: queue.Queue = q) -> bool:
-            while not stop.is_set():
-                try:
-                    into.put(item, timeout=0.1)
-                    return True
-                except queue.Full:
-                    continue
-            return False
-
-        def take(source: queue.Queue) -> Iterator:
-            """What ``draw`` put, in order, until its end (its exception raised here)."""
-            while not stop.is_set():
-                try:
-                    item = source.get(timeout=0.1)
-                except queue.Empty:
-                    continue
-                with share.changed:  # room for draw's next batch
-                    share.changed.notify_all()
-                if item is _END:
-                    return
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
-
-        # Two stages where they may (see BatchLoader.two_stage): one thread samples the next batch while
-        # another gathers this one's features, so a batch costs about the longer of the two, not their sum.
-        # The stages split the threads of the C kernels (sampling, the row gather) between them: two teams
-        # of all of them would take turns on the cores (typed batches on 2 cores, by hand: 35-39 batches/s
-        # with a team of 2 in each stage, 40-45 with one thread each).
-        # The sampling stage is the quicker one (a typed batch of ogbn-mag's size: ~16 ms of sampling, ~21 of
-        # gathering, one thread each, by hand): once its next batch is made and waits for room, the sampling
-        # thread takes chunks of the running gather (native.GatherShare) instead of sleeping.
-        drawn: queue.Queue = queue.Queue(maxsize=1)
+        self.side = torch.cuda.Stream(self.device, priority=-1) if self.cuda else None
+        if self.cuda:  # what the default stream did before (the sampler's scratch map, say) comes first
+            self.side.wait_stream(torch.cuda.current_stream(self.device))
         budget = native.threads()
-        sample_threads = max(1, budget // 2)
-        gather_threads = max(1, budget - sample_threads)
-        share = native.GatherShare()
+        self.sample_threads = max(1, budget // 2)
+        self.gather_threads = max(1, budget - self.sample_threads)
+        self.share = native.GatherShare()
+        self.two_stage = loader.two_stage
 
-        def hand_on(item) -> bool:
-            """put(item, drawn), helping the running gather while there is no room for it."""
-            while not stop.is_set():
-                try:
-                    drawn.put_nowait(item)
-                    return True
-                except queue.Full:
-                    pass
-                job = share.job
-                if job is not None and share.help():
-                    continue
-                with share.changed:  # woken when the next gather starts or the gathering thread takes a batch
-                    if share.job is job and drawn.full():
-                        share.changed.wait(0.1)
-            return False
-
-        def draw() -> None:
-            native.thread_budget(sample_threads)
+    def put(self, item, into: queue.Queue | None = None) -> bool:
+        """``item`` into ``into`` (the consumer's queue), waiting for room unless the walk stops."""
+        into = self.q if into is None else into
+        while not self.stop.is_set():
             try:
-                for item in self.loader.drawn_batches():
-                    if not hand_on(item):
+                into.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def take(self, source: queue.Queue) -> Iterator:
+        """What :meth:`draw` put, in order, until its end (its exception raised here)."""
+        while not self.stop.is_set():
+            try:
+                item = source.get(timeout=0.1)
+            except queue.Empty:
+                continue
+            with self.share.changed:  # room for draw's next batch
+                self.share.changed.notify_all()
+            if item is _END:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+    def hand_on(self, item) -> bool:
+        """put(item, drawn), helping the running gather while there is no room for it."""
+        share = self.share
+        while not self.stop.is_set():
+            try:
+                self.drawn.put_nowait(item)
+                return True
+            except queue.Full:
+                pass
+            job = share.job
+            if job is not None and share.help():
+                continue
+            with share.changed:  # woken when the next gather starts or the gathering thread takes a batch
+                if share.job is job and self.drawn.full():
+                    share.changed.wait(0.1)
+        return False
+
+    def draw(self) -> None:
+        """The sampling thread (two stages only)."""
+        native.thread_budget(self.sample_threads)
+        try:
+            for item in self.loader.drawn_batches():
+                if not self.hand_on(item):
+                    return
+            self.hand_on(_END)
+        except BaseException as exc:  # handed to the gathering thread, which hands it on
+            self.hand_on(exc)
+
+    def work(self) -> None:
+        """The gathering thread: whole batches (on a GPU: copied on the side stream, with their ready event)."""
+        if self.two_stage:
+            native.thread_budget(self.gather_threads)
+            native.share_gathers(self.share)
+        cuda, device, side = self.cuda, self.device, self.side
+        try:
+            with torch.cuda.device(device) if cuda else contextlib.nullcontext(), \
+                    torch.cuda.stream(side) if cuda else contextlib.nullcontext():
+                batches = (self.loader.assemble(item) for item in self.take(self.drawn)) if self.two_stage \
+                    else self.loader.host_batches()
+                for batch in batches:
+                    ready = None
+                    if cuda:
+                        batch = to_device(batch, device)
+                        ready = torch.cuda.Event()
+                        ready.record(side)
+                    if not self.put((batch, ready)):
                         return
-                hand_on(_END)
-            except BaseException as exc:  # handed to the gathering thread, which hands it on
-                hand_on(exc)
+            self.put(_END)
+        except BaseException as exc:  # handed to the consumer, raised there
+            self.put(exc)
 
-        two_stage = self.loader.two_stage
-        helpers = [threading.Thread(target=draw, name="hpcgnn-sample", daemon=True)] if two_stage else []
-
-        def work() -> None:
-            if two_stage:
-                native.thread_budget(gather_threads)
-                native.share_gathers(share)
-            try:
-                with torch.cuda.device(device) if cuda else contextlib.nullcontext(), \
-                        torch.cuda.stream(side) if cuda else contextlib.nullcontext():
-                    batches = (self.loader.assemble(item) for item in take(drawn)) if two_stage \
-                        else self.loader.host_batches()
-                    for batch in batches:
-                        ready = None
-                        if cuda:
-                            batch = to_device(batch, device)
-                            ready = torch.cuda.Event()
-                            ready.record(side)
-                        if not put((batch, ready)):
-                            return
-                put(_END)
-            except BaseException as exc:  # handed to the consumer, raised there
-                put(exc)
-
-        threads = [*helpers, threading.Thread(target=work, name="hpcgnn-prefetch", daemon=True)]
-        _walks[id(stop)] = (stop, threads)
+    def batches(self) -> Iterator[Data]:
+        """The consumer's end: the batches in order, each ready on the current stream; the threads stopped and
+        joined however the walk ends (finished, broken off, or failed)."""
+        threads = [threading.Thread(target=self.draw, name="hpcgnn-sample", daemon=True)] if self.two_stage else []
+        threads.append(threading.Thread(target=self.work, name="hpcgnn-prefetch", daemon=True))
+        _walks[id(self.stop)] = (self.stop, threads)
         for thread in threads:
             thread.start()
+        device = self.device
         try:
             while True:
-                item = q.get()
+                item = self.q.get()
                 if item is _END:
                     return
                 if isinstance(item, BaseException):
@@ -418,9 +436,9 @@ class PrefetchLoader:
                             value.record_stream(here)
                 yield batch
         finally:
-            stop.set()
+            self.stop.set()
             for thread in threads:
                 thread.join()
-            _walks.pop(id(stop), None)
-            if cuda:  # the thread's last kernels come before whatever the default stream does next
-                torch.cuda.current_stream(device).wait_stream(side)
+            _walks.pop(id(self.stop), None)
+            if self.cuda:  # the thread's last kernels come before whatever the default stream does next
+                torch.cuda.current_stream(device).wait_stream(self.side)
