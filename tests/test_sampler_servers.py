@@ -49,7 +49,7 @@ def test_the_dry_run_prints_the_heterogeneous_script(tmp_path):
     head = script.split("#SBATCH hetjob")
     assert len(head) == 2 and "--nodes=1" in head[0] and "--signal=USR2@30" in head[0]
     assert "#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=1\n#SBATCH --cpus-per-task=3" in head[1]
-    servers = re.search(r"^srun --het-group=1 .* -u -m hpcgnn.sampling.server \S+sampler-servers.pkl &$", script, re.M)
+    servers = re.search(r"^srun --het-group=1 .* -u -m hpcgnn.rank.server \S+sampler-servers.pkl &$", script, re.M)
     trainers = re.search(r"^srun --het-group=0 .* -m submitit.core._submit \S+$", script, re.M)
     assert servers and trainers and servers.start() < trainers.start()
     assert script.rstrip().endswith('kill "$HPCGNN_SERVERS" 2>/dev/null\nwait\nexit "$status"')

@@ -13,6 +13,8 @@ them straight into one of its slots (``recv_into``: no pickle, no copy in Python
 A server has at most ``train.prefetch`` batches in flight per trainer: it makes the next one when the trainer
 hands a slot back. Sockets and not torch.distributed: the two sides need no common process group (a server's
 death must not hang a collective), and a message whose size only the sender knows needs no size exchange.
+
+A server's process starts in :mod:`hpcgnn.rank.server` (a SLURM task, or a local process the launcher spawned).
 """
 
 from __future__ import annotations
@@ -492,44 +494,3 @@ def bind_address(own: str, peers: list[str] = (), resolve=socket.gethostbyname) 
     except OSError:
         local = False
     return addr if peers and local else ""
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m hpcgnn.sampling.server CONFIG``: one sampler server of a SLURM job (its group of the
-    heterogeneous job); where it listens follows from the job's variables (:func:`hpcgnn.env.this_server`).
-    A user error (a taken port, a refused secret) is printed as one line (run_server records it for the trainers
-    and the launcher); anything else keeps its traceback. Exit code: the error's."""
-    import signal
-    import sys
-
-    from hpcgnn import env
-    from hpcgnn.data import prepare
-    from hpcgnn.errors import UserError, describe
-    from hpcgnn.logs import setup_logging
-
-    argv = sys.argv[1:] if argv is None else argv
-    cfg = pickle.loads(Path(argv[0]).read_bytes())
-    process.ignore_signals(signal.SIGUSR1, signal.SIGUSR2)  # the trainers' preemption signal: theirs to act on
-    environ = env.current()
-    index, port = env.this_server(environ, (cfg.dist.port_min, cfg.dist.port_max))
-    setup_logging(f"server {index}", main=True)
-    dbg = cfg.debug
-    sn = cfg.cluster.samplers
-    trainers = trainers_of(index, sn.nodes * sn.tasks_per_node, cfg.world_size, cfg.graph.mode == "partitioned")
-    own = env.read("node_name", environ) or socket.gethostname()
-    peers = env.expand_nodelist(env.read("trainer_nodelist", environ) or "") if sn.het else []
-    try:
-        run_server(index, port, trainers, env.slurm_cpus_per_task(environ) or 1, cfg.run_dir,
-                   trust.run_secret(cfg.run_dir), prepare=lambda: prepare(cfg.dataset), host=bind_address(own, peers),
-                   idle_s=cfg.dist.init_timeout_s, announce=None if sn.het else trust.announced(cfg.run_dir) / str(index),
-                   fail_batch=dbg.sampler_fail_batch if dbg.sampler_fail_rank == index else -1)
-    except UserError as exc:  # (recorded by run_server)
-        if env.full_error():
-            raise
-        print(describe(exc), file=sys.stderr, flush=True)
-        return exc.exit_code
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

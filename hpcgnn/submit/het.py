@@ -3,7 +3,7 @@
 A run whose cluster file has ``samplers: {nodes: N, ...}`` is one heterogeneous job (``#SBATCH hetjob``):
 group 0 holds the trainers, started exactly as submitit starts any job (its pickled entry point, its USR2
 requeue handler, its result files); group 1 holds the sampler servers, started in the background before
-them (``srun --het-group=1 python -m hpcgnn.sampling.server``) and stopped after them. The two sides find
+them (``srun --het-group=1 python -m hpcgnn.rank.server``) and stopped after them. The two sides find
 each other from SLURM's variables alone (``SLURM_JOB_NODELIST_HET_GROUP_1`` and the leader's job id, read in
 :mod:`hpcgnn.env`), never from addresses in a config.
 
@@ -40,7 +40,7 @@ def server_command(python: str, folder: Path, het: bool) -> str:
     group = "--het-group=1 " if het else ""
     out = shlex.quote(str(folder / "%j_server_%t.out"))
     return (f"srun {group}--unbuffered --output {out} --error {out} "
-            f"{shlex.quote(python)} -u -m hpcgnn.sampling.server {shlex.quote(str(folder / SERVERS_PICKLE))}")
+            f"{shlex.quote(python)} -u -m hpcgnn.rank.server {shlex.quote(str(folder / SERVERS_PICKLE))}")
 
 
 def heterogeneous(text: str, cfg: RunConfig) -> str:
@@ -60,7 +60,7 @@ def heterogeneous(text: str, cfg: RunConfig) -> str:
 
 
 def write_servers_config(cfg: RunConfig, folder: Path) -> Path:
-    """The run's config where the servers read it (``python -m hpcgnn.sampling.server PATH``)."""
+    """The run's config where the servers read it (``python -m hpcgnn.rank.server PATH``)."""
     import pickle
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -77,7 +77,7 @@ def servers_script(cfg: RunConfig, folder: Path, python: str) -> str:
     out = shlex.quote(str(folder / "%j_server_%t.out"))
     lines = ["#!/bin/bash", "", "# Parameters", *server_directives(c), f"#SBATCH --output={folder / '%j_servers.out'}",
              "", "# setup", *c.setup, "", "# sampler servers: the trainers' job starts once this one has",
-             f"srun --unbuffered --output {out} --error {out} {shlex.quote(python)} -u -m hpcgnn.sampling.server "
+             f"srun --unbuffered --output {out} --error {out} {shlex.quote(python)} -u -m hpcgnn.rank.server "
              f"{shlex.quote(str(folder / SERVERS_PICKLE))}"]
     return "\n".join(lines) + "\n"
 

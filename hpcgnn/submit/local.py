@@ -14,6 +14,7 @@ from hpcgnn import env, process
 from hpcgnn.config import RunConfig
 from hpcgnn.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_PREEMPTED, ConfigError
 from hpcgnn.io import ignoring_ctrl_c, stop_cleanly_on_sigterm
+from hpcgnn.rank.server import serve_locally
 from hpcgnn.submit.follow import forwarding, print_result, report_failure
 
 
@@ -43,29 +44,6 @@ def run_this_rank(cfg: RunConfig) -> int:
     return 0
 
 
-def _server_entry(index: int, port: int, cfg: RunConfig, parent: int) -> None:
-    """One local sampler server (``launch.sampler_servers``): serves every rank on loopback, then leaves. A user
-    error leaves quietly with its code (run_server recorded it: the launcher reports its line, as a rank's)."""
-    from hpcgnn.data import prepare
-    from hpcgnn.errors import UserError
-    from hpcgnn.logs import setup_logging
-    from hpcgnn.sampling.server import run_server, trainers_of
-    from hpcgnn.trust import run_secret
-
-    _end_with_parent(parent)
-    setup_logging(f"server {index}", main=index == 0)
-    dbg = cfg.debug
-    trainers = trainers_of(index, cfg.launch.sampler_servers, cfg.launch.procs, cfg.graph.mode == "partitioned")
-    try:
-        run_server(index, port, trainers, cfg.train.sampler_threads or 1, cfg.run_dir, run_secret(cfg.run_dir),
-                   prepare=lambda: prepare(cfg.dataset), host="127.0.0.1",
-                   fail_batch=dbg.sampler_fail_batch if dbg.sampler_fail_rank == index else -1)
-    except UserError as exc:  # (recorded by run_server, for the launcher's report)
-        if env.full_error():
-            raise
-        sys.exit(exc.exit_code)
-
-
 def _start_servers(cfg: RunConfig, ctx) -> tuple[list, dict[str, str]]:
     """``launch.sampler_servers`` local server processes on free ports, and the variable that tells the ranks."""
     d, servers, ports = cfg.dist, [], []
@@ -74,7 +52,7 @@ def _start_servers(cfg: RunConfig, ctx) -> tuple[list, dict[str, str]]:
         if k == 0 and cfg.debug.server_port:
             port = cfg.debug.server_port
         ports.append(port)
-        servers.append(ctx.Process(target=_server_entry, args=(k, port, cfg, os.getpid()),
+        servers.append(ctx.Process(target=serve_locally, args=(k, port, cfg, os.getpid()),
                                    name=f"hpcgnn-sampler-server-{k}"))
     listed = ",".join(f"127.0.0.1:{p}" for p in ports)
     return servers, ({env.VARIABLES["local_servers"]: listed} if servers else {}) | {env.VARIABLES["run_locked"]: "1"}
