@@ -21,7 +21,7 @@ import time
 import torch
 from common import BATCH, FANOUTS, benchmark_graph, graph_arguments, interleaved_medians
 
-from hpcgnn.sampling import CSRNeighborSampler, native
+from hpcgnn.sampling import CSRNeighborSampler, binding, hashtable
 from hpcgnn.sampling.neighbor import BatchIdMap, SortedIdMap
 
 
@@ -47,12 +47,12 @@ def main() -> None:
     ap.add_argument("--batches", type=int, default=20)
     ap.add_argument("--repeat", type=int, default=3, help="runs; the line prints medians")
     args = ap.parse_args()
-    if native.kernels() is None:
+    if binding.kernels() is None:
         raise SystemExit("the C kernels are not available here (no C compiler, or HPCGNN_NATIVE=0): nothing to compare")
     graph = benchmark_graph(args)
     seeds = graph.train_idx[torch.randperm(graph.train_idx.numel(), generator=torch.Generator().manual_seed(0))]
     sides = {"dense": sampler(graph, "dense"), "hash": sampler(graph, "batch"), "sorted": sampler(graph, "batch", True)}
-    assert isinstance(sides["hash"]._local, BatchIdMap) and isinstance(sides["hash"]._local.impl, native.HashTable)
+    assert isinstance(sides["hash"]._local, BatchIdMap) and isinstance(sides["hash"]._local.impl, hashtable.HashTable)
     made = {name: s.sample(seeds[:BATCH], torch.Generator().manual_seed(1)) for name, s in sides.items()}
     same = all(torch.equal(made["dense"].n_id, m.n_id) and torch.equal(made["dense"].edge_index, m.edge_index)
                for m in made.values())

@@ -16,7 +16,7 @@ import torch
 from hpcgnn.config import DatasetConfig
 from hpcgnn.data import Graph, build_graph
 from hpcgnn.data.synthetic import make_synthetic_typed
-from hpcgnn.sampling import CSRNeighborSampler, build, native
+from hpcgnn.sampling import CSRNeighborSampler, binding, build, hashtable, native, scheduler
 from hpcgnn.sampling.neighbor import BatchIdMap, DenseIdMap, SortedIdMap, sample_neighbors
 from hpcgnn.sampling.typed import TypedNeighborSampler
 
@@ -32,12 +32,12 @@ def switch(monkeypatch):
             monkeypatch.delenv("HPCGNN_NATIVE", raising=False)
         else:
             monkeypatch.setenv("HPCGNN_NATIVE", "0")
-        native.kernels.cache_clear()
-        assert (native.kernels() is not None) == on
+        binding.kernels.cache_clear()
+        assert (binding.kernels() is not None) == on
 
     yield set_native
     monkeypatch.delenv("HPCGNN_NATIVE", raising=False)
-    native.kernels.cache_clear()
+    binding.kernels.cache_clear()
 
 
 def both(switch, make):
@@ -85,7 +85,7 @@ def test_kernels_split_large_hops_into_chunks_and_still_match(switch, graph):
     nodes = torch.randint(0, graph.num_nodes, (60_000,), generator=torch.Generator().manual_seed(1))
     hop = both(switch, lambda: sample_neighbors(graph.rowptr, graph.col, nodes, 5, torch.Generator().manual_seed(2)))
     assert torch.equal(hop[0][0], hop[1][0]) and torch.equal(hop[0][1], hop[1][1])
-    assert hop[0][0].numel() > 8 * native.CHUNK
+    assert hop[0][0].numel() > 8 * scheduler.CHUNK
 
     def numbered(size, n):
         ids_map = DenseIdMap(size)
@@ -123,7 +123,7 @@ def test_the_batch_sized_map_holds_the_dense_maps_ids(switch):
     dense = rounds(lambda: DenseIdMap(size))
     switch(True)
     batch = BatchIdMap()
-    assert isinstance(batch.impl, native.HashTable)
+    assert isinstance(batch.impl, hashtable.HashTable)
     hashed = rounds(BatchIdMap)
     switch(False)
     assert isinstance(BatchIdMap().impl, SortedIdMap)
@@ -271,7 +271,7 @@ def test_a_gather_shared_with_a_helper_thread_writes_the_same_rows(switch):
     import threading
 
     switch(True)
-    share = native.GatherShare()
+    share = scheduler.GatherShare()
     assert share.help() == 0  # no gather running
     gen = torch.Generator().manual_seed(11)
     x = torch.randn(200_000, 32, generator=gen)
@@ -290,13 +290,13 @@ def test_a_gather_shared_with_a_helper_thread_writes_the_same_rows(switch):
 
         thread = threading.Thread(target=helper)
         thread.start()
-        native.thread_budget(1)
-        native.share_gathers(share)
+        scheduler.thread_budget(1)
+        scheduler.share_gathers(share)
         try:
             native.gather_rows(x, index, out)
         finally:
-            native.share_gathers(None)
-            native.thread_budget(None)
+            scheduler.share_gathers(None)
+            scheduler.thread_budget(None)
             done.set()
             thread.join()
         return sum(helped), seen
@@ -308,7 +308,7 @@ def test_a_gather_shared_with_a_helper_thread_writes_the_same_rows(switch):
         if chunks:
             break
     assert chunks > 0
-    assert native.kernels().hpcgnn_job_help(native._ptr(seen[0])) == 0  # late: nothing left in it
+    assert binding.kernels().hpcgnn_job_help(binding.ptr(seen[0])) == 0  # late: nothing left in it
     bad = index.clone()
     bad[-5] = 200_000
     with pytest.raises(IndexError, match="index 200000 is out of range for 200000 rows"):
@@ -337,12 +337,12 @@ def test_the_kernels_keep_their_helper_threads_and_share_them_with_callers_and_f
     want = x.index_select(0, index)
 
     def gathers(times: int, results: list) -> None:
-        native.thread_budget(2)
+        scheduler.thread_budget(2)
         try:
             for _ in range(times):
                 results.append(torch.equal(native.gather_rows(x, index, torch.empty(index.numel(), 32)), want))
         finally:
-            native.thread_budget(None)
+            scheduler.thread_budget(None)
 
     tasks = Path("/proc/self/task")  # this process's threads (Linux)
     threads_now = (lambda: len(list(tasks.iterdir()))) if tasks.exists() else (lambda: 0)
@@ -357,7 +357,7 @@ def test_the_kernels_keep_their_helper_threads_and_share_them_with_callers_and_f
     for t in callers:
         t.start()
     out = torch.zeros(index.numel(), 32).share_memory_()
-    native.thread_budget(2)
+    scheduler.thread_budget(2)
     try:
         pid = os.fork()  # while the two threads call the kernels
         if pid == 0:  # the child: one thread, the kernels only (no torch op that uses OpenMP)
@@ -368,7 +368,7 @@ def test_the_kernels_keep_their_helper_threads_and_share_them_with_callers_and_f
             finally:
                 os._exit(code)
     finally:
-        native.thread_budget(None)
+        scheduler.thread_budget(None)
     deadline = time.monotonic() + 120
     while (status := os.waitpid(pid, os.WNOHANG))[0] == 0:
         if time.monotonic() > deadline:
@@ -389,13 +389,13 @@ def test_a_threads_budget_holds_for_its_thread_only():
     seen = {}
 
     def stage():
-        native.thread_budget(1)
-        seen["stage"] = native.threads()
+        scheduler.thread_budget(1)
+        seen["stage"] = scheduler.threads()
 
     t = threading.Thread(target=stage)
     t.start()
     t.join()
-    assert seen["stage"] == 1 and native.threads() == torch.get_num_threads()
+    assert seen["stage"] == 1 and scheduler.threads() == torch.get_num_threads()
 
 
 @needs_cc
@@ -422,8 +422,8 @@ def test_kernels_refuse_ids_outside_the_graph(switch, graph):
     with pytest.raises(IndexError, match="node 3000 is out of range for a graph of 3000 nodes"):
         sample_neighbors(graph.rowptr, graph.col, torch.tensor([4, 3000]), 3)
     torch.set_num_threads(2)
-    many = torch.randint(0, 3000, (5 * native.CHUNK,), generator=torch.Generator().manual_seed(3))
-    many[[2 * native.CHUNK + 7, 4 * native.CHUNK + 1]] = torch.tensor([3001, 3000])  # counted in chunks: the first
+    many = torch.randint(0, 3000, (5 * scheduler.CHUNK,), generator=torch.Generator().manual_seed(3))
+    many[[2 * scheduler.CHUNK + 7, 4 * scheduler.CHUNK + 1]] = torch.tensor([3001, 3000])  # counted in chunks: the first
     with pytest.raises(IndexError, match="node 3001 is out of range for a graph of 3000 nodes"):
         sample_neighbors(graph.rowptr, graph.col, many, 3)
     ids_map = DenseIdMap(100)
@@ -440,7 +440,7 @@ def test_kernels_refuse_ids_outside_the_graph(switch, graph):
     # in place (a walk's last hop looks its sources up in the edge index itself), across chunks
     big = DenseIdMap(3000)
     big.add_new([many[many < 3000][:700]], 0)
-    ids = torch.randint(0, 3000, (5 * native.CHUNK,), generator=torch.Generator().manual_seed(4))
+    ids = torch.randint(0, 3000, (5 * scheduler.CHUNK,), generator=torch.Generator().manual_seed(4))
     want = big.get(ids.clone())
     assert big.get_into(ids, ids).data_ptr() == ids.data_ptr() and torch.equal(ids, want)
     ids = many.clone()  # ...and the id out of range named as it was, not as its chunk left it
@@ -475,11 +475,11 @@ def kernels_from(monkeypatch, tmp_path):
             monkeypatch.delenv("CC", raising=False)
         else:
             monkeypatch.setenv("CC", cc)
-        native.kernels.cache_clear()
-        return native.kernels()
+        binding.kernels.cache_clear()
+        return binding.kernels()
 
     yield load
-    native.kernels.cache_clear()
+    binding.kernels.cache_clear()
 
 
 def _same_batches(graph) -> None:
@@ -490,12 +490,12 @@ def _same_batches(graph) -> None:
 
     a = make()
     os.environ["HPCGNN_NATIVE"] = "0"
-    native.kernels.cache_clear()
+    binding.kernels.cache_clear()
     try:
         b = make()
     finally:
         del os.environ["HPCGNN_NATIVE"]
-        native.kernels.cache_clear()
+        binding.kernels.cache_clear()
     assert torch.equal(a.edge_index, b.edge_index) and torch.equal(a.n_id, b.n_id)
 
 
@@ -510,7 +510,7 @@ def test_without_a_compiler_sampling_runs_on_torch_ops_and_says_how_to_mend_it(k
         assert kernels_from(cc="no-such-cc") is None
         out = CSRNeighborSampler(graph.rowptr, graph.col, (4, 2)).sample(torch.tensor([0, 9]),
                                                                         torch.Generator().manual_seed(0))
-        assert native.kernels() is None
+        assert binding.kernels() is None
     (said,) = _warnings(caplog)  # said once
     assert "no C compiler 'no-such-cc' on PATH" in said and "sampling runs on torch ops, the same batches, slower. " \
         "Install hpcgnn where a C compiler is (`pip install` builds the kernels into the package)" in said

@@ -13,7 +13,14 @@ import torch
 
 from hpcgnn.config import DatasetConfig
 from hpcgnn.data import Graph, build_graph
-from hpcgnn.sampling import BatchLoader, CSRNeighborSampler, rank_seeds, sample_neighbors, steps_per_epoch
+from hpcgnn.sampling import (
+    BatchLoader,
+    CSRNeighborSampler,
+    rank_seeds,
+    sample_neighbors,
+    scheduler,
+    steps_per_epoch,
+)
 from hpcgnn.sampling.native import threads
 from hpcgnn.sampling.neighbor import DenseIdMap
 
@@ -294,8 +301,8 @@ def test_prefetching_loader_yields_the_plain_loaders_batches(graph):
 
 def test_two_stage_batches_whose_gathers_the_sampling_thread_helps_with_are_the_plain_ones():
     """Batches of tens of thousands of rows: their gathers come in many chunks, and the sampling thread, its next
-    batch made, takes some of them (native.GatherShare). The batches are the plain loop's, bit for bit."""
-    from hpcgnn.sampling import PrefetchLoader, native
+    batch made, takes some of them (scheduler.GatherShare). The batches are the plain loop's, bit for bit."""
+    from hpcgnn.sampling import PrefetchLoader
 
     big = build_graph(DatasetConfig(num_nodes=60_000, avg_degree=12, num_features=16, seed=4))
 
@@ -304,7 +311,7 @@ def test_two_stage_batches_whose_gathers_the_sampling_thread_helps_with_are_the_
                            batch_seed=2)
 
     shared = []
-    run = native.GatherShare._run
+    run = scheduler.GatherShare._run
 
     def counting(self, *args):
         shared.append(self)
@@ -312,9 +319,9 @@ def test_two_stage_batches_whose_gathers_the_sampling_thread_helps_with_are_the_
 
     torch.set_num_threads(2)
     plain = list(loader())
-    assert min(b.n_id.numel() for b in plain) > 2 * native.CHUNK  # gathers of more than one chunk
+    assert min(b.n_id.numel() for b in plain) > 2 * scheduler.CHUNK  # gathers of more than one chunk
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(native.GatherShare, "_run", counting)
+        mp.setattr(scheduler.GatherShare, "_run", counting)
         ahead = list(PrefetchLoader(loader(), 2))
     assert len(shared) == 8 and len(set(map(id, shared))) == 1  # each batch's x and y, offered to the one helper
     assert len(ahead) == len(plain) == 4

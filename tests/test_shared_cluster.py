@@ -32,6 +32,7 @@ from conftest import DATA_ROOT, TINY, run_cli, summary_of, train_here
 
 from hpcgnn import trust
 from hpcgnn.errors import ConfigError, DatasetError, PortTaken, SamplerFailed, Untrusted
+from hpcgnn.sampling import binding
 
 
 def _free_port() -> int:
@@ -393,7 +394,7 @@ def kernels_with(monkeypatch, tmp_path, caplog):
     warnings it logged), and checks that they (or torch ops) make the torch ops' batches."""
     from hpcgnn.config import DatasetConfig
     from hpcgnn.data import build_graph
-    from hpcgnn.sampling import CSRNeighborSampler, build, native
+    from hpcgnn.sampling import CSRNeighborSampler, build
 
     graph = build_graph(DatasetConfig(num_nodes=2000, avg_degree=30, seed=1))
 
@@ -403,7 +404,7 @@ def kernels_with(monkeypatch, tmp_path, caplog):
         return out.edge_index, out.n_id
 
     monkeypatch.setenv("HPCGNN_NATIVE", "0")
-    native.kernels.cache_clear()
+    binding.kernels.cache_clear()
     want = batch()
 
     def load(packaged=None, cache=None, cc=None):
@@ -412,17 +413,17 @@ def kernels_with(monkeypatch, tmp_path, caplog):
         monkeypatch.delenv("HPCGNN_NATIVE")
         if cc is not None:
             monkeypatch.setenv("CC", cc)
-        native.kernels.cache_clear()
+        binding.kernels.cache_clear()
         caplog.clear()
         with caplog.at_level(logging.INFO, logger="hpcgnn"):
-            lib = native.kernels()
+            lib = binding.kernels()
             got = batch()
         assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
         monkeypatch.setenv("HPCGNN_NATIVE", "0")
         return lib, [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
 
     yield load
-    native.kernels.cache_clear()
+    binding.kernels.cache_clear()
 
 
 @needs_cc

@@ -27,7 +27,7 @@ from hpcgnn import rng
 from hpcgnn.clock import Clock
 from hpcgnn.data.graph import Graph
 from hpcgnn.data.typed import TypedGraph
-from hpcgnn.sampling import native
+from hpcgnn.sampling import native, scheduler
 from hpcgnn.sampling.neighbor import SampledSubgraph
 
 
@@ -309,7 +309,7 @@ class _Walk:
     teams of all of them would take turns on the cores (typed batches on 2 cores, by hand: 35-39 batches/s with
     a team of 2 in each stage, 40-45 with one thread each). The sampling stage is the quicker one (a typed batch
     of ogbn-mag's size: ~16 ms of sampling, ~21 of gathering, one thread each, by hand): once its next batch is
-    made and waits for room, the sampling thread takes chunks of the running gather (native.GatherShare)
+    made and waits for room, the sampling thread takes chunks of the running gather (scheduler.GatherShare)
     instead of sleeping.
     """
 
@@ -325,10 +325,10 @@ class _Walk:
         self.side = torch.cuda.Stream(self.device, priority=-1) if self.cuda else None
         if self.cuda:  # what the default stream did before (the sampler's scratch map, say) comes first
             self.side.wait_stream(torch.cuda.current_stream(self.device))
-        budget = native.threads()
+        budget = scheduler.threads()
         self.sample_threads = max(1, budget // 2)
         self.gather_threads = max(1, budget - self.sample_threads)
-        self.share = native.GatherShare()
+        self.share = scheduler.GatherShare()
         self.two_stage = loader.two_stage
 
     def put(self, item, into: queue.Queue | None = None) -> bool:
@@ -376,7 +376,7 @@ class _Walk:
 
     def draw(self) -> None:
         """The sampling thread (two stages only)."""
-        native.thread_budget(self.sample_threads)
+        scheduler.thread_budget(self.sample_threads)
         try:
             for item in self.loader.drawn_batches():
                 if not self.hand_on(item):
@@ -388,8 +388,8 @@ class _Walk:
     def work(self) -> None:
         """The gathering thread: whole batches (on a GPU: copied on the side stream, with their ready event)."""
         if self.two_stage:
-            native.thread_budget(self.gather_threads)
-            native.share_gathers(self.share)
+            scheduler.thread_budget(self.gather_threads)
+            scheduler.share_gathers(self.share)
         cuda, device, side = self.cuda, self.device, self.side
         try:
             with torch.cuda.device(device) if cuda else contextlib.nullcontext(), \

@@ -24,7 +24,7 @@ from torch import Tensor
 from torch_geometric.sampler import BaseSampler, NodeSamplerInput, SamplerOutput
 
 from hpcgnn import rng
-from hpcgnn.sampling import native
+from hpcgnn.sampling import binding, hashtable, native
 
 
 @dataclass(frozen=True)
@@ -113,7 +113,7 @@ class DenseIdMap(IdMap):
         return self._lookup(ids, out)
 
     def _lookup(self, ids: Tensor, out: Tensor | None) -> Tensor:
-        if self._state is not None and (out is None or out.is_contiguous()) and native.usable(self.table, ids):
+        if self._state is not None and (out is None or out.is_contiguous()) and binding.usable(self.table, ids):
             return native.dense_get(self.table, self._state, ids, out)  # in C, by the state
         if self._state is None:
             found = self.table.index_select(0, ids)
@@ -142,7 +142,7 @@ class DenseIdMap(IdMap):
 
     def add_new(self, candidates: list[Tensor], total: int) -> Tensor:
         """:meth:`IdMap.add_new`, in one pass of C on the host where the kernels are (hpcgnn.sampling.native)."""
-        if not native.usable(self.table):
+        if not binding.usable(self.table):
             return super().add_new(candidates, total)
         if self._state is None:  # the first time: the ids put so far (the seeds) in the state too
             self._state = (self.table >= 0).to(torch.uint8).mul_(2)
@@ -193,7 +193,7 @@ class SortedIdMap(IdMap):
 
 class BatchIdMap(IdMap):
     """Global -> batch-local ids in memory that follows the batch, not the graph (a partitioned rank's):
-    a hash table in C where the kernels are (:class:`hpcgnn.sampling.native.HashTable`), else sorted
+    a hash table in C where the kernels are (:class:`hpcgnn.sampling.hashtable.HashTable`), else sorted
     arrays (:class:`SortedIdMap`); the same ids either way. Chosen per process: a sampler pickled to a
     sampler process (maybe on a node with no C compiler) chooses there, the map being empty between batches."""
 
@@ -203,7 +203,7 @@ class BatchIdMap(IdMap):
 
     def _choose(self) -> None:
         cpu = self.device.type == "cpu"
-        self.impl = native.HashTable() if cpu and native.kernels() is not None else SortedIdMap(self.device)
+        self.impl = hashtable.HashTable() if cpu and binding.kernels() is not None else SortedIdMap(self.device)
 
     def __getstate__(self) -> dict:
         return {"device": self.device}
@@ -382,7 +382,7 @@ def sample_neighbors(rowptr: Tensor, col: Tensor, nodes: Tensor, fanout: int,
     of the batch's edge index, which then needs no concatenation); default: new ones.
     """
     device = rowptr.device
-    if method in (None, "floyd") and native.usable(rowptr, col, nodes):
+    if method in (None, "floyd") and binding.usable(rowptr, col, nodes):
         return native.sample_neighbors(rowptr, col, nodes, fanout, generator, row_start, out)  # the same draws, in C
     start = rowptr.index_select(0, nodes)
     deg = rowptr.index_select(0, nodes + 1).sub_(start)
