@@ -31,10 +31,23 @@ import time
 import torch
 
 
+def _gae(cfg, in_channels: int, seed: int):
+    """PyG's GAE over PyG's encoder of the run's model (class, width, depth, dropout), and its Adam; seeded (PyG's
+    negative_sampling draws with Python's random too: a twin is the same each time)."""
+    import torch_geometric.nn as pyg
+
+    m, t = cfg.model, cfg.train
+    torch.manual_seed(seed)
+    random.seed(seed)
+    classes = {"sage": pyg.GraphSAGE, "gcn": pyg.GCN, "gin": pyg.GIN, "gat": pyg.GAT}
+    model = pyg.GAE(classes[m.name](in_channels, m.hidden_channels, len(t.fanouts), m.hidden_channels,
+                                    dropout=m.dropout))
+    return model, torch.optim.Adam(model.parameters(), lr=t.lr, weight_decay=t.weight_decay)
+
+
 def gae_twin(cfg, seed: int, epochs: int, eval_every: int = 1) -> dict:
     """PyG's full-batch GAE on ``cfg``'s prepared link dataset: {"val_auc", "test_auc", "epoch"} at the best
     validation epoch (evaluated every ``eval_every`` epochs and after the last)."""
-    import torch_geometric.nn as pyg
     from torch_geometric.utils import negative_sampling
 
     from hpcgnn.data import open_link, prepare
@@ -42,14 +55,9 @@ def gae_twin(cfg, seed: int, epochs: int, eval_every: int = 1) -> dict:
 
     prepare(cfg.dataset)
     data = open_link(cfg.dataset)
-    g, m, t = data.graph, cfg.model, cfg.train
+    g = data.graph
     edge_index, x, train = g.edge_index(), g.x.float(), data.train.pos
-    classes = {"sage": pyg.GraphSAGE, "gcn": pyg.GCN, "gin": pyg.GIN, "gat": pyg.GAT}
-    torch.manual_seed(seed)
-    random.seed(seed)  # PyG's negative_sampling draws with Python's random: a twin is the same each time
-    model = pyg.GAE(classes[m.name](g.num_features, m.hidden_channels, len(t.fanouts), m.hidden_channels,
-                                    dropout=m.dropout))
-    opt = torch.optim.Adam(model.parameters(), lr=t.lr, weight_decay=t.weight_decay)
+    model, opt = _gae(cfg, g.num_features, seed)
     best = {"val_auc": -1.0, "test_auc": 0.0, "epoch": 0}
     for epoch in range(1, epochs + 1):
         model.train()
@@ -75,7 +83,6 @@ def pyg_twin(root: str, name: str, cfg, seed: int, epochs: int) -> dict:
     ``RandomLinkSplit(num_val=0.05, num_test=0.1, is_undirected=True)`` under ``torch.manual_seed(seed)`` (its
     own validation and test negatives, random pairs), the same encoder, ``recon_loss``, Adam; each split's AUC
     with the messages its ``RandomLinkSplit`` output passes (test: the training and validation edges)."""
-    import torch_geometric.nn as pyg
     import torch_geometric.transforms as T
     from torch_geometric.datasets import Planetoid
 
@@ -86,13 +93,7 @@ def pyg_twin(root: str, name: str, cfg, seed: int, epochs: int) -> dict:
     random.seed(seed)
     train, val, test = T.RandomLinkSplit(num_val=0.05, num_test=0.1, is_undirected=True, split_labels=True,
                                          add_negative_train_samples=False)(data)
-    m, t = cfg.model, cfg.train
-    torch.manual_seed(seed)
-    random.seed(seed)
-    classes = {"sage": pyg.GraphSAGE, "gcn": pyg.GCN, "gin": pyg.GIN, "gat": pyg.GAT}
-    model = pyg.GAE(classes[m.name](data.num_features, m.hidden_channels, len(t.fanouts), m.hidden_channels,
-                                    dropout=m.dropout))
-    opt = torch.optim.Adam(model.parameters(), lr=t.lr, weight_decay=t.weight_decay)
+    model, opt = _gae(cfg, data.num_features, seed)
     best = {"val_auc": -1.0, "test_auc": 0.0, "epoch": 0}
     for epoch in range(1, epochs + 1):
         model.train()

@@ -102,14 +102,19 @@ def _follow_job(job, cfg: RunConfig, after, on_slurm: bool) -> int:
         if read_failures(Path(cfg.run_dir)):
             return report_failure(Path(cfg.run_dir), "", f"job {job.job_id} failed (state {state})")
         results = job.results()
-    except KeyboardInterrupt:
-        print(f"\nstopped waiting; job {job.job_id} goes on (output folder: {cfg.run_dir})", file=sys.stderr)
-        return EXIT_INTERRUPTED
-    except (FailedJobError, UncompletedJobError) as exc:
-        print(f"job {job.job_id} failed (state {job.state}):\n{exc}", file=sys.stderr, flush=True)
-        return EXIT_FAILED
+    except (KeyboardInterrupt, FailedJobError, UncompletedJobError) as exc:
+        return stopped_or_failed(job, "job", f" (output folder: {cfg.run_dir})", exc)
     print_result(results[0])
     return 0
+
+
+def stopped_or_failed(job, what: str, where: str, exc: BaseException) -> int:
+    """The line and exit code of a wait the user stopped (Ctrl-C: the job goes on) or of a job that failed."""
+    if isinstance(exc, KeyboardInterrupt):
+        print(f"\nstopped waiting; {what} {job.job_id} goes on{where}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    print(f"{what} {job.job_id} failed (state {job.state}):\n{exc}", file=sys.stderr, flush=True)
+    return EXIT_FAILED
 
 
 def failure_report(run_dir: Path, fallback: str) -> str:

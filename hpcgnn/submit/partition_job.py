@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 
 from hpcgnn.config import RunConfig
-from hpcgnn.errors import EXIT_FAILED, EXIT_INTERRUPTED
 from hpcgnn.submit.executor import make_executor, submitting
+from hpcgnn.submit.follow import stopped_or_failed
 
 
 def ensure_partitioned(cfg: RunConfig, mode: str):
@@ -65,12 +65,8 @@ def wait_partition(job, cfg: RunConfig) -> int:
 
     try:
         job.results()  # every task's (lp shares the work among several)
-    except KeyboardInterrupt:
-        print(f"\nstopped waiting; partitioning job {job.job_id} goes on", file=sys.stderr)
-        return EXIT_INTERRUPTED
-    except (FailedJobError, UncompletedJobError) as exc:
-        print(f"partitioning job {job.job_id} failed (state {job.state}):\n{exc}", file=sys.stderr, flush=True)
-        return EXIT_FAILED
+    except (KeyboardInterrupt, FailedJobError, UncompletedJobError) as exc:
+        return stopped_or_failed(job, "partitioning job", "", exc)
     for i in range(job.num_tasks):  # task 0 prints the report; every task its peak memory
         text = job.task(i).stdout() if job.num_tasks > 1 else job.stdout()
         sys.stdout.write(text if i == 0 else "".join(line + "\n" for line in (text or "").splitlines()
