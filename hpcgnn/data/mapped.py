@@ -1,9 +1,10 @@
-"""A prepared dataset memory-mapped: the ranks of a node share its pages (a graph, a typed graph, a link dataset or its splits alone)."""
+"""A prepared dataset memory-mapped: the ranks of a node share its pages (a graph, a typed graph, a link dataset or its
+splits alone).
+"""
 
 from __future__ import annotations
 
 import json
-import logging
 
 from hpcgnn.config import DatasetConfig
 from hpcgnn.data import cache
@@ -22,7 +23,6 @@ from hpcgnn.data.typed import (
     relation_key,
 )
 
-log = logging.getLogger(__name__)
 
 def open_graph(cfg: DatasetConfig) -> Graph:
     """Memory-map the prepared graph; fails if :func:`prepare` has not run."""

@@ -1,4 +1,6 @@
-"""Preparing a dataset once into its cache folder: the cache key, and the graph built whole or streamed out of core (a chunk of rows at a time, in buckets of the memory it may use)."""
+"""Preparing a dataset once into its cache folder: the cache key, and the graph built whole or streamed out of core (a
+chunk of rows at a time, in buckets of the memory it may use).
+"""
 
 from __future__ import annotations
 

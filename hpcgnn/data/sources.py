@@ -1,8 +1,9 @@
-"""Where graphs come from: each dataset name's builder (synthetic, OGB, files, PyG; typed and link variants), and the graph built whole in memory."""
+"""Where graphs come from: each dataset name's builder (synthetic, OGB, files, PyG; typed and link variants), and the
+graph built whole in memory.
+"""
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 
 from hpcgnn.checks import check_dataset_config
@@ -32,8 +33,6 @@ from hpcgnn.data.typed import (
     TypedGraph,
     TypedSource,
 )
-
-log = logging.getLogger(__name__)
 
 # name -> builder(cfg, allow_download)
 LOADERS: dict[str, Callable[[DatasetConfig, bool], Graph]] = {

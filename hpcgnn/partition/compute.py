@@ -1,4 +1,6 @@
-"""The node -> part map: METIS (pymetis, fixed seed: byte-identical across runs), the lp partitioner or random, balancing training nodes (and a typed graph's node types) as well as nodes; what it costs in memory."""
+"""The node -> part map: METIS (pymetis, fixed seed: byte-identical across runs), the lp partitioner or random,
+balancing training nodes (and a typed graph's node types) as well as nodes; what it costs in memory.
+"""
 
 from __future__ import annotations
 

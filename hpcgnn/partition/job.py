@@ -1,4 +1,6 @@
-"""Partitioning as a job of its own: the processes of one partition (their communicator), their peak memory, and the task a SLURM job or the launcher runs."""
+"""Partitioning as a job of its own: the processes of one partition (their communicator), their peak memory, and the
+task a SLURM job or the launcher runs.
+"""
 
 from __future__ import annotations
 
@@ -15,7 +17,6 @@ from hpcgnn.partition.cache import ensure_parts
 from hpcgnn.partition.multilevel import LOCAL, Comm
 from hpcgnn.partition.report import format_report
 
-log = logging.getLogger(__name__)
 
 def run_partition(dataset: DatasetConfig, graph_cfg: GraphConfig, num_parts: int, comm: Comm = LOCAL) -> dict:
     """Partition (or reuse) and print the report; the body of `python -m hpcgnn.partition` and its job."""

@@ -1,8 +1,9 @@
-"""Reading a partition: checksums, K and the dataset verified, then a rank's parts memory-mapped (:class:`Parts`, :class:`TypedParts`)."""
+"""Reading a partition: checksums, K and the dataset verified, then a rank's parts memory-mapped (:class:`Parts`,
+:class:`TypedParts`).
+"""
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 
 import numpy as np
@@ -18,7 +19,6 @@ from hpcgnn.io import sha256_file
 from hpcgnn.partition.cache import dataset_fingerprint, parts_folder, read_meta
 from hpcgnn.partition.write import PART_ARRAYS
 
-log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class TypedParts:

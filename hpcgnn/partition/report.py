@@ -1,8 +1,8 @@
-"""What a partition is like: edge cut, balance of nodes, edges and training nodes, halo sizes; in META.json and in words."""
+"""What a partition is like: edge cut, balance of nodes, edges and training nodes, halo sizes; in META.json and in
+words.
+"""
 
 from __future__ import annotations
-
-import logging
 
 import torch
 from torch import Tensor
@@ -13,8 +13,6 @@ from hpcgnn.data.ooc import drop_pages, trim_heap
 from hpcgnn.data.typed import TypedSchema
 from hpcgnn.partition.compute import seed_weight
 from hpcgnn.partition.multilevel import LOCAL, Comm, task_spans
-
-log = logging.getLogger(__name__)
 
 # ---------------------------------------------------------------------------------------------
 # Writing, reporting, reading

@@ -1,4 +1,6 @@
-"""Writing the parts: each part's nodes, in-adjacency, features, labels and splits, a chunk of rows at a time, into the artifact's folder with a checksum of every file."""
+"""Writing the parts: each part's nodes, in-adjacency, features, labels and splits, a chunk of rows at a time, into the
+artifact's folder with a checksum of every file.
+"""
 
 from __future__ import annotations
 

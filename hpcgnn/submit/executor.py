@@ -1,4 +1,6 @@
-"""Submitting to a cluster: SLURM parameters from the cluster file, submitit's executor (local or SLURM), the sbatch script it renders (dry runs print that same script), and what is checked against the cluster before submitting."""
+"""Submitting to a cluster: SLURM parameters from the cluster file, submitit's executor (local or SLURM), the sbatch
+script it renders (dry runs print that same script), and what is checked against the cluster before submitting.
+"""
 
 from __future__ import annotations
 

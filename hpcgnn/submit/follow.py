@@ -1,4 +1,6 @@
-"""After starting a run: waiting for it, following its log lines, forwarding the user's signals, the result line, and the report of a failed run (one line per failed process, from the failure records)."""
+"""After starting a run: waiting for it, following its log lines, forwarding the user's signals, the result line, and
+the report of a failed run (one line per failed process, from the failure records).
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""No cluster: ``launch.procs`` ranks (and ``launch.sampler_servers`` servers) as processes on this machine, spawned with the standard library (this process needs no torch); the first rank to fail ends the run."""
+"""No cluster: ``launch.procs`` ranks (and ``launch.sampler_servers`` servers) as processes on this machine, spawned
+with the standard library (this process needs no torch); the first rank to fail ends the run.
+"""
 
 from __future__ import annotations
 

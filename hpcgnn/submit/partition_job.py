@@ -1,4 +1,6 @@
-"""Partitioning before training: where the parts are missing, a job of its own (on the cluster: its own SLURM job, sized for METIS) or in place."""
+"""Partitioning before training: where the parts are missing, a job of its own (on the cluster: its own SLURM job,
+sized for METIS) or in place.
+"""
 
 from __future__ import annotations
 
