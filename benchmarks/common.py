@@ -54,7 +54,7 @@ def benchmark_config(args):
 def benchmark_graph(args):
     """Prepare (once) and memory-map the synthetic graph of ``args``, as a training rank does."""
     from hpcgnn.data import open_graph, prepare
-    from hpcgnn.sampling.loader import keep_freed_memory
+    from hpcgnn.process import keep_freed_memory
 
     cfg = benchmark_config(args)
     # Process-wide, as in a training rank; PyG's reference in the same process gets it too.

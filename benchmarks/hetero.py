@@ -125,7 +125,7 @@ def main() -> None:
     ap.add_argument("--gpu", action="store_true", help="also hpcgnn with the graph in GPU memory (train.graph_on=device)")
     args = ap.parse_args()
 
-    from hpcgnn.sampling.loader import keep_freed_memory
+    from hpcgnn.process import keep_freed_memory
 
     print(f"keep_freed_memory (glibc malloc reuses freed blocks): {keep_freed_memory()}")
     t0 = time.perf_counter()

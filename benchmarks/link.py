@@ -45,9 +45,9 @@ def main() -> None:
 
     from hpcgnn.data import open_link, prepare
     from hpcgnn.data.graph import csr_has_edge
+    from hpcgnn.process import keep_freed_memory
     from hpcgnn.sampling import BatchLoader, CSRNeighborSampler, PrefetchLoader
     from hpcgnn.sampling.link import LinkSampler
-    from hpcgnn.sampling.loader import keep_freed_memory
 
     keep_freed_memory()
     cfg = dataclasses.replace(benchmark_config(args), prepared_for="link")

@@ -67,10 +67,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _server(port: int) -> None:
+def _server(port: int, run_dir: str) -> None:
     from hpcgnn.sampling.server import run_server
+    from hpcgnn.trust import run_secret
 
-    run_server(0, port, 1, 1, tempfile.mkdtemp(prefix="hpcgnn-bench-server-"), host="127.0.0.1")
+    run_server(0, port, 1, 1, run_dir, run_secret(run_dir), host="127.0.0.1")
 
 
 def _rank(cfg, procs: int, batches: int, out) -> None:
@@ -79,8 +80,8 @@ def _rank(cfg, procs: int, batches: int, out) -> None:
     import torch
 
     from hpcgnn.data import open_graph
+    from hpcgnn.process import keep_freed_memory
     from hpcgnn.sampling import BatchLoader, CSRNeighborSampler, PrefetchLoader
-    from hpcgnn.sampling.loader import keep_freed_memory
     from hpcgnn.sampling.procs import SamplerPool
     from hpcgnn.sampling.shipping import Recipe
 
@@ -98,11 +99,13 @@ def _rank(cfg, procs: int, batches: int, out) -> None:
         walk = pool.loader(loader)
     elif procs == SERVER:  # one sampler server, a local process over TCP
         from hpcgnn.sampling.server import RemotePool
+        from hpcgnn.trust import run_secret
 
-        port = free_port()
-        server = mp.get_context("spawn").Process(target=_server, args=(port,))
+        port, run_dir = free_port(), tempfile.mkdtemp(prefix="hpcgnn-bench-server-")
+        server = mp.get_context("spawn").Process(target=_server, args=(port, run_dir))
         server.start()
-        pool = RemotePool(Recipe(graph, sampler), [("127.0.0.1", port)], 2, torch.device("cpu"), rank=0)
+        pool = RemotePool(Recipe(graph, sampler), [("127.0.0.1", port)], 2, torch.device("cpu"), rank=0,
+                          key=run_secret(run_dir), run_dir=run_dir)
         pool.start()
         walk = pool.loader(loader)
     else:

@@ -21,8 +21,8 @@ from hpcgnn.sampling import (
     scheduler,
     steps_per_epoch,
 )
-from hpcgnn.sampling.native import threads
 from hpcgnn.sampling.neighbor import DenseIdMap
+from hpcgnn.sampling.scheduler import threads
 
 
 @pytest.fixture(scope="module")
