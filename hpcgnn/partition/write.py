@@ -45,87 +45,106 @@ def write_parts(graph: Graph, part: Tensor, folder: Path, meta: dict, edges: dic
     Several tasks (``comm``): task t writes parts t, t + tasks, ... into one temporary folder; task 0
     writes the maps and META.json and renames the folder into place.
     """
-    edges = edges or {}
     num_parts = meta["num_parts"]
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    need = sum(getattr(graph, a).numel() * getattr(graph, a).element_size() for a in ("col", "x", "y")) * 1.05
-    free = shutil.disk_usage(folder.parent).free
-    if need > free:
-        raise OSError(f"writing {num_parts} parts needs about {cache.human_bytes(need)} in {folder.parent}, but "
-                      f"only {cache.human_bytes(free)} are free: set dataset.root to a larger file system")
+    _check_space(graph, num_parts, folder.parent)
     target = AtomicFolder(folder, tag=comm.broadcast_object(writer_tag()))
-    tmp = target.tmp
     try:
         if comm.rank == 0:
             target.create()
         comm.barrier()
-        files = {}
-
-        def save(rel: str, array: Tensor) -> None:
-            path = tmp / rel
-            path.parent.mkdir(exist_ok=True)
-            with open(path, "wb") as f:  # (bfloat16, which numpy lacks, as its 16 bits; META says which)
-                np.save(f, _numpy(array))
-            files[rel] = sha256_file(path)
-
-        def savecsr_rows(rel: str, source: Tensor, rows) -> None:
-            """``source``'s rows at the ascending indices of each of ``rows``, appended chunk by chunk."""
-            path = tmp / rel
-            path.parent.mkdir(exist_ok=True)
-            out = NpyAppender(path, _numpy(source[:0]).dtype, tuple(source.shape[1:]))
-            for index in rows:
-                out.append(_numpy(gather_sorted(source, index)))
-            out.close()
-            files[rel] = sha256_file(path)
-
+        out = _PartFiles(target.tmp)
         for i in range(comm.rank, num_parts, comm.size):
-            mine = part == i
-            nodes = mine.nonzero().flatten()
-            # rows a chunk of nodes at a time: the part's columns and features never whole in memory
-            runs = [nodes[a:a + WRITE_ROWS] for a in range(0, nodes.numel(), WRITE_ROWS)]
-            savecsr_rows(f"part_{i}/col.npy", graph.col, (csr_rows(graph.rowptr, r)[1] for r in runs))
-            savecsr_rows(f"part_{i}/x.npy", graph.x, runs)
-            rowptr = torch.zeros(nodes.numel() + 1, dtype=torch.long)
-            rowptr[1:] = torch.cumsum(graph.rowptr.index_select(0, nodes + 1) - graph.rowptr.index_select(0, nodes), 0)
-            arrays = {"nodes": nodes, "rowptr": rowptr,
-                      "y": graph.y.index_select(0, nodes) if graph.y.numel() else graph.y}  # a link graph: no labels
-            for split in ("train_idx", "val_idx", "test_idx"):
-                idx = getattr(graph, split)
-                arrays[split] = idx[mine[idx]]
-            for name, pairs in edges.items():
-                arrays[name] = pairs[:, mine.index_select(0, pairs[0])].contiguous()
-            if typed is not None:  # per relation, the rows of the part's nodes of its target type
-                off = typed.offsets()
-                for rel in typed.relations:
-                    t = rel[2]
-                    own = nodes[(nodes >= off[t]) & (nodes < off[t] + typed.num_nodes[t])] - off[t]
-                    rp, pos = csr_rows(typed.rowptr[rel], own)
-                    arrays[f"rowptr__{relation_key(rel)}"] = rp
-                    arrays[f"col__{relation_key(rel)}"] = typed.col[rel].index_select(0, pos)
-            for name in [*arrays]:
-                save(f"part_{i}/{name}.npy", arrays[name])
-            del arrays, rowptr, nodes, mine, runs
-            for mapped in (graph.x, graph.col, graph.rowptr):  # a part's rows are all over the graph's pages
-                drop_pages(mapped)
-            trim_heap()
-            log.debug("part %d written", i)
+            _write_part(out, i, graph, part, edges or {}, typed)
         if comm.rank == 0:
-            local = torch.empty(graph.num_nodes, dtype=torch.int32)
-            for i in range(num_parts):
-                nodes = (part == i).nonzero().flatten()
-                local[nodes] = torch.arange(nodes.numel(), dtype=torch.int32)
-            save("node_part.npy", part.to(torch.int16) if num_parts < 2**15 else part)  # mapped by every rank
-            save("node_local.npy", local)
-            save("degree.npy", graph.degree().int())
-        for other in comm.gather_objects(files):
-            files.update(other)
+            _write_maps(out, graph, part, num_parts)
+        for other in comm.gather_objects(out.files):
+            out.files.update(other)
         if comm.rank == 0:
-            (tmp / "META.json").write_text(json.dumps({**meta, "files": dict(sorted(files.items()))}, indent=2))
+            (target.tmp / "META.json").write_text(json.dumps({**meta, "files": dict(sorted(out.files.items()))},
+                                                             indent=2))
             target.commit()  # another writer may win the race with the same parts
         comm.barrier()
     finally:
         if comm.rank == 0:
             target.discard()
+
+
+def _check_space(graph: Graph, num_parts: int, where: Path) -> None:
+    where.mkdir(parents=True, exist_ok=True)
+    need = sum(getattr(graph, a).numel() * getattr(graph, a).element_size() for a in ("col", "x", "y")) * 1.05
+    free = shutil.disk_usage(where).free
+    if need > free:
+        raise OSError(f"writing {num_parts} parts needs about {cache.human_bytes(need)} in {where}, but "
+                      f"only {cache.human_bytes(free)} are free: set dataset.root to a larger file system")
+
+
+class _PartFiles:
+    """The artifact's files under its temporary folder, each with its sha256 (META.json lists them)."""
+
+    def __init__(self, tmp: Path):
+        self.tmp, self.files = tmp, {}
+
+    def save(self, rel: str, array: Tensor) -> None:
+        path = self.tmp / rel
+        path.parent.mkdir(exist_ok=True)
+        with open(path, "wb") as f:  # (bfloat16, which numpy lacks, as its 16 bits; META says which)
+            np.save(f, _numpy(array))
+        self.files[rel] = sha256_file(path)
+
+    def save_rows(self, rel: str, source: Tensor, rows) -> None:
+        """``source``'s rows at the ascending indices of each of ``rows``, appended chunk by chunk."""
+        path = self.tmp / rel
+        path.parent.mkdir(exist_ok=True)
+        out = NpyAppender(path, _numpy(source[:0]).dtype, tuple(source.shape[1:]))
+        for index in rows:
+            out.append(_numpy(gather_sorted(source, index)))
+        out.close()
+        self.files[rel] = sha256_file(path)
+
+
+def _write_part(out: _PartFiles, i: int, graph: Graph, part: Tensor, edges: dict[str, Tensor], typed) -> None:
+    """Part ``i``'s files: its nodes' columns and features a chunk of rows at a time (never whole in memory),
+    then its small arrays (nodes, rowptr, labels, splits, owned edges, per-relation adjacency)."""
+    mine = part == i
+    nodes = mine.nonzero().flatten()
+    runs = [nodes[a:a + WRITE_ROWS] for a in range(0, nodes.numel(), WRITE_ROWS)]
+    out.save_rows(f"part_{i}/col.npy", graph.col, (csr_rows(graph.rowptr, r)[1] for r in runs))
+    out.save_rows(f"part_{i}/x.npy", graph.x, runs)
+    rowptr = torch.zeros(nodes.numel() + 1, dtype=torch.long)
+    rowptr[1:] = torch.cumsum(graph.rowptr.index_select(0, nodes + 1) - graph.rowptr.index_select(0, nodes), 0)
+    arrays = {"nodes": nodes, "rowptr": rowptr,
+              "y": graph.y.index_select(0, nodes) if graph.y.numel() else graph.y}  # a link graph: no labels
+    for split in ("train_idx", "val_idx", "test_idx"):
+        idx = getattr(graph, split)
+        arrays[split] = idx[mine[idx]]
+    for name, pairs in edges.items():
+        arrays[name] = pairs[:, mine.index_select(0, pairs[0])].contiguous()
+    if typed is not None:  # per relation, the rows of the part's nodes of its target type
+        off = typed.offsets()
+        for rel in typed.relations:
+            t = rel[2]
+            own = nodes[(nodes >= off[t]) & (nodes < off[t] + typed.num_nodes[t])] - off[t]
+            rp, pos = csr_rows(typed.rowptr[rel], own)
+            arrays[f"rowptr__{relation_key(rel)}"] = rp
+            arrays[f"col__{relation_key(rel)}"] = typed.col[rel].index_select(0, pos)
+    for name, array in arrays.items():
+        out.save(f"part_{i}/{name}.npy", array)
+    del arrays, rowptr, nodes, mine, runs
+    for mapped in (graph.x, graph.col, graph.rowptr):  # a part's rows are all over the graph's pages
+        drop_pages(mapped)
+    trim_heap()
+    log.debug("part %d written", i)
+
+
+def _write_maps(out: _PartFiles, graph: Graph, part: Tensor, num_parts: int) -> None:
+    """The maps every rank reads whole: each node's part, its row there, and its in-degree."""
+    local = torch.empty(graph.num_nodes, dtype=torch.int32)
+    for i in range(num_parts):
+        nodes = (part == i).nonzero().flatten()
+        local[nodes] = torch.arange(nodes.numel(), dtype=torch.int32)
+    out.save("node_part.npy", part.to(torch.int16) if num_parts < 2**15 else part)  # mapped by every rank
+    out.save("node_local.npy", local)
+    out.save("degree.npy", graph.degree().int())
 
 
 def typed_arrays(typed) -> list[str]:
