@@ -17,7 +17,8 @@ LAYERS = ("", "data", "partition", "sampling", "models", "stores", "tasks", "ran
 
 
 def import_graph() -> dict[str, set[str]]:
-    """Module -> the hpcgnn modules it imports (a name imported from a package is its submodule where it is one)."""
+    """Module -> the hpcgnn modules it imports: ``from pkg import name`` is an arrow to ``pkg`` (its __init__ runs)
+    and to ``pkg.name`` where that is a submodule; ``import pkg.mod as mod`` to ``pkg.mod`` alone."""
     root = REPO / "hpcgnn"
     modules = {}
     for path in root.rglob("*.py"):
@@ -27,13 +28,16 @@ def import_graph() -> dict[str, set[str]]:
     for name, path in modules.items():
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
         out = set()
-        for node in ast.walk(ast.parse(path.read_text())):
+        tree = ast.parse(path.read_text())
+        # The package's own __init__: its public names load what they name when first used (lazily, in
+        # __getattr__), so only what it imports at once counts.
+        for node in (tree.body if name == "hpcgnn" else ast.walk(tree)):
             if isinstance(node, ast.ImportFrom):
                 base = node.module or ""
                 if node.level:  # relative: from the package, up level - 1
                     base = ".".join([*package.split(".")[:len(package.split(".")) - node.level + 1], *filter(None, [base])])
-                for alias in node.names:
-                    out.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base)
+                out.add(base)  # (a name from a package runs the package's __init__ first, a submodule's too)
+                out.update(f"{base}.{alias.name}" for alias in node.names if f"{base}.{alias.name}" in modules)
             elif isinstance(node, ast.Import):
                 out.update(alias.name for alias in node.names)
         graph[name] = {m for m in out if m in modules and m != name}

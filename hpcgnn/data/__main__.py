@@ -22,7 +22,7 @@ def main(argv: list[str]) -> int:
     if not argv or argv[0] not in COMMANDS:
         print(__doc__.strip(), file=sys.stderr)
         return EXIT_USER_ERROR if not argv or argv[0] not in ("-h", "--help") else 0
-    from hpcgnn.data import cache
+    import hpcgnn.data.cache as cache
     from hpcgnn.io import stop_cleanly_on_sigterm
     from hpcgnn.logs import setup_logging
     from hpcgnn.submit.compose import compose
@@ -43,7 +43,7 @@ def main(argv: list[str]) -> int:
             print(f"{cfg.name}: OGB's files are in {folder}; prepare it anywhere with: "
                   f"python -m hpcgnn.data prepare {' '.join(argv[1:])}")
             return 0
-        from hpcgnn.data import prepare
+        import hpcgnn.data.prepare as prepare
 
         with stop_cleanly_on_sigterm("prepare"):
             folder = prepare(cfg, allow_download=True)

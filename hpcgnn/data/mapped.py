@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import json
 
+import hpcgnn.data.cache as cache
 from hpcgnn.config import DatasetConfig
-from hpcgnn.data import cache
 from hpcgnn.data.graph import Graph
 from hpcgnn.data.link import LinkData, from_arrays
 from hpcgnn.data.ogb import (

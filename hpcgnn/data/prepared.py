@@ -13,10 +13,12 @@ from pathlib import Path
 
 import numpy as np
 
+import hpcgnn.data.cache as cache
+import hpcgnn.data.link as link
+import hpcgnn.data.ooc as ooc
 from hpcgnn import env
 from hpcgnn.checks import ON_DISK, is_typed
 from hpcgnn.config import DatasetConfig
-from hpcgnn.data import cache, link, ooc
 from hpcgnn.data.files import (
     files_folder,
     is_typed_folder,

@@ -21,8 +21,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+import hpcgnn.sampling.native as native
 from hpcgnn.partition.parts import Parts
-from hpcgnn.sampling import native
 from hpcgnn.sampling.neighbor import CSRNeighborSampler, sample_neighbors
 
 

@@ -23,11 +23,12 @@ import torch
 from torch import Tensor
 from torch_geometric.data import Data
 
+import hpcgnn.sampling.native as native
+import hpcgnn.sampling.scheduler as scheduler
 from hpcgnn import rng
 from hpcgnn.clock import Clock
 from hpcgnn.data.graph import Graph
 from hpcgnn.data.typed import TypedGraph
-from hpcgnn.sampling import native, scheduler
 from hpcgnn.sampling.neighbor import SampledSubgraph
 
 

@@ -23,8 +23,10 @@ import torch
 from torch import Tensor
 from torch_geometric.sampler import BaseSampler, NodeSamplerInput, SamplerOutput
 
+import hpcgnn.sampling.binding as binding
+import hpcgnn.sampling.hashtable as hashtable
+import hpcgnn.sampling.native as native
 from hpcgnn import rng
-from hpcgnn.sampling import binding, hashtable, native
 
 
 @dataclass(frozen=True)

@@ -43,13 +43,13 @@ import torch
 import torch.multiprocessing as mp
 from torch import Tensor
 
+import hpcgnn.sampling.messages as m
+import hpcgnn.sampling.shipping as shipping
 from hpcgnn import process, rng
 from hpcgnn.checks import (
     SLOT_BYTES,  # a slot's first size; a batch that does not fit gets a larger slot (once or twice)
 )
 from hpcgnn.errors import SamplerFailed
-from hpcgnn.sampling import messages as m
-from hpcgnn.sampling import shipping
 from hpcgnn.sampling.loader import BatchLoader, to_device
 
 log = logging.getLogger(__name__)
@@ -85,7 +85,7 @@ class SamplerSpec:
 def _join_group(spec: SamplerSpec) -> None:
     import torch.distributed as dist
 
-    from hpcgnn.sampling import distributed as d
+    import hpcgnn.sampling.distributed as d
 
     store = dist.TCPStore(spec.master_addr, spec.master_port, is_master=False,
                           timeout=timedelta(seconds=spec.init_timeout_s))

@@ -36,13 +36,13 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+import hpcgnn.sampling.messages as m
+import hpcgnn.sampling.shipping as shipping
 from hpcgnn import process, rng, trust
 from hpcgnn.checks import SLOT_BYTES
 from hpcgnn.errors import AnotherRankFailed, PortTaken, SamplerFailed
 from hpcgnn.failures import record_failure
 from hpcgnn.failures import server_failure as failure_record
-from hpcgnn.sampling import messages as m
-from hpcgnn.sampling import shipping
 from hpcgnn.sampling.loader import BatchLoader
 
 log = logging.getLogger(__name__)
