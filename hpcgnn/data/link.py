@@ -30,8 +30,7 @@ from torch import Tensor
 from hpcgnn.checks import check_fractions
 from hpcgnn.data.graph import Graph
 from hpcgnn.errors import ConfigError
-from hpcgnn.rng import derive_seed, mix64
-from hpcgnn.rng import shift_right as _lsr
+from hpcgnn.rng import derive_seed, mix64, shift_right
 
 SPLITS = ("train", "val", "test")
 SPLIT_VERSION = 3  # in the cache key: 3 draws negative pairs uniformly (2: the positive's source kept; 1: split by a permutation)
@@ -80,7 +79,7 @@ def edge_sides(src: Tensor, dst: Tensor, num_nodes: int, fractions: tuple[float,
     """int64: 0 (train), 1 (val) or 2 (test) for each edge, a seeded hash of its unordered pair (both
     directions on the same side); self-loops are 0 (message passing only)."""
     lo, hi = torch.minimum(src, dst), torch.maximum(src, dst)
-    u = _lsr(mix64(lo * num_nodes + hi + derive_seed("edge_split", seed) % (1 << 62)), 11).double() / 2.0**53
+    u = shift_right(mix64(lo * num_nodes + hi + derive_seed("edge_split", seed) % (1 << 62)), 11).double() / 2.0**53
     side = (u >= fractions[0]).long() + (u >= fractions[0] + fractions[1]).long()
     return side.masked_fill_(src == dst, 0)
 
@@ -94,7 +93,7 @@ def pair_negatives(src: Tensor, dst: Tensor, has_edge, num_nodes: int, salt: int
     key = src * num_nodes + dst + salt
 
     def draw(h: Tensor) -> Tensor:
-        return torch.stack([_lsr(h, 1) % num_nodes, _lsr(mix64(h), 1) % num_nodes])
+        return torch.stack([shift_right(h, 1) % num_nodes, shift_right(mix64(h), 1) % num_nodes])
 
     neg = draw(mix64(key))
     todo = torch.arange(src.numel())

@@ -83,11 +83,6 @@ class Store(abc.ABC):
         thread). The trainer starts it before the first epoch."""
         if not (self.cfg.train.sampler_procs or self.sampler_servers):
             return None
-        return self._sampler_pool(transform)
-
-    def _sampler_pool(self, transform=None):
-        """Whatever makes this rank's training batches elsewhere, made once: its connections to the job's sampler
-        servers, or its sampler processes (``train.sampler_procs``). Both start before the first epoch."""
         pool = getattr(self, "_pool", None)
         if pool is None:
             t, env, d = self.cfg.train, self.env, self.cfg.dist
