@@ -43,7 +43,7 @@ def main(argv: list[str]) -> int:
             print(f"{cfg.name}: OGB's files are in {folder}; prepare it anywhere with: "
                   f"python -m hpcgnn.data prepare {' '.join(argv[1:])}")
             return 0
-        import hpcgnn.data.prepare as prepare
+        from hpcgnn.data.prepared import prepare
 
         with stop_cleanly_on_sigterm("prepare"):
             folder = prepare(cfg, allow_download=True)
