@@ -111,3 +111,50 @@ def test_a_killed_sampler_server_fails_the_run_naming_it(tmp_path):
     out = log.read_text()
     assert re.search(r"SamplerFailed: sampler server 0 at 127.0.0.1:\d+ closed the connection \(.*\) while rank 0 "
                      r"was (waiting for batch \d+|sending to it)", out), out
+
+
+class _Unloadable:
+    """A sampler that cannot be unpickled where batches are made (its reduce calls int on a word)."""
+
+    def __reduce__(self):
+        return (int, ("unloadable",))
+
+
+@pytest.mark.slow
+def test_a_sampler_that_cannot_be_built_fails_the_rank_at_its_start_on_either_transport(tmp_path):
+    """Both producers run one serve loop (hpcgnn.sampling.serving): a failure to build the sampler there reaches the
+    rank as a failure at the start (batch -1), naming the producer and the error, over the pipe and the socket."""
+    import multiprocessing
+    import socket
+
+    import torch
+
+    from hpcgnn.errors import SamplerFailed
+    from hpcgnn.sampling import shipping
+    from hpcgnn.sampling.procs import SamplerPool
+    from hpcgnn.sampling.server import RemotePool, run_server
+    from hpcgnn.trust import run_secret
+
+    recipe, cpu = shipping.Recipe(None, _Unloadable()), torch.device("cpu")
+    pool = SamplerPool(recipe, 1, 2, 1, cpu, rank=0)
+    with pytest.raises(SamplerFailed, match=r"sampler process 0 of rank 0 \(pid \d+\) failed at its start: ValueError: "
+                                            r"invalid literal for int\(\) with base 10: 'unloadable'\nits traceback"):
+        pool.start()
+    pool.close()
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    key = run_secret(tmp_path)
+    server = multiprocessing.get_context("spawn").Process(target=run_server, args=(0, port, 1, 1, str(tmp_path), key),
+                                                          kwargs={"host": "127.0.0.1"})
+    server.start()
+    remote = RemotePool(recipe, [("127.0.0.1", port)], 2, cpu, rank=0, key=key, run_dir=tmp_path, connect_s=60)
+    try:
+        with pytest.raises(SamplerFailed, match=r"sampler server 0 at 127.0.0.1:\d+ failed building the sampler of rank "
+                                                r"0: ValueError: invalid literal"):
+            remote.start()
+    finally:
+        remote.close()
+        server.join(60)
+    assert server.exitcode == 1  # (it records its failure, as a failed server does)

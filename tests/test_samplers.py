@@ -322,3 +322,26 @@ def test_every_sampler_kind_is_the_samplers_protocol(over):
     for sampler in (store.train_sampler, loader.sampler):
         assert isinstance(sampler, Sampler) and sampler.device == torch.device("cpu"), type(sampler)
     store.close()
+
+
+@pytest.mark.parametrize(("over", "environ", "kind"), [
+    ([], {}, "InRank"), (["train.prefetch=0"], {}, "InRank"), (["train.sampler_procs=2"], {}, "SamplerPool"),
+    ([], {"HPCGNN_SAMPLER_SERVERS": "127.0.0.1:29999"}, "RemotePool")], ids=["prefetch", "plain", "procs", "servers"])
+def test_the_store_chooses_one_batch_source_once_and_every_kind_is_the_protocol(over, environ, kind, tmp_path):
+    """One seam: the store decides once which of the three producers makes a rank's training batches, each the
+    BatchSource protocol (start, epoch, close); the rank's own source hands out its loader's batches (nothing is
+    started here: constructing a pool spawns and connects nothing)."""
+    from hpcgnn.sampling.protocol import BatchSource
+    from hpcgnn.stores import open_store
+
+    cfg = make_config(*over, "dataset.num_nodes=2000", "train.batch_size=64", f"dataset.root={DATA_ROOT}",
+                      f"run_dir={tmp_path}")
+    store = open_store(cfg, RankEnv.from_environ(environ), torch.device("cpu"))
+    source = store.batch_source()
+    assert isinstance(source, BatchSource) and type(source).__name__ == kind
+    assert store.batch_source() is source
+    if kind == "InRank":
+        walk = store.train_loader(1)
+        assert type(walk).__name__ == ("PrefetchLoader" if cfg.train.prefetch else "BatchLoader")
+        assert len(walk) == store.steps == len(list(walk))
+    store.close()

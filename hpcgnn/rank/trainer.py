@@ -227,9 +227,7 @@ class Trainer:
         self._log_start()
         preempt = PreemptionFlag(self.cfg.checkpoint.signal)
         try:
-            producer = self.store.batch_producer(self.task.transform)
-            if producer is not None:  # started before the clock runs
-                producer.start()
+            self.store.batch_source(self.task.transform).start()  # (sampler processes, servers: before the clock)
             for epoch in range(self.state.epoch, self.cfg.train.epochs + 1):
                 row = self.run_epoch(epoch, preempt)
                 if epoch % self.cfg.train.eval_every == 0 or epoch == self.cfg.train.epochs:

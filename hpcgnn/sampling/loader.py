@@ -301,6 +301,23 @@ class PrefetchLoader:
         yield from _Walk(self.loader, self.depth).batches()  # (set up at the first batch asked for, not before)
 
 
+class InRank:
+    """The rank's own batches (:class:`~hpcgnn.sampling.protocol.BatchSource`): its loader, ``depth`` batches ahead
+    in a :class:`PrefetchLoader` (0: made as the step asks for them)."""
+
+    def __init__(self, depth: int):
+        self.depth = depth
+
+    def start(self) -> None:
+        pass
+
+    def epoch(self, loader: BatchLoader) -> PrefetchLoader | BatchLoader:
+        return PrefetchLoader(loader, self.depth) if self.depth else loader
+
+    def close(self, done: bool = False) -> None:
+        pass
+
+
 class _Walk:
     """One walk of a :class:`PrefetchLoader`: its threads, the queues between them, and the consumer's end.
 

@@ -29,12 +29,11 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import logging
 import os
 import signal
 import time
-import traceback
-from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from multiprocessing.connection import Connection
@@ -44,17 +43,17 @@ import torch.multiprocessing as mp
 from torch import Tensor
 
 import hpcgnn.sampling.messages as m
+import hpcgnn.sampling.serving as serving
 import hpcgnn.sampling.shipping as shipping
-from hpcgnn import process, rng
+from hpcgnn import process
 from hpcgnn.checks import (
     SLOT_BYTES,  # a slot's first size; a batch that does not fit gets a larger slot (once or twice)
 )
 from hpcgnn.errors import SamplerFailed
-from hpcgnn.sampling.loader import BatchLoader, to_device
+from hpcgnn.sampling.loader import BatchLoader
 
 log = logging.getLogger(__name__)
 
-GROWTH = 1.25  # a grown slot holds the batch that did not fit, plus this margin
 POLL_S = 0.5  # how often a waiting rank checks that its sampler process lives
 
 
@@ -94,87 +93,87 @@ def _join_group(spec: SamplerSpec) -> None:
     d.use_group(dist.group.WORLD)  # this process's default group is the sampler group
 
 
+class _PipeEnd:
+    """A sampler process's end of its pipes (:class:`hpcgnn.sampling.serving.End`): batch i is written into the
+    shared slot the rank granted it; a batch that does not fit asks the rank for a larger slot, which every process
+    is handed."""
+
+    def __init__(self, slots: list[Tensor], inbox: Connection, outbox: Connection):
+        self.slots, self.inbox, self.outbox = slots, inbox, outbox
+        self.grants: dict[int, int] = {}  # batch index -> the slot the rank gave it
+        self.slot = -1  # the slot of the batch being made
+
+    def recv(self, wait: bool):
+        try:
+            return self.inbox.recv() if self.inbox.poll(1.0 if wait else 0) else None
+        except EOFError:  # the rank has ended (and this process with it: die_with_parent)
+            raise serving.PeerGone from None
+
+    def send(self, msg) -> None:
+        try:
+            self.outbox.send(msg)
+        except OSError:
+            raise serving.PeerGone from None
+
+    def take(self, msg) -> None:
+        if isinstance(msg, m.Grant):
+            self.grants[msg.index] = msg.slot
+        elif isinstance(msg, m.Slot):
+            self.slots[msg.slot] = msg.tensor
+
+    def room(self, i: int) -> bool:
+        return i in self.grants
+
+    def place(self, i: int) -> Tensor:
+        self.slot = self.grants.pop(i)
+        return self.slots[self.slot]
+
+    def grow(self, i: int, needed: int, handle) -> Tensor:
+        s = self.slot
+        self.send(m.Grow(i, s, needed))
+        while True:  # until the rank has handed slot s over grown (its other messages meanwhile as ever)
+            msg = self.recv(wait=True)
+            if msg is not None:
+                handle(msg)
+                if isinstance(msg, m.Slot) and msg.slot == s:
+                    return self.slots[s]
+
+    def deliver(self, i: int, meta, delta, nbytes: int) -> None:
+        self.send(m.Batch(i, meta, delta, slot=self.slot))
+
+
 def serve(spec: SamplerSpec, recipe: bytes, slots: list[Tensor], inbox: Connection, outbox: Connection) -> None:
-    """A sampler process's life: make the batches it is sent, into free slots, until told to stop. ``inbox``: the
-    rank's messages (read here), ``outbox``: this process's (written here)."""
+    """A sampler process's life: make the batches it is sent, into the slots granted them, until told to stop
+    (:func:`hpcgnn.sampling.serving.serve`). ``inbox``: the rank's messages (read here), ``outbox``: this
+    process's (written here)."""
     process.die_with_parent(signal.SIGKILL)
     process.ignore_signals(signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)  # the rank decides when
     torch.set_num_threads(spec.threads)
     if spec.keep_freed_memory:
         process.keep_freed_memory()
-    i = -1
-    try:
+
+    def start() -> serving.Sampling:
         if spec.group_size > 1:
             _join_group(spec)
-        r: shipping.Recipe = shipping.loads(recipe)
-        stats = r.stats
-        loader = BatchLoader(r.features, r.sampler, [], transform=r.transform)
-        outbox.send(m.Ready())
-        pending: collections.deque = collections.deque()  # (i, seeds, batch_seed)
-        grants: dict[int, int] = {}  # batch index -> the slot the rank gave it
-        shortened = False
-        while True:
-            ready = bool(pending) and pending[0][0] in grants
-            try:
-                msg = inbox.recv() if inbox.poll(0 if ready else 1.0) else None
-            except EOFError:  # the rank has ended (and this process with it: die_with_parent)
-                return
-            if msg is not None:
-                if isinstance(msg, m.Stop):
-                    break
-                _take(msg, pending, grants, slots)
-                continue
-            if not ready:
-                continue
-            i, seeds, batch_seed = pending.popleft()
-            if i == spec.fail_batch:
-                raise RuntimeError(f"injected failure making batch {i} (debug.sampler_fail_rank)")
-            before = stats.snapshot() if stats is not None else None
-            s = grants.pop(i)
-            writer = shipping.SlotWriter(slots[s])
-            data = loader.sample(seeds, rng.generator(batch_seed, i), alloc=writer.alloc)
-            meta, needed = shipping.pack(data, writer)
-            if meta is None:  # the rank hands every process a larger slot
-                outbox.send(m.Grow(i, s, needed))
-                _wait_for_slot(inbox, s, pending, grants, slots)
-                meta, _ = shipping.pack(data, shipping.SlotWriter(slots[s]))
-            outbox.send(m.Batch(i, meta, stats - before if stats is not None else None, slot=s))
-            del data
-            if spec.group_size > 1 and not shortened:  # as the rank does after its first step
-                from torch.distributed.distributed_c10d import _set_pg_timeout
+        shorten = functools.partial(_shorten_timeout, spec.timeout_s) if spec.group_size > 1 else None
+        return serving.Sampling(recipe, spec.fail_batch, shorten)
 
-                _set_pg_timeout(timedelta(seconds=spec.timeout_s), None)
-                shortened = True
-    except BaseException as exc:  # reported to the rank, which fails naming this process
-        with contextlib.suppress(OSError):  # (a rank that has ended reads nothing)
-            outbox.send(m.Failed(i, f"{type(exc).__name__}: {exc}", traceback.format_exc()))
+    try:
+        stopped = serving.serve(_PipeEnd(slots, inbox, outbox), start)
+    except BaseException:  # the rank has been told (Failed), and fails naming this process
         os._exit(1)
-    if spec.group_size > 1:
+    if stopped and spec.group_size > 1:
         import torch.distributed as dist
 
         dist.destroy_process_group()
     outbox.close()
 
 
-def _take(msg, pending: collections.deque, grants: dict, slots: list) -> None:
-    """A message from the rank: an epoch's batches, a slot for a batch, or a grown slot."""
-    if isinstance(msg, m.Epoch):
-        pending.extend((i, torch.from_numpy(seeds), msg.batch_seed) for i, seeds in msg.jobs)
-    elif isinstance(msg, m.Grant):
-        grants[msg.index] = msg.slot
-    elif isinstance(msg, m.Slot):
-        slots[msg.slot] = msg.tensor
+def _shorten_timeout(timeout_s: float) -> None:
+    """The sampler group's collectives time out as the rank's do after its first step."""
+    from torch.distributed.distributed_c10d import _set_pg_timeout
 
-
-def _wait_for_slot(inbox, s: int, pending: collections.deque, grants: dict, slots: list) -> None:
-    """Until the rank has handed over slot ``s`` grown."""
-    while True:
-        msg = inbox.recv()
-        if isinstance(msg, m.Stop):
-            raise SystemExit(0)
-        _take(msg, pending, grants, slots)
-        if isinstance(msg, m.Slot) and msg.slot == s:
-            return
+    _set_pg_timeout(timedelta(seconds=timeout_s), None)
 
 
 # ---------------------------------------------------------------------- on the rank
@@ -258,10 +257,9 @@ class SamplerPool:
     def pids(self) -> list[int]:
         return [p.process.pid for p in self.running]
 
-    def loader(self, loader: BatchLoader) -> ProcessLoader:
+    def epoch(self, loader: BatchLoader) -> serving.ProducedLoader:
         """``loader``'s batches (the same seeds, generators and order), made by these processes."""
-        return ProcessLoader(self, loader.batches, loader.num_batches, loader.batch_seed, loader.start,
-                             loader.sizes)
+        return serving.ProducedLoader(self, loader)
 
     # ---------------------------------------------------------------- one epoch
 
@@ -310,7 +308,7 @@ class SamplerPool:
             if isinstance(msg, m.Grow):  # every process gets the grown slot (before any later grant of it)
                 s = msg.slot
                 old = self.slots[s]
-                self.slots[s] = _shared(int(msg.needed * GROWTH), self.pin)
+                self.slots[s] = _shared(int(msg.needed * serving.GROWTH), self.pin)
                 if self.pin:
                     _unpin(old)
                 for q in self.running:
@@ -376,41 +374,3 @@ class SamplerPool:
             for t in self.slots:
                 _unpin(t)
         self.running, self.slots = [], []
-
-
-class ProcessLoader:
-    """One epoch's batches from a :class:`SamplerPool`, in index order, on the device (``BatchLoader``'s
-    interface: ``sizes``, ``len``, iteration)."""
-
-    def __init__(self, pool: SamplerPool, batches: list[Tensor], num_batches: int, batch_seed: int, start: int,
-                 sizes: list[int]):
-        self.pool, self.batches, self.num_batches = pool, batches, num_batches
-        self.batch_seed, self.start, self.sizes = batch_seed, start, sizes
-
-    def __len__(self) -> int:
-        return self.num_batches - self.start
-
-    def __iter__(self) -> Iterator:
-        pool, device = self.pool, self.pool.device
-        pool.start()
-        pool.begin(self.batches, self.num_batches, self.batch_seed, self.start)
-        held, finished = None, False
-        try:
-            for i in range(self.start, self.num_batches):
-                if held is not None:  # the step on the previous batch is over: its slot is free again
-                    pool.release(*held)
-                    held = None
-                data, p, s, _ = pool.receive(i)
-                data = to_device(data, device)
-                done = None
-                if device.type == "cuda":
-                    done = torch.cuda.Event()
-                    done.record()
-                held = (p, s, done)
-                yield data
-            finished = True
-        finally:
-            if finished and held is not None:
-                pool.release(*held)
-            if not finished:  # abandoned mid-epoch (an error, a preemption): the run is ending
-                pool.close()

@@ -29,7 +29,6 @@ import socket
 import struct
 import threading
 import time
-import traceback
 from collections import deque
 from pathlib import Path
 
@@ -37,8 +36,9 @@ import torch
 from torch import Tensor
 
 import hpcgnn.sampling.messages as m
+import hpcgnn.sampling.serving as serving
 import hpcgnn.sampling.shipping as shipping
-from hpcgnn import process, rng, trust
+from hpcgnn import process, trust
 from hpcgnn.checks import SLOT_BYTES
 from hpcgnn.errors import AnotherRankFailed, PortTaken, SamplerFailed
 from hpcgnn.failures import record_failure
@@ -75,95 +75,114 @@ def receive(sock: socket.socket, slot=None):
 
 
 class _Counters:
+    """What a server's threads did, together (:class:`hpcgnn.sampling.serving.Counters`)."""
+
     def __init__(self):
         self.lock = threading.Lock()
         self.batches, self.sample_s, self.wait_s, self.bytes = 0, 0.0, 0.0, 0
+
+    def waited(self, seconds: float) -> None:
+        with self.lock:
+            self.wait_s += seconds
+
+    def made(self, seconds: float, nbytes: int) -> None:
+        with self.lock:
+            self.batches += 1
+            self.sample_s += seconds
+            self.bytes += nbytes
 
     def as_dict(self) -> dict:
         return {"batches_served": self.batches, "sample_s": round(self.sample_s, 3),
                 "wait_s": round(self.wait_s, 3), "bytes_sent": self.bytes}
 
 
+class _SocketEnd:
+    """A server's end of one trainer's connection (:class:`hpcgnn.sampling.serving.End`): a batch is written into
+    this thread's buffer and its bytes sent after its message; ``depth`` batches in flight, one more each time
+    the trainer frees a slot."""
+
+    def __init__(self, conn: socket.socket, depth: int):
+        self.conn, self.credits = conn, depth
+        self.buf = torch.empty(SLOT_BYTES, dtype=torch.uint8)
+
+    def recv(self, wait: bool):
+        try:
+            return receive(self.conn) if wait or select.select([self.conn], [], [], 0)[0] else None
+        except (ConnectionError, OSError):
+            raise serving.PeerGone from None
+
+    def send(self, msg, payload: memoryview | None = None) -> None:
+        try:
+            send(self.conn, msg, payload)
+        except (ConnectionError, OSError):
+            raise serving.PeerGone from None
+
+    def take(self, msg) -> None:
+        if isinstance(msg, m.Free):
+            self.credits += 1
+
+    def room(self, i: int) -> bool:
+        return self.credits > 0
+
+    def place(self, i: int) -> Tensor:
+        return self.buf
+
+    def grow(self, i: int, needed: int, handle) -> Tensor:
+        self.buf = torch.empty(int(needed * serving.GROWTH), dtype=torch.uint8)
+        return self.buf
+
+    def deliver(self, i: int, meta, delta, nbytes: int) -> None:
+        self.send(m.Batch(i, meta, delta), memoryview(self.buf.numpy())[:nbytes])
+        self.credits -= 1
+
+
+class _Relay:
+    """A partitioned graph's batches, made by a sampler process of this trainer's
+    (:class:`~hpcgnn.sampling.procs.SamplerPool`), which joins the group of every trainer's (on every server) to
+    sample across parts; the serve loop relays them (:class:`hpcgnn.sampling.serving.Maker`)."""
+
+    def __init__(self, hello: m.Hello, threads: int, fail_batch: int):
+        from hpcgnn.sampling.procs import SamplerPool
+
+        self.pool = SamplerPool(hello.recipe, 1, hello.depth, threads, torch.device("cpu"), rank=hello.rank,
+                                group=hello.group, fail_batch=fail_batch)
+        self.held = None
+        self.pool.start()
+
+    def epoch(self, msg: m.Epoch) -> None:  # its process starts on them at once
+        self.pool.submit(msg.batch_seed, msg.jobs)
+
+    def make(self, i: int, seeds: Tensor, batch_seed: int, alloc) -> tuple:
+        data, p, slot, delta = self.pool.receive(i)
+        self.held = (p, slot)
+        return data, delta
+
+    def done(self) -> None:
+        self.pool.release(*self.held, None)
+
+    def close(self) -> None:
+        self.pool.close()
+
+
 def _serve_trainer(conn: socket.socket, counters: _Counters, threads: int, fail_batch: int) -> bool:
     """One trainer's connection: its sampler, then its batches, ``depth`` in flight, until it stops (True: it
     is done; False: it left without saying so, and may come back after a requeue).
 
-    A whole graph's batches are made here, in this thread. A partitioned graph's are made by a sampler process
-    of this trainer's (:class:`~hpcgnn.sampling.procs.SamplerPool`), which joins the group of every trainer's
-    (on every server) to sample across parts; this thread relays its batches."""
+    A whole graph's batches are made here, in this thread, by the trainer's own sampler, even where trainers send
+    the same recipe: a sampler's scratch (its id maps) holds one batch at a time, and this thread samples while the
+    others do. The graph's file-backed tensors are mapped again, not copied: the node's one copy in the page cache
+    serves them all. A partitioned graph's are relayed (:class:`_Relay`)."""
     try:
         hello = receive(conn)
     except (ConnectionError, OSError):
         return False  # it left before saying what it wants (a requeued trainer comes back)
     if not isinstance(hello, m.Hello):
         raise RuntimeError(f"a trainer began with {type(hello).__name__}, not Hello")
-    rank, recipe, depth, group = hello.rank, hello.recipe, hello.depth, hello.group
-    pool = None
-    if group:
-        from hpcgnn.sampling.procs import SamplerPool
 
-        pool = SamplerPool(recipe, 1, depth, threads, torch.device("cpu"), rank=rank, group=group,
-                           fail_batch=fail_batch)
-        pool.start()
-    else:
-        # Each trainer's own sampler, even where trainers send the same recipe: a sampler's scratch (its id maps)
-        # holds one batch at a time, and this thread samples while the others do. The graph's file-backed
-        # tensors are mapped again, not copied: the node's one copy in the page cache serves them all.
-        r: shipping.Recipe = shipping.loads(recipe)
-        loader = BatchLoader(r.features, r.sampler, [], transform=r.transform)
-    send(conn, m.Ready())
-    pending: deque = deque()
-    credits, buf, i = depth, torch.empty(SLOT_BYTES, dtype=torch.uint8), -1
-    try:
-        while True:
-            idle = not (pending and credits)
-            t0 = time.perf_counter()
-            while idle or select.select([conn], [], [], 0)[0]:  # what the trainer says comes first
-                msg = receive(conn)
-                if isinstance(msg, m.Stop):
-                    return True
-                if isinstance(msg, m.Epoch):
-                    pending.extend((i, torch.from_numpy(seeds), msg.batch_seed) for i, seeds in msg.jobs)
-                    if pool is not None:  # its process starts on them at once
-                        pool.submit(msg.batch_seed, msg.jobs)
-                elif isinstance(msg, m.Free):
-                    credits += 1
-                idle = not (pending and credits)
-            with counters.lock:  # (every trainer's thread counts here)
-                counters.wait_s += time.perf_counter() - t0
-            i, seeds, batch_seed = pending.popleft()
-            if i == fail_batch and pool is None:
-                raise RuntimeError(f"injected failure making batch {i} (debug.sampler_fail_rank)")
-            t0 = time.perf_counter()
-            writer, delta, held = shipping.SlotWriter(buf), None, None
-            if pool is None:
-                data = loader.sample(seeds, rng.generator(batch_seed, i), alloc=writer.alloc)
-            else:
-                data, p, slot, delta = pool.receive(i)
-                held = (p, slot)
-            meta, used = shipping.pack(data, writer)
-            if meta is None:
-                buf = torch.empty(int(used * 1.25), dtype=torch.uint8)
-                meta, used = shipping.pack(data, shipping.SlotWriter(buf))
-            if held is not None:
-                pool.release(*held, None)
-            with counters.lock:
-                counters.batches += 1
-                counters.sample_s += time.perf_counter() - t0
-                counters.bytes += used
-            send(conn, m.Batch(i, meta, delta), memoryview(buf.numpy())[:used])
-            credits -= 1
-    except (ConnectionError, OSError):
-        return False  # the trainer is gone (preempted, or it failed: its own error says why)
-    except BaseException as exc:
-        try:
-            send(conn, m.Failed(i, f"{type(exc).__name__}: {exc}", traceback.format_exc()))
-        except OSError:
-            pass
-        raise
-    finally:
-        if pool is not None:
-            pool.close()
+    def start() -> serving.Maker:
+        return _Relay(hello, threads, fail_batch) if hello.group else serving.Sampling(hello.recipe, fail_batch)
+
+    return serving.serve(_SocketEnd(conn, hello.depth), start, counters)
 
 
 def trainers_of(server: int, servers: int, world_size: int, partitioned: bool) -> int:
@@ -362,11 +381,9 @@ class RemotePool:
         log.info("rank %d: %d sampler server(s) ready (%s) in %.1f s", self.rank, len(self.links),
                  ", ".join(f"{h}:{p}" for h, p in self.servers), time.perf_counter() - t0)
 
-    def loader(self, loader: BatchLoader):
-        from hpcgnn.sampling.procs import ProcessLoader
-
-        return ProcessLoader(self, loader.batches, loader.num_batches, loader.batch_seed, loader.start,
-                             loader.sizes)
+    def epoch(self, loader: BatchLoader) -> serving.ProducedLoader:
+        """``loader``'s batches (the same seeds, generators and order), made by the servers."""
+        return serving.ProducedLoader(self, loader)
 
     def _link_of(self, i: int) -> _Link:
         return self.links[(i + self.rank) % len(self.links)]
@@ -391,8 +408,9 @@ class RemotePool:
         except (OSError, ConnectionError, EOFError) as exc:
             raise self._lost(link, "waiting for its start" if i == "start" else f"waiting for batch {i}", exc) from None
         if isinstance(msg, m.Failed):
-            raise SamplerFailed(f"{link.name} failed making batch {msg.index} of rank {self.rank}: {msg.line}\n"
-                                f"its traceback:\n{msg.trace}")
+            what = f"making batch {msg.index}" if msg.index >= 0 else "building the sampler"
+            raise SamplerFailed(f"{link.name} failed {what} of rank {self.rank}: {msg.line}\nits traceback:\n"
+                                f"{msg.trace}")
         return msg
 
     def _lost(self, link: _Link, doing: str, exc: BaseException) -> SamplerFailed:
@@ -406,7 +424,7 @@ class RemotePool:
 
         def slot(nbytes: int) -> Tensor:
             if link.slots[s].numel() < nbytes:
-                link.slots[s] = _slot(int(nbytes * 1.25), link.pin)
+                link.slots[s] = _slot(int(nbytes * serving.GROWTH), link.pin)
             return link.slots[s]
 
         batch = self._next(link, i, slot)

@@ -36,10 +36,12 @@ from hpcgnn.env import RankEnv
 from hpcgnn.errors import AllocationError, AnotherRankFailed, ConfigError, DatasetError
 from hpcgnn.models import uses_edges
 from hpcgnn.rng import derive_seed, generator
-from hpcgnn.sampling import BatchLoader, PrefetchLoader, rank_seeds, shipping
+from hpcgnn.sampling import BatchLoader, rank_seeds, shipping
 from hpcgnn.sampling import subgraph as sub
 from hpcgnn.sampling.distributed import CommStats
 from hpcgnn.sampling.link import LinkSampler, pair_sampler, share
+from hpcgnn.sampling.loader import InRank
+from hpcgnn.sampling.protocol import BatchSource
 from hpcgnn.stores.exact import Exact
 
 
@@ -72,46 +74,44 @@ class Store(abc.ABC):
                              batch_seed=derive_seed(t.seed, "train", epoch, self.env.rank), start=start_step,
                              num_batches=self.steps, device=self.device, pin_memory=self.device.type == "cuda",
                              transform=transform, weigh_by_seeds=self.weigh_by_seeds)
-        producer = self.batch_producer(transform)
-        if producer is not None:  # the same batches, made by other processes
-            return producer.loader(loader)
-        return PrefetchLoader(loader, t.prefetch) if t.prefetch else loader
+        return self.batch_source(transform).epoch(loader)
 
-    def batch_producer(self, transform=None):
-        """What makes this rank's training batches outside its training loop, decided here and only here: its
-        sampler servers' connections, its sampler processes, or None (the rank's own loader, with its prefetch
-        thread). The trainer starts it before the first epoch."""
-        if not (self.cfg.train.sampler_procs or self.sampler_servers):
-            return None
-        pool = getattr(self, "_pool", None)
-        if pool is None:
-            t, env, d = self.cfg.train, self.env, self.cfg.dist
-            from hpcgnn.checks import check_slots, shm_free
-            from hpcgnn.env import available_memory
+    def batch_source(self, transform=None) -> BatchSource:
+        """What makes this rank's training batches (:class:`~hpcgnn.sampling.protocol.BatchSource`), decided here
+        and only here: its sampler servers' connections, its sampler processes, or the rank itself (its loader,
+        with its prefetch thread). The trainer starts it before the first epoch and the store closes it."""
+        source = getattr(self, "_source", None)
+        if source is not None:
+            return source
+        t, env, d = self.cfg.train, self.env, self.cfg.dist
+        if not (t.sampler_procs or self.sampler_servers):
+            self._source = InRank(t.prefetch)
+            return self._source
+        from hpcgnn.checks import check_slots, shm_free
+        from hpcgnn.env import available_memory
 
-            check_slots(self.cfg, env.local_world_size, shm_free(), available_memory(), f"node {socket.gethostname()}")
-            exchange = getattr(self, "exchange", None)  # a partitioned graph: the samplers exchange among themselves
-            group = None if exchange is None or env.world_size == 1 else dict(
-                group_size=env.world_size, master_addr=env.master_addr, master_port=env.master_port,
-                init_timeout_s=d.init_timeout_s, timeout_s=d.timeout_s)
-            recipe = shipping.Recipe(self.features, self.train_sampler, transform,
-                                     exchange.stats if exchange is not None else None)
-            if self.sampler_servers:  # another group of the job, another job, or local processes
-                from hpcgnn.sampling.server import RemotePool
-                from hpcgnn.trust import run_secret
+        check_slots(self.cfg, env.local_world_size, shm_free(), available_memory(), f"node {socket.gethostname()}")
+        exchange = getattr(self, "exchange", None)  # a partitioned graph: the samplers exchange among themselves
+        group = None if exchange is None or env.world_size == 1 else dict(
+            group_size=env.world_size, master_addr=env.master_addr, master_port=env.master_port,
+            init_timeout_s=d.init_timeout_s, timeout_s=d.timeout_s)
+        recipe = shipping.Recipe(self.features, self.train_sampler, transform,
+                                 exchange.stats if exchange is not None else None)
+        if self.sampler_servers:  # another group of the job, another job, or local processes
+            from hpcgnn.sampling.server import RemotePool
+            from hpcgnn.trust import run_secret
 
-                pool = RemotePool(recipe, self.sampler_servers, t.prefetch, self.device, rank=env.rank,
-                                  key=run_secret(self.cfg.run_dir), run_dir=self.cfg.run_dir, timeout_s=d.timeout_s,
-                                  connect_s=d.init_timeout_s, group=group)
-            else:
-                from hpcgnn.sampling.procs import SamplerPool
+            self._source = RemotePool(recipe, self.sampler_servers, t.prefetch, self.device, rank=env.rank,
+                                      key=run_secret(self.cfg.run_dir), run_dir=self.cfg.run_dir,
+                                      timeout_s=d.timeout_s, connect_s=d.init_timeout_s, group=group)
+        else:
+            from hpcgnn.sampling.procs import SamplerPool
 
-                dbg = self.cfg.debug
-                pool = SamplerPool(recipe, t.sampler_procs, t.prefetch, t.sampler_threads or 1, self.device,
-                                   rank=env.rank, keep_freed=t.keep_freed_memory, group=group,
-                                   fail_batch=dbg.sampler_fail_batch if dbg.sampler_fail_rank == env.rank else -1)
-            self._pool = pool
-        return pool
+            dbg = self.cfg.debug
+            self._source = SamplerPool(recipe, t.sampler_procs, t.prefetch, t.sampler_threads or 1, self.device,
+                                       rank=env.rank, keep_freed=t.keep_freed_memory, group=group,
+                                       fail_batch=dbg.sampler_fail_batch if dbg.sampler_fail_rank == env.rank else -1)
+        return self._source
 
     @functools.cached_property
     def sampler_servers(self) -> list[tuple[str, int]]:
@@ -136,9 +136,9 @@ class Store(abc.ABC):
     def close(self, done: bool = False) -> None:
         """Stop what the store started (its sampler processes, its server connections); ``done``: training has
         finished (sampler servers may leave; otherwise they wait for a requeued rank)."""
-        pool = getattr(self, "_pool", None)
-        if pool is not None:
-            pool.close(done)
+        source = getattr(self, "_source", None)
+        if source is not None:
+            source.close(done)
 
     def eval_loader(self, split: str, transform=None) -> BatchLoader:
         """This rank's share of ``split`` in batches of ``train.eval_batch_size`` (link: pairs to score)."""
