@@ -1,6 +1,6 @@
 """Builds hpcgnn's C sampling kernels into the package at install time (``pip install .``, ``pip install -e .``, a
-wheel): a plain C extension of ``hpcgnn/sampling/native.c``, with no Python or torch header, loaded through ctypes
-(hpcgnn/sampling/build.py), so a compute node needs no compiler. Where no compiler is, hpcgnn installs without it
+wheel): a plain C extension of ``hpcgnn/sampling/kernels/*.c``, with no Python or torch header, loaded through ctypes
+(hpcgnn/sampling/kernels/build.py), so a compute node needs no compiler. Where no compiler is, hpcgnn installs without it
 and builds the kernels on first use, or samples on torch ops (the same batches, slower).
 
 Everything else about the package is in pyproject.toml.
@@ -12,9 +12,14 @@ from pathlib import Path
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
-SOURCE = "hpcgnn/sampling/native.c"
-# What the library answers from hpcgnn_source_hash(): it is used only where this matches the installed source.
-SOURCE_HASH = hashlib.sha256((Path(__file__).parent / SOURCE).read_bytes()).hexdigest()[:16]
+KERNELS = Path(__file__).parent / "hpcgnn" / "sampling" / "kernels"
+SOURCES = sorted(KERNELS.glob("*.c"))
+# What the library answers from hpcgnn_source_hash(): it is used only where this matches the installed sources (the
+# sources' and the header's names and bytes, in name order, as hpcgnn.sampling.kernels.build.hash_sources hashes them).
+_digest = hashlib.sha256()
+for _path in sorted([*SOURCES, *KERNELS.glob("*.h")], key=lambda p: p.name):
+    _digest.update(_path.name.encode() + b"\0" + _path.read_bytes() + b"\0")
+SOURCE_HASH = _digest.hexdigest()[:16]
 
 
 class OptionalKernels(build_ext):
@@ -31,7 +36,8 @@ class OptionalKernels(build_ext):
 
 setup(
     ext_modules=[Extension(
-        "hpcgnn.sampling._kernels", sources=[SOURCE], optional=True,
+        "hpcgnn.sampling.kernels._kernels", sources=[str(p.relative_to(Path(__file__).parent)) for p in SOURCES],
+        depends=[str(p.relative_to(Path(__file__).parent)) for p in KERNELS.glob("*.h")], optional=True,
         define_macros=[("HPCGNN_SOURCE_HASH", f'"{SOURCE_HASH}"')],
         extra_compile_args=["-O3", "-std=gnu11", "-pthread"], extra_link_args=["-pthread"],
     )],

@@ -60,14 +60,14 @@ def copy_bandwidth(nbytes: int = 512 * 2**20, reps: int = 5) -> float:
     """Bytes per second a large copy moves here (read + write), with torch's threads: the faster of torch's
     copy (ordinary stores, which read each line before writing it: bytes moved that this does not count) and
     a copy by hpcgnn's row gather of 512-byte rows in order (stores past the caches, where the CPU has them)."""
-    from hpcgnn.sampling import binding, native
+    from hpcgnn.sampling.kernels import binding, ops
 
     src = torch.ones(nbytes // 512, 128, dtype=torch.float32)
     dst = torch.empty_like(src)
     rows = torch.arange(src.size(0))
     copies = [lambda: dst.copy_(src)]
     if binding.usable(src):
-        copies.append(lambda: native.gather_rows(src, rows, dst))
+        copies.append(lambda: ops.gather_rows(src, rows, dst))
     best = 0.0
     for copy in copies:
         copy()

@@ -100,3 +100,13 @@ def test_the_checks_see_a_circle_and_an_upward_import():
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert layer("hpcgnn.stores.base") > layer("hpcgnn.sampling.server") > layer("hpcgnn.trust")
     assert layer("hpcgnn.partition.__main__") > layer("hpcgnn.submit.launch") > layer("hpcgnn") == 0
+
+
+def test_every_package_folder_is_in_the_wheel():
+    """pyproject.toml lists the packages a wheel carries: a folder of hpcgnn/ left out of the list installs without
+    its modules (the kernels package was, until tests/test_install.py's wheel failed to import it)."""
+    import tomllib
+
+    listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    folders = {".".join(p.parent.relative_to(REPO).parts) for p in (REPO / "hpcgnn").rglob("__init__.py")}
+    assert folders <= listed, sorted(folders - listed)

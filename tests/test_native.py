@@ -1,4 +1,4 @@
-"""The C sampling kernels (hpcgnn/sampling/native.c): the same batches as the torch ops, bit for bit; built
+"""The C sampling kernels (hpcgnn/sampling/kernels/): the same batches as the torch ops, bit for bit; built
 once per source and compiler; a machine without a compiler samples on torch ops and says how to mend it."""
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ import torch
 from hpcgnn.config import DatasetConfig
 from hpcgnn.data import Graph, build_graph
 from hpcgnn.data.synthetic import make_synthetic_typed
-from hpcgnn.sampling import CSRNeighborSampler, binding, build, hashtable, native, scheduler
+from hpcgnn.sampling import CSRNeighborSampler
+from hpcgnn.sampling.kernels import binding, build, hashtable, ops, scheduler, twins
 from hpcgnn.sampling.neighbor import BatchIdMap, DenseIdMap, SortedIdMap, sample_neighbors
 from hpcgnn.sampling.typed import TypedNeighborSampler
 
@@ -159,14 +160,14 @@ def test_the_row_gather_copies_what_torch_copies_and_refuses_rows_outside(switch
     for src in (x, x.bfloat16(), torch.arange(50_000), x[:, :3].contiguous()):
         for idx in (index, index[:0], index[:7].int()):
             out = torch.empty((idx.numel(), *src.shape[1:]), dtype=src.dtype)
-            assert native.gather_rows(src, idx, out) is out and torch.equal(out, src.index_select(0, idx))
+            assert ops.gather_rows(src, idx, out) is out and torch.equal(out, src.index_select(0, idx))
     out = torch.empty(3, 24)
     with pytest.raises(IndexError, match="index 50000 is out of range for 50000 rows"):
-        native.gather_rows(x, torch.tensor([1, 50_000, 2]), out)
+        ops.gather_rows(x, torch.tensor([1, 50_000, 2]), out)
     with pytest.raises(IndexError, match="index -1 is out of range for 50000 rows"):
-        native.gather_rows(x, torch.tensor([-1, 0, 2]), out)
+        ops.gather_rows(x, torch.tensor([-1, 0, 2]), out)
     strided = x[:, ::2]  # not contiguous: torch's own gather
-    assert torch.equal(native.gather_rows(strided, index, torch.empty(40_000, 12)), strided.index_select(0, index))
+    assert torch.equal(ops.gather_rows(strided, index, torch.empty(40_000, 12)), strided.index_select(0, index))
 
 
 @needs_cc
@@ -189,11 +190,11 @@ def test_rows_stored_in_half_precision_are_gathered_as_the_float32_upcast_gives_
                                                for dtype in (torch.bfloat16, torch.float16))):
             idx = index if src.size(0) == x.size(0) else torch.randperm(src.size(0), generator=gen)
             out = torch.empty(idx.numel(), src.size(1))
-            got = native.gather_rows(src, idx, out)
+            got = ops.gather_rows(src, idx, out)
             want = src.index_select(0, idx).float()
             assert got is out and torch.equal(got.view(torch.int32), want.view(torch.int32))  # bits, NaN too
     with pytest.raises(IndexError, match="index 50000 is out of range for 50000 rows"):
-        native.gather_rows(x.bfloat16(), torch.tensor([1, 50_000, 2]), torch.empty(3, 24))
+        ops.gather_rows(x.bfloat16(), torch.tensor([1, 50_000, 2]), torch.empty(3, 24))
     graph = Graph(torch.zeros(50_001, dtype=torch.long), torch.empty(0, dtype=torch.long), x.bfloat16(),
                   torch.arange(50_000), torch.arange(10), torch.arange(0), torch.arange(0), 2)
     slot = []
@@ -223,11 +224,11 @@ def test_rows_gathered_into_given_places_are_those_torch_puts_there(switch):
             out = torch.zeros(50_000, 24, dtype=dtype)
             want = out.clone()
             want[at] = src[index].to(dtype)
-            assert native.gather_rows(src, index, out, at=at) is out and torch.equal(out, want)
+            assert ops.gather_rows(src, index, out, at=at) is out and torch.equal(out, want)
         with pytest.raises(IndexError, match=r"a place in rows 0..49999 of out is outside them"):
-            native.gather_rows(x, index[:2], torch.empty(50_000, 24), at=torch.tensor([3, 50_000]))
+            ops.gather_rows(x, index[:2], torch.empty(50_000, 24), at=torch.tensor([3, 50_000]))
         with pytest.raises(ValueError, match="1 places for 2 rows"):
-            native.gather_rows(x, index[:2], torch.empty(50_000, 24), at=torch.tensor([3]))
+            ops.gather_rows(x, index[:2], torch.empty(50_000, 24), at=torch.tensor([3]))
 
 
 @needs_cc
@@ -238,7 +239,7 @@ def test_batches_larger_than_the_caches_are_written_past_them_and_hold_the_same_
     line, rows widened from half precision, rows put at places."""
     switch(True)
     torch.set_num_threads(2)
-    big = native.stream_bytes()
+    big = ops.stream_bytes()
     if platform.machine() in ("x86_64", "AMD64"):
         assert big > 0  # else this test would not reach the streamed stores
     big = big or 1 << 20
@@ -252,7 +253,7 @@ def test_batches_larger_than_the_caches_are_written_past_them_and_hold_the_same_
         want = x.index_select(0, index).to(out_dtype)
         for shift in (0, 1):  # an output that starts on a line, and one that starts 4 or 8 bytes past it
             out = torch.empty(n * cols + shift, dtype=out_dtype)[shift:].view(n, cols)
-            got = native.gather_rows(x, index, out)
+            got = ops.gather_rows(x, index, out)
             assert got.element_size() * got.numel() >= big
             assert torch.equal(got.view(torch.int32) if out_dtype == torch.float32 else got,
                                want.view(torch.int32) if out_dtype == torch.float32 else want)
@@ -260,7 +261,7 @@ def test_batches_larger_than_the_caches_are_written_past_them_and_hold_the_same_
         out = torch.zeros(n + 5, cols, dtype=out_dtype)
         expect = out.clone()
         expect[at] = want
-        assert torch.equal(native.gather_rows(x, index, out, at=at), expect)
+        assert torch.equal(ops.gather_rows(x, index, out, at=at), expect)
 
 
 @needs_cc
@@ -293,7 +294,7 @@ def test_a_gather_shared_with_a_helper_thread_writes_the_same_rows(switch):
         scheduler.thread_budget(1)
         scheduler.share_gathers(share)
         try:
-            native.gather_rows(x, index, out)
+            ops.gather_rows(x, index, out)
         finally:
             scheduler.share_gathers(None)
             scheduler.thread_budget(None)
@@ -318,7 +319,7 @@ def test_a_gather_shared_with_a_helper_thread_writes_the_same_rows(switch):
 @needs_cc
 def test_the_kernels_keep_their_helper_threads_and_share_them_with_callers_and_forked_children(switch, tmp_path,
                                                                                               monkeypatch):
-    """The kernels' helpers are kept between calls (a pool in native.c, not a thread started per call); a second
+    """The kernels' helpers are kept between calls (a pool in threads.c, not a thread started per call); a second
     thread calling while the first holds the pool starts helpers of its own; a child of fork() starts a pool of its
     own (the parent's helpers are not in it), here while another thread is calling the kernels. Every gather is
     torch's, bit for bit, and nothing hangs."""
@@ -330,7 +331,7 @@ def test_the_kernels_keep_their_helper_threads_and_share_them_with_callers_and_f
 
     switch(True)
     lib = build.load(build.build(cache=tmp_path))  # a library of its own: a pool no earlier test started
-    monkeypatch.setattr(native, "kernels", functools.lru_cache(maxsize=1)(lambda: lib))
+    monkeypatch.setattr(ops, "kernels", functools.lru_cache(maxsize=1)(lambda: lib))
     gen = torch.Generator().manual_seed(12)
     x = torch.randn(200_000, 32, generator=gen)
     index = torch.randint(0, 200_000, (300_000,), generator=gen)  # 73 chunks
@@ -340,7 +341,7 @@ def test_the_kernels_keep_their_helper_threads_and_share_them_with_callers_and_f
         scheduler.thread_budget(2)
         try:
             for _ in range(times):
-                results.append(torch.equal(native.gather_rows(x, index, torch.empty(index.numel(), 32)), want))
+                results.append(torch.equal(ops.gather_rows(x, index, torch.empty(index.numel(), 32)), want))
         finally:
             scheduler.thread_budget(None)
 
@@ -363,7 +364,7 @@ def test_the_kernels_keep_their_helper_threads_and_share_them_with_callers_and_f
         if pid == 0:  # the child: one thread, the kernels only (no torch op that uses OpenMP)
             code = 1
             try:
-                native.gather_rows(x, index, out)
+                ops.gather_rows(x, index, out)
                 code = 0 if not tasks.exists() or len(os.listdir(tasks)) == 2 else 3  # itself and its own helper
             finally:
                 os._exit(code)
@@ -436,7 +437,7 @@ def test_kernels_refuse_ids_outside_the_graph(switch, graph):
     with pytest.raises(IndexError, match="id 100 is out of range for a map of 100 ids"):
         ids_map.get(torch.tensor([7, 100]))
     with pytest.raises(ValueError, match=r"out must be a contiguous int64 tensor of shape \(2,\)"):
-        native.dense_get(ids_map.table, ids_map._state, torch.tensor([7, 3]), torch.empty(2, dtype=torch.int32))
+        ops.dense_get(ids_map.table, ids_map._state, torch.tensor([7, 3]), torch.empty(2, dtype=torch.int32))
     # in place (a walk's last hop looks its sources up in the edge index itself), across chunks
     big = DenseIdMap(3000)
     big.add_new([many[many < 3000][:700]], 0)
@@ -541,7 +542,7 @@ def test_ranks_building_at_once_each_load_one_whole_library(tmp_path):
     import subprocess
     import sys
 
-    code = ("import sys; from pathlib import Path; from hpcgnn.sampling import build; "
+    code = ("import sys; from pathlib import Path; from hpcgnn.sampling.kernels import build; "
             "lib = build.build(cache=Path(sys.argv[1])); build.load(lib); print(lib)")
     procs = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True)
              for _ in range(3)]
@@ -582,23 +583,25 @@ def test_a_compiler_that_cannot_build_the_f16c_conversion_still_builds_the_kerne
     cpu = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
     has = platform.machine() in ("x86_64", "i686") and " f16c" in cpu and " avx" in cpu
     assert build.load(build.build(cache=tmp_path / "plain")).hpcgnn_f16c() == int(has)
-    monkeypatch.setattr(native, "kernels", lambda: lib)
+    monkeypatch.setattr(ops, "kernels", lambda: lib)
     gen = torch.Generator().manual_seed(10)
-    n = max(native.stream_bytes(), 1 << 20) // (24 * 4) + 1000
+    n = max(ops.stream_bytes(), 1 << 20) // (24 * 4) + 1000
     x = torch.randn(n // 2, 24, generator=gen)
     index = torch.randint(0, n // 2, (n,), generator=gen)
     for src in (x, x.bfloat16(), x.half()):
         out = torch.empty(n * 24 + 1)[1:].view(n, 24)  # rows that start anywhere in a line
-        assert torch.equal(native.gather_rows(src, index, out), src.index_select(0, index).float())
+        assert torch.equal(ops.gather_rows(src, index, out), src.index_select(0, index).float())
 
 
-def test_the_ctypes_signatures_are_native_cs_prototypes():
-    """build.SIGNATURES, by which ctypes calls the kernels, says what native.c declares: every exported function,
-    its result and each argument's type (a drift would be a segfault, not an error)."""
+def test_the_ctypes_signatures_are_the_c_sources_definitions():
+    """build.SIGNATURES, by which ctypes calls the kernels, says what the C sources define: every exported function
+    of every file, its result and each argument's type (a drift would be a segfault, not an error); every function
+    that the files share among themselves is hidden (kernels.h), not exported."""
     import ctypes
     import re
 
-    text = build.SOURCE.read_text()
+    assert [p.name for p in build.SOURCES] == ["dense.c", "gather.c", "hash.c", "hops.c", "ids.c", "threads.c"]
+    text = "\n".join(p.read_text() for p in build.SOURCES)
     kinds = {"int64_t": ctypes.c_int64, "int": ctypes.c_int, "void": None, "const char *": ctypes.c_char_p}
     declared = {}
     for m in re.finditer(r"^(int64_t|void|int|const char \*) ?(hpcgnn_\w+)\(([^)]*)\)\s*\{", text, re.M):
@@ -611,3 +614,55 @@ def test_the_ctypes_signatures_are_native_cs_prototypes():
             args.append(ctypes.c_void_p if "*" in p else kinds[p.rsplit(" ", 1)[0].replace("const ", "")])
         declared[name] = (kinds[result], tuple(args))
     assert declared == build.SIGNATURES
+    header = (build.HERE / "kernels.h").read_text()
+    shared = re.findall(r"^HIDDEN [\w ]+?\b(\w+)\(", header, re.M)
+    assert sorted(shared) == ["checked_chunks", "join_parts", "parallel_chunks", "radix_sort", "shared_chunks"]
+    for name in shared:  # defined once, not static (another file calls it), hidden by its declaration
+        assert len(re.findall(rf"^(?!static)[\w ]+\b{name}\([^;]*\{{", text, re.M)) == 1, name
+
+
+@pytest.mark.parametrize("name", ["sample_neighbors", "number_new", "dense_get", "gather_rows"])
+def test_every_operation_has_a_torch_twin_of_its_signature_and_its_results(name):
+    """kernels.ops and kernels.twins: the same signature, and the same results bit for bit (the C kernels here; the
+    twin is what runs where they cannot), errors included."""
+    import inspect
+
+    assert inspect.signature(getattr(ops, name)) == inspect.signature(getattr(twins, name))
+    if binding.kernels() is None:
+        pytest.skip("no C kernels here to compare the twins with")
+    gen = torch.Generator().manual_seed(5)
+    n = 3000
+    if name == "sample_neighbors":
+        rowptr = torch.cat([torch.zeros(1, dtype=torch.long), torch.randint(0, 40, (n,), generator=gen).cumsum(0)])
+        col = torch.randint(0, n, (int(rowptr[-1]),), generator=gen)
+        nodes = torch.randint(0, n, (500,), generator=gen)
+        runs = [f(rowptr, col, nodes, 10, torch.Generator().manual_seed(1), 7) for f in (ops.sample_neighbors,
+                                                                                          twins.sample_neighbors)]
+        assert all(torch.equal(a, b) for a, b in zip(*runs, strict=True))
+        return
+    if name == "gather_rows":
+        x = torch.randn(n, 24, generator=gen)
+        index, at = torch.randint(0, n, (800,), generator=gen), torch.randperm(800, generator=gen)
+        for src in (x, x.bfloat16()):
+            for where in (None, at):
+                a, b = (f(src, index, torch.empty(800, 24), where) for f in (ops.gather_rows, twins.gather_rows))
+                assert torch.equal(a, b)
+        return
+    table, state = torch.full((n,), -1, dtype=torch.long), torch.zeros(n, dtype=torch.uint8)
+    maps = [(table.clone(), state.clone()) for _ in range(2)]
+    candidates = [torch.randint(0, n, (k,), generator=gen) for k in (50, 400, 2000)]
+    for t, st in maps:  # the same map in both: an earlier round's ids already in it
+        ops.number_new(t, st, candidates[:1], 0)
+    if name == "number_new":
+        new = [f(t, st, candidates[1:], 40) for f, (t, st) in zip((ops.number_new, twins.number_new), maps,
+                                                                   strict=True)]
+        assert torch.equal(new[0], new[1])
+        assert torch.equal(maps[0][0][maps[0][1] == 2], maps[1][0][maps[1][1] == 2])
+        assert torch.equal(maps[0][1], maps[1][1])
+    else:
+        ids = torch.randint(0, n, (1000,), generator=gen)
+        assert torch.equal(ops.dense_get(*maps[0], ids), twins.dense_get(*maps[1], ids))
+    for f, (t, st) in zip((getattr(ops, name), getattr(twins, name)), maps, strict=True):
+        bad = torch.tensor([5, n + 3, -1])
+        with pytest.raises(IndexError, match=rf"id {n + 3} is out of range for a map of {n} ids"):
+            f(t, st, [bad], 0) if name == "number_new" else f(t, st, bad)

@@ -18,11 +18,11 @@ from hpcgnn.sampling import (
     CSRNeighborSampler,
     rank_seeds,
     sample_neighbors,
-    scheduler,
     steps_per_epoch,
 )
+from hpcgnn.sampling.kernels import scheduler
+from hpcgnn.sampling.kernels.scheduler import threads
 from hpcgnn.sampling.neighbor import DenseIdMap
-from hpcgnn.sampling.scheduler import threads
 
 
 @pytest.fixture(scope="module")

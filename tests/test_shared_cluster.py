@@ -32,7 +32,7 @@ from conftest import DATA_ROOT, TINY, run_cli, summary_of, train_here
 
 from hpcgnn import trust
 from hpcgnn.errors import ConfigError, DatasetError, PortTaken, SamplerFailed, Untrusted
-from hpcgnn.sampling import binding
+from hpcgnn.sampling.kernels import binding
 
 
 def _free_port() -> int:
@@ -375,11 +375,16 @@ def _cc(tmp_path, name: str, source: str, *flags: str) -> Path:
     return out
 
 
+def _unity(build) -> str:
+    """C text that compiles every source of the kernels as one file."""
+    return "".join(f'#include "{path}"\n' for path in build.SOURCES)
+
+
 def _lying(tmp_path) -> Path:
     """The kernels of this very source (the right hash) whose row gathers write zeros: only the self-test tells."""
-    from hpcgnn.sampling import build
+    from hpcgnn.sampling.kernels import build
 
-    return _cc(tmp_path, "lying", f'#include "{build.SOURCE}"\n'
+    return _cc(tmp_path, "lying", _unity(build) +
                "int64_t lying_gather(const void *s, int64_t r, int64_t b, const int64_t *i, int64_t n, void *o,\n"
                "                     const int64_t *a, int64_t c, int64_t *sc, int t, void *j) {\n"
                "    int64_t res = hpcgnn_gather_rows(s, r, b, i, n, o, a, c, sc, t, j);\n"
@@ -394,7 +399,8 @@ def kernels_with(monkeypatch, tmp_path, caplog):
     warnings it logged), and checks that they (or torch ops) make the torch ops' batches."""
     from hpcgnn.config import DatasetConfig
     from hpcgnn.data import build_graph
-    from hpcgnn.sampling import CSRNeighborSampler, build
+    from hpcgnn.sampling import CSRNeighborSampler
+    from hpcgnn.sampling.kernels import build
 
     graph = build_graph(DatasetConfig(num_nodes=2000, avg_degree=30, seed=1))
 
@@ -441,12 +447,12 @@ def test_4_a_wrong_library_in_the_cache_is_never_used(kind, kernels_with, tmp_pa
     """At the cache's own path: one built from an older source, one of this source whose gathers write zeros (the
     'test accuracy 1.0000' case), one cut short (a full disk, a killed copy: SIGBUS when loaded): each is built
     again, with one warning naming it, and the batches are the torch ops'."""
-    from hpcgnn.sampling import build
+    from hpcgnn.sampling.kernels import build
 
     cache = tmp_path / "cache"
     path = build.build(cache)
     good = path.read_bytes()
-    bad = {"stale": lambda: _cc(tmp_path, "stale", build.SOURCE.read_text(), '-DHPCGNN_SOURCE_HASH="0123456789abcdef"')
+    bad = {"stale": lambda: _cc(tmp_path, "stale", _unity(build), '-DHPCGNN_SOURCE_HASH="0123456789abcdef"')
            .read_bytes(), "lying": lambda: _lying(tmp_path).read_bytes(), "truncated": lambda: good[: len(good) // 2]}
     path.unlink()
     path.write_bytes(bad[kind]())
@@ -460,7 +466,7 @@ def test_4_a_wrong_library_in_the_cache_is_never_used(kind, kernels_with, tmp_pa
 
 @needs_cc
 def test_4_a_cut_short_library_without_a_compiler_ends_on_torch_ops_with_one_warning(kernels_with, tmp_path):
-    from hpcgnn.sampling import build
+    from hpcgnn.sampling.kernels import build
 
     cache = tmp_path / "cache"
     path = build.build(cache)
@@ -474,7 +480,7 @@ def test_4_a_cut_short_library_without_a_compiler_ends_on_torch_ops_with_one_war
 
 @needs_cc
 def test_4_without_a_compiler_a_library_built_here_before_is_used(kernels_with, tmp_path):
-    from hpcgnn.sampling import build
+    from hpcgnn.sampling.kernels import build
 
     cache = tmp_path / "cache"
     path = build.build(cache)
@@ -502,12 +508,12 @@ def test_4_a_cache_folder_others_may_write_is_refused(kernels_with, tmp_path):
 def test_4_the_installed_package_carries_the_kernels_of_its_own_source():
     """An editable install (make setup) and a wheel build the kernels at install time (setup.py): the one beside the
     source loads and answers this source's hash."""
-    from hpcgnn.sampling import build
+    from hpcgnn.sampling.kernels import build
 
     path = build.packaged()
     if shutil.which("cc") is None:
         pytest.skip("installed without a compiler: no library in the package")
-    assert path is not None, "pip install -e . should have built hpcgnn/sampling/_kernels*.so (setup.py)"
+    assert path is not None, "pip install -e . should have built hpcgnn/sampling/kernels/_kernels*.so (setup.py)"
     assert build.load(path).hpcgnn_source_hash().decode() == build.source_hash()
 
 
@@ -840,7 +846,7 @@ def test_12_hydras_launcher_and_sweeper_plugins_point_to_cluster_and_m():
 def test_4_a_cache_folder_that_cannot_be_written_says_so_and_a_library_built_there_still_loads(kernels_with, tmp_path):
     """A read-only cache (a project space mounted read-only on compute nodes): nothing can be built there, and the
     warning names the folder and HPCGNN_NATIVE_CACHE, not a compiler; a library built there before still loads."""
-    from hpcgnn.sampling import build
+    from hpcgnn.sampling.kernels import build
 
     cache = tmp_path / "ro"
     cache.mkdir(mode=0o700)

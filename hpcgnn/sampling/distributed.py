@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-import hpcgnn.sampling.native as native
+import hpcgnn.sampling.kernels.ops as ops
 from hpcgnn.partition.parts import Parts
 from hpcgnn.sampling.neighbor import CSRNeighborSampler, sample_neighbors
 
@@ -218,22 +218,22 @@ class PartitionedFeatures:
         if self.labels and not bool(mine[:batch_size].all()):
             raise ValueError("seeds must be owned by the sampling rank")
         # Batches are float32; rows are stored, cached and sent in the stored dtype (float16/bfloat16: half the
-        # bytes), and each is widened as it is written to its place in the batch, once (native.gather_rows).
+        # bytes), and each is widened as it is written to its place in the batch, once (ops.gather_rows).
         x = torch.empty((n_id.numel(), parts.x.size(1)))
         idx_mine = mine.nonzero().flatten()
-        native.gather_rows(parts.x, view.row(n_id.index_select(0, idx_mine)), x, at=idx_mine)
+        ops.gather_rows(parts.x, view.row(n_id.index_select(0, idx_mine)), x, at=idx_mine)
         remote = (~mine).nonzero().flatten()
         stats.remote_rows += remote.numel()
         if self.cache_ids.numel() and remote.numel():
             ids = n_id.index_select(0, remote)
             pos = torch.searchsorted(self.cache_ids, ids).clamp_(max=self.cache_ids.numel() - 1)
             hit = self.cache_ids.index_select(0, pos) == ids
-            native.gather_rows(self.cache_x, pos[hit], x, at=remote[hit])
+            ops.gather_rows(self.cache_x, pos[hit], x, at=remote[hit])
             stats.cache_hits += int(hit.sum())
             remote = remote[~hit]
         ids = n_id.index_select(0, remote)
         fetched = self.fetch(ids, owner.index_select(0, remote))
-        native.gather_rows(fetched, torch.arange(fetched.size(0)), x, at=remote)
+        ops.gather_rows(fetched, torch.arange(fetched.size(0)), x, at=remote)
         y = parts.y.index_select(0, view.row(n_id[:batch_size])) if self.labels else parts.y[:0]
         return x, y
 

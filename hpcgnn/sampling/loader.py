@@ -23,8 +23,8 @@ import torch
 from torch import Tensor
 from torch_geometric.data import Data
 
-import hpcgnn.sampling.native as native
-import hpcgnn.sampling.scheduler as scheduler
+import hpcgnn.sampling.kernels.ops as ops
+import hpcgnn.sampling.kernels.scheduler as scheduler
 from hpcgnn import rng
 from hpcgnn.clock import Clock
 from hpcgnn.data.graph import Graph
@@ -67,7 +67,7 @@ class LocalFeatures:
         g = self.graph
         n_id = n_id.to(g.x.device)
         if alloc is not None:  # upcast on the way in (features stored as float16/bfloat16), as below
-            x = native.gather_rows(g.x, n_id, alloc((n_id.numel(), *g.x.shape[1:]), torch.float32))
+            x = ops.gather_rows(g.x, n_id, alloc((n_id.numel(), *g.x.shape[1:]), torch.float32))
             return x, (g.y.index_select(0, n_id) if g.y.numel() else g.y)
         x = gather_rows(g.x, n_id, pin_memory, torch.float32)  # features stored as float16/bfloat16: upcast per batch
         y = gather_rows(g.y, n_id, pin_memory) if g.y.numel() else g.y  # a link graph has no labels
@@ -90,13 +90,13 @@ class LocalTypedFeatures:
 def gather_rows(src: Tensor, index: Tensor, pin_memory: bool = False, dtype: torch.dtype | None = None) -> Tensor:
     """``src.index_select(0, index)``, as ``dtype`` (default ``src``'s): on the host by the C kernels where they are
     (each row asked for from memory ahead of its copy; bfloat16 or float16 rows widened to float32 in the same pass:
-    :func:`hpcgnn.sampling.native.gather_rows`); with ``pin_memory`` written into a page-locked buffer from the
+    :func:`hpcgnn.sampling.kernels.ops.gather_rows`); with ``pin_memory`` written into a page-locked buffer from the
     CUDA host allocator's cache, with no second copy."""
     dtype = dtype or src.dtype
     if src.is_cuda:
         return src.index_select(0, index).to(dtype)
     out = torch.empty((index.numel(), *src.shape[1:]), dtype=dtype, pin_memory=pin_memory)
-    return native.gather_rows(src, index, out)
+    return ops.gather_rows(src, index, out)
 
 
 @dataclass(frozen=True)

@@ -23,10 +23,10 @@ import torch
 from torch import Tensor
 from torch_geometric.sampler import BaseSampler, NodeSamplerInput, SamplerOutput
 
-import hpcgnn.sampling.binding as binding
-import hpcgnn.sampling.hashtable as hashtable
-import hpcgnn.sampling.native as native
-from hpcgnn import rng
+import hpcgnn.sampling.kernels.binding as binding
+import hpcgnn.sampling.kernels.hashtable as hashtable
+import hpcgnn.sampling.kernels.ops as ops
+import hpcgnn.sampling.kernels.twins as twins
 
 
 @dataclass(frozen=True)
@@ -96,7 +96,7 @@ class DenseIdMap(IdMap):
         self.table = torch.full((size,), -1, dtype=torch.long, device=device)
         self.device = self.table.device
         self._mark: Tensor | None = None  # bool [size], all False between calls to fresh
-        # uint8 [size] of the C kernels (native.number_new): 2 where an id is in the map, else 0 between calls.
+        # uint8 [size] of the C kernels (ops.number_new): 2 where an id is in the map, else 0 between calls.
         # Once it exists it says which ids are in the map, and the table is no longer cleared between batches
         # (a fill of 8 bytes per id: ~1 ms a typed batch of ogbn-mag's size), only the state is.
         self._state: Tensor | None = None
@@ -116,11 +116,10 @@ class DenseIdMap(IdMap):
 
     def _lookup(self, ids: Tensor, out: Tensor | None) -> Tensor:
         if self._state is not None and (out is None or out.is_contiguous()) and binding.usable(self.table, ids):
-            return native.dense_get(self.table, self._state, ids, out)  # in C, by the state
-        if self._state is None:
-            found = self.table.index_select(0, ids)
-        else:  # the state says which entries are held (the others are stale)
-            found = torch.where(self._state.index_select(0, ids) == 2, self.table.index_select(0, ids), -1)
+            return ops.dense_get(self.table, self._state, ids, out)  # in C, by the state
+        if self._state is not None:  # the state says which entries are held (the others are stale)
+            return twins.dense_get(self.table, self._state, ids, out)
+        found = self.table.index_select(0, ids)
         return found if out is None else out.copy_(found)
 
     def fresh(self, ids: Tensor) -> Tensor:
@@ -143,12 +142,12 @@ class DenseIdMap(IdMap):
             self._state[ids] = 2
 
     def add_new(self, candidates: list[Tensor], total: int) -> Tensor:
-        """:meth:`IdMap.add_new`, in one pass of C on the host where the kernels are (hpcgnn.sampling.native)."""
+        """:meth:`IdMap.add_new`, in one pass of C on the host where the kernels are (hpcgnn.sampling.kernels.ops)."""
         if not binding.usable(self.table):
             return super().add_new(candidates, total)
         if self._state is None:  # the first time: the ids put so far (the seeds) in the state too
             self._state = (self.table >= 0).to(torch.uint8).mul_(2)
-        return native.number_new(self.table, self._state, candidates, total)
+        return ops.number_new(self.table, self._state, candidates, total)
 
     def clear(self, ids: Tensor) -> None:
         """Forget the batch: ``ids`` are every id put since the last clear. Where the state says which ids are
@@ -195,7 +194,7 @@ class SortedIdMap(IdMap):
 
 class BatchIdMap(IdMap):
     """Global -> batch-local ids in memory that follows the batch, not the graph (a partitioned rank's):
-    a hash table in C where the kernels are (:class:`hpcgnn.sampling.hashtable.HashTable`), else sorted
+    a hash table in C where the kernels are (:class:`hpcgnn.sampling.kernels.hashtable.HashTable`), else sorted
     arrays (:class:`SortedIdMap`); the same ids either way. Chosen per process: a sampler pickled to a
     sampler process (maybe on a node with no C compiler) chooses there, the map being empty between batches."""
 
@@ -376,77 +375,14 @@ def sample_neighbors(rowptr: Tensor, col: Tensor, nodes: Tensor, fanout: int,
     those rows gets a random key and each row keeps its ``fanout`` smallest, through one sort:
     a fixed dozen kernels whatever the fanout, but work in proportion to the rows' degrees.
     Both draw every ``fanout``-subset with equal probability. Default: Floyd on the host; on a
-    GPU, keys while the rows hold at most ``KEYS_PER_SLOT`` neighbours per slot to fill (the
+    GPU, keys while the rows hold at most ``twins.KEYS_PER_SLOT`` neighbours per slot to fill (the
     first hops: few rows, where Floyd's launches would leave the GPU waiting for the host),
     else Floyd (the outer hops: a sort of every neighbour of 100k+ rows costs more GPU time
     than the whole rest of the batch, measured on an H100 in benchmarks/gpu.py).
     ``out(slots)``: two int64 tensors of ``slots`` entries to write ``row`` and ``nbr`` into (the last hop's, views
     of the batch's edge index, which then needs no concatenation); default: new ones.
     """
-    device = rowptr.device
     if method in (None, "floyd") and binding.usable(rowptr, col, nodes):
-        return native.sample_neighbors(rowptr, col, nodes, fanout, generator, row_start, out)  # the same draws, in C
-    start = rowptr.index_select(0, nodes)
-    deg = rowptr.index_select(0, nodes + 1).sub_(start)
-    take = deg.clamp(max=fanout)
-    first = torch.cumsum(take, 0).sub_(take)  # where each row's output slots begin
-    row = torch.repeat_interleave(torch.arange(nodes.numel(), device=device), take)
-    # Where in col each output slot reads: a row's slots read its neighbour list from its start, in order...
-    pos = torch.arange(row.numel(), device=device).add_((start - first).index_select(0, row))
-    big = (deg > fanout).nonzero().squeeze(1)  # rows that draw a subset (one host-device sync)
-    if big.numel():
-        n = deg.index_select(0, big)
-        if method is None:  # the host: Floyd; a GPU: keys while they cost about what Floyd's steps do
-            method = "keys" if device.type == "cuda" and int(n.sum()) <= KEYS_PER_SLOT * n.numel() * fanout \
-                else "floyd"
-        sample = floyd_sample if method == "floyd" else key_sample
-        offsets = sample(n, fanout, generator)  # [rows with deg > fanout, fanout]
-        # ...but big rows own exactly `fanout` consecutive slots each, which read their drawn offsets.
-        slots = (first.index_select(0, big).unsqueeze(1) + torch.arange(fanout, device=device)).view(-1)
-        pos[slots] = offsets.add_(start.index_select(0, big).unsqueeze(1)).view(-1)
-    row, nbr = row.add_(row_start) if row_start else row, col.index_select(0, pos).long()  # col may be int32
-    if out is None:
-        return row, nbr
-    row_out, nbr_out = out(row.numel())
-    return row_out.copy_(row), nbr_out.copy_(nbr)
+        return ops.sample_neighbors(rowptr, col, nodes, fanout, generator, row_start, out)  # the same draws, in C
+    return twins.hop(rowptr, col, nodes, fanout, generator, row_start, out, method)  # torch ops
 
-
-KEYS_PER_SLOT = 4  # on a GPU: keys while the big rows' degrees sum to at most this many per sampled slot
-
-
-def key_sample(n: Tensor, k: int, generator: torch.Generator | None = None) -> Tensor:
-    """For each row i, ``k`` distinct integers drawn uniformly from ``[0, n[i])`` (needs n >= k).
-
-    Each of row i's ``n[i]`` offsets gets the key ``i + u`` (u uniform in [0, 1)); sorting the keys
-    keeps rows in order and shuffles every row uniformly, and the first ``k`` of a row are a uniform
-    k-subset. Work and memory grow with ``n.sum()``, in a constant number of kernels.
-    """
-    m, device = n.numel(), n.device
-    total = int(n.sum())
-    row = torch.repeat_interleave(torch.arange(m, device=device), n, output_size=total)
-    keys = torch.rand(total, generator=generator, dtype=torch.float64, device=device).add_(row)
-    order = torch.sort(keys).indices  # row blocks stay in place; inside a block, a random permutation
-    first = torch.cumsum(n, 0) - n  # where each row's block starts
-    kept = (first.unsqueeze(1) + torch.arange(k, device=device)).view(-1)  # each block's first k positions
-    return (order.index_select(0, kept) - first.repeat_interleave(k, output_size=m * k)).view(m, k)
-
-
-def floyd_sample(n: Tensor, k: int, generator: torch.Generator | None = None) -> Tensor:
-    """For each row i, ``k`` distinct integers drawn uniformly from ``[0, n[i])`` (needs n >= k).
-
-    Floyd's algorithm: at step j, draw t from [0, n - k + j]; if t was drawn before,
-    take n - k + j itself. Every k-subset comes out with equal probability. All steps'
-    draws are made at once (row j of one [k, m] block of :func:`hpcgnn.rng.counter_uniform`);
-    only the check against the earlier steps runs step by step.
-    """
-    m, device = n.numel(), n.device
-    u = rng.counter_uniform(rng.draw_key(generator, device), k * m, device).view(k, m)
-    top = (n - k).unsqueeze(0) + torch.arange(k, device=device).unsqueeze(1)  # [k, m]: step j's inclusive bound
-    t = torch.minimum((u * (top + 1)).long(), top)
-    out = torch.empty(m, k, dtype=torch.long, device=device)
-    if k:
-        out[:, 0] = t[0]
-    for j in range(1, k):
-        seen = (out[:, :j] == t[j].unsqueeze(1)).any(1)
-        out[:, j] = torch.where(seen, top[j], t[j])
-    return out

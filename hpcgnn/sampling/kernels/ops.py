@@ -1,9 +1,9 @@
-"""hpcgnn's sampling kernels in C (``native.c``), called through ctypes.
+"""hpcgnn's sampling kernels in C (the C kernels), called through ctypes.
 
 The host sampler's hops and its numbering of new nodes are loops that torch ops express only in
-many passes over memory (a Floyd step per sampled slot, a sort or a scan per hop). ``native.c``
+many passes over memory (a Floyd step per sampled slot, a sort or a scan per hop). the C kernels
 runs them in one pass each. It includes no torch header: ``pip install`` builds it into the package, or the C
-compiler on first use into a cache (:mod:`hpcgnn.sampling.build`, which also checks a library before it is
+compiler on first use into a cache (:mod:`hpcgnn.sampling.kernels.build`, which also checks a library before it is
 called).
 
 The kernels take the same key (drawn by torch from the batch's generator, once per hop), make the
@@ -21,9 +21,10 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+import hpcgnn.sampling.kernels.twins as twins
 from hpcgnn import rng
-from hpcgnn.sampling.binding import kernels, ptr, usable
-from hpcgnn.sampling.scheduler import MAX_CHUNKS, chunks_for, shared_gather, threads
+from hpcgnn.sampling.kernels.binding import kernels, ptr, usable
+from hpcgnn.sampling.kernels.scheduler import MAX_CHUNKS, chunks_for, shared_gather, threads
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +32,8 @@ def sample_neighbors(rowptr: Tensor, col: Tensor, nodes: Tensor, fanout: int,
                      generator: torch.Generator | None = None, row_start: int = 0,
                      out: Callable[[int], tuple[Tensor, Tensor]] | None = None) -> tuple[Tensor, Tensor]:
     """:func:`hpcgnn.sampling.neighbor.sample_neighbors` with Floyd's draws, in two passes of C (``out``: there)."""
+    if not usable(rowptr, col, nodes):
+        return twins.sample_neighbors(rowptr, col, nodes, fanout, generator, row_start, out)
     lib = kernels()
     rowptr, col, nodes = rowptr.contiguous(), col.contiguous(), nodes.long().contiguous()
     m, chunks = nodes.numel(), chunks_for(nodes.numel())
@@ -55,6 +58,8 @@ def number_new(table: Tensor, state: Tensor, candidates: list[Tensor], total: in
     """The distinct candidates not in ``table`` (-1 there), sorted, entered as ``total``, ``total + 1``, ...
     (``DenseIdMap.fresh`` then ``put``). ``state``: uint8 over the table, 2 where an id is in it, else 0; so
     left, the new ids' 2 included (a byte per id: far more of it stays in the caches than of the table)."""
+    if not usable(table, state, *candidates):
+        return twins.number_new(table, state, candidates, total)
     lib, n_threads = kernels(), threads()
     found = torch.empty(sum(c.numel() for c in candidates), dtype=torch.long)
     per_chunk = torch.empty(MAX_CHUNKS + 1, dtype=torch.long)
@@ -75,6 +80,8 @@ def dense_get(table: Tensor, state: Tensor, ids: Tensor, out: Tensor | None = No
     """A dense map's lookups (``DenseIdMap.get`` once :func:`number_new` keeps its state): ``table[ids]`` where
     an id is in the map (its state 2), else -1, whatever the table holds there (it is not cleared between
     batches: the state is). ``out``: int64, contiguous, as long as ``ids``, written in place (it may be ``ids`` itself)."""
+    if not usable(table, state, ids):
+        return twins.dense_get(table, state, ids, out)
     ids = ids.long().contiguous()
     if out is None:
         out = torch.empty_like(ids)
@@ -107,7 +114,7 @@ def gather_rows(src: Tensor, index: Tensor, out: Tensor, at: Tensor | None = Non
     ``.float()``: one pass instead of a gather and an upcast). ``at``: the rows of ``out`` they go to
     (``out[at] = src[index]``; default: all of ``out``, in order). In C where it can (host tensors, ``src`` and
     ``out`` contiguous, the kernels here), on this thread's budget of threads, the rows asked for from memory ahead
-    of their copy; else by torch."""
+    of their copy; else by its torch twin."""
     if at is not None:
         at = at.long().contiguous()
         if at.numel() != index.numel():
@@ -119,11 +126,7 @@ def gather_rows(src: Tensor, index: Tensor, out: Tensor, at: Tensor | None = Non
     rows = index.numel() if at is None else out.size(0)
     if not (src.is_contiguous() and out.is_contiguous() and src.dim() >= 1 and (out.dtype == src.dtype or widen)
             and usable(src, index, out)) or out.shape != (rows, *src.shape[1:]):
-        if at is not None:
-            return out.index_copy_(0, at, src.index_select(0, index).to(out.dtype))
-        if out.dtype == src.dtype:
-            return torch.index_select(src, 0, index, out=out)
-        return out.copy_(src.index_select(0, index))
+        return twins.gather_rows(src, index, out, at)
     index = index.long().contiguous()
     chunks = chunks_for(index.numel())
     scratch = torch.empty(chunks, dtype=torch.long)

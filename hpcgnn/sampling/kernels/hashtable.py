@@ -1,16 +1,16 @@
-"""A batch's global -> batch-local ids in a hash table of ``native.c``: a partitioned rank's id map."""
+"""A batch's global -> batch-local ids in a hash table of the C kernels: a partitioned rank's id map."""
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor
 
-from hpcgnn.sampling.binding import kernels, ptr
-from hpcgnn.sampling.scheduler import chunks_for, threads
+from hpcgnn.sampling.kernels.binding import kernels, ptr
+from hpcgnn.sampling.kernels.scheduler import chunks_for, threads
 
 
 class HashTable:
-    """A batch's global -> batch-local ids in a hash table of ``native.c`` (open addressing): memory in
+    """A batch's global -> batch-local ids in a hash table of the C kernels (open addressing): memory in
     proportion to the batch (a partitioned rank's map, where an array over every id would be the graph's
     size), a lookup in a probe or two. Grown before each insert to at least twice the ids it may hold."""
 

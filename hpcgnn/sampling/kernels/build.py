@@ -1,9 +1,10 @@
-"""Finding, building and checking the C sampling kernels' library (``native.c``) before anything calls it.
+"""Finding, building and checking the C sampling kernels' library (the ``*.c`` files beside this one, and
+``kernels.h``) before anything calls it.
 
 Where the library comes from, in order:
 
-1. **the package**: ``pip install`` builds ``native.c`` into ``hpcgnn/sampling/_kernels*.so`` (``setup.py``: a
-   plain C extension, no torch headers), so a compute node needs no compiler;
+1. **the package**: ``pip install`` builds the sources into ``hpcgnn/sampling/kernels/_kernels*.so`` (``setup.py``:
+   a plain C extension, no torch headers), so a compute node needs no compiler;
 2. **the cache**: where the package has none (a build without a compiler, a source changed since), the C
    compiler builds it on first use into ``$HPCGNN_NATIVE_CACHE`` (default ``$XDG_CACHE_HOME/hpcgnn/native``),
    keyed by the source, the compiler, its flags and what it targets (its predefined macros: a wrapper such as
@@ -44,12 +45,14 @@ import torch
 from hpcgnn import env
 
 log = logging.getLogger(__name__)
-SOURCE = Path(__file__).with_name("native.c")
+HERE = Path(__file__).parent
+SOURCES = tuple(sorted(HERE.glob("*.c")))  # one concern each (see kernels.h), compiled together into one library
+HEADERS = tuple(sorted(HERE.glob("*.h")))
 PACKAGED = "_kernels"  # the module name setup.py builds the library under, beside this file
 FLAGS = ("-O3", "-std=gnu11", "-shared", "-fPIC", "-pthread")  # portable: no -march=native (a cache on a shared home)
 
 _I64, _P, _INT = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
-SIGNATURES = {  # name: (result, arguments), as native.c declares them (tests/test_native.py checks them against it)
+SIGNATURES = {  # name: (result, arguments), as the sources define them (tests/test_native.py checks them against them)
     "hpcgnn_hop_plan": (_I64, (_P, _I64, _P, _I64, _I64, _I64, _P, _P, _INT)),
     "hpcgnn_hop_fill": (None, (_P, _P, _INT, _P, _I64, _I64, _I64, _P, _P, _I64, _I64, _I64, _P, _P, _INT)),
     "hpcgnn_mark_new": (_I64, (_P, _I64, _P, _I64, _P, _I64, _I64, _P, _INT)),
@@ -89,10 +92,19 @@ class Rejected(RuntimeError):
     """A library that is not the one this source makes (the reason says how it differs)."""
 
 
+def hash_sources(paths) -> str:
+    """The first 16 hex digits of the SHA-256 of the files' names and bytes, in name order (setup.py computes the
+    same, in its own copy: it runs before the package is installed)."""
+    digest = hashlib.sha256()
+    for path in sorted(paths, key=lambda p: p.name):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
+
+
 @functools.lru_cache(maxsize=1)
 def source_hash() -> str:
-    """What ``hpcgnn_source_hash()`` returns in a library built from this ``native.c`` (setup.py computes the same)."""
-    return hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:16]
+    """What ``hpcgnn_source_hash()`` returns in a library built from these sources."""
+    return hash_sources((*SOURCES, *HEADERS))
 
 
 # ---------------------------------------------------------------------- checking a library
@@ -181,7 +193,7 @@ def self_test(lib: ctypes.CDLL) -> None:
 def packaged() -> Path | None:
     """The library ``pip install`` built beside this file, if any."""
     for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-        path = SOURCE.with_name(PACKAGED + suffix)
+        path = HERE / (PACKAGED + suffix)
         if path.is_file():
             return path
     return None
@@ -278,11 +290,10 @@ def build(cache: Path | None = None, compiler: str | None = None) -> Path:
     os.close(fd)
     define = f'-DHPCGNN_SOURCE_HASH="{source_hash()}"'
     try:  # built aside, then linked into place whole: ranks building at once each leave a whole library
-        base = [*cc.command, *FLAGS, define, str(SOURCE), "-o", tmp]
-        res = subprocess.run(base, capture_output=True, text=True, timeout=120)
+        flags, files = [*cc.command, *FLAGS, define], [*map(str, SOURCES), "-o", tmp]
+        res = subprocess.run([*flags, *files], capture_output=True, text=True, timeout=120)
         if res.returncode:  # an older compiler may not know F16C's intrinsics: without them (float16 rows by torch)
-            res = subprocess.run([*base[:-3], "-DHPCGNN_NO_F16C", *base[-3:]], capture_output=True, text=True,
-                                 timeout=120)
+            res = subprocess.run([*flags, "-DHPCGNN_NO_F16C", *files], capture_output=True, text=True, timeout=120)
         if res.returncode:
             raise NativeUnavailable(f"{cc.spec} failed: {res.stderr.strip()[-500:]}")
         os.chmod(tmp, 0o755)
@@ -291,7 +302,7 @@ def build(cache: Path | None = None, compiler: str | None = None) -> Path:
         except FileExistsError:
             pass  # another process published the same library first: theirs stays
     except (OSError, subprocess.TimeoutExpired) as e:
-        raise NativeUnavailable(f"building {SOURCE.name} into {folder} failed: {e}") from e
+        raise NativeUnavailable(f"building the kernels into {folder} failed: {e}") from e
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
