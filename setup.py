@@ -6,20 +6,20 @@ and builds the kernels on first use, or samples on torch ops (the same batches, 
 Everything else about the package is in pyproject.toml.
 """
 
-import hashlib
+import importlib.util
 from pathlib import Path
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
-KERNELS = Path(__file__).parent / "hpcgnn" / "sampling" / "kernels"
-SOURCES = sorted(KERNELS.glob("*.c"))
-# What the library answers from hpcgnn_source_hash(): it is used only where this matches the installed sources (the
-# sources' and the header's names and bytes, in name order, as hpcgnn.sampling.kernels.build.hash_sources hashes them).
-_digest = hashlib.sha256()
-for _path in sorted([*SOURCES, *KERNELS.glob("*.h")], key=lambda p: p.name):
-    _digest.update(_path.name.encode() + b"\0" + _path.read_bytes() + b"\0")
-SOURCE_HASH = _digest.hexdigest()[:16]
+ROOT = Path(__file__).resolve().parent
+# The sources and their hash, as the package computes them (kernels/sources.py, read by its path: neither the
+# package nor torch can be imported yet). The library answers the hash from hpcgnn_source_hash(); it is used only
+# where that matches the installed sources.
+_spec = importlib.util.spec_from_file_location("_hpcgnn_kernel_sources", ROOT / "hpcgnn/sampling/kernels/sources.py")
+kernels = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(kernels)
+SOURCE_HASH = kernels.source_hash()
 
 
 class OptionalKernels(build_ext):
@@ -36,8 +36,8 @@ class OptionalKernels(build_ext):
 
 setup(
     ext_modules=[Extension(
-        "hpcgnn.sampling.kernels._kernels", sources=[str(p.relative_to(Path(__file__).parent)) for p in SOURCES],
-        depends=[str(p.relative_to(Path(__file__).parent)) for p in KERNELS.glob("*.h")], optional=True,
+        "hpcgnn.sampling.kernels._kernels", sources=[str(p.relative_to(ROOT)) for p in kernels.SOURCES],
+        depends=[str(p.relative_to(ROOT)) for p in kernels.HEADERS], optional=True,
         define_macros=[("HPCGNN_SOURCE_HASH", f'"{SOURCE_HASH}"')],
         extra_compile_args=["-O3", "-std=gnu11", "-pthread"], extra_link_args=["-pthread"],
     )],

@@ -17,7 +17,7 @@ from hpcgnn.config import DatasetConfig
 from hpcgnn.data import Graph, build_graph
 from hpcgnn.data.synthetic import make_synthetic_typed
 from hpcgnn.sampling import CSRNeighborSampler
-from hpcgnn.sampling.kernels import binding, build, hashtable, ops, scheduler, twins
+from hpcgnn.sampling.kernels import binding, build, hashtable, ops, scheduler, sources, twins
 from hpcgnn.sampling.neighbor import BatchIdMap, DenseIdMap, SortedIdMap, sample_neighbors
 from hpcgnn.sampling.typed import TypedNeighborSampler
 
@@ -600,8 +600,8 @@ def test_the_ctypes_signatures_are_the_c_sources_definitions():
     import ctypes
     import re
 
-    assert [p.name for p in build.SOURCES] == ["dense.c", "gather.c", "hash.c", "hops.c", "ids.c", "threads.c"]
-    text = "\n".join(p.read_text() for p in build.SOURCES)
+    assert [p.name for p in sources.SOURCES] == ["dense.c", "gather.c", "hash.c", "hops.c", "ids.c", "threads.c"]
+    text = "\n".join(p.read_text() for p in sources.SOURCES)
     kinds = {"int64_t": ctypes.c_int64, "int": ctypes.c_int, "void": None, "const char *": ctypes.c_char_p}
     declared = {}
     for m in re.finditer(r"^(int64_t|void|int|const char \*) ?(hpcgnn_\w+)\(([^)]*)\)\s*\{", text, re.M):
@@ -614,7 +614,7 @@ def test_the_ctypes_signatures_are_the_c_sources_definitions():
             args.append(ctypes.c_void_p if "*" in p else kinds[p.rsplit(" ", 1)[0].replace("const ", "")])
         declared[name] = (kinds[result], tuple(args))
     assert declared == build.SIGNATURES
-    header = (build.HERE / "kernels.h").read_text()
+    header = (sources.HERE / "kernels.h").read_text()
     shared = re.findall(r"^HIDDEN [\w ]+?\b(\w+)\(", header, re.M)
     assert sorted(shared) == ["checked_chunks", "join_parts", "parallel_chunks", "radix_sort", "shared_chunks"]
     for name in shared:  # defined once, not static (another file calls it), hidden by its declaration

@@ -375,16 +375,18 @@ def _cc(tmp_path, name: str, source: str, *flags: str) -> Path:
     return out
 
 
-def _unity(build) -> str:
+def _unity() -> str:
     """C text that compiles every source of the kernels as one file."""
-    return "".join(f'#include "{path}"\n' for path in build.SOURCES)
+    from hpcgnn.sampling.kernels import sources
+
+    return "".join(f'#include "{path}"\n' for path in sources.SOURCES)
 
 
 def _lying(tmp_path) -> Path:
     """The kernels of this very source (the right hash) whose row gathers write zeros: only the self-test tells."""
     from hpcgnn.sampling.kernels import build
 
-    return _cc(tmp_path, "lying", _unity(build) +
+    return _cc(tmp_path, "lying", _unity() +
                "int64_t lying_gather(const void *s, int64_t r, int64_t b, const int64_t *i, int64_t n, void *o,\n"
                "                     const int64_t *a, int64_t c, int64_t *sc, int t, void *j) {\n"
                "    int64_t res = hpcgnn_gather_rows(s, r, b, i, n, o, a, c, sc, t, j);\n"
@@ -452,7 +454,7 @@ def test_4_a_wrong_library_in_the_cache_is_never_used(kind, kernels_with, tmp_pa
     cache = tmp_path / "cache"
     path = build.build(cache)
     good = path.read_bytes()
-    bad = {"stale": lambda: _cc(tmp_path, "stale", _unity(build), '-DHPCGNN_SOURCE_HASH="0123456789abcdef"')
+    bad = {"stale": lambda: _cc(tmp_path, "stale", _unity(), '-DHPCGNN_SOURCE_HASH="0123456789abcdef"')
            .read_bytes(), "lying": lambda: _lying(tmp_path).read_bytes(), "truncated": lambda: good[: len(good) // 2]}
     path.unlink()
     path.write_bytes(bad[kind]())

@@ -349,22 +349,21 @@ class _Walk:
         self.share = scheduler.GatherShare()
         self.two_stage = loader.two_stage
 
-    def put(self, item, into: queue.Queue | None = None) -> bool:
-        """``item`` into ``into`` (the consumer's queue), waiting for room unless the walk stops."""
-        into = self.q if into is None else into
+    def put(self, item) -> bool:
+        """``item`` into the consumer's queue, waiting for room unless the walk stops."""
         while not self.stop.is_set():
             try:
-                into.put(item, timeout=0.1)
+                self.q.put(item, timeout=0.1)
                 return True
             except queue.Full:
                 continue
         return False
 
-    def take(self, source: queue.Queue) -> Iterator:
-        """What :meth:`draw` put, in order, until its end (its exception raised here)."""
+    def take(self) -> Iterator:
+        """What :meth:`draw` handed on, in order, until its end (its exception raised here)."""
         while not self.stop.is_set():
             try:
-                item = source.get(timeout=0.1)
+                item = self.drawn.get(timeout=0.1)
             except queue.Empty:
                 continue
             with self.share.changed:  # room for draw's next batch
@@ -412,7 +411,7 @@ class _Walk:
         try:
             with torch.cuda.device(device) if cuda else contextlib.nullcontext(), \
                     torch.cuda.stream(side) if cuda else contextlib.nullcontext():
-                batches = (self.loader.assemble(item) for item in self.take(self.drawn)) if self.two_stage \
+                batches = (self.loader.assemble(item) for item in self.take()) if self.two_stage \
                     else self.loader.host_batches()
                 for batch in batches:
                     ready = None

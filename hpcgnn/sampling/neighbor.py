@@ -115,10 +115,9 @@ class DenseIdMap(IdMap):
         return self._lookup(ids, out)
 
     def _lookup(self, ids: Tensor, out: Tensor | None) -> Tensor:
-        if self._state is not None and (out is None or out.is_contiguous()) and binding.usable(self.table, ids):
-            return ops.dense_get(self.table, self._state, ids, out)  # in C, by the state
-        if self._state is not None:  # the state says which entries are held (the others are stale)
-            return twins.dense_get(self.table, self._state, ids, out)
+        if self._state is not None:  # the state says which entries are held (the others are stale); in C where it can
+            get = ops.dense_get if out is None or out.is_contiguous() else twins.dense_get
+            return get(self.table, self._state, ids, out)
         found = self.table.index_select(0, ids)
         return found if out is None else out.copy_(found)
 

@@ -263,25 +263,15 @@ class SamplerPool:
 
     # ---------------------------------------------------------------- one epoch
 
-    def begin(self, batches: list[Tensor], num_batches: int, batch_seed: int, start: int) -> None:
-        """Send each process its batches of the epoch (their seeds; padding batches are empty)."""
-        empty = batches[0][:0] if batches else torch.empty(0, dtype=torch.long)
-        self.submit(batch_seed, [(i, (batches[i] if i < len(batches) else empty).numpy())
-                                 for i in range(start, num_batches)])
-
     def receive(self, i: int):
         """Batch ``i``, viewed in its slot: (data, its process, slot, its exchange counts or None)."""
         p = self.running[i % self.procs]
         batch = self._next(p, i)
-        if batch.index != i:
-            raise RuntimeError(f"{p.spec.name} sent batch {batch.index}, expected {i}")
-        if batch.delta is not None and self.stats is not None:
-            self.stats.add(batch.delta)
-        return shipping.unpack(batch.meta, self.slots[batch.slot]), p, batch.slot, batch.delta
+        return serving.arrived(batch, i, p.spec.name, self.stats, self.slots[batch.slot]), p, batch.slot, batch.delta
 
-    def submit(self, batch_seed: int, jobs: list) -> None:
-        """Batches to make, as (index, seeds as a numpy array) in index order, each to the process its index
-        says; the first ones get their slots at once."""
+    def begin(self, batch_seed: int, jobs: list) -> None:
+        """An epoch's batches to make, as (index, seeds as a numpy array) in index order, each to the process its
+        index says; the first ones get their slots at once."""
         for p in self.running:
             self._send(p, m.Epoch(batch_seed, [(i, seeds) for i, seeds in jobs if i % self.procs == p.spec.index]))
         self.waiting.extend(i for i, _ in jobs)

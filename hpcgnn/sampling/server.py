@@ -150,7 +150,7 @@ class _Relay:
         self.pool.start()
 
     def epoch(self, msg: m.Epoch) -> None:  # its process starts on them at once
-        self.pool.submit(msg.batch_seed, msg.jobs)
+        self.pool.begin(msg.batch_seed, msg.jobs)
 
     def make(self, i: int, seeds: Tensor, batch_seed: int, alloc) -> tuple:
         data, p, slot, delta = self.pool.receive(i)
@@ -388,13 +388,14 @@ class RemotePool:
     def _link_of(self, i: int) -> _Link:
         return self.links[(i + self.rank) % len(self.links)]
 
-    def begin(self, batches: list[Tensor], num_batches: int, batch_seed: int, start: int) -> None:
-        empty = batches[0][:0] if batches else torch.empty(0, dtype=torch.long)
-        jobs: dict[int, list] = {link.index: [] for link in self.links}  # (by index among all servers)
-        for i in range(start, num_batches):
-            jobs[self._link_of(i).index].append((i, (batches[i] if i < len(batches) else empty).numpy()))
+    def begin(self, batch_seed: int, jobs: list) -> None:
+        """An epoch's batches to make, (index, seeds as a numpy array) in index order, each to the server its index
+        says."""
+        mine: dict[int, list] = {link.index: [] for link in self.links}  # (by index among all servers)
+        for i, seeds in jobs:
+            mine[self._link_of(i).index].append((i, seeds))
         for link in self.links:
-            self._send(link, m.Epoch(batch_seed, jobs[link.index]))
+            self._send(link, m.Epoch(batch_seed, mine[link.index]))
 
     def _send(self, link: _Link, msg) -> None:
         try:
@@ -428,11 +429,7 @@ class RemotePool:
             return link.slots[s]
 
         batch = self._next(link, i, slot)
-        if batch.index != i:
-            raise RuntimeError(f"{link.name} sent batch {batch.index}, expected {i}")
-        if batch.delta is not None and self.stats is not None:
-            self.stats.add(batch.delta)
-        return shipping.unpack(batch.meta, link.slots[s]), link, s, batch.delta
+        return serving.arrived(batch, i, link.name, self.stats, link.slots[s]), link, s, batch.delta
 
     def release(self, link: _Link, s: int, done) -> None:
         if done is not None:

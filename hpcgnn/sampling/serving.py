@@ -175,6 +175,16 @@ def serve(end: End, start: Callable[[], Maker], counters: Counters | None = None
 # ---------------------------------------------------------------------- on the rank
 
 
+def arrived(batch: m.Batch, i: int, producer: str, stats, slot: Tensor):
+    """Batch ``i`` as it arrived in ``slot``, viewed in place; its exchange counts added to the rank's ``stats``
+    (None: none kept)."""
+    if batch.index != i:
+        raise RuntimeError(f"{producer} sent batch {batch.index}, expected {i}")
+    if batch.delta is not None and stats is not None:
+        stats.add(batch.delta)
+    return shipping.unpack(batch.meta, slot)
+
+
 class ProducedLoader:
     """One epoch's batches from a producer pool (:class:`~hpcgnn.sampling.procs.SamplerPool` or
     :class:`~hpcgnn.sampling.server.RemotePool`), in index order, on the device (``BatchLoader``'s interface:
@@ -182,7 +192,7 @@ class ProducedLoader:
     for (on a GPU: once the copy out of it is done)."""
 
     def __init__(self, pool, loader: BatchLoader):
-        self.pool, self.batches, self.num_batches = pool, loader.batches, loader.num_batches
+        self.pool, self.batches, self.empty, self.num_batches = pool, loader.batches, loader.empty, loader.num_batches
         self.batch_seed, self.start, self.sizes = loader.batch_seed, loader.start, loader.sizes
 
     def __len__(self) -> int:
@@ -191,7 +201,8 @@ class ProducedLoader:
     def __iter__(self) -> Iterator:
         pool, device = self.pool, self.pool.device
         pool.start()
-        pool.begin(self.batches, self.num_batches, self.batch_seed, self.start)
+        pool.begin(self.batch_seed, [(i, (self.batches[i] if i < len(self.batches) else self.empty).numpy())
+                                     for i in range(self.start, self.num_batches)])  # (padding batches: empty)
         held, finished = None, False
         try:
             for i in range(self.start, self.num_batches):

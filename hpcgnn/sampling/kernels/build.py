@@ -42,12 +42,10 @@ from pathlib import Path
 
 import torch
 
+import hpcgnn.sampling.kernels.sources as sources
 from hpcgnn import env
 
 log = logging.getLogger(__name__)
-HERE = Path(__file__).parent
-SOURCES = tuple(sorted(HERE.glob("*.c")))  # one concern each (see kernels.h), compiled together into one library
-HEADERS = tuple(sorted(HERE.glob("*.h")))
 PACKAGED = "_kernels"  # the module name setup.py builds the library under, beside this file
 FLAGS = ("-O3", "-std=gnu11", "-shared", "-fPIC", "-pthread")  # portable: no -march=native (a cache on a shared home)
 
@@ -92,19 +90,10 @@ class Rejected(RuntimeError):
     """A library that is not the one this source makes (the reason says how it differs)."""
 
 
-def hash_sources(paths) -> str:
-    """The first 16 hex digits of the SHA-256 of the files' names and bytes, in name order (setup.py computes the
-    same, in its own copy: it runs before the package is installed)."""
-    digest = hashlib.sha256()
-    for path in sorted(paths, key=lambda p: p.name):
-        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
-    return digest.hexdigest()[:16]
-
-
 @functools.lru_cache(maxsize=1)
 def source_hash() -> str:
-    """What ``hpcgnn_source_hash()`` returns in a library built from these sources."""
-    return hash_sources((*SOURCES, *HEADERS))
+    """What ``hpcgnn_source_hash()`` returns in a library built from these sources (:mod:`.sources`)."""
+    return sources.source_hash()
 
 
 # ---------------------------------------------------------------------- checking a library
@@ -193,7 +182,7 @@ def self_test(lib: ctypes.CDLL) -> None:
 def packaged() -> Path | None:
     """The library ``pip install`` built beside this file, if any."""
     for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-        path = HERE / (PACKAGED + suffix)
+        path = sources.HERE / (PACKAGED + suffix)
         if path.is_file():
             return path
     return None
@@ -290,7 +279,7 @@ def build(cache: Path | None = None, compiler: str | None = None) -> Path:
     os.close(fd)
     define = f'-DHPCGNN_SOURCE_HASH="{source_hash()}"'
     try:  # built aside, then linked into place whole: ranks building at once each leave a whole library
-        flags, files = [*cc.command, *FLAGS, define], [*map(str, SOURCES), "-o", tmp]
+        flags, files = [*cc.command, *FLAGS, define], [*map(str, sources.SOURCES), "-o", tmp]
         res = subprocess.run([*flags, *files], capture_output=True, text=True, timeout=120)
         if res.returncode:  # an older compiler may not know F16C's intrinsics: without them (float16 rows by torch)
             res = subprocess.run([*flags, "-DHPCGNN_NO_F16C", *files], capture_output=True, text=True, timeout=120)
