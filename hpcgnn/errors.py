@@ -91,6 +91,14 @@ class PortTaken(UserError):
     exit_code = EXIT_FAILED
 
 
+class Flooded(UserError):
+    """A sampler server closed a trainer's connections during the handshake, again and again: it is busy or
+    flooded with connections (another user's, possibly). One line, exit code 1."""
+
+    kind = "busy or flooded"
+    exit_code = EXIT_FAILED
+
+
 class PredictError(UserError):
     """``hpcgnn predict`` asked of a folder that is not a run, of a run without that model, of another graph."""
 

@@ -32,7 +32,9 @@ import os
 import secrets
 import socket
 import stat
+import struct
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from hpcgnn.errors import ConfigError, Untrusted
@@ -45,14 +47,6 @@ def announced(run_dir: str | Path) -> Path:
     """Where servers of a separate job write ``host:port`` (``servers/<k>``), for the trainers to read (and then
     prove themselves to, as anyone can write a port there that the run's secret does not answer)."""
     return Path(run_dir) / ANNOUNCED
-MAGIC = b"hpcgnn-auth/1\n"
-NONCE = 32  # bytes, each side's
-DIGEST = 32  # bytes of HMAC-SHA256
-HANDSHAKE_S = 20.0  # how long either side waits for the other's part of the handshake
-
-
-class PeerRefused(Exception):
-    """A peer that did not prove it knows the run's secret (the listener drops it and serves on)."""
 
 
 def secret_path(run_dir: str | Path) -> Path:
@@ -108,69 +102,208 @@ def _read_private(path: Path) -> str:
         return f.read(128).decode(errors="replace").strip()
 
 
-def _proof(key: bytes, role: bytes, first: bytes, second: bytes) -> bytes:
-    return hmac.new(key, role + first + second, "sha256").digest()
+# ---------------------------------------------------------------------- what another user may have written
 
 
-def recv_into(sock: socket.socket, view: memoryview) -> None:
-    """Fill ``view`` from ``sock`` (ConnectionError when the peer closes first)."""
-    while len(view):
-        n = sock.recv_into(view)
-        if n == 0:
-            raise ConnectionError("the peer closed the connection")
-        view = view[n:]
-
-
-def _read_exactly(sock: socket.socket, n: int) -> bytes:
-    buf = bytearray(n)
-    recv_into(sock, memoryview(buf))
-    return bytes(buf)
-
-
-def accept(sock: socket.socket, key: bytes, timeout_s: float | None = None) -> None:
-    """The listening side's handshake on a new connection; raises :class:`PeerRefused` unless the peer proved it
-    knows ``key`` (and then has proven this side does too), within ``timeout_s`` (default :data:`HANDSHAKE_S`).
-    The socket's timeout is left as it was."""
-    before = sock.gettimeout()
-    sock.settimeout(timeout_s or HANDSHAKE_S)
+def owned_folder(path: str | Path, what: str, hint: str) -> None:
+    """Refuse (:class:`~hpcgnn.errors.ConfigError`, exit 2) a folder another user owns, or that users other than
+    its owner may write (group or others, its mode): ssh's rule for ``~/.ssh``. Such a folder's files may have
+    been planted; hpcgnn reads code (pickles, configs) from its run folders. A folder that does not exist passes.
+    ``what`` names it ("the run folder"); ``hint`` is the fix besides making it private."""
     try:
-        mine = secrets.token_bytes(NONCE)
-        sock.sendall(MAGIC + mine)
-        answer = _read_exactly(sock, NONCE + DIGEST)
-        theirs, proof = answer[:NONCE], answer[NONCE:]
-        if not hmac.compare_digest(proof, _proof(key, b"trainer", mine, theirs)):
-            raise PeerRefused("it does not know the run's secret")
-        sock.sendall(_proof(key, b"server", theirs, mine))
+        st = os.stat(path)
+    except FileNotFoundError:
+        return
+    if st.st_uid != os.getuid():
+        raise ConfigError(f"{what} {path} belongs to another user (uid {st.st_uid}), who may have written what "
+                          f"hpcgnn would load from it. HINT: {hint}")
+    if st.st_mode & 0o022:
+        raise ConfigError(f"{what} {path} can be written by others (mode {stat.S_IMODE(st.st_mode):04o}): another user "
+                          f"may have written what hpcgnn would load from it. HINT: chmod go-w {path} if nobody else "
+                          f"did; {hint}")
+
+
+def read_own_file(path: str | Path, what: str, limit: int = 1 << 34) -> bytes:
+    """A file's bytes, refused unless it is a plain file of this user's that nobody else may write (opened
+    without following a symlink: a FIFO or a link is refused at once, never waited on)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as exc:
+        raise ConfigError(f"cannot read {what} {path} ({exc.strerror}). HINT: it must be a plain file of yours") from None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
+            raise ConfigError(f"{what} {path} is not a plain file of yours that only you can write (owner uid "
+                              f"{st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o}). HINT: another user may have planted "
+                              "it: use a run folder only you can write")
+        return f.read(limit)
+
+
+def write_own_file(path: str | Path, data: bytes) -> None:
+    """``data`` into ``path`` whole or not at all, readable by this user alone (mode 0600)."""
+    from hpcgnn.io import atomic_open
+
+    with atomic_open(Path(path), "wb") as f:
+        os.fchmod(f.fileno(), 0o600)
+        f.write(data)
+
+
+# ---------------------------------------------------------------------- the handshake
+
+MAGIC = b"hpcgnn-auth/2\n"
+NONCE = 32  # bytes, each side's
+DIGEST = 32  # bytes of HMAC-SHA256
+_GREETING = struct.Struct(f"!{len(MAGIC)}s{NONCE}sII")  # magic, the server's nonce, its index, its port
+_ANSWER = struct.Struct(f"!{NONCE}sI{DIGEST}s")  # the trainer's nonce, its rank, its proof
+HANDSHAKE_S = 5.0  # the whole exchange, either side: one deadline, not one per read
+REFUSAL = bytes(DIGEST)  # what a listener sends instead of its proof to a peer whose proof failed
+BUSY = b"\xff" * DIGEST  # ... to a peer it drops unanswered (too many handshakes at once, or too slow): try again
+
+
+class PeerRefused(Exception):
+    """A peer that did not prove it knows the run's secret (the listener drops it and serves on)."""
+
+
+class Closed(ConnectionError):
+    """The listener dropped the handshake unanswered (:data:`BUSY`): it is busy or flooded (too many handshakes
+    at once), or ending; the connecting side tries again."""
+
+
+@dataclass(frozen=True)
+class Session:
+    """What both ends of one authenticated connection agreed on: who is at each end (bound into both proofs) and
+    the connection's own frame keys (derived from both nonces: a frame of another connection never verifies)."""
+
+    index: int  # the server's index among the run's servers
+    port: int  # the port it listens on
+    rank: int  # the trainer's rank
+    to_server: bytes  # the key of frames trainer -> server
+    to_trainer: bytes  # ... server -> trainer
+
+
+def _binding(index: int, port: int, rank: int, server_nonce: bytes, trainer_nonce: bytes) -> bytes:
+    return struct.pack("!III", index, port, rank) + server_nonce + trainer_nonce
+
+
+def _mac(key: bytes, label: bytes, binding: bytes) -> bytes:
+    return hmac.new(key, b"hpcgnn " + label + b"\0" + binding, "sha256").digest()
+
+
+def _session(key: bytes, index: int, port: int, rank: int, binding: bytes) -> Session:
+    base = _mac(key, b"session", binding)
+    return Session(index, port, rank, _mac(base, b"trainer->server", b""), _mac(base, b"server->trainer", b""))
+
+
+class Accepting:
+    """The listening side of one handshake as a small state machine, so that one thread can drive many at once
+    (the server's accept loop: no connection in its handshake ever holds up another, or the accept).
+
+    ``greeting()`` is sent first; ``answer(bytes)`` takes the connecting side's fixed-size answer (:data:`need`
+    bytes) and returns (the proof to send back, the :class:`Session`), or raises :class:`PeerRefused`. Nothing the
+    peer sends is decoded beyond fixed-size fields, and nothing is allocated by a size it names."""
+
+    need = _ANSWER.size
+
+    def __init__(self, key: bytes, index: int, port: int):
+        self.key, self.index, self.port = key, index, port
+        self.nonce = secrets.token_bytes(NONCE)
+
+    def greeting(self) -> bytes:
+        return _GREETING.pack(MAGIC, self.nonce, self.index, self.port)
+
+    def answer(self, data: bytes) -> tuple[bytes, Session]:
+        theirs, rank, proof = _ANSWER.unpack(data)
+        binding = _binding(self.index, self.port, rank, self.nonce, theirs)
+        if not hmac.compare_digest(proof, _mac(self.key, b"trainer->server", binding)):
+            raise PeerRefused("it does not know the run's secret, or proved it to another server (a relay)")
+        return _mac(self.key, b"server->trainer", binding), _session(self.key, self.index, self.port, rank, binding)
+
+
+class _Deadline:
+    """One deadline for a whole exchange: each read or write may take what is left of it."""
+
+    def __init__(self, sock: socket.socket, seconds: float):
+        self.sock, self.seconds, self.end = sock, seconds, time.monotonic() + seconds
+
+    def __enter__(self) -> _Deadline:
+        self.before = self.sock.gettimeout()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.settimeout(self.before)
+
+    def read(self, n: int) -> bytes:
+        buf, view = bytearray(n), None
+        view = memoryview(buf)
+        while len(view):
+            left = self.end - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("timed out")
+            self.sock.settimeout(left)
+            got = self.sock.recv_into(view)
+            if got == 0:
+                raise ConnectionError("the peer closed the connection")
+            view = view[got:]
+        return bytes(buf)
+
+    def send(self, data: bytes) -> None:
+        self.sock.settimeout(max(self.end - time.monotonic(), 0.001))
+        self.sock.sendall(data)
+
+
+def accept(sock: socket.socket, key: bytes, index: int, port: int, timeout_s: float | None = None) -> Session:
+    """The listening side's handshake on a blocking socket (:class:`Accepting` driven to its end within one
+    deadline, default :data:`HANDSHAKE_S`); raises :class:`PeerRefused` unless the peer proved it knows ``key``
+    and meant server ``index`` on ``port``."""
+    state = Accepting(key, index, port)
+    try:
+        with _Deadline(sock, timeout_s or HANDSHAKE_S) as d:
+            d.send(state.greeting())
+            try:
+                proof, session = state.answer(d.read(state.need))
+            except PeerRefused:
+                d.send(REFUSAL)
+                raise
+            d.send(proof)
+            return session
     except OSError as exc:  # (ConnectionError and TimeoutError among them)
         raise PeerRefused(f"the handshake broke off ({exc})") from None
-    finally:
-        with contextlib.suppress(OSError):
-            sock.settimeout(before)
 
 
-def connect(sock: socket.socket, key: bytes, name: str, timeout_s: float | None = None) -> None:
-    """The connecting side's handshake with ``name`` (e.g. "sampler server 0 at n2:24017"); raises
-    :class:`~hpcgnn.errors.Untrusted` when the other side is not the run's own process (it cannot answer the
-    challenge: another user's, or another run's, holds the port), within ``timeout_s`` (default
-    :data:`HANDSHAKE_S`)."""
+def connect(sock: socket.socket, key: bytes, name: str, index: int, port: int, rank: int,
+            timeout_s: float | None = None) -> Session:
+    """The connecting side's handshake with server ``index`` listening on ``port`` (``name``, e.g. "sampler
+    server 0 at n2:24017"), as ``rank``, all within ``timeout_s`` (default :data:`HANDSHAKE_S`).
+
+    Raises :class:`~hpcgnn.errors.Untrusted` when the other side is not that server of this run (it cannot
+    answer the challenge: another user's or another job's process holds the port, or relays to another of the
+    run's servers), and :class:`Closed` when the listener closed the connection unanswered (busy, flooded)."""
     timeout_s = timeout_s or HANDSHAKE_S
-    before = sock.gettimeout()
-    sock.settimeout(timeout_s)
-    host, port = sock.getpeername()[:2]
+    host = sock.getpeername()[0]
     cause = (f"the process listening on port {port} of {host} is not this run's (another user's or another "
-             "job's process may hold the port, or the run's .secret changed). HINT: start the run again (a new job "
-             "id moves the port); if it recurs, tell your cluster's administrators")
+             "job's process may hold the port, or relay it to another of the run's servers; or the run's .secret "
+             "changed). HINT: start the run again (a new job id moves the port); if it recurs, tell your cluster's "
+             "administrators")
     try:
-        greeting = _read_exactly(sock, len(MAGIC) + NONCE)
-        if greeting[: len(MAGIC)] != MAGIC:
-            raise Untrusted(f"{name} did not greet as a sampler server: {cause}")
-        theirs, mine = greeting[len(MAGIC):], secrets.token_bytes(NONCE)
-        sock.sendall(mine + _proof(key, b"trainer", theirs, mine))
-        proof = _read_exactly(sock, DIGEST)
+        with _Deadline(sock, timeout_s) as d:
+            if d.read(len(MAGIC)) != MAGIC:  # (checked first: another service's greeting may be shorter)
+                raise Untrusted(f"{name} did not greet as a sampler server: {cause}")
+            _, theirs, their_index, their_port = _GREETING.unpack(MAGIC + d.read(_GREETING.size - len(MAGIC)))
+            if (their_index, their_port) != (index, port):
+                raise Untrusted(f"{name} greeted as sampler server {their_index} on port {their_port}: {cause}")
+            mine = secrets.token_bytes(NONCE)
+            binding = _binding(index, port, rank, theirs, mine)
+            d.send(_ANSWER.pack(mine, rank, _mac(key, b"trainer->server", binding)))
+            proof = d.read(DIGEST)
     except TimeoutError:
         raise Untrusted(f"{name} did not complete the run's handshake within {timeout_s:.0f} s: {cause}") from None
     except OSError as exc:
         raise Untrusted(f"{name} broke off the run's handshake ({exc}): {cause}") from None
-    if not hmac.compare_digest(proof, _proof(key, b"server", mine, theirs)):
+    if proof == BUSY:
+        raise Closed(f"{name} dropped the handshake unanswered")
+    if proof == REFUSAL:
+        raise Untrusted(f"{name} failed the run's handshake: it refused this rank's proof: {cause}")
+    if not hmac.compare_digest(proof, _mac(key, b"server->trainer", binding)):
         raise Untrusted(f"{name} failed the run's handshake: {cause}")
-    sock.settimeout(before)
+    return _session(key, index, port, rank, binding)

@@ -90,7 +90,7 @@ def _handshake(server_key: bytes, client_key: bytes):
     def listen():
         a, _ = listener.accept()
         try:
-            trust.accept(a, server_key, timeout_s=5)
+            trust.accept(a, server_key, 0, port, timeout_s=5)
             outcome["server"] = "ok"
         except trust.PeerRefused as exc:
             outcome["server"] = exc
@@ -101,7 +101,7 @@ def _handshake(server_key: bytes, client_key: bytes):
     t.start()
     b = socket.create_connection(("127.0.0.1", port))
     try:
-        trust.connect(b, client_key, f"sampler server 0 at 127.0.0.1:{port}", timeout_s=5)
+        trust.connect(b, client_key, f"sampler server 0 at 127.0.0.1:{port}", 0, port, 0, timeout_s=5)
         client = "ok"
     except Untrusted as exc:
         client = exc
@@ -155,6 +155,7 @@ def test_1_an_outsiders_pickle_is_never_unpickled_and_the_server_serves_on(lone_
     port, key = lone_server
     marker = tmp_path / "owned"
     for read_greeting in (False, True):
+        time.sleep(1.05)  # (refusals are logged once a second per address)
         with socket.create_connection(("127.0.0.1", port)) as s:
             s.settimeout(5)
             if read_greeting:
@@ -163,11 +164,13 @@ def test_1_an_outsiders_pickle_is_never_unpickled_and_the_server_serves_on(lone_
             with contextlib.suppress(ConnectionResetError):
                 while s.recv(4096):  # the server closes it
                     pass
+    time.sleep(1.05)
     with socket.create_connection(("127.0.0.1", port)) as s:  # a peer with another secret
-        with pytest.raises(Untrusted, match=rf"sampler server 0 at 127.0.0.1:{port} broke off the run's handshake"):
-            trust.connect(s, os.urandom(32), f"sampler server 0 at 127.0.0.1:{port}")
+        with pytest.raises(Untrusted, match=rf"sampler server 0 at 127.0.0.1:{port} (broke off|failed) the run's "
+                                            "handshake"):
+            trust.connect(s, os.urandom(32), f"sampler server 0 at 127.0.0.1:{port}", 0, port, 0)
     with socket.create_connection(("127.0.0.1", port)) as s:  # the run's own trainer passes
-        trust.connect(s, key, "sampler server 0")
+        trust.connect(s, key, "sampler server 0", 0, port, 0)
     time.sleep(0.5)
     assert not marker.exists()
     refused = [r.getMessage() for r in caplog.records if "refused a connection" in r.getMessage()]
@@ -270,11 +273,12 @@ def test_1_outsiders_during_a_run_are_dropped_and_the_run_ends_bitwise(tmp_path)
     port = json.loads(info.read_text())["port"]
     with socket.create_connection(("127.0.0.1", port)) as s:
         s.sendall(_outsider_pickle(marker))
-    with socket.create_connection(("127.0.0.1", port)) as s, pytest.raises(Untrusted):
-        trust.connect(s, os.urandom(32), "sampler server 0")
+    with socket.create_connection(("127.0.0.1", port), source_address=("127.0.0.2", 0)) as s, \
+            pytest.raises(Untrusted):  # (from another address: refusals are logged once a second per address)
+        trust.connect(s, os.urandom(32), "sampler server 0", 0, port, 0)
     assert child.wait(timeout=180) == 0, log.read_text()
     out = log.read_text()
-    assert len(re.findall(r"\[server 0\] sampler server 0 on \S+: refused a connection from 127\.0\.0\.1:\d+: ", out)) == 2, out
+    assert len(re.findall(r"\[server 0\] sampler server 0 on \S+: refused a connection from 127\.0\.0\.[12]:\d+: ", out)) == 2, out
     assert not marker.exists()
     assert summary_of(folder)["param_checksums"] == summary_of(tmp_path / "plain")["param_checksums"]
 

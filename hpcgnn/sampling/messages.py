@@ -18,7 +18,7 @@ class Hello:
 
     kind: ClassVar[str] = "hello"
     rank: int
-    recipe: bytes  # shipping.dumps(Recipe)
+    recipe: str  # the SHA-256 of its recipe, which it wrote into the run folder (shipping.publish)
     depth: int  # batches in flight
     group: dict | None  # a partitioned graph: the sampler group's rendezvous (the server relays a sampler process)
 

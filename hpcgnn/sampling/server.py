@@ -7,9 +7,12 @@ tensors as file ranges). Each epoch it sends the seeds of the batches a server i
 goes to server (i + r) mod S, and is made with the generator the in-process loader would use, so the batches
 and the training are those of ``train.sampler_procs=0``.
 
-Transport: one TCP connection per (trainer, server). A batch is a small pickled header (offsets, shapes,
-the batch's plain values) and then its tensors' bytes as they lie in the server's buffer; the trainer reads
-them straight into one of its slots (``recv_into``: no pickle, no copy in Python) and views them in place.
+Transport: one TCP connection per (trainer, server), authenticated both ways by the run's secret and bound to
+this server and that trainer (:mod:`hpcgnn.trust`); every frame after that carries its own tag under the
+connection's keys (:mod:`hpcgnn.sampling.wire`: a typed format, nothing unpickled). A batch is its description
+(offsets, shapes, the batch's plain values) and then its tensors' bytes as they lie in the server's buffer; the
+trainer reads them straight into one of its slots (``recv_into``: no copy in Python) and views them in place.
+The sampler recipe does not travel: the trainer writes it into the run folder and sends its hash.
 A server has at most ``train.prefetch`` batches in flight per trainer: it makes the next one when the trainer
 hands a slot back. Sockets and not torch.distributed: the two sides need no common process group (a server's
 death must not hang a collective), and a message whose size only the sender knows needs no size exchange.
@@ -19,14 +22,13 @@ A server's process starts in :mod:`hpcgnn.rank.server` (a SLURM task, or a local
 
 from __future__ import annotations
 
+import contextlib
 import errno
-import json
 import logging
 import os
-import pickle
 import select
+import selectors
 import socket
-import struct
 import threading
 import time
 from collections import deque
@@ -38,38 +40,15 @@ from torch import Tensor
 import hpcgnn.sampling.messages as m
 import hpcgnn.sampling.serving as serving
 import hpcgnn.sampling.shipping as shipping
-from hpcgnn import process, trust
+import hpcgnn.sampling.wire as wire
+from hpcgnn import io, process, trust
 from hpcgnn.checks import SLOT_BYTES
-from hpcgnn.errors import AnotherRankFailed, PortTaken, SamplerFailed
+from hpcgnn.errors import AnotherRankFailed, Flooded, PortTaken, SamplerFailed, Untrusted
 from hpcgnn.failures import record_failure
 from hpcgnn.failures import server_failure as failure_record
 from hpcgnn.sampling.loader import BatchLoader
 
 log = logging.getLogger(__name__)
-
-_HEAD = struct.Struct("!QQ")  # header bytes, payload bytes
-
-
-def send(sock: socket.socket, obj, payload: memoryview | None = None) -> None:
-    head = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-    sock.sendall(_HEAD.pack(len(head), 0 if payload is None else len(payload)) + head)
-    if payload is not None and len(payload):
-        sock.sendall(payload)
-
-
-def receive(sock: socket.socket, slot=None):
-    """The next message, and its payload read into ``slot(nbytes)`` (a uint8 tensor it returns), if any."""
-    head = bytearray(_HEAD.size)
-    trust.recv_into(sock, memoryview(head))
-    n_head, n_payload = _HEAD.unpack(head)
-    body = bytearray(n_head)
-    trust.recv_into(sock, memoryview(body))
-    obj = pickle.loads(body)
-    if n_payload:
-        buf = slot(n_payload)
-        trust.recv_into(sock, memoryview(buf.numpy())[:n_payload])
-    return obj
-
 
 # ---------------------------------------------------------------------- the server
 
@@ -99,21 +78,26 @@ class _Counters:
 class _SocketEnd:
     """A server's end of one trainer's connection (:class:`hpcgnn.sampling.serving.End`): a batch is written into
     this thread's buffer and its bytes sent after its message; ``depth`` batches in flight, one more each time
-    the trainer frees a slot."""
+    the trainer frees a slot. A frame that fails its tag drops the connection, with one line."""
 
-    def __init__(self, conn: socket.socket, depth: int):
-        self.conn, self.credits = conn, depth
+    def __init__(self, channel: wire.Channel, depth: int, name: str):
+        self.channel, self.credits, self.name = channel, depth, name
         self.buf = torch.empty(SLOT_BYTES, dtype=torch.uint8)
 
     def recv(self, wait: bool):
+        conn = self.channel.sock
         try:
-            return receive(self.conn) if wait or select.select([self.conn], [], [], 0)[0] else None
+            return self.channel.receive() if wait or select.select([conn], [], [], 0)[0] else None
+        except wire.Forged as why:
+            log.warning("%s: dropped the connection of rank %d: %s (a relay, a replay or an injection)", self.name,
+                        self.channel.session.rank, why)
+            raise serving.PeerGone from None
         except (ConnectionError, OSError):
             raise serving.PeerGone from None
 
     def send(self, msg, payload: memoryview | None = None) -> None:
         try:
-            send(self.conn, msg, payload)
+            self.channel.send(msg, payload)
         except (ConnectionError, OSError):
             raise serving.PeerGone from None
 
@@ -141,10 +125,10 @@ class _Relay:
     (:class:`~hpcgnn.sampling.procs.SamplerPool`), which joins the group of every trainer's (on every server) to
     sample across parts; the serve loop relays them (:class:`hpcgnn.sampling.serving.Maker`)."""
 
-    def __init__(self, hello: m.Hello, threads: int, fail_batch: int):
+    def __init__(self, hello: m.Hello, recipe: bytes, threads: int, fail_batch: int):
         from hpcgnn.sampling.procs import SamplerPool
 
-        self.pool = SamplerPool(hello.recipe, 1, hello.depth, threads, torch.device("cpu"), rank=hello.rank,
+        self.pool = SamplerPool(recipe, 1, hello.depth, threads, torch.device("cpu"), rank=hello.rank,
                                 group=hello.group, fail_batch=fail_batch)
         self.held = None
         self.pool.start()
@@ -164,25 +148,32 @@ class _Relay:
         self.pool.close()
 
 
-def _serve_trainer(conn: socket.socket, counters: _Counters, threads: int, fail_batch: int) -> bool:
+def _serve_trainer(channel: wire.Channel, counters: _Counters, threads: int, fail_batch: int, run_dir: str,
+                   name: str) -> bool:
     """One trainer's connection: its sampler, then its batches, ``depth`` in flight, until it stops (True: it
     is done; False: it left without saying so, and may come back after a requeue).
 
-    A whole graph's batches are made here, in this thread, by the trainer's own sampler, even where trainers send
-    the same recipe: a sampler's scratch (its id maps) holds one batch at a time, and this thread samples while the
-    others do. The graph's file-backed tensors are mapped again, not copied: the node's one copy in the page cache
-    serves them all. A partitioned graph's are relayed (:class:`_Relay`)."""
+    The sampler is the recipe the trainer wrote into the run folder, the one whose hash it sent (never anything
+    the socket brought). A whole graph's batches are made here, in this thread, by the trainer's own sampler, even
+    where trainers send the same recipe: a sampler's scratch (its id maps) holds one batch at a time, and this
+    thread samples while the others do. The graph's file-backed tensors are mapped again, not copied: the node's
+    one copy in the page cache serves them all. A partitioned graph's are relayed (:class:`_Relay`)."""
+    end = _SocketEnd(channel, 1, name)
     try:
-        hello = receive(conn)
-    except (ConnectionError, OSError):
+        hello = end.recv(wait=True)
+    except serving.PeerGone:
         return False  # it left before saying what it wants (a requeued trainer comes back)
-    if not isinstance(hello, m.Hello):
-        raise RuntimeError(f"a trainer began with {type(hello).__name__}, not Hello")
+    if not isinstance(hello, m.Hello) or hello.rank != channel.session.rank:
+        log.warning("%s: dropped the connection of rank %d: it began with %s", name, channel.session.rank,
+                    type(hello).__name__ if not isinstance(hello, m.Hello) else f"a hello of rank {hello.rank}")
+        return False
+    end.credits = hello.depth
 
     def start() -> serving.Maker:
-        return _Relay(hello, threads, fail_batch) if hello.group else serving.Sampling(hello.recipe, fail_batch)
+        recipe = shipping.fetch(run_dir, hello.rank, hello.recipe)
+        return _Relay(hello, recipe, threads, fail_batch) if hello.group else serving.Sampling(recipe, fail_batch)
 
-    return serving.serve(_SocketEnd(conn, hello.depth), start, counters)
+    return serving.serve(end, start, counters)
 
 
 def trainers_of(server: int, servers: int, world_size: int, partitioned: bool) -> int:
@@ -191,7 +182,7 @@ def trainers_of(server: int, servers: int, world_size: int, partitioned: bool) -
     return len([r for r in range(world_size) if not partitioned or r % servers == server])
 
 
-MAX_HANDSHAKES = 64  # connections a server authenticates at once; more are closed unread
+MAX_PENDING = 256  # connections in their handshake at once; past that the oldest is closed (each holds a descriptor)
 
 
 def run_server(index: int, port: int, trainers: int, threads: int, run_dir: str, key: bytes, prepare=None,
@@ -201,10 +192,11 @@ def run_server(index: int, port: int, trainers: int, threads: int, run_dir: str,
     ``announce``: a file to write ``host:port`` into (two jobs meeting through the run folder). Gives up after
     ``idle_s`` without a trainer.
 
-    Every connection must first pass the run's handshake (:func:`hpcgnn.trust.accept`, with ``key``, the run's
-    secret): one that does not is logged with its address and closed, unread, and the server serves on. A port
-    another process holds is :class:`~hpcgnn.errors.PortTaken` (one line). A failure is recorded in the run's
-    failure records (the trainers and the launcher read it), then raised."""
+    Every connection must first pass the run's handshake (:class:`hpcgnn.trust.Accepting`, with ``key``, the
+    run's secret, bound to this server's ``index`` and ``port``): one that does not, or not within
+    :data:`hpcgnn.trust.HANDSHAKE_S`, is closed unread, logged at most once a second per address, and the
+    server serves on. A port another process holds is :class:`~hpcgnn.errors.PortTaken` (one line). A failure
+    is recorded in the run's failure records (the trainers and the launcher read it), then raised."""
     try:
         torch.set_num_threads(threads)
         process.keep_freed_memory()
@@ -214,17 +206,45 @@ def run_server(index: int, port: int, trainers: int, threads: int, run_dir: str,
         raise
 
 
+class _Refusals:
+    """Refused connections, logged at most once a second per address, with how many went unsaid since."""
+
+    def __init__(self, name: str, every_s: float = 1.0):
+        self.name, self.every_s = name, every_s
+        self.last: dict[str, tuple[float, int]] = {}  # host -> (when last logged, refused since)
+
+    def __call__(self, addr: tuple, why: str) -> None:
+        now, host = time.monotonic(), addr[0]
+        when, unsaid = self.last.get(host, (-1e9, 0))
+        if now - when < self.every_s:
+            self.last[host] = (when, unsaid + 1)
+            return
+        more = f" (and {unsaid} more from {host} since the last line)" if unsaid else ""
+        log.warning("%s: refused a connection from %s:%s: %s%s", self.name, host, addr[1], why, more)
+        self.last[host] = (now, 0)
+        if len(self.last) > 4096:  # (a flood from many addresses: forget the quiet ones)
+            self.last = {h: v for h, v in self.last.items() if now - v[0] < self.every_s}
+
+
+class _Pending:
+    """One connection in its handshake: what it has sent so far, and its deadline."""
+
+    def __init__(self, conn: socket.socket, addr: tuple, state: trust.Accepting):
+        self.conn, self.addr, self.state = conn, addr, state
+        self.got = bytearray()
+        self.deadline = time.monotonic() + trust.HANDSHAKE_S
+
+
 class _Server:
     """One sampler server's listener, its connections' threads, and the status file ``hpcgnn status`` reads."""
 
     def __init__(self, index: int, port: int, trainers: int, threads: int, run_dir: str, key: bytes, host: str,
                  fail_batch: int):
         self.index, self.port, self.trainers, self.threads = index, port, trainers, threads
-        self.key, self.fail_batch = key, fail_batch
+        self.key, self.fail_batch, self.run_dir = key, fail_batch, run_dir
         self.name = f"sampler server {index} on {socket.gethostname()}:{port}"
         try:
-            self.listener = socket.create_server((host, port), reuse_port=False,
-                                                 backlog=max(trainers, 8) + MAX_HANDSHAKES)
+            self.listener = socket.create_server((host, port), reuse_port=False, backlog=1024)
         except OSError as exc:
             if exc.errno != errno.EADDRINUSE:
                 raise
@@ -237,20 +257,17 @@ class _Server:
         self.errors: list[BaseException] = []
         self.done = 0  # trainers that said they are done
         self.prepared = threading.Event()
-        self.handshakes = threading.BoundedSemaphore(MAX_HANDSHAKES)
+        self.refused = _Refusals(self.name)
 
     def write_status(self) -> None:
-        tmp = self.status.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"server": self.index, "host": socket.gethostname(), "port": self.port,
-                                   "pid": os.getpid(), "time": time.time(), **self.counters.as_dict()}))
-        tmp.replace(self.status)
+        io.write_json(self.status, {"server": self.index, "host": socket.gethostname(), "port": self.port,
+                                    "pid": os.getpid(), "time": time.time(), **self.counters.as_dict()})
 
     def run(self, prepare, idle_s: float, announce: Path | None) -> None:
         if announce is not None:
             announce.parent.mkdir(parents=True, exist_ok=True)
-            tmp = announce.with_suffix(".tmp")
-            tmp.write_text(f"{socket.gethostname()}:{self.port}")
-            tmp.replace(announce)
+            with io.atomic_open(announce) as f:
+                f.write(f"{socket.gethostname()}:{self.port}")
         stop = threading.Event()
 
         def keep_writing() -> None:  # what `python -m hpcgnn status RUN_DIR` shows while the run goes on
@@ -279,49 +296,121 @@ class _Server:
             self.prepared.set()
 
     def _accept(self, idle_s: float) -> None:
-        """Connections, each in a thread of its own, until every trainer is done or a connection failed."""
-        active: list[threading.Thread] = []
-        self.listener.settimeout(1.0)
+        """Accept connections and drive every handshake in this one thread, none waiting on another: a peer that
+        sends nothing, or a byte every few seconds, holds up no one, and is closed at its deadline. A trainer that
+        proved itself is served in a thread of its own. Ends when every trainer is done or a connection failed;
+        handshakes still under way then are closed, not waited for."""
+        sel = selectors.DefaultSelector()
+        self.listener.setblocking(False)
+        sel.register(self.listener, selectors.EVENT_READ)
+        pending: dict[socket.socket, _Pending] = {}  # (in arrival order)
+        serving_: list[threading.Thread] = []
         idle_since = time.monotonic()
-        while self.done < self.trainers and not self.errors:
-            try:
-                conn, addr = self.listener.accept()
-            except TimeoutError:
-                active = [t for t in active if t.is_alive()]
-                if active or not self.prepared.is_set():
-                    idle_since = time.monotonic()
-                elif time.monotonic() - idle_since > idle_s:
+        try:
+            while self.done < self.trainers and not self.errors:
+                for key, _ in sel.select(timeout=0.25):
+                    if key.fileobj is self.listener:
+                        self._take_new(sel, pending)
+                    else:
+                        self._step(sel, pending, pending[key.fileobj], serving_)
+                now = time.monotonic()
+                for p in [p for p in pending.values() if now > p.deadline]:
+                    self._drop(sel, pending, p, f"no handshake within {trust.HANDSHAKE_S:.0f} s")
+                serving_ = [t for t in serving_ if t.is_alive()]
+                if serving_ or pending or not self.prepared.is_set():
+                    idle_since = now
+                elif now - idle_since > idle_s:
                     raise SamplerFailed(f"{self.name}: no trainer for {idle_s:.0f} s (dist.init_timeout_s); "
                                         "giving up") from None
-                continue
-            peer = f"{addr[0]}:{addr[1]}"
-            if not self.handshakes.acquire(blocking=False):
-                log.warning("%s: refused a connection from %s unread: %d others are in their handshake", self.name,
-                            peer, MAX_HANDSHAKES)
-                conn.close()
-                continue
-            conn.settimeout(None)
-            t = threading.Thread(target=self._serve, args=(conn, peer), daemon=True)
-            t.start()
-            active.append(t)
-        for t in active:
+        finally:
+            for p in list(pending.values()):
+                self._drop(sel, pending, p, None)
+            sel.close()
+        for t in serving_:  # (the run's own trainers, who said they are done)
             t.join()
 
-    def _serve(self, conn: socket.socket, peer: str) -> None:
-        """One connection: the run's handshake, then (once the dataset is ready) the trainer's batches."""
-        try:
+    def _take_new(self, sel, pending: dict) -> None:
+        while True:
             try:
-                trust.accept(conn, self.key)
-            except trust.PeerRefused as why:
-                log.warning("%s: refused a connection from %s: %s", self.name, peer, why)
+                conn, addr = self.listener.accept()
+            except (BlockingIOError, InterruptedError):
                 return
-            finally:
-                self.handshakes.release()
+            except OSError as exc:  # (out of descriptors: the oldest handshakes make room)
+                log.warning("%s: cannot accept a connection (%s)", self.name, exc.strerror)
+                if pending:
+                    self._drop(sel, pending, next(iter(pending.values())), "the server is out of descriptors")
+                return
+            if len(pending) >= MAX_PENDING:
+                self._drop(sel, pending, next(iter(pending.values())), f"{MAX_PENDING} newer connections came")
+            conn.setblocking(False)
+            p = _Pending(conn, addr, trust.Accepting(self.key, self.index, self.port))
+            try:
+                conn.send(p.state.greeting())  # (a fresh socket's buffer takes these few bytes whole)
+            except OSError:
+                conn.close()
+                continue
+            pending[conn] = p
+            sel.register(conn, selectors.EVENT_READ)
+
+    def _step(self, sel, pending: dict, p: _Pending, serving_: list) -> None:
+        try:
+            chunk = p.conn.recv(p.state.need - len(p.got))
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            self._drop(sel, pending, p, f"the handshake broke off ({exc})")
+            return
+        if not chunk:
+            self._drop(sel, pending, p, "it closed the connection during the handshake")
+            return
+        p.got += chunk
+        if len(p.got) < p.state.need:
+            return
+        sel.unregister(p.conn)
+        del pending[p.conn]
+        try:
+            proof, session = p.state.answer(bytes(p.got))
+        except trust.PeerRefused as why:
+            with contextlib.suppress(OSError):
+                p.conn.send(trust.REFUSAL)
+            p.conn.close()
+            self.refused(p.addr, str(why))
+            return
+        try:
+            p.conn.setblocking(True)
+            p.conn.settimeout(trust.HANDSHAKE_S)
+            p.conn.sendall(proof)
+            p.conn.settimeout(None)
+        except OSError as exc:
+            p.conn.close()
+            self.refused(p.addr, f"the handshake broke off ({exc})")
+            return
+        t = threading.Thread(target=self._serve, args=(p.conn, session, p.addr), daemon=True)
+        t.start()
+        serving_.append(t)
+
+    def _drop(self, sel, pending: dict, p: _Pending, why: str | None) -> None:
+        """Close a connection in its handshake, telling it to try again (:data:`hpcgnn.trust.BUSY`): a trainer
+        dropped for room does, an outsider does not matter."""
+        with contextlib.suppress(KeyError, ValueError):
+            sel.unregister(p.conn)
+        pending.pop(p.conn, None)
+        with contextlib.suppress(OSError):
+            p.conn.send(trust.BUSY)
+        p.conn.close()
+        if why is not None:
+            self.refused(p.addr, why)
+
+    def _serve(self, conn: socket.socket, session: trust.Session, addr: tuple) -> None:
+        """One trainer's connection, authenticated: (once the dataset is ready) its batches."""
+        try:
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             self.prepared.wait()  # (trainers that connect meanwhile wait here, authenticated)
             if self.errors:
                 return
-            if _serve_trainer(conn, self.counters, self.threads, self.fail_batch):
+            channel = wire.Channel(conn, session, server=True)
+            if _serve_trainer(channel, self.counters, self.threads, self.fail_batch, self.run_dir,
+                              f"{self.name} (from {addr[0]}:{addr[1]})"):
                 with self.counters.lock:
                     self.done += 1
         except BaseException as exc:
@@ -336,8 +425,9 @@ class _Server:
 class _Link:
     """A trainer's connection to one server, and the slots its batches land in."""
 
-    def __init__(self, index: int, host: str, port: int, sock: socket.socket, depth: int, pin: bool):
-        self.index, self.host, self.port, self.sock, self.pin = index, host, port, sock, pin
+    def __init__(self, index: int, host: str, port: int, channel: wire.Channel, depth: int, pin: bool):
+        self.index, self.host, self.port, self.channel, self.pin = index, host, port, channel, pin
+        self.sock = channel.sock
         self.slots = [_slot(SLOT_BYTES, pin) for _ in range(depth)]
         self.free = deque(range(depth))
 
@@ -368,13 +458,14 @@ class RemotePool:
     def start(self) -> None:
         if self.links:
             return
-        recipe = shipping.dumps(self.recipe)
+        recipe = shipping.publish(self.run_dir, self.rank, shipping.dumps(self.recipe))  # (its hash travels)
         t0 = time.perf_counter()
         for k, (host, port) in enumerate(self.servers, start=self.first):
-            sock = _connect(host, port, k, self.connect_s, self.key, self.run_dir)
-            sock.settimeout(self.connect_s)  # a server may still be preparing the dataset
-            send(sock, m.Hello(self.rank, recipe, self.depth, self.group))
-            self.links.append(_Link(k, host, port, sock, self.depth, self.device.type == "cuda"))
+            channel = _connect(host, port, k, self.connect_s, self.key, self.run_dir, self.rank)
+            channel.sock.settimeout(self.connect_s)  # a server may still be preparing the dataset
+            link = _Link(k, host, port, channel, self.depth, self.device.type == "cuda")
+            self._send(link, m.Hello(self.rank, recipe, self.depth, self.group))
+            self.links.append(link)
         for link in self.links:
             self._next(link, "start")
             link.sock.settimeout(self.timeout_s)
@@ -399,13 +490,17 @@ class RemotePool:
 
     def _send(self, link: _Link, msg) -> None:
         try:
-            send(link.sock, msg)
+            link.channel.send(msg)
         except OSError as exc:
             raise self._lost(link, "sending to it", exc) from None  # (its death is seen here first, often)
 
     def _next(self, link: _Link, i, slot=None):
         try:
-            msg = receive(link.sock, slot)
+            msg = link.channel.receive(slot)
+        except wire.Forged as why:
+            raise Untrusted(f"{link.name} sent rank {self.rank} a frame that failed its check ({why}): another "
+                            "process relays or injects into the connection. HINT: start the run again; if it recurs, "
+                            "tell your cluster's administrators") from None
         except (OSError, ConnectionError, EOFError) as exc:
             raise self._lost(link, "waiting for its start" if i == "start" else f"waiting for batch {i}", exc) from None
         if isinstance(msg, m.Failed):
@@ -443,7 +538,7 @@ class RemotePool:
         for link in self.links:
             if done:
                 try:
-                    send(link.sock, m.Stop())
+                    link.channel.send(m.Stop())
                 except OSError:
                     pass
             link.sock.close()
@@ -465,17 +560,22 @@ def announced_servers(folder: Path, count: int, within_s: float) -> list[tuple[s
         time.sleep(1.0)
 
 
-def _connect(host: str, port: int, k: int, within_s: float, key: bytes, run_dir: Path) -> socket.socket:
+CONNECT_TRIES = 5  # a connection the server closes during the handshake (busy, flooded) is tried this often
+
+
+def _connect(host: str, port: int, k: int, within_s: float, key: bytes, run_dir: Path, rank: int = 0) -> wire.Channel:
     """Connect to server ``k``, retrying while it starts (it may still be preparing the dataset), and prove to each
-    other that both know the run's secret (:func:`hpcgnn.trust.connect`: a process of another user or job on
-    the port is :class:`~hpcgnn.errors.Untrusted`). A server that recorded a failure (it could not listen)
-    ends the wait at once."""
+    other that both know the run's secret, bound to server ``k`` on ``port`` and this ``rank``
+    (:func:`hpcgnn.trust.connect`: a process of another user or job on the port, or one that relays it to another
+    of the run's servers, is :class:`~hpcgnn.errors.Untrusted`). A connection closed during the handshake is
+    tried again :data:`CONNECT_TRIES` times, then :class:`~hpcgnn.errors.Flooded`. A server that recorded a
+    failure (it could not listen) ends the wait at once."""
     name = f"sampler server {k} at {host}:{port}"
     deadline = time.monotonic() + within_s
+    closed = 0
     while True:
         try:
             sock = socket.create_connection((host, port), timeout=10)
-            break
         except OSError as exc:
             if failure_record(run_dir, k) is not None:
                 raise AnotherRankFailed(f"{name} failed (its record in {run_dir / 'failures'} says why)") from None
@@ -483,13 +583,24 @@ def _connect(host: str, port: int, k: int, within_s: float, key: bytes, run_dir:
                 raise SamplerFailed(f"{name} could not be reached in {within_s:.0f} s ({exc}). HINT: its log says "
                                     "whether it started") from None
             time.sleep(0.5)
-    try:
-        trust.connect(sock, key, name)
-    except BaseException:
-        sock.close()
-        raise
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    return sock
+            continue
+        try:
+            session = trust.connect(sock, key, name, k, port, rank)
+        except trust.Closed as exc:  # (dropped unanswered: busy, flooded)
+            sock.close()
+            closed += 1
+            if closed >= CONNECT_TRIES:
+                raise Flooded(f"{name} closed rank {rank}'s connection during the run's handshake {closed} times "
+                              f"({exc}): the server is busy or flooded with connections (possibly another user's). "
+                              "HINT: its log names the addresses it refused; start the run again") from None
+            log.warning("%s closed rank %d's connection during the handshake (%s): trying again", name, rank, exc)
+            time.sleep(0.2 * 2 ** closed)
+            continue
+        except BaseException:
+            sock.close()
+            raise
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return wire.Channel(sock, session, server=False)
 
 
 def bind_address(own: str, peers: list[str] = (), resolve=socket.gethostbyname) -> str:

@@ -13,17 +13,23 @@ pipe, and the rank views the tensors in place (:func:`unpack`).
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import io
 import logging
 import pickle
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import cloudpickle
 import numpy as np
 import torch
 from torch import Tensor
 from torch_geometric.data import Data, HeteroData
+
+from hpcgnn import trust
+from hpcgnn.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +124,38 @@ def dumps(obj) -> bytes:
 def loads(data: bytes):
     """The object :func:`dumps` pickled, its mapped tensors mapped again here."""
     return _Unpickler(io.BytesIO(data)).load()
+
+
+RECIPES = "recipes"  # in the run folder: each trainer's recipe for its sampler servers (rank-<r>.pkl, mode 0600)
+
+
+def recipe_path(run_dir: str | Path, rank: int) -> Path:
+    return Path(run_dir) / RECIPES / f"rank-{int(rank)}.pkl"
+
+
+def publish(run_dir: str | Path, rank: int, data: bytes) -> str:
+    """A trainer's recipe for its sampler servers, put where they read it: the run folder, which the run's nodes
+    share and only its owner can write (:func:`hpcgnn.trust.owned_folder`). Returns its SHA-256, which the
+    trainer sends in its authenticated hello: a server never unpickles what a socket brings, only this file,
+    and only when it is the one the trainer meant."""
+    folder = recipe_path(run_dir, rank).parent
+    folder.mkdir(mode=0o700, exist_ok=True)
+    trust.owned_folder(folder, "the recipes folder", "use a run folder only you can write")
+    trust.write_own_file(recipe_path(run_dir, rank), data)
+    return hashlib.sha256(data).hexdigest()
+
+
+def fetch(run_dir: str | Path, rank: int, sha256: str) -> bytes:
+    """Rank ``rank``'s recipe as it published it (:func:`publish`); refused when the file is not the user's own,
+    or is not the one whose hash the trainer sent."""
+    path = recipe_path(run_dir, rank)
+    trust.owned_folder(Path(run_dir), "the run folder", "use a run folder only you can write")
+    trust.owned_folder(path.parent, "the recipes folder", "use a run folder only you can write")
+    data = trust.read_own_file(path, "the sampler recipe")
+    if not hmac.compare_digest(hashlib.sha256(data).hexdigest(), sha256):
+        raise ConfigError(f"the sampler recipe {path} is not the one rank {rank} published (its SHA-256 differs). "
+                          "HINT: two runs share this run folder, or it was changed: start the run again")
+    return data
 
 
 # ---------------------------------------------------------------------- batches through a shared slot

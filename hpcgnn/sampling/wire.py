@@ -1,0 +1,275 @@
+"""The bytes between a trainer and a sampler server: each message in a fixed, typed format, and every frame
+authenticated under the connection's own keys (:class:`hpcgnn.trust.Session`). Nothing here is unpickled.
+
+A frame, either way::
+
+    head     kind (u8), body bytes (u32), payload bytes (u64)           13 bytes
+    tag      HMAC-SHA256(key, "head" | seq | head)                      32 bytes: checked before anything is read
+                                                                                  or allocated by the sizes
+    body     the message's fields as JSON (plain values; tensors' places tagged, never code)
+    payload  raw bytes: an epoch's seeds, a batch's tensors (read straight into a slot)
+    tag      HMAC-SHA256(key, "frame" | seq | head | body | payload)    32 bytes
+
+``key`` is the direction's key of this connection (derived from both handshake nonces, the server's index and
+port and the trainer's rank), and ``seq`` counts the direction's frames from 0 and is never sent: a frame
+replayed, reordered, reflected, taken from another connection or altered fails its tag. A failed tag is
+:class:`Forged`: the reader drops the connection (a stream that lost a frame cannot be resynchronised).
+
+Sampler processes that a rank spawned itself, over pipes it made, keep pickling the same messages
+(:mod:`hpcgnn.sampling.procs`): no one else can write to those pipes.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import socket
+import struct
+from collections.abc import Callable
+from dataclasses import fields
+
+import numpy as np
+import torch
+
+import hpcgnn.sampling.messages as m
+from hpcgnn.sampling.distributed import CommStats
+from hpcgnn.sampling.shipping import Ref
+from hpcgnn.trust import Session
+
+_HEAD = struct.Struct("!BIQ")  # kind, body bytes, payload bytes
+_SEQ = struct.Struct("!Q")
+TAG = 32
+MAX_BODY = 64 * 2**20  # a body larger than this is refused (an epoch's seeds travel in the payload)
+MAX_PAYLOAD = 2**40  # ... a payload larger than this
+_DTYPES = {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}
+
+
+class Forged(Exception):
+    """A frame whose tag does not verify (a relay, a replay, an injection) or whose fields are not the
+    message's: the connection is dropped."""
+
+
+def recv_into(sock: socket.socket, view: memoryview) -> None:
+    """Fill ``view`` from ``sock`` (ConnectionError when the peer closes first)."""
+    while len(view):
+        n = sock.recv_into(view)
+        if n == 0:
+            raise ConnectionError("the peer closed the connection")
+        view = view[n:]
+
+
+# ---------------------------------------------------------------------- values inside a body
+
+
+def _encode(v):
+    """A batch's description (shipping.pack's) as JSON: containers and tensor places tagged, plain values as
+    they are; anything else is refused here, on the sending side."""
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return v
+    if isinstance(v, Ref):
+        return {"r": [v.offset, v.dtype, list(v.shape)]}
+    if isinstance(v, list):
+        return {"l": [_encode(x) for x in v]}
+    if isinstance(v, tuple):
+        return {"t": [_encode(x) for x in v]}
+    if isinstance(v, dict):
+        return {"d": [[_encode(k), _encode(x)] for k, x in v.items()]}
+    raise TypeError(f"a batch holds a {type(v).__name__}, which the sampler servers' wire does not carry")
+
+
+def _int(v, what: str, low: int = 0) -> int:
+    if type(v) is not int or v < low:
+        raise Forged(f"{what} is not an integer >= {low}: {v!r:.40}")
+    return v
+
+
+def _decode(v, depth: int = 0):
+    if depth > 32:
+        raise Forged("a batch's description nests too deep")
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return v
+    if not isinstance(v, dict) or len(v) != 1:
+        raise Forged(f"a batch's description holds {type(v).__name__}")
+    (tag, x), = v.items()
+    if not isinstance(x, list):
+        raise Forged(f"a batch's description holds a {tag!r} that is no list")
+    if tag == "r" and len(x) == 3 and x[1] in _DTYPES and isinstance(x[2], list):
+        return Ref(_int(x[0], "an offset"), x[1], tuple(_int(n, "a dimension") for n in x[2]))
+    if tag == "l":
+        return [_decode(e, depth + 1) for e in x]
+    if tag == "t":
+        return tuple(_decode(e, depth + 1) for e in x)
+    if tag == "d" and all(isinstance(kv, list) and len(kv) == 2 for kv in x):
+        return {_key(_decode(k, depth + 1)): _decode(e, depth + 1) for k, e in x}
+    raise Forged(f"a batch's description holds an unknown {tag!r}")
+
+
+def _key(k):
+    if isinstance(k, (str, int, tuple)) and not isinstance(k, bool):
+        return k
+    raise Forged(f"a batch's description has a key of {type(k).__name__}")
+
+
+def _fields(body: dict, kind: str, spec: dict) -> dict:
+    """``body``'s fields, each of its declared type (``spec``: name -> type, or a function that checks)."""
+    if not isinstance(body, dict) or set(body) != set(spec):
+        raise Forged(f"a {kind!r} message has fields {sorted(body) if isinstance(body, dict) else body!r:.80}")
+    out = {}
+    for name, check in spec.items():
+        v = body[name]
+        if isinstance(check, type):
+            if not (type(v) is check or (check is float and type(v) is int)):
+                raise Forged(f"a {kind!r} message's {name} is not {check.__name__}")
+        else:
+            v = check(v)
+        out[name] = v
+    return out
+
+
+def _group(v):
+    if v is None:
+        return None
+    return _fields(v, "hello", {"group_size": int, "master_addr": str, "master_port": int,
+                                "init_timeout_s": float, "timeout_s": float})
+
+
+def _seed_dtype(v):
+    if v not in ("int32", "int64"):
+        raise Forged(f"an epoch's seeds of dtype {v!r:.20}")
+    return np.dtype(v)
+
+
+def _delta(v):
+    if v is None:
+        return None
+    return CommStats(**_fields(v, "batch", {f.name: f.type if isinstance(f.type, type) else
+                                            {"int": int, "float": float}[f.type] for f in fields(CommStats)}))
+
+
+# ---------------------------------------------------------------------- the messages: (body, payload) each
+
+_KINDS = {m.Hello: 1, m.Ready: 2, m.Epoch: 3, m.Batch: 4, m.Free: 5, m.Stop: 6, m.Failed: 7}
+_BY_CODE = {code: cls for cls, code in _KINDS.items()}
+
+
+def encode(msg) -> tuple[bytes, memoryview | None]:
+    """A message's body and payload (an epoch's seeds; a batch's bytes are the caller's)."""
+    payload = None
+    if isinstance(msg, m.Hello):
+        body = {"rank": msg.rank, "recipe": msg.recipe, "depth": msg.depth, "group": msg.group}
+    elif isinstance(msg, m.Epoch):
+        dtype = np.dtype(msg.jobs[0][1].dtype if msg.jobs else np.int64)
+        seeds = [np.ascontiguousarray(s, dtype=dtype) for _, s in msg.jobs]
+        body = {"batch_seed": msg.batch_seed, "dtype": dtype.name,
+                "jobs": [[i, int(s.size)] for (i, _), s in zip(msg.jobs, seeds, strict=True)]}
+        payload = memoryview(np.concatenate(seeds) if seeds else np.empty(0, dtype)).cast("B")
+    elif isinstance(msg, m.Batch):
+        delta = None if msg.delta is None else {f.name: getattr(msg.delta, f.name) for f in fields(CommStats)}
+        body = {"index": msg.index, "meta": _encode(msg.meta), "delta": delta}
+    elif isinstance(msg, m.Free):
+        body = {"slot": msg.slot}
+    elif isinstance(msg, m.Failed):
+        body = {"index": msg.index, "line": msg.line, "trace": msg.trace}
+    elif isinstance(msg, (m.Ready, m.Stop)):
+        body = {}
+    else:
+        raise TypeError(f"{type(msg).__name__} does not travel to or from a sampler server")
+    return json.dumps(body, separators=(",", ":")).encode(), payload
+
+
+def decode(code: int, body: bytes, payload: memoryview | None):
+    """The message of kind ``code`` from its body and payload; :class:`Forged` when they are not its fields."""
+    cls = _BY_CODE.get(code)
+    if cls is None:
+        raise Forged(f"an unknown message kind {code}")
+    try:
+        b = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        raise Forged(f"a {cls.kind!r} message whose body is not JSON") from None
+    if cls is m.Hello:
+        return m.Hello(**_fields(b, "hello", {"rank": int, "recipe": str, "depth": int, "group": _group}))
+    if cls is m.Epoch:
+        f = _fields(b, "epoch", {"batch_seed": int, "dtype": _seed_dtype, "jobs": list})
+        counts = [(_int(j[0], "a batch index"), _int(j[1], "a seed count")) if isinstance(j, list) and len(j) == 2
+                  else (_int(None, "a job"), 0) for j in f["jobs"]]
+        if payload is not None and payload.nbytes % f["dtype"].itemsize:
+            raise Forged("an epoch's payload is not a whole number of seeds")
+        seeds = np.frombuffer(payload, dtype=f["dtype"]) if payload is not None else np.empty(0, f["dtype"])
+        if sum(n for _, n in counts) != seeds.size:
+            raise Forged("an epoch's seed counts do not add up to its payload")
+        ends = np.cumsum([0] + [n for _, n in counts])
+        return m.Epoch(f["batch_seed"], [(i, seeds[ends[k]:ends[k + 1]]) for k, (i, _) in enumerate(counts)])
+    if cls is m.Batch:
+        f = _fields(b, "batch", {"index": int, "meta": lambda v: _decode(v), "delta": _delta})
+        meta = f["meta"]
+        if not (isinstance(meta, tuple) and len(meta) == 2 and meta[0] in ("Data", "HeteroData")
+                and isinstance(meta[1], dict)):
+            raise Forged("a batch's description is not (kind, fields)")
+        return m.Batch(f["index"], meta, f["delta"])
+    if cls is m.Free:
+        return m.Free(**_fields(b, "free", {"slot": int}))
+    if cls is m.Failed:
+        return m.Failed(**_fields(b, "error", {"index": int, "line": str, "trace": str}))
+    return cls(**_fields(b, cls.kind, {}))
+
+
+# ---------------------------------------------------------------------- one end of an authenticated connection
+
+
+class Channel:
+    """One end of an authenticated connection: :meth:`send` and :meth:`receive` whole messages, each frame tagged
+    under this direction's key and counter (``server``: which end this is)."""
+
+    def __init__(self, sock: socket.socket, session: Session, server: bool):
+        self.sock, self.session = sock, session
+        self.send_key = session.to_trainer if server else session.to_server
+        self.recv_key = session.to_server if server else session.to_trainer
+        self.sent = self.received = 0
+
+    def send(self, msg, payload: memoryview | None = None) -> None:
+        """``msg``, with ``payload`` (a batch's bytes) after its own (an epoch's seeds)."""
+        body, own = encode(msg)
+        payload = own if payload is None else payload
+        nbytes = 0 if payload is None else payload.nbytes
+        head = _HEAD.pack(_KINDS[type(msg)], len(body), nbytes)
+        seq = _SEQ.pack(self.sent)
+        self.sent += 1
+        mac = hmac.new(self.send_key, b"frame" + seq + head + body, "sha256")
+        if nbytes:
+            mac.update(payload)
+        self.sock.sendall(head + hmac.new(self.send_key, b"head" + seq + head, "sha256").digest() + body)
+        if nbytes:
+            self.sock.sendall(payload)
+        self.sock.sendall(mac.digest())
+
+    def receive(self, slot: Callable[[int], torch.Tensor] | None = None):
+        """The next message. A batch's payload is read into ``slot(nbytes)`` (a uint8 tensor it returns), an
+        epoch's into memory of its own. Raises :class:`Forged` (drop the connection), ConnectionError, OSError."""
+        seq = _SEQ.pack(self.received)
+        self.received += 1
+        head = self._read(_HEAD.size + TAG)
+        head, tag = head[:_HEAD.size], head[_HEAD.size:]
+        if not hmac.compare_digest(tag, hmac.new(self.recv_key, b"head" + seq + head, "sha256").digest()):
+            raise Forged("a frame's head failed its tag")
+        code, n_body, n_payload = _HEAD.unpack(head)
+        if n_body > MAX_BODY or n_payload > MAX_PAYLOAD:
+            raise Forged(f"a frame of {n_body} + {n_payload} bytes")
+        body = self._read(n_body)
+        mac = hmac.new(self.recv_key, b"frame" + seq + head + body, "sha256")
+        payload = None
+        if n_payload:
+            if code == _KINDS[m.Batch] and slot is not None:
+                buf = slot(n_payload)
+                payload = memoryview(buf.numpy())[:n_payload]
+            else:
+                payload = memoryview(bytearray(n_payload))
+            recv_into(self.sock, payload)
+            mac.update(payload)
+        if not hmac.compare_digest(self._read(TAG), mac.digest()):
+            raise Forged("a frame failed its tag")
+        return decode(code, body, payload)
+
+    def _read(self, n: int) -> bytes:
+        buf = bytearray(n)
+        recv_into(self.sock, memoryview(buf))
+        return bytes(buf)
