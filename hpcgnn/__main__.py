@@ -37,6 +37,9 @@ FLAGS = {"-m": "multirun", "--multirun": "multirun", "--cfg": "cfg", "-c": "cfg"
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    from hpcgnn.trust import private_umask
+
+    private_umask()  # (run folders others cannot write, whatever the user's umask: hpcgnn.trust refuses those)
     if argv and argv[0] in SUBCOMMANDS:
         return importlib.import_module(SUBCOMMANDS[argv[0]]).main(argv[1:])
     flags = {FLAGS[a] for a in argv if a in FLAGS}

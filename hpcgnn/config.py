@@ -69,6 +69,7 @@ class DatasetConfig:
     kwargs: Dict[str, Any] = field(default_factory=dict)  # pyg: its keyword arguments (root: <dataset.root>/pyg/<Name> unless given)
     split_index: int = 0  # pyg: which split of masks that hold several (one column each, as WikiCS's)
     target_type: Optional[str] = None  # pyg_hetero: the node type whose labels are predicted (None: the one type with y)
+    trust_root: bool = False  # a dataset.root other users may write (a lab's shared folder): read it anyway (its pyg/ processed files are unpickled, its prepared graphs trained on)
     erase_types: bool = False  # typed datasets (synthetic_hetero, ogbn-mag, typed files, pyg_hetero): serve the homogeneous view, types erased (a baseline)
 
 
@@ -253,6 +254,7 @@ class PredictConfig:
     mode: str = "auto"  # auto (the run's own evaluation path) | full (exact, layer-wise) | sampled (the evaluation's batches)
     allow_other_graph: bool = False  # infer on a graph other than the run's (inductive), where its widths match
     pairs: Optional[str] = None  # scores: a .npy file of node pairs ([P, 2] or [2, P] ids) a link model scores
+    trust: bool = False  # the trained run's folder may be another user's, its model class outside hpcgnn and torch_geometric (hpcgnn predict RUN_DIR trust=true)
 
 
 def single_class(where: str) -> str:

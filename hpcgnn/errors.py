@@ -84,6 +84,14 @@ class Untrusted(UserError):
     exit_code = EXIT_FAILED
 
 
+class NotTrusted(UserError):
+    """A file or folder hpcgnn would load code or data from that another user owns or may write (ssh's rule for
+    ``~/.ssh``): a run folder, a model file, a data root, a lock. The message names it and the fix: make it
+    private, or say you trust it (``trust=true``, ``dataset.trust_root=true``). Exit code 2."""
+
+    kind = "not trusted"
+
+
 class PortTaken(UserError):
     """A port the run must listen on is held by another process; one line naming it, exit code 1."""
 

@@ -27,6 +27,7 @@ import socket
 import time
 from pathlib import Path
 
+from hpcgnn import trust
 from hpcgnn.errors import RunFolderBusy
 
 log = logging.getLogger(__name__)
@@ -47,10 +48,15 @@ class RunLock:
             self.fd = -1
 
 
-def _holder(path: Path) -> str:
+def _written(fd: int) -> dict:
+    """What the lock's holder wrote into it (read through the descriptor: the path may have been replaced)."""
+    return json.loads(os.pread(fd, 1 << 16, 0))
+
+
+def _holder(fd: int) -> str:
     """Who holds the lock, as it wrote itself down."""
     try:
-        info = json.loads(path.read_text())
+        info = _written(fd)
         since = datetime.datetime.fromtimestamp(info["started"]).strftime("%Y-%m-%d %H:%M:%S")
         job = f", job {info['job_id']}" if info.get("job_id") else ""
         return f"{info['who']} (pid {info['pid']} on {info['host']}{job}, since {since})"
@@ -63,11 +69,13 @@ def take(run_dir: str | Path, who: str, job_id: str = "") -> RunLock:
     another process holds it."""
     folder = Path(run_dir)
     folder.mkdir(parents=True, exist_ok=True)
+    trust.run_folder(folder)
     path = folder / LOCK_FILE
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = trust.open_own(path, "the run folder's lock", os.O_RDWR | os.O_CREAT)  # (a link, a FIFO: refused at once)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as exc:
+        holder, job = _holder(fd), job_id_of(fd)
         os.close(fd)
         if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
             # The file system keeps no locks (Lustre mounted without -o flock, some FUSE): nothing to hold.
@@ -75,9 +83,8 @@ def take(run_dir: str | Path, who: str, job_id: str = "") -> RunLock:
                         "apart. HINT: use a run folder on a file system with locks (Lustre: mounted with -o flock)",
                         folder, exc.strerror)
             return RunLock(path, -1)
-        hint = (f"wait for it to end, stop it (scancel {job_id_of(path)})" if job_id_of(path) else
-                "wait for it to end, stop it")
-        raise RunFolderBusy(f"the run folder {folder} is in use by {_holder(path)}. HINT: {hint}, or give this run "
+        hint = f"wait for it to end, stop it (scancel {job})" if job else "wait for it to end, stop it"
+        raise RunFolderBusy(f"the run folder {folder} is in use by {holder}. HINT: {hint}, or give this run "
                             "another folder (hydra.run.dir=...)") from None
     os.ftruncate(fd, 0)
     os.write(fd, json.dumps({"who": who, "pid": os.getpid(), "host": socket.gethostname(), "job_id": job_id,
@@ -85,9 +92,9 @@ def take(run_dir: str | Path, who: str, job_id: str = "") -> RunLock:
     return RunLock(path, fd)
 
 
-def job_id_of(path: Path) -> str:
+def job_id_of(fd: int) -> str:
     with contextlib.suppress(OSError, ValueError, AttributeError):
-        return str(json.loads(path.read_text()).get("job_id") or "")
+        return str(_written(fd).get("job_id") or "")
     return ""
 
 

@@ -159,7 +159,7 @@ def test_a_relational_user_model_trains_on_a_typed_graph_and_resumes_bitwise(tmp
     assert whole["model_class"] == "my_gnn.HeteroSAGE"
     mlp = train_here(*args[:-2], "model=mlp", run_dir=tmp_path / "mlp")
     assert whole["test"] > mlp["test"] + 0.05, (whole["test"], mlp["test"])
-    model = load_model(tmp_path / "whole")
+    model = load_model(tmp_path / "whole", trust_run=True)  # (the class is the user's own: trusted by name)
     assert type(model.model).__name__ == "HeteroSAGE" and model.target == "paper" and not model.training
     traced = train_here(*args[:-1], "model._target_=my_gnn.ResidualSAGE", run_dir=tmp_path / "traced")
     assert traced["model_class"] == "my_gnn.ResidualSAGE (relational by to_hetero)"
@@ -191,7 +191,7 @@ def test_a_user_model_trains_with_sampler_processes_and_resumes_bitwise(tmp_path
     source = REPO / "examples" / "my_gnn.py"
     assert whole["model_class"] == "my_gnn.ResidualSAGE" and whole["model_source"] == {
         "class": "my_gnn.ResidualSAGE", "file": str(source), "sha256": hashlib.sha256(source.read_bytes()).hexdigest()}
-    model = load_model(tmp_path / "whole")
+    model = load_model(tmp_path / "whole", trust_run=True)  # (the class is the user's own: trusted by name)
     assert type(model).__name__ == "ResidualSAGE" and not model.training
 
 

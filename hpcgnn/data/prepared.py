@@ -16,7 +16,7 @@ import numpy as np
 import hpcgnn.data.cache as cache
 import hpcgnn.data.link as link
 import hpcgnn.data.ooc as ooc
-from hpcgnn import env
+from hpcgnn import env, trust
 from hpcgnn.checks import ON_DISK, is_typed
 from hpcgnn.config import DatasetConfig
 from hpcgnn.data.files import (
@@ -102,8 +102,23 @@ def cache_folder(cfg: DatasetConfig) -> Path:
     return Path(cfg.root).expanduser() / "prepared" / f"{name}-{key[:12]}"
 
 
+def check_root(cfg: DatasetConfig) -> None:
+    """Refuse a data root, or its ``pyg/``, ``ogb/`` or ``prepared/``, that users other than you may write, unless
+    ``dataset.trust_root``: PyG's datasets unpickle their processed files, and a prepared graph replaced by another
+    user would train on their data."""
+    if cfg.trust_root:
+        return
+    root = Path(cfg.root).expanduser()
+    hint = ("use a data root only you can write (dataset.root=...), or dataset.trust_root=true for a root your lab "
+            "controls")
+    trust.owned_folder(root, "the data root", hint)
+    for sub in ("pyg", "ogb", "prepared"):
+        trust.owned_folder(root / sub, f"the data root's {sub}/", hint)
+
+
 def prepare(cfg: DatasetConfig, allow_download: bool = False) -> Path:
     """Build the graph (a link task: the link dataset) into the cache unless it is there; returns the folder."""
+    check_root(cfg)
     folder = cache_folder(cfg)
     if cache.is_complete(folder):
         return folder
@@ -291,6 +306,7 @@ def _save_no_labels(tmp: Path) -> None:
 
 def check_available(cfg: DatasetConfig) -> None:
     """Before submitting: fail now, not on a compute node, when the data cannot be there."""
+    check_root(cfg)
     if cfg.name == "files":
         files_folder(cfg)
     elif cfg.name in ("pyg", "pyg_hetero"):

@@ -14,11 +14,13 @@ are also part of every checkpoint, so a resumed run keeps the right ``best.pt`` 
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 
 import torch
 
-from hpcgnn.errors import UserError
+from hpcgnn import trust
+from hpcgnn.errors import NotTrusted, UserError
 
 FORMAT = 1
 FOLDER = "model"
@@ -85,20 +87,58 @@ def write(path: Path, record: dict) -> Path:
     return path
 
 
-def read(path: str | Path) -> dict:
-    """A model file's record (refused, naming the fix, when there is none or it is not hpcgnn's)."""
+TRUSTED = ("hpcgnn.", "torch_geometric.")  # a model file naming a class elsewhere is rebuilt only when trusted
+
+
+def read(path: str | Path, trusted: bool = False, how: str = "trust=true") -> dict:
+    """A model file's record (refused, naming the fix, when there is none or it is not hpcgnn's). Unless
+    ``trusted``, the file and its folders must be the user's own, and its class must be hpcgnn's or PyG's
+    (:func:`check_source`: ``how`` is the option that says it is trusted, named in the refusal)."""
     path = Path(path)
     if not path.is_file():
         raise ModelFileError(f"no model file {path}. HINT: a run keeps model/best.pt and model/last.pt from its first "
                              "evaluated epoch on; runs made before hpcgnn kept models have none")
+    if not trusted:
+        hint = f"copy the run into a folder of your own, or give {how} if you trust whoever wrote it"
+        trust.owned_folder(path.parent, "the model file's folder", hint)
+        os.close(trust.open_own(path, "the model file"))
     try:
         record = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # (a truncated or foreign file: torch's own error says which)
-        raise ModelFileError(f"{path} is not a model file hpcgnn can read ({type(exc).__name__}: {exc})") from None
+    except Exception as exc:  # (a truncated or foreign file: torch's own error, its first line, says which)
+        why = (str(exc).strip().splitlines() or [""])[0][:200]
+        raise ModelFileError(f"{path} is not a model file hpcgnn can read ({type(exc).__name__}: {why})") from None
     if not isinstance(record, dict) or record.get("format") != FORMAT or "state_dict" not in record:
         raise ModelFileError(f"{path} is not a model file of this hpcgnn (format {record.get('format')!r}, want "
                              f"{FORMAT})" if isinstance(record, dict) else f"{path} is not a model file of hpcgnn")
+    check_source(record.get("model") or {}, trusted, how, f"the model file {path}")
     return record
+
+
+def check_source(model: dict, trusted: bool, how: str, where: str) -> None:
+    """Before a model's class is imported (importing runs its module's code): refused unless it is hpcgnn's or
+    PyG's, or ``trusted``; and, trusted or not, unless its module is a file of an installed package path that
+    only its owner (the user, or root) can write."""
+    import importlib.util
+
+    target = model.get("_target_") if model.get("name") == "custom" else None
+    if not target:
+        return
+    if not isinstance(target, str) or not target.startswith(TRUSTED) and not trusted:
+        raise NotTrusted(f"{where} names the class {target}, outside hpcgnn and torch_geometric: rebuilding it "
+                               f"imports that module, which runs its code. HINT: give {how} if you trust the run and "
+                               "that module")
+    top = target.split(".")[0]
+    try:
+        spec = importlib.util.find_spec(top)
+    except (ImportError, ValueError):
+        spec = None
+    origin = spec.origin if spec is not None and spec.has_location else None
+    if origin is None:
+        raise NotTrusted(f"{where} names the class {target}, whose package {top} is no file of an installed "
+                               "package path here. HINT: install it (or put its folder on PYTHONPATH) where you load "
+                               "the model")
+    trust.owned_folder(Path(origin).parent, f"the folder of {top}", f"install {top} where only you (or root) can "
+                       "write")
 
 
 def rebuild(record: dict) -> torch.nn.Module:
@@ -120,10 +160,12 @@ def rebuild(record: dict) -> torch.nn.Module:
     return model.eval()
 
 
-def load_model(run_dir: str | Path, which: str = "best") -> torch.nn.Module:
+def load_model(run_dir: str | Path, which: str = "best", trust_run: bool = False) -> torch.nn.Module:
     """The model a run trained, as a ``torch.nn.Module`` on the CPU in eval mode: ``which="best"`` (the weights of
     the epoch summary.json reports) or ``"last"``; ``run_dir`` may also be a model file itself. Needs no SLURM,
-    no process group and no data: a notebook can call it.
+    no process group and no data: a notebook can call it. A run folder or model file another user owns or may
+    write, or a model whose class lives outside hpcgnn and torch_geometric, is loaded only with
+    ``trust_run=True`` (rebuilding a model imports its class's module).
 
     >>> model = hpcgnn.load_model("outputs/2026-11-26/10-00-00")   # doctest: +SKIP
     """
@@ -131,8 +173,11 @@ def load_model(run_dir: str | Path, which: str = "best") -> torch.nn.Module:
     if path.is_dir():
         if which not in WHICH:
             raise ModelFileError(f"which={which!r}: a run keeps {' and '.join(WHICH)}")
+        if not trust_run:
+            trust.run_folder(path, "copy the run into a folder of your own, or give trust_run=True if you trust "
+                                   "whoever wrote it")
         path = model_path(path, which)
-    return rebuild(read(path))
+    return rebuild(read(path, trust_run, "trust_run=True"))
 
 
 # ------------------------------------------------------------------------------ a plain PyG model file
@@ -179,9 +224,13 @@ def plain(record: dict) -> dict:
                                                   "dataset", "source")}}
 
 
-def export(run_dir: str | Path, which: str = "best", out: str | Path | None = None) -> Path:
+def export(run_dir: str | Path, which: str = "best", out: str | Path | None = None, trusted: bool = False) -> Path:
     """A run's model as a plain PyG file (:func:`plain`), ``RUN_DIR/model/<which>.plain.pt`` unless ``out``: load
-    it with torch and the class it names, no hpcgnn (docs/after-training.md shows the four lines)."""
+    it with torch and the class it names, no hpcgnn (docs/after-training.md shows the four lines). ``trusted``: a
+    run folder another user may have written (``hpcgnn export RUN_DIR trust=true``)."""
+    if Path(run_dir).is_dir() and not trusted:
+        trust.run_folder(run_dir, "copy the run into a folder of your own, or give trust=true if you trust whoever "
+                                  "wrote it")
     path = model_path(run_dir, which) if Path(run_dir).is_dir() else Path(run_dir)
     target = Path(out) if out is not None else path.with_suffix(".plain.pt")
-    return write(target, plain(read(path)))
+    return write(target, plain(read(path, trusted)))

@@ -16,7 +16,7 @@ from pathlib import Path
 import submitit
 import torch
 
-from hpcgnn import dist, process
+from hpcgnn import dist, process, trust
 from hpcgnn.config import RunConfig
 from hpcgnn.dist import pick_device, process_group
 from hpcgnn.env import RankEnv, check_allocation
@@ -34,6 +34,8 @@ def run_rank(cfg: RunConfig, environ: Mapping[str, str]) -> dict:
     try:
         env = RankEnv.from_environ(environ, (cfg.dist.port_min, cfg.dist.port_max), cfg.dist.master_port)
         _setup_logging(env)
+        trust.private_umask()
+        trust.run_folder(cfg.run_dir)  # (its checkpoints and config are loaded: refused if another user may write it)
         if cfg.cluster is not None:  # without a cluster file, the layout is whatever started us
             c = cfg.cluster
             check_allocation(env, c.nodes, c.tasks_per_node, c.gpus_per_node,

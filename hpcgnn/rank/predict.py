@@ -57,7 +57,7 @@ def predict(cfg: RunConfig, env: RankEnv, device: torch.device) -> dict:
 
     t_start = time.perf_counter()
     p = cfg.predict
-    record = saved.read(p.model_file)
+    record = saved.read(p.model_file, p.trust)
     precision, _ = resolve_precision(cfg.train.precision, device)
     store = open_store(cfg, env, device)
     check_graph(record, store.shape, cfg)

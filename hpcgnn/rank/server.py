@@ -42,7 +42,13 @@ def main(argv: list[str] | None = None) -> int:
     from hpcgnn.sampling.server import bind_address, trainers_of
 
     argv = sys.argv[1:] if argv is None else argv
-    cfg = pickle.loads(Path(argv[0]).read_bytes())  # (written by the submitting side, in the run's own folder)
+    trust.private_umask()
+    try:
+        trust.run_folder(Path(argv[0]).parent.parent)  # (the config below is a pickle in the run's submitit/)
+        cfg = pickle.loads(trust.read_own_file(argv[0], "the servers' config"))
+    except UserError as exc:
+        print(describe(exc), file=sys.stderr, flush=True)
+        return exc.exit_code
     process.ignore_signals(signal.SIGUSR1, signal.SIGUSR2)  # the trainers' preemption signal: theirs to act on
     environ = env.current()
     index, port = env.this_server(environ, (cfg.dist.port_min, cfg.dist.port_max))

@@ -12,15 +12,15 @@ def main(argv: list[str]) -> int:
         print(__doc__.strip())
         return 0 if argv else 2
     try:
-        options = {"which": "best", "out": None}
+        options = {"which": "best", "out": None, "trust": "false"}
         for arg in argv[1:]:
             key, eq, value = arg.partition("=")
-            if not eq or key not in options:
-                raise PredictError(f"hpcgnn export takes which=best|last and out=FILE; got {arg!r}")
+            if not eq or key not in options or key == "trust" and value not in ("true", "false"):
+                raise PredictError(f"hpcgnn export takes which=best|last, out=FILE and trust=true|false; got {arg!r}")
             options[key] = value
         from hpcgnn.models.saved import export
 
-        path = export(argv[0], options["which"], options["out"])
+        path = export(argv[0], options["which"], options["out"], options["trust"] == "true")
         print(f"exported: {path}")
         return 0
     except UserError as exc:

@@ -63,11 +63,11 @@ def write_servers_config(cfg: RunConfig, folder: Path) -> Path:
     """The run's config where the servers read it (``python -m hpcgnn.rank.server PATH``)."""
     import pickle
 
+    from hpcgnn.trust import write_own_file
+
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / SERVERS_PICKLE
-    tmp = path.with_suffix(".tmp")
-    tmp.write_bytes(pickle.dumps(cfg))
-    tmp.replace(path)
+    write_own_file(path, pickle.dumps(cfg))  # (0600: read back only when the run folder is the user's own)
     return path
 
 

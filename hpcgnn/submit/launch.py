@@ -28,7 +28,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from hpcgnn import checks, env, runlock
+from hpcgnn import checks, env, runlock, trust
 from hpcgnn.config import RunConfig
 from hpcgnn.failures import set_aside_failures
 from hpcgnn.io import atomic_open
@@ -81,6 +81,7 @@ def new_attempt(cfg: RunConfig, mode: str) -> Iterator[None]:
 
 
 def _start(cfg: RunConfig, mode: str, overrides) -> int:
+    trust.run_folder(cfg.run_dir)  # (a folder another user owns or may write: refused before anything is read)
     record_config(cfg, overrides)
     run_secret(cfg.run_dir)  # made here, by the user who starts the run (hpcgnn.trust); refused if others can read it
     check_data_on_disk(cfg.dataset)

@@ -6,7 +6,8 @@ mode, writing every node of a split (predictions, or embeddings) as memory-mappa
     hpcgnn predict RUN_DIR launch.procs=4           on 4 local ranks (+cluster=NAME: submitted, as training)
     hpcgnn predict LINK_RUN pairs=PAIRS.npy         a link model's scores of node pairs ([P, 2] or [2, P] ids)
 
-Options: which=best|last (the model file: the best validation epoch's, or the last step's), split=test|val|
+Options: which=best|last (the model file: the best validation epoch's, or the last step's), trust=true (a run
+folder another user owns or may write, or a model class outside hpcgnn and torch_geometric), split=test|val|
 train|all, what=predictions|embeddings (--embeddings), mode=auto|full|sampled (auto: the run's own evaluation
 path; full: exact layer-wise inference), pairs=FILE.npy (a link model: score these pairs), out=DIR (default
 RUN_DIR/predict/<what>-<split>-<which>),
@@ -23,10 +24,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from hpcgnn import trust
 from hpcgnn.env import full_error
 from hpcgnn.errors import PredictError, UserError, report
 
-OPTIONS = ("which", "split", "what", "mode", "out", "pairs")
+OPTIONS = ("which", "split", "what", "mode", "out", "pairs", "trust")
 FLAGS = {"--embeddings": ("what", "embeddings"), "--allow-other-graph": ("allow_other_graph", "true")}
 DROPPED = ("hydra.", "debug.", "predict.")  # a run's overrides that a prediction job does not replay
 
@@ -92,9 +94,15 @@ def compose_prediction(argv: list[str]):
     run, o, overrides = parse(argv)
     if o["which"] not in WHICH:
         raise PredictError(f"which={o['which']}: a run keeps {' and '.join(WHICH)}")
+    if o.get("trust", "false") not in ("true", "false"):
+        raise PredictError(f"trust={o['trust']}: true or false")
+    trusted = o.get("trust") == "true"
+    if not trusted:  # (its overrides are replayed, its model file read: another user's could run code as you)
+        trust.run_folder(run, "copy the run into a folder of your own, or give trust=true if you trust whoever wrote "
+                              "it")
     replay = run_overrides(run)
     path = model_path(run, o["which"])
-    record = read(path)  # (a run without it, or a file that is not hpcgnn's: one line naming it)
+    record = read(path, trusted)  # (a run without it, or a file that is not hpcgnn's: one line naming it)
     link = record["task"] == "link"  # (its output: every node's embedding, or the scores of pairs)
     o = {"what": "scores" if "pairs" in o else "embeddings" if link else "predictions",
          "split": "all" if link else "test", **o}
@@ -106,6 +114,7 @@ def compose_prediction(argv: list[str]):
     composed = compose([*replay, *overrides, f"predict.model_file={quoted(path.resolve())}",
                         f"predict.what={o['what']}", f"predict.split={o['split']}", f"predict.mode={o['mode']}",
                         f"predict.allow_other_graph={o.get('allow_other_graph', 'false')}",
+                        f"predict.trust={'true' if trusted else 'false'}",
                         f"hydra.run.dir={quoted(out)}",
                         *([f"predict.pairs={quoted(Path(o['pairs']).expanduser().resolve())}"] if "pairs" in o else [])])
     from hpcgnn.rank.predict import check_request, same_graph

@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from hpcgnn import trust
 from hpcgnn.config import RunConfig
 from hpcgnn.errors import EXIT_USER_ERROR
 from hpcgnn.io import write_json
@@ -39,6 +40,7 @@ class SweepMember:
 
 def write_manifest(sweep_dir: Path, members: list[SweepMember], cluster: str | None) -> Path:
     sweep_dir.mkdir(parents=True, exist_ok=True)
+    trust.run_folder(sweep_dir, "use a sweep folder of your own (hydra.sweep.dir=...)")
     data = {"created": time.strftime("%Y-%m-%d %H:%M:%S"), "cluster": cluster, "command": sys.argv,
             "members": [{"member": m.num, "overrides": m.overrides, "run_dir": m.cfg.run_dir, "job_id": m.job_id,
                          "state": m.state} for m in members]}

@@ -1,0 +1,307 @@
+"""Trust against a sharper attacker (issue 54): the handshake bound to its server and trainer, every frame after it
+tagged, nothing unpickled from a socket, and no denial of service by idle, slow or flooding peers.
+
+The attacker is another user of the cluster: they can connect to any port, bind a port of the run first (it is
+derived from the public job id), and relay bytes between two of the run's ports. They cannot read the run folder.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from conftest import DATA_ROOT, TINY, summary_of
+
+from hpcgnn import trust
+from hpcgnn.errors import SamplerFailed, Untrusted
+from hpcgnn.sampling import messages as m
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class _Marker:
+    """Unpickling this creates ``path``: what an outsider's pickle would do to whoever loads it."""
+
+    def __init__(self, path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        return open, (self.path, "w")
+
+
+def _pickle_frame(marker) -> bytes:
+    import pickle
+
+    payload = pickle.dumps(("hello", 0, _Marker(marker), 1, None))
+    return len(payload).to_bytes(8, "big") + (0).to_bytes(8, "big") + payload  # the servers' framing before
+
+
+@contextlib.contextmanager
+def _server(tmp_path, index: int = 0, port: int | None = None, idle_s: float = 3.0):
+    """A sampler server in a thread of this process on a loopback port, waiting for one trainer (none comes: it
+    gives up after ``idle_s``); yields (port, key). Its log goes to the test's caplog."""
+    import torch
+
+    from hpcgnn.sampling.server import run_server
+
+    port, key, threads = port or _free_port(), os.urandom(32), torch.get_num_threads()
+    ended: list = []
+    run_dir = tmp_path / f"run{index}"
+
+    def serve():
+        try:
+            run_server(index, port, 1, threads, str(run_dir), key, host="127.0.0.1", idle_s=idle_s)
+        except SamplerFailed as exc:
+            ended.append(exc)
+
+    logging.getLogger("hpcgnn").propagate = True
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    deadline = time.monotonic() + 10
+    while not (run_dir / "metrics" / f"sampler-server-{index}.json").exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    try:
+        yield port, key
+    finally:
+        t.join(idle_s + 30)
+        torch.set_num_threads(threads)
+    assert ended and f"no trainer for {idle_s:.0f} s" in str(ended[0])  # it served on after every refused peer
+
+
+def _relay(listen_port: int, target_port: int, stop: threading.Event, rewrite=None, inject: bytes = b""):
+    """Another user's relay: it holds ``listen_port`` and passes every connection's bytes both ways to
+    ``target_port`` (``rewrite(greeting)``: what it passes on of the target's first bytes); once the trainer has
+    answered, it injects ``inject`` towards the target."""
+    listener = socket.create_server(("127.0.0.1", listen_port))
+    listener.settimeout(0.2)
+
+    def pipe(a: socket.socket, b: socket.socket, first=None, after=None):
+        with contextlib.suppress(OSError):
+            data = a.recv(1 << 16)
+            if first is not None and data:
+                data = first(data)
+            while data:
+                b.sendall(data)
+                if after is not None:
+                    after()
+                    after = None
+                data = a.recv(1 << 16)
+        with contextlib.suppress(OSError):
+            b.shutdown(socket.SHUT_WR)
+
+    def run():
+        with listener:
+            while not stop.is_set():
+                try:
+                    conn, _ = listener.accept()
+                except TimeoutError:
+                    continue
+                up = socket.create_connection(("127.0.0.1", target_port))
+                threading.Thread(target=pipe, args=(up, conn, rewrite), daemon=True).start()
+                threading.Thread(target=pipe, args=(conn, up, None, lambda: up.sendall(inject) if inject else None),
+                                 daemon=True).start()
+
+    threading.Thread(target=run, daemon=True).start()
+
+
+def _as(index: int, port: int):
+    def rewrite(greeting: bytes) -> bytes:
+        n = len(trust.MAGIC) + trust.NONCE
+        return greeting[:n] + index.to_bytes(4, "big") + port.to_bytes(4, "big") + greeting[n + 8:]
+    return rewrite
+
+
+@pytest.mark.parametrize("rewrites", [False, True], ids=["passes-through", "rewrites-the-greeting"])
+def test_a_relay_to_another_of_the_runs_servers_fails_the_handshake_and_nothing_is_unpickled(rewrites, tmp_path,
+                                                                                              caplog):
+    """Server 0 listens; an outsider holds server 1's port and relays what the trainer sends there to server 0
+    (unchanged, or claiming to be server 1), then injects a pickle. Both proofs were bound to neither server nor
+    connection before: the outsider's pickles ran as the run's owner in server 0 and the trainer."""
+    from hpcgnn.sampling import server
+
+    caplog.set_level(logging.INFO, logger="hpcgnn")
+    marker, stop = tmp_path / "owned", threading.Event()
+    with _server(tmp_path, index=0) as (port0, key):
+        port1 = _free_port()
+        _relay(port1, port0, stop, _as(1, port1) if rewrites else None, inject=_pickle_frame(marker))
+        try:
+            with pytest.raises(Untrusted, match=rf"sampler server 1 at 127.0.0.1:{port1} (greeted as sampler server 0 "
+                                                rf"on port {port0}|failed the run's handshake: it refused this rank's "
+                                                rf"proof): the process listening on port {port1} of 127.0.0.1 is not "
+                                                r"this run's .* or relay it to another of the run's servers"):
+                server._connect("127.0.0.1", port1, 1, 30, key, tmp_path, 0)
+            time.sleep(0.5)
+        finally:
+            stop.set()
+    assert not marker.exists()
+    if rewrites:
+        assert any(re.search(r"refused a connection from 127\.0\.0\.1:\d+: it does not know the run's secret, or "
+                             r"proved it to another server \(a relay\)", r.getMessage()) for r in caplog.records)
+
+
+def _handshaken(port: int, key: bytes, rank: int = 0):
+    from hpcgnn.sampling import wire
+
+    sock = socket.create_connection(("127.0.0.1", port))
+    return wire.Channel(sock, trust.connect(sock, key, "sampler server 0", 0, port, rank), server=False)
+
+
+def _dropped(sock: socket.socket) -> bool:
+    sock.settimeout(10)
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+
+
+class _Tape:
+    """A socket stand-in that keeps what is sent on it."""
+
+    def __init__(self):
+        self.data = bytearray()
+
+    def sendall(self, b) -> None:
+        self.data += bytes(b)
+
+
+def test_a_frame_that_fails_its_tag_is_dropped_with_one_line(tmp_path, caplog):
+    from hpcgnn.sampling import wire
+
+    caplog.set_level(logging.INFO, logger="hpcgnn")
+    hello = m.Hello(0, "0" * 64, 2, None)
+    with _server(tmp_path) as (port, key):
+        # a frame altered on the way (its last byte)
+        c = _handshaken(port, key)
+        tape = _Tape()
+        wire.Channel(tape, c.session, server=False).send(hello)
+        c.sock.sendall(bytes(tape.data[:-1]) + bytes([tape.data[-1] ^ 1]))
+        assert _dropped(c.sock)
+        c.sock.close()
+        # a frame of another connection, replayed on this one (the same server, rank and secret)
+        c = _handshaken(port, key)
+        c.sock.sendall(bytes(tape.data))
+        assert _dropped(c.sock)
+        c.sock.close()
+        # a frame whose head claims another size
+        c = _handshaken(port, key)
+        tape = _Tape()
+        wire.Channel(tape, c.session, server=False).send(hello)
+        forged = bytearray(tape.data)
+        forged[1:5] = (2**31).to_bytes(4, "big")
+        c.sock.sendall(bytes(forged))
+        assert _dropped(c.sock)
+        c.sock.close()
+    dropped = [r.getMessage() for r in caplog.records if "dropped the connection" in r.getMessage()]
+    assert len(dropped) == 3, dropped
+    assert all(re.search(r"sampler server 0 on \S+ \(from 127\.0\.0\.1:\d+\): dropped the connection of rank 0: a "
+                         r"frame('s head)? failed its tag \(a relay, a replay or an injection\)", d) for d in dropped)
+
+
+def test_messages_cross_the_wire_as_typed_fields_and_a_foreign_type_is_refused():
+    import numpy as np
+
+    from hpcgnn.sampling import wire
+    from hpcgnn.sampling.distributed import CommStats
+    from hpcgnn.sampling.shipping import Ref
+
+    meta = ("HeteroData", {"paper": {"x": Ref(0, "float32", (3, 4)), "n_id": Ref(64, "int64", (3,))},
+                           ("paper", "cites", "paper"): {"edge_index": Ref(128, "int64", (2, 5))}, "batch_size": 3,
+                           "sizes": [1, 2], "pair": (1.5, None, "a")})
+    cases = [m.Hello(3, "ab" * 32, 2, {"group_size": 2, "master_addr": "n1", "master_port": 29500,
+                                      "init_timeout_s": 60.0, "timeout_s": 30.0}),
+             m.Ready(), m.Free(1), m.Stop(), m.Failed(4, "ValueError: x", "trace"),
+             m.Batch(7, meta, CommStats(batches=1, comm_s=0.5)), m.Batch(8, ("Data", {"x": Ref(0, "bfloat16", (0,))}))]
+    for msg in cases:
+        body, payload = wire.encode(msg)
+        assert payload is None and wire.decode(wire._KINDS[type(msg)], body, None) == msg
+    epoch = m.Epoch(11, [(0, np.array([5, 1, 9])), (1, np.array([], dtype=np.int64)), (2, np.array([2]))])
+    body, payload = wire.encode(epoch)
+    back = wire.decode(wire._KINDS[m.Epoch], body, memoryview(bytearray(payload)))
+    assert back.batch_seed == 11 and [(i, s.tolist()) for i, s in back.jobs] == [(0, [5, 1, 9]), (1, []), (2, [2])]
+    with pytest.raises(TypeError, match="a batch holds a object, which the sampler servers' wire does not carry"):
+        wire.encode(m.Batch(0, ("Data", {"x": object()})))
+    for code, body in [(1, b'{"rank": 0}'), (4, b'{"index": 0, "meta": {"py/object": "os.system"}, "delta": null}'),
+                       (4, b'{"index": 0, "meta": {"t": ["Data", {"d": [["x", {"r": [0, "object", [1]]}]]}]}, '
+                           b'"delta": null}'), (5, b'{"slot": true}'), (99, b"{}"), (2, b"\x80")]:
+        with pytest.raises(wire.Forged):
+            wire.decode(code, body, None)
+
+
+# ------------------------------------------------------------------ denial of service
+
+
+def test_slow_and_silent_peers_hold_up_no_one_and_meet_one_deadline(tmp_path, caplog, monkeypatch):
+    """300 connections that say nothing, or a byte now and then: the trainer's handshake passes at once among
+    them, each of them is closed at the handshake's deadline (one for the whole exchange, not one per read),
+    and the refusals are logged at most once a second per address."""
+    monkeypatch.setattr(trust, "HANDSHAKE_S", 1.5)
+    caplog.set_level(logging.INFO, logger="hpcgnn")
+    with _server(tmp_path) as (port, key):
+        idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(300)]
+        t0 = time.monotonic()
+        c = _handshaken(port, key)  # among them, at once
+        assert time.monotonic() - t0 < 1.0
+        c.sock.close()
+        trickle = socket.create_connection(("127.0.0.1", port))
+        trickle.settimeout(10)
+        t0, closed_after = time.monotonic(), None
+        assert trickle.recv(len(trust.MAGIC)) == trust.MAGIC
+        with contextlib.suppress(OSError):
+            for _ in range(20):  # a byte every 0.4 s, each within any per-read limit
+                trickle.sendall(b"x")
+                time.sleep(0.4)
+        closed_after = time.monotonic() - t0
+        assert closed_after < 1.5 + 1.0, closed_after
+        for s in idle:
+            s.close()
+    refused = [r.getMessage() for r in caplog.records if "refused a connection" in r.getMessage()]
+    assert 1 <= len(refused) <= 4, refused  # 301 refusals, from one address, in about 2 s
+    assert any(re.search(r"\(and \d+ more from 127\.0\.0\.1 since the last line\)", r) for r in refused), refused
+
+
+@pytest.mark.slow
+def test_a_run_completes_past_a_flood_of_slow_connections_and_its_end_waits_for_none(tmp_path):
+    """64 connections that trickle a byte a second are opened as the server starts listening, before the
+    trainer's; more keep coming. Before: they filled the server's handshake slots, the trainer's connection was
+    closed unread and the run failed, 'security'. Now the run ends as without them, not waiting for any."""
+    port = _free_port()
+    args = [*TINY, "launch.procs=1", "train.num_threads=1", "metrics.tensorboard=false", f"dataset.root={DATA_ROOT}",
+            "launch.sampler_servers=1", f"debug.server_port={port}", f"hydra.run.dir={tmp_path / 'run'}"]
+    stop, socks = threading.Event(), []
+
+    def flood():
+        while not stop.is_set() and len(socks) < 64:
+            try:
+                socks.append(socket.create_connection(("127.0.0.1", port), timeout=0.2))
+            except OSError:
+                time.sleep(0.01)
+        while not stop.wait(1.0):
+            for s in list(socks):
+                with contextlib.suppress(OSError):
+                    s.send(b"x")
+            with contextlib.suppress(OSError):
+                socks.append(socket.create_connection(("127.0.0.1", port), timeout=0.2))
+
+    threading.Thread(target=flood, daemon=True).start()
+    try:
+        res = subprocess.run([sys.executable, "-m", "hpcgnn", *args], cwd=tmp_path, capture_output=True, text=True,
+                             timeout=240, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    finally:
+        stop.set()
+        for s in socks:
+            s.close()
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert len(socks) >= 64
+    assert summary_of(tmp_path)["param_checksums"]
