@@ -32,6 +32,19 @@ class OptionalKernels(build_ext):
         except Exception:  # (a compiler error of any kind: retry once without F16C)
             ext.define_macros = [*ext.define_macros, ("HPCGNN_NO_F16C", None)]
             super().build_extension(ext)
+        # its SHA-256 beside it, in the package: the library is checked against it before it is loaded
+        built = Path(self.get_ext_fullpath(ext.name))
+        if built.is_file():
+            kernels.record_hash(built)
+
+    def copy_extensions_to_source(self):
+        """An editable install's library, copied beside the sources, with its record."""
+        super().copy_extensions_to_source()
+        build_py = self.get_finalized_command("build_py")
+        for ext in self.extensions:
+            inplace, _ = self._get_inplace_equivalent(build_py, ext)
+            if Path(inplace).is_file():
+                kernels.record_hash(Path(inplace))
 
 
 setup(

@@ -440,7 +440,10 @@ def kernels_with(monkeypatch, tmp_path, caplog):
 
 @needs_cc
 def test_4_a_library_planted_in_the_package_is_refused_and_the_sources_own_used(kernels_with, tmp_path):
+    from hpcgnn.sampling.kernels import sources
+
     planted = _cc(tmp_path, "planted", "long hpcgnn_hop_plan(void) { return 0; }\n")
+    sources.record_hash(planted)  # (planted with its hash: the symbols still tell)
     lib, said = kernels_with(packaged=planted)
     assert lib is not None and len(said) == 1, said
     assert re.search(rf"the installed library {planted} is not this source's \(it lacks hpcgnn_hop_fill, .*\): not "
@@ -462,6 +465,8 @@ def test_4_a_wrong_library_in_the_cache_is_never_used(kind, kernels_with, tmp_pa
            .read_bytes(), "lying": lambda: _lying(tmp_path).read_bytes(), "truncated": lambda: good[: len(good) // 2]}
     path.unlink()
     path.write_bytes(bad[kind]())
+    if kind != "truncated":  # (with its hash recorded, as its builder would: what is inside still tells)
+        build.sources.record_hash(path)
     lib, said = kernels_with(cache=cache)
     assert lib is not None and len(said) == 1, said
     why = {"stale": r"built from source 0123456789abcdef, not this one", "lying": r"its row gather does not copy the "

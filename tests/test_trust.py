@@ -305,3 +305,138 @@ def test_a_run_completes_past_a_flood_of_slow_connections_and_its_end_waits_for_
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert len(socks) >= 64
     assert summary_of(tmp_path)["param_checksums"]
+
+
+# ------------------------------------------------------------------ what another user may have written
+
+NOBODY = 65534  # another user of the machine (the tests run as root, who may give a file away)
+
+
+def _cli(capsys, *argv: str) -> tuple[int, list[str]]:
+    from hpcgnn.__main__ import main
+
+    code = main(list(argv))
+    return code, capsys.readouterr().err.strip().splitlines()
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="giving a folder to another user takes root")
+@pytest.mark.parametrize("how", ["mode-0777", "another-owner", "group-writable-checkpoints"])
+def test_a_run_folder_another_user_may_write_is_refused_before_anything_is_read(how, tmp_path, capsys):
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    if how == "mode-0777":
+        run.chmod(0o777)
+    elif how == "another-owner":
+        os.chown(run, NOBODY, NOBODY)
+    else:
+        (run / "checkpoints").chmod(0o775)
+    code, lines = _cli(capsys, *TINY, "launch.procs=1", f"dataset.root={DATA_ROOT}", f"hydra.run.dir={run}")
+    assert code == 2 and len(lines) == 1, lines
+    assert re.match(rf"hpcgnn: not trusted: the run folder('s checkpoints/)? {re.escape(str(run))}\S* (belongs to another "
+                    rf"user \(uid {NOBODY}\)|can be written by others \(mode 0(777|775)\)).* HINT: .*use a run folder "
+                    r"of your own \(hydra.run.dir=...\)", lines[0]), lines[0]
+    assert not (run / ".secret").exists() and not (run / ".hydra").exists()
+
+
+@pytest.mark.parametrize("name", [".lock", ".secret"])
+@pytest.mark.parametrize("kind", ["symlink", "fifo"])
+def test_a_lock_or_secret_that_is_a_link_or_a_fifo_is_refused_at_once(name, kind, tmp_path):
+    from hpcgnn import runlock
+    from hpcgnn.errors import ConfigError, NotTrusted
+
+    run, target = tmp_path / "run", tmp_path / "precious"
+    run.mkdir()
+    target.write_text("keep me")
+    if kind == "symlink":
+        (run / name).symlink_to(target)
+    else:
+        os.mkfifo(run / name)
+    done: list = []
+
+    def attempt():
+        try:
+            runlock.take(run, "a test") if name == ".lock" else trust.run_secret(run)
+        except (ConfigError, NotTrusted) as exc:
+            done.append(exc)
+
+    t = threading.Thread(target=attempt, daemon=True)
+    t.start()
+    t.join(10)
+    assert done, "it hung"  # (a FIFO opened for reading waits for a writer)
+    assert re.search(r"(cannot (open|read)|is not a plain file).* HINT: .*(plain file of yours|planted)", str(done[0])), done
+    assert target.read_text() == "keep me"  # (the lock's JSON was written through the link before)
+
+
+def _train_a_run(folder):
+    from conftest import train_here
+
+    return train_here(*TINY, "train.epochs=1", f"dataset.root={DATA_ROOT}", "metrics.tensorboard=false",
+                      run_dir=folder)
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="giving a folder to another user takes root")
+def test_predict_on_a_run_folder_of_another_user_is_refused_without_trust(tmp_path, capsys):
+    """A colleague's run folder whose overrides.yaml was crafted to run a command: predict replayed it."""
+    from omegaconf import OmegaConf
+
+    run, marker = tmp_path / "theirs", tmp_path / "owned"
+    _train_a_run(run)
+    record = run / ".hydra" / "overrides.yaml"
+    OmegaConf.save(OmegaConf.create([*OmegaConf.load(record), "dataset=pyg", "dataset._target_=os.system",
+                                     f"+dataset.kwargs.command='touch {marker}'"]), record)
+    for path in [run, *run.rglob("*")]:
+        os.chown(path, NOBODY, NOBODY, follow_symlinks=False)
+    code, lines = _cli(capsys, "predict", str(run))
+    assert code == 2 and len(lines) == 1, lines
+    assert re.match(rf"hpcgnn: not trusted: the run folder {re.escape(str(run))} belongs to another user \(uid "
+                    rf"{NOBODY}\).* HINT: copy the run into a folder of your own, or give trust=true if you trust "
+                    "whoever wrote it", lines[0]), lines[0]
+    assert not marker.exists()
+
+
+def test_load_model_imports_no_class_outside_hpcgnn_and_pyg_without_trust(tmp_path, capsys):
+    """A model file naming ``this.Nothing``: loading it printed the Zen of Python (importing ``this``)."""
+    import torch
+
+    from hpcgnn import load_model
+    from hpcgnn.errors import NotTrusted
+    from hpcgnn.models import saved
+
+    run = tmp_path / "run"
+    _train_a_run(run)
+    path = saved.model_path(run, "best")
+    record = torch.load(path, weights_only=True)
+    record["model"] = {**record["model"], "name": "custom", "_target_": "this.Nothing"}
+    saved.write(path, record)
+    capsys.readouterr()
+    with pytest.raises(NotTrusted, match=r"names the class this.Nothing, outside hpcgnn and torch_geometric: rebuilding "
+                                         r"it imports that module, which runs its code. HINT: give trust_run=True"):
+        load_model(run)
+    assert "Beautiful is better than ugly" not in capsys.readouterr().out
+    record["model"]["_target_"] = "hpcgnn_test_nowhere.Net"
+    saved.write(path, record)
+    with pytest.raises(NotTrusted, match=r"whose package hpcgnn_test_nowhere is no file of an installed package path"):
+        load_model(run, trust_run=True)
+
+
+@pytest.mark.parametrize("where", ["root", "pyg"])
+def test_a_data_root_others_may_write_is_refused_for_a_pyg_dataset(where, tmp_path, capsys):
+    """PyG's datasets unpickle their processed files (pre_transform.pt with weights_only=False): another user who can
+    write the root plants one."""
+    from conftest import make_config
+
+    from hpcgnn.data import prepare
+    from hpcgnn.errors import NotTrusted
+
+    root = tmp_path / "shared"
+    (root / "pyg").mkdir(parents=True)
+    (root if where == "root" else root / "pyg").chmod(0o777)
+    args = ["dataset=pyg", "dataset._target_=torch_geometric.datasets.FakeDataset", f"dataset.root={root}"]
+    name = "the data root" if where == "root" else "the data root's pyg/"
+    with pytest.raises(NotTrusted, match=rf"{name} {re.escape(str(root))}\S* can be written by others \(mode 0777\).* "
+                                         r"HINT: .*use a data root only you can write \(dataset.root=...\), or "
+                                         r"dataset.trust_root=true for a root your lab controls"):
+        prepare(make_config(*args).dataset)
+    code, lines = _cli(capsys, *args, "launch.procs=1", f"hydra.run.dir={tmp_path / 'run'}")
+    assert code == 2 and len(lines) == 1 and lines[0].startswith(f"hpcgnn: not trusted: {name} "), lines
+    assert prepare(make_config(*args, "dataset.trust_root=true", "+dataset.kwargs.num_graphs=1").dataset).is_dir()

@@ -100,13 +100,21 @@ def source_hash() -> str:
 
 
 def check_file(path: Path) -> None:
-    """Refuse a file that is not a whole shared object: the ELF header, and every segment the loader maps and every
-    section header inside the file (a truncated library maps pages past its end: SIGBUS when they are touched)."""
+    """Refuse a file that is not a whole shared object (the ELF header, and every segment the loader maps and every
+    section header inside the file: a truncated library maps pages past its end, SIGBUS when they are touched), or
+    that is not the one its builder recorded (its SHA-256, beside it), or that users other than its owner (you, or
+    root) may replace. All before it is loaded: loading a library runs its constructors."""
     try:
         with open(path, "rb") as f:
             data = f.read()
+            st = os.fstat(f.fileno())
+        folder = os.stat(path.parent)
     except OSError as exc:
         raise Rejected(f"unreadable ({exc.strerror})") from None
+    for what, s in (("it", st), ("its folder", folder)):
+        if s.st_uid not in (os.getuid(), 0) or s.st_mode & 0o022:
+            raise Rejected(f"{what} may be written by users other than you (owner uid {s.st_uid}, mode "
+                           f"{stat.S_IMODE(s.st_mode):04o})")
     if len(data) < 64 or data[:4] != b"\x7fELF" or data[4] != 2:  # (64-bit ELF only)
         raise Rejected(f"not a 64-bit ELF shared object ({len(data)} bytes)")
     order = "<" if data[5] == 1 else ">"
@@ -118,6 +126,13 @@ def check_file(path: Path) -> None:
         kind, _, offset, _, _, filesz = struct.unpack_from(order + "IIQQQQ", data, phoff + k * phentsize)
         if kind == 1 and offset + filesz > len(data):  # PT_LOAD
             raise Rejected(f"truncated: a segment ends at byte {offset + filesz} of {len(data)}")
+    try:
+        recorded = sources.recorded_path(path).read_text().strip()
+    except OSError:
+        raise Rejected(f"no SHA-256 recorded beside it ({sources.recorded_path(path).name}: it was not built by "
+                       "hpcgnn's builder)") from None
+    if hashlib.sha256(data).hexdigest() != recorded:
+        raise Rejected("its SHA-256 is not the one recorded when it was built (replaced or changed since)")
 
 
 def load(path: Path) -> ctypes.CDLL:
@@ -149,7 +164,8 @@ def load(path: Path) -> ctypes.CDLL:
 
 
 def self_test(lib: ctypes.CDLL) -> None:
-    """A row gather (plain and widened from bfloat16) and a hop that draws nothing, against the torch ops."""
+    """A row gather (plain and widened from bfloat16), a hop that draws nothing and one that draws, against the
+    torch ops (the drawing hop from the same counter stream as the torch twin's)."""
     src = torch.arange(40, dtype=torch.float32).view(10, 4).add_(0.5)
     index = torch.tensor([3, 1, 7, 7, 0, 9])
     out, scratch = torch.full((6, 4), -1.0), torch.empty(1, dtype=torch.long)
@@ -174,6 +190,29 @@ def self_test(lib: ctypes.CDLL) -> None:
                         big.data_ptr(), 0, 0, 10, row.data_ptr(), nbr.data_ptr(), 1)
     if row.tolist() != [10, 10, 11, 11, 12] or nbr.tolist() != [1, 2, 0, 1, 0]:
         raise Rejected("its hop does not take the neighbours torch takes (self-test)")
+    _drawing_hop_test(lib)
+
+
+def _drawing_hop_test(lib: ctypes.CDLL) -> None:
+    """Rows of 40 neighbours, 5 drawn each (Floyd's draws from the hop's key): the C hop against its torch twin."""
+    from hpcgnn import rng
+    from hpcgnn.sampling.kernels import twins
+
+    rows, degree, fanout = 64, 40, 5
+    rowptr = torch.arange(0, (rows + 1) * degree, degree)
+    col = torch.randperm(rows * degree, generator=torch.Generator().manual_seed(3)) % rows
+    nodes = torch.arange(rows).flip(0).contiguous()
+    want_row, want_nbr = twins.sample_neighbors(rowptr, col, nodes, fanout, torch.Generator().manual_seed(11))
+    slot, big = torch.empty(2, dtype=torch.long), torch.empty(2, dtype=torch.long)
+    slots = lib.hpcgnn_hop_plan(rowptr.data_ptr(), rows, nodes.data_ptr(), rows, fanout, 1, slot.data_ptr(),
+                                big.data_ptr(), 1)
+    key = int(rng.draw_key(torch.Generator().manual_seed(11), rowptr.device))
+    row, nbr = torch.full((max(slots, 0),), -1), torch.full((max(slots, 0),), -1)
+    if slots == want_row.numel():
+        lib.hpcgnn_hop_fill(rowptr.data_ptr(), col.data_ptr(), 0, nodes.data_ptr(), rows, fanout, 1, slot.data_ptr(),
+                            big.data_ptr(), key, int(big[1]), 0, row.data_ptr(), nbr.data_ptr(), 1)
+    if not (torch.equal(row, want_row) and torch.equal(nbr, want_nbr)):
+        raise Rejected("its hop does not draw the neighbours the torch twin draws from the same key (self-test)")
 
 
 # ---------------------------------------------------------------------- where the library comes from
@@ -270,6 +309,8 @@ def build(cache: Path | None = None, compiler: str | None = None) -> Path:
             log.warning("the C kernels' library %s is damaged (%s): building it again", lib, why)
             with contextlib.suppress(FileNotFoundError):
                 lib.unlink()  # (a process that has it mapped keeps its inode)
+            with contextlib.suppress(FileNotFoundError):
+                sources.recorded_path(lib).unlink()
     try:
         _write_meta(lib.with_suffix(".json"), {"source": source_hash(), "machine": platform.machine(),
                                                "isa": cc.isa(), "compiler": cc.spec})
@@ -286,10 +327,11 @@ def build(cache: Path | None = None, compiler: str | None = None) -> Path:
         if res.returncode:
             raise NativeUnavailable(f"{cc.spec} failed: {res.stderr.strip()[-500:]}")
         os.chmod(tmp, 0o755)
+        sources.record_hash(lib, built=tmp)  # (before it is published: a library is never there unrecorded)
         try:
             os.link(tmp, lib)  # never over an existing file (another process may have it mapped)
-        except FileExistsError:
-            pass  # another process published the same library first: theirs stays
+        except FileExistsError:  # another process published the same library first: theirs stays, with its hash
+            sources.record_hash(lib)
     except (OSError, subprocess.TimeoutExpired) as e:
         raise NativeUnavailable(f"building the kernels into {folder} failed: {e}") from e
     finally:

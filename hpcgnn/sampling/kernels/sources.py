@@ -7,11 +7,31 @@ can be imported; :mod:`hpcgnn.sampling.kernels.build` imports it to build and ch
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 
 HERE = Path(__file__).parent
 SOURCES = tuple(sorted(HERE.glob("*.c")))  # one concern each (see kernels.h), compiled together into one library
 HEADERS = tuple(sorted(HERE.glob("*.h")))
+
+
+def recorded_path(library: Path) -> Path:
+    """Where a built library's SHA-256 is recorded: beside it (``<library>.sha256``)."""
+    return Path(f"{library}.sha256")
+
+
+def file_hash(path: Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def record_hash(library: Path, built: Path | None = None) -> None:
+    """Record a library's SHA-256 as its builder made it (``built``: the file about to become ``library``):
+    checked before it is ever loaded (a library is run by loading it: its constructors run at dlopen). Written
+    whole (renamed into place)."""
+    path = recorded_path(library)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(file_hash(built or library) + "\n")
+    os.replace(tmp, path)
 
 
 def source_hash() -> str:
