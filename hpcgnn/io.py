@@ -205,4 +205,8 @@ def no_room(exc: BaseException | None) -> bool:
 
 
 def human_bytes(n: float) -> str:
-    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+    """``n`` bytes as a person reads them: GiB, MiB or KiB with a figure that is not 0.0, or bytes."""
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{n / size:.2f} {unit}" if unit == "GiB" else f"{n / size:.1f} {unit}"
+    return f"{int(n)} B"

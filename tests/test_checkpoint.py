@@ -187,3 +187,32 @@ def test_settings_a_resume_can_take_are_applied_and_the_rest_refused(tmp_path):
     with pytest.raises(CheckpointError, match=r"settings a resumed run cannot change \(model.heads: checkpoint 4, "
                                               r"now 8; train.accumulate: checkpoint 1, now 2\)\. HINT: set them back"):
         _ckpt(tmp_path, "model=gat", "model.heads=8", "train.accumulate=2").start()
+
+
+def test_a_checkpoint_whose_common_state_cannot_be_loaded_is_skipped_and_the_resume_ends_bitwise(tmp_path, capsys):
+    """The newest checkpoint's common.pt replaced by a pickle of code, its manifest made to match: before, the resume
+    exited 1 with a 26-line traceback. Now it is skipped for the previous one, with one warning, as a corrupt one."""
+    import json
+
+    from conftest import DATA_ROOT, TINY, train_here
+
+    from hpcgnn.io import sha256_file
+    from hpcgnn.rank.checkpoint import Preempted
+
+    args = [*TINY, f"dataset.root={DATA_ROOT}", "metrics.tensorboard=false", "checkpoint.every_steps=3"]
+    whole = train_here(*args, run_dir=tmp_path / "whole")
+    with pytest.raises(Preempted):
+        train_here(*args, "debug.signal_rank=0", "debug.signal_step=7", run_dir=tmp_path / "cut")
+    newest = tmp_path / "cut" / "checkpoints" / "step-000000007"
+    torch.save({"evil": _Payload()}, newest / "common.pt")
+    manifest = json.loads((newest / "MANIFEST.json").read_text())
+    manifest["files"]["common.pt"] = sha256_file(newest / "common.pt")
+    (newest / "MANIFEST.json").write_text(json.dumps(manifest))
+    capsys.readouterr()
+    again = train_here(*args, run_dir=tmp_path / "cut")
+    out = capsys.readouterr().out
+    assert "pwned" not in out
+    warned = [line for line in out.splitlines() if "WARNING: checkpoint" in line]
+    assert len(warned) == 1 and f"checkpoint {newest} skipped: it cannot be loaded (UnpicklingError: Weights only " \
+        "load failed" in warned[0], warned
+    assert again["resumes"] == 1 and again["param_checksums"] == whole["param_checksums"]

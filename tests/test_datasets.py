@@ -278,7 +278,7 @@ def test_cache_checks_free_space_first(tmp_path, monkeypatch):
     graph = build_graph(DatasetConfig(num_nodes=1000))
     usage = _shutil.disk_usage(tmp_path)
     monkeypatch.setattr(cache.shutil, "disk_usage", lambda p: usage._replace(free=1000))
-    with pytest.raises(OSError, match=r"needs [\d.]+ MiB in .*only 0\.0 MiB are free: set dataset.root"):
+    with pytest.raises(OSError, match=r"needs [\d.]+ [KM]iB in .*only 1000 B are free: set dataset.root"):
         cache.save(graph, tmp_path / "g", {})
     assert not list(tmp_path.iterdir())  # nothing half-written
 

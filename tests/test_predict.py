@@ -108,7 +108,8 @@ def test_what_cannot_be_predicted_is_refused_in_one_line(node_run, tmp_path, cap
         ([str(tmp_path)], r"is not a run folder of hpcgnn \(no .hydra/config.yaml and overrides.yaml\)"),
         ([str(run), "which=middle"], r"which=middle: a run keeps best and last"),
         ([str(run), "dataset.num_nodes=5000"], r"the graph here \(synthetic-\w+\) is not the one the model was trained "
-         r"on \(synthetic-\w+\). HINT: drop the dataset.\* overrides .* or add --allow-other-graph"),
+         r"on \(synthetic-\w+\): dataset.num_nodes=5000 \(the run's: \d+\). HINT: drop those dataset.\* overrides .* "
+         r"or add --allow-other-graph"),
         ([str(run), "--sideways"], r"unknown option '--sideways'"),
         ([str(run), "split=everything"], r"predict.split='everything' is unknown: use one of train, val, test, all"),
         ([str(run), f"out={run}"], r"is the run's own folder"),
@@ -118,6 +119,17 @@ def test_what_cannot_be_predicted_is_refused_in_one_line(node_run, tmp_path, cap
         assert main(["predict", *argv]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("hpcgnn: ") and re.search(message, err[0]), err
+    moved = tmp_path / "moved"  # a run whose model file is another graph's: no override to drop
+    shutil.copytree(run, moved)
+    for name in ("config.yaml", "overrides.yaml"):
+        text = (moved / ".hydra" / name).read_text()
+        (moved / ".hydra" / name).write_text(text.replace("num_nodes: 4000", "num_nodes: 5000").replace(
+            "dataset.num_nodes=4000", "dataset.num_nodes=5000"))
+    assert main(["predict", str(moved)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and re.search(r"not the one the model was trained on \(synthetic-\w+\): the run's own dataset "
+                                       r"settings give it now, so the model file is another graph's .* HINT: add "
+                                       r"--allow-other-graph", err[0]) and "drop" not in err[0], err
     other = run.parent / "other"  # an older run's folder: no model kept
     (other / ".hydra").mkdir(parents=True)
     for name in ("config.yaml", "overrides.yaml"):

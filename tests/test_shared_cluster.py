@@ -747,8 +747,8 @@ def test_10_a_full_disk_during_a_checkpoint_exits_2_and_keeps_the_one_before(tmp
         full = run_cli(*args, cwd=tmp_path / "full")
         assert full.returncode == 2, full.stdout + full.stderr
         line = _one_line(full, "checkpoint error")
-        assert re.search(rf"the checkpoint of step 4 does not fit in {checkpoints}: it needs about [\d.]+ [MG]iB and "
-                         rf"[\d.]+ [MG]iB are free there \(the disk is full, or your quota\); the checkpoint "
+        assert re.search(rf"the checkpoint of step 4 does not fit in {checkpoints}: it needs about [\d.]+ [KMG]iB and "
+                         rf"[\d.]+ [KMG]iB are free there \(the disk is full, or your quota\); the checkpoint "
                          rf"{checkpoints / 'step-000000002'} is intact\. HINT: free space there", line), line
         from hpcgnn.io import sha256_file
         from hpcgnn.rank.checkpoint import _manifest

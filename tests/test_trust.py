@@ -110,7 +110,7 @@ def _relay(listen_port: int, target_port: int, stop: threading.Event, rewrite=No
                     continue
                 up = socket.create_connection(("127.0.0.1", target_port))
                 threading.Thread(target=pipe, args=(up, conn, rewrite), daemon=True).start()
-                threading.Thread(target=pipe, args=(conn, up, None, lambda: up.sendall(inject) if inject else None),
+                threading.Thread(target=pipe, args=(conn, up, None, (lambda u=up: u.sendall(inject)) if inject else None),
                                  daemon=True).start()
 
     threading.Thread(target=run, daemon=True).start()

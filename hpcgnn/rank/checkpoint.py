@@ -167,6 +167,7 @@ class Checkpointer:
         self.run: dict | None = None  # this run's identity: {"id", "job_id", "started"} (start() decides)
         self.changes: list[dict] = []  # settings changed since the checkpoint resumed from, to apply
         self._last = time.monotonic()
+        self._loaded: tuple | None = None  # (folder, common, this rank's) read while picking the checkpoint
 
     # ----------------------------------------------------------- when
 
@@ -210,6 +211,8 @@ class Checkpointer:
                 problem = self._verify(folder, manifest)
                 if problem is None:
                     self._check_fits(folder, manifest)
+                    problem = self._read_ahead(folder)
+                if problem is None:
                     return folder, manifest
                 log.warning("checkpoint %s skipped: %s; trying the previous one", folder, problem)
                 if self.env.is_main:
@@ -292,10 +295,13 @@ class Checkpointer:
             raise AnotherRankFailed(f"another rank could not write its part of the checkpoint of step {step}")
         mine = sorted(self.folder.glob("step-*"))
         intact = f"the checkpoint {mine[-1]} is intact" if mine else "no earlier checkpoint of this run exists"
+        if mine:  # (what the last one took on disk: the best estimate, its files' framing included)
+            total = max(total, sum(f.stat().st_size for f in mine[-1].iterdir() if f.is_file()))
         free = shutil.disk_usage(self.folder).free
+        why = "the disk is full, or your quota" if free < total else "the disk has room: your quota is likely full"
         raise CheckpointError(f"the checkpoint of step {step} does not fit in {self.folder}: it needs about "
-                              f"{human_bytes(total)} and {human_bytes(free)} are free there (the disk is full, or your "
-                              f"quota); {intact}. HINT: free space there, or move the run to a file system with room "
+                              f"{human_bytes(total)} and {human_bytes(free)} are free there ({why}); {intact}. "
+                              "HINT: free space there, or move the run to a file system with room "
                               "(the same command with another hydra.run.dir starts anew; this one resumes from the "
                               "intact checkpoint once there is room)")
 
@@ -347,10 +353,31 @@ class Checkpointer:
             raise CheckpointError(f"the checkpoint {folder} was written with settings a resumed run cannot change "
                                   f"({listing}). HINT: set them back to resume; {start_over.removeprefix('HINT: ')}")
 
-    def load(self, folder: Path) -> tuple[dict, dict]:
+    def _read_ahead(self, folder: Path) -> str | None:
+        """Collective: load the checkpoint's common state and this rank's now (kept for :meth:`load`); None when
+        every rank could, else why not. A file its manifest vouches for may still not load: written by another
+        version, or holding what ``weights_only`` refuses (a pickle of code, a manifest made to match)."""
+        why = None
+        try:
+            self._loaded = (folder, *self._read(folder))
+        except Exception as exc:  # (torch's unpickling errors are of many kinds; any means: not this one)
+            first = (str(exc).strip().splitlines() or [""])[0][:160]
+            why = f"it cannot be loaded ({type(exc).__name__}: {first})"
+        if int(dist.all_reduce_max(torch.tensor([0 if why is None else 1])).item()) and why is None:
+            why = "another rank's part of it cannot be loaded"
+        return why
+
+    def _read(self, folder: Path) -> tuple[dict, dict]:
         common = torch.load(folder / "common.pt", map_location="cpu", weights_only=True)
         mine = torch.load(folder / f"rank-{self.env.rank}.pt", map_location="cpu", weights_only=True)
         return common, mine
+
+    def load(self, folder: Path) -> tuple[dict, dict]:
+        loaded = self._loaded
+        if loaded is not None and loaded[0] == folder:
+            self._loaded = None
+            return loaded[1], loaded[2]
+        return self._read(folder)
 
 
 _early: set[int] = set()  # preemption signals that arrived before a PreemptionFlag watched for them

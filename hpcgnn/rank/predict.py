@@ -188,14 +188,21 @@ def _is_mlp(model: torch.nn.Module) -> bool:
     return isinstance(model, (MLPBaseline, TypedMLP))
 
 
-def same_graph(record: dict, cfg: RunConfig) -> bool:
+def same_graph(record: dict, cfg: RunConfig, changes: list[str] | None = None) -> bool:
     """Whether the graph is the one the model was trained on (the prepared graph's key); refused, naming the fix,
-    where it is not and ``predict.allow_other_graph`` is not set (at submit, and on the rank)."""
+    where it is not and ``predict.allow_other_graph`` is not set (at submit, and on the rank). ``changes``: the
+    dataset settings that differ from the run's own (None: not known here)."""
     theirs, ours = record.get("dataset"), _graph_key(cfg)
     if theirs != ours and not cfg.predict.allow_other_graph:
-        raise PredictError(f"the graph here ({ours}) is not the one the model was trained on ({theirs}). HINT: drop "
-                           "the dataset.* overrides to predict on the run's own graph, or add --allow-other-graph "
-                           "to infer on another graph of the same widths (inductive use)")
+        other = "add --allow-other-graph to infer on another graph of the same widths (inductive use)"
+        if changes:
+            raise PredictError(f"the graph here ({ours}) is not the one the model was trained on ({theirs}): "
+                               f"{'; '.join(changes)}. HINT: drop those dataset.* overrides to predict on the run's "
+                               f"own graph, or {other}")
+        why = ("the run's own dataset settings give it now, so the model file is another graph's (another run's, "
+               "or the graph was prepared by another version of hpcgnn)") if changes is not None else ""
+        raise PredictError(f"the graph here ({ours}) is not the one the model was trained on ({theirs})"
+                           f"{': ' + why if why else ''}. HINT: {other}")
     return theirs == ours
 
 

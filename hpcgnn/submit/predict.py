@@ -120,5 +120,21 @@ def compose_prediction(argv: list[str]):
     from hpcgnn.rank.predict import check_request, same_graph
 
     check_request(composed.cfg, record["shape"]["num_nodes"])
-    same_graph(record, composed.cfg)
+    same_graph(record, composed.cfg, dataset_changes(run, composed.cfg))
     return composed
+
+
+def dataset_changes(run: Path, cfg) -> list[str]:
+    """The dataset settings of ``cfg`` that differ from those the run trained with (its .hydra/config.yaml)."""
+    import dataclasses
+
+    from omegaconf import OmegaConf
+
+    try:
+        then = OmegaConf.to_container(OmegaConf.load(run / ".hydra" / "config.yaml")).get("dataset") or {}
+    except (OSError, ValueError, AttributeError):
+        return []
+    now = dataclasses.asdict(cfg.dataset)
+    same = lambda a, b: a == b or (isinstance(a, (list, tuple)) and list(a) == list(b))  # noqa: E731
+    return [f"dataset.{k}={now[k]!r} (the run's: {then[k]!r})" for k in sorted(now)
+            if k in then and k not in ("root", "trust_root", "prepared_for") and not same(now[k], then[k])]
