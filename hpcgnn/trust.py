@@ -10,18 +10,24 @@ peer sends before the peer has proven, in both directions, that it knows the **r
   every process of the run (the launcher, the ranks, the servers) reads it there, on the run folder's
   file system that the job's nodes share anyway; a secret file that others can read, or that another
   user owns, is refused;
-- every connection begins with a challenge-response in both directions (:func:`accept` on the
-  listening side, :func:`connect` on the other): the listener sends a magic string and a fresh random
-  nonce; the connecting side answers with its own nonce and HMAC-SHA256(secret, "trainer" | both
+- every connection begins with a challenge-response in both directions (:class:`Accepting` and
+  :func:`accept` on the listening side, :func:`connect` on the other): the listener sends a magic string, a
+  fresh random nonce, its index and its port; the connecting side checks those are the server it dialled and
+  answers with its own nonce, its rank and HMAC-SHA256(secret, "trainer->server" | index | port | rank | both
   nonces); the listener checks it (in constant time) and proves itself with HMAC-SHA256(secret,
-  "server" | both nonces). Fixed-size fields only: nothing is unpickled, decoded or allocated by size
-  before both proofs are checked. A replayed answer fails (the nonces are new each time), and so does
-  a reflected one (the two roles hash different labels).
+  "server->trainer" | the same). Fixed-size fields only, within one deadline: nothing is unpickled, decoded or
+  allocated by size before both proofs are checked. A replayed answer fails (the nonces are new each time),
+  and so does a reflected one (the two directions hash different labels).
 
-What this does not do: the bytes after the handshake are neither encrypted nor signed (a peer able to
-inject into an established TCP stream on a cluster's network already has root on a node); torch's
-rendezvous store and gloo's connections are PyTorch's and are not authenticated (docs/security.md says
-what hpcgnn does about them).
+The handshake binds the server's index and port and the trainer's rank into both proofs, and derives the
+connection's own frame keys from both nonces (:class:`Session`): every frame after it is tagged
+(:mod:`hpcgnn.sampling.wire`), so a relay to another of the run's servers, a replay or an injection fails.
+What this does not do: encrypt (the batches can be read by whoever reads the network); torch's rendezvous
+store and gloo's connections are PyTorch's and are not authenticated (docs/security.md says what hpcgnn does
+about them).
+
+This module also says whose files hpcgnn trusts (:func:`owned_folder`, :func:`run_folder`, :func:`open_own`): a
+folder or file another user owns or may write is refused, as ssh refuses a writable ``~/.ssh``.
 """
 
 from __future__ import annotations

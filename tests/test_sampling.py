@@ -255,6 +255,25 @@ def test_rank_seeds_is_a_permutation_shared_by_all_ranks():
     assert not torch.equal(torch.cat(a).sort().values, torch.cat(a))  # shuffled
 
 
+def test_an_epochs_seeds_are_not_kept_alive_after_it_and_a_generator_given_twice_shuffles_afresh():
+    """rank_seeds was cached (a decorator left behind by a move): every epoch's padded seeds stayed alive (a link
+    task's: every training edge id, ~240 MB per rank per epoch on ogbl-citation2), and the same generator given
+    twice returned its first shuffle."""
+    import gc
+    import weakref
+
+    seeds = torch.arange(10_000)
+    alive = []
+    for epoch in range(5):
+        share = rank_seeds(seeds, 2, 0, torch.Generator().manual_seed(epoch))
+        alive.append(weakref.ref(share))
+        del share
+    gc.collect()
+    assert all(ref() is None for ref in alive)  # nothing holds an epoch's seeds once the epoch lets them go
+    g = torch.Generator().manual_seed(3)
+    assert not torch.equal(rank_seeds(seeds, 2, 0, g), rank_seeds(seeds, 2, 0, g))  # the generator moved on
+
+
 def test_synthetic_graph_is_deterministic_and_homophilous():
     cfg = DatasetConfig(num_nodes=5000, seed=7)
     g1, g2 = build_graph(cfg), build_graph(cfg)

@@ -440,3 +440,45 @@ def test_a_data_root_others_may_write_is_refused_for_a_pyg_dataset(where, tmp_pa
     code, lines = _cli(capsys, *args, "launch.procs=1", f"hydra.run.dir={tmp_path / 'run'}")
     assert code == 2 and len(lines) == 1 and lines[0].startswith(f"hpcgnn: not trusted: {name} "), lines
     assert prepare(make_config(*args, "dataset.trust_root=true", "+dataset.kwargs.num_graphs=1").dataset).is_dir()
+
+
+def test_a_trainer_dropped_unanswered_tries_again_and_then_says_busy_or_flooded(tmp_path, monkeypatch):
+    """A server whose pending handshakes are full drops the oldest, telling it to try again: the trainer does, and
+    after a few tries fails with 'busy or flooded', not 'security' (no proof failed)."""
+    from hpcgnn.errors import Flooded
+    from hpcgnn.sampling import server
+
+    monkeypatch.setattr(server, "RETRY_S", 0.01)
+    listener = socket.create_server(("127.0.0.1", 0))
+    port, tries = listener.getsockname()[1], []
+
+    def busy():
+        with listener:
+            for _ in range(server.CONNECT_TRIES):
+                conn, _ = listener.accept()
+                with conn:
+                    state = trust.Accepting(os.urandom(32), 0, port)
+                    conn.sendall(state.greeting() + trust.BUSY)
+                    tries.append(1)
+
+    threading.Thread(target=busy, daemon=True).start()
+    with pytest.raises(Flooded, match=rf"sampler server 0 at 127.0.0.1:{port} closed rank 3's connection during the "
+                                      rf"run's handshake {server.CONNECT_TRIES} times .*: the server is busy or flooded "
+                                      r"with connections .* HINT: its log names the addresses it refused"):
+        server._connect("127.0.0.1", port, 0, 30, os.urandom(32), tmp_path, 3)
+    assert len(tries) == server.CONNECT_TRIES
+
+
+def test_a_model_file_that_torch_refuses_is_one_line_in_predict(tmp_path, capsys):
+    import pickle
+
+    from hpcgnn.models import saved
+
+    run = tmp_path / "run"
+    _train_a_run(run)
+    marker = tmp_path / "owned"
+    saved.model_path(run, "best").write_bytes(pickle.dumps({"format": 1, "state_dict": _Marker(marker)}))
+    code, lines = _cli(capsys, "predict", str(run))
+    assert code == 2 and len(lines) == 1, lines
+    assert re.match(r"hpcgnn: model error: .*best.pt is not a model file hpcgnn can read \(UnpicklingError: ", lines[0])
+    assert not marker.exists()

@@ -32,7 +32,6 @@ from hpcgnn.data.typed import TypedGraph
 from hpcgnn.sampling.neighbor import SampledSubgraph
 
 
-@functools.cache
 def rank_seeds(seeds: Tensor, world_size: int, rank: int, generator: torch.Generator | None = None) -> Tensor:
     """This rank's share of ``seeds``; every rank's share has the same length.
 

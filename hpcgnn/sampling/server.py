@@ -561,6 +561,7 @@ def announced_servers(folder: Path, count: int, within_s: float) -> list[tuple[s
 
 
 CONNECT_TRIES = 5  # a connection the server closes during the handshake (busy, flooded) is tried this often
+RETRY_S = 0.2  # ... after waiting this long, doubled each time
 
 
 def _connect(host: str, port: int, k: int, within_s: float, key: bytes, run_dir: Path, rank: int = 0) -> wire.Channel:
@@ -594,7 +595,7 @@ def _connect(host: str, port: int, k: int, within_s: float, key: bytes, run_dir:
                               f"({exc}): the server is busy or flooded with connections (possibly another user's). "
                               "HINT: its log names the addresses it refused; start the run again") from None
             log.warning("%s closed rank %d's connection during the handshake (%s): trying again", name, rank, exc)
-            time.sleep(0.2 * 2 ** closed)
+            time.sleep(RETRY_S * 2 ** closed)
             continue
         except BaseException:
             sock.close()
