@@ -696,8 +696,12 @@ def check_override_keys(overrides: list[str]) -> None:
                 names = sorted(hints)
                 close = difflib.get_close_matches(part, names, n=1)
                 hint = f" Did you mean {'.'.join([*parts[:depth], close[0]])}?" if close else ""
+                kwargs = ""
+                if path == "model" and depth == len(parts) - 1 and not close:  # (a class's own argument: in model.kwargs)
+                    kwargs = (f". HINT: an argument of your model's class goes under model.kwargs: "
+                              f"+model.kwargs.{part}={ov.value()}")
                 where = f"under '{path}'" if path else "at the top level"
-                raise ConfigError(f"Unknown config key '{key}'.{hint} Valid keys {where}: {', '.join(names)}")
+                raise ConfigError(f"Unknown config key '{key}'.{hint} Valid keys {where}: {', '.join(names)}{kwargs}")
             tp = hints[part]
             if typing.get_origin(tp) is typing.Union:
                 tp = next(a for a in typing.get_args(tp) if a is not type(None))

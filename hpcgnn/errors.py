@@ -23,7 +23,6 @@ Exit codes of ``python -m hpcgnn`` (and of ``hpcgnn``):
 
 from __future__ import annotations
 
-EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USER_ERROR = 2
 EXIT_PREEMPTED = 3

@@ -24,9 +24,6 @@ SINFO_FORMAT = "%P|%D|%c|%m|%G|%l|%N"
 # States after which a job does not run again by itself (sacct's and squeue's long names).
 FINAL_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL",
                           "PREEMPTED", "BOOT_FAIL", "DEADLINE", "REVOKED"})
-ACTIVE_STATES = frozenset({"PENDING", "RUNNING", "COMPLETING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD",
-                           "REQUEUE_FED", "RESIZING", "SUSPENDED", "STOPPED", "SIGNALING", "STAGE_OUT",
-                           "RESV_DEL_HOLD", "SPECIAL_EXIT", "UPDATE_DB", "POWER_UP_NODE"})
 
 
 # ------------------------------------------------------------------------------------------ sinfo

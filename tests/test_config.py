@@ -44,6 +44,8 @@ def test_group_choices_and_cluster_append():
     ("trian.lr=1", r"Unknown config key 'trian.lr'\. Did you mean train\? Valid keys at the top level: .*"),
     ("cluster.gpus_per_nod=1", r"Did you mean cluster.gpus_per_node\?"),
     ("+cluster.foo=1", r"Unknown config key 'cluster.foo'"),
+    ("+model.hidden=48", r"Unknown config key 'model.hidden'\. Valid keys under 'model': .*, kwargs, .* HINT: an "
+                         r"argument of your model's class goes under model.kwargs: \+model.kwargs.hidden=48$"),
     ("model.hiden_channels=3", r"Did you mean model.hidden_channels\?"),
 ])
 def test_override_typos_name_valid_keys(override, message):

@@ -42,10 +42,13 @@ def rank_seeds(seeds: Tensor, world_size: int, rank: int, generator: torch.Gener
         raise ValueError(f"rank {rank} outside world of size {world_size}")
     if seeds.numel() == 0:
         raise ValueError("no seeds to split")
+    return shuffled_to(seeds, math.ceil(seeds.numel() / world_size) * world_size, generator)[rank::world_size]
+
+
+def shuffled_to(seeds: Tensor, length: int, generator: torch.Generator | None = None) -> Tensor:
+    """``seeds`` shuffled by ``generator`` (None: in order), repeated from the start up to ``length``."""
     order = seeds[torch.randperm(seeds.numel(), generator=generator)] if generator is not None else seeds
-    per_rank = math.ceil(order.numel() / world_size)
-    padded = order.repeat(math.ceil(per_rank * world_size / order.numel()))[: per_rank * world_size]
-    return padded[rank::world_size]
+    return order.repeat(math.ceil(length / max(order.numel(), 1)))[:length]
 
 
 def steps_per_epoch(num_seeds: int, world_size: int, batch_size: int) -> int:
@@ -60,16 +63,18 @@ class LocalFeatures:
         self.graph = graph
 
     def gather(self, n_id: Tensor, batch_size: int, pin_memory: bool = False, alloc=None) -> tuple[Tensor, Tensor]:
-        """Rows ``n_id`` of the features and labels, where the graph lives; ``pin_memory``: straight into
-        page-locked buffers (a host graph bound for a GPU), so the copy can run asynchronously; ``alloc(shape,
-        dtype)``: the features straight into memory it hands out (a sampler process's shared slot)."""
+        """Rows ``n_id`` of the features, and the labels of its first ``batch_size`` (the seeds: the loss reads no
+        others), where the graph lives; ``pin_memory``: straight into page-locked buffers (a host graph bound for a
+        GPU), so the copy can run asynchronously; ``alloc(shape, dtype)``: the features straight into memory it
+        hands out (a sampler process's shared slot)."""
         g = self.graph
         n_id = n_id.to(g.x.device)
+        seeds = n_id[:batch_size]
         if alloc is not None:  # upcast on the way in (features stored as float16/bfloat16), as below
             x = ops.gather_rows(g.x, n_id, alloc((n_id.numel(), *g.x.shape[1:]), torch.float32))
-            return x, (g.y.index_select(0, n_id) if g.y.numel() else g.y)
+            return x, (g.y.index_select(0, seeds) if g.y.numel() else g.y)
         x = gather_rows(g.x, n_id, pin_memory, torch.float32)  # features stored as float16/bfloat16: upcast per batch
-        y = gather_rows(g.y, n_id, pin_memory) if g.y.numel() else g.y  # a link graph has no labels
+        y = gather_rows(g.y, seeds, pin_memory) if g.y.numel() else g.y  # a link graph has no labels
         return x, y
 
 

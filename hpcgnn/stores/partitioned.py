@@ -18,6 +18,7 @@ from hpcgnn.errors import AllocationError, PartitionError
 from hpcgnn.rng import generator
 from hpcgnn.sampling import subgraph as sub
 from hpcgnn.sampling.distributed import CommStats, fetch_rows
+from hpcgnn.sampling.loader import shuffled_to
 from hpcgnn.stores.base import Store, fanouts, labels_of, typed_fanouts
 from hpcgnn.stores.exact import (
     Exact,
@@ -135,8 +136,7 @@ class PartitionedStore(Store):
         """The rank's own training seeds (nodes; link: ids of its edges), shuffled and padded (wrapping) to
         the largest rank's count."""
         own = self.parts.train_idx - self.seed_offset if self.link is None else torch.arange(self.parts.train_pos.size(1))
-        order = own[torch.randperm(own.numel(), generator=generator(self.cfg.train.seed, "epoch", epoch))]
-        return order.repeat(math.ceil(self.seeds_per_rank / max(own.numel(), 1)))[: self.seeds_per_rank]
+        return shuffled_to(own, self.seeds_per_rank, generator(self.cfg.train.seed, "epoch", epoch))
 
     def _rows(self, ids: Tensor) -> Tensor:
         """Rows of owned nodes (global ``ids``) in this rank's CSR."""

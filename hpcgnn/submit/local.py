@@ -64,11 +64,10 @@ def _spawn_entry(local_rank: int, cfg: RunConfig, port: int, parent: int, extra:
     """One local rank. A failure it recorded (run_rank) is the launcher's to report, once for the run: the rank
     leaves quietly with its exit code (its traceback stays in the record; ``HYDRA_FULL_ERROR=1`` prints it here
     too). An unrecorded one keeps multiprocessing's traceback on stderr."""
+    _end_with_parent(parent)  # (first: importing the rank's modules takes torch, seconds a killed launcher waits)
     from hpcgnn.errors import UserError
-    from hpcgnn.rank.job import run_rank
-
-    _end_with_parent(parent)
     from hpcgnn.rank.checkpoint import catch_early
+    from hpcgnn.rank.job import run_rank
 
     catch_early(cfg.checkpoint.signal)  # the launcher passes its preemption signal on, maybe before training starts
     try:
