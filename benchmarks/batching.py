@@ -45,8 +45,10 @@ def main() -> None:
     def stores(**train) -> list[ReplicatedStore]:
         cfg = RunConfig(task=TaskConfig(), dataset=benchmark_config(args), model=ModelConfig(), graph=GraphConfig(),
                         train=TrainConfig(fanouts=tuple(args.fanouts), **train))
-        return [ReplicatedStore(cfg, RankEnv("single", r, r, args.ranks, args.ranks, 0, 1, ("localhost",),
-                                             "127.0.0.1", 0, "")) for r in range(args.ranks)]
+        return [ReplicatedStore(cfg, RankEnv(source="single", rank=r, local_rank=r, world_size=args.ranks,
+                                             local_world_size=args.ranks, node_rank=0, num_nodes=1,
+                                             hostnames=("localhost",), master_addr="127.0.0.1", master_port=0,
+                                             job_id="")) for r in range(args.ranks)]
 
     fixed = stores(batch_size=args.batch_size)
     g = fixed[0].graph

@@ -96,9 +96,9 @@ def _rank(cfg, procs: int, batches: int, out) -> None:
     if procs > 0:
         pool = SamplerPool(Recipe(graph, sampler), procs, 2, 1, torch.device("cpu"), rank=0)
         pool.start()
-        walk = pool.epoch(loader)
+        walk = pool.epoch(loader.plan)
     elif procs == SERVER:  # one sampler server, a local process over TCP
-        from hpcgnn.sampling.server import RemotePool
+        from hpcgnn.sampling.client import RemotePool
         from hpcgnn.trust import run_secret
 
         port, run_dir = free_port(), tempfile.mkdtemp(prefix="hpcgnn-bench-server-")
@@ -107,7 +107,7 @@ def _rank(cfg, procs: int, batches: int, out) -> None:
         pool = RemotePool(Recipe(graph, sampler), [("127.0.0.1", port)], 2, torch.device("cpu"), rank=0,
                           key=run_secret(run_dir), run_dir=run_dir)
         pool.start()
-        walk = pool.epoch(loader)
+        walk = pool.epoch(loader.plan)
     else:
         walk = PrefetchLoader(loader, 2) if procs < 0 else loader
     pids = ["self", *(pool.pids() if isinstance(pool, SamplerPool) else []), *([server.pid] if server is not None else [])]

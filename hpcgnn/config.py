@@ -24,8 +24,8 @@ from typing import Any, Dict, Optional, Tuple
 
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from hpcgnn.env import PORTS
 from hpcgnn.errors import ConfigError
+from hpcgnn.nodes import PORTS
 
 __all__ = ["ConfigError", "RunConfig", "check_override_keys", "register_configs"]
 

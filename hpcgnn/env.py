@@ -20,16 +20,14 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
-import itertools
 import os
-import re
 import socket
-import zlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from hpcgnn.errors import AllocationError
+from hpcgnn.nodes import PORTS, derive_port, expand_nodelist, expand_tasks_per_node, server_port
 
 # role -> variable, one table per source. A role missing from a table is derived.
 SOURCES: dict[str, dict[str, str]] = {
@@ -114,7 +112,6 @@ PROCESS_DEFAULTS: dict[str, str] = {
     "OMP_WAIT_POLICY": "PASSIVE",
 }
 # Where master ports are derived (dist.port_min/port_max): below Linux's ephemeral range, which starts at 32768.
-PORTS = (20000, 32767)
 # Job names of shells a user types in (Lightning's rule, with the common shells).
 INTERACTIVE_JOB_NAMES = ("bash", "sh", "zsh", "fish", "tcsh", "csh", "ksh", "interactive")
 
@@ -284,7 +281,7 @@ def interactive_reason(environ: Mapping[str, str] | None = None) -> str | None:
     return None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RankEnv:
     source: str  # torchrun | submitit_local | slurm | single
     rank: int  # global rank, 0..world_size-1
@@ -327,7 +324,9 @@ class RankEnv:
         source = detect_source(environ)
         if source == "single":
             port = master_port or derive_port(str(os.getpid()), *port_range)
-            return cls("single", 0, 0, 1, 1, 0, 1, (socket.gethostname(),), "127.0.0.1", port, "")
+            return cls(source="single", rank=0, local_rank=0, world_size=1, local_world_size=1, node_rank=0,
+                       num_nodes=1, hostnames=(socket.gethostname(),), master_addr="127.0.0.1", master_port=port,
+                       job_id="")
         table = SOURCES[source]
 
         def get(role: str, default: str | None = None) -> str:
@@ -344,13 +343,16 @@ class RankEnv:
         job_id = get("job_id", "")
         if source == "torchrun":
             local_world = int(get("local_world_size", str(world)))
-            return cls(source, rank, local_rank, world, local_world, int(get("node_rank", "0")),
-                       max(1, world // max(1, local_world)), (socket.gethostname(),),
-                       get("master_addr"), master_port or int(get("master_port")), job_id)
+            return cls(source=source, rank=rank, local_rank=local_rank, world_size=world,
+                       local_world_size=local_world, node_rank=int(get("node_rank", "0")),
+                       num_nodes=max(1, world // max(1, local_world)), hostnames=(socket.gethostname(),),
+                       master_addr=get("master_addr"), master_port=master_port or int(get("master_port")),
+                       job_id=job_id)
         port = master_port or derive_port(job_id, *port_range)
         if source == "submitit_local":
-            return cls(source, rank, local_rank, world, world, int(get("node_rank", "0")),
-                       int(get("num_nodes", "1")), (socket.gethostname(),), "127.0.0.1", port, job_id)
+            return cls(source=source, rank=rank, local_rank=local_rank, world_size=world, local_world_size=world,
+                       node_rank=int(get("node_rank", "0")), num_nodes=int(get("num_nodes", "1")),
+                       hostnames=(socket.gethostname(),), master_addr="127.0.0.1", master_port=port, job_id=job_id)
         # slurm
         if read("step_tasks", environ) is None and world > 1:
             raise AllocationError(
@@ -363,8 +365,9 @@ class RankEnv:
         node_rank = int(get("node_rank", "0"))
         per_node = expand_tasks_per_node(get("tasks_per_node", str(world)))
         local_world = per_node[node_rank] if node_rank < len(per_node) else per_node[-1]
-        return cls(source, rank, local_rank, world, local_world, node_rank, num_nodes, hostnames,
-                   hostnames[0], port, job_id)
+        return cls(source=source, rank=rank, local_rank=local_rank, world_size=world, local_world_size=local_world,
+                   node_rank=node_rank, num_nodes=num_nodes, hostnames=hostnames, master_addr=hostnames[0],
+                   master_port=port, job_id=job_id)
 
 
 def detect_source(environ: Mapping[str, str] | None = None) -> str:
@@ -414,131 +417,6 @@ def run_name(environ: Mapping[str, str] | None = None, now: datetime.datetime | 
             run_id = f"{read('master_addr', environ)}-{read('master_port', environ)}"
         return f"torchrun-{run_id}"
     return (now or datetime.datetime.now()).strftime("%Y-%m-%d/%H-%M-%S-%f")
-
-
-def derive_port(job_id: str, port_min: int = PORTS[0], port_max: int = PORTS[1]) -> int:
-    """A port in [port_min, port_max] that is a function of the job id alone.
-
-    Every node of a job computes the same port without talking to the others, and
-    jobs with consecutive ids (the common case for jobs sharing a node) get
-    different ports. Non-numeric ids are hashed.
-    """
-    span = port_max - port_min + 1
-    digits = re.sub(r"\D", "", job_id)
-    n = int(digits) if digits else zlib.crc32(job_id.encode())
-    return port_min + n % span
-
-
-# ---------------------------------------------------------------- SLURM list syntaxes
-
-
-def _split_top_level(text: str) -> list[str]:
-    """Split on commas outside brackets: 'a[1-2],b' -> ['a[1-2]', 'b']."""
-    parts, depth, start = [], 0, 0
-    for i, ch in enumerate(text):
-        if ch == "[":
-            depth += 1
-        elif ch == "]":
-            depth -= 1
-            if depth < 0:
-                raise ValueError(f"unbalanced ']' in node list {text!r}")
-        elif ch == "," and depth == 0:
-            parts.append(text[start:i])
-            start = i + 1
-    if depth != 0:
-        raise ValueError(f"unbalanced '[' in node list {text!r}")
-    parts.append(text[start:])
-    return [p for p in parts if p]
-
-
-def _expand_range_set(body: str, text: str) -> list[str]:
-    """'001-003,010' -> ['001', '002', '003', '010'], keeping zero padding."""
-    out = []
-    for item in body.split(","):
-        lo, sep, hi = item.partition("-")
-        if not lo.isdigit() or (sep and not hi.isdigit()):
-            raise ValueError(f"bad range {item!r} in node list {text!r}")
-        if not sep:
-            out.append(lo)
-            continue
-        width = len(lo)
-        if int(hi) < int(lo):
-            raise ValueError(f"descending range {item!r} in node list {text!r}")
-        out.extend(str(i).zfill(width) for i in range(int(lo), int(hi) + 1))
-    return out
-
-
-def expand_nodelist(text: str) -> list[str]:
-    """Expand a SLURM host list: 'gpu[001-003,010],cpu-a[1-2]' -> gpu001 ... cpu-a2.
-
-    Several bracket groups in one name ('r[1-2]n[1-2]') expand as a product, in
-    SLURM's order (the last group varies fastest).
-    """
-    hosts: list[str] = []
-    for item in _split_top_level(text.strip()):
-        pieces = re.split(r"(\[[^\]]*\])", item)
-        choices = [_expand_range_set(p[1:-1], text) if p.startswith("[") else [p] for p in pieces if p]
-        hosts.extend("".join(combo) for combo in itertools.product(*choices))
-    if not hosts:
-        raise ValueError(f"empty node list {text!r}")
-    return hosts
-
-
-def expand_tasks_per_node(text: str) -> list[int]:
-    """Expand SLURM_TASKS_PER_NODE: '2(x3),1' -> [2, 2, 2, 1]."""
-    out: list[int] = []
-    for item in text.split(","):
-        m = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", item.strip())
-        if not m:
-            raise ValueError(f"bad SLURM_TASKS_PER_NODE item {item!r} in {text!r}")
-        out.extend([int(m.group(1))] * int(m.group(2) or 1))
-    return out
-
-
-# ---------------------------------------------------------------- allocation vs config
-
-
-def check_allocation(env: RankEnv, nodes: int, tasks_per_node: int, gpus_per_node: int = 0,
-                     cuda_devices: int = 0) -> None:
-    """Compare what the launcher gave with what the config asked for, before any init.
-
-    A mismatch would otherwise show up as a hang at rendezvous or as ranks that
-    share a GPU; the error names the setting to change.
-    """
-    expected = nodes * tasks_per_node
-    if env.world_size != expected:
-        if env.num_nodes != nodes:
-            hint = f"set cluster.nodes={env.num_nodes}"
-        else:
-            hint = f"set cluster.tasks_per_node={env.world_size // max(1, env.num_nodes)}"
-        raise AllocationError(
-            f"{env.source} started {env.world_size} tasks on {env.num_nodes} node(s), but the config asks for "
-            f"cluster.nodes={nodes} x cluster.tasks_per_node={tasks_per_node} = {expected}. HINT: {hint}, "
-            "or submit through hpcgnn so that sbatch gets the same numbers")
-    if env.num_nodes != nodes:
-        raise AllocationError(
-            f"{env.source} gave {env.num_nodes} node(s) but the config asks for cluster.nodes={nodes}. "
-            f"HINT: set cluster.nodes={env.num_nodes}")
-    if gpus_per_node > 0:
-        if cuda_devices == 0:
-            raise AllocationError(
-                f"cluster.gpus_per_node={gpus_per_node} but this task sees no CUDA device. HINT: request GPUs "
-                "(the cluster file's gpus_per_node becomes --gpus-per-node) or set cluster.gpus_per_node=0")
-        if env.local_world_size > cuda_devices and cuda_devices != 1:
-            raise AllocationError(
-                f"{env.local_world_size} ranks on this node but only {cuda_devices} visible GPUs. "
-                f"HINT: set cluster.tasks_per_node={cuda_devices}")
-
-
-# ---------------------------------------------------------------- sampler servers
-
-
-def server_port(job_id: str, local_index: int, port_min: int = PORTS[0], port_max: int = PORTS[1]) -> int:
-    """The port of a job's sampler server ``local_index`` on its node: derived from the job id, away from the
-    job's master port (the other half of the range), so that both sides compute it without talking."""
-    span = port_max - port_min + 1
-    base = derive_port(job_id, port_min, port_max) - port_min
-    return port_min + (base + span // 2 + local_index) % span
 
 
 def sampler_servers(environ: Mapping[str, str] | None = None, port_range: tuple[int, int] = PORTS

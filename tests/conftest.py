@@ -244,3 +244,39 @@ def predict_here(run_dir, *args: str) -> dict:
     cfg = compose_prediction([str(run_dir), *args]).cfg
     Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
     return predict(cfg, RankEnv.from_environ({}), torch.device("cpu"))
+
+
+def train_batches(store, epoch: int = 1, transform=None):
+    """A store's training batches of ``epoch``, made as a rank makes them itself (the producer ``InRank``, with
+    the run's prefetch): the store's plan of the epoch walked over its graph side."""
+    from hpcgnn.sampling.loader import InRank
+
+    graph = store.graph_side()
+    return InRank(graph.features, graph.sampler, transform, store.device, store.cfg.train.prefetch).epoch(
+        store.train_plan(epoch))
+
+
+def free_port() -> int:
+    """A TCP port free on loopback now."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Marker:
+    """Unpickling this creates ``path``: what an outsider's pickle would do to whoever loads it."""
+
+    def __init__(self, path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        return open, (self.path, "w")
+
+
+def one_line(res: subprocess.CompletedProcess, kind: str) -> str:
+    """The one line a command printed for a user error of ``kind`` (and no traceback)."""
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"hpcgnn: {kind}: ") and "Traceback" not in res.stdout, res.stderr
+    return lines[0]

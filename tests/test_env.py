@@ -7,15 +7,9 @@ import socket
 
 import pytest
 
-from hpcgnn.env import (
-    AllocationError,
-    RankEnv,
-    check_allocation,
-    derive_port,
-    detect_source,
-    expand_nodelist,
-    expand_tasks_per_node,
-)
+from hpcgnn.env import RankEnv, detect_source
+from hpcgnn.errors import AllocationError
+from hpcgnn.nodes import check_allocation, derive_port, expand_nodelist, expand_tasks_per_node
 
 SLURM_TASK = {
     "SLURM_JOB_ID": "123456",
@@ -61,15 +55,18 @@ def test_torchrun_table():
     env = RankEnv.from_environ({"RANK": "5", "LOCAL_RANK": "1", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4",
                                 "GROUP_RANK": "1", "MASTER_ADDR": "node0", "MASTER_PORT": "29400",
                                 "TORCHELASTIC_RUN_ID": "abc"})
-    assert env == RankEnv("torchrun", 5, 1, 8, 4, 1, 2, (socket.gethostname(),), "node0", 29400, "abc")
+    assert env == RankEnv(source="torchrun", rank=5, local_rank=1, world_size=8, local_world_size=4, node_rank=1,
+                          num_nodes=2, hostnames=(socket.gethostname(),), master_addr="node0", master_port=29400,
+                          job_id="abc")
 
 
 def test_submitit_local_table():
     env = RankEnv.from_environ({"SUBMITIT_LOCAL_JOB_ID": "4242", "SUBMITIT_LOCAL_GLOBALID": "1",
                                 "SUBMITIT_LOCAL_LOCALID": "1", "SUBMITIT_LOCAL_NTASKS": "3",
                                 "SUBMITIT_LOCAL_NODEID": "0", "SUBMITIT_LOCAL_JOB_NUM_NODES": "1"})
-    assert env == RankEnv("submitit_local", 1, 1, 3, 3, 0, 1, (socket.gethostname(),), "127.0.0.1",
-                          derive_port("4242"), "4242")
+    assert env == RankEnv(source="submitit_local", rank=1, local_rank=1, world_size=3, local_world_size=3, node_rank=0,
+                          num_nodes=1, hostnames=(socket.gethostname(),), master_addr="127.0.0.1",
+                          master_port=derive_port("4242"), job_id="4242")
 
 
 def test_single_process():

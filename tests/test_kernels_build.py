@@ -1,7 +1,7 @@
 """The C kernels' library is checked before it is loaded (issue 54): its SHA-256 against the one its builder
 recorded, its owner and mode; and, once loaded, a self-test that a hop draws what its torch twin draws.
 
-(The older cases, a planted, stale, lying or truncated library, are in test_shared_cluster.py's section 4.)
+(As found and loaded: a planted, stale, lying or truncated library, test_kernels_load.py.)
 """
 
 from __future__ import annotations

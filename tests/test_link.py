@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import DATA_ROOT, UNIT_ROUNDOFF, local_rank_env, make_config
+from conftest import DATA_ROOT, UNIT_ROUNDOFF, local_rank_env, make_config, train_batches
 from sklearn.metrics import average_precision_score, roc_auc_score
 
 from hpcgnn.config import DatasetConfig
@@ -568,7 +568,7 @@ def _partitioned_link_worker(rank: int, world: int, port: int, cfg, folder: str)
     with process_group(env, cfg.dist, torch.device("cpu")):
         store = PartitionedStore(cfg, env)
         batches = []
-        for batch in store.train_loader(1):  # every step of an epoch, prefetched: the exchanges of both ranks meet
+        for batch in train_batches(store, 1):  # every step of an epoch, prefetched: the exchanges of both ranks meet
             keep = ("n_id", "edge_index", "edge_label_index", "edge_label", "edge_label_weight", "x", "num_sampled_edges")
             batches.append({k: batch[k] for k in keep} | {"positives": batch.positives, "batch_size": batch.batch_size})
         torch.save({"batches": batches, "own": store.parts.train_pos, "owned_nodes": store.parts.nodes,
@@ -713,7 +713,7 @@ def test_one_step_equals_a_full_batch_gae_step_with_the_same_negatives(tmp_path,
     task = build_task(cfg, env, store, cpu)
     torch.manual_seed(0)
     net = task.build_model()
-    batch = next(iter(store.train_loader(1, 0, task.transform)))
+    batch = next(iter(train_batches(store, 1, task.transform)))
     loss = task.step(net, batch).loss
     loss.backward()
 

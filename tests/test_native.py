@@ -455,7 +455,8 @@ def test_kernels_are_built_once_per_source_and_compiler(tmp_path):
     assert lib.parent == tmp_path and lib.suffix == ".so" and lib.name.startswith(f"sampling-{build.source_hash()}-")
     built = lib.stat().st_mtime_ns
     assert build.build(cache=tmp_path) == lib and lib.stat().st_mtime_ns == built
-    assert sorted(p.name for p in tmp_path.iterdir()) == [lib.with_suffix(".json").name, lib.name]  # no temporary
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([lib.with_suffix(".json").name, lib.name,
+                                                                 f"{lib.name}.sha256"])  # (its record) no temporary
     assert build.load(lib).hpcgnn_hop_plan is not None
     # another compiler answering --version alike (a module's wrapper, another install of one version) builds its own
     other = tmp_path / "bin" / "cc"
@@ -549,7 +550,8 @@ def test_ranks_building_at_once_each_load_one_whole_library(tmp_path):
     paths = {p.communicate(timeout=120)[0].strip() for p in procs}
     assert all(p.returncode == 0 for p in procs)
     lib = Path(paths.pop())
-    assert not paths and sorted(p.name for p in tmp_path.iterdir()) == [lib.with_suffix(".json").name, lib.name]
+    assert not paths and sorted(p.name for p in tmp_path.iterdir()) == sorted([lib.with_suffix(".json").name,
+                                                                               lib.name, f"{lib.name}.sha256"])
 
 
 def test_a_cache_folder_that_cannot_be_made_falls_back_to_torch_ops(kernels_from, caplog, tmp_path):

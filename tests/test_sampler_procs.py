@@ -231,7 +231,7 @@ def test_batches_larger_than_the_slots_grow_them_in_every_process_and_come_out_t
     pool = procs_module.SamplerPool(shipping.Recipe(graph, loader.sampler), 2, 2, 1, torch.device("cpu"), rank=0)
     try:
         pool.start()
-        made = [(b.x.clone(), b.edge_index.clone(), b.n_id.clone()) for b in pool.epoch(loader)]
+        made = [(b.x.clone(), b.edge_index.clone(), b.n_id.clone()) for b in pool.epoch(loader.plan)]
         assert min(t.numel() for t in pool.slots) > 4096  # grown
     finally:
         pool.close(done=True)

@@ -15,7 +15,7 @@ import time
 import pytest
 from conftest import DATA_ROOT, EXAMPLES, REPO, TINY, make_config, run_cli, summary_of
 
-from hpcgnn import env
+from hpcgnn import env, nodes
 from hpcgnn.errors import ConfigError
 
 GOLDEN = REPO / "tests" / "golden" / "slurm"
@@ -29,11 +29,11 @@ def _recorded(name: str) -> dict[str, str]:
 def test_trainers_find_the_servers_from_the_heterogeneous_jobs_own_variables():
     trainer = _recorded("het-group0-step.env")  # group 0 (n1) of job 46508612; group 1 (n2) is 46508613
     server = _recorded("het-group1-step.env")
-    port = env.server_port("46508612", 0)
+    port = nodes.server_port("46508612", 0)
     assert env.sampler_servers(trainer) == [("n2", port)]
     assert env.this_server(server) == (0, port)  # the server listens where the trainers look
     assert env.RankEnv.from_environ(trainer).sampler_servers == (("n2", port),)
-    assert port != env.derive_port("46508612")  # not the trainers' master port
+    assert port != nodes.derive_port("46508612")  # not the trainers' master port
     wide = {**trainer, "SLURM_JOB_NODELIST_HET_GROUP_1": "s[07-08]", "SLURM_TASKS_PER_NODE_HET_GROUP_1": "2(x2)"}
     assert env.sampler_servers(wide) == [("s07", port), ("s07", port + 1), ("s08", port), ("s08", port + 1)]
     assert env.sampler_servers({k: v for k, v in trainer.items() if "HET" not in k}) == []  # a plain job: none
@@ -131,8 +131,9 @@ def test_a_sampler_that_cannot_be_built_fails_the_rank_at_its_start_on_either_tr
 
     from hpcgnn.errors import SamplerFailed
     from hpcgnn.sampling import shipping
+    from hpcgnn.sampling.client import RemotePool
     from hpcgnn.sampling.procs import SamplerPool
-    from hpcgnn.sampling.server import RemotePool, run_server
+    from hpcgnn.sampling.server import run_server
     from hpcgnn.trust import run_secret
 
     recipe, cpu = shipping.Recipe(None, _Unloadable()), torch.device("cpu")

@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from conftest import ACCURACY_BAR, DATA_ROOT, make_config, run_cli, summary_of
+from conftest import ACCURACY_BAR, DATA_ROOT, make_config, run_cli, summary_of, train_batches
 
 from hpcgnn.config import DatasetConfig, ModelConfig
 from hpcgnn.data import Graph, open_graph, prepare
@@ -183,7 +183,8 @@ def test_partitioned_cost_estimate_equals_the_whole_graph_one_for_two_hops(graph
 
 
 def _rank_env(rank: int, world: int) -> RankEnv:
-    return RankEnv("single", rank, rank, world, world, 0, 1, ("localhost",), "127.0.0.1", 0, "")
+    return RankEnv(source="single", rank=rank, local_rank=rank, world_size=world, local_world_size=world, node_rank=0,
+                   num_nodes=1, hostnames=("localhost",), master_addr="127.0.0.1", master_port=0, job_id="")
 
 
 def _step_edges(store: ReplicatedStore, seed: int) -> list[int]:
@@ -273,7 +274,7 @@ def test_every_sampler_gives_every_rank_the_same_steps(sampler):
     stores = [ReplicatedStore(cfg, _rank_env(r, 2)) for r in range(2)]
     assert stores[0].steps == stores[1].steps > 1
     for epoch in (1, 2):
-        counts = [sum(1 for _ in s.train_loader(epoch)) for s in stores]
+        counts = [sum(1 for _ in train_batches(s, epoch)) for s in stores]
         assert counts == [stores[0].steps] * 2, (epoch, counts)
 
 
@@ -321,27 +322,30 @@ def test_every_sampler_kind_is_the_samplers_protocol(over):
     loader = store.eval_loader("val")
     for sampler in (store.train_sampler, loader.sampler):
         assert isinstance(sampler, Sampler) and sampler.device == torch.device("cpu"), type(sampler)
-    store.close()
 
 
 @pytest.mark.parametrize(("over", "environ", "kind"), [
     ([], {}, "InRank"), (["train.prefetch=0"], {}, "InRank"), (["train.sampler_procs=2"], {}, "SamplerPool"),
     ([], {"HPCGNN_SAMPLER_SERVERS": "127.0.0.1:29999"}, "RemotePool")], ids=["prefetch", "plain", "procs", "servers"])
-def test_the_store_chooses_one_batch_source_once_and_every_kind_is_the_protocol(over, environ, kind, tmp_path):
-    """One seam: the store decides once which of the three producers makes a rank's training batches, each the
-    BatchSource protocol (start, epoch, close); the rank's own source hands out its loader's batches (nothing is
-    started here: constructing a pool spawns and connects nothing)."""
-    from hpcgnn.sampling.protocol import BatchSource
+def test_one_producer_is_chosen_in_sampling_from_its_settings_and_every_kind_is_the_protocol(over, environ, kind,
+                                                                                           tmp_path):
+    """One seam: which of the three producers makes a rank's training batches is decided in sampling/ (producers),
+    from declared settings and the store's graph side, each the BatchSource protocol (start, epoch, close), the two
+    outside the rank Pools too; the rank's own source walks the store's plan of an epoch (nothing is started here:
+    constructing a pool spawns and connects nothing)."""
+    from hpcgnn.sampling import producers
+    from hpcgnn.sampling.protocol import BatchSource, Pool
     from hpcgnn.stores import open_store
 
     cfg = make_config(*over, "dataset.num_nodes=2000", "train.batch_size=64", f"dataset.root={DATA_ROOT}",
                       f"run_dir={tmp_path}")
-    store = open_store(cfg, RankEnv.from_environ(environ), torch.device("cpu"))
-    source = store.batch_source()
+    env = RankEnv.from_environ(environ)
+    store = open_store(cfg, env, torch.device("cpu"))
+    settings = producers.ProducerSettings.of(cfg, env)
+    source = producers.choose(settings, store.graph_side(), None, torch.device("cpu"))
     assert isinstance(source, BatchSource) and type(source).__name__ == kind
-    assert store.batch_source() is source
+    assert isinstance(source, Pool) == (kind != "InRank")
     if kind == "InRank":
-        walk = store.train_loader(1)
+        walk = source.epoch(store.train_plan(1))
         assert type(walk).__name__ == ("PrefetchLoader" if cfg.train.prefetch else "BatchLoader")
         assert len(walk) == store.steps == len(list(walk))
-    store.close()

@@ -18,33 +18,17 @@ import threading
 import time
 
 import pytest
-from conftest import DATA_ROOT, TINY, summary_of
+from conftest import DATA_ROOT, TINY, Marker, free_port, summary_of
 
 from hpcgnn import trust
 from hpcgnn.errors import SamplerFailed, Untrusted
 from hpcgnn.sampling import messages as m
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class _Marker:
-    """Unpickling this creates ``path``: what an outsider's pickle would do to whoever loads it."""
-
-    def __init__(self, path):
-        self.path = str(path)
-
-    def __reduce__(self):
-        return open, (self.path, "w")
-
-
 def _pickle_frame(marker) -> bytes:
     import pickle
 
-    payload = pickle.dumps(("hello", 0, _Marker(marker), 1, None))
+    payload = pickle.dumps(("hello", 0, Marker(marker), 1, None))
     return len(payload).to_bytes(8, "big") + (0).to_bytes(8, "big") + payload  # the servers' framing before
 
 
@@ -56,7 +40,7 @@ def _server(tmp_path, index: int = 0, port: int | None = None, idle_s: float = 3
 
     from hpcgnn.sampling.server import run_server
 
-    port, key, threads = port or _free_port(), os.urandom(32), torch.get_num_threads()
+    port, key, threads = port or free_port(), os.urandom(32), torch.get_num_threads()
     ended: list = []
     run_dir = tmp_path / f"run{index}"
 
@@ -129,19 +113,19 @@ def test_a_relay_to_another_of_the_runs_servers_fails_the_handshake_and_nothing_
     """Server 0 listens; an outsider holds server 1's port and relays what the trainer sends there to server 0
     (unchanged, or claiming to be server 1), then injects a pickle. Both proofs were bound to neither server nor
     connection before: the outsider's pickles ran as the run's owner in server 0 and the trainer."""
-    from hpcgnn.sampling import server
+    from hpcgnn.sampling import client
 
     caplog.set_level(logging.INFO, logger="hpcgnn")
     marker, stop = tmp_path / "owned", threading.Event()
     with _server(tmp_path, index=0) as (port0, key):
-        port1 = _free_port()
+        port1 = free_port()
         _relay(port1, port0, stop, _as(1, port1) if rewrites else None, inject=_pickle_frame(marker))
         try:
             with pytest.raises(Untrusted, match=rf"sampler server 1 at 127.0.0.1:{port1} (greeted as sampler server 0 "
                                                 rf"on port {port0}|failed the run's handshake: it refused this rank's "
                                                 rf"proof): the process listening on port {port1} of 127.0.0.1 is not "
                                                 r"this run's .* or relay it to another of the run's servers"):
-                server._connect("127.0.0.1", port1, 1, 30, key, tmp_path, 0)
+                client._connect("127.0.0.1", port1, 1, 30, key, tmp_path, 0)
             time.sleep(0.5)
         finally:
             stop.set()
@@ -276,7 +260,7 @@ def test_a_run_completes_past_a_flood_of_slow_connections_and_its_end_waits_for_
     """64 connections that trickle a byte a second are opened as the server starts listening, before the
     trainer's; more keep coming. Before: they filled the server's handshake slots, the trainer's connection was
     closed unread and the run failed, 'security'. Now the run ends as without them, not waiting for any."""
-    port = _free_port()
+    port = free_port()
     args = [*TINY, "launch.procs=1", "train.num_threads=1", "metrics.tensorboard=false", f"dataset.root={DATA_ROOT}",
             "launch.sampler_servers=1", f"debug.server_port={port}", f"hydra.run.dir={tmp_path / 'run'}"]
     stop, socks = threading.Event(), []
@@ -446,15 +430,15 @@ def test_a_trainer_dropped_unanswered_tries_again_and_then_says_busy_or_flooded(
     """A server whose pending handshakes are full drops the oldest, telling it to try again: the trainer does, and
     after a few tries fails with 'busy or flooded', not 'security' (no proof failed)."""
     from hpcgnn.errors import Flooded
-    from hpcgnn.sampling import server
+    from hpcgnn.sampling import client
 
-    monkeypatch.setattr(server, "RETRY_S", 0.01)
+    monkeypatch.setattr(client, "RETRY_S", 0.01)
     listener = socket.create_server(("127.0.0.1", 0))
     port, tries = listener.getsockname()[1], []
 
     def busy():
         with listener:
-            for _ in range(server.CONNECT_TRIES):
+            for _ in range(client.CONNECT_TRIES):
                 conn, _ = listener.accept()
                 with conn:
                     state = trust.Accepting(os.urandom(32), 0, port)
@@ -463,10 +447,10 @@ def test_a_trainer_dropped_unanswered_tries_again_and_then_says_busy_or_flooded(
 
     threading.Thread(target=busy, daemon=True).start()
     with pytest.raises(Flooded, match=rf"sampler server 0 at 127.0.0.1:{port} closed rank 3's connection during the "
-                                      rf"run's handshake {server.CONNECT_TRIES} times .*: the server is busy or flooded "
+                                      rf"run's handshake {client.CONNECT_TRIES} times .*: the server is busy or flooded "
                                       r"with connections .* HINT: its log names the addresses it refused"):
-        server._connect("127.0.0.1", port, 0, 30, os.urandom(32), tmp_path, 3)
-    assert len(tries) == server.CONNECT_TRIES
+        client._connect("127.0.0.1", port, 0, 30, os.urandom(32), tmp_path, 3)
+    assert len(tries) == client.CONNECT_TRIES
 
 
 def test_a_model_file_that_torch_refuses_is_one_line_in_predict(tmp_path, capsys):
@@ -477,7 +461,7 @@ def test_a_model_file_that_torch_refuses_is_one_line_in_predict(tmp_path, capsys
     run = tmp_path / "run"
     _train_a_run(run)
     marker = tmp_path / "owned"
-    saved.model_path(run, "best").write_bytes(pickle.dumps({"format": 1, "state_dict": _Marker(marker)}))
+    saved.model_path(run, "best").write_bytes(pickle.dumps({"format": 1, "state_dict": Marker(marker)}))
     code, lines = _cli(capsys, "predict", str(run))
     assert code == 2 and len(lines) == 1, lines
     assert re.match(r"hpcgnn: model error: .*best.pt is not a model file hpcgnn can read \(UnpicklingError: ", lines[0])

@@ -274,7 +274,7 @@ def test_typed_parts_balance_every_type_and_hold_each_relation(method, num_parts
 
 
 def _typed_sample_worker(rank: int, world: int, port: int, cfg, folder: str) -> None:
-    from conftest import local_rank_env
+    from conftest import local_rank_env, train_batches
 
     from hpcgnn.dist import process_group
     from hpcgnn.stores import open_store
@@ -284,7 +284,7 @@ def _typed_sample_worker(rank: int, world: int, port: int, cfg, folder: str) -> 
     with process_group(env, cfg.dist, torch.device("cpu")):
         store = open_store(cfg, env)
         before = store.counters()
-        batches = list(store.train_loader(1))  # every rank walks the same steps (the exchanges are collective)
+        batches = list(train_batches(store, 1))  # every rank walks the same steps (the exchanges are collective)
         stats = (store.counters() - before).per_batch()
         torch.save({"batches": batches[:3] + batches[-1:], "stats": stats, "owned": store.parts.nodes,
                     "steps": len(batches), "kind": type(store).__name__, "cached": store.cache.cache_ids},
@@ -439,7 +439,7 @@ def test_typed_settings_are_checked_at_submit_time(overrides, message):
 
 
 def test_relation_fanouts_override_train_fanouts_per_relation():
-    from conftest import DATA_ROOT, make_config
+    from conftest import DATA_ROOT, make_config, train_batches
 
     from hpcgnn.env import RankEnv
     from hpcgnn.errors import ConfigError
@@ -449,7 +449,7 @@ def test_relation_fanouts_override_train_fanouts_per_relation():
     store = TypedStore(make_config(*base, "+train.relation_fanouts.paper__cites__paper=[0,0]"), RankEnv.from_environ({}))
     assert store.sampler.fanouts[("paper", "cites", "paper")] == (0, 0)
     assert store.sampler.fanouts[("author", "writes", "paper")] == (10, 5)  # train.fanouts
-    batch = next(iter(store.train_loader(1)))
+    batch = next(iter(train_batches(store, 1)))
     assert batch["paper", "cites", "paper"].edge_index.size(1) == 0 and batch["author", "writes", "paper"].num_edges
     with pytest.raises(ConfigError, match=r"train.relation_fanouts names paper__quotes__paper, not a relation of "
                                           r"synthetic_hetero\. HINT: use paper__cites__paper"):
@@ -558,7 +558,7 @@ def write_typed_folder(folder, graph: TypedGraph) -> None:
 def test_a_typed_folder_reads_back_as_the_same_graph(tmp_path, graph):
     """Relations given once are reversed; featureless types take the mean along the relation with the most
     edges into them from a featured type; prepared, mapped, and served as typed (or erased) by config."""
-    from conftest import make_config
+    from conftest import make_config, train_batches
 
     from hpcgnn.checks import is_typed
     from hpcgnn.data import open_typed, prepare
@@ -583,7 +583,7 @@ def test_a_typed_folder_reads_back_as_the_same_graph(tmp_path, graph):
     from hpcgnn.stores import open_store
 
     store = open_store(store_cfg, RankEnv.from_environ({}))
-    batch = next(iter(store.train_loader(1)))
+    batch = next(iter(train_batches(store, 1)))
     check_typed_batch(mapped, batch, batch["paper"].n_id[: batch["paper"].batch_size], (10, 5))
     erased = make_config("dataset=files", f"dataset.path={tmp_path / 'g'}", "dataset.erase_types=true",
                          f"dataset.root={tmp_path / 'root'}")

@@ -78,6 +78,22 @@ def cpu_weights(model: torch.nn.Module) -> dict:
     return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
 
 
+def keep(run_dir: str | Path, which: str, record: dict) -> Path:
+    """A run's ``model/<which>.pt`` (rank 0), whole or not at all; a full disk is a
+    :class:`~hpcgnn.errors.CheckpointError` naming it."""
+    from hpcgnn.errors import CheckpointError
+    from hpcgnn.io import no_room
+
+    path = model_path(run_dir, which)
+    try:
+        return write(path, record)
+    except OSError as exc:
+        if not no_room(exc):
+            raise
+        raise CheckpointError(f"the {which} model ({path}) does not fit: {exc.strerror}. HINT: free space there, "
+                              "or move the run to a file system with room") from None
+
+
 def write(path: Path, record: dict) -> Path:
     """``record`` into ``path``, whole or not at all."""
     from hpcgnn.io import atomic_open

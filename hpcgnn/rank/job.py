@@ -19,10 +19,11 @@ import torch
 from hpcgnn import dist, process, trust
 from hpcgnn.config import RunConfig
 from hpcgnn.dist import pick_device, process_group
-from hpcgnn.env import RankEnv, check_allocation
+from hpcgnn.env import RankEnv
 from hpcgnn.errors import EXIT_PREEMPTED, EXIT_REQUEUED, RunFolderBusy
 from hpcgnn.failures import record_failure
 from hpcgnn.logs import setup_logging
+from hpcgnn.nodes import check_allocation
 from hpcgnn.rank.checkpoint import Preempted
 from hpcgnn.rank.trainer import train
 

@@ -267,7 +267,7 @@ def _outputs(cfg: RunConfig, store, model: torch.nn.Module, mode: str):
                 logits, y = node_logits_and_labels(model, batch)
                 outs.append(logits.float().cpu())
                 labels.append(y.cpu())
-            ids.append(loader.batches[k])
+            ids.append(loader.plan.seeds(k))
         progress.advance(1)
     progress.finish()
     empty = torch.empty(0, dtype=torch.long)

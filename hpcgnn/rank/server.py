@@ -19,7 +19,7 @@ import socket
 import sys
 from pathlib import Path
 
-from hpcgnn import env, process, trust
+from hpcgnn import env, nodes, process, trust
 from hpcgnn.config import RunConfig
 from hpcgnn.errors import UserError, describe
 from hpcgnn.logs import setup_logging
@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     sn = cfg.cluster.samplers
     trainers = trainers_of(index, sn.nodes * sn.tasks_per_node, cfg.world_size, cfg.graph.mode == "partitioned")
     own = env.read("node_name", environ) or socket.gethostname()
-    peers = env.expand_nodelist(env.read("trainer_nodelist", environ) or "") if sn.het else []
+    peers = nodes.expand_nodelist(env.read("trainer_nodelist", environ) or "") if sn.het else []
     try:
         _serve(cfg, index, port, trainers, env.slurm_cpus_per_task(environ) or 1, bind_address(own, peers), True,
                announce=None if sn.het else trust.announced(cfg.run_dir) / str(index), idle_s=cfg.dist.init_timeout_s)

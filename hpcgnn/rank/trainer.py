@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
 import logging
 import math
 import socket
@@ -30,16 +29,18 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
+import hpcgnn.sampling.producers as producers
 from hpcgnn import dist
 from hpcgnn.config import RunConfig, empty_validation
-from hpcgnn.env import RankEnv, restart_count
-from hpcgnn.errors import CheckpointError, DatasetError
-from hpcgnn.io import no_room, write_json
+from hpcgnn.env import RankEnv
+from hpcgnn.errors import DatasetError
+from hpcgnn.io import write_json
 from hpcgnn.models import saved
 from hpcgnn.rank.checkpoint import Checkpointer, Preempted, PreemptionFlag
 from hpcgnn.rank.faults import Faults
-from hpcgnn.rank.metrics import StepMetrics, peak_memory_mb
+from hpcgnn.rank.metrics import StepMetrics
 from hpcgnn.rank.nonfinite import NonFiniteGuard
+from hpcgnn.rank.summary import run_summary
 from hpcgnn.rank.techniques import (
     CommHook,
     autocast,
@@ -49,7 +50,6 @@ from hpcgnn.rank.techniques import (
     resolve_precision,
     step_weights,
 )
-from hpcgnn.results import result_words
 from hpcgnn.rng import rng_state, set_rng_state
 from hpcgnn.stores import open_store
 from hpcgnn.tasks import build_task
@@ -132,6 +132,10 @@ class Trainer:
         self.t_start = time.perf_counter()
         self.store = open_store(cfg, env, device)
         self.task = build_task(cfg, env, self.store, device)
+        # what makes the training batches (the rank, its sampler processes, its servers): started by train(), closed
+        # at its end; the model's batch transform is given here, once
+        self.source = producers.choose(producers.ProducerSettings.of(cfg, env), self.store.graph_side(),
+                                       self.task.transform, device)
         torch.manual_seed(t.seed)  # the same initial weights everywhere (DDP broadcasts rank 0's anyway)
         self.model = self.task.build_model().to(device)
         self.lr = effective_lr(t.lr, t.lr_scaling, env.world_size, t.accumulate)
@@ -227,7 +231,7 @@ class Trainer:
         self._log_start()
         preempt = PreemptionFlag(self.cfg.checkpoint.signal)
         try:
-            self.store.batch_source(self.task.transform).start()  # (sampler processes, servers: before the clock)
+            self.source.start()  # (sampler processes, servers: before the clock)
             for epoch in range(self.state.epoch, self.cfg.train.epochs + 1):
                 row = self.run_epoch(epoch, preempt)
                 if epoch % self.cfg.train.eval_every == 0 or epoch == self.cfg.train.epochs:
@@ -235,7 +239,7 @@ class Trainer:
                     row.update(self.evaluate())
                     row["eval_s"] = time.perf_counter() - t0  # (exact inference's, with eval_mode=full)
                 self.end_epoch(epoch, row)
-            self.store.close(done=True)  # sampler servers, if any, may leave
+            self.source.close(done=True)  # sampler servers, if any, may leave
             if self.env.is_main:
                 last = self.state.history[-1] if self.state.history else {}
                 self.keep_model("last", saved.cpu_weights(self.model), self.cfg.train.epochs,
@@ -243,12 +247,12 @@ class Trainer:
         finally:
             preempt.restore()
             self.metrics.close()
-            self.store.close()  # its sampler processes, if any
+            self.source.close()  # its sampler processes, if any
             # Free DDP's reducer now, on this thread, while the process group lives. Kept alive by an
             # exception's traceback instead, it would be freed at interpreter exit, where gloo's
             # destructor joins a worker thread that waits for the GIL: a hang at exit.
             self.ddp = self.model
-        return self.summary()
+        return run_summary(self)
 
     def run_epoch(self, epoch: int, preempt: PreemptionFlag) -> dict:
         """One epoch of this rank's steps (from the resumed step on); returns the epoch's training row."""
@@ -257,7 +261,7 @@ class Trainer:
         if s.step_in_epoch == 0:
             self.sums = EpochSums(self.device)
         skipped = s.nonfinite_skipped
-        loader = self.store.train_loader(epoch, s.step_in_epoch, self.task.transform)
+        loader = self.source.epoch(self.store.train_plan(epoch, s.step_in_epoch))
         weights = step_weights(dist.all_gather_object(loader.sizes), self.env.rank, t.accumulate)
         before = self.store.counters()
         t0 = time.perf_counter()
@@ -391,19 +395,11 @@ class Trainer:
                      row["loss"], row["train_acc"], evals, row["seeds_per_s"])
 
     def keep_model(self, which: str, weights: dict, epoch: int, metrics: dict) -> Path:
-        """Rank 0: ``model/<which>.pt`` (:mod:`hpcgnn.models.saved`), whole or not at all; a full disk is a
-        :class:`~hpcgnn.errors.CheckpointError` naming it."""
-        path = saved.model_path(self.cfg.run_dir, which)
-        record = saved.describe(self.model, self.cfg, self.store.shape, weights, which=which, epoch=epoch,
-                                step=self.state.step, metrics=dict(metrics), run_id=(self.checkpointer.run or {}).get("id"),
-                                dataset=self.checkpointer.fingerprint["dataset"])
-        try:
-            return saved.write(path, record)
-        except OSError as exc:
-            if not no_room(exc):
-                raise
-            raise CheckpointError(f"the {which} model ({path}) does not fit: {exc.strerror}. HINT: free space there, "
-                                  "or move the run to a file system with room") from None
+        """Rank 0: ``model/<which>.pt`` (:func:`hpcgnn.models.saved.keep`)."""
+        return saved.keep(self.cfg.run_dir, which, saved.describe(
+            self.model, self.cfg, self.store.shape, weights, which=which, epoch=epoch, step=self.state.step,
+            metrics=dict(metrics), run_id=(self.checkpointer.run or {}).get("id"),
+            dataset=self.checkpointer.fingerprint["dataset"]))
 
     def _progress(self) -> dict:
         """What `hpcgnn.submit.status` reads while the run goes on (the summary's first keys)."""
@@ -411,72 +407,6 @@ class Trainer:
         return {"epochs": self.cfg.train.epochs, "history": s.history, "metric": f"val_{metric}",
                 "best_val": s.best.get(f"val_{metric}"), "test": s.best.get(f"test_{metric}"),
                 "best_epoch": s.best_epoch}
-
-    # ------------------------------------------------------------------ the summary
-
-    def summary(self) -> dict:
-        """The run's summary, the same on every rank; rank 0 writes ``summary.json``."""
-        cfg, t, s, env, metric = self.cfg, self.cfg.train, self.state, self.env, self.task.metric
-        checksums = dist.all_gather_object(param_checksum(self.model))
-        hosts = dist.all_gather_object(socket.gethostname())
-        out = {
-            "task": self.task.name,
-            "metric": f"val_{metric}",  # the evaluation metric that selects the best epoch
-            "best_val": s.best.get(f"val_{metric}"),  # its best value (None: no validation split) ...
-            "test": s.best.get(f"test_{metric}"),  # ... and the test value at that epoch (None: no test split)
-            "select": self.cfg.train.select,  # val: the epoch of the best validation metric; last: the last evaluated
-            **s.best,  # every val_* / test_* metric at that epoch (test_acc, test_auc, test_hits@50, ...)
-            "best_epoch": s.best_epoch,
-            f"final_test_{metric}": s.history[-1].get(f"test_{metric}") if s.history else None,
-            "epochs": t.epochs,
-            "steps_per_epoch": self.store.steps,
-            "world_size": env.world_size,
-            "num_nodes": env.num_nodes,
-            "hostnames": sorted(set(hosts)),
-            "rank_hosts": hosts,
-            "master_addr": env.master_addr,
-            "master_port": env.master_port,
-            "launcher": env.source,
-            "job_id": env.job_id,
-            "backend": dist.backend(),
-            "device": str(self.device),
-            "dataset": cfg.dataset.name,
-            "effective_lr": self.lr,
-            "global_batch": env.world_size * t.accumulate * t.batch_size,
-            "precision": t.precision,
-            "grad_compression": t.grad_compression,
-            "allreduce_bytes_per_step": (sum(self.allreduce_bytes) / len(self.allreduce_bytes)
-                                         if self.allreduce_bytes else 0),
-            "eval_mode": self.task.eval_mode,
-            "sampler": t.sampler,
-            "edge_budget": t.edge_budget,
-            "graph_mode": cfg.graph.mode,
-            "graph_on": self.store.graph_on,
-            "resident_graph_bytes": dist.all_gather_object(self.store.resident_bytes()),
-            "peak_memory_mb": dist.all_gather_object(peak_memory_mb(self.device)),  # per rank, evaluation included
-            "model": cfg.model.name,
-            "model_class": saved.class_name(self.model),  # (a link model's: its encoder's)
-            "model_source": saved.model_source(cfg.model),  # a model of the user's own: class, file, file's hash
-            "seeds_per_s": s.seeds_done / s.train_time_s if s.train_time_s > 0 else 0.0,
-            "train_time_s": s.train_time_s,
-            "wall_time_s": time.perf_counter() - self.t_start,
-            "resumes": s.resumes,  # times this run continued from a checkpoint
-            "resume_changes": s.resume_changes,  # settings changed on a resume and applied from the step named
-            "nonfinite_skipped": s.nonfinite_skipped,  # optimizer steps skipped for NaN/inf (train.nonfinite=skip)
-            "requeues": restart_count(),  # times SLURM requeued the job
-            "param_checksums": checksums,
-            "history": s.history,
-            "run_dir": cfg.run_dir,
-            # the trained model (hpcgnn.load_model(run_dir, which)): the best epoch's weights, the last step's
-            "model_files": {w: str(p) if (p := saved.model_path(cfg.run_dir, w)).is_file() else None
-                            for w in saved.WHICH},
-        }
-        if metric == "acc":  # node classification also names it best_val_acc
-            out["best_val_acc"] = out["best_val"]
-        if env.is_main:
-            path = write_json(Path(cfg.run_dir) / "summary.json", out)
-            log.info("%s; summary: %s", result_words(out, short=True), path)
-        return out
 
     # ------------------------------------------------------------------ small things
 
@@ -506,13 +436,6 @@ def optimizer_step(opt: torch.optim.Optimizer, sched, scaler, apply: bool = True
         opt.step()
     sched.step()
     opt.zero_grad(set_to_none=True)
-
-
-def param_checksum(model: torch.nn.Module) -> str:
-    h = hashlib.sha256()
-    for p in model.parameters():
-        h.update(p.detach().cpu().contiguous().numpy().tobytes())
-    return h.hexdigest()[:16]
 
 
 def train(cfg: RunConfig, env: RankEnv, device: torch.device) -> dict:

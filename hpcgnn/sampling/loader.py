@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 from torch_geometric.data import Data
@@ -63,32 +64,36 @@ class LocalFeatures:
         self.graph = graph
 
     def gather(self, n_id: Tensor, batch_size: int, pin_memory: bool = False, alloc=None) -> tuple[Tensor, Tensor]:
-        """Rows ``n_id`` of the features, and the labels of its first ``batch_size`` (the seeds: the loss reads no
-        others), where the graph lives; ``pin_memory``: straight into page-locked buffers (a host graph bound for a
-        GPU), so the copy can run asynchronously; ``alloc(shape, dtype)``: the features straight into memory it
-        hands out (a sampler process's shared slot)."""
+        """Rows ``n_id`` of the features and labels, where the graph lives (every node's label: a whole graph's
+        batches carry them all, though the loss reads the first ``batch_size``, the seeds'; a partitioned rank's
+        carry the seeds' alone); ``pin_memory``: straight into page-locked buffers (a host graph bound for a GPU), so
+        the copy can run asynchronously; ``alloc(shape, dtype)``: the features straight into memory it hands out (a
+        sampler process's shared slot)."""
         g = self.graph
         n_id = n_id.to(g.x.device)
-        seeds = n_id[:batch_size]
         if alloc is not None:  # upcast on the way in (features stored as float16/bfloat16), as below
             x = ops.gather_rows(g.x, n_id, alloc((n_id.numel(), *g.x.shape[1:]), torch.float32))
-            return x, (g.y.index_select(0, seeds) if g.y.numel() else g.y)
+            return x, (g.y.index_select(0, n_id) if g.y.numel() else g.y)
         x = gather_rows(g.x, n_id, pin_memory, torch.float32)  # features stored as float16/bfloat16: upcast per batch
-        y = gather_rows(g.y, seeds, pin_memory) if g.y.numel() else g.y  # a link graph has no labels
+        y = gather_rows(g.y, n_id, pin_memory) if g.y.numel() else g.y  # a link graph has no labels
         return x, y
 
 
 class LocalTypedFeatures:
     """Features and labels of a typed graph this process holds whole, per node type (replicated mode)."""
 
+    gathers_pinned = True  # gather_types(..., pin_memory): rows straight into page-locked buffers
+
     def __init__(self, graph: TypedGraph):
         self.graph, self.target = graph, graph.target
 
-    def gather_types(self, n_id: dict[str, Tensor], batch_size: int) -> tuple[dict[str, Tensor], Tensor]:
-        """:meth:`TypedGraph.gather_types`, each type's rows by :func:`gather_rows`."""
+    def gather_types(self, n_id: dict[str, Tensor], batch_size: int,
+                     pin_memory: bool = False) -> tuple[dict[str, Tensor], Tensor]:
+        """:meth:`TypedGraph.gather_types`, each type's rows by :func:`gather_rows` (``pin_memory``: straight into
+        page-locked buffers, as a homogeneous batch's)."""
         g = self.graph
-        x = {t: gather_rows(g.x[t], ids.to(g.x[t].device), dtype=torch.float32) for t, ids in n_id.items()}
-        return x, gather_rows(g.y, n_id[g.target][:batch_size].to(g.y.device))
+        x = {t: gather_rows(g.x[t], ids.to(g.x[t].device), pin_memory, torch.float32) for t, ids in n_id.items()}
+        return x, gather_rows(g.y, n_id[g.target][:batch_size].to(g.y.device), pin_memory)
 
 
 def gather_rows(src: Tensor, index: Tensor, pin_memory: bool = False, dtype: torch.dtype | None = None) -> Tensor:
@@ -112,6 +117,45 @@ class Drawn:
     end: Any
 
 
+@dataclass(frozen=True)
+class EpochPlan:
+    """One walk's description, made once and handed to whichever producer makes its batches: each batch's seeds
+    (``batches``, then empty ones up to ``num_batches``: a rank with fewer seeds still takes part in every
+    collective of a distributed sampler), the seed of each batch's own generator (``rng.generator(batch_seed,
+    i)``), the batches' weights in a step's loss (``sizes``, of every batch, also those skipped) and the first
+    batch to make (``start``: an exact resume)."""
+
+    batches: tuple[Tensor, ...]
+    empty: Tensor
+    num_batches: int
+    sizes: tuple[int, ...]
+    batch_seed: int | None = None
+    start: int = 0
+
+    @classmethod
+    def cut(cls, seeds: Tensor | list[Tensor], batch_size: int | None = None, *, batch_seed: int | None = None,
+            start: int = 0, num_batches: int | None = None, weigh_by_seeds: bool = True) -> EpochPlan:
+        """``seeds`` cut into batches of ``batch_size``, or the list of batches itself (e.g. cut by an edge budget);
+        ``weigh_by_seeds``: a batch weighs its seeds (False: every batch 1, a subgraph batch is a whole estimate)."""
+        if isinstance(seeds, (list, tuple)):
+            batches, empty = list(seeds), (seeds[0][:0] if seeds else torch.empty(0, dtype=torch.long))
+        else:
+            batches, empty = list(seeds.split(batch_size)) if seeds.numel() else [], seeds[:0]
+        total = max(num_batches or 0, len(batches))
+        sizes = [b.numel() if weigh_by_seeds else 1 for b in batches] + [0] * (total - len(batches))
+        return cls(tuple(batches), empty, total, tuple(sizes), batch_seed, start)
+
+    def __len__(self) -> int:
+        return self.num_batches - self.start
+
+    def seeds(self, i: int) -> Tensor:
+        return self.batches[i] if i < len(self.batches) else self.empty
+
+    def jobs(self) -> list[tuple[int, np.ndarray]]:
+        """(index, seeds) of the batches to make, in order: what a producer outside the rank is sent."""
+        return [(i, self.seeds(i).numpy()) for i in range(self.start, self.num_batches)]
+
+
 class BatchLoader:
     """Yields one PyG ``Data`` per batch of seeds: sampled subgraph, features and labels.
 
@@ -122,7 +166,8 @@ class BatchLoader:
     batch's making took: ``sample_s``, ``gather_s`` (on the host) and ``h2d`` (the copy to the
     device, as two clock marks: see :class:`hpcgnn.clock.Clock`).
 
-    ``seeds``: cut into batches of ``batch_size``, or the list of batches itself. ``sampler``:
+    ``seeds``: cut into batches of ``batch_size``, or the list of batches itself, or an epoch's
+    :class:`EpochPlan` (then its own batch seeds, start and sizes). ``sampler``:
     anything with ``sample(items, generator) -> SampledSubgraph``. ``features``: a Graph, or
     anything with ``gather(n_id, batch_size) -> (x, y)`` (the partitioned store fetches remote
     rows there); a typed sampler's batches (``TypedSubgraph``, per-type ids) become ``HeteroData``
@@ -136,26 +181,24 @@ class BatchLoader:
     the ones before it; ``start`` skips the first batches (an exact resume).
     """
 
-    def __init__(self, features, sampler, seeds: Tensor | list[Tensor], batch_size: int | None = None, *,
+    def __init__(self, features, sampler, seeds: Tensor | list[Tensor] | EpochPlan, batch_size: int | None = None, *,
                  generator: torch.Generator | None = None, batch_seed: int | None = None, start: int = 0,
                  num_batches: int | None = None, device: torch.device | None = None, pin_memory: bool = False,
                  transform: Callable[[SampledSubgraph], SampledSubgraph] | None = None, weigh_by_seeds: bool = True):
         self.features = LocalFeatures(features) if isinstance(features, Graph) else \
             LocalTypedFeatures(features) if isinstance(features, TypedGraph) else features
         self.sampler = sampler
-        if isinstance(seeds, (list, tuple)):  # the batches themselves (e.g. cut by an edge budget)
-            self.batches, self.empty = list(seeds), (seeds[0][:0] if seeds else torch.empty(0, dtype=torch.long))
-        else:
-            self.batches, self.empty = list(seeds.split(batch_size)) if seeds.numel() else [], seeds[:0]
-        self.generator, self.device = generator, device
-        self.pin_memory, self.batch_seed, self.start = pin_memory, batch_seed, start
-        self.transform = transform
-        self.num_batches = max(num_batches or 0, len(self.batches))
-        self.sizes = [b.numel() if weigh_by_seeds else 1 for b in self.batches] + \
-            [0] * (self.num_batches - len(self.batches))  # of every step of the walk, also those skipped
+        self.plan = seeds if isinstance(seeds, EpochPlan) else \
+            EpochPlan.cut(seeds, batch_size, batch_seed=batch_seed, start=start, num_batches=num_batches,
+                          weigh_by_seeds=weigh_by_seeds)
+        self.generator, self.device, self.pin_memory, self.transform = generator, device, pin_memory, transform
 
     def __len__(self) -> int:
-        return self.num_batches - self.start
+        return len(self.plan)
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        return self.plan.sizes
 
     @property
     def graph_device(self) -> torch.device:
@@ -177,9 +220,9 @@ class BatchLoader:
 
     def drawn_batches(self) -> Iterator[Drawn]:
         """The sampled subgraphs in order, features not yet gathered (:meth:`assemble` does)."""
-        batches = self.batches + [self.empty] * (self.num_batches - len(self.batches))
-        for i in range(self.start, self.num_batches):
-            yield self.draw(batches[i], self.batch_generator(i))
+        plan = self.plan
+        for i in range(plan.start, plan.num_batches):
+            yield self.draw(plan.seeds(i), self.batch_generator(i))
 
     @property
     def two_stage(self) -> bool:
@@ -189,9 +232,9 @@ class BatchLoader:
         return self.graph_device.type == "cpu" and isinstance(self.features, (LocalFeatures, LocalTypedFeatures))
 
     def batch_generator(self, i: int) -> torch.Generator | None:
-        if self.batch_seed is None:
+        if self.plan.batch_seed is None:
             return self.generator
-        return rng.generator(self.batch_seed, i, device=self.graph_device)
+        return rng.generator(self.plan.batch_seed, i, device=self.graph_device)
 
     def sample(self, seeds: Tensor, generator: torch.Generator | None = None, alloc=None) -> Data:
         """One batch where the graph lives (the host, or the GPU of a device graph): sampled subgraph,
@@ -215,7 +258,7 @@ class BatchLoader:
         if isinstance(out.n_id, dict):  # a typed batch: HeteroData, features per node type
             from hpcgnn.sampling.typed import to_hetero_data
 
-            data = to_hetero_data(self.features, out)
+            data = to_hetero_data(self.features, out, self.pin_memory)
             data.sample, data.gather = (m0, m1), (g0, clock.mark())
             return data
         x, y = gather_features(self.features, out.n_id, out.batch_size, self.pin_memory, alloc)
@@ -253,6 +296,53 @@ def to_device(data: Data, device: torch.device | None) -> Data:
         data = data.to(device, non_blocking=True)
     data.h2d = (start, clock.mark())
     return data
+
+
+class DeviceCopy:
+    """The one way a batch reaches the device, whichever producer made it (the rank's prefetch thread, its sampler
+    processes, its sampler servers): copied on a side stream (high priority: its copies get the copy engine as
+    soon as it frees, instead of queueing behind the training step), with an event the consumer's stream waits
+    for; so on a GPU the copy of batch i + 1 overlaps the step on batch i. On the host: the batch as it is.
+
+    ``copy(batch) -> (batch, ready)`` on the side stream (``ready``: its event, None on the host); ``hand_over(batch,
+    ready)`` makes it safe on the current stream (it waits for the event; the batch's tensors are marked as used
+    there, so the allocator keeps them until that stream is done); ``close()``: the side stream's last work comes
+    before whatever the current stream does next."""
+
+    def __init__(self, device: torch.device | None):
+        self.device = device
+        self.cuda = device is not None and device.type == "cuda"
+        self.side = torch.cuda.Stream(device, priority=-1) if self.cuda else None
+        if self.cuda:  # what the current stream did before (the sampler's scratch map, say) comes first
+            self.side.wait_stream(torch.cuda.current_stream(device))
+
+    def stream(self):
+        """The side stream as the current one (a producer's thread works in it), or nothing on the host."""
+        return torch.cuda.stream(self.side) if self.cuda else contextlib.nullcontext()
+
+    def copy(self, batch):
+        if not self.cuda:
+            return to_device(batch, self.device), None
+        with torch.cuda.device(self.device), torch.cuda.stream(self.side):
+            batch = to_device(batch, self.device)
+            ready = torch.cuda.Event()
+            ready.record(self.side)
+        return batch, ready
+
+    def hand_over(self, batch, ready):
+        if ready is None:
+            return batch
+        here = torch.cuda.current_stream(self.device)
+        here.wait_event(ready)
+        for store in batch.stores:  # one for Data; one per node type and relation for HeteroData
+            for value in store.values():
+                if isinstance(value, Tensor) and value.is_cuda:
+                    value.record_stream(here)
+        return batch
+
+    def close(self) -> None:
+        if self.cuda:
+            torch.cuda.current_stream(self.device).wait_stream(self.side)
 
 
 _END = object()
@@ -306,16 +396,19 @@ class PrefetchLoader:
 
 
 class InRank:
-    """The rank's own batches (:class:`~hpcgnn.sampling.protocol.BatchSource`): its loader, ``depth`` batches ahead
-    in a :class:`PrefetchLoader` (0: made as the step asks for them)."""
+    """The rank's own batches (:class:`~hpcgnn.sampling.protocol.BatchSource`): each epoch's plan walked by a loader
+    of the graph side's features and sampler, ``depth`` batches ahead in a :class:`PrefetchLoader` (0: made as the
+    step asks for them), on ``device``."""
 
-    def __init__(self, depth: int):
-        self.depth = depth
+    def __init__(self, features, sampler, transform, device: torch.device, depth: int):
+        self.features, self.sampler, self.transform, self.device, self.depth = features, sampler, transform, device, depth
 
     def start(self) -> None:
         pass
 
-    def epoch(self, loader: BatchLoader) -> PrefetchLoader | BatchLoader:
+    def epoch(self, plan: EpochPlan) -> PrefetchLoader | BatchLoader:
+        loader = BatchLoader(self.features, self.sampler, plan, device=self.device,
+                             pin_memory=self.device.type == "cuda", transform=self.transform)
         return PrefetchLoader(loader, self.depth) if self.depth else loader
 
     def close(self, done: bool = False) -> None:
@@ -342,11 +435,9 @@ class _Walk:
         self.stop = threading.Event()
         self.device = loader.device
         self.cuda = self.device is not None and self.device.type == "cuda"
-        # High priority: the thread's small kernels (and the syncs between them) get SMs as soon as they free
-        # up, instead of queueing behind the training step's large kernels.
-        self.side = torch.cuda.Stream(self.device, priority=-1) if self.cuda else None
-        if self.cuda:  # what the default stream did before (the sampler's scratch map, say) comes first
-            self.side.wait_stream(torch.cuda.current_stream(self.device))
+        # The side stream is high priority: the thread's small kernels (and the syncs between them) get SMs as
+        # soon as they free up, instead of queueing behind the training step's large kernels.
+        self.copies = DeviceCopy(self.device)
         budget = scheduler.threads()
         self.sample_threads = max(1, budget // 2)
         self.gather_threads = max(1, budget - self.sample_threads)
@@ -411,19 +502,13 @@ class _Walk:
         if self.two_stage:
             scheduler.thread_budget(self.gather_threads)
             scheduler.share_gathers(self.share)
-        cuda, device, side = self.cuda, self.device, self.side
+        cuda, device = self.cuda, self.device
         try:
-            with torch.cuda.device(device) if cuda else contextlib.nullcontext(), \
-                    torch.cuda.stream(side) if cuda else contextlib.nullcontext():
+            with torch.cuda.device(device) if cuda else contextlib.nullcontext(), self.copies.stream():
                 batches = (self.loader.assemble(item) for item in self.take()) if self.two_stage \
                     else self.loader.host_batches()
                 for batch in batches:
-                    ready = None
-                    if cuda:
-                        batch = to_device(batch, device)
-                        ready = torch.cuda.Event()
-                        ready.record(side)
-                    if not self.put((batch, ready)):
+                    if not self.put(self.copies.copy(batch) if cuda else (batch, None)):
                         return
             self.put(_END)
         except BaseException as exc:  # handed to the consumer, raised there
@@ -446,20 +531,10 @@ class _Walk:
                 if isinstance(item, BaseException):
                     raise item
                 batch, ready = item
-                if ready is None:
-                    yield to_device(batch, device)
-                    continue
-                here = torch.cuda.current_stream(device)
-                here.wait_event(ready)
-                for store in batch.stores:  # one for Data; one per node type and relation for HeteroData
-                    for value in store.values():
-                        if isinstance(value, Tensor) and value.is_cuda:
-                            value.record_stream(here)
-                yield batch
+                yield to_device(batch, device) if ready is None else self.copies.hand_over(batch, ready)
         finally:
             self.stop.set()
             for thread in threads:
                 thread.join()
             _walks.pop(id(self.stop), None)
-            if self.cuda:  # the thread's last kernels come before whatever the default stream does next
-                torch.cuda.current_stream(device).wait_stream(self.side)
+            self.copies.close()  # the thread's last kernels come before whatever the default stream does next

@@ -50,7 +50,7 @@ from hpcgnn.checks import (
     SLOT_BYTES,  # a slot's first size; a batch that does not fit gets a larger slot (once or twice)
 )
 from hpcgnn.errors import SamplerFailed
-from hpcgnn.sampling.loader import BatchLoader
+from hpcgnn.sampling.loader import EpochPlan
 
 log = logging.getLogger(__name__)
 
@@ -138,8 +138,8 @@ class _PipeEnd:
                 if isinstance(msg, m.Slot) and msg.slot == s:
                     return self.slots[s]
 
-    def deliver(self, i: int, meta, delta, nbytes: int) -> None:
-        self.send(m.Batch(i, meta, delta, slot=self.slot))
+    def deliver(self, i: int, meta, delta, nbytes: int, payload: memoryview | None = None) -> None:
+        self.send(m.Batch(i, meta, delta, slot=self.slot))  # (a sampler process's batches are never relayed)
 
 
 def serve(spec: SamplerSpec, recipe: bytes, slots: list[Tensor], inbox: Connection, outbox: Connection) -> None:
@@ -257,17 +257,19 @@ class SamplerPool:
     def pids(self) -> list[int]:
         return [p.process.pid for p in self.running]
 
-    def epoch(self, loader: BatchLoader) -> serving.ProducedLoader:
-        """``loader``'s batches (the same seeds, generators and order), made by these processes."""
-        return serving.ProducedLoader(self, loader)
+    def epoch(self, plan: EpochPlan) -> serving.ProducedLoader:
+        """The plan's batches (its seeds, generators and order), made by these processes."""
+        return serving.ProducedLoader(self, plan)
 
     # ---------------------------------------------------------------- one epoch
 
-    def receive(self, i: int):
-        """Batch ``i``, viewed in its slot: (data, its process, slot, its exchange counts or None)."""
+    def receive(self, i: int, unpack: bool = True):
+        """Batch ``i``, viewed in its slot: (data, its process, slot, its exchange counts or None); ``unpack=False``:
+        the batch as it lies there (:class:`~hpcgnn.sampling.shipping.Packed`)."""
         p = self.running[i % self.procs]
         batch = self._next(p, i)
-        return serving.arrived(batch, i, p.spec.name, self.stats, self.slots[batch.slot]), p, batch.slot, batch.delta
+        data = serving.arrived(batch, i, p.spec.name, self.stats, self.slots[batch.slot], unpack)
+        return data, p, batch.slot, batch.delta
 
     def begin(self, batch_seed: int, jobs: list) -> None:
         """An epoch's batches to make, as (index, seeds as a numpy array) in index order, each to the process its

@@ -13,7 +13,8 @@ subgraph samplers (``subgraph``: GraphSAINT, Cluster-GCN), the typed graphs' (``
 with per-type ids), the link samplers (``link``: training edges with their negatives, evaluation pairs), each
 declaring both.
 
-A :class:`BatchSource`: the trainer asks it for an epoch's batches, whichever of the three producers it is.
+A :class:`BatchSource`: the trainer asks it for an epoch's batches, whichever of the three producers it is; a
+:class:`Pool`: the two producers outside the rank, as the rank's walk over their batches drives them.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
 
     from torch_geometric.data import Data
 
-    from hpcgnn.sampling.loader import BatchLoader
+    from hpcgnn.sampling.loader import EpochPlan
     from hpcgnn.sampling.neighbor import SampledSubgraph
 
 
@@ -42,18 +43,46 @@ class Sampler(Protocol):
 
 @runtime_checkable
 class BatchSource(Protocol):
-    """Where a rank's training batches come from, chosen once by the store (``Store.batch_source``): the rank
-    itself (``loader.InRank``: its loader, with a prefetch thread), its sampler processes (``procs.SamplerPool``)
-    or its sampler servers (``server.RemotePool``). Whichever it is, an epoch's batches are the same, bitwise.
+    """Where a rank's training batches come from, chosen once (:func:`hpcgnn.sampling.producers.choose`): the rank
+    itself (``loader.InRank``: a loader, with a prefetch thread), its sampler processes (``procs.SamplerPool``) or
+    its sampler servers (``client.RemotePool``). Whichever it is, an epoch's batches are the same, bitwise. Its
+    owner (the trainer) starts it once and closes it once.
 
     - ``start()``: before the first epoch (processes started, servers connected: before the clock runs);
-    - ``epoch(loader)``: ``loader``'s batches (its seeds, generators, order and ``start``), on the device, as an
-      iterable with ``len`` and ``sizes``;
+    - ``epoch(plan)``: the :class:`~hpcgnn.sampling.loader.EpochPlan`'s batches (its seeds, generators, order and
+      ``start``), on the device, as an iterable with ``len`` and ``sizes``;
     - ``close(done)``: at the end (``done``: the run has finished, and servers may leave).
     """
 
     def start(self) -> None: ...
 
-    def epoch(self, loader: BatchLoader) -> Iterable[Data]: ...
+    def epoch(self, plan: EpochPlan) -> Iterable[Data]: ...
+
+    def close(self, done: bool = False) -> None: ...
+
+
+@runtime_checkable
+class Pool(Protocol):
+    """A producer outside the rank (sampler processes, sampler servers), as the rank's walk over its batches
+    (:class:`~hpcgnn.sampling.serving.ProducedLoader`) drives it: a :class:`BatchSource` that also takes an epoch's
+    jobs and hands batches over in slots.
+
+    - ``device``: where the rank trains (its slots are pinned for a GPU);
+    - ``begin(batch_seed, jobs)``: an epoch's (index, seeds) to make, in index order;
+    - ``receive(i) -> (data, where, slot, exchange counts)``: batch ``i``, viewed in its slot;
+    - ``release(where, slot, done)``: the slot is free again (``done``: an event to wait for first, or None).
+    """
+
+    device: torch.device
+
+    def start(self) -> None: ...
+
+    def epoch(self, plan: EpochPlan) -> Iterable[Data]: ...
+
+    def begin(self, batch_seed: int, jobs: list) -> None: ...
+
+    def receive(self, i: int) -> tuple: ...
+
+    def release(self, where, slot: int, done) -> None: ...
 
     def close(self, done: bool = False) -> None: ...

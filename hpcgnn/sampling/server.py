@@ -1,9 +1,9 @@
 """Sampler servers: processes on other nodes (or local processes) that make trainers' batches and stream them.
 
 A server holds the graph (it prepares it if its node has no copy, then maps it: one copy per node) and
-listens on a port derived from the job id (:func:`hpcgnn.env.server_port`). Every trainer connects to every
-server and sends its sampler once, as sampler processes get it (:mod:`hpcgnn.sampling.shipping`: the graph's
-tensors as file ranges). Each epoch it sends the seeds of the batches a server is to make: batch i of rank r
+listens on a port derived from the job id (:func:`hpcgnn.nodes.server_port`). Every trainer connects to every
+server and names its sampler once (:mod:`hpcgnn.sampling.shipping`: the graph's tensors as file ranges, in a
+recipe the trainer wrote into the run folder). Each epoch it sends the seeds of the batches a server is to make: batch i of rank r
 goes to server (i + r) mod S, and is made with the generator the in-process loader would use, so the batches
 and the training are those of ``train.sampler_procs=0``.
 
@@ -18,6 +18,8 @@ hands a slot back. Sockets and not torch.distributed: the two sides need no comm
 death must not hang a collective), and a message whose size only the sender knows needs no size exchange.
 
 A server's process starts in :mod:`hpcgnn.rank.server` (a SLURM task, or a local process the launcher spawned).
+The trainer's side is :mod:`hpcgnn.sampling.client`; a partitioned graph's batches are relayed
+(:mod:`hpcgnn.sampling.relay`); the frames are :mod:`hpcgnn.sampling.wire`'s.
 """
 
 from __future__ import annotations
@@ -31,7 +33,6 @@ import selectors
 import socket
 import threading
 import time
-from collections import deque
 from pathlib import Path
 
 import torch
@@ -43,10 +44,9 @@ import hpcgnn.sampling.shipping as shipping
 import hpcgnn.sampling.wire as wire
 from hpcgnn import io, process, trust
 from hpcgnn.checks import SLOT_BYTES
-from hpcgnn.errors import AnotherRankFailed, Flooded, PortTaken, SamplerFailed, Untrusted
+from hpcgnn.errors import PortTaken, SamplerFailed
 from hpcgnn.failures import record_failure
-from hpcgnn.failures import server_failure as failure_record
-from hpcgnn.sampling.loader import BatchLoader
+from hpcgnn.sampling.relay import Relay
 
 log = logging.getLogger(__name__)
 
@@ -115,37 +115,9 @@ class _SocketEnd:
         self.buf = torch.empty(int(needed * serving.GROWTH), dtype=torch.uint8)
         return self.buf
 
-    def deliver(self, i: int, meta, delta, nbytes: int) -> None:
-        self.send(m.Batch(i, meta, delta), memoryview(self.buf.numpy())[:nbytes])
+    def deliver(self, i: int, meta, delta, nbytes: int, payload: memoryview | None = None) -> None:
+        self.send(m.Batch(i, meta, delta), memoryview(self.buf.numpy())[:nbytes] if payload is None else payload)
         self.credits -= 1
-
-
-class _Relay:
-    """A partitioned graph's batches, made by a sampler process of this trainer's
-    (:class:`~hpcgnn.sampling.procs.SamplerPool`), which joins the group of every trainer's (on every server) to
-    sample across parts; the serve loop relays them (:class:`hpcgnn.sampling.serving.Maker`)."""
-
-    def __init__(self, hello: m.Hello, recipe: bytes, threads: int, fail_batch: int):
-        from hpcgnn.sampling.procs import SamplerPool
-
-        self.pool = SamplerPool(recipe, 1, hello.depth, threads, torch.device("cpu"), rank=hello.rank,
-                                group=hello.group, fail_batch=fail_batch)
-        self.held = None
-        self.pool.start()
-
-    def epoch(self, msg: m.Epoch) -> None:  # its process starts on them at once
-        self.pool.begin(msg.batch_seed, msg.jobs)
-
-    def make(self, i: int, seeds: Tensor, batch_seed: int, alloc) -> tuple:
-        data, p, slot, delta = self.pool.receive(i)
-        self.held = (p, slot)
-        return data, delta
-
-    def done(self) -> None:
-        self.pool.release(*self.held, None)
-
-    def close(self) -> None:
-        self.pool.close()
 
 
 def _serve_trainer(channel: wire.Channel, counters: _Counters, threads: int, fail_batch: int, run_dir: str,
@@ -157,7 +129,7 @@ def _serve_trainer(channel: wire.Channel, counters: _Counters, threads: int, fai
     the socket brought). A whole graph's batches are made here, in this thread, by the trainer's own sampler, even
     where trainers send the same recipe: a sampler's scratch (its id maps) holds one batch at a time, and this
     thread samples while the others do. The graph's file-backed tensors are mapped again, not copied: the node's
-    one copy in the page cache serves them all. A partitioned graph's are relayed (:class:`_Relay`)."""
+    one copy in the page cache serves them all. A partitioned graph's are relayed (:class:`hpcgnn.sampling.relay.Relay`)."""
     end = _SocketEnd(channel, 1, name)
     try:
         hello = end.recv(wait=True)
@@ -171,7 +143,7 @@ def _serve_trainer(channel: wire.Channel, counters: _Counters, threads: int, fai
 
     def start() -> serving.Maker:
         recipe = shipping.fetch(run_dir, hello.rank, hello.recipe)
-        return _Relay(hello, recipe, threads, fail_batch) if hello.group else serving.Sampling(recipe, fail_batch)
+        return Relay(hello, recipe, threads, fail_batch) if hello.group else serving.Sampling(recipe, fail_batch)
 
     return serving.serve(end, start, counters)
 
@@ -417,191 +389,6 @@ class _Server:
             self.errors.append(exc)
         finally:
             conn.close()
-
-
-# ---------------------------------------------------------------------- the trainer's side
-
-
-class _Link:
-    """A trainer's connection to one server, and the slots its batches land in."""
-
-    def __init__(self, index: int, host: str, port: int, channel: wire.Channel, depth: int, pin: bool):
-        self.index, self.host, self.port, self.channel, self.pin = index, host, port, channel, pin
-        self.sock = channel.sock
-        self.slots = [_slot(SLOT_BYTES, pin) for _ in range(depth)]
-        self.free = deque(range(depth))
-
-    @property
-    def name(self) -> str:
-        return f"sampler server {self.index} at {self.host}:{self.port}"
-
-
-def _slot(nbytes: int, pin: bool) -> Tensor:
-    return torch.empty(nbytes, dtype=torch.uint8, pin_memory=pin)
-
-
-class RemotePool:
-    """A trainer's sampler servers: :class:`~hpcgnn.sampling.procs.SamplerPool`'s interface over sockets."""
-
-    def __init__(self, recipe: shipping.Recipe, servers: list[tuple[str, int]], depth: int, device: torch.device, *,
-                 rank: int, key: bytes, run_dir: str | Path, timeout_s: float = 120.0, connect_s: float = 1800.0,
-                 group: dict | None = None):
-        self.recipe, self.depth, self.group = recipe, max(1, depth), group
-        self.key, self.run_dir = key, Path(run_dir)  # the run's secret (hpcgnn.trust); where servers record failures
-        # a partitioned graph: one server makes all of this rank's batches, in the rank's group of samplers
-        self.servers = [servers[rank % len(servers)]] if group else servers
-        self.first = rank % len(servers) if group else 0  # the index of self.servers[0] among all servers
-        self.device, self.rank, self.timeout_s, self.connect_s = device, rank, timeout_s, connect_s
-        self.links: list[_Link] = []
-        self.stats = recipe.stats
-
-    def start(self) -> None:
-        if self.links:
-            return
-        recipe = shipping.publish(self.run_dir, self.rank, shipping.dumps(self.recipe))  # (its hash travels)
-        t0 = time.perf_counter()
-        for k, (host, port) in enumerate(self.servers, start=self.first):
-            channel = _connect(host, port, k, self.connect_s, self.key, self.run_dir, self.rank)
-            channel.sock.settimeout(self.connect_s)  # a server may still be preparing the dataset
-            link = _Link(k, host, port, channel, self.depth, self.device.type == "cuda")
-            self._send(link, m.Hello(self.rank, recipe, self.depth, self.group))
-            self.links.append(link)
-        for link in self.links:
-            self._next(link, "start")
-            link.sock.settimeout(self.timeout_s)
-        log.info("rank %d: %d sampler server(s) ready (%s) in %.1f s", self.rank, len(self.links),
-                 ", ".join(f"{h}:{p}" for h, p in self.servers), time.perf_counter() - t0)
-
-    def epoch(self, loader: BatchLoader) -> serving.ProducedLoader:
-        """``loader``'s batches (the same seeds, generators and order), made by the servers."""
-        return serving.ProducedLoader(self, loader)
-
-    def _link_of(self, i: int) -> _Link:
-        return self.links[(i + self.rank) % len(self.links)]
-
-    def begin(self, batch_seed: int, jobs: list) -> None:
-        """An epoch's batches to make, (index, seeds as a numpy array) in index order, each to the server its index
-        says."""
-        mine: dict[int, list] = {link.index: [] for link in self.links}  # (by index among all servers)
-        for i, seeds in jobs:
-            mine[self._link_of(i).index].append((i, seeds))
-        for link in self.links:
-            self._send(link, m.Epoch(batch_seed, mine[link.index]))
-
-    def _send(self, link: _Link, msg) -> None:
-        try:
-            link.channel.send(msg)
-        except OSError as exc:
-            raise self._lost(link, "sending to it", exc) from None  # (its death is seen here first, often)
-
-    def _next(self, link: _Link, i, slot=None):
-        try:
-            msg = link.channel.receive(slot)
-        except wire.Forged as why:
-            raise Untrusted(f"{link.name} sent rank {self.rank} a frame that failed its check ({why}): another "
-                            "process relays or injects into the connection. HINT: start the run again; if it recurs, "
-                            "tell your cluster's administrators") from None
-        except (OSError, ConnectionError, EOFError) as exc:
-            raise self._lost(link, "waiting for its start" if i == "start" else f"waiting for batch {i}", exc) from None
-        if isinstance(msg, m.Failed):
-            what = f"making batch {msg.index}" if msg.index >= 0 else "building the sampler"
-            raise SamplerFailed(f"{link.name} failed {what} of rank {self.rank}: {msg.line}\nits traceback:\n"
-                                f"{msg.trace}")
-        return msg
-
-    def _lost(self, link: _Link, doing: str, exc: BaseException) -> SamplerFailed:
-        how = "did not answer in time" if isinstance(exc, TimeoutError) else f"closed the connection ({exc})"
-        return SamplerFailed(f"{link.name} {how} while rank {self.rank} was {doing}. HINT: its log says why "
-                             "(the submitit folder's *_server_* files; SIGKILL: the node's memory)")
-
-    def receive(self, i: int):
-        link = self._link_of(i)
-        s = link.free.popleft()
-
-        def slot(nbytes: int) -> Tensor:
-            if link.slots[s].numel() < nbytes:
-                link.slots[s] = _slot(int(nbytes * serving.GROWTH), link.pin)
-            return link.slots[s]
-
-        batch = self._next(link, i, slot)
-        return serving.arrived(batch, i, link.name, self.stats, link.slots[s]), link, s, batch.delta
-
-    def release(self, link: _Link, s: int, done) -> None:
-        if done is not None:
-            done.synchronize()
-        link.free.append(s)
-        self._send(link, m.Free(s))
-
-    def close(self, done: bool = False) -> None:
-        """Close the connections; ``done``: the run has finished, the servers may leave (otherwise they wait for
-        this trainer to come back, after a requeue)."""
-        for link in self.links:
-            if done:
-                try:
-                    link.channel.send(m.Stop())
-                except OSError:
-                    pass
-            link.sock.close()
-        self.links = []
-
-
-def announced_servers(folder: Path, count: int, within_s: float) -> list[tuple[str, int]]:
-    """The ``count`` servers of a separate job, as they write ``host:port`` into ``folder/<k>`` when they start
-    (waiting up to ``within_s`` for them)."""
-    deadline = time.monotonic() + within_s
-    while True:
-        found = [folder / str(k) for k in range(count)]
-        if all(p.is_file() for p in found):
-            return [(host, int(port)) for host, _, port in (p.read_text().strip().rpartition(":") for p in found)]
-        if time.monotonic() > deadline:
-            missing = [p.name for p in found if not p.is_file()]
-            raise SamplerFailed(f"sampler servers {', '.join(missing)} did not announce themselves in {folder} within "
-                                f"{within_s:.0f} s. HINT: check the servers' job (its *_server_* logs)")
-        time.sleep(1.0)
-
-
-CONNECT_TRIES = 5  # a connection the server closes during the handshake (busy, flooded) is tried this often
-RETRY_S = 0.2  # ... after waiting this long, doubled each time
-
-
-def _connect(host: str, port: int, k: int, within_s: float, key: bytes, run_dir: Path, rank: int = 0) -> wire.Channel:
-    """Connect to server ``k``, retrying while it starts (it may still be preparing the dataset), and prove to each
-    other that both know the run's secret, bound to server ``k`` on ``port`` and this ``rank``
-    (:func:`hpcgnn.trust.connect`: a process of another user or job on the port, or one that relays it to another
-    of the run's servers, is :class:`~hpcgnn.errors.Untrusted`). A connection closed during the handshake is
-    tried again :data:`CONNECT_TRIES` times, then :class:`~hpcgnn.errors.Flooded`. A server that recorded a
-    failure (it could not listen) ends the wait at once."""
-    name = f"sampler server {k} at {host}:{port}"
-    deadline = time.monotonic() + within_s
-    closed = 0
-    while True:
-        try:
-            sock = socket.create_connection((host, port), timeout=10)
-        except OSError as exc:
-            if failure_record(run_dir, k) is not None:
-                raise AnotherRankFailed(f"{name} failed (its record in {run_dir / 'failures'} says why)") from None
-            if time.monotonic() > deadline:
-                raise SamplerFailed(f"{name} could not be reached in {within_s:.0f} s ({exc}). HINT: its log says "
-                                    "whether it started") from None
-            time.sleep(0.5)
-            continue
-        try:
-            session = trust.connect(sock, key, name, k, port, rank)
-        except trust.Closed as exc:  # (dropped unanswered: busy, flooded)
-            sock.close()
-            closed += 1
-            if closed >= CONNECT_TRIES:
-                raise Flooded(f"{name} closed rank {rank}'s connection during the run's handshake {closed} times "
-                              f"({exc}): the server is busy or flooded with connections (possibly another user's). "
-                              "HINT: its log names the addresses it refused; start the run again") from None
-            log.warning("%s closed rank %d's connection during the handshake (%s): trying again", name, rank, exc)
-            time.sleep(RETRY_S * 2 ** closed)
-            continue
-        except BaseException:
-            sock.close()
-            raise
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        return wire.Channel(sock, session, server=False)
 
 
 def bind_address(own: str, peers: list[str] = (), resolve=socket.gethostbyname) -> str:

@@ -30,7 +30,7 @@ from torch import Tensor
 import hpcgnn.sampling.messages as m
 import hpcgnn.sampling.shipping as shipping
 from hpcgnn import rng
-from hpcgnn.sampling.loader import BatchLoader, to_device
+from hpcgnn.sampling.loader import BatchLoader, DeviceCopy, EpochPlan
 
 GROWTH = 1.25  # a grown slot or buffer holds the batch that did not fit, plus this margin
 
@@ -65,13 +65,15 @@ class End(Protocol):
     def grow(self, i: int, needed: int, handle: Callable) -> Tensor:
         """A place of ``needed`` bytes or more for batch ``i`` (``handle``: for the rank's messages meanwhile)."""
 
-    def deliver(self, i: int, meta, delta, nbytes: int) -> None:
-        """Batch ``i`` is in its place (``nbytes`` of it): tell the rank (and hand the bytes over)."""
+    def deliver(self, i: int, meta, delta, nbytes: int, payload: memoryview | None = None) -> None:
+        """Batch ``i`` is in its place (``nbytes`` of it), or in ``payload`` (a relayed batch's bytes as they
+        lie): tell the rank (and hand the bytes over)."""
 
 
 class Maker(Protocol):
-    """What makes a batch: ``make(i, seeds, batch_seed, alloc) -> (data, the exchange counts it added)``;
-    ``epoch(msg)`` sees each epoch's list first; ``done()`` once a batch is packed; ``close()`` at the end."""
+    """What makes a batch: ``make(i, seeds, batch_seed, alloc) -> (data, the exchange counts it added)``, data
+    a batch to pack or one packed already (:class:`~hpcgnn.sampling.shipping.Packed`: passed on as it lies);
+    ``epoch(msg)`` sees each epoch's list first; ``done()`` once a batch is delivered; ``close()`` at the end."""
 
     def epoch(self, msg: m.Epoch) -> None: ...
 
@@ -150,15 +152,19 @@ def serve(end: End, start: Callable[[], Maker], counters: Counters | None = None
             t0 = time.perf_counter()
             writer = shipping.SlotWriter(end.place(i))
             data, delta = maker.make(i, seeds, batch_seed, writer.alloc)
-            meta, nbytes = shipping.pack(data, writer)
-            if meta is None:  # a larger place, and the batch packed again
-                writer = shipping.SlotWriter(end.grow(i, nbytes, handle))
+            payload = None
+            if isinstance(data, shipping.Packed):  # (relayed: its bytes go on as they lie, no second copy)
+                meta, nbytes, payload = data.meta, data.nbytes, data.view()
+            else:
                 meta, nbytes = shipping.pack(data, writer)
-            maker.done()
+                if meta is None:  # a larger place, and the batch packed again
+                    writer = shipping.SlotWriter(end.grow(i, nbytes, handle))
+                    meta, nbytes = shipping.pack(data, writer)
             del data
             if counters is not None:
                 counters.made(time.perf_counter() - t0, nbytes)
-            end.deliver(i, meta, delta, nbytes)
+            end.deliver(i, meta, delta, nbytes, payload)
+            maker.done()
     except _Stopped:
         return True
     except PeerGone:
@@ -175,51 +181,45 @@ def serve(end: End, start: Callable[[], Maker], counters: Counters | None = None
 # ---------------------------------------------------------------------- on the rank
 
 
-def arrived(batch: m.Batch, i: int, producer: str, stats, slot: Tensor):
-    """Batch ``i`` as it arrived in ``slot``, viewed in place; its exchange counts added to the rank's ``stats``
-    (None: none kept)."""
+def arrived(batch: m.Batch, i: int, producer: str, stats, slot: Tensor, unpack: bool = True):
+    """Batch ``i`` as it arrived in ``slot``, viewed in place (``unpack=False``: as it lies,
+    :class:`~hpcgnn.sampling.shipping.Packed`); its exchange counts added to the rank's ``stats`` (None: none
+    kept)."""
     if batch.index != i:
         raise RuntimeError(f"{producer} sent batch {batch.index}, expected {i}")
     if batch.delta is not None and stats is not None:
         stats.add(batch.delta)
-    return shipping.unpack(batch.meta, slot)
+    return shipping.unpack(batch.meta, slot) if unpack else shipping.Packed(batch.meta, slot)
 
 
 class ProducedLoader:
-    """One epoch's batches from a producer pool (:class:`~hpcgnn.sampling.procs.SamplerPool` or
-    :class:`~hpcgnn.sampling.server.RemotePool`), in index order, on the device (``BatchLoader``'s interface:
-    ``sizes``, ``len``, iteration). A batch is viewed in its slot; the slot goes back when the next batch is asked
-    for (on a GPU: once the copy out of it is done)."""
+    """One epoch's batches from a producer pool (:class:`~hpcgnn.sampling.protocol.Pool`: sampler processes or
+    servers), in index order, on the device (``BatchLoader``'s interface: ``sizes``, ``len``, iteration). A batch is
+    viewed in its slot; the slot goes back when the next batch is asked for (on a GPU: once the copy out of it is
+    done). The pool was started by its source's owner (the trainer)."""
 
-    def __init__(self, pool, loader: BatchLoader):
-        self.pool, self.batches, self.empty, self.num_batches = pool, loader.batches, loader.empty, loader.num_batches
-        self.batch_seed, self.start, self.sizes = loader.batch_seed, loader.start, loader.sizes
+    def __init__(self, pool, plan: EpochPlan):
+        self.pool, self.plan, self.sizes = pool, plan, plan.sizes
 
     def __len__(self) -> int:
-        return self.num_batches - self.start
+        return len(self.plan)
 
     def __iter__(self) -> Iterator:
-        pool, device = self.pool, self.pool.device
-        pool.start()
-        pool.begin(self.batch_seed, [(i, (self.batches[i] if i < len(self.batches) else self.empty).numpy())
-                                     for i in range(self.start, self.num_batches)])  # (padding batches: empty)
+        pool, plan, copies = self.pool, self.plan, DeviceCopy(self.pool.device)
+        pool.begin(plan.batch_seed, plan.jobs())  # (padding batches: empty)
         held, finished = None, False
         try:
-            for i in range(self.start, self.num_batches):
+            for i in range(plan.start, plan.num_batches):
                 if held is not None:  # the step on the previous batch is over: its slot is free again
                     pool.release(*held)
                     held = None
                 data, p, s, _ = pool.receive(i)
-                data = to_device(data, device)
-                done = None
-                if device.type == "cuda":
-                    done = torch.cuda.Event()
-                    done.record()
-                held = (p, s, done)
-                yield data
+                data, ready = copies.copy(data)  # (on the side stream, as the rank's own batches: DeviceCopy)
+                held = (p, s, ready)  # (its slot is free again once the copy out of it is done)
+                yield copies.hand_over(data, ready)
             finished = True
         finally:
+            copies.close()
             if finished and held is not None:
                 pool.release(*held)
-            if not finished:  # abandoned mid-epoch (an error, a preemption): the run is ending
-                pool.close()
+            # (abandoned mid-epoch, an error or a preemption: the run is ending, and the source's owner closes it)

@@ -237,6 +237,26 @@ def pack(data: Data | HeteroData, writer: SlotWriter) -> tuple[tuple | None, int
     return (type(data).__name__, _walk(d, place)), needed
 
 
+@dataclass(frozen=True)
+class Packed:
+    """A batch as :func:`pack` left it in ``slot``: its description and its bytes, to pass on as they lie (a
+    server relaying its sampler process's batches), not to be unpacked and packed again."""
+
+    meta: tuple
+    slot: Tensor
+
+    @property
+    def nbytes(self) -> int:
+        """Where its last tensor ends in the slot."""
+        ends = [0]
+        _walk(self.meta[1], lambda ref: ends.append(ref.offset + int(np.prod(ref.shape, dtype=np.int64)) *
+                                                    torch.empty(0, dtype=getattr(torch, ref.dtype)).element_size()))
+        return max(ends)
+
+    def view(self) -> memoryview:
+        return memoryview(self.slot.numpy())[: self.nbytes]
+
+
 def unpack(meta: tuple, slot: Tensor) -> Data | HeteroData:
     """The batch :func:`pack` wrote, its tensors viewed in ``slot`` (valid until the slot is written again)."""
     kind, d = meta

@@ -149,15 +149,21 @@ class TypedNeighborSampler:
         return TypedSubgraph(n_id, edge_index, seeds.numel(), counts, num_edges)
 
 
-def to_hetero_data(features, out: TypedSubgraph):
+def to_hetero_data(features, out: TypedSubgraph, pin_memory: bool = False):
     """The sampled subgraph as PyG's ``HeteroData``: per type ``x`` and ``n_id`` (target: ``y`` of the
     seeds and ``batch_size``), per relation ``edge_index``; ``num_sampled_nodes_dict`` and
     ``num_sampled_edges_dict`` for PyG's heterogeneous ``trim_to_layer``. ``features``: a
     :class:`TypedGraph`, or anything with its ``target`` and ``gather_types`` (a partitioned rank's);
-    one with ``remote_rows`` adds the batch's remote feature rows per type (``remote_rows_by_type``)."""
+    one with ``remote_rows`` adds the batch's remote feature rows per type (``remote_rows_by_type``).
+    ``pin_memory``: the rows in page-locked buffers (a batch bound for a GPU), as a homogeneous batch's."""
     from torch_geometric.data import HeteroData
 
-    x, y = features.gather_types(out.n_id, out.batch_size)
+    if getattr(features, "gathers_pinned", False):  # (gathered straight into them: a whole typed graph's rows)
+        x, y = features.gather_types(out.n_id, out.batch_size, pin_memory)
+    else:
+        x, y = features.gather_types(out.n_id, out.batch_size)
+        if pin_memory:
+            x, y = {t: v.pin_memory() for t, v in x.items()}, y.pin_memory()
     data = HeteroData()
     for t, ids in out.n_id.items():
         data[t].n_id = ids

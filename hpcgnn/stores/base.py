@@ -7,9 +7,10 @@ or typed; on the host or the GPU) and a task. A task never asks which one it hol
 - ``degree``: every node's in-degree by global id (batch transforms: GCN's normalisation), or None;
 - ``link``: a link task's splits (:class:`~hpcgnn.data.link.LinkData`), or None;
 - ``steps``: batches per epoch, equal on every rank (DDP's all-reduce and the exchanges need it);
-- ``train_loader(epoch, start_step, transform)``: this rank's batches of an epoch, each sampled with a
-  generator seeded per (seed, epoch, rank, step), from ``start_step`` on (an exact resume), prefetched,
-  on the device; ``loader.sizes`` weighs each step's loss;
+- ``train_plan(epoch, start_step)``: this rank's batches of an epoch (an :class:`EpochPlan`), each sampled with
+  a generator seeded per (seed, epoch, rank, step), from ``start_step`` on (an exact resume); ``plan.sizes``
+  weighs each step's loss; ``graph_side()``: what they are made of (the producer that makes them is chosen in
+  :mod:`hpcgnn.sampling.producers`);
 - ``eval_loader(split, transform)``, ``eval_items(split)``: this rank's share of a split in batches
   (padded with empty ones where the other ranks need this rank's exchanges), and which items they are;
 - ``exact(model, transform_for)``: the model's exact outputs (:class:`~hpcgnn.stores.exact.Exact`),
@@ -23,25 +24,23 @@ Adding a store kind adds a subclass here, nothing in the tasks or the trainer.
 from __future__ import annotations
 
 import abc
-import functools
-import socket
 
 import torch
 from torch import Tensor
 
-from hpcgnn import dist, trust
+from hpcgnn import dist
 from hpcgnn.config import ModelConfig, RunConfig
 from hpcgnn.data.graph import GraphShape
 from hpcgnn.env import RankEnv
-from hpcgnn.errors import AllocationError, AnotherRankFailed, ConfigError, DatasetError
+from hpcgnn.errors import AnotherRankFailed, ConfigError, DatasetError
 from hpcgnn.models import uses_edges
 from hpcgnn.rng import derive_seed, generator
-from hpcgnn.sampling import BatchLoader, rank_seeds, shipping
+from hpcgnn.sampling import BatchLoader, rank_seeds
 from hpcgnn.sampling import subgraph as sub
 from hpcgnn.sampling.distributed import CommStats
 from hpcgnn.sampling.link import LinkSampler, pair_sampler, share
-from hpcgnn.sampling.loader import InRank
-from hpcgnn.sampling.protocol import BatchSource
+from hpcgnn.sampling.loader import EpochPlan
+from hpcgnn.sampling.producers import GraphSide
 from hpcgnn.stores.exact import Exact
 
 
@@ -57,6 +56,7 @@ class Store(abc.ABC):
     link = None  # a link task's splits (LinkData), else None
     graph_on = "host"  # where batches are made: host, or device (a replicated graph copied to the GPU)
     weigh_by_seeds: bool = True  # steps' losses weighed by their seeds (subgraph samplers: by batches)
+    exchange = None  # a partitioned graph's (its samplers fetch across parts with it); None: a whole graph
 
     def __init__(self, cfg: RunConfig, env: RankEnv, device: torch.device):
         self.cfg, self.env, self.device = cfg, env, device
@@ -67,78 +67,16 @@ class Store(abc.ABC):
     def train_batches(self, epoch: int) -> list[Tensor]:
         """This rank's batches of seeds (items) for ``epoch``: ``steps`` of them."""
 
-    def train_loader(self, epoch: int, start_step: int = 0, transform=None):
-        """This rank's batches of ``epoch`` from ``start_step`` on, on the device, prefetched."""
+    def train_plan(self, epoch: int, start_step: int = 0) -> EpochPlan:
+        """This rank's batches of ``epoch`` from ``start_step`` on, described once (seeds, each batch's generator
+        seed, weights): whichever producer makes them (:mod:`hpcgnn.sampling.producers`) walks this."""
         t = self.cfg.train
-        loader = BatchLoader(self.features, self.train_sampler, self.train_batches(epoch),
-                             batch_seed=derive_seed(t.seed, "train", epoch, self.env.rank), start=start_step,
-                             num_batches=self.steps, device=self.device, pin_memory=self.device.type == "cuda",
-                             transform=transform, weigh_by_seeds=self.weigh_by_seeds)
-        return self.batch_source(transform).epoch(loader)
+        return EpochPlan.cut(self.train_batches(epoch), batch_seed=derive_seed(t.seed, "train", epoch, self.env.rank),
+                             start=start_step, num_batches=self.steps, weigh_by_seeds=self.weigh_by_seeds)
 
-    def batch_source(self, transform=None) -> BatchSource:
-        """What makes this rank's training batches (:class:`~hpcgnn.sampling.protocol.BatchSource`), decided here
-        and only here: its sampler servers' connections, its sampler processes, or the rank itself (its loader,
-        with its prefetch thread). The trainer starts it before the first epoch and the store closes it."""
-        source = getattr(self, "_source", None)
-        if source is not None:
-            return source
-        t, env, d = self.cfg.train, self.env, self.cfg.dist
-        if not (t.sampler_procs or self.sampler_servers):
-            self._source = InRank(t.prefetch)
-            return self._source
-        from hpcgnn.checks import check_slots, shm_free
-        from hpcgnn.env import available_memory
-
-        check_slots(self.cfg, env.local_world_size, shm_free(), available_memory(), f"node {socket.gethostname()}")
-        exchange = getattr(self, "exchange", None)  # a partitioned graph: the samplers exchange among themselves
-        group = None if exchange is None or env.world_size == 1 else dict(
-            group_size=env.world_size, master_addr=env.master_addr, master_port=env.master_port,
-            init_timeout_s=d.init_timeout_s, timeout_s=d.timeout_s)
-        recipe = shipping.Recipe(self.features, self.train_sampler, transform,
-                                 exchange.stats if exchange is not None else None)
-        if self.sampler_servers:  # another group of the job, another job, or local processes
-            from hpcgnn.sampling.server import RemotePool
-            from hpcgnn.trust import run_secret
-
-            self._source = RemotePool(recipe, self.sampler_servers, t.prefetch, self.device, rank=env.rank,
-                                      key=run_secret(self.cfg.run_dir), run_dir=self.cfg.run_dir,
-                                      timeout_s=d.timeout_s, connect_s=d.init_timeout_s, group=group)
-        else:
-            from hpcgnn.sampling.procs import SamplerPool
-
-            dbg = self.cfg.debug
-            self._source = SamplerPool(recipe, t.sampler_procs, t.prefetch, t.sampler_threads or 1, self.device,
-                                       rank=env.rank, keep_freed=t.keep_freed_memory, group=group,
-                                       fail_batch=dbg.sampler_fail_batch if dbg.sampler_fail_rank == env.rank else -1)
-        return self._source
-
-    @functools.cached_property
-    def sampler_servers(self) -> list[tuple[str, int]]:
-        """(host, port) of the job's sampler servers, [] when there are none: a heterogeneous job's group 1 or a
-        local launcher's (from the environment), or a separate job's (``cluster.samplers.het: false``: the
-        addresses its servers write into the run folder)."""
-        c, env = self.cfg.cluster, self.env
-        if env.sampler_servers:
-            return list(env.sampler_servers)
-        if c is None or not c.samplers.nodes or env.source != "slurm":
-            return []
-        if c.samplers.het:
-            raise AllocationError(f"cluster.samplers asks for {c.samplers.nodes} sampler node(s), but this job is not "
-                                  "heterogeneous (no SLURM_JOB_NODELIST_HET_GROUP_1). HINT: let hpcgnn submit it "
-                                  "(python -m hpcgnn +cluster=NAME), or set cluster.samplers.het=false where the site "
-                                  "refuses heterogeneous jobs")
-        from hpcgnn.sampling.server import announced_servers
-
-        return announced_servers(trust.announced(self.cfg.run_dir), c.samplers.nodes * c.samplers.tasks_per_node,
-                                 self.cfg.dist.init_timeout_s)
-
-    def close(self, done: bool = False) -> None:
-        """Stop what the store started (its sampler processes, its server connections); ``done``: training has
-        finished (sampler servers may leave; otherwise they wait for a requeued rank)."""
-        source = getattr(self, "_source", None)
-        if source is not None:
-            source.close(done)
+    def graph_side(self) -> GraphSide:
+        """What this rank's training batches are made of, for the producer that makes them."""
+        return GraphSide(self.features, self.train_sampler, self.exchange)
 
     def eval_loader(self, split: str, transform=None) -> BatchLoader:
         """This rank's share of ``split`` in batches of ``train.eval_batch_size`` (link: pairs to score)."""

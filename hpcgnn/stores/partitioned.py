@@ -61,18 +61,28 @@ class PartitionedStore(Store):
     """Each rank holds its parts; remote neighbours and features travel over a second process group."""
 
     def __init__(self, cfg: RunConfig, env: RankEnv, device: torch.device | None = None):
+        super().__init__(cfg, env, device or torch.device("cpu"))
+        self._hold_parts()
+        self._make_samplers()
+        self._count_steps()
+        if cfg.graph.cache_mb > 0:
+            self._warm_cache()
+        self._log_holdings()
+
+    def _hold_parts(self) -> None:
+        """This rank's parts (its share of ``graph.num_parts``), the group its exchanges run on, and what a task
+        reads of them (degrees, the shape; a link task's splits)."""
         from hpcgnn.partition.parts import open_parts
         from hpcgnn.sampling import distributed as d
 
-        super().__init__(cfg, env, device or torch.device("cpu"))
-        g, t = cfg.graph, cfg.train
-        num_parts = g.parts_for(env.world_size)
+        cfg, env = self.cfg, self.env
+        self.num_parts = num_parts = cfg.graph.parts_for(env.world_size)
         if num_parts % env.world_size:  # the config check knew only the configured world size
             raise AllocationError(f"graph.num_parts={num_parts} cannot be shared by the {env.world_size} ranks started. "
                                   f"HINT: use a multiple of {env.world_size}, or graph.num_parts=0 (one part per rank)")
         per_rank = num_parts // env.world_size
-        owned = list(range(env.rank * per_rank, (env.rank + 1) * per_rank))
-        self.parts = parts = open_parts(cfg.dataset, g, num_parts, owned)
+        self.owned = list(range(env.rank * per_rank, (env.rank + 1) * per_rank))
+        self.parts = parts = open_parts(cfg.dataset, cfg.graph, num_parts, self.owned)
         self.stats_ = d.CommStats()
         self.exchange = d.Exchange(dist.new_group(cfg.dist), env.rank, env.world_size, dist.comm_device(), self.stats_)
         self.view = d.PartitionView(parts, env.rank, per_rank)
@@ -83,7 +93,13 @@ class PartitionedStore(Store):
         # Link prediction: a rank's training edges are those whose source it owns; their endpoints, like any
         # other node, are sampled and fetched wherever they live. Evaluation reads the splits' (small) arrays.
         self.link = open_link_splits(cfg.dataset) if cfg.dataset.prepared_for == "link" else None
-        # The rank's rows of other ranks' nodes (the hot-node cache, over every node type) and where they come from.
+
+    def _make_samplers(self) -> None:
+        """Where batches' rows come from (the hot-node cache first, over every node type) and the samplers across
+        parts: evaluation's, and training's (a link task's: around its edges' endpoints)."""
+        from hpcgnn.sampling import distributed as d
+
+        cfg, parts, g = self.cfg, self.parts, self.cfg.graph
         self.cache = self.features = d.PartitionedFeatures(self.view, self.exchange, labels=self.link is None)
         self.seed_offset = 0  # global id -> sampler seed (a typed graph's sampler takes target-type ids)
         if parts.typed is not None:  # batches are HeteroData; seeds are the target type's own ids
@@ -97,34 +113,47 @@ class PartitionedStore(Store):
         else:
             self.sampler = d.PartitionedNeighborSampler(self.view, fanouts(cfg), self.exchange, g.boundary_fraction)
         self.train_sampler = self.sampler
-        own = parts.train_idx.numel() if self.link is None else parts.train_pos.size(1)
         if self.link is not None:
             self.train_sampler = self._link_sampler(self.sampler, parts.train_pos, owned_has_edge(self.view))
+
+    def _count_steps(self) -> None:
+        """Steps per epoch, the same on every rank (collective): the largest rank's seeds in batches, or (an
+        edge budget) as many as the rank with the costliest seeds needs."""
+        t, parts = self.cfg.train, self.parts
+        self.own_seeds = own = parts.train_idx.numel() if self.link is None else parts.train_pos.size(1)
         most, fewest = dist.all_reduce_max(torch.tensor([own, -own])).tolist()
         if -fewest == 0:  # decided together: one rank failing alone would leave the others in an exchange
             raise PartitionError(f"a rank owns no training {'nodes' if self.link is None else 'edges'} in the "
-                                 f"{num_parts}-part partition. HINT: use fewer parts, or graph.balance_train=true "
+                                 f"{self.num_parts}-part partition. HINT: use fewer parts, or graph.balance_train=true "
                                  "with graph.method=metis")
         self.seeds_per_rank = most
         self.steps = math.ceil(self.seeds_per_rank / t.batch_size)
         self.row_cost: Tensor | None = None
-        if t.edge_budget:  # as many steps as the rank with the costliest seeds needs, on every rank
+        if t.edge_budget:
             self.row_cost = sub.expected_edges_of_rows(parts.rowptr, parts.col, parts.degree, t.fanouts)
-            own = self.row_cost.index_select(0, self._rows(parts.train_idx)).double()
-            need = sub.batches_for_budget(float(own.mean()) * self.seeds_per_rank, 1, t.edge_budget, self.seeds_per_rank)
+            cost = self.row_cost.index_select(0, self._rows(parts.train_idx)).double()
+            need = sub.batches_for_budget(float(cost.mean()) * self.seeds_per_rank, 1, t.edge_budget,
+                                          self.seeds_per_rank)
             self.steps = int(dist.all_reduce_max(torch.tensor([need])).item())
-        if g.cache_mb > 0:
-            budget = int(g.cache_mb * 2**20) // (parts.num_features * parts.x.element_size() + 8)
-            gen = generator(t.seed, "cache_warmup", env.rank)
-            warm = self.train_seeds(0).split(t.batch_size)[: g.warmup_batches]
-            if self.link is not None:  # the warm-up samples around the edges' endpoints
-                warm = [torch.unique(parts.train_pos[:, ids].reshape(-1)) for ids in warm]
-            warm = list(warm) + [warm[0][:0]] * (g.warmup_batches - len(warm))
-            ids = d.hot_nodes(self.view, budget, g.cache_policy, self.sampler, warm, gen)
-            self.cache.fill_cache(ids)
+
+    def _warm_cache(self) -> None:
+        """The hot-node cache filled (``graph.cache_mb``), from a few warm-up batches' sampling (``graph.cache_policy``)."""
+        from hpcgnn.sampling import distributed as d
+
+        g, t, parts = self.cfg.graph, self.cfg.train, self.parts
+        budget = int(g.cache_mb * 2**20) // (parts.num_features * parts.x.element_size() + 8)
+        gen = generator(t.seed, "cache_warmup", self.env.rank)
+        warm = self.train_seeds(0).split(t.batch_size)[: g.warmup_batches]
+        if self.link is not None:  # the warm-up samples around the edges' endpoints
+            warm = [torch.unique(parts.train_pos[:, ids].reshape(-1)) for ids in warm]
+        warm = list(warm) + [warm[0][:0]] * (g.warmup_batches - len(warm))
+        self.cache.fill_cache(d.hot_nodes(self.view, budget, g.cache_policy, self.sampler, warm, gen))
+
+    def _log_holdings(self) -> None:
+        parts, env = self.parts, self.env
         log.info("rank %d: parts %s of %d: %d nodes, %d edges, %d train seeds (padded to %d), cache %s rows "
-                 "(%s), holds %s", env.rank, owned, num_parts, parts.nodes.numel(), parts.col.numel(),
-                 own, self.seeds_per_rank, self.cache.cache_ids.numel(), g.cache_policy,
+                 "(%s), holds %s", env.rank, self.owned, self.num_parts, parts.nodes.numel(), parts.col.numel(),
+                 self.own_seeds, self.seeds_per_rank, self.cache.cache_ids.numel(), self.cfg.graph.cache_policy,
                  cache.human_bytes(self.resident_bytes()))
         if parts.typed is not None:
             schema, cached = parts.typed.schema, self.cache.cache_ids

@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from hpcgnn import env, process
+from hpcgnn import env, nodes, process
 from hpcgnn.config import RunConfig
 from hpcgnn.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_PREEMPTED, ConfigError
 from hpcgnn.io import ignoring_ctrl_c, stop_cleanly_on_sigterm
@@ -50,7 +50,7 @@ def _start_servers(cfg: RunConfig, ctx) -> tuple[list, dict[str, str]]:
     """``launch.sampler_servers`` local server processes on free ports, and the variable that tells the ranks."""
     d, servers, ports = cfg.dist, [], []
     for k in range(cfg.launch.sampler_servers):
-        port = free_port(env.derive_port(str(time.time_ns() + k), d.port_min, d.port_max), d.port_min, d.port_max)
+        port = free_port(nodes.derive_port(str(time.time_ns() + k), d.port_min, d.port_max), d.port_min, d.port_max)
         if k == 0 and cfg.debug.server_port:
             port = cfg.debug.server_port
         ports.append(port)
@@ -97,7 +97,7 @@ def spawn_local(cfg: RunConfig, grace_s: float = 3.0) -> int:
     from multiprocessing.connection import wait
 
     d = cfg.dist
-    port = d.master_port or free_port(env.derive_port(str(time.time_ns()), d.port_min, d.port_max), d.port_min,
+    port = d.master_port or free_port(nodes.derive_port(str(time.time_ns()), d.port_min, d.port_max), d.port_min,
                                       d.port_max)
     print(f"starting {cfg.launch.procs} local processes; output folder: {cfg.run_dir}", flush=True)
     ctx = multiprocessing.get_context("spawn")

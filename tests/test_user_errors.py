@@ -1,16 +1,7 @@
-"""A careless or hostile user, case by case (issue 29's list): each case as it was met, kept as a regression.
-
-1. The suite on either kind of CPU: the tests comparing computation paths take ``cpu_kind`` (conftest) and run
-   as if on an AVX2-only and an AVX512-BF16 CPU (test_link, test_train, test_typed, test_partition).
-2. A new run in a folder holding another run's checkpoints: nothing lost, nothing mixed, resume never picks
-   the other run's (here, and test_checkpoint for rotation, concurrent runs and requeues).
-3. A setting changed on resume: applied for real and recorded, or refused, never claimed.
-4. A run that diverges stops (exit 4) naming the step and the rank; non-finite settings are refused at submit.
-5. User errors exit 2 with one clean line, from the launcher and from the ranks; bugs keep their traceback.
-6. ``files`` folders: stray labels and relations named like an added reverse are refused.
-7. No noise around a clean error; Hydra's reasons kept; the groups' schemas are not options.
-8. Link prediction against its full-batch twin: test_link.
-9. Preparing an OGB dataset without network: a user error naming the address, the placement, the command.
+"""User errors: exit 2 with one clean line, from the launcher and from the ranks, bugs keeping their traceback;
+no noise around a clean error, Hydra's reasons kept, the groups' schemas not offered as options; ``files``
+folders with stray labels or relations named like an added reverse refused; an OGB dataset prepared without
+network: a user error naming the address, the placement and the command.
 """
 
 from __future__ import annotations
@@ -23,120 +14,15 @@ import zipfile
 import numpy as np
 import pytest
 import torch
-from conftest import DATA_ROOT, make_config, run_cli
+from conftest import DATA_ROOT, make_config, one_line, run_cli
 
 from hpcgnn.env import RankEnv
-from hpcgnn.errors import AllocationError, CheckpointError, ConfigError, DatasetError, Diverged
-from hpcgnn.rank.checkpoint import Preempted
+from hpcgnn.errors import AllocationError, ConfigError, DatasetError
 
 # One rank in this process: 600 training nodes in steps of 64 seeds, 10 steps an epoch.
 SMALL = ["dataset.num_nodes=2000", f"dataset.root={DATA_ROOT}", "train.batch_size=64", "train.epochs=2",
          "model.hidden_channels=16", "metrics.tensorboard=false"]
 SINGLE, CPU = RankEnv.from_environ({}), torch.device("cpu")
-
-
-def _train(*overrides: str, run_dir, trainer: bool = False):
-    from hpcgnn.rank.trainer import Trainer
-
-    t = Trainer(make_config(*SMALL, *overrides, run_dir=str(run_dir)), SINGLE, CPU)
-    summary = t.train()
-    return (summary, t) if trainer else summary
-
-
-def _steps(folder) -> list[int]:
-    return sorted(int(p.name.split("-")[1]) for p in folder.glob("step-*"))
-
-
-def _one_clean_line(res: subprocess.CompletedProcess, kind: str) -> str:
-    """The command's stderr is one line, the user error's (no traceback)."""
-    lines = res.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"hpcgnn: {kind}: "), res.stderr
-    assert "Traceback" not in res.stdout + res.stderr
-    return lines[0]
-
-
-# ------------------------------------------------------------------ 2. checkpoints of another run
-
-
-@pytest.mark.slow
-def test_2_a_new_run_in_a_used_folder_loses_nothing_and_resumes_only_its_own(tmp_path, capsys):
-    """Run A ends at step 20 (checkpoints 12, 16, 20 kept); run B in the same folder with checkpoint.resume=false
-    is preempted at step 10: its checkpoint of step 10 is there afterwards, A's are set aside whole, and B's
-    command again resumes B (not A's step 20) and ends as an uninterrupted B."""
-    run = tmp_path / "run"
-    every = ["checkpoint.every_steps=4", "checkpoint.keep=3"]
-    a = _train(*every, run_dir=run)
-    assert _steps(run / "checkpoints") == [12, 16, 20]
-    b = [*every, "train.lr=0.01", "checkpoint.resume=false"]
-    with pytest.raises(Preempted, match="checkpoint of step 10 saved"):
-        _train(*b, "debug.signal_rank=0", "debug.signal_step=10", run_dir=run)
-    assert _steps(run / "checkpoints") == [4, 8, 10]
-    (aside,) = (run / "checkpoints" / "previous").iterdir()
-    assert _steps(aside) == [12, 16, 20] and "moved to" in capsys.readouterr().out
-    again = _train(*every, "train.lr=0.01", run_dir=run)  # B's command, resuming
-    whole = _train(*every, "train.lr=0.01", run_dir=tmp_path / "whole")
-    assert again["resumes"] == 1 and again["param_checksums"] == whole["param_checksums"]
-    assert again["param_checksums"] != a["param_checksums"]
-
-
-# ------------------------------------------------------------------ 3. settings changed on resume
-
-
-@pytest.mark.slow
-def test_3_a_changed_learning_rate_is_applied_from_the_resumed_step_and_recorded(tmp_path):
-    """Resumed with train.lr=0.03 after a preemption at step 10 of an lr=0.003 run: the optimizer runs at 0.03
-    from step 11 on (the parameters differ from resuming at 0.003, which equal the uninterrupted run's), and
-    the summary says so; a setting a resume cannot take (accumulation) is refused, naming it."""
-    cut = tmp_path / "cut"
-    with pytest.raises(Preempted):
-        _train("debug.signal_rank=0", "debug.signal_step=10", "checkpoint.keep=10", run_dir=cut)
-    import shutil
-
-    shutil.copytree(cut, tmp_path / "same")
-    same = _train(run_dir=tmp_path / "same")
-    whole = _train(run_dir=tmp_path / "whole")
-    assert same["param_checksums"] == whole["param_checksums"] and same["resume_changes"] == []
-    with pytest.raises(CheckpointError, match=r"cannot change \(train.accumulate: checkpoint 1, now 2\)\. HINT: set "
-                                              r"them back to resume; to start over instead"):
-        _train("train.accumulate=2", run_dir=cut)
-    changed, trainer = _train("train.lr=0.03", run_dir=cut, trainer=True)
-    assert changed["resume_changes"] == [{"setting": "train.lr", "checkpoint": 0.003, "now": 0.03, "from_step": 11}]
-    assert changed["effective_lr"] == 0.03 and trainer.optimizer.param_groups[0]["lr"] == pytest.approx(0.03)
-    assert changed["param_checksums"] != whole["param_checksums"]
-
-
-# ------------------------------------------------------------------ 4. divergence
-
-
-def test_4_non_finite_settings_are_refused_at_submit_time(tmp_path):
-    for value in ("inf", "nan", "-inf"):
-        res = run_cli(f"train.lr={value}", cwd=tmp_path, timeout=60)
-        assert res.returncode == 2
-        assert f"hpcgnn: config error: train.lr={value} is not a finite number" in _one_clean_line(res, "config error")
-    with pytest.raises(ConfigError, match=r"dataset.edge_split\[2\]=nan is not a finite number"):
-        make_config("task=link", "dataset.edge_split=[0.5,0.5,nan]")
-
-
-@pytest.mark.slow
-def test_4_a_diverging_run_stops_with_exit_code_4_naming_the_step_and_rank(tmp_path):
-    """Two ranks, rank 1's loss NaN at step 3: both stop at that step, no checkpoint after it, exit code 4 and
-    one line naming step, rank and the likely cause."""
-    res = run_cli(*SMALL[:1], "train.batch_size=64", "train.epochs=1", "checkpoint.every_steps=1",
-                  "debug.nan_rank=1", "debug.nan_step=3", cwd=tmp_path, timeout=300)
-    assert res.returncode == 4, res.stdout + res.stderr
-    line = _one_clean_line(res, "diverged")
-    assert "the loss became NaN or infinite at step 3 (epoch 1) on rank 1" in line and "HINT: lower train.lr" in line
-    assert _steps(tmp_path / "run" / "checkpoints") == [1, 2]
-    assert not (tmp_path / "run" / "summary.json").exists()
-
-
-@pytest.mark.slow
-def test_4_a_learning_rate_that_overflows_stops_the_run_or_its_steps_are_skipped_and_counted(tmp_path):
-    with pytest.raises(Diverged, match=r"at step 2 \(epoch 1\) on rank 0.*train.lr=1e\+30"):
-        _train("train.lr=1e30", run_dir=tmp_path / "stop")
-    s = _train("debug.nan_rank=0", "debug.nan_step=13", "train.nonfinite=skip", run_dir=tmp_path / "skip")
-    assert s["nonfinite_skipped"] == 1 and [r["nonfinite_skipped"] for r in s["history"]] == [0, 1]
-    assert all(np.isfinite(r["loss"]) for r in s["history"])
 
 
 # ------------------------------------------------------------------ 5. user errors: exit 2, one line
@@ -152,20 +38,20 @@ def test_4_a_learning_rate_that_overflows_stops_the_run_or_its_steps_are_skipped
     (["model=base_model"], r"model=base_model is the schema of the model group, not one of its options. HINT: use "
                            r"one of custom, gat, gcn, gin, mlp, rgcn, sage"),
 ])
-def test_5_user_errors_on_the_launcher_exit_2_with_one_line(tmp_path, overrides, message):
+def test_user_errors_on_the_launcher_exit_2_with_one_line(tmp_path, overrides, message):
     import re
 
     res = run_cli(*overrides, cwd=tmp_path, timeout=60)
-    assert res.returncode == 2 and re.search(message, _one_clean_line(res, "config error")), res.stderr
+    assert res.returncode == 2 and re.search(message, one_line(res, "config error")), res.stderr
 
 
-def test_5_the_groups_schemas_are_not_offered(tmp_path):
+def test_the_groups_schemas_are_not_offered(tmp_path):
     res = run_cli("model=nope", cwd=tmp_path, timeout=60)
     assert res.returncode == 2 and "Could not find 'model/nope'" in res.stderr and "\tsage" in res.stderr
     assert "base_model" not in res.stderr
 
 
-def test_5_what_the_ranks_meet_and_the_user_can_fix_is_a_user_error(tmp_path, monkeypatch):
+def test_what_the_ranks_meet_and_the_user_can_fix_is_a_user_error(tmp_path, monkeypatch):
     import socket
 
     from hpcgnn.data.prepared import _check_space
@@ -193,7 +79,7 @@ def test_5_what_the_ranks_meet_and_the_user_can_fix_is_a_user_error(tmp_path, mo
             pick_device(SINGLE, make_config("train.device=cuda").train)
 
 
-def test_5_a_bug_while_composing_stays_a_bug(monkeypatch):
+def test_a_bug_while_composing_stays_a_bug(monkeypatch):
     """Only OmegaConf's errors become config errors: a KeyError of hpcgnn's own keeps its type and traceback."""
     from hpcgnn import config
 
@@ -208,7 +94,7 @@ def test_5_a_bug_while_composing_stays_a_bug(monkeypatch):
 # ------------------------------------------------------------------ 6. files folders
 
 
-def test_6_a_stray_label_is_refused_unless_num_classes_says_so(tmp_path):
+def test_a_stray_label_is_refused_unless_num_classes_says_so(tmp_path):
     from test_datasets import _write_files
 
     from hpcgnn.data import build_graph
@@ -226,7 +112,7 @@ def test_6_a_stray_label_is_refused_unless_num_classes_says_so(tmp_path):
         build_graph(make_config("dataset=files", f"dataset.path={tmp_path / 'g'}", "dataset.num_classes=50").dataset)
 
 
-def test_6_a_relation_named_like_an_added_reverse_is_refused(tmp_path):
+def test_a_relation_named_like_an_added_reverse_is_refused(tmp_path):
     from test_typed import write_typed_folder
 
     from hpcgnn.config import DatasetConfig
@@ -249,7 +135,7 @@ def test_6_a_relation_named_like_an_added_reverse_is_refused(tmp_path):
 
 
 @pytest.mark.slow
-def test_7_a_dataset_error_met_on_the_ranks_is_one_line(tmp_path):
+def test_a_dataset_error_met_on_the_ranks_is_one_line(tmp_path):
     """A NaN in a files folder's features, found by local rank 0 while the other rank waits: one line on stderr,
     the launcher's last; HYDRA_FULL_ERROR=1 adds the traceback before it."""
     from test_datasets import _write_files
@@ -260,7 +146,7 @@ def test_7_a_dataset_error_met_on_the_ranks_is_one_line(tmp_path):
     over = ["dataset=files", f"dataset.path={tmp_path / 'g'}", "train.epochs=1"]
     res = run_cli(*over, cwd=tmp_path / "quiet", timeout=300)
     assert res.returncode == 2
-    assert "x.npy: features contain NaN or inf (1 nodes, first node 5)" in _one_clean_line(res, "dataset error")
+    assert "x.npy: features contain NaN or inf (1 nodes, first node 5)" in one_line(res, "dataset error")
     full = run_cli(*over, cwd=tmp_path / "full", timeout=300, env={"HYDRA_FULL_ERROR": "1"})
     assert full.returncode == 2 and "Traceback" in full.stderr
     assert full.stderr.strip().splitlines()[-1].startswith("hpcgnn: dataset error: ")
@@ -272,7 +158,7 @@ def test_7_a_dataset_error_met_on_the_ranks_is_one_line(tmp_path):
 OFFLINE = {"http_proxy": "http://127.0.0.1:9", "https_proxy": "http://127.0.0.1:9", "no_proxy": ""}
 
 
-def test_9_preparing_ogb_offline_says_what_where_and_how(tmp_path):
+def test_preparing_ogb_offline_says_what_where_and_how(tmp_path):
     """No network (a proxy on a closed port stands in for it): exit 2, one message naming the address, where the
     files go, and the download step for a login node; no zip half-written."""
     res = subprocess.run([sys.executable, "-m", "hpcgnn.data", "prepare", "dataset=ogbn-products",
@@ -289,7 +175,7 @@ def test_9_preparing_ogb_offline_says_what_where_and_how(tmp_path):
 
 
 @pytest.mark.slow
-def test_9_a_zip_placed_by_hand_is_prepared_without_network(tmp_path):
+def test_a_zip_placed_by_hand_is_prepared_without_network(tmp_path):
     """OGB's zip copied into dataset.root/ogb/ on a machine without network is unpacked and prepared."""
     from test_datasets import write_mini_ogb
 
