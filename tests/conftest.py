@@ -280,3 +280,24 @@ def one_line(res: subprocess.CompletedProcess, kind: str) -> str:
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"hpcgnn: {kind}: ") and "Traceback" not in res.stdout, res.stderr
     return lines[0]
+
+
+def squat(port: int, handle, stop) -> None:
+    """Another user's process listening on loopback ``port`` (first: it holds the port), handing each connection
+    to ``handle(conn)`` in its thread until ``stop`` (a threading.Event) is set."""
+    import socket
+    import threading
+
+    listener = socket.create_server(("127.0.0.1", port))
+    listener.settimeout(0.2)
+
+    def run():
+        with listener:
+            while not stop.is_set():
+                try:
+                    conn, _ = listener.accept()
+                except TimeoutError:
+                    continue
+                handle(conn)
+
+    threading.Thread(target=run, daemon=True).start()

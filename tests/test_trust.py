@@ -18,7 +18,7 @@ import threading
 import time
 
 import pytest
-from conftest import DATA_ROOT, TINY, Marker, free_port, summary_of
+from conftest import DATA_ROOT, TINY, Marker, free_port, squat, summary_of
 
 from hpcgnn import trust
 from hpcgnn.errors import SamplerFailed, Untrusted
@@ -68,9 +68,6 @@ def _relay(listen_port: int, target_port: int, stop: threading.Event, rewrite=No
     """Another user's relay: it holds ``listen_port`` and passes every connection's bytes both ways to
     ``target_port`` (``rewrite(greeting)``: what it passes on of the target's first bytes); once the trainer has
     answered, it injects ``inject`` towards the target."""
-    listener = socket.create_server(("127.0.0.1", listen_port))
-    listener.settimeout(0.2)
-
     def pipe(a: socket.socket, b: socket.socket, first=None, after=None):
         with contextlib.suppress(OSError):
             data = a.recv(1 << 16)
@@ -85,19 +82,13 @@ def _relay(listen_port: int, target_port: int, stop: threading.Event, rewrite=No
         with contextlib.suppress(OSError):
             b.shutdown(socket.SHUT_WR)
 
-    def run():
-        with listener:
-            while not stop.is_set():
-                try:
-                    conn, _ = listener.accept()
-                except TimeoutError:
-                    continue
-                up = socket.create_connection(("127.0.0.1", target_port))
-                threading.Thread(target=pipe, args=(up, conn, rewrite), daemon=True).start()
-                threading.Thread(target=pipe, args=(conn, up, None, (lambda u=up: u.sendall(inject)) if inject else None),
-                                 daemon=True).start()
+    def handle(conn: socket.socket) -> None:
+        up = socket.create_connection(("127.0.0.1", target_port))
+        threading.Thread(target=pipe, args=(up, conn, rewrite), daemon=True).start()
+        threading.Thread(target=pipe, args=(conn, up, None, (lambda: up.sendall(inject)) if inject else None),
+                         daemon=True).start()
 
-    threading.Thread(target=run, daemon=True).start()
+    squat(listen_port, handle, stop)
 
 
 def _as(index: int, port: int):

@@ -21,7 +21,7 @@ import time
 
 import pytest
 import torch
-from conftest import DATA_ROOT, TINY, Marker, free_port, run_cli, summary_of
+from conftest import DATA_ROOT, TINY, Marker, free_port, run_cli, squat, summary_of
 
 from hpcgnn import trust
 from hpcgnn.errors import ConfigError, PortTaken, SamplerFailed, Untrusted
@@ -149,31 +149,21 @@ def test_an_outsiders_pickle_is_never_unpickled_and_the_server_serves_on(lone_se
     assert len(refused) == 3 and all(re.search(r"refused a connection from 127\.0\.0\.1:\d+: ", m) for m in refused), refused
 
 
-def _squat(port: int, greeting: bytes | None, stop: threading.Event) -> threading.Thread:
+def _squat(port: int, greeting: bytes | None, stop: threading.Event) -> None:
     """Another user's process listening on ``port`` first: it greets every connection with ``greeting`` (None:
     says nothing) and reads what it is sent."""
-    listener = socket.create_server(("127.0.0.1", port))
-    listener.settimeout(0.2)
 
-    def run():
-        with listener:
-            while not stop.is_set():
-                try:
-                    conn, _ = listener.accept()
-                except TimeoutError:
-                    continue
-                with conn:
-                    if greeting is not None:
-                        conn.sendall(greeting)
-                    conn.settimeout(1)
-                    try:
-                        conn.recv(1 << 16)
-                    except OSError:
-                        pass
+    def handle(conn: socket.socket) -> None:
+        with conn:
+            if greeting is not None:
+                conn.sendall(greeting)
+            conn.settimeout(1)
+            try:
+                conn.recv(1 << 16)
+            except OSError:
+                pass
 
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    return t
+    squat(port, handle, stop)
 
 
 @pytest.mark.parametrize("greeting", [trust.MAGIC + os.urandom(32), b"SSH-2.0-OpenSSH_9.2\r\n" + bytes(32), None],
