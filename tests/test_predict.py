@@ -102,6 +102,20 @@ def test_a_typed_run_and_a_user_models_run_predict_as_they_evaluated(tmp_path, m
         predict_here(mine, "--embeddings", "trust=true")
 
 
+def test_a_prediction_job_starts_no_sampler_servers_of_its_run(node_run, tmp_path):
+    """A run trained with sampler servers: its prediction job replayed launch.sampler_servers=1, and the launcher
+    then waited, its prediction written, for a server no rank of it would ever connect to (30 minutes)."""
+    from hpcgnn.submit.predict import compose_prediction
+
+    run = tmp_path / "served"
+    shutil.copytree(node_run[0], run)
+    for name in ("config.yaml", "overrides.yaml"):
+        text = (run / ".hydra" / name).read_text()
+        (run / ".hydra" / name).write_text(text + "- launch.sampler_servers=1\n" if name == "overrides.yaml" else text)
+    assert "launch.sampler_servers=1" in (run / ".hydra" / "overrides.yaml").read_text()
+    assert compose_prediction([str(run)]).cfg.launch.sampler_servers == 0
+
+
 def test_what_cannot_be_predicted_is_refused_in_one_line(node_run, tmp_path, capsys):
     run, _ = node_run
     cases = [

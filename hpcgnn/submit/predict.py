@@ -30,7 +30,9 @@ from hpcgnn.errors import PredictError, UserError, report
 
 OPTIONS = ("which", "split", "what", "mode", "out", "pairs", "trust")
 FLAGS = {"--embeddings": ("what", "embeddings"), "--allow-other-graph": ("allow_other_graph", "true")}
-DROPPED = ("hydra.", "debug.", "predict.")  # a run's overrides that a prediction job does not replay
+# A run's overrides that a prediction job does not replay: its own folder and settings, and sampler servers (they
+# make training batches; a prediction job's ranks never connect, and its launcher would wait for them to give up).
+DROPPED = ("hydra.", "debug.", "predict.", "launch.sampler_servers", "cluster.samplers.")
 
 
 def main(argv: list[str]) -> int:
