@@ -270,7 +270,7 @@ class _Deadline:
             self.sock.settimeout(self.before)
 
     def read(self, n: int) -> bytes:
-        buf, view = bytearray(n), None
+        buf = bytearray(n)
         view = memoryview(buf)
         while len(view):
             left = self.end - time.monotonic()

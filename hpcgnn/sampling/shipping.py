@@ -13,6 +13,7 @@ pipe, and the rank views the tensors in place (:func:`unpack`).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import io
@@ -149,8 +150,7 @@ def fetch(run_dir: str | Path, rank: int, sha256: str) -> bytes:
     """Rank ``rank``'s recipe as it published it (:func:`publish`); refused when the file is not the user's own,
     or is not the one whose hash the trainer sent."""
     path = recipe_path(run_dir, rank)
-    trust.owned_folder(Path(run_dir), "the run folder", "use a run folder only you can write")
-    trust.owned_folder(path.parent, "the recipes folder", "use a run folder only you can write")
+    trust.run_folder(run_dir)  # (its recipes/ among its folders)
     data = trust.read_own_file(path, "the sampler recipe")
     if not hmac.compare_digest(hashlib.sha256(data).hexdigest(), sha256):
         raise ConfigError(f"the sampler recipe {path} is not the one rank {rank} published (its SHA-256 differs). "
@@ -245,7 +245,7 @@ class Packed:
     meta: tuple
     slot: Tensor
 
-    @property
+    @functools.cached_property
     def nbytes(self) -> int:
         """Where its last tensor ends in the slot."""
         ends = [0]
