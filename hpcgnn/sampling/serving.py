@@ -199,7 +199,7 @@ class ProducedLoader:
     batch is asked for (once that copy is done). On the host it is copied out of the slot at once and the slot goes
     back before the step: steps that read a batch in place, in its slot, were seen to train differently from run
     to run with two threads (a race not yet pinned down: a process's first optimizer step, from equal parameters,
-    gradients and batch, left the rows of one layer's weight that the second thread computes off by some ULPs, in 7
+    gradients and batch, left the rows of one layer's weight that the second thread computes slightly off, in 7
     of 28 preempted and resumed runs with a sampler server and in 1 of 54 straight ones; in none of 14 that copied
     the batch out, nor of 12 with one thread). The pool was started by its source's owner (the trainer)."""
 
