@@ -109,9 +109,8 @@ def test_a_prediction_job_starts_no_sampler_servers_of_its_run(node_run, tmp_pat
 
     run = tmp_path / "served"
     shutil.copytree(node_run[0], run)
-    for name in ("config.yaml", "overrides.yaml"):
-        text = (run / ".hydra" / name).read_text()
-        (run / ".hydra" / name).write_text(text + "- launch.sampler_servers=1\n" if name == "overrides.yaml" else text)
+    overrides = run / ".hydra" / "overrides.yaml"
+    overrides.write_text(overrides.read_text() + "- launch.sampler_servers=1\n")
     assert "launch.sampler_servers=1" in (run / ".hydra" / "overrides.yaml").read_text()
     assert compose_prediction([str(run)]).cfg.launch.sampler_servers == 0
 
