@@ -5,9 +5,11 @@
 - :func:`ignore_signals`: signals that are another process's to act on (a terminal's Ctrl-C reaches the whole
   process group; SLURM's preemption signal is the trainers');
 - :func:`keep_freed_memory`: the malloc policy of processes that make batches;
+- :func:`set_threads`: torch's threads, once MKL's vector math has started on this thread alone;
 - logging: :func:`hpcgnn.logs.setup_logging`, one line format for every kind of process.
 
-Torch-free, standard library only: the launcher's own children start here before they import anything heavy.
+Torch-free, standard library only (:func:`set_threads` imports torch when called): the launcher's own children
+start here before they import anything heavy.
 """
 
 from __future__ import annotations
@@ -59,3 +61,30 @@ def keep_freed_memory() -> bool:
         return all(libc.mallopt(opt, value) for opt, value in
                    ((m_mmap_max, 0), (m_trim_threshold, 2**31 - 1), (m_arena_max, 1)))
     return False
+
+
+# Torch's element-wise float ops that go through MKL's vector math (ATen's vml.h: vsSqrt, vdExp, ...).
+_VECTOR_MATH = ("sqrt", "rsqrt", "exp", "expm1", "log", "log10", "log1p", "log2", "sin", "cos", "tan", "tanh",
+                "sinh", "cosh", "asin", "acos", "atan", "erf", "erfc", "erfinv", "lgamma", "abs", "ceil", "floor",
+                "trunc", "reciprocal", "sigmoid")
+
+
+def set_threads(threads: int) -> None:
+    """``torch.set_num_threads(threads)``, after each of MKL's vector math functions has run once on this thread
+    alone.
+
+    Why: the first call of an MKL vector function in a process, split between two threads at once (ATen cuts
+    those ops into chunks of 2048 elements: a 128 x 32 weight's ``sqrt`` is two), could leave the second
+    thread's chunk computed at about 12 bits of accuracy. Seen in Adam's first step (``exp_avg_sq.sqrt()``): the
+    rows of one weight that the second thread computes moved by an update off by up to 2.7e-4 of itself, in 3
+    of 40 fresh ranks with a sampler server, and outside hpcgnn in 1 of 60 processes whose first ``sqrt`` of
+    4096 floats ran on two threads beside a busy process. Run once here, on one thread, none of them is ever
+    first on two."""
+    import torch
+
+    torch.set_num_threads(1)
+    for dtype in (torch.float32, torch.float64):
+        x = torch.full((16,), 0.5, dtype=dtype)
+        for name in _VECTOR_MATH:
+            getattr(torch, name)(x)
+    torch.set_num_threads(threads)

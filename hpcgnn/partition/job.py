@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from hpcgnn import env
+from hpcgnn import env, process
 from hpcgnn.config import DatasetConfig, GraphConfig
 from hpcgnn.io import stop_cleanly_on_sigterm
 from hpcgnn.partition.cache import ensure_parts
@@ -54,7 +54,7 @@ def run_partition_task(cfg) -> dict:
     rank_env = env.RankEnv.from_environ(environ, (cfg.dist.port_min, cfg.dist.port_max), cfg.dist.master_port)
     # the CPUs the job asked for (torch would take every core it sees: where SLURM does not bind tasks to
     # their cores, tasks sharing a node would each run a thread per core)
-    torch.set_num_threads(rank_env.default_threads(environ))
+    process.set_threads(rank_env.default_threads(environ))
     with stop_cleanly_on_sigterm("partition task"), process_group(rank_env, cfg.dist, torch.device("cpu")):
         comm = Comm(rank_env.rank, rank_env.world_size) if rank_env.world_size > 1 else LOCAL
         return run_partition(cfg.dataset, cfg.graph, cfg.graph.parts_for(cfg.world_size), comm)

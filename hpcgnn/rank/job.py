@@ -42,7 +42,7 @@ def run_rank(cfg: RunConfig, environ: Mapping[str, str]) -> dict:
             check_allocation(env, c.nodes, c.tasks_per_node, c.gpus_per_node,
                              torch.cuda.device_count() if torch.cuda.is_available() else 0)
         threads, cfg = _thread_budget(cfg, env, environ)
-        torch.set_num_threads(threads)
+        process.set_threads(threads)
         if cfg.train.keep_freed_memory:
             process.keep_freed_memory()
         device = pick_device(env, cfg.train)

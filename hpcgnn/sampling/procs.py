@@ -148,7 +148,7 @@ def serve(spec: SamplerSpec, recipe: bytes, slots: list[Tensor], inbox: Connecti
     process's (written here)."""
     process.die_with_parent(signal.SIGKILL)
     process.ignore_signals(signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)  # the rank decides when
-    torch.set_num_threads(spec.threads)
+    process.set_threads(spec.threads)
     if spec.keep_freed_memory:
         process.keep_freed_memory()
 

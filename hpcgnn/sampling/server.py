@@ -170,7 +170,7 @@ def run_server(index: int, port: int, trainers: int, threads: int, run_dir: str,
     server serves on. A port another process holds is :class:`~hpcgnn.errors.PortTaken` (one line). A failure
     is recorded in the run's failure records (the trainers and the launcher read it), then raised."""
     try:
-        torch.set_num_threads(threads)
+        process.set_threads(threads)
         process.keep_freed_memory()
         _Server(index, port, trainers, threads, run_dir, key, host, fail_batch).run(prepare, idle_s, announce)
     except Exception as exc:

@@ -194,14 +194,9 @@ def arrived(batch: m.Batch, i: int, producer: str, stats, slot: Tensor, unpack: 
 
 class ProducedLoader:
     """One epoch's batches from a producer pool (:class:`~hpcgnn.sampling.protocol.Pool`: sampler processes or
-    servers), in index order, on the device (``BatchLoader``'s interface: ``sizes``, ``len``, iteration). A batch
-    arrives viewed in its slot. On a GPU it is copied to the device from there, and the slot goes back when the next
-    batch is asked for (once that copy is done). On the host it is copied out of the slot at once and the slot goes
-    back before the step: steps that read a batch in place, in its slot, were seen to train differently from run
-    to run with two threads (a race not yet pinned down: a process's first optimizer step, from equal parameters,
-    gradients and batch, left the rows of one layer's weight that the second thread computes slightly off, in 7
-    of 28 preempted and resumed runs with a sampler server and in 1 of 54 straight ones; in none of 14 that copied
-    the batch out, nor of 12 with one thread). The pool was started by its source's owner (the trainer)."""
+    servers), in index order, on the device (``BatchLoader``'s interface: ``sizes``, ``len``, iteration). A batch is
+    viewed in its slot; the slot goes back when the next batch is asked for (on a GPU: once the copy out of it is
+    done). The pool was started by its source's owner (the trainer)."""
 
     def __init__(self, pool, plan: EpochPlan):
         self.pool, self.plan, self.sizes = pool, plan, plan.sizes
@@ -220,11 +215,7 @@ class ProducedLoader:
                     held = None
                 data, p, s, _ = pool.receive(i)
                 data, ready = copies.copy(data)  # (on the side stream, as the rank's own batches: DeviceCopy)
-                if ready is None:  # on the host: out of its slot, which goes back now (see above)
-                    data = data.clone()
-                    pool.release(p, s, None)
-                else:
-                    held = (p, s, ready)  # (its slot is free again once the copy out of it is done)
+                held = (p, s, ready)  # (its slot is free again once the copy out of it is done)
                 yield copies.hand_over(data, ready)
             finished = True
         finally:
