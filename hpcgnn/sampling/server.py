@@ -14,7 +14,7 @@ connection's keys (:mod:`hpcgnn.sampling.wire`: a typed format, nothing unpickle
 trainer reads them straight into one of its slots (``recv_into``: no copy in Python) and views them in place.
 The sampler recipe does not travel: the trainer writes it into the run folder and sends its hash.
 A server has at most ``train.prefetch`` batches in flight per trainer: it makes the next one when the trainer
-hands a slot back. Sockets and not torch.distributed: the two sides need no common process group (a server's
+hands a slot back, into the second of its two buffers while the first one's bytes go out (:class:`_SocketEnd`). Sockets and not torch.distributed: the two sides need no common process group (a server's
 death must not hang a collective), and a message whose size only the sender knows needs no size exchange.
 
 A server's process starts in :mod:`hpcgnn.rank.server` (a SLURM task, or a local process the launcher spawned).
@@ -28,6 +28,7 @@ import contextlib
 import errno
 import logging
 import os
+import queue
 import select
 import selectors
 import socket
@@ -76,15 +77,49 @@ class _Counters:
 
 
 class _SocketEnd:
-    """A server's end of one trainer's connection (:class:`hpcgnn.sampling.serving.End`): a batch is written into
-    this thread's buffer and its bytes sent after its message; ``depth`` batches in flight, one more each time
-    the trainer frees a slot. A frame that fails its tag drops the connection, with one line."""
+    """A server's end of one trainer's connection (:class:`hpcgnn.sampling.serving.End`): ``depth`` batches in
+    flight, one more each time the trainer frees a slot. A frame that fails its tag drops the connection, with one
+    line.
+
+    Batches are made into two buffers in turn, and a thread of this end's own tags and sends each: while batch i's
+    bytes go out (tagged under the GIL), batch i + 1 is sampled (outside it) into the other buffer. Every frame
+    goes out through that thread, in the order it was handed over; a relayed batch's bytes (which lie in its
+    sampler process's slot) are sent before :meth:`deliver` returns."""
 
     def __init__(self, channel: wire.Channel, depth: int, name: str):
         self.channel, self.credits, self.name = channel, depth, name
-        self.buf = torch.empty(SLOT_BYTES, dtype=torch.uint8)
+        self.bufs = [torch.empty(SLOT_BYTES, dtype=torch.uint8) for _ in range(2)]  # (pages touched as used)
+        self.idle = [threading.Event() for _ in self.bufs]  # set: that buffer's bytes are sent
+        for e in self.idle:
+            e.set()
+        self.turn = 0  # the buffer the next batch is made into
+        self.out: queue.Queue = queue.Queue()  # (message, payload, event set once it is sent); None: stop
+        self.failed: BaseException | None = None  # why the sending thread stopped
+        self.sender = threading.Thread(target=self._send_all, name=f"{name} sender", daemon=True)
+        self.sender.start()
+
+    def _send_all(self) -> None:
+        while (job := self.out.get()) is not None:
+            msg, payload, sent = job
+            try:
+                if self.failed is None:
+                    self.channel.send(msg, payload)
+            except BaseException as exc:  # (the peer went: the serve loop hears it at its next call)
+                self.failed = exc
+            finally:
+                sent.set()
+
+    def _check(self) -> None:
+        if self.failed is not None:
+            raise serving.PeerGone from None
+
+    def _handover(self, msg, payload: memoryview | None, sent: threading.Event) -> None:
+        self._check()
+        sent.clear()
+        self.out.put((msg, payload, sent))
 
     def recv(self, wait: bool):
+        self._check()
         conn = self.channel.sock
         try:
             return self.channel.receive() if wait or select.select([conn], [], [], 0)[0] else None
@@ -95,11 +130,8 @@ class _SocketEnd:
         except (ConnectionError, OSError):
             raise serving.PeerGone from None
 
-    def send(self, msg, payload: memoryview | None = None) -> None:
-        try:
-            self.channel.send(msg, payload)
-        except (ConnectionError, OSError):
-            raise serving.PeerGone from None
+    def send(self, msg) -> None:
+        self._handover(msg, None, threading.Event())
 
     def take(self, msg) -> None:
         if isinstance(msg, m.Free):
@@ -109,15 +141,35 @@ class _SocketEnd:
         return self.credits > 0
 
     def place(self, i: int) -> Tensor:
-        return self.buf
+        while not self.idle[self.turn].wait(1.0):  # (its bytes still going out)
+            self._check()
+        self._check()
+        return self.bufs[self.turn]
 
     def grow(self, i: int, needed: int, handle) -> Tensor:
-        self.buf = torch.empty(int(needed * serving.GROWTH), dtype=torch.uint8)
-        return self.buf
+        self.bufs[self.turn] = torch.empty(int(needed * serving.GROWTH), dtype=torch.uint8)
+        return self.bufs[self.turn]
 
     def deliver(self, i: int, meta, delta, nbytes: int, payload: memoryview | None = None) -> None:
-        self.send(m.Batch(i, meta, delta), memoryview(self.buf.numpy())[:nbytes] if payload is None else payload)
+        msg = m.Batch(i, meta, delta)
+        if payload is not None:  # relayed: sent before its bytes' slot goes back to the sampler process
+            sent = threading.Event()
+            self._handover(msg, payload, sent)
+            sent.wait()
+            self._check()
+        else:
+            self._handover(msg, memoryview(self.bufs[self.turn].numpy())[:nbytes], self.idle[self.turn])
+            self.turn = 1 - self.turn
         self.credits -= 1
+
+    def close(self, flush: bool) -> None:
+        """Stop the sending thread: after what it was handed (``flush``: a failure to report), or at once (the
+        trainer said stop, or went: the socket is shut, which ends a send under way)."""
+        if not flush:
+            with contextlib.suppress(OSError):
+                self.channel.sock.shutdown(socket.SHUT_RDWR)
+        self.out.put(None)
+        self.sender.join(timeout=None if not flush else 30.0)
 
 
 def _serve_trainer(channel: wire.Channel, counters: _Counters, threads: int, fail_batch: int, run_dir: str,
@@ -131,21 +183,28 @@ def _serve_trainer(channel: wire.Channel, counters: _Counters, threads: int, fai
     thread samples while the others do. The graph's file-backed tensors are mapped again, not copied: the node's
     one copy in the page cache serves them all. A partitioned graph's are relayed (:class:`hpcgnn.sampling.relay.Relay`)."""
     end = _SocketEnd(channel, 1, name)
+    flush = False  # (True: a failure is reported to the trainer, sent before the connection closes)
     try:
-        hello = end.recv(wait=True)
-    except serving.PeerGone:
-        return False  # it left before saying what it wants (a requeued trainer comes back)
-    if not isinstance(hello, m.Hello) or hello.rank != channel.session.rank:
-        log.warning("%s: dropped the connection of rank %d: it began with %s", name, channel.session.rank,
-                    type(hello).__name__ if not isinstance(hello, m.Hello) else f"a hello of rank {hello.rank}")
-        return False
-    end.credits = hello.depth
+        try:
+            hello = end.recv(wait=True)
+        except serving.PeerGone:
+            return False  # it left before saying what it wants (a requeued trainer comes back)
+        if not isinstance(hello, m.Hello) or hello.rank != channel.session.rank:
+            log.warning("%s: dropped the connection of rank %d: it began with %s", name, channel.session.rank,
+                        type(hello).__name__ if not isinstance(hello, m.Hello) else f"a hello of rank {hello.rank}")
+            return False
+        end.credits = hello.depth
 
-    def start() -> serving.Maker:
-        recipe = shipping.fetch(run_dir, hello.rank, hello.recipe)
-        return Relay(hello, recipe, threads, fail_batch) if hello.group else serving.Sampling(recipe, fail_batch)
+        def start() -> serving.Maker:
+            recipe = shipping.fetch(run_dir, hello.rank, hello.recipe)
+            return Relay(hello, recipe, threads, fail_batch) if hello.group else serving.Sampling(recipe, fail_batch)
 
-    return serving.serve(end, start, counters)
+        flush = True
+        done = serving.serve(end, start, counters)
+        flush = False
+        return done
+    finally:
+        end.close(flush)
 
 
 def trainers_of(server: int, servers: int, world_size: int, partitioned: bool) -> int:
