@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from hpcgnn import datasets
 from hpcgnn.errors import ConfigError
 
 # ------------------------------------------------------------------ models (hpcgnn.models.MODELS)
@@ -21,21 +22,17 @@ TYPED_FULL_INFERENCE_MODELS = ("rgcn", "mlp")  # ... on a typed graph
 FEATURE_DTYPES = ("float32", "float16", "bfloat16")  # dataset.feature_dtype: how features are stored
 DECODERS = ("dot", "mlp")  # link prediction: how a pair of embeddings becomes a score
 
-# ------------------------------------------------------------------ datasets (hpcgnn.data.LOADERS, LINK_LOADERS)
+# ------------------------------------------------------------------ datasets: from their specs (hpcgnn.datasets)
 
-OGB_NODE_DATASETS = ("ogbn-arxiv", "ogbn-products", "ogbn-papers100M")
-OGB_LINK_DATASETS = ("ogbl-collab", "ogbl-citation2")
-NODE_DATASETS = ("synthetic", "files", "pyg", *OGB_NODE_DATASETS)  # pyg: a graph of PyG's (dataset._target_)
-LINK_DATASETS = ("synthetic", "files", "pyg", *OGB_LINK_DATASETS)
-OGB_TYPED_DATASETS = ("ogbn-mag",)
-# Typed graphs (hpcgnn.data.TYPED_LOADERS; files: a folder laid out with nodes/ and edges/); erase_types serves
-# them homogeneous.
-TYPED_DATASETS = ("synthetic_hetero", *OGB_TYPED_DATASETS, "files", "pyg_hetero")  # pyg_hetero: a PyG HeteroData
-NODE_DATASETS = tuple(dict.fromkeys((*NODE_DATASETS, *TYPED_DATASETS)))
-PYG_DATASETS = ("pyg", "pyg_hetero")  # a graph of PyG's, by dataset._target_
-SPLIT_EDGES = ("synthetic", "files", "pyg")  # link datasets whose edges hpcgnn splits itself (dataset.edge_split)
-# Datasets read from files that must be there before a job starts (the synthetic ones are generated).
-ON_DISK = ("files", *OGB_NODE_DATASETS, *OGB_LINK_DATASETS, *OGB_TYPED_DATASETS)
+OGB_NODE_DATASETS = datasets.names(task="node", source="ogb", typed=False)
+OGB_LINK_DATASETS = datasets.names(task="link", source="ogb")
+OGB_TYPED_DATASETS = datasets.names(source="ogb", typed=True)
+NODE_DATASETS = datasets.names(task="node")  # (typed ones too; files: a folder laid out with nodes/ and edges/)
+LINK_DATASETS = datasets.names(task="link")
+TYPED_DATASETS = datasets.names(typed=True)  # erase_types serves them homogeneous
+PYG_DATASETS = datasets.names(needs_target=True)  # a graph of PyG's, by dataset._target_
+SPLIT_EDGES = datasets.names(split_edges=True)  # link datasets whose edges hpcgnn splits itself (dataset.edge_split)
+ON_DISK = datasets.names(on_disk=True)  # read from files that must be there before a job starts
 
 # ------------------------------------------------------------------ tasks (hpcgnn.tasks.TASKS)
 

@@ -331,7 +331,7 @@ def load_typed_files(cfg: DatasetConfig, allow_download: bool = False):
                                  num_classes=f.num_classes, feature_from=f.feature_from)
 
 
-def typed_files_source(cfg: DatasetConfig):
+def typed_files_source(cfg: DatasetConfig, allow_download: bool = False):
     """A typed folder as :func:`~hpcgnn.data.prepare` streams it (:class:`~hpcgnn.data.typed.TypedSource`): its
     .npy files memory-mapped, edges and feature rows read STREAM_VALUES values at a time."""
     from hpcgnn.data.typed import TypedSource

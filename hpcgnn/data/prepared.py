@@ -16,7 +16,7 @@ import numpy as np
 import hpcgnn.data.cache as cache
 import hpcgnn.data.link as link
 import hpcgnn.data.ooc as ooc
-from hpcgnn import env, trust
+from hpcgnn import datasets, env, trust
 from hpcgnn.checks import ON_DISK, is_typed
 from hpcgnn.config import DatasetConfig
 from hpcgnn.data.files import (
@@ -26,8 +26,6 @@ from hpcgnn.data.files import (
     stream_files,
 )
 from hpcgnn.data.link import SPLITS, LinkData, link_arrays, link_meta, split_rows
-from hpcgnn.data.ogb import LINK_NAMES as OGB_LINK_NAMES
-from hpcgnn.data.ogb import NAMES as OGB_NAMES
 from hpcgnn.data.ogb import (
     DatasetMissing,
     has_raw,
@@ -56,28 +54,10 @@ from hpcgnn.io import atomic_folder
 log = logging.getLogger(__name__)
 
 # The fields that change what each source builds (the cache key).
-_KEY_FIELDS = {
-    "synthetic": ("num_nodes", "num_classes", "num_features", "avg_degree", "degree_exponent",
-                  "communities_per_class", "homophily", "locality", "feature_noise", "centroids", "train_fraction",
-                  "val_fraction",
-                  "seed"),
-    "files": ("path", "to_undirected"),
-    "pyg": ("_target_", "kwargs", "train_fraction", "val_fraction", "split_index", "seed", "to_undirected"),
-    "pyg_hetero": ("_target_", "kwargs", "train_fraction", "val_fraction", "split_index", "seed", "to_undirected",
-                   "target_type", "erase_types"),
-    "synthetic_hetero": ("num_nodes", "num_classes", "num_features", "avg_degree", "communities_per_class", "homophily",
-                         "feature_noise", "train_fraction", "val_fraction", "seed", "erase_types"),
-    **{name: ("to_undirected",) for name in (*OGB_NAMES, *OGB_LINK_NAMES)},
-    "ogbn-mag": ("erase_types",),
-}
-
-
-_LINK_KEY_FIELDS = {"synthetic": ("edge_split",), "files": ("edge_split",), "pyg": ("edge_split",)}  # and the seed, for the split
-
-
 def cache_folder(cfg: DatasetConfig) -> Path:
     """``<root>/prepared/<name>-<key>``: the key covers every setting that changes the graph."""
-    fields = {k: getattr(cfg, k) for k in _KEY_FIELDS[cfg.name]}
+    spec = datasets.spec(cfg.name)
+    fields = {k: getattr(cfg, k) for k in spec.key}
     if cfg.name == "files":
         folder = files_folder(cfg)
         fields["path"] = str(folder)
@@ -94,10 +74,10 @@ def cache_folder(cfg: DatasetConfig) -> Path:
         fields["feature_dtype"] = cfg.feature_dtype
     name = cfg.name
     if cfg.prepared_for == "link":
-        fields.update({k: getattr(cfg, k) for k in _LINK_KEY_FIELDS.get(cfg.name, ())}, seed=cfg.seed, link=True)
-        if cfg.name in _LINK_KEY_FIELDS:  # how the edges are split (2: a seeded hash of each pair)
+        fields.update({"edge_split": cfg.edge_split} if spec.split_edges else {}, seed=cfg.seed, link=True)
+        if spec.split_edges:  # how the edges are split (2: a seeded hash of each pair)
             fields["split_version"] = link.SPLIT_VERSION
-        name = f"{cfg.name}-link" if cfg.name in _LINK_KEY_FIELDS else cfg.name
+        name = f"{cfg.name}-link" if spec.split_edges else cfg.name
     key = hashlib.sha256(json.dumps({"name": cfg.name, **fields}, sort_keys=True, default=str).encode()).hexdigest()
     return Path(cfg.root).expanduser() / "prepared" / f"{name}-{key[:12]}"
 
@@ -128,13 +108,14 @@ def prepare(cfg: DatasetConfig, allow_download: bool = False) -> Path:
     if cfg.name in TYPED_SOURCES and not homogeneous_files and (cfg.prepared_for != "link" or cfg.name == "files"):
         # typed sources, out of core (types erased: the view alone; a typed folder's link dataset: split from it)
         return prepare_typed_streamed(cfg, folder, source, allow_download)
-    if cfg.prepared_for == "link" and (cfg.name in ("synthetic", *OGB_LINK_NAMES) or homogeneous_files):
+    streamed = datasets.spec(cfg.name).streamed or homogeneous_files
+    if cfg.prepared_for == "link" and streamed:
         return prepare_streamed(cfg, folder, source, allow_download)  # (split chunk by chunk)
     if cfg.prepared_for == "link":
         data = build_link(cfg, allow_download)
         arrays, meta = link_arrays(data)
         return cache.save(data.graph, folder, source, extra=arrays, extra_meta=meta)
-    if cfg.name in ("synthetic", *OGB_NAMES) or homogeneous_files:
+    if streamed:
         # streamed to disk: edges in buckets, never the whole edge list in memory
         return prepare_streamed(cfg, folder, source, allow_download)
     return cache.save(build_graph(cfg, allow_download), folder, source)
@@ -205,7 +186,7 @@ def prepare_streamed(cfg: DatasetConfig, folder: Path, source: dict, allow_downl
     if cfg.name == "files":
         ei = read_shapes(cfg)
         n, num_features, edges = ei["num_nodes"], ei["num_features"], ei["num_edges"] * (2 if cfg.to_undirected else 1)
-    elif cfg.name in (*OGB_NAMES, *OGB_LINK_NAMES):
+    elif datasets.spec(cfg.name).source == "ogb":
         shapes = ogb_shapes(cfg, allow_download)
         n, num_features = shapes.num_nodes, shapes.num_features
         edges = shapes.num_edges * (2 if shapes.inverse or cfg.to_undirected else 1)
@@ -215,7 +196,7 @@ def prepare_streamed(cfg: DatasetConfig, folder: Path, source: dict, allow_downl
     need = edges * (ooc.index_dtype(n).itemsize * 3) + n * num_features * 4 + n * 32
     _check_space(folder, need)
     with atomic_folder(folder) as tmp:
-        if cfg.name in OGB_LINK_NAMES:  # the official split; its held-out edges dropped as they stream by
+        if datasets.spec(cfg.name).link:  # the official split; its held-out edges dropped as they stream by
             _stream_ogb_link(cfg, tmp, shapes, edges, source)
         elif cfg.prepared_for == "link":  # the whole graph first, then split a chunk of rows at a time
             _stream_graph(cfg, tmp / "whole", n, num_features, edges, shapes)
@@ -230,7 +211,7 @@ def _stream_graph(cfg: DatasetConfig, tmp: Path, n: int, num_features: int, edge
     tmp.mkdir(exist_ok=True)
     buckets = ooc.EdgeBuckets(n, edges, tmp / "scratch", prepare_mem_bytes(cfg))
     features = ooc.FeatureWriter(tmp / "x.npy", n, num_features, cfg.feature_dtype)
-    if cfg.name in ("files", *OGB_NAMES):
+    if cfg.name == "files" or datasets.spec(cfg.name).source == "ogb":
         y, splits, num_classes = (stream_files(cfg, buckets, features) if cfg.name == "files" else
                                   stream_ogb(cfg, shapes, buckets, features))
         arrays = {"y": y, **splits}

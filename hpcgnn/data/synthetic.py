@@ -100,7 +100,7 @@ def expected_edges(cfg: DatasetConfig) -> int:
     return int(cfg.num_nodes * max(cfg.avg_degree, 1.0) * 1.1) + 2 * cfg.num_nodes
 
 
-def make_synthetic(cfg: DatasetConfig) -> Graph:
+def make_synthetic(cfg: DatasetConfig, allow_download: bool = False) -> Graph:
     """The synthetic graph in memory (small graphs, tests); ``prepare`` streams it to disk instead."""
     src, dst, xs = [], [], []
     y, train_idx, val_idx, test_idx = generate_synthetic(
@@ -223,7 +223,7 @@ def generate_synthetic_typed(cfg: DatasetConfig, on_edges: Callable[[tuple[str, 
             perm[n_train + n_val:].sort().values)
 
 
-def make_synthetic_typed(cfg: DatasetConfig):
+def make_synthetic_typed(cfg: DatasetConfig, allow_download: bool = False):
     """The typed synthetic graph in memory (small graphs, tests); ``prepare`` streams it to disk instead."""
     from hpcgnn.data.typed import TypedGraph
 
@@ -237,7 +237,7 @@ def make_synthetic_typed(cfg: DatasetConfig):
                                  feature_from=TYPED_FEATURES_FROM)
 
 
-def synthetic_typed_source(cfg: DatasetConfig):
+def synthetic_typed_source(cfg: DatasetConfig, allow_download: bool = False):
     """The typed synthetic graph as :func:`~hpcgnn.data.prepare` streams it: drawn a chunk of papers at a time."""
     from hpcgnn.data.typed import TypedSource
 

@@ -1,0 +1,62 @@
+"""Each dataset is declared once (hpcgnn/datasets.py): its yaml, the docs and every registry follow its spec."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from hpcgnn import checks, data, datasets
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _yaml_names(root: Path = REPO) -> dict[str, str]:
+    return {p.name: yaml.safe_load(p.read_text())["name"] for p in sorted((root / "conf" / "dataset").glob("*.yaml"))}
+
+
+def _without_spec(root: Path = REPO) -> dict[str, str]:
+    return {f: n for f, n in _yaml_names(root).items() if n not in datasets.SPECS}
+
+
+def test_every_dataset_yaml_names_a_spec_and_every_spec_has_a_yaml():
+    names = _yaml_names()
+    assert _without_spec() == {}
+    assert set(datasets.SPECS) - set(names.values()) == set()
+    for spec in datasets.SPECS.values():  # its own file, of its own name
+        assert names.get(f"{spec.name}.yaml") == spec.name
+
+
+def test_docs_name_every_dataset():
+    text = (REPO / "docs" / "datasets.md").read_text()
+    assert [n for n in datasets.SPECS if f"`{n}`" not in text] == []
+
+
+def test_the_registries_are_the_specs():
+    node = {s.name for s in datasets.SPECS.values() if "node" in s.tasks}
+    link = {s.name for s in datasets.SPECS.values() if "link" in s.tasks}
+    assert set(data.LOADERS) == node == set(checks.NODE_DATASETS)
+    assert set(data.LINK_LOADERS) == link == set(checks.LINK_DATASETS)
+    assert set(data.TYPED_LOADERS) == set(data.TYPED_SOURCES) == {n for n, s in datasets.SPECS.items() if s.typed}
+    for s in datasets.SPECS.values():  # a link dataset is split here, or comes with its own split: not both
+        assert ("link" in s.tasks) == (s.split_edges or s.link is not None), s.name
+        assert s.split_edges <= (s.graph is not None), s.name
+        assert "node" not in s.tasks or s.graph or s.typed, s.name
+
+
+@pytest.mark.parametrize("name", sorted(datasets.SPECS))
+def test_every_key_field_is_a_dataset_setting(name):
+    from hpcgnn.config import DatasetConfig
+
+    fields = set(DatasetConfig.__dataclass_fields__)
+    assert set(datasets.spec(name).key) <= fields
+
+
+def test_a_yaml_without_a_spec_is_named(tmp_path):
+    """What the first test reports when someone adds conf/dataset/NEW.yaml and forgets the spec."""
+    folder = tmp_path / "conf" / "dataset"
+    folder.mkdir(parents=True)
+    (folder / "mine.yaml").write_text("name: mine\n")
+    (folder / "synthetic.yaml").write_text("name: synthetic\n")
+    assert _without_spec(tmp_path) == {"mine.yaml": "mine"}
