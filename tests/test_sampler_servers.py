@@ -160,3 +160,32 @@ def test_a_sampler_that_cannot_be_built_fails_the_rank_at_its_start_on_either_tr
         remote.close()
         server.join(60)
     assert server.exitcode == 1  # (it records its failure, as a failed server does)
+
+
+def test_a_batch_the_wire_cannot_carry_reaches_the_trainer_as_a_failure_naming_it():
+    """A batch is encoded where it is made (the serve loop), not in the server's sending thread: what the wire
+    does not carry (here an object in a batch) fails the loop, which reports it to the trainer, instead of
+    stopping the sending thread as if the trainer had gone (the trainer would then wait for its batch)."""
+    import socket
+
+    import hpcgnn.sampling.messages as m
+    import hpcgnn.sampling.wire as wire
+    from hpcgnn.sampling.server import _SocketEnd
+    from hpcgnn.trust import Session
+
+    a, b = socket.socketpair()
+    session = Session(0, 0, 0, b"s" * 32, b"t" * 32)
+    end = _SocketEnd(wire.Channel(a, session, server=True), 1, "server 0")
+    trainer = wire.Channel(b, session, server=False)
+    try:
+        with pytest.raises(TypeError, match="a batch holds a object, which the sampler servers' wire does not carry"):
+            end.deliver(0, ("Data", {"odd": object()}), None, 0)
+        assert end.sender.is_alive() and end.failed is None  # (the connection is still good: the failure goes out)
+        end.send(m.Failed(0, "TypeError: a batch holds a object", ""))
+        got = trainer.receive()
+        assert isinstance(got, m.Failed) and "a batch holds a object" in got.line
+    finally:
+        end.close(flush=True)
+        a.close()
+        b.close()
+    assert not end.sender.is_alive()

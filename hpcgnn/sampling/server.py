@@ -14,8 +14,9 @@ connection's keys (:mod:`hpcgnn.sampling.wire`: a typed format, nothing unpickle
 trainer reads them straight into one of its slots (``recv_into``: no copy in Python) and views them in place.
 The sampler recipe does not travel: the trainer writes it into the run folder and sends its hash.
 A server has at most ``train.prefetch`` batches in flight per trainer: it makes the next one when the trainer
-hands a slot back, into the second of its two buffers while the first one's bytes go out (:class:`_SocketEnd`). Sockets and not torch.distributed: the two sides need no common process group (a server's
-death must not hang a collective), and a message whose size only the sender knows needs no size exchange.
+hands a slot back, into the second of its two buffers while the first one's bytes go out (:class:`_SocketEnd`).
+Sockets and not torch.distributed: the two sides need no common process group (a server's death must not hang a
+collective), and a message whose size only the sender knows needs no size exchange.
 
 A server's process starts in :mod:`hpcgnn.rank.server` (a SLURM task, or a local process the launcher spawned).
 The trainer's side is :mod:`hpcgnn.sampling.client`; a partitioned graph's batches are relayed
@@ -100,23 +101,26 @@ class _SocketEnd:
 
     def _send_all(self) -> None:
         while (job := self.out.get()) is not None:
-            msg, payload, sent = job
+            frame, sent = job
             try:
                 if self.failed is None:
-                    self.channel.send(msg, payload)
+                    self.channel.send_encoded(*frame)
             except BaseException as exc:  # (the peer went: the serve loop hears it at its next call)
                 self.failed = exc
             finally:
                 sent.set()
 
     def _check(self) -> None:
-        if self.failed is not None:
+        if isinstance(self.failed, (ConnectionError, OSError)):
             raise serving.PeerGone from None
+        if self.failed is not None:  # (a fault of the sending side's own: raised where the serve loop reports it)
+            raise RuntimeError(f"sending to the trainer failed: {self.failed!r}") from self.failed
 
     def _handover(self, msg, payload: memoryview | None, sent: threading.Event) -> None:
+        frame = wire.encoded(msg, payload)  # (here: what the wire does not carry fails the serve loop, reported)
         self._check()
         sent.clear()
-        self.out.put((msg, payload, sent))
+        self.out.put((frame, sent))
 
     def recv(self, wait: bool):
         self._check()

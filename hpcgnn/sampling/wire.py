@@ -163,6 +163,13 @@ _KINDS = {m.Hello: 1, m.Ready: 2, m.Epoch: 3, m.Batch: 4, m.Free: 5, m.Stop: 6, 
 _BY_CODE = {code: cls for cls, code in _KINDS.items()}
 
 
+def encoded(msg, payload: memoryview | None = None) -> tuple[int, bytes, memoryview | None]:
+    """What :meth:`Channel.send_encoded` sends: the message's kind, its body, and ``payload`` (a batch's bytes) or
+    its own (an epoch's seeds). Raises TypeError for what the wire does not carry."""
+    body, own = encode(msg)
+    return _KINDS[type(msg)], body, own if payload is None else payload
+
+
 def encode(msg) -> tuple[bytes, memoryview | None]:
     """A message's body and payload (an epoch's seeds; a batch's bytes are the caller's)."""
     payload = None
@@ -244,10 +251,12 @@ class Channel:
 
     def send(self, msg, payload: memoryview | None = None) -> None:
         """``msg``, with ``payload`` (a batch's bytes) after its own (an epoch's seeds)."""
-        body, own = encode(msg)
-        payload = own if payload is None else payload
+        self.send_encoded(*encoded(msg, payload))
+
+    def send_encoded(self, kind: int, body: bytes, payload: memoryview | None) -> None:
+        """A message :func:`encoded` already (where it is made, so that what it cannot carry is refused there)."""
         nbytes = 0 if payload is None else payload.nbytes
-        head = _HEAD.pack(_KINDS[type(msg)], len(body), nbytes)
+        head = _HEAD.pack(kind, len(body), nbytes)
         seq = _SEQ.pack(self.sent)
         self.sent += 1
         mac = _frame_mac(self.send_key, seq)
