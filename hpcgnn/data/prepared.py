@@ -182,11 +182,11 @@ def prepare_streamed(cfg: DatasetConfig, folder: Path, source: dict, allow_downl
     """The synthetic graph drawn chunk by chunk (a ``files`` folder read a chunk at a time from its
     memory-mapped .npy files, an ogbn dataset from OGB's raw files) into ``folder``: edges bucketed on disk
     by target and sorted bucket by bucket (:class:`EdgeBuckets`), features written as they come."""
-    shapes = None
+    shapes, spec = None, datasets.spec(cfg.name)
     if cfg.name == "files":
         ei = read_shapes(cfg)
         n, num_features, edges = ei["num_nodes"], ei["num_features"], ei["num_edges"] * (2 if cfg.to_undirected else 1)
-    elif datasets.spec(cfg.name).source == "ogb":
+    elif spec.source == "ogb":
         shapes = ogb_shapes(cfg, allow_download)
         n, num_features = shapes.num_nodes, shapes.num_features
         edges = shapes.num_edges * (2 if shapes.inverse or cfg.to_undirected else 1)
@@ -196,7 +196,7 @@ def prepare_streamed(cfg: DatasetConfig, folder: Path, source: dict, allow_downl
     need = edges * (ooc.index_dtype(n).itemsize * 3) + n * num_features * 4 + n * 32
     _check_space(folder, need)
     with atomic_folder(folder) as tmp:
-        if datasets.spec(cfg.name).link:  # the official split; its held-out edges dropped as they stream by
+        if spec.link:  # the official split; its held-out edges dropped as they stream by
             _stream_ogb_link(cfg, tmp, shapes, edges, source)
         elif cfg.prepared_for == "link":  # the whole graph first, then split a chunk of rows at a time
             _stream_graph(cfg, tmp / "whole", n, num_features, edges, shapes)
@@ -211,7 +211,7 @@ def _stream_graph(cfg: DatasetConfig, tmp: Path, n: int, num_features: int, edge
     tmp.mkdir(exist_ok=True)
     buckets = ooc.EdgeBuckets(n, edges, tmp / "scratch", prepare_mem_bytes(cfg))
     features = ooc.FeatureWriter(tmp / "x.npy", n, num_features, cfg.feature_dtype)
-    if cfg.name == "files" or datasets.spec(cfg.name).source == "ogb":
+    if datasets.spec(cfg.name).source in ("files", "ogb"):
         y, splits, num_classes = (stream_files(cfg, buckets, features) if cfg.name == "files" else
                                   stream_ogb(cfg, shapes, buckets, features))
         arrays = {"y": y, **splits}
