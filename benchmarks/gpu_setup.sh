@@ -8,14 +8,17 @@
 #   export PYTHONPATH=/tmp/site:$PWD    # then: python3 -m pytest -m gpu tests/test_gpu.py; python3 benchmarks/gpu.py
 #
 # The machine's own torch (>= 2.4) and torch_geometric stay: only what they lack travels
-# (submitit, hydra-core, omegaconf and its antlr runtime, ogb and what it needs beyond the usual stack, pymetis).
+# (submitit, hydra-core, omegaconf and its antlr runtime, ogb and what it needs beyond the usual stack, pymetis,
+# cryptography for the sampler servers' frame tags).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 WHEELS=${WHEELS:-.whl}
 PYVER=${PYVER:-3.12}
 SITE=${SITE:-/tmp/site}
-# Pinned to what CI tests; pure-Python wheels but pymetis (compiled for PYVER) and antlr (built here from its sdist).
-PACKAGES="submitit==1.5.4 hydra-core==1.3.8 omegaconf==2.3.1 ogb==1.3.6 outdated==0.2.2 littleutils==0.2.4 pymetis==2025.2.2"
+# Pinned to what CI tests; pure-Python wheels but pymetis, cryptography and cffi (compiled for PYVER) and antlr
+# (built here from its sdist).
+PACKAGES="submitit==1.5.4 hydra-core==1.3.8 omegaconf==2.3.1 ogb==1.3.6 outdated==0.2.2 littleutils==0.2.4 pymetis==2025.2.2
+          cryptography==50.0.2 cffi==2.1.1 pycparser==3.12"
 
 case "${1:-}" in
 download)

@@ -422,14 +422,17 @@ def _validate_checkpoint(c: CheckpointConfig) -> None:
 
 def _validate_graph_on(c: RunConfig) -> None:
     """train.graph_on=device against the rest of the run: where the graph can be sampled on the GPU."""
+    from hpcgnn.checks import sampler_servers
+
     t = c.train
     if t.graph_on == "device":
         why = ("train.device=cpu" if t.device == "cpu" else
                "graph=partitioned (its ranks sample on the host and exchange through the CPU)"
                if c.graph.mode != "replicated" else
                f"train.sampler={t.sampler} (only sampler=neighbor runs on the GPU)" if t.sampler != "neighbor" else
-               f"task={c.task.name} (only node classification samples on the GPU)" if c.task.name != "node"
-               else None)
+               f"task={c.task.name} (only node classification samples on the GPU)" if c.task.name != "node" else
+               f"{sampler_servers(c)} sampler server(s) (they make batches on their own hosts)"
+               if sampler_servers(c) else None)
         if why is not None:
             raise ConfigError(f"train.graph_on=device does not go with {why}. HINT: set train.graph_on=auto "
                               "(it samples on the GPU where it can) or host")

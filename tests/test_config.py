@@ -78,6 +78,8 @@ def test_valid_overrides_pass_the_typo_guard():
     (["train.graph_on=device", "train.sampler=cluster"], r"does not go with train.sampler=cluster"),
     (["train.graph_on=device", "train.device=cpu"], r"does not go with train.device=cpu"),
     (["train.graph_on=device", "task=link"], r"does not go with task=link"),
+    (["train.graph_on=device", "train.device=cuda", "launch.sampler_servers=1"],
+     r"does not go with 1 sampler server\(s\) \(they make batches on their own hosts\)"),
 ])
 def test_invalid_values_rejected(overrides, message):
     with pytest.raises(ConfigError, match=message):
@@ -341,3 +343,16 @@ def test_the_result_line_counts_ranks_in_words(capsys):
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == "test accuracy 0.9161 (best val 0.9147 at epoch 2), 1 rank on vm, 36810 seeds/s, 6.2 s"
     assert lines[2].startswith("test accuracy 0.9161 (best val 0.9147 at epoch 2), 4 ranks on n1, n2, ")
+
+
+@pytest.mark.parametrize("producer", ["train.sampler_procs=1", "launch.sampler_servers=1"])
+def test_graph_on_auto_samples_on_the_host_where_batches_are_made_off_the_rank(producer):
+    """Sampler processes and servers read the graph on the host: auto never copies it to the GPU for them
+    (decided before CUDA is asked anything, so this holds on a machine without one)."""
+    import torch
+
+    from hpcgnn.env import RankEnv
+    from hpcgnn.stores.replicated import graph_on
+
+    cfg = make_config(producer, "train.device=cuda")
+    assert graph_on(cfg, RankEnv.from_environ({}), torch.device("cuda", 0), 1) == "host"

@@ -174,6 +174,44 @@ def test_two_ranks_share_one_gpu_over_gloo(tmp_path, graph):
     assert "gloo carries the gradients" in res.stdout + res.stderr
 
 
+@pytest.mark.slow
+def test_batches_made_off_the_rank_train_on_the_gpu_as_the_ranks_own(tmp_path):
+    """2 sampler processes, or 1 sampler server: batches land in page-locked slots and are copied to the GPU
+    while the next one is made there; the run ends where the rank's own host sampling does, up to the GPU's
+    summation order (fp32, the resume test's bound). A slot reused before its copy finished would not."""
+    over = [*TINY, "launch.procs=1", "train.epochs=3", "train.device=cuda", "train.precision=fp32",
+            "metrics.tensorboard=false"]
+    producers = {"rank": (["train.graph_on=host", "train.num_threads=1"], "graph: "),
+                 "procs": (["train.sampler_procs=2", "train.num_threads=3"], "2 sampler process(es) started"),
+                 "servers": (["launch.sampler_servers=1", "train.num_threads=1"], "1 sampler server(s) ready")}
+    runs = {}
+    for name, (extra, said) in producers.items():
+        res = run_cli(*over, *extra, cwd=tmp_path / name, timeout=300)
+        assert res.returncode == 0, res.stdout + res.stderr
+        assert said in res.stdout + res.stderr, name
+        assert "could not be pinned" not in res.stdout + res.stderr
+        weights = torch.load(tmp_path / name / "run" / "model" / "last.pt", weights_only=True)["state_dict"]
+        runs[name] = summary_of(tmp_path / name), weights
+    ref, ref_w = runs["rank"]
+    scale = max(w.abs().max().item() for w in ref_w.values() if w.is_floating_point())
+    for name in ("procs", "servers"):
+        s, w = runs[name]
+        assert s["device"] == "cuda:0" and s["graph_on"] == "host", name
+        diff = max((w[k].float() - ref_w[k].float()).abs().max().item() for k in ref_w)
+        loss_diff = max(abs(x["loss"] - y["loss"]) for x, y in zip(ref["history"], s["history"], strict=True))
+        print(f"{name} on GPU vs the rank's own batches: max |param diff| {diff:.3g} (max |param| {scale:.3g}), "
+              f"max epoch-loss diff {loss_diff:.3g}")
+        assert diff <= 1e-4 * max(scale, 1.0) and loss_diff <= 1e-4, name
+
+
+def test_link_prediction_on_the_gpu(tmp_path):
+    """Link prediction, one rank on the GPU: positive edges and their negatives sampled on the host, the pairs
+    scored there, exact layer-wise evaluation on the GPU (the default for a replicated link run); the CPU's bar."""
+    s, _ = single_rank("task=link", "dataset.num_nodes=10000", run_dir=tmp_path / "run")
+    assert s["device"] == "cuda:0" and s["task"] == "link" and s["eval_mode"] == "full"
+    assert s["test_auc"] >= 0.82, s["test_auc"]
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -57,14 +57,18 @@ def cluster_assignment(cfg: RunConfig, env: RankEnv, graph: Graph, num_clusters:
 def graph_on(cfg: RunConfig, env: RankEnv, device: torch.device, graph_bytes: int) -> str:
     """Where a replicated rank samples and gathers: ``train.graph_on``, with ``auto`` resolved.
 
-    ``auto`` picks the GPU when the rank trains on one, the sampler and task run there
-    (``sampler=neighbor``, node classification) and the ranks sharing that GPU together
-    hold at most ``train.graph_on_fraction`` of its memory; the host otherwise.
+    ``auto`` picks the GPU when the rank trains on one, makes its own batches (no sampler processes or
+    servers: they sample the graph on the host), the sampler and task run there (``sampler=neighbor``, node
+    classification) and the ranks sharing that GPU together hold at most ``train.graph_on_fraction`` of its
+    memory; the host otherwise.
     """
+    from hpcgnn.checks import sampler_servers
+
     t = cfg.train
     if t.graph_on != "auto":
         return t.graph_on
-    if device.type != "cuda" or t.sampler != "neighbor" or cfg.task.name != "node" or t.sampler_procs:
+    if (device.type != "cuda" or t.sampler != "neighbor" or cfg.task.name != "node" or t.sampler_procs
+            or sampler_servers(cfg)):
         return "host"
     sharing = env.local_world_size if torch.cuda.device_count() < env.local_world_size else 1
     total = torch.cuda.get_device_properties(device).total_memory
