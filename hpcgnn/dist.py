@@ -20,7 +20,10 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
+import os
 import socket
+import tempfile
 from collections.abc import Iterator
 from datetime import timedelta
 
@@ -246,17 +249,64 @@ def gather_json(obj: object, group=None) -> list:
     return [json.loads(bytes(p[: int(k)].numpy())) for p, k in zip(parts, lengths, strict=True)]
 
 
+def node_table(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor | None:
+    """An uninitialised host tensor that every rank maps: one copy on the node, each rank writing its rows and
+    reading everyone's, with nothing sent (every rank of the job on this node; collective). None where it cannot
+    be made (``/dev/shm`` too full, or absent): the caller all-gathers instead.
+
+    Rank 0 makes a file of its own in ``/dev/shm`` (mode 0600: no other user can open it) and reserves its
+    pages (a tmpfs that fills later would kill a rank with SIGBUS at a write); each rank maps it once it has
+    checked that it is a plain file of its user's (:func:`hpcgnn.trust.open_own`), and rank 0 removes the name
+    once all have: nothing is left in ``/dev/shm``, however the job ends after that."""
+    from hpcgnn import trust
+
+    numel = math.prod(shape)
+    name = ""
+    if dist.get_rank() == 0 and numel:
+        try:
+            fd, name = tempfile.mkstemp(prefix="hpcgnn-table-", dir="/dev/shm")
+            try:
+                os.posix_fallocate(fd, 0, numel * dtype.itemsize)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            log.warning("a node-shared table of %.0f MB could not be made in /dev/shm (%s): the ranks all-gather it",
+                        numel * dtype.itemsize / 2**20, exc.strerror)
+            if name:
+                os.unlink(name)
+            name = ""
+    name = all_gather_object(name)[0]
+    if not name:
+        return None
+    try:
+        os.close(trust.open_own(name, "a node-shared table", os.O_RDWR))
+        table = torch.from_file(name, shared=True, size=numel, dtype=dtype)
+    finally:
+        all_reduce_max(torch.zeros(1))  # (every rank has mapped it)
+        if dist.get_rank() == 0:
+            os.unlink(name)
+    return table.view(shape)
+
+
 def all_gather_rows(mine: torch.Tensor, counts: list[int]) -> torch.Tensor:
     """Concatenate every rank's rows in rank order (rank r holds ``counts[r]`` rows of the same width).
 
     A tensor collective (no pickling): rows are padded to the largest count and gathered into
-    one preallocated buffer on the collective device.
+    one preallocated buffer on the collective device. ``mine`` may come padded already (its first
+    ``counts[rank]`` rows count): then it is sent as it is. Where every rank but the last with rows
+    holds the most (a range split in order), the result is a prefix of that buffer, not a copy.
     """
-    if not initialized():
-        return mine
-    most = max(counts)
-    buf = mine.new_zeros((most, *mine.shape[1:]), device=_comm_device)
-    buf[: mine.size(0)] = mine.to(_comm_device)
+    if not initialized() or len(counts) == 1:
+        return mine[: counts[0]] if len(counts) == 1 else mine
+    most, rank = max(counts), dist.get_rank()
+    if mine.size(0) == most and mine.device == _comm_device and mine.is_contiguous():
+        buf = mine
+    else:
+        buf = mine.new_zeros((most, *mine.shape[1:]), device=_comm_device)
+        buf[: counts[rank]] = mine[: counts[rank]].to(_comm_device)
     out = buf.new_empty((len(counts) * most, *mine.shape[1:]))
     dist.all_gather(list(out.split(most)), buf)
+    filled = sum(counts)
+    if all(c == most for c in counts[: filled // most]) and not any(counts[filled // most + 1:]):
+        return out[:filled].to(mine.device)
     return torch.cat([out[r * most: r * most + c] for r, c in enumerate(counts)]).to(mine.device)

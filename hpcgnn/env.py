@@ -300,6 +300,11 @@ class RankEnv:
     def is_main(self) -> bool:
         return self.rank == 0
 
+    @property
+    def one_node(self) -> bool:
+        """Every rank of the job is on this node (they can share memory instead of sending it)."""
+        return self.local_world_size == self.world_size
+
     def default_threads(self, environ: Mapping[str, str]) -> int:
         """This task's share of the node's CPUs, for torch's threads: SLURM_CPUS_PER_TASK (what the job asked
         for, whether or not SLURM binds the task to those cores), else usable cores / ranks on this node."""

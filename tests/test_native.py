@@ -602,7 +602,7 @@ def test_the_ctypes_signatures_are_the_c_sources_definitions():
     import ctypes
     import re
 
-    assert [p.name for p in sources.SOURCES] == ["dense.c", "gather.c", "hash.c", "hops.c", "ids.c", "threads.c"]
+    assert [p.name for p in sources.SOURCES] == ["aggregate.c", "dense.c", "gather.c", "hash.c", "hops.c", "ids.c", "threads.c"]
     text = "\n".join(p.read_text() for p in sources.SOURCES)
     kinds = {"int64_t": ctypes.c_int64, "int": ctypes.c_int, "void": None, "const char *": ctypes.c_char_p}
     declared = {}
@@ -623,7 +623,7 @@ def test_the_ctypes_signatures_are_the_c_sources_definitions():
         assert len(re.findall(rf"^(?!static)[\w ]+\b{name}\([^;]*\{{", text, re.M)) == 1, name
 
 
-@pytest.mark.parametrize("name", ["sample_neighbors", "number_new", "dense_get", "gather_rows"])
+@pytest.mark.parametrize("name", ["sample_neighbors", "number_new", "dense_get", "gather_rows", "aggregate_rows"])
 def test_every_operation_has_a_torch_twin_of_its_signature_and_its_results(name):
     """kernels.ops and kernels.twins: the same signature, and the same results bit for bit (the C kernels here; the
     twin is what runs where they cannot), errors included."""
@@ -649,6 +649,25 @@ def test_every_operation_has_a_torch_twin_of_its_signature_and_its_results(name)
             for where in (None, at):
                 a, b = (f(src, index, torch.empty(800, 24), where) for f in (ops.gather_rows, twins.gather_rows))
                 assert torch.equal(a, b)
+        return
+    if name == "aggregate_rows":  # every row kind, both column kinds, sums, means, GCN's weights and self-loops
+        deg = torch.randint(0, 30, (n,), generator=gen)
+        deg[7] = 0  # (a row without edges)
+        rowptr = torch.cat([torch.zeros(1, dtype=torch.long), deg.cumsum(0)])
+        col = torch.randint(0, n, (int(rowptr[-1]),), generator=gen)
+        x, dinv = torch.randn(n, 37, generator=gen), (torch.rand(n, generator=gen, dtype=torch.float64) + 1).rsqrt()
+        for src in (x, x.bfloat16(), x.half()):
+            for c in (col, col.int()):
+                for mean, d, loop in ((False, None, False), (True, None, False), (False, dinv, True), (True, None, True)):
+                    a, b = (f(rowptr, c, src, 5, n - 3, mean=mean, dinv=d, self_loop=loop)
+                            for f in (ops.aggregate_rows, twins.aggregate_rows))
+                    assert torch.equal(a, b) and a.shape == (n - 8, 37) and (loop or not a[2].any())  # (row 7: none)
+        wrong = col.clone()
+        wrong[int(rowptr[9]) + 1] = n
+        for f in (ops.aggregate_rows, twins.aggregate_rows):
+            with pytest.raises(IndexError, match=rf"edge {int(rowptr[9]) + 1}'s source {n} is outside the table's "
+                                                 rf"{n} rows"):
+                f(rowptr, wrong, x, 0, n)
         return
     table, state = torch.full((n,), -1, dtype=torch.long), torch.zeros(n, dtype=torch.uint8)
     maps = [(table.clone(), state.clone()) for _ in range(2)]

@@ -104,37 +104,48 @@ def exact_outputs(model: torch.nn.Module, pieces: ExactPieces, layers: int | Non
 
 class WholeGraphPieces(ExactPieces):
     """A replicated graph: each layer for all nodes, ranks sharing them, all-gathered. ``transform``: the
-    model's batch transform; GCN's (global-degree weights and self-loops) turns a chunk into a weighted
-    sparse adjacency, run in fp32 (sparse products have no bf16 kernel on CPU)."""
+    model's batch transform; GCN's (global-degree weights and self-loops): from the CSR, the nodes' weights;
+    on PyG's path, a chunk's weighted sparse adjacency, run in fp32 (sparse products have no bf16 kernel on CPU)."""
 
-    def __init__(self, graph, device: torch.device, chunk_size: int, rank: int, world_size: int, transform=None):
+    def __init__(self, graph, device: torch.device, chunk_size: int, rank: int, world_size: int, transform=None,
+                 one_node: bool = False):
         super().__init__(device, chunk_size)
         self.graph, self.rank, self.world_size, self.transform = graph, rank, world_size, transform
+        self.one_node = one_node  # every rank on this node: the layer tables are one shared copy (_sharded)
 
     def _all(self, fn) -> Tensor:
-        return _sharded(self.graph.num_nodes, self.chunk_size, self.rank, self.world_size, fn)
+        return _sharded(self.graph.num_nodes, self.chunk_size, self.rank, self.world_size, fn, self.one_node)
 
     def without_edges(self, model):
         x = self.graph.x
         return self._all(lambda a, b: model(x[a:b].float().to(self.device)).float().cpu())
 
     def inputs(self, model):
-        return self.graph.x
+        self.csr = _CSRPath.of(model, self.device, self.transform)
+        x = self.graph.x
+        if self.csr is not None and _narrow() and x.dtype == torch.float32:  # bf16: half the bytes through the edges
+            return self._all(lambda a, b: x[a:b].to(torch.bfloat16))  # (each rank converts its share)
+        return x
 
     def layer(self, model, i, table, last):
-        return self._all(lambda a, b: _layer(model, i, table, self.graph, a, b, self.device, self.transform))
+        if self.csr is None:
+            return self._all(lambda a, b: _layer(model, i, table, self.graph, a, b, self.device, self.transform))
+        spec = self.csr.layer(model, i, last)
+        src = table if spec.before is None else self._all(lambda a, b: _kept(spec.before(_read(table[a:b])), False))
+        return self._all(lambda a, b: _kept(self.csr.rows(spec, table, src, self.graph, a, b), last))
 
 
 class WholeTypedPieces(ExactPieces):
     """A replicated typed graph: each layer computes every node of the types the next one reads, ranks sharing
     each type's nodes, all-gathered; the outputs are the target type's."""
 
-    def __init__(self, graph, device: torch.device, chunk_size: int, rank: int, world_size: int):
+    def __init__(self, graph, device: torch.device, chunk_size: int, rank: int, world_size: int,
+                 one_node: bool = False):
         super().__init__(device, chunk_size)
-        self.graph, self.rank, self.world_size = graph, rank, world_size
+        self.graph, self.rank, self.world_size, self.one_node = graph, rank, world_size, one_node
 
     def _all(self, n: int, fn) -> Tensor:
-        return _sharded(n, self.chunk_size, self.rank, self.world_size, fn)
+        return _sharded(n, self.chunk_size, self.rank, self.world_size, fn, self.one_node)
 
     def without_edges(self, model):
         x = self.graph.x[self.graph.target]
@@ -176,7 +187,9 @@ class PartsPieces(ExactPieces):
         self.transform = (self.transform_for(parts.degree.index_select(0, torch.cat([parts.nodes, self.halo])))
                           if self.transform_for else None)
         self.fill = _halo_filler(self.exchange, view, self.own, self.halo, view.row)
-        table = torch.empty(self.own + self.halo.numel(), parts.num_features)
+        self.csr = _CSRPath.of(model, self.device, self.transform)
+        table = torch.empty(self.own + self.halo.numel(), parts.num_features,
+                            dtype=torch.bfloat16 if self.csr is not None and _narrow() else torch.float32)
         for a in range(0, self.own, FETCH_ROWS):
             b = min(a + FETCH_ROWS, self.own)
             table[a:b] = parts.x[a:b]  # (upcast a slice at a time)
@@ -184,8 +197,16 @@ class PartsPieces(ExactPieces):
         return table
 
     def layer(self, model, i, table, last):
-        out = _into_table(self.own, 0 if last else self.halo.numel(), self.chunk_size,
-                          lambda a, b: _layer(model, i, table, self.graph, a, b, self.device, self.transform))
+        rows = 0 if last else self.halo.numel()
+        if self.csr is None:
+            out = _into_table(self.own, rows, self.chunk_size,
+                              lambda a, b: _layer(model, i, table, self.graph, a, b, self.device, self.transform))
+        else:  # (a linear map first: on the halo's rows too, which the table holds)
+            spec = self.csr.layer(model, i, last)
+            src = table if spec.before is None else _into_table(table.size(0), 0, self.chunk_size, lambda a, b: _kept(
+                spec.before(_read(table[a:b])), False))
+            out = _into_table(self.own, rows, self.chunk_size,
+                              lambda a, b: _kept(self.csr.rows(spec, table, src, self.graph, a, b), last))
         if not last:
             self.fill(out)
         return out
@@ -255,17 +276,86 @@ class TypedPartsPieces(ExactPieces):
 # --------------------------------------------------------------------------- pieces' parts
 
 
+@dataclass(frozen=True)
+class _CSRPath:
+    """A whole-graph or partitioned layer straight from the CSR (:mod:`hpcgnn.models.layerwise`): the model's
+    kind, and GCN's inverse square-root degrees by row of the layer tables (from the store's transform)."""
+
+    kind: str
+    dinv: Tensor | None
+
+    @classmethod
+    def of(cls, model, device: torch.device, transform) -> _CSRPath | None:
+        """The path for ``model``, or None (PyG's ``inference_per_layer``); the choice logged once."""
+        from hpcgnn.models import layerwise
+        from hpcgnn.sampling.transforms import GCNNorm
+
+        kind, why = layerwise.plan(model, device, isinstance(transform, GCNNorm))
+        layerwise.say(why)
+        if kind is None:
+            return None
+        return cls(kind, (transform.degree.to(torch.float64) + 1.0).rsqrt() if kind == "GCN" else None)
+
+    def layer(self, model, i: int, last: bool):
+        from hpcgnn.models import layerwise
+
+        return layerwise.layer(model, self.kind, i, last)
+
+    def rows(self, spec, table: Tensor, src: Tensor, graph, lo: int, hi: int) -> Tensor:
+        """The layer's outputs of target rows ``lo .. hi``: ``src``'s rows aggregated over their in-edges, then
+        the rest of the layer with the targets' own rows of ``table``."""
+        from hpcgnn.sampling.kernels.ops import aggregate_rows
+
+        agg = aggregate_rows(graph.rowptr, graph.col, src, lo, hi, mean=spec.mean,
+                             dinv=self.dinv if spec.gcn else None, self_loop=spec.gcn)
+        return spec.after(_read(table[lo:hi]), agg)
+
+
+def _narrow() -> bool:
+    """Whether the CSR path keeps its tables in bfloat16: under bf16 autocast (the layers' linear maps round to it
+    anyway), so every edge moves half the bytes; layer 0's features too, converted once where stored as float32."""
+    return torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
+
+
+def _kept(x: Tensor, last: bool) -> Tensor:
+    """A layer's rows as its table keeps them: bfloat16 under bf16 autocast where another layer reads them, else
+    float32 (the outputs)."""
+    return x.to(torch.bfloat16) if not last and _narrow() else x.float()
+
+
+def _read(rows: Tensor) -> Tensor:
+    """A table's rows as a layer's linear maps read them: as they are under bf16 autocast (which casts them),
+    else widened to float32 (features may be stored in 16 bits)."""
+    return rows if _narrow() else rows.float()
+
+
 def _chunked(lo: int, hi: int, chunk_size: int, fn) -> Tensor:
     """``fn(a, b)`` over ``lo .. hi`` in chunks, concatenated (``fn(lo, lo)``'s empty rows when there are none)."""
     outs = [fn(a, min(a + chunk_size, hi)) for a in range(lo, hi, chunk_size)]
     return torch.cat(outs) if outs else fn(lo, lo)
 
 
-def _sharded(n: int, chunk_size: int, rank: int, world_size: int, fn) -> Tensor:
-    """Rows ``0 .. n`` of ``fn``, each rank computing a contiguous range in chunks; all-gathered."""
-    per = math.ceil(n / world_size)
+def _sharded(n: int, chunk_size: int, rank: int, world_size: int, fn, one_node: bool = False) -> Tensor:
+    """Rows ``0 .. n`` of ``fn``, each rank computing a contiguous range in chunks; every rank gets them all. The
+    ranges start at multiples of ``chunk_size``: every chunk is the same rows on any number of ranks (the same
+    floats). ``one_node``: every rank is on this node: they write into one table they all map
+    (:func:`hpcgnn.dist.node_table`: nothing sent); else all-gathered."""
+    per = math.ceil(math.ceil(n / world_size) / chunk_size) * chunk_size
     counts = [max(0, min(n, (r + 1) * per) - min(n, r * per)) for r in range(world_size)]
-    return dist.all_gather_rows(_chunked(min(rank * per, n), min((rank + 1) * per, n), chunk_size, fn), counts)
+    lo = min(rank * per, n)
+    if one_node and world_size > 1:
+        first = fn(lo, lo + min(chunk_size, counts[rank]))  # (an empty chunk gives the width)
+        table = dist.node_table((n, *first.shape[1:]), first.dtype)
+        if table is not None:
+            table[lo:lo + first.size(0)] = first
+            for a in range(lo + first.size(0), lo + counts[rank], chunk_size):
+                b = min(a + chunk_size, lo + counts[rank])
+                table[a:b] = fn(a, b)
+            dist.all_reduce_max(torch.zeros(1))  # (every rank's rows written)
+            return table
+    # written chunk by chunk into one buffer of the most rows a rank has, which the all-gather sends as it is
+    mine = _into_table(counts[rank], max(counts) - counts[rank], chunk_size, lambda a, b: fn(lo + a, lo + b))
+    return dist.all_gather_rows(mine, counts)
 
 
 @dataclass(frozen=True)

@@ -152,7 +152,8 @@ class ReplicatedStore(WholeGraphStore):
         t, env = self.cfg.train, self.env
         transform = transform_for(self.degree) if transform_for else None
         return self._exact(exact_outputs(model, WholeGraphPieces(self.graph, self.device, t.eval_chunk, env.rank,
-                                                                 env.world_size, transform), layers, on_layer))
+                                                                 env.world_size, transform, env.one_node),
+                                           layers, on_layer))
 
     def resident_bytes(self) -> int:
         g = self.graph

@@ -53,7 +53,7 @@ class TypedStore(WholeGraphStore):
     def exact(self, model: torch.nn.Module, transform_for=None, layers: int | None = None, on_layer=None) -> Exact:
         t, env = self.cfg.train, self.env
         return self._exact(exact_outputs(model, WholeTypedPieces(self.graph, self.device, t.eval_chunk, env.rank,
-                                                                 env.world_size), layers, on_layer))
+                                                                 env.world_size, env.one_node), layers, on_layer))
 
     def resident_bytes(self) -> int:
         g = self.graph

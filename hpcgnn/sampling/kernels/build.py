@@ -61,6 +61,8 @@ SIGNATURES = {  # name: (result, arguments), as the sources define them (tests/t
     "hpcgnn_hash_number": (None, (_P, _P, _I64, _P, _I64, _I64, _I64, _INT)),
     "hpcgnn_gather_rows": (_I64, (_P, _I64, _I64, _P, _I64, _P, _P, _I64, _P, _INT, _P)),
     "hpcgnn_gather_rows_wide": (_I64, (_P, _I64, _I64, _INT, _P, _I64, _P, _P, _I64, _P, _INT, _P)),
+    "hpcgnn_aggregate_rows": (_I64, (_P, _P, _INT, _P, _INT, _I64, _I64, _I64, _I64, _P, _INT, _INT, _P, _I64, _P,
+                                     _INT)),
     "hpcgnn_job_bytes": (_I64, ()),
     "hpcgnn_job_help": (_I64, (_P,)),
     "hpcgnn_f16c": (_INT, ()),

@@ -10,7 +10,8 @@
  *
  * The files, one concern each: threads.c (the thread pool and its jobs), hops.c (a hop's plan and its draws),
  * ids.c (id lists: joining chunks' parts, sorting), dense.c (a replicated rank's id map over every id), hash.c (a
- * partitioned rank's id map, a hash table), gather.c (feature rows, plain or widened from 16 bits).
+ * partitioned rank's id map, a hash table), gather.c (feature rows, plain or widened from 16 bits), aggregate.c
+ * (exact inference's sums and means of every in-neighbour's row, straight from the CSR).
  *
  * Work is cut into chunks that `threads` threads take in turn (pthreads, not OpenMP: torch's wheels
  * bring their own OpenMP runtime, and a second one would keep a thread pool of its own beside it),

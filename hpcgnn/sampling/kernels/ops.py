@@ -147,3 +147,39 @@ def gather_rows(src: Tensor, index: Tensor, out: Tensor, at: Tensor | None = Non
         raise IndexError(f"index {int(index[-1 - bad])} is out of range for {src.size(0)} rows")
     return out
 
+
+
+KINDS = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}  # aggregate_rows's row kinds
+
+
+def aggregate_rows(rowptr: Tensor, col: Tensor, x: Tensor, lo: int, hi: int, *, mean: bool = False,
+                   dinv: Tensor | None = None, self_loop: bool = False) -> Tensor:
+    """For target rows ``lo .. hi`` of a CSR (``rowptr``, ``col``: sources as rows of ``x``), the sum of their
+    in-neighbours' rows of ``x``, float32 ``[hi - lo, width]``: each row read once per edge into an accumulator,
+    no message per edge in memory; rows stored as bfloat16 or float16 widened on the way. ``dinv``: GCN's inverse
+    square-root degrees by row of ``x`` (float64), an edge ``s -> r`` weighing ``float(dinv[s] * dinv[r])``;
+    ``self_loop``: row ``r`` itself added after its edges (GCN's); ``mean``: divided by the count (a row with
+    none stays 0). In C on this thread's budget of threads, rows split among them; the same floats on any number
+    of threads (and by its torch twin, where the kernels cannot run)."""
+    if not (0 <= lo <= hi <= rowptr.numel() - 1):
+        raise IndexError(f"rows {lo}..{hi} are outside the CSR's {rowptr.numel() - 1}")
+    if self_loop and hi > x.size(0):
+        raise IndexError(f"self-loops of rows up to {hi} on a table of {x.size(0)} rows")
+    tensors = (rowptr, col, x) if dinv is None else (rowptr, col, x, dinv)
+    if (x.dtype not in KINDS or x.dim() != 2 or not x.is_contiguous() or rowptr.dtype != torch.long
+            or col.dtype not in (torch.int32, torch.long) or not usable(*tensors)
+            or (dinv is not None and dinv.dtype != torch.float64)):
+        return twins.aggregate_rows(rowptr, col, x, lo, hi, mean=mean, dinv=dinv, self_loop=self_loop)
+    rowptr, col = rowptr.contiguous(), col.contiguous()
+    dinv = dinv.contiguous() if dinv is not None else None
+    out = torch.empty(hi - lo, x.size(1))
+    chunks = chunks_for(int(rowptr[hi] - rowptr[lo]) if hi > lo else 0)
+    chunks = max(1, min(chunks, hi - lo))
+    scratch = torch.empty(chunks, dtype=torch.long)
+    bad = kernels().hpcgnn_aggregate_rows(ptr(rowptr), ptr(col), int(col.dtype == torch.int32), ptr(x),
+                                          KINDS[x.dtype], x.size(0), x.size(1), lo, hi,
+                                          ptr(dinv) if dinv is not None else None, int(self_loop), int(mean), ptr(out),
+                                          chunks, ptr(scratch), threads())
+    if bad < 0:
+        raise IndexError(f"edge {-1 - bad}'s source {int(col[-1 - bad])} is outside the table's {x.size(0)} rows")
+    return out

@@ -129,3 +129,31 @@ def _check_ids(ids: Tensor, size: int) -> None:
     bad = ((ids < 0) | (ids >= size)).nonzero()
     if bad.numel():
         raise IndexError(f"id {int(ids[bad[0, 0]])} is out of range for a map of {size} ids")
+
+
+def aggregate_rows(rowptr: Tensor, col: Tensor, x: Tensor, lo: int, hi: int, *, mean: bool = False,
+                   dinv: Tensor | None = None, self_loop: bool = False) -> Tensor:
+    """:func:`hpcgnn.sampling.kernels.ops.aggregate_rows` by torch ops: every edge's source row gathered (and
+    weighed), then added into its target row in the edges' order (``index_add_``), on ``x``'s device."""
+    device = x.device
+    start, end = rowptr[lo:hi + 1].to(device).long(), rowptr[lo + 1:hi + 1].to(device).long()
+    deg = end - start[:-1]
+    first = int(start[0]) if hi > lo else 0
+    src = col[first:int(start[-1]) if hi > lo else 0].to(device).long()
+    bad = ((src < 0) | (src >= x.size(0))).nonzero()
+    if bad.numel():
+        e = first + int(bad[0, 0])
+        raise IndexError(f"edge {e}'s source {int(col[e])} is outside the table's {x.size(0)} rows")
+    dst = torch.repeat_interleave(torch.arange(hi - lo, device=device), deg)
+    targets = torch.arange(lo, hi, device=device)
+    if self_loop:  # each row's self-loop after its edges: the edges ordered by row, then by place in the row
+        order = torch.argsort(torch.cat([dst * 2, torch.arange(hi - lo, device=device) * 2 + 1]), stable=True)
+        src, dst = torch.cat([src, targets])[order], torch.cat([dst, targets - lo])[order]
+    rows = x.index_select(0, src).float()
+    if dinv is not None:
+        d = dinv.to(device, torch.float64)
+        rows = rows * (d.index_select(0, src) * d.index_select(0, dst + lo)).float().unsqueeze(1)
+    out = torch.zeros(hi - lo, x.size(1), device=device).index_add_(0, dst, rows)
+    if mean:
+        out = out / (deg + int(self_loop)).clamp(min=1).float().unsqueeze(1)
+    return out
