@@ -19,28 +19,30 @@ CPU = torch.device("cpu")
 
 @pytest.fixture(scope="module")
 def graph() -> Graph:
-    """A small graph with a hub (a long row) and rows without in-edges."""
+    """A small graph with a hub (a long row), rows without in-edges and edges from a node to itself (which GAT's
+    attention leaves out, and GCN's and GIN's sums keep)."""
     base = build_graph(DatasetConfig(num_nodes=2500, avg_degree=7, num_features=24, seed=4))
-    spokes = torch.arange(3, 700)
-    ei = torch.cat([base.edge_index(), torch.stack([spokes, torch.zeros_like(spokes)])], 1)
+    spokes, loops = torch.arange(3, 700), torch.arange(10, 40)
+    ei = torch.cat([base.edge_index(), torch.stack([spokes, torch.zeros_like(spokes)]), torch.stack([loops, loops])], 1)
     keep = ei[1] % 97 != 5  # some nodes with no in-edge at all
     return Graph.from_edge_index(ei[:, keep], base.num_nodes, base.x, base.y, base.train_idx, base.val_idx,
                                  base.test_idx, base.num_classes)
 
 
 def outputs(graph: Graph, name: str, hidden: int, aggregation: str, chunk: int, layers: int = 2) -> torch.Tensor:
-    cfg = ModelConfig(name=name, hidden_channels=hidden, aggregation=aggregation)
+    cfg = ModelConfig(name=name, hidden_channels=hidden, aggregation=aggregation, heads=2)
     torch.manual_seed(0)
     model = build_model(cfg, graph.num_features, graph.num_classes, layers).eval()
     return exact_outputs(model, WholeGraphPieces(graph, CPU, chunk, 0, 1, batch_transform(cfg, graph.degree())))
 
 
-@pytest.mark.parametrize("name,hidden", [("sage", 8), ("sage", 64), ("gcn", 16), ("gin", 16)],
-                         ids=["sage-linear-first", "sage-aggregate-first", "gcn", "gin"])
+@pytest.mark.parametrize("name,hidden", [("sage", 8), ("sage", 64), ("gcn", 16), ("gin", 16), ("gat", 16)],
+                         ids=["sage-linear-first", "sage-aggregate-first", "gcn", "gin", "gat"])
 def test_the_csr_path_gives_pygs_layerwise_outputs(graph, name, hidden, caplog):
     """sage narrowing (its neighbour weight before the mean) and widening (after), gcn (weights from the global
-    degrees, self-loops), gin (a sum, then its MLP): PyG's path's outputs to 1e-5 relative, over 3 layers, in one
-    chunk or many (the same floats either way)."""
+    degrees, self-loops), gin (a sum, then its MLP), gat (2 heads: the softmax over each row's in-edges and
+    self-loop, heads joined, then averaged in the last layer): PyG's path's outputs to 1e-5 relative, over 3
+    layers, in one chunk or many (the same floats either way)."""
     with caplog.at_level(logging.INFO, logger="hpcgnn.models.layerwise"):
         layerwise._said.clear()
         fast = outputs(graph, name, hidden, "csr", 333, layers=3)
@@ -74,17 +76,14 @@ def test_under_bf16_autocast_the_tables_between_layers_are_bf16_and_close_to_fp3
 
 
 def test_models_the_csr_path_does_not_take_keep_pygs_path_and_say_why(graph, caplog):
-    """GAT's attention, PyG's own aggregation and a model on a GPU: PyG's inference_per_layer, named in the log."""
-    cases = {"gat": (ModelConfig(name="gat", hidden_channels=8, heads=2), CPU, "GAT: PyG's inference_per_layer"),
-             "pyg": (ModelConfig(name="sage", aggregation="pyg"), CPU, "model.aggregation=csr"),
+    """PyG's own aggregation and a model on a GPU: PyG's inference_per_layer, named in the log."""
+    cases = {"pyg": (ModelConfig(name="sage", aggregation="pyg"), CPU, "model.aggregation=csr"),
              "gpu": (ModelConfig(name="sage"), torch.device("cuda", 0), "on cuda:0: PyG's inference_per_layer")}
     for cfg, device, said in cases.values():
         torch.manual_seed(0)
         model = build_model(cfg, graph.num_features, graph.num_classes, 2)
         kind, why = layerwise.plan(model, device, gcn_norm=True)
         assert kind is None and said in why, why
-    gat = outputs(graph, "gat", 8, "csr", 400)
-    assert gat.shape == (graph.num_nodes, graph.num_classes)
 
 
 def _two_ranks(rank: int, world: int, port: int, graph: Graph, folder: str) -> None:
@@ -99,8 +98,8 @@ def _two_ranks(rank: int, world: int, port: int, graph: Graph, folder: str) -> N
     torch.set_num_threads(1)
     env, out = local_rank_env(rank, world, port), {}
     with process_group(env, DistConfig(backend="gloo"), CPU):
-        for name, hidden in (("sage", 8), ("sage", 64), ("gcn", 16), ("gin", 16)):
-            cfg = ModelConfig(name=name, hidden_channels=hidden)
+        for name, hidden in (("sage", 8), ("sage", 64), ("gcn", 16), ("gin", 16), ("gat", 16)):
+            cfg = ModelConfig(name=name, hidden_channels=hidden, heads=2)
             torch.manual_seed(0)
             model = build_model(cfg, graph.num_features, graph.num_classes, 3).eval()
             for precision in ("fp32", "bf16"):
@@ -130,10 +129,27 @@ def test_two_ranks_give_one_ranks_outputs_bit_for_bit_sharing_their_tables_or_ga
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2)]
     torch.set_num_threads(2)
     for (name, hidden, precision, one_node), got in ranks[0].items():
-        cfg = ModelConfig(name=name, hidden_channels=hidden)
+        cfg = ModelConfig(name=name, hidden_channels=hidden, heads=2)
         torch.manual_seed(0)
         model = build_model(cfg, graph.num_features, graph.num_classes, 3).eval()
         with autocast(precision, CPU):
             alone = exact_outputs(model, WholeGraphPieces(graph, CPU, 333, 0, 1, batch_transform(cfg, graph.degree())))
         assert torch.equal(got, alone) and torch.equal(ranks[1][name, hidden, precision, one_node], alone), \
             (name, hidden, precision, one_node)
+
+
+def test_rgcn_on_a_typed_graph_gives_pygs_outputs_from_each_relations_csr():
+    """R-GCN: each relation's mean straight from its CSR (rows of the relation's source type), the same outputs as
+    PyG's message passing per relation (model.aggregation=pyg)."""
+    from hpcgnn.data.synthetic import make_synthetic_typed
+    from hpcgnn.models import build_typed_model
+    from hpcgnn.stores.exact import WholeTypedPieces
+
+    typed = make_synthetic_typed(DatasetConfig(num_nodes=3000, avg_degree=6, seed=2))
+    runs = {}
+    for how in ("csr", "pyg"):
+        torch.manual_seed(0)
+        model = build_typed_model(ModelConfig(name="rgcn", hidden_channels=16, aggregation=how), typed.node_types,
+                                  typed.relations, typed.target, typed.num_features, typed.num_classes, 2).eval()
+        runs[how] = exact_outputs(model, WholeTypedPieces(typed, CPU, 500, 0, 1))
+    assert (runs["csr"] - runs["pyg"]).abs().max() <= 1e-5 * runs["pyg"].abs().max()

@@ -662,6 +662,15 @@ def test_every_operation_has_a_torch_twin_of_its_signature_and_its_results(name)
                     a, b = (f(rowptr, c, src, 5, n - 3, mean=mean, dinv=d, self_loop=loop)
                             for f in (ops.aggregate_rows, twins.aggregate_rows))
                     assert torch.equal(a, b) and a.shape == (n - 8, 37) and (loop or not a[2].any())  # (row 7: none)
+        edges = int(rowptr[n - 3] - rowptr[5])  # GAT's attention: a weight per edge and head, per self-loop and head
+        ew, sw = torch.rand(edges, 1, generator=gen), torch.rand(n - 8, 1, generator=gen)
+        x4 = torch.randn(n, 36, generator=gen)
+        ew4, sw4 = torch.rand(edges, 4, generator=gen), torch.rand(n - 8, 4, generator=gen)
+        for src, w, s in ((x, ew, sw), (x4, ew4, sw4), (x4.bfloat16(), ew4, sw4)):
+            for loop in (False, True):
+                a, b = (f(rowptr, col, src, 5, n - 3, self_loop=loop, edge_weight=w, self_weight=s if loop else None)
+                        for f in (ops.aggregate_rows, twins.aggregate_rows))
+                assert torch.equal(a, b)
         wrong = col.clone()
         wrong[int(rowptr[9]) + 1] = n
         for f in (ops.aggregate_rows, twins.aggregate_rows):

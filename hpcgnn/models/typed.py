@@ -108,8 +108,18 @@ class RGCN(torch.nn.Module):
     @torch.no_grad()
     def inference_per_layer(self, i: int, node_type: str, x_dict: dict, graph, lo: int, hi: int) -> Tensor:
         """Layer ``i``'s output for ``node_type`` nodes ``lo..hi`` with all their in-neighbours along every
-        relation (``graph``: a TypedGraph; ``x_dict``: layer ``i``'s input of every type it reads)."""
+        relation (``graph``: a TypedGraph; ``x_dict``: layer ``i``'s input of every type it reads). On the CPU
+        each relation's mean comes straight from its CSR (the C kernels: no message per edge,
+        :mod:`hpcgnn.models.layerwise`), else by PyG's message passing."""
         out = self.roots[i][node_type](x_dict[node_type][lo:hi])
+        if out.device.type == "cpu" and self.aggregation == "csr":
+            from hpcgnn.sampling.kernels.ops import aggregate_rows
+
+            for rel, conv in self.relations_into(i, node_type):
+                src = x_dict[rel[0]]
+                out = out + conv.lin_l(aggregate_rows(graph.rowptr[rel], graph.col[rel], src.contiguous(), lo, hi,
+                                                      mean=True))
+            return out.relu() if i < self.num_layers - 1 else out
         for rel, conv in self.relations_into(i, node_type):
             rowptr, col = graph.rowptr[rel], graph.col[rel]
             nbr = col[rowptr[lo]:rowptr[hi]].to(out.device)

@@ -132,7 +132,8 @@ class WholeGraphPieces(ExactPieces):
             return self._all(lambda a, b: _layer(model, i, table, self.graph, a, b, self.device, self.transform))
         spec = self.csr.layer(model, i, last)
         src = table if spec.before is None else self._all(lambda a, b: _kept(spec.before(_read(table[a:b])), False))
-        return self._all(lambda a, b: _kept(self.csr.rows(spec, table, src, self.graph, a, b), last))
+        scores = None if spec.scores is None else self._all(lambda a, b: spec.scores(src[a:b]))
+        return self._all(lambda a, b: _kept(self.csr.rows(spec, table, src, self.graph, a, b, scores), last))
 
 
 class WholeTypedPieces(ExactPieces):
@@ -205,8 +206,10 @@ class PartsPieces(ExactPieces):
             spec = self.csr.layer(model, i, last)
             src = table if spec.before is None else _into_table(table.size(0), 0, self.chunk_size, lambda a, b: _kept(
                 spec.before(_read(table[a:b])), False))
+            scores = None if spec.scores is None else _into_table(table.size(0), 0, self.chunk_size,
+                                                                  lambda a, b: spec.scores(src[a:b]))
             out = _into_table(self.own, rows, self.chunk_size,
-                              lambda a, b: _kept(self.csr.rows(spec, table, src, self.graph, a, b), last))
+                              lambda a, b: _kept(self.csr.rows(spec, table, src, self.graph, a, b, scores), last))
         if not last:
             self.fill(out)
         return out
@@ -301,13 +304,19 @@ class _CSRPath:
 
         return layerwise.layer(model, self.kind, i, last)
 
-    def rows(self, spec, table: Tensor, src: Tensor, graph, lo: int, hi: int) -> Tensor:
-        """The layer's outputs of target rows ``lo .. hi``: ``src``'s rows aggregated over their in-edges, then
-        the rest of the layer with the targets' own rows of ``table``."""
+    def rows(self, spec, table: Tensor, src: Tensor, graph, lo: int, hi: int, scores: Tensor | None) -> Tensor:
+        """The layer's outputs of target rows ``lo .. hi``: ``src``'s rows aggregated over their in-edges (GAT:
+        weighed by the attention its ``scores`` give), then the rest of the layer with the targets' own rows of
+        ``table``."""
         from hpcgnn.sampling.kernels.ops import aggregate_rows
 
-        agg = aggregate_rows(graph.rowptr, graph.col, src, lo, hi, mean=spec.mean,
-                             dinv=self.dinv if spec.gcn else None, self_loop=spec.gcn)
+        if spec.attention is not None:
+            weight, own = spec.attention(graph.rowptr, graph.col, scores, lo, hi)
+            agg = aggregate_rows(graph.rowptr, graph.col, src, lo, hi, self_loop=True, edge_weight=weight,
+                                 self_weight=own)
+        else:
+            agg = aggregate_rows(graph.rowptr, graph.col, src, lo, hi, mean=spec.mean,
+                                 dinv=self.dinv if spec.gcn else None, self_loop=spec.gcn)
         return spec.after(_read(table[lo:hi]), agg)
 
 
@@ -450,7 +459,7 @@ def _layer(model, i: int, x: Tensor, graph, lo: int, hi: int, device: torch.devi
     crow[1:] = torch.cumsum(torch.bincount(rows, minlength=t), 0)
     with warnings.catch_warnings():  # "sparse CSR support is in beta": the products used here are not
         warnings.simplefilter("ignore", UserWarning)
-        adj = torch.sparse_csr_tensor(crow, cols, values, (t, n_id.numel()), check_invariants=True)
+        adj = torch.sparse_csr_tensor(crow, cols, values, (t, n_id.numel()))  # (a node's own edge and its self-loop: two entries)
         with torch.autocast(device.type, enabled=False):
             return model.inference_per_layer(i, x.index_select(0, n_id).float().to(device), adj.to(device),
                                              t).float().cpu()

@@ -47,6 +47,8 @@ struct agg {
     int kind;
     int64_t rows, cols, lo, hi, chunks, *chunk_bad;
     const double *dinv; /* GCN's weights, by row of x (NULL: every edge weighs 1) */
+    const float *ew, *sw; /* per edge (from rowptr[lo]) and per self-loop (from row lo): heads weights each */
+    int64_t heads;        /* ew's weights apply to heads equal slices of a row (GAT's heads) */
     int self_loop, mean;
     float *out; /* (hi - lo) x cols */
 };
@@ -79,6 +81,26 @@ static inline void add_row(const struct agg *k, float *acc, int64_t s, float w, 
     }
 }
 
+/* acc += w[h] * slice h of row s of x, for each of the heads equal slices (GAT: a weight per head). */
+static inline void add_heads(const struct agg *k, float *acc, int64_t s, const float *w) {
+    const size_t per = (size_t)(k->cols / k->heads), at = (size_t)s * (size_t)k->cols;
+    for (int64_t h = 0; h < k->heads; h++) {
+        float *a = acc + (size_t)h * per;
+        const float wh = w[h];
+        const size_t o = at + (size_t)h * per;
+        if (k->kind == 0) {
+            const float *x = (const float *)k->x + o;
+            for (size_t j = 0; j < per; j++) a[j] += wh * x[j];
+        } else if (k->kind == 1) {
+            const uint16_t *x = (const uint16_t *)k->x + o;
+            for (size_t j = 0; j < per; j++) a[j] += wh * bf16_value(x[j]);
+        } else {
+            const uint16_t *x = (const uint16_t *)k->x + o;
+            for (size_t j = 0; j < per; j++) a[j] += wh * f16_value(x[j]);
+        }
+    }
+}
+
 /* Built three times, chosen when the library loads (an ifunc): for AVX-512, for AVX2 (eight floats an instruction,
  * bfloat16 widened eight at a time) and for the portable baseline; none fuses a multiply into an add (the pragma
  * above), so all give the twin's floats. By hand, the mean of 128-float rows over 25M edges into 500k rows, 2
@@ -97,6 +119,7 @@ static void agg_chunk(void *ctx, int64_t c) {
     const int weighted = k->dinv != NULL;
     if (r >= end) return;
     int64_t e = k->rowptr[r], stop = k->rowptr[end];
+    const int64_t e0 = k->rowptr[k->lo]; /* where ew starts */
     for (int64_t a = e; a < stop && a < e + AHEAD; a++) { /* the first rows on their way */
         int64_t s = col_at(k, a);
         if ((uint64_t)s < (uint64_t)k->rows) PREFETCH(base + (size_t)s * row_bytes);
@@ -117,9 +140,17 @@ static void agg_chunk(void *ctx, int64_t c) {
                 k->chunk_bad[c] = -1 - e;
                 return;
             }
-            add_row(k, acc, s, weighted ? (float)(k->dinv[s] * dt) : 1.0f, weighted);
+            if (k->ew)
+                add_heads(k, acc, s, k->ew + (size_t)(e - e0) * (size_t)k->heads);
+            else
+                add_row(k, acc, s, weighted ? (float)(k->dinv[s] * dt) : 1.0f, weighted);
         }
-        if (k->self_loop) add_row(k, acc, r, weighted ? (float)(dt * dt) : 1.0f, weighted);
+        if (k->self_loop) {
+            if (k->sw)
+                add_heads(k, acc, r, k->sw + (size_t)(r - k->lo) * (size_t)k->heads);
+            else
+                add_row(k, acc, r, weighted ? (float)(dt * dt) : 1.0f, weighted);
+        }
         if (k->mean) {
             const int64_t deg = k->rowptr[r + 1] - k->rowptr[r] + (k->self_loop ? 1 : 0);
             if (deg > 0) {
@@ -133,13 +164,15 @@ static void agg_chunk(void *ctx, int64_t c) {
 /* out[r - lo] = the (weighted) sum of rows col[rowptr[r]:rowptr[r + 1]] of x (rows x cols; kind 0 float32, 1
  * bfloat16, 2 float16), then row r itself where self_loop, divided by that count where mean (a row with none stays
  * 0), for r in lo..hi; dinv: NULL, or GCN's inverse square-root degrees by row of x (an edge s->r weighs
- * (float)(dinv[s] * dinv[r])). Returns 0, or -1 - e for an edge whose source is outside x (out is then partly
+ * (float)(dinv[s] * dinv[r])); ew: NULL, or heads weights per edge (from rowptr[lo]: GAT's attention, each for one
+ * of heads equal slices of a row), sw the same per row's self-loop. Returns 0, or -1 - e for an edge whose source is outside x (out is then partly
  * written). chunk_bad: scratch of `chunks` entries. The caller checks lo <= hi <= rows of rowptr - 1, and that
  * self_loop's rows r are rows of x. */
 int64_t hpcgnn_aggregate_rows(const int64_t *rowptr, const void *col, int col32, const void *x, int kind, int64_t rows,
-                              int64_t cols, int64_t lo, int64_t hi, const double *dinv, int self_loop, int mean,
-                              void *out, int64_t chunks, int64_t *chunk_bad, int threads) {
-    struct agg k = {rowptr, col, col32, x, kind, rows, cols, lo, hi, chunks, chunk_bad, dinv, self_loop, mean,
-                    (float *)out};
+                              int64_t cols, int64_t lo, int64_t hi, const double *dinv, const float *ew,
+                              const float *sw, int64_t heads, int self_loop, int mean, void *out, int64_t chunks,
+                              int64_t *chunk_bad, int threads) {
+    struct agg k = {rowptr, col, col32, x, kind, rows, cols, lo, hi, chunks, chunk_bad, dinv, ew, sw, heads,
+                    self_loop, mean, (float *)out};
     return checked_chunks(threads, chunks, agg_chunk, &k, chunk_bad, NULL);
 }

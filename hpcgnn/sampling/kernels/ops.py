@@ -153,33 +153,46 @@ KINDS = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}  # aggregate_row
 
 
 def aggregate_rows(rowptr: Tensor, col: Tensor, x: Tensor, lo: int, hi: int, *, mean: bool = False,
-                   dinv: Tensor | None = None, self_loop: bool = False) -> Tensor:
+                   dinv: Tensor | None = None, self_loop: bool = False, edge_weight: Tensor | None = None,
+                   self_weight: Tensor | None = None) -> Tensor:
     """For target rows ``lo .. hi`` of a CSR (``rowptr``, ``col``: sources as rows of ``x``), the sum of their
     in-neighbours' rows of ``x``, float32 ``[hi - lo, width]``: each row read once per edge into an accumulator,
     no message per edge in memory; rows stored as bfloat16 or float16 widened on the way. ``dinv``: GCN's inverse
     square-root degrees by row of ``x`` (float64), an edge ``s -> r`` weighing ``float(dinv[s] * dinv[r])``;
     ``self_loop``: row ``r`` itself added after its edges (GCN's); ``mean``: divided by the count (a row with
-    none stays 0). In C on this thread's budget of threads, rows split among them; the same floats on any number
-    of threads (and by its torch twin, where the kernels cannot run)."""
+    none stays 0). ``edge_weight``: float32 ``[edges of rows lo..hi, heads]``, each edge's weight per head, for
+    ``heads`` equal slices of a row (GAT's attention; ``self_weight`` ``[hi - lo, heads]`` its self-loops'), in
+    place of ``dinv``. In C on this thread's budget of threads, rows split among them; the same floats on any
+    number of threads (and by its torch twin, where the kernels cannot run)."""
     if not (0 <= lo <= hi <= rowptr.numel() - 1):
         raise IndexError(f"rows {lo}..{hi} are outside the CSR's {rowptr.numel() - 1}")
     if self_loop and hi > x.size(0):
         raise IndexError(f"self-loops of rows up to {hi} on a table of {x.size(0)} rows")
-    tensors = (rowptr, col, x) if dinv is None else (rowptr, col, x, dinv)
+    heads = 1 if edge_weight is None else edge_weight.size(1)
+    if edge_weight is not None and (x.size(1) % heads or edge_weight.size(0) != int(rowptr[hi] - rowptr[lo])
+                                    or (self_loop and (self_weight is None or self_weight.shape != (hi - lo, heads)))):
+        raise ValueError(f"edge weights {tuple(edge_weight.shape)} (self-loops: "
+                         f"{None if self_weight is None else tuple(self_weight.shape)}) do not fit rows {lo}..{hi} "
+                         f"of width {x.size(1)}")
+    extra = [t for t in (dinv, edge_weight, self_weight) if t is not None]
     if (x.dtype not in KINDS or x.dim() != 2 or not x.is_contiguous() or rowptr.dtype != torch.long
-            or col.dtype not in (torch.int32, torch.long) or not usable(*tensors)
-            or (dinv is not None and dinv.dtype != torch.float64)):
-        return twins.aggregate_rows(rowptr, col, x, lo, hi, mean=mean, dinv=dinv, self_loop=self_loop)
+            or col.dtype not in (torch.int32, torch.long) or not usable(rowptr, col, x, *extra)
+            or (dinv is not None and dinv.dtype != torch.float64)
+            or any(t.dtype != torch.float32 for t in (edge_weight, self_weight) if t is not None)):
+        return twins.aggregate_rows(rowptr, col, x, lo, hi, mean=mean, dinv=dinv, self_loop=self_loop,
+                                    edge_weight=edge_weight, self_weight=self_weight)
     rowptr, col = rowptr.contiguous(), col.contiguous()
     dinv = dinv.contiguous() if dinv is not None else None
+    edge_weight = edge_weight.contiguous() if edge_weight is not None else None
+    self_weight = self_weight.contiguous() if self_weight is not None else None
     out = torch.empty(hi - lo, x.size(1))
     chunks = chunks_for(int(rowptr[hi] - rowptr[lo]) if hi > lo else 0)
     chunks = max(1, min(chunks, hi - lo))
     scratch = torch.empty(chunks, dtype=torch.long)
     bad = kernels().hpcgnn_aggregate_rows(ptr(rowptr), ptr(col), int(col.dtype == torch.int32), ptr(x),
                                           KINDS[x.dtype], x.size(0), x.size(1), lo, hi,
-                                          ptr(dinv) if dinv is not None else None, int(self_loop), int(mean), ptr(out),
-                                          chunks, ptr(scratch), threads())
+                                          *(ptr(t) if t is not None else None for t in (dinv, edge_weight, self_weight)),
+                                          heads, int(self_loop), int(mean), ptr(out), chunks, ptr(scratch), threads())
     if bad < 0:
         raise IndexError(f"edge {-1 - bad}'s source {int(col[-1 - bad])} is outside the table's {x.size(0)} rows")
     return out

@@ -132,7 +132,8 @@ def _check_ids(ids: Tensor, size: int) -> None:
 
 
 def aggregate_rows(rowptr: Tensor, col: Tensor, x: Tensor, lo: int, hi: int, *, mean: bool = False,
-                   dinv: Tensor | None = None, self_loop: bool = False) -> Tensor:
+                   dinv: Tensor | None = None, self_loop: bool = False, edge_weight: Tensor | None = None,
+                   self_weight: Tensor | None = None) -> Tensor:
     """:func:`hpcgnn.sampling.kernels.ops.aggregate_rows` by torch ops: every edge's source row gathered (and
     weighed), then added into its target row in the edges' order (``index_add_``), on ``x``'s device."""
     device = x.device
@@ -146,11 +147,17 @@ def aggregate_rows(rowptr: Tensor, col: Tensor, x: Tensor, lo: int, hi: int, *, 
         raise IndexError(f"edge {e}'s source {int(col[e])} is outside the table's {x.size(0)} rows")
     dst = torch.repeat_interleave(torch.arange(hi - lo, device=device), deg)
     targets = torch.arange(lo, hi, device=device)
+    weight = edge_weight
     if self_loop:  # each row's self-loop after its edges: the edges ordered by row, then by place in the row
         order = torch.argsort(torch.cat([dst * 2, torch.arange(hi - lo, device=device) * 2 + 1]), stable=True)
         src, dst = torch.cat([src, targets])[order], torch.cat([dst, targets - lo])[order]
+        if edge_weight is not None:
+            weight = torch.cat([edge_weight, self_weight])[order]
     rows = x.index_select(0, src).float()
-    if dinv is not None:
+    if weight is not None:  # a weight per head, over its slice of the row
+        heads = weight.size(1)
+        rows = (rows.view(rows.size(0), heads, -1) * weight.to(device).unsqueeze(2)).view(rows.size(0), -1)
+    elif dinv is not None:
         d = dinv.to(device, torch.float64)
         rows = rows * (d.index_select(0, src) * d.index_select(0, dst + lo)).float().unsqueeze(1)
     out = torch.zeros(hi - lo, x.size(1), device=device).index_add_(0, dst, rows)
