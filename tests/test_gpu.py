@@ -159,10 +159,12 @@ def test_resume_on_the_gpu_matches_the_whole_run(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("graph", [[], ["graph=partitioned", "graph.cache_mb=0.1"]], ids=["replicated", "partitioned"])
+@pytest.mark.parametrize("graph", [["train.eval_mode=full"], ["graph=partitioned", "graph.cache_mb=0.1"]],
+                         ids=["replicated", "partitioned"])
 def test_two_ranks_share_one_gpu_over_gloo(tmp_path, graph):
     """Two local ranks on the one GPU: NCCL refuses that, so auto picks gloo, which all-reduces DDP's CUDA
-    gradients; partitioned ranks exchange through the host and train on CUDA batches."""
+    gradients; partitioned ranks exchange through the host and train on CUDA batches. The replicated run
+    evaluates exactly: each rank's rows, computed on the GPU, into the table the two share on the host."""
     if torch.cuda.device_count() != 1:
         pytest.skip("needs exactly one visible GPU")
     res = run_cli(*TINY, *graph, "train.epochs=5", "train.lr=0.01", "train.device=cuda", cwd=tmp_path, timeout=300)

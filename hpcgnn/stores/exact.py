@@ -13,8 +13,13 @@ rank computes, and how the rows it reads but does not compute arrive:
   the same number of exchanges on every rank;
 - :class:`TypedPartsPieces`: the same per type.
 
-A layer runs a chunk of target nodes at a time with all their in-neighbours, through PyG's own
-``inference_per_layer``. The driver hands back an :class:`Exact`: the outputs of any nodes by global
+A layer runs a chunk of target nodes at a time with all their in-neighbours: on the CPU for sage, gcn, gin, gat
+(and R-GCN's relations) straight from the CSR, with no message per edge (:mod:`hpcgnn.models.layerwise`: a
+linear map first where it narrows the rows, the sums and means in C; its tables bf16 under bf16 autocast), else
+through PyG's own ``inference_per_layer``. Rows are shared out at multiples of the chunk size, so every chunk is
+the same rows, and the outputs the same floats, on any number of ranks; the ranks of one node write each layer's
+rows into one table they all map (:func:`hpcgnn.dist.node_table`) instead of all-gathering copies of it. The
+driver hands back an :class:`Exact`: the outputs of any nodes by global
 id (``rows``), and this rank's share of a node split with its labels (``split``); that is all a task
 asks (:meth:`hpcgnn.stores.base.Store.exact`).
 
