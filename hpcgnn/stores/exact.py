@@ -350,26 +350,49 @@ def _chunked(lo: int, hi: int, chunk_size: int, fn) -> Tensor:
 
 
 def _sharded(n: int, chunk_size: int, rank: int, world_size: int, fn, one_node: bool = False) -> Tensor:
-    """Rows ``0 .. n`` of ``fn``, each rank computing a contiguous range in chunks; every rank gets them all. The
-    ranges start at multiples of ``chunk_size``: every chunk is the same rows on any number of ranks (the same
-    floats). ``one_node``: every rank is on this node: they write into one table they all map
-    (:func:`hpcgnn.dist.node_table`: nothing sent); else all-gathered."""
-    per = math.ceil(math.ceil(n / world_size) / chunk_size) * chunk_size
+    """Rows ``0 .. n`` of ``fn`` in chunks of ``chunk_size`` rows (chunk ``k``: rows from ``k * chunk_size``,
+    the same rows on any number of ranks, so the same floats), shared out among the ranks; every rank gets them
+    all. ``one_node`` (every rank on this node): the ranks write into one table they all map
+    (:func:`hpcgnn.dist.node_table`: nothing sent) and take its chunks in turn from a counter there, so a rank
+    slowed by its core's neighbours takes fewer; else each computes a contiguous range, all-gathered."""
+    chunks = math.ceil(n / chunk_size)
+    if one_node and world_size > 1:
+        table = _shared_chunks(n, chunk_size, chunks, rank, world_size, fn)
+        if table is not None:
+            return table
+    per = math.ceil(chunks / world_size) * chunk_size
     counts = [max(0, min(n, (r + 1) * per) - min(n, r * per)) for r in range(world_size)]
     lo = min(rank * per, n)
-    if one_node and world_size > 1:
-        first = fn(lo, lo + min(chunk_size, counts[rank]))  # (an empty chunk gives the width)
-        table = dist.node_table((n, *first.shape[1:]), first.dtype)
-        if table is not None:
-            table[lo:lo + first.size(0)] = first
-            for a in range(lo + first.size(0), lo + counts[rank], chunk_size):
-                b = min(a + chunk_size, lo + counts[rank])
-                table[a:b] = fn(a, b)
-            dist.all_reduce_max(torch.zeros(1))  # (every rank's rows written)
-            return table
     # written chunk by chunk into one buffer of the most rows a rank has, which the all-gather sends as it is
     mine = _into_table(counts[rank], max(counts) - counts[rank], chunk_size, lambda a, b: fn(lo + a, lo + b))
     return dist.all_gather_rows(mine, counts)
+
+
+def _shared_chunks(n: int, chunk_size: int, chunks: int, rank: int, world_size: int, fn) -> Tensor | None:
+    """:func:`_sharded` on one node: rank ``r`` computes chunk ``r`` first (its width sizes the table), then the
+    ranks take the chunks after the first ``world_size`` from a shared counter. None where the table or the
+    counter cannot be made (the caller all-gathers)."""
+    from hpcgnn.sampling.kernels import ops
+
+    def rows(k: int) -> tuple[int, int]:
+        return min(k * chunk_size, n), min((k + 1) * chunk_size, n)
+
+    first = fn(*rows(rank))  # (past the last chunk: an empty one, which gives the width)
+    if int(dist.all_reduce_max(torch.tensor([int(ops.take_next(torch.zeros(1, dtype=torch.long)) is None)]))):
+        return None  # (a rank without the C kernels has no atomic add: every rank all-gathers)
+    counter = dist.node_table((1,), torch.long)
+    if counter is None:
+        return None
+    table = dist.node_table((n, *first.shape[1:]), first.dtype)
+    if table is None:
+        return None
+    a, b = rows(rank)
+    table[a:b] = first
+    while (k := world_size + ops.take_next(counter)) < chunks:
+        a, b = rows(k)
+        table[a:b] = fn(a, b)
+    dist.all_reduce_max(torch.zeros(1))  # (every chunk written)
+    return table
 
 
 @dataclass(frozen=True)

@@ -65,6 +65,7 @@ SIGNATURES = {  # name: (result, arguments), as the sources define them (tests/t
                                      _I64, _P, _INT)),
     "hpcgnn_job_bytes": (_I64, ()),
     "hpcgnn_job_help": (_I64, (_P,)),
+    "hpcgnn_take_next": (_I64, (_P,)),
     "hpcgnn_f16c": (_INT, ()),
     "hpcgnn_stream_bytes": (_I64, ()),
     "hpcgnn_source_hash": (ctypes.c_char_p, ()),

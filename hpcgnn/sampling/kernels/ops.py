@@ -196,3 +196,12 @@ def aggregate_rows(rowptr: Tensor, col: Tensor, x: Tensor, lo: int, hi: int, *, 
     if bad < 0:
         raise IndexError(f"edge {-1 - bad}'s source {int(col[-1 - bad])} is outside the table's {x.size(0)} rows")
     return out
+
+
+def take_next(counter: Tensor) -> int | None:
+    """``counter[0]`` before adding 1 to it, atomically, also between processes that map the same memory (int64,
+    host): the ranks of a node take chunks of work in turn from it. None where the kernels cannot run (no atomic
+    add from torch: the caller shares the work out in fixed ranges instead)."""
+    if counter.dtype != torch.long or not usable(counter):
+        return None
+    return int(kernels().hpcgnn_take_next(ptr(counter)))

@@ -10,6 +10,10 @@ const char *hpcgnn_source_hash(void) { return HPCGNN_SOURCE_HASH; }
 
 int64_t hpcgnn_job_bytes(void) { return (int64_t)sizeof(struct job); }
 
+/* The counter's value before adding 1 to it, atomically: processes that map the same memory (the ranks of a node
+ * sharing a table, hpcgnn.dist.node_table) take chunks of work in turn from it, as a team's threads do here. */
+int64_t hpcgnn_take_next(int64_t *counter) { return __atomic_fetch_add(counter, 1, __ATOMIC_RELAXED); }
+
 /* Chunks of the job until none is left (none at all in a buffer not yet, or no longer, in use); returns how
  * many it did. */
 int64_t hpcgnn_job_help(void *job) {
