@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import socket
+import sys
 import time
 from pathlib import Path
 
@@ -26,6 +27,33 @@ def param_checksum(model: torch.nn.Module) -> str:
     for p in model.parameters():
         h.update(p.detach().cpu().contiguous().numpy().tobytes())
     return h.hexdigest()[:16]
+
+
+def log_start(trainer) -> None:
+    """What a run is about to do, in the log: the model, graph, sampler and steps; the batch, learning rate and
+    precision (``trainer``: the :class:`~hpcgnn.rank.trainer.Trainer` at its start)."""
+    t, env, store = trainer.cfg.train, trainer.env, trainer.store
+    log.info("training %s (%s task) on %d rank(s), %s graph, %s sampler on the %s: %d steps/epoch of %s per "
+             "rank, fanouts %s", trainer.cfg.model.name, trainer.task.name, env.world_size, trainer.cfg.graph.mode,
+             t.sampler, store.graph_on, store.steps, f"~{t.edge_budget} sampled edges" if t.edge_budget else
+             f"{t.batch_size} seeds", list(t.fanouts))
+    log.info("global batch %d seeds (%d ranks x %d micro-batches x %d), lr %.3g (train.lr %.3g, scaling %s, "
+             "warmup %d steps), %s, gradient all-reduce: %s", env.world_size * t.accumulate * t.batch_size,
+             env.world_size, t.accumulate, t.batch_size, trainer.lr, t.lr, t.lr_scaling,
+             int(t.warmup * trainer.opt_steps * t.epochs), t.precision, t.grad_compression)
+
+
+def progress(trainer) -> dict:
+    """What ``hpcgnn status`` reads while the run goes on (``progress.json``: the summary's first keys)."""
+    s, metric = trainer.state, trainer.task.metric
+    return {"epochs": trainer.cfg.train.epochs, "history": s.history, "metric": f"val_{metric}",
+            "best_val": s.best.get(f"val_{metric}"), "test": s.best.get(f"test_{metric}"), "best_epoch": s.best_epoch}
+
+
+def progress_bar(cfg, env) -> bool:
+    """Whether this rank draws the epoch's progress bar (rank 0; metrics.progress_bar, auto: on a terminal)."""
+    m = cfg.metrics
+    return env.is_main and (m.progress_bar == "on" or (m.progress_bar == "auto" and sys.stdout.isatty()))
 
 
 def run_summary(self) -> dict:

@@ -20,7 +20,6 @@ import dataclasses
 import logging
 import math
 import socket
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,12 +34,12 @@ from hpcgnn.config import RunConfig, empty_validation
 from hpcgnn.env import RankEnv
 from hpcgnn.errors import DatasetError
 from hpcgnn.io import write_json
-from hpcgnn.models import saved
 from hpcgnn.rank.checkpoint import Checkpointer, Preempted, PreemptionFlag
 from hpcgnn.rank.faults import Faults
+from hpcgnn.rank.kept import KeptModels
 from hpcgnn.rank.metrics import StepMetrics
 from hpcgnn.rank.nonfinite import NonFiniteGuard
-from hpcgnn.rank.summary import run_summary
+from hpcgnn.rank.summary import log_start, progress, progress_bar, run_summary
 from hpcgnn.rank.techniques import (
     CommHook,
     autocast,
@@ -144,6 +143,7 @@ class Trainer:
         self.scheduler = make_scheduler(self.optimizer, t.lr_schedule, self.opt_steps * t.epochs, t.warmup)
         self.scaler = grad_scaler(t.precision, device)
         self.checkpointer = Checkpointer(cfg, env)
+        self.kept = KeptModels(cfg, self.store.shape, self.checkpointer, env.is_main)  # model/best.pt, last.pt
         m = cfg.metrics
         self.metrics = StepMetrics(cfg.run_dir, env.rank, device, m.every_steps, m.straggler_factor, m.tensorboard)
         self.state = TrainState()
@@ -154,7 +154,6 @@ class Trainer:
         self.allreduce_bytes: list[int] = []
         self.ddp: torch.nn.Module = self.model
         self.first_step_done = False
-        self.best_weights: dict | None = None  # rank 0: the weights of the best epoch so far (model/best.pt)
 
     # ------------------------------------------------------------------ state: saving and resuming
 
@@ -163,8 +162,7 @@ class Trainer:
                  "scheduler": self.scheduler.state_dict(), "state": self.state.state_dict()}
         if self.scaler is not None:
             state["scaler"] = self.scaler.state_dict()
-        if self.best_weights is not None:  # (rank 0's, who writes this part)
-            state["best_model"] = self.best_weights
+        state.update(self.kept.state_dict())  # (rank 0's, who writes this part)
         return state
 
     def load_common_state(self, state: dict) -> None:
@@ -174,9 +172,7 @@ class Trainer:
         if self.scaler is not None and "scaler" in state:
             self.scaler.load_state_dict(state["scaler"])
         self.state.load_state_dict(state["state"])
-        if self.env.is_main and state.get("best_model") is not None:  # best.pt as of this point of the run
-            self.best_weights = state["best_model"]
-            self.keep_model("best", self.best_weights, self.state.best_epoch, self.state.best)
+        self.kept.load_state_dict(self.model, state, self.state.best_epoch, self.state.step, self.state.best)
 
     def rank_state(self, elapsed_s: float) -> dict:
         return {"rng": rng_state(), "sums": self.sums.state_dict(elapsed_s)}
@@ -228,7 +224,7 @@ class Trainer:
                                                device_ids=[self.device] if self.device.type == "cuda" else None,
                                                find_unused_parameters=getattr(self.model, "unused_parameters", False))
             self.ddp.register_comm_hook(self.hook.state, self.hook.hook)
-        self._log_start()
+        log_start(self)
         preempt = PreemptionFlag(self.cfg.checkpoint.signal)
         try:
             self.source.start()  # (sampler processes, servers: before the clock)
@@ -240,10 +236,9 @@ class Trainer:
                     row["eval_s"] = time.perf_counter() - t0  # (exact inference's, with eval_mode=full)
                 self.end_epoch(epoch, row)
             self.source.close(done=True)  # sampler servers, if any, may leave
-            if self.env.is_main:
-                last = self.state.history[-1] if self.state.history else {}
-                self.keep_model("last", saved.cpu_weights(self.model), self.cfg.train.epochs,
-                                {k: v for k, v in last.items() if k.startswith(("val_", "test_"))})
+            last = self.state.history[-1] if self.state.history else {}
+            self.kept.last(self.model, self.cfg.train.epochs, self.state.step,
+                           {k: v for k, v in last.items() if k.startswith(("val_", "test_"))})
         finally:
             preempt.restore()
             self.metrics.close()
@@ -267,7 +262,7 @@ class Trainer:
         t0 = time.perf_counter()
         # Closed on any exit, so the prefetch thread is joined before an exception leaves the loop.
         batches = iter(loader)
-        if self._progress_bar():
+        if progress_bar(self.cfg, self.env):
             batches = tqdm(batches, total=steps, initial=s.step_in_epoch, desc=f"epoch {epoch}/{t.epochs}",
                            leave=False, dynamic_ncols=True)
         with contextlib.closing(batches):
@@ -352,8 +347,8 @@ class Trainer:
             raise self.guard.stop(epoch, self.env.rank, self.lr, self.cfg)
         s.epoch = epoch
         folder = self.checkpointer.save(s.step, self.common_state(), self.rank_state(elapsed_s))
-        if self.env.is_main:  # the newest weights, beside the checkpoint (a preempted run leaves them too)
-            self.keep_model("last", saved.cpu_weights(self.model), epoch, {})
+        self.kept.last(self.model, epoch, s.step, {})  # the newest weights, beside the checkpoint (a preempted run
+        # leaves them too)
         if int(flags[0]):
             raise Preempted(s.step, folder)
         log.info("checkpoint: %s", folder)
@@ -381,49 +376,16 @@ class Trainer:
                 (select in row and (s.best_epoch == 0 or row[select] > s.best[select])):
             s.best_epoch = epoch
             s.best = {k: v for k, v in row.items() if k.startswith(("val_", "test_"))}
-            if self.env.is_main:
-                self.best_weights = saved.cpu_weights(self.model)
-                self.keep_model("best", self.best_weights, epoch, s.best)
+            self.kept.better(self.model, epoch, s.step, s.best)
         s.history.append(row)
         self.metrics.epoch_scalars(row)
         s.epoch, s.step_in_epoch = epoch + 1, 0
         if self.env.is_main:  # what `python -m hpcgnn status` shows while the run goes on
-            write_json(Path(self.cfg.run_dir) / "progress.json", self._progress())
+            write_json(Path(self.cfg.run_dir) / "progress.json", progress(self))
             evals = "".join(f" | {k.split('_', 1)[0]} {v:.4f}" for k, v in row.items()
                             if k in (f"val_{self.task.metric}", f"test_{self.task.metric}"))
             log.info("epoch %d/%d | loss %.4f | train acc %.4f%s | %.0f seeds/s", epoch, self.cfg.train.epochs,
                      row["loss"], row["train_acc"], evals, row["seeds_per_s"])
-
-    def keep_model(self, which: str, weights: dict, epoch: int, metrics: dict) -> Path:
-        """Rank 0: ``model/<which>.pt`` (:func:`hpcgnn.models.saved.keep`)."""
-        return saved.keep(self.cfg.run_dir, which, saved.describe(
-            self.model, self.cfg, self.store.shape, weights, which=which, epoch=epoch, step=self.state.step,
-            metrics=dict(metrics), run_id=(self.checkpointer.run or {}).get("id"),
-            dataset=self.checkpointer.fingerprint["dataset"]))
-
-    def _progress(self) -> dict:
-        """What `hpcgnn.submit.status` reads while the run goes on (the summary's first keys)."""
-        s, metric = self.state, self.task.metric
-        return {"epochs": self.cfg.train.epochs, "history": s.history, "metric": f"val_{metric}",
-                "best_val": s.best.get(f"val_{metric}"), "test": s.best.get(f"test_{metric}"),
-                "best_epoch": s.best_epoch}
-
-    # ------------------------------------------------------------------ small things
-
-    def _log_start(self) -> None:
-        t, env, store = self.cfg.train, self.env, self.store
-        log.info("training %s (%s task) on %d rank(s), %s graph, %s sampler on the %s: %d steps/epoch of %s per "
-                 "rank, fanouts %s", self.cfg.model.name, self.task.name, env.world_size, self.cfg.graph.mode, t.sampler,
-                 store.graph_on, store.steps, f"~{t.edge_budget} sampled edges" if t.edge_budget else
-                 f"{t.batch_size} seeds", list(t.fanouts))
-        log.info("global batch %d seeds (%d ranks x %d micro-batches x %d), lr %.3g (train.lr %.3g, scaling %s, "
-                 "warmup %d steps), %s, gradient all-reduce: %s", env.world_size * t.accumulate * t.batch_size,
-                 env.world_size, t.accumulate, t.batch_size, self.lr, t.lr, t.lr_scaling,
-                 int(t.warmup * self.opt_steps * t.epochs), t.precision, t.grad_compression)
-
-    def _progress_bar(self) -> bool:
-        m = self.cfg.metrics
-        return self.env.is_main and (m.progress_bar == "on" or (m.progress_bar == "auto" and sys.stdout.isatty()))
 
 
 def optimizer_step(opt: torch.optim.Optimizer, sched, scaler, apply: bool = True) -> None:
