@@ -487,7 +487,8 @@ def _layer(model, i: int, x: Tensor, graph, lo: int, hi: int, device: torch.devi
     crow[1:] = torch.cumsum(torch.bincount(rows, minlength=t), 0)
     with warnings.catch_warnings():  # "sparse CSR support is in beta": the products used here are not
         warnings.simplefilter("ignore", UserWarning)
-        adj = torch.sparse_csr_tensor(crow, cols, values, (t, n_id.numel()))  # (a node's own edge and its self-loop: two entries)
+        # (unchecked: a node's edge to itself and its self-loop are two entries of one column)
+        adj = torch.sparse_csr_tensor(crow, cols, values, (t, n_id.numel()))
         with torch.autocast(device.type, enabled=False):
             return model.inference_per_layer(i, x.index_select(0, n_id).float().to(device), adj.to(device),
                                              t).float().cpu()

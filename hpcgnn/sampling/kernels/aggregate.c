@@ -165,8 +165,8 @@ static void agg_chunk(void *ctx, int64_t c) {
  * bfloat16, 2 float16), then row r itself where self_loop, divided by that count where mean (a row with none stays
  * 0), for r in lo..hi; dinv: NULL, or GCN's inverse square-root degrees by row of x (an edge s->r weighs
  * (float)(dinv[s] * dinv[r])); ew: NULL, or heads weights per edge (from rowptr[lo]: GAT's attention, each for one
- * of heads equal slices of a row), sw the same per row's self-loop. Returns 0, or -1 - e for an edge whose source is outside x (out is then partly
- * written). chunk_bad: scratch of `chunks` entries. The caller checks lo <= hi <= rows of rowptr - 1, and that
+ * of heads equal slices of a row), sw the same per row's self-loop. Returns 0, or -1 - e for an edge whose source
+ * is outside x (out is then partly written). chunk_bad: scratch of `chunks` entries. The caller checks lo <= hi <= rows of rowptr - 1, and that
  * self_loop's rows r are rows of x. */
 int64_t hpcgnn_aggregate_rows(const int64_t *rowptr, const void *col, int col32, const void *x, int kind, int64_t rows,
                               int64_t cols, int64_t lo, int64_t hi, const double *dinv, const float *ew,
