@@ -444,14 +444,14 @@ def test_partitioned_training_matches_replicated_accuracy(tmp_path, cpu_kind):
     assert part["world_size"] == 2
 
 
-INFERENCE_MODELS = ("sage", "gcn", "gat", "mlp")
+INFERENCE_MODELS = ("sage", "gcn", "gin", "gat", "mlp")
 
 
 @pytest.mark.slow
 def test_exact_partitioned_inference_equals_the_replicated_layerwise_inference(tmp_path):
-    """train.eval_mode=full on a partitioned graph: each of 2 gloo ranks computes its own nodes layer by layer,
-    fetching its halo's previous-layer outputs; equal to layer-wise inference on the whole graph, and the
-    task's accuracies equal the whole graph's."""
+    """train.eval_mode=full on a partitioned graph: each of 2 gloo ranks computes its own nodes layer by layer
+    (straight from its CSR), fetching its halo's previous-layer outputs; equal to PyG's layer-wise inference on
+    the whole graph (model.aggregation=pyg), and the task's accuracies equal the whole graph's."""
     from hpcgnn.config import ModelConfig
     from hpcgnn.models import batch_transform, build_model
     from hpcgnn.stores.exact import WholeGraphPieces, exact_outputs
@@ -468,7 +468,7 @@ def test_exact_partitioned_inference_equals_the_replicated_layerwise_inference(t
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(2)]
     assert sorted(torch.cat([r["nodes"] for r in ranks]).tolist()) == list(range(graph.num_nodes))
     for name in INFERENCE_MODELS:
-        model_cfg = ModelConfig(name=name, hidden_channels=16)
+        model_cfg = ModelConfig(name=name, hidden_channels=16, aggregation="pyg")  # (the reference: PyG's path)
         torch.manual_seed(0)
         model = build_model(model_cfg, graph.num_features, graph.num_classes, 2)
         whole = exact_outputs(model, WholeGraphPieces(graph, torch.device("cpu"), 1000, 0, 1,
