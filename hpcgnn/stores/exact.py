@@ -373,12 +373,13 @@ def _shared_chunks(n: int, chunk_size: int, chunks: int, rank: int, world_size: 
     ranks take the chunks after the first ``world_size`` from a shared counter. None where the table or the
     counter cannot be made (the caller all-gathers)."""
     from hpcgnn.sampling.kernels import ops
+    from hpcgnn.sampling.kernels.binding import kernels
 
     def rows(k: int) -> tuple[int, int]:
         return min(k * chunk_size, n), min((k + 1) * chunk_size, n)
 
     first = fn(*rows(rank))  # (past the last chunk: an empty one, which gives the width)
-    if int(dist.all_reduce_max(torch.tensor([int(ops.take_next(torch.zeros(1, dtype=torch.long)) is None)]))):
+    if int(dist.all_reduce_max(torch.tensor([int(kernels() is None)]))):
         return None  # (a rank without the C kernels has no atomic add: every rank all-gathers)
     counter = dist.node_table((1,), torch.long)
     if counter is None:

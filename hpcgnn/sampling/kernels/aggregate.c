@@ -57,48 +57,29 @@ static inline int64_t col_at(const struct agg *k, int64_t e) {
     return k->col32 ? (int64_t)((const int32_t *)k->col)[e] : ((const int64_t *)k->col)[e];
 }
 
-/* acc += w * row s of x (w == 1 adds the row as it is: the same floats as an unweighted sum). */
-static inline void add_row(const struct agg *k, float *acc, int64_t s, float w, int weighted) {
-    const size_t cols = (size_t)k->cols;
+/* acc[0:n] += w * x's values from offset o on (w == 1 adds them exactly as they are: 1 * v is v). */
+static inline void add_slice(const struct agg *k, float *acc, size_t o, size_t n, float w) {
     if (k->kind == 0) {
-        const float *x = (const float *)k->x + (size_t)s * cols;
-        if (weighted)
-            for (size_t j = 0; j < cols; j++) acc[j] += w * x[j];
-        else
-            for (size_t j = 0; j < cols; j++) acc[j] += x[j];
+        const float *x = (const float *)k->x + o;
+        for (size_t j = 0; j < n; j++) acc[j] += w * x[j];
     } else if (k->kind == 1) {
-        const uint16_t *x = (const uint16_t *)k->x + (size_t)s * cols;
-        if (weighted)
-            for (size_t j = 0; j < cols; j++) acc[j] += w * bf16_value(x[j]);
-        else
-            for (size_t j = 0; j < cols; j++) acc[j] += bf16_value(x[j]);
+        const uint16_t *x = (const uint16_t *)k->x + o;
+        for (size_t j = 0; j < n; j++) acc[j] += w * bf16_value(x[j]);
     } else {
-        const uint16_t *x = (const uint16_t *)k->x + (size_t)s * cols;
-        if (weighted)
-            for (size_t j = 0; j < cols; j++) acc[j] += w * f16_value(x[j]);
-        else
-            for (size_t j = 0; j < cols; j++) acc[j] += f16_value(x[j]);
+        const uint16_t *x = (const uint16_t *)k->x + o;
+        for (size_t j = 0; j < n; j++) acc[j] += w * f16_value(x[j]);
     }
+}
+
+/* acc += w * row s of x. */
+static inline void add_row(const struct agg *k, float *acc, int64_t s, float w) {
+    add_slice(k, acc, (size_t)s * (size_t)k->cols, (size_t)k->cols, w);
 }
 
 /* acc += w[h] * slice h of row s of x, for each of the heads equal slices (GAT: a weight per head). */
 static inline void add_heads(const struct agg *k, float *acc, int64_t s, const float *w) {
     const size_t per = (size_t)(k->cols / k->heads), at = (size_t)s * (size_t)k->cols;
-    for (int64_t h = 0; h < k->heads; h++) {
-        float *a = acc + (size_t)h * per;
-        const float wh = w[h];
-        const size_t o = at + (size_t)h * per;
-        if (k->kind == 0) {
-            const float *x = (const float *)k->x + o;
-            for (size_t j = 0; j < per; j++) a[j] += wh * x[j];
-        } else if (k->kind == 1) {
-            const uint16_t *x = (const uint16_t *)k->x + o;
-            for (size_t j = 0; j < per; j++) a[j] += wh * bf16_value(x[j]);
-        } else {
-            const uint16_t *x = (const uint16_t *)k->x + o;
-            for (size_t j = 0; j < per; j++) a[j] += wh * f16_value(x[j]);
-        }
-    }
+    for (int64_t h = 0; h < k->heads; h++) add_slice(k, acc + (size_t)h * per, at + (size_t)h * per, per, w[h]);
 }
 
 /* Built three times, chosen when the library loads (an ifunc): for AVX-512, for AVX2 (eight floats an instruction,
@@ -143,13 +124,13 @@ static void agg_chunk(void *ctx, int64_t c) {
             if (k->ew)
                 add_heads(k, acc, s, k->ew + (size_t)(e - e0) * (size_t)k->heads);
             else
-                add_row(k, acc, s, weighted ? (float)(k->dinv[s] * dt) : 1.0f, weighted);
+                add_row(k, acc, s, weighted ? (float)(k->dinv[s] * dt) : 1.0f);
         }
         if (k->self_loop) {
             if (k->sw)
                 add_heads(k, acc, r, k->sw + (size_t)(r - k->lo) * (size_t)k->heads);
             else
-                add_row(k, acc, r, weighted ? (float)(dt * dt) : 1.0f, weighted);
+                add_row(k, acc, r, weighted ? (float)(dt * dt) : 1.0f);
         }
         if (k->mean) {
             const int64_t deg = k->rowptr[r + 1] - k->rowptr[r] + (k->self_loop ? 1 : 0);
