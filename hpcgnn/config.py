@@ -40,6 +40,8 @@ class TaskConfig:
     form: str = "binary"  # link: binary (labelled pairs, BCE) | triplet (each positive against its negatives, softmax)
     hits_k: Tuple[int, ...] = (20, 50, 100)  # link: the K of the Hits@K metrics reported
     target_edges: str = "drop"  # link: drop (a step's target edges carry no messages in its batch) | keep (they do, as in a full-batch GAE)
+    kind: str = "auto"  # node: auto (from the labels: integer [N] classes, {0,1} [N, C] multilabel, float regression) | classification | multilabel | regression
+    loss: str = "auto"  # node, regression: auto (mse) | mse | l1 | huber (classification: cross-entropy; multilabel: BCE with logits)
 
 
 @dataclass(frozen=True)

@@ -10,13 +10,19 @@ def result_words(summary: dict, short: bool = False) -> str:
     prediction job's (``hpcgnn predict``): :func:`predict_words`."""
     if summary.get("kind") == "predict":
         return predict_words(summary)
-    metric = summary.get("metric", "val_acc").removeprefix("val_")
-    name = "accuracy" if metric == "acc" and not short else metric
+    name = metric_words(summary.get("metric", "val_acc").removeprefix("val_"), short)
     test, val, epoch = summary.get("test"), summary.get("best_val"), summary.get("best_epoch")
     head = f"test {name} {test:.4f}" if test is not None else f"no test {name} (the test split is empty)"
     if summary.get("select") == "last":
         return f"{head} (last epoch, {epoch}{f'; val {val:.4f}' if val is not None else ''})"
     return f"{head} (best val {val:.4f} at epoch {epoch})"
+
+
+NAMES = {"acc": "accuracy", "rocauc": "ROC-AUC", "rmse": "RMSE"}  # (short: the metric's own name, as summary.json's)
+
+
+def metric_words(metric: str, short: bool = False) -> str:
+    return metric if short else NAMES.get(metric, metric)
 
 
 def predict_words(summary: dict) -> str:
@@ -28,5 +34,6 @@ def predict_words(summary: dict) -> str:
         return f"{what}, {summary['mode']} inference"
     run = summary.get("run_value")
     same = f"the run's: {run:.4f}" if run is not None else "the run reported none"
-    return (f"{summary['split']} accuracy {summary['value']:.4f} over {summary['rows']} nodes ({same}; epoch "
+    metric = (summary.get("metric") or "_acc").split("_", 1)[1]
+    return (f"{summary['split']} {metric_words(metric)} {summary['value']:.4f} over {summary['rows']} nodes ({same}; epoch "
             f"{summary.get('epoch')}, {summary.get('which')}.pt, {summary['mode']} inference)")

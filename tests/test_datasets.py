@@ -189,7 +189,9 @@ def test_files_are_prepared_a_chunk_at_a_time_into_the_same_graph(tmp_path, monk
     ({"edge_index": np.zeros((3, 5), dtype=np.int64)}, r"edge_index\.npy: edge_index must be an integer array of shape \[2, num_edges\]"),
     ({"edge_index": np.array([[0, 1], [2, 50]])}, r"edge_index\.npy: node ids must lie in \[0, 50\).*max 50"),
     ({"x": np.full((50, 4), np.nan, dtype=np.float32)}, r"x\.npy: features contain NaN or inf \(50 nodes, first node 0\)"),
-    ({"y": np.zeros(49, dtype=np.int64)}, r"y\.npy: labels must be an integer array of shape \[50\]"),
+    ({"y": np.zeros(49, dtype=np.int64)}, r"y\.npy: labels must be an array of shape \[50\] \(class ids, or values\) "
+                                          r"or \[50, C\] \(binary labels, or values\), got int64 \(49,\)"),
+    ({"y": np.full((50, 2), np.inf, dtype=np.float32)}, r"y\.npy: labels contain inf \(NaN marks an unknown value"),
     ({"test_idx": np.arange(15, 50)}, r"train_idx\.npy and .*test_idx\.npy overlap in 5 nodes \(e\.g\. node 15\)"),
     ({"val_idx": np.array([60])}, r"val_idx\.npy: node ids must lie in \[0, 50\)"),
     ({"train_idx": None}, r"train_idx\.npy or train_idx\.pt is missing"),

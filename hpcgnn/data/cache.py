@@ -20,6 +20,7 @@ from hpcgnn.data.graph import Graph
 from hpcgnn.data.ooc import FeatureWriter, load_features
 from hpcgnn.errors import DatasetError
 from hpcgnn.io import atomic_folder, human_bytes
+from hpcgnn.labels import profile
 
 FORMAT_VERSION = 1
 ARRAYS = ("rowptr", "col", "x", "y", "train_idx", "val_idx", "test_idx")
@@ -63,20 +64,29 @@ def save(graph: Graph, folder: Path, source: dict, extra: dict[str, torch.Tensor
         for name, array in extra.items():
             np.save(tmp / f"{name}.npy", array.numpy())
         meta = {"format_version": FORMAT_VERSION, "num_nodes": graph.num_nodes, "num_edges": graph.num_edges,
-                "num_features": graph.num_features, "num_classes": graph.num_classes,
+                "num_features": graph.num_features, "num_classes": graph.num_classes, "labels": graph_labels(graph),
                 "bytes": sum((tmp / f"{n}.npy").stat().st_size for n in names), "source": source,
                 "extra": sorted(extra), "feature_dtype": feature_dtype, **(extra_meta or {})}
         (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
     return folder
 
 
+def graph_labels(graph: Graph) -> dict | None:
+    """The profile of a node graph's labels (:func:`hpcgnn.labels.profile`); None for a link graph (no labels)."""
+    if graph.labels is not None or not graph.y.numel():
+        return graph.labels
+    return profile(graph.y.numpy(), {s: getattr(graph, f"{s}_idx").numpy() for s in ("train", "val", "test")})
+
+
 def write_meta(tmp: Path, num_nodes: int, num_edges: int, num_features: int, num_classes: int, source: dict,
-               feature_dtype: str, extra: list[str] | None = None, extra_meta: dict | None = None) -> None:
+               feature_dtype: str, extra: list[str] | None = None, extra_meta: dict | None = None,
+               labels: dict | None = None) -> None:
     """meta.json of a graph written array by array into ``tmp`` (the out-of-core path); ``extra``: the
-    names of more arrays beside it (:func:`load_extra`), ``extra_meta``: more fields."""
+    names of more arrays beside it (:func:`load_extra`), ``extra_meta``: more fields; ``labels``: the labels'
+    profile (:func:`hpcgnn.labels.profile`)."""
     extra = sorted(extra or [])
     meta = {"format_version": FORMAT_VERSION, "num_nodes": num_nodes, "num_edges": num_edges,
-            "num_features": num_features, "num_classes": num_classes,
+            "num_features": num_features, "num_classes": num_classes, "labels": labels,
             "bytes": sum((tmp / f"{n}.npy").stat().st_size for n in [*ARRAYS, *extra]), "source": source,
             "extra": extra, "feature_dtype": feature_dtype, **(extra_meta or {})}
     (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
@@ -94,7 +104,7 @@ def load(folder: Path, mmap: bool = True) -> Graph:
     mode = "c" if mmap else None
     arrays = {name: torch.from_numpy(np.load(folder / f"{name}.npy", mmap_mode=mode)) for name in ARRAYS if name != "x"}
     arrays["x"] = load_features(folder / "x.npy", meta.get("feature_dtype", "float32"), mode)
-    return Graph(**arrays, num_classes=int(meta["num_classes"]))
+    return Graph(**arrays, num_classes=int(meta["num_classes"]), labels=meta.get("labels"))
 
 
 def load_extra(folder: Path) -> tuple[dict[str, torch.Tensor], dict]:

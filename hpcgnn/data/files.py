@@ -1,8 +1,9 @@
 """A user's own graph from a folder of .npy / .pt files, checked before any training.
 
 Expected files (``.npy``, or ``.pt`` tensors read with ``weights_only=True``):
-``edge_index`` [2, E] int (source, target), ``x`` [N, F] float, ``y`` [N] int
-(-1 for unlabeled nodes), ``train_idx``, ``val_idx``, ``test_idx`` [k] int.
+``edge_index`` [2, E] int (source, target), ``x`` [N, F] float, ``y``: [N] int class ids (-1 for unlabeled
+nodes), or [N, C] binary labels (NaN or -1: unknown), or float values [N] or [N, D] (NaN: unknown) (what the
+task makes of them: :mod:`hpcgnn.labels`), ``train_idx``, ``val_idx``, ``test_idx`` [k] int.
 
 A typed graph (a folder with ``edges/``; :func:`load_typed_files`)::
 
@@ -31,6 +32,7 @@ from hpcgnn.config import DatasetConfig
 from hpcgnn.data.graph import Graph
 from hpcgnn.data.ooc import drop_pages
 from hpcgnn.errors import ConfigError, DatasetError
+from hpcgnn.labels import profile, stored
 
 FILES = ("edge_index", "x", "y", "train_idx", "val_idx", "test_idx")
 
@@ -147,13 +149,24 @@ def label_classes(py: Path, y: np.ndarray, declared: int) -> int:
     return top
 
 
+def is_class_ids(y: np.ndarray) -> bool:
+    """One integer column: a class per node (``[N]``, or ``[N, 1]``)."""
+    return np.issubdtype(y.dtype, np.integer) and (y.ndim == 1 or y.ndim == 2 and y.shape[1] == 1)
+
+
 def check_labels_and_splits(arrays: dict, n: int) -> dict[str, tuple[Path, np.ndarray]]:
-    """Labels [n] (class ids, -1: unlabeled) and three disjoint, labelled, non-empty-for-training splits."""
+    """Labels (class ids [n], -1: unlabeled; or binary labels or values [n] or [n, C], NaN or -1: unknown) and three
+    disjoint splits, the training split non-empty (class ids: every split node labelled)."""
     py, y = arrays["y"]
-    if y.shape != (n,) or not np.issubdtype(y.dtype, np.integer):
-        raise DatasetFileError(f"{py}: labels must be an integer array of shape [{n}], got {y.dtype} {tuple(y.shape)}")
-    if (y < -1).any():
-        raise DatasetFileError(f"{py}: labels must be class ids >= 0, or -1 for unlabeled nodes")
+    numeric = np.issubdtype(y.dtype, np.integer) or np.issubdtype(y.dtype, np.floating) or y.dtype == np.bool_
+    if y.ndim not in (1, 2) or y.shape[0] != n or not numeric:
+        raise DatasetFileError(f"{py}: labels must be an array of shape [{n}] (class ids, or values) or [{n}, C] "
+                               f"(binary labels, or values), got {y.dtype} {tuple(y.shape)}")
+    classes = is_class_ids(y)
+    if classes:
+        y = y.reshape(-1)
+        if (y < -1).any():
+            raise DatasetFileError(f"{py}: labels must be class ids >= 0, or -1 for unlabeled nodes")
     splits = {}
     for name in ("train_idx", "val_idx", "test_idx"):
         path, idx = arrays[name]
@@ -163,7 +176,7 @@ def check_labels_and_splits(arrays: dict, n: int) -> dict[str, tuple[Path, np.nd
             raise DatasetFileError(f"{path}: node ids must lie in [0, {n}); found min {int(idx.min())}, max {int(idx.max())}")
         if np.unique(idx).size != idx.size:
             raise DatasetFileError(f"{path}: lists some nodes twice")
-        if (y[idx] < 0).any():
+        if classes and (y[idx] < 0).any():
             raise DatasetFileError(f"{path}: contains unlabeled nodes (y = -1 in {py.name}), e.g. node "
                                    f"{int(idx[np.argmax(y[idx] < 0)])}")
         splits[name] = (path, idx)
@@ -190,8 +203,30 @@ def read_checked(cfg: DatasetConfig, mmap: bool = False) -> tuple[np.ndarray, np
     pe, ei = arrays["edge_index"]
     check_edges(pe, ei, n, n, f"{n} = rows of {px.name}")
     splits = check_labels_and_splits(arrays, n)
-    classes = label_classes(*arrays["y"], cfg.num_classes)
-    return ei, x, arrays["y"][1], {k: v[1] for k, v in splits.items()}, classes
+    y, classes = node_labels(*arrays["y"], cfg.num_classes)
+    return ei, x, y, {k: v[1] for k, v in splits.items()}, classes
+
+
+def node_labels(py: Path, y: np.ndarray, declared: int) -> tuple[np.ndarray, int]:
+    """The labels in their stored form (:func:`hpcgnn.labels.stored`) and the model's outputs: class ids' classes
+    (:func:`label_classes`), else one per column."""
+    try:
+        kept = stored(y, str(py))
+    except DatasetError as exc:  # (naming the file: a DatasetFileError)
+        raise DatasetFileError(str(exc)) from None
+    if is_class_ids(y):
+        return kept, label_classes(py, y.reshape(-1), declared)
+    return kept, (y.shape[1] if y.ndim == 2 else 1)
+
+
+def read_labels(cfg: DatasetConfig) -> tuple[dict, int]:
+    """A homogeneous folder's labels as the launcher checks them before submitting: their profile
+    (:func:`hpcgnn.labels.profile`) and the model's outputs; y and the splits read, the features and edges not."""
+    folder = files_folder(cfg)
+    arrays = {name: _read(folder, name, mmap=True) for name in ("y", "train_idx", "val_idx", "test_idx")}
+    splits = check_labels_and_splits(arrays, arrays["y"][1].shape[0])
+    y, classes = node_labels(*arrays["y"], cfg.num_classes)
+    return profile(y, {k.removesuffix("_idx"): v[1] for k, v in splits.items()}), classes
 
 
 def stream_files(cfg: DatasetConfig, buckets, features, chunk: int = STREAM_VALUES) -> tuple[np.ndarray, dict, int]:
@@ -204,7 +239,7 @@ def stream_files(cfg: DatasetConfig, buckets, features, chunk: int = STREAM_VALU
             buckets.add(src, dst)
     for a, rows in _feature_chunks(x, chunk):
         features.write(a, rows)
-    return np.asarray(y, dtype=np.int64), {k: np.asarray(v, dtype=np.int64) for k, v in splits.items()}, classes
+    return y, {k: np.asarray(v, dtype=np.int64) for k, v in splits.items()}, classes
 
 
 def read_shapes(cfg: DatasetConfig) -> dict:
@@ -225,7 +260,7 @@ def load_files(cfg: DatasetConfig, allow_download: bool = False) -> Graph:
     edge_index = torch.from_numpy(ei.astype(np.int64))
     if cfg.to_undirected:
         edge_index = torch.cat([edge_index, edge_index.flip(0)], dim=1)
-    return Graph.from_edge_index(edge_index, n, torch.from_numpy(x.astype(np.float32)), torch.from_numpy(y.astype(np.int64)),
+    return Graph.from_edge_index(edge_index, n, torch.from_numpy(x.astype(np.float32)), torch.from_numpy(y),
                                  *(torch.from_numpy(splits[k].astype(np.int64)) for k in splits),
                                  num_classes=classes)
 
@@ -285,6 +320,10 @@ def read_typed_folder(cfg: DatasetConfig, mmap: bool = False) -> TypedFolder:
     target = labelled[0]
     arrays = {name: _read(nodes_dir / target, name) for name in ("y", "train_idx", "val_idx", "test_idx")}
     splits = check_labels_and_splits(arrays, num_nodes[target])
+    if not is_class_ids(arrays["y"][1]):
+        raise DatasetFileError(f"{arrays['y'][0]}: a typed graph's labels are one class id per node for now (shape "
+                               f"[{num_nodes[target]}], integers). HINT: a homogeneous folder (edge_index, x, y) takes "
+                               "several labels or values per node")
     classes = label_classes(*arrays["y"], cfg.num_classes)
     rels = sorted(p.name for p in edges_dir.iterdir() if p.is_dir())
     edges = {}

@@ -11,12 +11,14 @@ from torch import Tensor
 
 @dataclass(frozen=True)
 class GraphShape:
-    """What a model is built for: feature width, classes, and a typed graph's node types and relations."""
+    """What a model is built for: feature width, outputs (classes, binary labels or values: ``target``), and a
+    typed graph's node types and relations."""
 
     num_features: int
-    num_classes: int
+    num_classes: int  # the model's outputs per node
     num_nodes: int
     schema: object = None  # a typed graph's TypedSchema (node types, relations, target); None: homogeneous
+    target: object = None  # a node task's hpcgnn.labels.Target (its kind, loss and scale); None: class ids
 
 
 @dataclass(frozen=True)
@@ -30,11 +32,12 @@ class Graph:
     rowptr: Tensor  # int64 [num_nodes + 1]
     col: Tensor  # int64 [num_edges], neighbour ids sorted within each row
     x: Tensor  # float32 [num_nodes, num_features]
-    y: Tensor  # int64 [num_nodes], class labels
+    y: Tensor  # int64 [num_nodes] class ids (-1: none), or float32 [num_nodes(, C)] labels or values (NaN: unknown)
     train_idx: Tensor  # int64, node ids of the training split
     val_idx: Tensor  # int64, node ids of the validation split
     test_idx: Tensor  # int64, node ids of the test split
     num_classes: int
+    labels: dict | None = None  # what the labels are (hpcgnn.labels.profile; None: class ids, from before profiles)
 
     @property
     def num_nodes(self) -> int:
@@ -51,7 +54,7 @@ class Graph:
     def to(self, device: torch.device) -> Graph:
         """A copy with every tensor on ``device`` (the GPU sampler's graph)."""
         return Graph(*(getattr(self, f).to(device) for f in ("rowptr", "col", "x", "y", "train_idx", "val_idx",
-                                                              "test_idx")), self.num_classes)
+                                                              "test_idx")), self.num_classes, self.labels)
 
     def degree(self) -> Tensor:
         return self.rowptr[1:] - self.rowptr[:-1]
@@ -63,15 +66,16 @@ class Graph:
 
     @classmethod
     def from_edge_index(cls, edge_index: Tensor, num_nodes: int, x: Tensor, y: Tensor, train_idx: Tensor,
-                        val_idx: Tensor, test_idx: Tensor, num_classes: int) -> Graph:
-        """Build the CSR from (source, target) pairs; duplicate edges are removed."""
+                        val_idx: Tensor, test_idx: Tensor, num_classes: int, labels: dict | None = None) -> Graph:
+        """Build the CSR from (source, target) pairs; duplicate edges are removed. ``y``: class ids (int64), or
+        float labels kept as they are (:mod:`hpcgnn.labels`)."""
         src, dst = edge_index[0].long(), edge_index[1].long()
         key = torch.unique(dst * num_nodes + src)  # sorted by target, then source
         dst, src = key // num_nodes, key % num_nodes
         rowptr = torch.zeros(num_nodes + 1, dtype=torch.long)
         rowptr[1:] = torch.cumsum(torch.bincount(dst, minlength=num_nodes), 0)
-        return cls(rowptr, src.contiguous(), x.float().contiguous(), y.long(), train_idx.long(),
-                   val_idx.long(), test_idx.long(), num_classes)
+        return cls(rowptr, src.contiguous(), x.float().contiguous(), y.float() if y.is_floating_point() else y.long(),
+                   train_idx.long(), val_idx.long(), test_idx.long(), num_classes, labels)
 
 
 HasEdge = Callable[[Tensor, Tensor], Tensor]  # (src, dst) -> bool: is src -> dst an edge of the graph

@@ -22,6 +22,7 @@ from hpcgnn.config import DatasetConfig
 from hpcgnn.data.files import (
     files_folder,
     is_typed_folder,
+    read_labels,
     read_shapes,
     stream_files,
 )
@@ -50,6 +51,7 @@ from hpcgnn.data.typed import (
 )
 from hpcgnn.errors import DatasetError
 from hpcgnn.io import atomic_folder
+from hpcgnn.labels import profile, resolve, where_labels
 
 log = logging.getLogger(__name__)
 
@@ -224,7 +226,9 @@ def _stream_graph(cfg: DatasetConfig, tmp: Path, n: int, num_features: int, edge
     num_edges = buckets.write_csr(tmp)
     for name, array in arrays.items():
         np.save(tmp / f"{name}.npy", array)
-    cache.write_meta(tmp, n, num_edges, num_features, num_classes, source or {}, cfg.feature_dtype)
+    splits = {s: arrays[f"{s}_idx"] for s in ("train", "val", "test")}
+    cache.write_meta(tmp, n, num_edges, num_features, num_classes, source or {}, cfg.feature_dtype,
+                     labels=profile(arrays["y"], splits))
 
 
 def _stream_ogb_link(cfg: DatasetConfig, tmp: Path, shapes, edges: int, source: dict) -> None:
@@ -283,6 +287,22 @@ def _save_no_labels(tmp: Path) -> None:
     empty = np.zeros(0, dtype=np.int64)
     for name in ("y", "train_idx", "val_idx", "test_idx"):
         np.save(tmp / f"{name}.npy", empty)
+
+
+def check_target(cfg: DatasetConfig, task) -> None:
+    """Before submitting, where the labels can be read here (a prepared graph's profile, or a folder's y): the node
+    task's kind (``task.kind``) against them, refused with the fix (:func:`hpcgnn.labels.resolve`)."""
+    if task.name != "node" or (is_typed(cfg) and not cfg.erase_types):
+        return
+    folder = cache_folder(cfg)
+    if cache.is_complete(folder):
+        meta = json.loads((folder / "meta.json").read_text())
+        labels, classes = meta.get("labels"), int(meta["num_classes"])
+    elif cfg.name == "files" and not is_typed_folder(files_folder(cfg)):
+        labels, classes = read_labels(cfg)
+    else:
+        return
+    resolve(labels, task.kind, task.loss, classes, where_labels(cfg))
 
 
 def check_available(cfg: DatasetConfig) -> None:

@@ -10,7 +10,9 @@ a ``HeteroData`` is ``dataset=pyg_hetero`` (a typed graph: below).
 - Splits: the graph's ``train_mask``/``val_mask``/``test_mask`` where it has them (a mask with one column per
   split, as WikiCS has: column ``dataset.split_index``), else a seeded split of the nodes by
   ``dataset.train_fraction`` and ``dataset.val_fraction`` (the rest is test).
-- Labels: ``y``, one class per node (``y`` of shape [N] or [N, 1]); ``x``: the features (none: a constant 1).
+- Labels: ``y``, one class per node (integers, [N] or [N, 1]), or several binary labels ([N, C]; unknown: NaN or
+  -1), or values (floats, [N] or [N, D]; unknown: NaN): :mod:`hpcgnn.labels`; ``x``: the features (none: a
+  constant 1). A typed graph's labels are one class per node.
 
 The prepared graph's key covers the target, its arguments, the split settings and the seed: change any and it
 is prepared again. The graph then serves every mode (replicated, partitioned, sampler processes and servers).
@@ -103,18 +105,25 @@ def pyg_data(cfg: DatasetConfig, allow_download: bool = False):
     return data
 
 
-def _labels(cfg: DatasetConfig, data) -> tuple[torch.Tensor, int]:
-    """``data.y`` (a ``Data``, or a ``HeteroData``'s node type) as one class per node, and the number of classes."""
+def _labels(cfg: DatasetConfig, data, typed: bool = False) -> tuple[torch.Tensor, int]:
+    """``data.y`` (a ``Data``, or a ``HeteroData``'s node type) in its stored form (:func:`hpcgnn.labels.stored`),
+    and the model's outputs: the classes of class ids, else one per column."""
+    from hpcgnn.labels import stored
+
     y = getattr(data, "y", None)
     if y is None:
-        raise DatasetError(f"dataset._target_={cfg._target_}: its graph has no labels (y): node classification needs "
+        raise DatasetError(f"dataset._target_={cfg._target_}: its graph has no labels (y): node tasks need "
                            "them. HINT: task=link trains on the edges alone")
-    if y.dim() == 2 and y.size(1) == 1:
+    if y.dim() == 2 and y.size(1) == 1 and not y.is_floating_point():
         y = y.view(-1)
-    if y.dim() != 1 or y.size(0) != data.num_nodes or y.is_floating_point():
+    if y.dim() not in (1, 2) or y.size(0) != data.num_nodes or (typed and (y.dim() != 1 or y.is_floating_point())):
         raise DatasetError(f"dataset._target_={cfg._target_}: y has shape {tuple(y.shape)} ({y.dtype}); hpcgnn's node "
-                           f"task takes one class per node (integers, shape [{data.num_nodes}])")
-    return y.long(), int(y.max()) + 1 if y.numel() else 0
+                           f"task takes one class per node (integers, shape [{data.num_nodes}])"
+                           + ("" if typed else f", binary labels or values ([{data.num_nodes}, C])"))
+    y = torch.from_numpy(stored(y.numpy(), f"dataset._target_={cfg._target_}'s y"))
+    if y.is_floating_point():
+        return y, (y.size(1) if y.dim() == 2 else 1)
+    return y, int(y.max()) + 1 if y.numel() else 0
 
 
 def _splits(cfg: DatasetConfig, data, n: int) -> list[torch.Tensor]:
@@ -198,7 +207,7 @@ def _typed_parts(cfg: DatasetConfig, data) -> dict:
                                f"([{data[t].num_nodes}, width])")
     width = max(x.size(1) for x in given.values())
     x = {t: torch.nn.functional.pad(v.float(), (0, width - v.size(1))) for t, v in given.items()}
-    y, classes = _labels(cfg, data[target])
+    y, classes = _labels(cfg, data[target], typed=True)
     n = data[target].num_nodes
     return {"num_nodes": {t: int(data[t].num_nodes) for t in data.node_types}, "relations": relations,
             "edges": edges, "x": x, "width": width, "rules": rules, "target": target, "y": y, "classes": classes,

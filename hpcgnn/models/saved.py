@@ -48,6 +48,7 @@ def describe(model: torch.nn.Module, cfg, shape, weights: dict, **origin) -> dic
         "num_layers": len(cfg.train.fanouts),
         "shape": {"num_features": shape.num_features, "num_classes": shape.num_classes, "num_nodes": shape.num_nodes,
                   "schema": schema.to_meta() if schema is not None else None},
+        "target": shape.target.record() if shape.target is not None else None,  # a node task's kind and scale
         "class": class_name(model),
         "source": model_source(cfg.model),  # a model of the user's own: its class, source file and the file's hash
         **origin,
@@ -170,10 +171,18 @@ def rebuild(record: dict) -> torch.nn.Module:
         model = build_link_model(cfg, record["decoder"], s["num_features"], record["num_layers"])
     else:
         schema = TypedSchema.from_meta(s["schema"]) if s["schema"] is not None else None
-        shape = GraphShape(s["num_features"], s["num_classes"], s["num_nodes"], schema)
+        shape = GraphShape(s["num_features"], s["num_classes"], s["num_nodes"], schema, target_of(record))
         model = build_node_model(cfg, shape, record["num_layers"])
     model.load_state_dict(record["state_dict"])
     return model.eval()
+
+
+def target_of(record: dict):
+    """A node model's :class:`~hpcgnn.labels.Target` (its kind, and a regression's scale); a file from before the
+    kinds: classification."""
+    from hpcgnn.labels import Target
+
+    return Target.from_record(record.get("target"), record["shape"]["num_classes"])
 
 
 def load_model(run_dir: str | Path, which: str = "best", trust_run: bool = False) -> torch.nn.Module:

@@ -91,7 +91,8 @@ def ensure_parts(dataset: DatasetConfig, graph_cfg: GraphConfig, num_parts: int,
     log.debug("parts computed in %.1f s; reporting", seconds)
     meta = {"format_version": FORMAT_VERSION, "dataset": dataset_fingerprint(data_folder),
             "dataset_name": dataset.name, "num_nodes": graph.num_nodes, "num_edges": graph.num_edges,
-            "num_features": graph.num_features, "num_classes": graph.num_classes, "num_parts": num_parts,
+            "num_features": graph.num_features, "num_classes": graph.num_classes, "labels": graph.labels,
+            "num_parts": num_parts,
             "method": graph_cfg.method, "seed": graph_cfg.seed, "balance_train": graph_cfg.balance_train,
             "partition_s": round(seconds, 3), "tasks": comm.size, "feature_dtype": dataset.feature_dtype,
             "report": partition_report(graph, part, num_parts, weight, schema, comm), "edge_arrays": sorted(edges)}

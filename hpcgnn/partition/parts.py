@@ -58,6 +58,7 @@ class Parts:
     train_pos: Tensor | None = None  # link prediction: int64 [2, E], the training edges whose source is owned here
     typed: TypedParts | None = None  # a typed graph's per-relation adjacency
     halo_bound: int = 0  # at most this many nodes owned elsewhere are sources of the owned nodes' in-edges
+    labels: dict | None = None  # what the labels are (hpcgnn.labels.profile; None: class ids)
 
     @property
     def num_features(self) -> int:
@@ -140,7 +141,7 @@ def open_parts(dataset: DatasetConfig, graph_cfg: GraphConfig, num_parts: int, o
                  test_idx=cat("test_idx"), part_offset=offset,
                  num_classes=int(meta["num_classes"]), num_nodes=num_nodes,
                  train_pos=cat("train_pos", 1) if "train_pos" in edge_arrays else None, typed=typed,
-                 halo_bound=min(num_nodes - nodes.numel(), sum(halos[i] for i in owned)))
+                 halo_bound=min(num_nodes - nodes.numel(), sum(halos[i] for i in owned)), labels=meta.get("labels"))
 
 
 def concat_rowptr(rowptrs: list[Tensor]) -> Tensor:

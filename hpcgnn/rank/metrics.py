@@ -151,7 +151,7 @@ class StepMetrics:
         if self.writer is None:
             return
         for key, value in row.items():  # loss, train_acc, every val_* / test_* metric, throughput, lr
-            if key in ("loss", "train_acc", "seeds_per_s", "lr") or key.startswith(("val_", "test_")):
+            if key in ("loss", "seeds_per_s", "lr") or key.startswith(("train_", "val_", "test_")):
                 self.writer.add_scalar(f"epoch/{key}", value, row["epoch"])
         for key, value in row.get("balance", {}).items():
             if isinstance(value, (int, float)):

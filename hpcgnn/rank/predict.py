@@ -3,8 +3,10 @@ run's graph and mode, every node of a split written into memory-mappable arrays,
 gather onto one rank), then a manifest.
 
     <out>/ids.npy          int64 [n]: the nodes, ascending (a typed graph: its labelled type's own ids)
-    <out>/probs.npy        float32 [n, classes]   predictions: class probabilities (softmax of the logits)
-    <out>/labels.npy       int64 [n]              predictions: the most probable class
+    <out>/probs.npy        float32 [n, classes]   predictions: class probabilities (softmax of the logits); a
+                           float32 [n, labels]    multi-label model's: each label's probability (sigmoid)
+    <out>/labels.npy       int64 [n]              predictions: the most probable class (classification)
+    <out>/values.npy       float32 [n] or [n, D]  predictions of a regression model, in the labels' own units
     <out>/embeddings.npy   float32 [n, width]     embeddings: the last hidden layer's output (a link model: the
                                                   encoder's output, the embedding its decoder scores)
     <out>/scores.npy       float32 [P]            a link model's scores (logits) of the pairs of a file (ids.npy:
@@ -78,7 +80,8 @@ def predict(cfg: RunConfig, env: RankEnv, device: torch.device) -> dict:
         else:
             (rows, mine), labels = _scores(cfg, store, model, pairs, env), None
     infer_s = time.perf_counter() - t_infer
-    arrays = _arrays(p.what, rows.float())
+    target = saved.target_of(record)
+    arrays = _arrays(p.what, rows.float(), target)
     pos = mine.numpy() if p.split == "all" or pairs is not None else np.searchsorted(ids, mine.numpy())
     # Every row once, by one rank (never a row left unwritten, as all-zero rows would be): the ranks' rows count
     # the arrays' and sum to their positions' sum, each rank's distinct and one output to each; all ranks agree.
@@ -91,17 +94,22 @@ def predict(cfg: RunConfig, env: RankEnv, device: torch.device) -> dict:
     t_write = time.perf_counter()
     _write(Path(cfg.run_dir), env, ids, arrays, pos)
     write_s = time.perf_counter() - t_write
-    value = None
-    if labels is not None:
+    value, metric = None, target.metric
+    if labels is not None and target.kind == "classification":
         known = labels >= 0
         counts = dist.all_reduce_sum(torch.tensor([float((torch.from_numpy(arrays["labels"])[known] == labels[known])
                                                          .sum()), float(known.sum())], dtype=torch.float64))
         value = (counts[0] / counts[1]).item() if counts[1] > 0 else None
+    elif labels is not None:  # the kind's own metrics, every rank's rows gathered (collective)
+        from hpcgnn.tasks.node import KINDS
+
+        value = KINDS[target.kind](target, torch.device("cpu")).scores([(rows.float(), labels)])[metric]
+        value = None if math.isnan(value) else value
     widths = {"ids": [], **{k: list(v.shape[1:]) for k, v in arrays.items()}}
     summary = {
         "kind": "predict", "what": p.what, "split": p.split, "rows": int(ids.size), "mode": mode,
-        "metric": f"{p.split}_acc" if labels is not None else None, "value": value,
-        "run_value": (record.get("metrics") or {}).get(f"{p.split}_acc"),  # the trained run's, at that epoch
+        "metric": f"{p.split}_{metric}" if labels is not None else None, "value": value,
+        "run_value": (record.get("metrics") or {}).get(f"{p.split}_{metric}"),  # the trained run's, at that epoch
         "arrays": {k: {"file": f"{k}.npy", "dtype": str(a.dtype), "shape": [int(ids.size), *widths[k]]}
                    for k, a in [("ids", ids), *arrays.items()]},
         "model_file": p.model_file, "which": record.get("which"), "epoch": record.get("epoch"),
@@ -305,11 +313,16 @@ def _scores(cfg: RunConfig, store, model: torch.nn.Module, pairs: np.ndarray, en
     return (torch.cat(scores) if scores else torch.empty(0)), torch.arange(lo, hi)
 
 
-def _arrays(what: str, rows: torch.Tensor) -> dict[str, np.ndarray]:
+def _arrays(what: str, rows: torch.Tensor, target) -> dict[str, np.ndarray]:
     if what == "scores":
         return {"scores": rows.numpy().astype(np.float32, copy=False)}  # (logits: sigmoid for a probability)
     if what == "embeddings":
         return {"embeddings": rows.numpy().astype(np.float32, copy=False)}
+    if target.kind == "multilabel":
+        return {"probs": torch.sigmoid(rows).numpy().astype(np.float32, copy=False)}
+    if target.kind == "regression":  # in the labels' units (the model learnt them standardised)
+        values = rows * torch.tensor(target.std) + torch.tensor(target.mean)
+        return {"values": (values.view(-1) if target.column else values).numpy().astype(np.float32, copy=False)}
     probs = F.softmax(rows, dim=-1) if rows.numel() else rows
     return {"probs": probs.numpy().astype(np.float32, copy=False),
             "labels": (rows.argmax(-1) if rows.numel() else torch.empty(0, dtype=torch.long)).numpy()}

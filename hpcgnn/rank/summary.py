@@ -65,6 +65,8 @@ def run_summary(self) -> dict:
     out = {
         "task": self.task.name,
         "metric": f"val_{metric}",  # the evaluation metric that selects the best epoch
+        "lower_is_better": self.task.lower_is_better,  # ... the lowest (RMSE), else the highest
+        **({"kind": self.task.target.kind} if hasattr(self.task, "target") else {}),  # a node task's kind
         "best_val": s.best.get(f"val_{metric}"),  # its best value (None: no validation split) ...
         "test": s.best.get(f"test_{metric}"),  # ... and the test value at that epoch (None: no test split)
         "select": self.cfg.train.select,  # val: the epoch of the best validation metric; last: the last evaluated

@@ -290,7 +290,8 @@ class Trainer:
         if s.nonfinite_skipped > skipped:
             log.warning("epoch %d: %d optimizer step(s) skipped for NaN/inf gradients (train.nonfinite=skip)", epoch,
                         s.nonfinite_skipped - skipped)
-        return {"epoch": epoch, "loss": loss_sum / finite if finite else math.nan, "train_acc": correct / max(count, 1),
+        train = {f"train_{self.task.train_metric}": correct / max(count, 1)} if self.task.train_metric else {}
+        return {"epoch": epoch, "loss": loss_sum / finite if finite else math.nan, **train,
                 "seeds_per_s": seeds / elapsed.item(), "edges_per_s": sum(r["edges"] for r in ranks) / elapsed.item(),
                 "epoch_s": elapsed.item(), "lr": self.scheduler.get_last_lr()[0], "balance": epoch_metrics["balance"],
                 "peak_mem_mb": max(r["peak_mem_mb"] for r in ranks),
@@ -373,7 +374,7 @@ class Trainer:
         s, select = self.state, f"val_{self.task.metric}"
         evaluated = any(k.startswith(("val_", "test_")) for k in row)
         if (self.cfg.train.select == "last" and evaluated) or \
-                (select in row and (s.best_epoch == 0 or row[select] > s.best[select])):
+                (select in row and (s.best_epoch == 0 or self.better(row[select], s.best[select]))):
             s.best_epoch = epoch
             s.best = {k: v for k, v in row.items() if k.startswith(("val_", "test_"))}
             self.kept.better(self.model, epoch, s.step, s.best)
@@ -384,8 +385,16 @@ class Trainer:
             write_json(Path(self.cfg.run_dir) / "progress.json", progress(self))
             evals = "".join(f" | {k.split('_', 1)[0]} {v:.4f}" for k, v in row.items()
                             if k in (f"val_{self.task.metric}", f"test_{self.task.metric}"))
-            log.info("epoch %d/%d | loss %.4f | train acc %.4f%s | %.0f seeds/s", epoch, self.cfg.train.epochs,
-                     row["loss"], row["train_acc"], evals, row["seeds_per_s"])
+            train = "".join(f" | train {k.removeprefix('train_')} {v:.4f}" for k, v in row.items()
+                            if k.startswith("train_"))
+            log.info("epoch %d/%d | loss %.4f%s%s | %.0f seeds/s", epoch, self.cfg.train.epochs, row["loss"], train,
+                     evals, row["seeds_per_s"])
+
+    def better(self, value: float, best: float) -> bool:
+        """``value`` of the selecting metric beats ``best`` (lower for RMSE; NaN never beats a number)."""
+        if math.isnan(best):
+            return not math.isnan(value)
+        return value < best if self.task.lower_is_better else value > best
 
 
 def optimizer_step(opt: torch.optim.Optimizer, sched, scaler, apply: bool = True) -> None:

@@ -33,6 +33,7 @@ from hpcgnn.config import ModelConfig, RunConfig
 from hpcgnn.data.graph import GraphShape
 from hpcgnn.env import RankEnv
 from hpcgnn.errors import AnotherRankFailed, ConfigError, DatasetError
+from hpcgnn.labels import resolve, where_labels
 from hpcgnn.models import uses_edges
 from hpcgnn.rng import derive_seed, generator
 from hpcgnn.sampling import BatchLoader, rank_seeds
@@ -42,6 +43,17 @@ from hpcgnn.sampling.link import LinkSampler, pair_sampler, share
 from hpcgnn.sampling.loader import EpochPlan
 from hpcgnn.sampling.producers import GraphSide
 from hpcgnn.stores.exact import Exact
+
+
+def graph_shape(cfg: RunConfig, num_features: int, num_classes: int, num_nodes: int, labels: dict | None,
+                schema=None) -> GraphShape:
+    """The model's dimensions; a node task's outputs those of its target (:func:`hpcgnn.labels.resolve`: the labels'
+    kind and ``task.kind``), refused with the fix where they are at odds."""
+    if cfg.task.name != "node":
+        return GraphShape(num_features, num_classes, num_nodes, schema)
+    k = cfg.task
+    target = resolve(labels, k.kind, k.loss, num_classes, where_labels(cfg.dataset))
+    return GraphShape(num_features, target.width, num_nodes, schema, target)
 
 
 class Store(abc.ABC):

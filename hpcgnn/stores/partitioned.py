@@ -12,14 +12,14 @@ from torch import Tensor
 from hpcgnn import dist
 from hpcgnn.config import RunConfig
 from hpcgnn.data import cache, open_link_splits
-from hpcgnn.data.graph import GraphShape, csr_has_edge
+from hpcgnn.data.graph import csr_has_edge
 from hpcgnn.env import RankEnv
 from hpcgnn.errors import AllocationError, PartitionError
 from hpcgnn.rng import generator
 from hpcgnn.sampling import subgraph as sub
 from hpcgnn.sampling.distributed import CommStats, fetch_rows
 from hpcgnn.sampling.loader import shuffled_to
-from hpcgnn.stores.base import Store, fanouts, labels_of, typed_fanouts
+from hpcgnn.stores.base import Store, fanouts, graph_shape, labels_of, typed_fanouts
 from hpcgnn.stores.exact import (
     Exact,
     PartsPieces,
@@ -88,8 +88,8 @@ class PartitionedStore(Store):
         self.view = d.PartitionView(parts, env.rank, per_rank)
         self.degree = parts.degree
         self.weigh_by_seeds = True
-        self.shape = GraphShape(parts.num_features, parts.num_classes, parts.num_nodes,
-                                parts.typed.schema if parts.typed is not None else None)
+        self.shape = graph_shape(cfg, parts.num_features, parts.num_classes, parts.num_nodes, parts.labels,
+                                 parts.typed.schema if parts.typed is not None else None)
         # Link prediction: a rank's training edges are those whose source it owns; their endpoints, like any
         # other node, are sampled and fetched wherever they live. Evaluation reads the splits' (small) arrays.
         self.link = open_link_splits(cfg.dataset) if cfg.dataset.prepared_for == "link" else None

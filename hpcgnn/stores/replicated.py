@@ -13,14 +13,14 @@ from torch import Tensor
 from hpcgnn import dist
 from hpcgnn.config import RunConfig
 from hpcgnn.data import Graph, cache_folder, open_graph, open_link, prepare
-from hpcgnn.data.graph import GraphShape, csr_has_edge
+from hpcgnn.data.graph import csr_has_edge
 from hpcgnn.env import RankEnv
 from hpcgnn.errors import ConfigError
 from hpcgnn.io import write_npy
 from hpcgnn.rng import generator
 from hpcgnn.sampling import CSRNeighborSampler, steps_per_epoch
 from hpcgnn.sampling import subgraph as sub
-from hpcgnn.stores.base import WholeGraphStore, fanouts, on_local_rank0, require_training_items
+from hpcgnn.stores.base import WholeGraphStore, fanouts, graph_shape, on_local_rank0, require_training_items
 from hpcgnn.stores.exact import Exact, WholeGraphPieces, exact_outputs
 
 log = logging.getLogger(__name__)
@@ -87,7 +87,7 @@ class ReplicatedStore(WholeGraphStore):
         self.link = open_link(cfg.dataset) if cfg.dataset.prepared_for == "link" else None
         self.features = g
         self.degree = g.degree()
-        self.shape = GraphShape(g.num_features, g.num_classes, g.num_nodes)
+        self.shape = graph_shape(cfg, g.num_features, g.num_classes, g.num_nodes, g.labels)
         self.sampler = CSRNeighborSampler(g.rowptr, g.col, fanouts(cfg))  # evaluation, and training by default
         if self.link is not None:  # link prediction: a step's seeds are positive training edges
             train = self.link.train.pos
@@ -111,9 +111,9 @@ class ReplicatedStore(WholeGraphStore):
                      time.perf_counter() - t0, self.resident_bytes() / 2**20)
         self.train_sampler, self.items, self.items_per_step = self.sampler, g.train_idx, cfg.train.batch_size
         self._setup_sampler()
-        log.info("graph: %d nodes, %d edges, %d features, %d classes, %d/%d/%d train/val/test", g.num_nodes,
-                 g.num_edges, g.num_features, g.num_classes, g.train_idx.numel(), g.val_idx.numel(),
-                 g.test_idx.numel())
+        outputs = self.shape.target.outputs() if self.shape.target is not None else f"{g.num_classes} classes"
+        log.info("graph: %d nodes, %d edges, %d features, %s, %d/%d/%d train/val/test", g.num_nodes,
+                 g.num_edges, g.num_features, outputs, g.train_idx.numel(), g.val_idx.numel(), g.test_idx.numel())
 
     def _setup_sampler(self) -> None:
         """The training sampler of ``train.sampler``, what its steps draw from, and the steps per epoch."""

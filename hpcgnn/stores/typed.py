@@ -9,11 +9,11 @@ import torch
 
 from hpcgnn.config import RunConfig
 from hpcgnn.data import open_typed, prepare
-from hpcgnn.data.graph import GraphShape
 from hpcgnn.env import RankEnv
 from hpcgnn.sampling import steps_per_epoch
 from hpcgnn.stores.base import (
     WholeGraphStore,
+    graph_shape,
     on_local_rank0,
     require_training_items,
     typed_fanouts,
@@ -34,7 +34,7 @@ class TypedStore(WholeGraphStore):
         super().__init__(cfg, env, device or torch.device("cpu"))
         on_local_rank0(env, f"prepare {cfg.dataset.name}", lambda: prepare(cfg.dataset))
         self.graph = self.features = g = open_typed(cfg.dataset)
-        self.shape = GraphShape(g.num_features, g.num_classes, sum(g.num_nodes.values()), g.schema)
+        self.shape = graph_shape(cfg, g.num_features, g.num_classes, sum(g.num_nodes.values()), None, g.schema)
         self.graph_on = graph_on(cfg, env, self.device, self.resident_bytes())
         if self.graph_on == "device":  # sampled and gathered where the model runs
             t0 = time.perf_counter()

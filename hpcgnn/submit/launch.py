@@ -84,7 +84,7 @@ def _start(cfg: RunConfig, mode: str, overrides) -> int:
     trust.run_folder(cfg.run_dir)  # (a folder another user owns or may write: refused before anything is read)
     record_config(cfg, overrides)
     run_secret(cfg.run_dir)  # made here, by the user who starts the run (hpcgnn.trust); refused if others can read it
-    check_data_on_disk(cfg.dataset)
+    check_data_on_disk(cfg)
     check_model(cfg)
     from hpcgnn.checks import check_thread_budget
 
@@ -133,13 +133,16 @@ def _start(cfg: RunConfig, mode: str, overrides) -> int:
             subprocess.run(["scancel", servers], capture_output=True)
 
 
-def check_data_on_disk(dataset) -> None:
+def check_data_on_disk(cfg: RunConfig) -> None:
     """Before submitting: the files and OGB sources a job reads must be there (synthetic graphs are made where
-    they are prepared). The data module's check imports torch: only datasets read from disk pay for it."""
+    they are prepared), and a node task's kind must fit the labels where they can be read here. The data module's
+    check imports torch: only datasets read from disk pay for it."""
+    dataset = cfg.dataset
     if dataset.name in (*checks.ON_DISK, *checks.PYG_DATASETS):  # (pyg: its class or function must import)
-        from hpcgnn.data import check_available
+        from hpcgnn.data import check_available, check_target
 
         check_available(dataset)
+        check_target(dataset, cfg.task)
 
 
 def check_model(cfg: RunConfig) -> None:

@@ -70,7 +70,7 @@ def launch_sweep(members: list[SweepMember], sweep_dir: Path) -> int:
     from hpcgnn.submit.entry import run_task
 
     for m in members:  # everything checked before the first submission
-        check_data_on_disk(m.cfg.dataset)
+        check_data_on_disk(m.cfg)
         check_model(m.cfg)
         if m.cfg.cluster is not None and m.cfg.cluster.executor == "slurm":
             check_partition_capacity(m.cfg.cluster)

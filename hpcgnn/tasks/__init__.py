@@ -15,7 +15,7 @@ from hpcgnn.checks import check_task_config
 
 # task.name -> "module:class" (the same names as hpcgnn.checks.TASK_NAMES: tests/test_config.py holds them equal)
 TASKS: dict[str, str] = {
-    "node": "hpcgnn.tasks.node:NodeClassification",
+    "node": "hpcgnn.tasks.node:NodeTask",
     "link": "hpcgnn.tasks.link:LinkPrediction",
 }
 

@@ -23,12 +23,15 @@ class StepResult:
 class Task(abc.ABC):
     """A workload the trainer runs: model, loss, metrics and evaluation over a store's batches.
 
-    ``metric``: the evaluation metric that selects the best epoch, read as ``val_<metric>``;
+    ``metric``: the evaluation metric that selects the best epoch, read as ``val_<metric>`` (the lowest where
+    ``lower_is_better``);
     :meth:`evaluate` returns ``val_<name>`` and ``test_<name>`` for each of its metrics.
     """
 
     name: str
     metric: str
+    lower_is_better: bool = False  # the metric improves downwards (a regression's RMSE)
+    train_metric: str | None = "acc"  # what StepResult.correct / count is, reported as train_<name>; None: nothing
     splits: tuple[str, ...] = ("val", "test")  # the splits :meth:`evaluate` scores (the trainer drops empty ones)
 
     def __init__(self, cfg, env, store, device: torch.device):

@@ -1,34 +1,157 @@
-"""Node classification: a batch's targets are its seeds' labels; accuracy is the metric.
+"""Node tasks: a batch's targets are its seeds' labels, of one of three kinds (:mod:`hpcgnn.labels`):
 
-On a typed graph the seeds are the target type's nodes and batches are ``HeteroData``: the
-model returns the target type's logits and the labels are that type's.
+- **classification**: one class per node; cross-entropy; accuracy;
+- **multilabel**: several binary labels per node (unknown entries masked out); binary cross-entropy with logits;
+  ROC-AUC averaged over the labels (as OGB's Evaluator) and micro-F1;
+- **regression**: one or more values per node (unknown: NaN), standardised by the training split's mean and std;
+  MSE (or ``task.loss=l1``, ``huber``); RMSE, MAE and R² in the labels' own units.
+
+The kind is the store's :attr:`GraphShape.target`, resolved from the labels and ``task.kind`` when the graph was
+opened. On a typed graph the seeds are the target type's nodes and batches are ``HeteroData``: the model returns
+the target type's outputs and the labels are that type's.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+from torch import Tensor
 
 from hpcgnn import dist
 from hpcgnn.config import single_class
 from hpcgnn.errors import DatasetError
+from hpcgnn.labels import Target
 from hpcgnn.models import batch_transform, build_node_model, node_logits_and_labels
+from hpcgnn.tasks import node_metrics
 from hpcgnn.tasks.base import StepResult, Task
 
+log = logging.getLogger(__name__)
 
-class NodeClassification(Task):
-    """Cross-entropy over the seeds (GraphSAINT batches: their normalised weighted sum)."""
+
+def known_values(y: Tensor) -> Tensor:
+    """Labels as floats [n, C], NaN where unknown (one integer column's -1; integer columns are values, all known)."""
+    if not y.is_floating_point():
+        y = y.float().masked_fill(y < 0, float("nan")) if y.dim() == 1 else y.float()
+    return y.float().reshape(y.size(0), -1)
+
+
+class Classification:
+    """One class per node."""
+
+    def __init__(self, target: Target, device: torch.device):
+        self.target = target
+
+    def loss(self, out: Tensor, y: Tensor) -> Tensor:  # per seed
+        return F.cross_entropy(out.float(), y, reduction="none")
+
+    def mean_loss(self, out: Tensor, y: Tensor) -> Tensor:
+        return F.cross_entropy(out.float(), y)
+
+    def correct(self, out: Tensor, y: Tensor) -> Tensor:  # per seed: 1 right, 0 wrong
+        return (out.detach().argmax(-1) == y).float()
+
+    def scores(self, pairs) -> dict[str, float]:
+        """Accuracy from this rank's (outputs, labels), the counts summed over ranks (collective)."""
+        counts = None
+        for out, y in pairs:
+            step = torch.stack([(out.argmax(-1) == y).sum().double(), torch.tensor(float(y.numel()), dtype=torch.float64,
+                                                                                   device=out.device)])
+            counts = step if counts is None else counts + step
+        counts = dist.all_reduce_sum(counts.cpu() if counts is not None else torch.zeros(2, dtype=torch.float64))
+        return {"acc": (counts[0] / counts[1]).item()}
+
+
+class Gathered:
+    """A kind scored over a whole split at once: every rank's rows gathered to every rank (collective)."""
+
+    def mean_loss(self, out: Tensor, y: Tensor) -> Tensor:
+        return self.loss(out, y).mean()
+
+    def scores(self, pairs) -> dict[str, float]:
+        outs, ys = [], []
+        for out, y in pairs:
+            outs.append(self.values(out.float()).cpu())
+            ys.append(known_values(y).cpu())
+        width = self.target.width
+        mine = torch.cat([torch.cat(outs), torch.cat(ys)], 1) if outs else torch.zeros(0, 2 * width)
+        counts = [int(c) for c in dist.all_gather_object(mine.size(0))] if dist.initialized() else [mine.size(0)]
+        rows = dist.all_gather_rows(mine.contiguous(), counts)
+        return self.metrics(rows[:, :width], rows[:, width:])
+
+
+class MultiLabel(Gathered):
+    """Several binary labels per node; an unknown one (NaN) adds nothing to the loss or the metrics."""
+
+    def __init__(self, target: Target, device: torch.device):
+        self.target = target
+
+    def loss(self, out: Tensor, y: Tensor) -> Tensor:
+        y = known_values(y)
+        known = ~torch.isnan(y)
+        each = F.binary_cross_entropy_with_logits(out.float(), torch.nan_to_num(y), reduction="none") * known
+        return each.sum(1) / known.sum(1).clamp(min=1)
+
+    def correct(self, out: Tensor, y: Tensor) -> Tensor:  # per seed: its known labels predicted right, a fraction
+        y = known_values(y)
+        known = ~torch.isnan(y)
+        right = ((out.detach() > 0) == (y == 1)) & known
+        return right.sum(1) / known.sum(1).clamp(min=1)
+
+    def values(self, out: Tensor) -> Tensor:
+        return out
+
+    def metrics(self, pred: Tensor, true: Tensor) -> dict[str, float]:
+        return {"rocauc": node_metrics.rocauc(pred, true), "f1": node_metrics.micro_f1(pred, true)}
+
+
+class Regression(Gathered):
+    """Values per node, learnt standardised (the training split's mean and std), scored in their own units."""
+
+    def __init__(self, target: Target, device: torch.device):
+        self.target = target
+        self.mean = torch.tensor(target.mean, dtype=torch.float32, device=device)
+        self.std = torch.tensor(target.std, dtype=torch.float32, device=device)
+        self.fn = {"mse": F.mse_loss, "l1": F.l1_loss, "huber": F.huber_loss}[target.loss]
+
+    def loss(self, out: Tensor, y: Tensor) -> Tensor:
+        z = (known_values(y) - self.mean) / self.std
+        known = ~torch.isnan(z)
+        each = self.fn(out.float(), torch.nan_to_num(z), reduction="none") * known
+        return each.sum(1) / known.sum(1).clamp(min=1)
+
+    def correct(self, out: Tensor, y: Tensor) -> Tensor:
+        return out.new_zeros(out.size(0), dtype=torch.float32)
+
+    def values(self, out: Tensor) -> Tensor:
+        return out * self.std.to(out.device) + self.mean.to(out.device)
+
+    def metrics(self, pred: Tensor, true: Tensor) -> dict[str, float]:
+        return node_metrics.regression(pred, true)
+
+
+KINDS = {"classification": Classification, "multilabel": MultiLabel, "regression": Regression}
+
+
+class NodeTask(Task):
+    """A node task of the store's kind (GraphSAINT batches: each seed's loss weighted, summed)."""
 
     name = "node"
-    metric = "acc"
 
     def __init__(self, cfg, env, store, device: torch.device):
-        if store.shape.num_classes < 2:
-            raise DatasetError(single_class(f"dataset {cfg.dataset.name} has {store.shape.num_classes} class"))
+        self.target: Target = store.shape.target or Target("classification", store.shape.num_classes)
+        if self.target.kind == "classification" and self.target.width < 2:
+            raise DatasetError(single_class(f"dataset {cfg.dataset.name} has {self.target.width} class"))
         super().__init__(cfg, env, store, device)
+        self.kind = KINDS[self.target.kind](self.target, device)
+        self.metric = self.target.metric
+        self.lower_is_better = self.target.lower_is_better
+        self.train_metric = None if self.target.kind == "regression" else "acc"
         self._transform = batch_transform(cfg.model, store.degree)
+        if env.is_main:
+            log.info("%s", self.target.describe())
 
     def build_model(self) -> torch.nn.Module:
         return build_node_model(self.cfg.model, self.store.shape, len(self.cfg.train.fanouts))
@@ -38,37 +161,35 @@ class NodeClassification(Task):
         return self._transform
 
     def step(self, model: torch.nn.Module, batch) -> StepResult:
-        logits, y = node_logits_and_labels(model, batch)
+        out, y = node_logits_and_labels(model, batch)
         n = batch.batch_size
         if n == 0:  # a padding batch: forward and backward still run, so DDP hears from this rank
-            loss = logits.float().sum() * 0.0
-        elif "node_weight" in batch:  # GraphSAINT: each seed weighted by 1 / (lambda_v x train nodes)
-            loss = (F.cross_entropy(logits.float(), y, reduction="none") * batch.node_weight).sum()
+            return StepResult(out.float().sum() * 0.0, out.new_zeros(()), 0)
+        if "node_weight" in batch:  # GraphSAINT: each seed weighted by 1 / (lambda_v x train nodes)
+            loss = (self.kind.loss(out, y) * batch.node_weight).sum()
         else:
-            loss = F.cross_entropy(logits.float(), y)
-        correct = (logits.detach().argmax(-1) == y).sum()
-        return StepResult(loss, correct, n)
+            loss = self.kind.mean_loss(out, y)
+        return StepResult(loss, self.kind.correct(out, y).sum(), n)
 
     @torch.no_grad()
     def evaluate(self, model: torch.nn.Module) -> dict[str, float]:
-        """Accuracy on val and test: exact (every rank its share of each split, from the store's exact
-        outputs) or from sampled batches; the counts summed over ranks."""
+        """The kind's metrics on val and test: exact (every rank its share of each split, from the store's exact
+        outputs) or from sampled batches; combined over ranks."""
         model.eval()
         exact = None
         if self.cfg.train.eval_mode == "full":
             exact = self.store.exact(model, lambda degree: batch_transform(self.cfg.model, degree))
         out = {}
         for split in self.splits:
-            counts = torch.zeros(2, dtype=torch.float64, device=self.device)  # (on the device: no wait per batch)
-            for logits, y in [exact.split(split)] if exact is not None else self._sampled(model, split):
-                counts[0] += (logits.argmax(-1) == y).sum()
-                counts[1] += y.numel()
-            counts = dist.all_reduce_sum(counts.cpu())
-            out[f"{split}_acc"] = (counts[0] / counts[1]).item()
+            pairs = [exact.split(split)] if exact is not None else self._sampled(model, split)
+            out.update({f"{split}_{k}": v for k, v in self.kind.scores(pairs).items()})
         return out
 
     def _sampled(self, model: torch.nn.Module, split: str):
-        """(logits, labels) of this rank's share of ``split``, batch by batch."""
+        """(outputs, labels) of this rank's share of ``split``, batch by batch."""
         for batch in self.store.eval_loader(split, transform=self._transform):
             if batch.batch_size:  # (an empty one: padding, this rank only serves the others' exchanges)
                 yield node_logits_and_labels(model, batch)
+
+
+NodeClassification = NodeTask  # its name before the task kinds

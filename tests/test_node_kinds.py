@@ -1,0 +1,272 @@
+"""Node tasks of every kind (hpcgnn.labels, hpcgnn.tasks.node): classification, multi-label and regression, the kind
+inferred from the labels or set, their losses and metrics, and what refuses labels that do not fit."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from hpcgnn.errors import ConfigError, DatasetError
+from hpcgnn.labels import Target, profile, resolve, stored
+from hpcgnn.tasks import node_metrics
+from hpcgnn.tasks.node import MultiLabel, Regression
+from tests.conftest import make_config, run_cli, summary_of
+
+SPLITS = {"train": np.arange(0, 60), "val": np.arange(60, 80), "test": np.arange(80, 100)}
+
+
+def _target(y, kind: str = "auto", loss: str = "auto", splits=SPLITS) -> Target:
+    y = stored(np.asarray(y), "y.npy")
+    return resolve(profile(y, splits), kind, loss, 0, "y.npy")
+
+
+# ------------------------------------------------------------------ the kind, from the labels or task.kind
+
+
+def test_the_kind_follows_the_labels_where_they_are_unambiguous():
+    rng = np.random.default_rng(0)
+    classes = _target(rng.integers(0, 4, 100))
+    assert (classes.kind, classes.width, classes.metric, classes.inferred) == ("classification", 4, "acc", True)
+    binary = rng.integers(0, 2, (100, 6)).astype(np.float32)
+    binary[3, 2] = np.nan
+    ml = _target(binary)
+    assert (ml.kind, ml.width, ml.metric, ml.lower_is_better) == ("multilabel", 6, "rocauc", False)
+    marked = rng.integers(-1, 2, (100, 3))  # integer multi-label, -1 unknown: stored as NaN
+    assert _target(marked).kind == "multilabel" and np.isnan(stored(marked, "y")[marked == -1]).all()
+    values = rng.normal(5.0, 2.0, 100).astype(np.float32)
+    reg = _target(values)
+    assert (reg.kind, reg.width, reg.column, reg.loss, reg.metric, reg.lower_is_better) == \
+        ("regression", 1, True, "mse", "rmse", True)
+    assert reg.mean[0] == pytest.approx(values[:60].mean(), rel=1e-6) and \
+        reg.std[0] == pytest.approx(values[:60].std(), rel=1e-5)  # the training split's alone
+    wide = _target(rng.normal(size=(100, 3)), loss="huber")
+    assert (wide.kind, wide.width, wide.column, wide.loss) == ("regression", 3, False, "huber")
+    assert "inferred from y: 6 columns of 0 and 1" in ml.describe()
+
+
+def test_labels_at_odds_with_the_kind_or_with_themselves_are_refused_naming_the_fix():
+    rng = np.random.default_rng(0)
+    with pytest.raises(DatasetError, match=r"^y.npy: task.kind=classification takes one integer class per node; "
+                                           r"these labels are float \[N, 4\]. HINT: task.kind=multilabel"):
+        _target(rng.integers(0, 2, (100, 4)).astype(np.float32), "classification")
+    with pytest.raises(DatasetError, match=r"^y.npy: task.kind=multilabel takes labels of 0 and 1 \(unknown: NaN, "
+                                           r"or -1 in integer labels\); these are float \[N, 3\] with other values"):
+        _target(np.full((100, 3), 0.5, np.float32), "multilabel")
+    with pytest.raises(DatasetError, match=r"labels of 3 integer columns other than 0, 1 and -1 are neither classes "
+                                           r"nor binary labels. HINT: task.kind=regression"):
+        _target(rng.integers(0, 5, (100, 3)))
+    assert _target(rng.integers(0, 5, (100, 3)), "regression").kind == "regression"
+    val_unknown = rng.normal(size=100).astype(np.float32)
+    val_unknown[60:80] = np.nan
+    with pytest.raises(DatasetError, match=r"^y.npy: the val split has no known value \(every target unknown: NaN\): it "
+                                           r"cannot be scored"):
+        _target(val_unknown)
+    with pytest.raises(DatasetError, match=r"inf \(NaN marks an unknown value; inf is none\)"):
+        stored(np.array([1.0, np.inf]), "y.npy")
+    with pytest.raises(ConfigError, match=r"task.loss=l1 is a regression's loss; task.kind=classification trains "
+                                          r"with cross-entropy. HINT: drop task.loss, or task.kind=regression"):
+        make_config("task.kind=classification", "task.loss=l1")
+    with pytest.raises(ConfigError, match=r"task.kind='values' is unknown: use one of auto, classification, "
+                                          r"multilabel, regression"):
+        make_config("task.kind=values")
+
+
+# ------------------------------------------------------------------ losses and metrics
+
+
+def test_unknown_labels_add_nothing_to_the_loss():
+    target = Target("multilabel", 3, False, "bce")
+    out = torch.randn(4, 3, requires_grad=True)
+    y = torch.tensor([[1, 0, float("nan")], [0, 1, 1], [float("nan")] * 3, [1, 1, 0]])
+    MultiLabel(target, torch.device("cpu")).mean_loss(out, y).backward()
+    assert out.grad[0, 2] == 0 and (out.grad[2] == 0).all() and (out.grad[1] != 0).all()
+    reg = Regression(Target("regression", 2, False, "mse", (10.0, -1.0), (2.0, 4.0)), torch.device("cpu"))
+    out = torch.zeros(2, 2, requires_grad=True)
+    loss = reg.loss(out, torch.tensor([[12.0, float("nan")], [10.0, 3.0]]))  # standardised: (1, ?), (0, 1)
+    assert torch.allclose(loss, torch.tensor([1.0, 0.5]))
+    loss.sum().backward()
+    assert out.grad[0, 1] == 0
+
+
+def test_multilabel_rocauc_is_ogbs_evaluators_on_the_same_predictions():
+    """ogbn-proteins' metric: OGB's Evaluator on the same predictions, unknown entries and tied scores included,
+    a label without both classes left out."""
+    from ogb.nodeproppred import Evaluator
+
+    rng = np.random.default_rng(3)
+    n, c = 500, 112
+    true = (rng.random((n, c)) < rng.random(c)).astype(np.float32)
+    true[:, 7] = 0  # no positive: left out
+    pred = (true * 0.8 + rng.normal(size=(n, c))).astype(np.float32)
+    pred[:, :10] = np.round(pred[:, :10], 1)  # ties
+    ours = node_metrics.rocauc(torch.from_numpy(pred), torch.from_numpy(true))
+    want = Evaluator("ogbn-proteins").eval({"y_true": true, "y_pred": pred})["rocauc"]
+    assert abs(ours - want) < 1e-6
+    masked = true.copy()
+    masked[rng.random((n, c)) < 0.2] = np.nan
+    from sklearn.metrics import roc_auc_score  # (OGB's own, per label over the known entries: its nan rule)
+
+    each = [roc_auc_score(masked[~np.isnan(masked[:, i]), i], pred[~np.isnan(masked[:, i]), i]) for i in range(c)
+            if (masked[:, i] == 1).any() and (masked[:, i] == 0).any()]
+    assert abs(node_metrics.rocauc(torch.from_numpy(pred), torch.from_numpy(masked)) - np.mean(each)) < 1e-6
+
+
+def test_regression_metrics_are_the_formulas_and_the_same_floats_in_any_row_order():
+    rng = np.random.default_rng(1)
+    true = rng.normal(3.0, 2.0, (300, 2))
+    true[rng.random((300, 2)) < 0.1] = np.nan
+    pred = true + rng.normal(0, 0.5, (300, 2))
+    pred[np.isnan(pred)] = 0.0
+    got = node_metrics.regression(torch.from_numpy(pred).float(), torch.from_numpy(true).float())
+    p, t = pred.astype(np.float32).astype(np.float64), true.astype(np.float32).astype(np.float64)
+    known = ~np.isnan(t)
+    err = (p - t)[known]
+    r2 = [1 - ((p[:, k] - t[:, k])[known[:, k]] ** 2).sum() / ((t[known[:, k], k] - t[known[:, k], k].mean()) ** 2).sum()
+          for k in range(2)]
+    assert got["rmse"] == pytest.approx(math.sqrt((err ** 2).mean()), rel=1e-12)
+    assert got["mae"] == pytest.approx(np.abs(err).mean(), rel=1e-12)
+    assert got["r2"] == pytest.approx(np.mean(r2), rel=1e-12)
+    order = torch.from_numpy(rng.permutation(300))
+    again = node_metrics.regression(torch.from_numpy(pred).float()[order], torch.from_numpy(true).float()[order])
+    assert again == got  # bit for bit: a partitioned run's rows come in another order
+    f1 = node_metrics.micro_f1(torch.tensor([[1.0, -1.0], [2.0, 3.0]]), torch.tensor([[1.0, 0.0], [0.0, float("nan")]]))
+    assert f1 == pytest.approx(2 * 1 / (2 * 1 + 1 + 0))
+
+
+# ------------------------------------------------------------------ whole runs: a graph whose answer is known
+
+
+def write_folder(folder: Path, kind: str, n: int = 3000, seed: int = 0) -> Path:
+    """A files dataset whose targets are a function of each node's own and its in-neighbours' features: 5 binary
+    labels (10% unknown) for ``ml``, two values (one scaled far from 0) for ``reg``."""
+    rng = np.random.default_rng(seed)
+    src, dst = rng.integers(0, n, 6 * n), rng.integers(0, n, 6 * n)
+    x = rng.normal(size=(n, 8)).astype(np.float32)
+    agg, count = np.zeros((n, 8)), np.zeros(n)
+    np.add.at(agg, dst, x[src])
+    np.add.at(count, dst, 1)
+    agg /= np.maximum(count, 1)[:, None]
+    if kind == "ml":
+        y = (agg[:, :5] + 0.3 * x[:, :5] > 0).astype(np.float32)
+        y[rng.random(y.shape) < 0.1] = np.nan
+    else:
+        y = np.stack([3 * agg[:, 0] + x[:, 1] + 10, -2 * agg[:, 2] + 0.5 * x[:, 3]], 1).astype(np.float32)
+    order = rng.permutation(n)
+    folder.mkdir(parents=True, exist_ok=True)
+    arrays = {"edge_index": np.stack([src, dst]).astype(np.int64), "x": x, "y": y,
+              "train_idx": np.sort(order[: n // 2]), "val_idx": np.sort(order[n // 2: n * 3 // 4]),
+              "test_idx": np.sort(order[n * 3 // 4:])}
+    for name, a in arrays.items():
+        np.save(folder / f"{name}.npy", a)
+    return folder
+
+
+def full_batch_twin(folder: Path, kind: str, seed: int, epochs: int = 300) -> float:
+    """PyG's GraphSAGE trained on the whole graph (every edge, every step), the same loss as hpcgnn's: the test
+    metric at the best validation step (of every fifth)."""
+    from torch_geometric.nn import GraphSAGE
+
+    a = {k: torch.from_numpy(np.load(folder / f"{k}.npy")) for k in ("edge_index", "x", "y", "train_idx", "val_idx",
+                                                                     "test_idx")}
+    target = _target(a["y"].numpy(), splits={s: a[f"{s}_idx"].numpy() for s in ("train", "val", "test")})
+    torch.manual_seed(seed)
+    model = GraphSAGE(8, 32, 2, target.width, dropout=0.3)  # hpcgnn's model=sage
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    kind_ = (MultiLabel if kind == "ml" else Regression)(target, torch.device("cpu"))
+    best_val, best_test = None, None
+    for step in range(epochs):
+        model.train()
+        opt.zero_grad()
+        out = model(a["x"], a["edge_index"])
+        kind_.mean_loss(out[a["train_idx"]], a["y"][a["train_idx"]]).backward()
+        opt.step()
+        if step % 5 != 4:  # evaluated every 5 steps, as hpcgnn's run every 10 epochs
+            continue
+        model.eval()
+        with torch.no_grad():
+            out = model(a["x"], a["edge_index"])
+        val, test = (kind_.metrics(kind_.values(out[a[f"{s}_idx"]]), a["y"][a[f"{s}_idx"]].reshape(-1, target.width))
+                     [target.metric] for s in ("val", "test"))
+        if best_val is None or (val < best_val if target.lower_is_better else val > best_val):
+            best_val, best_test = val, test
+    return best_test
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["ml", "reg"])
+def test_each_kind_reaches_its_full_batch_twins_metric(kind, tmp_path):
+    """hpcgnn's sampled training (fanouts 15, 10: about every neighbour of a node of mean degree 6) reaches the test
+    metric of PyG's full-batch twin (the same model and loss, 300 steps), within the twin's standard deviation over
+    seeds."""
+    folder = write_folder(tmp_path / "graph", kind)
+    res = run_cli("dataset=files", f"dataset.path={folder}", "launch.procs=1", "train.epochs=200", "train.fanouts=[15,10]",
+                  "train.eval_mode=full", "train.eval_every=10", "train.batch_size=256", "model.hidden_channels=32", "train.lr=0.01", "train.precision=fp32",
+                  "metrics.tensorboard=false", cwd=tmp_path / "hpcgnn")
+    assert res.returncode == 0, res.stdout + res.stderr
+    want = {"ml": "node task: multilabel (5 binary labels, inferred from y: 5 columns of 0 and 1)",
+            "reg": "node task: regression (2 values, inferred from y: 2 float columns)"}[kind]
+    assert want in res.stdout
+    ours = summary_of(tmp_path / "hpcgnn")
+    twins = [full_batch_twin(folder, kind, seed) for seed in range(3)]
+    mean, std = float(np.mean(twins)), float(np.std(twins))
+    print(f"{kind}: hpcgnn {ours['test']:.4f}, full-batch twin {mean:.4f} +- {std:.4f}")
+    if kind == "ml":
+        assert ours["metric"] == "val_rocauc" and ours["test"] >= mean - std
+    else:
+        assert ours["metric"] == "val_rmse" and ours["lower_is_better"] and ours["test"] <= mean + std
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind, mode, producer", [("ml", "replicated", ("train.sampler_procs=2", "train.num_threads=3")),
+                                                  ("reg", "partitioned", ("launch.sampler_servers=2",))])
+def test_a_kind_trains_bitwise_from_other_producers_and_predicts_in_its_own_terms(kind, mode, producer, tmp_path):
+    """Batches from sampler processes (a replicated graph, one rank) or servers (a partitioned one, two ranks) train the same
+    parameters as the ranks' own, the float labels travelling with them; predict writes each label's probability
+    (multi-label) or the values in the labels' own units (regression), and scores the run's own metric."""
+    folder = write_folder(tmp_path / "graph", kind, n=2000)
+    over = ["dataset=files", f"dataset.path={folder}", "train.epochs=2", "train.batch_size=128",
+            "model.hidden_channels=16", "train.precision=fp32", "metrics.tensorboard=false",
+            *(["graph=partitioned", "graph.cache_mb=0.1"] if mode == "partitioned" else ["launch.procs=1"])]
+    runs = {}
+    for name, extra in (("rank", []), ("producer", producer)):  # (the rank keeps one thread either way)
+        res = run_cli(*over, "train.num_threads=1", *extra, cwd=tmp_path / name)
+        assert res.returncode == 0, res.stdout + res.stderr
+        runs[name] = summary_of(tmp_path / name)
+    assert runs["producer"]["param_checksums"] == runs["rank"]["param_checksums"]
+    assert runs["producer"]["history"][-1]["loss"] == runs["rank"]["history"][-1]["loss"]
+    run = tmp_path / "rank" / "run"
+    res = run_cli("predict", str(run), cwd=tmp_path / "predict")
+    assert res.returncode == 0, res.stdout + res.stderr
+    out = next((run / "predict").iterdir())
+    ids = np.load(out / "ids.npy")
+    y = np.load(folder / "y.npy")[ids]
+    trained = runs["rank"]
+    if kind == "ml":
+        probs = np.load(out / "probs.npy")
+        assert probs.shape == (ids.size, 5) and probs.min() >= 0 and probs.max() <= 1
+        assert f"test ROC-AUC {trained['test_rocauc']:.4f} over {ids.size} nodes (the run's: " in res.stdout
+        assert abs(node_metrics.rocauc(torch.from_numpy(probs), torch.from_numpy(y)) - trained["test_rocauc"]) < 1e-6
+    else:
+        values = np.load(out / "values.npy")
+        assert values.shape == (ids.size, 2)  # in the labels' units: column 0 lies about 10
+        rmse = math.sqrt(np.mean((values.astype(np.float64) - y) ** 2))
+        assert rmse == pytest.approx(trained["test_rmse"], rel=1e-5) and abs(values[:, 0].mean() - 10) < 2
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["metric"] == f"test_{'rocauc' if kind == 'ml' else 'rmse'}"
+
+
+@pytest.mark.slow
+def test_a_kind_at_odds_with_the_labels_is_refused_before_anything_starts(tmp_path):
+    folder = write_folder(tmp_path / "graph", "reg", n=200)
+    res = run_cli("dataset=files", f"dataset.path={folder}", "task.kind=multilabel", cwd=tmp_path / "run")
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert res.stderr.strip().splitlines()[-1] == (
+        f"hpcgnn: dataset error: {folder}/y: task.kind=multilabel takes labels of 0 and 1 (unknown: NaN, or -1 in "
+        "integer labels); these are float [N, 2] with other values. HINT: task.kind=regression for values, "
+        "classification for class ids")
+    assert "[rank 0]" not in res.stdout + res.stderr  # refused by the launcher
