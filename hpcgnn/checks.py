@@ -98,6 +98,7 @@ def check_dataset_config(dataset) -> None:
         raise ConfigError(f"dataset._target_={dataset._target_} goes with dataset=pyg (a PyG dataset class or a function "
                           f"returning a Data; a HeteroData: dataset=pyg_hetero); got dataset={dataset.name}. HINT: "
                           "dataset=pyg dataset._target_=torch_geometric.datasets.NAME")
+    _check_edge_features(dataset)
     if dataset.target_type is not None and dataset.name != "pyg_hetero":
         raise ConfigError(f"dataset.target_type={dataset.target_type} names the labelled node type of a PyG HeteroData "
                           f"(dataset=pyg_hetero); got dataset={dataset.name}. HINT: drop it")
@@ -111,6 +112,27 @@ def check_dataset_config(dataset) -> None:
         hint = " (a link dataset: add task=link)" if dataset.name in LINK_DATASETS else ""
         raise ConfigError(f"dataset.name={dataset.name!r} is unknown{hint}: use one of "
                           f"{', '.join(sorted(NODE_DATASETS))}")
+
+
+EDGE_REDUCE = ("none", "mean", "sum")  # dataset.node_features_from_edges
+
+
+def _check_edge_features(dataset) -> None:
+    """``dataset.node_features_from_edges``: a known reduction, of a dataset whose edges have features, and set
+    where the nodes have none of their own."""
+    rule = dataset.node_features_from_edges
+    if rule not in EDGE_REDUCE:
+        raise ConfigError(f"dataset.node_features_from_edges={rule!r} is unknown: use one of {', '.join(EDGE_REDUCE)}")
+    spec = datasets.SPECS.get(dataset.name)
+    if spec is None:
+        return
+    if rule != "none" and not spec.edge_features:
+        with_edges = ", ".join(datasets.names(edge_features=True))
+        raise ConfigError(f"dataset.node_features_from_edges={rule}: the edges of dataset={dataset.name} carry no "
+                          f"features ({with_edges} do). HINT: drop the option")
+    if rule == "none" and not spec.node_features:
+        raise ConfigError(f"dataset={dataset.name} has no node features: dataset.node_features_from_edges=mean (or "
+                          "sum) makes each node's from its edges'")
 
 
 def check_fractions(fractions: tuple[float, ...]) -> None:

@@ -72,6 +72,7 @@ class DatasetConfig:
     split_index: int = 0  # pyg: which split of masks that hold several (one column each, as WikiCS's)
     target_type: Optional[str] = None  # pyg_hetero: the node type whose labels are predicted (None: the one type with y)
     trust_root: bool = False  # a dataset.root other users may write (a lab's shared folder): read it anyway (its pyg/ processed files are unpickled, its prepared graphs trained on)
+    node_features_from_edges: str = "none"  # none | mean | sum: each node's features from its edges' (ogbn-proteins: mean, the usual baseline)
     erase_types: bool = False  # typed datasets (synthetic_hetero, ogbn-mag, typed files, pyg_hetero): serve the homogeneous view, types erased (a baseline)
 
 

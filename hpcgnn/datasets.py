@@ -37,6 +37,8 @@ class DatasetSpec:
     streamed: bool = False  # prepared a chunk at a time, never whole in memory (a typed graph: always)
     on_disk: bool = False  # read from files that must be there before a job starts (synthetic ones are made)
     needs_target: bool = False  # dataset._target_ names the class or function that makes it (PyG's)
+    edge_features: bool = False  # its edges carry features (dataset.node_features_from_edges may average them)
+    node_features: bool = True  # its nodes carry features of their own (else node_features_from_edges must make them)
 
     @property
     def typed(self) -> bool:
@@ -47,6 +49,9 @@ class DatasetSpec:
 _OGB_NODE = tuple(DatasetSpec(name, ("node",), "ogb", ("to_undirected",), graph="hpcgnn.data.ogb:load_ogb",
                               streamed=True, on_disk=True)
                   for name in ("ogbn-arxiv", "ogbn-products", "ogbn-papers100M"))
+_OGB_PROTEINS = DatasetSpec("ogbn-proteins", ("node",), "ogb", ("to_undirected", "node_features_from_edges"),
+                            graph="hpcgnn.data.ogb:load_ogb", streamed=True, on_disk=True, edge_features=True,
+                            node_features=False)
 _OGB_LINK = tuple(DatasetSpec(name, ("link",), "ogb", ("to_undirected",), link="hpcgnn.data.ogb:load_ogb_link",
                               streamed=True, on_disk=True)
                   for name in ("ogbl-collab", "ogbl-citation2"))
@@ -60,6 +65,7 @@ SPECS: dict[str, DatasetSpec] = {s.name: s for s in (
     DatasetSpec("pyg", ("node", "link"), "pyg", _PYG_KEY, graph="hpcgnn.data.pyg:load_pyg", split_edges=True,
                 needs_target=True),
     *_OGB_NODE,
+    _OGB_PROTEINS,
     *_OGB_LINK,
     DatasetSpec("synthetic_hetero", ("node",), "synthetic",
                 ("num_nodes", "num_classes", "num_features", "avg_degree", "communities_per_class", "homophily",

@@ -39,8 +39,19 @@ def write_mini_ogb(root: Path, name: str, n: int = 60, seed: int = 0) -> dict:
     y = rng.integers(0, 3, n)
     perm = rng.permutation(n)
     split = {"train": np.sort(perm[:30]), "valid": np.sort(perm[30:40]), "test": np.sort(perm[40:])}
-    split_name = {"ogbn-products": "sales_ranking"}.get(name, "time")
-    if name == "ogbn-papers100M":  # the binary layout
+    split_name = {"ogbn-products": "sales_ranking", "ogbn-proteins": "species"}.get(name, "time")
+    if name == "ogbn-proteins":  # no node features; 8 per edge; 112 binary labels per node (a label's rate its own)
+        raw = folder / "raw"
+        edge_feat = rng.random((edges.shape[1], 8)).round(3)
+        y = (rng.random((n, 112)) < rng.uniform(0.1, 0.9, 112)).astype(np.int64)
+        _csv_gz(raw / "edge.csv.gz", edges.T)
+        _csv_gz(raw / "edge-feat.csv.gz", edge_feat)
+        _csv_gz(raw / "node-label.csv.gz", y)
+        _csv_gz(raw / "node_species.csv.gz", rng.integers(0, 8, n))
+        _csv_gz(raw / "num-node-list.csv.gz", [n])
+        _csv_gz(raw / "num-edge-list.csv.gz", [edges.shape[1]])
+        x = None
+    elif name == "ogbn-papers100M":  # the binary layout
         (folder / "raw").mkdir()
         np.savez(folder / "raw" / "data.npz", edge_index=edges, num_nodes_list=np.array([n]),
                  num_edges_list=np.array([edges.shape[1]]), node_feat=x, node_year=np.full((n, 1), 2020))
@@ -59,7 +70,10 @@ def write_mini_ogb(root: Path, name: str, n: int = 60, seed: int = 0) -> dict:
             _csv_gz(raw / "node_year.csv.gz", np.full(n, 2020))
     for part, idx in split.items():
         _csv_gz(folder / "split" / split_name / f"{part}.csv.gz", idx)
-    return {"edges": edges, "x": x, "y": y, "split": split, "n": n}
+    mini = {"edges": edges, "x": x, "y": y, "split": split, "n": n}
+    if name == "ogbn-proteins":
+        mini["edge_feat"] = edge_feat
+    return mini
 
 
 def _edge_set(graph) -> set:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -270,3 +271,65 @@ def test_a_kind_at_odds_with_the_labels_is_refused_before_anything_starts(tmp_pa
         "integer labels); these are float [N, 2] with other values. HINT: task.kind=regression for values, "
         "classification for class ids")
     assert "[rank 0]" not in res.stdout + res.stderr  # refused by the launcher
+
+
+# ------------------------------------------------------------------ ogbn-proteins: 112 binary labels, features from edges
+
+
+def test_ogbn_proteins_is_read_and_prepared_with_its_labels_and_each_nodes_mean_edge_features(tmp_path, monkeypatch):
+    """A miniature in OGB's raw layout: ogb.io's reader (in memory) and the streamed preparation give the same
+    graph; 112 binary labels per node (a multi-label task); each node's features the mean of its edges' (ogb adds
+    every edge's reverse: both ends)."""
+    from hpcgnn.data import build_graph, cache, ogb, open_graph, prepare
+    from tests.test_datasets import write_mini_ogb
+
+    mini = write_mini_ogb(tmp_path, "ogbn-proteins", n=120)
+    monkeypatch.setattr(ogb, "STREAM_ROWS", 50)  # several chunks
+    cfg = make_config("dataset=ogbn-proteins", f"dataset.root={tmp_path}").dataset
+    assert cfg.node_features_from_edges == "mean"
+    prepare(cfg)
+    g, ref = open_graph(cfg), build_graph(cfg)
+    for array in cache.ARRAYS:
+        got, want = getattr(g, array), getattr(ref, array)
+        assert torch.allclose(got.long() if array == "col" else got, want), array
+    src, dst = mini["edges"]
+    sums, count = np.zeros((120, 8)), np.zeros(120)
+    for ends in (src, dst):
+        np.add.at(sums, ends, mini["edge_feat"])
+        np.add.at(count, ends, 1)
+    assert np.allclose(g.x.numpy(), sums / np.maximum(count, 1)[:, None], atol=1e-6)
+    assert g.y.shape == (120, 112) and torch.equal(g.y, torch.from_numpy(mini["y"]).float())
+    target = resolve(g.labels, "auto", "auto", g.num_classes, "y")
+    assert (target.kind, target.width) == ("multilabel", 112)
+    with pytest.raises(ConfigError, match=r"dataset=ogbn-proteins has no node features: "
+                                          r"dataset.node_features_from_edges=mean \(or sum\)"):
+        make_config("dataset=ogbn-proteins", "dataset.node_features_from_edges=none")
+    with pytest.raises(ConfigError, match=r"dataset.node_features_from_edges=mean: the edges of dataset=synthetic "
+                                          r"carry no features \(ogbn-proteins do\)"):
+        make_config("dataset.node_features_from_edges=mean")
+
+
+@pytest.mark.slow
+def test_a_miniature_ogbn_proteins_trains_and_scores_as_ogbs_evaluator(tmp_path):
+    """Prepared, trained on two ranks and evaluated: the run's test ROC-AUC is what OGB's Evaluator gives on the
+    probabilities predict writes for the test split."""
+    from ogb.nodeproppred import Evaluator
+
+    from tests.conftest import DATA_ROOT
+    from tests.test_datasets import write_mini_ogb
+
+    shutil.rmtree(DATA_ROOT / "ogb" / "ogbn_proteins", ignore_errors=True)  # (the session's data root: run_cli's)
+    mini = write_mini_ogb(DATA_ROOT, "ogbn-proteins", n=400)
+    res = run_cli("dataset=ogbn-proteins", "train.epochs=3", "train.batch_size=64", "model.hidden_channels=16",
+                  cwd=tmp_path / "train")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "node task: multilabel (112 binary labels, inferred from y: 112 columns of 0 and 1)" in res.stdout
+    trained = summary_of(tmp_path / "train")
+    assert trained["metric"] == "val_rocauc" and 0 < trained["test_rocauc"] <= 1
+    res = run_cli("predict", str(tmp_path / "train" / "run"), cwd=tmp_path / "predict")
+    assert res.returncode == 0, res.stdout + res.stderr
+    out = next((tmp_path / "train" / "run" / "predict").iterdir())
+    ids, probs = np.load(out / "ids.npy"), np.load(out / "probs.npy")
+    assert np.array_equal(ids, mini["split"]["test"]) and probs.shape == (ids.size, 112)
+    want = Evaluator("ogbn-proteins").eval({"y_true": mini["y"][ids], "y_pred": probs})["rocauc"]
+    assert abs(want - trained["test_rocauc"]) < 1e-6

@@ -134,11 +134,16 @@ def load_ogb(cfg: DatasetConfig, allow_download: bool) -> Graph:
     edge_index = torch.from_numpy(np.ascontiguousarray(graph["edge_index"], dtype=np.int64))
     if cfg.to_undirected:
         edge_index = torch.cat([edge_index, edge_index.flip(0)], dim=1)
-    x = torch.from_numpy(np.ascontiguousarray(graph["node_feat"], dtype=np.float32))
+    if cfg.node_features_from_edges != "none":  # (ogb's reader added each edge's reverse with its features)
+        reduce = EdgeReduce(n, graph["edge_feat"].shape[1], both=False)
+        reduce.add(graph["edge_index"][0], graph["edge_index"][1], np.asarray(graph["edge_feat"], dtype=np.float64))
+        x = reduce.result(cfg.node_features_from_edges)
+    else:
+        x = torch.from_numpy(np.ascontiguousarray(graph["node_feat"], dtype=np.float32))
     y = torch.from_numpy(y_np)
     idx = {k: torch.from_numpy(v) for k, v in split.items()}
     return Graph.from_edge_index(edge_index, n, x, y, idx["train_idx"], idx["val_idx"], idx["test_idx"],
-                                 int(meta["num classes"]))
+                                 _outputs(meta))
 
 
 # ------------------------------------------------------------------------------ streamed (out of core)
@@ -154,7 +159,9 @@ class OgbShapes:
     meta: dict  # ogb's master.csv row
     num_nodes: int
     num_edges: int  # directed edges in the raw files
-    num_features: int
+    num_features: int  # the prepared graph's (a dataset without node features: its edges', by node_features_from_edges)
+    edge_features: int = 0  # the raw edges' feature width
+    from_edges: str = "none"  # dataset.node_features_from_edges: none, or how each node's features come from its edges'
 
     @property
     def binary(self) -> bool:
@@ -180,6 +187,13 @@ def ogb_shapes(cfg: DatasetConfig, allow_download: bool) -> OgbShapes:
     else:
         n, e = (int(_read_csv(raw / f"{name}.csv.gz").sum()) for name in ("num-node-list", "num-edge-list"))
         f = _csv_width(raw / "node-feat.csv.gz") if (raw / "node-feat.csv.gz").exists() else 0
+        d = _csv_width(raw / "edge-feat.csv.gz") if (raw / "edge-feat.csv.gz").exists() else 0
+        if cfg.node_features_from_edges != "none":
+            if not d:
+                raise DatasetError(f"{raw / 'edge-feat.csv.gz'} is missing: dataset.node_features_from_edges="
+                                   f"{cfg.node_features_from_edges} averages the edges' features. HINT: remove "
+                                   f"{folder} and prepare again")
+            return OgbShapes(folder, meta, n, e, d, d, cfg.node_features_from_edges)
     return OgbShapes(folder, meta, n, e, f)
 
 
@@ -262,6 +276,13 @@ def stream_raw_graph(cfg: DatasetConfig, shapes: OgbShapes, buckets, features, d
                     write_rows([np.load(z.open("node_feat.npy"))])
                 else:
                     write_rows(b.reshape(-1, f) for b in _npy_flat(z, "node_feat.npy", feature_rows * f))
+    elif shapes.from_edges != "none":  # each node's features from its edges', read beside them
+        reduce = EdgeReduce(n, shapes.edge_features, both)
+        for pairs, feats in zip(_csv_blocks(raw / "edge.csv.gz", STREAM_ROWS, np.int64),
+                                _csv_blocks(raw / "edge-feat.csv.gz", STREAM_ROWS, np.float64), strict=True):
+            add(pairs[:, 0], pairs[:, 1])
+            reduce.add(pairs[:, 0], pairs[:, 1], feats)
+        features.write(0, reduce.result(shapes.from_edges))
     else:
         for pairs in _csv_blocks(raw / "edge.csv.gz", STREAM_ROWS, np.int64):
             add(pairs[:, 0], pairs[:, 1])
@@ -271,24 +292,55 @@ def stream_raw_graph(cfg: DatasetConfig, shapes: OgbShapes, buckets, features, d
         features.write(0, torch.zeros(shapes.num_nodes, 0))
 
 
+class EdgeReduce:
+    """Each node's features from its in-edges' (both ends of an edge where its reverse is added): their sum or
+    mean (0 for a node without edges), accumulated a chunk of edges at a time in float64."""
+
+    def __init__(self, num_nodes: int, width: int, both: bool):
+        self.sums = torch.zeros(num_nodes, width, dtype=torch.float64)
+        self.counts = torch.zeros(num_nodes, dtype=torch.float64)
+        self.both = both
+
+    def add(self, src: np.ndarray, dst: np.ndarray, feats: np.ndarray) -> None:
+        values = torch.from_numpy(np.asarray(feats, dtype=np.float64))
+        for ends in (dst, src) if self.both else (dst,):
+            ends = torch.from_numpy(np.asarray(ends, dtype=np.int64))
+            self.sums.index_add_(0, ends, values)
+            self.counts += torch.bincount(ends, minlength=self.counts.numel()).double()
+
+    def result(self, how: str) -> Tensor:
+        out = self.sums if how == "sum" else self.sums / self.counts.clamp(min=1).unsqueeze(1)
+        return out.float()
+
+
 def stream_ogb(cfg: DatasetConfig, shapes: OgbShapes, buckets, features) -> tuple[np.ndarray, dict, int]:
     """An ogbn dataset's raw files into an out-of-core CSR (:func:`stream_raw_graph`); returns (labels,
     splits, classes), as :func:`load_ogb` reads them (only the labels and the splits, a few bytes per node,
     are read whole)."""
     stream_raw_graph(cfg, shapes, buckets, features)
     y, splits = _labels_and_splits(shapes.folder, shapes.meta)
-    return y, splits, int(shapes.meta["num classes"])
+    return y, splits, _outputs(shapes.meta)
+
+
+def _outputs(meta: dict) -> int:
+    """The model's outputs: one per task of a multi-task dataset (ogbn-proteins' 112 binary labels), else the
+    classes."""
+    tasks = int(meta["num tasks"])
+    return tasks if tasks > 1 else int(meta["num classes"])
 
 
 def _labels_and_splits(folder: Path, meta: dict) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """An ogbn dataset's int64 labels (papers100M labels only a subset of nodes, NaN elsewhere: those become
-    -1 and lie in no split) and its official split as ``train_idx``/``val_idx``/``test_idx``."""
+    -1 and lie in no split), or a multi-task dataset's float32 [N, tasks], and its official split as
+    ``train_idx``/``val_idx``/``test_idx``."""
     raw = folder / "raw"
     labels = np.load(raw / "node-label.npz")["node_label"] if meta["binary"] == "True" else _read_csv(
         raw / "node-label.csv.gz")
     split_dir = folder / "split" / meta["split"]
     splits = {f"{k}_idx": _read_csv(split_dir / f"{part}.csv.gz").reshape(-1).astype(np.int64)
               for k, part in (("train", "train"), ("val", "valid"), ("test", "test"))}
+    if int(meta["num tasks"]) > 1:  # several binary labels per node (ogbn-proteins): float32 [N, tasks], NaN unknown
+        return np.asarray(labels, dtype=np.float32).reshape(len(labels), -1), splits
     y = np.asarray(labels, dtype=np.float64).reshape(-1)
     return np.where(np.isnan(y), -1, y).astype(np.int64), splits
 
