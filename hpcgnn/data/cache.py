@@ -46,7 +46,8 @@ def save(graph: Graph, folder: Path, source: dict, extra: dict[str, torch.Tensor
     """
     extra = extra or {}
     folder.parent.mkdir(parents=True, exist_ok=True)
-    need = sum(t.numel() * t.element_size() for t in [*(getattr(graph, n) for n in ARRAYS), *extra.values()])
+    edges = [graph.edge_attr] if graph.edge_attr is not None else []
+    need = sum(t.numel() * t.element_size() for t in [*(getattr(graph, n) for n in ARRAYS), *extra.values(), *edges])
     free = shutil.disk_usage(folder.parent).free
     if need * 1.02 + 2**20 > free:
         raise OSError(f"preparing the graph needs {human_bytes(need)} in {folder.parent}, but only "
@@ -61,10 +62,16 @@ def save(graph: Graph, folder: Path, source: dict, extra: dict[str, torch.Tensor
                 writer.close()
                 continue
             np.save(tmp / f"{name}.npy", getattr(graph, name).numpy())
+        if graph.edge_attr is not None:  # in the stored feature dtype too
+            writer = FeatureWriter(tmp / "edge_attr.npy", graph.num_edges, graph.edge_dim, feature_dtype)
+            writer.write(0, graph.edge_attr)
+            writer.close()
+            names.append("edge_attr")
         for name, array in extra.items():
             np.save(tmp / f"{name}.npy", array.numpy())
         meta = {"format_version": FORMAT_VERSION, "num_nodes": graph.num_nodes, "num_edges": graph.num_edges,
                 "num_features": graph.num_features, "num_classes": graph.num_classes, "labels": graph_labels(graph),
+                "edge_dim": graph.edge_dim,
                 "bytes": sum((tmp / f"{n}.npy").stat().st_size for n in names), "source": source,
                 "extra": sorted(extra), "feature_dtype": feature_dtype, **(extra_meta or {})}
         (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
@@ -78,16 +85,34 @@ def graph_labels(graph: Graph) -> dict | None:
     return profile(graph.y.numpy(), {s: getattr(graph, f"{s}_idx").numpy() for s in ("train", "val", "test")})
 
 
+def write_edge_features(tmp: Path, source: np.ndarray, feature_dtype: str, interleaved: bool = False,
+                        rows: int = 1 << 18) -> int:
+    """``tmp/edge_attr.npy``: each CSR edge's features, the rows of ``source`` (a source's [E, D], mapped) that
+    ``tmp/eid.npy`` names, a chunk of edges at a time: id i is row i, a reverse's id E + i (``interleaved``:
+    edge i's id 2i and its reverse's 2i + 1) row i. eid.npy is removed. Returns D."""
+    eid = np.load(tmp / "eid.npy", mmap_mode="r")
+    writer = FeatureWriter(tmp / "edge_attr.npy", eid.shape[0], source.shape[1], feature_dtype)
+    for a in range(0, eid.shape[0], rows):
+        ids = np.asarray(eid[a:a + rows])
+        at = ids // 2 if interleaved else ids % max(source.shape[0], 1)
+        writer.write(a, torch.from_numpy(np.asarray(source[at], dtype=np.float32)))
+    writer.close()
+    del eid
+    (tmp / "eid.npy").unlink()
+    return int(source.shape[1])
+
+
 def write_meta(tmp: Path, num_nodes: int, num_edges: int, num_features: int, num_classes: int, source: dict,
                feature_dtype: str, extra: list[str] | None = None, extra_meta: dict | None = None,
-               labels: dict | None = None) -> None:
+               labels: dict | None = None, edge_dim: int = 0) -> None:
     """meta.json of a graph written array by array into ``tmp`` (the out-of-core path); ``extra``: the
     names of more arrays beside it (:func:`load_extra`), ``extra_meta``: more fields; ``labels``: the labels'
     profile (:func:`hpcgnn.labels.profile`)."""
     extra = sorted(extra or [])
     meta = {"format_version": FORMAT_VERSION, "num_nodes": num_nodes, "num_edges": num_edges,
-            "num_features": num_features, "num_classes": num_classes, "labels": labels,
-            "bytes": sum((tmp / f"{n}.npy").stat().st_size for n in [*ARRAYS, *extra]), "source": source,
+            "num_features": num_features, "num_classes": num_classes, "labels": labels, "edge_dim": edge_dim,
+            "bytes": sum((tmp / f"{n}.npy").stat().st_size for n in [*ARRAYS, *extra, *(["edge_attr"] if edge_dim
+                                                                                       else [])]), "source": source,
             "extra": extra, "feature_dtype": feature_dtype, **(extra_meta or {})}
     (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
 
@@ -104,6 +129,8 @@ def load(folder: Path, mmap: bool = True) -> Graph:
     mode = "c" if mmap else None
     arrays = {name: torch.from_numpy(np.load(folder / f"{name}.npy", mmap_mode=mode)) for name in ARRAYS if name != "x"}
     arrays["x"] = load_features(folder / "x.npy", meta.get("feature_dtype", "float32"), mode)
+    if meta.get("edge_dim"):  # each CSR edge's features, in the stored feature dtype
+        arrays["edge_attr"] = load_features(folder / "edge_attr.npy", meta.get("feature_dtype", "float32"), mode)
     return Graph(**arrays, num_classes=int(meta["num_classes"]), labels=meta.get("labels"))
 
 

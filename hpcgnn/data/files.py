@@ -1,7 +1,8 @@
 """A user's own graph from a folder of .npy / .pt files, checked before any training.
 
 Expected files (``.npy``, or ``.pt`` tensors read with ``weights_only=True``):
-``edge_index`` [2, E] int (source, target), ``x`` [N, F] float, ``y``: [N] int class ids (-1 for unlabeled
+``edge_index`` [2, E] int (source, target), ``x`` [N, F] float, optionally ``edge_attr`` [E, D] float (each
+edge's features, in edge_index's order), ``y``: [N] int class ids (-1 for unlabeled
 nodes), or [N, C] binary labels (NaN or -1: unknown), or float values [N] or [N, D] (NaN: unknown) (what the
 task makes of them: :mod:`hpcgnn.labels`), ``train_idx``, ``val_idx``, ``test_idx`` [k] int.
 
@@ -92,10 +93,9 @@ def _feature_chunks(x: np.ndarray, values: int):
         yield start, torch.from_numpy(np.array(rows, dtype=np.float32))
 
 
-def check_features(px: Path, x: np.ndarray) -> None:
+def check_features(px: Path, x: np.ndarray, what: str = "features", shape: str = "num_nodes, num_features") -> None:
     if x.ndim != 2 or not np.issubdtype(x.dtype, np.floating):
-        raise DatasetFileError(f"{px}: features must be a float array of shape [num_nodes, num_features], "
-                               f"got {x.dtype} {tuple(x.shape)}")
+        raise DatasetFileError(f"{px}: {what} must be a float array of shape [{shape}], got {x.dtype} {tuple(x.shape)}")
     bad, first = 0, None
     for start, block in _blocks(x, max(STREAM_VALUES // max(x.shape[1], 1), 1)):
         rows = ~np.isfinite(block).all(axis=1)
@@ -103,7 +103,8 @@ def check_features(px: Path, x: np.ndarray) -> None:
             bad += int(rows.sum())
             first = start + int(np.argmax(rows)) if first is None else first
     if bad:
-        raise DatasetFileError(f"{px}: features contain NaN or inf ({bad} nodes, first node {first})")
+        rows = "nodes, first node" if what == "features" else "edges, first edge"
+        raise DatasetFileError(f"{px}: {what} contain NaN or inf ({bad} {rows} {first})")
 
 
 def check_edges(pe: Path, ei: np.ndarray, num_src: int, num_dst: int, what: str) -> None:
@@ -192,9 +193,11 @@ def check_labels_and_splits(arrays: dict, n: int) -> dict[str, tuple[Path, np.nd
     return splits
 
 
-def read_checked(cfg: DatasetConfig, mmap: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict, int]:
-    """(edge_index [2, E], x [N, F], y [N], splits, classes) of a homogeneous folder, every file checked;
-    ``mmap``: .npy files memory-mapped (the checks read them a pass at a time; nothing is copied whole)."""
+def read_checked(cfg: DatasetConfig, mmap: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict, int,
+                                                                  np.ndarray | None]:
+    """(edge_index [2, E], x [N, F], y [N], splits, classes, edge_attr [E, D] or None) of a homogeneous folder,
+    every file checked; ``mmap``: .npy files memory-mapped (the checks read them a pass at a time; nothing is
+    copied whole)."""
     folder = files_folder(cfg)
     arrays = {name: _read(folder, name, mmap) for name in FILES}
     px, x = arrays["x"]
@@ -204,7 +207,19 @@ def read_checked(cfg: DatasetConfig, mmap: bool = False) -> tuple[np.ndarray, np
     check_edges(pe, ei, n, n, f"{n} = rows of {px.name}")
     splits = check_labels_and_splits(arrays, n)
     y, classes = node_labels(*arrays["y"], cfg.num_classes)
-    return ei, x, y, {k: v[1] for k, v in splits.items()}, classes
+    edge_attr = None
+    if has_edge_features(folder):
+        pa, edge_attr = _read(folder, "edge_attr", mmap)
+        check_features(pa, edge_attr, "edge features", "num_edges, edge features")
+        if edge_attr.shape[0] != ei.shape[1]:
+            raise DatasetFileError(f"{pa}: {edge_attr.shape[0]} rows of edge features for the {ei.shape[1]} edges of "
+                                   f"{pe.name}: one row per edge, in its order")
+    return ei, x, y, {k: v[1] for k, v in splits.items()}, classes, edge_attr
+
+
+def has_edge_features(folder: Path) -> bool:
+    """Whether a folder gives its edges' features (``edge_attr.npy`` or ``.pt``, [E, D], a row per edge)."""
+    return any((folder / f"edge_attr{suffix}").is_file() for suffix in (".npy", ".pt"))
 
 
 def node_labels(py: Path, y: np.ndarray, declared: int) -> tuple[np.ndarray, int]:
@@ -229,17 +244,23 @@ def read_labels(cfg: DatasetConfig) -> tuple[dict, int]:
     return profile(y, {k.removesuffix("_idx"): v[1] for k, v in splits.items()}), classes
 
 
-def stream_files(cfg: DatasetConfig, buckets, features, chunk: int = STREAM_VALUES) -> tuple[np.ndarray, dict, int]:
+def stream_files(cfg: DatasetConfig, buckets, features, chunk: int = STREAM_VALUES
+                 ) -> tuple[np.ndarray, dict, int, np.ndarray | None]:
     """A homogeneous folder into an out-of-core CSR: edges a chunk at a time into ``buckets`` (with their
-    reverses for ``dataset.to_undirected``), feature rows into ``features``; returns (y, splits, classes)."""
-    ei, x, y, splits, classes = read_checked(cfg, mmap=True)
+    reverses for ``dataset.to_undirected``; with their ids, buckets made ``ids=True``: a reverse's is its edge's
+    plus E, as if the reverses followed the edges),
+    feature rows into ``features``; returns (y, splits, classes, the edges' features, mapped, or None)."""
+    ei, x, y, splits, classes, edge_attr = read_checked(cfg, mmap=True)
+    start = 0
     for src, dst in _edge_chunks(ei, chunk):
-        buckets.add(dst, src)
-        if cfg.to_undirected:
-            buckets.add(src, dst)
+        ids = torch.arange(start, start + src.numel()) if buckets.ids else None
+        buckets.add(dst, src, ids=ids)
+        if cfg.to_undirected:  # a reverse's id: after every given edge's (a duplicate keeps the edge given first)
+            buckets.add(src, dst, ids=ids + ei.shape[1] if ids is not None else None)
+        start += src.numel()
     for a, rows in _feature_chunks(x, chunk):
         features.write(a, rows)
-    return y, {k: np.asarray(v, dtype=np.int64) for k, v in splits.items()}, classes
+    return y, {k: np.asarray(v, dtype=np.int64) for k, v in splits.items()}, classes, edge_attr
 
 
 def read_shapes(cfg: DatasetConfig) -> dict:
@@ -255,14 +276,16 @@ def load_files(cfg: DatasetConfig, allow_download: bool = False) -> Graph:
     folder = files_folder(cfg)
     if is_typed_folder(folder):  # served homogeneous: dataset.erase_types=true
         return load_typed_files(cfg).homogeneous()
-    ei, x, y, splits, classes = read_checked(cfg)
+    ei, x, y, splits, classes, edge_attr = read_checked(cfg)
     n = x.shape[0]
     edge_index = torch.from_numpy(ei.astype(np.int64))
+    edges = torch.from_numpy(np.asarray(edge_attr, dtype=np.float32)) if edge_attr is not None else None
     if cfg.to_undirected:
         edge_index = torch.cat([edge_index, edge_index.flip(0)], dim=1)
+        edges = torch.cat([edges, edges]) if edges is not None else None
     return Graph.from_edge_index(edge_index, n, torch.from_numpy(x.astype(np.float32)), torch.from_numpy(y),
                                  *(torch.from_numpy(splits[k].astype(np.int64)) for k in splits),
-                                 num_classes=classes)
+                                 num_classes=classes, edge_attr=edges)
 
 
 def is_typed_folder(folder: Path) -> bool:

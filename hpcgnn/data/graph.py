@@ -38,6 +38,7 @@ class Graph:
     test_idx: Tensor  # int64, node ids of the test split
     num_classes: int
     labels: dict | None = None  # what the labels are (hpcgnn.labels.profile; None: class ids, from before profiles)
+    edge_attr: Tensor | None = None  # [num_edges, D] each CSR edge's features, in col's order (None: none)
 
     @property
     def num_nodes(self) -> int:
@@ -54,7 +55,13 @@ class Graph:
     def to(self, device: torch.device) -> Graph:
         """A copy with every tensor on ``device`` (the GPU sampler's graph)."""
         return Graph(*(getattr(self, f).to(device) for f in ("rowptr", "col", "x", "y", "train_idx", "val_idx",
-                                                              "test_idx")), self.num_classes, self.labels)
+                                                              "test_idx")), self.num_classes, self.labels,
+                     self.edge_attr.to(device) if self.edge_attr is not None else None)
+
+    @property
+    def edge_dim(self) -> int:
+        """The width of the edges' features (0: none)."""
+        return self.edge_attr.size(1) if self.edge_attr is not None else 0
 
     def degree(self) -> Tensor:
         return self.rowptr[1:] - self.rowptr[:-1]
@@ -66,16 +73,25 @@ class Graph:
 
     @classmethod
     def from_edge_index(cls, edge_index: Tensor, num_nodes: int, x: Tensor, y: Tensor, train_idx: Tensor,
-                        val_idx: Tensor, test_idx: Tensor, num_classes: int, labels: dict | None = None) -> Graph:
-        """Build the CSR from (source, target) pairs; duplicate edges are removed. ``y``: class ids (int64), or
-        float labels kept as they are (:mod:`hpcgnn.labels`)."""
+                        val_idx: Tensor, test_idx: Tensor, num_classes: int, labels: dict | None = None,
+                        edge_attr: Tensor | None = None) -> Graph:
+        """Build the CSR from (source, target) pairs; duplicate edges are removed (the first keeps its features,
+        ``edge_attr`` [E, D]: each pair's). ``y``: class ids (int64), or float labels kept as they are
+        (:mod:`hpcgnn.labels`)."""
         src, dst = edge_index[0].long(), edge_index[1].long()
-        key = torch.unique(dst * num_nodes + src)  # sorted by target, then source
+        key = dst * num_nodes + src
+        if edge_attr is not None:  # sorted by (target, source), stable: each run's first is the pair first given
+            key, order = torch.sort(key, stable=True)
+            first = torch.ones_like(key, dtype=torch.bool)
+            first[1:] = key[1:] != key[:-1]
+            key, edge_attr = key[first], edge_attr.index_select(0, order[first]).float().contiguous()
+        else:
+            key = torch.unique(key)  # sorted by target, then source
         dst, src = key // num_nodes, key % num_nodes
         rowptr = torch.zeros(num_nodes + 1, dtype=torch.long)
         rowptr[1:] = torch.cumsum(torch.bincount(dst, minlength=num_nodes), 0)
         return cls(rowptr, src.contiguous(), x.float().contiguous(), y.float() if y.is_floating_point() else y.long(),
-                   train_idx.long(), val_idx.long(), test_idx.long(), num_classes, labels)
+                   train_idx.long(), val_idx.long(), test_idx.long(), num_classes, labels, edge_attr)
 
 
 HasEdge = Callable[[Tensor, Tensor], Tensor]  # (src, dst) -> bool: is src -> dst an edge of the graph

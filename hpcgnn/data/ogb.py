@@ -22,6 +22,7 @@ from torch import Tensor
 from hpcgnn import checks
 from hpcgnn.config import DatasetConfig
 from hpcgnn.data.graph import Graph
+from hpcgnn.data.ooc import NpyAppender
 from hpcgnn.errors import ConfigError, DatasetError
 
 NAMES = checks.OGB_NODE_DATASETS
@@ -140,10 +141,14 @@ def load_ogb(cfg: DatasetConfig, allow_download: bool) -> Graph:
         x = reduce.result(cfg.node_features_from_edges)
     else:
         x = torch.from_numpy(np.ascontiguousarray(graph["node_feat"], dtype=np.float32))
+    edges = graph.get("edge_feat")
+    if edges is not None:  # each edge's features, kept (a reverse added here has its edge's)
+        edges = torch.from_numpy(np.asarray(edges, dtype=np.float32))
+        edges = torch.cat([edges, edges]) if cfg.to_undirected else edges
     y = torch.from_numpy(y_np)
     idx = {k: torch.from_numpy(v) for k, v in split.items()}
     return Graph.from_edge_index(edge_index, n, x, y, idx["train_idx"], idx["val_idx"], idx["test_idx"],
-                                 _outputs(meta))
+                                 _outputs(meta), edge_attr=edges)
 
 
 # ------------------------------------------------------------------------------ streamed (out of core)
@@ -194,6 +199,7 @@ def ogb_shapes(cfg: DatasetConfig, allow_download: bool) -> OgbShapes:
                                    f"{cfg.node_features_from_edges} averages the edges' features. HINT: remove "
                                    f"{folder} and prepare again")
             return OgbShapes(folder, meta, n, e, d, d, cfg.node_features_from_edges)
+        return OgbShapes(folder, meta, n, e, f, d)
     return OgbShapes(folder, meta, n, e, f)
 
 
@@ -238,20 +244,33 @@ def _npy_flat(z: zipfile.ZipFile, name: str, block: int, skip: int = 0, count: i
         total -= take
 
 
-def stream_raw_graph(cfg: DatasetConfig, shapes: OgbShapes, buckets, features, drop: Tensor | None = None) -> None:
+def stream_raw_graph(cfg: DatasetConfig, shapes: OgbShapes, buckets, features, drop: Tensor | None = None,
+                     edge_out: Path | None = None) -> None:
     """OGB's raw graph into an out-of-core CSR, a chunk at a time: edges into ``buckets`` (with their reverses
     where ogb adds them or ``dataset.to_undirected`` asks), feature rows into ``features``. ``drop``: sorted
-    keys ``target * n + source`` of edges left out (a link dataset's validation and test positives)."""
+    keys ``target * n + source`` of edges left out (a link dataset's validation and test positives).
+    ``edge_out``: the raw edges' features copied there (.npy, float32 [E, D], in the raw order), each edge added
+    to the buckets (made ``ids=True``) with its row there as its id."""
     raw = shapes.folder / "raw"
     both, n = shapes.inverse or cfg.to_undirected, shapes.num_nodes
+    added = 0
 
     def add(src: np.ndarray, dst: np.ndarray) -> None:
+        nonlocal added
         s, d = (torch.from_numpy(np.array(a, dtype=np.int64)) for a in (src, dst))  # (copies: buffers are read-only)
-        for u, v in ((s, d), (d, s)) if both else ((s, d),):
+        ids = torch.arange(added, added + s.numel()) if buckets.ids else None
+        added += s.numel()
+        # Ids in the order ogb's reader gives the edges (a duplicate keeps the first one's features): each reverse
+        # it adds right after its edge (2i, 2i + 1), or the reverses to_undirected adds after every edge (E + i).
+        if ids is not None and both:
+            ids, back = (2 * ids, 2 * ids + 1) if shapes.inverse else (ids, ids + shapes.num_edges)
+        else:
+            back = None
+        for u, v, e in ((s, d, ids), (d, s, back)) if both else ((s, d, ids),):
             if drop is not None:
                 keep = ~torch.isin(v * n + u, drop)
-                u, v = u[keep], v[keep]
-            buckets.add(v, u)
+                u, v, e = u[keep], v[keep], e[keep] if e is not None else None
+            buckets.add(v, u, ids=e)
 
     def write_rows(blocks) -> None:
         start = 0
@@ -276,13 +295,22 @@ def stream_raw_graph(cfg: DatasetConfig, shapes: OgbShapes, buckets, features, d
                     write_rows([np.load(z.open("node_feat.npy"))])
                 else:
                     write_rows(b.reshape(-1, f) for b in _npy_flat(z, "node_feat.npy", feature_rows * f))
-    elif shapes.from_edges != "none":  # each node's features from its edges', read beside them
-        reduce = EdgeReduce(n, shapes.edge_features, both)
+    elif shapes.edge_features and (edge_out is not None or shapes.from_edges != "none"):  # the edges' features too
+        reduce = EdgeReduce(n, shapes.edge_features, both) if shapes.from_edges != "none" else None
+        out = NpyAppender(edge_out, np.float32, (shapes.edge_features,)) if edge_out is not None else None
         for pairs, feats in zip(_csv_blocks(raw / "edge.csv.gz", STREAM_ROWS, np.int64),
                                 _csv_blocks(raw / "edge-feat.csv.gz", STREAM_ROWS, np.float64), strict=True):
             add(pairs[:, 0], pairs[:, 1])
-            reduce.add(pairs[:, 0], pairs[:, 1], feats)
-        features.write(0, reduce.result(shapes.from_edges))
+            if reduce is not None:  # each node's features from its edges'
+                reduce.add(pairs[:, 0], pairs[:, 1], feats)
+            if out is not None:
+                out.append(feats)
+        if out is not None:
+            out.close()
+        if reduce is not None:
+            features.write(0, reduce.result(shapes.from_edges))
+        elif shapes.num_features:
+            write_rows(_csv_blocks(raw / "node-feat.csv.gz", feature_rows))
     else:
         for pairs in _csv_blocks(raw / "edge.csv.gz", STREAM_ROWS, np.int64):
             add(pairs[:, 0], pairs[:, 1])
@@ -313,11 +341,12 @@ class EdgeReduce:
         return out.float()
 
 
-def stream_ogb(cfg: DatasetConfig, shapes: OgbShapes, buckets, features) -> tuple[np.ndarray, dict, int]:
-    """An ogbn dataset's raw files into an out-of-core CSR (:func:`stream_raw_graph`); returns (labels,
-    splits, classes), as :func:`load_ogb` reads them (only the labels and the splits, a few bytes per node,
-    are read whole)."""
-    stream_raw_graph(cfg, shapes, buckets, features)
+def stream_ogb(cfg: DatasetConfig, shapes: OgbShapes, buckets, features, edge_out: Path | None = None
+               ) -> tuple[np.ndarray, dict, int]:
+    """An ogbn dataset's raw files into an out-of-core CSR (:func:`stream_raw_graph`; ``edge_out``: its edges'
+    features copied there); returns (labels, splits, classes), as :func:`load_ogb` reads them (only the labels and
+    the splits, a few bytes per node, are read whole)."""
+    stream_raw_graph(cfg, shapes, buckets, features, edge_out=edge_out)
     y, splits = _labels_and_splits(shapes.folder, shapes.meta)
     return y, splits, _outputs(shapes.meta)
 

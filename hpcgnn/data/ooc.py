@@ -98,14 +98,18 @@ class EdgeBuckets:
 
     ``weighted``: duplicates are summed into ``weight.npy`` (int64) instead of dropped, each added edge
     weighing its given weight or 1 (a partitioner's coarse graph: the edges between two clusters).
+    ``ids``: each edge is added with its id (its position in the source), and ``eid.npy`` (int64) holds each
+    CSR edge's id, a duplicate's first (the lowest): where its features are in the source's rows.
 
     Buckets are ranges of target rows: equal ranges, or, given ``row_edges`` (int64 [num_nodes]: about how
     many edges each row will get), ranges of about equal edges, so that no bucket's sort outgrows the
     budget where rows differ (a coarse level's clusters: a large cluster gets the edges of its members)."""
 
     def __init__(self, num_nodes: int, expected_edges: int, scratch: Path, mem_bytes: int, weighted: bool = False,
-                 num_src: int | None = None, row_edges: Tensor | None = None):
-        self.n, self.scratch, self.weighted = num_nodes, scratch, weighted
+                 num_src: int | None = None, row_edges: Tensor | None = None, ids: bool = False):
+        if weighted and ids:
+            raise ValueError("edge buckets carry weights or edge ids, not both")
+        self.n, self.scratch, self.weighted, self.ids = num_nodes, scratch, weighted, ids
         self.m = num_nodes if num_src is None else max(num_src, 1)  # sources' id space (a typed relation's)
         self.dtype = index_dtype(max(num_nodes, self.m))
         per_bucket = max(mem_bytes // (BYTES_PER_EDGE + 24 * weighted), MIN_BUCKET_EDGES)  # weights: their sort order too
@@ -125,10 +129,14 @@ class EdgeBuckets:
     def _file(self, b: int, which: str) -> Path:
         return self.scratch / f"bucket{b:05d}.{which}"
 
-    def add(self, dst: Tensor, src: Tensor, weight: Tensor | None = None) -> None:
-        """Edges ``src -> dst`` (``dst`` aggregates ``src``); duplicates are removed (or summed) at the end."""
+    def add(self, dst: Tensor, src: Tensor, weight: Tensor | None = None, ids: Tensor | None = None) -> None:
+        """Edges ``src -> dst`` (``dst`` aggregates ``src``); duplicates are removed (or summed) at the end.
+        ``ids``: the edges' ids, with buckets made ``ids=True`` (where each edge's features are)."""
         if weight is not None and not self.weighted:
             raise ValueError("weights given to unweighted buckets")
+        if (ids is not None) != self.ids:
+            raise ValueError("edge ids are given to buckets made with ids=True, and only there")
+        weight = ids if ids is not None else weight  # (the one payload column: weights or ids)
         # A slice at a time: the sort's temporaries stay bounded however large the chunk handed over
         # (a source's chunk of a dense graph); stable by bucket, so the files are those of one pass.
         for lo in range(0, dst.numel(), ADD_EDGES):
@@ -178,7 +186,8 @@ class EdgeBuckets:
         rowptr = NpyAppender(folder / "rowptr.npy", np.int64)
         rowptr.append(np.zeros(1, dtype=np.int64))
         col = NpyAppender(folder / "col.npy", self.dtype)
-        weight = NpyAppender(folder / "weight.npy", np.int64) if self.weighted else None
+        weight = NpyAppender(folder / ("weight.npy" if self.weighted else "eid.npy"), np.int64) \
+            if self.weighted or self.ids else None
         total = 0
         for counts, c, w in rows:
             col.append(c)
@@ -212,6 +221,15 @@ class EdgeBuckets:
             key, run = torch.unique_consecutive(key, return_counts=True)
             sums = torch.cumsum(w, 0).index_select(0, torch.cumsum(run, 0) - 1)
             w = torch.diff(sums, prepend=sums.new_zeros(1)).numpy()
+        elif self.ids:  # sort by (key, id), then keep each run's first: a duplicate's lowest id
+            ids = torch.cat([torch.from_numpy(np.fromfile(s._file(b, "w"), dtype=np.int64)) for s in files])
+            order = torch.argsort(ids)
+            key, ids = key.index_select(0, order), ids.index_select(0, order)
+            key, order = torch.sort(key, stable=True)
+            ids = ids.index_select(0, order)
+            del order
+            key, run = torch.unique_consecutive(key, return_counts=True)
+            w = ids.index_select(0, torch.cumsum(run, 0) - run).numpy()
         else:
             key = torch.unique(key)  # sorted by target, then source; no duplicates
         counts = torch.bincount(key // self.m, minlength=hi - lo)

@@ -21,6 +21,7 @@ from hpcgnn.checks import ON_DISK, is_typed
 from hpcgnn.config import DatasetConfig
 from hpcgnn.data.files import (
     files_folder,
+    has_edge_features,
     is_typed_folder,
     read_labels,
     read_shapes,
@@ -195,7 +196,8 @@ def prepare_streamed(cfg: DatasetConfig, folder: Path, source: dict, allow_downl
     else:
         n, num_features, edges = cfg.num_nodes, cfg.num_features, expected_edges(cfg)
     folder.parent.mkdir(parents=True, exist_ok=True)
-    need = edges * (ooc.index_dtype(n).itemsize * 3) + n * num_features * 4 + n * 32
+    edge_dim = shapes.edge_features if shapes is not None else 0  # (a files folder's: not known before reading)
+    need = edges * (ooc.index_dtype(n).itemsize * 3 + 8 * edge_dim) + n * num_features * 4 + n * 32
     _check_space(folder, need)
     with atomic_folder(folder) as tmp:
         if spec.link:  # the official split; its held-out edges dropped as they stream by
@@ -211,12 +213,19 @@ def prepare_streamed(cfg: DatasetConfig, folder: Path, source: dict, allow_downl
 def _stream_graph(cfg: DatasetConfig, tmp: Path, n: int, num_features: int, edges: int, shapes,
                   source: dict | None = None) -> None:
     tmp.mkdir(exist_ok=True)
-    buckets = ooc.EdgeBuckets(n, edges, tmp / "scratch", prepare_mem_bytes(cfg))
+    with_edges = has_edge_features(files_folder(cfg)) if cfg.name == "files" else \
+        bool(getattr(shapes, "edge_features", 0))  # (kept: each CSR edge's features, by its id in the source)
+    buckets = ooc.EdgeBuckets(n, edges, tmp / "scratch", prepare_mem_bytes(cfg), ids=with_edges)
     features = ooc.FeatureWriter(tmp / "x.npy", n, num_features, cfg.feature_dtype)
-    if datasets.spec(cfg.name).source in ("files", "ogb"):
-        y, splits, num_classes = (stream_files(cfg, buckets, features) if cfg.name == "files" else
-                                  stream_ogb(cfg, shapes, buckets, features))
+    edge_attr = None
+    if cfg.name == "files":
+        y, splits, num_classes, edge_attr = stream_files(cfg, buckets, features)
         arrays = {"y": y, **splits}
+    elif datasets.spec(cfg.name).source == "ogb":
+        copied = tmp / "scratch-edge-features.npy" if with_edges else None  # (random access: the csv has none)
+        y, splits, num_classes = stream_ogb(cfg, shapes, buckets, features, edge_out=copied)
+        arrays = {"y": y, **splits}
+        edge_attr = np.load(copied, mmap_mode="r") if copied is not None else None
     else:
         y, train_idx, val_idx, test_idx = generate_synthetic(cfg, lambda s, d: buckets.add(d, s), features.write)
         arrays = {"y": y.numpy(), "train_idx": train_idx.numpy(), "val_idx": val_idx.numpy(),
@@ -224,11 +233,15 @@ def _stream_graph(cfg: DatasetConfig, tmp: Path, n: int, num_features: int, edge
         num_classes = cfg.num_classes
     features.close()
     num_edges = buckets.write_csr(tmp)
+    interleaved = shapes is not None and getattr(shapes, "inverse", False)  # (ogb's reverses: 2i + 1)
+    edge_dim = cache.write_edge_features(tmp, edge_attr, cfg.feature_dtype, interleaved) if edge_attr is not None \
+        else 0
+    (tmp / "scratch-edge-features.npy").unlink(missing_ok=True)
     for name, array in arrays.items():
         np.save(tmp / f"{name}.npy", array)
     splits = {s: arrays[f"{s}_idx"] for s in ("train", "val", "test")}
     cache.write_meta(tmp, n, num_edges, num_features, num_classes, source or {}, cfg.feature_dtype,
-                     labels=profile(arrays["y"], splits))
+                     labels=profile(arrays["y"], splits), edge_dim=edge_dim)
 
 
 def _stream_ogb_link(cfg: DatasetConfig, tmp: Path, shapes, edges: int, source: dict) -> None:

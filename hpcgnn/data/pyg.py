@@ -152,11 +152,28 @@ def load_pyg(cfg: DatasetConfig, allow_download: bool = False) -> Graph:
         y, classes = torch.zeros(n, dtype=torch.long), 1
     else:
         y, classes = _labels(cfg, data)
-    edge_index = data.edge_index
+    edge_index, edges = data.edge_index, _edge_features(cfg, data)
     if cfg.to_undirected:
         edge_index = torch.cat([edge_index, edge_index.flip(0)], dim=1)
+        edges = torch.cat([edges, edges]) if edges is not None else None
     train, val, test = _splits(cfg, data, n)
-    return Graph.from_edge_index(edge_index, n, x.float(), y, train, val, test, num_classes=classes)
+    return Graph.from_edge_index(edge_index, n, x.float(), y, train, val, test, num_classes=classes, edge_attr=edges)
+
+
+def _edge_features(cfg: DatasetConfig, data) -> torch.Tensor | None:
+    """``data.edge_attr`` as [E, D] floats (a vector of one per edge: D = 1), checked; None where it has none."""
+    edges = getattr(data, "edge_attr", None)
+    if edges is None:
+        return None
+    edges = edges.view(-1, 1) if edges.dim() == 1 else edges
+    if edges.dim() != 2 or edges.size(0) != data.edge_index.size(1):
+        raise DatasetError(f"dataset._target_={cfg._target_}: edge_attr has shape {tuple(edges.shape)}; edge "
+                           f"features are a row per edge ([{data.edge_index.size(1)}, D])")
+    edges = edges.float()
+    if not torch.isfinite(edges).all():
+        raise DatasetError(f"dataset._target_={cfg._target_}: edge_attr holds NaN or inf (edge "
+                           f"{int((~torch.isfinite(edges)).any(1).nonzero()[0])})")
+    return edges
 
 
 # ------------------------------------------------------------------------------ typed: dataset=pyg_hetero
