@@ -5,6 +5,8 @@
         model.widths.in_channels=nfeat model.widths.out_channels=nclass '+model.kwargs.mode=max'
     PYTHONPATH=examples python -m hpcgnn dataset=synthetic_hetero model=custom model._target_=my_gnn.HeteroSAGE
     PYTHONPATH=examples python -m hpcgnn dataset=synthetic_hetero model=custom model._target_=my_gnn.ResidualSAGE
+    PYTHONPATH=examples python -m hpcgnn dataset=files dataset.path=GRAPH model=custom model._target_=my_gnn.EdgeGINE \
+        +model.kwargs.edge_dim=8
 
 hpcgnn fills in the widths a class takes by name (in_channels, out_channels, hidden_channels, num_layers,
 dropout; model.widths maps them to other names) and hands forward the batch's nodes and edges; the rows
@@ -17,7 +19,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch_geometric.nn import GraphConv, HeteroConv, JumpingKnowledge, SAGEConv
+from torch_geometric.nn import GINEConv, GraphConv, HeteroConv, JumpingKnowledge, SAGEConv
 
 
 class ResidualSAGE(torch.nn.Module):
@@ -38,6 +40,24 @@ class ResidualSAGE(torch.nn.Module):
         for conv, norm in zip(self.convs, self.norms, strict=True):
             h = h + self.dropout(F.relu(norm(conv(h, edge_index))))
         return self.out(h)
+
+
+class EdgeGINE(torch.nn.Module):
+    """GINEConv layers: each message is relu(x_j + W e_ij), its edge's features (edge_attr) added to the
+    neighbour's. A forward that takes edge_attr gets each sampled edge's features; the graph must have some."""
+
+    def __init__(self, in_channels: int, hidden_channels: int, out_channels: int, edge_dim: int, num_layers: int = 2):
+        super().__init__()
+        self.convs = torch.nn.ModuleList(
+            GINEConv(torch.nn.Sequential(torch.nn.Linear(in_channels if i == 0 else hidden_channels, hidden_channels),
+                                         torch.nn.ReLU(), torch.nn.Linear(hidden_channels, hidden_channels)),
+                     edge_dim=edge_dim) for i in range(num_layers))
+        self.out = torch.nn.Linear(hidden_channels, out_channels)
+
+    def forward(self, x: torch.Tensor, edge_index: torch.Tensor, edge_attr: torch.Tensor) -> torch.Tensor:
+        for conv in self.convs:
+            x = F.relu(conv(x, edge_index, edge_attr))
+        return self.out(x)
 
 
 class JumpingGraphConv(torch.nn.Module):

@@ -22,6 +22,7 @@ FULL_INFERENCE_MODELS = ("sage", "gcn", "gin", "gat", "mlp")  # exact layer-wise
 TYPED_FULL_INFERENCE_MODELS = ("rgcn", "mlp")  # ... on a typed graph
 FEATURE_DTYPES = ("float32", "float16", "bfloat16")  # dataset.feature_dtype: how features are stored
 DECODERS = ("dot", "mlp")  # link prediction: how a pair of embeddings becomes a score
+EDGE_MODELS = ("gat", "gin")  # hpcgnn's models that read edge features (model.edge_dim): GATConv(edge_dim), GINEConv
 
 # ------------------------------------------------------------------ datasets: from their specs (hpcgnn.datasets)
 
@@ -48,6 +49,7 @@ def check_registered_names(cfg) -> None:
     check_model_config(cfg.model)
     check_dataset_config(cfg.dataset)
     check_task_config(cfg)
+    check_edge_features(cfg)
 
 
 CUSTOM = "custom"  # model.name of a model of the user's own (model._target_)
@@ -84,6 +86,39 @@ def check_model_config(model) -> None:
     if model.name not in (*MODEL_NAMES, *TYPED_MODELS):
         raise ConfigError(f"model.name={model.name!r} is unknown: use one of "
                           f"{', '.join(sorted({*MODEL_NAMES, *TYPED_MODELS, CUSTOM}))}")
+    if model.edge_dim < 0 or (model.edge_dim and model.name not in EDGE_MODELS):
+        raise ConfigError(f"model.edge_dim={model.edge_dim}: {' and '.join(EDGE_MODELS)} read edge features (a "
+                          f"width of 1 or more); model={model.name} does not. HINT: model=gat or model=gin, or a "
+                          "model of your own whose forward takes edge_attr")
+
+
+def check_edge_features(cfg) -> None:
+    """Where a model of hpcgnn's reads edge features (``model.edge_dim``): the graph modes and samplers that hand
+    them over so far (a model of the user's own: checked in the rank, by :func:`edge_features_refused`)."""
+    if cfg.model.edge_dim:
+        why = edge_features_refused(cfg)
+        if why:
+            raise ConfigError(f"model.edge_dim={cfg.model.edge_dim}: edge features reach a model in "
+                              f"{EDGE_MODES} so far, not with {why}. HINT: drop model.edge_dim, or change that")
+
+
+EDGE_MODES = "replicated graphs, neighbour sampling, node tasks and sampled evaluation"
+
+
+def edge_features_refused(cfg) -> str | None:
+    """Why a model reading edge features cannot run with ``cfg`` yet (None: it can)."""
+    t = cfg.train
+    if cfg.graph.mode != "replicated":
+        return f"graph.mode={cfg.graph.mode}"
+    if is_typed(cfg.dataset):
+        return f"a typed graph (dataset={cfg.dataset.name})"
+    if cfg.task.name != "node":
+        return f"task={cfg.task.name}"
+    if t.sampler != "neighbor" or t.edge_budget:
+        return f"train.sampler={t.sampler}" + (f" train.edge_budget={t.edge_budget}" if t.edge_budget else "")
+    if t.eval_mode == "full":
+        return "train.eval_mode=full (exact evaluation: train.eval_mode=sampled)"
+    return None
 
 
 def check_dataset_config(dataset) -> None:

@@ -93,6 +93,7 @@ class ModelConfig:
     hidden_channels: int = 128  # width of every hidden layer
     dropout: float = 0.3  # dropout probability between layers
     heads: int = 4  # gat: attention heads per layer
+    edge_dim: int = 0  # gat, gin: the width of the edges' features they read (GATConv(edge_dim), GINEConv), the graph's; 0: none
     aggregation: str = "csr"  # csr: sage/gcn/gin aggregate sampled batches on the CPU as sorted-CSR products | pyg: PyG's gather/scatter
     _target_: Optional[str] = None  # custom: the model's class, pkg.module.Class (importable in the job: installed, or on PYTHONPATH)
     kwargs: Dict[str, Any] = field(default_factory=dict)  # custom: keyword arguments of the class, besides the widths hpcgnn fills in

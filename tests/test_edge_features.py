@@ -92,3 +92,136 @@ def test_ogbn_proteins_keeps_its_edges_features_as_ogbs_reader_gives_them(tmp_pa
     g, whole = open_graph(cfg), build_graph(cfg)
     assert g.edge_dim == 8 and torch.equal(g.edge_attr, whole.edge_attr)
     assert torch.equal(g.col.long(), whole.col)
+
+
+# ------------------------------------------------------------------ each sampled edge's id, its features in the batch
+
+
+def test_a_sampled_edges_id_is_its_position_in_the_csr_in_c_and_in_the_torch_twin():
+    from hpcgnn.sampling.kernels import ops, twins
+
+    g = torch.Generator().manual_seed(0)
+    rowptr = torch.cat([torch.zeros(1, dtype=torch.long), torch.randint(0, 30, (200,), generator=g).cumsum(0)])
+    col = torch.randint(0, 200, (int(rowptr[-1]),), generator=g)
+    nodes = torch.randperm(200, generator=g)[:80]
+    row, nbr, eid = ops.sample_neighbors(rowptr, col, nodes, 10, torch.Generator().manual_seed(5), eid=True)
+    want = twins.sample_neighbors(rowptr, col, nodes, 10, torch.Generator().manual_seed(5), eid=True)
+    assert all(torch.equal(a, b) for a, b in zip((row, nbr, eid), want, strict=True))
+    assert torch.equal(col[eid], nbr)
+    assert bool(((eid >= rowptr[nodes[row]]) & (eid < rowptr[nodes[row] + 1])).all())  # each in its target's row
+
+
+def write_marked(folder, n: int = 3000, deg: int = 8, seed: int = 1) -> None:
+    """Each node's label is the sign of one in-neighbour's first feature: the neighbour whose edge is marked (its
+    first edge feature 1, every other edge's 0; the other features noise). Attention over edge features finds it."""
+    rng = np.random.default_rng(seed)
+    dst, src = np.repeat(np.arange(n), deg), rng.integers(0, n, n * deg)
+    edge_attr = rng.normal(size=(n * deg, 4)).astype(np.float32)
+    edge_attr[:, 0] = 0
+    marked = np.arange(n) * deg + rng.integers(0, deg, n)
+    edge_attr[marked, 0] = 1
+    x = rng.normal(size=(n, 8)).astype(np.float32)
+    _save(folder, rng, np.stack([src, dst]), x, (x[src[marked], 0] > 0).astype(np.int64), edge_attr)
+
+
+def write_edge_labels(folder, n: int = 2000, deg: int = 8, seed: int = 0) -> None:
+    """Each node's label is the sign of the mean of its in-edges' first feature: the edges' features alone (node
+    features are noise)."""
+    rng = np.random.default_rng(seed)
+    src, dst = rng.integers(0, n, n * deg), rng.integers(0, n, n * deg)
+    src, dst = np.unique(np.stack([src, dst]), axis=1)  # (no duplicate: every edge's features count)
+    edge_attr = rng.normal(size=(src.size, 8)).astype(np.float32)
+    sums, count = np.zeros(n), np.zeros(n)
+    np.add.at(sums, dst, edge_attr[:, 0])
+    np.add.at(count, dst, 1)
+    _save(folder, rng, np.stack([src, dst]), rng.normal(size=(n, 8)).astype(np.float32),
+          (sums / np.maximum(count, 1) > 0).astype(np.int64), edge_attr)
+
+
+def _save(folder, rng, edge_index, x, y, edge_attr) -> None:
+    n = x.shape[0]
+    order = rng.permutation(n)
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, a in {"edge_index": edge_index.astype(np.int64), "x": x, "y": y, "edge_attr": edge_attr,
+                    "train_idx": np.sort(order[: n // 2]), "val_idx": np.sort(order[n // 2: n * 3 // 4]),
+                    "test_idx": np.sort(order[n * 3 // 4:])}.items():
+        np.save(folder / f"{name}.npy", a)
+
+
+EDGE_RUNS = {  # (graph, model overrides, the test accuracy it must reach, or stay below)
+    "user GINE": ("edge_labels", ["model=custom", "model._target_=my_gnn.EdgeGINE", "+model.kwargs.edge_dim=8"], 0.9),
+    "gin without": ("edge_labels", ["model=gin"], -0.6),
+    "gat edge_dim": ("marked", ["model=gat", "model.edge_dim=4"], 0.9),
+    "gat without": ("marked", ["model=gat"], -0.7),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("run", sorted(EDGE_RUNS))
+def test_edge_features_reach_the_models_that_read_them(run, tmp_path):
+    """On graphs whose labels follow from the edges' features, a model that reads them learns the labels (a user's
+    GINEConv model, hpcgnn's gat with model.edge_dim: GATConv's attention over edge features), the same model
+    without them stays near chance."""
+    from tests.conftest import EXAMPLES, run_cli, summary_of
+
+    graph, over, bar = EDGE_RUNS[run]
+    (write_edge_labels if graph == "edge_labels" else write_marked)(tmp_path / "graph")
+    res = run_cli("dataset=files", f"dataset.path={tmp_path / 'graph'}", *over, "launch.procs=1", "train.epochs=20",
+                  "train.lr=0.01", "train.batch_size=256", "model.hidden_channels=64", "metrics.tensorboard=false",
+                  cwd=tmp_path, env=EXAMPLES)
+    assert res.returncode == 0, res.stdout + res.stderr
+    acc = summary_of(tmp_path)["test"]
+    assert acc >= bar if bar > 0 else acc <= -bar, (run, acc)
+
+
+@pytest.mark.slow
+def test_edge_features_come_bitwise_from_sampler_processes_and_servers_and_predict_reads_them(tmp_path):
+    """A GAT reading edge features: batches from two sampler processes and from two sampler servers (taking turns)
+    train the parameters the rank's own batches do, bit for bit; predict scores the run's test accuracy."""
+    from tests.conftest import run_cli, summary_of
+
+    write_marked(tmp_path / "graph", n=1200)
+    over = ["dataset=files", f"dataset.path={tmp_path / 'graph'}", "model=gat", "model.edge_dim=4", "train.epochs=2",
+            "train.batch_size=128", "model.hidden_channels=16", "train.precision=fp32", "metrics.tensorboard=false",
+            "launch.procs=1"]
+    runs = {}
+    for name, extra in (("rank", ["train.num_threads=1"]), ("procs", ["train.sampler_procs=2", "train.num_threads=3"]),
+                        ("servers", ["launch.sampler_servers=2", "train.num_threads=1"])):
+        res = run_cli(*over, *extra, cwd=tmp_path / name)
+        assert res.returncode == 0, res.stdout + res.stderr
+        runs[name] = summary_of(tmp_path / name)
+    assert runs["procs"]["param_checksums"] == runs["rank"]["param_checksums"]
+    assert runs["servers"]["param_checksums"] == runs["rank"]["param_checksums"]
+    res = run_cli("predict", str(tmp_path / "rank" / "run"), cwd=tmp_path / "predict")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert f"test accuracy {runs['rank']['test']:.4f} over 300 nodes (the run's: {runs['rank']['test']:.4f}" in res.stdout
+
+
+def test_a_model_reading_edge_features_is_refused_where_they_cannot_reach_it(tmp_path):
+    from hpcgnn.env import RankEnv
+    from hpcgnn.errors import ConfigError, DatasetError
+    from hpcgnn.stores import ReplicatedStore
+
+    with pytest.raises(ConfigError, match=r"model.edge_dim=8: gat and gin read edge features \(a width of 1 or more\); "
+                                          r"model=sage does not"):
+        make_config("model.edge_dim=8")
+    for extra, why in ((["graph=partitioned"], "graph.mode=partitioned"), (["train.eval_mode=full"],
+                       r"train.eval_mode=full \(exact evaluation: train.eval_mode=sampled\)"),
+                       (["task=link"], "task=link"), (["train.sampler=cluster"], "train.sampler=cluster")):
+        with pytest.raises(ConfigError, match=rf"model.edge_dim=8: edge features reach a model in replicated graphs, "
+                                              rf"neighbour sampling, node tasks and sampled evaluation so far, not "
+                                              rf"with {why}. HINT: drop model.edge_dim, or change that"):
+            make_config("model=gat", "model.edge_dim=8", *extra)
+    write_edge_folder(tmp_path / "g")  # 3 features per edge
+    env = RankEnv.from_environ({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+                                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"})
+    over = ["dataset=files", f"dataset.path={tmp_path / 'g'}", f"dataset.root={tmp_path / 'root'}", "model=gat"]
+    with pytest.raises(ConfigError, match=r"model.edge_dim=8, but the edges of dataset=files have 3 features. HINT: "
+                                          r"model.edge_dim=3"):
+        ReplicatedStore(make_config(*over, "model.edge_dim=8"), env)
+    assert ReplicatedStore(make_config(*over, "model.edge_dim=3"), env).shape.edge_dim == 3
+    assert ReplicatedStore(make_config(*over), env).shape.edge_dim == 0  # (read by none: not gathered)
+    with pytest.raises(DatasetError, match=r"model.edge_dim=3 reads edge features, but the edges of dataset=synthetic "
+                                           r"have none. HINT: give them \(files: edge_attr.npy"):
+        ReplicatedStore(make_config("model=gat", "model.edge_dim=3", "dataset.num_nodes=500",
+                                    f"dataset.root={tmp_path / 'root'}"), env)

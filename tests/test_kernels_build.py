@@ -68,8 +68,8 @@ def test_a_library_of_this_source_whose_hops_draw_differently_fails_the_self_tes
     lib = _compile(tmp_path, "drifting", sorted(copy.glob("*.c")), "-std=gnu11",
                    f'-DHPCGNN_SOURCE_HASH="{build.source_hash()}"')
     sources.record_hash(lib)
-    with pytest.raises(build.Rejected, match=r"its hop does not draw the neighbours the torch twin draws from the same "
-                                             r"key \(self-test\)"):
+    with pytest.raises(build.Rejected, match=r"its hop does not draw the neighbours \(and edges\) the torch twin draws "
+                                             r"from the same key \(self-test\)"):
         build.load(lib)
     honest = _compile(tmp_path, "honest", list(sources.SOURCES), "-std=gnu11",
                       f'-DHPCGNN_SOURCE_HASH="{build.source_hash()}"')

@@ -19,6 +19,7 @@ class GraphShape:
     num_nodes: int
     schema: object = None  # a typed graph's TypedSchema (node types, relations, target); None: homogeneous
     target: object = None  # a node task's hpcgnn.labels.Target (its kind, loss and scale); None: class ids
+    edge_dim: int = 0  # the width of the edges' features the model reads (0: it reads none)
 
 
 @dataclass(frozen=True)

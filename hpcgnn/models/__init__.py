@@ -8,7 +8,15 @@
 - ``saved.py``: the trained model's files, and a plain PyG file to take elsewhere.
 """
 
-from hpcgnn.models.gnn import MODELS, MLPBaseline, batch_transform, build_model, forward_batch, uses_edges
+from hpcgnn.models.gnn import (
+           MODELS,
+           MLPBaseline,
+           batch_transform,
+           build_model,
+           forward_batch,
+           reads_edge_features,
+           uses_edges,
+)
 from hpcgnn.models.link import DECODERS, LinkModel, build_link_model, forward_pairs
 from hpcgnn.models.node import build_node_model, node_logits_and_labels
 from hpcgnn.models.typed import (
@@ -22,4 +30,5 @@ from hpcgnn.models.typed import (
 
 __all__ = ["DECODERS", "MODELS", "RGCN", "TYPED_MODELS", "LinkModel", "MLPBaseline", "TypedMLP", "TypedSAGE",
            "batch_transform", "build_link_model", "build_model", "build_node_model", "build_typed_model",
-           "forward_batch", "forward_pairs", "forward_typed_batch", "node_logits_and_labels", "uses_edges"]
+           "forward_batch", "forward_pairs", "forward_typed_batch", "node_logits_and_labels", "reads_edge_features",
+           "uses_edges"]

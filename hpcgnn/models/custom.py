@@ -92,8 +92,22 @@ def _construct(cfg, cls: type, kwargs: dict) -> torch.nn.Module:
                           f"{', '.join(WIDTHS)} where the class takes them (model.widths maps other names)") from None
 
 
-def build_custom(cfg, in_channels: int, out_channels: int, num_layers: int) -> torch.nn.Module:
-    """The user's model for a homogeneous graph, probed on a tiny graph (:func:`probe`)."""
+def reads_edge_attr(cls: type, kwargs: dict) -> bool:
+    """Whether a model class reads edge features: its forward takes ``edge_attr`` (a PyG basic GNN: its
+    convolutions read them, ``supports_edge_attr``, and it is given an ``edge_dim``)."""
+    named, _ = forward_takes(cls)
+    if "edge_attr" not in named:
+        return False
+    from torch_geometric.nn.models.basic_gnn import BasicGNN
+
+    if issubclass(cls, BasicGNN):
+        return bool(getattr(cls, "supports_edge_attr", False)) and bool(kwargs.get("edge_dim"))
+    return True
+
+
+def build_custom(cfg, in_channels: int, out_channels: int, num_layers: int, edge_dim: int = 0) -> torch.nn.Module:
+    """The user's model for a homogeneous graph, probed on a tiny graph (:func:`probe`; ``edge_dim``: with edge
+    features of that width, where the model reads them)."""
     cls = model_class(cfg)
     if cfg.aggregation == "csr" and cls.__module__.startswith("torch_geometric.") and cls.__name__ in CSR_CLASSES:
         import torch_geometric.nn
@@ -108,6 +122,9 @@ def build_custom(cfg, in_channels: int, out_channels: int, num_layers: int) -> t
     x = torch.randn(6, in_channels, generator=torch.Generator().manual_seed(0))
     edge_index = torch.tensor([[1, 2, 3, 4, 5, 0], [0, 0, 1, 2, 3, 4]])
     kwargs = {"edge_weight": torch.ones(edge_index.size(1))} if cfg.gcn_norm and takes(model, "edge_weight") else {}
+    if reads_edge_attr(type(model), dict(cfg.kwargs)):  # (the graph's width; at submit: the one model.kwargs gives)
+        width = edge_dim or int(cfg.kwargs.get("edge_dim") or 1)
+        kwargs["edge_attr"] = torch.randn(edge_index.size(1), width, generator=torch.Generator().manual_seed(1))
     probe(cfg, model, (x, edge_index), kwargs, 6, out_channels)
     return model
 

@@ -6,6 +6,7 @@ no neighbours.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -50,21 +51,71 @@ def _csr(name: str):
     return csr_model(name)
 
 
+def _gin(c: ModelConfig, i: int, o: int, n: int) -> torch.nn.Module:
+    """GIN, or GIN over edge features (``model.edge_dim``): :class:`GINE`."""
+    if c.edge_dim:
+        return gine_class()(i, c.hidden_channels, n, o, dropout=c.dropout, edge_dim=c.edge_dim)
+    return _csr("GIN")(i, c.hidden_channels, n, o, dropout=c.dropout)
+
+
+def _gat(c: ModelConfig, i: int, o: int, n: int) -> torch.nn.Module:
+    """GAT; with ``model.edge_dim``, its attention reads each edge's features too (GATConv(edge_dim))."""
+    extra = {"edge_dim": c.edge_dim} if c.edge_dim else {}
+    return _csr("GAT")(i, c.hidden_channels, n, o, dropout=c.dropout, heads=c.heads, **extra)
+
+
+@functools.cache
+def gine_class() -> type:
+    """PyG's basic GNN with GINEConv (``nn(x_i (1 + eps) + sum_j relu(x_j + lin(e_ij)))``), as PyG's GIN is with
+    GINConv: a two-layer MLP per layer, whose hidden width is the wider of its input and output (PyG's GIN narrows
+    the last layer to the classes before its ReLU, where two units often die: a model stuck at chance). Imported
+    when first built: the launcher imports no torch_geometric."""
+    from torch_geometric.nn import GINEConv
+    from torch_geometric.nn.models import MLP
+    from torch_geometric.nn.models.basic_gnn import BasicGNN
+
+    class GINE(BasicGNN):
+        supports_edge_weight = False
+        supports_edge_attr = True
+
+        def init_conv(self, in_channels: int, out_channels: int, **kwargs) -> torch.nn.Module:
+            mlp = MLP([in_channels, max(in_channels, out_channels), out_channels], act=self.act,
+                      act_first=self.act_first, norm=self.norm, norm_kwargs=self.norm_kwargs)
+            return GINEConv(mlp, **kwargs)
+
+    GINE.__module__ = __name__
+    GINE.__qualname__ = "GINE"
+    return GINE
+
+
 MODELS: dict[str, ModelSpec] = {
     "sage": ModelSpec(lambda c, i, o, n: _csr("GraphSAGE")(i, c.hidden_channels, n, o, dropout=c.dropout)),
     # normalize=False: the weights and self-loops come with the batch (GCNNorm), from global degrees.
     "gcn": ModelSpec(lambda c, i, o, n: _csr("GCN")(i, c.hidden_channels, n, o, dropout=c.dropout, normalize=False),
                      global_gcn_norm=True),
-    "gat": ModelSpec(lambda c, i, o, n: _csr("GAT")(i, c.hidden_channels, n, o, dropout=c.dropout, heads=c.heads)),
-    "gin": ModelSpec(lambda c, i, o, n: _csr("GIN")(i, c.hidden_channels, n, o, dropout=c.dropout)),
+    "gat": ModelSpec(_gat),
+    "gin": ModelSpec(_gin),
     "mlp": ModelSpec(lambda c, i, o, n: MLPBaseline(i, c.hidden_channels, n, o, c.dropout), uses_edges=False),
 }
 
 
-def build_model(cfg: ModelConfig, in_channels: int, out_channels: int, num_layers: int) -> torch.nn.Module:
+def build_model(cfg: ModelConfig, in_channels: int, out_channels: int, num_layers: int,
+                edge_dim: int = 0) -> torch.nn.Module:
+    """The model ``cfg`` names; ``edge_dim``: the width of the edges' features it reads (its own must match)."""
     if checks.is_custom(cfg):  # a model of the user's own (hpcgnn.models.custom)
-        return build_custom(cfg, in_channels, out_channels, num_layers)
+        return build_custom(cfg, in_channels, out_channels, num_layers, edge_dim)
     return with_aggregation(MODELS[cfg.name].build(cfg, in_channels, out_channels, num_layers), cfg)
+
+
+def reads_edge_features(cfg: ModelConfig) -> bool:
+    """Whether the model reads the edges' features (its batches then carry them, ``edge_attr``): hpcgnn's gat and
+    gin with ``model.edge_dim``; a model of the user's own whose forward takes ``edge_attr`` (a PyG basic GNN:
+    whose convolutions do, given an ``edge_dim`` in ``model.kwargs``)."""
+    if not checks.is_custom(cfg):
+        return cfg.edge_dim > 0
+    from hpcgnn.models.custom import model_class, reads_edge_attr
+
+    return reads_edge_attr(model_class(cfg), dict(cfg.kwargs))
 
 
 def with_aggregation(model: torch.nn.Module, cfg: ModelConfig) -> torch.nn.Module:
@@ -97,6 +148,8 @@ def batch_kwargs(model: torch.nn.Module, data) -> dict:
     kwargs = {}
     if "edge_weight" in data and takes(inner, "edge_weight"):
         kwargs["edge_weight"] = data.edge_weight
+    if "edge_attr" in data and takes(inner, "edge_attr"):  # (batches carry them for a model that reads them)
+        kwargs["edge_attr"] = data.edge_attr
     if getattr(inner, "supports_trim", True) and "num_sampled_nodes" in data and takes(inner, "num_sampled_nodes_per_hop"):
         kwargs.update(num_sampled_nodes_per_hop=data.num_sampled_nodes,
                       num_sampled_edges_per_hop=data.num_sampled_edges)

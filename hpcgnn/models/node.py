@@ -18,7 +18,7 @@ def build_node_model(cfg: ModelConfig, shape, num_layers: int) -> torch.nn.Modul
     if g is not None:
         return build_typed_model(cfg, g.node_types, g.relations, g.target, shape.num_features, shape.num_classes,
                                  num_layers)
-    return build_model(cfg, shape.num_features, shape.num_classes, num_layers)
+    return build_model(cfg, shape.num_features, shape.num_classes, num_layers, shape.edge_dim)
 
 
 def node_logits_and_labels(model: torch.nn.Module, data) -> tuple[Tensor, Tensor]:

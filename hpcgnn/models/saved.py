@@ -49,6 +49,7 @@ def describe(model: torch.nn.Module, cfg, shape, weights: dict, **origin) -> dic
         "shape": {"num_features": shape.num_features, "num_classes": shape.num_classes, "num_nodes": shape.num_nodes,
                   "schema": schema.to_meta() if schema is not None else None},
         "target": shape.target.record() if shape.target is not None else None,  # a node task's kind and scale
+        "edge_dim": shape.edge_dim,  # the width of the edge features the model reads (0: none)
         "class": class_name(model),
         "source": model_source(cfg.model),  # a model of the user's own: its class, source file and the file's hash
         **origin,
@@ -171,7 +172,8 @@ def rebuild(record: dict) -> torch.nn.Module:
         model = build_link_model(cfg, record["decoder"], s["num_features"], record["num_layers"])
     else:
         schema = TypedSchema.from_meta(s["schema"]) if s["schema"] is not None else None
-        shape = GraphShape(s["num_features"], s["num_classes"], s["num_nodes"], schema, target_of(record))
+        shape = GraphShape(s["num_features"], s["num_classes"], s["num_nodes"], schema, target_of(record),
+                           record.get("edge_dim", 0))
         model = build_node_model(cfg, shape, record["num_layers"])
     model.load_state_dict(record["state_dict"])
     return model.eval()
@@ -241,9 +243,13 @@ def plain(record: dict) -> dict:
                   "num_layers": layers, "dropout": cfg.dropout, "norm": None}
         weights = {k.removeprefix("mlp."): v for k, v in weights.items()}
     else:
+        if cfg.name == "gin" and cfg.edge_dim:
+            raise ModelFileError("a gin reading edge features (model.edge_dim) is hpcgnn's GINE, a PyG basic GNN of "
+                                 "GINEConv that PyG has no class for. HINT: hpcgnn.load_model(RUN_DIR) gives it")
         name = f"torch_geometric.nn.models.{PLAIN[cfg.name]}"
         kwargs = {"in_channels": inp, "hidden_channels": cfg.hidden_channels, "num_layers": layers,
-                  "out_channels": out, "dropout": cfg.dropout, **({"heads": cfg.heads} if cfg.name == "gat" else {})}
+                  "out_channels": out, "dropout": cfg.dropout, **({"heads": cfg.heads} if cfg.name == "gat" else {}),
+                  **({"edge_dim": cfg.edge_dim} if cfg.edge_dim else {})}
     return {"class": name, "kwargs": kwargs, "state_dict": weights, "decoder": record["decoder"] if link else None,
             "hpcgnn": {k: record.get(k) for k in ("task", "class", "which", "epoch", "step", "metrics", "run_id",
                                                   "dataset", "source")}}

@@ -78,6 +78,14 @@ class LocalFeatures:
         y = gather_rows(g.y, n_id, pin_memory) if g.y.numel() else g.y  # a link graph has no labels
         return x, y
 
+    def gather_edges(self, e_id: Tensor, pin_memory: bool = False, alloc=None) -> Tensor:
+        """Rows ``e_id`` of the edges' features (their CSR positions), as float32 (``alloc``: into its memory)."""
+        g = self.graph
+        e_id = e_id.to(g.edge_attr.device)
+        if alloc is not None:
+            return ops.gather_rows(g.edge_attr, e_id, alloc((e_id.numel(), g.edge_attr.size(1)), torch.float32))
+        return gather_rows(g.edge_attr, e_id, pin_memory, torch.float32)
+
 
 class LocalTypedFeatures:
     """Features and labels of a typed graph this process holds whole, per node type (replicated mode)."""
@@ -262,8 +270,10 @@ class BatchLoader:
             data.sample, data.gather = (m0, m1), (g0, clock.mark())
             return data
         x, y = gather_features(self.features, out.n_id, out.batch_size, self.pin_memory, alloc)
-        data = Data(x=x, edge_index=out.edge_index, y=y, n_id=out.n_id, batch_size=out.batch_size,
-                    sample=(m0, m1), gather=(g0, clock.mark()))
+        data = Data(x=x, edge_index=out.edge_index, y=y, n_id=out.n_id, batch_size=out.batch_size)
+        if out.e_id is not None:  # the model reads the edges' features: each sampled edge's, by its CSR position
+            data.edge_attr = self.features.gather_edges(out.e_id, self.pin_memory, alloc)
+        data.sample, data.gather = (m0, m1), (g0, clock.mark())
         if out.num_sampled_nodes is not None:  # layered: the model may trim the outer hops
             data.num_sampled_nodes, data.num_sampled_edges = list(out.num_sampled_nodes), list(out.num_sampled_edges)
         if out.node_weight is not None:

@@ -42,6 +42,7 @@ class SampledSubgraph:
     edge_weight: Tensor | None = None  # float [num_edges]: per-edge weights a model asked for (GCN's normalisation)
     targets: dict | None = None  # what a task scores besides the seeds (link prediction: the pairs and labels)
     absent_in_degree: Tensor | None = None  # int [num_nodes]: in-edges of the graph the batch leaves out (a link step's target edges), not counted in the degrees GCN normalises by
+    e_id: Tensor | None = None  # int64 [num_edges]: each edge's position in the graph's CSR (its features' row), where asked for
 
 
 class OneBatchAtATime:
@@ -279,11 +280,13 @@ class CSRNeighborSampler(BaseSampler):
     """
 
     def __init__(self, rowptr: Tensor, col: Tensor, fanouts: tuple[int, ...] | list[int],
-                 num_nodes: int | None = None, method: str | None = None, id_map: str = "dense"):
+                 num_nodes: int | None = None, method: str | None = None, id_map: str = "dense",
+                 edge_ids: bool = False):
         if rowptr.dtype != torch.long or col.dtype not in (torch.long, torch.int32):
             raise TypeError("rowptr must be int64, col int64 or int32")
         self.rowptr, self.col, self.fanouts = rowptr, col, tuple(int(f) for f in fanouts)
         self.method = method  # how a row's subset is drawn (see sample_neighbors); None: by device
+        self.edge_ids = edge_ids  # each batch says which CSR edges it holds (e_id: where their features are)
         # Global -> local id scratch map, reset after every batch (one batch at a time: self._guard refuses a second).
         # ``num_nodes``: ids col may hold, when rowptr covers only some of them (a rank's parts);
         # ``id_map="batch"``: a map the size of the batch instead of an array over every id (partitioned ranks:
@@ -311,7 +314,7 @@ class CSRNeighborSampler(BaseSampler):
         self.begin_batch()
         n_ids = [seeds]
         local.put(seeds, torch.arange(seeds.numel(), device=dev))
-        num_nodes, sources, targets, num_edges = [seeds.numel()], [], [], []
+        num_nodes, sources, targets, num_edges, e_ids = [seeds.numel()], [], [], [], []
         # The frontier's batch-local ids are always one range: [first, first + len(frontier)).
         frontier, first, total = seeds, 0, seeds.numel()
         n_id = None
@@ -320,7 +323,11 @@ class CSRNeighborSampler(BaseSampler):
             for h, fanout in enumerate(self.fanouts):
                 last = h == len(self.fanouts) - 1
                 into = {"out": placed.out(sum(num_edges))} if last and takes_out(type(self).hop) else {}
-                row, nbr = self.hop(frontier, fanout, generator, **into)
+                if self.edge_ids:
+                    row, nbr, e = self.hop(frontier, fanout, generator, eid=True, **into)
+                    e_ids.append(e)
+                else:
+                    row, nbr = self.hop(frontier, fanout, generator, **into)
                 new_nodes = local.add_new([nbr], total)  # sorted: deterministic local order
                 sources.append(nbr)  # global ids: looked up once the walk is done
                 targets.append(row.add_(first) if first else row)
@@ -332,7 +339,9 @@ class CSRNeighborSampler(BaseSampler):
             edge_index = placed.edge_index(targets, sources, local)
         finally:  # the ids put since the last clear: the batch's (one concatenation of them, not two)
             local.clear(n_id if n_id is not None else torch.cat(n_ids))
-        return SampledSubgraph(n_id, edge_index, seeds.numel(), tuple(num_nodes), tuple(num_edges))
+        e_id = (torch.cat(e_ids) if e_ids else torch.empty(0, dtype=torch.long, device=dev)) if self.edge_ids \
+            else None
+        return SampledSubgraph(n_id, edge_index, seeds.numel(), tuple(num_nodes), tuple(num_edges), e_id=e_id)
 
     # -------------------------------------------------------------------- PyG's sampler protocol
 
@@ -352,16 +361,16 @@ class CSRNeighborSampler(BaseSampler):
         """Called before the first hop of every batch (the distributed sampler resets its counters)."""
 
     def hop(self, frontier: Tensor, fanout: int, generator: torch.Generator | None,
-            out: Callable[[int], tuple[Tensor, Tensor]] | None = None) -> tuple[Tensor, Tensor]:
+            out: Callable[[int], tuple[Tensor, Tensor]] | None = None, eid: bool = False) -> tuple:
         """``(row, nbr)`` for one hop: see :func:`sample_neighbors` (``out``: where they may go; a subclass that
-        samples elsewhere may leave it). Subclasses sample elsewhere."""
-        return sample_neighbors(self.rowptr, self.col, frontier, fanout, generator, self.method, out=out)
+        samples elsewhere may leave it; ``eid``: the edges' CSR positions too). Subclasses sample elsewhere."""
+        return sample_neighbors(self.rowptr, self.col, frontier, fanout, generator, self.method, out=out, eid=eid)
 
 
 def sample_neighbors(rowptr: Tensor, col: Tensor, nodes: Tensor, fanout: int,
                      generator: torch.Generator | None = None, method: str | None = None,
-                     row_start: int = 0, out: Callable[[int], tuple[Tensor, Tensor]] | None = None
-                     ) -> tuple[Tensor, Tensor]:
+                     row_start: int = 0, out: Callable[[int], tuple[Tensor, Tensor]] | None = None,
+                     eid: bool = False) -> tuple:
     """Up to ``fanout`` distinct uniform neighbours of each node.
 
     Returns ``(row, nbr)``: ``row[i] - row_start`` indexes ``nodes`` (``row_start``: the batch-local
@@ -379,9 +388,10 @@ def sample_neighbors(rowptr: Tensor, col: Tensor, nodes: Tensor, fanout: int,
     else Floyd (the outer hops: a sort of every neighbour of 100k+ rows costs more GPU time
     than the whole rest of the batch, measured on an H100 in benchmarks/gpu.py).
     ``out(slots)``: two int64 tensors of ``slots`` entries to write ``row`` and ``nbr`` into (the last hop's, views
-    of the batch's edge index, which then needs no concatenation); default: new ones.
+    of the batch's edge index, which then needs no concatenation); default: new ones. ``eid``: a third tensor,
+    each edge's position in ``col`` (the edge's id: the row of its features).
     """
     if method in (None, "floyd") and binding.usable(rowptr, col, nodes):
-        return ops.sample_neighbors(rowptr, col, nodes, fanout, generator, row_start, out)  # the same draws, in C
-    return twins.hop(rowptr, col, nodes, fanout, generator, row_start, out, method)  # torch ops
+        return ops.sample_neighbors(rowptr, col, nodes, fanout, generator, row_start, out, eid)  # the same, in C
+    return twins.hop(rowptr, col, nodes, fanout, generator, row_start, out, method, eid)  # torch ops
 

@@ -34,7 +34,8 @@ from hpcgnn.data.graph import GraphShape
 from hpcgnn.env import RankEnv
 from hpcgnn.errors import AnotherRankFailed, ConfigError, DatasetError
 from hpcgnn.labels import resolve, where_labels
-from hpcgnn.models import uses_edges
+from hpcgnn.checks import EDGE_MODES, edge_features_refused
+from hpcgnn.models import reads_edge_features, uses_edges
 from hpcgnn.rng import derive_seed, generator
 from hpcgnn.sampling import BatchLoader, rank_seeds
 from hpcgnn.sampling import subgraph as sub
@@ -46,14 +47,38 @@ from hpcgnn.stores.exact import Exact
 
 
 def graph_shape(cfg: RunConfig, num_features: int, num_classes: int, num_nodes: int, labels: dict | None,
-                schema=None) -> GraphShape:
+                schema=None, edge_dim: int = 0) -> GraphShape:
     """The model's dimensions; a node task's outputs those of its target (:func:`hpcgnn.labels.resolve`: the labels'
-    kind and ``task.kind``), refused with the fix where they are at odds."""
+    kind and ``task.kind``), refused with the fix where they are at odds; the width of the edge features the model
+    reads (``edge_dim``: the graph's; :func:`edge_features_read`)."""
+    read = edge_features_read(cfg, edge_dim)
     if cfg.task.name != "node":
-        return GraphShape(num_features, num_classes, num_nodes, schema)
+        return GraphShape(num_features, num_classes, num_nodes, schema, edge_dim=read)
     k = cfg.task
     target = resolve(labels, k.kind, k.loss, num_classes, where_labels(cfg.dataset))
-    return GraphShape(num_features, target.width, num_nodes, schema, target)
+    return GraphShape(num_features, target.width, num_nodes, schema, target, read)
+
+
+def edge_features_read(cfg: RunConfig, edge_dim: int) -> int:
+    """The width of the edge features the model reads (0: it reads none), of a graph whose edges have ``edge_dim``;
+    refused, naming the fix, where the mode cannot hand them over yet, the graph has none, or the widths differ."""
+    if not reads_edge_features(cfg.model):
+        return 0
+    m = cfg.model
+    what = f"model.edge_dim={m.edge_dim}" if m.edge_dim else f"model._target_={m._target_} (its forward takes edge_attr)"
+    why = edge_features_refused(cfg) or ("model.gcn_norm=true (its self-loops carry no features)" if m.gcn_norm
+                                         else None)
+    if why:
+        raise ConfigError(f"{what} reads edge features, which reach a model in {EDGE_MODES} so far, not with {why}. "
+                          "HINT: a model that reads none, or change that")
+    if not edge_dim:
+        raise DatasetError(f"{what} reads edge features, but the edges of dataset={cfg.dataset.name} have none. HINT: "
+                           "give them (files: edge_attr.npy, a row per edge; PyG: data.edge_attr), or a model that "
+                           "reads none")
+    if m.edge_dim and m.edge_dim != edge_dim:
+        raise ConfigError(f"model.edge_dim={m.edge_dim}, but the edges of dataset={cfg.dataset.name} have {edge_dim} "
+                          f"features. HINT: model.edge_dim={edge_dim}")
+    return edge_dim
 
 
 class Store(abc.ABC):

@@ -87,8 +87,10 @@ class ReplicatedStore(WholeGraphStore):
         self.link = open_link(cfg.dataset) if cfg.dataset.prepared_for == "link" else None
         self.features = g
         self.degree = g.degree()
-        self.shape = graph_shape(cfg, g.num_features, g.num_classes, g.num_nodes, g.labels)
-        self.sampler = CSRNeighborSampler(g.rowptr, g.col, fanouts(cfg))  # evaluation, and training by default
+        self.shape = graph_shape(cfg, g.num_features, g.num_classes, g.num_nodes, g.labels, edge_dim=g.edge_dim)
+        # evaluation's, and training's by default; its batches say which edges they hold where the model reads their
+        # features (gathered with the nodes')
+        self.sampler = CSRNeighborSampler(g.rowptr, g.col, fanouts(cfg), edge_ids=self.shape.edge_dim > 0)
         if self.link is not None:  # link prediction: a step's seeds are positive training edges
             train = self.link.train.pos
             require_training_items(cfg, train.size(1), "edges")
@@ -106,7 +108,8 @@ class ReplicatedStore(WholeGraphStore):
         if self.graph_on == "device":  # sampled and gathered where the model runs: no copy per step
             t0 = time.perf_counter()
             self.features = on_device = g.to(self.device)
-            self.sampler = CSRNeighborSampler(on_device.rowptr, on_device.col, fanouts(cfg))
+            self.sampler = CSRNeighborSampler(on_device.rowptr, on_device.col, fanouts(cfg),
+                                              edge_ids=self.shape.edge_dim > 0)
             log.info("graph copied to %s in %.1f s: sampling and gathering there (%.0f MB)", self.device,
                      time.perf_counter() - t0, self.resident_bytes() / 2**20)
         self.train_sampler, self.items, self.items_per_step = self.sampler, g.train_idx, cfg.train.batch_size

@@ -52,7 +52,7 @@ FLAGS = ("-O3", "-std=gnu11", "-shared", "-fPIC", "-pthread")  # portable: no -m
 _I64, _P, _INT = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
 SIGNATURES = {  # name: (result, arguments), as the sources define them (tests/test_native.py checks them against them)
     "hpcgnn_hop_plan": (_I64, (_P, _I64, _P, _I64, _I64, _I64, _P, _P, _INT)),
-    "hpcgnn_hop_fill": (None, (_P, _P, _INT, _P, _I64, _I64, _I64, _P, _P, _I64, _I64, _I64, _P, _P, _INT)),
+    "hpcgnn_hop_fill": (None, (_P, _P, _INT, _P, _I64, _I64, _I64, _P, _P, _I64, _I64, _I64, _P, _P, _P, _INT)),
     "hpcgnn_mark_new": (_I64, (_P, _I64, _P, _I64, _P, _I64, _I64, _P, _INT)),
     "hpcgnn_number_found": (_I64, (_P, _P, _I64, _P, _I64, _I64, _I64, _P, _INT)),
     "hpcgnn_dense_get": (_I64, (_P, _P, _I64, _P, _I64, _P, _I64, _P, _INT)),
@@ -190,7 +190,7 @@ def self_test(lib: ctypes.CDLL) -> None:
         raise Rejected(f"its hop plan counts {slots} slots for 5 neighbours (self-test)")
     row, nbr = torch.full((5,), -1), torch.full((5,), -1)
     lib.hpcgnn_hop_fill(rowptr.data_ptr(), col.data_ptr(), 0, nodes.data_ptr(), 4, 5, 1, slot.data_ptr(),
-                        big.data_ptr(), 0, 0, 10, row.data_ptr(), nbr.data_ptr(), 1)
+                        big.data_ptr(), 0, 0, 10, row.data_ptr(), nbr.data_ptr(), None, 1)
     if row.tolist() != [10, 10, 11, 11, 12] or nbr.tolist() != [1, 2, 0, 1, 0]:
         raise Rejected("its hop does not take the neighbours torch takes (self-test)")
     _drawing_hop_test(lib)
@@ -205,17 +205,19 @@ def _drawing_hop_test(lib: ctypes.CDLL) -> None:
     rowptr = torch.arange(0, (rows + 1) * degree, degree)
     col = torch.randperm(rows * degree, generator=torch.Generator().manual_seed(3)) % rows
     nodes = torch.arange(rows).flip(0).contiguous()
-    want_row, want_nbr = twins.sample_neighbors(rowptr, col, nodes, fanout, torch.Generator().manual_seed(11))
+    want_row, want_nbr, want_eid = twins.sample_neighbors(rowptr, col, nodes, fanout, torch.Generator().manual_seed(11),
+                                                          eid=True)
     slot, big = torch.empty(2, dtype=torch.long), torch.empty(2, dtype=torch.long)
     slots = lib.hpcgnn_hop_plan(rowptr.data_ptr(), rows, nodes.data_ptr(), rows, fanout, 1, slot.data_ptr(),
                                 big.data_ptr(), 1)
     key = int(rng.draw_key(torch.Generator().manual_seed(11), rowptr.device))
-    row, nbr = torch.full((max(slots, 0),), -1), torch.full((max(slots, 0),), -1)
+    row, nbr, eid = (torch.full((max(slots, 0),), -1) for _ in range(3))
     if slots == want_row.numel():
         lib.hpcgnn_hop_fill(rowptr.data_ptr(), col.data_ptr(), 0, nodes.data_ptr(), rows, fanout, 1, slot.data_ptr(),
-                            big.data_ptr(), key, int(big[1]), 0, row.data_ptr(), nbr.data_ptr(), 1)
-    if not (torch.equal(row, want_row) and torch.equal(nbr, want_nbr)):
-        raise Rejected("its hop does not draw the neighbours the torch twin draws from the same key (self-test)")
+                            big.data_ptr(), key, int(big[1]), 0, row.data_ptr(), nbr.data_ptr(), eid.data_ptr(), 1)
+    if not (torch.equal(row, want_row) and torch.equal(nbr, want_nbr) and torch.equal(eid, want_eid)):
+        raise Rejected("its hop does not draw the neighbours (and edges) the torch twin draws from the same key "
+                       "(self-test)")
 
 
 # ---------------------------------------------------------------------- where the library comes from

@@ -55,7 +55,7 @@ struct hop {
     int col_is_int32;
     int64_t m, fanout, chunks, nbig, row_base;
     uint64_t key;
-    int64_t *row_out, *nbr_out;
+    int64_t *row_out, *nbr_out, *eid_out;
 };
 
 #define BLOCK 16 /* rows whose positions are found (and their neighbours asked for) before any is read */
@@ -104,6 +104,8 @@ static void hop_chunk(void *ctx, int64_t c) {
                 }
             }
         }
+        /* ...the positions kept where the edges' ids are asked for (where their features are)... */
+        if (h->eid_out) memcpy(h->eid_out + first_slot, h->nbr_out + first_slot, (size_t)(slot - first_slot) * 8);
         /* ...then read, by which time they are on their way. */
         if (h->col_is_int32)
             for (int64_t s = first_slot; s < slot; s++) h->nbr_out[s] = col32[h->nbr_out[s]];
@@ -117,11 +119,12 @@ static void hop_chunk(void *ctx, int64_t c) {
  * subset Floyd's algorithm draws from the uniform numbers u[j, b] (number j * nbig + b of the hop's
  * key, for the b-th drawing node): at step j, t = min(floor(u * (top + 1)), top) with
  * top = deg - fanout + j; t if not drawn before, else top (neighbor.floyd_sample). Chunks as
- * hpcgnn_hop_plan cut them. */
+ * hpcgnn_hop_plan cut them. eid_out (or NULL): each edge's position in col, its id. */
 void hpcgnn_hop_fill(const int64_t *rowptr, const void *col, int col_is_int32, const int64_t *nodes, int64_t m,
                      int64_t fanout, int64_t chunks, const int64_t *chunk_slot, const int64_t *chunk_big,
-                     int64_t key, int64_t nbig, int64_t row_base, int64_t *row_out, int64_t *nbr_out, int threads) {
+                     int64_t key, int64_t nbig, int64_t row_base, int64_t *row_out, int64_t *nbr_out,
+                     int64_t *eid_out, int threads) {
     struct hop h = {rowptr, nodes, chunk_slot, chunk_big, col, col_is_int32, m, fanout, chunks, nbig, row_base,
-                    (uint64_t)key, row_out, nbr_out};
+                    (uint64_t)key, row_out, nbr_out, eid_out};
     parallel_chunks(threads, chunks, hop_chunk, &h);
 }

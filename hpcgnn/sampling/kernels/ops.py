@@ -30,10 +30,11 @@ log = logging.getLogger(__name__)
 
 def sample_neighbors(rowptr: Tensor, col: Tensor, nodes: Tensor, fanout: int,
                      generator: torch.Generator | None = None, row_start: int = 0,
-                     out: Callable[[int], tuple[Tensor, Tensor]] | None = None) -> tuple[Tensor, Tensor]:
-    """:func:`hpcgnn.sampling.neighbor.sample_neighbors` with Floyd's draws, in two passes of C (``out``: there)."""
+                     out: Callable[[int], tuple[Tensor, Tensor]] | None = None, eid: bool = False) -> tuple:
+    """:func:`hpcgnn.sampling.neighbor.sample_neighbors` with Floyd's draws, in two passes of C (``out``: there;
+    ``eid``: the edges' positions in col too, a third tensor)."""
     if not usable(rowptr, col, nodes):
-        return twins.sample_neighbors(rowptr, col, nodes, fanout, generator, row_start, out)
+        return twins.sample_neighbors(rowptr, col, nodes, fanout, generator, row_start, out, eid)
     lib = kernels()
     rowptr, col, nodes = rowptr.contiguous(), col.contiguous(), nodes.long().contiguous()
     m, chunks = nodes.numel(), chunks_for(nodes.numel())
@@ -48,10 +49,11 @@ def sample_neighbors(rowptr: Tensor, col: Tensor, nodes: Tensor, fanout: int,
     row, nbr = out(slots) if out is not None else (torch.empty(slots, dtype=torch.long), torch.empty(slots, dtype=torch.long))
     if out is not None and not all(t.dtype == torch.long and t.is_contiguous() and t.shape == (slots,) for t in (row, nbr)):
         raise ValueError(f"out must give two contiguous int64 tensors of {slots} entries")
+    ids = torch.empty(slots, dtype=torch.long) if eid else None
     lib.hpcgnn_hop_fill(ptr(rowptr), ptr(col), int(col.dtype == torch.int32), ptr(nodes), m, fanout, chunks,
                         ptr(chunk_slot), ptr(chunk_big), key, nbig, row_start, ptr(row), ptr(nbr),
-                        threads())
-    return row, nbr
+                        ptr(ids) if eid else None, threads())
+    return (row, nbr, ids) if eid else (row, nbr)
 
 
 def number_new(table: Tensor, state: Tensor, candidates: list[Tensor], total: int) -> Tensor:

@@ -21,15 +21,16 @@ KEYS_PER_SLOT = 4  # on a GPU: keys while the big rows' degrees sum to at most t
 
 def sample_neighbors(rowptr: Tensor, col: Tensor, nodes: Tensor, fanout: int,
                      generator: torch.Generator | None = None, row_start: int = 0,
-                     out: Callable[[int], tuple[Tensor, Tensor]] | None = None) -> tuple[Tensor, Tensor]:
+                     out: Callable[[int], tuple[Tensor, Tensor]] | None = None, eid: bool = False) -> tuple:
     """:func:`hpcgnn.sampling.neighbor.sample_neighbors` by torch ops (Floyd's draws on the host)."""
-    return hop(rowptr, col, nodes, fanout, generator, row_start, out)
+    return hop(rowptr, col, nodes, fanout, generator, row_start, out, eid=eid)
 
 
 def hop(rowptr: Tensor, col: Tensor, nodes: Tensor, fanout: int, generator: torch.Generator | None = None,
         row_start: int = 0, out: Callable[[int], tuple[Tensor, Tensor]] | None = None,
-        method: str | None = None) -> tuple[Tensor, Tensor]:
-    """One hop by torch ops, ``method``'s draws (see :func:`hpcgnn.sampling.neighbor.sample_neighbors`)."""
+        method: str | None = None, eid: bool = False) -> tuple:
+    """One hop by torch ops, ``method``'s draws (see :func:`hpcgnn.sampling.neighbor.sample_neighbors`);
+    ``eid``: the edges' positions in col too (their ids: where their features are)."""
     device = rowptr.device
     start = rowptr.index_select(0, nodes)
     deg = rowptr.index_select(0, nodes + 1).sub_(start)
@@ -50,10 +51,10 @@ def hop(rowptr: Tensor, col: Tensor, nodes: Tensor, fanout: int, generator: torc
         slots = (first.index_select(0, big).unsqueeze(1) + torch.arange(fanout, device=device)).view(-1)
         pos[slots] = offsets.add_(start.index_select(0, big).unsqueeze(1)).view(-1)
     row, nbr = row.add_(row_start) if row_start else row, col.index_select(0, pos).long()  # col may be int32
-    if out is None:
-        return row, nbr
-    row_out, nbr_out = out(row.numel())
-    return row_out.copy_(row), nbr_out.copy_(nbr)
+    if out is not None:
+        row_out, nbr_out = out(row.numel())
+        row, nbr = row_out.copy_(row), nbr_out.copy_(nbr)
+    return (row, nbr, pos) if eid else (row, nbr)
 
 
 def key_sample(n: Tensor, k: int, generator: torch.Generator | None = None) -> Tensor:
