@@ -1,11 +1,12 @@
 """PyG's NeighborLoader on hpcgnn's prepared graph, as a PyG user runs it: a process of its own, without hpcgnn.
 
     <python with torch_geometric and pyg-lib>/bin/python benchmarks/pyg_sampler.py FOLDER [--batches 30]
-        [--workers 0,2] [--threads 2]
+        [--workers 0,2] [--threads 2] [--edge-attr FILE.npy]
 
 benchmarks/pyglib_venv.sh makes such a python. Imports neither hpcgnn nor its process settings (malloc, OpenMP):
 it reads the prepared arrays (FOLDER/*.npy) with numpy, holds the features in memory as DGL's reference does,
-and walks ``NeighborLoader`` (fanouts [15, 10, 5], 1024 shuffled training seeds, features gathered). Prints one
+and walks ``NeighborLoader`` (fanouts [15, 10, 5], 1024 shuffled training seeds, features gathered; with
+``--edge-attr``, each sampled edge's features too, as PyG gathers ``edge_attr`` by its edge ids). Prints one
 JSON line: batches/s per worker count, and the backend (pyg-lib or torch-sparse).
 """
 
@@ -40,6 +41,10 @@ def main() -> None:
         x = x.view(torch.bfloat16)
     train = torch.from_numpy(g["train"]).long()
     data = Data(x=x, y=torch.from_numpy(g["y"]).long(), edge_index=torch.stack([col, dst]), num_nodes=g["num_nodes"])
+    if args.edge_attr is not None:  # each edge's features, in the CSR's order (the edge index's), held in memory
+        import numpy as np
+
+        data.edge_attr = torch.from_numpy(np.ascontiguousarray(np.load(args.edge_attr, mmap_mode="r")))
     backend = "pyg-lib" if WITH_PYG_LIB else "torch-sparse"
     out = {"pyg": torch_geometric.__version__, "backend": backend, "torch": torch.__version__,
            "threads": torch.get_num_threads()}

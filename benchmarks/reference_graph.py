@@ -18,6 +18,7 @@ def arguments(doc: str) -> argparse.Namespace:
     ap.add_argument("--batches", type=int, default=30)
     ap.add_argument("--workers", default="0,2")
     ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--edge-attr", type=Path, default=None, help="a .npy of each CSR edge's features (pyg_sampler.py)")
     return ap.parse_args()
 
 

@@ -10,7 +10,7 @@ import torch
 from hpcgnn.config import DatasetConfig
 from hpcgnn.data import build_graph, ooc, open_graph, prepare
 from hpcgnn.data.files import DatasetFileError
-from tests.conftest import make_config
+from conftest import make_config
 
 
 def write_edge_folder(folder, n: int = 50, e: int = 400, d: int = 3, seed: int = 0) -> dict:
@@ -82,7 +82,7 @@ def test_wrong_edge_features_are_refused_naming_the_file(tmp_path, bad, message)
 
 def test_ogbn_proteins_keeps_its_edges_features_as_ogbs_reader_gives_them(tmp_path, monkeypatch):
     from hpcgnn.data import ogb
-    from tests.test_datasets import write_mini_ogb
+    from test_datasets import write_mini_ogb
 
     write_mini_ogb(tmp_path, "ogbn-proteins", n=80)
     monkeypatch.setattr(ogb, "STREAM_ROWS", 40)
@@ -162,7 +162,7 @@ def test_edge_features_reach_the_models_that_read_them(run, tmp_path):
     """On graphs whose labels follow from the edges' features, a model that reads them learns the labels (a user's
     GINEConv model, hpcgnn's gat with model.edge_dim: GATConv's attention over edge features), the same model
     without them stays near chance."""
-    from tests.conftest import EXAMPLES, run_cli, summary_of
+    from conftest import EXAMPLES, run_cli, summary_of
 
     graph, over, bar = EDGE_RUNS[run]
     (write_edge_labels if graph == "edge_labels" else write_marked)(tmp_path / "graph")
@@ -178,7 +178,7 @@ def test_edge_features_reach_the_models_that_read_them(run, tmp_path):
 def test_edge_features_come_bitwise_from_sampler_processes_and_servers_and_predict_reads_them(tmp_path):
     """A GAT reading edge features: batches from two sampler processes and from two sampler servers (taking turns)
     train the parameters the rank's own batches do, bit for bit; predict scores the run's test accuracy."""
-    from tests.conftest import run_cli, summary_of
+    from conftest import run_cli, summary_of
 
     write_marked(tmp_path / "graph", n=1200)
     over = ["dataset=files", f"dataset.path={tmp_path / 'graph'}", "model=gat", "model.edge_dim=4", "train.epochs=2",

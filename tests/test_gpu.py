@@ -282,3 +282,17 @@ def test_typed_training_on_the_gpu(tmp_path, graph_on):
                        run_dir=tmp_path / "run")
     assert s["device"] == "cuda:0" and s["graph_on"] == graph_on and s["eval_mode"] == "full"
     assert s["test_acc"] >= 0.85, s["test_acc"]
+
+
+@pytest.mark.parametrize("graph_on", ["device", "host"])
+def test_edge_features_reach_a_model_on_the_gpu(tmp_path, graph_on):
+    """A GAT reading edge features (model.edge_dim) on the GPU, the graph there (its edge features too: the torch
+    twin's edge positions) or on the host: learns the marked neighbour's sign as on the CPU (test_edge_features)."""
+    from test_edge_features import write_marked
+
+    write_marked(tmp_path / "graph")
+    res = run_cli("dataset=files", f"dataset.path={tmp_path / 'graph'}", "model=gat", "model.edge_dim=4",
+                  "launch.procs=1", "train.epochs=20", "train.lr=0.01", "train.batch_size=256",
+                  "model.hidden_channels=64", f"train.graph_on={graph_on}", cwd=tmp_path / "run")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert summary_of(tmp_path / "run")["test"] >= 0.9

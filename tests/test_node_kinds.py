@@ -16,7 +16,7 @@ from hpcgnn.errors import ConfigError, DatasetError
 from hpcgnn.labels import Target, profile, resolve, stored
 from hpcgnn.tasks import node_metrics
 from hpcgnn.tasks.node import MultiLabel, Regression
-from tests.conftest import make_config, run_cli, summary_of
+from conftest import make_config, run_cli, summary_of
 
 SPLITS = {"train": np.arange(0, 60), "val": np.arange(60, 80), "test": np.arange(80, 100)}
 
@@ -281,7 +281,7 @@ def test_ogbn_proteins_is_read_and_prepared_with_its_labels_and_each_nodes_mean_
     graph; 112 binary labels per node (a multi-label task); each node's features the mean of its edges' (ogb adds
     every edge's reverse: both ends)."""
     from hpcgnn.data import build_graph, cache, ogb, open_graph, prepare
-    from tests.test_datasets import write_mini_ogb
+    from test_datasets import write_mini_ogb
 
     mini = write_mini_ogb(tmp_path, "ogbn-proteins", n=120)
     monkeypatch.setattr(ogb, "STREAM_ROWS", 50)  # several chunks
@@ -315,8 +315,8 @@ def test_a_miniature_ogbn_proteins_trains_and_scores_as_ogbs_evaluator(tmp_path)
     probabilities predict writes for the test split."""
     from ogb.nodeproppred import Evaluator
 
-    from tests.conftest import DATA_ROOT
-    from tests.test_datasets import write_mini_ogb
+    from conftest import DATA_ROOT
+    from test_datasets import write_mini_ogb
 
     shutil.rmtree(DATA_ROOT / "ogb" / "ogbn_proteins", ignore_errors=True)  # (the session's data root: run_cli's)
     mini = write_mini_ogb(DATA_ROOT, "ogbn-proteins", n=400)
