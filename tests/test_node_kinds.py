@@ -69,12 +69,21 @@ def test_labels_at_odds_with_the_kind_or_with_themselves_are_refused_naming_the_
         _target(val_unknown)
     with pytest.raises(DatasetError, match=r"inf \(NaN marks an unknown value; inf is none\)"):
         stored(np.array([1.0, np.inf]), "y.npy")
-    with pytest.raises(ConfigError, match=r"task.loss=l1 is a regression's loss; task.kind=classification trains "
-                                          r"with cross-entropy. HINT: drop task.loss, or task.kind=regression"):
-        make_config("task.kind=classification", "task.loss=l1")
-    with pytest.raises(ConfigError, match=r"task.kind='values' is unknown: use one of auto, classification, "
-                                          r"multilabel, regression"):
-        make_config("task.kind=values")
+    for overrides, message in CONFIG_REFUSALS:
+        with pytest.raises(ConfigError, match=message):
+            make_config(*overrides)
+
+
+CONFIG_REFUSALS = [  # (overrides, the one line that refuses them)
+    (["task.kind=classification", "task.loss=l1"], r"task.loss=l1 is a regression's loss; task.kind=classification "
+                                                   r"trains with cross-entropy. HINT: drop task.loss, or "
+                                                   r"task.kind=regression"),
+    (["task.kind=values"], r"task.kind='values' is unknown: use one of auto, classification, multilabel, regression"),
+    (["dataset=ogbn-proteins", "dataset.node_features_from_edges=none"],
+     r"dataset=ogbn-proteins has no node features: dataset.node_features_from_edges=mean \(or sum\)"),
+    (["dataset.node_features_from_edges=mean"], r"dataset.node_features_from_edges=mean: the edges of "
+                                                r"dataset=synthetic carry no features \(ogbn-proteins do\)"),
+]
 
 
 # ------------------------------------------------------------------ losses and metrics
@@ -301,12 +310,6 @@ def test_ogbn_proteins_is_read_and_prepared_with_its_labels_and_each_nodes_mean_
     assert g.y.shape == (120, 112) and torch.equal(g.y, torch.from_numpy(mini["y"]).float())
     target = resolve(g.labels, "auto", "auto", g.num_classes, "y")
     assert (target.kind, target.width) == ("multilabel", 112)
-    with pytest.raises(ConfigError, match=r"dataset=ogbn-proteins has no node features: "
-                                          r"dataset.node_features_from_edges=mean \(or sum\)"):
-        make_config("dataset=ogbn-proteins", "dataset.node_features_from_edges=none")
-    with pytest.raises(ConfigError, match=r"dataset.node_features_from_edges=mean: the edges of dataset=synthetic "
-                                          r"carry no features \(ogbn-proteins do\)"):
-        make_config("dataset.node_features_from_edges=mean")
 
 
 @pytest.mark.slow

@@ -66,7 +66,7 @@ def predict(cfg: RunConfig, env: RankEnv, device: torch.device) -> dict:
     model = build_task(cfg, env, store, device).build_model()
     model.load_state_dict(record["state_dict"])
     model = model.to(device).eval()
-    mode = inference_mode(cfg, model)
+    mode = inference_mode(cfg, model, store.shape.edge_dim)
     pairs = read_pairs(p.pairs, store.shape.num_nodes) if p.what == "scores" else None
     ids = split_ids(cfg, p.split, store.shape.schema) if pairs is None else \
         np.arange(pairs.shape[1], dtype=np.int64)  # (pairs: their rows)
@@ -162,9 +162,10 @@ def read_pairs(path: str | None, num_nodes: int) -> np.ndarray:
     return pairs
 
 
-def inference_mode(cfg: RunConfig, model: torch.nn.Module) -> str:
+def inference_mode(cfg: RunConfig, model: torch.nn.Module, edge_dim: int = 0) -> str:
     """``predict.mode`` decided: ``auto`` is the run's own evaluation path (exact where the run evaluated
-    exactly, else its sampled batches); embeddings of a node classifier are exact."""
+    exactly, else its sampled batches); embeddings of a node classifier are exact. A model that reads edge
+    features (``edge_dim``) is run on sampled batches, which carry them: exact inference reads none yet."""
     from hpcgnn.checks import link_eval_mode
 
     p = cfg.predict
@@ -187,6 +188,11 @@ def inference_mode(cfg: RunConfig, model: torch.nn.Module) -> str:
     if p.what == "embeddings" and cfg.task.name == "node" and _is_mlp(encoder):
         raise PredictError("model=mlp reads no edges: its hidden layer is no graph embedding. HINT: embeddings of a "
                            "GNN (sage, gcn, gin, gat, rgcn, or a layer-wise model of your own)")
+    if mode == "full" and edge_dim:
+        raise PredictError(f"{'embeddings' if p.what == 'embeddings' else 'mode=full'}: exact inference reads no "
+                           "edge features yet, and this model reads them. HINT: mode=sampled (the evaluation's "
+                           "sampled batches carry them)" + ("; a node classifier's embeddings are exact only"
+                                                            if p.what == "embeddings" else ""))
     return mode
 
 
