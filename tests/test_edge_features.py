@@ -158,19 +158,18 @@ EDGE_RUNS = {  # (graph, model overrides, the test accuracy it must reach, or st
 
 @pytest.mark.slow
 @pytest.mark.parametrize("run", sorted(EDGE_RUNS))
-def test_edge_features_reach_the_models_that_read_them(run, tmp_path):
+def test_edge_features_reach_the_models_that_read_them(run, tmp_path, monkeypatch):
     """On graphs whose labels follow from the edges' features, a model that reads them learns the labels (a user's
     GINEConv model, hpcgnn's gat with model.edge_dim: GATConv's attention over edge features), the same model
     without them stays near chance."""
-    from conftest import EXAMPLES, run_cli, summary_of
+    from conftest import DATA_ROOT, REPO, train_here
 
     graph, over, bar = EDGE_RUNS[run]
     (write_edge_labels if graph == "edge_labels" else write_marked)(tmp_path / "graph")
-    res = run_cli("dataset=files", f"dataset.path={tmp_path / 'graph'}", *over, "launch.procs=1", "train.epochs=20",
-                  "train.lr=0.01", "train.batch_size=256", "model.hidden_channels=64", "metrics.tensorboard=false",
-                  cwd=tmp_path, env=EXAMPLES)
-    assert res.returncode == 0, res.stdout + res.stderr
-    acc = summary_of(tmp_path)["test"]
+    monkeypatch.syspath_prepend(str(REPO / "examples"))  # (my_gnn)
+    acc = train_here("dataset=files", f"dataset.path={tmp_path / 'graph'}", *over, "train.epochs=20", "train.lr=0.01",
+                     "train.batch_size=256", "model.hidden_channels=64", "metrics.tensorboard=false",
+                     f"dataset.root={DATA_ROOT}", run_dir=tmp_path / "run")["test"]
     assert acc >= bar if bar > 0 else acc <= -bar, (run, acc)
 
 
