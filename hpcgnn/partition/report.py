@@ -62,7 +62,8 @@ def partition_report(graph: Graph, part: Tensor, num_parts: int, weight: Tensor 
     train = torch.bincount(part, weights=(seed_weight(graph) if weight is None else weight).double(),
                            minlength=num_parts).long()
     halo = halo_count.tolist()
-    row_bytes = graph.x.size(1) * graph.x.element_size() + graph.y.element_size() + 8 * 2
+    label_bytes = graph.y.element_size() * (graph.y[0].numel() if graph.y.dim() > 1 and graph.y.size(0) else 1)
+    row_bytes = graph.x.size(1) * graph.x.element_size() + label_bytes + 8 * 2  # (a node's labels: several, or one)
     part_bytes = [int(nodes[i]) * row_bytes + int(edges[i]) * graph.col.element_size() for i in range(num_parts)]
 
     def balance(t: Tensor) -> float:
