@@ -2,7 +2,7 @@
 the same without them; PyG's NeighborLoader with edge_attr as the reference where pyg-lib is.
 
     python benchmarks/edge_features.py [--num-nodes 500000] [--avg-degree 50] [--batches 30] [--repeat 3]
-        [--edge-dims 8,64] [--pyg PYTHON]
+        [--edge-dims 8,64] [--edge-dtype float32|bfloat16] [--pyg PYTHON]
 
 The benchmark graph of benchmarks/sampler.py (fanouts [15, 10, 5], batch 1024, 128 node features), its edges given
 random float32 features of each width (a file per width beside the prepared graph, made once, memory-mapped as a
@@ -31,15 +31,18 @@ import torch
 from common import BATCH, FANOUTS, USER_ENV, benchmark_config, benchmark_graph, default_pyg_python, graph_arguments
 
 
-def edge_features(folder: Path, num_edges: int, width: int) -> Path:
-    """``folder/bench-edge-attr-<width>.npy``: float32 [E, width] of a fixed seed, written once a block at a time."""
-    path = folder / f"bench-edge-attr-{width}.npy"
+def edge_features(folder: Path, num_edges: int, width: int, dtype: str = "float32") -> Path:
+    """``folder/bench-edge-attr-<width>[-bfloat16].npy``: [E, width] of a fixed seed in ``dtype`` (bfloat16 as its
+    bits, as a prepared graph stores it), written once a block at a time."""
+    path = folder / f"bench-edge-attr-{width}{'' if dtype == 'float32' else '-' + dtype}.npy"
     if not path.exists():
         tmp = path.with_suffix(".tmp.npy")
-        out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=(num_edges, width))
+        stored = np.float32 if dtype == "float32" else np.uint16
+        out = np.lib.format.open_memmap(tmp, mode="w+", dtype=stored, shape=(num_edges, width))
         rng = np.random.default_rng(width)
         for a in range(0, num_edges, 1 << 20):
-            out[a:a + (1 << 20)] = rng.standard_normal((min(1 << 20, num_edges - a), width), dtype=np.float32)
+            block = torch.from_numpy(rng.standard_normal((min(1 << 20, num_edges - a), width), dtype=np.float32))
+            out[a:a + (1 << 20)] = (block if dtype == "float32" else block.bfloat16().view(torch.uint16)).numpy()
         out.flush()
         del out
         tmp.rename(path)
@@ -84,6 +87,8 @@ def main() -> None:
     ap.add_argument("--batches", type=int, default=30)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--edge-dims", default="8,64")
+    ap.add_argument("--edge-dtype", default="float32", choices=("float32", "bfloat16"),
+                    help="how the edge features are stored (dataset.feature_dtype); batches carry float32")
     ap.add_argument("--pyg", default=default_pyg_python())
     args = ap.parse_args()
 
@@ -97,8 +102,8 @@ def main() -> None:
     files = {}
     for d in dims:
         t0 = time.perf_counter()
-        files[d] = edge_features(folder, graph.num_edges, d)
-        graphs[d] = dataclasses.replace(graph, edge_attr=load_features(files[d], "float32"))
+        files[d] = edge_features(folder, graph.num_edges, d, args.edge_dtype)
+        graphs[d] = dataclasses.replace(graph, edge_attr=load_features(files[d], args.edge_dtype))
         print(f"edge features of width {d}: {files[d]} ({time.perf_counter() - t0:.0f} s)", flush=True)
     runs: dict[str, list[float]] = {}
     moved: dict[int, float] = {}
@@ -107,7 +112,8 @@ def main() -> None:
         for d, g in graphs.items():
             rate, moved[d] = batches_per_s(loader(g, d > 0), args.batches)
             runs.setdefault(f"hpcgnn{d}", []).append(rate)
-            res = pyg_reference(args.pyg, folder, files.get(d), args.batches)
+            res = pyg_reference(args.pyg, folder, files.get(d), args.batches) if args.edge_dtype == "float32" else \
+                "PyG reference: float32 edge features only"
             if isinstance(res, str):
                 if r == 0 and d == 0:
                     missing.append(res)
@@ -117,7 +123,8 @@ def main() -> None:
     med = {k: statistics.median(v) for k, v in runs.items()}
     base = med["hpcgnn0"]
     line = (f"edge features ({torch.get_num_threads()} threads, fanouts {list(FANOUTS)}, batch {BATCH}, "
-            f"{graph.num_edges} edges, median of {args.repeat}): without {base:.2f} batches/s")
+            f"{graph.num_edges} edges, stored as {args.edge_dtype}, median of {args.repeat}): without {base:.2f} "
+            "batches/s")
     for d in dims:
         line += (f" | D={d}: {med[f'hpcgnn{d}']:.2f} batches/s, {med[f'hpcgnn{d}'] / base:.0%} of without "
                  f"(bar >= 70%), {moved[d] / 2**20:.0f} MB of edge features per batch")
