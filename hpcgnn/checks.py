@@ -230,9 +230,6 @@ def _check_node(cfg) -> None:
         raise ConfigError(f"task.loss={k.loss} is a regression's loss; task.kind={k.kind} trains with "
                           f"{'cross-entropy' if k.kind == 'classification' else 'binary cross-entropy'}. HINT: drop "
                           "task.loss, or task.kind=regression")
-    if k.kind not in ("auto", "classification") and is_typed(cfg.dataset):
-        raise ConfigError(f"task.kind={k.kind}: a typed graph's node task is classification for now (dataset="
-                          f"{cfg.dataset.name}). HINT: dataset.erase_types=true trains its homogeneous view")
     typed = is_typed(cfg.dataset)
     models = TYPED_FULL_INFERENCE_MODELS if typed else (*FULL_INFERENCE_MODELS, CUSTOM)  # (custom: a BasicGNN's)
     if t.eval_mode == "full" and cfg.model.name not in models:

@@ -339,3 +339,26 @@ def test_a_miniature_ogbn_proteins_trains_and_scores_as_ogbs_evaluator(tmp_path)
     assert np.array_equal(ids, mini["split"]["test"]) and probs.shape == (ids.size, 112)
     want = Evaluator("ogbn-proteins").eval({"y_true": mini["y"][ids], "y_pred": probs})["rocauc"]
     assert abs(want - trained["test_rocauc"]) < 1e-6
+
+
+# ------------------------------------------------------------------ a typed graph's labelled type, of any kind
+
+
+@pytest.mark.slow
+def test_a_typed_graphs_labelled_type_takes_several_labels(tmp_path):
+    """A typed folder whose papers carry five binary labels (their class one-hot, 10% unknown): prepared out of core,
+    served typed, trained with R-GCN as a multi-label task that learns them."""
+    from conftest import DATA_ROOT, train_here
+    from test_typed import write_typed_folder
+
+    from hpcgnn.config import DatasetConfig
+    from hpcgnn.data.synthetic import make_synthetic_typed
+
+    graph = make_synthetic_typed(DatasetConfig(num_nodes=3000, avg_degree=10, homophily=0.8, seed=5, num_classes=5))
+    write_typed_folder(tmp_path / "typed", graph)
+    y = torch.nn.functional.one_hot(graph.y, 5).float()
+    y[torch.rand(y.shape, generator=torch.Generator().manual_seed(0)) < 0.1] = float("nan")
+    np.save(tmp_path / "typed" / "nodes" / graph.target / "y.npy", y.numpy())
+    summary = train_here("dataset=files", f"dataset.path={tmp_path / 'typed'}", "model=rgcn", "train.epochs=5",
+                         "model.hidden_channels=32", f"dataset.root={DATA_ROOT}", run_dir=tmp_path / "run")
+    assert summary["kind"] == "multilabel" and summary["metric"] == "val_rocauc" and summary["test_rocauc"] > 0.8

@@ -299,7 +299,7 @@ class TypedFolder:
     num_nodes: dict[str, int]  # sorted by type
     x: dict[str, np.ndarray]  # the types with features
     target: str
-    y: np.ndarray
+    y: np.ndarray  # in the stored form (hpcgnn.labels.stored): class ids, or floats
     splits: dict[str, np.ndarray]  # train_idx, val_idx, test_idx
     edges: dict[tuple[str, str, str], np.ndarray]  # [2, E] per given relation, sorted by folder name
     feature_from: dict[str, tuple[str, str, str]]
@@ -343,11 +343,7 @@ def read_typed_folder(cfg: DatasetConfig, mmap: bool = False) -> TypedFolder:
     target = labelled[0]
     arrays = {name: _read(nodes_dir / target, name) for name in ("y", "train_idx", "val_idx", "test_idx")}
     splits = check_labels_and_splits(arrays, num_nodes[target])
-    if not is_class_ids(arrays["y"][1]):
-        raise DatasetFileError(f"{arrays['y'][0]}: a typed graph's labels are one class id per node for now (shape "
-                               f"[{num_nodes[target]}], integers). HINT: a homogeneous folder (edge_index, x, y) takes "
-                               "several labels or values per node")
-    classes = label_classes(*arrays["y"], cfg.num_classes)
+    y, classes = node_labels(*arrays["y"], cfg.num_classes)
     rels = sorted(p.name for p in edges_dir.iterdir() if p.is_dir())
     edges = {}
     for key in rels:
@@ -377,8 +373,7 @@ def read_typed_folder(cfg: DatasetConfig, mmap: bool = False) -> TypedFolder:
             raise DatasetFileError(f"{nodes_dir / t}: {t} has no features and no relation from a type with features "
                                    f"to take their mean over: add nodes/{t}/x.npy, or such a relation")
         feature_from[t] = max(into, key=lambda c: (c[0], c[1]))[1]
-    return TypedFolder(num_nodes, x, target, arrays["y"][1], {k: v[1] for k, v in splits.items()}, edges,
-                       feature_from, classes)
+    return TypedFolder(num_nodes, x, target, y, {k: v[1] for k, v in splits.items()}, edges, feature_from, classes)
 
 
 def load_typed_files(cfg: DatasetConfig, allow_download: bool = False):
@@ -386,7 +381,7 @@ def load_typed_files(cfg: DatasetConfig, allow_download: bool = False):
     from hpcgnn.data.typed import TypedGraph
 
     f = read_typed_folder(cfg)
-    y = torch.from_numpy(f.y.astype(np.int64))
+    y = torch.from_numpy(np.asarray(f.y))  # (its stored form: class ids, or floats)
     return TypedGraph.from_edges(f.num_nodes, {r: torch.from_numpy(ei.astype(np.int64)) for r, ei in f.edges.items()},
                                  {t: torch.from_numpy(v.astype(np.float32)) for t, v in f.x.items()}, f.target, y,
                                  *(torch.from_numpy(f.splits[k].astype(np.int64)) for k in f.splits),
@@ -399,7 +394,7 @@ def typed_files_source(cfg: DatasetConfig, allow_download: bool = False):
     from hpcgnn.data.typed import TypedSource
 
     f = read_typed_folder(cfg, mmap=True)
-    y = torch.from_numpy(np.asarray(f.y, dtype=np.int64))
+    y = torch.from_numpy(np.asarray(f.y))  # (its stored form: class ids, or floats)
 
     def feed(writer):
         for rel, ei in f.edges.items():

@@ -58,7 +58,8 @@ def open_typed(cfg: DatasetConfig) -> TypedGraph:
     return TypedGraph(s.num_nodes, {r: arrays[f"rowptr__{relation_key(r)}"] for r in s.relations},
                       {r: arrays[f"col__{relation_key(r)}"] for r in s.relations},
                       {k: h.x[off[k]:off[k] + n] for k, n in s.num_nodes.items()}, s.target, h.y[t0:t0 + n0],
-                      h.train_idx - t0, h.val_idx - t0, h.test_idx - t0, h.num_classes, meta["typed"]["feature_rule"])
+                      h.train_idx - t0, h.val_idx - t0, h.test_idx - t0, h.num_classes, meta["typed"]["feature_rule"],
+                      h.labels)
 
 
 def open_link(cfg: DatasetConfig) -> LinkData:

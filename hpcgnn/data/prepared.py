@@ -49,6 +49,7 @@ from hpcgnn.data.typed import (
     TypedSchema,
     TypedSource,
     TypedWriter,
+    view_labels,
 )
 from hpcgnn.errors import DatasetError
 from hpcgnn.io import atomic_folder
@@ -152,15 +153,17 @@ def _stream_typed(cfg: DatasetConfig, src: TypedSource, tmp: Path, source: dict,
     y, *splits = src.feed(writer)
     num_edges, rule, arrays = writer.close(src.feature_from, cfg.feature_dtype)
     t0 = writer.off[src.target]
-    y_all = np.full(total, -1, dtype=np.int64)
-    y_all[t0:t0 + sizes[src.target]] = y.numpy()
-    np.save(tmp / "y.npy", y_all)
-    for name, idx in zip(("train_idx", "val_idx", "test_idx"), splits, strict=True):
-        np.save(tmp / f"{name}.npy", (idx.long() + t0).numpy())
+    y_all = view_labels(y, total)  # (the other types' nodes: no label)
+    y_all[t0:t0 + sizes[src.target]] = y
+    np.save(tmp / "y.npy", y_all.numpy())
+    ids = {}
+    for name, idx in zip(("train", "val", "test"), splits, strict=True):
+        ids[name] = (idx.long() + t0).numpy()
+        np.save(tmp / f"{name}_idx.npy", ids[name])
     schema = TypedSchema(sizes, writer.schema.relations, src.target)
     meta = {"typed": {**schema.to_meta(), "feature_rule": rule}} if relations_too else None
     cache.write_meta(tmp, total, num_edges, src.num_features, src.num_classes, source, cfg.feature_dtype,
-                     extra=arrays, extra_meta=meta)
+                     extra=arrays, extra_meta=meta, labels=profile(y_all.numpy(), ids))
 
 
 def _check_space(folder: Path, need: float) -> None:

@@ -12,7 +12,7 @@ a ``HeteroData`` is ``dataset=pyg_hetero`` (a typed graph: below).
   ``dataset.train_fraction`` and ``dataset.val_fraction`` (the rest is test).
 - Labels: ``y``, one class per node (integers, [N] or [N, 1]), or several binary labels ([N, C]; unknown: NaN or
   -1), or values (floats, [N] or [N, D]; unknown: NaN): :mod:`hpcgnn.labels`; ``x``: the features (none: a
-  constant 1). A typed graph's labels are one class per node.
+  constant 1). A typed graph's labelled type takes the same.
 
 The prepared graph's key covers the target, its arguments, the split settings and the seed: change any and it
 is prepared again. The graph then serves every mode (replicated, partitioned, sampler processes and servers).
@@ -105,7 +105,7 @@ def pyg_data(cfg: DatasetConfig, allow_download: bool = False):
     return data
 
 
-def _labels(cfg: DatasetConfig, data, typed: bool = False) -> tuple[torch.Tensor, int]:
+def _labels(cfg: DatasetConfig, data) -> tuple[torch.Tensor, int]:
     """``data.y`` (a ``Data``, or a ``HeteroData``'s node type) in its stored form (:func:`hpcgnn.labels.stored`),
     and the model's outputs: the classes of class ids, else one per column."""
     from hpcgnn.labels import stored
@@ -116,10 +116,10 @@ def _labels(cfg: DatasetConfig, data, typed: bool = False) -> tuple[torch.Tensor
                            "them. HINT: task=link trains on the edges alone")
     if y.dim() == 2 and y.size(1) == 1 and not y.is_floating_point():
         y = y.view(-1)
-    if y.dim() not in (1, 2) or y.size(0) != data.num_nodes or (typed and (y.dim() != 1 or y.is_floating_point())):
+    if y.dim() not in (1, 2) or y.size(0) != data.num_nodes:
         raise DatasetError(f"dataset._target_={cfg._target_}: y has shape {tuple(y.shape)} ({y.dtype}); hpcgnn's node "
-                           f"task takes one class per node (integers, shape [{data.num_nodes}])"
-                           + ("" if typed else f", binary labels or values ([{data.num_nodes}, C])"))
+                           f"task takes one class per node (integers, shape [{data.num_nodes}]), binary labels or "
+                           f"values ([{data.num_nodes}, C])")
     y = torch.from_numpy(stored(y.numpy(), f"dataset._target_={cfg._target_}'s y"))
     if y.is_floating_point():
         return y, (y.size(1) if y.dim() == 2 else 1)
@@ -224,7 +224,7 @@ def _typed_parts(cfg: DatasetConfig, data) -> dict:
                                f"([{data[t].num_nodes}, width])")
     width = max(x.size(1) for x in given.values())
     x = {t: torch.nn.functional.pad(v.float(), (0, width - v.size(1))) for t, v in given.items()}
-    y, classes = _labels(cfg, data[target], typed=True)
+    y, classes = _labels(cfg, data[target])
     n = data[target].num_nodes
     return {"num_nodes": {t: int(data[t].num_nodes) for t in data.node_types}, "relations": relations,
             "edges": edges, "x": x, "width": width, "rules": rules, "target": target, "y": y, "classes": classes,

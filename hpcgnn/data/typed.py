@@ -76,12 +76,13 @@ class TypedGraph:
     col: dict[Relation, Tensor]  # int64 [edges]: source ids (local to the source type), sorted within each row
     x: dict[str, Tensor]  # float32 [num_nodes[t], num_features] per node type
     target: str  # the node type whose labels are predicted
-    y: Tensor  # int64 [num_nodes[target]]
+    y: Tensor  # int64 [num_nodes[target]] class ids, or float32 [num_nodes[target](, C)] (hpcgnn.labels)
     train_idx: Tensor  # target-type ids of the training split
     val_idx: Tensor
     test_idx: Tensor
     num_classes: int
     feature_rule: dict[str, str]  # node type -> "given" or "mean over <relation key>"
+    labels: dict | None = None  # what the labels are (hpcgnn.labels.profile, in the view's ids; None: class ids)
 
     @property
     def node_types(self) -> tuple[str, ...]:
@@ -112,7 +113,7 @@ class TypedGraph:
         return TypedGraph(dict(self.num_nodes), {r: v.to(device) for r, v in self.rowptr.items()},
                           {r: v.to(device) for r, v in self.col.items()}, {t: v.to(device) for t, v in self.x.items()},
                           self.target, self.y.to(device), self.train_idx.to(device), self.val_idx.to(device),
-                          self.test_idx.to(device), self.num_classes, dict(self.feature_rule))
+                          self.test_idx.to(device), self.num_classes, dict(self.feature_rule), self.labels)
 
     @property
     def schema(self) -> TypedSchema:
@@ -135,7 +136,7 @@ class TypedGraph:
         widths = {x.size(1) for x in self.x.values()}
         if len(widths) != 1:
             raise ValueError(f"types erased need one feature width, got {sorted(widths)}")
-        y = torch.full((n,), -1, dtype=torch.long)
+        y = view_labels(self.y, n)
         t0 = off[self.target]
         y[t0:t0 + self.num_nodes[self.target]] = self.y
         x = torch.cat([self.x[t] for t in self.node_types])
@@ -182,8 +183,17 @@ class TypedGraph:
         missing = set(num_nodes) - set(x)
         if missing:
             raise ValueError(f"node types without features and without a rule: {sorted(missing)}")
-        return cls(dict(num_nodes), rowptr, col, {t: x[t] for t in num_nodes}, target, y.long(), train_idx.long(),
-                   val_idx.long(), test_idx.long(), num_classes, {t: rule[t] for t in num_nodes})
+        return cls(dict(num_nodes), rowptr, col, {t: x[t] for t in num_nodes}, target,
+                   y.float() if y.is_floating_point() else y.long(), train_idx.long(), val_idx.long(), test_idx.long(),
+                   num_classes, {t: rule[t] for t in num_nodes})
+
+
+def view_labels(y: Tensor, total: int) -> Tensor:
+    """The homogeneous view's labels, ready for the target type's: ``total`` rows of ``y``'s width, none known
+    (class ids -1, floats NaN)."""
+    if y.is_floating_point():
+        return torch.full((total, *y.shape[1:]), float("nan"), dtype=torch.float32)
+    return torch.full((total,), -1, dtype=torch.long)
 
 
 def csr(edge_index: Tensor, num_src: int, num_dst: int) -> tuple[Tensor, Tensor]:

@@ -34,7 +34,7 @@ class TypedStore(WholeGraphStore):
         super().__init__(cfg, env, device or torch.device("cpu"))
         on_local_rank0(env, f"prepare {cfg.dataset.name}", lambda: prepare(cfg.dataset))
         self.graph = self.features = g = open_typed(cfg.dataset)
-        self.shape = graph_shape(cfg, g.num_features, g.num_classes, sum(g.num_nodes.values()), None, g.schema)
+        self.shape = graph_shape(cfg, g.num_features, g.num_classes, sum(g.num_nodes.values()), g.labels, g.schema)
         self.graph_on = graph_on(cfg, env, self.device, self.resident_bytes())
         if self.graph_on == "device":  # sampled and gathered where the model runs
             t0 = time.perf_counter()
