@@ -362,3 +362,28 @@ def test_a_typed_graphs_labelled_type_takes_several_labels(tmp_path):
     summary = train_here("dataset=files", f"dataset.path={tmp_path / 'typed'}", "model=rgcn", "train.epochs=5",
                          "model.hidden_channels=32", f"dataset.root={DATA_ROOT}", run_dir=tmp_path / "run")
     assert summary["kind"] == "multilabel" and summary["metric"] == "val_rocauc" and summary["test_rocauc"] > 0.8
+
+
+@pytest.mark.slow
+def test_a_preempted_regression_resumes_bitwise_with_its_lowest_epoch(tmp_path):
+    """One rank in this process: a regression run preempted mid-epoch resumes to the parameters, the history and
+    the selected (lowest RMSE) epoch of the run left alone."""
+    from conftest import DATA_ROOT
+
+    from hpcgnn.env import RankEnv
+    from hpcgnn.rank.checkpoint import Preempted
+    from hpcgnn.rank.trainer import Trainer
+
+    folder = write_folder(tmp_path / "graph", "reg", n=1500)
+    over = ["dataset=files", f"dataset.path={folder}", "train.epochs=4", "train.batch_size=128",
+            "model.hidden_channels=16", f"dataset.root={DATA_ROOT}", "metrics.tensorboard=false"]
+    single, cpu = RankEnv.from_environ({}), torch.device("cpu")
+    whole = Trainer(make_config(*over, run_dir=str(tmp_path / "whole")), single, cpu).train()
+    cut = make_config(*over, "debug.signal_rank=0", "debug.signal_step=9", run_dir=str(tmp_path / "cut"))
+    with pytest.raises(Preempted, match="preempted: checkpoint of step 9 saved in"):
+        Trainer(cut, single, cpu).train()
+    again = Trainer(cut, single, cpu).train()
+    assert again["resumes"] == 1 and again["param_checksums"] == whole["param_checksums"]
+    assert [r["val_rmse"] for r in again["history"]] == [r["val_rmse"] for r in whole["history"]]
+    lowest = min(range(4), key=lambda i: whole["history"][i]["val_rmse"]) + 1
+    assert again["best_epoch"] == whole["best_epoch"] == lowest and again["test_rmse"] == whole["test_rmse"]
