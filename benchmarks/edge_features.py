@@ -28,7 +28,15 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from common import BATCH, FANOUTS, USER_ENV, benchmark_config, benchmark_graph, default_pyg_python, graph_arguments
+from common import (
+    BATCH,
+    FANOUTS,
+    USER_ENV,
+    benchmark_config,
+    benchmark_graph,
+    default_pyg_python,
+    graph_arguments,
+)
 
 
 def edge_features(folder: Path, num_edges: int, width: int, dtype: str = "float32") -> Path:

@@ -233,6 +233,19 @@ def train_here(*overrides: str, run_dir) -> dict:
     return Trainer(cfg, RankEnv.from_environ({}), torch.device("cpu")).train()
 
 
+def preempted_and_resumed(*overrides: str, step: int, folder) -> tuple[dict, dict]:
+    """One rank in this process: the run left alone (``folder/whole``), and the same run preempted at ``step`` (its
+    checkpoint saved, :class:`~hpcgnn.rank.checkpoint.Preempted` raised) then resumed (``folder/cut``): both
+    summaries."""
+    from hpcgnn.rank.checkpoint import Preempted
+
+    whole = train_here(*overrides, run_dir=folder / "whole")
+    cut = [*overrides, "debug.signal_rank=0", f"debug.signal_step={step}"]
+    with pytest.raises(Preempted, match=f"preempted: checkpoint of step {step} saved in"):
+        train_here(*cut, run_dir=folder / "cut")
+    return whole, train_here(*cut, run_dir=folder / "cut")
+
+
 def predict_here(run_dir, *args: str) -> dict:
     """``hpcgnn predict RUN_DIR ARGS`` as one rank in this process: the prediction job's summary."""
     import torch

@@ -6,11 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from conftest import make_config
 
 from hpcgnn.config import DatasetConfig
 from hpcgnn.data import build_graph, ooc, open_graph, prepare
 from hpcgnn.data.files import DatasetFileError
-from conftest import make_config
 
 
 def write_edge_folder(folder, n: int = 50, e: int = 400, d: int = 3, seed: int = 0) -> dict:
@@ -81,8 +81,9 @@ def test_wrong_edge_features_are_refused_naming_the_file(tmp_path, bad, message)
 
 
 def test_ogbn_proteins_keeps_its_edges_features_as_ogbs_reader_gives_them(tmp_path, monkeypatch):
-    from hpcgnn.data import ogb
     from test_datasets import write_mini_ogb
+
+    from hpcgnn.data import ogb
 
     write_mini_ogb(tmp_path, "ogbn-proteins", n=80)
     monkeypatch.setattr(ogb, "STREAM_ROWS", 40)

@@ -12,12 +12,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import make_config, run_cli, summary_of
 
 from hpcgnn.errors import ConfigError, DatasetError
 from hpcgnn.labels import Target, profile, resolve, stored
 from hpcgnn.tasks import node_metrics
 from hpcgnn.tasks.node import MultiLabel, Regression
-from conftest import make_config, run_cli, summary_of
 
 SPLITS = {"train": np.arange(0, 60), "val": np.arange(60, 80), "test": np.arange(80, 100)}
 
@@ -292,8 +292,9 @@ def test_ogbn_proteins_is_read_and_prepared_with_its_labels_and_each_nodes_mean_
     """A miniature in OGB's raw layout: ogb.io's reader (in memory) and the streamed preparation give the same
     graph; 112 binary labels per node (a multi-label task); each node's features the mean of its edges' (ogb adds
     every edge's reverse: both ends)."""
-    from hpcgnn.data import build_graph, cache, ogb, open_graph, prepare
     from test_datasets import write_mini_ogb
+
+    from hpcgnn.data import build_graph, cache, ogb, open_graph, prepare
 
     mini = write_mini_ogb(tmp_path, "ogbn-proteins", n=120)
     monkeypatch.setattr(ogb, "STREAM_ROWS", 50)  # several chunks
@@ -319,9 +320,8 @@ def test_ogbn_proteins_is_read_and_prepared_with_its_labels_and_each_nodes_mean_
 def test_a_miniature_ogbn_proteins_trains_and_scores_as_ogbs_evaluator(tmp_path):
     """Prepared, trained on two ranks and evaluated: the run's test ROC-AUC is what OGB's Evaluator gives on the
     probabilities predict writes for the test split."""
-    from ogb.nodeproppred import Evaluator
-
     from conftest import DATA_ROOT
+    from ogb.nodeproppred import Evaluator
     from test_datasets import write_mini_ogb
 
     shutil.rmtree(DATA_ROOT / "ogb" / "ogbn_proteins", ignore_errors=True)  # (the session's data root: run_cli's)
@@ -368,21 +368,12 @@ def test_a_typed_graphs_labelled_type_takes_several_labels(tmp_path):
 def test_a_preempted_regression_resumes_bitwise_with_its_lowest_epoch(tmp_path):
     """One rank in this process: a regression run preempted mid-epoch resumes to the parameters, the history and
     the selected (lowest RMSE) epoch of the run left alone."""
-    from conftest import DATA_ROOT
-
-    from hpcgnn.env import RankEnv
-    from hpcgnn.rank.checkpoint import Preempted
-    from hpcgnn.rank.trainer import Trainer
+    from conftest import DATA_ROOT, preempted_and_resumed
 
     folder = write_folder(tmp_path / "graph", "reg", n=1500)
-    over = ["dataset=files", f"dataset.path={folder}", "train.epochs=4", "train.batch_size=128",
-            "model.hidden_channels=16", f"dataset.root={DATA_ROOT}", "metrics.tensorboard=false"]
-    single, cpu = RankEnv.from_environ({}), torch.device("cpu")
-    whole = Trainer(make_config(*over, run_dir=str(tmp_path / "whole")), single, cpu).train()
-    cut = make_config(*over, "debug.signal_rank=0", "debug.signal_step=9", run_dir=str(tmp_path / "cut"))
-    with pytest.raises(Preempted, match="preempted: checkpoint of step 9 saved in"):
-        Trainer(cut, single, cpu).train()
-    again = Trainer(cut, single, cpu).train()
+    whole, again = preempted_and_resumed("dataset=files", f"dataset.path={folder}", "train.epochs=4",
+                                         "train.batch_size=128", "model.hidden_channels=16", f"dataset.root={DATA_ROOT}",
+                                         "metrics.tensorboard=false", step=9, folder=tmp_path)
     assert again["resumes"] == 1 and again["param_checksums"] == whole["param_checksums"]
     assert [r["val_rmse"] for r in again["history"]] == [r["val_rmse"] for r in whole["history"]]
     lowest = min(range(4), key=lambda i: whole["history"][i]["val_rmse"]) + 1

@@ -200,17 +200,10 @@ def test_preempted_run_resumes_bitwise_identically(tmp_path, graph, whole_run):
 def test_preempted_rank_resumes_bitwise_with_samplers_that_hold_state(tmp_path, sampler, cpu_kind):
     """GraphSAINT's counted inclusion probabilities and Cluster-GCN's clusters come back the same after
     a resume: one rank in this process (the trainer itself), preempted mid-epoch, resumed, compared."""
-    from hpcgnn.env import RankEnv
-    from hpcgnn.rank.checkpoint import Preempted
-    from hpcgnn.rank.trainer import Trainer
+    from conftest import preempted_and_resumed
 
-    over = [*RESUME, f"train.sampler={sampler}", f"dataset.root={DATA_ROOT}", "metrics.tensorboard=false"]
-    single, cpu = RankEnv.from_environ({}), torch.device("cpu")
-    whole = Trainer(make_config(*over, run_dir=str(tmp_path / "whole")), single, cpu).train()
-    cut = make_config(*over, "debug.signal_rank=0", "debug.signal_step=7", run_dir=str(tmp_path / "cut"))
-    with pytest.raises(Preempted, match="preempted: checkpoint of step 7 saved in"):
-        Trainer(cut, single, cpu).train()
-    again = Trainer(cut, single, cpu).train()
+    whole, again = preempted_and_resumed(*RESUME, f"train.sampler={sampler}", f"dataset.root={DATA_ROOT}",
+                                         "metrics.tensorboard=false", step=7, folder=tmp_path)
     assert again["resumes"] == 1 and whole["resumes"] == 0 and again["precision"] == cpu_kind
     assert again["param_checksums"] == whole["param_checksums"]
     assert [r["loss"] for r in again["history"]] == [r["loss"] for r in whole["history"]]

@@ -327,7 +327,9 @@ def _arrays(what: str, rows: torch.Tensor, target) -> dict[str, np.ndarray]:
     if target.kind == "multilabel":
         return {"probs": torch.sigmoid(rows).numpy().astype(np.float32, copy=False)}
     if target.kind == "regression":  # in the labels' units (the model learnt them standardised)
-        values = rows * torch.tensor(target.std) + torch.tensor(target.mean)
+        from hpcgnn.tasks.node import Regression
+
+        values = Regression(target, rows.device).values(rows)
         return {"values": (values.view(-1) if target.column else values).numpy().astype(np.float32, copy=False)}
     probs = F.softmax(rows, dim=-1) if rows.numel() else rows
     return {"probs": probs.numpy().astype(np.float32, copy=False),

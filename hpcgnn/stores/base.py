@@ -29,12 +29,12 @@ import torch
 from torch import Tensor
 
 from hpcgnn import dist
+from hpcgnn.checks import EDGE_MODES, edge_features_refused
 from hpcgnn.config import ModelConfig, RunConfig
 from hpcgnn.data.graph import GraphShape
 from hpcgnn.env import RankEnv
 from hpcgnn.errors import AnotherRankFailed, ConfigError, DatasetError
 from hpcgnn.labels import resolve, where_labels
-from hpcgnn.checks import EDGE_MODES, edge_features_refused
 from hpcgnn.models import reads_edge_features, uses_edges
 from hpcgnn.rng import derive_seed, generator
 from hpcgnn.sampling import BatchLoader, rank_seeds
