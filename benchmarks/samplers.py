@@ -67,11 +67,23 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _server(port: int, run_dir: str) -> None:
+def _build(cfg, state):
+    """The server's sampler, built as the rank's below (a neighbour sampler of FANOUTS over the graph it opens)."""
+    from hpcgnn.data import open_graph
+    from hpcgnn.sampling import CSRNeighborSampler
+    from hpcgnn.sampling.shipping import Recipe
+
+    graph = open_graph(cfg)
+    return Recipe(graph, CSRNeighborSampler(graph.rowptr, graph.col, FANOUTS))
+
+
+def _server(port: int, run_dir: str, cfg) -> None:
+    import functools
+
     from hpcgnn.sampling.server import run_server
     from hpcgnn.trust import run_secret
 
-    run_server(0, port, 1, 1, run_dir, run_secret(run_dir), host="127.0.0.1")
+    run_server(0, port, 1, 1, run_dir, run_secret(run_dir), functools.partial(_build, cfg), host="127.0.0.1")
 
 
 def _rank(cfg, procs: int, batches: int, out) -> None:
@@ -83,7 +95,7 @@ def _rank(cfg, procs: int, batches: int, out) -> None:
     from hpcgnn.process import keep_freed_memory
     from hpcgnn.sampling import BatchLoader, CSRNeighborSampler, PrefetchLoader
     from hpcgnn.sampling.procs import SamplerPool
-    from hpcgnn.sampling.shipping import Recipe
+    from hpcgnn.sampling.shipping import Recipe, SamplerState
 
     keep_freed_memory()
     torch.set_num_threads(len(os.sched_getaffinity(0)) if procs < 0 else 1)
@@ -102,9 +114,9 @@ def _rank(cfg, procs: int, batches: int, out) -> None:
         from hpcgnn.trust import run_secret
 
         port, run_dir = free_port(), tempfile.mkdtemp(prefix="hpcgnn-bench-server-")
-        server = mp.get_context("spawn").Process(target=_server, args=(port, run_dir))
+        server = mp.get_context("spawn").Process(target=_server, args=(port, run_dir, cfg))
         server.start()
-        pool = RemotePool(Recipe(graph, sampler), [("127.0.0.1", port)], 2, torch.device("cpu"), rank=0,
+        pool = RemotePool(SamplerState("whole", 0, 1), [("127.0.0.1", port)], 2, torch.device("cpu"), rank=0,
                           key=run_secret(run_dir), run_dir=run_dir)
         pool.start()
         walk = pool.epoch(loader.plan)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import json
 import math
 import typing
 from dataclasses import dataclass, field
@@ -292,6 +293,15 @@ class RunConfig:
         run = _build(cls, data, "")
         run.validate()
         return run
+
+    def to_json(self) -> bytes:
+        """Its fields as JSON (:meth:`from_json` reads them back): for a process that must not unpickle."""
+        return json.dumps(dataclasses.asdict(self), indent=1).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes) -> RunConfig:
+        """The config :meth:`to_json` wrote, built field by field into its frozen classes."""
+        return _build(cls, json.loads(data), "")
 
     @property
     def world_size(self) -> int:

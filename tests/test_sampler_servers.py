@@ -49,7 +49,7 @@ def test_the_dry_run_prints_the_heterogeneous_script(tmp_path):
     head = script.split("#SBATCH hetjob")
     assert len(head) == 2 and "--nodes=1" in head[0] and "--signal=USR2@30" in head[0]
     assert "#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=1\n#SBATCH --cpus-per-task=3" in head[1]
-    servers = re.search(r"^srun --het-group=1 .* -u -m hpcgnn.rank.server \S+sampler-servers.pkl &$", script, re.M)
+    servers = re.search(r"^srun --het-group=1 .* -u -m hpcgnn.rank.server \S+sampler-servers.json &$", script, re.M)
     trainers = re.search(r"^srun --het-group=0 .* -m submitit.core._submit \S+$", script, re.M)
     assert servers and trainers and servers.start() < trainers.start()
     assert script.rstrip().endswith('kill "$HPCGNN_SERVERS" 2>/dev/null\nwait\nexit "$status"')
@@ -121,6 +121,11 @@ class _Unloadable:
         return (int, ("unloadable",))
 
 
+def _unbuildable(state):
+    """A sampler server's builder that fails as a sampler that cannot be built there does."""
+    return int("unloadable")
+
+
 @pytest.mark.slow
 def test_a_sampler_that_cannot_be_built_fails_the_rank_at_its_start_on_either_transport(tmp_path):
     """Both producers run one serve loop (hpcgnn.sampling.serving): a failure to build the sampler there reaches the
@@ -148,10 +153,12 @@ def test_a_sampler_that_cannot_be_built_fails_the_rank_at_its_start_on_either_tr
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     key = run_secret(tmp_path)
-    server = multiprocessing.get_context("spawn").Process(target=run_server, args=(0, port, 1, 1, str(tmp_path), key),
+    server = multiprocessing.get_context("spawn").Process(target=run_server,
+                                                          args=(0, port, 1, 1, str(tmp_path), key, _unbuildable),
                                                           kwargs={"host": "127.0.0.1"})
     server.start()
-    remote = RemotePool(recipe, [("127.0.0.1", port)], 2, cpu, rank=0, key=key, run_dir=tmp_path, connect_s=60)
+    remote = RemotePool(shipping.SamplerState("whole", 0, 1), [("127.0.0.1", port)], 2, cpu, rank=0, key=key,
+                        run_dir=tmp_path, connect_s=60)
     try:
         with pytest.raises(SamplerFailed, match=r"sampler server 0 at 127.0.0.1:\d+ failed building the sampler of rank "
                                                 r"0: ValueError: invalid literal"):
@@ -189,3 +196,125 @@ def test_a_batch_the_wire_cannot_carry_reaches_the_trainer_as_a_failure_naming_i
         a.close()
         b.close()
     assert not end.sender.is_alive()
+
+
+@pytest.mark.parametrize("over", [["model=gcn"], ["train.sampler=cluster", "train.clusters_per_batch=2"],
+                                  ["train.sampler=saint_rw"], ["graph=partitioned", "graph.cache_mb=0.05"],
+                                  ["dataset=synthetic_hetero"]])
+def test_a_server_builds_the_ranks_sampler_from_its_state_and_unpickles_nothing(over, tmp_path, monkeypatch):
+    """A server's sampler is built from the run's config, the graph it opens and the state the rank wrote (typed
+    fields and raw arrays: a cache's rows, saint_rw's inclusion, the clusters), with every unpickler made to fail:
+    its batches equal the rank's own, transform (GCN's degrees) included."""
+    import pickle
+
+    import torch
+
+    from hpcgnn.env import RankEnv
+    from hpcgnn.models import batch_transform
+    from hpcgnn.rng import generator
+    from hpcgnn.sampling import BatchLoader, shipping
+    from hpcgnn.stores import ServerRecipes, open_store
+
+    cfg = make_config(*TINY, *over, f"dataset.root={DATA_ROOT}", run_dir=str(tmp_path / "run"))
+    (tmp_path / "run").mkdir(mode=0o700)
+    if cfg.graph.mode == "partitioned":
+        from hpcgnn.data import prepare
+        from hpcgnn.partition import ensure_parts
+
+        prepare(cfg.dataset)
+        ensure_parts(cfg.dataset, cfg.graph, 1)
+    env = RankEnv.from_environ({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+                                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"})
+    store = open_store(cfg, env)
+    transform = batch_transform(cfg.model, store.degree)
+    side = store.graph_side()
+    sha = shipping.publish(cfg.run_dir, 0, side.state)
+
+    def refused(*args, **kwargs):
+        raise AssertionError("a sampler server unpickled something")
+
+    monkeypatch.setattr(pickle, "loads", refused)
+    monkeypatch.setattr(pickle, "load", refused)
+    monkeypatch.setattr(shipping, "loads", refused)
+    recipe = ServerRecipes(cfg)(shipping.fetch(cfg.run_dir, 0, sha))
+    assert (recipe.transform is None) == (transform is None)
+    ours = BatchLoader(side.features, side.sampler, [], transform=transform)
+    theirs = BatchLoader(recipe.features, recipe.sampler, [], transform=recipe.transform)
+    for i, seeds in enumerate(store.train_batches(0)[:3]):
+        a, b = (loader.sample(seeds, generator(7, i)) for loader in (ours, theirs))
+        assert str(a) == str(b)
+        for x, y in zip(_tensors(a), _tensors(b), strict=True):
+            assert torch.equal(x, y)
+
+
+def _tensors(batch) -> list:
+    import torch
+
+    store = batch.to_dict() if hasattr(batch, "to_dict") else batch
+    out = []
+    for key in sorted(store, key=str):
+        value = store[key]
+        if isinstance(value, dict):
+            out += _tensors(value)
+        elif isinstance(value, torch.Tensor):
+            out.append(value)
+    return out
+
+
+def test_a_sampler_state_is_typed_fields_and_raw_arrays_and_anything_else_is_refused(tmp_path):
+    """The state a rank writes for its servers round-trips exactly (bf16 rows, empty arrays, flags); a pickle, an
+    object dtype, an array past the payload, or a state of another graph kind are refused, and nothing runs."""
+    import json
+    import pickle
+
+    import torch
+
+    from hpcgnn.sampling.shipping import STATE_MAGIC, SamplerState
+    from hpcgnn.stores import ServerRecipes
+
+    arrays = {"cache_ids": torch.tensor([3, 9, 40]), "cache_x": torch.randn(3, 5).to(torch.bfloat16),
+              "none": torch.empty(0, 4, dtype=torch.int32), "mask": torch.tensor([True, False])}
+    state = SamplerState("parts", 1, 2, {"num_parts": 4, "edge_ids": True}, arrays)
+    back = SamplerState.decode(state.encode())
+    assert (back.kind, back.rank, back.world_size, back.values) == ("parts", 1, 2, {"num_parts": 4, "edge_ids": True})
+    assert back.arrays.keys() == arrays.keys()
+    for name, t in arrays.items():
+        assert back.arrays[name].dtype == t.dtype and torch.equal(back.arrays[name], t)
+
+    marker = tmp_path / "ran"
+
+    class Marker:
+        def __reduce__(self):
+            return (open, (str(marker), "w"))
+
+    with pytest.raises(ValueError, match=r"not a sampler state \(its first line differs\)"):
+        SamplerState.decode(pickle.dumps(Marker()))
+    assert not marker.exists()
+
+    def forged(**arrays) -> bytes:
+        header = json.dumps({"kind": "whole", "rank": 0, "world_size": 1, "values": {}, "arrays": arrays}).encode()
+        return STATE_MAGIC + len(header).to_bytes(8, "little") + header + bytes(16)
+
+    for place in ({"dtype": "object", "shape": [2], "offset": 0, "nbytes": 16},
+                  {"dtype": "int64", "shape": [4], "offset": 0, "nbytes": 32},
+                  {"dtype": "int64", "shape": [2], "offset": 8, "nbytes": 16}):
+        with pytest.raises(ValueError, match=r"a sampler state's array 'a' is not described by a dtype of \[.*\], a "
+                                             r"shape, and a place inside its payload"):
+            SamplerState.decode(forged(a=place))
+    assert SamplerState.decode(forged(a={"dtype": "int64", "shape": [2], "offset": 0, "nbytes": 16})).arrays["a"] \
+        .tolist() == [0, 0]
+    with pytest.raises(ValueError, match=r"rank 1 asks for a sampler over a parts graph; this server's run is "
+                                         r"graph.mode=replicated \(a whole graph\)"):
+        ServerRecipes(make_config(*TINY))(state)
+
+
+def test_the_servers_config_is_json_that_builds_the_same_config(tmp_path):
+    """The servers of a SLURM job read the run's config as JSON fields (nothing pickled), into the same config."""
+    from hpcgnn.config import RunConfig
+    from hpcgnn.submit.het import write_servers_config
+
+    cfg = make_config("+cluster=devcluster", "cluster.samplers.nodes=1", "dataset=pyg",
+                      "dataset._target_=torch_geometric.datasets.Planetoid", "+dataset.kwargs.name=Cora")
+    path = write_servers_config(cfg, tmp_path / "submitit")
+    assert path.name == "sampler-servers.json" and path.stat().st_mode & 0o777 == 0o600
+    assert RunConfig.from_json(path.read_bytes()) == cfg

@@ -46,7 +46,7 @@ def _server(tmp_path, index: int = 0, port: int | None = None, idle_s: float = 3
 
     def serve():
         try:
-            run_server(index, port, 1, threads, str(run_dir), key, host="127.0.0.1", idle_s=idle_s)
+            run_server(index, port, 1, threads, str(run_dir), key, None, host="127.0.0.1", idle_s=idle_s)
         except SamplerFailed as exc:
             ended.append(exc)
 

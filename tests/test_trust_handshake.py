@@ -106,7 +106,7 @@ def lone_server(tmp_path, caplog):
 
     def serve():
         try:
-            run_server(0, port, 1, threads, str(tmp_path / "run"), key, host="127.0.0.1", idle_s=3.0)
+            run_server(0, port, 1, threads, str(tmp_path / "run"), key, None, host="127.0.0.1", idle_s=3.0)
         except SamplerFailed as exc:
             ended.append(exc)
 
@@ -193,7 +193,7 @@ def test_a_server_whose_port_is_taken_says_so_inone_line(tmp_path):
         port = held.getsockname()[1]
         with pytest.raises(PortTaken, match=rf"sampler server 0 on \S+:{port} cannot listen: port {port} of 127.0.0.1 "
                                             r"is taken by another process .* HINT: start the run again"):
-            run_server(0, port, 1, 1, str(tmp_path), os.urandom(32), host="127.0.0.1")
+            run_server(0, port, 1, 1, str(tmp_path), os.urandom(32), None, host="127.0.0.1")
 
 
 @pytest.mark.slow

@@ -13,7 +13,6 @@ trainers and the launcher and leaves with its exit code; anything else keeps its
 
 from __future__ import annotations
 
-import pickle
 import signal
 import socket
 import sys
@@ -29,10 +28,11 @@ def _serve(cfg: RunConfig, index: int, port: int, trainers: int, threads: int, h
            announce: Path | None = None, idle_s: float = 1800.0) -> None:
     from hpcgnn.data import prepare
     from hpcgnn.sampling.server import run_server
+    from hpcgnn.stores import ServerRecipes
 
     setup_logging(f"server {index}", main=main)
     dbg = cfg.debug
-    run_server(index, port, trainers, threads, cfg.run_dir, trust.run_secret(cfg.run_dir),
+    run_server(index, port, trainers, threads, cfg.run_dir, trust.run_secret(cfg.run_dir), ServerRecipes(cfg),
                prepare=lambda: prepare(cfg.dataset), host=host, idle_s=idle_s, announce=announce,
                fail_batch=dbg.sampler_fail_batch if dbg.sampler_fail_rank == index else -1)
 
@@ -44,8 +44,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     trust.private_umask()
     try:
-        trust.run_folder(Path(argv[0]).parent.parent)  # (the config below is a pickle in the run's submitit/)
-        cfg = pickle.loads(trust.read_own_file(argv[0], "the servers' config"))
+        trust.run_folder(Path(argv[0]).parent.parent)  # (the config below is in the run's submitit/)
+        cfg = RunConfig.from_json(trust.read_own_file(argv[0], "the servers' config"))
     except UserError as exc:
         print(describe(exc), file=sys.stderr, flush=True)
         return exc.exit_code

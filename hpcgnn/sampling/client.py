@@ -46,22 +46,23 @@ def _slot(nbytes: int, pin: bool) -> Tensor:
 class RemotePool:
     """A trainer's sampler servers: :class:`~hpcgnn.sampling.procs.SamplerPool`'s interface over sockets."""
 
-    def __init__(self, recipe: shipping.Recipe, servers: list[tuple[str, int]], depth: int, device: torch.device, *,
-                 rank: int, key: bytes, run_dir: str | Path, timeout_s: float = 120.0, connect_s: float = 1800.0,
-                 group: dict | None = None):
-        self.recipe, self.depth, self.group = recipe, max(1, depth), group
+    def __init__(self, state: shipping.SamplerState, servers: list[tuple[str, int]], depth: int,
+                 device: torch.device, *, rank: int, key: bytes, run_dir: str | Path, stats=None,
+                 timeout_s: float = 120.0, connect_s: float = 1800.0, group: dict | None = None):
+        # what the servers build this rank's sampler from (with the run's config and the graph they open)
+        self.state, self.depth, self.group = state, max(1, depth), group
         self.key, self.run_dir = key, Path(run_dir)  # the run's secret (hpcgnn.trust); where servers record failures
         # a partitioned graph: one server makes all of this rank's batches, in the rank's group of samplers
         self.servers = [servers[rank % len(servers)]] if group else servers
         self.first = rank % len(servers) if group else 0  # the index of self.servers[0] among all servers
         self.device, self.rank, self.timeout_s, self.connect_s = device, rank, timeout_s, connect_s
         self.links: list[_Link] = []
-        self.stats = recipe.stats
+        self.stats = stats  # a partitioned graph's exchange counters (CommStats): each batch's counts added there
 
     def start(self) -> None:
         if self.links:
             return
-        recipe = shipping.publish(self.run_dir, self.rank, shipping.dumps(self.recipe))  # (its hash travels)
+        recipe = shipping.publish(self.run_dir, self.rank, self.state)  # (its hash travels)
         t0 = time.perf_counter()
         for k, (host, port) in enumerate(self.servers, start=self.first):
             channel = _connect(host, port, k, self.connect_s, self.key, self.run_dir, self.rank)

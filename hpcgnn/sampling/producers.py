@@ -30,6 +30,7 @@ class GraphSide:
     features: object  # where a batch's rows come from (the graph, its copy on the GPU, a partitioned rank's)
     sampler: object  # the training sampler (hpcgnn.sampling.protocol.Sampler)
     exchange: object | None = None  # a partitioned graph's: the samplers fetch across parts with it (None: whole)
+    state: shipping.SamplerState | None = None  # what its sampler servers build the sampler from (None: they cannot)
 
 
 @dataclass(frozen=True)
@@ -102,15 +103,16 @@ def choose(settings: ProducerSettings, graph: GraphSide, transform, device: torc
     if not (s.sampler_procs or s.servers):
         return InRank(graph.features, graph.sampler, transform, device, s.prefetch)
     stats = graph.exchange.stats if graph.exchange is not None else None
-    recipe = shipping.Recipe(graph.features, graph.sampler, transform, stats)
     if s.servers:  # another group of the job, another job, or local processes
         from hpcgnn.sampling.client import RemotePool
 
-        return RemotePool(recipe, list(s.servers), s.prefetch, device, rank=s.rank, key=trust.run_secret(s.run_dir),
-                          run_dir=s.run_dir, timeout_s=s.timeout_s, connect_s=s.init_timeout_s,
-                          group=s.group(graph))
+        if graph.state is None:
+            raise RuntimeError("this store's batches cannot be made by sampler servers: it gives no sampler state")
+        return RemotePool(graph.state, list(s.servers), s.prefetch, device, rank=s.rank,
+                          key=trust.run_secret(s.run_dir), run_dir=s.run_dir, stats=stats, timeout_s=s.timeout_s,
+                          connect_s=s.init_timeout_s, group=s.group(graph))
     from hpcgnn.sampling.procs import SamplerPool
 
-    return SamplerPool(recipe, s.sampler_procs, s.prefetch, s.threads, device, rank=s.rank,
+    return SamplerPool(shipping.Recipe(graph.features, graph.sampler, transform, stats), s.sampler_procs, s.prefetch, s.threads, device, rank=s.rank,
                        keep_freed=s.keep_freed_memory, group=s.group(graph), fail_batch=s.fail_batch)
 

@@ -19,10 +19,12 @@ class Relay:
     (:class:`~hpcgnn.sampling.procs.SamplerPool`), which joins the group of every trainer's (on every server) to
     sample across parts; the serve loop relays them (:class:`hpcgnn.sampling.serving.Maker`)."""
 
-    def __init__(self, hello: m.Hello, recipe: bytes, threads: int, fail_batch: int):
+    def __init__(self, hello: m.Hello, recipe, threads: int, fail_batch: int):
+        from hpcgnn.sampling import shipping
         from hpcgnn.sampling.procs import SamplerPool
 
-        self.pool = SamplerPool(recipe, 1, hello.depth, threads, torch.device("cpu"), rank=hello.rank,
+        # (the recipe the server built, pickled to its own process: its counts travel back with each batch)
+        self.pool = SamplerPool(shipping.dumps(recipe), 1, hello.depth, threads, torch.device("cpu"), rank=hello.rank,
                                 group=hello.group, fail_batch=fail_batch)
         self.held = None
         self.pool.start()

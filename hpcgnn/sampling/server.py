@@ -2,17 +2,19 @@
 
 A server holds the graph (it prepares it if its node has no copy, then maps it: one copy per node) and
 listens on a port derived from the job id (:func:`hpcgnn.nodes.server_port`). Every trainer connects to every
-server and names its sampler once (:mod:`hpcgnn.sampling.shipping`: the graph's tensors as file ranges, in a
-recipe the trainer wrote into the run folder). Each epoch it sends the seeds of the batches a server is to make: batch i of rank r
-goes to server (i + r) mod S, and is made with the generator the in-process loader would use, so the batches
-and the training are those of ``train.sampler_procs=0``.
+server and names its sampler once: the server builds it as the trainer did, from the run's config, the graph it
+opens, and what it cannot know from them (:class:`hpcgnn.sampling.shipping.SamplerState`, which the trainer wrote
+into the run folder). Each epoch it sends the seeds of the batches a server is to make: batch i of rank r goes to
+server (i + r) mod S, and is made with the generator the in-process loader would use, so the batches and the
+training are those of ``train.sampler_procs=0``.
 
 Transport: one TCP connection per (trainer, server), authenticated both ways by the run's secret and bound to
 this server and that trainer (:mod:`hpcgnn.trust`); every frame after that carries its own tag under the
 connection's keys (:mod:`hpcgnn.sampling.wire`: a typed format, nothing unpickled). A batch is its description
 (offsets, shapes, the batch's plain values) and then its tensors' bytes as they lie in the server's buffer; the
 trainer reads them straight into one of its slots (``recv_into``: no copy in Python) and views them in place.
-The sampler recipe does not travel: the trainer writes it into the run folder and sends its hash.
+The sampler does not travel: the server builds it; the trainer writes its state into the run folder and sends its
+hash.
 A server has at most ``train.prefetch`` batches in flight per trainer: it makes the next one when the trainer
 hands a slot back, into the second of its two buffers while the first one's bytes go out (:class:`_SocketEnd`).
 Sockets and not torch.distributed: the two sides need no common process group (a server's death must not hang a
@@ -35,6 +37,7 @@ import selectors
 import socket
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -177,12 +180,13 @@ class _SocketEnd:
 
 
 def _serve_trainer(channel: wire.Channel, counters: _Counters, threads: int, fail_batch: int, run_dir: str,
-                   name: str) -> bool:
+                   name: str, build: Callable[[shipping.SamplerState], shipping.Recipe]) -> bool:
     """One trainer's connection: its sampler, then its batches, ``depth`` in flight, until it stops (True: it
     is done; False: it left without saying so, and may come back after a requeue).
 
-    The sampler is the recipe the trainer wrote into the run folder, the one whose hash it sent (never anything
-    the socket brought). A whole graph's batches are made here, in this thread, by the trainer's own sampler, even
+    The sampler is built here (``build``: from the run's config and the graph the server opens) as the trainer
+    built its own, from the state the trainer wrote into the run folder, the one whose hash it sent (never anything
+    the socket brought, and nothing unpickled). A whole graph's batches are made here, in this thread, by the trainer's own sampler, even
     where trainers send the same recipe: a sampler's scratch (its id maps) holds one batch at a time, and this
     thread samples while the others do. The graph's file-backed tensors are mapped again, not copied: the node's
     one copy in the page cache serves them all. A partitioned graph's are relayed (:class:`hpcgnn.sampling.relay.Relay`)."""
@@ -200,7 +204,7 @@ def _serve_trainer(channel: wire.Channel, counters: _Counters, threads: int, fai
         end.credits = hello.depth
 
         def start() -> serving.Maker:
-            recipe = shipping.fetch(run_dir, hello.rank, hello.recipe)
+            recipe = build(shipping.fetch(run_dir, hello.rank, hello.recipe))
             return Relay(hello, recipe, threads, fail_batch) if hello.group else serving.Sampling(recipe, fail_batch)
 
         flush = True
@@ -220,10 +224,13 @@ def trainers_of(server: int, servers: int, world_size: int, partitioned: bool) -
 MAX_PENDING = 256  # connections in their handshake at once; past that the oldest is closed (each holds a descriptor)
 
 
-def run_server(index: int, port: int, trainers: int, threads: int, run_dir: str, key: bytes, prepare=None,
-               host: str = "", fail_batch: int = -1, idle_s: float = 1800.0, announce: Path | None = None) -> None:
+def run_server(index: int, port: int, trainers: int, threads: int, run_dir: str, key: bytes,
+               build: Callable[[shipping.SamplerState], shipping.Recipe], prepare=None, host: str = "",
+               fail_batch: int = -1, idle_s: float = 1800.0, announce: Path | None = None) -> None:
     """Serve trainers on ``host:port`` until ``trainers`` of them have said they are done (a trainer that is
     requeued connects again), then return; ``prepare()`` (the dataset) runs meanwhile, and trainers wait for it.
+    ``build(state)``: a trainer's sampler, from the state it wrote into the run folder
+    (:func:`hpcgnn.stores.server_recipe`, given the run's config).
     ``announce``: a file to write ``host:port`` into (two jobs meeting through the run folder). Gives up after
     ``idle_s`` without a trainer.
 
@@ -235,7 +242,7 @@ def run_server(index: int, port: int, trainers: int, threads: int, run_dir: str,
     try:
         process.set_threads(threads)
         process.keep_freed_memory()
-        _Server(index, port, trainers, threads, run_dir, key, host, fail_batch).run(prepare, idle_s, announce)
+        _Server(index, port, trainers, threads, run_dir, key, host, fail_batch, build).run(prepare, idle_s, announce)
     except Exception as exc:
         record_failure(Path(run_dir), None, exc, server=index)
         raise
@@ -274,9 +281,9 @@ class _Server:
     """One sampler server's listener, its connections' threads, and the status file ``hpcgnn status`` reads."""
 
     def __init__(self, index: int, port: int, trainers: int, threads: int, run_dir: str, key: bytes, host: str,
-                 fail_batch: int):
+                 fail_batch: int, build: Callable):
         self.index, self.port, self.trainers, self.threads = index, port, trainers, threads
-        self.key, self.fail_batch, self.run_dir = key, fail_batch, run_dir
+        self.key, self.fail_batch, self.run_dir, self.build = key, fail_batch, run_dir, build
         self.name = f"sampler server {index} on {socket.gethostname()}:{port}"
         try:
             self.listener = socket.create_server((host, port), reuse_port=False, backlog=1024)
@@ -445,7 +452,7 @@ class _Server:
                 return
             channel = wire.Channel(conn, session, server=True)
             if _serve_trainer(channel, self.counters, self.threads, self.fail_batch, self.run_dir,
-                              f"{self.name} (from {addr[0]}:{addr[1]})"):
+                              f"{self.name} (from {addr[0]}:{addr[1]})", self.build):
                 with self.counters.lock:
                     self.done += 1
         except BaseException as exc:

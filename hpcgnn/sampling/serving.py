@@ -89,8 +89,8 @@ class Sampling:
     ``fail_batch``: raise making that batch (debug.sampler_fail_*). ``after_first``: called once the first batch
     is made."""
 
-    def __init__(self, recipe: bytes, fail_batch: int = -1, after_first: Callable | None = None):
-        r: shipping.Recipe = shipping.loads(recipe)
+    def __init__(self, recipe: shipping.Recipe | bytes, fail_batch: int = -1, after_first: Callable | None = None):
+        r: shipping.Recipe = shipping.loads(recipe) if isinstance(recipe, bytes) else recipe  # (bytes: over a pipe)
         self.stats, self.fail_batch, self.after_first = r.stats, fail_batch, after_first
         self.loader = BatchLoader(r.features, r.sampler, [], transform=r.transform)
 

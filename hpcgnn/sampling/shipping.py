@@ -1,6 +1,6 @@
 """Handing a rank's sampler to another process without copying the graph, and batches back without pickling.
 
-**Out** (once, when sampler processes start): the sampler, the features and the batch transform are pickled
+**Out** (once, when a rank's own sampler processes start, over pipes it made): the sampler, the features and the batch transform are pickled
 with cloudpickle (closures travel by value), except every tensor that lies in a memory-mapped file (the
 prepared graph, a partition's arrays): it travels as *where it lies* (file, byte offset, dtype, shape,
 strides) and the other process maps the same file range. A node's processes so read one copy of the graph
@@ -9,6 +9,10 @@ in the page cache, whatever their number. Other tensors (a degree vector, a cach
 **Back** (every batch): a batch's tensors are written into a shared-memory slot the rank handed over once
 (:func:`pack`); only a small description (offsets, dtypes, shapes, and the batch's plain values) crosses a
 pipe, and the rank views the tensors in place (:func:`unpack`).
+
+**To sampler servers** nothing of this is pickled: a rank writes what its servers cannot know from the run's config
+and the graph they open (:class:`SamplerState`: typed fields and raw arrays) into the run folder, and each server
+builds the rank's sampler itself (:func:`hpcgnn.stores.server_recipe`).
 """
 
 from __future__ import annotations
@@ -17,10 +21,11 @@ import functools
 import hashlib
 import hmac
 import io
+import json
 import logging
 import pickle
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import cloudpickle
@@ -102,8 +107,9 @@ class _Unpickler(pickle.Unpickler):
 
 @dataclass(frozen=True)
 class Recipe:
-    """What a sampler process or a sampler server needs to make a rank's training batches: sent once, pickled by
-    :func:`dumps` (the graph's memory-mapped tensors by reference)."""
+    """What a sampler process or a sampler server needs to make a rank's training batches: sent once to a rank's own
+    sampler processes, pickled by :func:`dumps` (the graph's memory-mapped tensors by reference); built by a
+    sampler server from the rank's :class:`SamplerState`."""
 
     features: object  # where a batch's feature rows come from (a tensor, a typed graph's, a partitioned rank's)
     sampler: object  # the rank's training sampler (hpcgnn.sampling's protocol: sample(seeds, generator))
@@ -127,35 +133,105 @@ def loads(data: bytes):
     return _Unpickler(io.BytesIO(data)).load()
 
 
-RECIPES = "recipes"  # in the run folder: each trainer's recipe for its sampler servers (rank-<r>.pkl, mode 0600)
+RECIPES = "recipes"  # in the run folder: what each trainer's servers rebuild its sampler from (rank-<r>.state, 0600)
+STATE_MAGIC = b"hpcgnn sampler state 1\n"
+STATE_DTYPES = {name: getattr(torch, name) for name in ("bool", "uint8", "int16", "int32", "int64", "float16",
+                                                        "bfloat16", "float32", "float64")}
+MAX_HEADER = 1 << 20  # bytes of a state's JSON header: its settings and its arrays' places, never more
 
 
-def recipe_path(run_dir: str | Path, rank: int) -> Path:
-    return Path(run_dir) / RECIPES / f"rank-{int(rank)}.pkl"
+@dataclass(frozen=True)
+class SamplerState:
+    """What a rank's sampler servers need, besides the run's config and the graph they open, to build the rank's
+    training sampler as the rank built it (:func:`hpcgnn.stores.server_recipe`): where the rank stands (``rank``
+    of ``world_size``), the kind of graph (``kind``), the settings it decided (``values``: numbers, strings, flags)
+    and the arrays it computed at run time (``arrays``: a hot-node cache's ids and rows, saint_rw's inclusion,
+    Cluster-GCN's clusters). Written as typed fields and raw bytes (:meth:`encode`): nothing in it is code, and
+    nothing is unpickled where it is read."""
+
+    kind: str
+    rank: int
+    world_size: int
+    values: dict = field(default_factory=dict)
+    arrays: dict = field(default_factory=dict)  # name -> Tensor
+
+    def encode(self) -> bytes:
+        """The magic line, the header's length (8 bytes, little-endian), the header (JSON: the fields, and each
+        array's dtype, shape, offset and size), then the arrays' bytes."""
+        places, chunks, offset = {}, [], 0
+        for name, t in self.arrays.items():
+            t = t.detach().cpu().contiguous()
+            raw = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
+            places[name] = {"dtype": _dtype_name(t.dtype), "shape": list(t.shape), "offset": offset, "nbytes": len(raw)}
+            chunks.append(raw)
+            offset += len(raw)
+        header = json.dumps({"kind": self.kind, "rank": self.rank, "world_size": self.world_size,
+                             "values": self.values, "arrays": places}, allow_nan=False).encode()
+        return b"".join([STATE_MAGIC, len(header).to_bytes(8, "little"), header, *chunks])
+
+    @classmethod
+    def decode(cls, data: bytes) -> SamplerState:
+        """The state :meth:`encode` wrote; ValueError where the bytes are not one (each field checked by type,
+        each dtype from a fixed list, each array inside the payload and of its shape's size)."""
+        if not data.startswith(STATE_MAGIC):
+            raise ValueError("not a sampler state (its first line differs)")
+        at = len(STATE_MAGIC)
+        size = int.from_bytes(data[at: at + 8], "little")
+        if size > MAX_HEADER or at + 8 + size > len(data):
+            raise ValueError(f"a sampler state's header of {size} bytes does not fit its {len(data)} bytes")
+        head = json.loads(data[at + 8: at + 8 + size])
+        payload = memoryview(data)[at + 8 + size:]
+        if not (isinstance(head, dict) and isinstance(head.get("kind"), str) and type(head.get("rank")) is int
+                and type(head.get("world_size")) is int and isinstance(head.get("values"), dict)
+                and isinstance(head.get("arrays"), dict)):
+            raise ValueError("a sampler state's header lacks its kind, rank, world size, values or arrays")
+        arrays = {}
+        for name, p in head["arrays"].items():
+            dtype = STATE_DTYPES.get(p.get("dtype")) if isinstance(p, dict) else None
+            shape, offset, nbytes = (p.get("shape"), p.get("offset"), p.get("nbytes")) if dtype else (None, 0, 0)
+            if (dtype is None or not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape)
+                    or type(offset) is not int or type(nbytes) is not int or offset < 0
+                    or offset + nbytes > len(payload)
+                    or nbytes != int(np.prod(shape, dtype=np.int64)) * torch.empty(0, dtype=dtype).element_size()):
+                raise ValueError(f"a sampler state's array {name!r} is not described by a dtype of "
+                                 f"{sorted(STATE_DTYPES)}, a shape, and a place inside its payload")
+            raw = bytearray(payload[offset: offset + nbytes])
+            arrays[name] = torch.frombuffer(raw, dtype=torch.uint8).view(dtype).reshape(shape) if nbytes else \
+                torch.empty(shape, dtype=dtype)
+        return cls(head["kind"], head["rank"], head["world_size"], head["values"], arrays)
 
 
-def publish(run_dir: str | Path, rank: int, data: bytes) -> str:
-    """A trainer's recipe for its sampler servers, put where they read it: the run folder, which the run's nodes
-    share and only its owner can write (:func:`hpcgnn.trust.owned_folder`). Returns its SHA-256, which the
-    trainer sends in its authenticated hello: a server never unpickles what a socket brings, only this file,
-    and only when it is the one the trainer meant."""
-    folder = recipe_path(run_dir, rank).parent
+def state_path(run_dir: str | Path, rank: int) -> Path:
+    return Path(run_dir) / RECIPES / f"rank-{int(rank)}.state"
+
+
+def publish(run_dir: str | Path, rank: int, state: SamplerState) -> str:
+    """A trainer's sampler state for its sampler servers, put where they read it: the run folder, which the run's
+    nodes share and only its owner can write (:func:`hpcgnn.trust.owned_folder`). Returns its SHA-256, which the
+    trainer sends in its authenticated hello: a server reads only this file, and only when it is the one the
+    trainer meant."""
+    folder = state_path(run_dir, rank).parent
     folder.mkdir(mode=0o700, exist_ok=True)
     trust.owned_folder(folder, "the recipes folder", "use a run folder only you can write")
-    trust.write_own_file(recipe_path(run_dir, rank), data)
+    data = state.encode()
+    trust.write_own_file(state_path(run_dir, rank), data)
     return hashlib.sha256(data).hexdigest()
 
 
-def fetch(run_dir: str | Path, rank: int, sha256: str) -> bytes:
-    """Rank ``rank``'s recipe as it published it (:func:`publish`); refused when the file is not the user's own,
-    or is not the one whose hash the trainer sent."""
-    path = recipe_path(run_dir, rank)
+def fetch(run_dir: str | Path, rank: int, sha256: str) -> SamplerState:
+    """Rank ``rank``'s sampler state as it published it (:func:`publish`); refused when the file is not the user's
+    own, is not the one whose hash the trainer sent, or is another rank's."""
+    path = state_path(run_dir, rank)
     trust.run_folder(run_dir)  # (its recipes/ among its folders)
-    data = trust.read_own_file(path, "the sampler recipe")
+    data = trust.read_own_file(path, "the sampler state")
     if not hmac.compare_digest(hashlib.sha256(data).hexdigest(), sha256):
-        raise ConfigError(f"the sampler recipe {path} is not the one rank {rank} published (its SHA-256 differs). "
+        raise ConfigError(f"the sampler state {path} is not the one rank {rank} published (its SHA-256 differs). "
                           "HINT: two runs share this run folder, or it was changed: start the run again")
-    return data
+    state = SamplerState.decode(data)
+    if state.rank != rank:
+        raise ConfigError(f"the sampler state {path} is rank {state.rank}'s, not rank {rank}'s. HINT: start the run "
+                          "again")
+    return state
 
 
 # ---------------------------------------------------------------------- batches through a shared slot

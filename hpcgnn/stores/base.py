@@ -43,6 +43,7 @@ from hpcgnn.sampling.distributed import CommStats
 from hpcgnn.sampling.link import LinkSampler, pair_sampler, share
 from hpcgnn.sampling.loader import EpochPlan
 from hpcgnn.sampling.producers import GraphSide
+from hpcgnn.sampling.shipping import SamplerState
 from hpcgnn.stores.exact import Exact
 
 
@@ -113,7 +114,12 @@ class Store(abc.ABC):
 
     def graph_side(self) -> GraphSide:
         """What this rank's training batches are made of, for the producer that makes them."""
-        return GraphSide(self.features, self.train_sampler, self.exchange)
+        return GraphSide(self.features, self.train_sampler, self.exchange, self.sampler_state())
+
+    def sampler_state(self) -> SamplerState | None:
+        """What a sampler server needs, besides the run's config and the graph it opens, to build this rank's
+        training sampler as the rank did (its subclass's ``server_side`` builds it); None: servers cannot."""
+        return None
 
     def eval_loader(self, split: str, transform=None) -> BatchLoader:
         """This rank's share of ``split`` in batches of ``train.eval_batch_size`` (link: pairs to score)."""
@@ -161,9 +167,7 @@ class Store(abc.ABC):
         return torch.arange(lo, hi)
 
     def _link_sampler(self, node_sampler, train_pos: Tensor, has_edge) -> LinkSampler:
-        k = self.cfg.task
-        return LinkSampler(node_sampler, train_pos, self.shape.num_nodes, k.negatives, k.num_negatives,
-                           k.neg_retries, k.form, has_edge=has_edge, drop_targets=k.target_edges == "drop")
+        return link_sampler(self.cfg, node_sampler, train_pos, self.shape.num_nodes, has_edge)
 
     # ------------------------------------------------------------------ exact outputs
 
@@ -239,6 +243,13 @@ class WholeGraphStore(Store):
 
 
 # ---------------------------------------------------------------------- helpers every store kind uses
+
+
+def link_sampler(cfg: RunConfig, node_sampler, train_pos: Tensor, num_nodes: int, has_edge) -> LinkSampler:
+    """A link task's training sampler: around the endpoints of its positive edges ``train_pos``, with negatives."""
+    k = cfg.task
+    return LinkSampler(node_sampler, train_pos, num_nodes, k.negatives, k.num_negatives, k.neg_retries, k.form,
+                       has_edge=has_edge, drop_targets=k.target_edges == "drop")
 
 
 def labels_of(y: Tensor, rows: Tensor) -> Tensor:

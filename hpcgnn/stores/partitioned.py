@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -19,7 +20,9 @@ from hpcgnn.rng import generator
 from hpcgnn.sampling import subgraph as sub
 from hpcgnn.sampling.distributed import CommStats, fetch_rows
 from hpcgnn.sampling.loader import shuffled_to
-from hpcgnn.stores.base import Store, fanouts, graph_shape, labels_of, typed_fanouts
+from hpcgnn.sampling.producers import GraphSide
+from hpcgnn.sampling.shipping import SamplerState
+from hpcgnn.stores.base import Store, fanouts, graph_shape, labels_of, link_sampler, typed_fanouts
 from hpcgnn.stores.exact import (
     Exact,
     PartsPieces,
@@ -55,6 +58,38 @@ def distinct(batch: Tensor) -> Tensor:
     first = torch.full((values.numel(),), batch.numel(), dtype=torch.long)
     first.scatter_reduce_(0, inverse, torch.arange(batch.numel()), "amin")
     return batch.index_select(0, first.sort().values)
+
+
+@dataclass(frozen=True)
+class PartSamplers:
+    cache: object  # the rank's rows of any node (PartitionedFeatures): owned, cached, or fetched
+    features: object  # what batches' rows are gathered from (the cache, or a typed graph's view of it)
+    sampler: object  # evaluation's
+    train_sampler: object  # training's (a link task's: around its edges' endpoints)
+    seed_offset: int  # global id -> sampler seed (a typed graph's sampler takes target-type ids)
+
+
+def part_samplers(cfg: RunConfig, view, exchange, link: bool) -> PartSamplers:
+    """A rank's samplers across parts and where their rows come from, as a rank and its sampler servers build them
+    (the hot-node cache empty: the rank fills it together with the others)."""
+    from hpcgnn.sampling import distributed as d
+
+    parts, g = view.parts, cfg.graph
+    cache = features = d.PartitionedFeatures(view, exchange, labels=not link)
+    seed_offset = 0
+    if parts.typed is not None:  # batches are HeteroData; seeds are the target type's own ids
+        from hpcgnn.sampling.typed import PartitionedTypedFeatures, PartitionedTypedSampler
+
+        schema = parts.typed.schema
+        seed_offset = schema.offsets()[schema.target]
+        sampler = PartitionedTypedSampler(view, typed_fanouts(cfg, schema), exchange, g.boundary_fraction)
+        features = PartitionedTypedFeatures(cache, sampler)
+    else:
+        sampler = d.PartitionedNeighborSampler(view, fanouts(cfg), exchange, g.boundary_fraction)
+    train_sampler = sampler
+    if link:
+        train_sampler = link_sampler(cfg, sampler, parts.train_pos, parts.num_nodes, owned_has_edge(view))
+    return PartSamplers(cache, features, sampler, train_sampler, seed_offset)
 
 
 class PartitionedStore(Store):
@@ -97,24 +132,31 @@ class PartitionedStore(Store):
     def _make_samplers(self) -> None:
         """Where batches' rows come from (the hot-node cache first, over every node type) and the samplers across
         parts: evaluation's, and training's (a link task's: around its edges' endpoints)."""
+        s = part_samplers(self.cfg, self.view, self.exchange, self.link is not None)
+        self.cache, self.features, self.sampler, self.train_sampler = s.cache, s.features, s.sampler, s.train_sampler
+        self.seed_offset = s.seed_offset  # global id -> sampler seed (a typed graph's sampler takes target-type ids)
+
+    def sampler_state(self) -> SamplerState:
+        """The rank's place, its parts, and its hot-node cache (the ids a warm-up chose, their rows as fetched)."""
+        return SamplerState("parts", self.env.rank, self.env.world_size, {"num_parts": self.num_parts},
+                            {"cache_ids": self.cache.cache_ids, "cache_x": self.cache.cache_x})
+
+    @staticmethod
+    def server_side(cfg: RunConfig, state: SamplerState) -> tuple[GraphSide, Tensor]:
+        """A rank's training sampler built on a sampler server as the rank built it: its parts opened there (their
+        files checked when the rank opened them), its cache as the rank filled it, and an exchange that joins the
+        group of every rank's sampler where its batches are made (:mod:`hpcgnn.sampling.relay`)."""
+        from hpcgnn.partition.parts import open_parts
         from hpcgnn.sampling import distributed as d
 
-        cfg, parts, g = self.cfg, self.parts, self.cfg.graph
-        self.cache = self.features = d.PartitionedFeatures(self.view, self.exchange, labels=self.link is None)
-        self.seed_offset = 0  # global id -> sampler seed (a typed graph's sampler takes target-type ids)
-        if parts.typed is not None:  # batches are HeteroData; seeds are the target type's own ids
-            from hpcgnn.sampling.typed import PartitionedTypedFeatures, PartitionedTypedSampler
-
-            schema = parts.typed.schema
-            self.seed_offset = schema.offsets()[schema.target]
-            self.sampler = PartitionedTypedSampler(self.view, typed_fanouts(cfg, schema), self.exchange,
-                                                   g.boundary_fraction)
-            self.features = PartitionedTypedFeatures(self.cache, self.sampler)
-        else:
-            self.sampler = d.PartitionedNeighborSampler(self.view, fanouts(cfg), self.exchange, g.boundary_fraction)
-        self.train_sampler = self.sampler
-        if self.link is not None:
-            self.train_sampler = self._link_sampler(self.sampler, parts.train_pos, owned_has_edge(self.view))
+        rank, world, num_parts = state.rank, state.world_size, int(state.values["num_parts"])
+        per_rank = num_parts // world
+        parts = open_parts(cfg.dataset, cfg.graph, num_parts, list(range(rank * per_rank, (rank + 1) * per_rank)),
+                           verify=False)
+        exchange = d.Exchange(None, rank, world, torch.device("cpu"), d.CommStats())
+        s = part_samplers(cfg, d.PartitionView(parts, rank, per_rank), exchange, cfg.dataset.prepared_for == "link")
+        s.cache.cache_ids, s.cache.cache_x = state.arrays["cache_ids"], state.arrays["cache_x"]
+        return GraphSide(s.features, s.train_sampler, exchange), parts.degree
 
     def _count_steps(self) -> None:
         """Steps per epoch, the same on every rank (collective): the largest rank's seeds in batches, or (an

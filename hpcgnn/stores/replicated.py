@@ -20,7 +20,16 @@ from hpcgnn.io import write_npy
 from hpcgnn.rng import generator
 from hpcgnn.sampling import CSRNeighborSampler, steps_per_epoch
 from hpcgnn.sampling import subgraph as sub
-from hpcgnn.stores.base import WholeGraphStore, fanouts, graph_shape, on_local_rank0, require_training_items
+from hpcgnn.sampling.producers import GraphSide
+from hpcgnn.sampling.shipping import SamplerState
+from hpcgnn.stores.base import (
+    WholeGraphStore,
+    fanouts,
+    graph_shape,
+    link_sampler,
+    on_local_rank0,
+    require_training_items,
+)
 from hpcgnn.stores.exact import Exact, WholeGraphPieces, exact_outputs
 
 log = logging.getLogger(__name__)
@@ -78,11 +87,31 @@ def graph_on(cfg: RunConfig, env: RankEnv, device: torch.device, graph_bytes: in
     return "device" if fits else "host"
 
 
+def training_sampler(cfg: RunConfig, g: Graph, sampler, clusters: Tensor | None = None):
+    """The training sampler of ``train.sampler`` over the whole graph ``g`` (``sampler``: the neighbour sampler,
+    evaluation's; ``clusters``: Cluster-GCN's assignment), as a rank and its sampler servers build it. saint_rw's
+    inclusion probabilities are the ranks' to compute together, and set after."""
+    t = cfg.train
+    n, n_train = g.num_nodes, g.train_idx.numel()
+    if t.sampler == "ladies":
+        return sub.LadiesSampler(g.rowptr, g.col, fanouts(cfg))
+    if t.sampler in ("saint_node", "saint_edge"):
+        # Sized so that a subgraph holds about batch_size training nodes.
+        cls, per_draw = (sub.SaintNodeSampler, 1) if t.sampler == "saint_node" else (sub.SaintEdgeSampler, 2)
+        return cls(g.rowptr, g.col, g.train_idx, math.ceil(t.batch_size * n / (n_train * per_draw)))
+    if t.sampler == "saint_rw":
+        return sub.SaintWalkSampler(g.rowptr, g.col, g.train_idx, len(t.fanouts))
+    if t.sampler == "cluster":
+        return sub.ClusterSampler(g.rowptr, g.col, g.train_idx, clusters)
+    return sampler
+
+
 class ReplicatedStore(WholeGraphStore):
     """Every rank maps the whole prepared graph; seeds (nodes, or edges for link prediction) are split across ranks."""
 
     def __init__(self, cfg: RunConfig, env: RankEnv, device: torch.device | None = None):
         super().__init__(cfg, env, device or torch.device("cpu"))
+        self.decided: dict[str, Tensor] = {}  # what the ranks computed together for the training sampler
         self.graph = g = open_shared_graph(cfg, env)
         self.link = open_link(cfg.dataset) if cfg.dataset.prepared_for == "link" else None
         self.features = g
@@ -122,34 +151,49 @@ class ReplicatedStore(WholeGraphStore):
         """The training sampler of ``train.sampler``, what its steps draw from, and the steps per epoch."""
         t, g, env = self.cfg.train, self.graph, self.env
         n, n_train, world = g.num_nodes, g.train_idx.numel(), env.world_size
-        if t.sampler == "ladies":
-            self.train_sampler = sub.LadiesSampler(g.rowptr, g.col, fanouts(self.cfg))
-        elif t.sampler in ("saint_node", "saint_edge"):
-            # Sized so that a subgraph holds about batch_size training nodes; a step draws afresh.
-            cls, per_draw = (sub.SaintNodeSampler, 1) if t.sampler == "saint_node" else (sub.SaintEdgeSampler, 2)
-            self.train_sampler = cls(g.rowptr, g.col, g.train_idx, math.ceil(t.batch_size * n / (n_train * per_draw)))
-            self.items, self.items_per_step = torch.arange(self.steps * world), 1
-        elif t.sampler == "saint_rw":  # the step's seeds are the walks' roots
-            s = self.train_sampler = sub.SaintWalkSampler(g.rowptr, g.col, g.train_idx, len(t.fanouts))
-            total = math.ceil(t.saint_coverage * n / (t.batch_size * (len(t.fanouts) + 1)))
-            mine = math.ceil(total / world)  # the pre-sampling is shared out over the ranks
-            counts = s.count_inclusion(t.batch_size, mine, generator(t.seed, "saint_rw_inclusion", env.rank))
-            s.inclusion = dist.all_reduce_sum(counts) / (mine * world)
-        elif t.sampler == "cluster":
+        clusters = None
+        if t.sampler == "cluster":
             num = t.num_clusters or t.clusters_per_batch * math.ceil(n_train / t.batch_size)
             if num > n:
                 raise ConfigError(f"train.num_clusters={num} exceeds the graph's {n} nodes: lower train.num_clusters "
                                   "or raise train.batch_size")
-            self.train_sampler = sub.ClusterSampler(g.rowptr, g.col, g.train_idx,
-                                                    cluster_assignment(self.cfg, env, g, num))
+            clusters = self.decided["clusters"] = cluster_assignment(self.cfg, env, g, num)
             self.items, self.items_per_step = torch.arange(num), t.clusters_per_batch
             self.steps = steps_per_epoch(num, world, t.clusters_per_batch)
+        self.train_sampler = s = training_sampler(self.cfg, g, self.sampler, clusters)
+        if t.sampler in ("saint_node", "saint_edge"):  # a step draws afresh
+            self.items, self.items_per_step = torch.arange(self.steps * world), 1
+        elif t.sampler == "saint_rw":  # the step's seeds are the walks' roots
+            total = math.ceil(t.saint_coverage * n / (t.batch_size * (len(t.fanouts) + 1)))
+            mine = math.ceil(total / world)  # the pre-sampling is shared out over the ranks
+            counts = s.count_inclusion(t.batch_size, mine, generator(t.seed, "saint_rw_inclusion", env.rank))
+            s.inclusion = self.decided["inclusion"] = dist.all_reduce_sum(counts) / (mine * world)
         if t.edge_budget:
             self.seed_cost = sub.expected_edges(g.rowptr, g.col, t.fanouts)
             total_cost = float(self.seed_cost.index_select(0, g.train_idx).double().sum())
             self.steps = sub.batches_for_budget(total_cost, world, t.edge_budget, math.ceil(n_train / world))
         # Subgraph batches are each a whole estimate of the mean loss: weigh steps by batches, not seeds.
         self.weigh_by_seeds = not isinstance(self.train_sampler, sub.SubgraphSampler)
+
+    def sampler_state(self) -> SamplerState:
+        """The rank's place, whether batches carry their edges' ids, and what the ranks computed together (saint_rw's
+        inclusion, Cluster-GCN's clusters)."""
+        return SamplerState("whole", self.env.rank, self.env.world_size, {"edge_ids": self.sampler.edge_ids},
+                            dict(self.decided))
+
+    @staticmethod
+    def server_side(cfg: RunConfig, state: SamplerState, g: Graph) -> tuple[GraphSide, Tensor]:
+        """A rank's training sampler built on a sampler server as the rank built it (over ``g``, the graph the
+        server opened), and the degrees its batch transform reads."""
+        sampler = CSRNeighborSampler(g.rowptr, g.col, fanouts(cfg), edge_ids=bool(state.values.get("edge_ids")))
+        if cfg.dataset.prepared_for == "link":
+            link = open_link(cfg.dataset)
+            train = link_sampler(cfg, sampler, link.train.pos, g.num_nodes, csr_has_edge(g.rowptr, g.col))
+        else:
+            train = training_sampler(cfg, g, sampler, state.arrays.get("clusters"))
+            if "inclusion" in state.arrays:
+                train.inclusion = state.arrays["inclusion"]
+        return GraphSide(g, train), g.degree()
 
     def exact(self, model: torch.nn.Module, transform_for=None, layers: int | None = None, on_layer=None) -> Exact:
         t, env = self.cfg.train, self.env

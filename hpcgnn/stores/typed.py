@@ -11,6 +11,8 @@ from hpcgnn.config import RunConfig
 from hpcgnn.data import open_typed, prepare
 from hpcgnn.env import RankEnv
 from hpcgnn.sampling import steps_per_epoch
+from hpcgnn.sampling.producers import GraphSide
+from hpcgnn.sampling.shipping import SamplerState
 from hpcgnn.stores.base import (
     WholeGraphStore,
     graph_shape,
@@ -49,6 +51,17 @@ class TypedStore(WholeGraphStore):
                  "features of %s", g.num_nodes, {"__".join(r): g.num_edges(r) for r in g.relations}, g.target,
                  g.num_features, g.num_classes, g.train_idx.numel(), g.val_idx.numel(), g.test_idx.numel(),
                  {t: rule for t, rule in g.feature_rule.items() if rule != "given"})
+
+    def sampler_state(self) -> SamplerState:
+        return SamplerState("typed", self.env.rank, self.env.world_size)
+
+    @staticmethod
+    def server_side(cfg: RunConfig, state: SamplerState, g) -> tuple[GraphSide, None]:
+        """A rank's training sampler built on a sampler server as the rank built it, over ``g`` (the typed graph the
+        server opened); a typed graph's batches need no degrees."""
+        from hpcgnn.sampling.typed import TypedNeighborSampler
+
+        return GraphSide(g, TypedNeighborSampler(g, typed_fanouts(cfg, g))), None
 
     def exact(self, model: torch.nn.Module, transform_for=None, layers: int | None = None, on_layer=None) -> Exact:
         t, env = self.cfg.train, self.env

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from hpcgnn.config import ClusterConfig, RunConfig
 
-SERVERS_PICKLE = "sampler-servers.pkl"  # the run's config, for the servers (in submitit's folder)
+SERVERS_CONFIG = "sampler-servers.json"  # the run's config, for the servers (in submitit's folder)
 
 
 def server_directives(c: ClusterConfig) -> list[str]:
@@ -40,7 +40,7 @@ def server_command(python: str, folder: Path, het: bool) -> str:
     group = "--het-group=1 " if het else ""
     out = shlex.quote(str(folder / "%j_server_%t.out"))
     return (f"srun {group}--unbuffered --output {out} --error {out} "
-            f"{shlex.quote(python)} -u -m hpcgnn.rank.server {shlex.quote(str(folder / SERVERS_PICKLE))}")
+            f"{shlex.quote(python)} -u -m hpcgnn.rank.server {shlex.quote(str(folder / SERVERS_CONFIG))}")
 
 
 def heterogeneous(text: str, cfg: RunConfig) -> str:
@@ -60,14 +60,13 @@ def heterogeneous(text: str, cfg: RunConfig) -> str:
 
 
 def write_servers_config(cfg: RunConfig, folder: Path) -> Path:
-    """The run's config where the servers read it (``python -m hpcgnn.rank.server PATH``)."""
-    import pickle
-
+    """The run's config where the servers read it (``python -m hpcgnn.rank.server PATH``): its fields as JSON,
+    nothing pickled (:meth:`RunConfig.from_json`)."""
     from hpcgnn.trust import write_own_file
 
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / SERVERS_PICKLE
-    write_own_file(path, pickle.dumps(cfg))  # (0600: read back only when the run folder is the user's own)
+    path = folder / SERVERS_CONFIG
+    write_own_file(path, cfg.to_json())  # (0600: read back only when the run folder is the user's own)
     return path
 
 
@@ -78,7 +77,7 @@ def servers_script(cfg: RunConfig, folder: Path, python: str) -> str:
     lines = ["#!/bin/bash", "", "# Parameters", *server_directives(c), f"#SBATCH --output={folder / '%j_servers.out'}",
              "", "# setup", *c.setup, "", "# sampler servers: the trainers' job starts once this one has",
              f"srun --unbuffered --output {out} --error {out} {shlex.quote(python)} -u -m hpcgnn.rank.server "
-             f"{shlex.quote(str(folder / SERVERS_PICKLE))}"]
+             f"{shlex.quote(str(folder / SERVERS_CONFIG))}"]
     return "\n".join(lines) + "\n"
 
 
