@@ -7,6 +7,7 @@
     PYTHONPATH=examples python -m hpcgnn dataset=synthetic_hetero model=custom model._target_=my_gnn.ResidualSAGE
     PYTHONPATH=examples python -m hpcgnn dataset=files dataset.path=GRAPH model=custom model._target_=my_gnn.EdgeGINE \
         +model.kwargs.edge_dim=8
+    PYTHONPATH=examples python -m hpcgnn task=edge task.decoder=my_gnn.BilinearDecoder
 
 hpcgnn fills in the widths a class takes by name (in_channels, out_channels, hidden_channels, num_layers,
 dropout; model.widths maps them to other names) and hands forward the batch's nodes and edges; the rows
@@ -96,3 +97,16 @@ class HeteroSAGE(torch.nn.Module):
         for conv in self.convs:
             x_dict = {t: self.dropout(F.relu(h)) for t, h in conv(x_dict, edge_index_dict).items()}
         return {t: self.out(h) for t, h in x_dict.items()}
+
+
+class BilinearDecoder(torch.nn.Module):
+    """An edge task's decoder (``task.decoder=my_gnn.BilinearDecoder``): each output a bilinear form of the two
+    ends' embeddings. hpcgnn builds it as ``BilinearDecoder(in_channels, out_channels)`` and calls it on the
+    source's and the target's embeddings."""
+
+    def __init__(self, in_channels: int, out_channels: int):
+        super().__init__()
+        self.bilinear = torch.nn.Bilinear(in_channels, in_channels, out_channels)
+
+    def forward(self, source: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return self.bilinear(source, target)

@@ -22,6 +22,8 @@ FULL_INFERENCE_MODELS = ("sage", "gcn", "gin", "gat", "mlp")  # exact layer-wise
 TYPED_FULL_INFERENCE_MODELS = ("rgcn", "mlp")  # ... on a typed graph
 FEATURE_DTYPES = ("float32", "float16", "bfloat16")  # dataset.feature_dtype: how features are stored
 DECODERS = ("dot", "mlp")  # link prediction: how a pair of embeddings becomes a score
+EDGE_DECODERS = ("concat", "hadamard")  # task=edge: how a pair of embeddings becomes outputs (or pkg.module.Class)
+EDGE_TARGET_DATASETS = ("synthetic", "files", "pyg")  # task=edge: datasets whose edges can carry targets
 EDGE_MODELS = ("gat", "gin")  # hpcgnn's models that read edge features (model.edge_dim): GATConv(edge_dim), GINEConv
 
 # ------------------------------------------------------------------ datasets: from their specs (hpcgnn.datasets)
@@ -38,7 +40,7 @@ ON_DISK = datasets.names(on_disk=True)  # read from files that must be there bef
 
 # ------------------------------------------------------------------ tasks (hpcgnn.tasks.TASKS)
 
-TASK_NAMES = ("node", "link")
+TASK_NAMES = ("node", "link", "edge")
 NEGATIVES = ("uniform", "strict", "in_batch")
 FORMS = ("binary", "triplet")
 TARGET_EDGES = ("drop", "keep")
@@ -218,11 +220,11 @@ def check_task_config(cfg) -> None:
     if name not in TASK_NAMES:
         raise ConfigError(f"task.name={name!r} is unknown: use one of {', '.join(sorted(TASK_NAMES))}")
     check_typed_config(cfg)
-    (_check_node if name == "node" else _check_link)(cfg)
+    {"node": _check_node, "link": _check_link, "edge": _check_edge}[name](cfg)
 
 
-def _check_node(cfg) -> None:
-    t, k = cfg.train, cfg.task
+def _check_kind(k) -> None:
+    """``task.kind`` and ``task.loss`` (a node or an edge task's targets)."""
     for key, value, allowed in (("task.kind", k.kind, KINDS), ("task.loss", k.loss, LOSSES)):
         if value not in allowed:
             raise ConfigError(f"{key}={value!r} is unknown: use one of {', '.join(allowed)}")
@@ -230,12 +232,41 @@ def _check_node(cfg) -> None:
         raise ConfigError(f"task.loss={k.loss} is a regression's loss; task.kind={k.kind} trains with "
                           f"{'cross-entropy' if k.kind == 'classification' else 'binary cross-entropy'}. HINT: drop "
                           "task.loss, or task.kind=regression")
+
+
+def _check_node(cfg) -> None:
+    t, k = cfg.train, cfg.task
+    _check_kind(k)
     typed = is_typed(cfg.dataset)
     models = TYPED_FULL_INFERENCE_MODELS if typed else (*FULL_INFERENCE_MODELS, CUSTOM)  # (custom: a BasicGNN's)
     if t.eval_mode == "full" and cfg.model.name not in models:
         raise ConfigError(f"train.eval_mode=full needs model {', '.join(models)}"
                           + (" on a typed graph" if typed else "")
                           + f"; got model={cfg.model.name}. HINT: train.eval_mode=sampled")
+
+
+def _check_edge(cfg) -> None:
+    """task=edge: targets on given edges of a replicated, homogeneous graph, neighbour sampling around both ends."""
+    k, t, d = cfg.task, cfg.train, cfg.dataset
+    _check_kind(k)
+    if k.decoder not in EDGE_DECODERS and "." not in k.decoder:
+        raise ConfigError(f"task.decoder={k.decoder!r} is not an edge task's: use {', '.join(EDGE_DECODERS)} or a "
+                          "module of your own (task.decoder=pkg.module.Class, built as Class(in_channels, "
+                          "out_channels), called on the two ends' embeddings)")
+    if k.target_edges not in TARGET_EDGES:
+        raise ConfigError(f"task.target_edges={k.target_edges!r} is unknown: use one of {', '.join(TARGET_EDGES)}")
+    why = (f"graph.mode={cfg.graph.mode}" if cfg.graph.mode != "replicated" else
+           f"a typed graph (dataset={d.name})" if is_typed(d) else
+           f"dataset={d.name} (its edges carry no targets)" if d.name not in EDGE_TARGET_DATASETS else
+           f"train.sampler={t.sampler}" if t.sampler != "neighbor" else
+           f"train.edge_budget={t.edge_budget}" if t.edge_budget else None)
+    if why is not None:
+        raise ConfigError(f"task=edge trains on a replicated, homogeneous graph of dataset "
+                          f"{', '.join(EDGE_TARGET_DATASETS)} with train.sampler=neighbor so far, not with {why}. "
+                          "HINT: change that")
+    if t.eval_mode == "full" and cfg.model.name not in (*FULL_INFERENCE_MODELS, CUSTOM):
+        raise ConfigError(f"train.eval_mode=full needs model {', '.join(FULL_INFERENCE_MODELS)}; got "
+                          f"model={cfg.model.name}. HINT: train.eval_mode=sampled (or auto)")
 
 
 def link_eval_mode(cfg) -> str:

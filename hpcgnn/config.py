@@ -33,16 +33,16 @@ __all__ = ["ConfigError", "RunConfig", "check_override_keys", "register_configs"
 
 @dataclass(frozen=True)
 class TaskConfig:
-    name: str = "node"  # node (node classification) | link (link prediction); the task owns the loss, metrics and evaluation
-    decoder: str = "dot"  # link: dot (inner product of the two embeddings) | mlp (an MLP on their Hadamard product)
+    name: str = "node"  # node (node targets) | link (link prediction) | edge (targets on given edges); the task owns the loss, metrics and evaluation
+    decoder: str = "dot"  # link: dot (inner product of the two embeddings) | mlp (an MLP on their Hadamard product); edge: concat | hadamard | pkg.module.Class
     negatives: str = "uniform"  # link: uniform (random targets) | strict (no existing edge) | in_batch (the batch's other targets)
     num_negatives: int = 1  # link: negatives per positive edge in a training step
     neg_retries: int = 3  # link, negatives=strict: redraws of a negative that is an edge; then it is padding (weight 0, counted)
     form: str = "binary"  # link: binary (labelled pairs, BCE) | triplet (each positive against its negatives, softmax)
     hits_k: Tuple[int, ...] = (20, 50, 100)  # link: the K of the Hits@K metrics reported
-    target_edges: str = "drop"  # link: drop (a step's target edges carry no messages in its batch) | keep (they do, as in a full-batch GAE)
-    kind: str = "auto"  # node: auto (from the labels: integer [N] classes, {0,1} [N, C] multilabel, float regression) | classification | multilabel | regression
-    loss: str = "auto"  # node, regression: auto (mse) | mse | l1 | huber (classification: cross-entropy; multilabel: BCE with logits)
+    target_edges: str = "drop"  # link, edge: drop (a step's target edges carry no messages in its batch) | keep (they do, as in a full-batch GAE)
+    kind: str = "auto"  # node, edge: auto (from the labels: integer [N] classes, {0,1} [N, C] multilabel, float regression) | classification | multilabel | regression
+    loss: str = "auto"  # node, edge, regression: auto (mse) | mse | l1 | huber (classification: cross-entropy; multilabel: BCE with logits)
 
 
 @dataclass(frozen=True)
@@ -65,7 +65,7 @@ class DatasetConfig:
     val_fraction: float = 0.1  # fraction of nodes in the validation split (the rest is test)
     seed: int = 0  # seed of the generator and of the split
     edge_split: Tuple[float, ...] = (0.85, 0.05, 0.1)  # task=link on synthetic/files: train/val/test fractions of the edges
-    prepared_for: str = "node"  # node | link: what the prepared graph serves (follows task.name; not set by hand)
+    prepared_for: str = "node"  # node | link | edge: what the prepared graph serves (follows task.name; not set by hand)
     feature_dtype: str = "float32"  # float32 | float16 | bfloat16: how features are stored (half the bytes); batches are upcast to float32
     prepare_mem_gb: Optional[float] = None  # memory preparing may use (edges are sorted on disk in buckets of this size); None = a quarter of what is free, at most 0.25
     _target_: Optional[str] = None  # pyg: a torch_geometric.datasets class or a callable returning a Data (pyg_hetero: a HeteroData), pkg.module.Name

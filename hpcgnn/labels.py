@@ -70,10 +70,10 @@ class Target:
         return {"classification": f"{self.width} classes", "multilabel": f"{self.width} binary labels",
                 "regression": f"{self.width} value{'s' if self.width > 1 else ''}"}[self.kind]
 
-    def describe(self) -> str:
+    def describe(self, task: str = "node task", labels: str = "y") -> str:
         what = self.outputs()
-        how = "inferred from y" if self.inferred else "task.kind"
-        return (f"node task: {self.kind} ({what}, {how}{': ' + '; '.join(self.reasons) if self.reasons else ''}); "
+        how = f"inferred from {labels}" if self.inferred else "task.kind"
+        return (f"{task}: {self.kind} ({what}, {how}{': ' + '; '.join(self.reasons) if self.reasons else ''}); "
                 f"loss {self.loss}, metric {self.metric} ({'lower' if self.lower_is_better else 'higher'} is better)")
 
 

@@ -28,12 +28,13 @@ def metric_words(metric: str, short: bool = False) -> str:
 def predict_words(summary: dict) -> str:
     """A prediction job's result: "test accuracy 0.9263 over 12000 nodes (the run's: 0.9263, epoch 7, best.pt)", or
     what it wrote."""
-    what = f"{summary['what']} of {summary['rows']} node(s) ({summary['split']})" if summary["what"] != "scores" else \
+    of = summary.get("of", "nodes")  # (an edge model's predictions: of target edges)
+    what = f"{summary['what']} of {summary['rows']} {of} ({summary['split']})" if summary["what"] != "scores" else \
         f"scores of {summary['rows']} pair(s)"
     if summary.get("value") is None:
         return f"{what}, {summary['mode']} inference"
     run = summary.get("run_value")
     same = f"the run's: {run:.4f}" if run is not None else "the run reported none"
     metric = (summary.get("metric") or "_acc").split("_", 1)[1]
-    return (f"{summary['split']} {metric_words(metric)} {summary['value']:.4f} over {summary['rows']} nodes ({same}; epoch "
+    return (f"{summary['split']} {metric_words(metric)} {summary['value']:.4f} over {summary['rows']} {of} ({same}; epoch "
             f"{summary.get('epoch')}, {summary.get('which')}.pt, {summary['mode']} inference)")

@@ -65,16 +65,18 @@ def test_sampler_nodes_are_checked_at_submit_time():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("store", ["link", "typed", "partitioned", "custom"])
+@pytest.mark.parametrize("store", ["link", "typed", "partitioned", "custom", "edge"])
 def test_local_sampler_servers_train_bitwise_as_in_process_sampling(store, tmp_path):
     """2 ranks, 2 servers: the same parameters as in-process sampling. A whole graph: each rank's batches alternate
     between the servers; a partitioned one: server r makes rank r's batches, sampling across parts with the
-    other server (and the exchange counts reach the rank). custom: the replicated graph with a model of the user's
-    own, with autocast to bf16 and two micro-batches per step (hpcgnn's own sage with a server: test_slurm's
-    heterogeneous job and test_trust_handshake's run among outsiders, both against in-process sampling)."""
+    other server (and the exchange counts reach the rank); edge: an edge task's targets (task=edge). custom: the
+    replicated graph with a model of the user's own, with autocast to bf16 and two micro-batches per step
+    (hpcgnn's own sage with a server: test_slurm's heterogeneous job and test_trust_handshake's run among
+    outsiders, both against in-process sampling)."""
     over = {"link": [*TINY, "task=link"],
             "typed": ["dataset=synthetic_hetero", "train.epochs=2"],
             "partitioned": [*TINY, "graph=partitioned", "graph.cache_mb=0.1"],
+            "edge": [*TINY, "task=edge", "dataset.num_nodes=8000"],
             "custom": [*TINY, "model=custom", "model._target_=my_gnn.ResidualSAGE", "train.precision=bf16",
                        "train.accumulate=2"]}[store]
     runs = {}

@@ -3,11 +3,12 @@
 - ``gnn.py``: the homogeneous models by name (sage, gcn, gat, gin, mlp) and what each one's batches need;
 - ``typed.py``: the typed graphs' models (rgcn, sage per relation, mlp);
 - ``node.py``: a node classifier for any graph, and a batch's logits and labels;
-- ``link.py``: link prediction's encoder and decoder;
+- ``link.py``: link prediction's encoder and decoder; ``edge.py``: an edge task's (``task=edge``);
 - ``custom.py``: a user's own model by ``_target_``; ``aggregation.py``: sorted-CSR aggregation on the CPU;
 - ``saved.py``: the trained model's files, and a plain PyG file to take elsewhere.
 """
 
+from hpcgnn.models.edge import EdgeModel, build_edge_model
 from hpcgnn.models.gnn import (
            MODELS,
            MLPBaseline,
@@ -28,7 +29,7 @@ from hpcgnn.models.typed import (
            forward_typed_batch,
 )
 
-__all__ = ["DECODERS", "MODELS", "RGCN", "TYPED_MODELS", "LinkModel", "MLPBaseline", "TypedMLP", "TypedSAGE",
-           "batch_transform", "build_link_model", "build_model", "build_node_model", "build_typed_model",
+__all__ = ["DECODERS", "MODELS", "RGCN", "TYPED_MODELS", "EdgeModel", "LinkModel", "MLPBaseline", "TypedMLP",
+           "TypedSAGE", "batch_transform", "build_edge_model", "build_link_model", "build_model", "build_node_model", "build_typed_model",
            "forward_batch", "forward_pairs", "forward_typed_batch", "node_logits_and_labels", "reads_edge_features",
            "uses_edges"]

@@ -240,7 +240,7 @@ def check_custom(cfg, in_channels: int = 16, out_channels: int = 3, schema=None)
         build_custom_typed(cfg.model, schema.node_types, schema.relations, schema.target, in_channels, out_channels,
                            layers)
         return  # (eval_mode=full on a typed graph: refused for custom models by the config's checks)
-    out = cfg.model.hidden_channels if cfg.task.name == "link" else out_channels
+    out = cfg.model.hidden_channels if cfg.task.name in ("link", "edge") else out_channels  # (an encoder's)
     model = build_custom(cfg.model, in_channels, out, layers)
     full = (link_eval_mode(cfg) if cfg.task.name == "link" else cfg.train.eval_mode) == "full"
     if full and not is_layerwise(model):

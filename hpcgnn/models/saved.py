@@ -129,6 +129,9 @@ def read(path: str | Path, trusted: bool = False, how: str = "trust=true") -> di
         raise ModelFileError(f"{path} is not a model file of this hpcgnn (format {record.get('format')!r}, want "
                              f"{FORMAT})" if isinstance(record, dict) else f"{path} is not a model file of hpcgnn")
     check_source(record.get("model") or {}, trusted, how, f"the model file {path}")
+    decoder = record.get("decoder")
+    if record.get("task") == "edge" and isinstance(decoder, str) and "." in decoder:  # a decoder of the user's own
+        check_source({"name": "custom", "_target_": decoder}, trusted, how, f"the model file {path} (its decoder)")
     return record
 
 
@@ -164,12 +167,15 @@ def rebuild(record: dict) -> torch.nn.Module:
     from hpcgnn.config import ModelConfig, frozen
     from hpcgnn.data.graph import GraphShape
     from hpcgnn.data.typed import TypedSchema
-    from hpcgnn.models import build_link_model, build_node_model
+    from hpcgnn.models import build_edge_model, build_link_model, build_node_model
 
     cfg = frozen(ModelConfig, record["model"])
     s = record["shape"]
     if record["task"] == "link":
         model = build_link_model(cfg, record["decoder"], s["num_features"], record["num_layers"])
+    elif record["task"] == "edge":
+        model = build_edge_model(cfg, record["decoder"], s["num_features"], s["num_classes"], record["num_layers"],
+                                 record.get("edge_dim", 0))
     else:
         schema = TypedSchema.from_meta(s["schema"]) if s["schema"] is not None else None
         shape = GraphShape(s["num_features"], s["num_classes"], s["num_nodes"], schema, target_of(record),
@@ -225,7 +231,7 @@ def plain(record: dict) -> dict:
     if s["schema"] is not None:
         raise ModelFileError(f"a model of a typed graph ({record['class']}) has no plain PyG form: its modules are "
                              "built from the graph's types. HINT: hpcgnn.load_model(RUN_DIR) gives it, on the CPU")
-    link = record["task"] == "link"
+    link = record["task"] in ("link", "edge")  # (an edge model: its encoder, the node embedding)
     inp, out, layers = s["num_features"], cfg.hidden_channels if link else s["num_classes"], record["num_layers"]
     weights = {k.removeprefix("encoder."): v for k, v in record["state_dict"].items()
                if not link or k.startswith("encoder.")}

@@ -2,7 +2,8 @@
 run's graph and mode, every node of a split written into memory-mappable arrays, each rank its own rows (no
 gather onto one rank), then a manifest.
 
-    <out>/ids.npy          int64 [n]: the nodes, ascending (a typed graph: its labelled type's own ids)
+    <out>/ids.npy          int64 [n]: the nodes, ascending (a typed graph: its labelled type's own ids; an edge
+                           model's predictions: the split's target edges, rows of edge_label_index)
     <out>/probs.npy        float32 [n, classes]   predictions: class probabilities (softmax of the logits); a
                            float32 [n, labels]    multi-label model's: each label's probability (sigmoid)
     <out>/labels.npy       int64 [n]              predictions: the most probable class (classification)
@@ -68,10 +69,15 @@ def predict(cfg: RunConfig, env: RankEnv, device: torch.device) -> dict:
     model = model.to(device).eval()
     mode = inference_mode(cfg, model, store.shape.edge_dim)
     pairs = read_pairs(p.pairs, store.shape.num_nodes) if p.what == "scores" else None
-    ids = split_ids(cfg, p.split, store.shape.schema) if pairs is None else \
-        np.arange(pairs.shape[1], dtype=np.int64)  # (pairs: their rows)
+    if pairs is not None:
+        ids = np.arange(pairs.shape[1], dtype=np.int64)  # (pairs: their rows)
+    elif store.targets is not None and p.what != "embeddings":  # an edge task's: its targets' ids
+        ids = np.sort(store.targets.split(p.split).numpy())
+    else:
+        ids = split_ids(cfg, p.split, store.shape.schema)
     log.info("predict: %s of %d %s with %s (epoch %s), %s inference, %s", p.what, ids.size,
-             f"node(s) (split {p.split})" if pairs is None else f"pair(s) of {p.pairs}", p.model_file,
+             f"{'target edge' if store.targets is not None and p.what != 'embeddings' else 'node'}(s) (split "
+             f"{p.split})" if pairs is None else f"pair(s) of {p.pairs}", p.model_file,
              record.get("epoch"), mode, precision)
     t_infer = time.perf_counter()
     with torch.no_grad(), autocast(precision, device):
@@ -108,6 +114,7 @@ def predict(cfg: RunConfig, env: RankEnv, device: torch.device) -> dict:
     widths = {"ids": [], **{k: list(v.shape[1:]) for k, v in arrays.items()}}
     summary = {
         "kind": "predict", "what": p.what, "split": p.split, "rows": int(ids.size), "mode": mode,
+        "of": "target edges" if store.targets is not None and p.what != "embeddings" else "nodes",
         "metric": f"{p.split}_{metric}" if labels is not None else None, "value": value,
         "run_value": (record.get("metrics") or {}).get(f"{p.split}_{metric}"),  # the trained run's, at that epoch
         "arrays": {k: {"file": f"{k}.npy", "dtype": str(a.dtype), "shape": [int(ids.size), *widths[k]]}
@@ -124,7 +131,7 @@ def predict(cfg: RunConfig, env: RankEnv, device: torch.device) -> dict:
     if env.is_main:  # (the manifest last: its presence says every array is whole)
         write_json(Path(cfg.run_dir) / "summary.json", summary)
         write_json(Path(cfg.run_dir) / "manifest.json", {k: v for k, v in summary.items() if k not in (
-            "kind", "hostnames", "wall_time_s", "run_dir")})
+            "kind", "hostnames", "wall_time_s", "run_dir", "of")})
     dist.all_reduce_sum(torch.zeros(1))  # the files are there before any rank (and so the launcher) ends
     return summary
 
@@ -133,8 +140,12 @@ def check_request(cfg: RunConfig, num_nodes: int) -> None:
     """What is asked fits the model's task (at submit): a link model gives every node's embedding, or the scores
     of the pairs of a file (whose ids must be nodes of the graph: ``num_nodes``); a node classifier, a split's."""
     p = cfg.predict
-    if cfg.task.name == "node" and (p.what == "scores" or p.pairs):
-        raise PredictError("pairs=FILE: a node classifier scores no pairs; a link model does. HINT: drop pairs=")
+    if cfg.task.name in ("node", "edge") and (p.what == "scores" or p.pairs):
+        raise PredictError(f"pairs=FILE: a{' node' if cfg.task.name == 'node' else 'n edge'} model scores no pairs of "
+                           "a file; a link model does. HINT: drop pairs=")
+    if cfg.task.name == "edge" and p.what == "embeddings" and p.split != "all":
+        raise PredictError(f"an edge model's embeddings are every node's (split=all); got split={p.split}. HINT: "
+                           "--embeddings split=all, or its predictions of a split's target edges")
     if cfg.task.name == "link" and p.what == "scores":
         read_pairs(p.pairs, num_nodes)
     elif cfg.task.name == "link" and (p.split != "all" or p.what != "embeddings"):
@@ -263,7 +274,9 @@ def _outputs(cfg: RunConfig, store, model: torch.nn.Module, mode: str):
     """This rank's rows of the split: (outputs, their ids, their labels or None), exact or by sampled batches."""
     from hpcgnn.models import batch_transform, node_logits_and_labels
 
-    p, link = cfg.predict, cfg.task.name == "link"
+    p, link = cfg.predict, cfg.task.name in ("link", "edge")  # (an edge model's embeddings: its encoder's)
+    if cfg.task.name == "edge" and p.what != "embeddings":
+        return _edge_outputs(cfg, store, model, mode)
     net = model.encoder if link else model
     layers = net.num_layers - 1 if p.what == "embeddings" and not link else None
     if mode == "full":
@@ -287,6 +300,37 @@ def _outputs(cfg: RunConfig, store, model: torch.nn.Module, mode: str):
     empty = torch.empty(0, dtype=torch.long)
     return (torch.cat(outs) if outs else torch.empty(0, 0), torch.cat(ids) if ids else empty,
             None if link else torch.cat(labels) if labels else empty)
+
+
+def _edge_outputs(cfg: RunConfig, store, model: torch.nn.Module, mode: str):
+    """An edge model's rows of a split's targets: (outputs, their target ids, their labels), decoded from every
+    node's exact embedding or from the evaluation's sampled batches around them."""
+    from hpcgnn.models import batch_transform, forward_pairs
+
+    split, targets = cfg.predict.split, store.targets
+    mine = store.eval_items(split)
+    if mode == "full":
+        exact = _exact(cfg, store, model.encoder, None)
+        outs, chunk = [], max(1, cfg.train.eval_batch_size)
+        for part in mine.split(chunk):
+            pairs = targets.index[:, part]
+            both = exact.rows(torch.cat([pairs[0], pairs[1]])).to(store.device)
+            outs.append(model.score(both[:part.numel()], both[part.numel():]).float().cpu())
+        rows = torch.cat(outs) if outs else torch.empty(0, 0)
+        return rows, mine, targets.label.index_select(0, mine)
+    loader = store.eval_loader(split, transform=batch_transform(cfg.model, store.degree))
+    outs, ids, labels = [], [], []
+    progress = Progress("predict", len(loader), "batches")
+    for k, batch in enumerate(loader):
+        if batch.positives:
+            outs.append(forward_pairs(model, batch, batch.edge_label_index).float().cpu())
+            labels.append(batch.edge_label.cpu())
+            ids.append(loader.plan.seeds(k))
+        progress.advance(1)
+    progress.finish()
+    empty = torch.empty(0, dtype=torch.long)
+    return (torch.cat(outs) if outs else torch.empty(0, 0), torch.cat(ids) if ids else empty,
+            torch.cat(labels) if labels else empty)
 
 
 def _exact(cfg: RunConfig, store, net: torch.nn.Module, layers: int | None):

@@ -18,6 +18,7 @@ counted in ``padded``), ``in_batch`` (the targets of the batch's other positives
 the step's own generator, so a step is the same whenever it is made (an exact resume).
 
 :class:`PairSampler` makes evaluation batches: given pairs to score, no negatives, nothing left out.
+:class:`EdgeTargetSampler` makes an edge task's batches (``task=edge``): labelled pairs, no negatives.
 """
 
 from __future__ import annotations
@@ -121,6 +122,40 @@ class LinkSampler:
                        "edge_label_weight": torch.cat([torch.ones(b), neg_weight.reshape(-1)]),
                        "padded": int((neg_weight == 0).sum()), "positives": b}
         return replace(out, targets=targets)
+
+
+class EdgeTargetSampler:
+    """Batches of an edge task's targets (by id): the neighbourhood of both ends of each, the targets' labels, and
+    (``drop_targets``) the batch's target pairs left out of its message passing in either direction, so that no
+    label leaks through its own edge. The pairs to score are ``edge_label_index`` [2, B] (local ids of the
+    batch's seeds, its distinct ends) and their labels ``edge_label``; ``positives``: B, the step's targets."""
+
+    def __init__(self, node_sampler, index: Tensor, label: Tensor, has_edge: HasEdge | None = None,
+                 drop_targets: bool = True):
+        self.node_sampler, self.index, self.label = node_sampler, index, label
+        self.has_edge, self.drop_targets = has_edge, drop_targets
+        if drop_targets and has_edge is None:
+            raise ValueError("dropped targets need the graph's edge membership (has_edge)")
+
+    @property
+    def device(self) -> torch.device:  # (hpcgnn.sampling.protocol)
+        return self.node_sampler.device
+
+    def sample(self, items: Tensor, generator: torch.Generator | None = None) -> SampledSubgraph:
+        items = items.long()
+        pairs = self.index[:, items]
+        src, dst = pairs[0], pairs[1]
+        seeds = torch.unique(pairs.reshape(-1))
+        out = self.node_sampler.sample(seeds, generator)
+        s, d = _local(seeds, src), _local(seeds, dst)
+        if self.drop_targets and items.numel():  # a target pair need not be an edge: count what the graph has
+            forward, reverse = self.has_edge(src, dst).double(), self.has_edge(dst, src).double()
+            absent = torch.bincount(d, weights=forward, minlength=seeds.numel()) + \
+                torch.bincount(s, weights=reverse, minlength=seeds.numel())
+            absent = torch.cat([absent.long(), absent.new_zeros(out.n_id.numel() - seeds.numel(), dtype=torch.long)])
+            out = _without_targets(out, torch.stack([s, d]), absent)
+        return replace(out, targets={"edge_label_index": torch.stack([s, d]),
+                                     "edge_label": self.label.index_select(0, items), "positives": items.numel()})
 
 
 def share(n: int, rank: int, world_size: int) -> tuple[int, int]:

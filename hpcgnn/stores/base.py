@@ -50,13 +50,19 @@ from hpcgnn.stores.exact import Exact
 def graph_shape(cfg: RunConfig, num_features: int, num_classes: int, num_nodes: int, labels: dict | None,
                 schema=None, edge_dim: int = 0) -> GraphShape:
     """The model's dimensions; a node task's outputs those of its target (:func:`hpcgnn.labels.resolve`: the labels'
-    kind and ``task.kind``), refused with the fix where they are at odds; the width of the edge features the model
-    reads (``edge_dim``: the graph's; :func:`edge_features_read`)."""
+    kind and ``task.kind``; an edge task's: those of its targets' labels, ``labels``), refused with the fix where they
+    are at odds; the width of the edge features the model reads (``edge_dim``: the graph's;
+    :func:`edge_features_read`)."""
     read = edge_features_read(cfg, edge_dim)
-    if cfg.task.name != "node":
+    if cfg.task.name not in ("node", "edge"):
         return GraphShape(num_features, num_classes, num_nodes, schema, edge_dim=read)
     k = cfg.task
-    target = resolve(labels, k.kind, k.loss, num_classes, where_labels(cfg.dataset))
+    if k.name == "edge":
+        from hpcgnn.data.edges import where_targets
+
+        target = resolve(labels, k.kind, k.loss, 0, where_targets(cfg.dataset))
+    else:
+        target = resolve(labels, k.kind, k.loss, num_classes, where_labels(cfg.dataset))
     return GraphShape(num_features, target.width, num_nodes, schema, target, read)
 
 
@@ -92,6 +98,8 @@ class Store(abc.ABC):
     train_sampler: object
     degree: Tensor | None = None
     link = None  # a link task's splits (LinkData), else None
+    targets = None  # an edge task's targets (hpcgnn.data.edges.EdgeTargets), else None
+    eval_pairs = None  # an edge task's evaluation sampler over target ids (EdgeTargetSampler)
     graph_on = "host"  # where batches are made: host, or device (a replicated graph copied to the GPU)
     weigh_by_seeds: bool = True  # steps' losses weighed by their seeds (subgraph samplers: by batches)
     exchange = None  # a partitioned graph's (its samplers fetch across parts with it); None: a whole graph
@@ -123,9 +131,14 @@ class Store(abc.ABC):
 
     def eval_loader(self, split: str, transform=None) -> BatchLoader:
         """This rank's share of ``split`` in batches of ``train.eval_batch_size`` (link: pairs to score)."""
+        t = self.cfg.train
+        if self.targets is not None:  # an edge task: its split's targets, their ends' neighbourhoods around them
+            seeds, num_batches = self.eval_seeds(split)
+            return BatchLoader(self.features, self.eval_pairs, seeds, t.eval_batch_size,
+                               batch_seed=derive_seed(t.seed, "eval", split, self.env.rank), num_batches=num_batches,
+                               device=self.device, pin_memory=self.device.type == "cuda", transform=transform)
         if self.link is None:
             return self.node_loader(split, transform)
-        t = self.cfg.train
         seeds, num_batches = self.eval_seeds(split)
         return BatchLoader(self.features, pair_sampler(self.sampler, self.link.split(split)), seeds,
                            self.eval_batch_size(split), batch_seed=derive_seed(t.seed, "eval", split, self.env.rank),
@@ -144,7 +157,8 @@ class Store(abc.ABC):
     def eval_seeds(self, split: str) -> tuple[Tensor, int | None]:
         """This rank's share of ``split`` (link: of its items) and the batch count to pad to (None: no padding
         needed)."""
-        return (self.eval_items(split), None) if self.link is not None else self.node_share(split)
+        return (self.eval_items(split), None) if self.link is not None or self.targets is not None else \
+            self.node_share(split)
 
     @abc.abstractmethod
     def node_share(self, split: str) -> tuple[Tensor, int | None]:
@@ -160,7 +174,11 @@ class Store(abc.ABC):
 
     def eval_items(self, split: str) -> Tensor:
         """This rank's contiguous share of a link split's items: its pairs (positives first), or its
-        positives, each with its candidate targets."""
+        positives, each with its candidate targets; an edge task's: the split's target ids."""
+        if self.targets is not None:
+            ids = self.targets.split(split)
+            lo, hi = share(ids.numel(), self.env.rank, self.env.world_size)
+            return ids[lo:hi]
         s = self.link.split(split)
         total = s.pos.size(1) + (s.neg.size(1) if s.neg_kind == "pairs" else 0)
         lo, hi = share(total, self.env.rank, self.env.world_size)

@@ -20,6 +20,7 @@ from hpcgnn.io import write_npy
 from hpcgnn.rng import generator
 from hpcgnn.sampling import CSRNeighborSampler, steps_per_epoch
 from hpcgnn.sampling import subgraph as sub
+from hpcgnn.sampling.link import EdgeTargetSampler
 from hpcgnn.sampling.producers import GraphSide
 from hpcgnn.sampling.shipping import SamplerState
 from hpcgnn.stores.base import (
@@ -106,6 +107,13 @@ def training_sampler(cfg: RunConfig, g: Graph, sampler, clusters: Tensor | None 
     return sampler
 
 
+def edge_target_sampler(cfg: RunConfig, sampler, g: Graph, targets) -> EdgeTargetSampler:
+    """An edge task's sampler over target ids (training's and evaluation's alike): around both ends of each."""
+    drop = cfg.task.target_edges == "drop"
+    return EdgeTargetSampler(sampler, targets.index, targets.label, csr_has_edge(g.rowptr, g.col) if drop else None,
+                             drop_targets=drop)
+
+
 class ReplicatedStore(WholeGraphStore):
     """Every rank maps the whole prepared graph; seeds (nodes, or edges for link prediction) are split across ranks."""
 
@@ -116,7 +124,13 @@ class ReplicatedStore(WholeGraphStore):
         self.link = open_link(cfg.dataset) if cfg.dataset.prepared_for == "link" else None
         self.features = g
         self.degree = g.degree()
-        self.shape = graph_shape(cfg, g.num_features, g.num_classes, g.num_nodes, g.labels, edge_dim=g.edge_dim)
+        if cfg.task.name == "edge":  # its targets beside the graph, their labels the model's outputs
+            from hpcgnn.data.edges import open_targets, prepare_targets
+
+            on_local_rank0(env, f"prepare the edge targets of {cfg.dataset.name}", lambda: prepare_targets(cfg.dataset))
+            self.targets = open_targets(cfg.dataset)
+        labels = self.targets.labels if self.targets is not None else g.labels
+        self.shape = graph_shape(cfg, g.num_features, g.num_classes, g.num_nodes, labels, edge_dim=g.edge_dim)
         # evaluation's, and training's by default; its batches say which edges they hold where the model reads their
         # features (gathered with the nodes')
         self.sampler = CSRNeighborSampler(g.rowptr, g.col, fanouts(cfg), edge_ids=self.shape.edge_dim > 0)
@@ -130,6 +144,18 @@ class ReplicatedStore(WholeGraphStore):
             log.info("graph: %d nodes, %d message-passing edges, %d features; %d/%d/%d train/val/test edges to "
                      "predict", g.num_nodes, g.num_edges, g.num_features, train.size(1), self.link.val.pos.size(1),
                      self.link.test.pos.size(1))
+            return
+        if self.targets is not None:  # an edge task: a step's seeds are training targets (edges to label)
+            k, targets = cfg.task, self.targets
+            train = targets.split("train")
+            require_training_items(cfg, train.numel(), "target edges")
+            self.train_sampler = self.eval_pairs = edge_target_sampler(cfg, self.sampler, g, targets)
+            self.items, self.items_per_step = train, cfg.train.batch_size
+            self.steps = steps_per_epoch(train.numel(), env.world_size, cfg.train.batch_size)
+            log.info("graph: %d nodes, %d edges, %d features; %d/%d/%d train/val/test target edges (%s), target "
+                     "edges %s in their batches", g.num_nodes, g.num_edges, g.num_features, train.numel(),
+                     targets.split("val").numel(), targets.split("test").numel(), self.shape.target.outputs(),
+                     "left out" if k.target_edges == "drop" else "kept")
             return
         require_training_items(cfg, g.train_idx.numel(), "nodes")
         self.steps = steps_per_epoch(g.train_idx.numel(), env.world_size, cfg.train.batch_size)
@@ -189,6 +215,10 @@ class ReplicatedStore(WholeGraphStore):
         if cfg.dataset.prepared_for == "link":
             link = open_link(cfg.dataset)
             train = link_sampler(cfg, sampler, link.train.pos, g.num_nodes, csr_has_edge(g.rowptr, g.col))
+        elif cfg.task.name == "edge":
+            from hpcgnn.data.edges import open_targets
+
+            train = edge_target_sampler(cfg, sampler, g, open_targets(cfg.dataset))
         else:
             train = training_sampler(cfg, g, sampler, state.arrays.get("clusters"))
             if "inclusion" in state.arrays:

@@ -105,9 +105,11 @@ def compose_prediction(argv: list[str]):
     replay = run_overrides(run)
     path = model_path(run, o["which"])
     record = read(path, trusted)  # (a run without it, or a file that is not hpcgnn's: one line naming it)
-    link = record["task"] == "link"  # (its output: every node's embedding, or the scores of pairs)
+    link = record["task"] == "link"  # (its output: every node's embedding, or the scores of pairs; an edge model's:
+    # its predictions of a split's target edges, as a node classifier's of a split's nodes)
+    every = link or (record["task"] == "edge" and o.get("what") == "embeddings")  # (an edge model's: every node's)
     o = {"what": "scores" if "pairs" in o else "embeddings" if link else "predictions",
-         "split": "all" if link else "test", **o}
+         "split": "all" if every else "test", **o}
     name = f"scores-{Path(o['pairs']).stem}" if o["what"] == "scores" else f"{o['what']}-{o['split']}"
     out = Path(o.get("out") or run / "predict" / f"{name}-{o['which']}").expanduser().resolve()
     if out == run.resolve():

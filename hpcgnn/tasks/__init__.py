@@ -17,6 +17,7 @@ from hpcgnn.checks import check_task_config
 TASKS: dict[str, str] = {
     "node": "hpcgnn.tasks.node:NodeTask",
     "link": "hpcgnn.tasks.link:LinkPrediction",
+    "edge": "hpcgnn.tasks.edge:EdgeTask",
 }
 
 

@@ -1,0 +1,237 @@
+"""Edge-level targets (``task=edge``): labels or values on given edges, with their own train/val/test splits.
+
+An edge task trains on the whole prepared graph (the node task's: every edge carries messages) and, beside it,
+*targets*: pairs of nodes to classify or regress, kept in a folder of their own inside the prepared graph's
+(``edge-targets-<key>/``):
+
+- ``index`` int64 [2, M]: each target's (source, target) nodes, in the graph's ids (an edge of the graph or not);
+- ``label``: the targets' labels in the stored form of node labels (:func:`hpcgnn.labels.stored`): int64 [M]
+  class ids (-1: none), or float32 [M] / [M, C] (NaN: unknown), whose kind the task infers as a node task does;
+- ``train_idx``, ``val_idx``, ``test_idx``: int64 ids of targets (rows of ``index``);
+- ``meta.json``: the count and the labels' profile (:func:`hpcgnn.labels.profile`), written last.
+
+Sources:
+
+- ``files``: ``edge_label_index`` [2, M] int, ``edge_label`` [M] or [M, C], and ``edge_train_idx``,
+  ``edge_val_idx``, ``edge_test_idx`` (when absent, a seeded split of the targets by ``dataset.edge_split``),
+  ``.npy`` or ``.pt`` (read with ``weights_only=True``), beside the graph's own files;
+- ``synthetic``: a seeded tenth of the graph's edges (one direction of each pair), labelled 1 where both ends
+  share a class and 0 otherwise, split by ``dataset.edge_split``;
+- ``pyg``: a ``Data`` with ``edge_label_index`` and ``edge_label`` (splits from ``edge_train_mask`` ... or
+  ``edge_train_idx`` ..., else seeded), or with ``edge_label`` alone, one per edge of ``edge_index`` (the
+  graph's edges are the targets).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from hpcgnn.config import DatasetConfig
+from hpcgnn.errors import DatasetError
+from hpcgnn.labels import SPLITS, profile, stored
+
+log = logging.getLogger(__name__)
+
+TARGETS_VERSION = 1  # in the key: how the targets are drawn (synthetic) and stored
+SYNTHETIC_FRACTION = 0.1  # of a synthetic graph's edge pairs, drawn as targets
+SOURCES = ("synthetic", "files", "pyg")  # the datasets whose edges can carry targets (task=edge)
+
+
+@dataclass(frozen=True)
+class EdgeTargets:
+    """The targets of an edge task (see the module)."""
+
+    index: Tensor  # int64 [2, M]
+    label: Tensor  # int64 [M] or float32 [M] / [M, C]
+    splits: dict  # split name -> int64 ids into the M targets
+    labels: dict  # the labels' profile (hpcgnn.labels.profile)
+
+    @property
+    def count(self) -> int:
+        return int(self.index.size(1))
+
+    def split(self, name: str) -> Tensor:
+        """A split's target ids (``all``: every target's)."""
+        return torch.arange(self.count) if name == "all" else self.splits[name]
+
+
+def where_targets(cfg: DatasetConfig) -> str:
+    """Where an edge task's labels are, as errors name them."""
+    if cfg.name == "files" and cfg.path:
+        return f"{cfg.path.rstrip('/')}/edge_label"
+    return f"the edge labels (edge_label) of dataset={cfg.name}"
+
+
+def targets_folder(cfg: DatasetConfig) -> Path:
+    """``<prepared graph>/edge-targets-<key>``: the key covers how the targets are drawn and split."""
+    from hpcgnn.data.prepared import cache_folder
+
+    fields = {"version": TARGETS_VERSION, "seed": cfg.seed, "edge_split": list(cfg.edge_split),
+              "split_index": cfg.split_index}
+    key = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:12]
+    return cache_folder(cfg) / f"edge-targets-{key}"
+
+
+def prepare_targets(cfg: DatasetConfig) -> Path:
+    """The edge task's targets written beside the prepared graph (which must be there) unless they are."""
+    from hpcgnn.data.mapped import open_graph
+    from hpcgnn.io import atomic_folder
+
+    folder = targets_folder(cfg)
+    if (folder / "meta.json").is_file():
+        return folder
+    if cfg.name not in SOURCES:
+        raise DatasetError(f"task=edge takes its targets from dataset {', '.join(SOURCES)}; dataset={cfg.name} has "
+                           "none. HINT: a files folder with edge_label_index and edge_label, or a PyG Data with them")
+    graph = open_graph(cfg)
+    index, label, splits = {"synthetic": _synthetic, "files": _files, "pyg": _pyg}[cfg.name](cfg, graph)
+    where = where_targets(cfg)
+    _check_index(index, graph.num_nodes, where.replace("edge_label", "edge_label_index"))
+    label = stored(label, where)
+    if label.shape[0] != index.shape[1]:
+        raise DatasetError(f"{where}: {label.shape[0]} labels for {index.shape[1]} target edges "
+                           "(edge_label_index): one row per target edge")
+    splits = {s: _check_split(np.asarray(splits[s]), index.shape[1], f"{where} ({s} split)") for s in SPLITS}
+    with atomic_folder(folder, replace=True) as tmp:
+        np.save(tmp / "index.npy", index.astype(np.int64, copy=False))
+        np.save(tmp / "label.npy", label)
+        for s in SPLITS:
+            np.save(tmp / f"{s}_idx.npy", splits[s])
+        meta = {"count": int(index.shape[1]), "labels": profile(label, splits)}
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
+    log.info("edge targets of %s: %d (%s train/val/test) into %s", cfg.name, index.shape[1],
+             "/".join(str(len(splits[s])) for s in SPLITS), folder)
+    return folder
+
+
+def open_targets(cfg: DatasetConfig) -> EdgeTargets:
+    """The prepared targets, memory-mapped (:func:`prepare_targets` first)."""
+    folder = targets_folder(cfg)
+    meta = json.loads((folder / "meta.json").read_text())
+
+    def load(name: str) -> Tensor:
+        return torch.from_numpy(np.load(folder / f"{name}.npy", mmap_mode="c"))
+
+    return EdgeTargets(load("index"), load("label"), {s: load(f"{s}_idx") for s in SPLITS}, meta["labels"])
+
+
+def read_profile(cfg: DatasetConfig) -> dict | None:
+    """The prepared targets' label profile, or None when they are not prepared yet (the launcher's check)."""
+    path = targets_folder(cfg) / "meta.json"
+    return json.loads(path.read_text())["labels"] if path.is_file() else None
+
+
+# ---------------------------------------------------------------------- sources
+
+
+def seeded_split(src: np.ndarray, dst: np.ndarray, num_nodes: int, cfg: DatasetConfig) -> dict[str, np.ndarray]:
+    """Targets split by ``dataset.edge_split`` with a seeded hash of each unordered pair (both directions of a
+    pair on one side)."""
+    from hpcgnn.data.link import edge_sides
+
+    side = edge_sides(torch.from_numpy(src), torch.from_numpy(dst), num_nodes, tuple(cfg.edge_split), cfg.seed)
+    side[torch.from_numpy(src == dst)] = 0  # (edge_sides keeps self-loops out of the held-out splits)
+    return {s: (side == k).nonzero().flatten().numpy() for k, s in enumerate(SPLITS)}
+
+
+def _synthetic(cfg: DatasetConfig, graph) -> tuple[np.ndarray, np.ndarray, dict]:
+    """A seeded tenth of the graph's edge pairs (the edge into the larger id), labelled by whether both ends share
+    a class."""
+    from hpcgnn.rng import derive_seed, mix64, shift_right
+
+    n = graph.num_nodes
+    dst = torch.repeat_interleave(torch.arange(n), graph.degree())
+    src = graph.col.long()
+    keep = src < dst
+    src, dst = src[keep], dst[keep]
+    u = shift_right(mix64(src * n + dst + derive_seed("edge_targets", cfg.seed) % (1 << 62)), 11).double() / 2.0**53
+    pick = u < SYNTHETIC_FRACTION
+    src, dst = src[pick].numpy(), dst[pick].numpy()
+    y = graph.y.numpy()
+    label = (y[src] == y[dst]).astype(np.int64)
+    return np.stack([src, dst]), label, seeded_split(src, dst, n, cfg)
+
+
+def _files(cfg: DatasetConfig, graph) -> tuple[np.ndarray, np.ndarray, dict]:
+    from hpcgnn.data.files import DatasetFileError, _read, files_folder
+
+    folder = files_folder(cfg)
+    try:
+        _, index = _read(folder, "edge_label_index")
+        _, label = _read(folder, "edge_label")
+    except DatasetFileError as exc:
+        raise DatasetFileError(f"{exc} (task=edge reads its targets from edge_label_index [2, M] and edge_label [M] "
+                               "or [M, C])") from None
+    index = _index_array(index, f"{folder}/edge_label_index")
+    names = [f"edge_{s}_idx" for s in SPLITS]
+    given = [any((folder / f"{name}{suffix}").is_file() for suffix in (".npy", ".pt")) for name in names]
+    if any(given) and not all(given):
+        missing = [name for name, g in zip(names, given, strict=True) if not g]
+        raise DatasetError(f"{folder}: give all of {', '.join(names)} or none (a seeded split by dataset.edge_split); "
+                           f"{', '.join(missing)} missing")
+    if all(given):
+        splits = {s: np.asarray(_read(folder, f"edge_{s}_idx")[1]) for s in SPLITS}
+    else:
+        splits = seeded_split(index[0], index[1], graph.num_nodes, cfg)
+    return index, np.asarray(label), splits
+
+
+def _pyg(cfg: DatasetConfig, graph) -> tuple[np.ndarray, np.ndarray, dict]:
+    from hpcgnn.data.pyg import pyg_data
+
+    data = pyg_data(cfg)
+    where = f"dataset=pyg ({cfg._target_})"
+    label = getattr(data, "edge_label", None)
+    if label is None:
+        raise DatasetError(f"{where}: task=edge needs data.edge_label (with data.edge_label_index, or one per edge of "
+                           "data.edge_index). HINT: a Data with edge labels, or task=node / task=link")
+    index = getattr(data, "edge_label_index", None)
+    index = _index_array((index if index is not None else data.edge_index).numpy(), f"{where}: edge_label_index")
+    splits = {}
+    for s in SPLITS:
+        mask, ids = getattr(data, f"edge_{s}_mask", None), getattr(data, f"edge_{s}_idx", None)
+        if mask is not None:
+            mask = mask.numpy()
+            splits[s] = (mask[:, cfg.split_index] if mask.ndim == 2 else mask).nonzero()[0]
+        elif ids is not None:
+            splits[s] = ids.numpy()
+    if len(splits) not in (0, len(SPLITS)):
+        raise DatasetError(f"{where}: give every split of the edge labels (edge_train_mask, edge_val_mask, "
+                           "edge_test_mask, or edge_*_idx) or none (a seeded split by dataset.edge_split)")
+    if not splits:
+        splits = seeded_split(index[0], index[1], graph.num_nodes, cfg)
+    return index, label.numpy(), splits
+
+
+def _index_array(index: np.ndarray, where: str) -> np.ndarray:
+    index = np.asarray(index)
+    if index.ndim != 2 or index.shape[0] != 2 or not np.issubdtype(index.dtype, np.integer):
+        raise DatasetError(f"{where}: target edges must be integers of shape [2, M] (source, target), got "
+                           f"{index.dtype} {tuple(index.shape)}")
+    return index.astype(np.int64, copy=False)
+
+
+def _check_index(index: np.ndarray, num_nodes: int, where: str) -> None:
+    if index.shape[1] == 0:
+        raise DatasetError(f"{where}: no target edges. HINT: give the edges to classify or regress")
+    if index.min() < 0 or index.max() >= num_nodes:
+        raise DatasetError(f"{where}: node ids must be in [0, {num_nodes}) (the graph's nodes), got "
+                           f"[{index.min()}, {index.max()}]")
+
+
+def _check_split(ids: np.ndarray, count: int, where: str) -> np.ndarray:
+    if ids.dtype == np.bool_ or not (ids.ndim == 1 and (ids.size == 0 or np.issubdtype(ids.dtype, np.integer))):
+        raise DatasetError(f"{where}: a split must be a 1-D array of target ids, got {ids.dtype} {tuple(ids.shape)}")
+    ids = ids.astype(np.int64, copy=False)
+    if ids.size and (ids.min() < 0 or ids.max() >= count):
+        raise DatasetError(f"{where}: target ids must be in [0, {count}) (rows of edge_label_index), got "
+                           f"[{ids.min()}, {ids.max()}]")
+    return ids

@@ -1,0 +1,97 @@
+"""Edge tasks (``task=edge``): a batch's targets are given edges, classified or regressed from their two ends.
+
+The targets and their splits come with the dataset (:mod:`hpcgnn.data.edges`); their labels are of the node
+task's kinds (:mod:`hpcgnn.labels`: classes, several binary labels, values) with the same losses and metrics
+(:mod:`hpcgnn.tasks.node`). A batch samples around both ends of its targets, leaving the targets themselves out
+of its message passing (``task.target_edges=drop``); the model encodes the batch and decodes each pair
+(:mod:`hpcgnn.models.edge`). Evaluation scores each split's targets from sampled batches around them, or
+(``train.eval_mode=full``) from every node's exact embedding.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+
+import torch
+
+from hpcgnn.errors import DatasetError
+from hpcgnn.models import batch_transform, build_edge_model, forward_pairs
+from hpcgnn.tasks.base import StepResult, Task
+from hpcgnn.tasks.node import KINDS
+
+log = logging.getLogger(__name__)
+
+
+class EdgeTask(Task):
+    """Targets on given edges, of the kind their labels are."""
+
+    name = "edge"
+
+    def __init__(self, cfg, env, store, device: torch.device):
+        self.target = store.shape.target
+        if self.target.kind == "classification" and self.target.width < 2:
+            raise DatasetError(f"the edge labels of dataset={cfg.dataset.name} hold {self.target.width} class: nothing "
+                               "to tell apart. HINT: labels with two classes or more, or task.kind=regression")
+        super().__init__(cfg, env, store, device)
+        self.kind = KINDS[self.target.kind](self.target, device)
+        self.metric = self.target.metric
+        self.lower_is_better = self.target.lower_is_better
+        self.train_metric = None if self.target.kind == "regression" else "acc"
+        self._transform = batch_transform(cfg.model, store.degree)
+        if env.is_main:
+            log.info("%s; decoder %s", self.target.describe("edge task", "edge_label"), cfg.task.decoder)
+
+    def build_model(self) -> torch.nn.Module:
+        s = self.store.shape
+        return build_edge_model(self.cfg.model, self.cfg.task.decoder, s.num_features, self.target.width,
+                                len(self.cfg.train.fanouts), s.edge_dim)
+
+    @property
+    def transform(self) -> Callable | None:
+        return self._transform
+
+    def step(self, model: torch.nn.Module, batch) -> StepResult:
+        out = forward_pairs(model, batch, batch.edge_label_index)
+        y, n = batch.edge_label, batch.positives
+        if n == 0:  # a padding batch: forward and backward still run, so DDP hears from this rank
+            return StepResult(out.float().sum() * 0.0, out.new_zeros(()), 0)
+        return StepResult(self.kind.mean_loss(out, y), self.kind.correct(out, y).sum(), n)
+
+    @torch.no_grad()
+    def evaluate(self, model: torch.nn.Module) -> dict[str, float]:
+        """The kind's metrics on val and test: from sampled batches around each split's targets, or from every
+        node's exact embedding (``train.eval_mode=full``); combined over ranks."""
+        model.eval()
+        exact = None
+        if self.cfg.train.eval_mode == "full":
+            exact = self.store.exact(model.encoder, lambda degree: batch_transform(self.cfg.model, degree))
+        out = {}
+        for split in self.splits:
+            pairs = self._exact(model, exact, split) if exact is not None else self._sampled(model, split)
+            out.update({f"{split}_{k}": v for k, v in self.kind.scores(pairs).items()})
+        return out
+
+    def _sampled(self, model: torch.nn.Module, split: str):
+        """(outputs, labels) of this rank's share of ``split``, batch by batch."""
+        for batch in self.store.eval_loader(split, transform=self._transform):
+            if batch.positives:
+                yield forward_pairs(model, batch, batch.edge_label_index), batch.edge_label
+
+    def _exact(self, model: torch.nn.Module, exact, split: str):
+        """(outputs, labels) of this rank's share of ``split``, decoded from the ends' exact embeddings, a chunk of
+        ``train.eval_batch_size`` targets at a time; every rank takes as many chunks as the busiest (the rows of
+        nodes another rank computed come from it: a collective)."""
+        from hpcgnn import dist
+
+        targets, ids = self.store.targets, self.store.eval_items(split)
+        chunk = max(1, self.cfg.train.eval_batch_size)
+        rounds = int(dist.all_reduce_max(torch.tensor([math.ceil(ids.numel() / chunk)])).item())
+        for r in range(rounds):
+            part = ids[r * chunk:(r + 1) * chunk]
+            pairs = targets.index[:, part]
+            both = exact.rows(torch.cat([pairs[0], pairs[1]])).to(self.device)
+            if part.numel():
+                k = part.numel()
+                yield model.score(both[:k], both[k:]), targets.label.index_select(0, part).to(self.device)

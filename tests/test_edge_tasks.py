@@ -1,0 +1,258 @@
+"""Edge tasks (task=edge): targets on given edges from a files folder, a PyG Data or the synthetic graph; their
+kinds (classes, binary labels, values) as a node task's; batches around both ends that leave their targets out;
+the decoders; predict, the model file and the producers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import DATA_ROOT, EXAMPLES, make_config, predict_here, preempted_and_resumed, train_here
+
+from hpcgnn.errors import ConfigError, DatasetError
+
+SMALL = ["task=edge", "train.batch_size=256", "model.hidden_channels=32", "train.precision=fp32",
+         "metrics.tensorboard=false"]
+
+
+def write_edge_task(folder: Path, kind: str = "classification", n: int = 2000, m: int = 4000, deg: int = 8,
+                    seed: int = 0, splits: bool = True) -> dict:
+    """A files folder whose nodes have 4 classes and features around them, a homophilous graph, and ``m`` target
+    pairs (any two nodes, an edge or not) labelled from their ends: ``classification`` (same class or not),
+    ``multilabel`` (same class; each end in the upper half of the classes: three columns, a few unknown) or
+    ``regression`` (a weighted sum of the ends' features, and its product's sign, two columns)."""
+    rng = np.random.default_rng(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    y = rng.integers(0, 4, n)
+    x = (np.eye(4)[y] @ rng.normal(size=(4, 16)) * 2 + rng.normal(size=(n, 16))).astype(np.float32)
+    src = rng.integers(0, n, n * deg)
+    same = rng.random(n * deg) < 0.7
+    by_class = [np.flatnonzero(y == c) for c in range(4)]
+    dst = np.where(same, [rng.choice(by_class[c]) for c in y[src]], rng.integers(0, n, n * deg))
+    pairs = np.stack([rng.integers(0, n, m), rng.integers(0, n, m)])
+    pairs[:, : m // 2] = np.stack([src[: m // 2], dst[: m // 2]])  # half of them edges of the graph
+    u, v = pairs
+    if kind == "classification":
+        label = (y[u] == y[v]).astype(np.int64)
+    elif kind == "multilabel":
+        label = np.stack([y[u] == y[v], y[u] >= 2, y[v] >= 2], 1).astype(np.float32)
+        label[rng.random(label.shape) < 0.05] = np.nan
+    else:
+        w = rng.normal(size=16)
+        value = x[u] @ w + 0.5 * (x[v] @ w)
+        label = np.stack([value, value * 3 + 10], 1).astype(np.float32)
+    ids = {"train": np.arange(n)[: int(n * 0.6)], "val": np.arange(n)[int(n * 0.6): int(n * 0.8)],
+           "test": np.arange(n)[int(n * 0.8):]}
+    for name, array in (("x", x), ("y", y), ("edge_index", np.stack([src, dst])), ("edge_label_index", pairs),
+                        ("edge_label", label), *((f"{s}_idx", i) for s, i in ids.items())):
+        np.save(folder / f"{name}.npy", array)
+    if splits:
+        order = rng.permutation(m)
+        for s, part in zip(("train", "val", "test"), np.split(order, [int(m * 0.7), int(m * 0.85)]), strict=True):
+            np.save(folder / f"edge_{s}_idx.npy", np.sort(part))
+    return {"pairs": pairs, "label": label, "y": y}
+
+
+def _files(folder: Path, *extra: str) -> list[str]:
+    return ["dataset=files", f"dataset.path={folder}", f"dataset.root={folder.parent / 'root'}", *SMALL, *extra]
+
+
+# ------------------------------------------------------------------ what is refused, at submit and on reading
+
+
+def test_an_edge_task_where_it_cannot_run_yet_is_refused_naming_the_fix():
+    for extra, why in ((["graph=partitioned"], "graph.mode=partitioned"),
+                       (["dataset=synthetic_hetero", "model=rgcn"], None),
+                       (["dataset=ogbn-arxiv"], r"dataset=ogbn-arxiv \(its edges carry no targets\)"),
+                       (["train.sampler=cluster"], "train.sampler=cluster"),
+                       (["train.edge_budget=1000"], "train.edge_budget=1000")):
+        if why is None:  # (a typed graph's own check speaks first)
+            with pytest.raises(ConfigError, match=r"typed graphs \(dataset=synthetic_hetero\) train with task=node"):
+                make_config("task=edge", *extra)
+            continue
+        with pytest.raises(ConfigError, match=rf"task=edge trains on a replicated, homogeneous graph of dataset "
+                                              rf"synthetic, files, pyg with train.sampler=neighbor so far, not with "
+                                              rf"{why}. HINT: change that"):
+            make_config("task=edge", *extra)
+    with pytest.raises(ConfigError, match=r"task.decoder='dot' is not an edge task's: use concat, hadamard or a module "
+                                          r"of your own \(task.decoder=pkg.module.Class"):
+        make_config("task=edge", "task.decoder=dot")
+    with pytest.raises(ConfigError, match=r"task.loss=l1 is a regression's loss; task.kind=classification"):
+        make_config("task=edge", "task.kind=classification", "task.loss=l1")
+    assert make_config("task=edge").task.decoder == "concat"
+
+
+def test_target_files_that_do_not_fit_the_graph_are_refused_naming_the_file(tmp_path):
+    from hpcgnn.data import prepare
+    from hpcgnn.data.edges import prepare_targets
+
+    folder = tmp_path / "g"
+    write_edge_task(folder, n=300, m=200)
+
+    def prepared(**files):
+        for name, array in files.items():
+            np.save(folder / f"{name}.npy", array)
+        cfg = make_config(*_files(folder)).dataset
+        prepare(cfg)
+        return prepare_targets(cfg)
+
+    good = np.load(folder / "edge_label_index.npy")
+    with pytest.raises(DatasetError, match=rf"{folder}/edge_label_index: node ids must be in \[0, 300\) \(the graph's "
+                                           r"nodes\), got \[0, 300\]"):
+        prepared(edge_label_index=np.concatenate([good[:, :-1], [[0], [300]]], 1))
+    with pytest.raises(DatasetError, match=rf"{folder}/edge_label: 199 labels for 200 target edges \(edge_label_index\)"
+                                           r": one row per target edge"):
+        prepared(edge_label_index=good, edge_label=np.zeros(199, dtype=np.int64))
+    np.save(folder / "edge_label.npy", np.ones(200, dtype=np.int64))
+    (folder / "edge_val_idx.npy").unlink()
+    with pytest.raises(DatasetError, match=rf"{folder}: give all of edge_train_idx, edge_val_idx, edge_test_idx or none "
+                                           r"\(a seeded split by dataset.edge_split\); edge_val_idx missing"):
+        prepared()
+    (folder / "edge_label_index.npy").unlink()
+    with pytest.raises(DatasetError, match=r"edge_label_index.npy or edge_label_index.pt is missing .* \(task=edge "
+                                           r"reads its targets from edge_label_index \[2, M\] and edge_label"):
+        prepared()
+
+
+def test_a_batch_leaves_its_target_edges_out_in_both_directions_and_its_degrees_count_them():
+    from hpcgnn.data.graph import Graph, csr_has_edge
+    from hpcgnn.sampling import CSRNeighborSampler
+    from hpcgnn.sampling.link import EdgeTargetSampler
+
+    rng = np.random.default_rng(3)
+    n = 200
+    ei = torch.from_numpy(rng.integers(0, n, (2, 3000)))
+    ei = torch.cat([ei, ei.flip(0)], 1)
+    empty = torch.empty(0, dtype=torch.long)
+    g = Graph.from_edge_index(ei, n, torch.zeros(n, 1), torch.zeros(n, dtype=torch.long), empty, empty, empty, 1)
+    index = torch.cat([g.edge_index()[:, :40].flip(0), torch.tensor([[0, 1], [2, 3]])], 1)  # edges, and two pairs
+    label = torch.arange(index.size(1))
+    has = csr_has_edge(g.rowptr, g.col)
+    node = CSRNeighborSampler(g.rowptr, g.col, (50, 50))
+    items = torch.arange(index.size(1))
+    dropped = EdgeTargetSampler(node, index, label, has, drop_targets=True).sample(items, torch.Generator())
+    kept = EdgeTargetSampler(node, index, label, None, drop_targets=False).sample(items, torch.Generator())
+
+    def joined(out) -> int:
+        s, d = out.targets["edge_label_index"]
+        keys = set((s * 100000 + d).tolist()) | set((d * 100000 + s).tolist())
+        src, dst = out.edge_index
+        return sum(k in keys for k in (src * 100000 + dst).tolist())
+
+    assert joined(kept) > 0 and joined(dropped) == 0
+    assert torch.equal(dropped.targets["edge_label"], label)
+    seeds = dropped.n_id[: dropped.batch_size]
+    s, d = dropped.targets["edge_label_index"]
+    assert torch.equal(seeds[s], index[0]) and torch.equal(seeds[d], index[1])
+    want = torch.zeros(dropped.n_id.numel(), dtype=torch.long)  # each target's edge in each direction the graph has
+    for a, b in index.t().tolist():
+        want[int(torch.searchsorted(seeds, torch.tensor(b)))] += int(has(torch.tensor([a]), torch.tensor([b])))
+        want[int(torch.searchsorted(seeds, torch.tensor(a)))] += int(has(torch.tensor([b]), torch.tensor([a])))
+    assert torch.equal(dropped.absent_in_degree, want)
+
+
+# ------------------------------------------------------------------ training, evaluation and predict
+
+
+@pytest.mark.slow
+def test_an_edge_regression_learns_in_its_units_and_predict_gives_them_back(tmp_path):
+    """Two float columns: MSE on standardised values, RMSE in the labels' own units far below the spread of the
+    values (predicting the training mean); predict writes values.npy in those units and scores the run's RMSE; the
+    model file rebuilds as an EdgeModel; export gives its encoder."""
+    import hpcgnn
+    from hpcgnn.models import EdgeModel
+
+    made = write_edge_task(tmp_path / "g", "regression")
+    s = train_here(*_files(tmp_path / "g", "train.epochs=12", "task.decoder=hadamard"), run_dir=tmp_path / "run")
+    assert (s["task"], s["metric"], s["kind"], s["lower_is_better"]) == ("edge", "val_rmse", "regression", True)
+    test = np.load(tmp_path / "g" / "edge_test_idx.npy")
+    spread = float(np.sqrt(((made["label"][test] - made["label"][test].mean(0)) ** 2).mean()))
+    assert s["test"] < 0.5 * spread, (s["test"], spread)
+    p = predict_here(tmp_path / "run")
+    out = Path(p["run_dir"])
+    assert p["value"] == pytest.approx(s["test"], rel=1e-5) and p["of"] == "target edges"
+    ids, values = np.load(out / "ids.npy"), np.load(out / "values.npy")
+    assert np.array_equal(ids, np.sort(test)) and values.shape == (test.size, 2)
+    rmse = float(np.sqrt(((values - made["label"][ids]) ** 2).mean()))
+    assert rmse == pytest.approx(s["test"], rel=1e-4)
+    model = hpcgnn.load_model(tmp_path / "run")
+    assert isinstance(model, EdgeModel) and model.score(torch.zeros(3, 32), torch.zeros(3, 32)).shape == (3, 2)
+
+
+@pytest.mark.slow
+def test_an_edge_multilabel_task_with_unknown_labels_learns_and_scores_rocauc_exactly(tmp_path):
+    """Three binary columns, 5% unknown: BCE over the known; ROC-AUC well above chance, exact evaluation (every
+    node's embedding) and sampled evaluation agreeing where the targets' ends' neighbourhoods are whole."""
+    write_edge_task(tmp_path / "g", "multilabel")
+    s = train_here(*_files(tmp_path / "g", "train.epochs=6"), run_dir=tmp_path / "run")
+    assert (s["metric"], s["kind"]) == ("val_rocauc", "multilabel") and s["test"] > 0.8, s["test"]
+    full = predict_here(tmp_path / "run", "mode=full")
+    assert full["mode"] == "full" and full["value"] > 0.8 and np.load(Path(full["run_dir"]) / "probs.npy").shape[1] == 3
+
+
+@pytest.mark.slow
+def test_the_synthetic_edge_task_learns_and_resumes_bitwise_after_a_preemption(tmp_path):
+    """The embedded default's edge task (same-class pairs of the synthetic graph): far above chance; preempted
+    mid-epoch and resumed, the same parameters as the run left alone."""
+    over = ["task=edge", "dataset.num_nodes=20000", "train.epochs=4", f"dataset.root={DATA_ROOT}",
+            "train.precision=fp32", "metrics.tensorboard=false"]
+    whole, resumed = preempted_and_resumed(*over, step=5, folder=tmp_path)
+    assert whole["test"] > 0.75, whole["test"]
+    assert resumed["param_checksums"] == whole["param_checksums"] and resumed["test"] == whole["test"]
+
+
+@pytest.mark.slow
+def test_a_decoder_of_the_users_own_is_built_and_trained(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(EXAMPLES["PYTHONPATH"].split(":")[0])
+    write_edge_task(tmp_path / "g", "classification", n=600, m=1000)
+    s = train_here(*_files(tmp_path / "g", "train.epochs=2", "task.decoder=my_gnn.BilinearDecoder"),
+                   run_dir=tmp_path / "run")
+    record = torch.load(tmp_path / "run" / "model" / "best.pt", weights_only=True)
+    assert record["decoder"] == "my_gnn.BilinearDecoder" and any(k.startswith("decoder.bilinear") for k in
+                                                                    record["state_dict"])
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["task"] == "edge" and s["test"] > 0
+    with pytest.raises(ConfigError, match=r"task.decoder=my_gnn.Nothing does not name a torch.nn.Module class\. "
+                                          r"HINT: use concat, hadamard, or a class importable where the job runs"):
+        train_here(*_files(tmp_path / "g", "train.epochs=1", "task.decoder=my_gnn.Nothing"), run_dir=tmp_path / "r2")
+
+
+def rated_graph(given: bool = False):
+    """A PyG Data whose edges carry values (``edge_label``, one per edge of ``edge_index``), or (``given``) whose
+    targets are 800 other pairs (``edge_label_index``) with their own masks."""
+    from torch_geometric.data import Data
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(500, 16, generator=g)
+    ei = torch.randint(0, 500, (2, 3000), generator=g)
+    y = torch.randint(0, 3, (500,), generator=g)
+    masks = {f"{s}_mask": torch.arange(500) % 5 == k for k, s in enumerate(("train", "val", "test"))}
+    if not given:
+        return Data(x=x, edge_index=ei, y=y, edge_label=(x[ei[0]] * x[ei[1]]).sum(1), **masks)
+    pairs = torch.randint(0, 500, (2, 800), generator=g)
+    split = torch.arange(800) % 10
+    return Data(x=x, edge_index=ei, y=y, edge_label_index=pairs, edge_label=(x[pairs[0]] - x[pairs[1]]).sum(1),
+                edge_train_mask=split < 7, edge_val_mask=split == 7, edge_test_mask=split >= 8, **masks)
+
+
+def test_a_pyg_datas_edge_labels_are_the_targets_with_its_masks_or_a_seeded_split(tmp_path):
+    from hpcgnn.data import prepare
+    from hpcgnn.data.edges import open_targets, prepare_targets
+
+    for target, count, train in (("test_edge_tasks.rated_graph", 3000, None),
+                                 ("test_edge_tasks.rated_graph_given", 800, 560)):
+        cfg = make_config("task=edge", "dataset=pyg", f"dataset._target_={target}", f"dataset.root={tmp_path}").dataset
+        prepare(cfg)
+        prepare_targets(cfg)
+        t = open_targets(cfg)
+        assert t.count == count and t.labels["dtype"] == "float" and t.labels["columns"] == 0
+        sizes = [t.split(s).numel() for s in ("train", "val", "test")]
+        assert sum(sizes) == count and (train is None or sizes[0] == train)
+        if train is None:  # seeded by dataset.edge_split: about 85/5/10
+            assert 0.8 < sizes[0] / count < 0.9
+
+
+def rated_graph_given():
+    return rated_graph(given=True)
