@@ -8,6 +8,7 @@
     hpcgnn cluster init NAME [--partition P]                           python -m hpcgnn cluster
     hpcgnn predict RUN_DIR [split=all] [--embeddings] ...              a trained model's outputs, every node
     hpcgnn export RUN_DIR [which=best] [out=FILE]                      the model as a plain PyG file
+    hpcgnn tune 'train.lr=tag(log, interval(1e-4,1e-2))' tune.trials=N   a search with early stopping (Optuna)
 
 Options: -m/--multirun expands comma lists into a sweep (every combination; one SLURM job
 array with +cluster); --cfg prints the composed config and exits; -h/--help prints this.
@@ -31,6 +32,7 @@ SUBCOMMANDS = {
     "cluster": "hpcgnn.submit.cluster",
     "predict": "hpcgnn.submit.predict",
     "export": "hpcgnn.submit.export",
+    "tune": "hpcgnn.submit.tune",
 }
 FLAGS = {"-m": "multirun", "--multirun": "multirun", "--cfg": "cfg", "-c": "cfg", "-h": "help", "--help": "help"}
 

@@ -262,6 +262,23 @@ class PredictConfig:
     trust: bool = False  # the trained run's folder may be another user's, its model class outside hpcgnn and torch_geometric (hpcgnn predict RUN_DIR trust=true)
 
 
+@dataclass(frozen=True)
+class TuneConfig:
+    """``hpcgnn tune``: a search over the overrides' sweep grammar (docs/tuning.md); ``trial`` and ``study`` are set
+    by its workers, not by hand."""
+
+    trials: int = 20  # trials the study ends after (completed or pruned; failed ones are tried again once)
+    parallel: int = 2  # workers pulling trials at once (a SLURM job array of this many; local processes without a cluster)
+    sampler: str = "tpe"  # tpe (Optuna's TPE, seeded) | random
+    seed: int = 0  # the sampler's seed
+    pruner: str = "asha"  # asha | hyperband | median | none: which trials stop early, from their per-epoch metric
+    metric: str = "auto"  # what each epoch reports and the study optimises: auto (the task's val metric) | val_<name>
+    direction: str = "auto"  # auto (the metric's own: minimize RMSE, maximize the rest) | minimize | maximize
+    min_epochs: int = 1  # epochs every trial runs before a pruner may stop it
+    trial: int = -1  # set by a tune's worker: this run is that trial of the study (-1: not a trial)
+    study: str = ""  # set by a tune's worker: the study's journal file (the sweep folder's study.journal)
+
+
 def single_class(where: str) -> str:
     """Why node classification with one class is refused (every prediction is right: accuracy 1.0, whatever the
     model learned)."""
@@ -283,6 +300,7 @@ class RunConfig:
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     debug: DebugConfig = field(default_factory=DebugConfig)
     predict: PredictConfig = field(default_factory=PredictConfig)
+    tune: TuneConfig = field(default_factory=TuneConfig)
     cluster: Optional[ClusterConfig] = None  # absent: run launch.procs processes on this machine
     run_dir: str = ""  # where logs, summary.json and job files go; "" = hydra.run.dir (a sweep: hydra.sweep.dir/subdir)
 
@@ -372,7 +390,10 @@ def choices(c: RunConfig) -> tuple[tuple[str, str, tuple[str, ...], bool], ...]:
             ("train.lr_schedule", t.lr_schedule, ("constant", "cosine"), True),
             ("train.device", t.device, ("auto", "cpu", "cuda"), True),
             ("train.graph_on", t.graph_on, ("auto", "host", "device"), True),
-            ("dist.backend", c.dist.backend, ("auto", "nccl", "gloo"), True))
+            ("dist.backend", c.dist.backend, ("auto", "nccl", "gloo"), True),
+            ("tune.sampler", c.tune.sampler, ("tpe", "random"), True),
+            ("tune.pruner", c.tune.pruner, ("asha", "hyperband", "median", "none"), False),
+            ("tune.direction", c.tune.direction, ("auto", "minimize", "maximize"), True))
 
 
 def _or(words: tuple[str, ...]) -> str:

@@ -92,6 +92,12 @@ def test_every_command_line_composes(page, line, user_cluster):
     if module == "hpcgnn.data":
         assert args and args[0] in ("prepare", "download"), line
         args = args[1:]
+    if module == "hpcgnn.tune":  # a search space: every value it can take composes (nothing written)
+        pytest.importorskip("optuna")
+        from hpcgnn.submit.tune import plan
+
+        assert plan([a for a in args if not a.startswith("[")])[1]
+        return
     flags = {FLAGS[a] for a in args if a in FLAGS}
     overrides = [a for a in args if a not in FLAGS and not a.startswith("[")]
     assert not [a for a in overrides if a.startswith("-")], f"{page.name}: unknown option in {line}"

@@ -129,6 +129,15 @@ def read_profile(cfg: DatasetConfig) -> dict | None:
     return json.loads(path.read_text())["labels"] if path.is_file() else None
 
 
+def check_target(cfg: DatasetConfig, task):
+    """An edge task's kind (``task.kind``) against its prepared targets' labels, refused with the fix; the resolved
+    target, or None where they are not prepared yet."""
+    from hpcgnn.labels import resolve
+
+    labels = read_profile(cfg)
+    return resolve(labels, task.kind, task.loss, 0, where_targets(cfg)) if labels is not None else None
+
+
 # ---------------------------------------------------------------------- sources
 
 

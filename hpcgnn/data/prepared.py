@@ -305,11 +305,13 @@ def _save_no_labels(tmp: Path) -> None:
         np.save(tmp / f"{name}.npy", empty)
 
 
-def check_target(cfg: DatasetConfig, task) -> None:
+def check_target(cfg: DatasetConfig, task):
     """Before submitting, where the labels can be read here (a prepared graph's profile, or a folder's y): the node
-    task's kind (``task.kind``) against them, refused with the fix (:func:`hpcgnn.labels.resolve`)."""
+    task's kind (``task.kind``) against them, refused with the fix (:func:`hpcgnn.labels.resolve`). Returns the
+    resolved target, or None where the labels cannot be read yet (an edge task's:
+    :func:`hpcgnn.data.edges.check_target`)."""
     if task.name != "node" or (is_typed(cfg) and not cfg.erase_types):
-        return
+        return None
     folder = cache_folder(cfg)
     if cache.is_complete(folder):
         meta = json.loads((folder / "meta.json").read_text())
@@ -317,8 +319,8 @@ def check_target(cfg: DatasetConfig, task) -> None:
     elif cfg.name == "files" and not is_typed_folder(files_folder(cfg)):
         labels, classes = read_labels(cfg)
     else:
-        return
-    resolve(labels, task.kind, task.loss, classes, where_labels(cfg))
+        return None
+    return resolve(labels, task.kind, task.loss, classes, where_labels(cfg))
 
 
 def check_available(cfg: DatasetConfig) -> None:

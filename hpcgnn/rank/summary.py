@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import socket
 import sys
 import time
@@ -56,6 +57,21 @@ def progress_bar(cfg, env) -> bool:
     return env.is_main and (m.progress_bar == "on" or (m.progress_bar == "auto" and sys.stdout.isatty()))
 
 
+def tune_result(self) -> dict:
+    """A tune's trial (nothing otherwise): the epoch the pruner stopped it after (0: none), and the study's value:
+    its metric's best over the evaluated epochs, in the study's direction."""
+    if not self.trial.active:
+        return {}
+    from hpcgnn.tuning import metric_of
+
+    metric = self.trial.metric
+    direction = metric_of(self.cfg)[1]
+    lower = self.task.lower_is_better if direction == "auto" else direction == "minimize"
+    values = [row[metric] for row in self.state.history if row.get(metric) is not None and not math.isnan(row[metric])]
+    return {"pruned_at": self.pruned_at, "tune_metric": metric,
+            "tune_value": (min(values) if lower else max(values)) if values else None}
+
+
 def run_summary(self) -> dict:
     """A trainer's run summary (``self``: the :class:`~hpcgnn.rank.trainer.Trainer` at its end), the same on every rank;
     rank 0 writes ``summary.json``."""
@@ -72,6 +88,7 @@ def run_summary(self) -> dict:
         "select": self.cfg.train.select,  # val: the epoch of the best validation metric; last: the last evaluated
         **s.best,  # every val_* / test_* metric at that epoch (test_acc, test_auc, test_hits@50, ...)
         "best_epoch": s.best_epoch,
+        **tune_result(self),  # a tune's trial: where it was pruned, and the value the study takes
         f"final_test_{metric}": s.history[-1].get(f"test_{metric}") if s.history else None,
         "epochs": t.epochs,
         "steps_per_epoch": self.store.steps,

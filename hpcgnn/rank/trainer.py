@@ -39,6 +39,7 @@ from hpcgnn.rank.faults import Faults
 from hpcgnn.rank.kept import KeptModels
 from hpcgnn.rank.metrics import StepMetrics
 from hpcgnn.rank.nonfinite import NonFiniteGuard
+from hpcgnn.rank.pruning import TrialReports
 from hpcgnn.rank.summary import log_start, progress, progress_bar, run_summary
 from hpcgnn.rank.techniques import (
     CommHook,
@@ -131,6 +132,9 @@ class Trainer:
         self.t_start = time.perf_counter()
         self.store = open_store(cfg, env, device)
         self.task = build_task(cfg, env, self.store, device)
+        # a tune's trial: each evaluated epoch reported to the study, the pruner's word heard (inert otherwise)
+        self.trial = TrialReports(cfg, env, f"val_{self.task.metric}" if cfg.tune.metric == "auto" else cfg.tune.metric)
+        self.pruned_at = 0  # the epoch after which the pruner stopped this trial (0: it was not)
         # what makes the training batches (the rank, its sampler processes, its servers): started by train(), closed
         # at its end; the model's batch transform is given here, once
         self.source = producers.choose(producers.ProducerSettings.of(cfg, env), self.store.graph_side(),
@@ -235,9 +239,12 @@ class Trainer:
                     row.update(self.evaluate())
                     row["eval_s"] = time.perf_counter() - t0  # (exact inference's, with eval_mode=full)
                 self.end_epoch(epoch, row)
+                if self.trial.after_epoch(epoch, row):  # a hopeless trial of a tune: stopped here, every rank
+                    self.pruned_at = epoch
+                    break
             self.source.close(done=True)  # sampler servers, if any, may leave
             last = self.state.history[-1] if self.state.history else {}
-            self.kept.last(self.model, self.cfg.train.epochs, self.state.step,
+            self.kept.last(self.model, self.pruned_at or self.cfg.train.epochs, self.state.step,
                            {k: v for k, v in last.items() if k.startswith(("val_", "test_"))})
         finally:
             preempt.restore()

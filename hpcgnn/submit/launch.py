@@ -142,7 +142,12 @@ def check_data_on_disk(cfg: RunConfig) -> None:
         from hpcgnn.data import check_available, check_target
 
         check_available(dataset)
-        check_target(dataset, cfg.task)
+        if cfg.task.name == "edge":
+            from hpcgnn.data.edges import check_target as check_edge_target
+
+            check_edge_target(dataset, cfg.task)
+        else:
+            check_target(dataset, cfg.task)
 
 
 def check_model(cfg: RunConfig) -> None:

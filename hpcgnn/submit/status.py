@@ -1,5 +1,5 @@
-"""``python -m hpcgnn status DIR [--wait]``: a sweep's members (state, progress, best accuracy), or one run's
-progress and its sampler servers (batches served, time sampling, time waiting for trainers)."""
+"""``python -m hpcgnn status DIR [--wait]``: a sweep's members (state, progress, best accuracy), a tune's trials, or
+one run's progress and its sampler servers (batches served, time sampling, time waiting for trainers)."""
 
 from __future__ import annotations
 
@@ -48,7 +48,31 @@ def run_status(run_dir: Path, now: float | None = None) -> str:
     return "\n".join(lines)
 
 
+def tune_status(sweep: Path) -> str:
+    """A tune's study: each trial's state, parameters, value, epochs and where it was pruned; the best trial and the
+    command that reruns it (:func:`hpcgnn.submit.tune.results`)."""
+    from hpcgnn.submit.compose import compose
+    from hpcgnn.submit.tune import SPEC, results
+    from hpcgnn.tuning import open_study, parse_space
+
+    spec = json.loads((sweep / SPEC).read_text())
+    fixed, space = parse_space(spec["overrides"])
+    cfg = compose([*fixed, *(p.override(p.corners()[0]) for p in space)]).cfg
+    return results(open_study(cfg, sweep), sweep, fixed, space, write_best=False)
+
+
 def main(argv: list[str]) -> int:
+    from hpcgnn.tuning import STUDY_FILE
+
+    if argv and (Path(argv[0]) / STUDY_FILE).is_file():
+        from hpcgnn.env import full_error
+        from hpcgnn.errors import UserError, report
+
+        try:
+            print(tune_status(Path(argv[0])), flush=True)
+        except UserError as exc:
+            return report(exc, full_error())
+        return 0
     if argv and not argv[0].startswith("-") and not (Path(argv[0]) / MANIFEST).is_file() and \
             any((Path(argv[0]) / n).exists() for n in ("summary.json", "progress.json", "metrics")):
         print(run_status(Path(argv[0])), flush=True)

@@ -1,0 +1,223 @@
+"""``hpcgnn tune OVERRIDES``: a hyperparameter search with early stopping (:mod:`hpcgnn.tuning`).
+
+    hpcgnn tune 'train.lr=tag(log, interval(1e-4, 1e-2))' 'model=choice(sage,gat)' \\
+        'model.hidden_channels=choice(64,128,256)' tune.trials=64 tune.parallel=8 [hydra.sweep.dir=DIR]
+
+Every value the space can take is composed and checked before anything runs (each choice, each end of a range).
+The sweep folder holds the study (``study.journal``), what the tune was asked (``tune.json``), a run folder per
+trial (``trials/<n>``: checkpoints, summary, model files, as any run's), each worker's log (``workers/<k>.log``),
+and at the end the best trial's overrides (``best.yaml``). Without a cluster the workers are ``tune.parallel``
+local processes, each pulling the next trial from the study and running it as a local run; this command waits
+for them. The same command given the same folder (``hydra.sweep.dir=DIR``) resumes the study: trials left
+running by a tune that died resume from their checkpoints; two tunes in one folder are refused by its lock.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import sys
+import time
+from pathlib import Path
+
+from hpcgnn import runlock, trust
+from hpcgnn.env import full_error
+from hpcgnn.errors import ConfigError, UserError, report
+
+SPEC = "tune.json"  # in the sweep folder: the overrides (fixed and searched) and the study's direction
+WORKERS = "workers"  # in the sweep folder: each worker's log
+
+
+def main(argv: list[str]) -> int:
+    try:
+        return tune(argv)
+    except UserError as exc:
+        return report(exc, full_error())
+
+
+def plan(overrides: list[str]):
+    """(fixed overrides, space, the first trial's composed config, its sweep folder): every value of the space
+    composed and checked (a ConfigError names the override)."""
+    from hpcgnn.submit.compose import compose
+    from hpcgnn.tuning import check, parse_space
+
+    fixed, space = parse_space(overrides)
+    first = [p.override(p.corners()[0]) for p in space]
+    try:
+        composed = compose([*fixed, *first], job_num=0)
+    except ConfigError as exc:
+        raise ConfigError(str(exc).strip().splitlines()[0]) from None
+    for i, p in enumerate(space):
+        for value in p.corners()[1:]:
+            try:
+                compose([*fixed, *first[:i], p.override(value), *first[i + 1:]])
+            except ConfigError as exc:
+                why = str(exc).strip().splitlines()[0]
+                raise ConfigError(f"tune: {p.describe()}: with {p.override(value)}: {why}") from None
+    check(composed.cfg)
+    if composed.cfg.cluster is not None:
+        raise ConfigError("tune with +cluster: its SLURM job array is not built yet. HINT: run the tune without "
+                          "+cluster (local workers), or a sweep with -m on the cluster")
+    return fixed, space, composed.cfg, Path(composed.sweep_dir)
+
+
+def tune(overrides: list[str]) -> int:
+    from hpcgnn.tuning import STUDY_FILE, metric_of, open_study, optuna
+
+    optuna()  # (the extra is there, before anything is written)
+    fixed, space, cfg, sweep = plan(overrides)
+    sweep.mkdir(parents=True, exist_ok=True)
+    trust.run_folder(sweep, "use a sweep folder of your own (hydra.sweep.dir=...)")
+    lock = runlock.take(sweep, "a tune's launcher")
+    try:
+        metric, direction = metric_of(cfg)
+        spec_path = sweep / SPEC
+        if spec_path.is_file():  # a resumed tune: the same search, or a clear refusal
+            before = json.loads(spec_path.read_text())
+            if before["overrides"] != list(overrides):
+                raise ConfigError(f"{sweep} holds a tune of other overrides ({' '.join(before['overrides'])}). HINT: "
+                                  "the same command to resume it, or another folder (hydra.sweep.dir=...)")
+            direction = before["direction"]
+        elif direction == "auto":
+            direction = _task_direction(cfg)
+        spec_path.write_text(json.dumps({"overrides": list(overrides), "direction": direction, "metric": metric},
+                                        indent=1))
+        study = open_study(cfg, sweep, direction)
+        stale = [t.number for t in study.get_trials(deepcopy=False) if t.state.name == "RUNNING"]
+        t = cfg.tune
+        print(f"tune: {len(space)} parameter(s) ({'; '.join(p.describe() for p in space)}), {t.trials} trials on "
+              f"{t.parallel} local worker(s), {t.sampler} sampler, {t.pruner} pruner, {direction} "
+              f"{metric or 'the task metric'}; sweep folder: {sweep}"
+              + (f" (resuming trials {', '.join(map(str, stale))})" if stale else ""), flush=True)
+        (sweep / WORKERS).mkdir(exist_ok=True)
+        ctx = multiprocessing.get_context("spawn")
+        workers = [ctx.Process(target=_worker, args=(str(sweep), k, stale[k::t.parallel]), daemon=False)
+                   for k in range(t.parallel)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+        study = open_study(cfg, sweep)
+        print(results(study, sweep, fixed, space), flush=True)
+        print(f"study: {sweep / STUDY_FILE}; trials' runs: {sweep / 'trials'}", flush=True)
+        return 0 if all(w.exitcode == 0 for w in workers) else 1
+    finally:
+        lock.release()
+
+
+def _task_direction(cfg) -> str:
+    """The direction of the task's own metric: minimize a regression's RMSE, else maximize. Where ``task.kind=auto``
+    and the labels are not readable yet, the graph is prepared here first (the trials need it anyway)."""
+    if cfg.task.name == "link":
+        return "maximize"
+    from hpcgnn.data import check_target, prepare
+    from hpcgnn.data.edges import check_target as check_edge_target
+    from hpcgnn.data.edges import prepare_targets
+
+    check = check_edge_target if cfg.task.name == "edge" else check_target
+    target = check(cfg.dataset, cfg.task)
+    if target is None and cfg.task.kind == "auto":
+        prepare(cfg.dataset)
+        if cfg.task.name == "edge":
+            prepare_targets(cfg.dataset)
+        target = check(cfg.dataset, cfg.task)
+    lower = target.lower_is_better if target is not None else cfg.task.kind == "regression"
+    return "minimize" if lower else "maximize"
+
+
+def _worker(sweep_dir: str, k: int, resume: list[int]) -> None:
+    """Worker ``k``: its share of the trials a dead tune left running, then the study's next trials until it has
+    them all; its output in ``workers/<k>.log``."""
+    import os
+
+    log_path = Path(sweep_dir) / WORKERS / f"{k}.log"
+    with open(log_path, "a", buffering=1) as out:
+        os.dup2(out.fileno(), 1)  # (the trials' ranks, processes of their own, write there too)
+        os.dup2(out.fileno(), 2)
+        sys.stdout = sys.stderr = out
+        work(sweep_dir, k, resume)
+
+
+def work(sweep_dir: str, k: int, resume: list[int] = ()) -> None:
+    from hpcgnn.submit.compose import compose
+    from hpcgnn.submit.launch import launch
+    from hpcgnn.tuning import (
+        STUDY_FILE,
+        finish,
+        next_trial,
+        open_study,
+        optuna,
+        parse_space,
+        rerun_overrides,
+        trial_dir,
+        trial_overrides,
+    )
+
+    sweep = Path(sweep_dir)
+    spec = json.loads((sweep / SPEC).read_text())
+    fixed, space = parse_space(spec["overrides"])
+    cfg = compose([*fixed, *(p.override(p.corners()[0]) for p in space)]).cfg
+    study = open_study(cfg, sweep, worker=k)
+    queue = list(resume)
+    while True:
+        if queue:
+            number = queue.pop(0)
+            frozen = study.get_trials(deepcopy=False)[number]
+            trial = optuna().trial.Trial(study, frozen._trial_id)
+        else:
+            trial = next_trial(study, cfg.tune.trials, space)
+            if trial is None:
+                break
+        run_dir = trial_dir(sweep, trial.number)
+        chosen = trial_overrides(trial, space)
+        tune_settings = [o for o in fixed if o.lstrip("+~").startswith("tune.")]
+        overrides = [*rerun_overrides(fixed), *tune_settings, *chosen, f"tune.trial={trial.number}",
+                     f"tune.study={sweep / STUDY_FILE}", f"hydra.run.dir={run_dir}"]
+        print(f"--- worker {k}: trial {trial.number}: {' '.join(chosen)}", flush=True)
+        t0 = time.monotonic()
+        try:
+            composed = compose(overrides)
+            code = launch(composed.cfg, composed.overrides)
+        except UserError as exc:
+            report(exc, False)
+            code = exc.exit_code
+        state = finish(study, trial, run_dir, code, space, retry=code != 2)
+        print(f"--- worker {k}: trial {trial.number} {state} in {time.monotonic() - t0:.1f} s", flush=True)
+
+
+def results(study, sweep: Path, fixed: list[str], space, write_best: bool = True) -> str:
+    """The study in a table (each trial's state, parameters, value, epochs), its best trial, and the command that
+    reruns it; the best trial's overrides written to ``best.yaml`` (``write_best``)."""
+    from hpcgnn.tuning import BEST, counts, rerun_overrides, trial_dir
+
+    lines, best = [], None
+    with_value = [t for t in study.get_trials(deepcopy=False) if t.state.name == "COMPLETE"]
+    if with_value:
+        best = study.best_trial
+    for t in study.get_trials(deepcopy=False):
+        summary = _summary(trial_dir(sweep, t.number))
+        epochs = len(t.intermediate_values)
+        where = f"pruned after epoch {summary.get('pruned_at')}" if t.state.name == "PRUNED" else f"{epochs} epoch(s)"
+        value = f"{t.value:.4f}" if t.value is not None else "-"
+        params = " ".join(f"{k}={v}" for k, v in t.params.items())
+        lines.append(f"  {t.number:>4}  {t.state.name.lower():<9} {value:>8}  {where:<22} {params}"
+                     + ("  <- best" if best is not None and t.number == best.number else ""))
+    c = counts(study)
+    head = f"tune: {sum(c.values())} trial(s): " + ", ".join(f"{v} {k}" for k, v in sorted(c.items()))
+    out = [head, "  trial  state        value  epochs                 parameters", *lines]
+    if best is not None:
+        chosen = [*rerun_overrides(fixed), *(p.override(best.params[p.key]) for p in space)]
+        if write_best:
+            (sweep / BEST).write_text("# the best trial's overrides (hpcgnn tune): python -m hpcgnn $(grep -v '^#' "
+                                      f"{BEST})\n" + "".join(f"{o}\n" for o in chosen))
+        out.append(f"best: trial {best.number}, {best.value:.4f}; rerun it: python -m hpcgnn {' '.join(chosen)}  "
+                   f"(overrides in {sweep / BEST})")
+    return "\n".join(out)
+
+
+def _summary(run_dir: Path) -> dict:
+    path = run_dir / "summary.json"
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}

@@ -1,0 +1,261 @@
+"""Tuning (``hpcgnn tune``): a search space in Hydra's sweep grammar, one Optuna study in the sweep folder, and the
+trials its workers pull from it (no torch here: the launcher reads this).
+
+- :func:`parse_space`: the overrides split into fixed ones and the search space (:class:`Param`): ``choice(a,b)``
+  and comma lists, ``range(lo,hi[,step])``, ``interval(lo,hi)``, each with ``tag(log, ...)`` where it applies;
+  refused, one line naming the override, where a choice is empty, an interval does not rise, or a log scale
+  reaches zero;
+- :func:`open_study`: the study, kept in ``<sweep>/study.journal`` (Optuna's journal file: workers on any node of a
+  shared file system meet there, without a database), its sampler and pruner built alike in every process from
+  ``tune.*``;
+- :func:`next_trial` and :func:`finish`: what a worker does around each trial: ask (a failed trial's retry
+  first), run it as a run of its own (``<sweep>/trials/<n>``), tell what it gave (its best validation value,
+  pruned, or failed);
+- :func:`metric_of`: the metric a study optimises and its direction, from ``tune.*`` and the task.
+
+A trial's ranks report each evaluated epoch's metric to the study and stop when the pruner says so
+(:mod:`hpcgnn.rank.pruning`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from hpcgnn.errors import ConfigError, UserError
+
+STUDY_FILE = "study.journal"  # in the sweep folder: the study, as Optuna's journal
+STUDY_NAME = "hpcgnn"
+TRIALS = "trials"  # in the sweep folder: a run folder per trial, by its number
+BEST = "best.yaml"  # in the sweep folder: the best trial's overrides (+tune.best=FILE reuses them)
+RETRIES = 1  # a failed trial is tried again this often
+
+
+class MissingExtra(UserError):
+    kind = "missing extra"
+
+
+def optuna():
+    """Optuna, or one line naming the extra that brings it."""
+    try:
+        import optuna as module
+    except ImportError:
+        raise MissingExtra("hpcgnn tune needs Optuna. HINT: pip install 'hpcgnn[tune]' (or pip install optuna)") \
+            from None
+    module.logging.set_verbosity(module.logging.WARNING)
+    return module
+
+
+@dataclass(frozen=True)
+class Param:
+    """One dimension of the search space: ``key`` (a config key, or a group such as ``model``) and its values."""
+
+    key: str
+    kind: str  # choice | int | float
+    choices: tuple = ()
+    low: float = 0.0
+    high: float = 0.0
+    step: float | None = None
+    log: bool = False
+
+    def distribution(self):
+        d = optuna().distributions
+        if self.kind == "choice":
+            return d.CategoricalDistribution(list(self.choices))
+        if self.kind == "int":
+            return d.IntDistribution(int(self.low), int(self.high), log=self.log, step=int(self.step or 1))
+        return d.FloatDistribution(self.low, self.high, log=self.log, step=self.step)
+
+    def corners(self) -> list:
+        """The values that check it composes: every choice, or both ends."""
+        if self.kind == "choice":
+            return list(self.choices)
+        return [int(self.low), int(self.high)] if self.kind == "int" else [self.low, self.high]
+
+    def override(self, value) -> str:
+        return f"{self.key}={value}"
+
+    def describe(self) -> str:
+        if self.kind == "choice":
+            return f"{self.key} in {{{', '.join(map(str, self.choices))}}}"
+        return f"{self.key} in [{self.low:g}, {self.high:g}]{' (log)' if self.log else ''}" + \
+            (f" step {self.step:g}" if self.step else "")
+
+
+def parse_space(overrides: list[str]) -> tuple[list[str], list[Param]]:
+    """(fixed overrides, the search space) of ``overrides``; a sweep that is no search space is refused."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import ChoiceSweep, IntervalSweep, RangeSweep
+    from hydra.errors import HydraException
+
+    parser = OverridesParser.create()
+    fixed, space = [], []
+    for text in overrides:
+        if re.search(r"(^|[=(,\s])choice\(\s*\)", text):
+            raise ConfigError(f"tune: {text} offers no value. HINT: {text.split('=', 1)[0]}=choice(a,b)")
+        try:
+            (o,) = parser.parse_overrides([text])
+        except HydraException as exc:
+            raise ConfigError(f"tune: {text!r} is not an override Hydra reads ({str(exc).splitlines()[0]}). HINT: "
+                              "KEY=VALUE, or KEY=choice(a,b), range(lo,hi), interval(lo,hi), tag(log, ...)") from None
+        if not o.is_sweep_override():
+            fixed.append(text)
+            continue
+        key, sweep = o.get_key_element(), o.value()
+        log = "log" in (sweep.tags or set())
+        if isinstance(sweep, ChoiceSweep):
+            values = tuple(sweep.list)
+            if not values:
+                raise ConfigError(f"tune: {text} offers no value. HINT: {key}=choice(a,b)")
+            if log:
+                raise ConfigError(f"tune: {text}: a log scale is an interval's or a range's. HINT: {key}=tag(log, "
+                                  "interval(lo,hi))")
+            space.append(Param(key, "choice", values))
+        elif isinstance(sweep, RangeSweep):
+            step = sweep.step or 1
+            ints = all(float(v).is_integer() for v in (sweep.start, sweep.stop, step))
+            values = [sweep.start + i * step for i in range(max(0, math.ceil((sweep.stop - sweep.start) / step)))]
+            if not values:
+                raise ConfigError(f"tune: {text} holds no value (range(lo,hi) counts from lo up to hi, without it)")
+            param = Param(key, "int" if ints else "float", (), values[0], values[-1], step, log)
+            if not ints:
+                param = Param(key, "choice", tuple(values))
+            space.append(_checked(param, text))
+        elif isinstance(sweep, IntervalSweep):
+            kind = "int" if isinstance(sweep.start, int) and isinstance(sweep.end, int) else "float"
+            space.append(_checked(Param(key, kind, (), float(sweep.start), float(sweep.end), None, log), text))
+        else:
+            raise ConfigError(f"tune: {text} is a sweep tune does not search (use choice, range or interval)")
+    if not space:
+        raise ConfigError("tune: no search space among the overrides. HINT: e.g. 'train.lr=tag(log, interval(1e-4, "
+                          "1e-2))' 'model=choice(sage,gat)'")
+    keys = [p.key for p in space]
+    twice = sorted({k for k in keys if keys.count(k) > 1})
+    if twice:
+        raise ConfigError(f"tune: {', '.join(twice)} searched twice. HINT: one range per key")
+    return fixed, space
+
+
+def _checked(p: Param, text: str) -> Param:
+    if p.kind != "choice" and not p.low < p.high:
+        raise ConfigError(f"tune: {text}: its low ({p.low:g}) must be below its high ({p.high:g})")
+    if p.log and p.low <= 0:
+        raise ConfigError(f"tune: {text}: a log scale needs values above 0 (got a low of {p.low:g}). HINT: a low "
+                          "above 0, or no tag(log, ...)")
+    return p
+
+
+# ---------------------------------------------------------------------- what a study optimises
+
+METRICS = {"node": ("acc", "rocauc", "f1", "rmse", "mae", "r2"), "edge": ("acc", "rocauc", "f1", "rmse", "mae", "r2"),
+           "link": ("auc", "ap", "mrr")}  # (link: hits@K too, for K in task.hits_k)
+LOWER = ("rmse", "mae")
+
+
+def metric_of(cfg) -> tuple[str | None, str]:
+    """(``val_<name>`` the study optimises, or None: the task's own, known once it runs; the direction: minimize,
+    maximize, or auto), refused where the task reports no such metric or the direction is at odds with it."""
+    t = cfg.tune
+    if t.metric == "auto":
+        return None, t.direction
+    name = t.metric.removeprefix("val_")
+    known = METRICS[cfg.task.name] + (tuple(f"hits@{k}" for k in cfg.task.hits_k) if cfg.task.name == "link" else ())
+    if not t.metric.startswith("val_") or name not in known:
+        raise ConfigError(f"tune.metric={t.metric}: task={cfg.task.name} reports val_{', val_'.join(known)}. HINT: "
+                          "one of them, or tune.metric=auto (the task's own)")
+    direction = t.direction if t.direction != "auto" else ("minimize" if name in LOWER else "maximize")
+    return t.metric, direction
+
+
+def check(cfg) -> None:
+    """``tune.*`` against itself (at submit)."""
+    t = cfg.tune
+    if t.trials < 1 or t.parallel < 1 or t.min_epochs < 1:
+        raise ConfigError(f"tune.trials={t.trials}, tune.parallel={t.parallel} and tune.min_epochs={t.min_epochs} "
+                          "must each be at least 1")
+    if t.parallel > t.trials:
+        raise ConfigError(f"tune.parallel={t.parallel} workers for tune.trials={t.trials}: some would have nothing to "
+                          f"do. HINT: tune.parallel={t.trials} or fewer")
+    metric_of(cfg)
+
+
+# ---------------------------------------------------------------------- the study and its trials
+
+
+def open_study(cfg, sweep_dir: str | Path, direction: str | None = None, worker: int = 0):
+    """The study in ``<sweep>/study.journal`` (made with ``direction`` where it is not there yet), with the sampler
+    and pruner of ``tune.*`` (each process builds its own: worker ``worker``'s sampler seeded from ``tune.seed``
+    and its number, so that workers asking at once draw apart)."""
+    from hpcgnn.rng import derive_seed
+
+    o = optuna()
+    t = cfg.tune
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+
+    storage = JournalStorage(JournalFileBackend(str(Path(sweep_dir) / STUDY_FILE)))
+    seed = derive_seed(t.seed, "tune", worker) % 2**32
+    sampler = o.samplers.TPESampler(seed=seed) if t.sampler == "tpe" else o.samplers.RandomSampler(seed=seed)
+    pruner = {"asha": lambda: o.pruners.SuccessiveHalvingPruner(min_resource=t.min_epochs, reduction_factor=3),
+              "hyperband": lambda: o.pruners.HyperbandPruner(min_resource=t.min_epochs,
+                                                             max_resource=cfg.train.epochs, reduction_factor=3),
+              "median": lambda: o.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=t.min_epochs),
+              "none": o.pruners.NopPruner}[t.pruner]()
+    if direction is None:
+        return o.load_study(study_name=STUDY_NAME, storage=storage, sampler=sampler, pruner=pruner)
+    return o.create_study(study_name=STUDY_NAME, storage=storage, sampler=sampler, pruner=pruner, direction=direction,
+                          load_if_exists=True)
+
+
+def trial_dir(sweep_dir: str | Path, number: int) -> Path:
+    return Path(sweep_dir) / TRIALS / str(number)
+
+
+def counts(study) -> dict[str, int]:
+    """Trials by state (complete, pruned, failed, running, waiting)."""
+    out: dict[str, int] = {}
+    for tr in study.get_trials(deepcopy=False):
+        out[tr.state.name.lower()] = out.get(tr.state.name.lower(), 0) + 1
+    return out
+
+
+def next_trial(study, total: int, space: list[Param]):
+    """The next trial to run, or None when the study has ``total`` trials done or under way (a failed one's retry,
+    enqueued, comes first)."""
+    c = counts(study)
+    if c.get("complete", 0) + c.get("pruned", 0) + c.get("running", 0) >= total:
+        return None
+    return study.ask({p.key: p.distribution() for p in space})
+
+
+def rerun_overrides(fixed: list[str]) -> list[str]:
+    """The fixed overrides a trial (or its rerun) keeps: not the tune's own (``tune.*``, the sweep folder) nor a run
+    folder (each trial has its own)."""
+    return [o for o in fixed if not o.lstrip("+~").startswith(("tune.", "hydra.sweep.", "hydra.run.", "run_dir="))]
+
+
+def trial_overrides(trial, space: list[Param]) -> list[str]:
+    return [p.override(trial.params[p.key]) for p in space]
+
+
+def finish(study, trial, run_dir: Path, code: int, space: list[Param], retry: bool = True) -> str:
+    """Tell the study what the trial gave: its run's best validation value (complete), pruned (the run says where),
+    or failed (tried again once where ``retry``, its parameters enqueued). Returns the state told."""
+    o = optuna()
+    summary_path = run_dir / "summary.json"
+    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else None
+    if code == 0 and summary is not None and summary.get("pruned_at"):
+        study.tell(trial, state=o.trial.TrialState.PRUNED)
+        return "pruned"
+    value = summary.get("tune_value") if summary is not None else None
+    if code == 0 and value is not None and not math.isnan(value):
+        study.tell(trial, value)
+        return "complete"
+    study.tell(trial, state=o.trial.TrialState.FAIL)
+    tried = int(trial.user_attrs.get("retry", 0)) if hasattr(trial, "user_attrs") else 0
+    if retry and tried < RETRIES:
+        study.enqueue_trial(trial.params, user_attrs={"retry": tried + 1, "retry_of": trial.number})
+    return "failed"

@@ -1,0 +1,130 @@
+"""hpcgnn tune: the search space in Hydra's sweep grammar, what it refuses before anything runs, local workers
+pulling trials from one Optuna study in the sweep folder, pruning that really stops trials, status, resuming a
+study, and the folder's lock."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from conftest import DATA_ROOT, run_cli
+
+from hpcgnn.errors import ConfigError
+
+pytest.importorskip("optuna")
+
+TINY = ["dataset.num_nodes=3000", "model.hidden_channels=16", "train.batch_size=256", "launch.procs=1",
+        "train.precision=fp32", "metrics.tensorboard=false", f"dataset.root={DATA_ROOT}"]
+
+
+def test_the_sweep_grammar_becomes_a_search_space():
+    from hpcgnn.tuning import parse_space
+
+    fixed, space = parse_space(["train.epochs=3", "model=choice(sage,gat)", "train.lr=tag(log, interval(1e-4, 1e-2))",
+                                "model.hidden_channels=range(16,80,16)", "train.weight_decay=interval(0.0, 0.1)",
+                                "train.batch_size=128,256"])
+    assert fixed == ["train.epochs=3"]
+    by = {p.key: p for p in space}
+    assert by["model"].choices == ("sage", "gat") and by["train.batch_size"].choices == (128, 256)
+    lr = by["train.lr"].distribution()
+    assert (lr.low, lr.high, lr.log) == (1e-4, 1e-2, True)
+    hidden = by["model.hidden_channels"].distribution()
+    assert (type(hidden).__name__, hidden.low, hidden.high, hidden.step) == ("IntDistribution", 16, 64, 16)
+    assert by["train.weight_decay"].distribution().log is False
+
+
+@pytest.mark.parametrize("args, message", [
+    (["train.nope=choice(1,2)"], r"Unknown config key 'train.nope'"),
+    (["train.lr=choice()"], r"tune: train.lr=choice\(\) offers no value. HINT: train.lr=choice\(a,b\)"),
+    (["train.lr=interval(0.1, 0.01)"], r"tune: train.lr=interval\(0.1, 0.01\): its low \(0.1\) must be below its "
+                                       r"high \(0.01\)"),
+    (["train.lr=tag(log, interval(0, 0.1))"], r"a log scale needs values above 0 \(got a low of 0\)"),
+    (["train.lr=choice(0.1,0.2)", "tune.trials=2", "tune.parallel=3"],
+     r"tune.parallel=3 workers for tune.trials=2: some would have nothing to do. HINT: tune.parallel=2 or fewer"),
+    (["train.lr=choice(0.1,0.2)", "tune.metric=val_auc"],
+     r"tune.metric=val_auc: task=node reports val_acc, val_rocauc, val_f1, val_rmse, val_mae, val_r2"),
+    (["model=choice(sage,nope)"], r"tune: model in \{sage, nope\}: with model=nope: .*Could not find 'model/nope'"),
+    (["train.epochs=2"], r"tune: no search space among the overrides"),
+])
+def test_a_bad_search_space_exits_2_with_one_line_before_anything_is_written(args, message, tmp_path, capsys):
+    from hpcgnn.submit.tune import main
+
+    assert main([*args, f"hydra.sweep.dir={tmp_path / 'sweep'}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("hpcgnn: config error: "), err
+    assert __import__("re").search(message, err), err
+    assert not (tmp_path / "sweep").exists()
+
+
+@pytest.mark.slow
+def test_a_local_tune_prunes_a_hopeless_region_and_reports_its_study(tmp_path):
+    """One worker, six trials over a learning rate that learns (1e-2) and one that cannot (1e-6), the median pruner:
+    every hopeless trial after the first good one stops within 2 epochs and its folder says so; status shows the
+    study, the best trial and the command that reruns it; best.yaml holds its overrides."""
+    sweep = tmp_path / "sweep"
+    res = run_cli("tune", "train.lr=choice(0.01,0.000001)", "model.hidden_channels=choice(16,24)", *TINY,
+                  "train.epochs=5", "tune.trials=6", "tune.parallel=1", "tune.pruner=median", "tune.sampler=random",
+                  f"hydra.sweep.dir={sweep}", cwd=tmp_path, timeout=600)
+    assert res.returncode == 0, res.stdout + res.stderr
+    from hpcgnn.submit.compose import compose
+    from hpcgnn.tuning import open_study
+
+    study = open_study(compose(["tune.pruner=median", "tune.sampler=random"]).cfg, sweep)
+    trials = study.get_trials()
+    assert len(trials) == 6 and {t.state.name for t in trials} <= {"COMPLETE", "PRUNED"}
+    pruned = [t for t in trials if t.state.name == "PRUNED"]
+    assert pruned, [(t.number, t.params, t.state.name) for t in trials]  # (the seeded draws hold both rates)
+    for t in pruned:  # the hopeless rate alone, stopped within 2 epochs, its folder saying so
+        summary = json.loads((sweep / "trials" / str(t.number) / "summary.json").read_text())
+        assert t.params["train.lr"] == 0.000001 and 1 <= summary["pruned_at"] <= 2, (t.number, summary["pruned_at"])
+        assert len(summary["history"]) == summary["pruned_at"]
+    best = study.best_trial
+    assert best.params["train.lr"] == 0.01
+    summary = json.loads((sweep / "trials" / str(best.number) / "summary.json").read_text())
+    assert math.isclose(best.value, summary["tune_value"]) and summary["pruned_at"] == 0
+    status = run_cli("status", str(sweep), cwd=tmp_path)
+    assert f"best: trial {best.number}, {best.value:.4f}; rerun it: python -m hpcgnn" in status.stdout
+    assert "pruned after epoch" in status.stdout
+    best_file = (sweep / "best.yaml").read_text()
+    assert "train.lr=0.01" in best_file and "tune." not in best_file.split("\n", 1)[1]
+
+
+@pytest.mark.slow
+def test_the_same_command_resumes_the_study_and_a_second_tune_in_the_folder_is_refused(tmp_path):
+    """A trial a dead tune left running (asked, never told) is run again in its own folder when the same command
+    is given the sweep folder, and the study then holds every trial once; while a tune holds the folder, another
+    is refused with one line."""
+    from hpcgnn import runlock
+    from hpcgnn.submit.compose import compose
+    from hpcgnn.submit.tune import SPEC
+    from hpcgnn.tuning import open_study, parse_space
+
+    sweep = tmp_path / "sweep"
+    args = ["tune", "train.lr=choice(0.01,0.02)", *TINY, "train.epochs=2", "tune.trials=2", "tune.parallel=1",
+            "tune.pruner=none", f"hydra.sweep.dir={sweep}"]
+    sweep.mkdir(mode=0o700)
+    cfg = compose(["tune.pruner=none"]).cfg
+    fixed, space = parse_space(args[1:])
+    given = [*args[1:], f"dataset.root={DATA_ROOT}", f"hydra.run.dir={tmp_path / 'run'}"]  # (as run_cli gives them)
+    (sweep / SPEC).write_text(json.dumps({"overrides": given, "direction": "maximize", "metric": None}))
+    left = open_study(cfg, sweep, "maximize").ask({p.key: p.distribution() for p in space})  # (a dead tune's)
+    held = runlock.take(sweep, "another tune")
+    busy = run_cli(*args, cwd=tmp_path)
+    assert busy.returncode == 2 and f"the run folder {sweep} is in use by another tune" in busy.stderr, busy.stderr
+    held.release()
+    res = run_cli(*args, cwd=tmp_path, timeout=600)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert f"(resuming trials {left.number})" in res.stdout
+    study = open_study(cfg, sweep)
+    assert [t.state.name for t in study.get_trials()] == ["COMPLETE", "COMPLETE"]
+    assert (sweep / "trials" / str(left.number) / "summary.json").is_file()
+    again = run_cli(*args, cwd=tmp_path, timeout=120)  # (nothing left to do)
+    assert again.returncode == 0 and len(open_study(cfg, sweep).get_trials()) == 2
+
+
+def test_a_tune_with_a_cluster_is_refused_until_its_job_array_exists(tmp_path):
+    from hpcgnn.submit.tune import plan
+
+    with pytest.raises(ConfigError, match=r"tune with \+cluster: its SLURM job array is not built yet"):
+        plan(["train.lr=choice(0.1,0.2)", "+cluster=devcluster", f"hydra.sweep.dir={tmp_path}"])
