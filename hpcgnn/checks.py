@@ -52,6 +52,25 @@ def check_registered_names(cfg) -> None:
     check_dataset_config(cfg.dataset)
     check_task_config(cfg)
     check_edge_features(cfg)
+    check_trackers(cfg.metrics.trackers)
+
+
+TRACKERS = ("wandb", "mlflow")  # metrics.trackers (hpcgnn.rank.trackers), each an optional extra
+
+
+def check_trackers(trackers) -> None:
+    """Each tracker named is known and installed here: else one line naming the extra."""
+    import importlib.util
+
+    from hpcgnn.errors import MissingExtra
+
+    for name in trackers:
+        if name not in TRACKERS:
+            raise ConfigError(f"metrics.trackers names {name!r}: use {' and '.join(TRACKERS)} (TensorBoard and the "
+                              "JSON lines are always written: metrics.tensorboard)")
+        if importlib.util.find_spec(name) is None:
+            raise MissingExtra(f"metrics.trackers={name} needs {name}, which is not installed here. HINT: pip "
+                               f"install 'hpcgnn[{name}]'")
 
 
 CUSTOM = "custom"  # model.name of a model of the user's own (model._target_)

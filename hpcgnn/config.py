@@ -228,6 +228,9 @@ class MetricsConfig:
     straggler_factor: float = 1.5  # warn when a rank's p95 step time exceeds the median rank's by this factor
     tensorboard: bool = True  # rank 0 writes <run_dir>/tensorboard
     progress_bar: str = "auto"  # auto (on a terminal only) | on | off; rank 0 only
+    trackers: Tuple[str, ...] = ()  # wandb and/or mlflow, besides TensorBoard and the JSON lines (optional extras: pip install 'hpcgnn[wandb]'); docs/tracking.md
+    project: str = "hpcgnn"  # the W&B project and the MLflow experiment
+    group: str = ""  # set by a sweep's or a tune's launcher (its folder): a W&B group, an MLflow parent run
 
 
 @dataclass(frozen=True)

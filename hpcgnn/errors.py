@@ -68,6 +68,12 @@ class CheckpointError(UserError):
     kind = "checkpoint error"
 
 
+class MissingExtra(UserError):
+    """An optional extra a setting needs is not installed (optuna for ``hpcgnn tune``, a tracker)."""
+
+    kind = "missing extra"
+
+
 class RunFolderBusy(UserError):
     """Another job is running in the run folder (its lock, :mod:`hpcgnn.runlock`); the message names it."""
 

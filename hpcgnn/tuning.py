@@ -25,17 +25,13 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from hpcgnn.errors import ConfigError, UserError
+from hpcgnn.errors import ConfigError, MissingExtra
 
 STUDY_FILE = "study.journal"  # in the sweep folder: the study, as Optuna's journal
 STUDY_NAME = "hpcgnn"
 TRIALS = "trials"  # in the sweep folder: a run folder per trial, by its number
 BEST = "best.yaml"  # in the sweep folder: the best trial's overrides (+tune.best=FILE reuses them)
 RETRIES = 1  # a failed trial is tried again this often
-
-
-class MissingExtra(UserError):
-    kind = "missing extra"
 
 
 def optuna():

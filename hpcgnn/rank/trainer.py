@@ -50,6 +50,7 @@ from hpcgnn.rank.techniques import (
     resolve_precision,
     step_weights,
 )
+from hpcgnn.rank.trackers import Trackers
 from hpcgnn.rng import rng_state, set_rng_state
 from hpcgnn.stores import open_store
 from hpcgnn.tasks import build_task
@@ -135,6 +136,7 @@ class Trainer:
         # a tune's trial: each evaluated epoch reported to the study, the pruner's word heard (inert otherwise)
         self.trial = TrialReports(cfg, env, f"val_{self.task.metric}" if cfg.tune.metric == "auto" else cfg.tune.metric)
         self.pruned_at = 0  # the epoch after which the pruner stopped this trial (0: it was not)
+        self.trackers = Trackers(cfg, env.is_main)  # W&B, MLflow (metrics.trackers): rank 0's, or none
         # what makes the training batches (the rank, its sampler processes, its servers): started by train(), closed
         # at its end; the model's batch transform is given here, once
         self.source = producers.choose(producers.ProducerSettings.of(cfg, env), self.store.graph_side(),
@@ -229,6 +231,7 @@ class Trainer:
                                                find_unused_parameters=getattr(self.model, "unused_parameters", False))
             self.ddp.register_comm_hook(self.hook.state, self.hook.hook)
         log_start(self)
+        self.trackers.start()
         preempt = PreemptionFlag(self.cfg.checkpoint.signal)
         try:
             self.source.start()  # (sampler processes, servers: before the clock)
@@ -246,6 +249,9 @@ class Trainer:
             last = self.state.history[-1] if self.state.history else {}
             self.kept.last(self.model, self.pruned_at or self.cfg.train.epochs, self.state.step,
                            {k: v for k, v in last.items() if k.startswith(("val_", "test_"))})
+        except BaseException as exc:
+            self.trackers.close(preempted=isinstance(exc, Preempted))
+            raise
         finally:
             preempt.restore()
             self.metrics.close()
@@ -254,7 +260,9 @@ class Trainer:
             # exception's traceback instead, it would be freed at interpreter exit, where gloo's
             # destructor joins a worker thread that waits for the GIL: a hang at exit.
             self.ddp = self.model
-        return run_summary(self)
+        summary = run_summary(self)
+        self.trackers.finish(summary)
+        return summary
 
     def run_epoch(self, epoch: int, preempt: PreemptionFlag) -> dict:
         """One epoch of this rank's steps (from the resumed step on); returns the epoch's training row."""
@@ -387,6 +395,7 @@ class Trainer:
             self.kept.better(self.model, epoch, s.step, s.best)
         s.history.append(row)
         self.metrics.epoch_scalars(row)
+        self.trackers.epoch(row)
         s.epoch, s.step_in_epoch = epoch + 1, 0
         if self.env.is_main:  # what `python -m hpcgnn status` shows while the run goes on
             write_json(Path(self.cfg.run_dir) / "progress.json", progress(self))

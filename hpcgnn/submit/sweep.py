@@ -54,6 +54,9 @@ def launch_sweep(members: list[SweepMember], sweep_dir: Path) -> int:
     from hpcgnn.trust import run_secret
 
     members = sorted(members, key=lambda m: m.num)
+    for m in members:  # grouped in the trackers (a W&B group, an MLflow parent run): the sweep's folder
+        if m.cfg.metrics.trackers and not m.cfg.metrics.group:
+            m.cfg = dataclasses.replace(m.cfg, metrics=dataclasses.replace(m.cfg.metrics, group=str(sweep_dir)))
     first = members[0].cfg
     if first.cluster is None:
         write_manifest(sweep_dir, members, None)

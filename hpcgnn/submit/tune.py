@@ -172,7 +172,7 @@ def work(sweep_dir: str, k: int, resume: list[int] = ()) -> None:
         chosen = trial_overrides(trial, space)
         tune_settings = [o for o in fixed if o.lstrip("+~").startswith("tune.")]
         overrides = [*rerun_overrides(fixed), *tune_settings, *chosen, f"tune.trial={trial.number}",
-                     f"tune.study={sweep / STUDY_FILE}", f"hydra.run.dir={run_dir}"]
+                     f"tune.study={sweep / STUDY_FILE}", f"metrics.group={sweep}", f"hydra.run.dir={run_dir}"]
         print(f"--- worker {k}: trial {trial.number}: {' '.join(chosen)}", flush=True)
         t0 = time.monotonic()
         try:
