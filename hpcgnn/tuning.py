@@ -144,6 +144,25 @@ def _checked(p: Param, text: str) -> Param:
     return p
 
 
+def expand_best(overrides: list[str] | tuple[str, ...]) -> list[str]:
+    """``+tune.best=FILE`` (a tune's ``best.yaml``) replaced by the overrides the file holds, first, so that the
+    command's own overrides come after them and win; the file must be the user's own (it names code to run)."""
+    out, given = [], []
+    for o in overrides:
+        key, _, value = o.lstrip("+").partition("=")
+        if key != "tune.best":
+            given.append(o)
+            continue
+        from hpcgnn import trust
+
+        path = Path(value).expanduser()
+        if not path.is_file():
+            raise ConfigError(f"+tune.best={value}: no such file. HINT: a tune's best.yaml (its sweep folder)")
+        text = trust.read_own_file(path, "the tune's best overrides").decode()
+        out += [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    return [*out, *given]
+
+
 # ---------------------------------------------------------------------- what a study optimises
 
 METRICS = {"node": ("acc", "rocauc", "f1", "rmse", "mae", "r2"), "edge": ("acc", "rocauc", "f1", "rmse", "mae", "r2"),
@@ -218,9 +237,80 @@ def counts(study) -> dict[str, int]:
     return out
 
 
-def next_trial(study, total: int, space: list[Param]):
+HEARTBEAT_S = 20.0  # a worker running a trial writes workers/<k>.beat this often ...
+STALE_S = 3 * HEARTBEAT_S  # ... and a running trial whose beat is older than this lost its worker
+
+
+class Heartbeat:
+    """While a worker runs trial ``number``: ``workers/<k>.beat`` rewritten every :data:`HEARTBEAT_S` (a thread),
+    so that other workers can tell a trial whose worker died (:func:`fail_stale`)."""
+
+    def __init__(self, sweep_dir: str | Path, worker: int, number: int):
+        import threading
+
+        self.path = Path(sweep_dir) / "workers" / f"{worker}.beat"
+        self.number, self.stop = number, threading.Event()
+        self.beat()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def beat(self) -> None:
+        import os
+        import socket
+        import time
+
+        from hpcgnn.io import write_json
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        write_json(self.path, {"trial": self.number, "time": time.time(), "pid": os.getpid(),
+                               "host": socket.gethostname()})
+
+    def _run(self) -> None:
+        while not self.stop.wait(HEARTBEAT_S):
+            self.beat()
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join()
+        self.path.unlink(missing_ok=True)
+
+
+def fail_stale(study, sweep_dir: str | Path, now: float | None = None) -> list[int]:
+    """Running trials whose worker died (no beat within :data:`STALE_S`, nor a start that recent) told failed and
+    tried again once (their parameters enqueued); returns their numbers. Two workers may find one at once: the
+    one whose word the study takes enqueues it."""
+    import time
+
+    o = optuna()
+    now = time.time() if now is None else now
+    beats = {}
+    for path in (Path(sweep_dir) / "workers").glob("*.beat"):
+        try:
+            b = json.loads(path.read_text())
+            beats[int(b["trial"])] = max(beats.get(int(b["trial"]), 0.0), float(b["time"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    failed = []
+    for t in study.get_trials(deepcopy=False, states=(o.trial.TrialState.RUNNING,)):
+        started = t.datetime_start.timestamp() if t.datetime_start is not None else now
+        if now - max(beats.get(t.number, 0.0), started) < STALE_S:
+            continue
+        try:
+            study.tell(t.number, state=o.trial.TrialState.FAIL)
+        except (RuntimeError, ValueError):  # (another worker told it first)
+            continue
+        failed.append(t.number)
+        tried = int(t.user_attrs.get("retry", 0))
+        if tried < RETRIES:
+            study.enqueue_trial(t.params, user_attrs={"retry": tried + 1, "retry_of": t.number})
+    return failed
+
+
+def next_trial(study, total: int, space: list[Param], sweep_dir: str | Path | None = None):
     """The next trial to run, or None when the study has ``total`` trials done or under way (a failed one's retry,
-    enqueued, comes first)."""
+    enqueued, comes first; running trials whose worker died are failed first: :func:`fail_stale`)."""
+    if sweep_dir is not None:
+        fail_stale(study, sweep_dir)
     c = counts(study)
     if c.get("complete", 0) + c.get("pruned", 0) + c.get("running", 0) >= total:
         return None

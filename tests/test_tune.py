@@ -88,6 +88,15 @@ def test_a_local_tune_prunes_a_hopeless_region_and_reports_its_study(tmp_path):
     assert "pruned after epoch" in status.stdout
     best_file = (sweep / "best.yaml").read_text()
     assert "train.lr=0.01" in best_file and "tune." not in best_file.split("\n", 1)[1]
+    from hpcgnn.submit.report import write_report
+
+    figures = write_report(sweep)
+    assert figures == [sweep / f"{n}.png" for n in ("history", "importances", "intermediate")]
+    assert all(f.stat().st_size > 10_000 for f in figures)
+    again = run_cli("train.epochs=1", f"+tune.best={sweep / 'best.yaml'}", cwd=tmp_path / "again")
+    assert again.returncode == 0, again.stderr
+    cfg = json.loads((tmp_path / "again" / "run" / "summary.json").read_text())
+    assert cfg["effective_lr"] == 0.01 and cfg["epochs"] == 1  # (its overrides, then the command's own)
 
 
 @pytest.mark.slow
@@ -128,3 +137,30 @@ def test_a_tune_with_a_cluster_is_refused_until_its_job_array_exists(tmp_path):
 
     with pytest.raises(ConfigError, match=r"tune with \+cluster: its SLURM job array is not built yet"):
         plan(["train.lr=choice(0.1,0.2)", "+cluster=devcluster", f"hydra.sweep.dir={tmp_path}"])
+
+
+def test_a_running_trial_whose_worker_stopped_beating_is_failed_and_tried_again_once(tmp_path):
+    """Two trials running: one whose worker's beat is fresh, one whose beat is older than the limit (its worker
+    died). The stale one is told failed and its parameters enqueued once; a retry that goes stale is not retried
+    again; the fresh one runs on."""
+    import time
+
+    from hpcgnn.io import write_json
+    from hpcgnn.submit.compose import compose
+    from hpcgnn.tuning import STALE_S, fail_stale, open_study, parse_space
+
+    _, space = parse_space(["train.lr=choice(0.01,0.02,0.03)"])
+    dist = {p.key: p.distribution() for p in space}
+    study = open_study(compose([]).cfg, tmp_path, "maximize")
+    alive, dead = study.ask(dist), study.ask(dist)
+    now = time.time() + STALE_S + 5  # (both started "long ago"; one worker beats now)
+    write_json(tmp_path / "workers" / "0.beat", {"trial": alive.number, "time": now})
+    write_json(tmp_path / "workers" / "1.beat", {"trial": dead.number, "time": now - STALE_S - 1})
+    assert fail_stale(study, tmp_path, now) == [dead.number]
+    states = {t.number: t.state.name for t in study.get_trials()}
+    assert states == {alive.number: "RUNNING", dead.number: "FAIL", dead.number + 1: "WAITING"}
+    retry = study.ask(dist)  # (the enqueued retry comes first, with the dead trial's parameters)
+    assert retry.params == dead.params and retry.user_attrs == {"retry": 1, "retry_of": dead.number}
+    assert fail_stale(study, tmp_path, now + 10 * STALE_S) == [alive.number, retry.number]
+    waiting = [t for t in study.get_trials() if t.state.name == "WAITING"]
+    assert [t.user_attrs["retry_of"] for t in waiting] == [alive.number]  # (the retry itself is not retried)

@@ -26,6 +26,7 @@ from hpcgnn import CONF_DIR
 from hpcgnn.checks import check_registered_names
 from hpcgnn.config import RunConfig, check_override_keys, register_configs
 from hpcgnn.errors import ConfigError
+from hpcgnn.tuning import expand_best
 
 CONFIG_NAME = "config"
 
@@ -95,7 +96,7 @@ def compose(overrides: list[str] | tuple[str, ...] = (), job_num: int | None = N
 
     Raises :class:`ConfigError` naming the key or value to change.
     """
-    overrides = list(overrides)
+    overrides = expand_best(overrides)  # (+tune.best=FILE: a tune's best trial's overrides)
     check_override_keys(overrides)
     extra = [f"hydra.job.num={job_num}"] if job_num is not None else []
     if sweep_dir is not None:
@@ -126,6 +127,7 @@ def expand_sweep(overrides: list[str]) -> list[list[str]]:
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
+    overrides = expand_best(overrides)
     try:
         parsed = OverridesParser.create().parse_overrides(overrides)
     except HydraException as exc:

@@ -5,7 +5,8 @@ A run folder (``summary.json`` or ``progress.json``, ``metrics/``) gives:
 - ``phases.png``: per rank, the time of one epoch split into its phases (stacked bars);
 - ``balance.png``: per epoch, max/mean and CV of the ranks' busy step time and sampled edges.
 
-A sweep folder (``manifest.json``) gives ``sweep.png``: throughput and best accuracy per member.
+A sweep folder (``manifest.json``) gives ``sweep.png``: throughput and best accuracy per member; a tune's folder
+(``study.journal``) ``history.png``, ``importances.png`` and ``intermediate.png`` (:func:`write_tune_report`).
 The notebooks in ``notebooks/`` draw the same figures with the same functions. Only the
 folders are read: nothing is recomputed, nothing needs the cluster.
 """
@@ -123,6 +124,8 @@ def write_report(folder: Path) -> list[Path]:
 
     folder = Path(folder)
     written = []
+    if (folder / "study.journal").is_file():  # a tune (hpcgnn.tuning.STUDY_FILE)
+        return write_tune_report(folder)
     if (folder / "manifest.json").is_file():
         rows = load_sweep(folder)
         fig, (a, b) = plt.subplots(1, 2, figsize=(12, 1.5 + 0.5 * len(rows)), constrained_layout=True)
@@ -139,6 +142,64 @@ def write_report(folder: Path) -> list[Path]:
     fig, ax = plt.subplots(figsize=(8, 4), constrained_layout=True)
     plot_balance(run, ax)
     written.append(_save(fig, folder / "balance.png"))
+    return written
+
+
+def write_tune_report(sweep: Path) -> list[Path]:
+    """A tune's figures: ``history.png`` (each trial's value, the best so far, where the pruned ones stopped),
+    ``importances.png`` (each parameter's share of the value's variance: Optuna's fANOVA, from two completed
+    trials on) and ``intermediate.png`` (every trial's metric per epoch, the pruned ones marked)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from hpcgnn.submit.status import tune_study
+
+    study, metric = tune_study(sweep)
+    trials = study.get_trials(deepcopy=False)
+    done = [t for t in trials if t.state.name == "COMPLETE"]
+    pruned = [t for t in trials if t.state.name == "PRUNED" and t.intermediate_values]
+    lower = study.direction.name == "MINIMIZE"
+    written = []
+    fig, ax = plt.subplots(figsize=(8, 4.5), constrained_layout=True)
+    ax.scatter([t.number for t in done], [t.value for t in done], label="completed", color="tab:blue")
+    ax.scatter([t.number for t in pruned], [t.intermediate_values[max(t.intermediate_values)] for t in pruned],
+               marker="x", color="tab:red", label="pruned (its last report)")
+    best, line = None, []
+    for t in sorted(done, key=lambda t: t.number):
+        best = t.value if best is None or (t.value < best if lower else t.value > best) else best
+        line.append((t.number, best))
+    if line:
+        ax.step(*zip(*line, strict=True), where="post", color="tab:green", label="best so far")
+    ax.set(xlabel="trial", ylabel=metric, title=f"optimisation history ({study.direction.name.lower()})")
+    ax.legend()
+    written.append(_save(fig, sweep / "history.png"))
+    fig, ax = plt.subplots(figsize=(7, 1.5 + 0.5 * max(1, len(study.get_trials(deepcopy=False)[0].params) if trials
+                                                              else 1)), constrained_layout=True)
+    if len(done) >= 2:
+        import optuna
+
+        importances = optuna.importance.get_param_importances(study)
+        names = list(importances)[::-1]
+        ax.barh(names, [importances[n] for n in names], color="tab:blue")
+        ax.set(xlabel="share of the value's variance (fANOVA)", title="parameter importances")
+    else:
+        ax.text(0.5, 0.5, f"{len(done)} completed trial(s): importances need two", ha="center", va="center")
+        ax.set_axis_off()
+    written.append(_save(fig, sweep / "importances.png"))
+    fig, ax = plt.subplots(figsize=(8, 4.5), constrained_layout=True)
+    for t in trials:
+        if t.intermediate_values:
+            steps = sorted(t.intermediate_values)
+            cut = t.state.name == "PRUNED"
+            ax.plot(steps, [t.intermediate_values[k] for k in steps], color="tab:red" if cut else "tab:blue",
+                    alpha=0.8, linestyle="--" if cut else "-", marker="x" if cut else None, markevery=[-1])
+    ax.plot([], [], color="tab:blue", label="completed")
+    ax.plot([], [], color="tab:red", linestyle="--", marker="x", label="pruned")
+    ax.set(xlabel="epoch", ylabel=metric, title="per-epoch reports")
+    ax.legend()
+    written.append(_save(fig, sweep / "intermediate.png"))
     return written
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from hpcgnn import runlock, trust
 from hpcgnn.env import full_error
 from hpcgnn.errors import ConfigError, UserError, report
+from hpcgnn.io import write_json
 
 SPEC = "tune.json"  # in the sweep folder: the overrides (fixed and searched) and the study's direction
 WORKERS = "workers"  # in the sweep folder: each worker's log
@@ -90,6 +91,8 @@ def tune(overrides: list[str]) -> int:
               f"{metric or 'the task metric'}; sweep folder: {sweep}"
               + (f" (resuming trials {', '.join(map(str, stale))})" if stale else ""), flush=True)
         (sweep / WORKERS).mkdir(exist_ok=True)
+        for number in stale:  # (a beat now, so that no worker fails them before their own worker beats)
+            write_json(sweep / WORKERS / f"resume-{number}.beat", {"trial": number, "time": time.time()})
         ctx = multiprocessing.get_context("spawn")
         workers = [ctx.Process(target=_worker, args=(str(sweep), k, stale[k::t.parallel]), daemon=False)
                    for k in range(t.parallel)]
@@ -97,6 +100,8 @@ def tune(overrides: list[str]) -> int:
             w.start()
         for w in workers:
             w.join()
+        for path in (sweep / WORKERS).glob("resume-*.beat"):
+            path.unlink()
         study = open_study(cfg, sweep)
         print(results(study, sweep, fixed, space), flush=True)
         print(f"study: {sweep / STUDY_FILE}; trials' runs: {sweep / 'trials'}", flush=True)
@@ -143,6 +148,7 @@ def work(sweep_dir: str, k: int, resume: list[int] = ()) -> None:
     from hpcgnn.submit.launch import launch
     from hpcgnn.tuning import (
         STUDY_FILE,
+        Heartbeat,
         finish,
         next_trial,
         open_study,
@@ -165,7 +171,7 @@ def work(sweep_dir: str, k: int, resume: list[int] = ()) -> None:
             frozen = study.get_trials(deepcopy=False)[number]
             trial = optuna().trial.Trial(study, frozen._trial_id)
         else:
-            trial = next_trial(study, cfg.tune.trials, space)
+            trial = next_trial(study, cfg.tune.trials, space, sweep)
             if trial is None:
                 break
         run_dir = trial_dir(sweep, trial.number)
@@ -175,12 +181,15 @@ def work(sweep_dir: str, k: int, resume: list[int] = ()) -> None:
                      f"tune.study={sweep / STUDY_FILE}", f"metrics.group={sweep}", f"hydra.run.dir={run_dir}"]
         print(f"--- worker {k}: trial {trial.number}: {' '.join(chosen)}", flush=True)
         t0 = time.monotonic()
+        beat = Heartbeat(sweep, k, trial.number)  # (other workers tell a trial whose worker died by it)
         try:
             composed = compose(overrides)
             code = launch(composed.cfg, composed.overrides)
         except UserError as exc:
             report(exc, False)
             code = exc.exit_code
+        finally:
+            beat.close()
         state = finish(study, trial, run_dir, code, space, retry=code != 2)
         print(f"--- worker {k}: trial {trial.number} {state} in {time.monotonic() - t0:.1f} s", flush=True)
 
