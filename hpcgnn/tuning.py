@@ -254,7 +254,7 @@ class Heartbeat:
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
-    def beat(self) -> None:
+    def beat(self, preempted: bool = False) -> None:
         import os
         import socket
         import time
@@ -263,16 +263,21 @@ class Heartbeat:
 
         self.path.parent.mkdir(parents=True, exist_ok=True)
         write_json(self.path, {"trial": self.number, "time": time.time(), "pid": os.getpid(),
-                               "host": socket.gethostname()})
+                               "host": socket.gethostname(), "preempted": preempted})
 
     def _run(self) -> None:
         while not self.stop.wait(HEARTBEAT_S):
             self.beat()
 
-    def close(self) -> None:
+    def close(self, preempted: bool = False) -> None:
+        """The trial ended (its beat gone), or was preempted: then its beat says so and stays, and no worker fails
+        the trial while the requeued worker is away (it resumes it when it comes back)."""
         self.stop.set()
         self.thread.join()
-        self.path.unlink(missing_ok=True)
+        if preempted:
+            self.beat(preempted=True)
+        else:
+            self.path.unlink(missing_ok=True)
 
 
 def fail_stale(study, sweep_dir: str | Path, now: float | None = None) -> list[int]:
@@ -287,7 +292,9 @@ def fail_stale(study, sweep_dir: str | Path, now: float | None = None) -> list[i
     for path in (Path(sweep_dir) / "workers").glob("*.beat"):
         try:
             b = json.loads(path.read_text())
-            beats[int(b["trial"])] = max(beats.get(int(b["trial"]), 0.0), float(b["time"]))
+            # (a preempted worker's trial waits for its requeue: never stale)
+            when = math.inf if b.get("preempted") else float(b["time"])
+            beats[int(b["trial"])] = max(beats.get(int(b["trial"]), 0.0), when)
         except (OSError, ValueError, KeyError, TypeError):
             continue
     failed = []

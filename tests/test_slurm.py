@@ -440,3 +440,39 @@ def test_a_killed_sampler_server_fails_the_heterogeneous_job_naming_its_node(tmp
     assert re.search(r"sampler server 0 at n2:\d+ closed the connection .* while rank 0 was "
                      r"(waiting for batch \d+|sending to it)", text), text
     assert "n2:" in report.stdout
+
+
+def test_a_tune_is_one_job_array_whose_preempted_worker_resumes_its_trial_bitwise(tmp_path):
+    """hpcgnn tune +cluster: 4 trials on 2 workers, one job array of 2 elements (a node each); worker 0 is preempted
+    mid-trial (USR2): requeued, it resumes that trial from its checkpoint. Every trial is accounted for, each with
+    the parameters the others have (one learning rate: the same training), and the study's best is its best
+    member's."""
+    pytest.importorskip("optuna")
+    sweep = tmp_path / "sweep"
+    res = run_cli("tune", "train.lr=choice(0.01)", "+cluster=devcluster", "cluster.nodes=1", "train.epochs=3",
+                  "dataset.num_nodes=6000", "train.batch_size=128", "debug.slow_rank=0", "debug.slow_s=0.1",
+                  "metrics.tensorboard=false", "tune.trials=4", "tune.parallel=2", "tune.pruner=none",
+                  f"hydra.sweep.dir={sweep}", cwd=tmp_path, timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    m = re.search(r"job array (\d+), 2 worker\(s\)", res.stdout)
+    assert m, res.stdout
+    array = m.group(1)
+    log = sweep / "submitit" / f"{array}_0_0_log.out"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and "epoch 1/3" not in (log.read_text() if log.exists() else ""):
+        time.sleep(0.5)
+    assert "epoch 1/3" in log.read_text()
+    first = json.loads((sweep / "workers" / "0.json").read_text())["trial"]
+    subprocess.run(["scancel", "--signal=USR2", f"{array}_0"], check=True)
+    assert _final_state(f"{array}_0", 600) == "COMPLETED" and _final_state(f"{array}_1", 600) == "COMPLETED"
+    from hpcgnn.submit.compose import compose
+    from hpcgnn.tuning import open_study
+
+    study = open_study(compose(["tune.pruner=none"]).cfg, sweep)
+    trials = study.get_trials()
+    assert [t.state.name for t in trials] == ["COMPLETE"] * 4, [(t.number, t.state.name) for t in trials]
+    summaries = [json.loads((sweep / "trials" / str(t.number) / "summary.json").read_text()) for t in trials]
+    assert summaries[first]["requeues"] == 1 and summaries[first]["resumes"] == 1
+    assert all(s["param_checksums"] == summaries[first]["param_checksums"] for s in summaries)
+    best = max(summaries, key=lambda s: s["tune_value"])
+    assert study.best_value == best["tune_value"]

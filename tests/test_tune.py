@@ -132,11 +132,13 @@ def test_the_same_command_resumes_the_study_and_a_second_tune_in_the_folder_is_r
     assert again.returncode == 0 and len(open_study(cfg, sweep).get_trials()) == 2
 
 
-def test_a_tune_with_a_cluster_is_refused_until_its_job_array_exists(tmp_path):
+def test_a_tune_on_a_cluster_refuses_what_its_array_does_not_run_yet(tmp_path):
     from hpcgnn.submit.tune import plan
 
-    with pytest.raises(ConfigError, match=r"tune with \+cluster: its SLURM job array is not built yet"):
-        plan(["train.lr=choice(0.1,0.2)", "+cluster=devcluster", f"hydra.sweep.dir={tmp_path}"])
+    for extra in (["cluster.samplers.nodes=1"], ["graph=partitioned"]):
+        with pytest.raises(ConfigError, match=r"tune \+cluster: trials with sampler nodes or a partitioned graph are "
+                                              r"not run by a job array yet"):
+            plan(["train.lr=choice(0.1,0.2)", "+cluster=devcluster", *extra, f"hydra.sweep.dir={tmp_path}"])
 
 
 def test_a_running_trial_whose_worker_stopped_beating_is_failed_and_tried_again_once(tmp_path):
@@ -152,15 +154,16 @@ def test_a_running_trial_whose_worker_stopped_beating_is_failed_and_tried_again_
     _, space = parse_space(["train.lr=choice(0.01,0.02,0.03)"])
     dist = {p.key: p.distribution() for p in space}
     study = open_study(compose([]).cfg, tmp_path, "maximize")
-    alive, dead = study.ask(dist), study.ask(dist)
-    now = time.time() + STALE_S + 5  # (both started "long ago"; one worker beats now)
+    alive, dead, away = study.ask(dist), study.ask(dist), study.ask(dist)
+    now = time.time() + STALE_S + 5  # (all started "long ago"; one worker beats now, one was preempted)
     write_json(tmp_path / "workers" / "0.beat", {"trial": alive.number, "time": now})
     write_json(tmp_path / "workers" / "1.beat", {"trial": dead.number, "time": now - STALE_S - 1})
+    write_json(tmp_path / "workers" / "2.beat", {"trial": away.number, "time": 0.0, "preempted": True})
     assert fail_stale(study, tmp_path, now) == [dead.number]
     states = {t.number: t.state.name for t in study.get_trials()}
-    assert states == {alive.number: "RUNNING", dead.number: "FAIL", dead.number + 1: "WAITING"}
+    assert states == {alive.number: "RUNNING", dead.number: "FAIL", away.number: "RUNNING", away.number + 1: "WAITING"}
     retry = study.ask(dist)  # (the enqueued retry comes first, with the dead trial's parameters)
     assert retry.params == dead.params and retry.user_attrs == {"retry": 1, "retry_of": dead.number}
-    assert fail_stale(study, tmp_path, now + 10 * STALE_S) == [alive.number, retry.number]
+    assert fail_stale(study, tmp_path, now + 10 * STALE_S) == [alive.number, retry.number]  # (not the preempted)
     waiting = [t for t in study.get_trials() if t.state.name == "WAITING"]
     assert [t.user_attrs["retry_of"] for t in waiting] == [alive.number]  # (the retry itself is not retried)

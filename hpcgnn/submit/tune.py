@@ -56,33 +56,26 @@ def plan(overrides: list[str]):
                 why = str(exc).strip().splitlines()[0]
                 raise ConfigError(f"tune: {p.describe()}: with {p.override(value)}: {why}") from None
     check(composed.cfg)
-    if composed.cfg.cluster is not None:
-        raise ConfigError("tune with +cluster: its SLURM job array is not built yet. HINT: run the tune without "
-                          "+cluster (local workers), or a sweep with -m on the cluster")
+    c = composed.cfg.cluster
+    if c is not None and (c.samplers.nodes or composed.cfg.graph.mode == "partitioned"):
+        raise ConfigError("tune +cluster: trials with sampler nodes or a partitioned graph are not run by a job array "
+                          "yet. HINT: a replicated graph without cluster.samplers, or a sweep with -m")
     return fixed, space, composed.cfg, Path(composed.sweep_dir)
 
 
 def tune(overrides: list[str]) -> int:
-    from hpcgnn.tuning import STUDY_FILE, metric_of, open_study, optuna
+    from hpcgnn.tuning import STUDY_FILE, open_study, optuna
 
     optuna()  # (the extra is there, before anything is written)
     fixed, space, cfg, sweep = plan(overrides)
     sweep.mkdir(parents=True, exist_ok=True)
     trust.run_folder(sweep, "use a sweep folder of your own (hydra.sweep.dir=...)")
+    if cfg.cluster is not None:
+        return submit_array(overrides, fixed, space, cfg, sweep)
     lock = runlock.take(sweep, "a tune's launcher")
     try:
-        metric, direction = metric_of(cfg)
-        spec_path = sweep / SPEC
-        if spec_path.is_file():  # a resumed tune: the same search, or a clear refusal
-            before = json.loads(spec_path.read_text())
-            if before["overrides"] != list(overrides):
-                raise ConfigError(f"{sweep} holds a tune of other overrides ({' '.join(before['overrides'])}). HINT: "
-                                  "the same command to resume it, or another folder (hydra.sweep.dir=...)")
-            direction = before["direction"]
-        elif direction == "auto":
-            direction = _task_direction(cfg)
-        spec_path.write_text(json.dumps({"overrides": list(overrides), "direction": direction, "metric": metric},
-                                        indent=1))
+        spec = _write_spec(sweep, overrides, cfg)  # (a resumed tune: the same search, or a clear refusal)
+        metric, direction = spec["metric"], spec["direction"]
         study = open_study(cfg, sweep, direction)
         stale = [t.number for t in study.get_trials(deepcopy=False) if t.state.name == "RUNNING"]
         t = cfg.tune
@@ -108,6 +101,150 @@ def tune(overrides: list[str]) -> int:
         return 0 if all(w.exitcode == 0 for w in workers) else 1
     finally:
         lock.release()
+
+
+def _write_spec(sweep: Path, overrides: list[str], cfg, **extra) -> dict:
+    """``tune.json``: what the tune was asked and the study's direction; a folder holding another tune's refused."""
+    from hpcgnn.tuning import metric_of
+
+    metric, direction = metric_of(cfg)
+    path = sweep / SPEC
+    before = json.loads(path.read_text()) if path.is_file() else None
+    if before is not None and before["overrides"] != list(overrides):
+        raise ConfigError(f"{sweep} holds a tune of other overrides ({' '.join(before['overrides'])}). HINT: "
+                          "the same command to resume it, or another folder (hydra.sweep.dir=...)")
+    direction = before["direction"] if before is not None else direction if direction != "auto" else \
+        _task_direction(cfg)
+    spec = {**(before or {}), "overrides": list(overrides), "direction": direction, "metric": metric, **extra}
+    path.write_text(json.dumps(spec, indent=1))
+    return spec
+
+
+def submit_array(overrides: list[str], fixed: list[str], space, cfg, sweep: Path) -> int:
+    """``tune.parallel`` workers as one SLURM job array (submitit's), each element one trial's resources; returns at
+    once. A tune whose array still runs in the folder is refused."""
+    import dataclasses
+
+    from hpcgnn.slurm import FINAL_STATES, job_states
+    from hpcgnn.submit.entry import tune_task
+    from hpcgnn.submit.executor import check_partition_capacity, make_executor, submitting
+    from hpcgnn.submit.launch import check_data_on_disk, check_model
+    from hpcgnn.tuning import open_study
+
+    before = json.loads((sweep / SPEC).read_text()) if (sweep / SPEC).is_file() else {}
+    if before.get("job_id"):
+        states = job_states([f"{before['job_id']}_{k}" for k in range(int(before.get("parallel", 1)))])
+        live = [j for j, s in states.items() if s.state not in FINAL_STATES and s.state != "UNKNOWN"]
+        if live:
+            raise ConfigError(f"{sweep} is in use by the tune of job array {before['job_id']} ({len(live)} worker(s) "
+                              f"not ended). HINT: wait for it, scancel {before['job_id']}, or another folder "
+                              "(hydra.sweep.dir=...)")
+    check_data_on_disk(cfg)
+    check_model(cfg)
+    if cfg.cluster.executor == "slurm":
+        check_partition_capacity(cfg.cluster)
+    spec = _write_spec(sweep, overrides, cfg)
+    open_study(cfg, sweep, spec["direction"])
+    (sweep / WORKERS).mkdir(exist_ok=True)
+    t = cfg.tune
+    ex = make_executor(dataclasses.replace(cfg, run_dir=str(sweep)))
+    if cfg.cluster.executor == "slurm":
+        ex.update_parameters(array_parallelism=t.parallel)
+    with submitting(), ex.batch():
+        jobs = [ex.submit(tune_task, str(sweep), k) for k in range(t.parallel)]
+    array = str(jobs[0].job_id).split("_")[0]
+    _write_spec(sweep, overrides, cfg, job_id=array, parallel=t.parallel)
+    print(f"submitted a tune of {t.trials} trials to {cfg.cluster.name}: job array {array}, {t.parallel} worker(s) "
+          f"({'; '.join(p.describe() for p in space)}); sweep folder: {sweep}\nfollow it with: python -m hpcgnn "
+          f"status {sweep}", flush=True)
+    return 0
+
+
+def array_worker(sweep_dir: str, k: int, environ) -> None:
+    """Worker ``k`` of a tune's array, in every task of its element: task 0 asks the study for each next trial (its
+    own trial first, where a requeue stopped it) and names it in ``workers/<k>/r<restart>/<i>.json``; every task
+    reads the name and trains the trial as one of its ranks; task 0 tells the study what it gave."""
+    from hpcgnn.env import RankEnv
+    from hpcgnn.rank.checkpoint import Preempted
+    from hpcgnn.rank.job import run_rank
+    from hpcgnn.submit.compose import compose
+    from hpcgnn.submit.launch import record_config
+    from hpcgnn.tuning import Heartbeat, finish, next_trial, open_study, optuna, parse_space, trial_dir
+
+    sweep = Path(sweep_dir)
+    spec = json.loads((sweep / SPEC).read_text())
+    fixed, space = parse_space(spec["overrides"])
+    base = compose([*fixed, *(p.override(p.corners()[0]) for p in space)]).cfg
+    env = RankEnv.from_environ(environ, (base.dist.port_min, base.dist.port_max), base.dist.master_port)
+    leader = env.rank == 0
+    study = open_study(base, sweep, worker=k)
+    names = sweep / WORKERS / str(k) / f"r{environ.get('SLURM_RESTART_COUNT', '0')}"
+    current = sweep / WORKERS / f"{k}.json"  # the trial this worker runs (a requeue resumes it)
+    for i in range(10 ** 6):
+        if leader:
+            trial = None
+            if current.is_file():
+                number = json.loads(current.read_text())["trial"]
+                frozen = study.get_trials(deepcopy=False)[number]
+                if frozen.state.name == "RUNNING":
+                    trial = optuna().trial.Trial(study, frozen._trial_id)
+            trial = trial or next_trial(study, base.tune.trials, space, sweep)
+            number = trial.number if trial is not None else None
+            if trial is not None:
+                current.write_text(json.dumps({"trial": number}))
+            names.mkdir(parents=True, exist_ok=True)
+            from hpcgnn.io import write_json
+
+            overrides = _trial_overrides(sweep, fixed, space, trial.params, number) if trial is not None else None
+            if overrides is not None:
+                cfg = compose(overrides).cfg
+                Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
+                record_config(cfg, overrides)
+                trust.run_secret(cfg.run_dir)
+            write_json(names / f"{i}.json", {"trial": number, "overrides": overrides})
+        else:
+            said = _wait_for(names / f"{i}.json", base.dist.init_timeout_s)
+            number, overrides = said["trial"], said["overrides"]
+        if number is None:
+            return
+        cfg = compose(overrides).cfg
+        beat = Heartbeat(sweep, k, number) if leader else None
+        code, preempted = 0, False
+        try:
+            run_rank(cfg, environ)
+        except (Preempted, SystemExit) as exc:  # a preemption's requeue (hpcgnn.rank.job._requeue) leaves this way
+            preempted = not isinstance(exc, SystemExit) or exc.code not in (0, None)
+            if preempted:
+                raise
+        except Exception as exc:  # (recorded in the trial's folder; the worker goes on)
+            code = getattr(exc, "exit_code", 1)
+        finally:
+            if beat is not None:
+                beat.close(preempted)
+        if leader:
+            finish(study, trial, trial_dir(sweep, number), code, space, retry=code != 2)
+            current.unlink(missing_ok=True)
+
+
+def _trial_overrides(sweep: Path, fixed: list[str], space, params: dict, number: int) -> list[str]:
+    """A trial's overrides: the fixed ones (not the tune's run folders), the tune's settings, its values, and
+    where it reports and runs."""
+    from hpcgnn.tuning import STUDY_FILE, rerun_overrides, trial_dir
+
+    settings = [o for o in fixed if o.lstrip("+~").startswith("tune.")]
+    return [*rerun_overrides(fixed), *settings, *(p.override(params[p.key]) for p in space),
+            f"tune.trial={number}", f"tune.study={sweep / STUDY_FILE}", f"metrics.group={sweep}",
+            f"hydra.run.dir={trial_dir(sweep, number)}"]
+
+
+def _wait_for(path: Path, within_s: float) -> dict:
+    deadline = time.monotonic() + within_s
+    while not path.is_file():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} did not appear in {within_s:.0f} s: the worker's task 0 did not name its "
+                               "next trial (its log says why)")
+        time.sleep(0.5)
+    return json.loads(path.read_text())
 
 
 def _task_direction(cfg) -> str:
@@ -147,14 +284,12 @@ def work(sweep_dir: str, k: int, resume: list[int] = ()) -> None:
     from hpcgnn.submit.compose import compose
     from hpcgnn.submit.launch import launch
     from hpcgnn.tuning import (
-        STUDY_FILE,
         Heartbeat,
         finish,
         next_trial,
         open_study,
         optuna,
         parse_space,
-        rerun_overrides,
         trial_dir,
         trial_overrides,
     )
@@ -176,9 +311,7 @@ def work(sweep_dir: str, k: int, resume: list[int] = ()) -> None:
                 break
         run_dir = trial_dir(sweep, trial.number)
         chosen = trial_overrides(trial, space)
-        tune_settings = [o for o in fixed if o.lstrip("+~").startswith("tune.")]
-        overrides = [*rerun_overrides(fixed), *tune_settings, *chosen, f"tune.trial={trial.number}",
-                     f"tune.study={sweep / STUDY_FILE}", f"metrics.group={sweep}", f"hydra.run.dir={run_dir}"]
+        overrides = _trial_overrides(sweep, fixed, space, trial.params, trial.number)
         print(f"--- worker {k}: trial {trial.number}: {' '.join(chosen)}", flush=True)
         t0 = time.monotonic()
         beat = Heartbeat(sweep, k, trial.number)  # (other workers tell a trial whose worker died by it)
