@@ -249,7 +249,8 @@ def _wait_for(path: Path, within_s: float) -> dict:
 
 def _task_direction(cfg) -> str:
     """The direction of the task's own metric: minimize a regression's RMSE, else maximize. Where ``task.kind=auto``
-    and the labels are not readable yet, the graph is prepared here first (the trials need it anyway)."""
+    and the labels are not readable yet, a local tune prepares the graph first (its trials need it anyway); a
+    cluster's maximizes, and says so."""
     if cfg.task.name == "link":
         return "maximize"
     from hpcgnn.data import check_target, prepare
@@ -258,6 +259,10 @@ def _task_direction(cfg) -> str:
 
     check = check_edge_target if cfg.task.name == "edge" else check_target
     target = check(cfg.dataset, cfg.task)
+    if target is None and cfg.task.kind == "auto" and cfg.cluster is not None:  # (no preparing on a login node)
+        print("tune: the labels are not prepared here, so the task's kind is not known yet: the study maximizes "
+              "its metric (set tune.direction=minimize, or task.kind=regression, for a regression)", flush=True)
+        return "maximize"
     if target is None and cfg.task.kind == "auto":
         prepare(cfg.dataset)
         if cfg.task.name == "edge":

@@ -19,7 +19,7 @@ import torch
 from hpcgnn.errors import DatasetError
 from hpcgnn.models import batch_transform, build_edge_model, forward_pairs
 from hpcgnn.tasks.base import StepResult, Task
-from hpcgnn.tasks.node import KINDS
+from hpcgnn.tasks.node import take_target
 
 log = logging.getLogger(__name__)
 
@@ -35,11 +35,7 @@ class EdgeTask(Task):
             raise DatasetError(f"the edge labels of dataset={cfg.dataset.name} hold {self.target.width} class: nothing "
                                "to tell apart. HINT: labels with two classes or more, or task.kind=regression")
         super().__init__(cfg, env, store, device)
-        self.kind = KINDS[self.target.kind](self.target, device)
-        self.metric = self.target.metric
-        self.lower_is_better = self.target.lower_is_better
-        self.train_metric = None if self.target.kind == "regression" else "acc"
-        self._transform = batch_transform(cfg.model, store.degree)
+        take_target(self, self.target, cfg, store, device)
         if env.is_main:
             log.info("%s; decoder %s", self.target.describe("edge task", "edge_label"), cfg.task.decoder)
 

@@ -135,6 +135,15 @@ class Regression(Gathered):
 KINDS = {"classification": Classification, "multilabel": MultiLabel, "regression": Regression}
 
 
+def take_target(task: Task, target: Target, cfg, store, device: torch.device) -> None:
+    """What a task of ``target``'s kind takes from it (a node or an edge task): the kind's loss and metrics, the
+    metric that selects an epoch and its direction, the training metric, and the model's batch transform."""
+    task.kind = KINDS[target.kind](target, device)
+    task.metric, task.lower_is_better = target.metric, target.lower_is_better
+    task.train_metric = None if target.kind == "regression" else "acc"
+    task._transform = batch_transform(cfg.model, store.degree)
+
+
 class NodeTask(Task):
     """A node task of the store's kind (GraphSAINT batches: each seed's loss weighted, summed)."""
 
@@ -145,11 +154,7 @@ class NodeTask(Task):
         if self.target.kind == "classification" and self.target.width < 2:
             raise DatasetError(single_class(f"dataset {cfg.dataset.name} has {self.target.width} class"))
         super().__init__(cfg, env, store, device)
-        self.kind = KINDS[self.target.kind](self.target, device)
-        self.metric = self.target.metric
-        self.lower_is_better = self.target.lower_is_better
-        self.train_metric = None if self.target.kind == "regression" else "acc"
-        self._transform = batch_transform(cfg.model, store.degree)
+        take_target(self, self.target, cfg, store, device)
         if env.is_main:
             log.info("%s", self.target.describe())
 
