@@ -64,6 +64,7 @@ def test_wandb_offline_and_an_mlflow_file_store_get_the_config_epochs_summary_an
     history = [h for _, h in history]
     assert [h["loss"] for h in history] == pytest.approx([row["loss"] for row in summary["history"]])
     assert history[-1]["val_acc"] == pytest.approx(summary["history"][-1]["val_acc"])
+    assert history[-1]["phases_s/forward_s"] > 0 and "phases_s/sample_s" in history[-1]  # (the epoch's phase times)
     config = {k: v for r in records if r.WhichOneof("record_type") in ("run", "config")
               for k, v in items(r.run.config.update if r.HasField("run") else r.config.update).items()}
     assert config["train"]["lr"] == summary["effective_lr"] and config["dataset"]["num_nodes"] == 2000

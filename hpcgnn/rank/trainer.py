@@ -302,6 +302,8 @@ class Trainer:
         s.train_time_s += elapsed.item()
         s.seeds_done += int(seeds)
         ranks = epoch_metrics["ranks"]
+        # each phase's seconds this epoch, the ranks' mean (for the trackers; epochs.jsonl keeps every rank's)
+        self.epoch_phases = {k: sum(r["phases"][k] for r in ranks) / len(ranks) for k in ranks[0]["phases"]}
         if s.nonfinite_skipped > skipped:
             log.warning("epoch %d: %d optimizer step(s) skipped for NaN/inf gradients (train.nonfinite=skip)", epoch,
                         s.nonfinite_skipped - skipped)
@@ -395,7 +397,7 @@ class Trainer:
             self.kept.better(self.model, epoch, s.step, s.best)
         s.history.append(row)
         self.metrics.epoch_scalars(row)
-        self.trackers.epoch(row)
+        self.trackers.epoch({**row, "phases_s": getattr(self, "epoch_phases", {})})
         s.epoch, s.step_in_epoch = epoch + 1, 0
         if self.env.is_main:  # what `python -m hpcgnn status` shows while the run goes on
             write_json(Path(self.cfg.run_dir) / "progress.json", progress(self))
