@@ -141,8 +141,9 @@ def check_request(cfg: RunConfig, num_nodes: int) -> None:
     of the pairs of a file (whose ids must be nodes of the graph: ``num_nodes``); a node classifier, a split's."""
     p = cfg.predict
     if cfg.task.name in ("node", "edge") and (p.what == "scores" or p.pairs):
-        raise PredictError(f"pairs=FILE: a{' node' if cfg.task.name == 'node' else 'n edge'} model scores no pairs of "
-                           "a file; a link model does. HINT: drop pairs=")
+        what = "a node classifier scores no pairs" if cfg.task.name == "node" else \
+            "an edge model predicts its own target edges, not the pairs of a file"
+        raise PredictError(f"pairs=FILE: {what}; a link model does. HINT: drop pairs=")
     if cfg.task.name == "edge" and p.what == "embeddings" and p.split != "all":
         raise PredictError(f"an edge model's embeddings are every node's (split=all); got split={p.split}. HINT: "
                            "--embeddings split=all, or its predictions of a split's target edges")
