@@ -721,7 +721,8 @@ def check_override_keys(overrides: list[str]) -> None:
         if key in ("hydra/launcher", "hydra/sweeper"):
             raise ConfigError(f"{key}={ov.value()}: hpcgnn submits and sweeps by itself, not through Hydra's launcher "
                               "and sweeper plugins. HINT: submit with +cluster=NAME (a cluster file: python -m hpcgnn "
-                              "cluster init NAME) and sweep with -m (e.g. -m model=sage,gat +cluster=NAME)")
+                              "cluster init NAME) and sweep with -m (e.g. -m model=sage,gat +cluster=NAME), or search "
+                              "with early stopping: hpcgnn tune 'train.lr=tag(log, interval(1e-4,1e-2))' (docs/tuning.md)")
         if key.startswith("hydra") or "@" in key or ov.is_delete():
             continue
         parts = key.split(".")

@@ -120,8 +120,9 @@ def profile(y, splits: dict) -> dict:
            "known": {s: int(known[np.asarray(splits[s], dtype=np.int64)].sum()) for s in SPLITS}}
     if integer:
         out["top"] = int(values.max()) + 1 if values.size else 0
-    rows = y[train].astype(np.float64).reshape(len(train), -1)
-    ok = known[train].reshape(len(train), -1)
+    width = 1 if y.ndim == 1 else y.shape[1]  # (reshape cannot infer a width from no rows)
+    rows = y[train].astype(np.float64).reshape(len(train), width)
+    ok = known[train].reshape(len(train), width)
     count = ok.sum(axis=0)
     total = np.where(ok, rows, 0.0).sum(axis=0)
     mean = np.divide(total, count, out=np.zeros_like(total), where=count > 0)

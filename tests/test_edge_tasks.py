@@ -256,3 +256,18 @@ def test_a_pyg_datas_edge_labels_are_the_targets_with_its_masks_or_a_seeded_spli
 
 def rated_graph_given():
     return rated_graph(given=True)
+
+
+@pytest.mark.slow
+def test_an_edge_task_needs_no_node_labels(tmp_path):
+    """A folder of transactions: nodes with features, edges, and labelled target edges, but no node labels nor
+    node splits: the edge task trains (its nodes are unlabelled, -1); a node task on it names the missing y."""
+    write_edge_task(tmp_path / "g", "classification", n=800, m=1500)
+    for name in ("y", "train_idx", "val_idx", "test_idx"):
+        (tmp_path / "g" / f"{name}.npy").unlink()
+    s = train_here(*_files(tmp_path / "g", "train.epochs=3"), run_dir=tmp_path / "run")
+    assert s["task"] == "edge" and s["test"] > 0.8, s["test"]
+    from hpcgnn.data import prepare
+
+    with pytest.raises(DatasetError, match=r"y.npy or y.pt is missing"):
+        prepare(make_config("dataset=files", f"dataset.path={tmp_path / 'g'}", f"dataset.root={tmp_path / 'r2'}").dataset)

@@ -83,3 +83,13 @@ def test_every_library_hpcgnn_imports_is_declared():
     assert not missing, f"imported but not declared in pyproject.toml: {missing}"
     extras_at_top = [m for m in third_party if not dists_of(m) & required and m in at_top]
     assert not extras_at_top, f"an optional extra's module imported at a module's top: {extras_at_top}"
+
+
+def test_hydras_launcher_and_sweeper_plugins_point_to_cluster_and_m():
+    from conftest import make_config
+
+    for override in ("hydra/launcher=submitit_slurm", "hydra/sweeper=optuna"):
+        with pytest.raises(ConfigError, match=rf"{override}: hpcgnn submits and sweeps by itself, not through Hydra's "
+                                              r"launcher and sweeper plugins. HINT: submit with \+cluster=NAME .* and "
+                                              r"sweep with -m .* or search with early stopping: hpcgnn tune"):
+            make_config(override)

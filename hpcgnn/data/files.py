@@ -4,7 +4,9 @@ Expected files (``.npy``, or ``.pt`` tensors read with ``weights_only=True``):
 ``edge_index`` [2, E] int (source, target), ``x`` [N, F] float, optionally ``edge_attr`` [E, D] float (each
 edge's features, in edge_index's order), ``y``: [N] int class ids (-1 for unlabeled
 nodes), or [N, C] binary labels (NaN or -1: unknown), or float values [N] or [N, D] (NaN: unknown) (what the
-task makes of them: :mod:`hpcgnn.labels`), ``train_idx``, ``val_idx``, ``test_idx`` [k] int.
+task makes of them: :mod:`hpcgnn.labels`), ``train_idx``, ``val_idx``, ``test_idx`` [k] int. An edge task's folder
+(``task=edge``: its targets in ``edge_label_index`` and ``edge_label``, :mod:`hpcgnn.data.edges`) may give no ``y``
+and no node splits.
 
 A typed graph (a folder with ``edges/``; :func:`load_typed_files`)::
 
@@ -199,14 +201,19 @@ def read_checked(cfg: DatasetConfig, mmap: bool = False) -> tuple[np.ndarray, np
     every file checked; ``mmap``: .npy files memory-mapped (the checks read them a pass at a time; nothing is
     copied whole)."""
     folder = files_folder(cfg)
-    arrays = {name: _read(folder, name, mmap) for name in FILES}
+    unlabelled = without_node_labels(cfg, folder)
+    arrays = {name: _read(folder, name, mmap) for name in (FILES[:2] if unlabelled else FILES)}
     px, x = arrays["x"]
     check_features(px, x)
     n = x.shape[0]
     pe, ei = arrays["edge_index"]
     check_edges(pe, ei, n, n, f"{n} = rows of {px.name}")
-    splits = check_labels_and_splits(arrays, n)
-    y, classes = node_labels(*arrays["y"], cfg.num_classes)
+    if unlabelled:  # an edge task's graph: its targets are edges; its nodes need no labels nor splits
+        empty = np.empty(0, dtype=np.int64)
+        y, classes, splits = np.full(n, -1, dtype=np.int64), 0, {k: (folder, empty) for k in FILES[3:]}
+    else:
+        splits = check_labels_and_splits(arrays, n)
+        y, classes = node_labels(*arrays["y"], cfg.num_classes)
     edge_attr = None
     if has_edge_features(folder):
         pa, edge_attr = _read(folder, "edge_attr", mmap)
@@ -215,6 +222,12 @@ def read_checked(cfg: DatasetConfig, mmap: bool = False) -> tuple[np.ndarray, np
             raise DatasetFileError(f"{pa}: {edge_attr.shape[0]} rows of edge features for the {ei.shape[1]} edges of "
                                    f"{pe.name}: one row per edge, in its order")
     return ei, x, y, {k: v[1] for k, v in splits.items()}, classes, edge_attr
+
+
+def without_node_labels(cfg: DatasetConfig, folder: Path) -> bool:
+    """An edge task's folder that gives no node labels (no ``y``): its nodes get none (-1) and no splits; its targets
+    are its edges' (:mod:`hpcgnn.data.edges`)."""
+    return cfg.prepared_for == "edge" and not any((folder / f"y{suffix}").is_file() for suffix in (".npy", ".pt"))
 
 
 def has_edge_features(folder: Path) -> bool:
