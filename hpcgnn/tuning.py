@@ -31,6 +31,8 @@ STUDY_FILE = "study.journal"  # in the sweep folder: the study, as Optuna's jour
 STUDY_NAME = "hpcgnn"
 TRIALS = "trials"  # in the sweep folder: a run folder per trial, by its number
 BEST = "best.yaml"  # in the sweep folder: the best trial's overrides (+tune.best=FILE reuses them)
+SPEC = "tune.json"  # in the sweep folder: the overrides (fixed and searched) and the study's direction
+WORKERS = "workers"  # in the sweep folder: each worker's log, beat and trials
 RETRIES = 1  # a failed trial is tried again this often
 
 

@@ -153,3 +153,21 @@ def compose_sweep(overrides: list[str]) -> list[Composed]:
     members = expand_sweep(overrides)
     first = compose(members[0], job_num=0)
     return [first] + [compose(m, job_num=num, sweep_dir=first.sweep_dir) for num, m in enumerate(members[1:], 1)]
+
+
+def resolved_yaml(cfg: RunConfig) -> str:
+    """The resolved config as YAML (a dry run prints it, a run folder keeps it)."""
+    import dataclasses
+
+    return OmegaConf.to_yaml(OmegaConf.create(dataclasses.asdict(cfg)))
+
+
+def record_config(cfg: RunConfig, overrides: tuple[str, ...] | list[str]) -> None:
+    """``<run_dir>/.hydra/``: the resolved config and the overrides it came from (as Hydra's own runs keep)."""
+    from hpcgnn.io import atomic_open
+
+    folder = Path(cfg.run_dir) / ".hydra"
+    with atomic_open(folder / "config.yaml") as f:
+        f.write(resolved_yaml(cfg))
+    with atomic_open(folder / "overrides.yaml") as f:
+        f.write(OmegaConf.to_yaml(OmegaConf.create(list(overrides))))

@@ -27,11 +27,11 @@ run_task = TrainTask()
 class TuneTask(submitit.helpers.Checkpointable):
     """A tune's worker ``k`` in every task of its array element (``hpcgnn tune +cluster=NAME``): trials pulled from
     the study one after another, each trained by the element's tasks as its ranks; requeued as a training job
-    is, its trial resumed from its checkpoint (:func:`hpcgnn.submit.tune.array_worker`)."""
+    is, its trial resumed from its checkpoint (:func:`hpcgnn.submit.tune_worker.array_worker`)."""
 
     def __call__(self, sweep_dir: str, k: int) -> None:
         from hpcgnn import env
-        from hpcgnn.submit.tune import array_worker
+        from hpcgnn.submit.tune_worker import array_worker
 
         array_worker(sweep_dir, k, env.current())
 

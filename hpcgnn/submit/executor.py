@@ -5,17 +5,15 @@ script it renders (dry runs print that same script), and what is checked against
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-
-from omegaconf import OmegaConf
 
 from hpcgnn import env
 from hpcgnn.config import ClusterConfig, RunConfig
 from hpcgnn.errors import ConfigError
 from hpcgnn.io import ignoring_ctrl_c
+from hpcgnn.submit.compose import resolved_yaml
 
 
 def slurm_parameters(c: ClusterConfig) -> dict:
@@ -94,8 +92,6 @@ def render_sbatch(cfg: RunConfig, python: str | None = None) -> str:
     return ex._make_submission_file_text(ex._submitit_command_str, "dry-run")
 
 
-def resolved_yaml(cfg: RunConfig) -> str:
-    return OmegaConf.to_yaml(OmegaConf.create(dataclasses.asdict(cfg)))
 
 
 def check_partition_capacity(c: ClusterConfig, sinfo: str | None = None) -> None:

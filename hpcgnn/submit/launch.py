@@ -26,18 +26,15 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from omegaconf import OmegaConf
-
 from hpcgnn import checks, env, runlock, trust
 from hpcgnn.config import RunConfig
 from hpcgnn.failures import set_aside_failures
-from hpcgnn.io import atomic_open
+from hpcgnn.submit.compose import record_config
 from hpcgnn.submit.executor import (
     check_partition_capacity,
     dry_run_text,
     job_folder,
     make_executor,
-    resolved_yaml,
     submitting,
 )
 from hpcgnn.submit.follow import wait_for
@@ -166,15 +163,6 @@ def check_model(cfg: RunConfig) -> None:
                 check_custom(cfg, shape[1], shape[2], schema=shape[0])
             return
         check_custom(cfg, d.num_features if d.name == "synthetic" else 16, d.num_classes if d.name == "synthetic" else 3)
-
-
-def record_config(cfg: RunConfig, overrides: tuple[str, ...] | list[str]) -> None:
-    """``<run_dir>/.hydra/``: the resolved config and the overrides it came from (as Hydra's own runs keep)."""
-    folder = Path(cfg.run_dir) / ".hydra"
-    with atomic_open(folder / "config.yaml") as f:
-        f.write(resolved_yaml(cfg))
-    with atomic_open(folder / "overrides.yaml") as f:
-        f.write(OmegaConf.to_yaml(OmegaConf.create(list(overrides))))
 
 
 def launch_mode(cfg: RunConfig, environ=None) -> tuple[str, str]:

@@ -154,7 +154,7 @@ def write_tune_report(sweep: Path) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from hpcgnn.submit.status import tune_study
+    from hpcgnn.submit.tune import tune_study
 
     study, metric = tune_study(sweep)
     trials = study.get_trials(deepcopy=False)

@@ -48,27 +48,11 @@ def run_status(run_dir: Path, now: float | None = None) -> str:
     return "\n".join(lines)
 
 
-def tune_study(sweep: Path):
-    """A tune's study, read from its folder, and the metric it optimises (its name, for figures)."""
-    from hpcgnn.submit.compose import compose
-    from hpcgnn.submit.tune import SPEC
-    from hpcgnn.tuning import open_study, parse_space
-
-    spec = json.loads((sweep / SPEC).read_text())
-    fixed, space = parse_space(spec["overrides"])
-    cfg = compose([*fixed, *(p.override(p.corners()[0]) for p in space)]).cfg
-    metric = spec.get("metric")
-    for summary in sorted(sweep.glob("trials/*/summary.json")) if metric is None else []:  # (auto: the task's own)
-        metric = json.loads(summary.read_text()).get("tune_metric")
-        break
-    return open_study(cfg, sweep), metric or "the task's validation metric"
-
-
 def tune_status(sweep: Path) -> str:
     """A tune's study: each trial's state, parameters, value, epochs and where it was pruned; the best trial and the
     command that reruns it (:func:`hpcgnn.submit.tune.results`)."""
-    from hpcgnn.submit.tune import SPEC, results
-    from hpcgnn.tuning import parse_space
+    from hpcgnn.submit.tune import results, tune_study
+    from hpcgnn.tuning import SPEC, parse_space
 
     fixed, space = parse_space(json.loads((sweep / SPEC).read_text())["overrides"])
     return results(tune_study(sweep)[0], sweep, fixed, space, write_best=False)

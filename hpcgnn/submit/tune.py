@@ -24,9 +24,8 @@ from hpcgnn import runlock, trust
 from hpcgnn.env import full_error
 from hpcgnn.errors import ConfigError, UserError, report
 from hpcgnn.io import write_json
-
-SPEC = "tune.json"  # in the sweep folder: the overrides (fixed and searched) and the study's direction
-WORKERS = "workers"  # in the sweep folder: each worker's log
+from hpcgnn.submit.tune_worker import trial_overrides_of
+from hpcgnn.tuning import SPEC, WORKERS
 
 
 def main(argv: list[str]) -> int:
@@ -160,93 +159,6 @@ def submit_array(overrides: list[str], fixed: list[str], space, cfg, sweep: Path
     return 0
 
 
-def array_worker(sweep_dir: str, k: int, environ) -> None:
-    """Worker ``k`` of a tune's array, in every task of its element: task 0 asks the study for each next trial (its
-    own trial first, where a requeue stopped it) and names it in ``workers/<k>/r<restart>/<i>.json``; every task
-    reads the name and trains the trial as one of its ranks; task 0 tells the study what it gave."""
-    from hpcgnn.env import RankEnv
-    from hpcgnn.rank.checkpoint import Preempted
-    from hpcgnn.rank.job import run_rank
-    from hpcgnn.submit.compose import compose
-    from hpcgnn.submit.launch import record_config
-    from hpcgnn.tuning import Heartbeat, finish, next_trial, open_study, optuna, parse_space, trial_dir
-
-    sweep = Path(sweep_dir)
-    spec = json.loads((sweep / SPEC).read_text())
-    fixed, space = parse_space(spec["overrides"])
-    base = compose([*fixed, *(p.override(p.corners()[0]) for p in space)]).cfg
-    env = RankEnv.from_environ(environ, (base.dist.port_min, base.dist.port_max), base.dist.master_port)
-    leader = env.rank == 0
-    study = open_study(base, sweep, worker=k)
-    names = sweep / WORKERS / str(k) / f"r{environ.get('SLURM_RESTART_COUNT', '0')}"
-    current = sweep / WORKERS / f"{k}.json"  # the trial this worker runs (a requeue resumes it)
-    for i in range(10 ** 6):
-        if leader:
-            trial = None
-            if current.is_file():
-                number = json.loads(current.read_text())["trial"]
-                frozen = study.get_trials(deepcopy=False)[number]
-                if frozen.state.name == "RUNNING":
-                    trial = optuna().trial.Trial(study, frozen._trial_id)
-            trial = trial or next_trial(study, base.tune.trials, space, sweep)
-            number = trial.number if trial is not None else None
-            if trial is not None:
-                current.write_text(json.dumps({"trial": number}))
-            names.mkdir(parents=True, exist_ok=True)
-            from hpcgnn.io import write_json
-
-            overrides = _trial_overrides(sweep, fixed, space, trial.params, number) if trial is not None else None
-            if overrides is not None:
-                cfg = compose(overrides).cfg
-                Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
-                record_config(cfg, overrides)
-                trust.run_secret(cfg.run_dir)
-            write_json(names / f"{i}.json", {"trial": number, "overrides": overrides})
-        else:
-            said = _wait_for(names / f"{i}.json", base.dist.init_timeout_s)
-            number, overrides = said["trial"], said["overrides"]
-        if number is None:
-            return
-        cfg = compose(overrides).cfg
-        beat = Heartbeat(sweep, k, number) if leader else None
-        code, preempted = 0, False
-        try:
-            run_rank(cfg, environ)
-        except (Preempted, SystemExit) as exc:  # a preemption's requeue (hpcgnn.rank.job._requeue) leaves this way
-            preempted = not isinstance(exc, SystemExit) or exc.code not in (0, None)
-            if preempted:
-                raise
-        except Exception as exc:  # (recorded in the trial's folder; the worker goes on)
-            code = getattr(exc, "exit_code", 1)
-        finally:
-            if beat is not None:
-                beat.close(preempted)
-        if leader:
-            finish(study, trial, trial_dir(sweep, number), code, space, retry=code != 2)
-            current.unlink(missing_ok=True)
-
-
-def _trial_overrides(sweep: Path, fixed: list[str], space, params: dict, number: int) -> list[str]:
-    """A trial's overrides: the fixed ones (not the tune's run folders), the tune's settings, its values, and
-    where it reports and runs."""
-    from hpcgnn.tuning import STUDY_FILE, rerun_overrides, trial_dir
-
-    settings = [o for o in fixed if o.lstrip("+~").startswith("tune.")]
-    return [*rerun_overrides(fixed), *settings, *(p.override(params[p.key]) for p in space),
-            f"tune.trial={number}", f"tune.study={sweep / STUDY_FILE}", f"metrics.group={sweep}",
-            f"hydra.run.dir={trial_dir(sweep, number)}"]
-
-
-def _wait_for(path: Path, within_s: float) -> dict:
-    deadline = time.monotonic() + within_s
-    while not path.is_file():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{path} did not appear in {within_s:.0f} s: the worker's task 0 did not name its "
-                               "next trial (its log says why)")
-        time.sleep(0.5)
-    return json.loads(path.read_text())
-
-
 def _task_direction(cfg) -> str:
     """The direction of the task's own metric: minimize a regression's RMSE, else maximize. Where ``task.kind=auto``
     and the labels are not readable yet, a local tune prepares the graph first (its trials need it anyway); a
@@ -316,7 +228,7 @@ def work(sweep_dir: str, k: int, resume: list[int] = ()) -> None:
                 break
         run_dir = trial_dir(sweep, trial.number)
         chosen = trial_overrides(trial, space)
-        overrides = _trial_overrides(sweep, fixed, space, trial.params, trial.number)
+        overrides = trial_overrides_of(sweep, fixed, space, trial.params, trial.number)
         print(f"--- worker {k}: trial {trial.number}: {' '.join(chosen)}", flush=True)
         t0 = time.monotonic()
         beat = Heartbeat(sweep, k, trial.number)  # (other workers tell a trial whose worker died by it)
@@ -368,3 +280,18 @@ def _summary(run_dir: Path) -> dict:
         return json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
+
+
+def tune_study(sweep: Path):
+    """A tune's study, read from its folder, and the metric it optimises (its name, for figures)."""
+    from hpcgnn.submit.compose import compose
+    from hpcgnn.tuning import open_study, parse_space
+
+    spec = json.loads((sweep / SPEC).read_text())
+    fixed, space = parse_space(spec["overrides"])
+    cfg = compose([*fixed, *(p.override(p.corners()[0]) for p in space)]).cfg
+    metric = spec.get("metric")
+    for summary in sorted(sweep.glob("trials/*/summary.json")) if metric is None else []:  # (auto: the task's own)
+        metric = json.loads(summary.read_text()).get("tune_metric")
+        break
+    return open_study(cfg, sweep), metric or "the task's validation metric"
