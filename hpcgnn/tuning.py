@@ -332,6 +332,13 @@ def rerun_overrides(fixed: list[str]) -> list[str]:
     return [o for o in fixed if not o.lstrip("+~").startswith(("tune.", "hydra.sweep.", "hydra.run.", "run_dir="))]
 
 
+def running_trial(study, number: int):
+    """Trial ``number`` of the study to run again (a requeued or resumed worker's), or None where it is not running
+    any more."""
+    frozen = study.get_trials(deepcopy=False)[number]
+    return optuna().trial.Trial(study, frozen._trial_id) if frozen.state.name == "RUNNING" else None
+
+
 def trial_overrides(trial, space: list[Param]) -> list[str]:
     return [p.override(trial.params[p.key]) for p in space]
 

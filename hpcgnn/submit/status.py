@@ -52,9 +52,9 @@ def tune_status(sweep: Path) -> str:
     """A tune's study: each trial's state, parameters, value, epochs and where it was pruned; the best trial and the
     command that reruns it (:func:`hpcgnn.submit.tune.results`)."""
     from hpcgnn.submit.tune import results, tune_study
-    from hpcgnn.tuning import SPEC, parse_space
+    from hpcgnn.submit.tune_worker import load_tune
 
-    fixed, space = parse_space(json.loads((sweep / SPEC).read_text())["overrides"])
+    _, fixed, space, _ = load_tune(sweep)
     return results(tune_study(sweep)[0], sweep, fixed, space, write_best=False)
 
 

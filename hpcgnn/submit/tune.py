@@ -24,7 +24,7 @@ from hpcgnn import runlock, trust
 from hpcgnn.env import full_error
 from hpcgnn.errors import ConfigError, UserError, report
 from hpcgnn.io import write_json
-from hpcgnn.submit.tune_worker import trial_overrides_of
+from hpcgnn.submit.tune_worker import load_tune, trial_overrides_of
 from hpcgnn.tuning import SPEC, WORKERS
 
 
@@ -205,24 +205,18 @@ def work(sweep_dir: str, k: int, resume: list[int] = ()) -> None:
         finish,
         next_trial,
         open_study,
-        optuna,
-        parse_space,
+        running_trial,
         trial_dir,
         trial_overrides,
     )
 
     sweep = Path(sweep_dir)
-    spec = json.loads((sweep / SPEC).read_text())
-    fixed, space = parse_space(spec["overrides"])
-    cfg = compose([*fixed, *(p.override(p.corners()[0]) for p in space)]).cfg
+    _, fixed, space, cfg = load_tune(sweep)
     study = open_study(cfg, sweep, worker=k)
     queue = list(resume)
     while True:
-        if queue:
-            number = queue.pop(0)
-            frozen = study.get_trials(deepcopy=False)[number]
-            trial = optuna().trial.Trial(study, frozen._trial_id)
-        else:
+        trial = running_trial(study, queue.pop(0)) if queue else None
+        if trial is None:
             trial = next_trial(study, cfg.tune.trials, space, sweep)
             if trial is None:
                 break
@@ -284,12 +278,9 @@ def _summary(run_dir: Path) -> dict:
 
 def tune_study(sweep: Path):
     """A tune's study, read from its folder, and the metric it optimises (its name, for figures)."""
-    from hpcgnn.submit.compose import compose
-    from hpcgnn.tuning import open_study, parse_space
+    from hpcgnn.tuning import open_study
 
-    spec = json.loads((sweep / SPEC).read_text())
-    fixed, space = parse_space(spec["overrides"])
-    cfg = compose([*fixed, *(p.override(p.corners()[0]) for p in space)]).cfg
+    spec, _, _, cfg = load_tune(sweep)
     metric = spec.get("metric")
     for summary in sorted(sweep.glob("trials/*/summary.json")) if metric is None else []:  # (auto: the task's own)
         metric = json.loads(summary.read_text()).get("tune_metric")

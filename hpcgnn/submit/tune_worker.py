@@ -12,43 +12,46 @@ from hpcgnn import trust
 from hpcgnn.tuning import SPEC, WORKERS
 
 
+def load_tune(sweep: Path):
+    """A tune's folder read back: (tune.json, its fixed overrides, its space, the config of its first values: what
+    every worker, ``status`` and ``report`` build the study from)."""
+    from hpcgnn.submit.compose import compose
+    from hpcgnn.tuning import parse_space
+
+    spec = json.loads((sweep / SPEC).read_text())
+    fixed, space = parse_space(spec["overrides"])
+    return spec, fixed, space, compose([*fixed, *(p.override(p.corners()[0]) for p in space)]).cfg
+
+
 def array_worker(sweep_dir: str, k: int, environ) -> None:
     """Worker ``k`` of a tune's array, in every task of its element: task 0 asks the study for each next trial (its
     own trial first, where a requeue stopped it) and names it in ``workers/<k>/r<restart>/<i>.json``; every task
     reads the name and trains the trial as one of its ranks; task 0 tells the study what it gave."""
+    import itertools
+
     from hpcgnn.env import RankEnv
+    from hpcgnn.io import write_json
     from hpcgnn.rank.checkpoint import Preempted
     from hpcgnn.rank.job import run_rank
-    from hpcgnn.submit.compose import compose
-    from hpcgnn.submit.compose import record_config
-    from hpcgnn.tuning import Heartbeat, finish, next_trial, open_study, optuna, parse_space, trial_dir
+    from hpcgnn.submit.compose import compose, record_config
+    from hpcgnn.tuning import Heartbeat, finish, next_trial, open_study, running_trial, trial_dir
 
     sweep = Path(sweep_dir)
-    spec = json.loads((sweep / SPEC).read_text())
-    fixed, space = parse_space(spec["overrides"])
-    base = compose([*fixed, *(p.override(p.corners()[0]) for p in space)]).cfg
+    _, fixed, space, base = load_tune(sweep)
     env = RankEnv.from_environ(environ, (base.dist.port_min, base.dist.port_max), base.dist.master_port)
     leader = env.rank == 0
     study = open_study(base, sweep, worker=k)
     names = sweep / WORKERS / str(k) / f"r{environ.get('SLURM_RESTART_COUNT', '0')}"
     current = sweep / WORKERS / f"{k}.json"  # the trial this worker runs (a requeue resumes it)
-    for i in range(10 ** 6):
+    names.mkdir(parents=True, exist_ok=True)
+    for i in itertools.count():
         if leader:
-            trial = None
-            if current.is_file():
-                number = json.loads(current.read_text())["trial"]
-                frozen = study.get_trials(deepcopy=False)[number]
-                if frozen.state.name == "RUNNING":
-                    trial = optuna().trial.Trial(study, frozen._trial_id)
+            trial = running_trial(study, json.loads(current.read_text())["trial"]) if current.is_file() else None
             trial = trial or next_trial(study, base.tune.trials, space, sweep)
             number = trial.number if trial is not None else None
+            overrides = trial_overrides_of(sweep, fixed, space, trial.params, number) if trial is not None else None
             if trial is not None:
                 current.write_text(json.dumps({"trial": number}))
-            names.mkdir(parents=True, exist_ok=True)
-            from hpcgnn.io import write_json
-
-            overrides = trial_overrides_of(sweep, fixed, space, trial.params, number) if trial is not None else None
-            if overrides is not None:
                 cfg = compose(overrides).cfg
                 Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
                 record_config(cfg, overrides)
@@ -57,9 +60,9 @@ def array_worker(sweep_dir: str, k: int, environ) -> None:
         else:
             said = _wait_for(names / f"{i}.json", base.dist.init_timeout_s)
             number, overrides = said["trial"], said["overrides"]
+            cfg = compose(overrides).cfg if number is not None else None
         if number is None:
             return
-        cfg = compose(overrides).cfg
         beat = Heartbeat(sweep, k, number) if leader else None
         code, preempted = 0, False
         try:
