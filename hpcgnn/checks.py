@@ -123,7 +123,7 @@ def check_edge_features(cfg) -> None:
                               f"{EDGE_MODES} so far, not with {why}. HINT: drop model.edge_dim, or change that")
 
 
-EDGE_MODES = "replicated graphs, neighbour sampling, node tasks and sampled evaluation"
+EDGE_MODES = "replicated graphs, neighbour sampling, node and edge tasks"
 
 
 def edge_features_refused(cfg) -> str | None:
@@ -133,12 +133,10 @@ def edge_features_refused(cfg) -> str | None:
         return f"graph.mode={cfg.graph.mode}"
     if is_typed(cfg.dataset):
         return f"a typed graph (dataset={cfg.dataset.name})"
-    if cfg.task.name != "node":
+    if cfg.task.name not in ("node", "edge"):
         return f"task={cfg.task.name}"
     if t.sampler != "neighbor" or t.edge_budget:
         return f"train.sampler={t.sampler}" + (f" train.edge_budget={t.edge_budget}" if t.edge_budget else "")
-    if t.eval_mode == "full":
-        return "train.eval_mode=full (exact evaluation: train.eval_mode=sampled)"
     return None
 
 

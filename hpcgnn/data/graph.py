@@ -20,6 +20,7 @@ class GraphShape:
     schema: object = None  # a typed graph's TypedSchema (node types, relations, target); None: homogeneous
     target: object = None  # a node task's hpcgnn.labels.Target (its kind, loss and scale); None: class ids
     edge_dim: int = 0  # the width of the edges' features the model reads (0: it reads none)
+    pair_edge_dim: int = 0  # an edge task's: the width of its target edges' own features the decoder reads (0: none)
 
 
 @dataclass(frozen=True)
@@ -98,12 +99,13 @@ class Graph:
 HasEdge = Callable[[Tensor, Tensor], Tensor]  # (src, dst) -> bool: is src -> dst an edge of the graph
 
 
-def csr_has_edge(rowptr: Tensor, col: Tensor) -> HasEdge:
-    """Edge membership in a CSR of in-edges (sources sorted within each row): a vectorised binary search."""
+def csr_edge_id(rowptr: Tensor, col: Tensor) -> Callable[[Tensor, Tensor], Tensor]:
+    """``(src, dst) -> position``: each pair's edge in a CSR of in-edges (sources sorted within each row), its row
+    of the edges' features; -1 where ``src -> dst`` is no edge. A vectorised binary search."""
     max_deg = int((rowptr[1:] - rowptr[:-1]).max()) if rowptr.numel() > 1 else 0
     steps = max(1, max_deg.bit_length())
 
-    def has_edge(src: Tensor, dst: Tensor) -> Tensor:
+    def edge_id(src: Tensor, dst: Tensor) -> Tensor:
         lo, hi = rowptr.index_select(0, dst).clone(), rowptr.index_select(0, dst + 1).clone()
         for _ in range(steps):  # invariant: src, if present, lies in col[lo:hi]
             active = lo < hi
@@ -112,7 +114,14 @@ def csr_has_edge(rowptr: Tensor, col: Tensor) -> HasEdge:
             go_right = active & (value < src)
             lo = torch.where(go_right, mid + 1, lo)
             hi = torch.where(active & ~go_right, mid, hi)
-        found = lo < rowptr.index_select(0, dst + 1)
-        return found & (col.index_select(0, lo.clamp(max=max(col.numel() - 1, 0))) == src)
+        found = (lo < rowptr.index_select(0, dst + 1)) & (col.index_select(0, lo.clamp(max=max(col.numel() - 1, 0)))
+                                                          == src)
+        return torch.where(found, lo, torch.full_like(lo, -1))
 
-    return has_edge
+    return edge_id
+
+
+def csr_has_edge(rowptr: Tensor, col: Tensor) -> HasEdge:
+    """Edge membership in a CSR of in-edges (:func:`csr_edge_id`)."""
+    edge_id = csr_edge_id(rowptr, col)
+    return lambda src, dst: edge_id(src, dst) >= 0

@@ -48,5 +48,8 @@ def build_link_model(cfg: ModelConfig, decoder: str, in_channels: int, num_layer
 
 def forward_pairs(model: torch.nn.Module, data, pairs: Tensor) -> Tensor:
     """Scores of ``pairs`` (local ids of the seeds) in a sampled link batch (outer hops trimmed)."""
-    return model(data.x, data.edge_index, pairs, **batch_kwargs(getattr(model, "module", model).encoder, data))
+    kwargs = batch_kwargs(getattr(model, "module", model).encoder, data)
+    if "edge_label_attr" in data:  # an edge task's batch whose decoder reads its target edges' own features
+        kwargs["pair_attr"] = data.edge_label_attr
+    return model(data.x, data.edge_index, pairs, **kwargs)
 

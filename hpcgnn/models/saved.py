@@ -50,6 +50,7 @@ def describe(model: torch.nn.Module, cfg, shape, weights: dict, **origin) -> dic
                   "schema": schema.to_meta() if schema is not None else None},
         "target": shape.target.record() if shape.target is not None else None,  # a node task's kind and scale
         "edge_dim": shape.edge_dim,  # the width of the edge features the model reads (0: none)
+        "pair_edge_dim": shape.pair_edge_dim,  # an edge model's decoder: the target edges' own features' (0: none)
         "class": class_name(model),
         "source": model_source(cfg.model),  # a model of the user's own: its class, source file and the file's hash
         **origin,
@@ -175,7 +176,7 @@ def rebuild(record: dict) -> torch.nn.Module:
         model = build_link_model(cfg, record["decoder"], s["num_features"], record["num_layers"])
     elif record["task"] == "edge":
         model = build_edge_model(cfg, record["decoder"], s["num_features"], s["num_classes"], record["num_layers"],
-                                 record.get("edge_dim", 0))
+                                 record.get("edge_dim", 0), record.get("pair_edge_dim", 0))
     else:
         schema = TypedSchema.from_meta(s["schema"]) if s["schema"] is not None else None
         shape = GraphShape(s["num_features"], s["num_classes"], s["num_nodes"], schema, target_of(record),

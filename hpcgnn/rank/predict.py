@@ -67,7 +67,7 @@ def predict(cfg: RunConfig, env: RankEnv, device: torch.device) -> dict:
     model = build_task(cfg, env, store, device).build_model()
     model.load_state_dict(record["state_dict"])
     model = model.to(device).eval()
-    mode = inference_mode(cfg, model, store.shape.edge_dim)
+    mode = inference_mode(cfg, model)
     pairs = read_pairs(p.pairs, store.shape.num_nodes) if p.what == "scores" else None
     if pairs is not None:
         ids = np.arange(pairs.shape[1], dtype=np.int64)  # (pairs: their rows)
@@ -174,10 +174,9 @@ def read_pairs(path: str | None, num_nodes: int) -> np.ndarray:
     return pairs
 
 
-def inference_mode(cfg: RunConfig, model: torch.nn.Module, edge_dim: int = 0) -> str:
+def inference_mode(cfg: RunConfig, model: torch.nn.Module) -> str:
     """``predict.mode`` decided: ``auto`` is the run's own evaluation path (exact where the run evaluated
-    exactly, else its sampled batches); embeddings of a node classifier are exact. A model that reads edge
-    features (``edge_dim``) is run on sampled batches, which carry them: exact inference reads none yet."""
+    exactly, else its sampled batches); embeddings of a node classifier are exact."""
     from hpcgnn.checks import link_eval_mode
 
     p = cfg.predict
@@ -200,11 +199,6 @@ def inference_mode(cfg: RunConfig, model: torch.nn.Module, edge_dim: int = 0) ->
     if p.what == "embeddings" and cfg.task.name == "node" and _is_mlp(encoder):
         raise PredictError("model=mlp reads no edges: its hidden layer is no graph embedding. HINT: embeddings of a "
                            "GNN (sage, gcn, gin, gat, rgcn, or a layer-wise model of your own)")
-    if mode == "full" and edge_dim:
-        raise PredictError(f"{'embeddings' if p.what == 'embeddings' else 'mode=full'}: exact inference reads no "
-                           "edge features yet, and this model reads them. HINT: mode=sampled (the evaluation's "
-                           "sampled batches carry them)" + ("; a node classifier's embeddings are exact only"
-                                                            if p.what == "embeddings" else ""))
     return mode
 
 
@@ -307,16 +301,14 @@ def _edge_outputs(cfg: RunConfig, store, model: torch.nn.Module, mode: str):
     """An edge model's rows of a split's targets: (outputs, their target ids, their labels), decoded from every
     node's exact embedding or from the evaluation's sampled batches around them."""
     from hpcgnn.models import batch_transform, forward_pairs
+    from hpcgnn.tasks.edge import exact_scores
 
     split, targets = cfg.predict.split, store.targets
     mine = store.eval_items(split)
     if mode == "full":
         exact = _exact(cfg, store, model.encoder, None)
-        outs, chunk = [], max(1, cfg.train.eval_batch_size)
-        for part in mine.split(chunk):
-            pairs = targets.index[:, part]
-            both = exact.rows(torch.cat([pairs[0], pairs[1]])).to(store.device)
-            outs.append(model.score(both[:part.numel()], both[part.numel():]).float().cpu())
+        outs = [out.float().cpu() for out, _ in exact_scores(model, exact, store, mine, cfg.train.eval_batch_size,
+                                                              store.device)]
         rows = torch.cat(outs) if outs else torch.empty(0, 0)
         return rows, mine, targets.label.index_select(0, mine)
     loader = store.eval_loader(split, transform=batch_transform(cfg.model, store.degree))

@@ -56,7 +56,8 @@ def _without_targets(out: SampledSubgraph, pairs: Tensor, absent_in_degree: Tens
         per_hop = torch.tensor(out.num_sampled_edges)
         hop = torch.searchsorted(per_hop.cumsum(0), drop.cpu(), right=True)
         num_edges = tuple((per_hop - torch.bincount(hop, minlength=per_hop.numel())).tolist())
-    return replace(out, edge_index=out.edge_index[:, keep], num_sampled_edges=num_edges)
+    return replace(out, edge_index=out.edge_index[:, keep], num_sampled_edges=num_edges,
+                   e_id=out.e_id[keep] if out.e_id is not None else None)
 
 
 class LinkSampler:
@@ -128,12 +129,14 @@ class EdgeTargetSampler:
     """Batches of an edge task's targets (by id): the neighbourhood of both ends of each, the targets' labels, and
     (``drop_targets``) the batch's target pairs left out of its message passing in either direction, so that no
     label leaks through its own edge. The pairs to score are ``edge_label_index`` [2, B] (local ids of the
-    batch's seeds, its distinct ends) and their labels ``edge_label``; ``positives``: B, the step's targets."""
+    batch's seeds, its distinct ends) and their labels ``edge_label``; ``positives``: B, the step's targets.
+    ``edge_of(src, dst)``: each pair's edge in the graph (its CSR position; -1: none), where the decoder reads the
+    targets' own edge features: then ``edge_label_e_id`` [B] says where they are (the loader gathers them)."""
 
     def __init__(self, node_sampler, index: Tensor, label: Tensor, has_edge: HasEdge | None = None,
-                 drop_targets: bool = True):
+                 drop_targets: bool = True, edge_of: Callable[[Tensor, Tensor], Tensor] | None = None):
         self.node_sampler, self.index, self.label = node_sampler, index, label
-        self.has_edge, self.drop_targets = has_edge, drop_targets
+        self.has_edge, self.drop_targets, self.edge_of = has_edge, drop_targets, edge_of
         if drop_targets and has_edge is None:
             raise ValueError("dropped targets need the graph's edge membership (has_edge)")
 
@@ -154,8 +157,11 @@ class EdgeTargetSampler:
                 torch.bincount(s, weights=reverse, minlength=seeds.numel())
             absent = torch.cat([absent.long(), absent.new_zeros(out.n_id.numel() - seeds.numel(), dtype=torch.long)])
             out = _without_targets(out, torch.stack([s, d]), absent)
-        return replace(out, targets={"edge_label_index": torch.stack([s, d]),
-                                     "edge_label": self.label.index_select(0, items), "positives": items.numel()})
+        targets = {"edge_label_index": torch.stack([s, d]), "edge_label": self.label.index_select(0, items),
+                   "positives": items.numel()}
+        if self.edge_of is not None:
+            targets["edge_label_e_id"] = self.edge_of(src, dst)
+        return replace(out, targets=targets)
 
 
 def share(n: int, rank: int, world_size: int) -> tuple[int, int]:

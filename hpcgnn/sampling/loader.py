@@ -281,8 +281,18 @@ class BatchLoader:
         if out.edge_weight is not None:
             data.edge_weight = out.edge_weight
         for key, value in (out.targets or {}).items():
-            data[key] = value
+            if key == "edge_label_e_id":  # an edge task's targets: their own edges' features, for its decoder
+                data.edge_label_attr = target_edge_features(self.features, value)
+            else:
+                data[key] = value
         return data
+
+
+def target_edge_features(features, e_id: Tensor) -> Tensor:
+    """Rows ``e_id`` of the edges' features as float32 (``features.gather_edges``), zeros where the id is -1 (a
+    target pair that is no edge of the graph)."""
+    rows = features.gather_edges(e_id.clamp(min=0))
+    return rows.masked_fill_((e_id < 0).unsqueeze(1).to(rows.device), 0.0)
 
 
 def gather_features(features, n_id: Tensor, batch_size: int, pin_memory: bool, alloc=None) -> tuple[Tensor, Tensor]:

@@ -35,7 +35,7 @@ from hpcgnn.data.graph import GraphShape
 from hpcgnn.env import RankEnv
 from hpcgnn.errors import AnotherRankFailed, ConfigError, DatasetError
 from hpcgnn.labels import resolve, where_labels
-from hpcgnn.models import reads_edge_features, uses_edges
+from hpcgnn.models import decoder_reads_edges, reads_edge_features, uses_edges
 from hpcgnn.rng import derive_seed, generator
 from hpcgnn.sampling import BatchLoader, rank_seeds
 from hpcgnn.sampling import subgraph as sub
@@ -63,7 +63,15 @@ def graph_shape(cfg: RunConfig, num_features: int, num_classes: int, num_nodes: 
         target = resolve(labels, k.kind, k.loss, 0, where_targets(cfg.dataset))
     else:
         target = resolve(labels, k.kind, k.loss, num_classes, where_labels(cfg.dataset))
-    return GraphShape(num_features, target.width, num_nodes, schema, target, read)
+    return GraphShape(num_features, target.width, num_nodes, schema, target, read, pair_features_read(cfg, edge_dim))
+
+
+def pair_features_read(cfg: RunConfig, edge_dim: int) -> int:
+    """The width of the target edges' own features an edge task's decoder reads (0: none): ``concat``'s, or a
+    decoder of the user's own whose ``forward`` takes ``edge_attr``, on a graph whose edges have ``edge_dim``."""
+    if cfg.task.name != "edge" or not edge_dim or not decoder_reads_edges(cfg.task.decoder):
+        return 0
+    return edge_dim
 
 
 def edge_features_read(cfg: RunConfig, edge_dim: int) -> int:

@@ -113,10 +113,12 @@ class WholeGraphPieces(ExactPieces):
     on PyG's path, a chunk's weighted sparse adjacency, run in fp32 (sparse products have no bf16 kernel on CPU)."""
 
     def __init__(self, graph, device: torch.device, chunk_size: int, rank: int, world_size: int, transform=None,
-                 one_node: bool = False):
+                 one_node: bool = False, edge_features: bool = False):
         super().__init__(device, chunk_size)
         self.graph, self.rank, self.world_size, self.transform = graph, rank, world_size, transform
         self.one_node = one_node  # every rank on this node: the layer tables are one shared copy (_sharded)
+        # the model reads the edges' features: each chunk's edges carry theirs (PyG's layers, the CSR's order)
+        self.edge_attr = graph.edge_attr if edge_features else None
 
     def _all(self, fn) -> Tensor:
         return _sharded(self.graph.num_nodes, self.chunk_size, self.rank, self.world_size, fn, self.one_node)
@@ -126,7 +128,7 @@ class WholeGraphPieces(ExactPieces):
         return self._all(lambda a, b: model(x[a:b].float().to(self.device)).float().cpu())
 
     def inputs(self, model):
-        self.csr = _CSRPath.of(model, self.device, self.transform)
+        self.csr = _CSRPath.of(model, self.device, self.transform, self.edge_attr is not None)
         x = self.graph.x
         if self.csr is not None and _narrow() and x.dtype == torch.float32:  # bf16: half the bytes through the edges
             return self._all(lambda a, b: x[a:b].to(torch.bfloat16))  # (each rank converts its share)
@@ -134,7 +136,8 @@ class WholeGraphPieces(ExactPieces):
 
     def layer(self, model, i, table, last):
         if self.csr is None:
-            return self._all(lambda a, b: _layer(model, i, table, self.graph, a, b, self.device, self.transform))
+            return self._all(lambda a, b: _layer(model, i, table, self.graph, a, b, self.device, self.transform,
+                                                 self.edge_attr))
         spec = self.csr.layer(model, i, last)
         src = table if spec.before is None else self._all(lambda a, b: _kept(spec.before(_read(table[a:b])), False))
         scores = None if spec.scores is None else self._all(lambda a, b: spec.scores(src[a:b]))
@@ -293,11 +296,16 @@ class _CSRPath:
     dinv: Tensor | None
 
     @classmethod
-    def of(cls, model, device: torch.device, transform) -> _CSRPath | None:
-        """The path for ``model``, or None (PyG's ``inference_per_layer``); the choice logged once."""
+    def of(cls, model, device: torch.device, transform, edge_features: bool = False) -> _CSRPath | None:
+        """The path for ``model``, or None (PyG's ``inference_per_layer``; ``edge_features``: the model reads
+        them, so its layers read each edge's); the choice logged once."""
         from hpcgnn.models import layerwise
         from hpcgnn.sampling.transforms import GCNNorm
 
+        if edge_features:
+            layerwise.say(f"{type(model).__name__} reads edge features: PyG's layers, over each chunk's edges with "
+                          "their features")
+            return None
         kind, why = layerwise.plan(model, device, isinstance(transform, GCNNorm))
         layerwise.say(why)
         if kind is None:
@@ -464,8 +472,10 @@ def _into_table(n: int, extra: int, chunk_size: int, fn) -> Tensor:
     return table
 
 
-def _layer(model, i: int, x: Tensor, graph, lo: int, hi: int, device: torch.device, transform) -> Tensor:
-    """Layer ``i`` for targets ``lo..hi`` with all their in-neighbours (targets first, as root weights expect)."""
+def _layer(model, i: int, x: Tensor, graph, lo: int, hi: int, device: torch.device, transform,
+           edge_attr: Tensor | None = None) -> Tensor:
+    """Layer ``i`` for targets ``lo..hi`` with all their in-neighbours (targets first, as root weights expect);
+    ``edge_attr``: the graph's edge features in CSR order, which a model reading them is given for the chunk's."""
     from hpcgnn.sampling.neighbor import SampledSubgraph
 
     t = hi - lo
@@ -477,6 +487,10 @@ def _layer(model, i: int, x: Tensor, graph, lo: int, hi: int, device: torch.devi
     n_id = torch.cat([targets, others])
     order = torch.argsort(n_id)
     src = order[torch.searchsorted(n_id[order], nbr)]
+    if edge_attr is not None:  # (in CSR order, as nbr and dst are)
+        edges = edge_attr[graph.rowptr[lo]:graph.rowptr[hi]].float().to(device)
+        return _layer_with_edge_features(model, i, x.index_select(0, n_id).float().to(device),
+                                         torch.stack([src, dst]).to(device), t, edges).float().cpu()
     if transform is None:
         return model.inference_per_layer(i, x.index_select(0, n_id).float().to(device), torch.stack([src, dst]).to(device),
                                          t).float().cpu()
@@ -493,6 +507,22 @@ def _layer(model, i: int, x: Tensor, graph, lo: int, hi: int, device: torch.devi
         with torch.autocast(device.type, enabled=False):
             return model.inference_per_layer(i, x.index_select(0, n_id).float().to(device), adj.to(device),
                                              t).float().cpu()
+
+
+def _layer_with_edge_features(model, i: int, x: Tensor, edge_index: Tensor, t: int, edge_attr: Tensor) -> Tensor:
+    """PyG's ``BasicGNN.inference_per_layer`` whose convolution is given each edge's features (PyG's takes none)."""
+    x = model.convs[i](x, edge_index, edge_attr=edge_attr)[:t]
+    if i == model.num_layers - 1 and model.jk_mode is None:
+        return x
+    if model.act is not None and model.act_first:
+        x = model.act(x)
+    if model.norms is not None:
+        x = model.norms[i](x)
+    if model.act is not None and not model.act_first:
+        x = model.act(x)
+    if i == model.num_layers - 1 and hasattr(model, "lin"):
+        x = model.lin(x)
+    return x
 
 
 # --------------------------------------------------------------------------- sized at start

@@ -13,7 +13,7 @@ from torch import Tensor
 from hpcgnn import dist
 from hpcgnn.config import RunConfig
 from hpcgnn.data import Graph, cache_folder, open_graph, open_link, prepare
-from hpcgnn.data.graph import csr_has_edge
+from hpcgnn.data.graph import csr_edge_id, csr_has_edge
 from hpcgnn.env import RankEnv
 from hpcgnn.errors import ConfigError
 from hpcgnn.io import write_npy
@@ -29,6 +29,7 @@ from hpcgnn.stores.base import (
     graph_shape,
     link_sampler,
     on_local_rank0,
+    pair_features_read,
     require_training_items,
 )
 from hpcgnn.stores.exact import Exact, WholeGraphPieces, exact_outputs
@@ -110,8 +111,9 @@ def training_sampler(cfg: RunConfig, g: Graph, sampler, clusters: Tensor | None 
 def edge_target_sampler(cfg: RunConfig, sampler, g: Graph, targets) -> EdgeTargetSampler:
     """An edge task's sampler over target ids (training's and evaluation's alike): around both ends of each."""
     drop = cfg.task.target_edges == "drop"
+    edge_of = csr_edge_id(g.rowptr, g.col) if pair_features_read(cfg, g.edge_dim) else None  # (the decoder's)
     return EdgeTargetSampler(sampler, targets.index, targets.label, csr_has_edge(g.rowptr, g.col) if drop else None,
-                             drop_targets=drop)
+                             drop_targets=drop, edge_of=edge_of)
 
 
 class ReplicatedStore(WholeGraphStore):
@@ -228,9 +230,9 @@ class ReplicatedStore(WholeGraphStore):
     def exact(self, model: torch.nn.Module, transform_for=None, layers: int | None = None, on_layer=None) -> Exact:
         t, env = self.cfg.train, self.env
         transform = transform_for(self.degree) if transform_for else None
-        return self._exact(exact_outputs(model, WholeGraphPieces(self.graph, self.device, t.eval_chunk, env.rank,
-                                                                 env.world_size, transform, env.one_node),
-                                           layers, on_layer))
+        pieces = WholeGraphPieces(self.graph, self.device, t.eval_chunk, env.rank, env.world_size, transform,
+                                  env.one_node, edge_features=self.shape.edge_dim > 0)
+        return self._exact(exact_outputs(model, pieces, layers, on_layer))
 
     def resident_bytes(self) -> int:
         g = self.graph

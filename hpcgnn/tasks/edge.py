@@ -42,7 +42,7 @@ class EdgeTask(Task):
     def build_model(self) -> torch.nn.Module:
         s = self.store.shape
         return build_edge_model(self.cfg.model, self.cfg.task.decoder, s.num_features, self.target.width,
-                                len(self.cfg.train.fanouts), s.edge_dim)
+                                len(self.cfg.train.fanouts), s.edge_dim, s.pair_edge_dim)
 
     @property
     def transform(self) -> Callable | None:
@@ -76,18 +76,32 @@ class EdgeTask(Task):
                 yield forward_pairs(model, batch, batch.edge_label_index), batch.edge_label
 
     def _exact(self, model: torch.nn.Module, exact, split: str):
-        """(outputs, labels) of this rank's share of ``split``, decoded from the ends' exact embeddings, a chunk of
-        ``train.eval_batch_size`` targets at a time; every rank takes as many chunks as the busiest (the rows of
-        nodes another rank computed come from it: a collective)."""
-        from hpcgnn import dist
+        """(outputs, labels) of this rank's share of ``split``, decoded from the ends' exact embeddings."""
+        ids = self.store.eval_items(split)
+        for out, part in exact_scores(model, exact, self.store, ids, self.cfg.train.eval_batch_size, self.device):
+            yield out, self.store.targets.label.index_select(0, part).to(self.device)
 
-        targets, ids = self.store.targets, self.store.eval_items(split)
-        chunk = max(1, self.cfg.train.eval_batch_size)
-        rounds = int(dist.all_reduce_max(torch.tensor([math.ceil(ids.numel() / chunk)])).item())
-        for r in range(rounds):
-            part = ids[r * chunk:(r + 1) * chunk]
-            pairs = targets.index[:, part]
-            both = exact.rows(torch.cat([pairs[0], pairs[1]])).to(self.device)
-            if part.numel():
-                k = part.numel()
-                yield model.score(both[:k], both[k:]), targets.label.index_select(0, part).to(self.device)
+
+def exact_scores(model: torch.nn.Module, exact, store, ids: torch.Tensor, chunk: int, device: torch.device):
+    """(outputs, target ids) of targets ``ids``, decoded from their ends' exact embeddings (``exact``: the store's
+    exact outputs of the encoder) and, for a decoder that reads them, the targets' own edge features, a chunk of
+    ``chunk`` targets at a time; every rank takes as many chunks as the busiest (the rows of nodes another rank
+    computed come from it: a collective)."""
+    from hpcgnn import dist
+    from hpcgnn.data.graph import csr_edge_id
+    from hpcgnn.sampling.loader import LocalFeatures, target_edge_features
+
+    targets, chunk = store.targets, max(1, chunk)
+    edge_of = None
+    if model.reads_pair_features:  # (a replicated graph: every rank holds every edge's features)
+        g = store.graph
+        edge_of, features = csr_edge_id(g.rowptr, g.col), LocalFeatures(g)
+    rounds = int(dist.all_reduce_max(torch.tensor([math.ceil(ids.numel() / chunk)])).item())
+    for r in range(rounds):
+        part = ids[r * chunk:(r + 1) * chunk]
+        pairs = targets.index[:, part]
+        both = exact.rows(torch.cat([pairs[0], pairs[1]])).to(device)
+        if part.numel():
+            k = part.numel()
+            attr = target_edge_features(features, edge_of(pairs[0], pairs[1])).to(device) if edge_of else None
+            yield model.score(both[:k], both[k:], attr), part
