@@ -123,14 +123,12 @@ def check_edge_features(cfg) -> None:
                               f"{EDGE_MODES} so far, not with {why}. HINT: drop model.edge_dim, or change that")
 
 
-EDGE_MODES = "replicated graphs, neighbour sampling, node and edge tasks"
+EDGE_MODES = "replicated and partitioned graphs, neighbour sampling, node and edge tasks"
 
 
 def edge_features_refused(cfg) -> str | None:
     """Why a model reading edge features cannot run with ``cfg`` yet (None: it can)."""
     t = cfg.train
-    if cfg.graph.mode != "replicated":
-        return f"graph.mode={cfg.graph.mode}"
     if is_typed(cfg.dataset):
         return f"a typed graph (dataset={cfg.dataset.name})"
     if cfg.task.name not in ("node", "edge"):

@@ -98,6 +98,11 @@ def ensure_parts(dataset: DatasetConfig, graph_cfg: GraphConfig, num_parts: int,
             "report": partition_report(graph, part, num_parts, weight, schema, comm), "edge_arrays": sorted(edges)}
     if schema is not None:
         meta["typed"] = {**schema.to_meta(), "arrays": typed_arrays(typed)}
+    if graph.edge_attr is not None:  # each part's edges carry their features; a global edge id is its part's
+        #                              first (the parts' edges counted in order) plus its place in the part's CSR
+        meta["edge_features"] = graph.edge_dim
+        meta["part_edges"] = torch.bincount(part.long(), weights=graph.degree().double(),
+                                            minlength=num_parts).long().tolist()
     write_parts(graph, part, folder, meta, edges, typed, comm)
     return folder, read_meta(folder) or meta, False
 

@@ -17,7 +17,7 @@ from hpcgnn.data.typed import Relation, TypedSchema, relation_key
 from hpcgnn.errors import PartitionError
 from hpcgnn.io import sha256_file
 from hpcgnn.partition.cache import dataset_fingerprint, parts_folder, read_meta
-from hpcgnn.partition.write import PART_ARRAYS
+from hpcgnn.partition.write import EDGE_FEATURES, PART_ARRAYS
 
 
 @dataclass(frozen=True)
@@ -59,10 +59,17 @@ class Parts:
     typed: TypedParts | None = None  # a typed graph's per-relation adjacency
     halo_bound: int = 0  # at most this many nodes owned elsewhere are sources of the owned nodes' in-edges
     labels: dict | None = None  # what the labels are (hpcgnn.labels.profile; None: class ids)
+    edge_attr: Tensor | None = None  # [owned edges, D]: each edge's features, in this rank's CSR order (None: none)
+    edge_base: Tensor | None = None  # int64 [num_parts + 1]: each part's first global edge id (its edges in CSR order)
+    edge_features_dropped: bool = False  # the graph's edges have features this partition was written without
 
     @property
     def num_features(self) -> int:
         return self.x.size(1)
+
+    @property
+    def edge_dim(self) -> int:
+        return self.edge_attr.size(1) if self.edge_attr is not None else 0
 
     def own_of_type(self, node_type: str) -> Tensor:
         """Global ids of the owned nodes of ``node_type`` (a typed graph), in the order of their typed rows."""
@@ -101,7 +108,8 @@ def open_parts(dataset: DatasetConfig, graph_cfg: GraphConfig, num_parts: int, o
     if (typed_meta is None) == is_typed(dataset):  # the fingerprint covers it; a clear word anyway
         raise PartitionError(f"{folder} does not record the node types of the prepared {dataset.name}: delete it "
                              f"and partition again. {hint}")
-    extra = [*meta.get("edge_arrays", []), *(typed_meta["arrays"] if typed_meta else [])]
+    extra = [*meta.get("edge_arrays", []), *(typed_meta["arrays"] if typed_meta else []),
+             *([EDGE_FEATURES] if meta.get("edge_features") else [])]
     need = ["node_part.npy", "node_local.npy", "degree.npy"] + \
         [f"part_{i}/{a}.npy" for i in owned for a in [*PART_ARRAYS, *extra]]
     for rel in need:
@@ -114,7 +122,8 @@ def open_parts(dataset: DatasetConfig, graph_cfg: GraphConfig, num_parts: int, o
 
     def load(rel: str) -> Tensor:
         t = torch.from_numpy(np.load(folder / rel, mmap_mode="c"))
-        return t.view(torch.bfloat16) if rel.endswith("/x.npy") and meta.get("feature_dtype") == "bfloat16" else t
+        rows = rel.endswith("/x.npy") or rel.endswith(f"/{EDGE_FEATURES}.npy")  # (stored in the feature dtype)
+        return t.view(torch.bfloat16) if rows and meta.get("feature_dtype") == "bfloat16" else t
 
     edge_arrays = meta.get("edge_arrays", [])
     per_part = {i: {a: load(f"part_{i}/{a}.npy") for a in [*PART_ARRAYS, *extra]} for i in owned}
@@ -141,7 +150,18 @@ def open_parts(dataset: DatasetConfig, graph_cfg: GraphConfig, num_parts: int, o
                  test_idx=cat("test_idx"), part_offset=offset,
                  num_classes=int(meta["num_classes"]), num_nodes=num_nodes,
                  train_pos=cat("train_pos", 1) if "train_pos" in edge_arrays else None, typed=typed,
-                 halo_bound=min(num_nodes - nodes.numel(), sum(halos[i] for i in owned)), labels=meta.get("labels"))
+                 halo_bound=min(num_nodes - nodes.numel(), sum(halos[i] for i in owned)), labels=meta.get("labels"),
+                 **_edge_features(meta, data_folder, cat))
+
+
+def _edge_features(meta: dict, data_folder, cat) -> dict:
+    """A rank's edges' features and the parts' first edge ids, where the partition holds them; else whether the
+    prepared graph has edge features the partition was written without (by a version that dropped them)."""
+    if meta.get("edge_features"):
+        base = torch.zeros(meta["num_parts"] + 1, dtype=torch.long)
+        base[1:] = torch.tensor(meta["part_edges"], dtype=torch.long).cumsum(0)
+        return {"edge_attr": cat(EDGE_FEATURES), "edge_base": base}
+    return {"edge_features_dropped": (data_folder / f"{EDGE_FEATURES}.npy").is_file()}
 
 
 def concat_rowptr(rowptrs: list[Tensor]) -> Tensor:

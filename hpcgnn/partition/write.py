@@ -28,6 +28,7 @@ WRITE_ROWS = 1 << 16  # nodes per chunk when a part's columns and features are w
 
 
 PART_ARRAYS = ("nodes", "rowptr", "col", "x", "y", "train_idx", "val_idx", "test_idx")
+EDGE_FEATURES = "edge_attr"  # a part's edges' features, where the graph's edges have some (META: edge_features)
 
 
 def _numpy(t: Tensor) -> np.ndarray:
@@ -71,7 +72,8 @@ def write_parts(graph: Graph, part: Tensor, folder: Path, meta: dict, edges: dic
 
 def _check_space(graph: Graph, num_parts: int, where: Path) -> None:
     where.mkdir(parents=True, exist_ok=True)
-    need = sum(getattr(graph, a).numel() * getattr(graph, a).element_size() for a in ("col", "x", "y")) * 1.05
+    arrays = [graph.col, graph.x, graph.y, *([graph.edge_attr] if graph.edge_attr is not None else [])]
+    need = sum(a.numel() * a.element_size() for a in arrays) * 1.05
     free = shutil.disk_usage(where).free
     if need > free:
         raise OSError(f"writing {num_parts} parts needs about {cache.human_bytes(need)} in {where}, but "
@@ -110,6 +112,8 @@ def _write_part(out: _PartFiles, i: int, graph: Graph, part: Tensor, edges: dict
     runs = [nodes[a:a + WRITE_ROWS] for a in range(0, nodes.numel(), WRITE_ROWS)]
     out.save_rows(f"part_{i}/col.npy", graph.col, (csr_rows(graph.rowptr, r)[1] for r in runs))
     out.save_rows(f"part_{i}/x.npy", graph.x, runs)
+    if graph.edge_attr is not None:  # each edge's features, in the part's CSR order (its columns')
+        out.save_rows(f"part_{i}/edge_attr.npy", graph.edge_attr, (csr_rows(graph.rowptr, r)[1] for r in runs))
     rowptr = torch.zeros(nodes.numel() + 1, dtype=torch.long)
     rowptr[1:] = torch.cumsum(graph.rowptr.index_select(0, nodes + 1) - graph.rowptr.index_select(0, nodes), 0)
     arrays = {"nodes": nodes, "rowptr": rowptr,
@@ -130,7 +134,8 @@ def _write_part(out: _PartFiles, i: int, graph: Graph, part: Tensor, edges: dict
     for name, array in arrays.items():
         out.save(f"part_{i}/{name}.npy", array)
     del arrays, rowptr, nodes, mine, runs
-    for mapped in (graph.x, graph.col, graph.rowptr):  # a part's rows are all over the graph's pages
+    for mapped in (graph.x, graph.col, graph.rowptr, *([graph.edge_attr] if graph.edge_attr is not None else [])):
+        # a part's rows are all over the graph's pages
         drop_pages(mapped)
     trim_heap()
     log.debug("part %d written", i)

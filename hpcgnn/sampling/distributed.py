@@ -141,6 +141,22 @@ class PartitionView:
         part = self.parts.node_part.index_select(0, ids).long()
         return self.parts.part_offset.index_select(0, part) + self.parts.node_local.index_select(0, ids).long()
 
+    # An edge's global id: its part's first (``parts.edge_base``: the parts' edges counted in part order) plus its
+    # place in that part's CSR. A rank's parts are consecutive, so its edges are one range of ids, in its CSR order.
+
+    def edge_ids(self, positions: Tensor) -> Tensor:
+        """Global ids of edges at ``positions`` of this rank's CSR."""
+        return positions + int(self.parts.edge_base[self.rank * self.parts_per_rank])
+
+    def edge_owner(self, ids: Tensor) -> Tensor:
+        """The rank that holds each edge (its target's owner)."""
+        part = torch.searchsorted(self.parts.edge_base, ids, right=True) - 1
+        return part // self.parts_per_rank
+
+    def edge_row(self, ids: Tensor) -> Tensor:
+        """Rows of this rank's edges (global ``ids``, held here) in its CSR and edge features."""
+        return ids - int(self.parts.edge_base[self.rank * self.parts_per_rank])
+
 
 class PartitionedNeighborSampler(CSRNeighborSampler):
     """The replicated sampler's walk, with non-owned frontier nodes sampled by their owners.
@@ -150,8 +166,10 @@ class PartitionedNeighborSampler(CSRNeighborSampler):
     mean aggregation renormalises over the edges kept.
     """
 
-    def __init__(self, view: PartitionView, fanouts, exchange: Exchange, boundary_fraction: float = 1.0):
-        super().__init__(view.parts.rowptr, view.parts.col, fanouts, num_nodes=view.parts.num_nodes, id_map="batch")
+    def __init__(self, view: PartitionView, fanouts, exchange: Exchange, boundary_fraction: float = 1.0,
+                 edge_ids: bool = False):
+        super().__init__(view.parts.rowptr, view.parts.col, fanouts, num_nodes=view.parts.num_nodes, id_map="batch",
+                         edge_ids=edge_ids)
         self.view, self.exchange, self.boundary_fraction = view, exchange, boundary_fraction
 
     def begin_batch(self) -> None:
@@ -161,29 +179,35 @@ class PartitionedNeighborSampler(CSRNeighborSampler):
         """A batch's nodes in the partition's id space: already so (a typed sampler maps its per-type ids)."""
         return n_id
 
-    def hop(self, frontier: Tensor, fanout: int, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
+    def hop(self, frontier: Tensor, fanout: int, generator: torch.Generator | None, eid: bool = False) -> tuple:
+        """The frontier's sampled in-edges (``eid``: and their global edge ids, which come back with a remote
+        node's neighbours from its owner: :meth:`PartitionView.edge_ids`)."""
         view, ex = self.view, self.exchange
         owner = view.owner(frontier)
         mine = owner == view.rank
         idx_mine, idx_remote = mine.nonzero().flatten(), (~mine).nonzero().flatten()
-        row_l, nbr_l = sample_neighbors(self.rowptr, self.col, view.row(frontier[idx_mine]), fanout, generator)
+        row_l, nbr_l, *e_l = sample_neighbors(self.rowptr, self.col, view.row(frontier[idx_mine]), fanout, generator,
+                                              eid=eid)
 
         asked, order, sent, received = ex.request(frontier[idx_remote], owner[idx_remote])
         ex.stats.sample_requests += idx_remote.numel()
-        row_a, nbr_a = sample_neighbors(self.rowptr, self.col, view.row(asked), fanout, generator)
+        row_a, nbr_a, *e_a = sample_neighbors(self.rowptr, self.col, view.row(asked), fanout, generator, eid=eid)
         per_asked = torch.bincount(row_a, minlength=asked.numel())
         per_sent = ex(per_asked, received, sent)  # neighbours per node this rank asked for
-        nbr_r = ex(nbr_a, segment_sums(per_asked, received), segment_sums(per_sent, sent))
+        counts = segment_sums(per_asked, received), segment_sums(per_sent, sent)
+        nbr_r = ex(nbr_a, *counts)
 
         row = torch.cat([idx_mine.index_select(0, row_l), torch.repeat_interleave(idx_remote[order], per_sent)])
         nbr = torch.cat([nbr_l, nbr_r])
         by_row = torch.argsort(row, stable=True)  # rows in frontier order, as the replicated sampler
         row, nbr = row[by_row], nbr[by_row]
+        e = torch.cat([view.edge_ids(e_l[0]), ex(view.edge_ids(e_a[0]), *counts)])[by_row] if eid else None
         if self.boundary_fraction < 1.0 and nbr.numel():
             keep = (view.owner(nbr) == view.rank) | (
                 torch.rand(nbr.numel(), generator=generator) < self.boundary_fraction)
             row, nbr = row[keep], nbr[keep]
-        return row, nbr
+            e = e[keep] if eid else None
+        return (row, nbr, e) if eid else (row, nbr)
 
 
 def fetch_rows(ex: Exchange, view: PartitionView, table: Tensor, ids: Tensor, owner: Tensor, row_of=None) -> Tensor:
@@ -236,6 +260,20 @@ class PartitionedFeatures:
         ops.gather_rows(fetched, torch.arange(fetched.size(0)), x, at=remote)
         y = parts.y.index_select(0, view.row(n_id[:batch_size])) if self.labels else parts.y[:0]
         return x, y
+
+    def gather_edges(self, e_id: Tensor, pin_memory: bool = False, alloc=None) -> Tensor:
+        """Rows ``e_id`` (global edge ids) of the edges' features as float32: this rank's edges' from its parts, the
+        others' from the ranks that hold them; collective (every rank calls it for every batch, empty or not)."""
+        view, parts = self.view, self.view.parts
+        owner = view.edge_owner(e_id)
+        mine = owner == view.rank
+        out = torch.empty((e_id.numel(), parts.edge_attr.size(1)))
+        idx_mine, remote = mine.nonzero().flatten(), (~mine).nonzero().flatten()
+        ops.gather_rows(parts.edge_attr, view.edge_row(e_id.index_select(0, idx_mine)), out, at=idx_mine)
+        fetched = fetch_rows(self.exchange, view, parts.edge_attr, e_id.index_select(0, remote),
+                             owner.index_select(0, remote), view.edge_row)
+        ops.gather_rows(fetched, torch.arange(fetched.size(0)), out, at=remote)
+        return out.pin_memory() if pin_memory else out
 
     def fill_cache(self, ids: Tensor) -> None:
         """Cache the features of ``ids`` (non-owned); collective: every rank calls it once."""

@@ -180,10 +180,13 @@ class PartsPieces(ExactPieces):
     before each layer. ``transform_for(degree)``: the model's batch transform for nodes in local ids given
     their global in-degrees (GCN's normalisation), or None."""
 
-    def __init__(self, parts, view, exchange, device: torch.device, chunk_size: int, transform_for=None):
+    def __init__(self, parts, view, exchange, device: torch.device, chunk_size: int, transform_for=None,
+                 edge_features: bool = False):
         super().__init__(device, chunk_size)
         self.parts, self.view, self.exchange, self.transform_for = parts, view, exchange, transform_for
         self.own = parts.nodes.numel()
+        # the model reads the edges' features: each chunk's edges carry theirs (the rank's CSR order)
+        self.edge_attr = parts.edge_attr if edge_features else None
 
     def without_edges(self, model):
         x = self.parts.x
@@ -196,7 +199,7 @@ class PartsPieces(ExactPieces):
         self.transform = (self.transform_for(parts.degree.index_select(0, torch.cat([parts.nodes, self.halo])))
                           if self.transform_for else None)
         self.fill = _halo_filler(self.exchange, view, self.own, self.halo, view.row)
-        self.csr = _CSRPath.of(model, self.device, self.transform)
+        self.csr = _CSRPath.of(model, self.device, self.transform, self.edge_attr is not None)
         table = torch.empty(self.own + self.halo.numel(), parts.num_features,
                             dtype=torch.bfloat16 if self.csr is not None and _narrow() else torch.float32)
         for a in range(0, self.own, FETCH_ROWS):
@@ -209,7 +212,8 @@ class PartsPieces(ExactPieces):
         rows = 0 if last else self.halo.numel()
         if self.csr is None:
             out = _into_table(self.own, rows, self.chunk_size,
-                              lambda a, b: _layer(model, i, table, self.graph, a, b, self.device, self.transform))
+                              lambda a, b: _layer(model, i, table, self.graph, a, b, self.device, self.transform,
+                                                  self.edge_attr))
         else:  # (a linear map first: on the halo's rows too, which the table holds)
             spec = self.csr.layer(model, i, last)
             src = table if spec.before is None else _into_table(table.size(0), 0, self.chunk_size, lambda a, b: _kept(

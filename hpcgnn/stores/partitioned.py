@@ -16,6 +16,7 @@ from hpcgnn.data import cache, open_link_splits
 from hpcgnn.data.graph import csr_has_edge
 from hpcgnn.env import RankEnv
 from hpcgnn.errors import AllocationError, PartitionError
+from hpcgnn.models import reads_edge_features
 from hpcgnn.rng import generator
 from hpcgnn.sampling import subgraph as sub
 from hpcgnn.sampling.distributed import CommStats, fetch_rows
@@ -84,8 +85,9 @@ def part_samplers(cfg: RunConfig, view, exchange, link: bool) -> PartSamplers:
         seed_offset = schema.offsets()[schema.target]
         sampler = PartitionedTypedSampler(view, typed_fanouts(cfg, schema), exchange, g.boundary_fraction)
         features = PartitionedTypedFeatures(cache, sampler)
-    else:
-        sampler = d.PartitionedNeighborSampler(view, fanouts(cfg), exchange, g.boundary_fraction)
+    else:  # (its batches say which edges they hold where the model reads their features)
+        sampler = d.PartitionedNeighborSampler(view, fanouts(cfg), exchange, g.boundary_fraction,
+                                               edge_ids=parts.edge_attr is not None and reads_edge_features(cfg.model))
     train_sampler = sampler
     if link:
         train_sampler = link_sampler(cfg, sampler, parts.train_pos, parts.num_nodes, owned_has_edge(view))
@@ -107,6 +109,7 @@ class PartitionedStore(Store):
     def _hold_parts(self) -> None:
         """This rank's parts (its share of ``graph.num_parts``), the group its exchanges run on, and what a task
         reads of them (degrees, the shape; a link task's splits)."""
+        from hpcgnn.partition.cache import parts_folder
         from hpcgnn.partition.parts import open_parts
         from hpcgnn.sampling import distributed as d
 
@@ -118,13 +121,17 @@ class PartitionedStore(Store):
         per_rank = num_parts // env.world_size
         self.owned = list(range(env.rank * per_rank, (env.rank + 1) * per_rank))
         self.parts = parts = open_parts(cfg.dataset, cfg.graph, num_parts, self.owned)
+        if parts.edge_features_dropped and reads_edge_features(cfg.model):
+            raise PartitionError(f"the {num_parts}-part partition of {cfg.dataset.name} was written without its edges' "
+                                 "features (by an older hpcgnn), and the model reads them. HINT: delete "
+                                 f"{parts_folder(cfg.dataset, cfg.graph, num_parts)} and partition again")
         self.stats_ = d.CommStats()
         self.exchange = d.Exchange(dist.new_group(cfg.dist), env.rank, env.world_size, dist.comm_device(), self.stats_)
         self.view = d.PartitionView(parts, env.rank, per_rank)
         self.degree = parts.degree
         self.weigh_by_seeds = True
         self.shape = graph_shape(cfg, parts.num_features, parts.num_classes, parts.num_nodes, parts.labels,
-                                 parts.typed.schema if parts.typed is not None else None)
+                                 parts.typed.schema if parts.typed is not None else None, edge_dim=parts.edge_dim)
         # Link prediction: a rank's training edges are those whose source it owns; their endpoints, like any
         # other node, are sampled and fetched wherever they live. Evaluation reads the splits' (small) arrays.
         self.link = open_link_splits(cfg.dataset) if cfg.dataset.prepared_for == "link" else None
@@ -258,7 +265,8 @@ class PartitionedStore(Store):
         in their typed rows); other nodes' rows come from their owners (a collective)."""
         t, parts, view, ex = self.cfg.train, self.parts, self.view, self.exchange
         if parts.typed is None:
-            pieces, row_of = PartsPieces(parts, view, ex, self.device, t.eval_chunk, transform_for), view.row
+            pieces, row_of = PartsPieces(parts, view, ex, self.device, t.eval_chunk, transform_for,
+                                         edge_features=self.shape.edge_dim > 0), view.row
         else:
             target = parts.typed.schema.target
             pieces, row_of = TypedPartsPieces(parts, view, ex, self.device, t.eval_chunk), \
