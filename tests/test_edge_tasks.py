@@ -118,6 +118,7 @@ def test_target_files_that_do_not_fit_the_graph_are_refused_naming_the_file(tmp_
 
 
 def test_a_batch_leaves_its_target_edges_out_in_both_directions_and_its_degrees_count_them():
+    from hpcgnn.data.edges import EdgeTargets, target_edges_in
     from hpcgnn.data.graph import Graph, csr_has_edge
     from hpcgnn.sampling import CSRNeighborSampler
     from hpcgnn.sampling.link import EdgeTargetSampler
@@ -133,8 +134,12 @@ def test_a_batch_leaves_its_target_edges_out_in_both_directions_and_its_degrees_
     has = csr_has_edge(g.rowptr, g.col)
     node = CSRNeighborSampler(g.rowptr, g.col, (50, 50))
     items = torch.arange(index.size(1))
-    dropped = EdgeTargetSampler(node, index, label, has, drop_targets=True).sample(items, torch.Generator())
-    kept = EdgeTargetSampler(node, index, label, None, drop_targets=False).sample(items, torch.Generator())
+    place, reverse = (torch.from_numpy(a) for a in target_edges_in(g, index.numpy()))
+    assert torch.equal(place >= 0, has(index[0], index[1])) and torch.equal(reverse, has(index[1], index[0]))
+    assert torch.equal(g.col[g.rowptr[index[1]] + place.clamp(min=0)][place >= 0], index[0][place >= 0])
+    targets = EdgeTargets(index, label, {}, {}, place, reverse)
+    dropped = EdgeTargetSampler(node, targets, drop_targets=True).sample(items, torch.Generator())
+    kept = EdgeTargetSampler(node, targets, drop_targets=False).sample(items, torch.Generator())
 
     def joined(out) -> int:
         s, d = out.targets["edge_label_index"]

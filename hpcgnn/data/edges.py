@@ -8,6 +8,10 @@ An edge task trains on the whole prepared graph (the node task's: every edge car
 - ``label``: the targets' labels in the stored form of node labels (:func:`hpcgnn.labels.stored`): int64 [M]
   class ids (-1: none), or float32 [M] / [M, C] (NaN: unknown), whose kind the task infers as a node task does;
 - ``train_idx``, ``val_idx``, ``test_idx``: int64 ids of targets (rows of ``index``);
+- ``place`` int64 [M]: each target's edge ``source -> target`` in the graph as its place among the target node's
+  in-edges (-1: the pair is no edge), and ``reverse`` bool [M]: whether ``target -> source`` is one; what a batch
+  leaving its targets out counts, and where a target's own features are, whatever the graph's layout
+  (replicated: the row's start plus the place; partitioned: the same in the part that holds the row);
 - ``meta.json``: the count and the labels' profile (:func:`hpcgnn.labels.profile`), written last.
 
 Sources:
@@ -40,7 +44,7 @@ from hpcgnn.labels import SPLITS, profile, stored
 
 log = logging.getLogger(__name__)
 
-TARGETS_VERSION = 1  # in the key: how the targets are drawn (synthetic) and stored
+TARGETS_VERSION = 2  # in the key: how the targets are drawn (synthetic) and stored
 SYNTHETIC_FRACTION = 0.1  # of a synthetic graph's edge pairs, drawn as targets
 SOURCES = ("synthetic", "files", "pyg")  # the datasets whose edges can carry targets (task=edge)
 
@@ -53,6 +57,8 @@ class EdgeTargets:
     label: Tensor  # int64 [M] or float32 [M] / [M, C]
     splits: dict  # split name -> int64 ids into the M targets
     labels: dict  # the labels' profile (hpcgnn.labels.profile)
+    place: Tensor  # int64 [M]: the pair's edge's place among its target node's in-edges (-1: no edge)
+    reverse: Tensor  # bool [M]: the reverse pair is an edge of the graph
 
     @property
     def count(self) -> int:
@@ -105,6 +111,9 @@ def prepare_targets(cfg: DatasetConfig) -> Path:
         np.save(tmp / "label.npy", label)
         for s in SPLITS:
             np.save(tmp / f"{s}_idx.npy", splits[s])
+        place, reverse = target_edges_in(graph, index)
+        np.save(tmp / "place.npy", place)
+        np.save(tmp / "reverse.npy", reverse)
         meta = {"count": int(index.shape[1]), "labels": profile(label, splits)}
         (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
     log.info("edge targets of %s: %d (%s train/val/test) into %s", cfg.name, index.shape[1],
@@ -120,7 +129,23 @@ def open_targets(cfg: DatasetConfig) -> EdgeTargets:
     def load(name: str) -> Tensor:
         return torch.from_numpy(np.load(folder / f"{name}.npy", mmap_mode="c"))
 
-    return EdgeTargets(load("index"), load("label"), {s: load(f"{s}_idx") for s in SPLITS}, meta["labels"])
+    return EdgeTargets(load("index"), load("label"), {s: load(f"{s}_idx") for s in SPLITS}, meta["labels"],
+                       load("place"), load("reverse"))
+
+
+def target_edges_in(graph, index: np.ndarray, chunk: int = 1 << 22) -> tuple[np.ndarray, np.ndarray]:
+    """Each target pair's edge as its place among the target node's in-edges (-1: none), and whether the reverse
+    pair is an edge, from the prepared graph's CSR, ``chunk`` pairs at a time."""
+    from hpcgnn.data.graph import csr_edge_id
+
+    edge_id = csr_edge_id(graph.rowptr, graph.col)
+    place, reverse = np.empty(index.shape[1], dtype=np.int64), np.empty(index.shape[1], dtype=bool)
+    for a in range(0, index.shape[1], chunk):
+        src, dst = (torch.from_numpy(np.ascontiguousarray(index[k, a:a + chunk])).long() for k in (0, 1))
+        e = edge_id(src, dst)
+        place[a:a + chunk] = torch.where(e >= 0, e - graph.rowptr.index_select(0, dst), -1).numpy()
+        reverse[a:a + chunk] = (edge_id(dst, src) >= 0).numpy()
+    return place, reverse
 
 
 def read_profile(cfg: DatasetConfig) -> dict | None:

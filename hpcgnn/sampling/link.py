@@ -126,41 +126,40 @@ class LinkSampler:
 
 
 class EdgeTargetSampler:
-    """Batches of an edge task's targets (by id): the neighbourhood of both ends of each, the targets' labels, and
-    (``drop_targets``) the batch's target pairs left out of its message passing in either direction, so that no
-    label leaks through its own edge. The pairs to score are ``edge_label_index`` [2, B] (local ids of the
-    batch's seeds, its distinct ends) and their labels ``edge_label``; ``positives``: B, the step's targets.
-    ``edge_of(src, dst)``: each pair's edge in the graph (its CSR position; -1: none), where the decoder reads the
-    targets' own edge features: then ``edge_label_e_id`` [B] says where they are (the loader gathers them)."""
+    """Batches of an edge task's targets (by id; ``targets``: :class:`hpcgnn.data.edges.EdgeTargets`): the
+    neighbourhood of both ends of each, the targets' labels, and (``drop_targets``) the batch's target pairs left
+    out of its message passing in either direction, so that no label leaks through its own edge (the graph's edges
+    they take away from each end's in-degree: the targets' ``place`` and ``reverse``). The pairs to score are
+    ``edge_label_index`` [2, B] (local ids of the batch's seeds, its distinct ends) and their labels
+    ``edge_label``; ``positives``: B, the step's targets. ``pair_ids(items)``: the targets' own edges' ids where
+    their features are (-1: a pair that is no edge), where the decoder reads them: then ``edge_label_e_id`` [B]
+    (the loader gathers them)."""
 
-    def __init__(self, node_sampler, index: Tensor, label: Tensor, has_edge: HasEdge | None = None,
-                 drop_targets: bool = True, edge_of: Callable[[Tensor, Tensor], Tensor] | None = None):
-        self.node_sampler, self.index, self.label = node_sampler, index, label
-        self.has_edge, self.drop_targets, self.edge_of = has_edge, drop_targets, edge_of
-        if drop_targets and has_edge is None:
-            raise ValueError("dropped targets need the graph's edge membership (has_edge)")
+    def __init__(self, node_sampler, targets, drop_targets: bool = True,
+                 pair_ids: Callable[[Tensor], Tensor] | None = None):
+        self.node_sampler, self.targets, self.drop_targets, self.pair_ids = node_sampler, targets, drop_targets, pair_ids
 
     @property
     def device(self) -> torch.device:  # (hpcgnn.sampling.protocol)
         return self.node_sampler.device
 
     def sample(self, items: Tensor, generator: torch.Generator | None = None) -> SampledSubgraph:
-        items = items.long()
-        pairs = self.index[:, items]
+        items, t = items.long(), self.targets
+        pairs = t.index[:, items]
         src, dst = pairs[0], pairs[1]
         seeds = torch.unique(pairs.reshape(-1))
         out = self.node_sampler.sample(seeds, generator)
         s, d = _local(seeds, src), _local(seeds, dst)
         if self.drop_targets and items.numel():  # a target pair need not be an edge: count what the graph has
-            forward, reverse = self.has_edge(src, dst).double(), self.has_edge(dst, src).double()
+            forward, reverse = (t.place.index_select(0, items) >= 0).double(), t.reverse.index_select(0, items).double()
             absent = torch.bincount(d, weights=forward, minlength=seeds.numel()) + \
                 torch.bincount(s, weights=reverse, minlength=seeds.numel())
             absent = torch.cat([absent.long(), absent.new_zeros(out.n_id.numel() - seeds.numel(), dtype=torch.long)])
             out = _without_targets(out, torch.stack([s, d]), absent)
-        targets = {"edge_label_index": torch.stack([s, d]), "edge_label": self.label.index_select(0, items),
+        targets = {"edge_label_index": torch.stack([s, d]), "edge_label": t.label.index_select(0, items),
                    "positives": items.numel()}
-        if self.edge_of is not None:
-            targets["edge_label_e_id"] = self.edge_of(src, dst)
+        if self.pair_ids is not None:
+            targets["edge_label_e_id"] = self.pair_ids(items)
         return replace(out, targets=targets)
 
 

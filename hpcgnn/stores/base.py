@@ -41,7 +41,7 @@ from hpcgnn.sampling import BatchLoader, rank_seeds
 from hpcgnn.sampling import subgraph as sub
 from hpcgnn.sampling.distributed import CommStats
 from hpcgnn.sampling.link import LinkSampler, pair_sampler, share
-from hpcgnn.sampling.loader import EpochPlan
+from hpcgnn.sampling.loader import EpochPlan, target_edge_features
 from hpcgnn.sampling.producers import GraphSide
 from hpcgnn.sampling.shipping import SamplerState
 from hpcgnn.stores.exact import Exact
@@ -108,6 +108,8 @@ class Store(abc.ABC):
     link = None  # a link task's splits (LinkData), else None
     targets = None  # an edge task's targets (hpcgnn.data.edges.EdgeTargets), else None
     eval_pairs = None  # an edge task's evaluation sampler over target ids (EdgeTargetSampler)
+    pair_ids = None  # an edge task whose decoder reads its targets' own features: target ids -> their edges' ids
+    edge_rows = None  # where edges' features are read by id (gather_edges): the graph's, or the parts'
     graph_on = "host"  # where batches are made: host, or device (a replicated graph copied to the GPU)
     weigh_by_seeds: bool = True  # steps' losses weighed by their seeds (subgraph samplers: by batches)
     exchange = None  # a partitioned graph's (its samplers fetch across parts with it); None: a whole graph
@@ -194,6 +196,11 @@ class Store(abc.ABC):
 
     def _link_sampler(self, node_sampler, train_pos: Tensor, has_edge) -> LinkSampler:
         return link_sampler(self.cfg, node_sampler, train_pos, self.shape.num_nodes, has_edge)
+
+    def pair_features(self, items: Tensor) -> Tensor:
+        """Targets' own edge features (float32; zeros for a pair that is no edge of the graph), for a decoder that
+        reads them; on a partitioned graph a collective (every rank calls it as often, with no items or some)."""
+        return target_edge_features(self.edge_rows, self.pair_ids(items))
 
     # ------------------------------------------------------------------ exact outputs
 

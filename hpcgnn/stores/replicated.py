@@ -13,7 +13,7 @@ from torch import Tensor
 from hpcgnn import dist
 from hpcgnn.config import RunConfig
 from hpcgnn.data import Graph, cache_folder, open_graph, open_link, prepare
-from hpcgnn.data.graph import csr_edge_id, csr_has_edge
+from hpcgnn.data.graph import csr_has_edge
 from hpcgnn.env import RankEnv
 from hpcgnn.errors import ConfigError
 from hpcgnn.io import write_npy
@@ -21,6 +21,7 @@ from hpcgnn.rng import generator
 from hpcgnn.sampling import CSRNeighborSampler, steps_per_epoch
 from hpcgnn.sampling import subgraph as sub
 from hpcgnn.sampling.link import EdgeTargetSampler
+from hpcgnn.sampling.loader import LocalFeatures
 from hpcgnn.sampling.producers import GraphSide
 from hpcgnn.sampling.shipping import SamplerState
 from hpcgnn.stores.base import (
@@ -108,12 +109,22 @@ def training_sampler(cfg: RunConfig, g: Graph, sampler, clusters: Tensor | None 
     return sampler
 
 
+def pair_ids_of(cfg: RunConfig, g: Graph, targets):
+    """Where the decoder reads an edge task's targets' own features: target ids -> their edges' CSR positions (the
+    row's start plus the pair's place; -1: a pair that is no edge); else None."""
+    if not pair_features_read(cfg, g.edge_dim):
+        return None
+
+    def pair_ids(items: Tensor) -> Tensor:
+        place = targets.place.index_select(0, items)
+        return torch.where(place >= 0, g.rowptr.index_select(0, targets.index[1].index_select(0, items)) + place, -1)
+    return pair_ids
+
+
 def edge_target_sampler(cfg: RunConfig, sampler, g: Graph, targets) -> EdgeTargetSampler:
     """An edge task's sampler over target ids (training's and evaluation's alike): around both ends of each."""
-    drop = cfg.task.target_edges == "drop"
-    edge_of = csr_edge_id(g.rowptr, g.col) if pair_features_read(cfg, g.edge_dim) else None  # (the decoder's)
-    return EdgeTargetSampler(sampler, targets.index, targets.label, csr_has_edge(g.rowptr, g.col) if drop else None,
-                             drop_targets=drop, edge_of=edge_of)
+    return EdgeTargetSampler(sampler, targets, drop_targets=cfg.task.target_edges == "drop",
+                             pair_ids=pair_ids_of(cfg, g, targets))
 
 
 class ReplicatedStore(WholeGraphStore):
@@ -131,6 +142,7 @@ class ReplicatedStore(WholeGraphStore):
 
             on_local_rank0(env, f"prepare the edge targets of {cfg.dataset.name}", lambda: prepare_targets(cfg.dataset))
             self.targets = open_targets(cfg.dataset)
+            self.pair_ids, self.edge_rows = pair_ids_of(cfg, g, self.targets), LocalFeatures(g)
         labels = self.targets.labels if self.targets is not None else g.labels
         self.shape = graph_shape(cfg, g.num_features, g.num_classes, g.num_nodes, labels, edge_dim=g.edge_dim)
         # evaluation's, and training's by default; its batches say which edges they hold where the model reads their

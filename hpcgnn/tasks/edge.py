@@ -85,23 +85,17 @@ class EdgeTask(Task):
 def exact_scores(model: torch.nn.Module, exact, store, ids: torch.Tensor, chunk: int, device: torch.device):
     """(outputs, target ids) of targets ``ids``, decoded from their ends' exact embeddings (``exact``: the store's
     exact outputs of the encoder) and, for a decoder that reads them, the targets' own edge features, a chunk of
-    ``chunk`` targets at a time; every rank takes as many chunks as the busiest (the rows of nodes another rank
-    computed come from it: a collective)."""
+    ``chunk`` targets at a time; every rank takes as many chunks as the busiest (the rows of nodes, and the edges,
+    another rank holds come from it: collectives)."""
     from hpcgnn import dist
-    from hpcgnn.data.graph import csr_edge_id
-    from hpcgnn.sampling.loader import LocalFeatures, target_edge_features
 
     targets, chunk = store.targets, max(1, chunk)
-    edge_of = None
-    if model.reads_pair_features:  # (a replicated graph: every rank holds every edge's features)
-        g = store.graph
-        edge_of, features = csr_edge_id(g.rowptr, g.col), LocalFeatures(g)
     rounds = int(dist.all_reduce_max(torch.tensor([math.ceil(ids.numel() / chunk)])).item())
     for r in range(rounds):
         part = ids[r * chunk:(r + 1) * chunk]
         pairs = targets.index[:, part]
         both = exact.rows(torch.cat([pairs[0], pairs[1]])).to(device)
+        attr = store.pair_features(part).to(device) if model.reads_pair_features else None
         if part.numel():
             k = part.numel()
-            attr = target_edge_features(features, edge_of(pairs[0], pairs[1])).to(device) if edge_of else None
             yield model.score(both[:k], both[k:], attr), part
