@@ -261,7 +261,7 @@ def _check_node(cfg) -> None:
 
 
 def _check_edge(cfg) -> None:
-    """task=edge: targets on given edges of a replicated, homogeneous graph, neighbour sampling around both ends."""
+    """task=edge: targets on given edges of a homogeneous graph (replicated or partitioned), neighbour sampling around both ends."""
     k, t, d = cfg.task, cfg.train, cfg.dataset
     _check_kind(k)
     if k.decoder not in EDGE_DECODERS and "." not in k.decoder:
@@ -270,13 +270,12 @@ def _check_edge(cfg) -> None:
                           "out_channels), called on the two ends' embeddings)")
     if k.target_edges not in TARGET_EDGES:
         raise ConfigError(f"task.target_edges={k.target_edges!r} is unknown: use one of {', '.join(TARGET_EDGES)}")
-    why = (f"graph.mode={cfg.graph.mode}" if cfg.graph.mode != "replicated" else
-           f"a typed graph (dataset={d.name})" if is_typed(d) else
+    why = (f"a typed graph (dataset={d.name})" if is_typed(d) else
            f"dataset={d.name} (its edges carry no targets)" if d.name not in EDGE_TARGET_DATASETS else
            f"train.sampler={t.sampler}" if t.sampler != "neighbor" else
            f"train.edge_budget={t.edge_budget}" if t.edge_budget else None)
     if why is not None:
-        raise ConfigError(f"task=edge trains on a replicated, homogeneous graph of dataset "
+        raise ConfigError(f"task=edge trains on a homogeneous graph of dataset "
                           f"{', '.join(EDGE_TARGET_DATASETS)} with train.sampler=neighbor so far, not with {why}. "
                           "HINT: change that")
     if t.eval_mode == "full" and cfg.model.name not in (*FULL_INFERENCE_MODELS, CUSTOM):

@@ -272,6 +272,7 @@ def test_an_edge_tasks_batches_carry_their_targets_own_features_where_the_decode
 
 EDGE_TASK_RUNS = {  # (targets, overrides, the test accuracy it must reach, or stay below)
     "concat reads the target's": ("own", ["task.decoder=concat"], 0.9),
+    "concat, partitioned, exact evaluation": ("own", ["graph=partitioned", "train.eval_mode=full"], 0.9),
     "hadamard reads none": ("own", ["task.decoder=hadamard"], -0.65),
     "gin edge_dim, exact evaluation": ("near", ["model=gin", "model.edge_dim=8", "train.eval_mode=full"], 0.9),
     "gin without": ("near", ["model=gin"], -0.65),
@@ -285,13 +286,22 @@ def test_edge_features_reach_an_edge_tasks_decoder_and_encoder(run, tmp_path):
     stays near chance; one whose labels follow from the edges around a target's end: a GINE encoder learns them
     (evaluated exactly: every edge's features in its layers), gin without them stays near chance. predict, exactly
     or on sampled batches, scores the run's test accuracy."""
-    from conftest import predict_here, train_here
+    from conftest import predict_here, run_cli, summary_of, train_here
 
     target, over, bar = EDGE_TASK_RUNS[run]
     write_edge_feature_targets(tmp_path / "g", target)
-    s = train_here("dataset=files", f"dataset.path={tmp_path / 'g'}", f"dataset.root={tmp_path / 'root'}", "task=edge",
-                   "train.batch_size=256", "model.hidden_channels=32", "train.precision=fp32", "train.epochs=10",
-                   "train.lr=0.01", "metrics.tensorboard=false", *over, run_dir=tmp_path / "run")
+    common = ["dataset=files", f"dataset.path={tmp_path / 'g'}", "task=edge", "train.batch_size=256",
+              "model.hidden_channels=32", "train.precision=fp32", "train.epochs=10", "train.lr=0.01",
+              "metrics.tensorboard=false", *over]
+    if "graph=partitioned" in over:  # (two ranks, each with its targets: those whose target node it owns)
+        res = run_cli(*common, cwd=tmp_path)
+        assert res.returncode == 0, res.stdout + res.stderr
+        s = summary_of(tmp_path)
+        assert s["test"] >= bar and s["world_size"] == 2, s["test"]
+        res = run_cli("predict", str(tmp_path / "run"), cwd=tmp_path / "predict")
+        assert f"test accuracy {s['test']:.4f} over " in res.stdout, res.stdout + res.stderr
+        return
+    s = train_here(*common, f"dataset.root={tmp_path / 'root'}", run_dir=tmp_path / "run")
     assert s["test"] >= bar if bar > 0 else s["test"] <= -bar, (run, s["test"])
     if bar > 0:
         mode = "full" if "train.eval_mode=full" in over else "sampled"
@@ -301,21 +311,24 @@ def test_edge_features_reach_an_edge_tasks_decoder_and_encoder(run, tmp_path):
 
 @pytest.mark.slow
 def test_an_edge_tasks_edge_features_come_bitwise_from_sampler_processes_and_servers(tmp_path):
-    """An edge task whose encoder (gat, model.edge_dim) and decoder (concat) both read edge features: batches from
-    two sampler processes and from two sampler servers train the parameters the rank's own batches do; predict,
-    launched, scores the run's test accuracy."""
+    """An edge task on a partitioned graph whose encoder (gat, model.edge_dim) and decoder (concat) both read edge
+    features (a remote edge's fetched from the rank that holds it; a rank's targets those whose target node it
+    owns): batches from two sampler processes and from two sampler servers train the parameters the ranks' own
+    batches do; predict, launched, scores the run's test accuracy over the whole test split."""
     from conftest import run_cli, summary_of
 
     write_edge_feature_targets(tmp_path / "g", "own", n=600, m=600)
-    over = ["dataset=files", f"dataset.path={tmp_path / 'g'}", "task=edge", "model=gat", "model.edge_dim=8",
-            "train.epochs=1", "train.batch_size=128", "model.hidden_channels=16", "train.precision=fp32",
-            "metrics.tensorboard=false", "launch.procs=1"]
+    over = ["dataset=files", f"dataset.path={tmp_path / 'g'}", "task=edge", "graph=partitioned", "model=gat",
+            "model.edge_dim=8", "train.epochs=1", "train.batch_size=64", "model.hidden_channels=16",
+            "train.precision=fp32", "metrics.tensorboard=false"]
     runs = {}
     for name, extra in (("rank", ["train.num_threads=1"]), ("procs", ["train.sampler_procs=2", "train.num_threads=3"]),
                         ("servers", ["launch.sampler_servers=2", "train.num_threads=1"])):
         res = run_cli(*over, *extra, cwd=tmp_path / name)
         assert res.returncode == 0, res.stdout + res.stderr
         runs[name] = summary_of(tmp_path / name)
+    assert runs["rank"]["graph_mode"] == "partitioned" and runs["rank"]["world_size"] == 2
+    assert runs["rank"]["history"][-1]["remote_rows_per_batch"] > 0
     assert runs["procs"]["param_checksums"] == runs["rank"]["param_checksums"]
     assert runs["servers"]["param_checksums"] == runs["rank"]["param_checksums"]
     res = run_cli("predict", str(tmp_path / "rank" / "run"), cwd=tmp_path / "predict")
@@ -391,28 +404,6 @@ def test_on_a_partitioned_graph_each_sampled_edge_carries_its_features_and_exact
         whole = model.eval()(g.x.float(), g.edge_index(), edge_attr=g.edge_attr.float())
     for r in ranks:
         assert (r["exact"] - whole[r["nodes"]]).abs().max() <= 1e-5 * whole.abs().max()
-
-
-@pytest.mark.slow
-def test_a_partitioned_graphs_edge_features_come_bitwise_from_sampler_processes_and_servers(tmp_path):
-    """Two ranks on a partitioned graph, a gat reading edge features (remote edges' features fetched from the ranks
-    that hold them): two sampler processes per rank and two sampler servers train the parameters the ranks' own
-    batches do."""
-    from conftest import run_cli, summary_of
-
-    write_marked(tmp_path / "g", n=1000)
-    over = ["dataset=files", f"dataset.path={tmp_path / 'g'}", "graph=partitioned", "model=gat", "model.edge_dim=4",
-            "train.epochs=1", "train.batch_size=128", "model.hidden_channels=16", "train.precision=fp32",
-            "metrics.tensorboard=false"]
-    runs = {}
-    for name, extra in (("rank", ["train.num_threads=1"]), ("procs", ["train.sampler_procs=2", "train.num_threads=3"]),
-                        ("servers", ["launch.sampler_servers=2", "train.num_threads=1"])):
-        res = run_cli(*over, *extra, cwd=tmp_path / name)
-        assert res.returncode == 0, res.stdout + res.stderr
-        runs[name] = summary_of(tmp_path / name)
-    assert runs["rank"]["graph_mode"] == "partitioned" and runs["rank"]["history"][-1]["remote_rows_per_batch"] > 0
-    assert runs["procs"]["param_checksums"] == runs["rank"]["param_checksums"]
-    assert runs["servers"]["param_checksums"] == runs["rank"]["param_checksums"]
 
 
 def test_parts_carry_their_edges_features_and_a_partition_written_without_them_is_refused(tmp_path):

@@ -64,8 +64,7 @@ def _files(folder: Path, *extra: str) -> list[str]:
 
 
 def test_an_edge_task_where_it_cannot_run_yet_is_refused_naming_the_fix():
-    for extra, why in ((["graph=partitioned"], "graph.mode=partitioned"),
-                       (["dataset=synthetic_hetero", "model=rgcn"], None),
+    for extra, why in ((["dataset=synthetic_hetero", "model=rgcn"], None),
                        (["dataset=ogbn-arxiv"], r"dataset=ogbn-arxiv \(its edges carry no targets\)"),
                        (["train.sampler=cluster"], "train.sampler=cluster"),
                        (["train.edge_budget=1000"], "train.edge_budget=1000")):
@@ -73,7 +72,7 @@ def test_an_edge_task_where_it_cannot_run_yet_is_refused_naming_the_fix():
             with pytest.raises(ConfigError, match=r"typed graphs \(dataset=synthetic_hetero\) train with task=node"):
                 make_config("task=edge", *extra)
             continue
-        with pytest.raises(ConfigError, match=rf"task=edge trains on a replicated, homogeneous graph of dataset "
+        with pytest.raises(ConfigError, match=rf"task=edge trains on a homogeneous graph of dataset "
                                               rf"synthetic, files, pyg with train.sampler=neighbor so far, not with "
                                               rf"{why}. HINT: change that"):
             make_config("task=edge", *extra)

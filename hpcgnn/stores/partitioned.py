@@ -20,10 +20,20 @@ from hpcgnn.models import reads_edge_features
 from hpcgnn.rng import generator
 from hpcgnn.sampling import subgraph as sub
 from hpcgnn.sampling.distributed import CommStats, fetch_rows
+from hpcgnn.sampling.link import EdgeTargetSampler
 from hpcgnn.sampling.loader import shuffled_to
 from hpcgnn.sampling.producers import GraphSide
 from hpcgnn.sampling.shipping import SamplerState
-from hpcgnn.stores.base import Store, fanouts, graph_shape, labels_of, link_sampler, typed_fanouts
+from hpcgnn.stores.base import (
+    Store,
+    fanouts,
+    graph_shape,
+    labels_of,
+    link_sampler,
+    on_local_rank0,
+    pair_features_read,
+    typed_fanouts,
+)
 from hpcgnn.stores.exact import (
     Exact,
     PartsPieces,
@@ -70,13 +80,14 @@ class PartSamplers:
     seed_offset: int  # global id -> sampler seed (a typed graph's sampler takes target-type ids)
 
 
-def part_samplers(cfg: RunConfig, view, exchange, link: bool) -> PartSamplers:
+def part_samplers(cfg: RunConfig, view, exchange, link: bool, targets=None) -> PartSamplers:
     """A rank's samplers across parts and where their rows come from, as a rank and its sampler servers build them
-    (the hot-node cache empty: the rank fills it together with the others)."""
+    (the hot-node cache empty: the rank fills it together with the others). ``targets``: an edge task's
+    (:class:`hpcgnn.data.edges.EdgeTargets`), whose batches sample around both ends of each."""
     from hpcgnn.sampling import distributed as d
 
     parts, g = view.parts, cfg.graph
-    cache = features = d.PartitionedFeatures(view, exchange, labels=not link)
+    cache = features = d.PartitionedFeatures(view, exchange, labels=not link and targets is None)
     seed_offset = 0
     if parts.typed is not None:  # batches are HeteroData; seeds are the target type's own ids
         from hpcgnn.sampling.typed import PartitionedTypedFeatures, PartitionedTypedSampler
@@ -91,7 +102,24 @@ def part_samplers(cfg: RunConfig, view, exchange, link: bool) -> PartSamplers:
     train_sampler = sampler
     if link:
         train_sampler = link_sampler(cfg, sampler, parts.train_pos, parts.num_nodes, owned_has_edge(view))
+    if targets is not None:  # (a rank's targets are those whose target node it owns: their edges are its own)
+        train_sampler = EdgeTargetSampler(sampler, targets, drop_targets=cfg.task.target_edges == "drop",
+                                          pair_ids=owned_pair_ids(cfg, view, targets))
     return PartSamplers(cache, features, sampler, train_sampler, seed_offset)
+
+
+def owned_pair_ids(cfg: RunConfig, view, targets):
+    """Where the decoder reads an edge task's targets' own features: this rank's target ids -> their edges' global
+    ids (the target node's row start in this rank's CSR plus the pair's place; -1: a pair that is no edge); else
+    None."""
+    if not pair_features_read(cfg, view.parts.edge_dim):
+        return None
+
+    def pair_ids(items: Tensor) -> Tensor:
+        place = targets.place.index_select(0, items)
+        start = view.parts.rowptr.index_select(0, view.row(targets.index[1].index_select(0, items)))
+        return torch.where(place >= 0, view.edge_ids(start + place), -1)
+    return pair_ids
 
 
 class PartitionedStore(Store):
@@ -130,8 +158,16 @@ class PartitionedStore(Store):
         self.view = d.PartitionView(parts, env.rank, per_rank)
         self.degree = parts.degree
         self.weigh_by_seeds = True
-        self.shape = graph_shape(cfg, parts.num_features, parts.num_classes, parts.num_nodes, parts.labels,
+        if cfg.task.name == "edge":  # its targets beside the prepared graph, their labels the model's outputs
+            from hpcgnn.data.edges import open_targets, prepare_targets
+
+            on_local_rank0(env, f"prepare the edge targets of {cfg.dataset.name}", lambda: prepare_targets(cfg.dataset))
+            self.targets = open_targets(cfg.dataset)
+        self.shape = graph_shape(cfg, parts.num_features, parts.num_classes, parts.num_nodes,
+                                 self.targets.labels if self.targets is not None else parts.labels,
                                  parts.typed.schema if parts.typed is not None else None, edge_dim=parts.edge_dim)
+        if self.targets is not None:  # an edge task: a rank's targets are those whose target node it owns
+            self.own_targets = torch.nonzero(self.view.owner(self.targets.index[1]) == env.rank).flatten()
         # Link prediction: a rank's training edges are those whose source it owns; their endpoints, like any
         # other node, are sampled and fetched wherever they live. Evaluation reads the splits' (small) arrays.
         self.link = open_link_splits(cfg.dataset) if cfg.dataset.prepared_for == "link" else None
@@ -139,8 +175,11 @@ class PartitionedStore(Store):
     def _make_samplers(self) -> None:
         """Where batches' rows come from (the hot-node cache first, over every node type) and the samplers across
         parts: evaluation's, and training's (a link task's: around its edges' endpoints)."""
-        s = part_samplers(self.cfg, self.view, self.exchange, self.link is not None)
+        s = part_samplers(self.cfg, self.view, self.exchange, self.link is not None, self.targets)
         self.cache, self.features, self.sampler, self.train_sampler = s.cache, s.features, s.sampler, s.train_sampler
+        if self.targets is not None:  # an edge task's batches, training's and evaluation's alike
+            self.eval_pairs, self.edge_rows = s.train_sampler, s.cache
+            self.pair_ids = s.train_sampler.pair_ids
         self.seed_offset = s.seed_offset  # global id -> sampler seed (a typed graph's sampler takes target-type ids)
 
     def sampler_state(self) -> SamplerState:
@@ -161,7 +200,13 @@ class PartitionedStore(Store):
         parts = open_parts(cfg.dataset, cfg.graph, num_parts, list(range(rank * per_rank, (rank + 1) * per_rank)),
                            verify=False)
         exchange = d.Exchange(None, rank, world, torch.device("cpu"), d.CommStats())
-        s = part_samplers(cfg, d.PartitionView(parts, rank, per_rank), exchange, cfg.dataset.prepared_for == "link")
+        targets = None
+        if cfg.task.name == "edge":  # (prepared by the ranks)
+            from hpcgnn.data.edges import open_targets
+
+            targets = open_targets(cfg.dataset)
+        s = part_samplers(cfg, d.PartitionView(parts, rank, per_rank), exchange, cfg.dataset.prepared_for == "link",
+                          targets)
         s.cache.cache_ids, s.cache.cache_x = state.arrays["cache_ids"], state.arrays["cache_x"]
         return GraphSide(s.features, s.train_sampler, exchange), parts.degree
 
@@ -169,10 +214,12 @@ class PartitionedStore(Store):
         """Steps per epoch, the same on every rank (collective): the largest rank's seeds in batches, or (an
         edge budget) as many as the rank with the costliest seeds needs."""
         t, parts = self.cfg.train, self.parts
-        self.own_seeds = own = parts.train_idx.numel() if self.link is None else parts.train_pos.size(1)
+        self.own_seeds = own = self._own_train().numel()
         most, fewest = dist.all_reduce_max(torch.tensor([own, -own])).tolist()
+        what = "nodes" if self.link is None and self.targets is None else "edges" if self.link is not None else \
+            "target edges"
         if -fewest == 0:  # decided together: one rank failing alone would leave the others in an exchange
-            raise PartitionError(f"a rank owns no training {'nodes' if self.link is None else 'edges'} in the "
+            raise PartitionError(f"a rank owns no training {what} in the "
                                  f"{self.num_parts}-part partition. HINT: use fewer parts, or graph.balance_train=true "
                                  "with graph.method=metis")
         self.seeds_per_rank = most
@@ -195,6 +242,8 @@ class PartitionedStore(Store):
         warm = self.train_seeds(0).split(t.batch_size)[: g.warmup_batches]
         if self.link is not None:  # the warm-up samples around the edges' endpoints
             warm = [torch.unique(parts.train_pos[:, ids].reshape(-1)) for ids in warm]
+        elif self.targets is not None:  # ... around the targets' ends
+            warm = [torch.unique(self.targets.index[:, ids].reshape(-1)) for ids in warm]
         warm = list(warm) + [warm[0][:0]] * (g.warmup_batches - len(warm))
         self.cache.fill_cache(d.hot_nodes(self.view, budget, g.cache_policy, self.sampler, warm, gen))
 
@@ -213,8 +262,21 @@ class PartitionedStore(Store):
     def train_seeds(self, epoch: int) -> Tensor:
         """The rank's own training seeds (nodes; link: ids of its edges), shuffled and padded (wrapping) to
         the largest rank's count."""
-        own = self.parts.train_idx - self.seed_offset if self.link is None else torch.arange(self.parts.train_pos.size(1))
-        return shuffled_to(own, self.seeds_per_rank, generator(self.cfg.train.seed, "epoch", epoch))
+        return shuffled_to(self._own_train(), self.seeds_per_rank, generator(self.cfg.train.seed, "epoch", epoch))
+
+    def _own_train(self) -> Tensor:
+        """The rank's own training items: its nodes (in the sampler's ids), the ids of its edges (link), or of its
+        targets (an edge task)."""
+        if self.targets is not None:
+            return self._own_targets("train")
+        if self.link is not None:
+            return torch.arange(self.parts.train_pos.size(1))
+        return self.parts.train_idx - self.seed_offset
+
+    def _own_targets(self, split: str) -> Tensor:
+        """The ids of this rank's targets in ``split`` (those whose target node it owns), ascending."""
+        ids = self.targets.split(split)
+        return ids[torch.isin(ids, self.own_targets)]
 
     def _rows(self, ids: Tensor) -> Tensor:
         """Rows of owned nodes (global ``ids``) in this rank's CSR."""
@@ -242,8 +304,13 @@ class PartitionedStore(Store):
 
     def eval_seeds(self, split: str) -> tuple[Tensor, int | None]:
         """This rank's share of ``split`` and the batch count every rank walks (the most any rank needs)."""
-        return self._padded(self.eval_items(split), self.eval_batch_size(split)) if self.link is not None else \
-            self.node_share(split)
+        return self._padded(self.eval_items(split), self.eval_batch_size(split)) if self.link is not None or \
+            self.targets is not None else self.node_share(split)
+
+    def eval_items(self, split: str) -> Tensor:
+        """An edge task's: this rank's targets of the split (those whose target node it owns); a link task's as
+        every store's (its share of the split's pairs)."""
+        return self._own_targets(split) if self.targets is not None else super().eval_items(split)
 
     def node_share(self, split: str) -> tuple[Tensor, int | None]:
         """Its own nodes of the split, and the batch count every rank walks."""
