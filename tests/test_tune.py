@@ -132,13 +132,25 @@ def test_the_same_command_resumes_the_study_and_a_second_tune_in_the_folder_is_r
     assert again.returncode == 0 and len(open_study(cfg, sweep).get_trials()) == 2
 
 
-def test_a_tune_on_a_cluster_refuses_what_its_array_does_not_run_yet(tmp_path):
+def test_a_tune_on_a_cluster_refuses_what_its_array_cannot_run(tmp_path):
+    """Sampler servers (a heterogeneous job, which no array holds) are refused; a partitioned graph is tuned when
+    every trial trains on one partition, and a space that would partition the graph otherwise is refused."""
     from hpcgnn.submit.tune import plan
 
-    for extra in (["cluster.samplers.nodes=1"], ["graph=partitioned"]):
-        with pytest.raises(ConfigError, match=r"tune \+cluster: trials with sampler nodes or a partitioned graph are "
-                                              r"not run by a job array yet"):
-            plan(["train.lr=choice(0.1,0.2)", "+cluster=devcluster", *extra, f"hydra.sweep.dir={tmp_path}"])
+    with pytest.raises(ConfigError, match=r"tune \+cluster: cluster.samplers.nodes=1: sampler servers share a "
+                                          r"heterogeneous job with their trainers, and a SLURM job array cannot hold "
+                                          r"one. HINT: train.sampler_procs"):
+        plan(["train.lr=choice(0.1,0.2)", "+cluster=devcluster", "cluster.samplers.nodes=1",
+              f"hydra.sweep.dir={tmp_path}"])
+    cfg = plan(["train.lr=choice(0.1,0.2)", "+cluster=devcluster", "graph=partitioned",
+                f"hydra.sweep.dir={tmp_path}"])[2]
+    assert cfg.graph.mode == "partitioned"
+    for space in ("graph.num_parts=choice(2,4)", "graph=choice(replicated,partitioned)"):
+        with pytest.raises(ConfigError, match=r"the trials' graph is partitioned otherwise .*: a tune's trials share "
+                                              r"one partition, made once. HINT: keep graph.mode, graph.\* and "
+                                              r"dataset.\* out of the search space"):
+            plan(["train.lr=choice(0.1,0.2)", space, "+cluster=devcluster", "graph=partitioned",
+                  f"hydra.sweep.dir={tmp_path}"])
 
 
 def test_a_running_trial_whose_worker_stopped_beating_is_failed_and_tried_again_once(tmp_path):

@@ -47,19 +47,35 @@ def plan(overrides: list[str]):
         composed = compose([*fixed, *first], job_num=0)
     except ConfigError as exc:
         raise ConfigError(str(exc).strip().splitlines()[0]) from None
+    parts = _parts_of(composed.cfg)
     for i, p in enumerate(space):
         for value in p.corners()[1:]:
             try:
-                compose([*fixed, *first[:i], p.override(value), *first[i + 1:]])
+                other = compose([*fixed, *first[:i], p.override(value), *first[i + 1:]]).cfg
             except ConfigError as exc:
                 why = str(exc).strip().splitlines()[0]
                 raise ConfigError(f"tune: {p.describe()}: with {p.override(value)}: {why}") from None
+            if _parts_of(other) != parts:
+                raise ConfigError(f"tune: {p.describe()}: with {p.override(value)} the trials' graph is partitioned "
+                                  f"otherwise ({_parts_of(other) or 'replicated'}, not {parts or 'replicated'}): a "
+                                  "tune's trials share one partition, made once. HINT: keep graph.mode, graph.* and "
+                                  "dataset.* out of the search space")
     check(composed.cfg)
     c = composed.cfg.cluster
-    if c is not None and (c.samplers.nodes or composed.cfg.graph.mode == "partitioned"):
-        raise ConfigError("tune +cluster: trials with sampler nodes or a partitioned graph are not run by a job array "
-                          "yet. HINT: a replicated graph without cluster.samplers, or a sweep with -m")
+    if c is not None and c.samplers.nodes:
+        raise ConfigError(f"tune +cluster: cluster.samplers.nodes={c.samplers.nodes}: sampler servers share a "
+                          "heterogeneous job with their trainers, and a SLURM job array cannot hold one. HINT: "
+                          "train.sampler_procs (sampler processes in each trial's tasks), or a sweep with -m")
     return fixed, space, composed.cfg, Path(composed.sweep_dir)
+
+
+def _parts_of(cfg) -> str | None:
+    """The folder of the partition a run of ``cfg`` trains on (None: a replicated graph)."""
+    if cfg.graph.mode != "partitioned":
+        return None
+    from hpcgnn.partition import parts_folder
+
+    return str(parts_folder(cfg.dataset, cfg.graph, cfg.graph.parts_for(cfg.world_size)))
 
 
 def tune(overrides: list[str]) -> int:
@@ -146,16 +162,25 @@ def submit_array(overrides: list[str], fixed: list[str], space, cfg, sweep: Path
     open_study(cfg, sweep, spec["direction"])
     (sweep / WORKERS).mkdir(exist_ok=True)
     t = cfg.tune
+    after = None
+    if cfg.graph.mode == "partitioned":  # one partition for every trial: made here, or by a job the array waits for
+        from hpcgnn.submit.partition_job import ensure_partitioned
+
+        after = ensure_partitioned(dataclasses.replace(cfg, run_dir=str(sweep)), "submit")
     ex = make_executor(dataclasses.replace(cfg, run_dir=str(sweep)))
     if cfg.cluster.executor == "slurm":
         ex.update_parameters(array_parallelism=t.parallel)
+    if after is not None:  # the array starts only once partitioning succeeded, and is dropped otherwise
+        ex.update_parameters(additional_parameters={**cfg.cluster.sbatch_extra, "dependency": f"afterok:{after.job_id}",
+                                                    "kill_on_invalid_dep": "yes"})
     with submitting(), ex.batch():
         jobs = [ex.submit(tune_task, str(sweep), k) for k in range(t.parallel)]
     array = str(jobs[0].job_id).split("_")[0]
     _write_spec(sweep, overrides, cfg, job_id=array, parallel=t.parallel)
     print(f"submitted a tune of {t.trials} trials to {cfg.cluster.name}: job array {array}, {t.parallel} worker(s) "
-          f"({'; '.join(p.describe() for p in space)}); sweep folder: {sweep}\nfollow it with: python -m hpcgnn "
-          f"status {sweep}", flush=True)
+          f"({'; '.join(p.describe() for p in space)})"
+          f"{f', after partitioning job {after.job_id}' if after is not None else ''}; sweep folder: {sweep}\n"
+          f"follow it with: python -m hpcgnn status {sweep}", flush=True)
     return 0
 
 
