@@ -167,7 +167,7 @@ class PartitionedStore(Store):
                                  self.targets.labels if self.targets is not None else parts.labels,
                                  parts.typed.schema if parts.typed is not None else None, edge_dim=parts.edge_dim)
         if self.targets is not None:  # an edge task: a rank's targets are those whose target node it owns
-            self.own_targets = torch.nonzero(self.view.owner(self.targets.index[1]) == env.rank).flatten()
+            self.owns_target = self.view.owner(self.targets.index[1]) == env.rank  # bool [M]
         # Link prediction: a rank's training edges are those whose source it owns; their endpoints, like any
         # other node, are sampled and fetched wherever they live. Evaluation reads the splits' (small) arrays.
         self.link = open_link_splits(cfg.dataset) if cfg.dataset.prepared_for == "link" else None
@@ -260,8 +260,8 @@ class PartitionedStore(Store):
                      {t: int(((cached >= off[t]) & (cached < off[t] + n)).sum()) for t, n in schema.num_nodes.items()})
 
     def train_seeds(self, epoch: int) -> Tensor:
-        """The rank's own training seeds (nodes; link: ids of its edges), shuffled and padded (wrapping) to
-        the largest rank's count."""
+        """The rank's own training seeds (nodes; link: ids of its edges; an edge task: of its targets), shuffled and
+        padded (wrapping) to the largest rank's count."""
         return shuffled_to(self._own_train(), self.seeds_per_rank, generator(self.cfg.train.seed, "epoch", epoch))
 
     def _own_train(self) -> Tensor:
@@ -276,7 +276,7 @@ class PartitionedStore(Store):
     def _own_targets(self, split: str) -> Tensor:
         """The ids of this rank's targets in ``split`` (those whose target node it owns), ascending."""
         ids = self.targets.split(split)
-        return ids[torch.isin(ids, self.own_targets)]
+        return ids[self.owns_target.index_select(0, ids)]
 
     def _rows(self, ids: Tensor) -> Tensor:
         """Rows of owned nodes (global ``ids``) in this rank's CSR."""
