@@ -261,7 +261,8 @@ def _check_node(cfg) -> None:
 
 
 def _check_edge(cfg) -> None:
-    """task=edge: targets on given edges of a homogeneous graph (replicated or partitioned), neighbour sampling around both ends."""
+    """task=edge: targets on given edges of a homogeneous graph (replicated or partitioned), neighbour sampling
+    around both ends."""
     k, t, d = cfg.task, cfg.train, cfg.dataset
     _check_kind(k)
     if k.decoder not in EDGE_DECODERS and "." not in k.decoder:

@@ -68,6 +68,12 @@ class EdgeTargets:
         """A split's target ids (``all``: every target's)."""
         return torch.arange(self.count) if name == "all" else self.splits[name]
 
+    def edge_ids(self, items: Tensor, row_start) -> Tensor:
+        """Targets ``items``' own edges' ids: ``row_start(target nodes)`` (where the graph's layout puts each
+        target node's in-edges) plus the pair's place among them; -1 where the pair is no edge."""
+        place = self.place.index_select(0, items)
+        return torch.where(place >= 0, row_start(self.index[1].index_select(0, items)) + place, -1)
+
 
 def where_targets(cfg: DatasetConfig) -> str:
     """Where an edge task's labels are, as errors name them."""

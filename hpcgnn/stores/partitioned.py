@@ -114,12 +114,8 @@ def owned_pair_ids(cfg: RunConfig, view, targets):
     None."""
     if not pair_features_read(cfg, view.parts.edge_dim):
         return None
-
-    def pair_ids(items: Tensor) -> Tensor:
-        place = targets.place.index_select(0, items)
-        start = view.parts.rowptr.index_select(0, view.row(targets.index[1].index_select(0, items)))
-        return torch.where(place >= 0, view.edge_ids(start + place), -1)
-    return pair_ids
+    return lambda items: targets.edge_ids(items, lambda nodes: view.edge_ids(
+        view.parts.rowptr.index_select(0, view.row(nodes))))
 
 
 class PartitionedStore(Store):

@@ -114,11 +114,7 @@ def pair_ids_of(cfg: RunConfig, g: Graph, targets):
     row's start plus the pair's place; -1: a pair that is no edge); else None."""
     if not pair_features_read(cfg, g.edge_dim):
         return None
-
-    def pair_ids(items: Tensor) -> Tensor:
-        place = targets.place.index_select(0, items)
-        return torch.where(place >= 0, g.rowptr.index_select(0, targets.index[1].index_select(0, items)) + place, -1)
-    return pair_ids
+    return lambda items: targets.edge_ids(items, lambda nodes: g.rowptr.index_select(0, nodes))
 
 
 def edge_target_sampler(cfg: RunConfig, sampler, g: Graph, targets) -> EdgeTargetSampler:
