@@ -123,7 +123,7 @@ def check_edge_features(cfg) -> None:
                               f"{EDGE_MODES} so far, not with {why}. HINT: drop model.edge_dim, or change that")
 
 
-EDGE_MODES = "replicated and partitioned graphs, neighbour sampling, node and edge tasks"
+EDGE_MODES = "replicated and partitioned graphs, neighbour sampling, node, edge and link tasks"
 
 
 def edge_features_refused(cfg) -> str | None:
@@ -131,8 +131,6 @@ def edge_features_refused(cfg) -> str | None:
     t = cfg.train
     if is_typed(cfg.dataset):
         return f"a typed graph (dataset={cfg.dataset.name})"
-    if cfg.task.name not in ("node", "edge"):
-        return f"task={cfg.task.name}"
     if t.sampler != "neighbor" or t.edge_budget:
         return f"train.sampler={t.sampler}" + (f" train.edge_budget={t.edge_budget}" if t.edge_budget else "")
     return None

@@ -59,6 +59,29 @@ def test_a_folders_edge_features_follow_its_edges_into_the_prepared_csr(tmp_path
     assert all(np.array_equal(got[p], want[p]) for p in want)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_link_datasets_message_passing_edges_keep_their_features(tmp_path, monkeypatch, dtype):
+    """task=link: the training edges left in message passing carry the features the graph gives each (src, dst),
+    split in memory or a few rows at a time out of core (the same arrays), in the stored dtype."""
+    from hpcgnn.data import build_link, link, open_link
+
+    arrays = write_edge_folder(tmp_path / "g", n=300, e=3000)
+    monkeypatch.setattr(link, "SPLIT_CHUNK_EDGES", 300)
+    monkeypatch.setattr(ooc, "MIN_BUCKET_EDGES", 500)
+    cfg = DatasetConfig(name="files", path=str(tmp_path / "g"), root=str(tmp_path / "root"), to_undirected=True,
+                        prepared_for="link", prepare_mem_gb=1e-5, feature_dtype=dtype)
+    prepare(cfg)
+    got, ref = open_link(cfg), build_link(cfg)
+    assert got.graph.edge_dim == 3 and got.graph.edge_attr.dtype == getattr(torch, dtype)
+    assert torch.equal(got.graph.col.long(), ref.graph.col) and torch.equal(got.graph.edge_attr.float(),
+                                                                            ref.graph.edge_attr.to(getattr(torch, dtype)).float())
+    want = expected_features(arrays, True)
+    ei = got.graph.edge_index()
+    assert 0 < got.graph.num_edges < len(want)  # (the held-out edges are gone)
+    for i, (s, d) in enumerate(ei.T.tolist()):
+        assert torch.equal(got.graph.edge_attr[i].float(), torch.from_numpy(want[(s, d)]).to(getattr(torch, dtype)).float())
+
+
 def test_edge_features_are_stored_in_the_feature_dtype(tmp_path):
     write_edge_folder(tmp_path / "g")
     cfg = DatasetConfig(name="files", path=str(tmp_path / "g"), root=str(tmp_path / "root"), feature_dtype="bfloat16")
@@ -189,19 +212,20 @@ def test_a_model_reading_edge_features_is_refused_where_they_cannot_reach_it(tmp
     with pytest.raises(ConfigError, match=r"model.edge_dim=8: gat and gin read edge features \(a width of 1 or more\); "
                                           r"model=sage does not"):
         make_config("model.edge_dim=8")
-    for extra, why in ((["task=link"], "task=link"), (["train.sampler=cluster"], "train.sampler=cluster"),
+    for extra, why in ((["train.sampler=cluster"], "train.sampler=cluster"),
                        (["dataset=synthetic_hetero", "model=rgcn"], None)):
         if why is None:  # (hpcgnn's typed models take no model.edge_dim)
             with pytest.raises(ConfigError, match=r"model.edge_dim=8: gat and gin read edge features"):
                 make_config("model.edge_dim=8", *extra)
             continue
         with pytest.raises(ConfigError, match=rf"model.edge_dim=8: edge features reach a model in replicated and "
-                                              rf"partitioned graphs, neighbour sampling, node and edge tasks so far, "
+                                              rf"partitioned graphs, neighbour sampling, node, edge and link tasks so far, "
                                               rf"not with {why}. HINT: drop model.edge_dim, or change that"):
             make_config("model=gat", "model.edge_dim=8", *extra)
     make_config("model=gat", "model.edge_dim=8", "train.eval_mode=full")  # (exact: every edge's features)
     make_config("model=gat", "model.edge_dim=8", "graph=partitioned")
     make_config("model=gat", "model.edge_dim=8", "task=edge")
+    make_config("model=gat", "model.edge_dim=8", "task=link")
     write_edge_folder(tmp_path / "g")  # 3 features per edge
     env = RankEnv.from_environ({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
                                 "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"})
@@ -215,6 +239,77 @@ def test_a_model_reading_edge_features_is_refused_where_they_cannot_reach_it(tmp
                                            r"have none. HINT: give them \(files: edge_attr.npy"):
         ReplicatedStore(make_config("model=gat", "model.edge_dim=3", "dataset.num_nodes=500",
                                     f"dataset.root={tmp_path / 'root'}"), env)
+
+
+# ------------------------------------------------------------------ edge features in link prediction
+
+
+def write_grouped(folder, n: int = 1200, deg: int = 6, k: int = 4, seed: int = 0) -> dict:
+    """A files folder for task=link whose edges join nodes of one hidden group (of k) and carry that group one-hot
+    (plus noise); node features are noise. Which pairs are edges follows from the groups, which only the edges'
+    features tell (the graph is random within a group: its shape tells little)."""
+    rng = np.random.default_rng(seed)
+    group = rng.integers(0, k, n)
+    members = [np.flatnonzero(group == g) for g in range(k)]
+    src = rng.integers(0, n, n * deg)
+    dst = np.array([rng.choice(members[group[s]]) for s in src])
+    src, dst = src[src != dst], dst[src != dst]
+    edge_attr = (np.eye(k)[group[src]] + rng.normal(scale=0.3, size=(src.size, k))).astype(np.float32)
+    arrays = {"edge_index": np.stack([src, dst]), "x": rng.normal(size=(n, 8)).astype(np.float32), "y": group,
+              "edge_attr": edge_attr, "train_idx": np.arange(n // 2), "val_idx": np.arange(n // 2, n * 3 // 4),
+              "test_idx": np.arange(n * 3 // 4, n)}
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, a in arrays.items():
+        np.save(folder / f"{name}.npy", a)
+    return arrays
+
+
+def test_a_link_batch_carries_each_sampled_edges_features_without_its_targets(tmp_path):
+    """A link training batch: its positives' edges are left out of message passing with their ids, so each edge
+    the batch keeps carries the features the graph gives its (source, target) pair."""
+    from hpcgnn.env import RankEnv
+    from hpcgnn.sampling.loader import BatchLoader
+    from hpcgnn.stores import ReplicatedStore
+
+    arrays = write_grouped(tmp_path / "g", n=400)
+    cfg = make_config("task=link", "dataset=files", f"dataset.path={tmp_path / 'g'}", "dataset.to_undirected=true",
+                      f"dataset.root={tmp_path / 'root'}", "model=gin", "model.edge_dim=4")
+    store = ReplicatedStore(cfg, RankEnv.from_environ({}))
+    assert store.shape.edge_dim == 4
+    want = expected_features(arrays, True)
+    batch = next(iter(BatchLoader(store.features, store.train_sampler, store.train_batches(0), 128)))
+    ends = batch.n_id[batch.edge_index].T.tolist()
+    targets = {tuple(p) for p in batch.n_id[batch.edge_label_index[:, :batch.positives]].T.tolist()}
+    assert len(ends) > 0 and not targets & {(s, d) for s, d in ends} and not targets & {(d, s) for s, d in ends}
+    assert np.array_equal(batch.edge_attr.numpy(), np.stack([want[(s, d)] for s, d in ends]))
+
+
+LINK_RUNS = {  # (overrides, the test ROC-AUC it must reach, or stay below)
+    "gin edge_dim, exact evaluation": (["model=gin", "model.edge_dim=4"], 0.8),
+    "gin edge_dim, partitioned, sampled evaluation": (["model=gin", "model.edge_dim=4", "graph=partitioned",
+                                                       "train.eval_mode=sampled"], 0.8),
+    "gin without": (["model=gin"], -0.65),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("run", sorted(LINK_RUNS))
+def test_edge_features_reach_a_link_models_encoder(run, tmp_path):
+    """Link prediction where only the edges' features tell which pairs are edges: a GINE encoder reading them
+    ranks the held-out edges well above the negatives, one reading none near chance."""
+    from conftest import DATA_ROOT, run_cli, summary_of, train_here
+
+    over, bar = LINK_RUNS[run]
+    write_grouped(tmp_path / "g")
+    over = ["task=link", "dataset=files", f"dataset.path={tmp_path / 'g'}", "dataset.to_undirected=true", *over,
+            "train.epochs=8", "metrics.tensorboard=false"]
+    if "graph=partitioned" in over:  # (2 ranks, launched: the launcher partitions the graph)
+        res = run_cli(*over, cwd=tmp_path)
+        assert res.returncode == 0, res.stdout + res.stderr
+        auc = summary_of(tmp_path)["test"]
+    else:
+        auc = train_here(*over, f"dataset.root={DATA_ROOT}", run_dir=tmp_path / "run")["test"]
+    assert auc >= bar if bar > 0 else auc <= -bar, (run, auc)
 
 
 # ------------------------------------------------------------------ edge features in edge tasks

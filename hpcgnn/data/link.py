@@ -56,10 +56,11 @@ class LinkData:
         return getattr(self, name)
 
 
-def message_passing_graph(edge_index: Tensor, num_nodes: int, x: Tensor) -> Graph:
-    """A Graph of ``edge_index`` and features only: no labels, no node splits (a link task's graph)."""
+def message_passing_graph(edge_index: Tensor, num_nodes: int, x: Tensor, edge_attr: Tensor | None = None) -> Graph:
+    """A Graph of ``edge_index`` and features only (``edge_attr``: each edge's, kept in the CSR's order): no labels,
+    no node splits (a link task's graph)."""
     empty = torch.empty(0, dtype=torch.long)
-    return Graph.from_edge_index(edge_index, num_nodes, x, empty, empty, empty, empty, 0)
+    return Graph.from_edge_index(edge_index, num_nodes, x, empty, empty, empty, empty, 0, edge_attr=edge_attr)
 
 
 def edge_keys(graph: Graph) -> Tensor:
@@ -112,14 +113,17 @@ def split_rows(rowptr: Tensor, col: Tensor, a: int, b: int, fractions: tuple[flo
                has_edge) -> dict[str, Tensor]:
     """The edge split of rows [a, b) of a CSR of in-edges (a chunk: the result does not depend on the
     chunking). ``mp`` [2, E]: the training edges, kept in message passing in the directions the graph has
-    them; ``<split>_pos`` [2, P]: one direction of each pair (the graph's edge into the smaller id, else its
-    only one; never a self-loop); ``val_neg``/``test_neg`` [2, P]: one negative per positive (``pairs``)."""
+    them, and ``mp_at`` [E]: their places in the CSR (where their features are; in order, so the message-passing
+    CSR's edges are the graph's at ``mp_at`` in the same order); ``<split>_pos`` [2, P]: one direction of each
+    pair (the graph's edge into the smaller id, else its only one; never a self-loop); ``val_neg``/``test_neg``
+    [2, P]: one negative per positive (``pairs``)."""
     n = rowptr.numel() - 1
     e0, e1 = int(rowptr[a]), int(rowptr[b])
     src = col[e0:e1].to(torch.long, copy=True)
     dst = torch.repeat_interleave(torch.arange(a, b), rowptr[a + 1:b + 1] - rowptr[a:b], output_size=e1 - e0)
     side = edge_sides(src, dst, n, fractions, seed)
-    out = {"mp": torch.stack([src[side == 0], dst[side == 0]])}
+    mp = side == 0
+    out = {"mp": torch.stack([src[mp], dst[mp]]), "mp_at": e0 + mp.nonzero().flatten()}
     up = dst > src  # its pair's representative only when the reverse edge is missing
     rep = dst < src
     rep[up] = ~has_edge(dst[up], src[up])
@@ -139,14 +143,16 @@ def split_edges(graph: Graph, fractions: tuple[float, ...], seed: int) -> LinkDa
     undirected edge land on the same side and the split is the same whether the graph is read whole or a
     chunk of rows at a time (the out-of-core preparation). The message-passing graph keeps every training
     edge in the directions the graph has it. Self-loops stay in message passing and are never predicted.
-    One negative per validation and test positive (:func:`pair_negatives`).
+    One negative per validation and test positive (:func:`pair_negatives`). The training edges keep their
+    features (``graph.edge_attr``).
     """
     check_fractions(fractions)
     from hpcgnn.data.graph import csr_has_edge
 
     parts = split_rows(graph.rowptr, graph.col, 0, graph.num_nodes, tuple(fractions), seed,
                        csr_has_edge(graph.rowptr, graph.col))
-    mp = message_passing_graph(parts["mp"], graph.num_nodes, graph.x)
+    edge_attr = graph.edge_attr.index_select(0, parts["mp_at"]) if graph.edge_attr is not None else None
+    mp = message_passing_graph(parts["mp"], graph.num_nodes, graph.x, edge_attr)
     splits = {name: LinkSplit(parts[f"{name}_pos"], parts.get(f"{name}_neg"), "none" if name == "train" else "pairs")
               for name in SPLITS}
     return LinkData(mp, splits["train"], splits["val"], splits["test"], metric="auc")
@@ -158,7 +164,8 @@ def pair_keys(pairs: Tensor, num_nodes: int) -> Tensor:
 
 
 def without_edges(graph: Graph, pairs: Tensor) -> Graph:
-    """``graph`` without the edges ``pairs`` [2, P] in either direction (kept out of message passing)."""
+    """``graph`` without the edges ``pairs`` [2, P] in either direction (kept out of message passing); the others
+    keep their features."""
     n = graph.num_nodes
     if pairs.numel() == 0:
         return graph
@@ -167,7 +174,7 @@ def without_edges(graph: Graph, pairs: Tensor) -> Graph:
     if bool(keep.all()):
         return graph
     ei = graph.edge_index()[:, keep]
-    return message_passing_graph(ei, n, graph.x)
+    return message_passing_graph(ei, n, graph.x, graph.edge_attr[keep] if graph.edge_attr is not None else None)
 
 
 # ---------------------------------------------------------------------------------- the cache

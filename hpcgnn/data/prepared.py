@@ -12,6 +12,7 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import torch
 
 import hpcgnn.data.cache as cache
 import hpcgnn.data.link as link
@@ -269,7 +270,9 @@ def _stream_ogb_link(cfg: DatasetConfig, tmp: Path, shapes, edges: int, source: 
 def _split_streamed(cfg: DatasetConfig, whole: Path, tmp: Path, source: dict) -> None:
     """A link dataset from the prepared graph in ``whole``: its edges split a chunk of rows at a time
     (:func:`split_rows`: the split :func:`split_edges` makes of the graph read whole), the training edges
-    bucketed into the message-passing CSR, the positives and negatives appended to their files."""
+    bucketed into the message-passing CSR, the positives and negatives appended to their files; the training
+    edges' features (where the graph's edges have some) written in the message-passing CSR's order, which is
+    theirs in the graph's (:func:`split_rows`' ``mp_at``)."""
     from hpcgnn.data.graph import csr_has_edge
 
     graph = cache.load(whole)
@@ -277,25 +280,34 @@ def _split_streamed(cfg: DatasetConfig, whole: Path, tmp: Path, source: dict) ->
     buckets = ooc.EdgeBuckets(n, graph.num_edges, tmp / "scratch", prepare_mem_bytes(cfg))
     names = [f"{s}_pos" for s in SPLITS] + ["val_neg", "test_neg"]
     rows = {(name, r): ooc.NpyAppender(tmp / f"{name}.{r}.part", np.int64) for name in names for r in (0, 1)}
+    edge_rows = ooc.NpyAppender(tmp / "edge_attr.npy", ooc.FEATURE_DTYPES[cfg.feature_dtype][1],
+                                (graph.edge_dim,)) if graph.edge_dim else None
     for a, b in ooc.chunks(graph.rowptr, link.SPLIT_CHUNK_EDGES):
         parts = split_rows(graph.rowptr, graph.col, a, b, tuple(cfg.edge_split), cfg.seed, has_edge)
         buckets.add(parts["mp"][1], parts["mp"][0])
         for (name, r), out in rows.items():
             out.append(parts[name][r].numpy())
+        if edge_rows is not None:  # (the stored rows as they are: the same dtype)
+            kept = graph.edge_attr.index_select(0, parts["mp_at"])
+            edge_rows.append((kept.view(torch.uint16) if kept.dtype == torch.bfloat16 else kept).numpy())
         ooc.drop_pages(graph.col[int(graph.rowptr[a]):int(graph.rowptr[b])])
     num_edges = buckets.write_csr(tmp)
+    if edge_rows is not None:
+        edge_rows.close()
+        if edge_rows.length != num_edges:  # (the message-passing CSR is the graph's at mp_at, in order)
+            raise RuntimeError(f"{edge_rows.length} edge feature rows for {num_edges} message-passing edges")
     for out in rows.values():
         out.close()
     for name in names:  # [2, P]: the sources' file, then the targets'
         ooc.stack_rows(tmp / f"{name}.npy", [tmp / f"{name}.{r}.part" for r in (0, 1)])
     (whole / "x.npy").rename(tmp / "x.npy")
-    num_features = graph.num_features
+    num_features, edge_dim = graph.num_features, graph.edge_dim
     del graph, has_edge
     shutil.rmtree(whole)
     _save_no_labels(tmp)
     kinds = {s: "none" if s == "train" else "pairs" for s in SPLITS}
     cache.write_meta(tmp, n, num_edges, num_features, 0, source, cfg.feature_dtype, extra=names,
-                     extra_meta=link_meta("auc", kinds))
+                     extra_meta=link_meta("auc", kinds), edge_dim=edge_dim)
 
 
 def _save_no_labels(tmp: Path) -> None:

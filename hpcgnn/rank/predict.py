@@ -350,7 +350,7 @@ def _scores(cfg: RunConfig, store, model: torch.nn.Module, pairs: np.ndarray, en
     scores = []
     for j in range(rounds):
         a, b = min(lo + j * PAIRS_CHUNK, hi), min(lo + (j + 1) * PAIRS_CHUNK, hi)
-        chunk = torch.from_numpy(np.ascontiguousarray(pairs[:, a:b], dtype=np.int64))
+        chunk = torch.from_numpy(np.array(pairs[:, a:b], dtype=np.int64))  # (a copy: the file is mapped read-only)
         h = exact.rows(chunk.reshape(-1)).to(next(model.parameters()).device)
         scores.append(model.score(h[:b - a], h[b - a:]).float().cpu())
     return (torch.cat(scores) if scores else torch.empty(0)), torch.arange(lo, hi)
