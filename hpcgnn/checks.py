@@ -123,16 +123,13 @@ def check_edge_features(cfg) -> None:
                               f"{EDGE_MODES} so far, not with {why}. HINT: drop model.edge_dim, or change that")
 
 
-EDGE_MODES = "replicated and partitioned graphs, neighbour sampling, node, edge and link tasks"
+EDGE_MODES = "homogeneous graphs (replicated or partitioned, every sampler and task)"
 
 
 def edge_features_refused(cfg) -> str | None:
     """Why a model reading edge features cannot run with ``cfg`` yet (None: it can)."""
-    t = cfg.train
     if is_typed(cfg.dataset):
         return f"a typed graph (dataset={cfg.dataset.name})"
-    if t.sampler != "neighbor" or t.edge_budget:
-        return f"train.sampler={t.sampler}" + (f" train.edge_budget={t.edge_budget}" if t.edge_budget else "")
     return None
 
 

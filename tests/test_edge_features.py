@@ -179,6 +179,8 @@ EDGE_RUNS = {  # (graph, model overrides, the test accuracy it must reach, or st
     "gin without": ("edge_labels", ["model=gin"], -0.6),
     "gat edge_dim": ("marked", ["model=gat", "model.edge_dim=4"], 0.9),
     "gat without": ("marked", ["model=gat"], -0.7),
+    "gin edge_dim, GraphSAINT's random walks": ("edge_labels", ["model=gin", "model.edge_dim=8",
+                                                                "train.sampler=saint_rw"], 0.85),
 }
 
 
@@ -204,24 +206,30 @@ def test_edge_features_reach_the_models_that_read_them(run, tmp_path, monkeypatc
         assert abs(predict_here(tmp_path / "run", "mode=full")["value"] - acc) <= 0.03
 
 
-def test_a_model_reading_edge_features_is_refused_where_they_cannot_reach_it(tmp_path):
+def test_a_model_reading_edge_features_is_refused_where_they_cannot_reach_it(tmp_path, monkeypatch):
+    from conftest import REPO
+
     from hpcgnn.env import RankEnv
     from hpcgnn.errors import ConfigError, DatasetError
     from hpcgnn.stores import ReplicatedStore
+    from hpcgnn.stores.base import edge_features_read
+
+    monkeypatch.syspath_prepend(str(REPO / "examples"))  # (my_gnn)
 
     with pytest.raises(ConfigError, match=r"model.edge_dim=8: gat and gin read edge features \(a width of 1 or more\); "
                                           r"model=sage does not"):
         make_config("model.edge_dim=8")
-    for extra, why in ((["train.sampler=cluster"], "train.sampler=cluster"),
-                       (["dataset=synthetic_hetero", "model=rgcn"], None)):
-        if why is None:  # (hpcgnn's typed models take no model.edge_dim)
-            with pytest.raises(ConfigError, match=r"model.edge_dim=8: gat and gin read edge features"):
-                make_config("model.edge_dim=8", *extra)
-            continue
-        with pytest.raises(ConfigError, match=rf"model.edge_dim=8: edge features reach a model in replicated and "
-                                              rf"partitioned graphs, neighbour sampling, node, edge and link tasks so far, "
-                                              rf"not with {why}. HINT: drop model.edge_dim, or change that"):
-            make_config("model=gat", "model.edge_dim=8", *extra)
+    with pytest.raises(ConfigError, match=r"model.edge_dim=8: gat and gin read edge features"):
+        make_config("model.edge_dim=8", "dataset=synthetic_hetero", "model=rgcn")  # (hpcgnn's typed models read none)
+    typed = make_config("dataset=synthetic_hetero", "model=custom", "model._target_=my_gnn.EdgeGINE",
+                        "+model.kwargs.edge_dim=8")
+    with pytest.raises(ConfigError, match=r"model._target_=my_gnn.EdgeGINE \(its forward takes edge_attr\) reads edge "
+                                          r"features, which reach a model in homogeneous graphs \(replicated or "
+                                          r"partitioned, every sampler and task\) so far, not with a typed graph "
+                                          r"\(dataset=synthetic_hetero\). HINT: a model that reads none"):
+        edge_features_read(typed, 8)
+    for sampler in ("ladies", "saint_rw", "cluster"):
+        make_config("model=gat", "model.edge_dim=8", f"train.sampler={sampler}")
     make_config("model=gat", "model.edge_dim=8", "train.eval_mode=full")  # (exact: every edge's features)
     make_config("model=gat", "model.edge_dim=8", "graph=partitioned")
     make_config("model=gat", "model.edge_dim=8", "task=edge")
@@ -239,6 +247,26 @@ def test_a_model_reading_edge_features_is_refused_where_they_cannot_reach_it(tmp
                                            r"have none. HINT: give them \(files: edge_attr.npy"):
         ReplicatedStore(make_config("model=gat", "model.edge_dim=3", "dataset.num_nodes=500",
                                     f"dataset.root={tmp_path / 'root'}"), env)
+
+
+@pytest.mark.parametrize("sampler", ["train.sampler=ladies", "train.sampler=saint_node", "train.sampler=saint_edge",
+                                     "train.sampler=saint_rw", "train.sampler=cluster", "train.edge_budget=3000"])
+def test_every_samplers_batches_carry_their_edges_features(tmp_path, sampler):
+    """LADIES, GraphSAINT's three, Cluster-GCN and edge budgets: each edge of a training batch carries the features
+    the graph gives its (source, target) pair."""
+    from hpcgnn.env import RankEnv
+    from hpcgnn.sampling.loader import BatchLoader
+    from hpcgnn.stores import ReplicatedStore
+
+    arrays = write_edge_folder(tmp_path / "g", n=300, e=3000)
+    cfg = make_config("dataset=files", f"dataset.path={tmp_path / 'g'}", f"dataset.root={tmp_path / 'root'}",
+                      "model=gin", "model.edge_dim=3", "train.batch_size=40", "train.num_clusters=20", sampler)
+    store = ReplicatedStore(cfg, RankEnv.from_environ({}))
+    items = store.train_batches(0)[0]
+    batch = next(iter(BatchLoader(store.features, store.train_sampler, items, items.numel())))
+    ends = batch.n_id[batch.edge_index].T.tolist()
+    want = expected_features(arrays, False)
+    assert len(ends) > 0 and np.array_equal(batch.edge_attr.numpy(), np.stack([want[(s, d)] for s, d in ends]))
 
 
 # ------------------------------------------------------------------ edge features in link prediction

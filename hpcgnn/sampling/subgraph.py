@@ -64,19 +64,21 @@ def scatter_to_sources(rowptr: Tensor, col: Tensor, per_edge, chunk: int = 1 << 
     return out
 
 
-def induced_subgraph(rowptr: Tensor, col: Tensor, nodes: Tensor, local: Tensor) -> Tensor:
-    """Edges among ``nodes`` as ``[2, E]`` (source, target) in positions of ``nodes``.
+def induced_subgraph(rowptr: Tensor, col: Tensor, nodes: Tensor, local: Tensor,
+                     eid: bool = False) -> tuple[Tensor, Tensor | None]:
+    """Edges among ``nodes`` as ``[2, E]`` (source, target) in positions of ``nodes``, and (``eid``) each one's
+    position in the CSR (where its features are; else None).
 
     ``local``: a ``-1``-filled scratch map of the graph's size, left as it was found.
     """
-    row, nbr = sample_neighbors(rowptr, col, nodes, ALL)
+    row, nbr, *e = sample_neighbors(rowptr, col, nodes, ALL, eid=eid)
     local[nodes] = torch.arange(nodes.numel())
     try:
         src = local.index_select(0, nbr)
     finally:
         local[nodes] = -1
     keep = src >= 0
-    return torch.stack([src[keep], row[keep]])
+    return torch.stack([src[keep], row[keep]]), e[0][keep] if eid else None
 
 
 class SubgraphSampler(abc.ABC):
@@ -87,6 +89,7 @@ class SubgraphSampler(abc.ABC):
     """
 
     normalized = True  # the batch's loss is the weighted sum over its training nodes
+    edge_ids = False  # each batch says which CSR edges it holds (e_id: where their features are)
 
     def __init__(self, rowptr: Tensor, col: Tensor, train_idx: Tensor):
         self.rowptr, self.col = rowptr, col
@@ -116,12 +119,12 @@ class SubgraphSampler(abc.ABC):
         train = self.is_train[nodes]
         nodes = torch.cat([nodes[train], nodes[~train]])  # loss targets first
         num_targets = int(train.sum())
-        edge_index = induced_subgraph(self.rowptr, self.col, nodes, self._local)
+        edge_index, e_id = induced_subgraph(self.rowptr, self.col, nodes, self._local, self.edge_ids)
         weight = None
         if self.normalized:
             weight = 1.0 / (self.inclusion[nodes[:num_targets]].clamp(min=1e-12) * self.num_train)
             weight = weight.float()
-        return SampledSubgraph(nodes, edge_index, num_targets, node_weight=weight)
+        return SampledSubgraph(nodes, edge_index, num_targets, node_weight=weight, e_id=e_id)
 
 
 def _draw(cdf: Tensor, count: int, generator: torch.Generator | None) -> Tensor:
@@ -262,16 +265,16 @@ class LadiesSampler(CSRNeighborSampler):
     def begin_batch(self) -> None:
         self._num_seeds = None  # the first hop's frontier: the seeds (set inside the sampler's guard)
 
-    def hop(self, frontier: Tensor, fanout: int, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
+    def hop(self, frontier: Tensor, fanout: int, generator: torch.Generator | None, eid: bool = False) -> tuple:
         if self._num_seeds is None:
             self._num_seeds = frontier.numel()
-        row, nbr = sample_neighbors(self.rowptr, self.col, frontier, ALL)
+        row, nbr, *e = drawn = sample_neighbors(self.rowptr, self.col, frontier, ALL, eid=eid)
         if nbr.numel() == 0:
-            return row, nbr
+            return drawn
         cand, inverse = torch.unique(nbr, return_inverse=True)
         size = fanout * self._num_seeds
         if size >= cand.numel():
-            return row, nbr
+            return drawn
         deg = (self.rowptr.index_select(0, frontier + 1) - self.rowptr.index_select(0, frontier)).double()
         importance = torch.zeros(cand.numel(), dtype=torch.float64).index_add_(
             0, inverse, deg.index_select(0, row).pow(-2))
@@ -281,7 +284,7 @@ class LadiesSampler(CSRNeighborSampler):
         chosen = torch.zeros(cand.numel(), dtype=torch.bool)
         chosen[torch.topk(keys, size).indices] = True
         keep = chosen.index_select(0, inverse)
-        return row[keep], nbr[keep]
+        return (row[keep], nbr[keep], e[0][keep]) if eid else (row[keep], nbr[keep])
 
 
 # --------------------------------------------------------------------------- edge budgets

@@ -93,20 +93,24 @@ def graph_on(cfg: RunConfig, env: RankEnv, device: torch.device, graph_bytes: in
 def training_sampler(cfg: RunConfig, g: Graph, sampler, clusters: Tensor | None = None):
     """The training sampler of ``train.sampler`` over the whole graph ``g`` (``sampler``: the neighbour sampler,
     evaluation's; ``clusters``: Cluster-GCN's assignment), as a rank and its sampler servers build it. saint_rw's
-    inclusion probabilities are the ranks' to compute together, and set after."""
+    inclusion probabilities are the ranks' to compute together, and set after. Its batches carry their edges' ids
+    where the neighbour sampler's do (the model reads their features)."""
     t = cfg.train
     n, n_train = g.num_nodes, g.train_idx.numel()
     if t.sampler == "ladies":
-        return sub.LadiesSampler(g.rowptr, g.col, fanouts(cfg))
+        return sub.LadiesSampler(g.rowptr, g.col, fanouts(cfg), edge_ids=sampler.edge_ids)
     if t.sampler in ("saint_node", "saint_edge"):
         # Sized so that a subgraph holds about batch_size training nodes.
         cls, per_draw = (sub.SaintNodeSampler, 1) if t.sampler == "saint_node" else (sub.SaintEdgeSampler, 2)
-        return cls(g.rowptr, g.col, g.train_idx, math.ceil(t.batch_size * n / (n_train * per_draw)))
-    if t.sampler == "saint_rw":
-        return sub.SaintWalkSampler(g.rowptr, g.col, g.train_idx, len(t.fanouts))
-    if t.sampler == "cluster":
-        return sub.ClusterSampler(g.rowptr, g.col, g.train_idx, clusters)
-    return sampler
+        s = cls(g.rowptr, g.col, g.train_idx, math.ceil(t.batch_size * n / (n_train * per_draw)))
+    elif t.sampler == "saint_rw":
+        s = sub.SaintWalkSampler(g.rowptr, g.col, g.train_idx, len(t.fanouts))
+    elif t.sampler == "cluster":
+        s = sub.ClusterSampler(g.rowptr, g.col, g.train_idx, clusters)
+    else:
+        return sampler
+    s.edge_ids = sampler.edge_ids
+    return s
 
 
 def pair_ids_of(cfg: RunConfig, g: Graph, targets):
