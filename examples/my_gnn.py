@@ -7,20 +7,30 @@
     PYTHONPATH=examples python -m hpcgnn dataset=synthetic_hetero model=custom model._target_=my_gnn.ResidualSAGE
     PYTHONPATH=examples python -m hpcgnn dataset=files dataset.path=GRAPH model=custom model._target_=my_gnn.EdgeGINE \
         +model.kwargs.edge_dim=8
+    PYTHONPATH=examples python -m hpcgnn dataset=files dataset.path=TYPED_GRAPH model=custom \
+        model._target_=my_gnn.HeteroEdgeSAGE
     PYTHONPATH=examples python -m hpcgnn task=edge task.decoder=my_gnn.BilinearDecoder
 
 hpcgnn fills in the widths a class takes by name (in_channels, out_channels, hidden_channels, num_layers,
 dropout; model.widths maps them to other names) and hands forward the batch's nodes and edges; the rows
 of the batch's seeds come first and are the ones scored. On a typed graph a class that takes ``metadata``
-(HeteroSAGE) is built with the graph's node and edge types; any other (ResidualSAGE) is made relational by
-PyG's to_hetero.
+(HeteroSAGE) is built with the graph's node and edge types (and, taking ``edge_dims``, each relation's edge
+feature width: HeteroEdgeSAGE); any other (ResidualSAGE, EdgeGINE) is made relational by PyG's to_hetero.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch_geometric.nn import GINEConv, GraphConv, HeteroConv, JumpingKnowledge, SAGEConv
+from torch_geometric.nn import (
+    GINEConv,
+    GraphConv,
+    HeteroConv,
+    JumpingKnowledge,
+    Linear,
+    MessagePassing,
+    SAGEConv,
+)
 
 
 class ResidualSAGE(torch.nn.Module):
@@ -96,6 +106,42 @@ class HeteroSAGE(torch.nn.Module):
     def forward(self, x_dict: dict, edge_index_dict: dict) -> dict:
         for conv in self.convs:
             x_dict = {t: self.dropout(F.relu(h)) for t, h in conv(x_dict, edge_index_dict).items()}
+        return {t: self.out(h) for t, h in x_dict.items()}
+
+
+class EdgeSAGEConv(MessagePassing):
+    """GraphSAGE with edge features: the mean over in-edges of W x_j (+ U e_ij where the relation has features of
+    width ``edge_dim``), plus the target's own V x_i."""
+
+    def __init__(self, out_channels: int, edge_dim: int = 0):
+        super().__init__(aggr="mean")
+        self.lin_src, self.lin_dst = Linear(-1, out_channels), Linear(-1, out_channels, bias=False)
+        self.lin_edge = Linear(edge_dim, out_channels, bias=False) if edge_dim else None
+
+    def forward(self, x, edge_index: torch.Tensor, edge_attr: torch.Tensor | None = None) -> torch.Tensor:
+        src, dst = x if isinstance(x, tuple) else (x, x)
+        return self.propagate(edge_index, x=(self.lin_src(src), dst), edge_attr=edge_attr) + self.lin_dst(dst)
+
+    def message(self, x_j: torch.Tensor, edge_attr: torch.Tensor | None) -> torch.Tensor:
+        return x_j if self.lin_edge is None else x_j + self.lin_edge(edge_attr)
+
+
+class HeteroEdgeSAGE(torch.nn.Module):
+    """For typed graphs whose relations may carry edge features: an EdgeSAGEConv per relation, summed per node type.
+    hpcgnn builds it with ``metadata`` and ``edge_dims`` (relation -> its edge features' width, 0 for none) and hands
+    forward each sampled edge's features per relation (``edge_attr_dict``)."""
+
+    def __init__(self, metadata, edge_dims: dict, hidden_channels: int, out_channels: int, num_layers: int = 2):
+        super().__init__()
+        _, edge_types = metadata
+        self.convs = torch.nn.ModuleList(
+            HeteroConv({rel: EdgeSAGEConv(hidden_channels, edge_dims.get(rel, 0)) for rel in edge_types}, aggr="sum")
+            for _ in range(num_layers))
+        self.out = torch.nn.Linear(hidden_channels, out_channels)
+
+    def forward(self, x_dict: dict, edge_index_dict: dict, edge_attr_dict: dict) -> dict:
+        for conv in self.convs:
+            x_dict = {t: F.relu(h) for t, h in conv(x_dict, edge_index_dict, edge_attr_dict=edge_attr_dict).items()}
         return {t: self.out(h) for t, h in x_dict.items()}
 
 

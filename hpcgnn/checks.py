@@ -123,14 +123,31 @@ def check_edge_features(cfg) -> None:
                               f"{EDGE_MODES} so far, not with {why}. HINT: drop model.edge_dim, or change that")
 
 
-EDGE_MODES = "homogeneous graphs (replicated or partitioned, every sampler and task)"
+EDGE_MODES = "every sampler and task, on homogeneous graphs (replicated or partitioned) and replicated typed graphs"
 
 
 def edge_features_refused(cfg) -> str | None:
     """Why a model reading edge features cannot run with ``cfg`` yet (None: it can)."""
-    if is_typed(cfg.dataset):
-        return f"a typed graph (dataset={cfg.dataset.name})"
+    if is_typed(cfg.dataset) and cfg.graph.mode == "partitioned":
+        return f"a partitioned typed graph (dataset={cfg.dataset.name} graph=partitioned)"
     return None
+
+
+def refuse_edge_features(cfg, what: str, gcn_norm: bool = False) -> None:
+    """Raise, naming the fix, where a model reading edge features (``what`` names it) cannot run with ``cfg``
+    (``gcn_norm``: its self-loops would carry none)."""
+    why = edge_features_refused(cfg) or ("model.gcn_norm=true (its self-loops carry no features)" if gcn_norm
+                                         else None)
+    if why:
+        raise ConfigError(f"{what} reads edge features, which reach a model in {EDGE_MODES} so far, not with {why}. "
+                          "HINT: a model that reads none, or change that")
+
+
+def edge_reader(model) -> str:
+    """How a model config reading edge features is named in messages."""
+    if model.edge_dim:
+        return f"model.edge_dim={model.edge_dim}"
+    return f"model._target_={model._target_} (its forward takes edge features)"
 
 
 def check_dataset_config(dataset) -> None:

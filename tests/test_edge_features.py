@@ -206,28 +206,17 @@ def test_edge_features_reach_the_models_that_read_them(run, tmp_path, monkeypatc
         assert abs(predict_here(tmp_path / "run", "mode=full")["value"] - acc) <= 0.03
 
 
-def test_a_model_reading_edge_features_is_refused_where_they_cannot_reach_it(tmp_path, monkeypatch):
-    from conftest import REPO
-
+def test_a_model_reading_edge_features_is_refused_where_they_cannot_reach_it(tmp_path):
     from hpcgnn.env import RankEnv
     from hpcgnn.errors import ConfigError, DatasetError
     from hpcgnn.stores import ReplicatedStore
-    from hpcgnn.stores.base import edge_features_read
-
-    monkeypatch.syspath_prepend(str(REPO / "examples"))  # (my_gnn)
 
     with pytest.raises(ConfigError, match=r"model.edge_dim=8: gat and gin read edge features \(a width of 1 or more\); "
                                           r"model=sage does not"):
         make_config("model.edge_dim=8")
     with pytest.raises(ConfigError, match=r"model.edge_dim=8: gat and gin read edge features"):
         make_config("model.edge_dim=8", "dataset=synthetic_hetero", "model=rgcn")  # (hpcgnn's typed models read none)
-    typed = make_config("dataset=synthetic_hetero", "model=custom", "model._target_=my_gnn.EdgeGINE",
-                        "+model.kwargs.edge_dim=8")
-    with pytest.raises(ConfigError, match=r"model._target_=my_gnn.EdgeGINE \(its forward takes edge_attr\) reads edge "
-                                          r"features, which reach a model in homogeneous graphs \(replicated or "
-                                          r"partitioned, every sampler and task\) so far, not with a typed graph "
-                                          r"\(dataset=synthetic_hetero\). HINT: a model that reads none"):
-        edge_features_read(typed, 8)
+    # (a typed graph: tests/test_typed_edge_features.py)
     for sampler in ("ladies", "saint_rw", "cluster"):
         make_config("model=gat", "model.edge_dim=8", f"train.sampler={sampler}")
     make_config("model=gat", "model.edge_dim=8", "train.eval_mode=full")  # (exact: every edge's features)

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import DATA_ROOT, TINY, make_config, run_cli, summary_of
+from conftest import DATA_ROOT, EXAMPLES, TINY, make_config, run_cli, summary_of
 from torch_geometric.data import Data, HeteroData
 
 from hpcgnn.checks import check_thread_budget, split_threads
@@ -112,7 +112,8 @@ def test_a_batch_round_trips_through_a_slot_and_says_when_it_needs_a_larger_one(
 STORES = {
     "replicated": ["launch.procs=1"],
     "partitioned": ["graph=partitioned", "graph.cache_mb=0.1"],
-    "typed": ["dataset=synthetic_hetero", "launch.procs=1"],
+    "typed": ["launch.procs=1", "model=custom", "model._target_=my_gnn.EdgeGINE", "+model.kwargs.edge_dim=4",
+              "train.batch_size=64"],  # (on write_rated's graph: to_hetero's GINE reads the ratings' features)
     "link": ["task=link", "launch.procs=1"],
     "cluster": ["train.sampler=cluster", "launch.procs=1"],
 }
@@ -122,11 +123,18 @@ STORES = {
 @pytest.mark.parametrize("store", sorted(STORES))
 def test_two_sampler_processes_train_bitwise_as_in_process_sampling(store, tmp_path):
     """Same seed, 2 epochs: parameters equal bit for bit with train.sampler_procs=2 and 0 (the rank keeps one
-    thread either way: 3 cores = the rank's 1 + 2 processes of 1), and so do the partitioned exchanges' counts."""
+    thread either way: 3 cores = the rank's 1 + 2 processes of 1), and so do the partitioned exchanges' counts.
+    typed: a typed folder whose ratings carry features, read by a model of the user's own (each sampled edge's)."""
     over = [*TINY, *STORES[store], "metrics.tensorboard=false"]
+    if store == "typed":
+        from test_typed_edge_features import write_rated
+
+        write_rated(tmp_path / "g", users=300, items=400)
+        over = [*STORES[store], "dataset=files", f"dataset.path={tmp_path / 'g'}", "metrics.tensorboard=false"]
     runs = {}
     for procs, threads in ((0, 1), (2, 3)):
-        res = run_cli(*over, f"train.sampler_procs={procs}", f"train.num_threads={threads}", cwd=tmp_path / str(procs))
+        res = run_cli(*over, f"train.sampler_procs={procs}", f"train.num_threads={threads}", cwd=tmp_path / str(procs),
+                      env=EXAMPLES if store == "typed" else None)
         assert res.returncode == 0, res.stdout + res.stderr
         runs[procs] = summary_of(tmp_path / str(procs))
     assert "2 sampler process(es) started" in res.stdout

@@ -72,9 +72,15 @@ def test_local_sampler_servers_train_bitwise_as_in_process_sampling(store, tmp_p
     other server (and the exchange counts reach the rank); edge: an edge task's targets (task=edge). custom: the
     replicated graph with a model of the user's own, with autocast to bf16 and two micro-batches per step
     (hpcgnn's own sage with a server: test_slurm's heterogeneous job and test_trust_handshake's run among
-    outsiders, both against in-process sampling)."""
+    outsiders, both against in-process sampling); typed: a relational model of the user's own reading one relation's
+    edge features (each sampled edge's, per relation)."""
+    from test_typed_edge_features import write_rated
+
+    if store == "typed":
+        write_rated(tmp_path / "g", users=300, items=400)
     over = {"link": [*TINY, "task=link"],
-            "typed": ["dataset=synthetic_hetero", "train.epochs=2"],
+            "typed": ["dataset=files", f"dataset.path={tmp_path / 'g'}", "model=custom",
+                      "model._target_=my_gnn.HeteroEdgeSAGE", "train.epochs=2", "train.batch_size=64"],
             "partitioned": [*TINY, "graph=partitioned", "graph.cache_mb=0.1"],
             "edge": [*TINY, "task=edge", "dataset.num_nodes=8000"],
             "custom": [*TINY, "model=custom", "model._target_=my_gnn.ResidualSAGE", "train.precision=bf16",
@@ -82,7 +88,7 @@ def test_local_sampler_servers_train_bitwise_as_in_process_sampling(store, tmp_p
     runs = {}
     for servers in (0, 2):
         res = run_cli(*over, "train.num_threads=1", f"launch.sampler_servers={servers}", "metrics.tensorboard=false",
-                      cwd=tmp_path / str(servers), env=EXAMPLES if store == "custom" else None)
+                      cwd=tmp_path / str(servers), env=EXAMPLES if store in ("custom", "typed") else None)
         assert res.returncode == 0, res.stdout + res.stderr
         runs[servers] = summary_of(tmp_path / str(servers))
     assert re.search(r"rank 0: [12] sampler server\(s\) ready", res.stdout), res.stdout

@@ -16,6 +16,8 @@ A typed graph (a folder with ``edges/``; :func:`load_typed_files`)::
                               the one type with labels is the target
     edges/<src>__<name>__<dst>/edge_index
                               [2, E] int (source, target) in the two types' own ids
+    edges/<src>__<name>__<dst>/edge_attr
+                              [E, D] float, optional: each edge's features (a relation's own width)
 
 Give each relation in one direction: it gains its reverse (``rev_<name>``; a relation inside one
 type becomes undirected), as is customary for typed graphs (ogbn-mag). A type without
@@ -214,13 +216,7 @@ def read_checked(cfg: DatasetConfig, mmap: bool = False) -> tuple[np.ndarray, np
     else:
         splits = check_labels_and_splits(arrays, n)
         y, classes = node_labels(*arrays["y"], cfg.num_classes)
-    edge_attr = None
-    if has_edge_features(folder):
-        pa, edge_attr = _read(folder, "edge_attr", mmap)
-        check_features(pa, edge_attr, "edge features", "num_edges, edge features")
-        if edge_attr.shape[0] != ei.shape[1]:
-            raise DatasetFileError(f"{pa}: {edge_attr.shape[0]} rows of edge features for the {ei.shape[1]} edges of "
-                                   f"{pe.name}: one row per edge, in its order")
+    edge_attr = read_edge_features(folder, pe, ei.shape[1], mmap)
     return ei, x, y, {k: v[1] for k, v in splits.items()}, classes, edge_attr
 
 
@@ -228,6 +224,18 @@ def without_node_labels(cfg: DatasetConfig, folder: Path) -> bool:
     """An edge task's folder that gives no node labels (no ``y``): its nodes get none (-1) and no splits; its targets
     are its edges' (:mod:`hpcgnn.data.edges`)."""
     return cfg.prepared_for == "edge" and not any((folder / f"y{suffix}").is_file() for suffix in (".npy", ".pt"))
+
+
+def read_edge_features(folder: Path, edges_file: Path, num_edges: int, mmap: bool = False) -> np.ndarray | None:
+    """``folder``'s edge features (``edge_attr``, [E, D], a row per edge of ``edges_file``), checked; None without."""
+    if not has_edge_features(folder):
+        return None
+    pa, edge_attr = _read(folder, "edge_attr", mmap)
+    check_features(pa, edge_attr, "edge features", "num_edges, edge features")
+    if edge_attr.shape[0] != num_edges:
+        raise DatasetFileError(f"{pa}: {edge_attr.shape[0]} rows of edge features for the {num_edges} edges of "
+                               f"{edges_file.name}: one row per edge, in its order")
+    return edge_attr
 
 
 def has_edge_features(folder: Path) -> bool:
@@ -317,6 +325,7 @@ class TypedFolder:
     edges: dict[tuple[str, str, str], np.ndarray]  # [2, E] per given relation, sorted by folder name
     feature_from: dict[str, tuple[str, str, str]]
     num_classes: int
+    edge_attr: dict[tuple[str, str, str], np.ndarray]  # [E, D] per given relation whose edges have features
 
 
 def read_typed_folder(cfg: DatasetConfig, mmap: bool = False) -> TypedFolder:
@@ -358,7 +367,7 @@ def read_typed_folder(cfg: DatasetConfig, mmap: bool = False) -> TypedFolder:
     splits = check_labels_and_splits(arrays, num_nodes[target])
     y, classes = node_labels(*arrays["y"], cfg.num_classes)
     rels = sorted(p.name for p in edges_dir.iterdir() if p.is_dir())
-    edges = {}
+    edges, edge_attr = {}, {}
     for key in rels:
         rel = tuple(key.split("__"))
         if len(rel) != 3 or rel[0] not in num_nodes or rel[2] not in num_nodes:
@@ -374,6 +383,9 @@ def read_typed_folder(cfg: DatasetConfig, mmap: bool = False) -> TypedFolder:
         pe, ei = _read(edges_dir / key, "edge_index", mmap)
         check_edges(pe, ei, num_nodes[rel[0]], num_nodes[rel[2]], f"the {rel[0]} and {rel[2]} counts")
         edges[rel] = ei
+        rows = read_edge_features(edges_dir / key, pe, ei.shape[1], mmap)
+        if rows is not None:
+            edge_attr[rel] = rows
     if not edges:
         raise DatasetFileError(f"{edges_dir}: no relation (edges/<src>__<name>__<dst>/edge_index.npy)")
     feature_from = {}
@@ -386,7 +398,8 @@ def read_typed_folder(cfg: DatasetConfig, mmap: bool = False) -> TypedFolder:
             raise DatasetFileError(f"{nodes_dir / t}: {t} has no features and no relation from a type with features "
                                    f"to take their mean over: add nodes/{t}/x.npy, or such a relation")
         feature_from[t] = max(into, key=lambda c: (c[0], c[1]))[1]
-    return TypedFolder(num_nodes, x, target, y, {k: v[1] for k, v in splits.items()}, edges, feature_from, classes)
+    return TypedFolder(num_nodes, x, target, y, {k: v[1] for k, v in splits.items()}, edges, feature_from, classes,
+                       edge_attr)
 
 
 def load_typed_files(cfg: DatasetConfig, allow_download: bool = False):
@@ -398,7 +411,9 @@ def load_typed_files(cfg: DatasetConfig, allow_download: bool = False):
     return TypedGraph.from_edges(f.num_nodes, {r: torch.from_numpy(ei.astype(np.int64)) for r, ei in f.edges.items()},
                                  {t: torch.from_numpy(v.astype(np.float32)) for t, v in f.x.items()}, f.target, y,
                                  *(torch.from_numpy(f.splits[k].astype(np.int64)) for k in f.splits),
-                                 num_classes=f.num_classes, feature_from=f.feature_from)
+                                 num_classes=f.num_classes, feature_from=f.feature_from,
+                                 edge_attr={r: torch.from_numpy(np.asarray(v, dtype=np.float32))
+                                            for r, v in f.edge_attr.items()})
 
 
 def typed_files_source(cfg: DatasetConfig, allow_download: bool = False):
@@ -411,14 +426,18 @@ def typed_files_source(cfg: DatasetConfig, allow_download: bool = False):
 
     def feed(writer):
         for rel, ei in f.edges.items():
-            for src, dst in _edge_chunks(ei, STREAM_VALUES):
-                writer.add(rel, src, dst)
+            start = 0
+            for src, dst in _edge_chunks(ei, STREAM_VALUES):  # (with their places, where the features are)
+                ids = torch.arange(start, start + src.numel()) if rel in f.edge_attr else None
+                writer.add(rel, src, dst, ids=ids)
+                start += src.numel()
         for t, x in f.x.items():
             for a, rows in _feature_chunks(x, STREAM_VALUES):
                 writer.write_features(t, a, rows)
         return y, *(torch.from_numpy(np.asarray(f.splits[k], dtype=np.int64)) for k in f.splits)
 
     return TypedSource(f.num_nodes, list(f.edges), {r: int(ei.shape[1]) for r, ei in f.edges.items()},
-                       next(iter(f.x.values())).shape[1], f.target, f.num_classes, f.feature_from, feed)
+                       next(iter(f.x.values())).shape[1], f.target, f.num_classes, f.feature_from, feed,
+                       edge_attr=f.edge_attr)
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 
+import torch
+
 import hpcgnn.data.cache as cache
 from hpcgnn.config import DatasetConfig
 from hpcgnn.data.graph import Graph
@@ -43,8 +45,8 @@ def typed_shape(cfg: DatasetConfig) -> tuple[TypedSchema, int, int] | None:
     if cfg.name == "pyg_hetero":
         return None
     src = TYPED_SOURCES[cfg.name](cfg, False)
-    return (TypedSchema(src.num_nodes, tuple(expand_relations(src.relations, src.reverse)), src.target),
-            src.num_features, src.num_classes)
+    return (TypedSchema(src.num_nodes, tuple(expand_relations(src.relations, src.reverse)), src.target,
+                        src.edge_dims()), src.num_features, src.num_classes)
 
 
 def open_typed(cfg: DatasetConfig) -> TypedGraph:
@@ -59,7 +61,17 @@ def open_typed(cfg: DatasetConfig) -> TypedGraph:
                       {r: arrays[f"col__{relation_key(r)}"] for r in s.relations},
                       {k: h.x[off[k]:off[k] + n] for k, n in s.num_nodes.items()}, s.target, h.y[t0:t0 + n0],
                       h.train_idx - t0, h.val_idx - t0, h.test_idx - t0, h.num_classes, meta["typed"]["feature_rule"],
-                      h.labels)
+                      h.labels, _typed_edge_attr(arrays, s, meta.get("feature_dtype", "float32")))
+
+
+def _typed_edge_attr(arrays: dict, schema: TypedSchema, feature_dtype: str) -> dict | None:
+    """Each relation's edge features where it has some, in the stored feature dtype (bfloat16 from its bits)."""
+    out = {}
+    for rel in schema.relations:
+        if schema.edge_dim(rel):
+            rows = arrays[f"edge_attr__{relation_key(rel)}"]
+            out[rel] = rows.view(torch.bfloat16) if feature_dtype == "bfloat16" else rows
+    return out or None
 
 
 def open_link(cfg: DatasetConfig) -> LinkData:

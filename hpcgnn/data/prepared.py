@@ -150,7 +150,7 @@ def _stream_typed(cfg: DatasetConfig, src: TypedSource, tmp: Path, source: dict,
     tmp.mkdir(exist_ok=True)
     sizes, total = src.num_nodes, sum(src.num_nodes.values())
     writer = TypedWriter(tmp, sizes, src.relations, src.expected, src.num_features, prepare_mem_bytes(cfg), src.reverse,
-                         relations_too=relations_too)
+                         relations_too=relations_too, edge_attr=src.edge_attr)
     y, *splits = src.feed(writer)
     num_edges, rule, arrays = writer.close(src.feature_from, cfg.feature_dtype)
     t0 = writer.off[src.target]
@@ -161,7 +161,7 @@ def _stream_typed(cfg: DatasetConfig, src: TypedSource, tmp: Path, source: dict,
     for name, idx in zip(("train", "val", "test"), splits, strict=True):
         ids[name] = (idx.long() + t0).numpy()
         np.save(tmp / f"{name}_idx.npy", ids[name])
-    schema = TypedSchema(sizes, writer.schema.relations, src.target)
+    schema = TypedSchema(sizes, writer.schema.relations, src.target, writer.edge_dims)
     meta = {"typed": {**schema.to_meta(), "feature_rule": rule}} if relations_too else None
     cache.write_meta(tmp, total, num_edges, src.num_features, src.num_classes, source, cfg.feature_dtype,
                      extra=arrays, extra_meta=meta, labels=profile(y_all.numpy(), ids))

@@ -23,7 +23,8 @@ columns, zero-padded on the right to the widest type's width (hpcgnn's typed gra
 first layer is a linear map per type or relation, on which zero columns change nothing); a type without ``x``
 takes the mean of its in-neighbours' features along the first relation into it from a type that has them.
 Relations are the graph's edge types as given; ``dataset.to_undirected=true`` adds their reverses
-(``rev_<name>`` between two types, undirected inside one), as for ``synthetic_hetero`` and ogbn-mag.
+(``rev_<name>`` between two types, undirected inside one), as for ``synthetic_hetero`` and ogbn-mag. A
+relation's ``edge_attr`` is kept as its edges' features (a reverse has its edge's).
 """
 
 from __future__ import annotations
@@ -160,18 +161,21 @@ def load_pyg(cfg: DatasetConfig, allow_download: bool = False) -> Graph:
     return Graph.from_edge_index(edge_index, n, x.float(), y, train, val, test, num_classes=classes, edge_attr=edges)
 
 
-def _edge_features(cfg: DatasetConfig, data) -> torch.Tensor | None:
-    """``data.edge_attr`` as [E, D] floats (a vector of one per edge: D = 1), checked; None where it has none."""
-    edges = getattr(data, "edge_attr", None)
+def _edge_features(cfg: DatasetConfig, data, rel=None) -> torch.Tensor | None:
+    """``data.edge_attr`` (``rel``: a HeteroData relation's) as [E, D] floats (a vector of one per edge: D = 1),
+    checked; None where it has none."""
+    store = data if rel is None else data[rel]
+    edges = getattr(store, "edge_attr", None)
     if edges is None:
         return None
+    what = "edge_attr" if rel is None else f"the edge_attr of {'__'.join(rel)}"
     edges = edges.view(-1, 1) if edges.dim() == 1 else edges
-    if edges.dim() != 2 or edges.size(0) != data.edge_index.size(1):
-        raise DatasetError(f"dataset._target_={cfg._target_}: edge_attr has shape {tuple(edges.shape)}; edge "
-                           f"features are a row per edge ([{data.edge_index.size(1)}, D])")
+    if edges.dim() != 2 or edges.size(0) != store.edge_index.size(1):
+        raise DatasetError(f"dataset._target_={cfg._target_}: {what} has shape {tuple(edges.shape)}; edge "
+                           f"features are a row per edge ([{store.edge_index.size(1)}, D])")
     edges = edges.float()
     if not torch.isfinite(edges).all():
-        raise DatasetError(f"dataset._target_={cfg._target_}: edge_attr holds NaN or inf (edge "
+        raise DatasetError(f"dataset._target_={cfg._target_}: {what} holds NaN or inf (edge "
                            f"{int((~torch.isfinite(edges)).any(1).nonzero()[0])})")
     return edges
 
@@ -214,6 +218,7 @@ def _typed_parts(cfg: DatasetConfig, data) -> dict:
     """What a typed graph is built from: sizes, relations, edges, padded features, rules, labels and splits."""
     target = _target_type(cfg, data)
     edges = {tuple(rel): data[rel].edge_index.long() for rel in data.edge_types}
+    features = {tuple(rel): _edge_features(cfg, data, rel) for rel in data.edge_types}
     relations = list(edges)
     stored = expand_relations(relations, cfg.to_undirected)
     rules = _feature_rules(data, stored)
@@ -228,7 +233,8 @@ def _typed_parts(cfg: DatasetConfig, data) -> dict:
     n = data[target].num_nodes
     return {"num_nodes": {t: int(data[t].num_nodes) for t in data.node_types}, "relations": relations,
             "edges": edges, "x": x, "width": width, "rules": rules, "target": target, "y": y, "classes": classes,
-            "splits": _splits(cfg, data[target], n)}
+            "splits": _splits(cfg, data[target], n),
+            "edge_attr": {r: v for r, v in features.items() if v is not None}}
 
 
 def pyg_typed_source(cfg: DatasetConfig, allow_download: bool = False) -> TypedSource:
@@ -239,18 +245,20 @@ def pyg_typed_source(cfg: DatasetConfig, allow_download: bool = False) -> TypedS
     def feed(writer):
         for rel, ei in p["edges"].items():
             for a in range(0, ei.size(1), chunk):
-                writer.add(rel, ei[0, a:a + chunk], ei[1, a:a + chunk])
+                ids = torch.arange(a, min(a + chunk, ei.size(1))) if rel in p["edge_attr"] else None
+                writer.add(rel, ei[0, a:a + chunk], ei[1, a:a + chunk], ids=ids)
         for t, x in p["x"].items():
             for a in range(0, x.size(0), chunk // 16):
                 writer.write_features(t, a, x[a:a + chunk // 16])
         return (p["y"], *p["splits"])
 
     return TypedSource(p["num_nodes"], p["relations"], {r: ei.size(1) for r, ei in p["edges"].items()}, p["width"],
-                       p["target"], p["classes"], p["rules"], feed, reverse=cfg.to_undirected)
+                       p["target"], p["classes"], p["rules"], feed, reverse=cfg.to_undirected,
+                       edge_attr={r: v.numpy() for r, v in p["edge_attr"].items()})
 
 
 def load_pyg_typed(cfg: DatasetConfig, allow_download: bool = False) -> TypedGraph:
     """The ``HeteroData`` as hpcgnn's :class:`TypedGraph`, in memory (duplicate edges removed, as preparing does)."""
     p = _typed_parts(cfg, pyg_data(cfg, allow_download))
     return TypedGraph.from_edges(p["num_nodes"], p["edges"], p["x"], p["target"], p["y"], *p["splits"], p["classes"],
-                                 reverse=cfg.to_undirected, feature_from=p["rules"])
+                                 reverse=cfg.to_undirected, feature_from=p["rules"], edge_attr=p["edge_attr"])

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -41,15 +41,21 @@ class TypedSchema:
     num_nodes: dict[str, int]  # node type -> count (of the whole graph)
     relations: tuple[Relation, ...]
     target: str
+    edge_dims: dict[str, int] = field(default_factory=dict)  # relation key -> its edges' feature width (none: absent)
 
     @classmethod
     def from_meta(cls, typed: dict) -> TypedSchema:
         """From the ``typed`` record of a prepared graph's meta.json or a partition's META.json."""
         return cls({k: int(v) for k, v in typed["num_nodes"].items()}, tuple(tuple(r) for r in typed["relations"]),
-                   typed["target"])
+                   typed["target"], {k: int(v) for k, v in typed.get("edge_dims", {}).items()})
 
     def to_meta(self) -> dict:
-        return {"num_nodes": self.num_nodes, "relations": [list(r) for r in self.relations], "target": self.target}
+        return {"num_nodes": self.num_nodes, "relations": [list(r) for r in self.relations], "target": self.target,
+                "edge_dims": self.edge_dims}
+
+    def edge_dim(self, rel: Relation) -> int:
+        """The width of ``rel``'s edge features (0: none)."""
+        return self.edge_dims.get(relation_key(rel), 0)
 
     @property
     def node_types(self) -> tuple[str, ...]:
@@ -83,6 +89,7 @@ class TypedGraph:
     num_classes: int
     feature_rule: dict[str, str]  # node type -> "given" or "mean over <relation key>"
     labels: dict | None = None  # what the labels are (hpcgnn.labels.profile, in the view's ids; None: class ids)
+    edge_attr: dict[Relation, Tensor] | None = None  # [edges, D] per relation with edge features, in its CSR's order
 
     @property
     def node_types(self) -> tuple[str, ...]:
@@ -113,11 +120,13 @@ class TypedGraph:
         return TypedGraph(dict(self.num_nodes), {r: v.to(device) for r, v in self.rowptr.items()},
                           {r: v.to(device) for r, v in self.col.items()}, {t: v.to(device) for t, v in self.x.items()},
                           self.target, self.y.to(device), self.train_idx.to(device), self.val_idx.to(device),
-                          self.test_idx.to(device), self.num_classes, dict(self.feature_rule), self.labels)
+                          self.test_idx.to(device), self.num_classes, dict(self.feature_rule), self.labels,
+                          {r: v.to(device) for r, v in self.edge_attr.items()} if self.edge_attr else None)
 
     @property
     def schema(self) -> TypedSchema:
-        return TypedSchema(dict(self.num_nodes), self.relations, self.target)
+        return TypedSchema(dict(self.num_nodes), self.relations, self.target,
+                           {relation_key(r): int(v.size(1)) for r, v in (self.edge_attr or {}).items()})
 
     def offsets(self) -> dict[str, int]:
         """Where each type's ids start in the homogeneous view."""
@@ -130,7 +139,8 @@ class TypedGraph:
 
     def homogeneous(self) -> Graph:
         """The same graph with types erased: one id space (types one after another), every relation's
-        edges in one CSR, features stacked (every type must have the same width), labels -1 off target."""
+        edges in one CSR, features stacked (every type must have the same width), labels -1 off target; the
+        relations' edge features are not kept (they may differ in width)."""
         off, n = self.offsets(), sum(self.num_nodes.values())
         ei = torch.cat([self.edge_index(r) + torch.tensor([[off[r[0]]], [off[r[2]]]]) for r in self.relations], 1)
         widths = {x.size(1) for x in self.x.values()}
@@ -154,25 +164,37 @@ class TypedGraph:
         data[self.target].y = self.y
         for rel in self.relations:
             data[rel].edge_index = self.edge_index(rel)
+            if self.edge_attr and rel in self.edge_attr:
+                data[rel].edge_attr = self.edge_attr[rel].float()
         return data
 
     @classmethod
     def from_edges(cls, num_nodes: dict[str, int], edges: dict[Relation, Tensor], x: dict[str, Tensor], target: str,
                    y: Tensor, train_idx: Tensor, val_idx: Tensor, test_idx: Tensor, num_classes: int,
-                   reverse: bool = True, feature_from: dict[str, Relation] | None = None) -> TypedGraph:
-        """Build the per-relation CSRs from (source, target) pairs; duplicates are removed.
+                   reverse: bool = True, feature_from: dict[str, Relation] | None = None,
+                   edge_attr: dict[Relation, Tensor] | None = None) -> TypedGraph:
+        """Build the per-relation CSRs from (source, target) pairs; duplicates are removed (the first keeps its
+        features: ``edge_attr``, [E, D] for a given relation whose edges have them).
 
         ``reverse``: as is customary for ogbn-mag, a relation between two types gains its reverse
-        (``rev_<name>``) and a relation inside one type becomes undirected. ``feature_from``: node
-        type -> the relation (after reversing) whose sources' mean features become that type's.
+        (``rev_<name>``) and a relation inside one type becomes undirected; a reverse edge has its edge's
+        features. ``feature_from``: node type -> the relation (after reversing) whose sources' mean features
+        become that type's.
         """
+        edge_attr = edge_attr or {}
         pieces: dict[Relation, list[Tensor]] = {}
+        rows: dict[Relation, list[Tensor]] = {}
         for rel, ei in edges.items():
             for r, src, dst in with_reverses(rel, ei[0].long(), ei[1].long(), reverse):
                 pieces.setdefault(r, []).append(torch.stack([src, dst]))
-        rowptr, col = {}, {}
+                if rel in edge_attr:
+                    rows.setdefault(r, []).append(edge_attr[rel].float())
+        rowptr, col, attr = {}, {}, {}
         for rel, eis in pieces.items():
-            rowptr[rel], col[rel] = csr(torch.cat(eis, 1), num_nodes[rel[0]], num_nodes[rel[2]])
+            rowptr[rel], col[rel], kept = csr(torch.cat(eis, 1), num_nodes[rel[0]], num_nodes[rel[2]],
+                                              torch.cat(rows[rel]) if rel in rows else None)
+            if kept is not None:
+                attr[rel] = kept
         x = {t: v.float().contiguous() for t, v in x.items()}
         rule = {t: "given" for t in x}
         for t, rel in (feature_from or {}).items():
@@ -185,7 +207,7 @@ class TypedGraph:
             raise ValueError(f"node types without features and without a rule: {sorted(missing)}")
         return cls(dict(num_nodes), rowptr, col, {t: x[t] for t in num_nodes}, target,
                    y.float() if y.is_floating_point() else y.long(), train_idx.long(), val_idx.long(), test_idx.long(),
-                   num_classes, {t: rule[t] for t in num_nodes})
+                   num_classes, {t: rule[t] for t in num_nodes}, edge_attr=attr or None)
 
 
 def view_labels(y: Tensor, total: int) -> Tensor:
@@ -196,14 +218,23 @@ def view_labels(y: Tensor, total: int) -> Tensor:
     return torch.full((total,), -1, dtype=torch.long)
 
 
-def csr(edge_index: Tensor, num_src: int, num_dst: int) -> tuple[Tensor, Tensor]:
-    """In-edge CSR over the targets: (rowptr [num_dst + 1], sources sorted within rows); duplicates removed."""
+def csr(edge_index: Tensor, num_src: int, num_dst: int,
+        edge_attr: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor | None]:
+    """In-edge CSR over the targets: (rowptr [num_dst + 1], sources sorted within rows, and each CSR edge's row of
+    ``edge_attr`` or None); duplicates removed, the first given keeping its features."""
     src, dst = edge_index[0].long(), edge_index[1].long()
-    key = torch.unique(dst * num_src + src)
+    key = dst * num_src + src
+    if edge_attr is not None:  # sorted stably: each run's first is the pair first given
+        key, order = torch.sort(key, stable=True)
+        first = torch.ones_like(key, dtype=torch.bool)
+        first[1:] = key[1:] != key[:-1]
+        key, edge_attr = key[first], edge_attr.index_select(0, order[first]).contiguous()
+    else:
+        key = torch.unique(key)
     dst, src = key // num_src, key % num_src
     rowptr = torch.zeros(num_dst + 1, dtype=torch.long)
     rowptr[1:] = torch.cumsum(torch.bincount(dst, minlength=num_dst), 0)
-    return rowptr, src.contiguous()
+    return rowptr, src.contiguous(), edge_attr
 
 
 def mean_over(rowptr: Tensor, col: Tensor, x_src: Tensor) -> Tensor:
@@ -252,6 +283,14 @@ class TypedSource:
     feature_from: dict[str, Relation]  # featureless type -> the relation whose sources' mean it takes
     feed: Callable[[TypedWriter], tuple[Tensor, Tensor, Tensor, Tensor]]
     reverse: bool = True  # the writer adds each relation's reverse (expand_relations)
+    # given relation -> its edges' features [E, D] (a mapped array: rows by the edge's place in the source, which
+    # ``feed`` hands the writer with each edge, ``ids``); a relation without features is absent
+    edge_attr: dict[Relation, object] = field(default_factory=dict)
+
+    def edge_dims(self) -> dict[str, int]:
+        """Relation key -> edge feature width, of every stored relation (reverses too) whose edges have features."""
+        return {relation_key(r): int(rows.shape[1]) for given, rows in self.edge_attr.items()
+                for r in expand_relations([given], self.reverse)}
 
 
 class TypedWriter:
@@ -261,10 +300,13 @@ class TypedWriter:
     features are written as row chunks arrive (:meth:`write_features`), and :meth:`close` sorts the buckets,
     computes the rule types' features a chunk of rows at a time (the mean over a relation) and stacks every
     type's rows into the view's ``x.npy``. ``relations_too=False``: the homogeneous view alone
-    (``dataset.erase_types=true``)."""
+    (``dataset.erase_types=true``). ``edge_attr``: the given relations' edge features (rows by the ids
+    :meth:`add` is given with their edges), each stored relation's written in its CSR's order (a reverse has its
+    edge's; a duplicate keeps the first given's); the view keeps none."""
 
     def __init__(self, tmp: Path, num_nodes: dict[str, int], relations: list[Relation], expected: dict[Relation, int],
-                 num_features: int, mem_bytes: int, reverse: bool = True, relations_too: bool = True):
+                 num_features: int, mem_bytes: int, reverse: bool = True, relations_too: bool = True,
+                 edge_attr: dict[Relation, object] | None = None):
         from hpcgnn.data.ooc import EdgeBuckets, FeatureWriter
 
         self.tmp, self.num_nodes, self.reverse, self.relations_too = tmp, dict(num_nodes), reverse, relations_too
@@ -273,19 +315,31 @@ class TypedWriter:
         both = {r: expected[r] * (2 if reverse else 1) for r in relations}
         share = mem_bytes // (len(self.schema.relations) + 1)  # (EdgeBuckets keeps a floor)
         self.view = EdgeBuckets(total, sum(both.values()), tmp / "scratch" / "view", share)
+        self.edge_attr = dict(edge_attr or {}) if relations_too else {}
+        self.feature_source = {}  # stored relation -> the given relation whose rows its edges' features are
         self.buckets = {}  # (every relation: the rule types' features are averaged over theirs)
         for s, name, d in relations:
             for rel in expand_relations([(s, name, d)], reverse):
+                with_ids = (s, name, d) in self.edge_attr
+                if with_ids:
+                    self.feature_source[rel] = (s, name, d)
                 self.buckets[rel] = EdgeBuckets(num_nodes[rel[2]], both[(s, name, d)],
-                                                    tmp / "scratch" / relation_key(rel), share, num_src=num_nodes[rel[0]])
+                                                tmp / "scratch" / relation_key(rel), share, num_src=num_nodes[rel[0]],
+                                                ids=with_ids)
         self.num_features = num_features
         self.features = {}  # type -> FeatureWriter of its given rows (float32: rule types average them)
         self._feature_writer = lambda t: FeatureWriter(tmp / f"x.{t}.part", num_nodes[t], num_features, "float32")
 
-    def add(self, rel: Relation, src: Tensor, dst: Tensor) -> None:
-        """Edges ``src -> dst`` of ``rel`` as given (types' own ids); reverses are added as :meth:`from_edges` adds them."""
-        for r, u, v in with_reverses(rel, src.long(), dst.long(), self.reverse):
-            self.buckets[r].add(v, u)
+    def add(self, rel: Relation, src: Tensor, dst: Tensor, ids: Tensor | None = None) -> None:
+        """Edges ``src -> dst`` of ``rel`` as given (types' own ids); reverses are added as :meth:`from_edges` adds them.
+        ``ids``: the edges' places in the source (where their features are), for a relation with edge features."""
+        if (rel in self.edge_attr) != (ids is not None) and self.relations_too:
+            raise ValueError(f"{relation_key(rel)}: edge ids go with the edges of a relation with features, and only there")
+        for i, (r, u, v) in enumerate(with_reverses(rel, src.long(), dst.long(), self.reverse)):
+            if r in self.feature_source:  # a reverse inside one type: ids past the given ones (E + i), as the view's
+                self.buckets[r].add(v, u, ids=ids.long() + (len(self.edge_attr[rel]) if i and r == rel else 0))
+            else:
+                self.buckets[r].add(v, u)
             self.view.add(v + self.off[r[2]], u + self.off[r[0]])
 
     def write_features(self, node_type: str, start: int, rows: Tensor) -> None:
@@ -298,16 +352,23 @@ class TypedWriter:
         the relation arrays written beside the view)."""
         import numpy as np
 
+        from hpcgnn.data.cache import write_edge_features
         from hpcgnn.data.ooc import FeatureWriter, drop_pages, load_features
 
         for w in self.features.values():
             w.close()
         arrays = []
+        self.edge_dims = {}  # relation key -> width, of the stored relations with edge features
         for rel, buckets in self.buckets.items():
             folder = self.tmp / "scratch" / f"csr__{relation_key(rel)}"
             folder.mkdir(parents=True)
             buckets.write_csr(folder)
-            for kind in ("rowptr", "col"):
+            kinds = ["rowptr", "col"]
+            if rel in self.feature_source:  # each CSR edge's row of the given relation's features (eid.npy: which)
+                self.edge_dims[relation_key(rel)] = write_edge_features(
+                    folder, self.edge_attr[self.feature_source[rel]], feature_dtype)
+                kinds.append("edge_attr")
+            for kind in kinds:
                 (folder / f"{kind}.npy").rename(self.tmp / f"{kind}__{relation_key(rel)}.npy")
                 arrays.append(f"{kind}__{relation_key(rel)}")
         num_edges = self.view.write_csr(self.tmp)

@@ -40,7 +40,7 @@ from pathlib import Path
 import torch
 
 from hpcgnn.checks import WIDTHS, locate
-from hpcgnn.errors import ConfigError
+from hpcgnn.errors import ConfigError, DatasetError
 
 CSR_CLASSES = ("GraphSAGE", "GIN", "GAT")  # PyG's own classes that hpcgnn's CSR aggregation replaces alike
 
@@ -86,7 +86,7 @@ def _construct(cfg, cls: type, kwargs: dict) -> torch.nn.Module:
     try:
         return cls(**kwargs)
     except Exception as exc:
-        shown = {k: v for k, v in kwargs.items() if k != "metadata"}
+        shown = {k: v for k, v in kwargs.items() if k not in ("metadata", "edge_dims")}
         raise ConfigError(f"model._target_={cfg._target_} refused its arguments {shown} ({type(exc).__name__}: "
                           f"{exc}). HINT: set its own in model.kwargs (e.g. '+model.kwargs.heads=2'); hpcgnn fills in "
                           f"{', '.join(WIDTHS)} where the class takes them (model.widths maps other names)") from None
@@ -94,8 +94,11 @@ def _construct(cfg, cls: type, kwargs: dict) -> torch.nn.Module:
 
 def reads_edge_attr(cls: type, kwargs: dict) -> bool:
     """Whether a model class reads edge features: its forward takes ``edge_attr`` (a PyG basic GNN: its
-    convolutions read them, ``supports_edge_attr``, and it is given an ``edge_dim``)."""
+    convolutions read them, ``supports_edge_attr``, and it is given an ``edge_dim``), or a typed model's
+    ``edge_attr_dict``."""
     named, _ = forward_takes(cls)
+    if "edge_attr_dict" in named:
+        return True
     if "edge_attr" not in named:
         return False
     from torch_geometric.nn.models.basic_gnn import BasicGNN
@@ -132,29 +135,46 @@ def build_custom(cfg, in_channels: int, out_channels: int, num_layers: int, edge
 class TypedCustom(torch.nn.Module):
     """A model of the user's own on a typed graph: ``forward(x_dict, edge_index_dict)`` gives the labelled type's
     rows (taken from a dict of every type's where the model returns one). A relational model's last layer computes
-    types the loss never reads: DDP looks for the parameters a step did not use."""
+    types the loss never reads: DDP looks for the parameters a step did not use. ``edge_keyword``: the keyword
+    under which the model takes the relations' edge features (``edge_attr_dict``; ``edge_attr`` for a model made
+    relational by ``to_hetero``), None where it reads none."""
 
     unused_parameters = True
 
-    def __init__(self, target: str, model: torch.nn.Module, built_from: str):
+    def __init__(self, target: str, model: torch.nn.Module, built_from: str, edge_keyword: str | None = None):
         super().__init__()
         self.target, self.model, self.built_from = target, model, built_from  # (built_from: what summary.json names)
+        self.edge_keyword = edge_keyword
         self.supports_trim = takes(model, "num_sampled_nodes_dict") and takes(model, "num_sampled_edges_dict")
 
-    def forward(self, x_dict: dict, edge_index_dict: dict, **kwargs) -> torch.Tensor:
+    def forward(self, x_dict: dict, edge_index_dict: dict, edge_attr_dict: dict | None = None,
+                **kwargs) -> torch.Tensor:
+        if self.edge_keyword is not None:
+            kwargs[self.edge_keyword] = edge_attr_dict
         out = self.model(x_dict, edge_index_dict, **kwargs)
         return out[self.target] if isinstance(out, dict) else out
 
 
 def build_custom_typed(cfg, node_types, relations, target: str, in_channels: int, out_channels: int,
-                       num_layers: int) -> TypedCustom:
-    """The user's model for a typed graph: given ``metadata`` where it takes it, else made relational by
-    ``to_hetero``; probed on a tiny graph of the same types and relations (:func:`probe`)."""
+                       num_layers: int, edge_dims: dict[str, int] | None = None) -> TypedCustom:
+    """The user's model for a typed graph: given ``metadata`` (and ``edge_dims``, relation -> the width of its edges'
+    features, 0 for none) where it takes them, else made relational by ``to_hetero``; probed on a tiny graph of the
+    same types and relations (:func:`probe`), with edge features of each relation's width (``edge_dims``: relation
+    key -> width) where the model reads them."""
     cls = model_class(cfg)
     metadata = (list(node_types), [tuple(r) for r in relations])
     kwargs = arguments(cfg, cls, in_channels, out_channels, num_layers)
     built_from = f"{cls.__module__}.{cls.__qualname__}"
+    edge_keyword = None
+    if reads_edge_attr(cls, dict(cfg.kwargs)):
+        edge_keyword = "edge_attr_dict" if "edge_attr_dict" in forward_takes(cls)[0] else "edge_attr"
+        if not edge_dims:
+            raise DatasetError(f"model._target_={cfg._target_} reads edge features ({edge_keyword}), but no relation "
+                               "of the typed graph has any. HINT: give them (files: edges/<relation>/edge_attr.npy, "
+                               "a row per edge; PyG: data[relation].edge_attr), or a model that reads none")
     if "metadata" in _parameters(cls.__init__)[0]:
+        if "edge_dims" in _parameters(cls.__init__)[0]:  # relation -> the width of its edges' features (if any)
+            kwargs["edge_dims"] = {tuple(r): (edge_dims or {}).get("__".join(r), 0) for r in relations}
         model = _construct(cfg, cls, {"metadata": metadata, **kwargs})
     else:
         built_from += " (relational by to_hetero)"
@@ -168,12 +188,16 @@ def build_custom_typed(cfg, node_types, relations, target: str, in_channels: int
             raise ConfigError(f"model._target_={cfg._target_} could not be made relational by PyG's to_hetero "
                               f"({type(exc).__name__}: {exc}). HINT: take metadata in __init__ (PyG's (node_types, "
                               "edge_types)) and build a layer per relation (HeteroConv)") from None
-    model = TypedCustom(target, model, built_from)
+    model = TypedCustom(target, model, built_from, edge_keyword)
     n = 3
     gen = torch.Generator().manual_seed(0)
     x_dict = {t: torch.randn(n, in_channels, generator=gen) for t in node_types}
     ring = torch.tensor([[0, 1, 2], [1, 2, 0]])
-    probe(cfg, model, (x_dict, {tuple(r): ring for r in relations}), {}, n, out_channels)
+    edges = {}
+    if edge_keyword is not None:  # (each relation with features: its width)
+        edges["edge_attr_dict"] = {tuple(r): torch.randn(n, edge_dims["__".join(r)], generator=gen) for r in relations
+                                   if edge_dims.get("__".join(r))}
+    probe(cfg, model, (x_dict, {tuple(r): ring for r in relations}), edges, n, out_channels)
     return model
 
 
@@ -233,12 +257,14 @@ def check_custom(cfg, in_channels: int = 16, out_channels: int = 3, schema=None)
     per node of a tiny graph (a link model: of ``model.hidden_channels``; ``schema``: a typed graph's types and
     relations); ``train.eval_mode=full`` needs a layer-wise model. Each failure is a
     :class:`~hpcgnn.errors.ConfigError` naming the fix."""
-    from hpcgnn.checks import link_eval_mode
+    from hpcgnn.checks import edge_reader, link_eval_mode, refuse_edge_features
 
     layers = len(cfg.train.fanouts)
     if schema is not None:
+        if reads_edge_attr(model_class(cfg.model), dict(cfg.model.kwargs)):
+            refuse_edge_features(cfg, edge_reader(cfg.model))
         build_custom_typed(cfg.model, schema.node_types, schema.relations, schema.target, in_channels, out_channels,
-                           layers)
+                           layers, schema.edge_dims)
         return  # (eval_mode=full on a typed graph: refused for custom models by the config's checks)
     out = cfg.model.hidden_channels if cfg.task.name in ("link", "edge") else out_channels  # (an encoder's)
     model = build_custom(cfg.model, in_channels, out, layers)

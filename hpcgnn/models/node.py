@@ -17,7 +17,7 @@ def build_node_model(cfg: ModelConfig, shape, num_layers: int) -> torch.nn.Modul
     g = shape.schema
     if g is not None:
         return build_typed_model(cfg, g.node_types, g.relations, g.target, shape.num_features, shape.num_classes,
-                                 num_layers)
+                                 num_layers, g.edge_dims)
     return build_model(cfg, shape.num_features, shape.num_classes, num_layers, shape.edge_dim)
 
 

@@ -155,9 +155,10 @@ class TypedSAGE(torch.nn.Module):
 
 
 def build_typed_model(cfg: ModelConfig, node_types, relations, target: str, in_channels: int, out_channels: int,
-                      num_layers: int) -> torch.nn.Module:
+                      num_layers: int, edge_dims: dict[str, int] | None = None) -> torch.nn.Module:
+    """``edge_dims``: relation key -> the width of its edges' features (a model of the user's own may read them)."""
     if checks.is_custom(cfg):  # a model of the user's own, relational (hpcgnn.models.custom)
-        return build_custom_typed(cfg, node_types, relations, target, in_channels, out_channels, num_layers)
+        return build_custom_typed(cfg, node_types, relations, target, in_channels, out_channels, num_layers, edge_dims)
     if cfg.name == "mlp":  # the baseline on the target type's own features
         return TypedMLP(target, MLPBaseline(in_channels, cfg.hidden_channels, num_layers, out_channels, cfg.dropout))
     cls = {"rgcn": RGCN, "sage": TypedSAGE}[cfg.name]
@@ -177,12 +178,15 @@ class TypedMLP(torch.nn.Module):
 
 
 def forward_typed_batch(model: torch.nn.Module, data) -> Tensor:
-    """Logits of the target type's seeds in a typed batch (outer hops trimmed where the model can)."""
+    """Logits of the target type's seeds in a typed batch (outer hops trimmed where the model can; the relations'
+    edge features, ``edge_attr_dict``, where the batch carries them: the model reads them)."""
     inner = getattr(model, "module", model)
     target = inner.target
     kwargs = {}
     if getattr(inner, "supports_trim", False) and "num_sampled_nodes_dict" in data:
         kwargs = {"num_sampled_nodes_dict": data.num_sampled_nodes_dict,
                   "num_sampled_edges_dict": data.num_sampled_edges_dict}
+    if getattr(inner, "edge_keyword", None) is not None:
+        kwargs["edge_attr_dict"] = data.collect("edge_attr", allow_empty=True)
     return model(data.x_dict, data.edge_index_dict, **kwargs)[: data[target].batch_size]
 

@@ -94,6 +94,12 @@ class LocalTypedFeatures:
 
     def __init__(self, graph: TypedGraph):
         self.graph, self.target = graph, graph.target
+        self.edge_relations = tuple(graph.edge_attr or ())  # the relations whose edges have features
+
+    def gather_edges(self, rel, e_id: Tensor, pin_memory: bool = False) -> Tensor:
+        """Rows ``e_id`` of ``rel``'s edge features (their places in its CSR), as float32."""
+        rows = self.graph.edge_attr[rel]
+        return gather_rows(rows, e_id.to(rows.device), pin_memory, torch.float32)
 
     def gather_types(self, n_id: dict[str, Tensor], batch_size: int,
                      pin_memory: bool = False) -> tuple[dict[str, Tensor], Tensor]:

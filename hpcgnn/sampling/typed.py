@@ -40,6 +40,7 @@ class TypedSubgraph:
     batch_size: int  # the first batch_size target-type nodes are the seeds
     num_sampled_nodes: dict[str, list[int]]  # node type -> nodes added per hop (hop 0: the seeds)
     num_sampled_edges: dict[Relation, list[int]]  # relation -> edges added per hop, hop 1 first
+    e_id: dict[Relation, Tensor] | None = None  # relation -> each edge's place in its CSR (its features' row), if asked
 
 
 def relation_fanouts(relations: Sequence[Relation], fanouts: Sequence[int] | Mapping) -> dict[Relation, tuple]:
@@ -63,11 +64,12 @@ class TypedNeighborSampler:
 
     ``graph``: a :class:`TypedGraph` (or, for a subclass that draws elsewhere, anything with its
     ``num_nodes``, ``relations`` and ``target``). The walk is here; :meth:`draw` samples one hop.
+    ``edge_ids``: each batch says which edges of each relation it holds (``e_id``: where their features are).
     """
 
     def __init__(self, graph, fanouts: Sequence[int] | Mapping, device: torch.device | None = None,
-                 id_map: str = "dense"):
-        self.graph = graph
+                 id_map: str = "dense", edge_ids: bool = False):
+        self.graph, self.edge_ids = graph, edge_ids
         self.fanouts = relation_fanouts(graph.relations, fanouts)
         self.num_hops = len(next(iter(self.fanouts.values()))) if self.fanouts else 0
         self.device = device = device if device is not None else graph.rowptr[graph.relations[0]].device
@@ -83,16 +85,18 @@ class TypedNeighborSampler:
     def draw(self, hop: int, frontier: dict[str, tuple[Tensor, int]], generator: torch.Generator | None,
              out: Callable[[Relation], Callable] | None = None) -> list[tuple[Relation, Tensor, Tensor]]:
         """One hop: per relation into a frontier type, (relation, targets' batch-local ids, sources' type-local
-        ids), one entry per sampled edge. ``frontier``: type -> (type-local ids, the batch-local id of the
-        first: a frontier's batch-local ids are one range). ``out(rel)``: :func:`sample_neighbors`' ``out`` for a
-        relation's edges (the last hop's: views of its edge index)."""
+        ids[, the edges' places in the relation's CSR, with ``edge_ids``]), one entry per sampled edge.
+        ``frontier``: type -> (type-local ids, the batch-local id of the first: a frontier's batch-local ids are
+        one range). ``out(rel)``: :func:`sample_neighbors`' ``out`` for a relation's edges (the last hop's: views
+        of its edge index)."""
         g, drawn = self.graph, []
         for rel in g.relations:
             if rel[2] not in frontier or self.fanouts[rel][hop] < 1:
                 continue
             nodes, first = frontier[rel[2]]
             drawn.append((rel, *sample_neighbors(g.rowptr[rel], g.col[rel], nodes, self.fanouts[rel][hop], generator,
-                                                 row_start=first, out=out(rel) if out is not None else None)))
+                                                 row_start=first, out=out(rel) if out is not None else None,
+                                                 eid=self.edge_ids)))
         return drawn
 
     def sample(self, seeds: Tensor, generator: torch.Generator | None = None) -> TypedSubgraph:
@@ -113,6 +117,7 @@ class TypedNeighborSampler:
         total = dict.fromkeys(node_types, 0)
         sources: dict[Relation, list[Tensor]] = {r: [] for r in g.relations}
         targets: dict[Relation, list[Tensor]] = {r: [] for r in g.relations}
+        e_ids: dict[Relation, list[Tensor]] = {r: [] for r in g.relations}
         num_edges = {r: [0] * self.num_hops for r in g.relations}
         local[g.target].put(seeds, torch.arange(seeds.numel(), device=device))
         n_ids[g.target].append(seeds)
@@ -127,7 +132,7 @@ class TypedNeighborSampler:
                 drawn = self.draw(hop, frontier, generator, **into)
                 frontier = {}
                 for t in node_types:  # number the new nodes of each type (sorted: a deterministic order)
-                    found = [nbr for rel, _, nbr in drawn if rel[0] == t]
+                    found = [d[2] for d in drawn if d[0][0] == t]
                     if not found:
                         continue
                     new = local[t].add_new(found, total[t])  # sorted
@@ -136,9 +141,10 @@ class TypedNeighborSampler:
                     total[t] += new.numel()
                     counts[t][hop + 1] = new.numel()
                     n_ids[t].append(new)
-                for rel, dst_local, nbr in drawn:
+                for rel, dst_local, nbr, *e in drawn:
                     sources[rel].append(nbr)  # type-local ids: looked up once the walk is done
                     targets[rel].append(dst_local)
+                    e_ids[rel].extend(e)
                     num_edges[rel][hop] += nbr.numel()
             n_id = {t: torch.cat(v) if v else torch.empty(0, dtype=torch.long, device=device) for t, v in n_ids.items()}
             edge_index = {rel: lasts[rel].edge_index(targets[rel], sources[rel], local[rel[0]]) for rel in g.relations}
@@ -146,13 +152,16 @@ class TypedNeighborSampler:
             for t, parts in n_ids.items():
                 if parts:
                     local[t].clear(n_id[t] if t in n_id else torch.cat(parts))
-        return TypedSubgraph(n_id, edge_index, seeds.numel(), counts, num_edges)
+        e_id = {r: torch.cat(v) if v else torch.empty(0, dtype=torch.long, device=device) for r, v in e_ids.items()} \
+            if self.edge_ids else None
+        return TypedSubgraph(n_id, edge_index, seeds.numel(), counts, num_edges, e_id)
 
 
 def to_hetero_data(features, out: TypedSubgraph, pin_memory: bool = False):
     """The sampled subgraph as PyG's ``HeteroData``: per type ``x`` and ``n_id`` (target: ``y`` of the
-    seeds and ``batch_size``), per relation ``edge_index``; ``num_sampled_nodes_dict`` and
-    ``num_sampled_edges_dict`` for PyG's heterogeneous ``trim_to_layer``. ``features``: a
+    seeds and ``batch_size``), per relation ``edge_index`` (and ``edge_attr``, each sampled edge's features, where
+    the batch says which edges it holds and the relation has features: ``features.gather_edges``);
+    ``num_sampled_nodes_dict`` and ``num_sampled_edges_dict`` for PyG's heterogeneous ``trim_to_layer``. ``features``: a
     :class:`TypedGraph`, or anything with its ``target`` and ``gather_types`` (a partitioned rank's);
     one with ``remote_rows`` adds the batch's remote feature rows per type (``remote_rows_by_type``).
     ``pin_memory``: the rows in page-locked buffers (a batch bound for a GPU), as a homogeneous batch's."""
@@ -176,6 +185,8 @@ def to_hetero_data(features, out: TypedSubgraph, pin_memory: bool = False):
     target.batch_size = data.batch_size = out.batch_size  # the seeds' count, on the type and the batch
     for rel, ei in out.edge_index.items():
         data[rel].edge_index = ei
+        if out.e_id is not None and rel in getattr(features, "edge_relations", ()):
+            data[rel].edge_attr = features.gather_edges(rel, out.e_id[rel], pin_memory)
     data.num_sampled_nodes_dict = out.num_sampled_nodes
     data.num_sampled_edges_dict = out.num_sampled_edges
     return data

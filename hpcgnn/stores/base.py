@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from hpcgnn import dist
-from hpcgnn.checks import EDGE_MODES, edge_features_refused
+from hpcgnn.checks import edge_reader, refuse_edge_features
 from hpcgnn.config import ModelConfig, RunConfig
 from hpcgnn.data.graph import GraphShape
 from hpcgnn.env import RankEnv
@@ -80,12 +80,8 @@ def edge_features_read(cfg: RunConfig, edge_dim: int) -> int:
     if not reads_edge_features(cfg.model):
         return 0
     m = cfg.model
-    what = f"model.edge_dim={m.edge_dim}" if m.edge_dim else f"model._target_={m._target_} (its forward takes edge_attr)"
-    why = edge_features_refused(cfg) or ("model.gcn_norm=true (its self-loops carry no features)" if m.gcn_norm
-                                         else None)
-    if why:
-        raise ConfigError(f"{what} reads edge features, which reach a model in {EDGE_MODES} so far, not with {why}. "
-                          "HINT: a model that reads none, or change that")
+    what = edge_reader(m)
+    refuse_edge_features(cfg, what, m.gcn_norm)
     if not edge_dim:
         raise DatasetError(f"{what} reads edge features, but the edges of dataset={cfg.dataset.name} have none. HINT: "
                            "give them (files: edge_attr.npy, a row per edge; PyG: data.edge_attr), or a model that "

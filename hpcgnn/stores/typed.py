@@ -36,14 +36,17 @@ class TypedStore(WholeGraphStore):
         super().__init__(cfg, env, device or torch.device("cpu"))
         on_local_rank0(env, f"prepare {cfg.dataset.name}", lambda: prepare(cfg.dataset))
         self.graph = self.features = g = open_typed(cfg.dataset)
-        self.shape = graph_shape(cfg, g.num_features, g.num_classes, sum(g.num_nodes.values()), g.labels, g.schema)
+        # (edge features: the widest relation's width; the model reads each relation's own, schema.edge_dims)
+        self.shape = graph_shape(cfg, g.num_features, g.num_classes, sum(g.num_nodes.values()), g.labels, g.schema,
+                                 edge_dim=max(g.schema.edge_dims.values(), default=0))
         self.graph_on = graph_on(cfg, env, self.device, self.resident_bytes())
         if self.graph_on == "device":  # sampled and gathered where the model runs
             t0 = time.perf_counter()
             self.features = g.to(self.device)
             log.info("typed graph copied to %s in %.1f s: sampling and gathering there (%.0f MB)", self.device,
                      time.perf_counter() - t0, self.resident_bytes() / 2**20)
-        self.sampler = self.train_sampler = TypedNeighborSampler(self.features, typed_fanouts(cfg, g))
+        self.sampler = self.train_sampler = TypedNeighborSampler(self.features, typed_fanouts(cfg, g),
+                                                                 edge_ids=self.shape.edge_dim > 0)
         require_training_items(cfg, g.train_idx.numel(), f"{g.target} nodes")
         self.items, self.items_per_step = g.train_idx, cfg.train.batch_size
         self.steps = steps_per_epoch(g.train_idx.numel(), env.world_size, cfg.train.batch_size)
@@ -53,7 +56,7 @@ class TypedStore(WholeGraphStore):
                  {t: rule for t, rule in g.feature_rule.items() if rule != "given"})
 
     def sampler_state(self) -> SamplerState:
-        return SamplerState("typed", self.env.rank, self.env.world_size)
+        return SamplerState("typed", self.env.rank, self.env.world_size, {"edge_ids": self.sampler.edge_ids})
 
     @staticmethod
     def server_side(cfg: RunConfig, state: SamplerState, g) -> tuple[GraphSide, None]:
@@ -61,7 +64,8 @@ class TypedStore(WholeGraphStore):
         server opened); a typed graph's batches need no degrees."""
         from hpcgnn.sampling.typed import TypedNeighborSampler
 
-        return GraphSide(g, TypedNeighborSampler(g, typed_fanouts(cfg, g))), None
+        return GraphSide(g, TypedNeighborSampler(g, typed_fanouts(cfg, g), edge_ids=bool(state.values.get("edge_ids")))), \
+            None
 
     def exact(self, model: torch.nn.Module, transform_for=None, layers: int | None = None, on_layer=None) -> Exact:
         t, env = self.cfg.train, self.env
@@ -70,5 +74,5 @@ class TypedStore(WholeGraphStore):
 
     def resident_bytes(self) -> int:
         g = self.graph
-        tensors = [*g.rowptr.values(), *g.col.values(), *g.x.values(), g.y]
+        tensors = [*g.rowptr.values(), *g.col.values(), *g.x.values(), g.y, *(g.edge_attr or {}).values()]
         return sum(t.numel() * t.element_size() for t in tensors)
