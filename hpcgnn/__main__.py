@@ -97,6 +97,9 @@ def cli() -> None:
     except KeyboardInterrupt:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         code = EXIT_INTERRUPTED
+    from hpcgnn.process import end_quickly
+
+    end_quickly()  # (a rank or server srun started, which imported torch)
     sys.exit(code)
 
 

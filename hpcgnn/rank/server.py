@@ -81,6 +81,8 @@ def serve_locally(index: int, port: int, cfg: RunConfig, parent: int) -> None:
         if env.full_error():
             raise
         sys.exit(exc.exit_code)
+    finally:
+        process.end_quickly()
 
 
 if __name__ == "__main__":

@@ -167,6 +167,7 @@ def serve(spec: SamplerSpec, recipe: bytes, slots: list[Tensor], inbox: Connecti
 
         dist.destroy_process_group()
     outbox.close()
+    process.end_quickly()
 
 
 def _shorten_timeout(timeout_s: float) -> None:

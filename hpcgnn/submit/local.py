@@ -76,6 +76,8 @@ def _spawn_entry(local_rank: int, cfg: RunConfig, port: int, parent: int, extra:
         if not getattr(exc, "recorded", False) or env.full_error():
             raise
         sys.exit(exc.exit_code if isinstance(exc, UserError) else EXIT_FAILED)
+    finally:
+        process.end_quickly()
 
 
 def _end_with_parent(parent: int) -> None:
