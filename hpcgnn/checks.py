@@ -51,7 +51,6 @@ def check_registered_names(cfg) -> None:
     check_model_config(cfg.model)
     check_dataset_config(cfg.dataset)
     check_task_config(cfg)
-    check_edge_features(cfg)
     check_trackers(cfg.metrics.trackers)
 
 
@@ -111,36 +110,6 @@ def check_model_config(model) -> None:
         raise ConfigError(f"model.edge_dim={model.edge_dim}: {' and '.join(EDGE_MODELS)} read edge features (a "
                           f"width of 1 or more); model={model.name} does not. HINT: model=gat or model=gin, or a "
                           "model of your own whose forward takes edge_attr")
-
-
-def check_edge_features(cfg) -> None:
-    """Where a model of hpcgnn's reads edge features (``model.edge_dim``): the graph modes and samplers that hand
-    them over so far (a model of the user's own: checked in the rank, by :func:`edge_features_refused`)."""
-    if cfg.model.edge_dim:
-        why = edge_features_refused(cfg)
-        if why:
-            raise ConfigError(f"model.edge_dim={cfg.model.edge_dim}: edge features reach a model in "
-                              f"{EDGE_MODES} so far, not with {why}. HINT: drop model.edge_dim, or change that")
-
-
-EDGE_MODES = "every sampler and task, on homogeneous graphs (replicated or partitioned) and replicated typed graphs"
-
-
-def edge_features_refused(cfg) -> str | None:
-    """Why a model reading edge features cannot run with ``cfg`` yet (None: it can)."""
-    if is_typed(cfg.dataset) and cfg.graph.mode == "partitioned":
-        return f"a partitioned typed graph (dataset={cfg.dataset.name} graph=partitioned)"
-    return None
-
-
-def refuse_edge_features(cfg, what: str, gcn_norm: bool = False) -> None:
-    """Raise, naming the fix, where a model reading edge features (``what`` names it) cannot run with ``cfg``
-    (``gcn_norm``: its self-loops would carry none)."""
-    why = edge_features_refused(cfg) or ("model.gcn_norm=true (its self-loops carry no features)" if gcn_norm
-                                         else None)
-    if why:
-        raise ConfigError(f"{what} reads edge features, which reach a model in {EDGE_MODES} so far, not with {why}. "
-                          "HINT: a model that reads none, or change that")
 
 
 def edge_reader(model) -> str:

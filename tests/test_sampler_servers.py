@@ -72,14 +72,14 @@ def test_local_sampler_servers_train_bitwise_as_in_process_sampling(store, tmp_p
     other server (and the exchange counts reach the rank); edge: an edge task's targets (task=edge). custom: the
     replicated graph with a model of the user's own, with autocast to bf16 and two micro-batches per step
     (hpcgnn's own sage with a server: test_slurm's heterogeneous job and test_trust_handshake's run among
-    outsiders, both against in-process sampling); typed: a relational model of the user's own reading one relation's
-    edge features (each sampled edge's, per relation)."""
+    outsiders, both against in-process sampling); typed: a partitioned typed graph, a relational model of the
+    user's own reading one relation's edge features (each sampled edge's, per relation, remote ones fetched)."""
     from test_typed_edge_features import write_rated
 
     if store == "typed":
         write_rated(tmp_path / "g", users=300, items=400)
     over = {"link": [*TINY, "task=link"],
-            "typed": ["dataset=files", f"dataset.path={tmp_path / 'g'}", "model=custom",
+            "typed": ["dataset=files", f"dataset.path={tmp_path / 'g'}", "model=custom", "graph=partitioned",
                       "model._target_=my_gnn.HeteroEdgeSAGE", "train.epochs=2", "train.batch_size=64"],
             "partitioned": [*TINY, "graph=partitioned", "graph.cache_mb=0.1"],
             "edge": [*TINY, "task=edge", "dataset.num_nodes=8000"],

@@ -147,29 +147,76 @@ def test_a_typed_batch_carries_each_sampled_edges_features_per_relation(tmp_path
     assert plain.shape.edge_dim == 0 and not batch.collect("edge_attr", allow_empty=True)
 
 
-def test_a_typed_model_reading_edge_features_is_refused_where_they_cannot_reach_it(tmp_path, monkeypatch):
-    from hpcgnn.errors import ConfigError, DatasetError
+def test_a_typed_model_reading_edge_features_on_a_graph_without_them_is_refused_at_submit(tmp_path, monkeypatch):
+    from hpcgnn.data import typed_shape
+    from hpcgnn.errors import DatasetError
     from hpcgnn.models.custom import check_custom
-    from hpcgnn.stores.base import edge_features_read
 
     monkeypatch.syspath_prepend(str(REPO / "examples"))  # (my_gnn)
-    over = ["dataset=synthetic_hetero", "model=custom", "model._target_=my_gnn.HeteroEdgeSAGE"]
-    from hpcgnn.data import typed_shape
-
-    cfg = make_config(*over, f"dataset.root={tmp_path}")
+    cfg = make_config("dataset=synthetic_hetero", "model=custom", "model._target_=my_gnn.HeteroEdgeSAGE",
+                      f"dataset.root={tmp_path}")
     schema, width, classes = typed_shape(cfg.dataset)
-    refused = (r"model._target_=my_gnn.HeteroEdgeSAGE \(its forward takes edge features\) reads edge features, which "
-               r"reach a model in every sampler and task, on homogeneous graphs \(replicated or partitioned\) and "
-               r"replicated typed graphs so far, not with a partitioned typed graph \(dataset=synthetic_hetero "
-               r"graph=partitioned\). HINT: a model that reads none")
-    with pytest.raises(ConfigError, match=refused):  # (in the rank)
-        edge_features_read(make_config(*over, "graph=partitioned"), 4)
-    with pytest.raises(ConfigError, match=refused):  # (at submit)
-        check_custom(make_config(*over, "graph=partitioned"), width, classes, schema)
     with pytest.raises(DatasetError, match=r"model._target_=my_gnn.HeteroEdgeSAGE reads edge features "
                                            r"\(edge_attr_dict\), but no relation of the typed graph has any. HINT: "
                                            r"give them \(files: edges/<relation>/edge_attr.npy"):
         check_custom(cfg, width, classes, schema)
+
+
+def _partitioned_worker(rank: int, world: int, port: int, cfg, folder: str) -> None:
+    """One of two gloo ranks on a partitioned typed graph whose model reads edge features: its evaluation batches'
+    sampled edges per relation (global ends, types' own ids) with the features they carry."""
+    import sys
+
+    sys.path.insert(0, str(REPO / "examples"))  # (my_gnn)
+    from conftest import local_rank_env
+
+    from hpcgnn.dist import process_group
+    from hpcgnn.stores import PartitionedStore
+
+    torch.set_num_threads(1)
+    env = local_rank_env(rank, world, port)
+    with process_group(env, cfg.dist, torch.device("cpu")):
+        store = PartitionedStore(cfg, env)
+        out, off = {"edge_dim": store.shape.edge_dim, "remote": 0}, store.parts.typed.schema.offsets()
+        for batch in store.eval_loader("val"):
+            for rel in (RATES, REV, FOLLOWS):
+                ei = batch[rel].edge_index
+                ends = torch.stack([batch[rel[0]].n_id[ei[0]], batch[rel[2]].n_id[ei[1]]])
+                out.setdefault(rel, []).append((ends, batch[rel].edge_attr))
+                out["remote"] += int((store.view.owner(ends[1] + off[rel[2]]) != rank).sum())  # (its target's owner's)
+    torch.save(out, f"{folder}/rank{rank}.pt")
+
+
+@pytest.mark.slow
+def test_on_a_partitioned_typed_graph_each_sampled_edge_carries_its_relations_features(tmp_path):
+    """Two ranks on a 2-part partition of a typed graph whose relations carry features: every sampled edge of each
+    relation in their batches, those sampled by a remote node's owner included (their features fetched from it),
+    carries the features the graph gives its pair."""
+    import os
+
+    import torch.multiprocessing as mp
+
+    from hpcgnn.partition import ensure_parts
+    from hpcgnn.submit.local import free_port
+
+    edges = write_rated(tmp_path / "g", users=200, items=300, follows=600)
+    cfg = make_config("dataset=files", f"dataset.path={tmp_path / 'g'}", f"dataset.root={tmp_path / 'root'}",
+                      "graph=partitioned", "graph.num_parts=2", "graph.method=metis", "model=custom",
+                      "model._target_=my_gnn.HeteroEdgeSAGE", "train.eval_batch_size=40", "graph.cache_mb=0")
+    prepare(cfg.dataset)
+    ensure_parts(cfg.dataset, cfg.graph, 2)
+    port = free_port(23000 + os.getpid() % 5000, 20000, 32767)
+    mp.start_processes(_partitioned_worker, args=(2, port, cfg, str(tmp_path)), nprocs=2, start_method="spawn")
+    want = expected(edges)
+    for r in range(2):
+        got = torch.load(tmp_path / f"rank{r}.pt", weights_only=True)
+        assert got["edge_dim"] == 4 and got["remote"] > 0
+        for rel in (RATES, REV, FOLLOWS):
+            ends = torch.cat([e for e, _ in got[rel]], 1)
+            feats = torch.cat([f for _, f in got[rel]])
+            assert ends.size(1) > 0
+            rows = np.stack([want[(rel, s, d)] for s, d in ends.T.tolist()])
+            assert torch.equal(feats, torch.from_numpy(rows)), (r, rel)
 
 
 def _train(tmp_path, *over, run: str = "run"):
@@ -185,6 +232,7 @@ TYPED_RUNS = {  # (overrides, the test accuracy it must reach, or stay below)
     "a relational model of one's own taking edge_attr_dict": (["model=custom", "model._target_=my_gnn.HeteroEdgeSAGE"],
                                                                0.9),
     "rgcn reads none": (["model=rgcn"], -0.65),
+    "GINE on a partitioned graph": ([*GINE, "graph=partitioned"], 0.9),
 }
 
 
@@ -194,11 +242,18 @@ def test_edge_features_reach_a_typed_model_that_reads_them(run, tmp_path, monkey
     """On a typed graph whose labels follow from one relation's edge features, a user's model reading them (a GINE
     made relational by to_hetero, taking edge_attr; a HeteroConv model taking edge_attr_dict) learns them, a model
     reading none stays near chance; predict gives the run's accuracy again."""
-    from conftest import predict_here
+    from conftest import EXAMPLES, predict_here, run_cli, summary_of
 
     monkeypatch.syspath_prepend(str(REPO / "examples"))  # (my_gnn)
     write_rated(tmp_path / "g")
     over, bar = TYPED_RUNS[run]
+    if "graph=partitioned" in over:  # (2 ranks, launched: the launcher partitions the graph)
+        res = run_cli("dataset=files", f"dataset.path={tmp_path / 'g'}", *over, "train.epochs=20", "train.lr=0.01",
+                      "train.batch_size=128", "model.hidden_channels=32", "metrics.tensorboard=false",
+                      cwd=tmp_path, env=EXAMPLES)
+        assert res.returncode == 0, res.stdout + res.stderr
+        assert summary_of(tmp_path)["test"] >= bar
+        return
     acc = _train(tmp_path, *over)["test"]
     assert acc >= bar if bar > 0 else acc <= -bar, (run, acc)
     if bar > 0:

@@ -257,12 +257,10 @@ def check_custom(cfg, in_channels: int = 16, out_channels: int = 3, schema=None)
     per node of a tiny graph (a link model: of ``model.hidden_channels``; ``schema``: a typed graph's types and
     relations); ``train.eval_mode=full`` needs a layer-wise model. Each failure is a
     :class:`~hpcgnn.errors.ConfigError` naming the fix."""
-    from hpcgnn.checks import edge_reader, link_eval_mode, refuse_edge_features
+    from hpcgnn.checks import link_eval_mode
 
     layers = len(cfg.train.fanouts)
     if schema is not None:
-        if reads_edge_attr(model_class(cfg.model), dict(cfg.model.kwargs)):
-            refuse_edge_features(cfg, edge_reader(cfg.model))
         build_custom_typed(cfg.model, schema.node_types, schema.relations, schema.target, in_channels, out_channels,
                            layers, schema.edge_dims)
         return  # (eval_mode=full on a typed graph: refused for custom models by the config's checks)

@@ -15,6 +15,7 @@ from hpcgnn import env
 from hpcgnn.checks import is_typed
 from hpcgnn.config import DatasetConfig, GraphConfig
 from hpcgnn.data import cache, cache_folder, open_graph, open_typed, prepare
+from hpcgnn.data.typed import relation_key
 from hpcgnn.errors import ConfigError
 from hpcgnn.partition.compute import check_partition_memory, compute_parts, seed_weight
 from hpcgnn.partition.multilevel import LOCAL, Comm
@@ -96,8 +97,9 @@ def ensure_parts(dataset: DatasetConfig, graph_cfg: GraphConfig, num_parts: int,
             "method": graph_cfg.method, "seed": graph_cfg.seed, "balance_train": graph_cfg.balance_train,
             "partition_s": round(seconds, 3), "tasks": comm.size, "feature_dtype": dataset.feature_dtype,
             "report": partition_report(graph, part, num_parts, weight, schema, comm), "edge_arrays": sorted(edges)}
-    if schema is not None:
-        meta["typed"] = {**schema.to_meta(), "arrays": typed_arrays(typed)}
+    if schema is not None:  # (a relation with edge features: its parts' edge counts, whose sums give its edge ids)
+        meta["typed"] = {**schema.to_meta(), "arrays": typed_arrays(typed),
+                         "part_edges": typed_part_edges(typed, part, num_parts)}
     if graph.edge_attr is not None:  # each part's edges carry their features; a global edge id is its part's
         #                              first (the parts' edges counted in order) plus its place in the part's CSR
         meta["edge_features"] = graph.edge_dim
@@ -105,6 +107,18 @@ def ensure_parts(dataset: DatasetConfig, graph_cfg: GraphConfig, num_parts: int,
                                             minlength=num_parts).long().tolist()
     write_parts(graph, part, folder, meta, edges, typed, comm)
     return folder, read_meta(folder) or meta, False
+
+
+def typed_part_edges(typed, part: torch.Tensor, num_parts: int) -> dict[str, list[int]]:
+    """Relation key -> each part's count of its edges (those into the part's nodes), for the relations whose edges
+    have features."""
+    off, out = typed.offsets(), {}
+    for rel in typed.edge_attr or {}:
+        t = rel[2]
+        owner = part[off[t]:off[t] + typed.num_nodes[t]].long()
+        out[relation_key(rel)] = torch.bincount(owner, weights=typed.degree(rel).double(),
+                                                minlength=num_parts).long().tolist()
+    return out
 
 
 def parts_ready(dataset: DatasetConfig, graph_cfg: GraphConfig, num_parts: int) -> bool:

@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -30,9 +30,14 @@ class TypedParts:
     col: dict[Relation, Tensor]  # int64: source ids, local to the source type
     type_base: dict[str, Tensor]  # int64 [num_parts] per type: an owned node v of that type has row
     #                               type_base[part(v)] + node_local(v) in its relations' CSRs (-1: not owned)
+    # per relation with edge features: [owned edges, D] in its CSR's order here, and each part's first global edge
+    # id of the relation (int64 [num_parts + 1]: a global id is its part's first plus its place in the part's CSR)
+    edge_attr: dict[Relation, Tensor] = field(default_factory=dict)
+    edge_base: dict[Relation, Tensor] = field(default_factory=dict)
 
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in [*self.rowptr.values(), *self.col.values()])
+        return sum(t.numel() * t.element_size() for t in [*self.rowptr.values(), *self.col.values(),
+                                                           *self.edge_attr.values()])
 
 
 @dataclass(frozen=True)
@@ -122,7 +127,7 @@ def open_parts(dataset: DatasetConfig, graph_cfg: GraphConfig, num_parts: int, o
 
     def load(rel: str) -> Tensor:
         t = torch.from_numpy(np.load(folder / rel, mmap_mode="c"))
-        rows = rel.endswith("/x.npy") or rel.endswith(f"/{EDGE_FEATURES}.npy")  # (stored in the feature dtype)
+        rows = rel.endswith("/x.npy") or f"/{EDGE_FEATURES}" in rel  # (stored in the feature dtype)
         return t.view(torch.bfloat16) if rows and meta.get("feature_dtype") == "bfloat16" else t
 
     edge_arrays = meta.get("edge_arrays", [])
@@ -161,6 +166,9 @@ def _edge_features(meta: dict, data_folder, cat) -> dict:
         base = torch.zeros(meta["num_parts"] + 1, dtype=torch.long)
         base[1:] = torch.tensor(meta["part_edges"], dtype=torch.long).cumsum(0)
         return {"edge_attr": cat(EDGE_FEATURES), "edge_base": base}
+    if "typed" in meta:  # a typed graph's relations' (written by a version that kept them: part_edges)
+        return {"edge_features_dropped": "part_edges" not in meta["typed"] and
+                any(data_folder.glob(f"{EDGE_FEATURES}__*.npy"))}
     return {"edge_features_dropped": (data_folder / f"{EDGE_FEATURES}.npy").is_file()}
 
 
@@ -189,11 +197,16 @@ def _typed_parts(typed_meta: dict, nodes_by_type: dict[str, list[int]], per_part
             base[i] = before - int(first[k, i])
             before += int(counts[k, i])
         type_base[t] = base
-    rowptr, col = {}, {}
+    rowptr, col, edge_attr, edge_base = {}, {}, {}, {}
     for rel in schema.relations:
         key = relation_key(rel)
         rowptr[rel] = concat_rowptr([per_part[i][f"rowptr__{key}"] for i in owned])
         cols = [per_part[i][f"col__{key}"] for i in owned]
         col[rel] = cols[0] if len(cols) == 1 else torch.cat(cols)
-    return TypedParts(schema, rowptr, col, type_base)
+        if key in typed_meta.get("part_edges", {}):
+            rows = [per_part[i][f"{EDGE_FEATURES}__{key}"] for i in owned]
+            edge_attr[rel] = rows[0] if len(rows) == 1 else torch.cat(rows)
+            edge_base[rel] = torch.zeros(num_parts + 1, dtype=torch.long)
+            edge_base[rel][1:] = torch.tensor(typed_meta["part_edges"][key], dtype=torch.long).cumsum(0)
+    return TypedParts(schema, rowptr, col, type_base, edge_attr, edge_base)
 

@@ -131,6 +131,8 @@ def _write_part(out: _PartFiles, i: int, graph: Graph, part: Tensor, edges: dict
             rp, pos = csr_rows(typed.rowptr[rel], own)
             arrays[f"rowptr__{relation_key(rel)}"] = rp
             arrays[f"col__{relation_key(rel)}"] = typed.col[rel].index_select(0, pos)
+            if typed.edge_attr and rel in typed.edge_attr:  # the relation's edges' features, in the same order
+                out.save_rows(f"part_{i}/{EDGE_FEATURES}__{relation_key(rel)}.npy", typed.edge_attr[rel], [pos])
     for name, array in arrays.items():
         out.save(f"part_{i}/{name}.npy", array)
     del arrays, rowptr, nodes, mine, runs
@@ -153,8 +155,10 @@ def _write_maps(out: _PartFiles, graph: Graph, part: Tensor, num_parts: int) -> 
 
 
 def typed_arrays(typed) -> list[str]:
-    """The per-relation arrays of a typed graph's parts (none for a homogeneous graph)."""
+    """The per-relation arrays of a typed graph's parts (none for a homogeneous graph): each relation's CSR, and its
+    edges' features where it has some."""
     if typed is None:
         return []
-    return [f"{kind}__{relation_key(r)}" for r in typed.relations for kind in ("rowptr", "col")]
+    return [f"{kind}__{relation_key(r)}" for r in typed.relations for kind in ("rowptr", "col")] + \
+        [f"{EDGE_FEATURES}__{relation_key(r)}" for r in typed.relations if typed.edge_attr and r in typed.edge_attr]
 

@@ -203,12 +203,15 @@ class PartitionedTypedSampler(TypedNeighborSampler):
     owners as (global id, relation) requests, every relation's in one exchange (three collectives
     per hop whatever the number of relations, run by every rank on every hop, also with nothing
     to ask). ``boundary_fraction`` < 1 keeps each sampled edge from a non-owned node with that
-    probability, as in the homogeneous sampler.
+    probability, as in the homogeneous sampler. ``edge_ids``: each relation's sampled edges' global ids (a
+    part's first plus the edge's place in the part's CSR; a remote node's owner sends them back with its
+    neighbours), for the relations whose edges have features.
     """
 
-    def __init__(self, view, fanouts: Sequence[int] | Mapping, exchange, boundary_fraction: float = 1.0):
+    def __init__(self, view, fanouts: Sequence[int] | Mapping, exchange, boundary_fraction: float = 1.0,
+                 edge_ids: bool = False):
         typed = view.parts.typed
-        super().__init__(typed.schema, fanouts, device=torch.device("cpu"), id_map="batch")
+        super().__init__(typed.schema, fanouts, device=torch.device("cpu"), id_map="batch", edge_ids=edge_ids)
         self.view, self.typed, self.exchange, self.boundary_fraction = view, typed, exchange, boundary_fraction
         self.offsets = typed.schema.offsets()
         self.relation_ids = {rel: i for i, rel in enumerate(self.graph.relations)}
@@ -224,15 +227,23 @@ class PartitionedTypedSampler(TypedNeighborSampler):
         """A batch's nodes in the homogeneous id space (the partition's), in :meth:`type_order`."""
         return torch.cat([n_id[t] + self.offsets[t] for t in self.type_order(n_id)])
 
-    def _sample(self, rel: Relation, gid: Tensor, hop: int, generator) -> tuple[Tensor, Tensor]:
-        return sample_neighbors(self.typed.rowptr[rel], self.typed.col[rel], self.view.parts.typed_rows(rel[2], gid),
-                                self.fanouts[rel][hop], generator)
+    def _sample(self, rel: Relation, gid: Tensor, hop: int, generator) -> tuple[Tensor, Tensor, Tensor]:
+        """(rows, sources, the edges' global ids: -1 for a relation without features or without ``edge_ids``)."""
+        row, nbr, *e = sample_neighbors(self.typed.rowptr[rel], self.typed.col[rel],
+                                        self.view.parts.typed_rows(rel[2], gid), self.fanouts[rel][hop], generator,
+                                        eid=self.edge_ids and rel in self.typed.edge_base)
+        eid = e[0] + self.edge_base(rel) if e else torch.full_like(nbr, -1)
+        return row, nbr, eid
+
+    def edge_base(self, rel: Relation) -> int:
+        """The global id of this rank's first edge of ``rel`` (its parts' edges in order)."""
+        return int(self.typed.edge_base[rel][self.view.rank * self.view.parts_per_rank])
 
     def draw(self, hop, frontier, generator):
         from hpcgnn.sampling.distributed import segment_sums
 
         view, ex, rels = self.view, self.exchange, self.graph.relations
-        local: dict[Relation, tuple[Tensor, Tensor]] = {}
+        local: dict[Relation, tuple[Tensor, Tensor, Tensor]] = {}
         ask_ids, ask_rel, ask_dst, ask_owner = [], [], [], []
         for rel in rels:
             if rel[2] not in frontier or self.fanouts[rel][hop] < 1:
@@ -242,8 +253,8 @@ class PartitionedTypedSampler(TypedNeighborSampler):
             gid = nodes + self.offsets[rel[2]]
             owner = view.owner(gid)
             mine = owner == view.rank
-            row, nbr = self._sample(rel, gid[mine], hop, generator)
-            local[rel] = (nodes_local[mine].index_select(0, row), nbr)
+            row, nbr, eid = self._sample(rel, gid[mine], hop, generator)
+            local[rel] = (nodes_local[mine].index_select(0, row), nbr, eid)
             remote = ~mine
             ask_ids.append(gid[remote])
             ask_rel.append(torch.full((int(remote.sum()),), self.relation_ids[rel], dtype=torch.long))
@@ -254,10 +265,12 @@ class PartitionedTypedSampler(TypedNeighborSampler):
         dst = torch.cat(ask_dst or [empty])
         asked, order, sent, received = ex.request(keys, torch.cat(ask_owner or [empty]))
         ex.stats.sample_requests += keys.size(0)
-        row_a, nbr_a = self._serve(asked, hop, generator)
+        row_a, nbr_a, eid_a = self._serve(asked, hop, generator)
         per_asked = torch.bincount(row_a, minlength=asked.size(0))
         per_sent = ex(per_asked, received, sent)  # neighbours per node this rank asked for
-        nbr_r = ex(nbr_a, segment_sums(per_asked, received), segment_sums(per_sent, sent))
+        back, forth = segment_sums(per_asked, received), segment_sums(per_sent, sent)
+        nbr_r = ex(nbr_a, back, forth)
+        eid_r = ex(eid_a, back, forth) if self.edge_ids else torch.full_like(nbr_r, -1)  # (with the neighbours)
         rel_r = torch.repeat_interleave(keys[order, 1], per_sent)
         dst_r = torch.repeat_interleave(dst[order], per_sent)
         drawn = []
@@ -266,30 +279,33 @@ class PartitionedTypedSampler(TypedNeighborSampler):
                 continue
             got = rel_r == self.relation_ids[rel]
             dst_l, nbr = torch.cat([local[rel][0], dst_r[got]]), torch.cat([local[rel][1], nbr_r[got]])
+            eid = torch.cat([local[rel][2], eid_r[got]])
             if self.boundary_fraction < 1.0 and nbr.numel():
                 keep = (view.owner(nbr + self.offsets[rel[0]]) == view.rank) | (
                     torch.rand(nbr.numel(), generator=generator) < self.boundary_fraction)
-                dst_l, nbr = dst_l[keep], nbr[keep]
+                dst_l, nbr, eid = dst_l[keep], nbr[keep], eid[keep]
             by_target = torch.argsort(dst_l, stable=True)  # grouped by target, as the replicated walk's
-            drawn.append((rel, dst_l[by_target], nbr[by_target]))
+            drawn.append((rel, dst_l[by_target], nbr[by_target], *([eid[by_target]] if self.edge_ids else [])))
         return drawn
 
-    def _serve(self, asked: Tensor, hop: int, generator) -> tuple[Tensor, Tensor]:
-        """Sample for the others' requests (global id, relation): (request index per edge, source ids),
-        grouped by request in the order they came."""
-        rows, nbrs = [], []
+    def _serve(self, asked: Tensor, hop: int, generator) -> tuple[Tensor, Tensor, Tensor]:
+        """Sample for the others' requests (global id, relation): (request index per edge, source ids, the edges'
+        global ids), grouped by request in the order they came."""
+        rows, nbrs, eids = [], [], []
         for rel in self.graph.relations:
             sel = (asked[:, 1] == self.relation_ids[rel]).nonzero().flatten()
             if sel.numel() == 0:
                 continue
-            row, nbr = self._sample(rel, asked[sel, 0], hop, generator)
+            row, nbr, eid = self._sample(rel, asked[sel, 0], hop, generator)
             rows.append(sel.index_select(0, row))
             nbrs.append(nbr)
+            eids.append(eid)
         if not rows:
-            return torch.empty(0, dtype=torch.long), torch.empty(0, dtype=torch.long)
-        row, nbr = torch.cat(rows), torch.cat(nbrs)
+            empty = torch.empty(0, dtype=torch.long)
+            return empty, empty, empty
+        row, nbr, eid = torch.cat(rows), torch.cat(nbrs), torch.cat(eids)
         by_row = torch.argsort(row, stable=True)
-        return row[by_row], nbr[by_row]
+        return row[by_row], nbr[by_row], eid[by_row]
 
 
 class PartitionedTypedFeatures:
@@ -300,6 +316,28 @@ class PartitionedTypedFeatures:
     def __init__(self, features, sampler: PartitionedTypedSampler):
         self.features, self.sampler = features, sampler
         self.target = sampler.graph.target
+        # the relations whose sampled edges carry features (the sampler says which edges: edge_ids)
+        self.edge_relations = tuple(sampler.typed.edge_attr) if sampler.edge_ids else ()
+
+    def gather_edges(self, rel: Relation, e_id: Tensor, pin_memory: bool = False) -> Tensor:
+        """Rows ``e_id`` (global edge ids of ``rel``) of its edges' features as float32: this rank's from its parts,
+        the others' from the ranks that hold them (their targets' owners); collective (every rank calls it for each
+        such relation of every batch, empty or not)."""
+        from hpcgnn.sampling.distributed import fetch_rows
+        from hpcgnn.sampling.kernels import ops
+
+        s = self.sampler
+        view, rows, base = s.view, s.typed.edge_attr[rel], s.typed.edge_base[rel]
+        first = s.edge_base(rel)
+        owner = (torch.searchsorted(base, e_id, right=True) - 1) // view.parts_per_rank
+        mine = owner == view.rank
+        out = torch.empty((e_id.numel(), rows.size(1)))
+        idx_mine, remote = mine.nonzero().flatten(), (~mine).nonzero().flatten()
+        ops.gather_rows(rows, e_id.index_select(0, idx_mine) - first, out, at=idx_mine)
+        fetched = fetch_rows(s.exchange, view, rows, e_id.index_select(0, remote), owner.index_select(0, remote),
+                             lambda ids: ids - first)  # (on the owner: its own first edge id)
+        ops.gather_rows(fetched, torch.arange(fetched.size(0)), out, at=remote)
+        return out.pin_memory() if pin_memory else out
 
     def gather_types(self, n_id: dict[str, Tensor], batch_size: int) -> tuple[dict[str, Tensor], Tensor]:
         order = self.sampler.type_order(n_id)

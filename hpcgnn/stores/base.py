@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from hpcgnn import dist
-from hpcgnn.checks import edge_reader, refuse_edge_features
+from hpcgnn.checks import edge_reader
 from hpcgnn.config import ModelConfig, RunConfig
 from hpcgnn.data.graph import GraphShape
 from hpcgnn.env import RankEnv
@@ -81,7 +81,9 @@ def edge_features_read(cfg: RunConfig, edge_dim: int) -> int:
         return 0
     m = cfg.model
     what = edge_reader(m)
-    refuse_edge_features(cfg, what, m.gcn_norm)
+    if m.gcn_norm:
+        raise ConfigError(f"{what} reads edge features, but model.gcn_norm=true adds self-loops that carry none. HINT: "
+                          "model.gcn_norm=false, or a model that reads none")
     if not edge_dim:
         raise DatasetError(f"{what} reads edge features, but the edges of dataset={cfg.dataset.name} have none. HINT: "
                            "give them (files: edge_attr.npy, a row per edge; PyG: data.edge_attr), or a model that "

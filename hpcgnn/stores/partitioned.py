@@ -94,7 +94,8 @@ def part_samplers(cfg: RunConfig, view, exchange, link: bool, targets=None) -> P
 
         schema = parts.typed.schema
         seed_offset = schema.offsets()[schema.target]
-        sampler = PartitionedTypedSampler(view, typed_fanouts(cfg, schema), exchange, g.boundary_fraction)
+        sampler = PartitionedTypedSampler(view, typed_fanouts(cfg, schema), exchange, g.boundary_fraction,
+                                          edge_ids=bool(parts.typed.edge_attr) and reads_edge_features(cfg.model))
         features = PartitionedTypedFeatures(cache, sampler)
     else:  # (its batches say which edges they hold where the model reads their features)
         sampler = d.PartitionedNeighborSampler(view, fanouts(cfg), exchange, g.boundary_fraction,
@@ -159,9 +160,10 @@ class PartitionedStore(Store):
 
             on_local_rank0(env, f"prepare the edge targets of {cfg.dataset.name}", lambda: prepare_targets(cfg.dataset))
             self.targets = open_targets(cfg.dataset)
+        schema = parts.typed.schema if parts.typed is not None else None
         self.shape = graph_shape(cfg, parts.num_features, parts.num_classes, parts.num_nodes,
-                                 self.targets.labels if self.targets is not None else parts.labels,
-                                 parts.typed.schema if parts.typed is not None else None, edge_dim=parts.edge_dim)
+                                 self.targets.labels if self.targets is not None else parts.labels, schema,
+                                 edge_dim=max(schema.edge_dims.values(), default=0) if schema else parts.edge_dim)
         if self.targets is not None:  # an edge task: a rank's targets are those whose target node it owns
             self.owns_target = self.view.owner(self.targets.index[1]) == env.rank  # bool [M]
         # Link prediction: a rank's training edges are those whose source it owns; their endpoints, like any
