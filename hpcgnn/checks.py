@@ -186,8 +186,8 @@ def is_typed(dataset) -> bool:
 
 
 def check_typed_config(cfg) -> None:
-    """What a typed graph asks of the rest of the config (node classification, neighbour sampling, on a
-    replicated or partitioned graph)."""
+    """What a typed graph asks of the rest of the config (node tasks, or an edge task on a typed folder; neighbour
+    sampling, on a replicated or partitioned graph)."""
     t, m = cfg.train, cfg.model
     if not is_typed(cfg.dataset):
         d = cfg.dataset
@@ -201,12 +201,13 @@ def check_typed_config(cfg) -> None:
         raise ConfigError(f"dataset={cfg.dataset.name} is a typed graph: model={m.name} reads one node and edge type. "
                           f"HINT: use model=rgcn (or sage, mlp, custom), or dataset.erase_types=true for the "
                           "homogeneous view")
-    for ok, why in ((cfg.task.name == "node", f"task={cfg.task.name}"),
+    edge_ok = cfg.task.name == "edge" and cfg.dataset.name in EDGE_TARGET_DATASETS
+    for ok, why in ((cfg.task.name == "node" or edge_ok, f"task={cfg.task.name}"),
                     (t.sampler == "neighbor" and not t.edge_budget, f"train.sampler={t.sampler}"
                      + (f" with train.edge_budget={t.edge_budget}" if t.edge_budget else ""))):
         if not ok:
-            raise ConfigError(f"typed graphs (dataset={cfg.dataset.name}) train with task=node, "
-                              f"train.sampler=neighbor; got {why}. HINT: drop that "
+            raise ConfigError(f"typed graphs (dataset={cfg.dataset.name}) train with task=node (task=edge: a typed "
+                              f"files folder), train.sampler=neighbor; got {why}. HINT: drop that "
                               "setting, or dataset.erase_types=true for the homogeneous view")
 
 
@@ -242,8 +243,8 @@ def _check_node(cfg) -> None:
 
 
 def _check_edge(cfg) -> None:
-    """task=edge: targets on given edges of a homogeneous graph (replicated or partitioned), neighbour sampling
-    around both ends."""
+    """task=edge: targets on given edges of a homogeneous graph (replicated or partitioned) or of one relation of a
+    typed folder (replicated, sampled evaluation), neighbour sampling around both ends."""
     k, t, d = cfg.task, cfg.train, cfg.dataset
     _check_kind(k)
     if k.decoder not in EDGE_DECODERS and "." not in k.decoder:
@@ -252,13 +253,17 @@ def _check_edge(cfg) -> None:
                           "out_channels), called on the two ends' embeddings)")
     if k.target_edges not in TARGET_EDGES:
         raise ConfigError(f"task.target_edges={k.target_edges!r} is unknown: use one of {', '.join(TARGET_EDGES)}")
-    why = (f"a typed graph (dataset={d.name})" if is_typed(d) else
-           f"dataset={d.name} (its edges carry no targets)" if d.name not in EDGE_TARGET_DATASETS else
+    typed = is_typed(d)
+    why = (f"dataset={d.name} (its edges carry no targets)" if d.name not in EDGE_TARGET_DATASETS else
            f"train.sampler={t.sampler}" if t.sampler != "neighbor" else
-           f"train.edge_budget={t.edge_budget}" if t.edge_budget else None)
+           f"train.edge_budget={t.edge_budget}" if t.edge_budget else
+           "a partitioned typed graph (graph=partitioned)" if typed and cfg.graph.mode == "partitioned" else
+           "train.eval_mode=full on a typed graph" if typed and t.eval_mode == "full" else
+           "model=mlp on a typed graph (it reads the labelled type alone)" if typed and cfg.model.name == "mlp" else
+           None)
     if why is not None:
-        raise ConfigError(f"task=edge trains on a homogeneous graph of dataset "
-                          f"{', '.join(EDGE_TARGET_DATASETS)} with train.sampler=neighbor so far, not with {why}. "
+        raise ConfigError(f"task=edge trains on a graph of dataset {', '.join(EDGE_TARGET_DATASETS)} (a typed folder: "
+                          f"replicated, sampled evaluation) with train.sampler=neighbor so far, not with {why}. "
                           "HINT: change that")
     if t.eval_mode == "full" and cfg.model.name not in (*FULL_INFERENCE_MODELS, CUSTOM):
         raise ConfigError(f"train.eval_mode=full needs model {', '.join(FULL_INFERENCE_MODELS)}; got "

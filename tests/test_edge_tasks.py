@@ -69,12 +69,13 @@ def test_an_edge_task_where_it_cannot_run_yet_is_refused_naming_the_fix():
                        (["train.sampler=cluster"], "train.sampler=cluster"),
                        (["train.edge_budget=1000"], "train.edge_budget=1000")):
         if why is None:  # (a typed graph's own check speaks first)
-            with pytest.raises(ConfigError, match=r"typed graphs \(dataset=synthetic_hetero\) train with task=node"):
+            with pytest.raises(ConfigError, match=r"typed graphs \(dataset=synthetic_hetero\) train with task=node "
+                                                  r"\(task=edge: a typed files folder\)"):
                 make_config("task=edge", *extra)
             continue
-        with pytest.raises(ConfigError, match=rf"task=edge trains on a homogeneous graph of dataset "
-                                              rf"synthetic, files, pyg with train.sampler=neighbor so far, not with "
-                                              rf"{why}. HINT: change that"):
+        with pytest.raises(ConfigError, match=rf"task=edge trains on a graph of dataset synthetic, files, pyg \(a typed "
+                                              rf"folder: replicated, sampled evaluation\) with train.sampler=neighbor so "
+                                              rf"far, not with {why}. HINT: change that"):
             make_config("task=edge", *extra)
     with pytest.raises(ConfigError, match=r"task.decoder='dot' is not an edge task's: use concat, hadamard or a module "
                                           r"of your own \(task.decoder=pkg.module.Class"):
@@ -275,3 +276,111 @@ def test_an_edge_task_needs_no_node_labels(tmp_path):
 
     with pytest.raises(DatasetError, match=r"y.npy or y.pt is missing"):
         prepare(make_config("dataset=files", f"dataset.path={tmp_path / 'g'}", f"dataset.root={tmp_path / 'r2'}").dataset)
+
+
+# ------------------------------------------------------------------ a typed graph: a relation's edges as the targets
+
+
+RATES, REV = ("user", "rates", "item"), ("item", "rev_rates", "user")
+
+
+def write_rated_edges(folder: Path, users: int = 600, items: int = 800, deg: int = 8, noise: float = 0.3,
+                      seed: int = 0) -> dict:
+    """A typed folder (users rate items; no node labels) whose ratings are an edge task's targets, labelled 1 where
+    the rating user's hidden class is its item's (the first feature of each node tells its class, ``noise``
+    aside); split seeded by dataset.edge_split."""
+    rng = np.random.default_rng(seed)
+    cls = {"user": rng.integers(0, 2, users), "item": rng.integers(0, 2, items)}
+    src, dst = rng.integers(0, users, items * deg), np.repeat(np.arange(items), deg)
+    for t, c in cls.items():
+        (folder / "nodes" / t).mkdir(parents=True, exist_ok=True)
+        x = rng.normal(scale=noise, size=(c.size, 8)).astype(np.float32)
+        x[:, 0] += 2 * c - 1
+        np.save(folder / "nodes" / t / "x.npy", x)
+    rel = folder / "edges" / "__".join(RATES)
+    rel.mkdir(parents=True, exist_ok=True)
+    label = (cls["user"][src] == cls["item"][dst]).astype(np.int64)
+    np.save(rel / "edge_index.npy", np.stack([src, dst]))
+    np.save(rel / "edge_label.npy", label)
+    return {"index": np.stack([src, dst]), "label": label}
+
+
+def test_a_typed_folders_relation_gives_the_targets_found_in_its_csr(tmp_path):
+    """The targets are the edges of the one relation whose folder holds edge_label, in its two types' own ids; each
+    one's place among its item's in-edges of the relation names its edge, and its reverse is in rev_rates."""
+    from hpcgnn.data import open_typed, prepare
+    from hpcgnn.data.edges import open_targets, prepare_targets
+
+    given = write_rated_edges(tmp_path / "g", users=50, items=60)
+    cfg = make_config("task=edge", "dataset=files", f"dataset.path={tmp_path / 'g'}",
+                      f"dataset.root={tmp_path / 'root'}").dataset
+    prepare(cfg)
+    prepare_targets(cfg)
+    t, g = open_targets(cfg), open_typed(cfg)
+    assert t.relation == RATES and t.count == given["index"].shape[1]
+    assert np.array_equal(t.index.numpy(), given["index"]) and np.array_equal(t.label.numpy(), given["label"])
+    assert sorted(torch.cat([t.split(s) for s in ("train", "val", "test")]).tolist()) == list(range(t.count))
+    rows = g.rowptr[RATES].index_select(0, t.index[1]) + t.place
+    assert bool((t.place >= 0).all()) and torch.equal(g.col[RATES].index_select(0, rows), t.index[0])
+    assert bool(t.reverse.all())
+    assert g.y.numel() == 60 and bool((g.y == -1).all())  # (no node labels: the relation's target type, unknown)
+
+
+def test_a_typed_folder_without_one_labelled_relation_is_refused_naming_it(tmp_path):
+    from hpcgnn.data import prepare
+    from hpcgnn.data.files import DatasetFileError
+
+    write_rated_edges(tmp_path / "g", users=20, items=30)
+    (tmp_path / "g" / "edges" / "__".join(RATES) / "edge_label.npy").unlink()
+    with pytest.raises(DatasetFileError, match=r"edges: task=edge on a typed graph takes one relation's edges as its "
+                                               r"targets: exactly one relation folder holds edge_label.npy \(a row per "
+                                               r"edge of its edge_index\); found none"):
+        prepare(make_config("task=edge", "dataset=files", f"dataset.path={tmp_path / 'g'}",
+                            f"dataset.root={tmp_path / 'root'}").dataset)
+
+
+def test_a_typed_edge_batch_leaves_its_targets_out_in_both_directions(tmp_path):
+    """Around both ends of its targets (users and items, each type's seeds first): no target pair is an edge of the
+    batch in rates or rev_rates (task.target_edges=keep: some are), per-hop counts add up to what is kept, and
+    each pair's local ends are its nodes."""
+    from hpcgnn.env import RankEnv
+    from hpcgnn.sampling.loader import BatchLoader
+    from hpcgnn.stores import TypedStore
+
+    write_rated_edges(tmp_path / "g", users=100, items=150)
+    over = ["task=edge", "dataset=files", f"dataset.path={tmp_path / 'g'}", f"dataset.root={tmp_path / 'root'}",
+            "model=rgcn", "train.fanouts=[25,10]"]
+    found = {}
+    for drop in ("drop", "keep"):
+        store = TypedStore(make_config(*over, f"task.target_edges={drop}"), RankEnv.from_environ({}))
+        items = store.train_batches(0)[0]
+        batch = next(iter(BatchLoader(store.features, store.train_sampler, items, items.numel())))
+        pairs = store.targets.index[:, items]
+        ends = torch.stack([batch["user"].n_id[batch.edge_label_index[0]], batch["item"].n_id[batch.edge_label_index[1]]])
+        assert torch.equal(ends, pairs) and batch.positives == items.numel()
+        targets = set(map(tuple, pairs.T.tolist()))
+        for rel, flip in ((RATES, False), (REV, True)):
+            ei = batch[rel].edge_index
+            assert sum(batch.num_sampled_edges_dict[rel]) == ei.size(1)
+            src, dst = batch[rel[0]].n_id[ei[0]], batch[rel[2]].n_id[ei[1]]
+            edges = set(map(tuple, (torch.stack([dst, src]) if flip else torch.stack([src, dst])).T.tolist()))
+            found[(drop, rel)] = len(targets & edges)
+    assert found[("drop", RATES)] == found[("drop", REV)] == 0
+    assert found[("keep", RATES)] > 0 and found[("keep", REV)] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", [["model=rgcn"], ["model=custom", "model._target_=my_gnn.HeteroSAGE"]])
+def test_a_typed_edge_task_learns_what_its_ends_tell_and_predict_says_it_again(model, tmp_path, monkeypatch):
+    """Ratings labelled by whether the user's class is the item's (which each end's features tell): R-GCN and a
+    relational model of one's own reach 0.95 test accuracy; predict and load_model give the run's back."""
+    import hpcgnn
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "examples"))  # (my_gnn)
+    write_rated_edges(tmp_path / "g")
+    run = tmp_path / "run"
+    s = train_here("task=edge", "dataset=files", f"dataset.path={tmp_path / 'g'}", *model, "train.epochs=5",
+                   "model.hidden_channels=32", "metrics.tensorboard=false", f"dataset.root={DATA_ROOT}", run_dir=run)
+    assert s["test"] >= 0.95, s["test"]
+    assert predict_here(run, "trust=true")["value"] == s["test"]
+    assert hpcgnn.load_model(run, trust_run=True).relation == RATES

@@ -113,7 +113,7 @@ STORES = {
     "replicated": ["launch.procs=1"],
     "partitioned": ["graph=partitioned", "graph.cache_mb=0.1"],
     "typed": ["launch.procs=1", "model=custom", "model._target_=my_gnn.EdgeGINE", "+model.kwargs.edge_dim=4",
-              "train.batch_size=64"],  # (on write_rated's graph: to_hetero's GINE reads the ratings' features)
+              "train.batch_size=512", "task=edge"],  # (write_rated's graph: to_hetero's GINE reads the ratings' features)
     "link": ["task=link", "launch.procs=1"],
     "cluster": ["train.sampler=cluster", "launch.procs=1"],
 }
@@ -124,12 +124,13 @@ STORES = {
 def test_two_sampler_processes_train_bitwise_as_in_process_sampling(store, tmp_path):
     """Same seed, 2 epochs: parameters equal bit for bit with train.sampler_procs=2 and 0 (the rank keeps one
     thread either way: 3 cores = the rank's 1 + 2 processes of 1), and so do the partitioned exchanges' counts.
-    typed: a typed folder whose ratings carry features, read by a model of the user's own (each sampled edge's)."""
+    typed: an edge task on a typed folder (its ratings the targets, left out of their batches) whose ratings carry
+    features, read by a model of the user's own (each sampled edge's)."""
     over = [*TINY, *STORES[store], "metrics.tensorboard=false"]
     if store == "typed":
         from test_typed_edge_features import write_rated
 
-        write_rated(tmp_path / "g", users=300, items=400)
+        write_rated(tmp_path / "g", users=300, items=400, edge_labels=True)
         over = [*STORES[store], "dataset=files", f"dataset.path={tmp_path / 'g'}", "metrics.tensorboard=false"]
     runs = {}
     for procs, threads in ((0, 1), (2, 3)):

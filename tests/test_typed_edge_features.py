@@ -18,10 +18,12 @@ RATES, REV, FOLLOWS = ("user", "rates", "item"), ("item", "rev_rates", "user"), 
 GINE = ["model=custom", "model._target_=my_gnn.EdgeGINE", "+model.kwargs.edge_dim=4"]
 
 
-def write_rated(folder, users: int = 600, items: int = 800, deg: int = 8, follows: int = 0, seed: int = 0) -> dict:
+def write_rated(folder, users: int = 600, items: int = 800, deg: int = 8, follows: int = 0, seed: int = 0,
+                edge_labels: bool = False) -> dict:
     """A typed folder: users rate items (4 features per rating; node features are noise), and an item's class is the
     sign of the mean first feature of its ratings: what only a model reading the edges' features can know.
-    ``follows``: that many user -> user edges with 2 features each, some given twice (the first kept)."""
+    ``follows``: that many user -> user edges with 2 features each, some given twice (the first kept).
+    ``edge_labels``: each rating labelled too (the sign of its own second feature), an edge task's targets."""
     rng = np.random.default_rng(seed)
     src, dst = rng.integers(0, users, items * deg), np.repeat(np.arange(items), deg)
     rating = rng.normal(size=(src.size, 4)).astype(np.float32)
@@ -33,6 +35,8 @@ def write_rated(folder, users: int = 600, items: int = 800, deg: int = 8, follow
                       "train_idx": np.sort(order[:items // 2]), "val_idx": np.sort(order[items // 2:items // 4 * 3]),
                       "test_idx": np.sort(order[items // 4 * 3:])}}
     edges = {RATES: {"edge_index": np.stack([src, dst]), "edge_attr": rating}}
+    if edge_labels:
+        edges[RATES]["edge_label"] = (rating[:, 1] > 0).astype(np.int64)
     if follows:
         a, b = rng.integers(0, users, follows), rng.integers(0, users, follows)
         a[-10:], b[-10:] = a[:10], b[:10]  # given twice: the first features are kept

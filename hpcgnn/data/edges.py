@@ -23,7 +23,11 @@ Sources:
   share a class and 0 otherwise, split by ``dataset.edge_split``;
 - ``pyg``: a ``Data`` with ``edge_label_index`` and ``edge_label`` (splits from ``edge_train_mask`` ... or
   ``edge_train_idx`` ..., else seeded), or with ``edge_label`` alone, one per edge of ``edge_index`` (the
-  graph's edges are the targets).
+  graph's edges are the targets);
+- a typed ``files`` folder: one relation's edges (``edges/<src>__<name>__<dst>/edge_index``), labelled by
+  ``edge_label`` in the same folder (a row per edge), split by ``edge_train_idx`` ... there or seeded; the
+  targets' ends are then in their two types' own ids, and ``relation`` names the relation (its reverse, where
+  the graph adds one, is where a target's reverse is looked for).
 """
 
 from __future__ import annotations
@@ -59,6 +63,7 @@ class EdgeTargets:
     labels: dict  # the labels' profile (hpcgnn.labels.profile)
     place: Tensor  # int64 [M]: the pair's edge's place among its target node's in-edges (-1: no edge)
     reverse: Tensor  # bool [M]: the reverse pair is an edge of the graph
+    relation: tuple[str, str, str] | None = None  # a typed graph's: the relation whose edges the targets are
 
     @property
     def count(self) -> int:
@@ -78,7 +83,9 @@ class EdgeTargets:
 def where_targets(cfg: DatasetConfig) -> str:
     """Where an edge task's labels are, as errors name them."""
     if cfg.name == "files" and cfg.path:
-        return f"{cfg.path.rstrip('/')}/edge_label"
+        from hpcgnn.checks import is_typed
+
+        return f"{cfg.path.rstrip('/')}/{'edges/<relation>/' if is_typed(cfg) else ''}edge_label"
     return f"the edge labels (edge_label) of dataset={cfg.name}"
 
 
@@ -94,7 +101,9 @@ def targets_folder(cfg: DatasetConfig) -> Path:
 
 def prepare_targets(cfg: DatasetConfig) -> Path:
     """The edge task's targets written beside the prepared graph (which must be there) unless they are."""
-    from hpcgnn.data.mapped import open_graph
+    from hpcgnn.checks import is_typed
+    from hpcgnn.data.files import files_folder
+    from hpcgnn.data.mapped import open_graph, open_typed
     from hpcgnn.io import atomic_folder
 
     folder = targets_folder(cfg)
@@ -103,10 +112,18 @@ def prepare_targets(cfg: DatasetConfig) -> Path:
     if cfg.name not in SOURCES:
         raise DatasetError(f"task=edge takes its targets from dataset {', '.join(SOURCES)}; dataset={cfg.name} has "
                            "none. HINT: a files folder with edge_label_index and edge_label, or a PyG Data with them")
-    graph = open_graph(cfg)
-    index, label, splits = {"synthetic": _synthetic, "files": _files, "pyg": _pyg}[cfg.name](cfg, graph)
+    relation = None
+    if is_typed(cfg):  # a typed folder: one relation's edges
+        graph = open_typed(cfg)
+        index, label, splits, relation = _typed_files(cfg, graph)
+        sizes = (graph.num_nodes[relation[0]], graph.num_nodes[relation[2]])
+    else:
+        graph = open_graph(cfg)
+        index, label, splits = {"synthetic": _synthetic, "files": _files, "pyg": _pyg}[cfg.name](cfg, graph)
+        sizes = (graph.num_nodes, graph.num_nodes)
     where = where_targets(cfg)
-    _check_index(index, graph.num_nodes, where.replace("edge_label", "edge_label_index"))
+    _check_index(index, sizes, where.replace("edge_label", "edge_label_index") if relation is None else
+                 f"{files_folder(cfg)}/edges/{'__'.join(relation)}/edge_index", relation)
     label = stored(label, where)
     if label.shape[0] != index.shape[1]:
         raise DatasetError(f"{where}: {label.shape[0]} labels for {index.shape[1]} target edges "
@@ -117,10 +134,12 @@ def prepare_targets(cfg: DatasetConfig) -> Path:
         np.save(tmp / "label.npy", label)
         for s in SPLITS:
             np.save(tmp / f"{s}_idx.npy", splits[s])
-        place, reverse = target_edges_in(graph, index)
+        place, reverse = target_edges_in(graph, index) if relation is None else \
+            typed_target_edges_in(graph, relation, index)
         np.save(tmp / "place.npy", place)
         np.save(tmp / "reverse.npy", reverse)
-        meta = {"count": int(index.shape[1]), "labels": profile(label, splits)}
+        meta = {"count": int(index.shape[1]), "labels": profile(label, splits),
+                "relation": list(relation) if relation else None}
         (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
     log.info("edge targets of %s: %d (%s train/val/test) into %s", cfg.name, index.shape[1],
              "/".join(str(len(splits[s])) for s in SPLITS), folder)
@@ -135,8 +154,9 @@ def open_targets(cfg: DatasetConfig) -> EdgeTargets:
     def load(name: str) -> Tensor:
         return torch.from_numpy(np.load(folder / f"{name}.npy", mmap_mode="c"))
 
+    relation = meta.get("relation")
     return EdgeTargets(load("index"), load("label"), {s: load(f"{s}_idx") for s in SPLITS}, meta["labels"],
-                       load("place"), load("reverse"))
+                       load("place"), load("reverse"), tuple(relation) if relation else None)
 
 
 def target_edges_in(graph, index: np.ndarray, chunk: int = 1 << 22) -> tuple[np.ndarray, np.ndarray]:
@@ -151,6 +171,34 @@ def target_edges_in(graph, index: np.ndarray, chunk: int = 1 << 22) -> tuple[np.
         e = edge_id(src, dst)
         place[a:a + chunk] = torch.where(e >= 0, e - graph.rowptr.index_select(0, dst), -1).numpy()
         reverse[a:a + chunk] = (edge_id(dst, src) >= 0).numpy()
+    return place, reverse
+
+
+def reverse_relation(graph, rel: tuple[str, str, str]) -> tuple[str, str, str] | None:
+    """Where a typed graph keeps the reverse of ``rel``'s edges: ``rel`` itself inside one type (made undirected),
+    its ``rev_<name>`` between two (None where the graph added none)."""
+    from hpcgnn.data.typed import expand_relations
+
+    back = rel if rel[0] == rel[2] else expand_relations([rel], True)[-1]
+    return back if back in graph.rowptr else None
+
+
+def typed_target_edges_in(graph, rel: tuple[str, str, str], index: np.ndarray,
+                          chunk: int = 1 << 22) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`target_edges_in` on a typed graph: each target's place among its target node's in-edges of ``rel``,
+    and whether its reverse is an edge (of ``rel``'s reverse relation)."""
+    from hpcgnn.data.graph import csr_edge_id
+
+    back = reverse_relation(graph, rel)
+    edge_id = csr_edge_id(graph.rowptr[rel], graph.col[rel])
+    back_id = csr_edge_id(graph.rowptr[back], graph.col[back]) if back is not None else None
+    place, reverse = np.empty(index.shape[1], dtype=np.int64), np.zeros(index.shape[1], dtype=bool)
+    for a in range(0, index.shape[1], chunk):
+        src, dst = (torch.from_numpy(np.ascontiguousarray(index[k, a:a + chunk])).long() for k in (0, 1))
+        e = edge_id(src, dst)
+        place[a:a + chunk] = torch.where(e >= 0, e - graph.rowptr[rel].index_select(0, dst), -1).numpy()
+        if back_id is not None:
+            reverse[a:a + chunk] = (back_id(dst, src) >= 0).numpy()
     return place, reverse
 
 
@@ -224,6 +272,28 @@ def _files(cfg: DatasetConfig, graph) -> tuple[np.ndarray, np.ndarray, dict]:
     return index, np.asarray(label), splits
 
 
+def _typed_files(cfg: DatasetConfig, graph) -> tuple[np.ndarray, np.ndarray, dict, tuple[str, str, str]]:
+    """A typed folder's targets: the edges of its one relation whose folder holds ``edge_label``."""
+    from hpcgnn.data.files import _read, files_folder, labelled_relation
+
+    edges_dir = files_folder(cfg) / "edges"
+    rel = labelled_relation(edges_dir, sorted(p.name for p in edges_dir.iterdir() if p.is_dir()))
+    folder = edges_dir / "__".join(rel)
+    index = _index_array(_read(folder, "edge_index")[1], f"{folder}/edge_index")
+    label = np.asarray(_read(folder, "edge_label")[1])
+    names = [f"edge_{s}_idx" for s in SPLITS]
+    given = [any((folder / f"{name}{suffix}").is_file() for suffix in (".npy", ".pt")) for name in names]
+    if any(given) and not all(given):
+        missing = [name for name, g in zip(names, given, strict=True) if not g]
+        raise DatasetError(f"{folder}: give all of {', '.join(names)} or none (a seeded split by dataset.edge_split); "
+                           f"{', '.join(missing)} missing")
+    if all(given):
+        splits = {s: np.asarray(_read(folder, f"edge_{s}_idx")[1]) for s in SPLITS}
+    else:
+        splits = seeded_split(index[0], index[1], max(graph.num_nodes[rel[0]], graph.num_nodes[rel[2]]), cfg)
+    return index, label, splits, rel
+
+
 def _pyg(cfg: DatasetConfig, graph) -> tuple[np.ndarray, np.ndarray, dict]:
     from hpcgnn.data.pyg import pyg_data
 
@@ -259,12 +329,16 @@ def _index_array(index: np.ndarray, where: str) -> np.ndarray:
     return index.astype(np.int64, copy=False)
 
 
-def _check_index(index: np.ndarray, num_nodes: int, where: str) -> None:
+def _check_index(index: np.ndarray, sizes: tuple[int, int], where: str, relation=None) -> None:
+    """Target ends within the graph's nodes (``sizes``: the sources' and the targets' counts; a typed ``relation``'s:
+    its two types')."""
     if index.shape[1] == 0:
         raise DatasetError(f"{where}: no target edges. HINT: give the edges to classify or regress")
-    if index.min() < 0 or index.max() >= num_nodes:
-        raise DatasetError(f"{where}: node ids must be in [0, {num_nodes}) (the graph's nodes), got "
-                           f"[{index.min()}, {index.max()}]")
+    rows = [(index, sizes[0], "the graph's nodes")] if relation is None else \
+        [(index[k], sizes[k], f"the {relation[2 * k]} nodes, its {end}s") for k, end in enumerate(("source", "target"))]
+    for ids, n, what in rows:
+        if ids.min() < 0 or ids.max() >= n:
+            raise DatasetError(f"{where}: node ids must be in [0, {n}) ({what}), got [{ids.min()}, {ids.max()}]")
 
 
 def _check_split(ids: np.ndarray, count: int, where: str) -> np.ndarray:

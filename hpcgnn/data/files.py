@@ -359,14 +359,19 @@ def read_typed_folder(cfg: DatasetConfig, mmap: bool = False) -> TypedFolder:
         raise DatasetFileError(f"{nodes_dir}: every type with features needs the same width; got "
                                f"{ {t: v.shape[1] for t, v in x.items()} }")
     labelled = [t for t in types if any((nodes_dir / t / f"y{sfx}").is_file() for sfx in (".npy", ".pt"))]
-    if len(labelled) != 1:
-        raise DatasetFileError(f"{nodes_dir}: exactly one node type has labels (nodes/<type>/y.npy): the type to "
-                               f"classify; found {labelled or 'none'}")
-    target = labelled[0]
-    arrays = {name: _read(nodes_dir / target, name) for name in ("y", "train_idx", "val_idx", "test_idx")}
-    splits = check_labels_and_splits(arrays, num_nodes[target])
-    y, classes = node_labels(*arrays["y"], cfg.num_classes)
     rels = sorted(p.name for p in edges_dir.iterdir() if p.is_dir())
+    if not labelled and cfg.prepared_for == "edge":  # an edge task's graph: its targets are a relation's edges
+        target = labelled_relation(edges_dir, rels)[2]  # (no node labels: none known, no node splits)
+        y, classes = np.full(num_nodes[target], -1, dtype=np.int64), 0
+        splits = {s: (nodes_dir, np.empty(0, dtype=np.int64)) for s in ("train_idx", "val_idx", "test_idx")}
+    else:
+        if len(labelled) != 1:
+            raise DatasetFileError(f"{nodes_dir}: exactly one node type has labels (nodes/<type>/y.npy): the type to "
+                                   f"classify; found {labelled or 'none'}")
+        target = labelled[0]
+        arrays = {name: _read(nodes_dir / target, name) for name in ("y", "train_idx", "val_idx", "test_idx")}
+        splits = check_labels_and_splits(arrays, num_nodes[target])
+        y, classes = node_labels(*arrays["y"], cfg.num_classes)
     edges, edge_attr = {}, {}
     for key in rels:
         rel = tuple(key.split("__"))
@@ -400,6 +405,16 @@ def read_typed_folder(cfg: DatasetConfig, mmap: bool = False) -> TypedFolder:
         feature_from[t] = max(into, key=lambda c: (c[0], c[1]))[1]
     return TypedFolder(num_nodes, x, target, y, {k: v[1] for k, v in splits.items()}, edges, feature_from, classes,
                        edge_attr)
+
+
+def labelled_relation(edges_dir: Path, rels: list[str]) -> tuple[str, str, str]:
+    """The one relation of a typed folder whose edges are an edge task's targets (its folder holds edge_label)."""
+    found = [key for key in rels if any((edges_dir / key / f"edge_label{sfx}").is_file() for sfx in (".npy", ".pt"))]
+    if len(found) != 1:
+        raise DatasetFileError(f"{edges_dir}: task=edge on a typed graph takes one relation's edges as its targets: "
+                               f"exactly one relation folder holds edge_label.npy (a row per edge of its "
+                               f"edge_index); found {found or 'none'}")
+    return tuple(found[0].split("__"))
 
 
 def load_typed_files(cfg: DatasetConfig, allow_download: bool = False):

@@ -8,7 +8,7 @@
 - ``saved.py``: the trained model's files, and a plain PyG file to take elsewhere.
 """
 
-from hpcgnn.models.edge import EdgeModel, build_edge_model, decoder_reads_edges
+from hpcgnn.models.edge import EdgeModel, build_edge_model, build_typed_edge_model, decoder_reads_edges
 from hpcgnn.models.gnn import (
            MODELS,
            MLPBaseline,
@@ -30,6 +30,6 @@ from hpcgnn.models.typed import (
 )
 
 __all__ = ["DECODERS", "MODELS", "RGCN", "TYPED_MODELS", "EdgeModel", "LinkModel", "MLPBaseline", "TypedMLP",
-           "TypedSAGE", "batch_transform", "build_edge_model", "build_link_model", "build_model", "build_node_model", "build_typed_model", "decoder_reads_edges",
+           "TypedSAGE", "batch_transform", "build_edge_model", "build_typed_edge_model", "build_link_model", "build_model", "build_node_model", "build_typed_model", "decoder_reads_edges",
            "forward_batch", "forward_pairs", "forward_typed_batch", "node_logits_and_labels", "reads_edge_features",
            "uses_edges"]

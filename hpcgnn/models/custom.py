@@ -141,10 +141,11 @@ class TypedCustom(torch.nn.Module):
 
     unused_parameters = True
 
-    def __init__(self, target: str, model: torch.nn.Module, built_from: str, edge_keyword: str | None = None):
+    def __init__(self, target: str, model: torch.nn.Module, built_from: str, edge_keyword: str | None = None,
+                 outputs: tuple[str, ...] | None = None):
         super().__init__()
         self.target, self.model, self.built_from = target, model, built_from  # (built_from: what summary.json names)
-        self.edge_keyword = edge_keyword
+        self.edge_keyword, self.outputs = edge_keyword, outputs  # (outputs: the types returned by type, if any)
         self.supports_trim = takes(model, "num_sampled_nodes_dict") and takes(model, "num_sampled_edges_dict")
 
     def forward(self, x_dict: dict, edge_index_dict: dict, edge_attr_dict: dict | None = None,
@@ -152,11 +153,17 @@ class TypedCustom(torch.nn.Module):
         if self.edge_keyword is not None:
             kwargs[self.edge_keyword] = edge_attr_dict
         out = self.model(x_dict, edge_index_dict, **kwargs)
+        if self.outputs:  # an edge task's ends: each type's rows
+            if not isinstance(out, dict):
+                raise ConfigError(f"{self.built_from} returned one tensor: an edge task on a typed graph needs each "
+                                  f"type's rows ({', '.join(self.outputs)}). HINT: return a dict, node type -> rows")
+            return {t: out[t] for t in self.outputs}
         return out[self.target] if isinstance(out, dict) else out
 
 
 def build_custom_typed(cfg, node_types, relations, target: str, in_channels: int, out_channels: int,
-                       num_layers: int, edge_dims: dict[str, int] | None = None) -> TypedCustom:
+                       num_layers: int, edge_dims: dict[str, int] | None = None,
+                       outputs: tuple[str, ...] | None = None) -> TypedCustom:
     """The user's model for a typed graph: given ``metadata`` (and ``edge_dims``, relation -> the width of its edges'
     features, 0 for none) where it takes them, else made relational by ``to_hetero``; probed on a tiny graph of the
     same types and relations (:func:`probe`), with edge features of each relation's width (``edge_dims``: relation
@@ -197,7 +204,13 @@ def build_custom_typed(cfg, node_types, relations, target: str, in_channels: int
     if edge_keyword is not None:  # (each relation with features: its width)
         edges["edge_attr_dict"] = {tuple(r): torch.randn(n, edge_dims["__".join(r)], generator=gen) for r in relations
                                    if edge_dims.get("__".join(r))}
-    probe(cfg, model, (x_dict, {tuple(r): ring for r in relations}), edges, n, out_channels)
+    inputs = (x_dict, {tuple(r): ring for r in relations})
+    probe(cfg, model, inputs, edges, n, out_channels)
+    if outputs:  # an edge task's two ends: their rows by type (refused, naming the fix, where it gives one tensor)
+        model.outputs = tuple(outputs)
+        with torch.no_grad():
+            model.eval()(*inputs, **edges)
+        model.train()
     return model
 
 

@@ -47,7 +47,13 @@ def build_link_model(cfg: ModelConfig, decoder: str, in_channels: int, num_layer
 
 
 def forward_pairs(model: torch.nn.Module, data, pairs: Tensor) -> Tensor:
-    """Scores of ``pairs`` (local ids of the seeds) in a sampled link batch (outer hops trimmed)."""
+    """Scores of ``pairs`` (local ids of the seeds) in a sampled link batch (outer hops trimmed); a typed batch's (an
+    edge task on a typed graph: ``HeteroData``) through its typed model."""
+    if hasattr(data, "node_types"):
+        from hpcgnn.models.typed import typed_batch_kwargs
+
+        kwargs = typed_batch_kwargs(getattr(model, "module", model).encoder, data)
+        return model(data.x_dict, data.edge_index_dict, pairs, **kwargs)
     kwargs = batch_kwargs(getattr(model, "module", model).encoder, data)
     if "edge_label_attr" in data:  # an edge task's batch whose decoder reads its target edges' own features
         kwargs["pair_attr"] = data.edge_label_attr

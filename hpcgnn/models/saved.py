@@ -51,6 +51,7 @@ def describe(model: torch.nn.Module, cfg, shape, weights: dict, **origin) -> dic
         "target": shape.target.record() if shape.target is not None else None,  # a node task's kind and scale
         "edge_dim": shape.edge_dim,  # the width of the edge features the model reads (0: none)
         "pair_edge_dim": shape.pair_edge_dim,  # an edge model's decoder: the target edges' own features' (0: none)
+        "relation": list(getattr(model, "relation", None) or []) or None,  # a typed edge model's targets' relation
         "class": class_name(model),
         "source": model_source(cfg.model),  # a model of the user's own: its class, source file and the file's hash
         **origin,
@@ -168,17 +169,20 @@ def rebuild(record: dict) -> torch.nn.Module:
     from hpcgnn.config import ModelConfig, frozen
     from hpcgnn.data.graph import GraphShape
     from hpcgnn.data.typed import TypedSchema
-    from hpcgnn.models import build_edge_model, build_link_model, build_node_model
+    from hpcgnn.models import build_edge_model, build_link_model, build_node_model, build_typed_edge_model
 
     cfg = frozen(ModelConfig, record["model"])
     s = record["shape"]
+    schema = TypedSchema.from_meta(s["schema"]) if s["schema"] is not None else None
     if record["task"] == "link":
         model = build_link_model(cfg, record["decoder"], s["num_features"], record["num_layers"])
+    elif record["task"] == "edge" and schema is not None:  # a typed graph's: its targets a relation's edges
+        model = build_typed_edge_model(cfg, record["decoder"], schema, tuple(record["relation"]), s["num_features"],
+                                       s["num_classes"], record["num_layers"])
     elif record["task"] == "edge":
         model = build_edge_model(cfg, record["decoder"], s["num_features"], s["num_classes"], record["num_layers"],
                                  record.get("edge_dim", 0), record.get("pair_edge_dim", 0))
     else:
-        schema = TypedSchema.from_meta(s["schema"]) if s["schema"] is not None else None
         shape = GraphShape(s["num_features"], s["num_classes"], s["num_nodes"], schema, target_of(record),
                            record.get("edge_dim", 0))
         model = build_node_model(cfg, shape, record["num_layers"])

@@ -22,22 +22,23 @@ class RGCN(torch.nn.Module):
     relation (``HeteroConv`` over mean-aggregating ``SAGEConv`` without root weights, summed).
 
     Batches carry per-type and per-relation hop counts: PyG's heterogeneous ``trim_to_layer`` drops
-    the outer hops layer by layer, so the last layer computes the target type's seeds only.
+    the outer hops layer by layer, so the last layer computes the target type's seeds only (``outputs``: those
+    types' instead, whose rows ``forward`` returns by type: an edge task's two ends).
     """
 
     supports_trim = True
     aggregation = "csr"  # csr: on the CPU, each relation's mean as a sorted-CSR product (hpcgnn.models.aggregation)
 
     def __init__(self, node_types, relations, target: str, in_channels: int, hidden: int, out_channels: int,
-                 num_layers: int, dropout: float):
+                 num_layers: int, dropout: float, outputs: tuple[str, ...] | None = None):
         from torch_geometric.nn import HeteroConv, Linear, SAGEConv
 
         super().__init__()
-        self.target, self.dropout, self.num_layers = target, dropout, num_layers
+        self.target, self.dropout, self.num_layers, self.outputs = target, dropout, num_layers, outputs
         dims = [in_channels] + [hidden] * (num_layers - 1) + [out_channels]
         # Layer i computes only the types that a later layer reads (the last: the target type), so that
         # every parameter takes part in every step (what DDP's all-reduce expects) and no work is wasted.
-        needed = [{target}]
+        needed = [set(outputs or (target,))]
         for _ in range(num_layers - 1):
             needed.insert(0, needed[0] | {s for s, _, d in relations if d in needed[0]})
         self.convs = torch.nn.ModuleList()
@@ -77,7 +78,7 @@ class RGCN(torch.nn.Module):
                       if t in self.roots[i]}
             if i < self.num_layers - 1:
                 x_dict = {t: F.dropout(x.relu(), self.dropout, self.training) for t, x in x_dict.items()}
-        return x_dict[self.target]
+        return typed_outputs(self, x_dict)
 
     def _forward_csr(self, x_dict: dict, edge_index_dict: dict, num_nodes: dict, num_edges: dict) -> Tensor:
         """Layer by layer, each type's nodes that a later layer reads (the last: the seeds), each relation's
@@ -103,7 +104,7 @@ class RGCN(torch.nn.Module):
                     h = h + conv((src, x[t][:targets]), adj)
                 out[t] = h
             x = out if i == layers - 1 else {t: F.dropout(v.relu(), self.dropout, self.training) for t, v in out.items()}
-        return x[self.target]
+        return typed_outputs(self, x)
 
     @torch.no_grad()
     def inference_per_layer(self, i: int, node_type: str, x_dict: dict, graph, lo: int, hi: int) -> Tensor:
@@ -142,28 +143,37 @@ class TypedSAGE(torch.nn.Module):
     unused_parameters = True
 
     def __init__(self, node_types, relations, target: str, in_channels: int, hidden: int, out_channels: int,
-                 num_layers: int, dropout: float):
+                 num_layers: int, dropout: float, outputs: tuple[str, ...] | None = None):
         from torch_geometric.nn import GraphSAGE, to_hetero
 
         super().__init__()
-        self.target = target
+        self.target, self.outputs = target, outputs
         base = GraphSAGE(in_channels, hidden, num_layers, out_channels, dropout=dropout)
         self.model = to_hetero(base, (list(node_types), list(relations)), aggr="sum")
 
     def forward(self, x_dict: dict, edge_index_dict: dict, **_: object) -> Tensor:
-        return self.model(x_dict, edge_index_dict)[self.target]
+        return typed_outputs(self, self.model(x_dict, edge_index_dict))
+
+
+def typed_outputs(model: torch.nn.Module, x_dict: dict):
+    """What a typed model returns from its last layer's rows by type: the target type's (a node task), or a dict of
+    the types ``model.outputs`` names (an edge task's two ends)."""
+    return {t: x_dict[t] for t in model.outputs} if model.outputs else x_dict[model.target]
 
 
 def build_typed_model(cfg: ModelConfig, node_types, relations, target: str, in_channels: int, out_channels: int,
-                      num_layers: int, edge_dims: dict[str, int] | None = None) -> torch.nn.Module:
-    """``edge_dims``: relation key -> the width of its edges' features (a model of the user's own may read them)."""
+                      num_layers: int, edge_dims: dict[str, int] | None = None,
+                      outputs: tuple[str, ...] | None = None) -> torch.nn.Module:
+    """``edge_dims``: relation key -> the width of its edges' features (a model of the user's own may read them);
+    ``outputs``: the node types whose rows the model returns, by type (an edge task's ends; None: the target's)."""
     if checks.is_custom(cfg):  # a model of the user's own, relational (hpcgnn.models.custom)
-        return build_custom_typed(cfg, node_types, relations, target, in_channels, out_channels, num_layers, edge_dims)
+        return build_custom_typed(cfg, node_types, relations, target, in_channels, out_channels, num_layers, edge_dims,
+                                  outputs)
     if cfg.name == "mlp":  # the baseline on the target type's own features
         return TypedMLP(target, MLPBaseline(in_channels, cfg.hidden_channels, num_layers, out_channels, cfg.dropout))
     cls = {"rgcn": RGCN, "sage": TypedSAGE}[cfg.name]
     return with_aggregation(cls(node_types, relations, target, in_channels, cfg.hidden_channels, out_channels,
-                                 num_layers, cfg.dropout), cfg)
+                                 num_layers, cfg.dropout, outputs), cfg)
 
 
 class TypedMLP(torch.nn.Module):
@@ -177,16 +187,22 @@ class TypedMLP(torch.nn.Module):
         return self.mlp(x_dict[self.target])
 
 
+def typed_batch_kwargs(encoder: torch.nn.Module, data) -> dict:
+    """What a typed batch passes to a typed model besides features and edges: per-hop counts where it trims the
+    outer hops, the relations' edge features (``edge_attr_dict``) where it reads them."""
+    kwargs = {}
+    if getattr(encoder, "supports_trim", False) and "num_sampled_nodes_dict" in data:
+        kwargs = {"num_sampled_nodes_dict": data.num_sampled_nodes_dict,
+                  "num_sampled_edges_dict": data.num_sampled_edges_dict}
+    if getattr(encoder, "edge_keyword", None) is not None:
+        kwargs["edge_attr_dict"] = data.collect("edge_attr", allow_empty=True)
+    return kwargs
+
+
 def forward_typed_batch(model: torch.nn.Module, data) -> Tensor:
     """Logits of the target type's seeds in a typed batch (outer hops trimmed where the model can; the relations'
     edge features, ``edge_attr_dict``, where the batch carries them: the model reads them)."""
     inner = getattr(model, "module", model)
-    target = inner.target
-    kwargs = {}
-    if getattr(inner, "supports_trim", False) and "num_sampled_nodes_dict" in data:
-        kwargs = {"num_sampled_nodes_dict": data.num_sampled_nodes_dict,
-                  "num_sampled_edges_dict": data.num_sampled_edges_dict}
-    if getattr(inner, "edge_keyword", None) is not None:
-        kwargs["edge_attr_dict"] = data.collect("edge_attr", allow_empty=True)
-    return model(data.x_dict, data.edge_index_dict, **kwargs)[: data[target].batch_size]
+    kwargs = typed_batch_kwargs(inner, data)
+    return model(data.x_dict, data.edge_index_dict, **kwargs)[: data[inner.target].batch_size]
 

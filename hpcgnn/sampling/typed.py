@@ -15,7 +15,7 @@ is the same for the same (seed, epoch, rank, step) however it is re-made.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
@@ -41,6 +41,7 @@ class TypedSubgraph:
     num_sampled_nodes: dict[str, list[int]]  # node type -> nodes added per hop (hop 0: the seeds)
     num_sampled_edges: dict[Relation, list[int]]  # relation -> edges added per hop, hop 1 first
     e_id: dict[Relation, Tensor] | None = None  # relation -> each edge's place in its CSR (its features' row), if asked
+    targets: dict | None = None  # what an edge task scores (its pairs, labels), set on the batch as they are
 
 
 def relation_fanouts(relations: Sequence[Relation], fanouts: Sequence[int] | Mapping) -> dict[Relation, tuple]:
@@ -99,18 +100,20 @@ class TypedNeighborSampler:
                                                  eid=self.edge_ids)))
         return drawn
 
-    def sample(self, seeds: Tensor, generator: torch.Generator | None = None) -> TypedSubgraph:
-        """The typed subgraph around ``seeds`` (target-type ids), one batch at a time (:class:`OneBatchAtATime`)."""
+    def sample(self, seeds: Tensor | dict[str, Tensor], generator: torch.Generator | None = None) -> TypedSubgraph:
+        """The typed subgraph around ``seeds`` (target-type ids; or type -> that type's ids, an edge task's two
+        ends), one batch at a time (:class:`OneBatchAtATime`)."""
         with self._guard:
             return self._walk(seeds, generator)
 
-    def _walk(self, seeds: Tensor, generator: torch.Generator | None) -> TypedSubgraph:
+    def _walk(self, seeds: Tensor | dict[str, Tensor], generator: torch.Generator | None) -> TypedSubgraph:
         g, local = self.graph, self._local
-        if torch.unique(seeds).numel() != seeds.numel():
+        by_type = dict(seeds) if isinstance(seeds, dict) else {g.target: seeds}
+        if any(torch.unique(s).numel() != s.numel() for s in by_type.values()):
             raise ValueError("seeds must be distinct")
         self.begin_batch()
         device = self.device
-        seeds = seeds.long().to(device)
+        by_type = {t: s.long().to(device) for t, s in by_type.items()}
         node_types = tuple(g.num_nodes)
         n_ids: dict[str, list[Tensor]] = {t: [] for t in node_types}
         counts = {t: [0] * (self.num_hops + 1) for t in node_types}
@@ -119,10 +122,12 @@ class TypedNeighborSampler:
         targets: dict[Relation, list[Tensor]] = {r: [] for r in g.relations}
         e_ids: dict[Relation, list[Tensor]] = {r: [] for r in g.relations}
         num_edges = {r: [0] * self.num_hops for r in g.relations}
-        local[g.target].put(seeds, torch.arange(seeds.numel(), device=device))
-        n_ids[g.target].append(seeds)
-        counts[g.target][0] = total[g.target] = seeds.numel()
-        frontier = {g.target: (seeds, 0)}
+        frontier = {}
+        for t, s in by_type.items():  # each type's seeds lead its nodes
+            local[t].put(s, torch.arange(s.numel(), device=device))
+            n_ids[t].append(s)
+            counts[t][0] = total[t] = s.numel()
+            frontier[t] = (s, 0)
         n_id: dict[str, Tensor] = {}
         lasts = {r: LastHop(device) for r in g.relations}  # each relation's last hop, sampled into its edge index
         try:
@@ -154,7 +159,8 @@ class TypedNeighborSampler:
                     local[t].clear(n_id[t] if t in n_id else torch.cat(parts))
         e_id = {r: torch.cat(v) if v else torch.empty(0, dtype=torch.long, device=device) for r, v in e_ids.items()} \
             if self.edge_ids else None
-        return TypedSubgraph(n_id, edge_index, seeds.numel(), counts, num_edges, e_id)
+        return TypedSubgraph(n_id, edge_index, by_type[g.target].numel() if g.target in by_type else 0, counts, num_edges,
+                             e_id)
 
 
 def to_hetero_data(features, out: TypedSubgraph, pin_memory: bool = False):
@@ -189,7 +195,67 @@ def to_hetero_data(features, out: TypedSubgraph, pin_memory: bool = False):
             data[rel].edge_attr = features.gather_edges(rel, out.e_id[rel], pin_memory)
     data.num_sampled_nodes_dict = out.num_sampled_nodes
     data.num_sampled_edges_dict = out.num_sampled_edges
+    for key, value in (out.targets or {}).items():
+        data[key] = value
     return data
+
+
+class TypedEdgeTargetSampler:
+    """An edge task's batches on a typed graph, its targets a relation's edges (by id; ``targets``:
+    :class:`hpcgnn.data.edges.EdgeTargets` with a ``relation``): the neighbourhood of both ends of each (its
+    source's type and its target's, each type's seeds first), the targets' labels, and (``drop_targets``) the
+    batch's target pairs left out of its message passing, in the relation and its reverse (``back``), so that no
+    label leaks through its own edge. The pairs to score are ``edge_label_index`` [2, B] (row 0: local ids of the
+    source type's nodes, row 1: of the target type's), their labels ``edge_label``; ``positives``: B."""
+
+    def __init__(self, node_sampler: TypedNeighborSampler, targets, back: Relation | None, drop_targets: bool = True):
+        self.node_sampler, self.targets, self.back, self.drop_targets = node_sampler, targets, back, drop_targets
+        self.relation = targets.relation
+
+    @property
+    def device(self) -> torch.device:  # (hpcgnn.sampling.protocol)
+        return self.node_sampler.device
+
+    def sample(self, items: Tensor, generator: torch.Generator | None = None) -> TypedSubgraph:
+        items, (s_type, _, d_type) = items.long(), self.relation
+        pairs = self.targets.index[:, items]
+        if s_type == d_type:  # both ends of one type: one set of seeds
+            seeds = {s_type: torch.unique(pairs.reshape(-1))}
+        else:
+            seeds = {s_type: torch.unique(pairs[0]), d_type: torch.unique(pairs[1])}
+        out = self.node_sampler.sample(seeds, generator)
+        s, d = torch.searchsorted(seeds[s_type], pairs[0]), torch.searchsorted(seeds[d_type], pairs[1])
+        if self.drop_targets and items.numel():
+            out = self._without_targets(out, s, d, seeds[s_type].numel(), seeds[d_type].numel())
+        return replace(out, targets={"edge_label_index": torch.stack([s, d]),
+                                     "edge_label": self.targets.label.index_select(0, items),
+                                     "positives": items.numel()})
+
+    def _without_targets(self, out: TypedSubgraph, s: Tensor, d: Tensor, ns: int, nd: int) -> TypedSubgraph:
+        """``out`` without the edges of the target pairs (local ``s`` -> ``d``, among the seeds: the first ``ns``
+        and ``nd`` nodes of the two types) in the relation, and their reverses in ``back``."""
+        edge_index, num_edges = dict(out.edge_index), {r: list(c) for r, c in out.num_sampled_edges.items()}
+        e_id = dict(out.e_id) if out.e_id is not None else None
+        drops = [(self.relation, s, d, ns, nd)]
+        if self.back is not None:
+            drops.append((self.back, d, s, nd, ns))
+        if self.back == self.relation:  # (inside one type: either direction in the relation itself)
+            drops = [(self.relation, torch.cat([s, d]), torch.cat([d, s]), ns, nd)]
+        for rel, a, b, na, nb in drops:
+            src, dst = edge_index[rel]
+            among = torch.logical_and(src < na, dst < nb).nonzero().squeeze(1)
+            drop = among[torch.isin(src.index_select(0, among) * nb + dst.index_select(0, among), a * nb + b)]
+            if drop.numel() == 0:
+                continue
+            keep = torch.ones(src.numel(), dtype=torch.bool, device=src.device)
+            keep[drop] = False
+            per_hop = torch.tensor(num_edges[rel])  # per-hop counts of what is kept, for trim_to_layer
+            hop = torch.searchsorted(per_hop.cumsum(0), drop.cpu(), right=True)
+            num_edges[rel] = (per_hop - torch.bincount(hop, minlength=per_hop.numel())).tolist()
+            edge_index[rel] = edge_index[rel][:, keep]
+            if e_id is not None:
+                e_id[rel] = e_id[rel][keep]
+        return replace(out, edge_index=edge_index, num_sampled_edges=num_edges, e_id=e_id)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""A typed graph every rank of a node maps whole; seeds are the target type's training nodes, batches HeteroData."""
+"""A typed graph every rank of a node maps whole; seeds are the target type's training nodes (an edge task's: its
+targets, a relation's edges, around both ends), batches HeteroData."""
 
 from __future__ import annotations
 
@@ -26,6 +27,16 @@ from hpcgnn.stores.replicated import graph_on
 log = logging.getLogger(__name__)
 
 
+def typed_edge_target_sampler(cfg: RunConfig, sampler, g, targets):
+    """An edge task's sampler over target ids on a typed graph (training's and evaluation's alike): around both ends
+    of each target, a relation's edge."""
+    from hpcgnn.data.edges import reverse_relation
+    from hpcgnn.sampling.typed import TypedEdgeTargetSampler
+
+    return TypedEdgeTargetSampler(sampler, targets, reverse_relation(g, targets.relation),
+                                  drop_targets=cfg.task.target_edges == "drop")
+
+
 class TypedStore(WholeGraphStore):
     """A typed graph, whole on every rank (one mapped copy per node); seeds are the target type's
     training nodes (in its own ids), split across ranks as a replicated graph's are."""
@@ -36,8 +47,14 @@ class TypedStore(WholeGraphStore):
         super().__init__(cfg, env, device or torch.device("cpu"))
         on_local_rank0(env, f"prepare {cfg.dataset.name}", lambda: prepare(cfg.dataset))
         self.graph = self.features = g = open_typed(cfg.dataset)
+        if cfg.task.name == "edge":  # its targets beside the graph (a relation's edges), their labels the outputs
+            from hpcgnn.data.edges import open_targets, prepare_targets
+
+            on_local_rank0(env, f"prepare the edge targets of {cfg.dataset.name}", lambda: prepare_targets(cfg.dataset))
+            self.targets = open_targets(cfg.dataset)
         # (edge features: the widest relation's width; the model reads each relation's own, schema.edge_dims)
-        self.shape = graph_shape(cfg, g.num_features, g.num_classes, sum(g.num_nodes.values()), g.labels, g.schema,
+        self.shape = graph_shape(cfg, g.num_features, g.num_classes, sum(g.num_nodes.values()),
+                                 self.targets.labels if self.targets is not None else g.labels, g.schema,
                                  edge_dim=max(g.schema.edge_dims.values(), default=0))
         self.graph_on = graph_on(cfg, env, self.device, self.resident_bytes())
         if self.graph_on == "device":  # sampled and gathered where the model runs
@@ -47,6 +64,18 @@ class TypedStore(WholeGraphStore):
                      time.perf_counter() - t0, self.resident_bytes() / 2**20)
         self.sampler = self.train_sampler = TypedNeighborSampler(self.features, typed_fanouts(cfg, g),
                                                                  edge_ids=self.shape.edge_dim > 0)
+        if self.targets is not None:  # an edge task: a step's seeds are training targets (a relation's edges)
+            train = self.targets.split("train")
+            require_training_items(cfg, train.numel(), "target edges")
+            self.train_sampler = self.eval_pairs = typed_edge_target_sampler(cfg, self.sampler, g, self.targets)
+            self.items, self.items_per_step = train, cfg.train.batch_size
+            self.steps = steps_per_epoch(train.numel(), env.world_size, cfg.train.batch_size)
+            log.info("typed graph: %s nodes; %s edges; %d/%d/%d train/val/test target edges of %s (%s), target edges "
+                     "%s in their batches", g.num_nodes, {"__".join(r): g.num_edges(r) for r in g.relations},
+                     train.numel(), self.targets.split("val").numel(), self.targets.split("test").numel(),
+                     "__".join(self.targets.relation), self.shape.target.outputs(),
+                     "left out" if cfg.task.target_edges == "drop" else "kept")
+            return
         require_training_items(cfg, g.train_idx.numel(), f"{g.target} nodes")
         self.items, self.items_per_step = g.train_idx, cfg.train.batch_size
         self.steps = steps_per_epoch(g.train_idx.numel(), env.world_size, cfg.train.batch_size)
@@ -64,8 +93,12 @@ class TypedStore(WholeGraphStore):
         server opened); a typed graph's batches need no degrees."""
         from hpcgnn.sampling.typed import TypedNeighborSampler
 
-        return GraphSide(g, TypedNeighborSampler(g, typed_fanouts(cfg, g), edge_ids=bool(state.values.get("edge_ids")))), \
-            None
+        sampler = TypedNeighborSampler(g, typed_fanouts(cfg, g), edge_ids=bool(state.values.get("edge_ids")))
+        if cfg.task.name == "edge":
+            from hpcgnn.data.edges import open_targets
+
+            sampler = typed_edge_target_sampler(cfg, sampler, g, open_targets(cfg.dataset))
+        return GraphSide(g, sampler), None
 
     def exact(self, model: torch.nn.Module, transform_for=None, layers: int | None = None, on_layer=None) -> Exact:
         t, env = self.cfg.train, self.env

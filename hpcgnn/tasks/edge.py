@@ -17,7 +17,7 @@ from collections.abc import Callable
 import torch
 
 from hpcgnn.errors import DatasetError
-from hpcgnn.models import batch_transform, build_edge_model, forward_pairs
+from hpcgnn.models import batch_transform, build_edge_model, build_typed_edge_model, forward_pairs
 from hpcgnn.tasks.base import StepResult, Task
 from hpcgnn.tasks.node import take_target
 
@@ -41,6 +41,9 @@ class EdgeTask(Task):
 
     def build_model(self) -> torch.nn.Module:
         s = self.store.shape
+        if s.schema is not None:  # a typed graph: its targets are a relation's edges
+            return build_typed_edge_model(self.cfg.model, self.cfg.task.decoder, s.schema, self.store.targets.relation,
+                                          s.num_features, self.target.width, len(self.cfg.train.fanouts))
         return build_edge_model(self.cfg.model, self.cfg.task.decoder, s.num_features, self.target.width,
                                 len(self.cfg.train.fanouts), s.edge_dim, s.pair_edge_dim)
 
