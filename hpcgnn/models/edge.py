@@ -108,15 +108,18 @@ class TypedEdgeModel(EdgeModel):
     relation's two end types, by type; the decoder scores each pair (row 0 of ``pairs``: local ids of the source
     type's nodes, row 1: of the target type's)."""
 
-    def __init__(self, encoder: torch.nn.Module, decoder: torch.nn.Module, relation: tuple[str, str, str]):
-        super().__init__(encoder, decoder)
+    def __init__(self, encoder: torch.nn.Module, decoder: torch.nn.Module, relation: tuple[str, str, str],
+                 reads_pair_features: bool = False):
+        super().__init__(encoder, decoder, reads_pair_features)
         self.relation = tuple(relation)
         self.supports_trim = getattr(encoder, "supports_trim", False)
         self.unused_parameters = getattr(encoder, "unused_parameters", False)  # (DDP looks for them where it must)
 
-    def forward(self, x_dict: dict, edge_index_dict: dict, pairs: Tensor, **kwargs) -> Tensor:
+    def forward(self, x_dict: dict, edge_index_dict: dict, pairs: Tensor, pair_attr: Tensor | None = None,
+                **kwargs) -> Tensor:
         h = self.encoder(x_dict, edge_index_dict, **kwargs)
-        return self.score(h[self.relation[0]].index_select(0, pairs[0]), h[self.relation[2]].index_select(0, pairs[1]))
+        return self.score(h[self.relation[0]].index_select(0, pairs[0]), h[self.relation[2]].index_select(0, pairs[1]),
+                          pair_attr)
 
 
 def build_edge_model(cfg: ModelConfig, decoder: str, in_channels: int, out_channels: int, num_layers: int,
@@ -130,12 +133,13 @@ def build_edge_model(cfg: ModelConfig, decoder: str, in_channels: int, out_chann
 
 
 def build_typed_edge_model(cfg: ModelConfig, decoder: str, schema, relation: tuple[str, str, str], in_channels: int,
-                           out_channels: int, num_layers: int) -> TypedEdgeModel:
+                           out_channels: int, num_layers: int, pair_edge_dim: int = 0) -> TypedEdgeModel:
     """A typed encoder returning the embeddings (``model.hidden_channels``) of ``relation``'s two end types, and the
-    decoder (``out_channels``) over a pair of them."""
+    decoder (``out_channels``) over a pair of them (``pair_edge_dim``: and the target edge's own features)."""
     from hpcgnn.models.typed import build_typed_model
 
     ends = tuple(dict.fromkeys((relation[0], relation[2])))
     encoder = build_typed_model(cfg, schema.node_types, schema.relations, schema.target, in_channels,
                                 cfg.hidden_channels, num_layers, schema.edge_dims, outputs=ends)
-    return TypedEdgeModel(encoder, edge_decoder(decoder, cfg.hidden_channels, out_channels), relation)
+    return TypedEdgeModel(encoder, edge_decoder(decoder, cfg.hidden_channels, out_channels, pair_edge_dim), relation,
+                          reads_pair_features=pair_edge_dim > 0)

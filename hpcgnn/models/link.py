@@ -53,6 +53,8 @@ def forward_pairs(model: torch.nn.Module, data, pairs: Tensor) -> Tensor:
         from hpcgnn.models.typed import typed_batch_kwargs
 
         kwargs = typed_batch_kwargs(getattr(model, "module", model).encoder, data)
+        if "edge_label_attr" in data:  # its decoder reads its target edges' own features
+            kwargs["pair_attr"] = data.edge_label_attr
         return model(data.x_dict, data.edge_index_dict, pairs, **kwargs)
     kwargs = batch_kwargs(getattr(model, "module", model).encoder, data)
     if "edge_label_attr" in data:  # an edge task's batch whose decoder reads its target edges' own features

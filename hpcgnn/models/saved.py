@@ -178,7 +178,7 @@ def rebuild(record: dict) -> torch.nn.Module:
         model = build_link_model(cfg, record["decoder"], s["num_features"], record["num_layers"])
     elif record["task"] == "edge" and schema is not None:  # a typed graph's: its targets a relation's edges
         model = build_typed_edge_model(cfg, record["decoder"], schema, tuple(record["relation"]), s["num_features"],
-                                       s["num_classes"], record["num_layers"])
+                                       s["num_classes"], record["num_layers"], record.get("pair_edge_dim", 0))
     elif record["task"] == "edge":
         model = build_edge_model(cfg, record["decoder"], s["num_features"], s["num_classes"], record["num_layers"],
                                  record.get("edge_dim", 0), record.get("pair_edge_dim", 0))

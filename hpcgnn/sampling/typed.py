@@ -206,11 +206,13 @@ class TypedEdgeTargetSampler:
     source's type and its target's, each type's seeds first), the targets' labels, and (``drop_targets``) the
     batch's target pairs left out of its message passing, in the relation and its reverse (``back``), so that no
     label leaks through its own edge. The pairs to score are ``edge_label_index`` [2, B] (row 0: local ids of the
-    source type's nodes, row 1: of the target type's), their labels ``edge_label``; ``positives``: B."""
+    source type's nodes, row 1: of the target type's), their labels ``edge_label``; ``positives``: B;
+    ``pair_features(items)``: the targets' own edge features where the decoder reads them (``edge_label_attr``)."""
 
-    def __init__(self, node_sampler: TypedNeighborSampler, targets, back: Relation | None, drop_targets: bool = True):
+    def __init__(self, node_sampler: TypedNeighborSampler, targets, back: Relation | None, drop_targets: bool = True,
+                 pair_features: Callable[[Tensor], Tensor] | None = None):
         self.node_sampler, self.targets, self.back, self.drop_targets = node_sampler, targets, back, drop_targets
-        self.relation = targets.relation
+        self.relation, self.pair_features = targets.relation, pair_features
 
     @property
     def device(self) -> torch.device:  # (hpcgnn.sampling.protocol)
@@ -227,9 +229,11 @@ class TypedEdgeTargetSampler:
         s, d = torch.searchsorted(seeds[s_type], pairs[0]), torch.searchsorted(seeds[d_type], pairs[1])
         if self.drop_targets and items.numel():
             out = self._without_targets(out, s, d, seeds[s_type].numel(), seeds[d_type].numel())
-        return replace(out, targets={"edge_label_index": torch.stack([s, d]),
-                                     "edge_label": self.targets.label.index_select(0, items),
-                                     "positives": items.numel()})
+        targets = {"edge_label_index": torch.stack([s, d]), "edge_label": self.targets.label.index_select(0, items),
+                   "positives": items.numel()}
+        if self.pair_features is not None:
+            targets["edge_label_attr"] = self.pair_features(items)
+        return replace(out, targets=targets)
 
     def _without_targets(self, out: TypedSubgraph, s: Tensor, d: Tensor, ns: int, nd: int) -> TypedSubgraph:
         """``out`` without the edges of the target pairs (local ``s`` -> ``d``, among the seeds: the first ``ns``

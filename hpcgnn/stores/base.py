@@ -48,11 +48,12 @@ from hpcgnn.stores.exact import Exact
 
 
 def graph_shape(cfg: RunConfig, num_features: int, num_classes: int, num_nodes: int, labels: dict | None,
-                schema=None, edge_dim: int = 0) -> GraphShape:
+                schema=None, edge_dim: int = 0, target_edge_dim: int | None = None) -> GraphShape:
     """The model's dimensions; a node task's outputs those of its target (:func:`hpcgnn.labels.resolve`: the labels'
     kind and ``task.kind``; an edge task's: those of its targets' labels, ``labels``), refused with the fix where they
     are at odds; the width of the edge features the model reads (``edge_dim``: the graph's;
-    :func:`edge_features_read`)."""
+    :func:`edge_features_read`; ``target_edge_dim``: an edge task's target edges' own width where it is not the
+    graph's, a typed relation's)."""
     read = edge_features_read(cfg, edge_dim)
     if cfg.task.name not in ("node", "edge"):
         return GraphShape(num_features, num_classes, num_nodes, schema, edge_dim=read)
@@ -63,7 +64,8 @@ def graph_shape(cfg: RunConfig, num_features: int, num_classes: int, num_nodes: 
         target = resolve(labels, k.kind, k.loss, 0, where_targets(cfg.dataset))
     else:
         target = resolve(labels, k.kind, k.loss, num_classes, where_labels(cfg.dataset))
-    return GraphShape(num_features, target.width, num_nodes, schema, target, read, pair_features_read(cfg, edge_dim))
+    pairs = pair_features_read(cfg, edge_dim if target_edge_dim is None else target_edge_dim)
+    return GraphShape(num_features, target.width, num_nodes, schema, target, read, pairs)
 
 
 def pair_features_read(cfg: RunConfig, edge_dim: int) -> int:

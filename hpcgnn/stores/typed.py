@@ -18,6 +18,7 @@ from hpcgnn.stores.base import (
     WholeGraphStore,
     graph_shape,
     on_local_rank0,
+    pair_features_read,
     require_training_items,
     typed_fanouts,
 )
@@ -27,14 +28,23 @@ from hpcgnn.stores.replicated import graph_on
 log = logging.getLogger(__name__)
 
 
-def typed_edge_target_sampler(cfg: RunConfig, sampler, g, targets):
+def typed_edge_target_sampler(cfg: RunConfig, sampler, g, targets, pair_features: bool = False):
     """An edge task's sampler over target ids on a typed graph (training's and evaluation's alike): around both ends
-    of each target, a relation's edge."""
+    of each target, a relation's edge; ``pair_features``: with each target's own edge features (its decoder reads
+    them)."""
     from hpcgnn.data.edges import reverse_relation
+    from hpcgnn.sampling.loader import gather_rows
     from hpcgnn.sampling.typed import TypedEdgeTargetSampler
 
-    return TypedEdgeTargetSampler(sampler, targets, reverse_relation(g, targets.relation),
-                                  drop_targets=cfg.task.target_edges == "drop")
+    rel = targets.relation
+
+    def own_features(items: torch.Tensor) -> torch.Tensor:  # (their edges' rows: the target node's row start + place)
+        ids = targets.edge_ids(items, lambda nodes: g.rowptr[rel].index_select(0, nodes))
+        rows = gather_rows(g.edge_attr[rel], ids.clamp(min=0), dtype=torch.float32)
+        return rows.masked_fill_((ids < 0).unsqueeze(1), 0.0)
+
+    return TypedEdgeTargetSampler(sampler, targets, reverse_relation(g, rel), drop_targets=cfg.task.target_edges == "drop",
+                                  pair_features=own_features if pair_features else None)
 
 
 class TypedStore(WholeGraphStore):
@@ -55,7 +65,8 @@ class TypedStore(WholeGraphStore):
         # (edge features: the widest relation's width; the model reads each relation's own, schema.edge_dims)
         self.shape = graph_shape(cfg, g.num_features, g.num_classes, sum(g.num_nodes.values()),
                                  self.targets.labels if self.targets is not None else g.labels, g.schema,
-                                 edge_dim=max(g.schema.edge_dims.values(), default=0))
+                                 edge_dim=max(g.schema.edge_dims.values(), default=0),
+                                 target_edge_dim=g.schema.edge_dim(self.targets.relation) if self.targets else None)
         self.graph_on = graph_on(cfg, env, self.device, self.resident_bytes())
         if self.graph_on == "device":  # sampled and gathered where the model runs
             t0 = time.perf_counter()
@@ -67,7 +78,8 @@ class TypedStore(WholeGraphStore):
         if self.targets is not None:  # an edge task: a step's seeds are training targets (a relation's edges)
             train = self.targets.split("train")
             require_training_items(cfg, train.numel(), "target edges")
-            self.train_sampler = self.eval_pairs = typed_edge_target_sampler(cfg, self.sampler, g, self.targets)
+            self.train_sampler = self.eval_pairs = typed_edge_target_sampler(cfg, self.sampler, g, self.targets,
+                                                                             self.shape.pair_edge_dim > 0)
             self.items, self.items_per_step = train, cfg.train.batch_size
             self.steps = steps_per_epoch(train.numel(), env.world_size, cfg.train.batch_size)
             log.info("typed graph: %s nodes; %s edges; %d/%d/%d train/val/test target edges of %s (%s), target edges "
@@ -97,7 +109,9 @@ class TypedStore(WholeGraphStore):
         if cfg.task.name == "edge":
             from hpcgnn.data.edges import open_targets
 
-            sampler = typed_edge_target_sampler(cfg, sampler, g, open_targets(cfg.dataset))
+            targets = open_targets(cfg.dataset)
+            reads = pair_features_read(cfg, g.schema.edge_dim(targets.relation)) > 0
+            sampler = typed_edge_target_sampler(cfg, sampler, g, targets, reads)
         return GraphSide(g, sampler), None
 
     def exact(self, model: torch.nn.Module, transform_for=None, layers: int | None = None, on_layer=None) -> Exact:

@@ -43,7 +43,8 @@ class EdgeTask(Task):
         s = self.store.shape
         if s.schema is not None:  # a typed graph: its targets are a relation's edges
             return build_typed_edge_model(self.cfg.model, self.cfg.task.decoder, s.schema, self.store.targets.relation,
-                                          s.num_features, self.target.width, len(self.cfg.train.fanouts))
+                                          s.num_features, self.target.width, len(self.cfg.train.fanouts),
+                                          s.pair_edge_dim)
         return build_edge_model(self.cfg.model, self.cfg.task.decoder, s.num_features, self.target.width,
                                 len(self.cfg.train.fanouts), s.edge_dim, s.pair_edge_dim)
 
