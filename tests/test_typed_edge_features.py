@@ -264,8 +264,9 @@ def test_edge_features_reach_a_typed_model_that_reads_them(run, tmp_path, monkey
         assert predict_here(tmp_path / "run", "trust=true")["value"] == acc
 
 
-TYPED_EDGE_RUNS = {"concat reads each rating's own": ("task.decoder=concat", 0.9),
-                   "hadamard reads none": ("task.decoder=hadamard", -0.65)}
+TYPED_EDGE_RUNS = {"concat reads each rating's own": (["task.decoder=concat"], 0.9),
+                   "concat, partitioned": (["task.decoder=concat", "graph=partitioned"], 0.9),
+                   "hadamard reads none": (["task.decoder=hadamard"], -0.65)}
 
 
 @pytest.mark.slow
@@ -273,13 +274,21 @@ TYPED_EDGE_RUNS = {"concat reads each rating's own": ("task.decoder=concat", 0.9
 def test_a_typed_edge_tasks_decoder_reads_its_targets_own_features(run, tmp_path):
     """task=edge on a typed folder whose ratings are labelled by the sign of their own second feature (left out of
     message passing with their edges): R-GCN with the concat decoder, which reads each target's own features,
-    learns it; hadamard, which reads none, stays near chance; predict gives the run's accuracy again."""
-    from conftest import DATA_ROOT, predict_here, train_here
+    learns it, replicated or partitioned (2 ranks: each its targets, their features from its own parts); hadamard,
+    which reads none, stays near chance; predict gives the run's accuracy again."""
+    from conftest import DATA_ROOT, predict_here, run_cli, summary_of, train_here
 
-    decoder, bar = TYPED_EDGE_RUNS[run]
+    extra, bar = TYPED_EDGE_RUNS[run]
     write_rated(tmp_path / "g", edge_labels=True)
-    s = train_here("task=edge", "dataset=files", f"dataset.path={tmp_path / 'g'}", "model=rgcn", decoder,
-                   "train.epochs=5", "metrics.tensorboard=false", f"dataset.root={DATA_ROOT}", run_dir=tmp_path / "run")
+    over = ["task=edge", "dataset=files", f"dataset.path={tmp_path / 'g'}", "model=rgcn", *extra, "train.epochs=5",
+            "metrics.tensorboard=false"]
+    if "graph=partitioned" in extra:  # (launched: the launcher partitions the graph)
+        res = run_cli(*over, cwd=tmp_path)
+        assert res.returncode == 0, res.stdout + res.stderr
+        s = summary_of(tmp_path)
+        assert s["graph_mode"] == "partitioned" and s["test"] >= bar, s["test"]
+        return
+    s = train_here(*over, f"dataset.root={DATA_ROOT}", run_dir=tmp_path / "run")
     assert s["test"] >= bar if bar > 0 else s["test"] <= -bar, (run, s["test"])
     if bar > 0:
         assert predict_here(tmp_path / "run")["value"] == s["test"]

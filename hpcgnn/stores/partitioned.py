@@ -103,10 +103,35 @@ def part_samplers(cfg: RunConfig, view, exchange, link: bool, targets=None) -> P
     train_sampler = sampler
     if link:
         train_sampler = link_sampler(cfg, sampler, parts.train_pos, parts.num_nodes, owned_has_edge(view))
-    if targets is not None:  # (a rank's targets are those whose target node it owns: their edges are its own)
+    if targets is not None and parts.typed is not None:  # a relation's edges, around both ends' types
+        train_sampler = typed_part_target_sampler(cfg, view, sampler, targets)
+    elif targets is not None:  # (a rank's targets are those whose target node it owns: their edges are its own)
         train_sampler = EdgeTargetSampler(sampler, targets, drop_targets=cfg.task.target_edges == "drop",
                                           pair_ids=owned_pair_ids(cfg, view, targets))
     return PartSamplers(cache, features, sampler, train_sampler, seed_offset)
+
+
+def typed_part_target_sampler(cfg: RunConfig, view, sampler, targets):
+    """An edge task's sampler on a rank's typed parts: its targets (a relation's edges whose target node it owns)
+    around both ends across parts, each target's own features, where the decoder reads them, from the rank's own
+    rows of the relation (its target node's row start plus the edge's place)."""
+    from hpcgnn.data.edges import reverse_relation
+    from hpcgnn.sampling.loader import gather_rows
+    from hpcgnn.sampling.typed import TypedEdgeTargetSampler
+
+    typed, rel = view.parts.typed, targets.relation
+    offset = typed.schema.offsets()[rel[2]]
+
+    def own_features(items: Tensor) -> Tensor:
+        rows = targets.edge_ids(items, lambda nodes: typed.rowptr[rel].index_select(
+            0, view.parts.typed_rows(rel[2], nodes + offset)))
+        out = gather_rows(typed.edge_attr[rel], rows.clamp(min=0), dtype=torch.float32)
+        return out.masked_fill_((rows < 0).unsqueeze(1), 0.0)
+
+    reads = pair_features_read(cfg, typed.schema.edge_dim(rel)) > 0 and rel in typed.edge_attr
+    return TypedEdgeTargetSampler(sampler, targets, reverse_relation(typed, rel),
+                                  drop_targets=cfg.task.target_edges == "drop",
+                                  pair_features=own_features if reads else None)
 
 
 def owned_pair_ids(cfg: RunConfig, view, targets):
@@ -161,11 +186,13 @@ class PartitionedStore(Store):
             on_local_rank0(env, f"prepare the edge targets of {cfg.dataset.name}", lambda: prepare_targets(cfg.dataset))
             self.targets = open_targets(cfg.dataset)
         schema = parts.typed.schema if parts.typed is not None else None
+        relation = self.targets.relation if self.targets is not None else None  # (a typed edge task's)
         self.shape = graph_shape(cfg, parts.num_features, parts.num_classes, parts.num_nodes,
                                  self.targets.labels if self.targets is not None else parts.labels, schema,
-                                 edge_dim=max(schema.edge_dims.values(), default=0) if schema else parts.edge_dim)
+                                 edge_dim=max(schema.edge_dims.values(), default=0) if schema else parts.edge_dim,
+                                 target_edge_dim=schema.edge_dim(relation) if relation else None)
         if self.targets is not None:  # an edge task: a rank's targets are those whose target node it owns
-            self.owns_target = self.view.owner(self.targets.index[1]) == env.rank  # bool [M]
+            self.owns_target = self.view.owner(self._global(self.targets.index)[1]) == env.rank  # bool [M]
         # Link prediction: a rank's training edges are those whose source it owns; their endpoints, like any
         # other node, are sampled and fetched wherever they live. Evaluation reads the splits' (small) arrays.
         self.link = open_link_splits(cfg.dataset) if cfg.dataset.prepared_for == "link" else None
@@ -177,7 +204,7 @@ class PartitionedStore(Store):
         self.cache, self.features, self.sampler, self.train_sampler = s.cache, s.features, s.sampler, s.train_sampler
         if self.targets is not None:  # an edge task's batches, training's and evaluation's alike
             self.eval_pairs, self.edge_rows = s.train_sampler, s.cache
-            self.pair_ids = s.train_sampler.pair_ids
+            self.pair_ids = getattr(s.train_sampler, "pair_ids", None)  # (exact decoding's; a typed one's: none)
         self.seed_offset = s.seed_offset  # global id -> sampler seed (a typed graph's sampler takes target-type ids)
 
     def sampler_state(self) -> SamplerState:
@@ -241,7 +268,7 @@ class PartitionedStore(Store):
         if self.link is not None:  # the warm-up samples around the edges' endpoints
             warm = [torch.unique(parts.train_pos[:, ids].reshape(-1)) for ids in warm]
         elif self.targets is not None:  # ... around the targets' ends
-            warm = [torch.unique(self.targets.index[:, ids].reshape(-1)) for ids in warm]
+            warm = [torch.unique(self._global(self.targets.index[:, ids]).reshape(-1)) for ids in warm]
         warm = list(warm) + [warm[0][:0]] * (g.warmup_batches - len(warm))
         self.cache.fill_cache(d.hot_nodes(self.view, budget, g.cache_policy, self.sampler, warm, gen))
 
@@ -256,6 +283,13 @@ class PartitionedStore(Store):
             off = schema.offsets()
             log.info("rank %d: cached rows by node type: %s", env.rank,
                      {t: int(((cached >= off[t]) & (cached < off[t] + n)).sum()) for t, n in schema.num_nodes.items()})
+
+    def _global(self, pairs: Tensor) -> Tensor:
+        """An edge task's target pairs [2, k] in the partition's ids (a typed relation's: each end's type offset)."""
+        if self.targets.relation is None:
+            return pairs
+        off, (s, _, d) = self.parts.typed.schema.offsets(), self.targets.relation
+        return pairs + torch.tensor([[off[s]], [off[d]]])
 
     def train_seeds(self, epoch: int) -> Tensor:
         """The rank's own training seeds (nodes; link: ids of its edges; an edge task: of its targets), shuffled and
