@@ -384,3 +384,13 @@ def test_a_typed_edge_task_learns_what_its_ends_tell_and_predict_says_it_again(m
     assert s["test"] >= 0.95, s["test"]
     assert predict_here(run, "trust=true")["value"] == s["test"]
     assert hpcgnn.load_model(run, trust_run=True).relation == RATES
+
+
+@pytest.mark.slow
+def test_a_preempted_typed_edge_task_resumes_bitwise(tmp_path):
+    """Preempted mid-epoch and resumed, a typed edge task's parameters equal the uninterrupted run's bit for bit."""
+    write_rated_edges(tmp_path / "g", users=200, items=300)
+    over = ["task=edge", "dataset=files", f"dataset.path={tmp_path / 'g'}", "model=rgcn", "train.epochs=2",
+            "train.batch_size=128", "train.precision=fp32", "metrics.tensorboard=false", f"dataset.root={DATA_ROOT}"]
+    whole, cut = preempted_and_resumed(*over, step=5, folder=tmp_path)
+    assert cut["param_checksums"] == whole["param_checksums"] and cut["test"] == whole["test"]
