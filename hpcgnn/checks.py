@@ -23,7 +23,7 @@ TYPED_FULL_INFERENCE_MODELS = ("rgcn", "mlp")  # ... on a typed graph
 FEATURE_DTYPES = ("float32", "float16", "bfloat16")  # dataset.feature_dtype: how features are stored
 DECODERS = ("dot", "mlp")  # link prediction: how a pair of embeddings becomes a score
 EDGE_DECODERS = ("concat", "hadamard")  # task=edge: how a pair of embeddings becomes outputs (or pkg.module.Class)
-EDGE_TARGET_DATASETS = ("synthetic", "files", "pyg")  # task=edge: datasets whose edges can carry targets
+EDGE_TARGET_DATASETS = ("synthetic", "files", "pyg", "pyg_hetero")  # task=edge: datasets whose edges can carry targets
 EDGE_MODELS = ("gat", "gin")  # hpcgnn's models that read edge features (model.edge_dim): GATConv(edge_dim), GINEConv
 
 # ------------------------------------------------------------------ datasets: from their specs (hpcgnn.datasets)

@@ -73,7 +73,8 @@ def test_an_edge_task_where_it_cannot_run_yet_is_refused_naming_the_fix():
                                                   r"\(task=edge: a typed files folder\)"):
                 make_config("task=edge", *extra)
             continue
-        with pytest.raises(ConfigError, match=rf"task=edge trains on a graph of dataset synthetic, files, pyg \(a typed "
+        with pytest.raises(ConfigError, match=rf"task=edge trains on a graph of dataset synthetic, files, pyg, pyg_hetero "
+                                              rf"\(a typed "
                                               rf"folder: sampled evaluation\) with train.sampler=neighbor so "
                                               rf"far, not with {why}. HINT: change that"):
             make_config("task=edge", *extra)
@@ -394,3 +395,40 @@ def test_a_preempted_typed_edge_task_resumes_bitwise(tmp_path):
             "train.batch_size=128", "train.precision=fp32", "metrics.tensorboard=false", f"dataset.root={DATA_ROOT}"]
     whole, cut = preempted_and_resumed(*over, step=5, folder=tmp_path)
     assert cut["param_checksums"] == whole["param_checksums"] and cut["test"] == whole["test"]
+
+
+def rated_hetero(users: int = 300, items: int = 400, deg: int = 8) -> "HeteroData":  # noqa: F821
+    """(for dataset=pyg_hetero) :func:`write_rated_edges`' graph as a HeteroData: the ratings' edge_label, no node
+    labels, a seeded split."""
+    import tempfile
+
+    from torch_geometric.data import HeteroData
+
+    with tempfile.TemporaryDirectory() as folder:
+        given = write_rated_edges(Path(folder), users, items, deg)
+        data = HeteroData()
+        for t in ("user", "item"):
+            data[t].x = torch.from_numpy(np.load(Path(folder) / "nodes" / t / "x.npy"))
+    data[RATES].edge_index = torch.from_numpy(given["index"])
+    data[RATES].edge_label = torch.from_numpy(given["label"])
+    return data
+
+
+@pytest.mark.slow
+def test_a_heterodatas_labelled_relation_gives_an_edge_tasks_targets(tmp_path):
+    """dataset=pyg_hetero with task=edge: the one relation with edge_label gives the targets (no node labels
+    needed); R-GCN learns them."""
+    from hpcgnn.data import prepare
+    from hpcgnn.data.edges import open_targets, prepare_targets
+
+    over = ["task=edge", "dataset=pyg_hetero", "dataset._target_=test_edge_tasks.rated_hetero",
+            "dataset.to_undirected=true", "model=rgcn"]
+    cfg = make_config(*over, f"dataset.root={tmp_path / 'root'}")
+    prepare(cfg.dataset)
+    prepare_targets(cfg.dataset)
+    t, data = open_targets(cfg.dataset), rated_hetero()
+    assert t.relation == RATES and torch.equal(t.index, data[RATES].edge_index)
+    assert torch.equal(t.label, data[RATES].edge_label) and bool(t.reverse.all())
+    s = train_here(*over, "train.epochs=8", "model.hidden_channels=32", "metrics.tensorboard=false",
+                   f"dataset.root={tmp_path / 'root'}", run_dir=tmp_path / "run")
+    assert s["test"] >= 0.9, s["test"]

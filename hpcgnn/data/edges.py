@@ -27,7 +27,9 @@ Sources:
 - a typed ``files`` folder: one relation's edges (``edges/<src>__<name>__<dst>/edge_index``), labelled by
   ``edge_label`` in the same folder (a row per edge), split by ``edge_train_idx`` ... there or seeded; the
   targets' ends are then in their two types' own ids, and ``relation`` names the relation (its reverse, where
-  the graph adds one, is where a target's reverse is looked for).
+  the graph adds one, is where a target's reverse is looked for);
+- ``pyg_hetero``: the one relation of a ``HeteroData`` with ``edge_label`` (and ``edge_label_index``, or one per
+  edge of its ``edge_index``), splits from its ``edge_train_mask`` ... (or ``edge_*_idx``), else seeded.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ log = logging.getLogger(__name__)
 
 TARGETS_VERSION = 2  # in the key: how the targets are drawn (synthetic) and stored
 SYNTHETIC_FRACTION = 0.1  # of a synthetic graph's edge pairs, drawn as targets
-SOURCES = ("synthetic", "files", "pyg")  # the datasets whose edges can carry targets (task=edge)
+SOURCES = ("synthetic", "files", "pyg", "pyg_hetero")  # the datasets whose edges can carry targets (task=edge)
 
 
 @dataclass(frozen=True)
@@ -115,15 +117,19 @@ def prepare_targets(cfg: DatasetConfig) -> Path:
     relation = None
     if is_typed(cfg):  # a typed folder: one relation's edges
         graph = open_typed(cfg)
-        index, label, splits, relation = _typed_files(cfg, graph)
+        index, label, splits, relation = (_typed_files if cfg.name == "files" else _typed_pyg)(cfg, graph)
         sizes = (graph.num_nodes[relation[0]], graph.num_nodes[relation[2]])
     else:
         graph = open_graph(cfg)
         index, label, splits = {"synthetic": _synthetic, "files": _files, "pyg": _pyg}[cfg.name](cfg, graph)
         sizes = (graph.num_nodes, graph.num_nodes)
     where = where_targets(cfg)
-    _check_index(index, sizes, where.replace("edge_label", "edge_label_index") if relation is None else
-                 f"{files_folder(cfg)}/edges/{'__'.join(relation)}/edge_index", relation)
+    if relation is None:
+        at = where.replace("edge_label", "edge_label_index")
+    else:
+        at = f"{files_folder(cfg)}/edges/{'__'.join(relation)}/edge_index" if cfg.name == "files" else \
+            f"dataset=pyg_hetero ({cfg._target_}, {'__'.join(relation)})"
+    _check_index(index, sizes, at, relation)
     label = stored(label, where)
     if label.shape[0] != index.shape[1]:
         raise DatasetError(f"{where}: {label.shape[0]} labels for {index.shape[1]} target edges "
@@ -294,11 +300,24 @@ def _typed_files(cfg: DatasetConfig, graph) -> tuple[np.ndarray, np.ndarray, dic
     return index, label, splits, rel
 
 
-def _pyg(cfg: DatasetConfig, graph) -> tuple[np.ndarray, np.ndarray, dict]:
-    from hpcgnn.data.pyg import pyg_data
+def _typed_pyg(cfg: DatasetConfig, graph) -> tuple[np.ndarray, np.ndarray, dict, tuple[str, str, str]]:
+    """A ``HeteroData``'s targets: its one relation with ``edge_label`` (:func:`_pyg` on that relation's store)."""
+    from hpcgnn.data.pyg import labelled_relation, pyg_data
 
     data = pyg_data(cfg)
-    where = f"dataset=pyg ({cfg._target_})"
+    rel = labelled_relation(cfg, data)
+    n = max(graph.num_nodes[rel[0]], graph.num_nodes[rel[2]])
+    return (*_pyg(cfg, graph, data[rel], f"dataset=pyg_hetero ({cfg._target_}, {'__'.join(rel)})", n), rel)
+
+
+def _pyg(cfg: DatasetConfig, graph, data=None, where: str | None = None,
+         num_nodes: int | None = None) -> tuple[np.ndarray, np.ndarray, dict]:
+    """A ``Data``'s targets (``data``: a store of one, a ``HeteroData`` relation's; ``num_nodes``: what the
+    seeded split hashes pairs by)."""
+    from hpcgnn.data.pyg import pyg_data
+
+    data = pyg_data(cfg) if data is None else data
+    where = where or f"dataset=pyg ({cfg._target_})"
     label = getattr(data, "edge_label", None)
     if label is None:
         raise DatasetError(f"{where}: task=edge needs data.edge_label (with data.edge_label_index, or one per edge of "
@@ -317,7 +336,7 @@ def _pyg(cfg: DatasetConfig, graph) -> tuple[np.ndarray, np.ndarray, dict]:
         raise DatasetError(f"{where}: give every split of the edge labels (edge_train_mask, edge_val_mask, "
                            "edge_test_mask, or edge_*_idx) or none (a seeded split by dataset.edge_split)")
     if not splits:
-        splits = seeded_split(index[0], index[1], graph.num_nodes, cfg)
+        splits = seeded_split(index[0], index[1], graph.num_nodes if num_nodes is None else num_nodes, cfg)
     return index, label.numpy(), splits
 
 

@@ -214,9 +214,28 @@ def _feature_rules(data, relations: list[Relation]) -> dict[str, Relation]:
     return rules
 
 
+def labelled_relation(cfg: DatasetConfig, data) -> tuple[str, str, str]:
+    """The one relation of a ``HeteroData`` whose edges carry ``edge_label`` (an edge task's targets)."""
+    found = [tuple(r) for r in data.edge_types if getattr(data[r], "edge_label", None) is not None]
+    if len(found) != 1:
+        raise DatasetError(f"dataset._target_={cfg._target_}: task=edge on a HeteroData takes one relation's edges as "
+                           f"its targets: exactly one relation has edge_label; found "
+                           f"{['__'.join(r) for r in found] or 'none'}")
+    return found[0]
+
+
 def _typed_parts(cfg: DatasetConfig, data) -> dict:
-    """What a typed graph is built from: sizes, relations, edges, padded features, rules, labels and splits."""
-    target = _target_type(cfg, data)
+    """What a typed graph is built from: sizes, relations, edges, padded features, rules, labels and splits (an
+    edge task's graph whose nodes have no labels: none, on its labelled relation's target type)."""
+    with_y = any(getattr(data[t], "y", None) is not None for t in data.node_types)
+    if cfg.prepared_for == "edge" and not with_y and cfg.target_type is None:
+        target = labelled_relation(cfg, data)[2]
+        n = data[target].num_nodes
+        y, classes, splits = torch.full((n,), -1, dtype=torch.long), 0, [torch.empty(0, dtype=torch.long)] * 3
+    else:
+        target = _target_type(cfg, data)
+        y, classes = _labels(cfg, data[target])
+        splits = _splits(cfg, data[target], data[target].num_nodes)
     edges = {tuple(rel): data[rel].edge_index.long() for rel in data.edge_types}
     features = {tuple(rel): _edge_features(cfg, data, rel) for rel in data.edge_types}
     relations = list(edges)
@@ -229,11 +248,9 @@ def _typed_parts(cfg: DatasetConfig, data) -> dict:
                                f"([{data[t].num_nodes}, width])")
     width = max(x.size(1) for x in given.values())
     x = {t: torch.nn.functional.pad(v.float(), (0, width - v.size(1))) for t, v in given.items()}
-    y, classes = _labels(cfg, data[target])
-    n = data[target].num_nodes
     return {"num_nodes": {t: int(data[t].num_nodes) for t in data.node_types}, "relations": relations,
             "edges": edges, "x": x, "width": width, "rules": rules, "target": target, "y": y, "classes": classes,
-            "splits": _splits(cfg, data[target], n),
+            "splits": splits,
             "edge_attr": {r: v for r, v in features.items() if v is not None}}
 
 
