@@ -397,7 +397,7 @@ def test_a_preempted_typed_edge_task_resumes_bitwise(tmp_path):
     assert cut["param_checksums"] == whole["param_checksums"] and cut["test"] == whole["test"]
 
 
-def rated_hetero(users: int = 300, items: int = 400, deg: int = 8) -> "HeteroData":  # noqa: F821
+def rated_hetero(users: int = 300, items: int = 400, deg: int = 8) -> HeteroData:  # noqa: F821
     """(for dataset=pyg_hetero) :func:`write_rated_edges`' graph as a HeteroData: the ratings' edge_label, no node
     labels, a seeded split."""
     import tempfile
