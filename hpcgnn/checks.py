@@ -243,8 +243,8 @@ def _check_node(cfg) -> None:
 
 
 def _check_edge(cfg) -> None:
-    """task=edge: targets on given edges of a homogeneous graph or of one relation of a typed folder (sampled
-    evaluation), replicated or partitioned, neighbour sampling around both ends."""
+    """task=edge: targets on given edges of a homogeneous graph or of one relation of a typed graph (exact
+    evaluation: R-GCN on a replicated one), replicated or partitioned, neighbour sampling around both ends."""
     k, t, d = cfg.task, cfg.train, cfg.dataset
     _check_kind(k)
     if k.decoder not in EDGE_DECODERS and "." not in k.decoder:
@@ -257,14 +257,14 @@ def _check_edge(cfg) -> None:
     why = (f"dataset={d.name} (its edges carry no targets)" if d.name not in EDGE_TARGET_DATASETS else
            f"train.sampler={t.sampler}" if t.sampler != "neighbor" else
            f"train.edge_budget={t.edge_budget}" if t.edge_budget else
-           "train.eval_mode=full on a typed graph" if typed and t.eval_mode == "full" else
+           "train.eval_mode=full on a typed graph but with model=rgcn on a replicated graph" if typed and
+           t.eval_mode == "full" and (cfg.model.name != "rgcn" or cfg.graph.mode == "partitioned") else
            "model=mlp on a typed graph (it reads the labelled type alone)" if typed and cfg.model.name == "mlp" else
            None)
     if why is not None:
-        raise ConfigError(f"task=edge trains on a graph of dataset {', '.join(EDGE_TARGET_DATASETS)} (a typed folder: "
-                          f"sampled evaluation) with train.sampler=neighbor so far, not with {why}. "
-                          "HINT: change that")
-    if t.eval_mode == "full" and cfg.model.name not in (*FULL_INFERENCE_MODELS, CUSTOM):
+        raise ConfigError(f"task=edge trains on a graph of dataset {', '.join(EDGE_TARGET_DATASETS)} with "
+                          f"train.sampler=neighbor so far, not with {why}. HINT: change that")
+    if t.eval_mode == "full" and not typed and cfg.model.name not in (*FULL_INFERENCE_MODELS, CUSTOM):
         raise ConfigError(f"train.eval_mode=full needs model {', '.join(FULL_INFERENCE_MODELS)}; got "
                           f"model={cfg.model.name}. HINT: train.eval_mode=sampled (or auto)")
 

@@ -292,3 +292,21 @@ def test_a_typed_edge_tasks_decoder_reads_its_targets_own_features(run, tmp_path
     assert s["test"] >= bar if bar > 0 else s["test"] <= -bar, (run, s["test"])
     if bar > 0:
         assert predict_here(tmp_path / "run")["value"] == s["test"]
+
+
+@pytest.mark.slow
+def test_a_typed_edge_tasks_exact_evaluation_is_its_sampled_one_with_every_neighbour(tmp_path):
+    """R-GCN's exact evaluation of a typed edge task (every node of both end types layer by layer, each target's
+    own features for concat) scores what sampled evaluation does when the fanouts take every neighbour and the
+    targets keep their edges: the same metrics; predict with mode=full prints the run's."""
+    from conftest import DATA_ROOT, predict_here, train_here
+
+    write_rated(tmp_path / "g", users=200, items=300, edge_labels=True)
+    over = ["task=edge", "dataset=files", f"dataset.path={tmp_path / 'g'}", "model=rgcn", "task.target_edges=keep",
+            "train.fanouts=[1000,1000]", "train.precision=fp32", "train.epochs=2", "metrics.tensorboard=false",
+            f"dataset.root={DATA_ROOT}"]
+    full = train_here(*over, "train.eval_mode=full", run_dir=tmp_path / "full")
+    sampled = train_here(*over, "train.eval_mode=sampled", run_dir=tmp_path / "sampled")
+    assert full["param_checksums"] == sampled["param_checksums"]
+    assert abs(full["best_val"] - sampled["best_val"]) < 1e-9 and abs(full["test"] - sampled["test"]) < 1e-9
+    assert predict_here(tmp_path / "full", "mode=full")["value"] == full["test"]

@@ -62,6 +62,8 @@ class Exact:
     rows: Callable[[Tensor], Tensor]
     split: Callable[[str], tuple[Tensor, Tensor]]
     share: Callable[[str], Tensor]  # the ids of this rank's share of a split, in the order split gives its rows
+    # a typed encoder's outputs of several types (an edge task's ends): (node type, its own ids) -> their rows
+    typed_rows: Callable[[str, Tensor], Tensor] | None = None
 
 
 class ExactPieces(abc.ABC):
@@ -169,6 +171,9 @@ class WholeTypedPieces(ExactPieces):
             i, t, here, self.graph, a, b).float().cpu()) for t in model.layer_types(i)}
 
     def outputs(self, model, table):
+        """The target type's rows; a model with ``outputs`` (an edge task's encoder): those types' rows by type."""
+        if getattr(model, "outputs", None):
+            return {t: table[t] for t in model.outputs}
         return table[self.graph.target]
 
 

@@ -3,6 +3,7 @@ targets, a relation's edges, around both ends), batches HeteroData."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 
@@ -114,10 +115,18 @@ class TypedStore(WholeGraphStore):
             sampler = typed_edge_target_sampler(cfg, sampler, g, targets, reads)
         return GraphSide(g, sampler), None
 
+    def pair_features(self, items: torch.Tensor) -> torch.Tensor:
+        """An edge task's targets' own edge features (its relation's), for a decoder that reads them."""
+        return self.eval_pairs.pair_features(items)
+
     def exact(self, model: torch.nn.Module, transform_for=None, layers: int | None = None, on_layer=None) -> Exact:
         t, env = self.cfg.train, self.env
-        return self._exact(exact_outputs(model, WholeTypedPieces(self.graph, self.device, t.eval_chunk, env.rank,
-                                                                 env.world_size, env.one_node), layers, on_layer))
+        out = exact_outputs(model, WholeTypedPieces(self.graph, self.device, t.eval_chunk, env.rank, env.world_size,
+                                                    env.one_node), layers, on_layer)
+        if isinstance(out, dict):  # an edge task's encoder: its two end types' rows, read by type
+            exact = self._exact(out[self.graph.target])
+            return dataclasses.replace(exact, typed_rows=lambda node_type, ids: out[node_type].index_select(0, ids))
+        return self._exact(out)
 
     def resident_bytes(self) -> int:
         g = self.graph

@@ -98,8 +98,12 @@ def exact_scores(model: torch.nn.Module, exact, store, ids: torch.Tensor, chunk:
     for r in range(rounds):
         part = ids[r * chunk:(r + 1) * chunk]
         pairs = targets.index[:, part]
-        both = exact.rows(torch.cat([pairs[0], pairs[1]])).to(device)
+        k = part.numel()
+        if targets.relation is not None:  # a typed graph's: each end's rows of its own type
+            both = torch.cat([exact.typed_rows(targets.relation[0], pairs[0]),
+                              exact.typed_rows(targets.relation[2], pairs[1])]).to(device)
+        else:
+            both = exact.rows(torch.cat([pairs[0], pairs[1]])).to(device)
         attr = store.pair_features(part).to(device) if model.reads_pair_features else None
-        if part.numel():
-            k = part.numel()
+        if k:
             yield model.score(both[:k], both[k:], attr), part
