@@ -186,8 +186,8 @@ def is_typed(dataset) -> bool:
 
 
 def check_typed_config(cfg) -> None:
-    """What a typed graph asks of the rest of the config (node tasks, or an edge task on a typed folder; neighbour
-    sampling, on a replicated or partitioned graph)."""
+    """What a typed graph asks of the rest of the config (node tasks, or an edge task on a typed folder or a
+    HeteroData; neighbour sampling, on a replicated or partitioned graph)."""
     t, m = cfg.train, cfg.model
     if not is_typed(cfg.dataset):
         d = cfg.dataset
@@ -207,7 +207,7 @@ def check_typed_config(cfg) -> None:
                      + (f" with train.edge_budget={t.edge_budget}" if t.edge_budget else ""))):
         if not ok:
             raise ConfigError(f"typed graphs (dataset={cfg.dataset.name}) train with task=node (task=edge: a typed "
-                              f"files folder), train.sampler=neighbor; got {why}. HINT: drop that "
+                              f"files folder or a HeteroData), train.sampler=neighbor; got {why}. HINT: drop that "
                               "setting, or dataset.erase_types=true for the homogeneous view")
 
 
@@ -257,8 +257,9 @@ def _check_edge(cfg) -> None:
     why = (f"dataset={d.name} (its edges carry no targets)" if d.name not in EDGE_TARGET_DATASETS else
            f"train.sampler={t.sampler}" if t.sampler != "neighbor" else
            f"train.edge_budget={t.edge_budget}" if t.edge_budget else
-           "train.eval_mode=full on a typed graph but with model=rgcn on a replicated graph" if typed and
-           t.eval_mode == "full" and (cfg.model.name != "rgcn" or cfg.graph.mode == "partitioned") else
+           f"train.eval_mode=full on a typed graph with model={cfg.model.name} graph={cfg.graph.mode} (exact: "
+           "model=rgcn, replicated)" if typed and t.eval_mode == "full" and
+           (cfg.model.name != "rgcn" or cfg.graph.mode == "partitioned") else
            "model=mlp on a typed graph (it reads the labelled type alone)" if typed and cfg.model.name == "mlp" else
            None)
     if why is not None:

@@ -63,14 +63,14 @@ def _files(folder: Path, *extra: str) -> list[str]:
 # ------------------------------------------------------------------ what is refused, at submit and on reading
 
 
-def test_an_edge_task_where_it_cannot_run_yet_is_refused_naming_the_fix():
+def test_an_edge_task_where_it_cannot_run_yet_is_refused_naming_the_fix(tmp_path):
     for extra, why in ((["dataset=synthetic_hetero", "model=rgcn"], None),
                        (["dataset=ogbn-arxiv"], r"dataset=ogbn-arxiv \(its edges carry no targets\)"),
                        (["train.sampler=cluster"], "train.sampler=cluster"),
                        (["train.edge_budget=1000"], "train.edge_budget=1000")):
         if why is None:  # (a typed graph's own check speaks first)
             with pytest.raises(ConfigError, match=r"typed graphs \(dataset=synthetic_hetero\) train with task=node "
-                                                  r"\(task=edge: a typed files folder\)"):
+                                                  r"\(task=edge: a typed files folder or a HeteroData\)"):
                 make_config("task=edge", *extra)
             continue
         with pytest.raises(ConfigError, match=rf"task=edge trains on a graph of dataset synthetic, files, pyg, pyg_hetero "
@@ -82,6 +82,11 @@ def test_an_edge_task_where_it_cannot_run_yet_is_refused_naming_the_fix():
     with pytest.raises(ConfigError, match=r"task.loss=l1 is a regression's loss; task.kind=classification"):
         make_config("task=edge", "task.kind=classification", "task.loss=l1")
     assert make_config("task=edge").task.decoder == "concat"
+    with pytest.raises(ConfigError, match=r"not with train.eval_mode=full on a typed graph with model=sage "
+                                          r"graph=replicated \(exact: model=rgcn, replicated\). HINT: change that"):
+        write_rated_edges(tmp_path / "typed", users=10, items=10)
+        make_config("task=edge", "dataset=files", f"dataset.path={tmp_path / 'typed'}", "model=sage",
+                    "train.eval_mode=full")
 
 
 def test_target_files_that_do_not_fit_the_graph_are_refused_naming_the_file(tmp_path):

@@ -114,24 +114,14 @@ def part_samplers(cfg: RunConfig, view, exchange, link: bool, targets=None) -> P
 def typed_part_target_sampler(cfg: RunConfig, view, sampler, targets):
     """An edge task's sampler on a rank's typed parts: its targets (a relation's edges whose target node it owns)
     around both ends across parts, each target's own features, where the decoder reads them, from the rank's own
-    rows of the relation (its target node's row start plus the edge's place)."""
-    from hpcgnn.data.edges import reverse_relation
-    from hpcgnn.sampling.loader import gather_rows
-    from hpcgnn.sampling.typed import TypedEdgeTargetSampler
+    rows of the relation."""
+    from hpcgnn.stores.typed import typed_edge_target_sampler
 
     typed, rel = view.parts.typed, targets.relation
     offset = typed.schema.offsets()[rel[2]]
-
-    def own_features(items: Tensor) -> Tensor:
-        rows = targets.edge_ids(items, lambda nodes: typed.rowptr[rel].index_select(
-            0, view.parts.typed_rows(rel[2], nodes + offset)))
-        out = gather_rows(typed.edge_attr[rel], rows.clamp(min=0), dtype=torch.float32)
-        return out.masked_fill_((rows < 0).unsqueeze(1), 0.0)
-
     reads = pair_features_read(cfg, typed.schema.edge_dim(rel)) > 0 and rel in typed.edge_attr
-    return TypedEdgeTargetSampler(sampler, targets, reverse_relation(typed, rel),
-                                  drop_targets=cfg.task.target_edges == "drop",
-                                  pair_features=own_features if reads else None)
+    return typed_edge_target_sampler(cfg, sampler, typed, targets, reads,
+                                     row_of=lambda nodes: view.parts.typed_rows(rel[2], nodes + offset))
 
 
 def owned_pair_ids(cfg: RunConfig, view, targets):

@@ -29,10 +29,11 @@ from hpcgnn.stores.replicated import graph_on
 log = logging.getLogger(__name__)
 
 
-def typed_edge_target_sampler(cfg: RunConfig, sampler, g, targets, pair_features: bool = False):
+def typed_edge_target_sampler(cfg: RunConfig, sampler, g, targets, pair_features: bool = False, row_of=None):
     """An edge task's sampler over target ids on a typed graph (training's and evaluation's alike): around both ends
     of each target, a relation's edge; ``pair_features``: with each target's own edge features (its decoder reads
-    them)."""
+    them), read from ``g`` (a TypedGraph, or a rank's TypedParts: then ``row_of(target nodes)`` gives their rows
+    in its CSRs: a rank's targets are those whose target node it holds)."""
     from hpcgnn.data.edges import reverse_relation
     from hpcgnn.sampling.loader import gather_rows
     from hpcgnn.sampling.typed import TypedEdgeTargetSampler
@@ -40,7 +41,8 @@ def typed_edge_target_sampler(cfg: RunConfig, sampler, g, targets, pair_features
     rel = targets.relation
 
     def own_features(items: torch.Tensor) -> torch.Tensor:  # (their edges' rows: the target node's row start + place)
-        ids = targets.edge_ids(items, lambda nodes: g.rowptr[rel].index_select(0, nodes))
+        ids = targets.edge_ids(items, lambda nodes: g.rowptr[rel].index_select(0, nodes if row_of is None else
+                                                                                 row_of(nodes)))
         rows = gather_rows(g.edge_attr[rel], ids.clamp(min=0), dtype=torch.float32)
         return rows.masked_fill_((ids < 0).unsqueeze(1), 0.0)
 
