@@ -265,6 +265,14 @@ def _files(cfg: DatasetConfig, graph) -> tuple[np.ndarray, np.ndarray, dict]:
         raise DatasetFileError(f"{exc} (task=edge reads its targets from edge_label_index [2, M] and edge_label [M] "
                                "or [M, C])") from None
     index = _index_array(index, f"{folder}/edge_label_index")
+    return index, np.asarray(label), _folder_splits(cfg, folder, index, graph.num_nodes)
+
+
+def _folder_splits(cfg: DatasetConfig, folder, index: np.ndarray, num_nodes: int) -> dict[str, np.ndarray]:
+    """The targets' splits a folder gives (``edge_train_idx``, ``edge_val_idx``, ``edge_test_idx``: all or none),
+    else a seeded split of ``index`` (``num_nodes``: what it hashes pairs by)."""
+    from hpcgnn.data.files import _read
+
     names = [f"edge_{s}_idx" for s in SPLITS]
     given = [any((folder / f"{name}{suffix}").is_file() for suffix in (".npy", ".pt")) for name in names]
     if any(given) and not all(given):
@@ -272,10 +280,8 @@ def _files(cfg: DatasetConfig, graph) -> tuple[np.ndarray, np.ndarray, dict]:
         raise DatasetError(f"{folder}: give all of {', '.join(names)} or none (a seeded split by dataset.edge_split); "
                            f"{', '.join(missing)} missing")
     if all(given):
-        splits = {s: np.asarray(_read(folder, f"edge_{s}_idx")[1]) for s in SPLITS}
-    else:
-        splits = seeded_split(index[0], index[1], graph.num_nodes, cfg)
-    return index, np.asarray(label), splits
+        return {s: np.asarray(_read(folder, f"edge_{s}_idx")[1]) for s in SPLITS}
+    return seeded_split(index[0], index[1], num_nodes, cfg)
 
 
 def _typed_files(cfg: DatasetConfig, graph) -> tuple[np.ndarray, np.ndarray, dict, tuple[str, str, str]]:
@@ -287,17 +293,7 @@ def _typed_files(cfg: DatasetConfig, graph) -> tuple[np.ndarray, np.ndarray, dic
     folder = edges_dir / "__".join(rel)
     index = _index_array(_read(folder, "edge_index")[1], f"{folder}/edge_index")
     label = np.asarray(_read(folder, "edge_label")[1])
-    names = [f"edge_{s}_idx" for s in SPLITS]
-    given = [any((folder / f"{name}{suffix}").is_file() for suffix in (".npy", ".pt")) for name in names]
-    if any(given) and not all(given):
-        missing = [name for name, g in zip(names, given, strict=True) if not g]
-        raise DatasetError(f"{folder}: give all of {', '.join(names)} or none (a seeded split by dataset.edge_split); "
-                           f"{', '.join(missing)} missing")
-    if all(given):
-        splits = {s: np.asarray(_read(folder, f"edge_{s}_idx")[1]) for s in SPLITS}
-    else:
-        splits = seeded_split(index[0], index[1], max(graph.num_nodes[rel[0]], graph.num_nodes[rel[2]]), cfg)
-    return index, label, splits, rel
+    return index, label, _folder_splits(cfg, folder, index, max(graph.num_nodes[rel[0]], graph.num_nodes[rel[2]])), rel
 
 
 def _typed_pyg(cfg: DatasetConfig, graph) -> tuple[np.ndarray, np.ndarray, dict, tuple[str, str, str]]:
