@@ -35,12 +35,14 @@ def _edge_set(g: Graph) -> set[tuple[int, int]]:
 def test_induced_subgraph_is_exactly_the_edges_among_the_nodes(graph):
     nodes = torch.randperm(graph.num_nodes, generator=torch.Generator().manual_seed(0))[:700]
     local = torch.full((graph.num_nodes,), -1, dtype=torch.long)
-    ei = sub.induced_subgraph(graph.rowptr, graph.col, nodes, local)
+    ei, none = sub.induced_subgraph(graph.rowptr, graph.col, nodes, local)
     got = {(int(nodes[s]), int(nodes[t])) for s, t in ei.t().tolist()}
     members = set(nodes.tolist())
     want = {(s, t) for s, t in _edge_set(graph) if s in members and t in members}
-    assert got == want and len(want) > 0
+    assert got == want and len(want) > 0 and none is None
     assert bool((local == -1).all())  # the scratch map is left clean
+    again, e_id = sub.induced_subgraph(graph.rowptr, graph.col, nodes, local, eid=True)  # each edge's CSR place too
+    assert torch.equal(again, ei) and torch.equal(graph.col.index_select(0, e_id), nodes.index_select(0, ei[0]))
 
 
 # ----------------------------------------------------------------------------- GraphSAINT
