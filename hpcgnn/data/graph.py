@@ -80,20 +80,30 @@ class Graph:
         """Build the CSR from (source, target) pairs; duplicate edges are removed (the first keeps its features,
         ``edge_attr`` [E, D]: each pair's). ``y``: class ids (int64), or float labels kept as they are
         (:mod:`hpcgnn.labels`)."""
-        src, dst = edge_index[0].long(), edge_index[1].long()
-        key = dst * num_nodes + src
-        if edge_attr is not None:  # sorted by (target, source), stable: each run's first is the pair first given
-            key, order = torch.sort(key, stable=True)
-            first = torch.ones_like(key, dtype=torch.bool)
-            first[1:] = key[1:] != key[:-1]
-            key, edge_attr = key[first], edge_attr.index_select(0, order[first]).float().contiguous()
-        else:
-            key = torch.unique(key)  # sorted by target, then source
-        dst, src = key // num_nodes, key % num_nodes
-        rowptr = torch.zeros(num_nodes + 1, dtype=torch.long)
-        rowptr[1:] = torch.cumsum(torch.bincount(dst, minlength=num_nodes), 0)
-        return cls(rowptr, src.contiguous(), x.float().contiguous(), y.float() if y.is_floating_point() else y.long(),
+        rowptr, col, edge_attr = csr_of_pairs(edge_index, num_nodes, num_nodes,
+                                              edge_attr.float() if edge_attr is not None else None)
+        return cls(rowptr, col, x.float().contiguous(), y.float() if y.is_floating_point() else y.long(),
                    train_idx.long(), val_idx.long(), test_idx.long(), num_classes, labels, edge_attr)
+
+
+def csr_of_pairs(edge_index: Tensor, num_src: int, num_dst: int,
+                 edge_attr: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor | None]:
+    """In-edge CSR over the targets of (source, target) pairs: (rowptr [num_dst + 1], sources sorted within rows,
+    and each CSR edge's row of ``edge_attr`` or None); duplicates removed, the first given keeping its features
+    (a typed relation's sources and targets may be of two types: ``num_src``, ``num_dst``)."""
+    src, dst = edge_index[0].long(), edge_index[1].long()
+    key = dst * num_src + src
+    if edge_attr is not None:  # sorted by (target, source), stable: each run's first is the pair first given
+        key, order = torch.sort(key, stable=True)
+        first = torch.ones_like(key, dtype=torch.bool)
+        first[1:] = key[1:] != key[:-1]
+        key, edge_attr = key[first], edge_attr.index_select(0, order[first]).contiguous()
+    else:
+        key = torch.unique(key)  # sorted by target, then source
+    dst, src = key // num_src, key % num_src
+    rowptr = torch.zeros(num_dst + 1, dtype=torch.long)
+    rowptr[1:] = torch.cumsum(torch.bincount(dst, minlength=num_dst), 0)
+    return rowptr, src.contiguous(), edge_attr
 
 
 HasEdge = Callable[[Tensor, Tensor], Tensor]  # (src, dst) -> bool: is src -> dst an edge of the graph

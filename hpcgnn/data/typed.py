@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from hpcgnn.data.graph import Graph
+from hpcgnn.data.graph import Graph, csr_of_pairs
 
 Relation = tuple[str, str, str]  # (source type, relation name, target type)
 
@@ -191,8 +191,8 @@ class TypedGraph:
                     rows.setdefault(r, []).append(edge_attr[rel].float())
         rowptr, col, attr = {}, {}, {}
         for rel, eis in pieces.items():
-            rowptr[rel], col[rel], kept = csr(torch.cat(eis, 1), num_nodes[rel[0]], num_nodes[rel[2]],
-                                              torch.cat(rows[rel]) if rel in rows else None)
+            rowptr[rel], col[rel], kept = csr_of_pairs(torch.cat(eis, 1), num_nodes[rel[0]], num_nodes[rel[2]],
+                                                       torch.cat(rows[rel]) if rel in rows else None)
             if kept is not None:
                 attr[rel] = kept
         x = {t: v.float().contiguous() for t, v in x.items()}
@@ -216,25 +216,6 @@ def view_labels(y: Tensor, total: int) -> Tensor:
     if y.is_floating_point():
         return torch.full((total, *y.shape[1:]), float("nan"), dtype=torch.float32)
     return torch.full((total,), -1, dtype=torch.long)
-
-
-def csr(edge_index: Tensor, num_src: int, num_dst: int,
-        edge_attr: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor | None]:
-    """In-edge CSR over the targets: (rowptr [num_dst + 1], sources sorted within rows, and each CSR edge's row of
-    ``edge_attr`` or None); duplicates removed, the first given keeping its features."""
-    src, dst = edge_index[0].long(), edge_index[1].long()
-    key = dst * num_src + src
-    if edge_attr is not None:  # sorted stably: each run's first is the pair first given
-        key, order = torch.sort(key, stable=True)
-        first = torch.ones_like(key, dtype=torch.bool)
-        first[1:] = key[1:] != key[:-1]
-        key, edge_attr = key[first], edge_attr.index_select(0, order[first]).contiguous()
-    else:
-        key = torch.unique(key)
-    dst, src = key // num_src, key % num_src
-    rowptr = torch.zeros(num_dst + 1, dtype=torch.long)
-    rowptr[1:] = torch.cumsum(torch.bincount(dst, minlength=num_dst), 0)
-    return rowptr, src.contiguous(), edge_attr
 
 
 def mean_over(rowptr: Tensor, col: Tensor, x_src: Tensor) -> Tensor:
