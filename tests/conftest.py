@@ -91,7 +91,8 @@ def exact_inference_worker(rank: int, world: int, port: int, cfg, folder: str, m
                       ex.PartsPieces(parts, store.view, store.exchange, cpu, 300,
                                      lambda d, m=model_cfg: batch_transform(m, d)))
             task = build_task(dataclasses.replace(cfg, model=model_cfg), env, store, cpu)
-            out[name] = {"logits": ex.exact_outputs(model, pieces), "acc": task.evaluate(model)}
+            out[name] = {"logits": ex.exact_outputs(model, pieces), "acc": task.evaluate(model),
+                         "inner": getattr(pieces, "inner", None)}
         out["nodes"] = parts.nodes
         if g is not None:
             out["nodes"] = parts.own_of_type(g.target) - g.offsets()[g.target]

@@ -555,8 +555,10 @@ def test_sampled_evaluation_with_full_fanouts_equals_exact_evaluation(tmp_path, 
             key = f"{split}_{name}"
             for mode in ("sampled", "full"):
                 assert bound[0][name] - 1e-9 <= metrics[mode][key] <= bound[1][name] + 1e-9, (key, mode, bound)
-        if cpu_kind == "fp32":  # the two paths agree exactly in fp32
-            assert all(metrics["sampled"][k] == pytest.approx(metrics["full"][k], abs=1e-6) for k in metrics["full"])
+        if cpu_kind == "fp32":  # the two paths agree in fp32 but for a near-tie their float noise may flip (one
+            # pair of a positive and a negative moves the AUC by 1 / (positives x negatives): 1.6e-6 seen here)
+            assert all(metrics["sampled"][k] == pytest.approx(metrics["full"][k], abs=1e-5) for k in metrics["full"]), \
+                {k: (metrics["sampled"][k], metrics["full"][k]) for k in metrics["full"]}
 
 
 def _partitioned_link_worker(rank: int, world: int, port: int, cfg, folder: str) -> None:

@@ -450,8 +450,9 @@ INFERENCE_MODELS = ("sage", "gcn", "gin", "gat", "mlp")
 @pytest.mark.slow
 def test_exact_partitioned_inference_equals_the_replicated_layerwise_inference(tmp_path):
     """train.eval_mode=full on a partitioned graph: each of 2 gloo ranks computes its own nodes layer by layer
-    (straight from its CSR), fetching its halo's previous-layer outputs; equal to PyG's layer-wise inference on
-    the whole graph (model.aggregation=pyg), and the task's accuracies equal the whole graph's."""
+    (straight from its CSR), fetching its halo's previous-layer outputs while it computes the nodes that need
+    none (each of them, first); equal to PyG's layer-wise inference on the whole graph (model.aggregation=pyg),
+    and the task's accuracies equal the whole graph's."""
     from hpcgnn.config import ModelConfig
     from hpcgnn.models import batch_transform, build_model
     from hpcgnn.stores.exact import WholeGraphPieces, exact_outputs
@@ -474,6 +475,17 @@ def test_exact_partitioned_inference_equals_the_replicated_layerwise_inference(t
         whole = exact_outputs(model, WholeGraphPieces(graph, torch.device("cpu"), 1000, 0, 1,
                                                       transform=batch_transform(model_cfg, graph.degree())))
         check_exact_inference(ranks, name, whole, graph.y, {"val": graph.val_idx, "test": graph.test_idx})
+    # the nodes computed before the halo is needed: those with no in-neighbour owned by the other rank
+    owner = torch.empty(graph.num_nodes, dtype=torch.long)
+    for r, rank in enumerate(ranks):
+        owner[rank["nodes"]] = r
+    far = owner.index_select(0, graph.col) != torch.repeat_interleave(owner, graph.degree())
+    needs = torch.zeros(graph.num_nodes, dtype=torch.bool).index_put_((torch.repeat_interleave(
+        torch.arange(graph.num_nodes), graph.degree())[far],), torch.tensor(True))
+    for r, rank in enumerate(ranks):
+        inner = int((~needs[rank["nodes"]]).sum())
+        assert 0 < inner < rank["nodes"].numel()
+        assert [rank[name]["inner"] for name in INFERENCE_MODELS] == [inner] * 4 + [None], r
 
 
 def test_halo_bound_is_the_halo_of_one_part_and_nothing_for_all_parts():

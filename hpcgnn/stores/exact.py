@@ -8,9 +8,10 @@ rank computes, and how the rows it reads but does not compute arrive:
   layer's output all-gathered with a tensor collective;
 - :class:`WholeTypedPieces` (a replicated typed graph): the same per node type, each layer computing
   the types the next one reads;
-- :class:`PartsPieces` (a partitioned graph): each rank computes its own nodes; before each layer it
+- :class:`PartsPieces` (a partitioned graph): each rank computes its own nodes; for each layer it
   fetches its halo's previous outputs (the non-owned sources of its nodes' in-edges) from their owners,
-  the same number of exchanges on every rank;
+  the same number of exchanges on every rank, on a thread while it computes the nodes that need no halo
+  (first in its layer tables' order) on the CSR path, else before the layer;
 - :class:`TypedPartsPieces`: the same per type.
 
 A layer runs a chunk of target nodes at a time with all their in-neighbours: on the CPU for sage, gcn, gin, gat
@@ -32,8 +33,10 @@ exchange. :func:`check_exact_inference_memory` sizes that at start.
 from __future__ import annotations
 
 import abc
+import dataclasses
 import logging
 import math
+import threading
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -181,8 +184,10 @@ class WholeTypedPieces(ExactPieces):
 
 
 class PartsPieces(ExactPieces):
-    """A partitioned graph: each rank computes its own nodes (in its row order), fetching its halo's rows
-    before each layer. ``transform_for(degree)``: the model's batch transform for nodes in local ids given
+    """A partitioned graph: each rank computes its own nodes, fetching its halo's rows for each layer. On the CSR
+    path its layer tables hold first the nodes whose in-neighbours are all its own, then the rest, then the halo:
+    the halo's rows arrive (on a thread) while it computes the first; PyG's path fetches them before the layer.
+    The outputs come back in its row order. ``transform_for(degree)``: the model's batch transform for nodes in local ids given
     their global in-degrees (GCN's normalisation), or None."""
 
     def __init__(self, parts, view, exchange, device: torch.device, chunk_size: int, transform_for=None,
@@ -200,39 +205,64 @@ class PartsPieces(ExactPieces):
     def inputs(self, model):
         parts, view = self.parts, self.view
         self.halo = _remote_ids(parts.col, 0, view)
-        self.graph = LocalCSR(parts.rowptr, _localized(parts.col, 0, view, view.row, self.own, self.halo, torch.int32))
+        rowptr, col = parts.rowptr, _localized(parts.col, 0, view, view.row, self.own, self.halo, torch.int32)
         self.transform = (self.transform_for(parts.degree.index_select(0, torch.cat([parts.nodes, self.halo])))
                           if self.transform_for else None)
-        self.fill = _halo_filler(self.exchange, view, self.own, self.halo, view.row)
         self.csr = _CSRPath.of(model, self.device, self.transform, self.edge_attr is not None)
+        self.place, self.inner = None, 0  # (PyG's path: the rank's own row order, the halo fetched before a layer)
+        if self.csr is not None:  # the rows that need no halo first: computed while the halo's rows arrive
+            order, self.inner = _interior_first(rowptr, col, self.own)
+            self.place = torch.empty_like(order)
+            self.place[order] = torch.arange(self.own)  # a row of the rank's -> its place in the layer tables
+            rowptr, col = _reordered(rowptr, col, order, self.place, self.own)
+            if self.csr.dinv is not None:
+                self.csr = dataclasses.replace(self.csr, dinv=torch.cat([self.csr.dinv[:self.own][order],
+                                                                         self.csr.dinv[self.own:]]))
+        self.graph = LocalCSR(rowptr, col)
+        place = self.place
+        self.fill = _HaloFill(self.exchange, view, self.own, self.halo,
+                              view.row if place is None else (lambda ids: place[view.row(ids)]))
         table = torch.empty(self.own + self.halo.numel(), parts.num_features,
                             dtype=torch.bfloat16 if self.csr is not None and _narrow() else torch.float32)
-        for a in range(0, self.own, FETCH_ROWS):
+        for a in range(0, self.own, FETCH_ROWS):  # (upcast a slice at a time)
             b = min(a + FETCH_ROWS, self.own)
-            table[a:b] = parts.x[a:b]  # (upcast a slice at a time)
-        self.fill(table)
+            table[a:b] = parts.x[a:b] if place is None else parts.x.index_select(0, order[a:b])
+        self.pending = self.fill.start(table, overlap=self.csr is not None)
         return table
 
     def layer(self, model, i, table, last):
-        rows = 0 if last else self.halo.numel()
+        own, rows = self.own, 0 if last else self.halo.numel()
         if self.csr is None:
-            out = _into_table(self.own, rows, self.chunk_size,
+            self.pending.wait()
+            out = _into_table(own, rows, self.chunk_size,
                               lambda a, b: _layer(model, i, table, self.graph, a, b, self.device, self.transform,
                                                   self.edge_attr))
-        else:  # (a linear map first: on the halo's rows too, which the table holds)
-            spec = self.csr.layer(model, i, last)
-            src = table if spec.before is None else _into_table(table.size(0), 0, self.chunk_size, lambda a, b: _kept(
-                spec.before(_read(table[a:b])), False))
-            scores = None if spec.scores is None else _into_table(table.size(0), 0, self.chunk_size,
-                                                                  lambda a, b: spec.scores(src[a:b]))
-            out = _into_table(self.own, rows, self.chunk_size,
-                              lambda a, b: _kept(self.csr.rows(spec, table, src, self.graph, a, b, scores), last))
+            if not last:
+                self.pending = self.fill.start(out, overlap=False)
+            return out
+        # While the halo's rows of ``table`` arrive: the linear map of the own rows, and the rows that read no halo
+        # (the first ``inner``); then the halo's, and the rest. (A linear map first applies to the halo's rows too.)
+        spec, n, chunk = self.csr.layer(model, i, last), table.size(0), self.chunk_size
+        src = table if spec.before is None else _rows_into(None, n, 0, own, chunk, lambda a, b: _kept(
+            spec.before(_read(table[a:b])), False))
+        scores = None if spec.scores is None else _rows_into(None, n, 0, own, chunk, lambda a, b: spec.scores(src[a:b]))
+        out = _rows_into(None, own + rows, 0, self.inner, chunk,
+                         lambda a, b: _kept(self.csr.rows(spec, table, src, self.graph, a, b, scores), last))
+        self.pending.wait()
+        if spec.before is not None:
+            _rows_into(src, n, own, n, chunk, lambda a, b: _kept(spec.before(_read(table[a:b])), False))
+        if scores is not None:
+            _rows_into(scores, n, own, n, chunk, lambda a, b: spec.scores(src[a:b]))
+        _rows_into(out, own + rows, self.inner, own, chunk,
+                   lambda a, b: _kept(self.csr.rows(spec, table, src, self.graph, a, b, scores), last))
         if not last:
-            self.fill(out)
+            self.pending = self.fill.start(out, overlap=True)
         return out
 
     def outputs(self, model, table):
-        return table[:self.own]  # (a layer before the last: its halo rows follow)
+        self.pending.wait()  # (after fewer layers than the model's, the last one's halo was on its way)
+        table = table[:self.own]  # (a layer before the last: its halo rows follow)
+        return table if self.place is None else table.index_select(0, self.place)  # (in the rank's row order)
 
 
 class TypedPartsPieces(ExactPieces):
@@ -265,7 +295,7 @@ class TypedPartsPieces(ExactPieces):
         self.graph = LocalTypedCSR(typed.rowptr, {rel: _localized(c, off[rel[0]], view, row_of[rel[0]],
                                                                   own[rel[0]].numel(), self.halo[rel[0]])
                                                   for rel, c in typed.col.items()})
-        self.fill = {t: _halo_filler(self.exchange, view, own[t].numel(), self.halo[t], row_of[t])
+        self.fill = {t: _HaloFill(self.exchange, view, own[t].numel(), self.halo[t], row_of[t])
                      for t in self.types}  # (in type order)
         x = {}
         for t in self.types:  # layer 0's input: own features (upcast), then the halo's rows, where layer 0 reads them
@@ -453,20 +483,107 @@ def _localized(col: Tensor, offset: int, view, row_of, own: int, halo: Tensor, d
     return out
 
 
-def _halo_filler(ex, view, own: int, halo: Tensor, row_of):
-    """``fill(table)``: rows ``own..`` of ``table`` become its owners' rows of the ``halo`` nodes (they read
-    their own rows ``row_of(id)``); collective, in as many exchanges of ``FETCH_ROWS`` rows as the rank
-    with the largest halo needs (decided once, here)."""
-    from hpcgnn.sampling.distributed import fetch_rows
+class _HaloFill:
+    """``start(table)``: rows ``own..`` of ``table`` become its owners' rows of the ``halo`` nodes (sorted global
+    ids; they read their own rows ``row_of(id)`` of their tables), in as many exchanges of ``FETCH_ROWS`` rows as
+    the rank with the largest halo needs; collective. Who asks whom for which rows is settled once, here, so a
+    layer's fetch is one exchange of rows a round. ``overlap``: the exchanges run on a thread of their own while
+    the caller computes rows that need no halo, and ``wait()`` is where it needs them (the caller makes no other
+    collective call in between); else they run before ``start`` returns (``fill(table)``)."""
 
-    rounds = int(dist.all_reduce_max(torch.tensor([math.ceil(halo.numel() / FETCH_ROWS)])).item())
-    owner = view.owner(halo)
-
-    def fill(table: Tensor) -> None:
+    def __init__(self, ex, view, own: int, halo: Tensor, row_of):
+        self.ex, self.own = ex, own
+        rounds = int(dist.all_reduce_max(torch.tensor([math.ceil(halo.numel() / FETCH_ROWS)])).item())
+        owner = view.owner(halo)
+        self.rounds = []  # (first halo row, the order its rows come in, rows asked of this rank, counts)
         for j in range(rounds):
             a, b = min(j * FETCH_ROWS, halo.numel()), min((j + 1) * FETCH_ROWS, halo.numel())
-            table[own + a:own + b] = fetch_rows(ex, view, table, halo[a:b], owner[a:b], row_of)
-    return fill
+            asked, order, sent, received = ex.request(halo[a:b], owner[a:b])
+            self.rounds.append((a, order, row_of(asked), sent, received))
+
+    def _run(self, table: Tensor) -> None:
+        for a, order, rows, sent, received in self.rounds:
+            got = self.ex(table.index_select(0, rows), received, sent)
+            table[self.own + a:self.own + a + got.size(0)].index_copy_(0, order, got)
+
+    def __call__(self, table: Tensor) -> None:
+        self._run(table)
+
+    def start(self, table: Tensor, overlap: bool) -> _Pending:
+        if not overlap or not self.rounds:
+            self._run(table)
+            return _Pending(None)
+        return _Pending(self._run, table)
+
+
+class _Pending:
+    """A halo fetch on its way (``fn(table)`` on a thread; None: done already); ``wait()`` raises its error."""
+
+    def __init__(self, fn, table: Tensor | None = None):
+        self.error: BaseException | None = None
+        self.thread = None
+        if fn is not None:
+            def run():
+                try:
+                    fn(table)
+                except BaseException as e:  # (raised where the caller waits)
+                    self.error = e
+            self.thread = threading.Thread(target=run, name="hpcgnn-halo", daemon=True)
+            self.thread.start()
+
+    def wait(self) -> None:
+        if self.thread is not None:
+            self.thread.join()
+            self.thread = None
+        if self.error is not None:
+            raise self.error
+
+
+def _interior_first(rowptr: Tensor, col: Tensor, own: int) -> tuple[Tensor, int]:
+    """A rank's own rows in the order exact inference computes them: first those whose in-neighbours are all its
+    own (sources below ``own``: they need no halo), then the rest, each group in row order; and how many of the
+    first there are."""
+    needs = torch.zeros(own, dtype=torch.bool)
+    for a in range(0, col.numel(), SLICE_EDGES):
+        far = (col[a:a + SLICE_EDGES] >= own).nonzero().flatten() + a
+        needs[torch.searchsorted(rowptr, far, right=True) - 1] = True
+    inner = (~needs).nonzero().flatten()
+    return torch.cat([inner, needs.nonzero().flatten()]), inner.numel()
+
+
+def _reordered(rowptr: Tensor, col: Tensor, order: Tensor, place: Tensor, own: int) -> tuple[Tensor, Tensor]:
+    """The CSR with its rows in ``order`` and its own sources renamed to their ``place`` (halo sources, from
+    ``own`` on, as they are); each row's edges in their order, so each row sums the same floats. Rows are
+    copied ``SLICE_EDGES`` edges at a time."""
+    degree = (rowptr[1:] - rowptr[:-1]).index_select(0, order)
+    new_ptr = torch.zeros(own + 1, dtype=torch.long)
+    torch.cumsum(degree, 0, out=new_ptr[1:])
+    new_col = torch.empty_like(col)
+    p = 0
+    while p < own:
+        q = max(p + 1, int(torch.searchsorted(new_ptr, new_ptr[p] + SLICE_EDGES, right=True)) - 1)
+        q = min(q, own)
+        lo, hi = int(new_ptr[p]), int(new_ptr[q])
+        if hi > lo:  # each edge's place in the old CSR: its row's old start plus its place in the row
+            at = (torch.repeat_interleave(rowptr.index_select(0, order[p:q]) - new_ptr[p:q], degree[p:q],
+                                          output_size=hi - lo) + torch.arange(lo, hi))
+            c = col.index_select(0, at).long()
+            mine = c < own
+            c[mine] = place.index_select(0, c[mine])
+            new_col[lo:hi] = c
+        p = q
+    return new_ptr, new_col
+
+
+def _rows_into(table: Tensor | None, n: int, lo: int, hi: int, chunk_size: int, fn) -> Tensor:
+    """``fn(a, b)`` over rows ``lo .. hi`` in chunks, written into ``table`` (None: one of ``n`` rows, allocated
+    at the first chunk's width: one empty chunk gives it when there are no rows)."""
+    for a in range(lo, max(hi, lo + 1), chunk_size):
+        out = fn(a, min(a + chunk_size, hi))
+        if table is None:
+            table = out.new_empty((n, *out.shape[1:]))
+        table[a:a + out.size(0)] = out
+    return table
 
 
 def _into_table(n: int, extra: int, chunk_size: int, fn) -> Tensor:
