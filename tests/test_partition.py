@@ -508,12 +508,19 @@ def test_exact_evaluation_that_cannot_fit_is_refused_before_training(monkeypatch
     cfg = make_config("graph=partitioned", "train.eval_mode=full", "model.hidden_channels=64")
     need = exact_inference_bytes(p.nodes.numel(), p.halo_bound, p.col.numel(), (p.num_features, 64, p.num_classes))
     assert need >= 2 * (p.nodes.numel() + p.halo_bound) * 64 * 4
+    # the largest layer's input, output and mapped input; edges twice (reordered); the fetch buffers; bf16 between
+    # layers where narrow (the last output float32)
+    assert exact_inference_bytes(100, 20, 1000, (128, 64, 8)) == 120 * (128 + 64 + 64) * 4 + 8000 + 4 * 20 * 128 * 4
+    assert exact_inference_bytes(100, 20, 1000, (128, 64, 8), narrow=True) == \
+        120 * (128 + 64 + 64) * 2 + 8000 + 4 * 20 * 128 * 2
+    assert exact_inference_bytes(100, 20, 1000, (8, 64, 64, 8), narrow=True) == \
+        120 * (64 + 64 + 64) * 2 + 8000 + 4 * 20 * 64 * 2
     env = local_rank_env(0, 2, 29500)
     monkeypatch.setattr(techniques, "available_memory", lambda: 2 * need)  # a rank's share: need
     check_exact_inference_memory(p, cfg.model, env)
     monkeypatch.setattr(techniques, "available_memory", lambda: 2 * need - 2)
     with pytest.raises(ConfigError, match=r"train.eval_mode=full on this partitioned graph needs about .* on a rank "
-                                          r".*x 64 floats.*\(2 rank\(s\) share a node's available memory\)\. "
+                                          r".*x up to 64 floats.*\(2 rank\(s\) share a node's available memory\)\. "
                                           r"HINT: train.eval_mode=sampled, or more nodes"):
         check_exact_inference_memory(p, cfg.model, env)
 

@@ -654,29 +654,36 @@ def _layer_with_edge_features(model, i: int, x: Tensor, edge_index: Tensor, t: i
 # --------------------------------------------------------------------------- sized at start
 
 
-def exact_inference_bytes(own: int, halo: int, edges: int, widths, edge_bytes: int = 4) -> int:
-    """About the peak bytes exact partitioned inference adds on a rank: the widest layer's input and output
-    tables (``own`` + ``halo`` rows of float32), its ``edges`` in local ids, and the fetch buffers."""
-    width = max(widths)
-    return 2 * (own + halo) * width * 4 + edges * edge_bytes + 4 * min(FETCH_ROWS, halo) * width * 4
+def exact_inference_bytes(own: int, halo: int, edges: int, widths, edge_bytes: int = 4, narrow: bool = False,
+                          reordered: bool = True) -> int:
+    """About the peak bytes exact partitioned inference adds on a rank: the largest layer's tables (``own`` +
+    ``halo`` rows each: its input, its output and, for a linear map first, the mapped input; ``widths``: the
+    layers' widths, input first; ``narrow``: bfloat16 but the last output, as bf16 autocast keeps them on the
+    CSR path, else float32), its ``edges`` in local ids (twice where the CSR is ``reordered``, nodes that need
+    no halo first), and the fetch buffers."""
+    rows, mid = own + halo, 2 if narrow else 4
+    tables = max(rows * (w_in * mid + w_out * (4 if i == len(widths) - 2 else mid) + w_out * mid)
+                 for i, (w_in, w_out) in enumerate(zip(widths[:-1], widths[1:], strict=True)))
+    return tables + edges * edge_bytes * (2 if reordered else 1) + 4 * min(FETCH_ROWS, halo) * max(widths) * mid
 
 
-def check_exact_inference_memory(parts, model_cfg, env) -> None:
+def check_exact_inference_memory(parts, model_cfg, env, layers: int = 2, narrow: bool = False) -> None:
     """train.eval_mode=full on a partitioned graph: fail at start, together, when a rank's layer tables would not
-    fit in its share of the node's memory (not at the first evaluation, after an epoch of training)."""
+    fit in its share of the node's memory (not at the first evaluation, after an epoch of training). ``layers``:
+    the model's; ``narrow``: its tables between layers bfloat16 (bf16 precision on the host)."""
     from hpcgnn.io import human_bytes
 
     p, m = parts, model_cfg
     edges = sum(c.numel() for c in p.typed.col.values()) if p.typed is not None else p.col.numel()
-    need = exact_inference_bytes(p.nodes.numel(), p.halo_bound, edges, (p.num_features, m.hidden_channels,
-                                                                       p.num_classes), 8 if p.typed else 4)
+    widths = (p.num_features, *[m.hidden_channels] * (layers - 1), max(p.num_classes, 1))
+    need = exact_inference_bytes(p.nodes.numel(), p.halo_bound, edges, widths, 8 if p.typed else 4,
+                                 narrow=narrow and p.typed is None, reordered=p.typed is None)
     room = available_memory() // env.local_world_size
     worst_need, worst_room = dist.all_reduce_max(torch.tensor([need, -room])).tolist()
     if worst_need > -worst_room:
         raise ConfigError(
             f"train.eval_mode=full on this partitioned graph needs about {human_bytes(worst_need)} on a rank (its "
-            f"nodes and its halo, x {max(p.num_features, m.hidden_channels)} floats, twice: a layer's input and "
-            f"output), but a rank has {human_bytes(-worst_room)} ({env.local_world_size} rank(s) share a node's "
+            f"nodes and its halo, x up to {max(widths)} floats: a layer's input and output tables), but a rank has {human_bytes(-worst_room)} ({env.local_world_size} rank(s) share a node's "
             "available memory). HINT: train.eval_mode=sampled, or more nodes for the job (cluster.nodes, with "
             "graph.num_parts a multiple of the ranks), or a smaller model.hidden_channels")
     log.info("rank %d: exact evaluation will hold about %s (%s available to the rank)", env.rank, human_bytes(need),

@@ -373,7 +373,9 @@ class PartitionedStore(Store):
         return Exact(rows, split, lambda name: self._own(name) - self.seed_offset)
 
     def check_exact(self, model_cfg) -> None:
-        check_exact_inference_memory(self.parts, model_cfg, self.env)
+        t = self.cfg.train  # (bf16 on the host: the CSR path's tables between layers are bf16)
+        check_exact_inference_memory(self.parts, model_cfg, self.env, len(t.fanouts),
+                                     narrow=t.precision == "bf16" and self.device.type == "cpu")
 
     def resident_bytes(self) -> int:
         return self.parts.nbytes() + self.cache.cache_bytes()
