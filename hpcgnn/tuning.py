@@ -326,6 +326,31 @@ def next_trial(study, total: int, space: list[Param], sweep_dir: str | Path | No
     return study.ask({p.key: p.distribution() for p in space})
 
 
+def repeated(study, trial):
+    """The finished trial (complete or pruned) whose parameters ``trial`` draws again, or None. A run is the same
+    floats every time it is given the same config (its seed included), so a repeat would train for nothing: a
+    sampler over choices alone draws some twice (TPE, random), and more trials than combinations draws them all
+    again. A failed trial's retry is never one (it is enqueued to run)."""
+    if "retry" in trial.user_attrs:
+        return None
+    done = [t for t in study.get_trials(deepcopy=False, states=(optuna().trial.TrialState.COMPLETE,
+                                                                 optuna().trial.TrialState.PRUNED))
+            if t.number != trial.number and t.params == trial.params]
+    return min(done, key=lambda t: t.number) if done else None
+
+
+def reuse(study, trial, earlier) -> str:
+    """Tell the study that ``trial`` ended as ``earlier`` did (its value, or pruned), marked ``repeat_of``;
+    returns the state told. Its own intermediate values stay empty, so it is one more rung entry for no pruner."""
+    o = optuna()
+    trial.set_user_attr("repeat_of", earlier.number)
+    if earlier.state == o.trial.TrialState.PRUNED:
+        study.tell(trial, state=o.trial.TrialState.PRUNED)
+        return "pruned"
+    study.tell(trial, earlier.value)
+    return "complete"
+
+
 def rerun_overrides(fixed: list[str]) -> list[str]:
     """The fixed overrides a trial (or its rerun) keeps: not the tune's own (``tune.*``, the sweep folder) nor a run
     folder (each trial has its own)."""

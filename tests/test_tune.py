@@ -59,12 +59,13 @@ def test_a_bad_search_space_exits_2_with_one_line_before_anything_is_written(arg
 
 @pytest.mark.slow
 def test_a_local_tune_prunes_a_hopeless_region_and_reports_its_study(tmp_path):
-    """One worker, six trials over a learning rate that learns (1e-2) and one that cannot (1e-6), the median pruner:
-    every hopeless trial after the first good one stops within 2 epochs and its folder says so; status shows the
-    study, the best trial and the command that reruns it; best.yaml holds its overrides."""
+    """One worker, eight trials over a learning rate that learns (1e-2) and one that cannot (1e-6), the median
+    pruner: every hopeless trial after the first good one stops within 2 epochs and its folder says so; a trial
+    drawing a finished one's parameters takes its result; status shows the study, the best trial and the command
+    that reruns it; best.yaml holds its overrides."""
     sweep = tmp_path / "sweep"
     res = run_cli("tune", "train.lr=choice(0.01,0.000001)", "model.hidden_channels=choice(16,24)", *TINY,
-                  "train.epochs=5", "tune.trials=6", "tune.parallel=1", "tune.pruner=median", "tune.sampler=random",
+                  "train.epochs=5", "tune.trials=8", "tune.parallel=1", "tune.pruner=median", "tune.sampler=random",
                   f"hydra.sweep.dir={sweep}", cwd=tmp_path, timeout=600)
     assert res.returncode == 0, res.stdout + res.stderr
     from hpcgnn.submit.compose import compose
@@ -72,8 +73,16 @@ def test_a_local_tune_prunes_a_hopeless_region_and_reports_its_study(tmp_path):
 
     study = open_study(compose(["tune.pruner=median", "tune.sampler=random"]).cfg, sweep)
     trials = study.get_trials()
-    assert len(trials) == 6 and {t.state.name for t in trials} <= {"COMPLETE", "PRUNED"}
-    pruned = [t for t in trials if t.state.name == "PRUNED"]
+    assert len(trials) == 8 and {t.state.name for t in trials} <= {"COMPLETE", "PRUNED"}
+    # six draws from four combinations: a repeat takes its earlier trial's result, trained once, no folder
+    repeats = [t for t in trials if "repeat_of" in t.user_attrs]
+    assert repeats, [(t.number, t.params) for t in trials]
+    for t in repeats:
+        first = trials[t.user_attrs["repeat_of"]]
+        assert (t.params, t.state, t.value) == (first.params, first.state, first.value) and "repeat_of" not in \
+            first.user_attrs and not (sweep / "trials" / str(t.number)).exists()
+    assert len({tuple(t.params.items()) for t in trials}) == len(trials) - len(repeats)
+    pruned = [t for t in trials if t.state.name == "PRUNED" and t not in repeats]
     assert pruned, [(t.number, t.params, t.state.name) for t in trials]  # (the seeded draws hold both rates)
     for t in pruned:  # the hopeless rate alone, stopped within 2 epochs, its folder saying so
         summary = json.loads((sweep / "trials" / str(t.number) / "summary.json").read_text())
@@ -85,7 +94,7 @@ def test_a_local_tune_prunes_a_hopeless_region_and_reports_its_study(tmp_path):
     assert math.isclose(best.value, summary["tune_value"]) and summary["pruned_at"] == 0
     status = run_cli("status", str(sweep), cwd=tmp_path)
     assert f"best: trial {best.number}, {best.value:.4f}; rerun it: python -m hpcgnn" in status.stdout
-    assert "pruned after epoch" in status.stdout
+    assert "pruned after epoch" in status.stdout and f"= trial {repeats[0].user_attrs['repeat_of']}" in status.stdout
     best_file = (sweep / "best.yaml").read_text()
     assert "train.lr=0.01" in best_file and "tune." not in best_file.split("\n", 1)[1]
     from hpcgnn.submit.report import write_report
@@ -179,3 +188,32 @@ def test_a_running_trial_whose_worker_stopped_beating_is_failed_and_tried_again_
     assert fail_stale(study, tmp_path, now + 10 * STALE_S) == [alive.number, retry.number]  # (not the preempted)
     waiting = [t for t in study.get_trials() if t.state.name == "WAITING"]
     assert [t.user_attrs["retry_of"] for t in waiting] == [alive.number]  # (the retry itself is not retried)
+
+
+def test_a_trial_drawing_a_finished_trials_parameters_takes_its_result_instead_of_training_again(tmp_path):
+    """A run given the same config gives the same floats, so a trial whose parameters a finished trial had (a
+    sampler over choices draws them again) is told that trial's value, or pruned, and marked; a running trial's
+    parameters and a failed trial's retry are run."""
+    from hpcgnn.submit.compose import compose
+    from hpcgnn.tuning import open_study, parse_space, repeated, reuse
+
+    _, space = parse_space(["train.lr=choice(0.01,0.02,0.03)"])
+    study = open_study(compose([]).cfg, tmp_path, "maximize")
+
+    def ask(lr: float, **attrs):
+        study.enqueue_trial({"train.lr": lr}, user_attrs=attrs or None)
+        return study.ask({p.key: p.distribution() for p in space})
+
+    done, cut, running = ask(0.01), ask(0.02), ask(0.03)
+    study.tell(done, 0.75)
+    study.tell(cut, state=__import__("optuna").trial.TrialState.PRUNED)
+    again = ask(0.01)
+    assert repeated(study, again).number == done.number and reuse(study, again, repeated(study, again)) == "complete"
+    pruned_again = ask(0.02)
+    assert reuse(study, pruned_again, repeated(study, pruned_again)) == "pruned"
+    assert repeated(study, ask(0.03)) is None  # (its twin still runs)
+    assert repeated(study, ask(0.01, retry=1, retry_of=running.number)) is None
+    trials = study.get_trials()
+    assert (trials[again.number].value, trials[again.number].user_attrs) == (0.75, {"repeat_of": done.number})
+    assert trials[pruned_again.number].state.name == "PRUNED"
+    assert trials[pruned_again.number].user_attrs == {"repeat_of": cut.number}

@@ -230,6 +230,8 @@ def work(sweep_dir: str, k: int, resume: list[int] = ()) -> None:
         finish,
         next_trial,
         open_study,
+        repeated,
+        reuse,
         running_trial,
         trial_dir,
         trial_overrides,
@@ -247,6 +249,12 @@ def work(sweep_dir: str, k: int, resume: list[int] = ()) -> None:
                 break
         run_dir = trial_dir(sweep, trial.number)
         chosen = trial_overrides(trial, space)
+        earlier = repeated(study, trial)
+        if earlier is not None:  # (the same run again: its result, not a second training)
+            state = reuse(study, trial, earlier)
+            print(f"--- worker {k}: trial {trial.number}: {' '.join(chosen)}: the parameters of trial {earlier.number}, "
+                  f"{state} as it was (not trained again)", flush=True)
+            continue
         overrides = trial_overrides_of(sweep, fixed, space, trial.params, trial.number)
         print(f"--- worker {k}: trial {trial.number}: {' '.join(chosen)}", flush=True)
         t0 = time.monotonic()
@@ -276,6 +284,8 @@ def results(study, sweep: Path, fixed: list[str], space, write_best: bool = True
         summary = _summary(trial_dir(sweep, t.number))
         epochs = len(t.intermediate_values)
         where = f"pruned after epoch {summary.get('pruned_at')}" if t.state.name == "PRUNED" else f"{epochs} epoch(s)"
+        if "repeat_of" in t.user_attrs:
+            where = f"= trial {t.user_attrs['repeat_of']}"
         value = f"{t.value:.4f}" if t.value is not None else "-"
         params = " ".join(f"{k}={v}" for k, v in t.params.items())
         lines.append(f"  {t.number:>4}  {t.state.name.lower():<9} {value:>8}  {where:<22} {params}"
