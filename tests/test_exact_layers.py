@@ -139,8 +139,9 @@ def test_two_ranks_give_one_ranks_outputs_bit_for_bit_sharing_their_tables_or_ga
 
 
 def test_rgcn_on_a_typed_graph_gives_pygs_outputs_from_each_relations_csr():
-    """R-GCN: each relation's mean straight from its CSR (rows of the relation's source type), the same outputs as
-    PyG's message passing per relation (model.aggregation=pyg)."""
+    """R-GCN: each relation's mean straight from its CSR (rows of the relation's source type; in both layers, each
+    relation's linear map first: 32 -> 16 -> 8), the same outputs as PyG's message passing per relation
+    (model.aggregation=pyg)."""
     from hpcgnn.data.synthetic import make_synthetic_typed
     from hpcgnn.models import build_typed_model
     from hpcgnn.stores.exact import WholeTypedPieces
@@ -152,6 +153,7 @@ def test_rgcn_on_a_typed_graph_gives_pygs_outputs_from_each_relations_csr():
         model = build_typed_model(ModelConfig(name="rgcn", hidden_channels=16, aggregation=how), typed.node_types,
                                   typed.relations, typed.target, typed.num_features, typed.num_classes, 2).eval()
         runs[how] = exact_outputs(model, WholeTypedPieces(typed, CPU, 500, 0, 1))
+        assert [len(model.maps_first(i, CPU)) for i in range(2)] == ([5, 3] if how == "csr" else [0, 0])
     assert (runs["csr"] - runs["pyg"]).abs().max() <= 1e-5 * runs["pyg"].abs().max()
 
 

@@ -106,17 +106,31 @@ class RGCN(torch.nn.Module):
             x = out if i == layers - 1 else {t: F.dropout(v.relu(), self.dropout, self.training) for t, v in out.items()}
         return typed_outputs(self, x)
 
+    def maps_first(self, i: int, device: torch.device) -> dict:
+        """The relations of layer ``i`` whose linear map exact inference applies to their source rows before the
+        mean, where that narrows the rows through the edges (the mean is linear and the map has no bias): relation
+        -> its map. On the CPU's CSR path only."""
+        if device.type != "cpu" or self.aggregation != "csr":
+            return {}
+        return {rel: conv.lin_l for t in self.layer_types(i) for rel, conv in self.relations_into(i, t)
+                if conv.lin_l.out_channels < conv.lin_l.in_channels and conv.lin_l.bias is None}
+
     @torch.no_grad()
-    def inference_per_layer(self, i: int, node_type: str, x_dict: dict, graph, lo: int, hi: int) -> Tensor:
+    def inference_per_layer(self, i: int, node_type: str, x_dict: dict, graph, lo: int, hi: int,
+                            mapped: dict | None = None) -> Tensor:
         """Layer ``i``'s output for ``node_type`` nodes ``lo..hi`` with all their in-neighbours along every
         relation (``graph``: a TypedGraph; ``x_dict``: layer ``i``'s input of every type it reads). On the CPU
         each relation's mean comes straight from its CSR (the C kernels: no message per edge,
-        :mod:`hpcgnn.models.layerwise`), else by PyG's message passing."""
+        :mod:`hpcgnn.models.layerwise`), of ``mapped[relation]`` where given (its source rows' linear map, from
+        :meth:`maps_first`), else by PyG's message passing."""
         out = self.roots[i][node_type](x_dict[node_type][lo:hi])
         if out.device.type == "cpu" and self.aggregation == "csr":
             from hpcgnn.sampling.kernels.ops import aggregate_rows
 
             for rel, conv in self.relations_into(i, node_type):
+                if mapped is not None and rel in mapped:
+                    out = out + aggregate_rows(graph.rowptr[rel], graph.col[rel], mapped[rel], lo, hi, mean=True)
+                    continue
                 src = x_dict[rel[0]]
                 out = out + conv.lin_l(aggregate_rows(graph.rowptr[rel], graph.col[rel], src.contiguous(), lo, hi,
                                                       mean=True))

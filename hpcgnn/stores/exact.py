@@ -170,8 +170,11 @@ class WholeTypedPieces(ExactPieces):
 
     def layer(self, model, i, table, last):
         here = {k: v.to(self.device) for k, v in table.items()}  # the layer's input, where the model runs
+        mapped = {rel: self._all(self.graph.num_nodes[rel[0]], lambda a, b, s=rel[0], lin=lin: lin(here[s][a:b]))
+                  for rel, lin in _maps_first(model, i, self.device).items()}
+        kw = {"mapped": mapped} if mapped else {}
         return {t: self._all(self.graph.num_nodes[t], lambda a, b, t=t: model.inference_per_layer(
-            i, t, here, self.graph, a, b).float().cpu()) for t in model.layer_types(i)}
+            i, t, here, self.graph, a, b, **kw).float().cpu()) for t in model.layer_types(i)}
 
     def outputs(self, model, table):
         """The target type's rows; a model with ``outputs`` (an edge task's encoder): those types' rows by type."""
@@ -309,11 +312,14 @@ class TypedPartsPieces(ExactPieces):
     def layer(self, model, i, table, last):
         computes, wanted = model.layer_types(i), self.reads(model, i + 1)
         here = {t: table[t].to(self.device) for t in self.types if t in self.reads(model, i) or t in computes}
+        mapped = {rel: _chunked(0, here[rel[0]].size(0), self.chunk_size, lambda a, b, s=rel[0], lin=lin, x=here: lin(
+            x[s][a:b])) for rel, lin in _maps_first(model, i, self.device).items()}  # (own rows and halo)
+        kw = {"mapped": mapped} if mapped else {}
         out = {t: _into_table(self.own[t].numel(), self.halo[t].numel() if t in wanted else 0, self.chunk_size,
-                              lambda a, b, t=t, here=here: model.inference_per_layer(i, t, here, self.graph, a, b)
-                              .float().cpu())
+                              lambda a, b, t=t, here=here: model.inference_per_layer(i, t, here, self.graph, a, b,
+                                                                                     **kw).float().cpu())
                for t in computes}
-        del here
+        del here, mapped
         for t in self.types:  # (type order: the same exchanges on every rank)
             if t in wanted:
                 self.fill[t](out[t])
@@ -370,6 +376,13 @@ class _CSRPath:
             agg = aggregate_rows(graph.rowptr, graph.col, src, lo, hi, mean=spec.mean,
                                  dinv=self.dinv if spec.gcn else None, self_loop=spec.gcn)
         return spec.after(_read(table[lo:hi]), agg)
+
+
+def _maps_first(model, i: int, device: torch.device) -> dict:
+    """A typed model's relations of layer ``i`` whose linear map comes before their mean (R-GCN's, where it narrows
+    the rows): relation -> the map; {} for a model without them."""
+    maps_first = getattr(model, "maps_first", None)
+    return maps_first(i, device) if callable(maps_first) else {}
 
 
 def _narrow() -> bool:
