@@ -445,12 +445,13 @@ def test_a_killed_sampler_server_fails_the_heterogeneous_job_naming_its_node(tmp
 def test_a_tune_is_one_job_array_whose_preempted_worker_resumes_its_trial_bitwise(tmp_path):
     """hpcgnn tune +cluster on a partitioned graph: 4 trials on 2 workers, one job array of 2 elements (a node
     each), every trial on one partition; worker 0 is preempted mid-trial (USR2): requeued, it resumes that trial
-    from its checkpoint. Every trial is accounted for, each with the parameters the others have (one learning rate:
-    the same training), and the study's best is its best member's."""
+    from its checkpoint. Every trial is accounted for, each training as the others do (one learning rate; only the
+    straggler warning's factor is drawn, so that no trial repeats another's parameters), and the study's best is
+    its best member's."""
     pytest.importorskip("optuna")
     sweep = tmp_path / "sweep"
-    res = run_cli("tune", "train.lr=choice(0.01)", "+cluster=devcluster", "cluster.nodes=1", "train.epochs=3",
-                  "graph=partitioned", "graph.method=random", "dataset.seed=7",
+    res = run_cli("tune", "train.lr=choice(0.01)", "metrics.straggler_factor=interval(1.5, 3.0)", "+cluster=devcluster",
+                  "cluster.nodes=1", "train.epochs=3", "graph=partitioned", "graph.method=random", "dataset.seed=7",
                   "dataset.num_nodes=6000", "train.batch_size=128", "debug.slow_rank=0", "debug.slow_s=0.1",
                   "metrics.tensorboard=false", "tune.trials=4", "tune.parallel=2", "tune.pruner=none",
                   f"hydra.sweep.dir={sweep}", cwd=tmp_path, timeout=120)
