@@ -317,13 +317,21 @@ def fail_stale(study, sweep_dir: str | Path, now: float | None = None) -> list[i
 
 def next_trial(study, total: int, space: list[Param], sweep_dir: str | Path | None = None):
     """The next trial to run, or None when the study has ``total`` trials done or under way (a failed one's retry,
-    enqueued, comes first; running trials whose worker died are failed first: :func:`fail_stale`)."""
+    enqueued, comes first; running trials whose worker died are failed first: :func:`fail_stale`). A trial drawing
+    a finished trial's parameters is told its result (:func:`reuse`) and the next one drawn."""
     if sweep_dir is not None:
         fail_stale(study, sweep_dir)
-    c = counts(study)
-    if c.get("complete", 0) + c.get("pruned", 0) + c.get("running", 0) >= total:
-        return None
-    return study.ask({p.key: p.distribution() for p in space})
+    while True:
+        c = counts(study)
+        if c.get("complete", 0) + c.get("pruned", 0) + c.get("running", 0) >= total:
+            return None
+        trial = study.ask({p.key: p.distribution() for p in space})
+        earlier = repeated(study, trial)
+        if earlier is None:
+            return trial
+        state = reuse(study, trial, earlier)  # (the same run again: its result, not a second training)
+        print(f"tune: trial {trial.number} draws the parameters of trial {earlier.number}: {state} as it was, not "
+              "trained again", flush=True)
 
 
 def repeated(study, trial):

@@ -230,8 +230,6 @@ def work(sweep_dir: str, k: int, resume: list[int] = ()) -> None:
         finish,
         next_trial,
         open_study,
-        repeated,
-        reuse,
         running_trial,
         trial_dir,
         trial_overrides,
@@ -249,12 +247,6 @@ def work(sweep_dir: str, k: int, resume: list[int] = ()) -> None:
                 break
         run_dir = trial_dir(sweep, trial.number)
         chosen = trial_overrides(trial, space)
-        earlier = repeated(study, trial)
-        if earlier is not None:  # (the same run again: its result, not a second training)
-            state = reuse(study, trial, earlier)
-            print(f"--- worker {k}: trial {trial.number}: {' '.join(chosen)}: the parameters of trial {earlier.number}, "
-                  f"{state} as it was (not trained again)", flush=True)
-            continue
         overrides = trial_overrides_of(sweep, fixed, space, trial.params, trial.number)
         print(f"--- worker {k}: trial {trial.number}: {' '.join(chosen)}", flush=True)
         t0 = time.monotonic()
