@@ -20,6 +20,7 @@ import ctypes
 import ctypes.util
 import os
 import signal
+import sys
 
 PR_SET_PDEATHSIG = 1  # prctl(2)
 
@@ -44,6 +45,20 @@ def end_quickly() -> None:
     import gc
 
     gc.freeze()
+
+
+def exit_now(code: int) -> None:
+    """Leave at once with ``code``, logs and output flushed, as a process whose work is done and closed (a sampler
+    server whose trainers have gone): no interpreter shutdown, whose C++ static destructors can meet a thread of a
+    library still running and abort the process (seen once in 900 runs: "terminate called without an active
+    exception", signal 6, after a server had served every batch)."""
+    import logging
+
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
 
 
 def ignore_signals(*signums: int) -> None:

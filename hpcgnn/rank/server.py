@@ -80,10 +80,9 @@ def serve_locally(index: int, port: int, cfg: RunConfig, parent: int) -> None:
     except UserError as exc:
         if env.full_error():
             raise
-        sys.exit(exc.exit_code)
-    finally:
-        process.end_quickly()
+        process.exit_now(exc.exit_code)
+    process.exit_now(0)  # (its trainers have gone: nothing is left to finalise)
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    process.exit_now(main())  # (a SLURM task's server, done: nothing is left to finalise)
