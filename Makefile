@@ -25,8 +25,15 @@ $(STAMP): pyproject.toml setup.py $(wildcard hpcgnn/sampling/kernels/*.c hpcgnn/
 run: $(STAMP)
 	$(PY) -m hpcgnn $(ARGS)
 
+# The tests run on TEST_WORKERS pytest-xdist workers (the SLURM dev cluster's tests one after another on one of
+# them), then those marked alone (they look at the whole machine's /dev/shm) with nothing beside them; both run,
+# and the first failure's status is make's (a phase with no test selected is no failure).
+TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(PY) -m pytest -q -ra --durations=12 tests $(ARGS)
+	@status=0; \
+	$(PY) -m pytest -q -ra --durations=12 -n $(TEST_WORKERS) --dist loadgroup --phase=shared tests $(ARGS) || { s=$$?; [ $$s = 5 ] || status=$$s; }; \
+	$(PY) -m pytest -q -ra --durations=4 --phase=alone tests $(ARGS) || { s=$$?; [ $$s = 5 ] || [ $$status != 0 ] || status=$$s; }; \
+	exit $$status
 
 lint: $(STAMP)
 	$(PY) -m ruff check hpcgnn hydra_plugins tests benchmarks

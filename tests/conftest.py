@@ -19,14 +19,35 @@ from hpcgnn.submit.compose import compose
 REPO = Path(__file__).resolve().parent.parent
 # Test accuracy the default job must reach, wherever it runs (local processes or SLURM).
 ACCURACY_BAR = 0.85
-# Prepared datasets of this test session (shared by its runs, removed at the end; never ~/.cache).
-DATA_ROOT = Path(tempfile.mkdtemp(prefix="hpcgnn-test-data-"))
+# Prepared datasets of this test session (shared by its runs, and by pytest-xdist's workers, which inherit the
+# variable from the process that made the folder; removed at the end by that process; never ~/.cache).
+_MADE_DATA_ROOT = not os.environ.get("HPCGNN_TEST_DATA_ROOT")
+DATA_ROOT = Path(os.environ.get("HPCGNN_TEST_DATA_ROOT") or tempfile.mkdtemp(prefix="hpcgnn-test-data-"))
+os.environ["HPCGNN_TEST_DATA_ROOT"] = str(DATA_ROOT)
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _remove_data_root():
-    yield
-    shutil.rmtree(DATA_ROOT, ignore_errors=True)
+def pytest_sessionfinish(session):
+    if _MADE_DATA_ROOT:
+        shutil.rmtree(DATA_ROOT, ignore_errors=True)
+
+
+def pytest_addoption(parser):
+    parser.addoption("--phase", choices=("all", "shared", "alone"), default="all",
+                     help="shared: the tests that may run beside others (pytest-xdist's workers); alone: those marked "
+                          "alone, which look at what the whole machine holds; all: both (make test runs the two)")
+
+
+def pytest_collection_modifyitems(config, items):
+    """``--phase`` keeps its tests; the tests on the SLURM dev cluster go to one pytest-xdist worker, one after
+    another (its two nodes are the cluster's)."""
+    phase = config.getoption("--phase")
+    if phase != "all":
+        keep = [item for item in items if (item.get_closest_marker("alone") is not None) == (phase == "alone")]
+        config.hook.pytest_deselected(items=[item for item in items if item not in keep])
+        items[:] = keep
+    for item in items:
+        if item.get_closest_marker("slurm") is not None or "devcluster_up" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("slurm"))
 
 
 # The two kinds of CPU users have, as HPCGNN_CPU_FLAGS (hpcgnn.env.cpu_flags) makes hpcgnn see them: what

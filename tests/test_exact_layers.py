@@ -110,6 +110,7 @@ def _two_ranks(rank: int, world: int, port: int, graph: Graph, folder: str) -> N
     torch.save(out, f"{folder}/rank{rank}.pt")
 
 
+@pytest.mark.alone  # (nothing new in /dev/shm: no other test may write there meanwhile)
 @pytest.mark.slow
 def test_two_ranks_give_one_ranks_outputs_bit_for_bit_sharing_their_tables_or_gathering_them(graph, tmp_path):
     """Ranks split the rows at chunk boundaries (the same chunks on any number of ranks): 2 ranks' outputs equal

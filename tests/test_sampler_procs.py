@@ -194,6 +194,7 @@ def _sampler_pids(child: subprocess.Popen, log: Path) -> list[int]:
     pytest.fail(f"no sampler process started:\n{log.read_text()}")
 
 
+@pytest.mark.alone  # (nothing new in /dev/shm: no other test may write there meanwhile)
 @pytest.mark.slow
 def test_a_killed_sampler_process_fails_its_rank_at_once_naming_it_and_leaves_nothing(tmp_path):
     before = _shm()
@@ -281,6 +282,7 @@ def test_a_message_to_a_sampler_process_that_has_ended_fails_the_rank_naming_it(
         pool._send(ended(m.Failed(3, "RuntimeError: boom", "Traceback (most recent call last): ...")), m.Grant(3, 1))
 
 
+@pytest.mark.alone  # (nothing new in /dev/shm: no other test may write there meanwhile)
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
 def test_sigterm_or_ctrl_c_stops_the_samplers_leaving_no_orphan_nothing_in_dev_shm_and_no_warning(sig, tmp_path):
@@ -298,6 +300,7 @@ def test_sigterm_or_ctrl_c_stops_the_samplers_leaving_no_orphan_nothing_in_dev_s
     assert "leaked" not in log.read_text(), log.read_text()
 
 
+@pytest.mark.alone  # (nothing new in /dev/shm: no other test may write there meanwhile)
 @pytest.mark.slow
 def test_preempted_with_sampler_processes_resumes_exactly(tmp_path):
     """Preempted at step 5 (mid-epoch 2), resumed: the same parameters as an uninterrupted run; the samplers
