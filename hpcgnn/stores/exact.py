@@ -190,8 +190,8 @@ class PartsPieces(ExactPieces):
     """A partitioned graph: each rank computes its own nodes, fetching its halo's rows for each layer. On the CSR
     path its layer tables hold first the nodes whose in-neighbours are all its own, then the rest, then the halo:
     the halo's rows arrive (on a thread) while it computes the first; PyG's path fetches them before the layer.
-    The outputs come back in its row order. ``transform_for(degree)``: the model's batch transform for nodes in local ids given
-    their global in-degrees (GCN's normalisation), or None."""
+    The outputs come back in its row order. ``transform_for(degree)``: the model's batch transform for nodes in
+    local ids given their global in-degrees (GCN's normalisation), or None."""
 
     def __init__(self, parts, view, exchange, device: torch.device, chunk_size: int, transform_for=None,
                  edge_features: bool = False):
@@ -696,8 +696,9 @@ def check_exact_inference_memory(parts, model_cfg, env, layers: int = 2, narrow:
     if worst_need > -worst_room:
         raise ConfigError(
             f"train.eval_mode=full on this partitioned graph needs about {human_bytes(worst_need)} on a rank (its "
-            f"nodes and its halo, x up to {max(widths)} floats: a layer's input and output tables), but a rank has {human_bytes(-worst_room)} ({env.local_world_size} rank(s) share a node's "
-            "available memory). HINT: train.eval_mode=sampled, or more nodes for the job (cluster.nodes, with "
-            "graph.num_parts a multiple of the ranks), or a smaller model.hidden_channels")
+            f"nodes and its halo, x up to {max(widths)} floats: a layer's input and output tables), but a rank "
+            f"has {human_bytes(-worst_room)} ({env.local_world_size} rank(s) share a node's available memory). "
+            "HINT: train.eval_mode=sampled, or more nodes for the job (cluster.nodes, with graph.num_parts a multiple "
+            "of the ranks), or a smaller model.hidden_channels")
     log.info("rank %d: exact evaluation will hold about %s (%s available to the rank)", env.rank, human_bytes(need),
              human_bytes(room))
