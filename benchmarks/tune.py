@@ -70,18 +70,24 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument("--epochs", type=int, default=8)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--only", choices=("all", "occupancy", "asha"), default="all", help="measure one part alone")
     args = ap.parse_args()
     out = Path(args.out or tempfile.mkdtemp(prefix="hpcgnn-bench-tune-"))
     out.mkdir(parents=True, exist_ok=True)
     common = [f"dataset.num_nodes={args.num_nodes}", "launch.procs=1", "train.num_threads=1", "train.precision=fp32",
               "metrics.tensorboard=false"]
-    occ, wall = occupancy(out, common, args.trials, args.workers)
-    best_grid, cost_grid = grid(out, common, args.epochs)
-    best_asha, cost_asha = asha(out, common, args.epochs, 12, min(args.workers, 3))
-    print(f"tune: slot occupancy {occ:.1%} ({args.trials} trials of 2-8 epochs on {args.workers} workers, "
-          f"{wall:.0f} s); best val acc grid {100 * best_grid:.2f} vs ASHA {100 * best_asha:.2f} points "
-          f"({100 * (best_asha - best_grid):+.2f}), rank-seconds ASHA/grid {cost_asha / cost_grid:.0%} "
-          f"({cost_asha:.0f} s / {cost_grid:.0f} s); folders in {out}", flush=True)
+    parts = []
+    if args.only in ("all", "occupancy"):
+        occ, wall = occupancy(out, common, args.trials, args.workers)
+        parts.append(f"slot occupancy {occ:.1%} ({args.trials} trials of 2-8 epochs on {args.workers} workers, "
+                     f"{wall:.0f} s)")
+    if args.only in ("all", "asha"):
+        best_grid, cost_grid = grid(out, common, args.epochs)
+        best_asha, cost_asha = asha(out, common, args.epochs, 12, min(args.workers, 3))
+        parts.append(f"best val acc grid {100 * best_grid:.2f} vs ASHA {100 * best_asha:.2f} points "
+                     f"({100 * (best_asha - best_grid):+.2f}), rank-seconds ASHA/grid {cost_asha / cost_grid:.0%} "
+                     f"({cost_asha:.0f} s / {cost_grid:.0f} s; {args.num_nodes} nodes, {args.epochs} epochs)")
+    print(f"tune: {'; '.join(parts)}; folders in {out}", flush=True)
 
 
 if __name__ == "__main__":
