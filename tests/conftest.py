@@ -105,7 +105,8 @@ def exact_inference_worker(rank: int, world: int, port: int, cfg, folder: str, m
         store = PartitionedStore(cfg, env)
         parts, g = store.parts, store.shape.schema
         for name in models:
-            model_cfg = dataclasses.replace(cfg.model, name=name, hidden_channels=16)
+            ex.INTERIOR_FIRST = 0.0 if name != "sage, in row order" else 2.0  # (reordered, or never)
+            model_cfg = dataclasses.replace(cfg.model, name=name.split(",")[0], hidden_channels=16)
             torch.manual_seed(0)
             model = build_node_model(model_cfg, store.shape, 2)
             pieces = (ex.TypedPartsPieces(parts, store.view, store.exchange, cpu, 300) if g is not None else

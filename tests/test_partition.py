@@ -451,8 +451,9 @@ INFERENCE_MODELS = ("sage", "gcn", "gin", "gat", "mlp")
 def test_exact_partitioned_inference_equals_the_replicated_layerwise_inference(tmp_path):
     """train.eval_mode=full on a partitioned graph: each of 2 gloo ranks computes its own nodes layer by layer
     (straight from its CSR), fetching its halo's previous-layer outputs while it computes the nodes that need
-    none (each of them, first); equal to PyG's layer-wise inference on the whole graph (model.aggregation=pyg),
-    and the task's accuracies equal the whole graph's."""
+    none (each of them, first; or, where they are too few to reorder for, its linear maps alone); equal to PyG's
+    layer-wise inference on the whole graph (model.aggregation=pyg), and the task's accuracies equal the whole
+    graph's."""
     from hpcgnn.config import ModelConfig
     from hpcgnn.models import batch_transform, build_model
     from hpcgnn.stores.exact import WholeGraphPieces, exact_outputs
@@ -464,12 +465,13 @@ def test_exact_partitioned_inference_equals_the_replicated_layerwise_inference(t
     ensure_parts(cfg.dataset, cfg.graph, 2)
     graph = open_graph(cfg.dataset)
     port = free_port(23000 + os.getpid() % 5000, 20000, 32767)
-    mp.start_processes(exact_inference_worker, args=(2, port, cfg, str(tmp_path), INFERENCE_MODELS), nprocs=2,
+    mp.start_processes(exact_inference_worker, args=(2, port, cfg, str(tmp_path),
+                                                     (*INFERENCE_MODELS, "sage, in row order")), nprocs=2,
                        start_method="spawn")
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(2)]
     assert sorted(torch.cat([r["nodes"] for r in ranks]).tolist()) == list(range(graph.num_nodes))
-    for name in INFERENCE_MODELS:
-        model_cfg = ModelConfig(name=name, hidden_channels=16, aggregation="pyg")  # (the reference: PyG's path)
+    for name in (*INFERENCE_MODELS, "sage, in row order"):
+        model_cfg = ModelConfig(name=name.split(",")[0], hidden_channels=16, aggregation="pyg")  # (PyG's path)
         torch.manual_seed(0)
         model = build_model(model_cfg, graph.num_features, graph.num_classes, 2)
         whole = exact_outputs(model, WholeGraphPieces(graph, torch.device("cpu"), 1000, 0, 1,
@@ -486,6 +488,7 @@ def test_exact_partitioned_inference_equals_the_replicated_layerwise_inference(t
         inner = int((~needs[rank["nodes"]]).sum())
         assert 0 < inner < rank["nodes"].numel()
         assert [rank[name]["inner"] for name in INFERENCE_MODELS] == [inner] * 4 + [None], r
+        assert rank["sage, in row order"]["inner"] == 0  # (below INTERIOR_FIRST: not reordered, the same outputs)
 
 
 def test_halo_bound_is_the_halo_of_one_part_and_nothing_for_all_parts():
