@@ -34,6 +34,7 @@ BEST = "best.yaml"  # in the sweep folder: the best trial's overrides (+tune.bes
 SPEC = "tune.json"  # in the sweep folder: the overrides (fixed and searched) and the study's direction
 WORKERS = "workers"  # in the sweep folder: each worker's log, beat and trials
 RETRIES = 1  # a failed trial is tried again this often
+REDRAWS = 3  # a worker draws again this often when another trains what it drew, then trains it too
 
 
 def optuna():
@@ -215,7 +216,9 @@ def open_study(cfg, sweep_dir: str | Path, direction: str | None = None, worker:
 
     storage = JournalStorage(JournalFileBackend(str(Path(sweep_dir) / STUDY_FILE)))
     seed = derive_seed(t.seed, "tune", worker) % 2**32
-    sampler = o.samplers.TPESampler(seed=seed) if t.sampler == "tpe" else o.samplers.RandomSampler(seed=seed)
+    # constant_liar: a running trial counts as a poor one, so workers asking at once do not draw the same point
+    sampler = (o.samplers.TPESampler(seed=seed, constant_liar=True) if t.sampler == "tpe"
+               else o.samplers.RandomSampler(seed=seed))
     pruner = {"asha": lambda: o.pruners.SuccessiveHalvingPruner(min_resource=t.min_epochs, reduction_factor=3),
               "hyperband": lambda: o.pruners.HyperbandPruner(min_resource=t.min_epochs,
                                                              max_resource=cfg.train.epochs, reduction_factor=3),
@@ -232,10 +235,12 @@ def trial_dir(sweep_dir: str | Path, number: int) -> Path:
 
 
 def counts(study) -> dict[str, int]:
-    """Trials by state (complete, pruned, failed, running, waiting)."""
+    """Trials by state (complete, pruned, failed, running, waiting; redrawn: a draw set aside for its running twin,
+    :func:`next_trial`)."""
     out: dict[str, int] = {}
     for tr in study.get_trials(deepcopy=False):
-        out[tr.state.name.lower()] = out.get(tr.state.name.lower(), 0) + 1
+        state = "redrawn" if "twin_running" in tr.user_attrs else tr.state.name.lower()
+        out[state] = out.get(state, 0) + 1
     return out
 
 
@@ -318,20 +323,30 @@ def fail_stale(study, sweep_dir: str | Path, now: float | None = None) -> list[i
 def next_trial(study, total: int, space: list[Param], sweep_dir: str | Path | None = None):
     """The next trial to run, or None when the study has ``total`` trials done or under way (a failed one's retry,
     enqueued, comes first; running trials whose worker died are failed first: :func:`fail_stale`). A trial drawing
-    a finished trial's parameters is told its result (:func:`reuse`) and the next one drawn."""
+    a finished trial's parameters is told its result (:func:`reuse`) and the next one drawn; one drawing a running
+    trial's is set aside (told failed, marked ``twin_running``) and another drawn, up to :data:`REDRAWS` times."""
     if sweep_dir is not None:
         fail_stale(study, sweep_dir)
+    redrawn = 0
     while True:
         c = counts(study)
         if c.get("complete", 0) + c.get("pruned", 0) + c.get("running", 0) >= total:
             return None
         trial = study.ask({p.key: p.distribution() for p in space})
         earlier = repeated(study, trial)
-        if earlier is None:
+        if earlier is not None:
+            state = reuse(study, trial, earlier)  # (the same run again: its result, not a second training)
+            print(f"tune: trial {trial.number} draws the parameters of trial {earlier.number}: {state} as it was, "
+                  "not trained again", flush=True)
+            continue
+        twin = running_twin(study, trial)
+        if twin is None or redrawn >= REDRAWS:
             return trial
-        state = reuse(study, trial, earlier)  # (the same run again: its result, not a second training)
-        print(f"tune: trial {trial.number} draws the parameters of trial {earlier.number}: {state} as it was, not "
-              "trained again", flush=True)
+        redrawn += 1  # (another worker trains these parameters now: set aside, failed and marked, and draw again)
+        trial.set_user_attr("twin_running", twin.number)
+        study.tell(trial, state=optuna().trial.TrialState.FAIL)
+        print(f"tune: trial {trial.number} draws the parameters of trial {twin.number}, which is running: drawn "
+              "again", flush=True)
 
 
 def repeated(study, trial):
@@ -345,6 +360,16 @@ def repeated(study, trial):
                                                                  optuna().trial.TrialState.PRUNED))
             if t.number != trial.number and t.params == trial.params]
     return min(done, key=lambda t: t.number) if done else None
+
+
+def running_twin(study, trial):
+    """The running trial whose parameters ``trial`` draws too (workers asking at once: a sampler's first draws
+    are random, and TPE's constant liar cannot keep them apart), or None; never for a failed trial's retry."""
+    if "retry" in trial.user_attrs:
+        return None
+    running = [t for t in study.get_trials(deepcopy=False, states=(optuna().trial.TrialState.RUNNING,))
+               if t.number != trial.number and t.params == trial.params]
+    return min(running, key=lambda t: t.number) if running else None
 
 
 def reuse(study, trial, earlier) -> str:

@@ -217,3 +217,25 @@ def test_a_trial_drawing_a_finished_trials_parameters_takes_its_result_instead_o
     assert (trials[again.number].value, trials[again.number].user_attrs) == (0.75, {"repeat_of": done.number})
     assert trials[pruned_again.number].state.name == "PRUNED"
     assert trials[pruned_again.number].user_attrs == {"repeat_of": cut.number}
+
+
+def test_a_draw_of_a_running_trials_parameters_is_set_aside_and_drawn_again_a_few_times_at_most(tmp_path):
+    """Workers asking at once draw alike (a sampler's first draws are random): a draw of parameters another worker
+    trains now is told failed, marked, and another drawn; after REDRAWS such draws the worker trains it too."""
+    from hpcgnn.submit.compose import compose
+    from hpcgnn.tuning import REDRAWS, counts, next_trial, open_study, parse_space
+
+    _, space = parse_space(["train.lr=choice(0.01,0.02,0.03,0.04)"])
+    study = open_study(compose([]).cfg, tmp_path, "maximize")
+    for lr in (0.03, 0.03, 0.04):
+        study.enqueue_trial({"train.lr": lr})
+    running = next_trial(study, 8, space)
+    assert running.params == {"train.lr": 0.03}
+    other = next_trial(study, 8, space)
+    assert other.params == {"train.lr": 0.04}
+    set_aside = study.get_trials()[1]
+    assert (set_aside.state.name, set_aside.user_attrs) == ("FAIL", {"twin_running": running.number})
+    for _ in range(REDRAWS + 1):
+        study.enqueue_trial({"train.lr": 0.03})
+    again = next_trial(study, 20, space)
+    assert again.params == {"train.lr": 0.03} and counts(study) == {"running": 3, "redrawn": 1 + REDRAWS}

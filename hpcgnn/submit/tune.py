@@ -278,9 +278,12 @@ def results(study, sweep: Path, fixed: list[str], space, write_best: bool = True
         where = f"pruned after epoch {summary.get('pruned_at')}" if t.state.name == "PRUNED" else f"{epochs} epoch(s)"
         if "repeat_of" in t.user_attrs:
             where = f"= trial {t.user_attrs['repeat_of']}"
+        if "twin_running" in t.user_attrs:
+            where = f"= trial {t.user_attrs['twin_running']}, then running: drawn again"
         value = f"{t.value:.4f}" if t.value is not None else "-"
         params = " ".join(f"{k}={v}" for k, v in t.params.items())
-        lines.append(f"  {t.number:>4}  {t.state.name.lower():<9} {value:>8}  {where:<22} {params}"
+        state = "redrawn" if "twin_running" in t.user_attrs else t.state.name.lower()
+        lines.append(f"  {t.number:>4}  {state:<9} {value:>8}  {where:<22} {params}"
                      + ("  <- best" if best is not None and t.number == best.number else ""))
     c = counts(study)
     head = f"tune: {sum(c.values())} trial(s): " + ", ".join(f"{v} {k}" for k, v in sorted(c.items()))
