@@ -50,8 +50,8 @@ def end_quickly() -> None:
 def exit_now(code: int) -> None:
     """Leave at once with ``code``, logs and output flushed, as a process whose work is done and closed (a sampler
     server whose trainers have gone): no interpreter shutdown, whose C++ static destructors can meet a thread of a
-    library still running and abort the process (seen once in 900 runs: "terminate called without an active
-    exception", signal 6, after a server had served every batch)."""
+    library still running and abort the process (seen once in a CI run: "terminate called without an active
+    exception", signal 6, after a local server had served every batch)."""
     import logging
 
     logging.shutdown()

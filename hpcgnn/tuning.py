@@ -374,7 +374,8 @@ def running_twin(study, trial):
 
 def reuse(study, trial, earlier) -> str:
     """Tell the study that ``trial`` ended as ``earlier`` did (its value, or pruned), marked ``repeat_of``;
-    returns the state told. Its own intermediate values stay empty, so it is one more rung entry for no pruner."""
+    returns the state told. It reports no value of its own per epoch, so the pruner's rungs do not count the
+    parameters twice."""
     o = optuna()
     trial.set_user_attr("repeat_of", earlier.number)
     if earlier.state == o.trial.TrialState.PRUNED:
