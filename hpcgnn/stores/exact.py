@@ -608,13 +608,7 @@ def _rows_into(table: Tensor | None, n: int, lo: int, hi: int, chunk_size: int, 
 def _into_table(n: int, extra: int, chunk_size: int, fn) -> Tensor:
     """``fn(a, b)`` over rows ``0 .. n`` in chunks, written into one table with ``extra`` rows left after them
     (for the halo), allocated at the first chunk's width."""
-    table = None
-    for a in range(0, max(n, 1), chunk_size):  # (one empty chunk gives the width when there are no rows)
-        out = fn(a, min(a + chunk_size, n))
-        if table is None:
-            table = out.new_empty((n + extra, *out.shape[1:]))
-        table[a:a + out.size(0)] = out
-    return table
+    return _rows_into(None, n + extra, 0, n, chunk_size, fn)
 
 
 def _layer(model, i: int, x: Tensor, graph, lo: int, hi: int, device: torch.device, transform,
