@@ -42,9 +42,10 @@ def pytest_collection_modifyitems(config, items):
     another (its two nodes are the cluster's)."""
     phase = config.getoption("--phase")
     if phase != "all":
-        keep = [item for item in items if (item.get_closest_marker("alone") is not None) == (phase == "alone")]
-        config.hook.pytest_deselected(items=[item for item in items if item not in keep])
-        items[:] = keep
+        alone = phase == "alone"
+        config.hook.pytest_deselected(items=[item for item in items
+                                             if (item.get_closest_marker("alone") is not None) != alone])
+        items[:] = [item for item in items if (item.get_closest_marker("alone") is not None) == alone]
     for item in items:
         if item.get_closest_marker("slurm") is not None or "devcluster_up" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.xdist_group("slurm"))
