@@ -116,6 +116,15 @@ class Store(abc.ABC):
 
     def __init__(self, cfg: RunConfig, env: RankEnv, device: torch.device):
         self.cfg, self.env, self.device = cfg, env, device
+        self._node_tables = dist.NodeTables()
+
+    def node_tables(self) -> dist.NodeTables | None:
+        """Where exact inference's layer tables come from when every rank is on this node (one copy they all
+        map; None: the ranks all-gather theirs): kept from one evaluation to the next where
+        ``train.keep_freed_memory`` (no table made or faulted in again), else a pool of its own each time."""
+        if not self.env.one_node:
+            return None
+        return self._node_tables if self.cfg.train.keep_freed_memory else dist.NodeTables()
 
     # ------------------------------------------------------------------ batches
 

@@ -123,15 +123,16 @@ class WholeGraphPieces(ExactPieces):
     on PyG's path, a chunk's weighted sparse adjacency, run in fp32 (sparse products have no bf16 kernel on CPU)."""
 
     def __init__(self, graph, device: torch.device, chunk_size: int, rank: int, world_size: int, transform=None,
-                 one_node: bool = False, edge_features: bool = False):
+                 tables: dist.NodeTables | None = None, edge_features: bool = False):
         super().__init__(device, chunk_size)
         self.graph, self.rank, self.world_size, self.transform = graph, rank, world_size, transform
-        self.one_node = one_node  # every rank on this node: the layer tables are one shared copy (_sharded)
+        # every rank on this node: the layer tables are one shared copy, from this pool (_sharded)
+        self.tables = tables
         # the model reads the edges' features: each chunk's edges carry theirs (PyG's layers, the CSR's order)
         self.edge_attr = graph.edge_attr if edge_features else None
 
     def _all(self, fn) -> Tensor:
-        return _sharded(self.graph.num_nodes, self.chunk_size, self.rank, self.world_size, fn, self.one_node)
+        return _sharded(self.graph.num_nodes, self.chunk_size, self.rank, self.world_size, fn, self.tables)
 
     def without_edges(self, model):
         x = self.graph.x
@@ -145,13 +146,19 @@ class WholeGraphPieces(ExactPieces):
         return x
 
     def layer(self, model, i, table, last):
+        src = scores = None
         if self.csr is None:
-            return self._all(lambda a, b: _layer(model, i, table, self.graph, a, b, self.device, self.transform,
-                                                 self.edge_attr))
-        spec = self.csr.layer(model, i, last)
-        src = table if spec.before is None else self._all(lambda a, b: _kept(spec.before(_read(table[a:b])), False))
-        scores = None if spec.scores is None else self._all(lambda a, b: spec.scores(src[a:b]))
-        return self._all(lambda a, b: _kept(self.csr.rows(spec, table, src, self.graph, a, b, scores), last))
+            out = self._all(lambda a, b: _layer(model, i, table, self.graph, a, b, self.device, self.transform,
+                                                self.edge_attr))
+        else:
+            spec = self.csr.layer(model, i, last)
+            src = table if spec.before is None else self._all(
+                lambda a, b: _kept(spec.before(_read(table[a:b])), False))
+            scores = None if spec.scores is None else self._all(lambda a, b: spec.scores(src[a:b]))
+            out = self._all(lambda a, b: _kept(self.csr.rows(spec, table, src, self.graph, a, b, scores), last))
+        if self.tables is not None:  # (read by no rank now: the next layers' tables)
+            self.tables.give(table, src, scores)
+        return out
 
 
 class WholeTypedPieces(ExactPieces):
@@ -159,12 +166,12 @@ class WholeTypedPieces(ExactPieces):
     each type's nodes, all-gathered; the outputs are the target type's."""
 
     def __init__(self, graph, device: torch.device, chunk_size: int, rank: int, world_size: int,
-                 one_node: bool = False):
+                 tables: dist.NodeTables | None = None):
         super().__init__(device, chunk_size)
-        self.graph, self.rank, self.world_size, self.one_node = graph, rank, world_size, one_node
+        self.graph, self.rank, self.world_size, self.tables = graph, rank, world_size, tables
 
     def _all(self, n: int, fn) -> Tensor:
-        return _sharded(n, self.chunk_size, self.rank, self.world_size, fn, self.one_node)
+        return _sharded(n, self.chunk_size, self.rank, self.world_size, fn, self.tables)
 
     def without_edges(self, model):
         x = self.graph.x[self.graph.target]
@@ -178,8 +185,11 @@ class WholeTypedPieces(ExactPieces):
         mapped = {rel: self._all(self.graph.num_nodes[rel[0]], lambda a, b, s=rel[0], lin=lin: lin(here[s][a:b]))
                   for rel, lin in _maps_first(model, i, self.device).items()}
         kw = {"mapped": mapped} if mapped else {}
-        return {t: self._all(self.graph.num_nodes[t], lambda a, b, t=t: model.inference_per_layer(
+        out = {t: self._all(self.graph.num_nodes[t], lambda a, b, t=t: model.inference_per_layer(
             i, t, here, self.graph, a, b, **kw).float().cpu()) for t in model.layer_types(i)}
+        if self.tables is not None:  # (read by no rank now)
+            self.tables.give(*table.values(), *mapped.values())
+        return out
 
     def outputs(self, model, table):
         """The target type's rows; a model with ``outputs`` (an edge task's encoder): those types' rows by type."""
@@ -415,15 +425,15 @@ def _chunked(lo: int, hi: int, chunk_size: int, fn) -> Tensor:
     return torch.cat(outs) if outs else fn(lo, lo)
 
 
-def _sharded(n: int, chunk_size: int, rank: int, world_size: int, fn, one_node: bool = False) -> Tensor:
+def _sharded(n: int, chunk_size: int, rank: int, world_size: int, fn, tables: dist.NodeTables | None = None) -> Tensor:
     """Rows ``0 .. n`` of ``fn`` in chunks of ``chunk_size`` rows (chunk ``k``: rows from ``k * chunk_size``,
     the same rows on any number of ranks, so the same floats), shared out among the ranks; every rank gets them
-    all. ``one_node`` (every rank on this node): the ranks write into one table they all map
-    (:func:`hpcgnn.dist.node_table`: nothing sent) and take its chunks in turn from a counter there, so a rank
-    slowed by its core's neighbours takes fewer; else each computes a contiguous range, all-gathered."""
+    all. ``tables`` (every rank on this node): the ranks write into one table they all map, taken from that
+    pool (:class:`hpcgnn.dist.NodeTables`: nothing sent), and take its chunks in turn from a counter there, so
+    a rank slowed by its core's neighbours takes fewer; else each computes a contiguous range, all-gathered."""
     chunks = math.ceil(n / chunk_size)
-    if one_node and world_size > 1:
-        table = _shared_chunks(n, chunk_size, chunks, rank, world_size, fn)
+    if tables is not None and world_size > 1:
+        table = _shared_chunks(n, chunk_size, chunks, rank, world_size, fn, tables)
         if table is not None:
             return table
     per = math.ceil(chunks / world_size) * chunk_size
@@ -434,10 +444,12 @@ def _sharded(n: int, chunk_size: int, rank: int, world_size: int, fn, one_node: 
     return dist.all_gather_rows(mine, counts)
 
 
-def _shared_chunks(n: int, chunk_size: int, chunks: int, rank: int, world_size: int, fn) -> Tensor | None:
+def _shared_chunks(n: int, chunk_size: int, chunks: int, rank: int, world_size: int, fn,
+                   tables: dist.NodeTables) -> Tensor | None:
     """:func:`_sharded` on one node: rank ``r`` computes chunk ``r`` first (its width sizes the table), then the
     ranks take the chunks after the first ``world_size`` from a shared counter. None where the table or the
-    counter cannot be made (the caller all-gathers)."""
+    counter cannot be made (the caller all-gathers). Returns with every chunk written (a barrier): a table
+    read while computing them may be given back then."""
     from hpcgnn.sampling.kernels import ops
     from hpcgnn.sampling.kernels.binding import kernels
 
@@ -445,13 +457,15 @@ def _shared_chunks(n: int, chunk_size: int, chunks: int, rank: int, world_size: 
         return min(k * chunk_size, n), min((k + 1) * chunk_size, n)
 
     first = fn(*rows(rank))  # (past the last chunk: an empty one, which gives the width)
-    if int(dist.all_reduce_max(torch.tensor([int(kernels() is None)]))):
+    counter = tables.take((1,), torch.long)
+    if counter is not None and rank == 0:
+        counter.zero_()  # (a counter given back holds the last count; the all-reduce below orders this first)
+    if int(dist.all_reduce_max(torch.tensor([int(kernels() is None or counter is None)]))):
+        tables.give(counter)
         return None  # (a rank without the C kernels has no atomic add: every rank all-gathers)
-    counter = dist.node_table((1,), torch.long)
-    if counter is None:
-        return None
-    table = dist.node_table((n, *first.shape[1:]), first.dtype)
+    table = tables.take((n, *first.shape[1:]), first.dtype)
     if table is None:
+        tables.give(counter)
         return None
     a, b = rows(rank)
     table[a:b] = first
@@ -459,6 +473,7 @@ def _shared_chunks(n: int, chunk_size: int, chunks: int, rank: int, world_size: 
         a, b = rows(k)
         table[a:b] = fn(a, b)
     dist.all_reduce_max(torch.zeros(1))  # (every chunk written)
+    tables.give(counter)
     return table
 
 

@@ -243,7 +243,7 @@ class ReplicatedStore(WholeGraphStore):
         t, env = self.cfg.train, self.env
         transform = transform_for(self.degree) if transform_for else None
         pieces = WholeGraphPieces(self.graph, self.device, t.eval_chunk, env.rank, env.world_size, transform,
-                                  env.one_node, edge_features=self.shape.edge_dim > 0)
+                                  self.node_tables(), edge_features=self.shape.edge_dim > 0)
         return self._exact(exact_outputs(model, pieces, layers, on_layer))
 
     def resident_bytes(self) -> int:

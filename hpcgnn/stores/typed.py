@@ -124,7 +124,7 @@ class TypedStore(WholeGraphStore):
     def exact(self, model: torch.nn.Module, transform_for=None, layers: int | None = None, on_layer=None) -> Exact:
         t, env = self.cfg.train, self.env
         out = exact_outputs(model, WholeTypedPieces(self.graph, self.device, t.eval_chunk, env.rank, env.world_size,
-                                                    env.one_node), layers, on_layer)
+                                                    self.node_tables()), layers, on_layer)
         if isinstance(out, dict):  # an edge task's encoder: its two end types' rows, read by type
             exact = self._exact(out[self.graph.target])
             return dataclasses.replace(exact, typed_rows=lambda node_type, ids: out[node_type].index_select(0, ids))
