@@ -278,6 +278,7 @@ class TuneConfig:
     metric: str = "auto"  # what each epoch reports and the study optimises: auto (the task's val metric) | val_<name>
     direction: str = "auto"  # auto (the metric's own: minimize RMSE, maximize the rest) | minimize | maximize
     min_epochs: int = 1  # epochs every trial runs before a pruner may stop it
+    reduction_factor: int = 4  # asha, hyperband: 1 in this many trials goes on at each rung (Optuna's, Ray's ASHA)
     trial: int = -1  # set by a tune's worker: this run is that trial of the study (-1: not a trial)
     study: str = ""  # set by a tune's worker: the study's journal file (the sweep folder's study.journal)
 

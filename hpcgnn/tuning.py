@@ -194,6 +194,9 @@ def check(cfg) -> None:
     if t.trials < 1 or t.parallel < 1 or t.min_epochs < 1:
         raise ConfigError(f"tune.trials={t.trials}, tune.parallel={t.parallel} and tune.min_epochs={t.min_epochs} "
                           "must each be at least 1")
+    if t.reduction_factor < 2:
+        raise ConfigError(f"tune.reduction_factor={t.reduction_factor}: 1 trial in this many goes on at each rung, "
+                          "so every trial would. HINT: tune.reduction_factor=3 or 4")
     if t.parallel > t.trials:
         raise ConfigError(f"tune.parallel={t.parallel} workers for tune.trials={t.trials}: some would have nothing to "
                           f"do. HINT: tune.parallel={t.trials} or fewer")
@@ -219,9 +222,10 @@ def open_study(cfg, sweep_dir: str | Path, direction: str | None = None, worker:
     # constant_liar: a running trial counts as a poor one, so workers asking at once do not draw the same point
     sampler = (o.samplers.TPESampler(seed=seed, constant_liar=True) if t.sampler == "tpe"
                else o.samplers.RandomSampler(seed=seed))
-    pruner = {"asha": lambda: o.pruners.SuccessiveHalvingPruner(min_resource=t.min_epochs, reduction_factor=3),
+    rf = t.reduction_factor
+    pruner = {"asha": lambda: o.pruners.SuccessiveHalvingPruner(min_resource=t.min_epochs, reduction_factor=rf),
               "hyperband": lambda: o.pruners.HyperbandPruner(min_resource=t.min_epochs,
-                                                             max_resource=cfg.train.epochs, reduction_factor=3),
+                                                             max_resource=cfg.train.epochs, reduction_factor=rf),
               "median": lambda: o.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=t.min_epochs),
               "none": o.pruners.NopPruner}[t.pruner]()
     if direction is None:

@@ -46,6 +46,8 @@ def test_the_sweep_grammar_becomes_a_search_space():
      r"tune.metric=val_auc: task=node reports val_acc, val_rocauc, val_f1, val_rmse, val_mae, val_r2"),
     (["model=choice(sage,nope)"], r"tune: model in \{sage, nope\}: with model=nope: .*Could not find 'model/nope'"),
     (["train.epochs=2"], r"tune: no search space among the overrides"),
+    (["train.lr=choice(0.1,0.2)", "tune.reduction_factor=1"],
+     r"tune.reduction_factor=1: 1 trial in this many goes on at each rung, so every trial would. HINT: "),
 ])
 def test_a_bad_search_space_exits_2_with_one_line_before_anything_is_written(args, message, tmp_path, capsys):
     from hpcgnn.submit.tune import main
