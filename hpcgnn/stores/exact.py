@@ -286,8 +286,9 @@ class PartsPieces(ExactPieces):
 
 class TypedPartsPieces(ExactPieces):
     """A partitioned typed graph: each rank computes its own nodes of every type the next layer reads, relation
-    by relation, after fetching each read type's halo from its owners (type by type, in the same order on every
-    rank); the outputs are its own target-type nodes' (rows: ``parts.typed_rows(target, ids)``)."""
+    by relation, with each read type's halo from its owners (type by type, in the same order on every rank, on a
+    thread while it applies the relations' linear maps that come first to its own rows); the outputs are its own
+    target-type nodes' (rows: ``parts.typed_rows(target, ids)``)."""
 
     def __init__(self, parts, view, exchange, device: torch.device, chunk_size: int):
         super().__init__(device, chunk_size)
@@ -321,27 +322,39 @@ class TypedPartsPieces(ExactPieces):
             x[t] = torch.empty(own[t].numel() + (self.halo[t].numel() if t in self.reads(model, 0) else 0),
                                parts.num_features)
             x[t][:own[t].numel()] = parts.x.index_select(0, view.row(own[t]))
-            if t in self.reads(model, 0):
-                self.fill[t](x[t])
+        self.pending = self._fetch(x, self.reads(model, 0))
         return x
 
+    def _fetch(self, table: dict, types: set[str]) -> _Pending:
+        """The halo's rows of ``types`` into ``table``, in type order (the same exchanges on every rank), on a
+        thread: the caller makes no collective call until it waits."""
+        fills = [(self.fill[t], table[t]) for t in self.types if t in types and self.fill[t].rounds]
+        return _Pending(lambda _: [fill(rows) for fill, rows in fills]) if fills else _Pending(None)
+
     def layer(self, model, i, table, last):
-        computes, wanted = model.layer_types(i), self.reads(model, i + 1)
+        computes, wanted, chunk = model.layer_types(i), self.reads(model, i + 1), self.chunk_size
+        # While the halo's rows arrive: the linear maps that come first, of the own rows (on the CPU only, in place);
+        # then of the halo's
+        maps = _maps_first(model, i, self.device)
+        mapped = {rel: _rows_into(None, table[rel[0]].size(0), 0, self.own[rel[0]].numel(), chunk,
+                                  lambda a, b, s=rel[0], lin=lin: lin(table[s][a:b])) for rel, lin in maps.items()}
+        self.pending.wait()
+        for rel, lin in maps.items():
+            n = table[rel[0]].size(0)
+            _rows_into(mapped[rel], n, self.own[rel[0]].numel(), n, chunk,
+                       lambda a, b, s=rel[0], lin=lin: lin(table[s][a:b]))
         here = {t: table[t].to(self.device) for t in self.types if t in self.reads(model, i) or t in computes}
-        mapped = {rel: _chunked(0, here[rel[0]].size(0), self.chunk_size, lambda a, b, s=rel[0], lin=lin, x=here: lin(
-            x[s][a:b])) for rel, lin in _maps_first(model, i, self.device).items()}  # (own rows and halo)
         kw = {"mapped": mapped} if mapped else {}
         out = {t: _into_table(self.own[t].numel(), self.halo[t].numel() if t in wanted else 0, self.chunk_size,
                               lambda a, b, t=t, here=here: model.inference_per_layer(i, t, here, self.graph, a, b,
                                                                                      **kw).float().cpu())
                for t in computes}
         del here, mapped
-        for t in self.types:  # (type order: the same exchanges on every rank)
-            if t in wanted:
-                self.fill[t](out[t])
+        self.pending = self._fetch(out, wanted)
         return out
 
     def outputs(self, model, table):
+        self.pending.wait()  # (after fewer layers than the model's, the last one's halo was on its way)
         return table[model.target][:self.own[model.target].numel()]
 
 
