@@ -85,7 +85,8 @@ def local_rank_env(rank: int, world: int, port: int):
 
 def exact_inference_worker(rank: int, world: int, port: int, cfg, folder: str, models: tuple[str, ...]) -> None:
     """One of ``world`` gloo ranks on a partitioned graph: for each model (untrained, seeded), its exact
-    layer-wise logits of its own nodes and the node task's exact evaluation, saved with the ids of those
+    layer-wise logits of its own nodes and the node task's exact evaluation (twice: the second reads what the
+    first made of the rank's edges, kept by the store), saved with the ids of those
     nodes (a typed graph: its own target-type nodes, in target-type ids). Tiny slices: every path takes
     several exchanges, slices and chunks."""
     import dataclasses
@@ -114,7 +115,11 @@ def exact_inference_worker(rank: int, world: int, port: int, cfg, folder: str, m
                       ex.PartsPieces(parts, store.view, store.exchange, cpu, 300,
                                      lambda d, m=model_cfg: batch_transform(m, d)))
             task = build_task(dataclasses.replace(cfg, model=model_cfg), env, store, cpu)
-            out[name] = {"logits": ex.exact_outputs(model, pieces), "acc": task.evaluate(model),
+            acc = task.evaluate(model)
+            kept = dict(store.layouts)  # (what the evaluation made of the rank's edges, which the next one reads)
+            again = task.evaluate(model)
+            out[name] = {"logits": ex.exact_outputs(model, pieces), "acc": acc, "again": again,
+                         "kept": bool(kept) and all(store.layouts[k] is v for k, v in kept.items()),
                          "inner": getattr(pieces, "inner", None)}
         out["nodes"] = parts.nodes
         if g is not None:
@@ -129,6 +134,8 @@ def check_exact_inference(ranks: list[dict], name: str, whole, y, splits: dict) 
 
     for r in ranks:
         assert torch.allclose(r[name]["logits"], whole[r["nodes"]], atol=1e-5), name
+        # an evaluation again reads the edges in local ids the first one made, and gives the same
+        assert r[name]["again"] == r[name]["acc"] and (r[name]["kept"] or name == "mlp"), name
     pred = whole.argmax(-1)
     for split, idx in splits.items():
         want = (pred[idx] == y[idx]).double().mean().item()

@@ -139,6 +139,7 @@ class PartitionedStore(Store):
 
     def __init__(self, cfg: RunConfig, env: RankEnv, device: torch.device | None = None):
         super().__init__(cfg, env, device or torch.device("cpu"))
+        self.layouts: dict = {}  # exact inference's edges in local ids and halo plan, kept between evaluations
         self._hold_parts()
         self._make_samplers()
         self._count_steps()
@@ -355,10 +356,10 @@ class PartitionedStore(Store):
         t, parts, view, ex = self.cfg.train, self.parts, self.view, self.exchange
         if parts.typed is None:
             pieces, row_of = PartsPieces(parts, view, ex, self.device, t.eval_chunk, transform_for,
-                                         edge_features=self.shape.edge_dim > 0), view.row
+                                         edge_features=self.shape.edge_dim > 0, layouts=self.layouts), view.row
         else:
             target = parts.typed.schema.target
-            pieces, row_of = TypedPartsPieces(parts, view, ex, self.device, t.eval_chunk), \
+            pieces, row_of = TypedPartsPieces(parts, view, ex, self.device, t.eval_chunk, self.layouts), \
                 (lambda ids: parts.typed_rows(target, ids))
         table = exact_outputs(model, pieces, layers, on_layer)
 
