@@ -293,8 +293,8 @@ class NodeTables:
     before where one fits (nothing made, its pages in every rank's mapping already: making and faulting in a
     table of 128 MB costs 30-60 ms here), else makes one; ``give`` hands one back once no rank reads it (any
     other tensor: ignored). The ranks take and give the same tables in the same order, so each decides alike;
-    taking one given back is no collective. A table given back keeps its memory until ``clear()`` or the
-    pool's end, as one rank's heap keeps its freed blocks (``train.keep_freed_memory``)."""
+    taking one given back is no collective. A table given back keeps its memory until the pool's end, as one
+    rank's heap keeps its freed blocks (``train.keep_freed_memory``)."""
 
     def __init__(self) -> None:
         self._free: list[torch.Tensor] = []  # the bytes of tables given back (uint8, flat)
@@ -324,9 +324,6 @@ class NodeTables:
             flat = None if t is None else self._lent.pop(t.data_ptr(), None)
             if flat is not None:
                 self._free.append(flat)
-
-    def clear(self) -> None:
-        self._free.clear()
 
 
 def all_gather_rows(mine: torch.Tensor, counts: list[int]) -> torch.Tensor:

@@ -235,7 +235,8 @@ class PartsPieces(ExactPieces):
         self.csr = _CSRPath.of(model, self.device, self.transform, self.edge_attr is not None)
         key = None if self.csr is None else INTERIOR_FIRST  # (PyG's path: the rank's own row order)
         if key not in kept:
-            kept.pop(None if key is not None else INTERIOR_FIRST, None)  # (one layout at a time: its edges' memory)
+            for old in [k for k in kept if k != "halo"]:  # (one layout at a time: its edges' memory)
+                del kept[old]
             kept[key] = PartsLayout.of(parts, view, self.exchange, self.halo, key)
         layout = kept[key]
         self.graph, self.fill, self.inner, self.place = layout.graph, layout.fill, layout.inner, layout.place
