@@ -208,8 +208,9 @@ def check(cfg) -> None:
 
 def open_study(cfg, sweep_dir: str | Path, direction: str | None = None, worker: int = 0):
     """The study in ``<sweep>/study.journal`` (made with ``direction`` where it is not there yet), with the sampler
-    and pruner of ``tune.*`` (each process builds its own: worker ``worker``'s sampler seeded from ``tune.seed``
-    and its number, so that workers asking at once draw apart)."""
+    and pruner of ``tune.*`` (each process builds its own: worker ``worker``'s sampler seeded from ``tune.seed``,
+    its number and the trials the study holds when it opens it, so that workers asking at once draw apart, and a
+    requeued worker or a resumed tune does not draw its first trials' parameters again)."""
     from hpcgnn.rng import derive_seed
 
     o = optuna()
@@ -217,11 +218,13 @@ def open_study(cfg, sweep_dir: str | Path, direction: str | None = None, worker:
     from optuna.storages import JournalStorage
     from optuna.storages.journal import JournalFileBackend
 
+    def sampler(*seeded: int):
+        seed = derive_seed(t.seed, "tune", worker, *seeded) % 2**32
+        # constant_liar: a running trial counts as a poor one, so workers asking at once do not draw the same point
+        return (o.samplers.TPESampler(seed=seed, constant_liar=True) if t.sampler == "tpe"
+                else o.samplers.RandomSampler(seed=seed))
+
     storage = JournalStorage(JournalFileBackend(str(Path(sweep_dir) / STUDY_FILE)))
-    seed = derive_seed(t.seed, "tune", worker) % 2**32
-    # constant_liar: a running trial counts as a poor one, so workers asking at once do not draw the same point
-    sampler = (o.samplers.TPESampler(seed=seed, constant_liar=True) if t.sampler == "tpe"
-               else o.samplers.RandomSampler(seed=seed))
     rf = t.reduction_factor
     pruner = {"asha": lambda: o.pruners.SuccessiveHalvingPruner(min_resource=t.min_epochs, reduction_factor=rf),
               "hyperband": lambda: o.pruners.HyperbandPruner(min_resource=t.min_epochs,
@@ -229,9 +232,14 @@ def open_study(cfg, sweep_dir: str | Path, direction: str | None = None, worker:
               "median": lambda: o.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=t.min_epochs),
               "none": o.pruners.NopPruner}[t.pruner]()
     if direction is None:
-        return o.load_study(study_name=STUDY_NAME, storage=storage, sampler=sampler, pruner=pruner)
-    return o.create_study(study_name=STUDY_NAME, storage=storage, sampler=sampler, pruner=pruner, direction=direction,
-                          load_if_exists=True)
+        study = o.load_study(study_name=STUDY_NAME, storage=storage, sampler=sampler(), pruner=pruner)
+    else:
+        study = o.create_study(study_name=STUDY_NAME, storage=storage, sampler=sampler(), pruner=pruner,
+                               direction=direction, load_if_exists=True)
+    held = len(study.get_trials(deepcopy=False))
+    if held:  # (a seed's stream starts again from its first draw: one of its own for where the study is)
+        study.sampler = sampler(held)
+    return study
 
 
 def trial_dir(sweep_dir: str | Path, number: int) -> Path:

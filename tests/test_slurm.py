@@ -445,7 +445,7 @@ def test_a_killed_sampler_server_fails_the_heterogeneous_job_naming_its_node(tmp
 
 
 def test_a_tune_is_one_job_array_whose_preempted_worker_resumes_its_trial_bitwise(tmp_path):
-    """hpcgnn tune +cluster on a partitioned graph: 4 trials on 2 workers, one job array of 2 elements (a node
+    """hpcgnn tune +cluster on a partitioned graph: 8 trials on 2 workers, one job array of 2 elements (a node
     each), every trial on one partition; worker 0 is preempted mid-trial (USR2): requeued, it resumes that trial
     from its checkpoint. Every trial is accounted for, each training as the others do (one learning rate; only the
     straggler warning's factor is drawn, so that no trial repeats another's parameters), and the study's best is
@@ -455,7 +455,7 @@ def test_a_tune_is_one_job_array_whose_preempted_worker_resumes_its_trial_bitwis
     res = run_cli("tune", "train.lr=choice(0.01)", "metrics.straggler_factor=interval(1.5, 3.0)", "+cluster=devcluster",
                   "cluster.nodes=1", "train.epochs=3", "graph=partitioned", "graph.method=random", "dataset.seed=7",
                   "dataset.num_nodes=6000", "train.batch_size=128", "debug.slow_rank=0", "debug.slow_s=0.1",
-                  "metrics.tensorboard=false", "tune.trials=4", "tune.parallel=2", "tune.pruner=none",
+                  "metrics.tensorboard=false", "tune.trials=8", "tune.parallel=2", "tune.pruner=none",
                   f"hydra.sweep.dir={sweep}", cwd=tmp_path, timeout=120)
     assert res.returncode == 0, res.stdout + res.stderr
     m = re.search(r"job array (\d+), 2 worker\(s\)", res.stdout)
@@ -474,7 +474,7 @@ def test_a_tune_is_one_job_array_whose_preempted_worker_resumes_its_trial_bitwis
 
     study = open_study(compose(["tune.pruner=none"]).cfg, sweep)
     trials = study.get_trials()
-    assert [t.state.name for t in trials] == ["COMPLETE"] * 4, [(t.number, t.state.name) for t in trials]
+    assert [t.state.name for t in trials] == ["COMPLETE"] * 8, [(t.number, t.state.name) for t in trials]
     summaries = [json.loads((sweep / "trials" / str(t.number) / "summary.json").read_text()) for t in trials]
     assert summaries[first]["requeues"] == 1 and summaries[first]["resumes"] == 1
     assert all(s["param_checksums"] == summaries[first]["param_checksums"] for s in summaries)

@@ -221,6 +221,24 @@ def test_a_trial_drawing_a_finished_trials_parameters_takes_its_result_instead_o
     assert trials[pruned_again.number].user_attrs == {"repeat_of": cut.number}
 
 
+def test_a_worker_opening_a_study_that_has_trials_draws_afresh_not_its_first_draws_again(tmp_path):
+    """A worker's sampler is seeded: a requeued worker (or a tune resumed by the same command) that seeded it as
+    at its start would draw its first trials' parameters again (seen on the dev cluster: a preempted worker's next
+    trial was a repeat of the one it had resumed). Its seed counts the trials the study holds."""
+    from hpcgnn.submit.compose import compose
+    from hpcgnn.tuning import open_study, parse_space
+
+    _, space = parse_space(["train.lr=interval(0.001, 0.1)"])
+    cfg = compose(["tune.sampler=random"]).cfg
+    first = open_study(cfg, tmp_path, "maximize", worker=0).ask({p.key: p.distribution() for p in space})
+    again = open_study(cfg, tmp_path, worker=0).ask({p.key: p.distribution() for p in space})
+    other = open_study(cfg, tmp_path, worker=1).ask({p.key: p.distribution() for p in space})
+    assert len({first.params["train.lr"], again.params["train.lr"], other.params["train.lr"]}) == 3
+    (tmp_path / "fresh").mkdir()
+    fresh = open_study(cfg, tmp_path / "fresh", "maximize", worker=0).ask({p.key: p.distribution() for p in space})
+    assert fresh.params == first.params  # (seeded: the same tune from scratch draws the same)
+
+
 def test_a_draw_of_a_running_trials_parameters_is_set_aside_and_drawn_again_a_few_times_at_most(tmp_path):
     """Workers asking at once draw alike (a sampler's first draws are random): a draw of parameters another worker
     trains now is told failed, marked, and another drawn; after REDRAWS such draws the worker trains it too."""
