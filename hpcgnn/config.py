@@ -147,7 +147,7 @@ class TrainConfig:
     select: str = "val"  # the epoch whose metrics the summary reports: val (the best validation metric) | last (the last evaluated: a graph with no validation split)
     eval_batch_size: int = 2048  # seed nodes per evaluation step
     num_threads: int = 0  # torch intra-op threads per rank (with sampler processes: theirs and the rank's together); 0 = CPUs of the task / local ranks
-    keep_freed_memory: bool = True  # malloc reuses freed blocks: no page faults on per-batch buffers (glibc)
+    keep_freed_memory: bool = True  # malloc reuses freed blocks: no page faults on per-batch buffers (glibc); exact inference keeps its node-shared tables between evaluations
     prefetch: int = 2  # batches sampled ahead in a background thread (0 = sample inside the training loop); with sampler processes: slots per process
     sampler_procs: int = 0  # processes per rank that sample and gather training batches beside the training loop (0 = the prefetch thread); docs/samplers.md
     sampler_threads: int = 0  # torch threads of each sampler process; 0 = an equal share of the rank's cores (train.num_threads or the task's CPUs), the rank keeping the rest
