@@ -2,7 +2,8 @@
 
     python benchmarks/tune.py [--num-nodes 20000] [--trials 32] [--workers 4] [--out DIR]
 
-(1) Slot occupancy: ``--trials`` trials of uneven length (``train.epochs`` among 2, 4, 6 and 8, random sampler, no
+(1) Slot occupancy: ``--trials`` trials of uneven length (``train.epochs`` among 2, 4, 6 and 8, ``train.lr`` drawn
+    from an interval so that no trial repeats another, which a tune would not train again; random sampler, no
     pruner) on ``--workers`` local workers: trial busy seconds (each worker's time from asking a trial to telling
     it, as its log says) / (workers x the tune's wall seconds).
 (2) ASHA against the grid: every combination of ``train.lr`` (4 values) and ``model.hidden_channels`` (3) trained
@@ -37,7 +38,7 @@ def hpcgnn(*args: str, cwd: Path) -> float:
 
 def occupancy(out: Path, common: list[str], trials: int, workers: int) -> tuple[float, float]:
     sweep = out / "occupancy"
-    wall = hpcgnn("tune", "train.epochs=choice(2,4,6,8)", "train.lr=choice(0.003,0.01)", *common,
+    wall = hpcgnn("tune", "train.epochs=choice(2,4,6,8)", "train.lr=interval(0.003,0.01)", *common,
                   f"tune.trials={trials}", f"tune.parallel={workers}", "tune.pruner=none", "tune.sampler=random",
                   f"hydra.sweep.dir={sweep}", cwd=out)
     busy = 0.0
