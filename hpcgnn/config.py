@@ -152,7 +152,7 @@ class TrainConfig:
     sampler_procs: int = 0  # processes per rank that sample and gather training batches beside the training loop (0 = the prefetch thread); docs/samplers.md
     sampler_threads: int = 0  # torch threads of each sampler process; 0 = an equal share of the rank's cores (train.num_threads or the task's CPUs), the rank keeping the rest
     device: str = "auto"  # auto (cuda:<local_rank> when CUDA is present, else cpu) | cpu | cuda
-    graph_on: str = "auto"  # where a replicated rank samples: host | device (CSR, features, labels copied to its GPU once) | auto (device when on a GPU, sampler=neighbor, node task and the graph takes at most graph_on_fraction of the GPU's memory)
+    graph_on: str = "auto"  # where a replicated rank samples: host | device (CSR, features, labels copied to its GPU once) | auto (device when on a GPU, sampler=neighbor, task=node (any kind) and the graph takes at most graph_on_fraction of the GPU's memory)
     graph_on_fraction: float = 0.5  # graph_on=auto: largest share of the GPU's memory the graph may take (shared by the ranks on that GPU)
     nonfinite: str = "stop"  # a NaN/inf loss or gradient: stop (the run fails, naming the step and rank) | skip (that optimizer step is skipped and counted)
 
@@ -469,7 +469,7 @@ def _validate_graph_on(c: RunConfig) -> None:
                "graph=partitioned (its ranks sample on the host and exchange through the CPU)"
                if c.graph.mode != "replicated" else
                f"train.sampler={t.sampler} (only sampler=neighbor runs on the GPU)" if t.sampler != "neighbor" else
-               f"task={c.task.name} (only node classification samples on the GPU)" if c.task.name != "node" else
+               f"task={c.task.name} (only node tasks sample on the GPU)" if c.task.name != "node" else
                f"{sampler_servers(c)} sampler server(s) (they make batches on their own hosts)"
                if sampler_servers(c) else None)
         if why is not None:

@@ -77,7 +77,8 @@ def test_valid_overrides_pass_the_typo_guard():
      r"HINT: set train.graph_on=auto"),
     (["train.graph_on=device", "train.sampler=cluster"], r"does not go with train.sampler=cluster"),
     (["train.graph_on=device", "train.device=cpu"], r"does not go with train.device=cpu"),
-    (["train.graph_on=device", "task=link"], r"does not go with task=link"),
+    (["train.graph_on=device", "task=link"], r"does not go with task=link \(only node tasks sample on the GPU\)"),
+    (["train.graph_on=device", "train.device=cuda", "task=edge"], r"does not go with task=edge"),
     (["train.graph_on=device", "train.device=cuda", "launch.sampler_servers=1"],
      r"does not go with 1 sampler server\(s\) \(they make batches on their own hosts\)"),
 ])

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import socket
+from pathlib import Path
 
 import pytest
 import torch
@@ -284,15 +285,77 @@ def test_typed_training_on_the_gpu(tmp_path, graph_on):
     assert s["test_acc"] >= 0.85, s["test_acc"]
 
 
-@pytest.mark.parametrize("graph_on", ["device", "host"])
-def test_edge_features_reach_a_model_on_the_gpu(tmp_path, graph_on):
+@pytest.mark.parametrize("where", [["train.graph_on=device", "train.epochs=20"],
+                                   ["train.graph_on=host", "train.eval_mode=full", "train.epochs=20"],
+                                   ["graph=partitioned", "graph.cache_mb=0.1", "train.eval_mode=full", "train.epochs=40"]],
+                         ids=["device", "host-exact", "partitioned-exact"])
+def test_edge_features_reach_a_model_on_the_gpu(tmp_path, where):
     """A GAT reading edge features (model.edge_dim) on the GPU, the graph there (its edge features too: the torch
-    twin's edge positions) or on the host: learns the marked neighbour's sign as on the CPU (test_edge_features)."""
+    twin's edge positions) or on the host, or partitioned between two ranks that share the GPU (a remote edge's
+    features fetched with it; each rank takes half the steps of an epoch, so twice the epochs): learns the marked neighbour's sign as on the CPU (test_edge_features), evaluated
+    exactly (every edge's features in each layer, on the GPU) where asked."""
     from test_edge_features import write_marked
 
     write_marked(tmp_path / "graph")
-    res = run_cli("dataset=files", f"dataset.path={tmp_path / 'graph'}", "model=gat", "model.edge_dim=4",
-                  "launch.procs=1", "train.epochs=20", "train.lr=0.01", "train.batch_size=256",
-                  "model.hidden_channels=64", f"train.graph_on={graph_on}", cwd=tmp_path / "run")
+    procs = [] if "graph=partitioned" in where else ["launch.procs=1"]
+    res = run_cli("dataset=files", f"dataset.path={tmp_path / 'graph'}", "model=gat", "model.edge_dim=4", *procs,
+                  "train.lr=0.01", "train.batch_size=256", "model.hidden_channels=64", "train.device=cuda", *where, cwd=tmp_path / "run")
     assert res.returncode == 0, res.stdout + res.stderr
-    assert summary_of(tmp_path / "run")["test"] >= 0.9
+    s = summary_of(tmp_path / "run")
+    assert s["device"] == "cuda:0" and s["test"] >= 0.9, s["test"]
+
+
+# ----------------------------------------------------------------------------- every task kind on the GPU
+
+
+@pytest.mark.parametrize("kind", ["ml", "reg"])
+def test_node_kinds_train_and_predict_on_the_gpu(tmp_path, kind):
+    """Multi-label (BCE over the known labels, ROC-AUC) and regression (standardised targets, RMSE in the labels'
+    units) on the GPU in train.precision=auto (bf16 where the GPU computes it), the graph there, evaluated exactly;
+    predict on the GPU scores the run's metric and writes probabilities or values in the labels' units."""
+    import numpy as np
+    from test_node_kinds import write_folder
+
+    from hpcgnn.env import RankEnv
+    from hpcgnn.rank.predict import predict
+    from hpcgnn.submit.launch import record_config
+    from hpcgnn.submit.predict import compose_prediction
+
+    folder = write_folder(tmp_path / "graph", kind)
+    over = ["dataset=files", f"dataset.path={folder}", "train.epochs=30", "train.eval_mode=full", "train.eval_every=5",
+            "train.batch_size=256", "model.hidden_channels=32", "train.lr=0.01", "train.graph_on=device"]
+    full = [*over, f"dataset.root={DATA_ROOT}", "metrics.tensorboard=false", "train.device=cuda"]
+    record_config(make_config(*full, run_dir=str(tmp_path / "run")), full)  # (as the launcher does: predict reads it)
+    s, trainer = single_rank(*over, run_dir=tmp_path / "run")
+    assert s["device"] == "cuda:0" and s["graph_on"] == "device" and s["eval_mode"] == "full"
+    metric = {"ml": "val_rocauc", "reg": "val_rmse"}[kind]
+    print(f"{kind} on the GPU ({s['precision']}): test {s['test']:.4f}")
+    cfg = compose_prediction([str(tmp_path / "run"), "mode=full"]).cfg
+    Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
+    p = predict(cfg, RankEnv.from_environ({}), CUDA)
+    assert s["metric"] == metric and p["value"] == pytest.approx(s["test"], abs=2e-3)
+    out = next((tmp_path / "run" / "predict").iterdir())
+    ids, y = np.load(out / "ids.npy"), np.load(folder / "y.npy")
+    if kind == "ml":
+        assert s["test"] >= 0.85, s["test"]
+        probs = np.load(out / "probs.npy")
+        assert probs.shape == (ids.size, 5) and 0 <= probs.min() and probs.max() <= 1
+    else:
+        spread = float(np.sqrt(((y[ids] - y[ids].mean(0)) ** 2).mean()))
+        assert s["test"] < 0.3 * spread, (s["test"], spread)
+        values = np.load(out / "values.npy")
+        assert values.shape == (ids.size, 2) and abs(values[:, 0].mean() - 10) < 2  # (the labels' own units)
+
+
+def test_an_edge_task_on_the_gpu(tmp_path):
+    """Same-class pairs: a batch samples around both ends of its target edges with the targets left out, on the host
+    (graph_on=auto's choice for an edge task; device is refused at compose time, test_config); the batches train on
+    the GPU, the concat decoder scores them there; exact evaluation (every node's embedding) on the GPU."""
+    from test_edge_tasks import write_edge_task
+
+    write_edge_task(tmp_path / "g")
+    s, _ = single_rank("dataset=files", f"dataset.path={tmp_path / 'g'}", "task=edge", "train.batch_size=256",
+                       "model.hidden_channels=32", "train.epochs=8", "train.eval_mode=full", run_dir=tmp_path / "run")
+    assert s["device"] == "cuda:0" and s["graph_on"] == "host" and s["task"] == "edge"
+    print(f"edge task on the GPU ({s['precision']}): test {s['test']:.4f}")
+    assert s["test"] >= 0.9, s["test"]
