@@ -71,8 +71,8 @@ def graph_on(cfg: RunConfig, env: RankEnv, device: torch.device, graph_bytes: in
 
     ``auto`` picks the GPU when the rank trains on one, makes its own batches (no sampler processes or
     servers: they sample the graph on the host), the sampler and task run there (``sampler=neighbor``, a node
-    task: classification, multi-label or regression) and the ranks sharing that GPU together hold at most ``train.graph_on_fraction`` of its
-    memory; the host otherwise.
+    task: classification, multi-label or regression) and the ranks sharing that GPU together hold at most
+    ``train.graph_on_fraction`` of its memory; the host otherwise.
     """
     from hpcgnn.checks import sampler_servers
 
