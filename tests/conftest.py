@@ -277,8 +277,8 @@ def preempted_and_resumed(*overrides: str, step: int, folder) -> tuple[dict, dic
     return whole, train_here(*cut, run_dir=folder / "cut")
 
 
-def predict_here(run_dir, *args: str) -> dict:
-    """``hpcgnn predict RUN_DIR ARGS`` as one rank in this process: the prediction job's summary."""
+def predict_here(run_dir, *args: str, device: str = "cpu") -> dict:
+    """``hpcgnn predict RUN_DIR ARGS`` as one rank in this process (on ``device``): the prediction job's summary."""
     import torch
 
     from hpcgnn.env import RankEnv
@@ -287,7 +287,7 @@ def predict_here(run_dir, *args: str) -> dict:
 
     cfg = compose_prediction([str(run_dir), *args]).cfg
     Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
-    return predict(cfg, RankEnv.from_environ({}), torch.device("cpu"))
+    return predict(cfg, RankEnv.from_environ({}), torch.device(device))
 
 
 def train_batches(store, epoch: int = 1, transform=None):

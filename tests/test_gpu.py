@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import math
 import socket
-from pathlib import Path
 
 import pytest
 import torch
@@ -101,12 +100,15 @@ def test_pinned_gather_is_page_locked_and_exact(graph):
 
 
 def single_rank(*overrides: str, run_dir) -> tuple[dict, object]:
-    """The trainer in this process, one rank on the GPU; returns (summary, trainer)."""
+    """The trainer in this process, one rank on the GPU, its config recorded as the launcher records it (hpcgnn
+    predict composes from it); returns (summary, trainer)."""
     from hpcgnn.env import RankEnv
     from hpcgnn.rank.trainer import Trainer
+    from hpcgnn.submit.launch import record_config
 
-    cfg = make_config(*overrides, f"dataset.root={DATA_ROOT}", "metrics.tensorboard=false", "train.device=cuda",
-                      run_dir=str(run_dir))
+    full = [*overrides, f"dataset.root={DATA_ROOT}", "metrics.tensorboard=false", "train.device=cuda"]
+    cfg = make_config(*full, run_dir=str(run_dir))
+    record_config(cfg, full)
     trainer = Trainer(cfg, RankEnv.from_environ({}), CUDA)
     torch.cuda.reset_peak_memory_stats(CUDA)
     return trainer.train(), trainer
@@ -292,14 +294,16 @@ def test_typed_training_on_the_gpu(tmp_path, graph_on):
 def test_edge_features_reach_a_model_on_the_gpu(tmp_path, where):
     """A GAT reading edge features (model.edge_dim) on the GPU, the graph there (its edge features too: the torch
     twin's edge positions) or on the host, or partitioned between two ranks that share the GPU (a remote edge's
-    features fetched with it; each rank takes half the steps of an epoch, so twice the epochs): learns the marked neighbour's sign as on the CPU (test_edge_features), evaluated
-    exactly (every edge's features in each layer, on the GPU) where asked."""
+    features fetched with it; each rank takes half the steps of an epoch, so twice the epochs): learns the marked
+    neighbour's sign as on the CPU (test_edge_features), evaluated exactly (every edge's features in each layer, on
+    the GPU) where asked."""
     from test_edge_features import write_marked
 
     write_marked(tmp_path / "graph")
     procs = [] if "graph=partitioned" in where else ["launch.procs=1"]
     res = run_cli("dataset=files", f"dataset.path={tmp_path / 'graph'}", "model=gat", "model.edge_dim=4", *procs,
-                  "train.lr=0.01", "train.batch_size=256", "model.hidden_channels=64", "train.device=cuda", *where, cwd=tmp_path / "run")
+                  "train.lr=0.01", "train.batch_size=256", "model.hidden_channels=64", "train.device=cuda", *where,
+                  cwd=tmp_path / "run")
     assert res.returncode == 0, res.stdout + res.stderr
     s = summary_of(tmp_path / "run")
     assert s["device"] == "cuda:0" and s["test"] >= 0.9, s["test"]
@@ -314,25 +318,17 @@ def test_node_kinds_train_and_predict_on_the_gpu(tmp_path, kind):
     units) on the GPU in train.precision=auto (bf16 where the GPU computes it), the graph there, evaluated exactly;
     predict on the GPU scores the run's metric and writes probabilities or values in the labels' units."""
     import numpy as np
+    from conftest import predict_here
     from test_node_kinds import write_folder
 
-    from hpcgnn.env import RankEnv
-    from hpcgnn.rank.predict import predict
-    from hpcgnn.submit.launch import record_config
-    from hpcgnn.submit.predict import compose_prediction
-
     folder = write_folder(tmp_path / "graph", kind)
-    over = ["dataset=files", f"dataset.path={folder}", "train.epochs=30", "train.eval_mode=full", "train.eval_every=5",
-            "train.batch_size=256", "model.hidden_channels=32", "train.lr=0.01", "train.graph_on=device"]
-    full = [*over, f"dataset.root={DATA_ROOT}", "metrics.tensorboard=false", "train.device=cuda"]
-    record_config(make_config(*full, run_dir=str(tmp_path / "run")), full)  # (as the launcher does: predict reads it)
-    s, trainer = single_rank(*over, run_dir=tmp_path / "run")
+    s, _ = single_rank("dataset=files", f"dataset.path={folder}", "train.epochs=30", "train.eval_mode=full",
+                       "train.eval_every=5", "train.batch_size=256", "model.hidden_channels=32", "train.lr=0.01",
+                       "train.graph_on=device", run_dir=tmp_path / "run")
     assert s["device"] == "cuda:0" and s["graph_on"] == "device" and s["eval_mode"] == "full"
     metric = {"ml": "val_rocauc", "reg": "val_rmse"}[kind]
     print(f"{kind} on the GPU ({s['precision']}): test {s['test']:.4f}")
-    cfg = compose_prediction([str(tmp_path / "run"), "mode=full"]).cfg
-    Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
-    p = predict(cfg, RankEnv.from_environ({}), CUDA)
+    p = predict_here(tmp_path / "run", "mode=full", device="cuda")
     assert s["metric"] == metric and p["value"] == pytest.approx(s["test"], abs=2e-3)
     out = next((tmp_path / "run" / "predict").iterdir())
     ids, y = np.load(out / "ids.npy"), np.load(folder / "y.npy")
