@@ -151,34 +151,53 @@ class _Tape:
         self.data += bytes(b)
 
 
+class _Lines(logging.Handler):
+    """The records a logger writes, each once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
 def test_a_frame_that_fails_its_tag_is_dropped_with_one_line(tmp_path, caplog):
     from hpcgnn.sampling import wire
 
     caplog.set_level(logging.INFO, logger="hpcgnn")
-    hello = m.Hello(0, "0" * 64, 2, None)
-    with _server(tmp_path) as (port, key):
-        # a frame altered on the way (its last byte)
-        c = _handshaken(port, key)
-        tape = _Tape()
-        wire.Channel(tape, c.session, server=False).send(hello)
-        c.sock.sendall(bytes(tape.data[:-1]) + bytes([tape.data[-1] ^ 1]))
-        assert _dropped(c.sock)
-        c.sock.close()
-        # a frame of another connection, replayed on this one (the same server, rank and secret)
-        c = _handshaken(port, key)
-        c.sock.sendall(bytes(tape.data))
-        assert _dropped(c.sock)
-        c.sock.close()
-        # a frame whose head claims another size
-        c = _handshaken(port, key)
-        tape = _Tape()
-        wire.Channel(tape, c.session, server=False).send(hello)
-        forged = bytearray(tape.data)
-        forged[1:5] = (2**31).to_bytes(4, "big")
-        c.sock.sendall(bytes(forged))
-        assert _dropped(c.sock)
-        c.sock.close()
-    dropped = [r.getMessage() for r in caplog.records if "dropped the connection" in r.getMessage()]
+    # The server's own lines, read where it writes them: caplog's capture at the root can see a record twice when an
+    # earlier test of the same worker left the root's handlers doubled (seen once in CI).
+    lines = _Lines()
+    server_log = logging.getLogger("hpcgnn.sampling.server")
+    server_log.addHandler(lines)
+    try:
+        hello = m.Hello(0, "0" * 64, 2, None)
+        with _server(tmp_path) as (port, key):
+            # a frame altered on the way (its last byte)
+            c = _handshaken(port, key)
+            tape = _Tape()
+            wire.Channel(tape, c.session, server=False).send(hello)
+            c.sock.sendall(bytes(tape.data[:-1]) + bytes([tape.data[-1] ^ 1]))
+            assert _dropped(c.sock)
+            c.sock.close()
+            # a frame of another connection, replayed on this one (the same server, rank and secret)
+            c = _handshaken(port, key)
+            c.sock.sendall(bytes(tape.data))
+            assert _dropped(c.sock)
+            c.sock.close()
+            # a frame whose head claims another size
+            c = _handshaken(port, key)
+            tape = _Tape()
+            wire.Channel(tape, c.session, server=False).send(hello)
+            forged = bytearray(tape.data)
+            forged[1:5] = (2**31).to_bytes(4, "big")
+            c.sock.sendall(bytes(forged))
+            assert _dropped(c.sock)
+            c.sock.close()
+    finally:
+        server_log.removeHandler(lines)
+    dropped = [r.getMessage() for r in lines.records if "dropped the connection" in r.getMessage()]
     assert len(dropped) == 3, dropped
     assert all(re.search(r"sampler server 0 on \S+ \(from 127\.0\.0\.1:\d+\): dropped the connection of rank 0: a "
                          r"frame('s head)? failed its tag \(a relay, a replay or an injection\)", d) for d in dropped)
