@@ -261,7 +261,7 @@ class PredictConfig:
     split: str = "test"  # train | val | test | all: the nodes written (a typed graph: of its labelled type)
     mode: str = "auto"  # auto (the run's own evaluation path) | full (exact, layer-wise) | sampled (the evaluation's batches)
     allow_other_graph: bool = False  # infer on a graph other than the run's (inductive), where its widths match
-    pairs: Optional[str] = None  # scores: a .npy file of node pairs ([P, 2] or [2, P] ids) a link model scores
+    pairs: Optional[str] = None  # a .npy file of node pairs ([P, 2] or [2, P] ids): a link model scores them, an edge model predicts them
     trust: bool = False  # the trained run's folder may be another user's, its model class outside hpcgnn and torch_geometric (hpcgnn predict RUN_DIR trust=true)
 
 

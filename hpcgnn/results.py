@@ -28,9 +28,9 @@ def metric_words(metric: str, short: bool = False) -> str:
 def predict_words(summary: dict) -> str:
     """A prediction job's result: "test accuracy 0.9263 over 12000 nodes (the run's: 0.9263, epoch 7, best.pt)", or
     what it wrote."""
-    of = summary.get("of", "nodes")  # (an edge model's predictions: of target edges)
-    what = f"{summary['what']} of {summary['rows']} {of} ({summary['split']})" if summary["what"] != "scores" else \
-        f"scores of {summary['rows']} pair(s)"
+    of = summary.get("of", "nodes")  # (an edge model's predictions: of target edges, or of a file's pairs)
+    what = f"{summary['what']} of {summary['rows']} {of} ({summary['split']})" if of != "pairs" else \
+        f"{summary['what']} of {summary['rows']} pair(s)"
     if summary.get("value") is None:
         return f"{what}, {summary['mode']} inference"
     run = summary.get("run_value")

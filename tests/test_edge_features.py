@@ -426,8 +426,11 @@ def test_an_edge_tasks_edge_features_come_bitwise_from_sampler_processes_and_ser
     """An edge task on a partitioned graph whose encoder (gat, model.edge_dim) and decoder (concat) both read edge
     features (a remote edge's fetched from the rank that holds it; a rank's targets those whose target node it
     owns): batches from two sampler processes and from two sampler servers train the parameters the ranks' own
-    batches do; predict, launched, scores the run's test accuracy over the whole test split."""
-    from conftest import run_cli, summary_of
+    batches do; predict, launched, scores the run's test accuracy over the whole test split, and predicts the pairs
+    of a file exactly as the targets."""
+    from pathlib import Path
+
+    from conftest import predict_here, run_cli, summary_of
 
     write_edge_feature_targets(tmp_path / "g", "own", n=600, m=600)
     over = ["dataset=files", f"dataset.path={tmp_path / 'g'}", "task=edge", "graph=partitioned", "model=gat",
@@ -447,6 +450,18 @@ def test_an_edge_tasks_edge_features_come_bitwise_from_sampler_processes_and_ser
     assert res.returncode == 0, res.stdout + res.stderr
     assert f"test accuracy {runs['rank']['test']:.4f} over 55 target edges (the run's: {runs['rank']['test']:.4f}" \
         in res.stdout
+    # the pairs of a file (the test targets', a pair that is no edge, a target reversed) predicted exactly by the two
+    # ranks on their parts (each pair's own edge features fetched where its edge is) as one rank predicts the test
+    # split's targets on the whole graph: the same probabilities, bit for bit
+    whole = Path(predict_here(tmp_path / "rank" / "run", "mode=full", "graph=replicated")["run_dir"])
+    ids, index = np.load(whole / "ids.npy"), np.load(tmp_path / "g" / "edge_label_index.npy")
+    np.save(tmp_path / "cand.npy", np.concatenate([index[:, ids].T, [[0, 1], index[::-1, ids[0]]]]))
+    res = run_cli("predict", str(tmp_path / "rank" / "run"), f"pairs={tmp_path / 'cand.npy'}", "mode=full",
+                  f"out={tmp_path / 'pairs'}", cwd=tmp_path / "predict")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert f"predictions of {ids.size + 2} pair(s), full inference, 2 ranks" in res.stdout
+    probs = np.load(tmp_path / "pairs" / "probs.npy")
+    assert np.array_equal(probs[:-2], np.load(whole / "probs.npy")) and np.allclose(probs.sum(1), 1, atol=1e-6)
 
 
 # ------------------------------------------------------------------ edge features on a partitioned graph

@@ -187,6 +187,15 @@ def test_an_edge_regression_learns_in_its_units_and_predict_gives_them_back(tmp_
     assert np.array_equal(ids, np.sort(test)) and values.shape == (test.size, 2)
     rmse = float(np.sqrt(((values - made["label"][ids]) ** 2).mean()))
     assert rmse == pytest.approx(s["test"], rel=1e-4)
+    # the pairs of a file (the test targets', [P, 2], then two pairs that are no target) predicted as the targets
+    # are, exactly: the same values as the test split's, bit for bit; no labels, no metric
+    np.save(tmp_path / "cand.npy", np.concatenate([made["pairs"][:, ids].T, [[0, 1], [5, 5]]]))
+    exact = predict_here(tmp_path / "run", "mode=full")
+    p = predict_here(tmp_path / "run", f"pairs={tmp_path / 'cand.npy'}", "mode=full")
+    assert (p["of"], p["rows"], p["split"], p["metric"], p["value"]) == ("pairs", test.size + 2, "all", None, None)
+    out = tmp_path / "run" / "predict" / "predictions-cand-best"
+    assert p["run_dir"] == str(out) and np.array_equal(np.load(out / "ids.npy"), np.arange(test.size + 2))
+    assert np.array_equal(np.load(out / "values.npy")[:-2], np.load(Path(exact["run_dir"]) / "values.npy"))
     model = hpcgnn.load_model(tmp_path / "run")
     assert isinstance(model, EdgeModel) and model.score(torch.zeros(3, 32), torch.zeros(3, 32)).shape == (3, 2)
 
@@ -381,13 +390,20 @@ def test_a_typed_edge_task_learns_what_its_ends_tell_and_predict_says_it_again(m
     import hpcgnn
 
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "examples"))  # (my_gnn)
-    write_rated_edges(tmp_path / "g")
+    given = write_rated_edges(tmp_path / "g")
     run = tmp_path / "run"
     s = train_here("task=edge", "dataset=files", f"dataset.path={tmp_path / 'g'}", *model, "train.epochs=5",
                    "model.hidden_channels=32", "metrics.tensorboard=false", f"dataset.root={DATA_ROOT}", run_dir=run)
     assert s["test"] >= 0.95, s["test"]
     assert predict_here(run, "trust=true")["value"] == s["test"]
     assert hpcgnn.load_model(run, trust_run=True).relation == RATES
+    if model == ["model=rgcn"]:  # the pairs of a file (users', items': each end in its type's ids) as the targets
+        whole = Path(predict_here(run, "mode=full")["run_dir"])
+        ids = np.load(whole / "ids.npy")
+        np.save(tmp_path / "cand.npy", np.concatenate([given["index"][:, ids].T, [[0, 0]]]))
+        p = predict_here(run, f"pairs={tmp_path / 'cand.npy'}", "mode=full")
+        probs = np.load(Path(p["run_dir"]) / "probs.npy")
+        assert p["rows"] == ids.size + 1 and np.array_equal(probs[:-1], np.load(whole / "probs.npy"))
 
 
 @pytest.mark.slow

@@ -126,7 +126,7 @@ def test_what_cannot_be_predicted_is_refused_in_one_line(node_run, tmp_path, cap
         ([str(run), "--sideways"], r"unknown option '--sideways'"),
         ([str(run), "split=everything"], r"predict.split='everything' is unknown: use one of train, val, test, all"),
         ([str(run), f"out={run}"], r"is the run's own folder"),
-        ([str(run), "pairs=p.npy"], r"pairs=FILE: a node classifier scores no pairs; a link model does"),
+        ([str(run), "pairs=p.npy"], r"pairs=FILE: a node classifier scores no pairs; a link or an edge model does"),
     ]
     for argv, message in cases:
         assert main(["predict", *argv]) == 2
@@ -187,6 +187,51 @@ def test_an_exported_model_loads_without_hpcgnn_into_pygs_own_class(node_run, tm
     torch.manual_seed(0)
     x, ei = torch.randn(50, 32), torch.randint(0, 50, (2, 300))
     assert torch.equal(torch.load(tmp_path / "out.pt"), load_model(run)(x, ei).detach())
+
+
+def test_what_an_edge_or_link_model_is_asked_of_a_pairs_file_is_checked_at_submit(tmp_path):
+    """The pairs of a file fit the model's ends (a typed edge model's: its relation's two types, each in its own ids)
+    and what is asked of them fits the task, refused at submit naming the fix."""
+    from conftest import make_config
+
+    from hpcgnn.rank.predict import check_request
+
+    plain = {"shape": {"num_nodes": 10, "schema": None}, "relation": None}
+    typed = {"shape": {"num_nodes": 30, "schema": {"num_nodes": {"user": 10, "item": 20}}},
+             "relation": ["user", "rates", "item"]}
+    for name, pairs in (("ok", [[0, 19], [9, 3], [9, 19]]), ("far", [[12, 3]]), ("none", np.zeros((0, 2), np.int64)),
+                        ("square", [[0, 1], [2, 3]]), ("small", [[0, 1], [2, 3], [4, 9]])):
+        np.save(tmp_path / f"{name}.npy", np.array(pairs, dtype=np.int64))
+
+    def check(record, *over):
+        check_request(make_config(*over, "predict.model_file=m.pt", "predict.split=all"), record)
+
+    check(typed, "task=edge", f"predict.pairs={tmp_path / 'ok.npy'}")  # (users 0 and 9; items 19 and 3)
+    check(plain, "task=link", "predict.what=scores", f"predict.pairs={tmp_path / 'small.npy'}")
+    cases = [
+        (plain, ["task=edge", f"predict.pairs={tmp_path / 'ok.npy'}"],
+         r"pairs=.*ok.npy names node 19, but the graph's nodes are 0..9$"),
+        (typed, ["task=edge", f"predict.pairs={tmp_path / 'far.npy'}"],
+         r"pairs=.*far.npy names node 12, but the user nodes \(sources of rates\) are 0..9$"),
+        (plain, ["task=link", "predict.what=scores", f"predict.pairs={tmp_path / 'none.npy'}"],
+         r"pairs=.*none.npy holds no pairs. HINT: a .npy file of node id pairs"),
+        (plain, ["task=link", "predict.what=scores", f"predict.pairs={tmp_path / 'square.npy'}"],
+         r"pairs=.*square.npy is 2 x 2, as \[2, P\] and as \[P, 2\] alike: which are its pairs cannot be told. HINT: "
+         r"add a third pair"),
+        (plain, ["task=edge", "predict.what=scores"], r"what=scores is a link model's output; an edge model's are its "
+         r"predictions \(of a split's targets, or of pairs=FILE\) or embeddings. HINT: drop what=scores"),
+        (plain, ["task=edge", "predict.what=embeddings", f"predict.pairs={tmp_path / 'ok.npy'}"],
+         r"an edge model's embeddings are every node's \(split=all\); got pairs=.*ok.npy. HINT: --embeddings"),
+        (plain, ["task=node", f"predict.pairs={tmp_path / 'ok.npy'}"],
+         r"pairs=FILE: a node classifier scores no pairs; a link or an edge model does. HINT: drop pairs="),
+    ]
+    for record, over, message in cases:
+        with pytest.raises(PredictError, match=message):
+            check(record, *over)
+    with pytest.raises(PredictError, match=r"pairs=FILE: an edge model predicts every pair of the file, not a split's; "
+                                           r"got split=test. HINT: drop split="):
+        check_request(make_config("task=edge", "predict.model_file=m.pt", "predict.split=test",
+                                  f"predict.pairs={tmp_path / 'ok.npy'}"), plain)
 
 
 def test_a_link_runs_embeddings_and_the_scores_of_a_pairs_file(tmp_path):

@@ -14,6 +14,10 @@ An edge task trains on the whole prepared graph (the node task's: every edge car
   (replicated: the row's start plus the place; partitioned: the same in the part that holds the row);
 - ``meta.json``: the count and the labels' profile (:func:`hpcgnn.labels.profile`), written last.
 
+A prediction of the pairs of a file (``hpcgnn predict RUN_DIR pairs=FILE.npy``) takes them in the targets' place
+(:func:`pairs_as_targets`): every store then makes their batches, and reads their own edges' features, as it does
+the targets'.
+
 Sources:
 
 - ``files``: ``edge_label_index`` [2, M] int, ``edge_label`` [M] or [M, C], and ``edge_train_idx``,
@@ -45,7 +49,7 @@ import torch
 from torch import Tensor
 
 from hpcgnn.config import DatasetConfig
-from hpcgnn.errors import DatasetError
+from hpcgnn.errors import DatasetError, PredictError
 from hpcgnn.labels import SPLITS, profile, stored
 
 log = logging.getLogger(__name__)
@@ -163,6 +167,54 @@ def open_targets(cfg: DatasetConfig) -> EdgeTargets:
     relation = meta.get("relation")
     return EdgeTargets(load("index"), load("label"), {s: load(f"{s}_idx") for s in SPLITS}, meta["labels"],
                        load("place"), load("reverse"), tuple(relation) if relation else None)
+
+
+def read_pairs(path: str | None, sizes: tuple[int, int], relation=None) -> np.ndarray:
+    """The node pairs of a ``.npy`` file (``predict.pairs``) as [2, P] (given as [P, 2] or [2, P]), memory-mapped;
+    refused, naming the fix, when it is not one, holds none, or names a node the graph does not have (``sizes``: the
+    sources' and the targets' counts; a typed ``relation``'s: its two types', each end in its type's own ids)."""
+    if not path or not Path(path).is_file():
+        raise PredictError(f"pairs={path}: no such file. HINT: a .npy file of node id pairs, shape [P, 2] or [2, P]")
+    try:
+        pairs = np.load(path, mmap_mode="r")
+    except Exception as exc:
+        raise PredictError(f"pairs={path} is not a .npy file numpy can read ({type(exc).__name__}: {exc})") from None
+    if pairs.ndim != 2 or 2 not in pairs.shape or pairs.dtype.kind not in "iu":
+        raise PredictError(f"pairs={path} holds {pairs.dtype} of shape {list(pairs.shape)}: want integer node ids, "
+                           "shape [P, 2] or [2, P]")
+    if pairs.shape == (2, 2):
+        raise PredictError(f"pairs={path} is 2 x 2, as [2, P] and as [P, 2] alike: which are its pairs cannot be told. "
+                           "HINT: add a third pair (a repeat of one), or score the two one at a time")
+    pairs = pairs if pairs.shape[0] == 2 else pairs.T
+    if not pairs.size:
+        raise PredictError(f"pairs={path} holds no pairs. HINT: a .npy file of node id pairs, shape [P, 2] or [2, P]")
+    for k, end in enumerate(("source", "target")):
+        lo, hi = int(pairs[k].min()), int(pairs[k].max())
+        if lo < 0 or hi >= sizes[k]:
+            nodes = "the graph's nodes" if relation is None else f"the {relation[2 * k]} nodes ({end}s of {relation[1]})"
+            raise PredictError(f"pairs={path} names node {lo if lo < 0 else hi}, but {nodes} are 0..{sizes[k] - 1}")
+    return pairs
+
+
+def pairs_as_targets(cfg: DatasetConfig, targets: EdgeTargets, path: str) -> EdgeTargets:
+    """The node pairs of a file (``predict.pairs``: an edge model's prediction of them) as an edge task's targets, in
+    the place of the prepared ``targets``: of their relation (a typed graph's: each end in its type's own ids), each
+    pair's own edge found in the graph as theirs are (its features for a decoder that reads them; left out of its
+    batch's message passing as a target's is), their labels unknown (-1, or NaN: the targets' kind and width, no
+    memory), and every split all of them (read as ``all``)."""
+    from hpcgnn.data.mapped import open_graph, open_typed
+
+    rel = targets.relation
+    graph = open_graph(cfg) if rel is None else open_typed(cfg)
+    sizes = (graph.num_nodes, graph.num_nodes) if rel is None else (graph.num_nodes[rel[0]], graph.num_nodes[rel[2]])
+    index = np.ascontiguousarray(read_pairs(path, sizes, rel), dtype=np.int64)
+    place, reverse = target_edges_in(graph, index) if rel is None else typed_target_edges_in(graph, rel, index)
+    like = targets.label
+    unknown = float("nan") if like.is_floating_point() else -1
+    label = torch.full((1, *like.shape[1:]), unknown, dtype=like.dtype).expand(index.shape[1], *like.shape[1:])
+    every = torch.arange(index.shape[1])
+    return EdgeTargets(torch.from_numpy(index), label, {s: every for s in SPLITS}, targets.labels,
+                       torch.from_numpy(place), torch.from_numpy(reverse), rel)
 
 
 def target_edges_in(graph, index: np.ndarray, chunk: int = 1 << 22) -> tuple[np.ndarray, np.ndarray]:

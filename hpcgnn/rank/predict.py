@@ -3,7 +3,8 @@ run's graph and mode, every node of a split written into memory-mappable arrays,
 gather onto one rank), then a manifest.
 
     <out>/ids.npy          int64 [n]: the nodes, ascending (a typed graph: its labelled type's own ids; an edge
-                           model's predictions: the split's target edges, rows of edge_label_index)
+                           model's predictions: the split's target edges, rows of edge_label_index, or the rows
+                           of a file of pairs, which take the targets' place: hpcgnn.data.edges.pairs_as_targets)
     <out>/probs.npy        float32 [n, classes]   predictions: class probabilities (softmax of the logits); a
                            float32 [n, labels]    multi-label model's: each label's probability (sigmoid)
     <out>/labels.npy       int64 [n]              predictions: the most probable class (classification)
@@ -41,6 +42,7 @@ import torch.nn.functional as F
 
 from hpcgnn import dist
 from hpcgnn.config import RunConfig
+from hpcgnn.data.edges import read_pairs
 from hpcgnn.env import RankEnv
 from hpcgnn.errors import PredictError
 from hpcgnn.io import write_json
@@ -68,16 +70,17 @@ def predict(cfg: RunConfig, env: RankEnv, device: torch.device) -> dict:
     model.load_state_dict(record["state_dict"])
     model = model.to(device).eval()
     mode = inference_mode(cfg, model)
-    pairs = read_pairs(p.pairs, store.shape.num_nodes) if p.what == "scores" else None
+    n = store.shape.num_nodes
+    pairs = read_pairs(p.pairs, (n, n)) if p.what == "scores" else None  # (a link model's)
+    edges = store.targets is not None and p.what != "embeddings"  # an edge model's: its targets', or a file's pairs
     if pairs is not None:
         ids = np.arange(pairs.shape[1], dtype=np.int64)  # (pairs: their rows)
-    elif store.targets is not None and p.what != "embeddings":  # an edge task's: its targets' ids
+    elif edges:  # (a file's pairs are the store's targets then, every split all of them: split=all)
         ids = np.sort(store.targets.split(p.split).numpy())
     else:
         ids = split_ids(cfg, p.split, store.shape.schema)
-    log.info("predict: %s of %d %s with %s (epoch %s), %s inference, %s", p.what, ids.size,
-             f"{'target edge' if store.targets is not None and p.what != 'embeddings' else 'node'}(s) (split "
-             f"{p.split})" if pairs is None else f"pair(s) of {p.pairs}", p.model_file,
+    of = f"pair(s) of {p.pairs}" if p.pairs else f"{'target edge' if edges else 'node'}(s) (split {p.split})"
+    log.info("predict: %s of %d %s with %s (epoch %s), %s inference, %s", p.what, ids.size, of, p.model_file,
              record.get("epoch"), mode, precision)
     t_infer = time.perf_counter()
     with torch.no_grad(), autocast(precision, device):
@@ -85,6 +88,8 @@ def predict(cfg: RunConfig, env: RankEnv, device: torch.device) -> dict:
             rows, mine, labels = _outputs(cfg, store, model, mode)
         else:
             (rows, mine), labels = _scores(cfg, store, model, pairs, env), None
+    if p.pairs:  # (a file's pairs have no labels: no metric)
+        labels = None
     infer_s = time.perf_counter() - t_infer
     target = saved.target_of(record)
     arrays = _arrays(p.what, rows.float(), target)
@@ -114,7 +119,7 @@ def predict(cfg: RunConfig, env: RankEnv, device: torch.device) -> dict:
     widths = {"ids": [], **{k: list(v.shape[1:]) for k, v in arrays.items()}}
     summary = {
         "kind": "predict", "what": p.what, "split": p.split, "rows": int(ids.size), "mode": mode,
-        "of": "target edges" if store.targets is not None and p.what != "embeddings" else "nodes",
+        "of": "pairs" if p.pairs else "target edges" if edges else "nodes",
         "metric": f"{p.split}_{metric}" if labels is not None else None, "value": value,
         "run_value": (record.get("metrics") or {}).get(f"{p.split}_{metric}"),  # the trained run's, at that epoch
         "arrays": {k: {"file": f"{k}.npy", "dtype": str(a.dtype), "shape": [int(ids.size), *widths[k]]}
@@ -136,42 +141,40 @@ def predict(cfg: RunConfig, env: RankEnv, device: torch.device) -> dict:
     return summary
 
 
-def check_request(cfg: RunConfig, num_nodes: int) -> None:
-    """What is asked fits the model's task (at submit): a link model gives every node's embedding, or the scores
-    of the pairs of a file (whose ids must be nodes of the graph: ``num_nodes``); a node classifier, a split's."""
+def check_request(cfg: RunConfig, record: dict) -> None:
+    """What is asked fits the model's task (at submit; ``record``: its model file's): a link model gives every node's
+    embedding, or the scores of the pairs of a file; an edge model, its predictions of a split's targets or of the
+    pairs of a file, or every node's embedding; a node classifier, a split's (a file's pairs name nodes of the graph,
+    a typed edge model's each end of its type)."""
     p = cfg.predict
-    if cfg.task.name in ("node", "edge") and (p.what == "scores" or p.pairs):
-        what = "a node classifier scores no pairs" if cfg.task.name == "node" else \
-            "an edge model predicts its own target edges, not the pairs of a file"
-        raise PredictError(f"pairs=FILE: {what}; a link model does. HINT: drop pairs=")
-    if cfg.task.name == "edge" and p.what == "embeddings" and p.split != "all":
-        raise PredictError(f"an edge model's embeddings are every node's (split=all); got split={p.split}. HINT: "
-                           "--embeddings split=all, or its predictions of a split's target edges")
-    if cfg.task.name == "link" and p.what == "scores":
-        read_pairs(p.pairs, num_nodes)
+    if cfg.task.name == "node" and (p.what == "scores" or p.pairs):
+        raise PredictError("pairs=FILE: a node classifier scores no pairs; a link or an edge model does. HINT: drop "
+                           "pairs=")
+    if cfg.task.name == "edge" and p.what == "scores":
+        raise PredictError("what=scores is a link model's output; an edge model's are its predictions (of a split's "
+                           "targets, or of pairs=FILE) or embeddings. HINT: drop what=scores")
+    if cfg.task.name == "edge" and p.what == "embeddings" and (p.split != "all" or p.pairs):
+        raise PredictError(f"an edge model's embeddings are every node's (split=all); got "
+                           f"{'pairs=' + p.pairs if p.pairs else 'split=' + p.split}. HINT: --embeddings split=all, or "
+                           "its predictions of a split's target edges or of the pairs of a file")
+    if cfg.task.name == "edge" and p.pairs and p.split != "all":
+        raise PredictError(f"pairs=FILE: an edge model predicts every pair of the file, not a split's; got "
+                           f"split={p.split}. HINT: drop split=")
+    if p.pairs and cfg.task.name in ("link", "edge"):
+        read_pairs(p.pairs, *_ends(record))
     elif cfg.task.name == "link" and (p.split != "all" or p.what != "embeddings"):
         raise PredictError(f"a link model's output is its node embeddings (what=embeddings split=all) or the scores "
                            f"of pairs (pairs=FILE); got what={p.what} split={p.split}. HINT: --embeddings split=all, "
                            "or pairs=FILE.npy")
 
 
-def read_pairs(path: str | None, num_nodes: int) -> np.ndarray:
-    """The node pairs of a ``.npy`` file as [2, P] (given as [P, 2] or [2, P]), memory-mapped; refused, naming the
-    fix, when it is not one or names a node the graph does not have."""
-    if not path or not Path(path).is_file():
-        raise PredictError(f"pairs={path}: no such file. HINT: a .npy file of node id pairs, shape [P, 2] or [2, P]")
-    try:
-        pairs = np.load(path, mmap_mode="r")
-    except Exception as exc:
-        raise PredictError(f"pairs={path} is not a .npy file numpy can read ({type(exc).__name__}: {exc})") from None
-    if pairs.ndim != 2 or 2 not in pairs.shape or pairs.dtype.kind not in "iu":
-        raise PredictError(f"pairs={path} holds {pairs.dtype} of shape {list(pairs.shape)}: want integer node ids, "
-                           "shape [P, 2] or [2, P]")
-    pairs = pairs if pairs.shape[0] == 2 else pairs.T
-    lo, hi = (int(pairs.min()), int(pairs.max())) if pairs.size else (0, 0)
-    if lo < 0 or hi >= num_nodes:
-        raise PredictError(f"pairs={path} names node {lo if lo < 0 else hi}, but the graph's nodes are 0..{num_nodes - 1}")
-    return pairs
+def _ends(record: dict) -> tuple[tuple[int, int], tuple[str, str, str] | None]:
+    """The node counts of a model's pairs' two ends, and its relation (a typed edge model's: its two end types')."""
+    relation, schema = record.get("relation"), record["shape"].get("schema")
+    if relation and schema:
+        return (schema["num_nodes"][relation[0]], schema["num_nodes"][relation[2]]), tuple(relation)
+    n = record["shape"]["num_nodes"]
+    return (n, n), None
 
 
 def inference_mode(cfg: RunConfig, model: torch.nn.Module) -> str:

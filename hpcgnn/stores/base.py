@@ -317,6 +317,18 @@ def on_local_rank0(env: RankEnv, what: str, fn) -> None:
         raise AnotherRankFailed(f"rank {env.rank}: a node's local rank 0 failed to {what} (see its error)")
 
 
+def edge_targets(cfg: RunConfig, env: RankEnv):
+    """An edge task's targets: those prepared beside the graph (by every node's local rank 0, unless they are), or,
+    for a prediction of the pairs of a file (``predict.pairs``), those pairs in their place."""
+    from hpcgnn.data.edges import open_targets, pairs_as_targets, prepare_targets
+
+    on_local_rank0(env, f"prepare the edge targets of {cfg.dataset.name}", lambda: prepare_targets(cfg.dataset))
+    targets = open_targets(cfg.dataset)
+    if cfg.predict.model_file and cfg.predict.pairs:
+        return pairs_as_targets(cfg.dataset, targets, cfg.predict.pairs)
+    return targets
+
+
 def require_training_items(cfg: RunConfig, count: int, what: str) -> None:
     """A dataset whose training split is empty cannot train: say so before the loaders find nothing to share out."""
     if count < 1:

@@ -26,11 +26,11 @@ from hpcgnn.sampling.producers import GraphSide
 from hpcgnn.sampling.shipping import SamplerState
 from hpcgnn.stores.base import (
     Store,
+    edge_targets,
     fanouts,
     graph_shape,
     labels_of,
     link_sampler,
-    on_local_rank0,
     pair_features_read,
     typed_fanouts,
 )
@@ -172,10 +172,7 @@ class PartitionedStore(Store):
         self.degree = parts.degree
         self.weigh_by_seeds = True
         if cfg.task.name == "edge":  # its targets beside the prepared graph, their labels the model's outputs
-            from hpcgnn.data.edges import open_targets, prepare_targets
-
-            on_local_rank0(env, f"prepare the edge targets of {cfg.dataset.name}", lambda: prepare_targets(cfg.dataset))
-            self.targets = open_targets(cfg.dataset)
+            self.targets = edge_targets(cfg, env)
         schema = parts.typed.schema if parts.typed is not None else None
         relation = self.targets.relation if self.targets is not None else None  # (a typed edge task's)
         self.shape = graph_shape(cfg, parts.num_features, parts.num_classes, parts.num_nodes,

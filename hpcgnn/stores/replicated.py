@@ -26,6 +26,7 @@ from hpcgnn.sampling.producers import GraphSide
 from hpcgnn.sampling.shipping import SamplerState
 from hpcgnn.stores.base import (
     WholeGraphStore,
+    edge_targets,
     fanouts,
     graph_shape,
     link_sampler,
@@ -138,10 +139,7 @@ class ReplicatedStore(WholeGraphStore):
         self.features = g
         self.degree = g.degree()
         if cfg.task.name == "edge":  # its targets beside the graph, their labels the model's outputs
-            from hpcgnn.data.edges import open_targets, prepare_targets
-
-            on_local_rank0(env, f"prepare the edge targets of {cfg.dataset.name}", lambda: prepare_targets(cfg.dataset))
-            self.targets = open_targets(cfg.dataset)
+            self.targets = edge_targets(cfg, env)
             self.pair_ids, self.edge_rows = pair_ids_of(cfg, g, self.targets), LocalFeatures(g)
         labels = self.targets.labels if self.targets is not None else g.labels
         self.shape = graph_shape(cfg, g.num_features, g.num_classes, g.num_nodes, labels, edge_dim=g.edge_dim)

@@ -17,6 +17,7 @@ from hpcgnn.sampling.producers import GraphSide
 from hpcgnn.sampling.shipping import SamplerState
 from hpcgnn.stores.base import (
     WholeGraphStore,
+    edge_targets,
     graph_shape,
     on_local_rank0,
     pair_features_read,
@@ -61,10 +62,7 @@ class TypedStore(WholeGraphStore):
         on_local_rank0(env, f"prepare {cfg.dataset.name}", lambda: prepare(cfg.dataset))
         self.graph = self.features = g = open_typed(cfg.dataset)
         if cfg.task.name == "edge":  # its targets beside the graph (a relation's edges), their labels the outputs
-            from hpcgnn.data.edges import open_targets, prepare_targets
-
-            on_local_rank0(env, f"prepare the edge targets of {cfg.dataset.name}", lambda: prepare_targets(cfg.dataset))
-            self.targets = open_targets(cfg.dataset)
+            self.targets = edge_targets(cfg, env)
         # (edge features: the widest relation's width; the model reads each relation's own, schema.edge_dims)
         self.shape = graph_shape(cfg, g.num_features, g.num_classes, sum(g.num_nodes.values()),
                                  self.targets.labels if self.targets is not None else g.labels, g.schema,

@@ -5,12 +5,13 @@ mode, writing every node of a split (predictions, or embeddings) as memory-mappa
     hpcgnn predict RUN_DIR split=all --embeddings   every node's embedding
     hpcgnn predict RUN_DIR launch.procs=4           on 4 local ranks (+cluster=NAME: submitted, as training)
     hpcgnn predict LINK_RUN pairs=PAIRS.npy         a link model's scores of node pairs ([P, 2] or [2, P] ids)
+    hpcgnn predict EDGE_RUN pairs=PAIRS.npy         an edge model's predictions of node pairs, as of its targets
 
 Options: which=best|last (the model file: the best validation epoch's, or the last step's), trust=true (a run
 folder another user owns or may write, or a model class outside hpcgnn and torch_geometric), split=test|val|
 train|all, what=predictions|embeddings (--embeddings), mode=auto|full|sampled (auto: the run's own evaluation
-path; full: exact layer-wise inference), pairs=FILE.npy (a link model: score these pairs), out=DIR (default
-RUN_DIR/predict/<what>-<split>-<which>),
+path; full: exact layer-wise inference), pairs=FILE.npy (a link model: score these pairs; an edge model:
+predict them), out=DIR (default RUN_DIR/predict/<what>-<split>-<which>; pairs: <what>-<file>-<which>),
 --allow-other-graph (a graph other than the run's, of the same widths: inductive use). Any other KEY=VALUE
 overrides the run's config (launch.procs, +cluster, graph.mode, dataset.root ...).
 
@@ -106,11 +107,12 @@ def compose_prediction(argv: list[str]):
     path = model_path(run, o["which"])
     record = read(path, trusted)  # (a run without it, or a file that is not hpcgnn's: one line naming it)
     link = record["task"] == "link"  # (its output: every node's embedding, or the scores of pairs; an edge model's:
-    # its predictions of a split's target edges, as a node classifier's of a split's nodes)
-    every = link or (record["task"] == "edge" and o.get("what") == "embeddings")  # (an edge model's: every node's)
-    o = {"what": "scores" if "pairs" in o else "embeddings" if link else "predictions",
+    # its predictions of a split's target edges, as a node classifier's of a split's nodes, or of a file's pairs)
+    edge = record["task"] == "edge"
+    every = link or (edge and (o.get("what") == "embeddings" or "pairs" in o))  # (all: every node's, every pair's)
+    o = {"what": "scores" if "pairs" in o and not edge else "embeddings" if link else "predictions",
          "split": "all" if every else "test", **o}
-    name = f"scores-{Path(o['pairs']).stem}" if o["what"] == "scores" else f"{o['what']}-{o['split']}"
+    name = f"{o['what']}-{Path(o['pairs']).stem}" if "pairs" in o else f"{o['what']}-{o['split']}"
     out = Path(o.get("out") or run / "predict" / f"{name}-{o['which']}").expanduser().resolve()
     if out == run.resolve():
         raise PredictError(f"out={out} is the run's own folder: a prediction job writes a folder of its own. HINT: "
@@ -123,7 +125,7 @@ def compose_prediction(argv: list[str]):
                         *([f"predict.pairs={quoted(Path(o['pairs']).expanduser().resolve())}"] if "pairs" in o else [])])
     from hpcgnn.rank.predict import check_request, same_graph
 
-    check_request(composed.cfg, record["shape"]["num_nodes"])
+    check_request(composed.cfg, record)
     same_graph(record, composed.cfg, dataset_changes(run, composed.cfg))
     return composed
 
