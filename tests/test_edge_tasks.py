@@ -200,59 +200,6 @@ def test_an_edge_regression_learns_in_its_units_and_predict_gives_them_back(tmp_
     assert isinstance(model, EdgeModel) and model.score(torch.zeros(3, 32), torch.zeros(3, 32)).shape == (3, 2)
 
 
-def edge_full_batch_twin(folder: Path, seed: int, steps: int = 600, lr: float = 0.003) -> float:
-    """PyG's GraphSAGE and hpcgnn's concat decoder (the model of ``model=sage task=edge``: the same layers, the same
-    loss) trained on the whole graph every step, the training targets' own edges out of its message passing either
-    way round (as each of hpcgnn's batches leaves its own out), evaluated on every edge (as exact evaluation is):
-    the test metric at the best validation step (of every fifth)."""
-    import torch.nn.functional as F
-    from torch_geometric.nn import GraphSAGE
-
-    from hpcgnn.labels import profile, resolve, stored
-    from hpcgnn.models.edge import Concat
-    from hpcgnn.tasks.node import Regression
-
-    a = {k: np.load(folder / f"{k}.npy") for k in ("x", "edge_index", "edge_label_index", "edge_label")}
-    splits = {s: torch.from_numpy(np.load(folder / f"edge_{s}_idx.npy")) for s in ("train", "val", "test")}
-    label = stored(a["edge_label"], "edge_label.npy")
-    target = resolve(profile(label, {k: v.numpy() for k, v in splits.items()}), "auto", "auto", 0, "edge_label.npy")
-    x, edges, pairs, y = (torch.from_numpy(v) for v in (a["x"], a["edge_index"], a["edge_label_index"], label))
-    n, train = x.size(0), pairs[:, splits["train"]]
-    own = torch.cat([train[0] * n + train[1], train[1] * n + train[0]])
-    training_edges = edges[:, ~torch.isin(edges[0] * n + edges[1], own)]
-    torch.manual_seed(seed)
-    encoder, decoder = GraphSAGE(x.size(1), 32, 2, 32, dropout=0.3), Concat(32, target.width)
-    opt = torch.optim.Adam([*encoder.parameters(), *decoder.parameters()], lr=lr)
-    values = Regression(target, torch.device("cpu")) if target.kind == "regression" else None
-
-    def outputs(edge_index: torch.Tensor, split: str) -> torch.Tensor:
-        h, (u, v) = encoder(x, edge_index), pairs[:, splits[split]]
-        return decoder(h[u], h[v])
-
-    def metric(split: str) -> float:
-        out, want = outputs(edges, split), y[splits[split]]
-        if values is None:
-            return float((out.argmax(-1) == want).float().mean())
-        return values.metrics(values.values(out), want.reshape(-1, target.width))[target.metric]
-
-    best_val, best_test = None, None
-    for step in range(steps):
-        encoder.train(), decoder.train()
-        opt.zero_grad()
-        out, want = outputs(training_edges, "train"), y[splits["train"]]
-        loss = F.cross_entropy(out, want) if values is None else values.mean_loss(out, want.reshape(-1, target.width))
-        loss.backward()
-        opt.step()
-        if step % 5 != 4:
-            continue
-        encoder.eval(), decoder.eval()
-        with torch.no_grad():
-            val, test = metric("val"), metric("test")
-        if best_val is None or (val < best_val if target.lower_is_better else val > best_val):
-            best_val, best_test = val, test
-    return best_test
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["classification", "regression"])
 def test_each_edge_kind_reaches_its_full_batch_twins_metric(kind, tmp_path):
@@ -260,14 +207,19 @@ def test_each_edge_kind_reaches_its_full_batch_twins_metric(kind, tmp_path):
     neighbourhoods more) and edge regression (a weighted sum of the ends' features): hpcgnn's sampled training
     (fanouts 15, 10: about every neighbour at mean degree 8; batches of 512 targets, as many steps as the twin's
     at the same learning rate; exact evaluation), over three seeds, reaches the test metric of its full-batch PyG
-    twin within the twin's standard deviation over six (a regression's test RMSE swings by a few hundredths from
-    one seed to the next on either side)."""
+    twin (benchmarks/edge_twin.py) within the twin's standard deviation over six (a regression's test RMSE swings by
+    a few hundredths from one seed to the next on either side)."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    from edge_twin import edge_twin
+
     write_edge_task(tmp_path / "g", kind, signal=0.3)
     ours = [train_here(*_files(tmp_path / "g", "train.epochs=100", "train.batch_size=512", "train.fanouts=[15,10]",
                                 "train.eval_mode=full", "train.eval_every=1", "train.lr=0.003", f"train.seed={seed}"),
                        run_dir=tmp_path / f"run{seed}") for seed in range(3)]
     assert {(s["metric"], s["kind"]) for s in ours} == {("val_acc" if kind == "classification" else "val_rmse", kind)}
-    twins = [edge_full_batch_twin(tmp_path / "g", seed) for seed in range(6)]
+    twins = [edge_twin(tmp_path / "g", seed) for seed in range(6)]  # (600 full-batch steps at lr 0.003)
     mine, mean, std = float(np.mean([s["test"] for s in ours])), float(np.mean(twins)), float(np.std(twins))
     print(f"edge {kind}: hpcgnn {mine:.4f}, full-batch twin {mean:.4f} +- {std:.4f}")
     assert mine <= mean + std if kind == "regression" else mine >= mean - std, (mine, mean, std)
