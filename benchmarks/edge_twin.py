@@ -6,7 +6,7 @@ hpcgnn's ``concat`` or ``hadamard`` decoder) trained every step on every trainin
 kind (cross-entropy, binary cross-entropy over the known labels, or MSE on standardised values), the training targets'
 own edges out of its message passing either way round (as each of hpcgnn's batches leaves its own out), evaluated on
 every edge (as hpcgnn's exact evaluation is), Adam at the same learning rate for about as many steps; the test metric
-at the best validation step (of every fifth), scored by hpcgnn's metrics (ROC-AUC as OGB's). Prints one comparison
+at the best validation step (of one in as many steps as hpcgnn's epoch takes), scored by hpcgnn's metrics (ROC-AUC as OGB's). Prints one comparison
 line (the mean, sd and every seed of each side).
 
     python benchmarks/edge_twin.py --otc bitcoin_otc.csv --out /tmp/otc    # Bitcoin OTC (below), ROC-AUC
@@ -43,8 +43,9 @@ SPLITS = ("train", "val", "test")
 
 
 def edge_twin(folder: Path, seed: int, steps: int = 600, lr: float = 0.003, hidden: int = 32, kind: str = "auto",
-              decoder: str = "concat") -> float:
-    """The full-batch twin's test metric on a files folder of an edge task (its ``edge_*_idx`` splits given)."""
+              decoder: str = "concat", eval_every: int = 5) -> float:
+    """The full-batch twin's test metric on a files folder of an edge task (its ``edge_*_idx`` splits given), at the
+    best validation of every ``eval_every``-th step (hpcgnn's runs: of every epoch)."""
     from torch_geometric.nn import GraphSAGE
 
     from hpcgnn.labels import profile, resolve, stored
@@ -77,7 +78,7 @@ def edge_twin(folder: Path, seed: int, steps: int = 600, lr: float = 0.003, hidd
         opt.zero_grad()
         task.mean_loss(outputs(training_edges, "train"), y[splits["train"]]).backward()
         opt.step()
-        if step % 5 != 4:
+        if step % eval_every != eval_every - 1:
             continue
         encoder.eval(), head.eval()
         with torch.no_grad():
@@ -148,7 +149,7 @@ def main() -> None:
     ap.add_argument("overrides", nargs="*", help="hpcgnn's overrides, after --")
     args = ap.parse_args()
     t0 = time.perf_counter()
-    folder = otc_folder(args.otc, args.out / "otc", args.signs) if args.otc else args.folder
+    folder = otc_folder(args.otc, args.out / args.otc.stem, args.signs) if args.otc else args.folder
     kind = ["task.kind=multilabel"] if args.otc else []
     steps_per_epoch = -(-np.load(folder / "edge_train_idx.npy").size // 512)
     epochs = args.epochs or -(-args.twin_steps // steps_per_epoch)  # (as many steps as the twin, or more)
@@ -164,11 +165,13 @@ def main() -> None:
         return
     ours = [hpcgnn_run(folder, args.out, "sage", s, base) for s in range(args.seeds)]
     metric = ours[0]["metric"].removeprefix("val_")
-    twins = [edge_twin(folder, s, args.twin_steps, args.lr, args.hidden, "multilabel" if args.otc else "auto")
-             for s in range(args.twin_seeds)]
+    twins = [edge_twin(folder, s, args.twin_steps, args.lr, args.hidden, "multilabel" if args.otc else "auto",
+                       eval_every=steps_per_epoch) for s in range(args.twin_seeds)]
     print(f"edge task on {folder.name}, test {metric}: hpcgnn (sampled, fanouts [15, 10], batch 512, {epochs} "
-          f"epochs of {steps_per_epoch} steps, {args.seeds} seeds) {side([s['test'] for s in ours])} | full-batch twin ({args.twin_steps} steps, "
-          f"{args.twin_seeds} seeds) {side(twins)} ({time.perf_counter() - t0:.0f} s)")
+          f"epochs of {steps_per_epoch} steps{', ' + ' '.join(args.overrides) if args.overrides else ''}, {args.seeds} "
+          f"seeds) {side([s['test'] for s in ours])} | full-batch "
+          f"twin ({args.twin_steps} steps, evaluated every {steps_per_epoch}, {args.twin_seeds} seeds) {side(twins)} "
+          f"({time.perf_counter() - t0:.0f} s)")
 
 
 if __name__ == "__main__":
