@@ -143,6 +143,7 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=3, help="hpcgnn's seeds")
     ap.add_argument("--twin-seeds", type=int, default=6)
     ap.add_argument("--twin-steps", type=int, default=600)
+    ap.add_argument("--batch", type=int, default=1024, help="hpcgnn's targets per step")
     ap.add_argument("--epochs", type=int, default=0, help="hpcgnn's (default: as many steps as the twin's)")
     ap.add_argument("--lr", type=float, default=0.003)
     ap.add_argument("--hidden", type=int, default=32)
@@ -151,10 +152,10 @@ def main() -> None:
     t0 = time.perf_counter()
     folder = otc_folder(args.otc, args.out / args.otc.stem, args.signs) if args.otc else args.folder
     kind = ["task.kind=multilabel"] if args.otc else []
-    steps_per_epoch = -(-np.load(folder / "edge_train_idx.npy").size // 512)
+    steps_per_epoch = -(-np.load(folder / "edge_train_idx.npy").size // args.batch)
     epochs = args.epochs or -(-args.twin_steps // steps_per_epoch)  # (as many steps as the twin, or more)
     base = [*kind, f"train.lr={args.lr}", f"model.hidden_channels={args.hidden}", f"train.epochs={epochs}",
-            "train.batch_size=512", "train.fanouts=[15,10]", *args.overrides]
+            f"train.batch_size={args.batch}", "train.fanouts=[15,10]", *args.overrides]
     if args.signs:
         runs = {"gat, signs": [*base, "model=gat", "model.edge_dim=1", "task.decoder=hadamard"],
                 "gat, no signs": [*base, "model=gat", "task.decoder=hadamard"]}
@@ -167,7 +168,7 @@ def main() -> None:
     metric = ours[0]["metric"].removeprefix("val_")
     twins = [edge_twin(folder, s, args.twin_steps, args.lr, args.hidden, "multilabel" if args.otc else "auto",
                        eval_every=steps_per_epoch) for s in range(args.twin_seeds)]
-    print(f"edge task on {folder.name}, test {metric}: hpcgnn (sampled, fanouts [15, 10], batch 512, {epochs} "
+    print(f"edge task on {folder.name}, test {metric}: hpcgnn (sampled, fanouts [15, 10], batch {args.batch}, {epochs} "
           f"epochs of {steps_per_epoch} steps{', ' + ' '.join(args.overrides) if args.overrides else ''}, {args.seeds} "
           f"seeds) {side([s['test'] for s in ours])} | full-batch "
           f"twin ({args.twin_steps} steps, evaluated every {steps_per_epoch}, {args.twin_seeds} seeds) {side(twins)} "
