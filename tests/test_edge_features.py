@@ -186,20 +186,28 @@ EDGE_RUNS = {  # (graph, model overrides, the test accuracy it must reach, or st
 
 @pytest.mark.slow
 @pytest.mark.parametrize("run", sorted(EDGE_RUNS))
-def test_edge_features_reach_the_models_that_read_them(run, tmp_path, monkeypatch):
+def test_edge_features_reach_the_models_that_read_them(run, tmp_path, monkeypatch, caplog):
     """On graphs whose labels follow from the edges' features, a model that reads them learns the labels (a user's
     GINEConv model, hpcgnn's gat with model.edge_dim: GATConv's attention over edge features), the same model
-    without them stays near chance. predict reads them: on sampled batches and exactly (every edge's features in
-    each layer) it scores the run's test accuracy."""
+    without them stays near chance, and the log says that the edges' features go unread, and what reads them.
+    predict reads them: on sampled batches and exactly (every edge's features in each layer) it scores the run's
+    test accuracy."""
+    import logging
+
     from conftest import DATA_ROOT, REPO, predict_here, train_here
 
     graph, over, bar = EDGE_RUNS[run]
     (write_edge_labels if graph == "edge_labels" else write_marked)(tmp_path / "graph")
     monkeypatch.syspath_prepend(str(REPO / "examples"))  # (my_gnn)
-    acc = train_here("dataset=files", f"dataset.path={tmp_path / 'graph'}", *over, "train.epochs=20", "train.lr=0.01",
-                     "train.batch_size=256", "model.hidden_channels=64", "metrics.tensorboard=false",
-                     f"dataset.root={DATA_ROOT}", run_dir=tmp_path / "run")["test"]
+    with caplog.at_level(logging.INFO, logger="hpcgnn.stores.base"):
+        acc = train_here("dataset=files", f"dataset.path={tmp_path / 'graph'}", *over, "train.epochs=20",
+                         "train.lr=0.01", "train.batch_size=256", "model.hidden_channels=64",
+                         "metrics.tensorboard=false", f"dataset.root={DATA_ROOT}", run_dir=tmp_path / "run")["test"]
     assert acc >= bar if bar > 0 else acc <= -bar, (run, acc)
+    width = 8 if graph == "edge_labels" else 4
+    unread = (f"edge features: the graph's edges carry {width}, which nothing in this run reads (model={over[0][6:]}); "
+              f"model.edge_dim={width} (gat, gin) or a model of your own whose forward takes edge_attr would")
+    assert (unread in caplog.text) == (bar < 0), caplog.text[-2000:]
     if bar > 0:
         assert predict_here(tmp_path / "run", "mode=sampled", "trust=true")["value"] == acc
     if run == "gat edge_dim":  # (a PyG basic GNN: exact layer by layer; the user's GINE is not one)

@@ -24,6 +24,7 @@ Adding a store kind adds a subclass here, nothing in the tasks or the trainer.
 from __future__ import annotations
 
 import abc
+import logging
 
 import torch
 from torch import Tensor
@@ -46,6 +47,8 @@ from hpcgnn.sampling.producers import GraphSide
 from hpcgnn.sampling.shipping import SamplerState
 from hpcgnn.stores.exact import Exact
 
+log = logging.getLogger(__name__)
+
 
 def graph_shape(cfg: RunConfig, num_features: int, num_classes: int, num_nodes: int, labels: dict | None,
                 schema=None, edge_dim: int = 0, target_edge_dim: int | None = None) -> GraphShape:
@@ -56,6 +59,7 @@ def graph_shape(cfg: RunConfig, num_features: int, num_classes: int, num_nodes: 
     graph's, a typed relation's)."""
     read = edge_features_read(cfg, edge_dim)
     if cfg.task.name not in ("node", "edge"):
+        unread_edge_features(cfg, edge_dim, read, schema is not None)
         return GraphShape(num_features, num_classes, num_nodes, schema, edge_dim=read)
     k = cfg.task
     if k.name == "edge":
@@ -65,7 +69,22 @@ def graph_shape(cfg: RunConfig, num_features: int, num_classes: int, num_nodes: 
     else:
         target = resolve(labels, k.kind, k.loss, num_classes, where_labels(cfg.dataset))
     pairs = pair_features_read(cfg, edge_dim if target_edge_dim is None else target_edge_dim)
+    unread_edge_features(cfg, edge_dim, read or pairs, schema is not None)
     return GraphShape(num_features, target.width, num_nodes, schema, target, read, pairs)
+
+
+def unread_edge_features(cfg: RunConfig, edge_dim: int, read: int, typed: bool = False) -> None:
+    """Says so where the graph's edges have features that nothing in the run reads (they then cost nothing: none
+    gathered), and what would read them (``typed``: a typed graph's, ``edge_dim`` its widest relation's)."""
+    if not edge_dim or read:
+        return
+    readers = [f"model.edge_dim={edge_dim} (gat, gin)"] if not typed else []
+    readers.append("a model of your own whose forward takes edge_attr")
+    if cfg.task.name == "edge":
+        readers.append("task.decoder=concat (the target edges' own)")
+    log.info("edge features: the graph's edges carry %d, which nothing in this run reads (model=%s%s); %s would",
+             edge_dim, cfg.model.name, f", task.decoder={cfg.task.decoder}" if cfg.task.name == "edge" else "",
+             ", ".join(readers[:-1]) + (" or " if len(readers) > 1 else "") + readers[-1])
 
 
 def pair_features_read(cfg: RunConfig, edge_dim: int) -> int:
