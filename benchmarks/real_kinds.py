@@ -109,9 +109,12 @@ def hpcgnn_run(folder: Path, out: Path, seed: int, epochs: int, fanouts: str, ba
     return json.loads((run / "summary.json").read_text()), run
 
 
-def twins(folder: Path, seeds: int, steps: int = 300) -> list[float]:
-    """PyG's GraphSAGE on the whole graph with hpcgnn's loss for the kind, once per seed: the test metric at the best
-    validation."""
+def node_twin(folder: Path, seed: int, steps: int = 300, hidden: int = 64, undirected: bool = True) -> float:
+    """PyG's GraphSAGE (2 layers of ``hidden``, dropout 0.3: hpcgnn's model=sage) trained on the whole graph of a
+    files folder (every edge, every step; ``undirected``: made so, as dataset.to_undirected does) with hpcgnn's loss
+    for the kind (multi-label or regression), Adam at lr 0.01: the test metric at the best validation step (of
+    every fifth). tests/test_node_kinds.py's twin too."""
+    from torch_geometric.nn import GraphSAGE
     from torch_geometric.utils import to_undirected
 
     from hpcgnn.labels import profile, resolve, stored
@@ -119,18 +122,12 @@ def twins(folder: Path, seeds: int, steps: int = 300) -> list[float]:
 
     a = {k: torch.from_numpy(np.load(folder / f"{k}.npy")) for k in ("edge_index", "x", "y", "train_idx", "val_idx",
                                                                      "test_idx")}
-    ei = to_undirected(a["edge_index"])
+    ei = to_undirected(a["edge_index"]) if undirected else a["edge_index"]
     splits = {s: a[f"{s}_idx"].numpy() for s in ("train", "val", "test")}
     target = resolve(profile(stored(a["y"].numpy(), "y.npy"), splits), "auto", "auto", 0, "y.npy")
     kind = (MultiLabel if target.kind == "multilabel" else Regression)(target, torch.device("cpu"))
-    return [twin(a, ei, target, kind, seed, steps) for seed in range(seeds)]
-
-
-def twin(a: dict, ei, target, kind, seed: int, steps: int) -> float:
-    from torch_geometric.nn import GraphSAGE
-
     torch.manual_seed(seed)
-    model = GraphSAGE(a["x"].size(1), 64, 2, target.width, dropout=0.3)
+    model = GraphSAGE(a["x"].size(1), hidden, 2, target.width, dropout=0.3)
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
     best = None
     for step in range(steps):
@@ -181,7 +178,7 @@ def main() -> None:
         runs = [hpcgnn_run(folder, args.out, s, epochs, fanouts, batch) for s in range(args.seeds)]
         took = (time.perf_counter() - t0) / args.seeds
         ours = [s["test"] for s, _ in runs]
-        theirs = twins(folder, 3)
+        theirs = [node_twin(folder, seed) for seed in range(3)]
         metric = runs[0][0]["metric"].removeprefix("val_")
         line = (f"{name} ({metric}, {'lower' if runs[0][0]['lower_is_better'] else 'higher'} is better): hpcgnn "
                 f"{np.mean(ours):.4f} +- {np.std(ours):.4f} ({args.seeds} seeds, {epochs} epochs, fanouts {fanouts}, "

@@ -177,43 +177,14 @@ def write_folder(folder: Path, kind: str, n: int = 3000, seed: int = 0) -> Path:
     return folder
 
 
-def full_batch_twin(folder: Path, kind: str, seed: int, epochs: int = 300) -> float:
-    """PyG's GraphSAGE trained on the whole graph (every edge, every step), the same loss as hpcgnn's: the test
-    metric at the best validation step (of every fifth)."""
-    from torch_geometric.nn import GraphSAGE
-
-    a = {k: torch.from_numpy(np.load(folder / f"{k}.npy")) for k in ("edge_index", "x", "y", "train_idx", "val_idx",
-                                                                     "test_idx")}
-    target = _target(a["y"].numpy(), splits={s: a[f"{s}_idx"].numpy() for s in ("train", "val", "test")})
-    torch.manual_seed(seed)
-    model = GraphSAGE(8, 32, 2, target.width, dropout=0.3)  # hpcgnn's model=sage
-    opt = torch.optim.Adam(model.parameters(), lr=0.01)
-    kind_ = (MultiLabel if kind == "ml" else Regression)(target, torch.device("cpu"))
-    best_val, best_test = None, None
-    for step in range(epochs):
-        model.train()
-        opt.zero_grad()
-        out = model(a["x"], a["edge_index"])
-        kind_.mean_loss(out[a["train_idx"]], a["y"][a["train_idx"]]).backward()
-        opt.step()
-        if step % 5 != 4:  # evaluated every 5 steps, as hpcgnn's run every 10 epochs
-            continue
-        model.eval()
-        with torch.no_grad():
-            out = model(a["x"], a["edge_index"])
-        val, test = (kind_.metrics(kind_.values(out[a[f"{s}_idx"]]), a["y"][a[f"{s}_idx"]].reshape(-1, target.width))
-                     [target.metric] for s in ("val", "test"))
-        if best_val is None or (val < best_val if target.lower_is_better else val > best_val):
-            best_val, best_test = val, test
-    return best_test
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["ml", "reg"])
 def test_each_kind_reaches_its_full_batch_twins_metric(kind, tmp_path, caplog):
     """hpcgnn's sampled training (fanouts 15, 10: about every neighbour of a node of mean degree 6) reaches the test
-    metric of PyG's full-batch twin (the same model and loss, 300 steps), within the twin's standard deviation over
-    seeds."""
+    metric of PyG's full-batch twin (the same model and loss, 300 steps; benchmarks/real_kinds.py's), within the
+    twin's standard deviation over seeds."""
+    import sys
+
     from conftest import DATA_ROOT, train_here
 
     folder = write_folder(tmp_path / "graph", kind)
@@ -225,7 +196,10 @@ def test_each_kind_reaches_its_full_batch_twins_metric(kind, tmp_path, caplog):
     want = {"ml": "node task: multilabel (5 binary labels, inferred from y: 5 columns of 0 and 1)",
             "reg": "node task: regression (2 values, inferred from y: 2 float columns)"}[kind]
     assert want in caplog.text
-    twins = [full_batch_twin(folder, kind, seed) for seed in range(3)]
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    from real_kinds import node_twin
+
+    twins = [node_twin(folder, seed, hidden=32, undirected=False) for seed in range(3)]  # (300 full-batch steps)
     mean, std = float(np.mean(twins)), float(np.std(twins))
     print(f"{kind}: hpcgnn {ours['test']:.4f}, full-batch twin {mean:.4f} +- {std:.4f}")
     if kind == "ml":
