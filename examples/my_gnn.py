@@ -5,14 +5,14 @@
         model.widths.in_channels=nfeat model.widths.out_channels=nclass '+model.kwargs.mode=max'
     PYTHONPATH=examples python -m hpcgnn dataset=synthetic_hetero model=custom model._target_=my_gnn.HeteroSAGE
     PYTHONPATH=examples python -m hpcgnn dataset=synthetic_hetero model=custom model._target_=my_gnn.ResidualSAGE
-    PYTHONPATH=examples python -m hpcgnn dataset=files dataset.path=GRAPH model=custom model._target_=my_gnn.EdgeGINE \
-        +model.kwargs.edge_dim=8
+    PYTHONPATH=examples python -m hpcgnn dataset=files dataset.path=GRAPH model=custom model._target_=my_gnn.EdgeGINE
     PYTHONPATH=examples python -m hpcgnn dataset=files dataset.path=TYPED_GRAPH model=custom \
         model._target_=my_gnn.HeteroEdgeSAGE
     PYTHONPATH=examples python -m hpcgnn task=edge task.decoder=my_gnn.BilinearDecoder
 
 hpcgnn fills in the widths a class takes by name (in_channels, out_channels, hidden_channels, num_layers,
-dropout; model.widths maps them to other names) and hands forward the batch's nodes and edges; the rows
+dropout, and edge_dim, the graph's edge features' width, where forward takes edge_attr: EdgeGINE; model.widths maps
+them to other names) and hands forward the batch's nodes and edges; the rows
 of the batch's seeds come first and are the ones scored. On a typed graph a class that takes ``metadata``
 (HeteroSAGE) is built with the graph's node and edge types (and, taking ``edge_dims``, each relation's edge
 feature width: HeteroEdgeSAGE); any other (ResidualSAGE, EdgeGINE) is made relational by PyG's to_hetero.

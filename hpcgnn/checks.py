@@ -73,7 +73,7 @@ def check_trackers(trackers) -> None:
 
 
 CUSTOM = "custom"  # model.name of a model of the user's own (model._target_)
-WIDTHS = ("in_channels", "out_channels", "hidden_channels", "num_layers", "dropout")  # what hpcgnn fills in
+WIDTHS = ("in_channels", "out_channels", "hidden_channels", "num_layers", "dropout", "edge_dim")  # what hpcgnn fills in
 
 
 def locate(dotted: str | None) -> tuple[object | None, str]:

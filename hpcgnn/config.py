@@ -86,6 +86,7 @@ class WidthNames:
     hidden_channels: Optional[str] = None  # model.hidden_channels
     num_layers: Optional[str] = None  # len(train.fanouts): one layer per sampled hop
     dropout: Optional[str] = None  # model.dropout
+    edge_dim: Optional[str] = None  # the edges' features (where forward takes edge_attr): the graph's width
 
 
 @dataclass(frozen=True)

@@ -282,11 +282,12 @@ def rated_graph(given: bool = False):
 
 
 def test_a_pyg_datas_edge_labels_are_the_targets_with_its_masks_or_a_seeded_split(tmp_path):
-    from hpcgnn.data import prepare
+    from hpcgnn.data import open_graph, prepare
     from hpcgnn.data.edges import open_targets, prepare_targets
 
     for target, count, train in (("test_edge_tasks.rated_graph", 3000, None),
-                                 ("test_edge_tasks.rated_graph_given", 800, 560)):
+                                 ("test_edge_tasks.rated_graph_given", 800, 560),
+                                 ("test_edge_tasks.rated_graph_unlabelled", 800, 560)):
         cfg = make_config("task=edge", "dataset=pyg", f"dataset._target_={target}", f"dataset.root={tmp_path}").dataset
         prepare(cfg)
         prepare_targets(cfg)
@@ -296,10 +297,25 @@ def test_a_pyg_datas_edge_labels_are_the_targets_with_its_masks_or_a_seeded_spli
         assert sum(sizes) == count and (train is None or sizes[0] == train)
         if train is None:  # seeded by dataset.edge_split: about 85/5/10
             assert 0.8 < sizes[0] / count < 0.9
+    # A Data without node labels (transactions: the labels are the edges'): its nodes get none, as a folder's
+    g = open_graph(make_config("task=edge", "dataset=pyg", "dataset._target_=test_edge_tasks.rated_graph_unlabelled",
+                               f"dataset.root={tmp_path}").dataset)
+    assert g.y.shape == (500,) and bool((g.y == -1).all()) and g.train_idx.numel() == 0
+    with pytest.raises(DatasetError, match=r"dataset._target_=test_edge_tasks.rated_graph_unlabelled: its graph has no "
+                                           r"labels \(y\): node tasks need them. HINT: task=link trains on the edges "
+                                           r"alone; task=edge on labels of edges \(edge_label\)"):
+        prepare(make_config("dataset=pyg", "dataset._target_=test_edge_tasks.rated_graph_unlabelled",
+                            f"dataset.root={tmp_path / 'r2'}").dataset)
 
 
 def rated_graph_given():
     return rated_graph(given=True)
+
+
+def rated_graph_unlabelled():
+    data = rated_graph(given=True)
+    del data.y
+    return data
 
 
 @pytest.mark.slow

@@ -70,6 +70,26 @@ class PaperOnlyWidth(torch.nn.Module):
         return {t: self.lin(x) for t, x in x_dict.items()}
 
 
+class OwnEdgeWidth(torch.nn.Module):
+    """Reads edge features of a width of its own (6), which it does not take as an argument."""
+
+    def __init__(self, in_channels: int, out_channels: int):
+        super().__init__()
+        self.lin, self.edge = torch.nn.Linear(in_channels, out_channels), torch.nn.Linear(6, out_channels)
+
+    def forward(self, x, edge_index, edge_attr):
+        return self.lin(x).index_add(0, edge_index[1], self.edge(edge_attr))
+
+
+def six_wide_edges():
+    """A PyG Data whose edges carry 6 features."""
+    from torch_geometric.data import Data
+
+    g = torch.Generator().manual_seed(0)
+    return Data(x=torch.randn(50, 4, generator=g), edge_index=torch.randint(0, 50, (2, 200), generator=g),
+                edge_attr=torch.randn(200, 6, generator=g), y=torch.randint(0, 3, (50,), generator=g))
+
+
 def _custom(*overrides: str):
     return make_config("model=custom", *overrides)
 
@@ -111,6 +131,57 @@ def test_a_model_that_cannot_be_used_is_refused_before_anything_is_submitted(mon
                         "model.widths.out_channels=nclass", "+model.kwargs.mode=max"))
     check_model(_custom("model._target_=test_user_models.FunctionalDropout"))  # (right where nothing traces it)
     check_model(_custom("model._target_=my_gnn.ResidualSAGE", "task=link"))  # the encoder: the embedding's width
+
+
+def test_a_model_reading_edge_features_is_given_their_width_and_checked_against_it_before_submitting(tmp_path,
+                                                                                                    monkeypatch):
+    """A model whose __init__ takes edge_dim gets the graph's width (no model.kwargs); where the width is known
+    before the graph is prepared (a files folder's edge_attr.npy), a width of the model's own or one given in
+    model.kwargs that is not the graph's, and a graph without edge features, are refused at submit; where only
+    preparing tells (a PyG dataset), the submit lets a model of a width of its own through, and the rank builds it
+    with the graph's."""
+    import numpy as np
+
+    from hpcgnn.errors import DatasetError
+    from hpcgnn.models.custom import build_custom
+
+    monkeypatch.syspath_prepend(str(REPO / "examples"))
+    rng = np.random.default_rng(0)
+    folder = tmp_path / "g"
+    folder.mkdir()
+    for name, a in {"x": rng.normal(size=(30, 4)).astype(np.float32), "edge_index": rng.integers(0, 30, (2, 90)),
+                    "edge_attr": rng.normal(size=(90, 3)).astype(np.float32), "y": rng.integers(0, 3, 30),
+                    "train_idx": np.arange(10), "val_idx": np.arange(10, 20), "test_idx": np.arange(20, 30)}.items():
+        np.save(folder / f"{name}.npy", a)
+    files = ["dataset=files", f"dataset.path={folder}", f"dataset.root={tmp_path / 'root'}"]
+    gine = ["model._target_=my_gnn.EdgeGINE"]
+    check_model(_custom(*files, *gine))  # (edge_dim: the folder's 3)
+    model = build_custom(_custom(*files, *gine).model, 4, 3, 2, edge_dim=3)
+    assert all(conv.lin.in_channels == 3 for conv in model.convs)  # GINEConv's edge projection: the graph's width
+    with pytest.raises(ConfigError, match=r"model.kwargs.edge_dim=8, but the edges of dataset=files have 3 features. "
+                                          r"HINT: leave edge_dim out of model.kwargs: hpcgnn fills in the graph's"):
+        check_model(_custom(*files, *gine, "+model.kwargs.edge_dim=8"))
+    with pytest.raises(ConfigError, match=r"model.kwargs.edge_dim=8, but the edges of dataset=files have 3 features. "
+                                          r"HINT: model.kwargs.edge_dim=3"):  # (PyG's GAT passes it to its layers)
+        check_model(_custom(*files, "model._target_=torch_geometric.nn.models.GAT", "+model.kwargs.edge_dim=8"))
+    with pytest.raises(ConfigError, match=r"model._target_=test_user_models.OwnEdgeWidth failed on a 6-node graph: "
+                                          r"forward\(x, edge_index\) raised RuntimeError"):
+        check_model(_custom(*files, "model._target_=test_user_models.OwnEdgeWidth"))
+    with pytest.raises(ConfigError, match=r"model.edge_dim=8, but the edges of dataset=files have 3 features. HINT: "
+                                          r"model.edge_dim=3"):
+        check_model(make_config(*files, "model=gat", "model.edge_dim=8"))
+    (folder / "edge_attr.npy").unlink()
+    with pytest.raises(DatasetError, match=r"model._target_=my_gnn.EdgeGINE \(its forward takes edge features\) "
+                                           r"reads edge features, but the edges of dataset=files have none"):
+        check_model(_custom(*files, *gine))
+    with pytest.raises(DatasetError, match=r"model.edge_dim=3 reads edge features, but the edges of dataset=synthetic "
+                                           r"have none"):
+        check_model(make_config("model=gat", "model.edge_dim=3"))
+    pyg = ["dataset=pyg", "dataset._target_=test_user_models.six_wide_edges", f"dataset.root={tmp_path / 'root'}",
+           "model._target_=test_user_models.OwnEdgeWidth"]
+    check_model(_custom(*pyg))  # (its width is not known before the graph is prepared: the rank's to check)
+    assert not (tmp_path / "root" / "prepared").exists()
+    build_custom(_custom(*pyg).model, 4, 3, 2, edge_dim=6)  # (the rank: the graph's width, its own)
 
 
 TYPED_SMALL = ["dataset=synthetic_hetero", "dataset.num_nodes=3000", f"dataset.root={DATA_ROOT}"]

@@ -19,10 +19,17 @@ from hpcgnn.checks import check_dataset_config
 from hpcgnn.data.graph import Graph
 from hpcgnn.data.link import LinkData
 from hpcgnn.data.mapped import open_graph, open_link, open_link_splits, open_typed, typed_shape
-from hpcgnn.data.prepared import cache_folder, check_available, check_target, prepare, prepare_mem_bytes
+from hpcgnn.data.prepared import (
+           cache_folder,
+           check_available,
+           check_target,
+           edge_width,
+           prepare,
+           prepare_mem_bytes,
+)
 from hpcgnn.data.sources import LINK_LOADERS, LOADERS, TYPED_LOADERS, TYPED_SOURCES, build_graph, build_link
 from hpcgnn.data.typed import TypedGraph
 
 __all__ = ["LINK_LOADERS", "LOADERS", "TYPED_LOADERS", "TYPED_SOURCES", "Graph", "LinkData", "TypedGraph", "build_graph",
-           "build_link", "cache_folder", "check_available", "check_dataset_config", "check_target", "open_graph", "open_link",
-           "open_link_splits", "open_typed", "prepare", "prepare_mem_bytes", "typed_shape"]
+           "build_link", "cache_folder", "check_available", "check_dataset_config", "check_target", "edge_width", "open_graph",
+           "open_link", "open_link_splits", "open_typed", "prepare", "prepare_mem_bytes", "typed_shape"]

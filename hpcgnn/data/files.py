@@ -285,12 +285,15 @@ def stream_files(cfg: DatasetConfig, buckets, features, chunk: int = STREAM_VALU
 
 
 def read_shapes(cfg: DatasetConfig) -> dict:
-    """Node, feature and edge counts of a homogeneous folder, from the arrays' headers (.npy: mapped)."""
+    """Node, feature and edge counts of a homogeneous folder, and the width of its edges' features (0: none; None:
+    not an [E, D] array, which preparing refuses), from the arrays' headers (.npy: mapped)."""
     folder = files_folder(cfg)
     _, x = _read(folder, "x", mmap=True)
     _, ei = _read(folder, "edge_index", mmap=True)
+    edge_attr = _read(folder, "edge_attr", mmap=True)[1] if has_edge_features(folder) else None
     return {"num_nodes": x.shape[0], "num_features": x.shape[1] if x.ndim == 2 else 0,
-            "num_edges": ei.shape[1] if ei.ndim == 2 else 0}
+            "num_edges": ei.shape[1] if ei.ndim == 2 else 0,
+            "edge_dim": 0 if edge_attr is None else edge_attr.shape[1] if edge_attr.ndim == 2 else None}
 
 
 def load_files(cfg: DatasetConfig, allow_download: bool = False) -> Graph:

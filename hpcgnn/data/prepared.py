@@ -335,6 +335,22 @@ def check_target(cfg: DatasetConfig, task):
     return resolve(labels, task.kind, task.loss, classes, where_labels(cfg))
 
 
+def edge_width(cfg: DatasetConfig) -> int | None:
+    """The width of a homogeneous dataset's edge features (0: its edges have none) where it is known before the
+    graph is prepared, here: a prepared graph's meta.json, a files folder's ``edge_attr`` (its header), a source
+    whose edges never have any; None where only preparing tells (a PyG dataset, OGB's raw files). What a model that
+    reads edge features is checked against at submit."""
+    folder = cache_folder(cfg)
+    if cache.is_complete(folder):
+        return int(json.loads((folder / "meta.json").read_text()).get("edge_dim", 0))
+    spec = datasets.spec(cfg.name)
+    if spec.source == "synthetic" or (spec.source == "ogb" and not spec.edge_features):
+        return 0
+    if cfg.name == "files" and not is_typed_folder(files_folder(cfg)):
+        return read_shapes(cfg)["edge_dim"]
+    return None
+
+
 def check_available(cfg: DatasetConfig) -> None:
     """Before submitting: fail now, not on a compute node, when the data cannot be there."""
     check_root(cfg)

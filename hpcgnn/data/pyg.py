@@ -114,7 +114,7 @@ def _labels(cfg: DatasetConfig, data) -> tuple[torch.Tensor, int]:
     y = getattr(data, "y", None)
     if y is None:
         raise DatasetError(f"dataset._target_={cfg._target_}: its graph has no labels (y): node tasks need "
-                           "them. HINT: task=link trains on the edges alone")
+                           "them. HINT: task=link trains on the edges alone; task=edge on labels of edges (edge_label)")
     if y.dim() == 2 and y.size(1) == 1 and not y.is_floating_point():
         y = y.view(-1)
     if y.dim() not in (1, 2) or y.size(0) != data.num_nodes:
@@ -149,15 +149,18 @@ def load_pyg(cfg: DatasetConfig, allow_download: bool = False) -> Graph:
     data = pyg_data(cfg, allow_download)
     n = data.num_nodes
     x = data.x if getattr(data, "x", None) is not None else torch.ones(n, 1)
+    unlabelled = cfg.prepared_for == "edge" and getattr(data, "y", None) is None  # (an edge task's targets are edges)
     if cfg.prepared_for == "link":
         y, classes = torch.zeros(n, dtype=torch.long), 1
+    elif unlabelled:  # its nodes get none (-1) and no splits, as a files folder's without y
+        y, classes = torch.full((n,), -1, dtype=torch.long), 0
     else:
         y, classes = _labels(cfg, data)
     edge_index, edges = data.edge_index, _edge_features(cfg, data)
     if cfg.to_undirected:
         edge_index = torch.cat([edge_index, edge_index.flip(0)], dim=1)
         edges = torch.cat([edges, edges]) if edges is not None else None
-    train, val, test = _splits(cfg, data, n)
+    train, val, test = [torch.zeros(0, dtype=torch.long)] * 3 if unlabelled else _splits(cfg, data, n)
     return Graph.from_edge_index(edge_index, n, x.float(), y, train, val, test, num_classes=classes, edge_attr=edges)
 
 

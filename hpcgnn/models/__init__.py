@@ -14,6 +14,7 @@ from hpcgnn.models.gnn import (
            MLPBaseline,
            batch_transform,
            build_model,
+           edge_features_read,
            forward_batch,
            reads_edge_features,
            uses_edges,
@@ -31,5 +32,6 @@ from hpcgnn.models.typed import (
 
 __all__ = ["DECODERS", "MODELS", "RGCN", "TYPED_MODELS", "EdgeModel", "LinkModel", "MLPBaseline", "TypedMLP",
            "TypedSAGE", "batch_transform", "build_edge_model", "build_typed_edge_model", "build_link_model", "build_model", "build_node_model", "build_typed_model", "decoder_reads_edges",
+           "edge_features_read",
            "forward_batch", "forward_pairs", "forward_typed_batch", "node_logits_and_labels", "reads_edge_features",
            "uses_edges"]

@@ -4,7 +4,8 @@ The contract, for a class that needs no hpcgnn import:
 
 - ``__init__`` takes its own keyword arguments (``model.kwargs``); hpcgnn fills in the widths it knows,
   ``in_channels`` (features), ``out_channels`` (classes; a link model's embedding: ``model.hidden_channels``),
-  ``hidden_channels``, ``num_layers`` (``len(train.fanouts)``: one layer per sampled hop) and ``dropout``,
+  ``hidden_channels``, ``num_layers`` (``len(train.fanouts)``: one layer per sampled hop), ``dropout`` and, on a
+  homogeneous graph where ``forward`` takes ``edge_attr``, ``edge_dim`` (the width of the graph's edge features),
   each where the class takes an argument of that name (or of the name ``model.widths`` maps it to) and
   ``model.kwargs`` does not set it;
 - ``forward(x, edge_index, ...)`` returns one row per input node (the batch's seeds come first, and their
@@ -65,15 +66,19 @@ def _parameters(fn) -> tuple[set[str], bool]:
             any(p.kind == p.VAR_KEYWORD for p in params))
 
 
-def arguments(cfg, cls: type, in_channels: int, out_channels: int, num_layers: int) -> dict:
-    """``model.kwargs`` and the widths the class takes, by its own names."""
+def arguments(cfg, cls: type, in_channels: int, out_channels: int, num_layers: int,
+              edge_dim: int | None = None) -> dict:
+    """``model.kwargs`` and the widths the class takes, by its own names (``edge_dim``: the edges' features', where
+    the model reads them; None: not filled in)."""
     named, _ = _parameters(cls.__init__)
     values = {"in_channels": in_channels, "out_channels": out_channels, "hidden_channels": cfg.hidden_channels,
-              "num_layers": num_layers, "dropout": cfg.dropout}
+              "num_layers": num_layers, "dropout": cfg.dropout, "edge_dim": edge_dim}
     kwargs = dict(cfg.kwargs)
     for width in WIDTHS:
         mapped = getattr(cfg.widths, width)
         name = mapped or width
+        if values[width] is None:
+            continue
         if name in named and name not in kwargs:
             kwargs[name] = values[width]
         elif mapped and name not in named:
@@ -108,9 +113,28 @@ def reads_edge_attr(cls: type, kwargs: dict) -> bool:
     return True
 
 
-def build_custom(cfg, in_channels: int, out_channels: int, num_layers: int, edge_dim: int = 0) -> torch.nn.Module:
-    """The user's model for a homogeneous graph, probed on a tiny graph (:func:`probe`; ``edge_dim``: with edge
-    features of that width, where the model reads them)."""
+def declared_edge_dim(cfg) -> tuple[str, int | None]:
+    """The name under which a model of the user's own takes its edge features' width (``edge_dim``, or the name
+    ``model.widths.edge_dim`` maps it to), and the width ``model.kwargs`` gives it there (None: none)."""
+    key = cfg.widths.edge_dim or "edge_dim"
+    given = cfg.kwargs.get(key)
+    return key, None if given is None else int(given)
+
+
+def takes_edge_dim(cfg) -> bool:
+    """Whether a model's ``__init__`` takes its edge features' width by name (``edge_dim``, or the name
+    ``model.widths.edge_dim`` maps it to): hpcgnn fills it in, unless ``model.kwargs`` sets it."""
+    return declared_edge_dim(cfg)[0] in _parameters(model_class(cfg).__init__)[0]
+
+
+PROBE_EDGE_DIM = 3  # the width of the tiny graph's edge features where the graph's is not known yet (at submit)
+
+
+def build_custom(cfg, in_channels: int, out_channels: int, num_layers: int, edge_dim: int | None = 0) -> torch.nn.Module:
+    """The user's model for a homogeneous graph, probed on a tiny graph (:func:`probe`). Where it reads edge
+    features, it is given their width (``edge_dim``: the graph's; None: not known yet, at submit before the graph
+    is prepared) where its ``__init__`` takes it (:func:`takes_edge_dim`), and the tiny graph's edges have that
+    many. A model that fixes its own width is probed where the graph's is known (on the rank, at the latest)."""
     cls = model_class(cfg)
     if cfg.aggregation == "csr" and cls.__module__.startswith("torch_geometric.") and cls.__name__ in CSR_CLASSES:
         import torch_geometric.nn
@@ -119,15 +143,21 @@ def build_custom(cfg, in_channels: int, out_channels: int, num_layers: int, edge
             from hpcgnn.models.aggregation import csr_model
 
             cls = csr_model(cls.__name__)
-    model = _construct(cfg, cls, arguments(cfg, cls, in_channels, out_channels, num_layers))
+    reads = reads_edge_attr(cls, dict(cfg.kwargs))
+    width = None
+    if reads:  # the graph's width; else the one model.kwargs gives, or any where hpcgnn fills it in
+        given = declared_edge_dim(cfg)[1] or cfg.kwargs.get("edge_dim")
+        width = edge_dim or (int(given) if given else PROBE_EDGE_DIM if takes_edge_dim(cfg) else None)
+    model = _construct(cfg, cls, arguments(cfg, cls, in_channels, out_channels, num_layers, width))
     if hasattr(model, "aggregation"):
         model.aggregation = cfg.aggregation
     x = torch.randn(6, in_channels, generator=torch.Generator().manual_seed(0))
     edge_index = torch.tensor([[1, 2, 3, 4, 5, 0], [0, 0, 1, 2, 3, 4]])
     kwargs = {"edge_weight": torch.ones(edge_index.size(1))} if cfg.gcn_norm and takes(model, "edge_weight") else {}
-    if reads_edge_attr(type(model), dict(cfg.kwargs)):  # (the graph's width; at submit: the one model.kwargs gives)
-        width = edge_dim or int(cfg.kwargs.get("edge_dim") or 1)
-        kwargs["edge_attr"] = torch.randn(edge_index.size(1), width, generator=torch.Generator().manual_seed(1))
+    if reads:
+        kwargs["edge_attr"] = torch.randn(edge_index.size(1), width or 1, generator=torch.Generator().manual_seed(1))
+    if reads and width is None:  # its own width, the graph's not known yet: whatever it is, the rank probes it
+        return model
     probe(cfg, model, (x, edge_index), kwargs, 6, out_channels)
     return model
 
@@ -265,11 +295,12 @@ def is_layerwise(model: torch.nn.Module) -> bool:
     return callable(getattr(model, "inference_per_layer", None)) and isinstance(getattr(model, "num_layers", None), int)
 
 
-def check_custom(cfg, in_channels: int = 16, out_channels: int = 3, schema=None) -> None:
+def check_custom(cfg, in_channels: int = 16, out_channels: int = 3, schema=None, edge_dim: int | None = None) -> None:
     """At submit, on the CPU: the class imports, takes its arguments, and returns one row of ``out_channels`` floats
     per node of a tiny graph (a link model: of ``model.hidden_channels``; ``schema``: a typed graph's types and
-    relations); ``train.eval_mode=full`` needs a layer-wise model. Each failure is a
-    :class:`~hpcgnn.errors.ConfigError` naming the fix."""
+    relations; ``edge_dim``: the width of the graph's edge features, None where it is not known yet);
+    ``train.eval_mode=full`` needs a layer-wise model. Each failure is a :class:`~hpcgnn.errors.ConfigError` naming
+    the fix."""
     from hpcgnn.checks import link_eval_mode
 
     layers = len(cfg.train.fanouts)
@@ -278,7 +309,7 @@ def check_custom(cfg, in_channels: int = 16, out_channels: int = 3, schema=None)
                            layers, schema.edge_dims)
         return  # (eval_mode=full on a typed graph: refused for custom models by the config's checks)
     out = cfg.model.hidden_channels if cfg.task.name in ("link", "edge") else out_channels  # (an encoder's)
-    model = build_custom(cfg.model, in_channels, out, layers)
+    model = build_custom(cfg.model, in_channels, out, layers, edge_dim)
     full = (link_eval_mode(cfg) if cfg.task.name == "link" else cfg.train.eval_mode) == "full"
     if full and not is_layerwise(model):
         raise ConfigError(f"train.eval_mode=full runs a model layer by layer (PyG's BasicGNN interface: num_layers, "

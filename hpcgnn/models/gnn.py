@@ -15,7 +15,8 @@ from torch import Tensor
 
 from hpcgnn import checks
 from hpcgnn.config import ModelConfig
-from hpcgnn.models.custom import build_custom, takes
+from hpcgnn.errors import ConfigError, DatasetError
+from hpcgnn.models.custom import build_custom, declared_edge_dim, takes, takes_edge_dim
 
 Builder = Callable[[ModelConfig, int, int, int], torch.nn.Module]
 
@@ -116,6 +117,36 @@ def reads_edge_features(cfg: ModelConfig) -> bool:
     from hpcgnn.models.custom import model_class, reads_edge_attr
 
     return reads_edge_attr(model_class(cfg), dict(cfg.kwargs))
+
+
+def edge_features_read(cfg: ModelConfig, edge_dim: int | None, dataset: str, typed: bool = False) -> int:
+    """The width of the edge features the model reads (0: it reads none) on a graph whose edges have ``edge_dim``
+    (None: not known yet, at submit before the graph is prepared: what can be told without it); refused, naming
+    the fix, where the model cannot be handed them, the graph has none, or the width the model is given differs
+    from the graph's (``model.edge_dim``; a model of the user's own: its ``edge_dim`` in ``model.kwargs``, on a
+    homogeneous graph: a ``typed`` graph's relations each have their own)."""
+    if not reads_edge_features(cfg):
+        return 0
+    what = checks.edge_reader(cfg)
+    if cfg.gcn_norm:
+        raise ConfigError(f"{what} reads edge features, but model.gcn_norm=true adds self-loops that carry none. HINT: "
+                          "model.gcn_norm=false, or a model that reads none")
+    if edge_dim is None:
+        return 0
+    if not edge_dim:
+        raise DatasetError(f"{what} reads edge features, but the edges of dataset={dataset} have none. HINT: give "
+                           "them (files: edge_attr.npy, a row per edge; PyG: data.edge_attr), or a model that reads "
+                           "none")
+    if cfg.edge_dim and cfg.edge_dim != edge_dim:
+        raise ConfigError(f"model.edge_dim={cfg.edge_dim}, but the edges of dataset={dataset} have {edge_dim} "
+                          f"features. HINT: model.edge_dim={edge_dim}")
+    key, given = declared_edge_dim(cfg)
+    if not typed and given is not None and given != edge_dim:
+        fix = f"leave {key} out of model.kwargs: hpcgnn fills in the graph's" if takes_edge_dim(cfg) else \
+            f"model.kwargs.{key}={edge_dim}"
+        raise ConfigError(f"model.kwargs.{key}={given}, but the edges of dataset={dataset} have {edge_dim} features. "
+                          f"HINT: {fix}")
+    return edge_dim
 
 
 def with_aggregation(model: torch.nn.Module, cfg: ModelConfig) -> torch.nn.Module:

@@ -40,9 +40,11 @@ class LinkModel(torch.nn.Module):
         return self.score(h.index_select(0, pairs[0]), h.index_select(0, pairs[1]))
 
 
-def build_link_model(cfg: ModelConfig, decoder: str, in_channels: int, num_layers: int) -> LinkModel:
-    """The encoder's last layer outputs ``hidden_channels``: the embedding the decoder scores."""
-    encoder = build_model(cfg, in_channels, cfg.hidden_channels, num_layers)
+def build_link_model(cfg: ModelConfig, decoder: str, in_channels: int, num_layers: int,
+                     edge_dim: int = 0) -> LinkModel:
+    """The encoder's last layer outputs ``hidden_channels``: the embedding the decoder scores (``edge_dim``: the
+    width of the edge features it reads, 0: none)."""
+    encoder = build_model(cfg, in_channels, cfg.hidden_channels, num_layers, edge_dim)
     return LinkModel(encoder, cfg.hidden_channels, decoder)
 
 

@@ -175,7 +175,8 @@ def rebuild(record: dict) -> torch.nn.Module:
     s = record["shape"]
     schema = TypedSchema.from_meta(s["schema"]) if s["schema"] is not None else None
     if record["task"] == "link":
-        model = build_link_model(cfg, record["decoder"], s["num_features"], record["num_layers"])
+        model = build_link_model(cfg, record["decoder"], s["num_features"], record["num_layers"],
+                                 record.get("edge_dim", 0))
     elif record["task"] == "edge" and schema is not None:  # a typed graph's: its targets a relation's edges
         model = build_typed_edge_model(cfg, record["decoder"], schema, tuple(record["relation"]), s["num_features"],
                                        s["num_classes"], record["num_layers"], record.get("pair_edge_dim", 0))

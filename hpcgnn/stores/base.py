@@ -30,13 +30,12 @@ import torch
 from torch import Tensor
 
 from hpcgnn import dist
-from hpcgnn.checks import edge_reader
 from hpcgnn.config import ModelConfig, RunConfig
 from hpcgnn.data.graph import GraphShape
 from hpcgnn.env import RankEnv
 from hpcgnn.errors import AnotherRankFailed, ConfigError, DatasetError
 from hpcgnn.labels import resolve, where_labels
-from hpcgnn.models import decoder_reads_edges, reads_edge_features, uses_edges
+from hpcgnn.models import decoder_reads_edges, edge_features_read, uses_edges
 from hpcgnn.rng import derive_seed, generator
 from hpcgnn.sampling import BatchLoader, rank_seeds
 from hpcgnn.sampling import subgraph as sub
@@ -55,9 +54,9 @@ def graph_shape(cfg: RunConfig, num_features: int, num_classes: int, num_nodes: 
     """The model's dimensions; a node task's outputs those of its target (:func:`hpcgnn.labels.resolve`: the labels'
     kind and ``task.kind``; an edge task's: those of its targets' labels, ``labels``), refused with the fix where they
     are at odds; the width of the edge features the model reads (``edge_dim``: the graph's;
-    :func:`edge_features_read`; ``target_edge_dim``: an edge task's target edges' own width where it is not the
+    :func:`hpcgnn.models.edge_features_read`; ``target_edge_dim``: an edge task's target edges' own width where it is not the
     graph's, a typed relation's)."""
-    read = edge_features_read(cfg, edge_dim)
+    read = edge_features_read(cfg.model, edge_dim, cfg.dataset.name, typed=schema is not None)
     if cfg.task.name not in ("node", "edge"):
         unread_edge_features(cfg, edge_dim, read, schema is not None)
         return GraphShape(num_features, num_classes, num_nodes, schema, edge_dim=read)
@@ -92,26 +91,6 @@ def pair_features_read(cfg: RunConfig, edge_dim: int) -> int:
     decoder of the user's own whose ``forward`` takes ``edge_attr``, on a graph whose edges have ``edge_dim``."""
     if cfg.task.name != "edge" or not edge_dim or not decoder_reads_edges(cfg.task.decoder):
         return 0
-    return edge_dim
-
-
-def edge_features_read(cfg: RunConfig, edge_dim: int) -> int:
-    """The width of the edge features the model reads (0: it reads none), of a graph whose edges have ``edge_dim``;
-    refused, naming the fix, where the mode cannot hand them over yet, the graph has none, or the widths differ."""
-    if not reads_edge_features(cfg.model):
-        return 0
-    m = cfg.model
-    what = edge_reader(m)
-    if m.gcn_norm:
-        raise ConfigError(f"{what} reads edge features, but model.gcn_norm=true adds self-loops that carry none. HINT: "
-                          "model.gcn_norm=false, or a model that reads none")
-    if not edge_dim:
-        raise DatasetError(f"{what} reads edge features, but the edges of dataset={cfg.dataset.name} have none. HINT: "
-                           "give them (files: edge_attr.npy, a row per edge; PyG: data.edge_attr), or a model that "
-                           "reads none")
-    if m.edge_dim and m.edge_dim != edge_dim:
-        raise ConfigError(f"model.edge_dim={m.edge_dim}, but the edges of dataset={cfg.dataset.name} have {edge_dim} "
-                          f"features. HINT: model.edge_dim={edge_dim}")
     return edge_dim
 
 

@@ -150,19 +150,30 @@ def check_data_on_disk(cfg: RunConfig) -> None:
 def check_model(cfg: RunConfig) -> None:
     """Before submitting: a model of the user's own imports, takes its arguments and returns one row per node on a
     tiny graph (on the CPU, here; torch is imported for it alone); on a typed graph, one of its node types and
-    relations (where they are known before the graph is prepared; else the rank checks it as it builds the model)."""
-    if checks.is_custom(cfg.model):
+    relations (where they are known before the graph is prepared; else the rank checks it as it builds the model).
+    A model that reads edge features (``model.edge_dim``, or one of the user's own) is checked against the
+    width of the graph's where that is known before the graph is prepared (:func:`hpcgnn.data.edge_width`)."""
+    d, m = cfg.dataset, cfg.model
+    if checks.is_custom(m) and checks.is_typed(d):
+        from hpcgnn.data import typed_shape
         from hpcgnn.models.custom import check_custom
 
-        d = cfg.dataset
-        if checks.is_typed(d):
-            from hpcgnn.data import typed_shape
+        shape = typed_shape(d)
+        if shape is not None:
+            check_custom(cfg, shape[1], shape[2], schema=shape[0])
+        return
+    if not (checks.is_custom(m) or m.edge_dim) or checks.is_typed(d):
+        return
+    from hpcgnn.data import edge_width
+    from hpcgnn.models import edge_features_read
 
-            shape = typed_shape(d)
-            if shape is not None:
-                check_custom(cfg, shape[1], shape[2], schema=shape[0])
-            return
-        check_custom(cfg, d.num_features if d.name == "synthetic" else 16, d.num_classes if d.name == "synthetic" else 3)
+    width = edge_width(d)
+    edge_features_read(m, width, d.name)
+    if checks.is_custom(m):
+        from hpcgnn.models.custom import check_custom
+
+        check_custom(cfg, d.num_features if d.name == "synthetic" else 16,
+                     d.num_classes if d.name == "synthetic" else 3, edge_dim=width)
 
 
 def launch_mode(cfg: RunConfig, environ=None) -> tuple[str, str]:

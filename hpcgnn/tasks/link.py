@@ -36,7 +36,7 @@ class LinkPrediction(Task):
 
     def build_model(self) -> torch.nn.Module:
         return build_link_model(self.cfg.model, self.cfg.task.decoder, self.store.shape.num_features,
-                                len(self.cfg.train.fanouts))
+                                len(self.cfg.train.fanouts), self.store.shape.edge_dim)
 
     @property
     def transform(self) -> Callable | None:
