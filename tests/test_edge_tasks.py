@@ -308,6 +308,34 @@ def test_a_pyg_datas_edge_labels_are_the_targets_with_its_masks_or_a_seeded_spli
                             f"dataset.root={tmp_path / 'r2'}").dataset)
 
 
+def test_targets_prepared_by_two_nodes_at_once_keep_the_first_ones_folder(tmp_path, monkeypatch):
+    """Each node's local rank 0 prepares the targets where they are not yet (a shared file system: several at once).
+    A writer that finds another's folder in place when it commits keeps that one, which nodes may be reading already
+    (before, it removed the folder in place and renamed its own there: on a two-node SLURM job the second node's
+    rename, after the first's, failed, and the job with it)."""
+    import os
+
+    import hpcgnn.data.edges as edges
+    from hpcgnn.data import prepare
+
+    cfg = make_config("task=edge", "dataset=pyg", "dataset._target_=test_edge_tasks.rated_graph_given",
+                      f"dataset.root={tmp_path}").dataset
+    prepare(cfg)
+    check, first = edges._check_index, {}
+
+    def another_node_first(*args):  # another node's writer commits while this one prepares the same targets
+        if not first:
+            first["folder"] = None  # (its own call does not race again)
+            first["folder"] = edges.prepare_targets(cfg)
+            first["inode"] = os.stat(first["folder"]).st_ino
+        return check(*args)
+
+    monkeypatch.setattr(edges, "_check_index", another_node_first)
+    folder = edges.prepare_targets(cfg)
+    assert folder == first["folder"] and os.stat(folder).st_ino == first["inode"]  # (the first one's, not replaced)
+    assert edges.open_targets(cfg).count == 800 and not list(folder.parent.glob(".edge-targets-*"))
+
+
 def rated_graph_given():
     return rated_graph(given=True)
 

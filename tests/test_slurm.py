@@ -252,6 +252,18 @@ def test_partitioned_run_waits_for_its_partitioning_job(tmp_path):
     assert s["eval_mode"] == "full" and s["test_acc"] > 0.6, s["test_acc"]
 
 
+def test_an_edge_task_prepares_its_targets_on_both_nodes_at_once_and_trains_partitioned(tmp_path):
+    """task=edge on a graph of its own seed, partitioned: each node's local rank 0 prepares the edge targets beside
+    the graph the partitioning job prepared, both at once on the shared file system; the first one's folder is
+    kept (before, the second node's failed to take its place, and the job failed), and both ranks train."""
+    res = run_cli("+cluster=devcluster", "task=edge", "graph=partitioned", "dataset.num_nodes=20000", "dataset.seed=31",
+                  "train.epochs=10", "metrics.tensorboard=false", cwd=tmp_path, timeout=600)
+    assert res.returncode == 0, res.stdout + res.stderr
+    s = _summary(tmp_path)
+    assert s["task"] == "edge" and s["graph_mode"] == "partitioned" and s["hostnames"] == ["n1", "n2"]
+    assert s["test_acc"] > 0.75, s["test_acc"]
+
+
 def test_failed_partitioning_cancels_training_with_the_reason(tmp_path):
     # A graph not prepared yet: only the partitioning job can learn its size, and fails.
     res = run_cli("+cluster=devcluster", "graph=partitioned", "graph.partition_mem_gb=0.0001", "dataset.seed=12",

@@ -139,7 +139,7 @@ def prepare_targets(cfg: DatasetConfig) -> Path:
         raise DatasetError(f"{where}: {label.shape[0]} labels for {index.shape[1]} target edges "
                            "(edge_label_index): one row per target edge")
     splits = {s: _check_split(np.asarray(splits[s]), index.shape[1], f"{where} ({s} split)") for s in SPLITS}
-    with atomic_folder(folder, replace=True) as tmp:
+    with atomic_folder(folder) as tmp:  # (nodes racing on a shared file system: the first one's stays, read)
         np.save(tmp / "index.npy", index.astype(np.int64, copy=False))
         np.save(tmp / "label.npy", label)
         for s in SPLITS:
