@@ -100,6 +100,10 @@ def test_a_typed_run_and_a_user_models_run_predict_as_they_evaluated(tmp_path, m
                                            r"node classifier's embedding is its last hidden layer's output. HINT: build "
                                            r"the model on torch_geometric.nn.models.basic_gnn.BasicGNN"):
         predict_here(mine, "--embeddings", "trust=true")
+    from hpcgnn.submit.predict import compose_prediction
+
+    with pytest.raises(PredictError, match=r"my_gnn.ResidualSAGE cannot be run layer by layer .*HINT: mode=sampled"):
+        compose_prediction([str(mine), "mode=full", "trust=true"])  # (at submit: no job started to find it out)
 
 
 def test_a_prediction_job_starts_no_sampler_servers_of_its_run(node_run, tmp_path):

@@ -123,9 +123,14 @@ def compose_prediction(argv: list[str]):
                         f"predict.trust={'true' if trusted else 'false'}",
                         f"hydra.run.dir={quoted(out)}",
                         *([f"predict.pairs={quoted(Path(o['pairs']).expanduser().resolve())}"] if "pairs" in o else [])])
-    from hpcgnn.rank.predict import check_request, same_graph
+    from hpcgnn.rank.predict import check_request, inference_mode, same_graph
 
     check_request(composed.cfg, record)
+    p = composed.cfg.predict
+    if p.mode != "sampled" or p.what != "predictions":  # exact, where the model can run layer by layer: known here
+        from hpcgnn.models.saved import rebuild
+
+        inference_mode(composed.cfg, rebuild(record))
     same_graph(record, composed.cfg, dataset_changes(run, composed.cfg))
     return composed
 
