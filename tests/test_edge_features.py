@@ -44,13 +44,19 @@ def expected_features(arrays: dict, undirected: bool) -> dict:
 
 
 @pytest.mark.parametrize("undirected", [False, True])
-def test_a_folders_edge_features_follow_its_edges_into_the_prepared_csr(tmp_path, monkeypatch, undirected):
+def test_a_folders_edge_features_follow_its_edges_into_the_prepared_csr(tmp_path, monkeypatch, caplog, undirected):
+    import logging
+
     arrays = write_edge_folder(tmp_path / "g")
     monkeypatch.setattr(ooc, "MIN_BUCKET_EDGES", 50)  # several buckets
     cfg = DatasetConfig(name="files", path=str(tmp_path / "g"), root=str(tmp_path / "root"), to_undirected=undirected,
                         prepare_mem_gb=1e-6)
-    prepare(cfg)
+    with caplog.at_level(logging.INFO, logger="hpcgnn.data.graph"):
+        prepare(cfg)
     g, whole = open_graph(cfg), build_graph(cfg)
+    given = 400 * (2 if undirected else 1)  # (the log says how many repeats were merged: a multigraph's are)
+    assert (f"dataset=files: {given - g.num_edges} of its {given} edges repeat a (source, target) pair given before, "
+            "each merged into the first") in caplog.text
     assert g.edge_dim == 3 and torch.equal(g.edge_attr, whole.edge_attr)  # streamed = in memory
     ei = g.edge_index()
     want = expected_features(arrays, undirected)

@@ -336,6 +336,39 @@ def test_targets_prepared_by_two_nodes_at_once_keep_the_first_ones_folder(tmp_pa
     assert edges.open_targets(cfg).count == 800 and not list(folder.parent.glob(".edge-targets-*"))
 
 
+def transactions():
+    """A multigraph: 400 transactions among 60 accounts (pairs repeat), each with its own features and label."""
+    from torch_geometric.data import Data
+
+    g = torch.Generator().manual_seed(0)
+    ei = torch.randint(0, 60, (2, 400), generator=g)
+    attr = torch.randn(400, 3, generator=g)
+    return Data(x=torch.randn(60, 4, generator=g), edge_index=ei, edge_attr=attr, edge_label=(attr[:, 0] > 0).long())
+
+
+def test_a_multigraphs_merged_edges_and_the_targets_that_share_one_are_said(tmp_path, caplog):
+    """Parallel edges are one edge of the prepared graph (its first features): the log says how many were merged, and
+    how many targets read another's features through a shared pair's edge."""
+    import logging
+
+    from hpcgnn.data import prepare
+    from hpcgnn.data.edges import prepare_targets
+
+    ei = transactions().edge_index
+    repeats = 400 - torch.unique(ei[0] * 60 + ei[1]).numel()
+    assert repeats > 0
+    cfg = make_config("task=edge", "dataset=pyg", "dataset._target_=test_edge_tasks.transactions",
+                      f"dataset.root={tmp_path}").dataset
+    with caplog.at_level(logging.INFO, logger="hpcgnn.data"):
+        prepare(cfg)
+        prepare_targets(cfg)
+    assert (f"dataset=pyg: {repeats} of its 400 edges repeat a (source, target) pair given before, each merged into "
+            f"the first (the graph holds one edge per pair, with the first one's features") in caplog.text
+    assert (f"edge targets of pyg: {repeats} of the 400 repeat an earlier target's (source, target) pair: the graph "
+            "holds one edge per pair, so a decoder reading a target's own edge features (concat) reads the first "
+            "given's for each") in caplog.text
+
+
 def rated_graph_given():
     return rated_graph(given=True)
 

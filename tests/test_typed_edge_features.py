@@ -67,14 +67,26 @@ def expected(edges: dict) -> dict:
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_each_relations_edge_features_follow_its_edges_into_the_prepared_csr(tmp_path, monkeypatch, dtype):
+def test_each_relations_edge_features_follow_its_edges_into_the_prepared_csr(tmp_path, monkeypatch, caplog, dtype):
     """Streamed out of core (several buckets) the arrays the in-memory build makes; every stored edge's features are
-    its pair's (a reverse's its edge's, a duplicate's the first given), in the stored dtype."""
+    its pair's (a reverse's its edge's, a duplicate's the first given, the log counting the given relations' merged
+    repeats), in the stored dtype."""
+    import logging
+
     edges = write_rated(tmp_path / "g", users=60, items=80, follows=300)
     monkeypatch.setattr(ooc, "MIN_BUCKET_EDGES", 100)
     cfg = DatasetConfig(name="files", path=str(tmp_path / "g"), root=str(tmp_path / "root"), prepare_mem_gb=1e-6,
                         feature_dtype=dtype)
-    prepare(cfg)
+    with caplog.at_level(logging.INFO, logger="hpcgnn.data.graph"):
+        prepare(cfg)
+    for rel, arrays in edges.items():  # (follows, inside one type: its reverses go into it too)
+        src, dst = arrays["edge_index"]
+        if rel == FOLLOWS:
+            src, dst = np.concatenate([src, dst]), np.concatenate([dst, src])
+        repeats = src.size - np.unique(src * 1000 + dst).size
+        said = (f"dataset=files: {repeats} of its {src.size} edges of {'__'.join(rel)}"
+                f"{' (given, and their reverses)' if rel == FOLLOWS else ''} repeat a (source, target) pair")
+        assert (said in caplog.text) == (repeats > 0), (rel, repeats, caplog.text)
     g, whole = open_typed(cfg), TYPED_LOADERS["files"](cfg, False)
     assert g.schema.edge_dims == {"user__follows__user": 2, "user__rates__item": 4, "item__rev_rates__user": 4}
     assert g.schema.edge_dims == whole.schema.edge_dims

@@ -153,6 +153,12 @@ def prepare_targets(cfg: DatasetConfig) -> Path:
         (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
     log.info("edge targets of %s: %d (%s train/val/test) into %s", cfg.name, index.shape[1],
              "/".join(str(len(splits[s])) for s in SPLITS), folder)
+    featured = graph.edge_dim > 0 if relation is None else relation in (graph.edge_attr or {})
+    repeats = index.shape[1] - np.unique(index[0].astype(np.int64) * sizes[1] + index[1]).size
+    if featured and repeats:  # (a multigraph's parallel edges: one edge of the graph, the first one's features)
+        log.info("edge targets of %s: %d of the %d repeat an earlier target's (source, target) pair: the graph holds "
+                 "one edge per pair, so a decoder reading a target's own edge features (concat) reads the first "
+                 "given's for each", cfg.name, repeats, index.shape[1])
     return folder
 
 

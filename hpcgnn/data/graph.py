@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+
+from hpcgnn import datasets
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -104,6 +109,16 @@ def csr_of_pairs(edge_index: Tensor, num_src: int, num_dst: int,
     rowptr = torch.zeros(num_dst + 1, dtype=torch.long)
     rowptr[1:] = torch.cumsum(torch.bincount(dst, minlength=num_dst), 0)
     return rowptr, src.contiguous(), edge_attr
+
+
+def report_merged(cfg, given: int, kept: int, what: str = "edges") -> None:
+    """Says so where edges given repeat a (source, target) pair given before: the prepared graph holds one edge per
+    pair (its features, where it has some, the first given's), so a multigraph's parallel edges are one edge in
+    message passing. A generated graph's repeats (the synthetic ones') are its own, and go unsaid."""
+    if given > kept and datasets.spec(cfg.name).source != "synthetic":
+        log.info("dataset=%s: %d of its %d %s repeat a (source, target) pair given before, each merged into the first "
+                 "(the graph holds one edge per pair, with the first one's features where edges have some)",
+                 cfg.name, given - kept, given, what)
 
 
 HasEdge = Callable[[Tensor, Tensor], Tensor]  # (src, dst) -> bool: is src -> dst an edge of the graph

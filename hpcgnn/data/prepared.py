@@ -28,6 +28,7 @@ from hpcgnn.data.files import (
     read_shapes,
     stream_files,
 )
+from hpcgnn.data.graph import report_merged
 from hpcgnn.data.link import SPLITS, LinkData, link_arrays, link_meta, split_rows
 from hpcgnn.data.ogb import (
     DatasetMissing,
@@ -153,6 +154,10 @@ def _stream_typed(cfg: DatasetConfig, src: TypedSource, tmp: Path, source: dict,
                          relations_too=relations_too, edge_attr=src.edge_attr)
     y, *splits = src.feed(writer)
     num_edges, rule, arrays = writer.close(src.feature_from, cfg.feature_dtype)
+    for key, merged in writer.merged.items():
+        rel = tuple(key.split("__"))
+        given, undirected = writer.buckets[rel].added, src.reverse and rel[0] == rel[2]
+        report_merged(cfg, given, given - merged, f"edges of {key}{' (given, and their reverses)' if undirected else ''}")
     t0 = writer.off[src.target]
     y_all = view_labels(y, total)  # (the other types' nodes: no label)
     y_all[t0:t0 + sizes[src.target]] = y
@@ -237,6 +242,7 @@ def _stream_graph(cfg: DatasetConfig, tmp: Path, n: int, num_features: int, edge
         num_classes = cfg.num_classes
     features.close()
     num_edges = buckets.write_csr(tmp)
+    report_merged(cfg, buckets.added, num_edges)
     interleaved = shapes is not None and getattr(shapes, "inverse", False)  # (ogb's reverses: 2i + 1)
     edge_dim = cache.write_edge_features(tmp, edge_attr, cfg.feature_dtype, interleaved) if edge_attr is not None \
         else 0

@@ -35,7 +35,7 @@ import torch
 
 from hpcgnn.checks import locate
 from hpcgnn.config import DatasetConfig
-from hpcgnn.data.graph import Graph
+from hpcgnn.data.graph import Graph, report_merged
 from hpcgnn.data.typed import Relation, TypedGraph, TypedSource, expand_relations
 from hpcgnn.errors import DatasetError
 from hpcgnn.rng import rng_state, set_rng_state
@@ -161,7 +161,9 @@ def load_pyg(cfg: DatasetConfig, allow_download: bool = False) -> Graph:
         edge_index = torch.cat([edge_index, edge_index.flip(0)], dim=1)
         edges = torch.cat([edges, edges]) if edges is not None else None
     train, val, test = [torch.zeros(0, dtype=torch.long)] * 3 if unlabelled else _splits(cfg, data, n)
-    return Graph.from_edge_index(edge_index, n, x.float(), y, train, val, test, num_classes=classes, edge_attr=edges)
+    graph = Graph.from_edge_index(edge_index, n, x.float(), y, train, val, test, num_classes=classes, edge_attr=edges)
+    report_merged(cfg, edge_index.size(1), graph.num_edges)
+    return graph
 
 
 def _edge_features(cfg: DatasetConfig, data, rel=None) -> torch.Tensor | None:
