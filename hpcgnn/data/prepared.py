@@ -51,6 +51,7 @@ from hpcgnn.data.typed import (
     TypedSchema,
     TypedSource,
     TypedWriter,
+    relation_key,
     view_labels,
 )
 from hpcgnn.errors import DatasetError
@@ -154,10 +155,10 @@ def _stream_typed(cfg: DatasetConfig, src: TypedSource, tmp: Path, source: dict,
                          relations_too=relations_too, edge_attr=src.edge_attr)
     y, *splits = src.feed(writer)
     num_edges, rule, arrays = writer.close(src.feature_from, cfg.feature_dtype)
-    for key, merged in writer.merged.items():
-        rel = tuple(key.split("__"))
+    for rel, merged in writer.merged.items():  # (inside one type, a relation holds its reverses too)
         given, undirected = writer.buckets[rel].added, src.reverse and rel[0] == rel[2]
-        report_merged(cfg, given, given - merged, f"edges of {key}{' (given, and their reverses)' if undirected else ''}")
+        report_merged(cfg, given, given - merged,
+                      f"edges of {relation_key(rel)}{' (given, and their reverses)' if undirected else ''}")
     t0 = writer.off[src.target]
     y_all = view_labels(y, total)  # (the other types' nodes: no label)
     y_all[t0:t0 + sizes[src.target]] = y
