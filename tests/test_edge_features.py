@@ -216,6 +216,15 @@ def test_edge_features_reach_the_models_that_read_them(run, tmp_path, monkeypatc
     assert (unread in caplog.text) == (bar < 0), caplog.text[-2000:]
     if bar > 0:
         assert predict_here(tmp_path / "run", "mode=sampled", "trust=true")["value"] == acc
+    if run == "user GINE":  # exported with the arguments it was built with, edge_dim filled in: loads without hpcgnn
+        import importlib
+
+        from hpcgnn.models.saved import export
+
+        rec = torch.load(export(tmp_path / "run", trusted=True), weights_only=True)
+        assert rec["class"] == "my_gnn.EdgeGINE" and rec["kwargs"]["edge_dim"] == 8
+        module, _, name = rec["class"].rpartition(".")
+        getattr(importlib.import_module(module), name)(**rec["kwargs"]).load_state_dict(rec["state_dict"])
     if run == "gat edge_dim":  # (a PyG basic GNN: exact layer by layer; the user's GINE is not one)
         assert abs(predict_here(tmp_path / "run", "mode=full")["value"] - acc) <= 0.03
 

@@ -245,7 +245,7 @@ def plain(record: dict) -> dict:
         from hpcgnn.models.custom import CSR_CLASSES, arguments, model_class
 
         cls = model_class(cfg)
-        kwargs = arguments(cfg, cls, inp, out, layers)
+        kwargs = arguments(cfg, cls, inp, out, layers, record.get("edge_dim") or None)  # (as built: its edge_dim)
         name = cfg._target_
         if cls.__module__.startswith("torch_geometric.") and cls.__name__ in CSR_CLASSES:
             name = f"torch_geometric.nn.models.{cls.__name__}"
