@@ -346,27 +346,41 @@ def transactions():
     return Data(x=torch.randn(60, 4, generator=g), edge_index=ei, edge_attr=attr, edge_label=(attr[:, 0] > 0).long())
 
 
-def test_a_multigraphs_merged_edges_and_the_targets_that_share_one_are_said(tmp_path, caplog):
-    """Parallel edges are one edge of the prepared graph (its first features): the log says how many were merged, and
-    how many targets read another's features through a shared pair's edge."""
+def test_a_multigraphs_targets_each_read_their_own_edge_features(tmp_path, caplog):
+    """Parallel edges are one edge of the prepared graph (its first features; the log says how many were merged).
+    Targets that are the graph's edges keep their own features apart where pairs repeat: each target's batch row
+    (sampled, and exact evaluation's) holds its own, not its pair's first edge's."""
     import logging
 
     from hpcgnn.data import prepare
-    from hpcgnn.data.edges import prepare_targets
+    from hpcgnn.data.edges import open_targets, prepare_targets
+    from hpcgnn.env import RankEnv
+    from hpcgnn.stores import ReplicatedStore
 
-    ei = transactions().edge_index
+    data = transactions()
+    ei, attr = data.edge_index, data.edge_attr
     repeats = 400 - torch.unique(ei[0] * 60 + ei[1]).numel()
     assert repeats > 0
-    cfg = make_config("task=edge", "dataset=pyg", "dataset._target_=test_edge_tasks.transactions",
-                      f"dataset.root={tmp_path}").dataset
+    over = ["task=edge", "dataset=pyg", "dataset._target_=test_edge_tasks.transactions", f"dataset.root={tmp_path}"]
+    cfg = make_config(*over).dataset
     with caplog.at_level(logging.INFO, logger="hpcgnn.data"):
         prepare(cfg)
         prepare_targets(cfg)
     assert (f"dataset=pyg: {repeats} of its 400 edges repeat a (source, target) pair given before, each merged into "
             f"the first (the graph holds one edge per pair, with the first one's features") in caplog.text
-    assert (f"edge targets of pyg: {repeats} of the 400 repeat an earlier target's (source, target) pair: the graph "
-            "holds one edge per pair, so a decoder reading a target's own edge features (concat) reads the first "
-            "given's for each") in caplog.text
+    assert (f"edge targets of pyg: {repeats} of the 400 repeat an earlier target's (source, target) pair, which the "
+            "graph holds as one edge; each target's own edge features are kept with the targets") in caplog.text
+    assert torch.equal(open_targets(cfg).own, attr)
+    store = ReplicatedStore(make_config(*over, "train.precision=fp32"), RankEnv.from_environ({}))
+    items = torch.arange(400)
+    out = store.train_sampler.sample(items, torch.Generator().manual_seed(0))
+    assert torch.equal(out.targets["edge_label_attr"], attr) and "edge_label_e_id" not in out.targets
+    assert torch.equal(store.pair_features(items), attr)  # (exact evaluation's)
+    first = {}
+    for i, pair in enumerate(ei.T.tolist()):
+        first.setdefault(tuple(pair), i)
+    parallel = [i for i, pair in enumerate(ei.T.tolist()) if first[tuple(pair)] != i]
+    assert not torch.equal(attr[parallel], attr[[first[tuple(ei[:, i].tolist())] for i in parallel]])
 
 
 def rated_graph_given():

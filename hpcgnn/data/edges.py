@@ -54,7 +54,7 @@ from hpcgnn.labels import SPLITS, profile, stored
 
 log = logging.getLogger(__name__)
 
-TARGETS_VERSION = 2  # in the key: how the targets are drawn (synthetic) and stored
+TARGETS_VERSION = 3  # in the key: how the targets are drawn (synthetic) and stored (3: own.npy)
 SYNTHETIC_FRACTION = 0.1  # of a synthetic graph's edge pairs, drawn as targets
 SOURCES = ("synthetic", "files", "pyg", "pyg_hetero")  # the datasets whose edges can carry targets (task=edge)
 
@@ -70,6 +70,13 @@ class EdgeTargets:
     place: Tensor  # int64 [M]: the pair's edge's place among its target node's in-edges (-1: no edge)
     reverse: Tensor  # bool [M]: the reverse pair is an edge of the graph
     relation: tuple[str, str, str] | None = None  # a typed graph's: the relation whose edges the targets are
+    own: Tensor | None = None  # float32 [M, D]: each target's own edge features, where the targets are edges given
+    # with features and some repeat a pair (the graph holds one edge per pair, with its first's); None: the graph's
+
+    def own_features(self, items: Tensor) -> Tensor | None:
+        """Targets ``items``' own edge features (float32), where they are kept apart from the graph's (``own``);
+        None where a target's are its pair's edge's in the graph."""
+        return None if self.own is None else self.own.index_select(0, items)
 
     @property
     def count(self) -> int:
@@ -121,11 +128,11 @@ def prepare_targets(cfg: DatasetConfig) -> Path:
     relation = None
     if is_typed(cfg):  # a typed folder: one relation's edges
         graph = open_typed(cfg)
-        index, label, splits, relation = (_typed_files if cfg.name == "files" else _typed_pyg)(cfg, graph)
+        index, label, splits, relation, own = (_typed_files if cfg.name == "files" else _typed_pyg)(cfg, graph)
         sizes = (graph.num_nodes[relation[0]], graph.num_nodes[relation[2]])
     else:
         graph = open_graph(cfg)
-        index, label, splits = {"synthetic": _synthetic, "files": _files, "pyg": _pyg}[cfg.name](cfg, graph)
+        index, label, splits, own = {"synthetic": _synthetic, "files": _files, "pyg": _pyg}[cfg.name](cfg, graph)
         sizes = (graph.num_nodes, graph.num_nodes)
     where = where_targets(cfg)
     if relation is None:
@@ -139,6 +146,9 @@ def prepare_targets(cfg: DatasetConfig) -> Path:
         raise DatasetError(f"{where}: {label.shape[0]} labels for {index.shape[1]} target edges "
                            "(edge_label_index): one row per target edge")
     splits = {s: _check_split(np.asarray(splits[s]), index.shape[1], f"{where} ({s} split)") for s in SPLITS}
+    rows = graph.edge_attr if relation is None else (graph.edge_attr or {}).get(relation)  # (the graph's, if any)
+    repeats = index.shape[1] - np.unique(index[0].astype(np.int64) * sizes[1] + index[1]).size
+    own = _kept_apart(own, rows, repeats)
     with atomic_folder(folder) as tmp:  # (nodes racing on a shared file system: the first one's stays, read)
         np.save(tmp / "index.npy", index.astype(np.int64, copy=False))
         np.save(tmp / "label.npy", label)
@@ -148,18 +158,29 @@ def prepare_targets(cfg: DatasetConfig) -> Path:
             typed_target_edges_in(graph, relation, index)
         np.save(tmp / "place.npy", place)
         np.save(tmp / "reverse.npy", reverse)
+        if own is not None:
+            np.save(tmp / "own.npy", own)
         meta = {"count": int(index.shape[1]), "labels": profile(label, splits),
-                "relation": list(relation) if relation else None}
+                "relation": list(relation) if relation else None, "own": own is not None}
         (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
     log.info("edge targets of %s: %d (%s train/val/test) into %s", cfg.name, index.shape[1],
              "/".join(str(len(splits[s])) for s in SPLITS), folder)
-    featured = graph.edge_dim > 0 if relation is None else relation in (graph.edge_attr or {})
-    repeats = index.shape[1] - np.unique(index[0].astype(np.int64) * sizes[1] + index[1]).size
-    if featured and repeats:  # (a multigraph's parallel edges: one edge of the graph, the first one's features)
-        log.info("edge targets of %s: %d of the %d repeat an earlier target's (source, target) pair: the graph holds "
-                 "one edge per pair, so a decoder reading a target's own edge features (concat) reads the first "
-                 "given's for each", cfg.name, repeats, index.shape[1])
+    if rows is not None and repeats:  # (a multigraph's parallel edges: one edge of the graph, the first's features)
+        log.info("edge targets of %s: %d of the %d repeat an earlier target's (source, target) pair, which the graph "
+                 "holds as one edge; %s", cfg.name, repeats, index.shape[1],
+                 "each target's own edge features are kept with the targets, for a decoder that reads them" if own
+                 is not None else "a decoder reading a target's own edge features (concat) reads that edge's, the "
+                 "first given's, for each (targets given as pairs, edge_label_index, have none of their own)")
     return folder
+
+
+def _kept_apart(own: np.ndarray | None, stored: Tensor | None, repeats: int) -> np.ndarray | None:
+    """The targets' own edge features to keep beside them (float32, rounded through the graph's stored dtype: the
+    same floats a target reads from its edge in the graph), where the targets are edges given with features and
+    some repeat a pair (parallel edges, one edge in the graph); else None (each target's are its edge's)."""
+    if own is None or stored is None or not repeats:
+        return None
+    return torch.from_numpy(np.ascontiguousarray(own, dtype=np.float32)).to(stored.dtype).float().numpy()
 
 
 def open_targets(cfg: DatasetConfig) -> EdgeTargets:
@@ -172,7 +193,8 @@ def open_targets(cfg: DatasetConfig) -> EdgeTargets:
 
     relation = meta.get("relation")
     return EdgeTargets(load("index"), load("label"), {s: load(f"{s}_idx") for s in SPLITS}, meta["labels"],
-                       load("place"), load("reverse"), tuple(relation) if relation else None)
+                       load("place"), load("reverse"), tuple(relation) if relation else None,
+                       load("own") if meta.get("own") else None)
 
 
 def read_pairs(path: str | None, sizes: tuple[int, int], relation=None) -> np.ndarray:
@@ -309,10 +331,10 @@ def _synthetic(cfg: DatasetConfig, graph) -> tuple[np.ndarray, np.ndarray, dict]
     src, dst = src[pick].numpy(), dst[pick].numpy()
     y = graph.y.numpy()
     label = (y[src] == y[dst]).astype(np.int64)
-    return np.stack([src, dst]), label, seeded_split(src, dst, n, cfg)
+    return np.stack([src, dst]), label, seeded_split(src, dst, n, cfg), None
 
 
-def _files(cfg: DatasetConfig, graph) -> tuple[np.ndarray, np.ndarray, dict]:
+def _files(cfg: DatasetConfig, graph) -> tuple[np.ndarray, np.ndarray, dict, None]:
     from hpcgnn.data.files import DatasetFileError, _read, files_folder
 
     folder = files_folder(cfg)
@@ -323,7 +345,7 @@ def _files(cfg: DatasetConfig, graph) -> tuple[np.ndarray, np.ndarray, dict]:
         raise DatasetFileError(f"{exc} (task=edge reads its targets from edge_label_index [2, M] and edge_label [M] "
                                "or [M, C])") from None
     index = _index_array(index, f"{folder}/edge_label_index")
-    return index, np.asarray(label), _folder_splits(cfg, folder, index, graph.num_nodes)
+    return index, np.asarray(label), _folder_splits(cfg, folder, index, graph.num_nodes), None  # (pairs: no own)
 
 
 def _folder_splits(cfg: DatasetConfig, folder, index: np.ndarray, num_nodes: int) -> dict[str, np.ndarray]:
@@ -342,33 +364,40 @@ def _folder_splits(cfg: DatasetConfig, folder, index: np.ndarray, num_nodes: int
     return seeded_split(index[0], index[1], num_nodes, cfg)
 
 
-def _typed_files(cfg: DatasetConfig, graph) -> tuple[np.ndarray, np.ndarray, dict, tuple[str, str, str]]:
-    """A typed folder's targets: the edges of its one relation whose folder holds ``edge_label``."""
-    from hpcgnn.data.files import _read, files_folder, labelled_relation
+def _typed_files(cfg: DatasetConfig, graph) -> tuple[np.ndarray, np.ndarray, dict, tuple[str, str, str],
+                                                      np.ndarray | None]:
+    """A typed folder's targets: the edges of its one relation whose folder holds ``edge_label`` (and their own
+    features, where the relation's edges have some)."""
+    from hpcgnn.data.files import _read, files_folder, has_edge_features, labelled_relation
 
     edges_dir = files_folder(cfg) / "edges"
     rel = labelled_relation(edges_dir, sorted(p.name for p in edges_dir.iterdir() if p.is_dir()))
     folder = edges_dir / "__".join(rel)
     index = _index_array(_read(folder, "edge_index")[1], f"{folder}/edge_index")
     label = np.asarray(_read(folder, "edge_label")[1])
-    return index, label, _folder_splits(cfg, folder, index, max(graph.num_nodes[rel[0]], graph.num_nodes[rel[2]])), rel
+    own = _read(folder, "edge_attr", mmap=True)[1] if has_edge_features(folder) else None
+    n = max(graph.num_nodes[rel[0]], graph.num_nodes[rel[2]])
+    return index, label, _folder_splits(cfg, folder, index, n), rel, own
 
 
-def _typed_pyg(cfg: DatasetConfig, graph) -> tuple[np.ndarray, np.ndarray, dict, tuple[str, str, str]]:
+def _typed_pyg(cfg: DatasetConfig, graph) -> tuple[np.ndarray, np.ndarray, dict, tuple[str, str, str],
+                                                    np.ndarray | None]:
     """A ``HeteroData``'s targets: its one relation with ``edge_label`` (:func:`_pyg` on that relation's store)."""
     from hpcgnn.data.pyg import labelled_relation, pyg_data
 
     data = pyg_data(cfg)
     rel = labelled_relation(cfg, data)
     n = max(graph.num_nodes[rel[0]], graph.num_nodes[rel[2]])
-    return (*_pyg(cfg, graph, data[rel], f"dataset=pyg_hetero ({cfg._target_}, {'__'.join(rel)})", n), rel)
+    index, label, splits, own = _pyg(cfg, graph, data[rel], f"dataset=pyg_hetero ({cfg._target_}, {'__'.join(rel)})", n)
+    return index, label, splits, rel, own
 
 
 def _pyg(cfg: DatasetConfig, graph, data=None, where: str | None = None,
-         num_nodes: int | None = None) -> tuple[np.ndarray, np.ndarray, dict]:
+         num_nodes: int | None = None) -> tuple[np.ndarray, np.ndarray, dict, np.ndarray | None]:
     """A ``Data``'s targets (``data``: a store of one, a ``HeteroData`` relation's; ``num_nodes``: what the
-    seeded split hashes pairs by)."""
-    from hpcgnn.data.pyg import pyg_data
+    seeded split hashes pairs by), and their own edge features where they are its edges (``edge_label`` one per
+    edge of ``edge_index``, which has ``edge_attr``)."""
+    from hpcgnn.data.pyg import edge_features, pyg_data
 
     data = pyg_data(cfg) if data is None else data
     where = where or f"dataset=pyg ({cfg._target_})"
@@ -377,6 +406,7 @@ def _pyg(cfg: DatasetConfig, graph, data=None, where: str | None = None,
         raise DatasetError(f"{where}: task=edge needs data.edge_label (with data.edge_label_index, or one per edge of "
                            "data.edge_index). HINT: a Data with edge labels, or task=node / task=link")
     index = getattr(data, "edge_label_index", None)
+    own = edge_features(cfg, data) if index is None else None  # (its edges: their own features, if any)
     index = _index_array((index if index is not None else data.edge_index).numpy(), f"{where}: edge_label_index")
     splits = {}
     for s in SPLITS:
@@ -391,7 +421,7 @@ def _pyg(cfg: DatasetConfig, graph, data=None, where: str | None = None,
                            "edge_test_mask, or edge_*_idx) or none (a seeded split by dataset.edge_split)")
     if not splits:
         splits = seeded_split(index[0], index[1], graph.num_nodes if num_nodes is None else num_nodes, cfg)
-    return index, label.numpy(), splits
+    return index, label.numpy(), splits, None if own is None else own.numpy()
 
 
 def _index_array(index: np.ndarray, where: str) -> np.ndarray:

@@ -156,7 +156,7 @@ def load_pyg(cfg: DatasetConfig, allow_download: bool = False) -> Graph:
         y, classes = torch.full((n,), -1, dtype=torch.long), 0
     else:
         y, classes = _labels(cfg, data)
-    edge_index, edges = data.edge_index, _edge_features(cfg, data)
+    edge_index, edges = data.edge_index, edge_features(cfg, data)
     if cfg.to_undirected:
         edge_index = torch.cat([edge_index, edge_index.flip(0)], dim=1)
         edges = torch.cat([edges, edges]) if edges is not None else None
@@ -166,7 +166,7 @@ def load_pyg(cfg: DatasetConfig, allow_download: bool = False) -> Graph:
     return graph
 
 
-def _edge_features(cfg: DatasetConfig, data, rel=None) -> torch.Tensor | None:
+def edge_features(cfg: DatasetConfig, data, rel=None) -> torch.Tensor | None:
     """``data.edge_attr`` (``rel``: a HeteroData relation's) as [E, D] floats (a vector of one per edge: D = 1),
     checked; None where it has none."""
     store = data if rel is None else data[rel]
@@ -242,7 +242,7 @@ def _typed_parts(cfg: DatasetConfig, data) -> dict:
         y, classes = _labels(cfg, data[target])
         splits = _splits(cfg, data[target], data[target].num_nodes)
     edges = {tuple(rel): data[rel].edge_index.long() for rel in data.edge_types}
-    features = {tuple(rel): _edge_features(cfg, data, rel) for rel in data.edge_types}
+    features = {tuple(rel): edge_features(cfg, data, rel) for rel in data.edge_types}
     relations = list(edges)
     stored = expand_relations(relations, cfg.to_undirected)
     rules = _feature_rules(data, stored)

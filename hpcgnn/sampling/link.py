@@ -133,7 +133,8 @@ class EdgeTargetSampler:
     ``edge_label_index`` [2, B] (local ids of the batch's seeds, its distinct ends) and their labels
     ``edge_label``; ``positives``: B, the step's targets. ``pair_ids(items)``: the targets' own edges' ids where
     their features are (-1: a pair that is no edge), where the decoder reads them: then ``edge_label_e_id`` [B]
-    (the loader gathers them)."""
+    (the loader gathers them), or, where the targets keep their own apart (``targets.own``: parallel edges, one
+    in the graph), ``edge_label_attr`` [B, D] itself."""
 
     def __init__(self, node_sampler, targets, drop_targets: bool = True,
                  pair_ids: Callable[[Tensor], Tensor] | None = None):
@@ -158,8 +159,12 @@ class EdgeTargetSampler:
             out = _without_targets(out, torch.stack([s, d]), absent)
         targets = {"edge_label_index": torch.stack([s, d]), "edge_label": t.label.index_select(0, items),
                    "positives": items.numel()}
-        if self.pair_ids is not None:
-            targets["edge_label_e_id"] = self.pair_ids(items)
+        if self.pair_ids is not None:  # the decoder reads the targets' own features: kept apart, or their edges'
+            own = t.own_features(items)
+            if own is not None:
+                targets["edge_label_attr"] = own
+            else:
+                targets["edge_label_e_id"] = self.pair_ids(items)
         return replace(out, targets=targets)
 
 

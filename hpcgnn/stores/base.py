@@ -206,8 +206,10 @@ class Store(abc.ABC):
 
     def pair_features(self, items: Tensor) -> Tensor:
         """Targets' own edge features (float32; zeros for a pair that is no edge of the graph), for a decoder that
-        reads them; on a partitioned graph a collective (every rank calls it as often, with no items or some)."""
-        return target_edge_features(self.edge_rows, self.pair_ids(items))
+        reads them; on a partitioned graph a collective (every rank calls it as often, with no items or some), unless
+        the targets keep their own apart (``targets.own``: then every rank reads them there)."""
+        own = self.targets.own_features(items)
+        return own if own is not None else target_edge_features(self.edge_rows, self.pair_ids(items))
 
     # ------------------------------------------------------------------ exact outputs
 

@@ -42,6 +42,9 @@ def typed_edge_target_sampler(cfg: RunConfig, sampler, g, targets, pair_features
     rel = targets.relation
 
     def own_features(items: torch.Tensor) -> torch.Tensor:  # (their edges' rows: the target node's row start + place)
+        own = targets.own_features(items)  # (kept apart: parallel edges, one in the graph)
+        if own is not None:
+            return own
         ids = targets.edge_ids(items, lambda nodes: g.rowptr[rel].index_select(0, nodes if row_of is None else
                                                                                  row_of(nodes)))
         rows = gather_rows(g.edge_attr[rel], ids.clamp(min=0), dtype=torch.float32)
