@@ -196,6 +196,12 @@ def test_an_edge_regression_learns_in_its_units_and_predict_gives_them_back(tmp_
     out = tmp_path / "run" / "predict" / "predictions-cand-best"
     assert p["run_dir"] == str(out) and np.array_equal(np.load(out / "ids.npy"), np.arange(test.size + 2))
     assert np.array_equal(np.load(out / "values.npy")[:-2], np.load(Path(exact["run_dir"]) / "values.npy"))
+    assert not list(out.glob(".pairs-*"))  # (the pairs found in the graph, once per node: gone with the job)
+    # another file into the same folder: its own pairs (the pairs found before are keyed by the file), reversed
+    np.save(tmp_path / "other.npy", np.concatenate([made["pairs"][:, ids].T, [[0, 1], [5, 5]]])[::-1].copy())
+    again = predict_here(tmp_path / "run", f"pairs={tmp_path / 'other.npy'}", "mode=full", f"out={out}")
+    assert again["rows"] == test.size + 2
+    assert np.array_equal(np.load(out / "values.npy")[2:][::-1], np.load(Path(exact["run_dir"]) / "values.npy"))
     model = hpcgnn.load_model(tmp_path / "run")
     assert isinstance(model, EdgeModel) and model.score(torch.zeros(3, 32), torch.zeros(3, 32)).shape == (3, 2)
 

@@ -180,7 +180,7 @@ def _kept_apart(own: np.ndarray | None, stored: Tensor | None, repeats: int) -> 
     some repeat a pair (parallel edges, one edge in the graph); else None (each target's are its edge's)."""
     if own is None or stored is None or not repeats:
         return None
-    return torch.from_numpy(np.ascontiguousarray(own, dtype=np.float32)).to(stored.dtype).float().numpy()
+    return torch.from_numpy(np.array(own, dtype=np.float32)).to(stored.dtype).float().numpy()  # (a copy: writable)
 
 
 def open_targets(cfg: DatasetConfig) -> EdgeTargets:
@@ -224,25 +224,48 @@ def read_pairs(path: str | None, sizes: tuple[int, int], relation=None) -> np.nd
     return pairs
 
 
-def pairs_as_targets(cfg: DatasetConfig, targets: EdgeTargets, path: str) -> EdgeTargets:
+def pairs_as_targets(targets: EdgeTargets, folder: Path) -> EdgeTargets:
     """The node pairs of a file (``predict.pairs``: an edge model's prediction of them) as an edge task's targets, in
     the place of the prepared ``targets``: of their relation (a typed graph's: each end in its type's own ids), each
     pair's own edge found in the graph as theirs are (its features for a decoder that reads them; left out of its
     batch's message passing as a target's is), their labels unknown (-1, or NaN: the targets' kind and width, no
-    memory), and every split all of them (read as ``all``)."""
-    from hpcgnn.data.mapped import open_graph, open_typed
+    memory), and every split all of them (read as ``all``). Memory-mapped from ``folder`` (:func:`prepare_pairs`:
+    once per node, however many ranks read them)."""
+    def load(name: str) -> Tensor:
+        return torch.from_numpy(np.load(folder / f"{name}.npy", mmap_mode="c"))
 
+    index, every = load("index"), load("every")
+    like = targets.label
+    unknown = float("nan") if like.is_floating_point() else -1
+    label = torch.full((1, *like.shape[1:]), unknown, dtype=like.dtype).expand(index.size(1), *like.shape[1:])
+    return EdgeTargets(index, label, {s: every for s in SPLITS}, targets.labels, load("place"), load("reverse"),
+                       targets.relation)
+
+
+def prepare_pairs(cfg: DatasetConfig, targets: EdgeTargets, path: str, folder: Path) -> Path:
+    """The pairs of a file, as :func:`pairs_as_targets` reads them, written into ``folder`` unless they are there
+    (``index`` [2, P], each pair's ``place`` and ``reverse`` in the graph, ``every`` target id)."""
+    from hpcgnn.data.mapped import open_graph, open_typed
+    from hpcgnn.io import atomic_folder
+
+    if (folder / "meta.json").is_file():
+        return folder
     rel = targets.relation
     graph = open_graph(cfg) if rel is None else open_typed(cfg)
     sizes = (graph.num_nodes, graph.num_nodes) if rel is None else (graph.num_nodes[rel[0]], graph.num_nodes[rel[2]])
-    index = np.ascontiguousarray(read_pairs(path, sizes, rel), dtype=np.int64)
-    place, reverse = target_edges_in(graph, index) if rel is None else typed_target_edges_in(graph, rel, index)
-    like = targets.label
-    unknown = float("nan") if like.is_floating_point() else -1
-    label = torch.full((1, *like.shape[1:]), unknown, dtype=like.dtype).expand(index.shape[1], *like.shape[1:])
-    every = torch.arange(index.shape[1])
-    return EdgeTargets(torch.from_numpy(index), label, {s: every for s in SPLITS}, targets.labels,
-                       torch.from_numpy(place), torch.from_numpy(reverse), rel)
+    index = read_pairs(path, sizes, rel)
+    with atomic_folder(folder) as tmp:  # (the nodes of a job on a shared file system: the first one's stays)
+        out = np.lib.format.open_memmap(tmp / "index.npy", mode="w+", dtype=np.int64, shape=index.shape)
+        for a in range(0, index.shape[1], 1 << 22):  # (a chunk at a time: a file of [P, 2] is read across)
+            out[:, a:a + (1 << 22)] = index[:, a:a + (1 << 22)]
+        out.flush()
+        place, reverse = target_edges_in(graph, out) if rel is None else typed_target_edges_in(graph, rel, out)
+        del out
+        np.save(tmp / "place.npy", place)
+        np.save(tmp / "reverse.npy", reverse)
+        np.save(tmp / "every.npy", np.arange(index.shape[1], dtype=np.int64))
+        (tmp / "meta.json").write_text(json.dumps({"count": int(index.shape[1]), "pairs": str(path)}))
+    return folder
 
 
 def target_edges_in(graph, index: np.ndarray, chunk: int = 1 << 22) -> tuple[np.ndarray, np.ndarray]:

@@ -32,6 +32,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import shutil
 import socket
 import time
 from pathlib import Path
@@ -138,6 +139,10 @@ def predict(cfg: RunConfig, env: RankEnv, device: torch.device) -> dict:
         write_json(Path(cfg.run_dir) / "manifest.json", {k: v for k, v in summary.items() if k not in (
             "kind", "hostnames", "wall_time_s", "run_dir", "of")})
     dist.all_reduce_sum(torch.zeros(1))  # the files are there before any rank (and so the launcher) ends
+    if env.is_main and edges and p.pairs:  # (every rank is done with the pairs found in the graph)
+        from hpcgnn.stores.base import pairs_folder
+
+        shutil.rmtree(pairs_folder(cfg), ignore_errors=True)
     return summary
 
 

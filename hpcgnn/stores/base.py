@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import abc
 import logging
+from pathlib import Path
 
 import torch
 from torch import Tensor
@@ -317,15 +318,29 @@ def on_local_rank0(env: RankEnv, what: str, fn) -> None:
         raise AnotherRankFailed(f"rank {env.rank}: a node's local rank 0 failed to {what} (see its error)")
 
 
+def pairs_folder(cfg: RunConfig) -> Path:
+    """Where a prediction of the pairs of a file (``predict.pairs``) keeps them as targets, in its own folder (removed
+    at its end): named by the file's path, size and time, so that another file, or this one changed, is found
+    afresh."""
+    import hashlib
+
+    stat = Path(cfg.predict.pairs).stat()
+    key = hashlib.sha256(f"{Path(cfg.predict.pairs).resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()
+    return Path(cfg.run_dir) / f".pairs-{key[:12]}"
+
+
 def edge_targets(cfg: RunConfig, env: RankEnv):
     """An edge task's targets: those prepared beside the graph (by every node's local rank 0, unless they are), or,
     for a prediction of the pairs of a file (``predict.pairs``), those pairs in their place."""
-    from hpcgnn.data.edges import open_targets, pairs_as_targets, prepare_targets
+    from hpcgnn.data.edges import open_targets, pairs_as_targets, prepare_pairs, prepare_targets
 
     on_local_rank0(env, f"prepare the edge targets of {cfg.dataset.name}", lambda: prepare_targets(cfg.dataset))
     targets = open_targets(cfg.dataset)
-    if cfg.predict.model_file and cfg.predict.pairs:
-        return pairs_as_targets(cfg.dataset, targets, cfg.predict.pairs)
+    if cfg.predict.model_file and cfg.predict.pairs:  # (the prediction's own folder: found once per node, mapped)
+        folder, pairs = pairs_folder(cfg), cfg.predict.pairs
+        on_local_rank0(env, f"find the pairs of {pairs} in the graph",
+                       lambda: prepare_pairs(cfg.dataset, targets, pairs, folder))
+        return pairs_as_targets(targets, folder)
     return targets
 
 
