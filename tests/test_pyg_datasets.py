@@ -27,6 +27,13 @@ def masked_graph(num_nodes: int = 200) -> Data:
                 test_mask=test)
 
 
+def weighted_graph() -> Data:
+    """masked_graph's, its edges weighted (edge_weight, as PyG's GCNConv reads it)."""
+    data = masked_graph()
+    data.edge_weight = torch.rand(data.edge_index.size(1))
+    return data
+
+
 def typed_graph(papers: int = 60, labelled_authors: bool = False) -> HeteroData:
     """A typed callable of the test's own: papers (4 features, labels, masks), authors (2 features) who write them,
     fields (no features) the papers have; papers cite papers."""
@@ -91,6 +98,19 @@ def test_a_callable_of_ones_own_keeps_its_masks_and_a_class_without_gets_a_seede
     other = make_config(*FAKE[:2], "+dataset.kwargs={avg_num_nodes: 3000, num_channels: 8, num_classes: 4}").dataset
     assert cache_folder(other) != cache_folder(fake)  # another argument: prepared again
     assert cache_folder(make_config(*FAKE, "dataset.seed=1").dataset) != cache_folder(fake)
+
+
+def test_an_edge_weight_that_is_not_read_is_said(caplog):
+    """hpcgnn reads edges' features from edge_attr: a Data's edge_weight is said to go unread, with the line that
+    makes it one."""
+    import logging
+
+    with caplog.at_level(logging.INFO, logger="hpcgnn.data"):
+        g = build_graph(make_config("dataset=pyg", "dataset._target_=test_pyg_datasets.weighted_graph").dataset)
+    assert g.edge_attr is None
+    assert ("dataset=pyg: the edge_weight of test_pyg_datasets.weighted_graph is not read (hpcgnn reads edges' "
+            "features from edge_attr); data.edge_attr = data.edge_weight.view(-1, 1) gives them to a model that reads "
+            "edge features") in caplog.text
 
 
 def test_what_cannot_be_read_is_named():

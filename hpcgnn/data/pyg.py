@@ -30,6 +30,7 @@ relation's ``edge_attr`` is kept as its edges' features (a reverse has its edge'
 from __future__ import annotations
 
 import contextlib
+import logging
 
 import torch
 
@@ -39,6 +40,8 @@ from hpcgnn.data.graph import Graph, report_merged
 from hpcgnn.data.typed import Relation, TypedGraph, TypedSource, expand_relations
 from hpcgnn.errors import DatasetError
 from hpcgnn.rng import rng_state, set_rng_state
+
+log = logging.getLogger(__name__)
 
 
 def target_object(cfg: DatasetConfig):
@@ -157,6 +160,10 @@ def load_pyg(cfg: DatasetConfig, allow_download: bool = False) -> Graph:
     else:
         y, classes = _labels(cfg, data)
     edge_index, edges = data.edge_index, edge_features(cfg, data)
+    if getattr(data, "edge_weight", None) is not None:  # (PyG's GCN would read it: hpcgnn reads edge_attr alone)
+        log.info("dataset=pyg: the edge_weight of %s is not read (hpcgnn reads edges' features from edge_attr)%s",
+                 cfg._target_, "" if edges is not None else "; data.edge_attr = data.edge_weight.view(-1, 1) gives "
+                 "them to a model that reads edge features")
     if cfg.to_undirected:
         edge_index = torch.cat([edge_index, edge_index.flip(0)], dim=1)
         edges = torch.cat([edges, edges]) if edges is not None else None
