@@ -147,7 +147,7 @@ def prepare_targets(cfg: DatasetConfig) -> Path:
                            "(edge_label_index): one row per target edge")
     splits = {s: _check_split(np.asarray(splits[s]), index.shape[1], f"{where} ({s} split)") for s in SPLITS}
     rows = graph.edge_attr if relation is None else (graph.edge_attr or {}).get(relation)  # (the graph's, if any)
-    repeats = index.shape[1] - np.unique(index[0].astype(np.int64) * sizes[1] + index[1]).size
+    repeats = 0 if rows is None else index.shape[1] - np.unique(index[0].astype(np.int64) * sizes[1] + index[1]).size
     own = _kept_apart(own, rows, repeats)
     with atomic_folder(folder) as tmp:  # (nodes racing on a shared file system: the first one's stays, read)
         np.save(tmp / "index.npy", index.astype(np.int64, copy=False))
@@ -165,7 +165,7 @@ def prepare_targets(cfg: DatasetConfig) -> Path:
         (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
     log.info("edge targets of %s: %d (%s train/val/test) into %s", cfg.name, index.shape[1],
              "/".join(str(len(splits[s])) for s in SPLITS), folder)
-    if rows is not None and repeats:  # (a multigraph's parallel edges: one edge of the graph, the first's features)
+    if repeats:  # (a multigraph's parallel edges: one edge of the graph, the first's features)
         log.info("edge targets of %s: %d of the %d repeat an earlier target's (source, target) pair, which the graph "
                  "holds as one edge; %s", cfg.name, repeats, index.shape[1],
                  "each target's own edge features are kept with the targets, for a decoder that reads them" if own

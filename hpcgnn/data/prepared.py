@@ -155,10 +155,9 @@ def _stream_typed(cfg: DatasetConfig, src: TypedSource, tmp: Path, source: dict,
                          relations_too=relations_too, edge_attr=src.edge_attr)
     y, *splits = src.feed(writer)
     num_edges, rule, arrays = writer.close(src.feature_from, cfg.feature_dtype)
-    for rel, merged in writer.merged.items():  # (inside one type, a relation holds its reverses too)
-        given, undirected = writer.buckets[rel].added, src.reverse and rel[0] == rel[2]
-        report_merged(cfg, given, given - merged,
-                      f"edges of {relation_key(rel)}{' (given, and their reverses)' if undirected else ''}")
+    for rel, (given, kept) in writer.merged.items():  # (inside one type, a relation holds its reverses too)
+        undirected = src.reverse and rel[0] == rel[2]
+        report_merged(cfg, given, kept, f"edges of {relation_key(rel)}{' (given, and their reverses)' if undirected else ''}")
     t0 = writer.off[src.target]
     y_all = view_labels(y, total)  # (the other types' nodes: no label)
     y_all[t0:t0 + sizes[src.target]] = y

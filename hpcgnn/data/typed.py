@@ -308,7 +308,7 @@ class TypedWriter:
                                                 tmp / "scratch" / relation_key(rel), share, num_src=num_nodes[rel[0]],
                                                 ids=with_ids)
         self.given = list(relations)
-        self.merged: dict[Relation, int] = {}  # given relation -> its edges that repeated a pair, merged (close)
+        self.merged: dict[Relation, tuple[int, int]] = {}  # given relation -> (edges added, kept), where some merged
         self.num_features = num_features
         self.features = {}  # type -> FeatureWriter of its given rows (float32: rule types average them)
         self._feature_writer = lambda t: FeatureWriter(tmp / f"x.{t}.part", num_nodes[t], num_features, "float32")
@@ -347,7 +347,7 @@ class TypedWriter:
             folder.mkdir(parents=True)
             written = buckets.write_csr(folder)
             if rel in self.given and buckets.added > written:
-                self.merged[rel] = buckets.added - written
+                self.merged[rel] = (buckets.added, written)
             kinds = ["rowptr", "col"]
             if rel in self.feature_source:  # each CSR edge's row of the given relation's features (eid.npy: which)
                 self.edge_dims[relation_key(rel)] = write_edge_features(
