@@ -34,6 +34,14 @@ def weighted_graph() -> Data:
     return data
 
 
+def coded_graph() -> Data:
+    """masked_graph's, its features category codes as PyG keeps them (integers: an atom's type, a bond's)."""
+    data = masked_graph()
+    data.x = torch.arange(data.num_nodes).view(-1, 1) % 5
+    data.edge_attr = (torch.arange(data.edge_index.size(1)) % 3).to(torch.uint8)
+    return data
+
+
 def typed_graph(papers: int = 60, labelled_authors: bool = False) -> HeteroData:
     """A typed callable of the test's own: papers (4 features, labels, masks), authors (2 features) who write them,
     fields (no features) the papers have; papers cite papers."""
@@ -111,6 +119,25 @@ def test_an_edge_weight_that_is_not_read_is_said(caplog):
     assert ("dataset=pyg: the edge_weight of test_pyg_datasets.weighted_graph is not read (hpcgnn reads edges' "
             "features from edge_attr); data.edge_attr = data.edge_weight.view(-1, 1) gives them to a model that reads "
             "edge features") in caplog.text
+
+
+def test_integer_features_are_read_as_values_and_said_to_be(caplog):
+    """PyG keeps category codes as integers: hpcgnn reads them as float values (what they are, where they count)
+    and says so, naming the fix where they are codes; a float graph says nothing."""
+    import logging
+
+    with caplog.at_level(logging.INFO, logger="hpcgnn.data"):
+        g = build_graph(make_config("dataset=pyg", "dataset._target_=test_pyg_datasets.coded_graph").dataset)
+    assert g.x.dtype == torch.float32 and g.x.view(-1).tolist()[:6] == [0.0, 1.0, 2.0, 3.0, 4.0, 0.0]
+    assert g.edge_attr.dtype == torch.float32 and set(g.edge_attr.view(-1).tolist()) == {0.0, 1.0, 2.0}
+    for what, dtype in (("x", "int64"), ("edge_attr", "uint8")):
+        assert (f"dataset=pyg: {what} of test_pyg_datasets.coded_graph holds {dtype}: read as float values; where "
+                "they are category codes (atom or bond types), one-hot them in what dataset._target_ returns") \
+            in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="hpcgnn.data"):
+        build_graph(make_config("dataset=pyg", "dataset._target_=test_pyg_datasets.masked_graph").dataset)
+    assert "read as float values" not in caplog.text
 
 
 def test_what_cannot_be_read_is_named():

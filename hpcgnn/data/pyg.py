@@ -151,7 +151,7 @@ def load_pyg(cfg: DatasetConfig, allow_download: bool = False) -> Graph:
     """The target's graph as hpcgnn's :class:`Graph` (in memory; prepared into the cache by the caller)."""
     data = pyg_data(cfg, allow_download)
     n = data.num_nodes
-    x = data.x if getattr(data, "x", None) is not None else torch.ones(n, 1)
+    x = as_values(cfg, data.x, "x") if getattr(data, "x", None) is not None else torch.ones(n, 1)
     unlabelled = cfg.prepared_for == "edge" and getattr(data, "y", None) is None  # (an edge task's targets are edges)
     if cfg.prepared_for == "link":
         y, classes = torch.zeros(n, dtype=torch.long), 1
@@ -168,9 +168,20 @@ def load_pyg(cfg: DatasetConfig, allow_download: bool = False) -> Graph:
         edge_index = torch.cat([edge_index, edge_index.flip(0)], dim=1)
         edges = torch.cat([edges, edges]) if edges is not None else None
     train, val, test = [torch.zeros(0, dtype=torch.long)] * 3 if unlabelled else _splits(cfg, data, n)
-    graph = Graph.from_edge_index(edge_index, n, x.float(), y, train, val, test, num_classes=classes, edge_attr=edges)
+    graph = Graph.from_edge_index(edge_index, n, x, y, train, val, test, num_classes=classes, edge_attr=edges)
     report_merged(cfg, edge_index.size(1), graph.num_edges)
     return graph
+
+
+def as_values(cfg: DatasetConfig, t: torch.Tensor, what: str) -> torch.Tensor:
+    """``t`` (features: ``x``, ``edge_attr``) as float32 values. Integers or booleans are widened, and the log says
+    so: PyG keeps category codes (a molecule's atom or bond types) that way, which as values are a wrong feature;
+    a files folder refuses them, naming its file."""
+    if not t.is_floating_point():
+        log.warning("dataset=pyg: %s of %s holds %s: read as float values; where they are category codes (atom or "
+                    "bond types), one-hot them in what dataset._target_ returns", what, cfg._target_,
+                    str(t.dtype).removeprefix("torch."))
+    return t.float()
 
 
 def edge_features(cfg: DatasetConfig, data, rel=None) -> torch.Tensor | None:
@@ -185,7 +196,7 @@ def edge_features(cfg: DatasetConfig, data, rel=None) -> torch.Tensor | None:
     if edges.dim() != 2 or edges.size(0) != store.edge_index.size(1):
         raise DatasetError(f"dataset._target_={cfg._target_}: {what} has shape {tuple(edges.shape)}; edge "
                            f"features are a row per edge ([{store.edge_index.size(1)}, D])")
-    edges = edges.float()
+    edges = as_values(cfg, edges, what)
     if not torch.isfinite(edges).all():
         raise DatasetError(f"dataset._target_={cfg._target_}: {what} holds NaN or inf (edge "
                            f"{int((~torch.isfinite(edges)).any(1).nonzero()[0])})")
@@ -259,7 +270,7 @@ def _typed_parts(cfg: DatasetConfig, data) -> dict:
             raise DatasetError(f"node type {t}: x has shape {tuple(x.shape)}; features are one row per node "
                                f"([{data[t].num_nodes}, width])")
     width = max(x.size(1) for x in given.values())
-    x = {t: torch.nn.functional.pad(v.float(), (0, width - v.size(1))) for t, v in given.items()}
+    x = {t: torch.nn.functional.pad(as_values(cfg, v, f"the x of {t}"), (0, width - v.size(1))) for t, v in given.items()}
     return {"num_nodes": {t: int(data[t].num_nodes) for t in data.node_types}, "relations": relations,
             "edges": edges, "x": x, "width": width, "rules": rules, "target": target, "y": y, "classes": classes,
             "splits": splits,
