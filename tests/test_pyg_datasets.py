@@ -60,6 +60,13 @@ def typed_graph(papers: int = 60, labelled_authors: bool = False) -> HeteroData:
     return data
 
 
+def coded_typed_graph() -> HeteroData:
+    """typed_graph's, its authors' features integer codes."""
+    data = typed_graph()
+    data["author"].x = torch.arange(20).view(-1, 1) % 4
+    return data
+
+
 def test_a_pyg_heterodata_keeps_its_types_pads_its_features_and_gives_featureless_types_a_mean():
     cfg = make_config("dataset=pyg_hetero", "dataset._target_=test_pyg_datasets.typed_graph").dataset
     g = TYPED_LOADERS["pyg_hetero"](cfg, False)
@@ -138,6 +145,11 @@ def test_integer_features_are_read_as_values_and_said_to_be(caplog):
     with caplog.at_level(logging.INFO, logger="hpcgnn.data"):
         build_graph(make_config("dataset=pyg", "dataset._target_=test_pyg_datasets.masked_graph").dataset)
     assert "read as float values" not in caplog.text
+    with caplog.at_level(logging.INFO, logger="hpcgnn.data"):  # a typed graph's, per node type
+        g = TYPED_LOADERS["pyg_hetero"](make_config("dataset=pyg_hetero",
+                                                    "dataset._target_=test_pyg_datasets.coded_typed_graph").dataset, False)
+    assert "dataset=pyg_hetero: the x of author of test_pyg_datasets.coded_typed_graph holds int64: read as float" \
+        in caplog.text and "the x of paper" not in caplog.text
 
 
 def test_what_cannot_be_read_is_named():

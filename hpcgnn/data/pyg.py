@@ -178,8 +178,8 @@ def as_values(cfg: DatasetConfig, t: torch.Tensor, what: str) -> torch.Tensor:
     so: PyG keeps category codes (a molecule's atom or bond types) that way, which as values are a wrong feature;
     a files folder refuses them, naming its file."""
     if not t.is_floating_point():
-        log.warning("dataset=pyg: %s of %s holds %s: read as float values; where they are category codes (atom or "
-                    "bond types), one-hot them in what dataset._target_ returns", what, cfg._target_,
+        log.warning("dataset=%s: %s of %s holds %s: read as float values; where they are category codes (atom or "
+                    "bond types), one-hot them in what dataset._target_ returns", cfg.name, what, cfg._target_,
                     str(t.dtype).removeprefix("torch."))
     return t.float()
 
