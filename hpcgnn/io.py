@@ -49,6 +49,25 @@ def atomic_open(path: Path, mode: str = "w") -> Iterator:
             tmp.unlink()
 
 
+def save_whole(path: Path, obj) -> Path:
+    """``torch.save(obj)`` into ``path``, whole or not at all (:func:`atomic_open`). A write that fails part-way
+    (the disk full, a quota) raises its OSError: torch's zip writer, closing after it, often raises a RuntimeError
+    of its own ("unexpected pos") that would hide what happened and turn a full disk into a crash."""
+    import torch
+
+    with atomic_open(path, "wb") as f:
+        try:
+            torch.save(obj, f)
+        except RuntimeError as exc:
+            cause = exc.__context__
+            while cause is not None and not isinstance(cause, OSError):
+                cause = cause.__context__
+            if cause is None:
+                raise
+            raise cause from None
+    return path
+
+
 def write_json(path: Path, data: dict) -> Path:
     """Write ``path`` atomically: readers never see half a file. Always valid JSON: a NaN or infinite float (a
     loss that diverged, a metric of nothing) is written as null, which every JSON reader takes."""

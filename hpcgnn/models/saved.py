@@ -99,12 +99,10 @@ def keep(run_dir: str | Path, which: str, record: dict) -> Path:
 
 
 def write(path: Path, record: dict) -> Path:
-    """``record`` into ``path``, whole or not at all."""
-    from hpcgnn.io import atomic_open
+    """``record`` into ``path``, whole or not at all; a disk without room raises its OSError."""
+    from hpcgnn.io import save_whole
 
-    with atomic_open(path, "wb") as f:
-        torch.save(record, f)
-    return path
+    return save_whole(path, record)
 
 
 TRUSTED = ("hpcgnn.", "torch_geometric.")  # a model file naming a class elsewhere is rebuilt only when trusted

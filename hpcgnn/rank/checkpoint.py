@@ -38,7 +38,7 @@ from hpcgnn import dist
 from hpcgnn.config import RunConfig
 from hpcgnn.env import RankEnv
 from hpcgnn.errors import AnotherRankFailed, CheckpointError
-from hpcgnn.io import AtomicFolder, atomic_open, human_bytes, no_room, sha256_file
+from hpcgnn.io import AtomicFolder, human_bytes, no_room, save_whole, sha256_file
 
 log = logging.getLogger(__name__)
 
@@ -63,12 +63,6 @@ def fingerprint(cfg: RunConfig, env: RankEnv) -> dict:
             "fanouts": list(cfg.train.fanouts), "batch_size": cfg.train.batch_size, "seed": cfg.train.seed,
             "sampler": cfg.train.sampler, "edge_budget": cfg.train.edge_budget,
             "clusters": [cfg.train.num_clusters, cfg.train.clusters_per_batch] if cfg.train.sampler == "cluster" else []}
-
-
-def _write(path: Path, obj) -> None:
-    """torch.save, fsync'd, under a temporary name first."""
-    with atomic_open(path, "wb") as f:
-        torch.save(obj, f)
 
 
 def _barrier() -> None:
@@ -250,9 +244,9 @@ class Checkpointer:
                               tmp_name=f".step-{global_step:09d}.tmp")
         need = _tensor_bytes(rank_state) + (_tensor_bytes(common) if self.env.is_main else 0)
         self._agree(global_step, folder, need, _attempt(folder.create) if self.env.is_main else None)
-        failed = _attempt(_write, folder.tmp / f"rank-{self.env.rank}.pt", rank_state)
+        failed = _attempt(save_whole, folder.tmp / f"rank-{self.env.rank}.pt", rank_state)
         if self.env.is_main and failed is None:
-            failed = _attempt(_write, folder.tmp / "common.pt", {"format_version": FORMAT_VERSION, **common})
+            failed = _attempt(save_whole, folder.tmp / "common.pt", {"format_version": FORMAT_VERSION, **common})
         self._agree(global_step, folder, need, failed)  # every rank's file is on disk
         if self.env.is_main:
             failed = _attempt(self._commit, global_step, folder)
