@@ -321,6 +321,7 @@ def connect(sock: socket.socket, key: bytes, name: str, index: int, port: int, r
              "job's process may hold the port, or relay it to another of the run's servers; or the run's .secret "
              "changed). HINT: start the run again (a new job id moves the port); if it recurs, tell your cluster's "
              "administrators")
+    answered = False
     try:
         with _Deadline(sock, timeout_s) as d:
             if d.read(len(MAGIC)) != MAGIC:  # (checked first: another service's greeting may be shorter)
@@ -331,9 +332,14 @@ def connect(sock: socket.socket, key: bytes, name: str, index: int, port: int, r
             mine = secrets.token_bytes(NONCE)
             binding = _binding(index, port, rank, theirs, mine)
             d.send(_ANSWER.pack(mine, rank, _mac(key, b"trainer->server", binding)))
+            answered = True
             proof = d.read(DIGEST)
     except TimeoutError:
         raise Untrusted(f"{name} did not complete the run's handshake within {timeout_s:.0f} s: {cause}") from None
+    except ConnectionResetError as exc:
+        if answered:  # (a listener that drops a handshake whose answer it had not read yet resets it: busy)
+            raise Closed(f"{name} reset the connection during the handshake ({exc})") from None
+        raise Untrusted(f"{name} broke off the run's handshake ({exc}): {cause}") from None
     except OSError as exc:
         raise Untrusted(f"{name} broke off the run's handshake ({exc}): {cause}") from None
     if proof == BUSY:

@@ -164,20 +164,21 @@ def announced_servers(folder: Path, count: int, within_s: float) -> list[tuple[s
         time.sleep(1.0)
 
 
-CONNECT_TRIES = 5  # a connection the server closes during the handshake (busy, flooded) is tried this often
-RETRY_S = 0.2  # ... after waiting this long, doubled each time
+RETRY_S = 0.05  # a connection the server closes during the handshake (busy, flooded) is tried again after this,
+RETRY_MAX_S = 2.0  # ... doubled each time up to this, until the wait for the server (dist.init_timeout_s) runs out
 
 
 def _connect(host: str, port: int, k: int, within_s: float, key: bytes, run_dir: Path, rank: int = 0) -> wire.Channel:
     """Connect to server ``k``, retrying while it starts (it may still be preparing the dataset), and prove to each
     other that both know the run's secret, bound to server ``k`` on ``port`` and this ``rank``
     (:func:`hpcgnn.trust.connect`: a process of another user or job on the port, or one that relays it to another
-    of the run's servers, is :class:`~hpcgnn.errors.Untrusted`). A connection closed during the handshake is
-    tried again :data:`CONNECT_TRIES` times, then :class:`~hpcgnn.errors.Flooded`. A server that recorded a
-    failure (it could not listen) ends the wait at once."""
+    of the run's servers, is :class:`~hpcgnn.errors.Untrusted`). A connection closed during the handshake (busy,
+    flooded: another user may be opening hundreds of connections) is tried again, backing off, for as long as the
+    wait for the server lasts (``within_s``), then :class:`~hpcgnn.errors.Flooded`. A server that recorded a failure
+    (it could not listen) ends the wait at once."""
     name = f"sampler server {k} at {host}:{port}"
     deadline = time.monotonic() + within_s
-    closed = 0
+    closed, wait = 0, RETRY_S
     while True:
         try:
             sock = socket.create_connection((host, port), timeout=10)
@@ -194,12 +195,16 @@ def _connect(host: str, port: int, k: int, within_s: float, key: bytes, run_dir:
         except trust.Closed as exc:  # (dropped unanswered: busy, flooded)
             sock.close()
             closed += 1
-            if closed >= CONNECT_TRIES:
-                raise Flooded(f"{name} closed rank {rank}'s connection during the run's handshake {closed} times "
-                              f"({exc}): the server is busy or flooded with connections (possibly another user's). "
-                              "HINT: its log names the addresses it refused; start the run again") from None
-            log.warning("%s closed rank %d's connection during the handshake (%s): trying again", name, rank, exc)
-            time.sleep(RETRY_S * 2 ** closed)
+            if time.monotonic() + wait > deadline:
+                raise Flooded(f"{name} closed rank {rank}'s connection during the run's handshake {closed} times in "
+                              f"{within_s:.0f} s ({exc}): the server is busy or flooded with connections (possibly "
+                              "another user's). HINT: its log names the addresses it refused; start the run again"
+                              ) from None
+            if closed == 1 or closed % 20 == 0:
+                log.warning("%s closed rank %d's connection during the handshake (%s; %d time(s)): trying again "
+                            "until dist.init_timeout_s runs out", name, rank, exc, closed)
+            time.sleep(wait)
+            wait = min(wait * 2, RETRY_MAX_S)
             continue
         except BaseException:
             sock.close()

@@ -222,6 +222,7 @@ def trainers_of(server: int, servers: int, world_size: int, partitioned: bool) -
 
 
 MAX_PENDING = 256  # connections in their handshake at once; past that the oldest is closed (each holds a descriptor)
+ACCEPT_TURN = 64  # connections accepted per turn of the accept loop, between reads of the handshakes' answers
 
 
 def run_server(index: int, port: int, trainers: int, threads: int, run_dir: str, key: bytes,
@@ -249,23 +250,34 @@ def run_server(index: int, port: int, trainers: int, threads: int, run_dir: str,
 
 
 class _Refusals:
-    """Refused connections, logged at most once a second per address, with how many went unsaid since."""
+    """Refused connections, logged at most once a second per address, with how many went unsaid since: those are
+    said by the next line from that address, or by :meth:`flush` a second later (and at the server's end), so that
+    no count is lost when no later line comes."""
 
     def __init__(self, name: str, every_s: float = 1.0):
         self.name, self.every_s = name, every_s
-        self.last: dict[str, tuple[float, int]] = {}  # host -> (when last logged, refused since)
+        self.last: dict[str, tuple[float, int, str]] = {}  # host -> (when last logged, refused since, the last why)
 
     def __call__(self, addr: tuple, why: str) -> None:
         now, host = time.monotonic(), addr[0]
-        when, unsaid = self.last.get(host, (-1e9, 0))
+        when, unsaid, _ = self.last.get(host, (-1e9, 0, ""))
         if now - when < self.every_s:
-            self.last[host] = (when, unsaid + 1)
+            self.last[host] = (when, unsaid + 1, why)
             return
         more = f" (and {unsaid} more from {host} since the last line)" if unsaid else ""
         log.warning("%s: refused a connection from %s:%s: %s%s", self.name, host, addr[1], why, more)
-        self.last[host] = (now, 0)
+        self.last[host] = (now, 0, why)
         if len(self.last) > 4096:  # (a flood from many addresses: forget the quiet ones)
-            self.last = {h: v for h, v in self.last.items() if now - v[0] < self.every_s}
+            self.last = {h: v for h, v in self.last.items() if now - v[0] < self.every_s or v[1]}
+
+    def flush(self, force: bool = False) -> None:
+        """Say the counts not yet said whose address has been quiet for a second (``force``: all of them)."""
+        now = time.monotonic()
+        for host, (when, unsaid, why) in list(self.last.items()):
+            if unsaid and (force or now - when >= self.every_s):
+                log.warning("%s: refused %d more connection(s) from %s since the last line (the last: %s)", self.name,
+                            unsaid, host, why)
+                self.last[host] = (now, 0, why)
 
 
 class _Pending:
@@ -350,15 +362,18 @@ class _Server:
         idle_since = time.monotonic()
         try:
             while self.done < self.trainers and not self.errors:
-                for key, _ in sel.select(timeout=0.25):
-                    if key.fileobj is self.listener:
-                        self._take_new(sel, pending)
-                    else:
-                        self._step(sel, pending, pending[key.fileobj], serving_)
+                ready = [key.fileobj for key, _ in sel.select(timeout=0.25)]
+                for conn in ready:  # (handshakes first: an answer that came is read before new arrivals evict it)
+                    p = pending.get(conn)  # (None: dropped earlier this turn, its socket closed)
+                    if p is not None:
+                        self._step(sel, pending, p, serving_)
+                if self.listener in ready:
+                    self._take_new(sel, pending)
                 now = time.monotonic()
                 for p in [p for p in pending.values() if now > p.deadline]:
                     self._drop(sel, pending, p, f"no handshake within {trust.HANDSHAKE_S:.0f} s")
                 serving_ = [t for t in serving_ if t.is_alive()]
+                self.refused.flush()
                 if serving_ or pending or not self.prepared.is_set():
                     idle_since = now
                 elif now - idle_since > idle_s:
@@ -368,11 +383,14 @@ class _Server:
             for p in list(pending.values()):
                 self._drop(sel, pending, p, None)
             sel.close()
+            self.refused.flush(force=True)
         for t in serving_:  # (the run's own trainers, who said they are done)
             t.join()
 
     def _take_new(self, sel, pending: dict) -> None:
-        while True:
+        """Accept up to :data:`ACCEPT_TURN` connections waiting in the backlog (the rest at the next turn, after the
+        handshakes that answered meanwhile are read), greeting each."""
+        for _ in range(ACCEPT_TURN):
             try:
                 conn, addr = self.listener.accept()
             except (BlockingIOError, InterruptedError):
@@ -438,7 +456,10 @@ class _Server:
             sel.unregister(p.conn)
         pending.pop(p.conn, None)
         with contextlib.suppress(OSError):
+            p.conn.recv(4096)  # (what it sent unread would make the close a reset, which may cut off the BUSY)
+        with contextlib.suppress(OSError):
             p.conn.send(trust.BUSY)
+            p.conn.shutdown(socket.SHUT_WR)
         p.conn.close()
         if why is not None:
             self.refused(p.addr, why)
