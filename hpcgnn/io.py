@@ -26,20 +26,28 @@ from pathlib import Path
 
 import numpy as np
 
+from hpcgnn import paths
 from hpcgnn.writers import sweep_leftovers, writer_tag
 
 
 @contextlib.contextmanager
 def atomic_open(path: Path, mode: str = "w") -> Iterator:
-    """A file that appears at ``path`` whole or not at all (temporary file, fsync, rename).
+    """A file that appears at ``path`` whole or not at all (temporary file, fsync, rename): the one atomic writer.
+    Its folder is guarded (:func:`hpcgnn.paths.guard_parent`: not another user's, nor writable by others, nor a link
+    another user made), a link another user planted at ``path`` is refused, and the temporary file is made new,
+    following no link.
 
     Several writers (ranks, nodes on a shared file system) may race: each writes its own
     temporary file and the last rename wins with a complete file.
     """
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    paths.guard_parent(path.parent, f"the folder of {path.name}")
+    paths.refuse_link(path, path.name)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}-{uuid.uuid4().hex[:8]}")
     try:
-        with open(tmp, mode) as f:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        with os.fdopen(fd, mode) as f:
             yield f
             f.flush()
             os.fsync(f.fileno())

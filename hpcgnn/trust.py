@@ -44,6 +44,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from hpcgnn import paths
 from hpcgnn.errors import ConfigError, NotTrusted, Untrusted
 
 SECRET_FILE = ".secret"  # in the run folder, mode 0600
@@ -95,13 +96,21 @@ def _read_private(path: Path) -> str:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)  # (a FIFO: refused below, not waited on)
     except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise ConfigError(f"the run's secret {path} is a symbolic link, which hpcgnn does not follow. HINT: "
+                              "another user may have planted it: remove it (a new secret is made, mode 0600), and use "
+                              "a run folder only you can write") from None
         raise ConfigError(f"cannot read the run's secret {path} ({exc.strerror}). HINT: it must be a plain file of "
                           "yours, mode 0600; remove it to have a new one made") from None
     with os.fdopen(fd, "rb") as f:
         st = os.fstat(f.fileno())
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
-            raise ConfigError(f"the run's secret {path} is not a plain file of yours (owner uid {st.st_uid}). HINT: "
-                              "another user may have planted it: use a run folder only you can write")
+        if not stat.S_ISREG(st.st_mode):
+            raise ConfigError(f"the run's secret {path} is {paths.kind_of(st.st_mode)}, not a plain file (owner uid "
+                              f"{st.st_uid}). HINT: another user may have planted it: remove it, and use a run folder "
+                              "only you can write")
+        if st.st_uid != os.getuid():
+            raise ConfigError(f"the run's secret {path} belongs to another user (uid {st.st_uid}). HINT: another user "
+                              "may have planted it: use a run folder only you can write")
         if st.st_mode & 0o077:
             raise ConfigError(f"the run's secret {path} can be read or written by others (mode "
                               f"{stat.S_IMODE(st.st_mode):04o}). HINT: remove it and use a run folder only you can "
@@ -112,57 +121,37 @@ def _read_private(path: Path) -> str:
 # ---------------------------------------------------------------------- what another user may have written
 
 
-RUN_SUBFOLDERS = (".hydra", "checkpoints", "model", "submitit", "recipes")  # what a run loads code or state from
-
-
 def private_umask() -> None:
     """Files and folders this process makes are writable by their owner alone (a umask of 002, common where
-    users have a group of their own, would make run folders that :func:`owned_folder` refuses)."""
+    users have a group of their own, would make run folders that :func:`run_folder` refuses)."""
     os.umask(os.umask(0o022) | 0o022)
 
 
-def owned_folder(path: str | Path, what: str, hint: str) -> None:
-    """Refuse (:class:`~hpcgnn.errors.NotTrusted`, exit 2) a folder another user owns, or that users other than
-    its owner may write (group or others, its mode): ssh's rule for ``~/.ssh`` (root's folders are trusted, as
-    ssh trusts them). Such a folder's files may have been planted; hpcgnn reads code (pickles, configs) and data
-    from run folders and data roots. A folder that does not exist passes. ``what`` names it ("the run folder");
-    ``hint`` is the fix besides making it private."""
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        return
-    if st.st_uid not in (os.getuid(), 0):
-        raise NotTrusted(f"{what} {path} belongs to another user (uid {st.st_uid}), who may have written what hpcgnn "
-                         f"would load from it. HINT: {hint}")
-    if st.st_mode & 0o022:
-        raise NotTrusted(f"{what} {path} can be written by others (mode {stat.S_IMODE(st.st_mode):04o}): another user "
-                         f"may have written what hpcgnn would load from it. HINT: chmod go-w {path} if nobody else "
-                         f"did; {hint}")
-
-
-def run_folder(run_dir: str | Path, hint: str = "use a run folder of your own (hydra.run.dir=...)") -> None:
-    """Refuse a run or sweep folder (or its ``.hydra/``, ``checkpoints/``, ``model/``, ``submitit/``,
-    ``recipes/``) that another user owns or may write (:func:`owned_folder`)."""
-    owned_folder(run_dir, "the run folder", hint)
-    for sub in RUN_SUBFOLDERS:
-        owned_folder(Path(run_dir) / sub, f"the run folder's {sub}/", hint)
+def run_folder(run_dir: str | Path, hint: str = "use a run folder of your own (hydra.run.dir=...)",
+               what: str = "the run folder") -> None:
+    """Refuse a run or sweep folder (``what`` says which) any part of which, at any depth, another user owns, may
+    write, or planted a link in (:func:`hpcgnn.paths.check_tree`): its config is replayed, its checkpoints loaded,
+    and what hpcgnn writes there must not go where another user points."""
+    paths.check_tree(run_dir, what, hint)
 
 
 def open_own(path: str | Path, what: str, flags: int = os.O_RDONLY, mode: int = 0o600) -> int:
     """A descriptor of ``path`` (``flags``: os.O_CREAT to make it), refused at once unless it is a plain file of
     this user's that nobody else may write: a symbolic link is not followed, a FIFO is not waited on."""
     try:
-        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK, mode)
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode)
     except OSError as exc:
-        link = " (a symbolic link)" if exc.errno == errno.ELOOP else ""
-        raise NotTrusted(f"cannot open {what} {path}{link} ({exc.strerror}). HINT: it must be a plain file of yours; "
+        if exc.errno == errno.ELOOP:
+            raise NotTrusted(f"{what} {path} is a symbolic link, which hpcgnn does not follow here. HINT: another "
+                             "user may have planted it: remove it, or use a run folder only you can write") from None
+        raise NotTrusted(f"cannot open {what} {path} ({exc.strerror}). HINT: it must be a plain file of yours; "
                          "another user may have planted it: remove it, or use a run folder only you can write") from None
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
         os.close(fd)
-        kind = "a plain file" if stat.S_ISREG(st.st_mode) else "not a plain file (a FIFO, a device or a folder)"
+        kind = "a plain file" if stat.S_ISREG(st.st_mode) else paths.kind_of(st.st_mode)
         raise NotTrusted(f"{what} {path} is {kind} of owner uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o}: "
-                         "not a file of yours that only you can write. HINT: another user may have planted it: "
+                         "not a plain file of yours that only you can write. HINT: another user may have planted it: "
                          "remove it, or use a run folder only you can write")
     os.set_blocking(fd, True)
     return fd

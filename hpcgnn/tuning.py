@@ -77,6 +77,21 @@ class Param:
     def override(self, value) -> str:
         return f"{self.key}={value}"
 
+    def holds(self, value) -> bool:
+        """Whether ``value`` is one this dimension offers (a value read back from a study may be anyone's)."""
+        if self.kind == "choice":
+            return any(type(value) is type(c) and value == c for c in self.choices)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            return False
+        if self.kind == "int" and not (isinstance(value, int) or float(value).is_integer()):
+            return False
+        if not self.low <= value <= self.high:
+            return False
+        if self.step:
+            k = (value - self.low) / self.step
+            return abs(k - round(k)) < 1e-6
+        return True
+
     def describe(self) -> str:
         if self.kind == "choice":
             return f"{self.key} in {{{', '.join(map(str, self.choices))}}}"
@@ -410,8 +425,25 @@ def running_trial(study, number: int):
     return optuna().trial.Trial(study, frozen._trial_id) if frozen.state.name == "RUNNING" else None
 
 
+class OutsideSpace(ConfigError):
+    """A trial's values, read back from the study, that the tune's own search space does not offer: the study's
+    file may have been written by someone else. The trial fails; nothing of it is composed or run."""
+
+
+def space_overrides(space: list[Param], params: dict, number: int) -> list[str]:
+    """Trial ``number``'s overrides from its ``params``, each checked against the tune's own search space:
+    :class:`OutsideSpace` names the trial and the key of the first value the space does not offer."""
+    for p in space:
+        if p.key not in params or not p.holds(params[p.key]):
+            value = repr(params[p.key]) if p.key in params else "no value"
+            raise OutsideSpace(f"tune: trial {number}: {p.key} = {value[:80]} is outside the tune's search space "
+                               f"({p.describe()}): the trial fails, nothing of it runs. HINT: the study's file may "
+                               "have been written by another user: keep the sweep folder private")
+    return [p.override(params[p.key]) for p in space]
+
+
 def trial_overrides(trial, space: list[Param]) -> list[str]:
-    return [p.override(trial.params[p.key]) for p in space]
+    return space_overrides(space, trial.params, trial.number)
 
 
 def finish(study, trial, run_dir: Path, code: int, space: list[Param], retry: bool = True) -> str:

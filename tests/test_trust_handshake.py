@@ -44,7 +44,8 @@ def test_the_runs_secret_is_private_to_its_owner_and_refused_otherwise(tmp_path)
         trust.run_secret(tmp_path)
     path.unlink()
     path.symlink_to(tmp_path / "elsewhere")
-    with pytest.raises(ConfigError, match=r"cannot read the run's secret .* HINT: it must be a plain file of yours"):
+    with pytest.raises(ConfigError, match=r"the run's secret .*\.secret is a symbolic link, which hpcgnn does not "
+                                          r"follow\. HINT: another user may have planted it: remove it"):
         trust.run_secret(tmp_path)
     path.unlink()
     fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)

@@ -8,6 +8,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import os
 import shutil
 from pathlib import Path
 
@@ -17,7 +18,7 @@ import torch
 import hpcgnn.data.cache as cache
 import hpcgnn.data.link as link
 import hpcgnn.data.ooc as ooc
-from hpcgnn import datasets, env, trust
+from hpcgnn import datasets, env, paths
 from hpcgnn.checks import ON_DISK, is_typed
 from hpcgnn.config import DatasetConfig
 from hpcgnn.data.files import (
@@ -90,17 +91,26 @@ def cache_folder(cfg: DatasetConfig) -> Path:
 
 
 def check_root(cfg: DatasetConfig) -> None:
-    """Refuse a data root, or its ``pyg/``, ``ogb/`` or ``prepared/``, that users other than you may write, unless
-    ``dataset.trust_root``: PyG's datasets unpickle their processed files, and a prepared graph replaced by another
-    user would train on their data."""
-    if cfg.trust_root:
-        return
+    """Refuse a data root any part of which this dataset reads, at any depth, that users other than you may have
+    written (:func:`hpcgnn.paths.check_tree`): the root; its ``pyg/`` and ``ogb/`` (PyG's datasets unpickle their
+    processed files); ``prepared/`` and this dataset's prepared graph with its edge targets and partitions (a graph
+    or labels replaced by another user would be trained on); a files dataset's folder. Unless
+    ``dataset.trust_root``: a root your lab controls, trusted as a whole (:func:`hpcgnn.paths.trust_root`)."""
     root = Path(cfg.root).expanduser()
+    if cfg.trust_root:
+        paths.trust_root(root)
+        if cfg.name == "files" and cfg.path:
+            paths.trust_root(cfg.path)
+        return
     hint = ("use a data root only you can write (dataset.root=...), or dataset.trust_root=true for a root your lab "
             "controls")
-    trust.owned_folder(root, "the data root", hint)
-    for sub in ("pyg", "ogb", "prepared"):
-        trust.owned_folder(root / sub, f"the data root's {sub}/", hint)
+    folder = cache_folder(cfg) if cfg.name != "files" or cfg.path else None
+    mine = [str(Path(os.path.relpath(folder, root)))] if folder is not None else []
+    paths.check_tree(root, "the data root", hint, only=("pyg", "ogb", *mine))
+    if cfg.name == "files" and cfg.path:
+        paths.check_tree(files_folder(cfg), "the dataset's folder (dataset.path)",
+                         "keep your graph's files in a folder only you can write, or dataset.trust_root=true for "
+                         "one your lab controls")
 
 
 def prepare(cfg: DatasetConfig, allow_download: bool = False) -> Path:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from hpcgnn import trust
+from hpcgnn import paths, trust
 from hpcgnn.errors import NotTrusted, UserError
 
 FORMAT = 1
@@ -118,7 +118,7 @@ def read(path: str | Path, trusted: bool = False, how: str = "trust=true") -> di
                              "evaluated epoch on; runs made before hpcgnn kept models have none")
     if not trusted:
         hint = f"copy the run into a folder of your own, or give {how} if you trust whoever wrote it"
-        trust.owned_folder(path.parent, "the model file's folder", hint)
+        paths.check_root(path.parent, "the model file's folder", hint)
         os.close(trust.open_own(path, "the model file"))
     try:
         record = torch.load(path, map_location="cpu", weights_only=True)
@@ -158,7 +158,7 @@ def check_source(model: dict, trusted: bool, how: str, where: str) -> None:
         raise NotTrusted(f"{where} names the class {target}, whose package {top} is no file of an installed "
                                "package path here. HINT: install it (or put its folder on PYTHONPATH) where you load "
                                "the model")
-    trust.owned_folder(Path(origin).parent, f"the folder of {top}", f"install {top} where only you (or root) can "
+    paths.check_root(Path(origin).parent, f"the folder of {top}", f"install {top} where only you (or root) can "
                        "write")
 
 

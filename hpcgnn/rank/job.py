@@ -18,6 +18,7 @@ import torch
 
 from hpcgnn import dist, process, trust
 from hpcgnn.config import RunConfig
+from hpcgnn.data.prepared import check_root
 from hpcgnn.dist import pick_device, process_group
 from hpcgnn.env import RankEnv
 from hpcgnn.errors import EXIT_PREEMPTED, EXIT_REQUEUED, RunFolderBusy
@@ -37,6 +38,7 @@ def run_rank(cfg: RunConfig, environ: Mapping[str, str]) -> dict:
         _setup_logging(env)
         trust.private_umask()
         trust.run_folder(cfg.run_dir)  # (its checkpoints and config are loaded: refused if another user may write it)
+        check_root(cfg.dataset)  # (every level of the data root this run reads: refused if another user may write it)
         if cfg.cluster is not None:  # without a cluster file, the layout is whatever started us
             c = cfg.cluster
             check_allocation(env, c.nodes, c.tasks_per_node, c.gpus_per_node,

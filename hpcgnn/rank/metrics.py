@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from hpcgnn import dist
+from hpcgnn import dist, paths
 from hpcgnn.clock import Clock
 from hpcgnn.io import finite
 
@@ -63,7 +63,7 @@ class StepMetrics:
         self.rank, self.device, self.every = rank, device, max(every_steps, 1)
         self.clock = Clock(device)
         self.factor = straggler_factor
-        self.file = open(self.folder / f"rank-{rank}.jsonl", "a")  # appended across resumes
+        self.file = paths.open_append(self.folder / f"rank-{rank}.jsonl", "a rank's metrics")  # appended across resumes
         self.epoch_steps: list[dict] = []
         self.pending: list[tuple[dict, dict, torch.Tensor]] = []  # (record, marks, loss) not read yet
         self.writer = None
@@ -139,7 +139,7 @@ class StepMetrics:
         for r in ranks:  # used for the balance; too long to keep in every epoch row
             r.pop("step_edges")
         if self.rank == 0:
-            with open(self.folder / "epochs.jsonl", "a") as f:
+            with paths.open_append(self.folder / "epochs.jsonl", "the epochs' metrics") as f:
                 f.write(json.dumps(finite(out)) + "\n")
             for warning in out["balance"]["stragglers"]:
                 log.warning("straggler: rank %d on %s: p95 busy step time %.3f s is %.1fx the median rank's %.3f s "

@@ -41,7 +41,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from hpcgnn import dist
+from hpcgnn import dist, paths
 from hpcgnn.config import RunConfig
 from hpcgnn.data.edges import read_pairs
 from hpcgnn.env import RankEnv
@@ -393,7 +393,8 @@ def _write(out: Path, env: RankEnv, ids: np.ndarray, arrays: dict[str, np.ndarra
             width = max((tuple(w[name]) for w in widths), key=lambda w: (len(w), w))
             np.lib.format.open_memmap(out / f"{name}.npy.part", mode="w+", dtype=a.dtype,
                                       shape=(ids.size, *width)).flush()
-        with open(out / "ids.npy.part", "wb") as f:  # (a file object: np.save would add .npy to the name)
+        with os.fdopen(paths.open_nofollow(out / "ids.npy.part", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644,
+                                           "the prediction's ids"), "wb") as f:  # (np.save would add .npy to a name)
             np.save(f, ids)
     dist.all_reduce_sum(torch.zeros(1))  # the arrays exist
     for name, a in arrays.items():

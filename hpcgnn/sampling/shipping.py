@@ -23,6 +23,7 @@ import hmac
 import io
 import json
 import logging
+import math
 import pickle
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -34,7 +35,7 @@ import torch
 from torch import Tensor
 from torch_geometric.data import Data, HeteroData
 
-from hpcgnn import trust
+from hpcgnn import paths, trust
 from hpcgnn.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -171,34 +172,80 @@ class SamplerState:
 
     @classmethod
     def decode(cls, data: bytes) -> SamplerState:
-        """The state :meth:`encode` wrote; ValueError where the bytes are not one (each field checked by type,
-        each dtype from a fixed list, each array inside the payload and of its shape's size)."""
-        if not data.startswith(STATE_MAGIC):
+        """The state :meth:`encode` wrote; ValueError with a sentence, and nothing else, where the bytes are not one:
+        the header's size, its JSON's nesting, each field's type, each dtype from a fixed list, each dimension and
+        each array's size (in Python's integers: nothing wraps) inside the payload, all checked before use."""
+        if not isinstance(data, (bytes, bytearray, memoryview)) or not bytes(data[:len(STATE_MAGIC)]) == STATE_MAGIC:
             raise ValueError("not a sampler state (its first line differs)")
         at = len(STATE_MAGIC)
         size = int.from_bytes(data[at: at + 8], "little")
-        if size > MAX_HEADER or at + 8 + size > len(data):
+        if len(data) < at + 8 or size > MAX_HEADER or at + 8 + size > len(data):
             raise ValueError(f"a sampler state's header of {size} bytes does not fit its {len(data)} bytes")
-        head = json.loads(data[at + 8: at + 8 + size])
+        head = _json_within(bytes(data[at + 8: at + 8 + size]), "a sampler state's header")
         payload = memoryview(data)[at + 8 + size:]
         if not (isinstance(head, dict) and isinstance(head.get("kind"), str) and type(head.get("rank")) is int
                 and type(head.get("world_size")) is int and isinstance(head.get("values"), dict)
                 and isinstance(head.get("arrays"), dict)):
             raise ValueError("a sampler state's header lacks its kind, rank, world size, values or arrays")
-        arrays = {}
-        for name, p in head["arrays"].items():
-            dtype = STATE_DTYPES.get(p.get("dtype")) if isinstance(p, dict) else None
-            shape, offset, nbytes = (p.get("shape"), p.get("offset"), p.get("nbytes")) if dtype else (None, 0, 0)
-            if (dtype is None or not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape)
-                    or type(offset) is not int or type(nbytes) is not int or offset < 0
-                    or offset + nbytes > len(payload)
-                    or nbytes != int(np.prod(shape, dtype=np.int64)) * torch.empty(0, dtype=dtype).element_size()):
-                raise ValueError(f"a sampler state's array {name!r} is not described by a dtype of "
-                                 f"{sorted(STATE_DTYPES)}, a shape, and a place inside its payload")
-            raw = bytearray(payload[offset: offset + nbytes])
-            arrays[name] = torch.frombuffer(raw, dtype=torch.uint8).view(dtype).reshape(shape) if nbytes else \
-                torch.empty(shape, dtype=dtype)
-        return cls(head["kind"], head["rank"], head["world_size"], head["values"], arrays)
+        return cls(head["kind"], head["rank"], head["world_size"], head["values"],
+                   {name: _array(name, p, payload) for name, p in head["arrays"].items()})
+
+
+MAX_DEPTH = 16  # how deep a state's header nests (its values: flags, numbers, short lists)
+MAX_DIM = 1 << 48  # one dimension of an array, at most
+
+
+def _json_within(raw: bytes, what: str):
+    """``raw`` as JSON, refused (ValueError) where it is not, or nests deeper than :data:`MAX_DEPTH` (checked on the
+    text first: Python's parser would recurse until RecursionError)."""
+    depth = deepest = 0
+    quoted = escaped = False
+    for c in raw:
+        if quoted:
+            if escaped:
+                escaped = False
+            elif c == 0x5C:
+                escaped = True
+            elif c == 0x22:
+                quoted = False
+        elif c == 0x22:
+            quoted = True
+        elif c in (0x5B, 0x7B):
+            depth += 1
+            deepest = max(deepest, depth)
+        elif c in (0x5D, 0x7D):
+            depth -= 1
+    if deepest > MAX_DEPTH:
+        raise ValueError(f"{what} nests {deepest} levels deep (at most {MAX_DEPTH})")
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        raise ValueError(f"{what} is not JSON ({str(exc)[:80]})") from None
+
+
+def _array(name: str, p, payload: memoryview) -> Tensor:
+    """One array of a state, from its description ``p`` and the payload; ValueError where they do not fit."""
+    bad = ValueError(f"a sampler state's array {str(name)[:40]!r} is not described by a dtype of "
+                     f"{sorted(STATE_DTYPES)}, a shape of dimensions below 2**48, and a place inside its payload")
+    dtype = STATE_DTYPES.get(p.get("dtype")) if isinstance(p, dict) and isinstance(p.get("dtype"), str) else None
+    if dtype is None:
+        raise bad
+    shape, offset, nbytes = p.get("shape"), p.get("offset"), p.get("nbytes")
+    if not (isinstance(shape, list) and len(shape) <= MAX_DEPTH
+            and all(type(d) is int and 0 <= d < MAX_DIM for d in shape)
+            and type(offset) is int and type(nbytes) is int and 0 <= offset and 0 <= nbytes
+            and offset + nbytes <= len(payload)):
+        raise bad
+    itemsize = torch.empty(0, dtype=dtype).element_size()
+    if nbytes != math.prod(shape) * itemsize:  # (Python's integers: a product past 2**63 does not wrap)
+        raise bad
+    try:
+        if nbytes == 0:
+            return torch.empty(shape, dtype=dtype)
+        raw = bytearray(payload[offset: offset + nbytes])
+        return torch.frombuffer(raw, dtype=torch.uint8).view(dtype).reshape(shape)
+    except (RuntimeError, OverflowError):  # (an empty shape whose strides torch cannot hold: [2**47] * 3 + [0])
+        raise bad from None
 
 
 def state_path(run_dir: str | Path, rank: int) -> Path:
@@ -212,7 +259,7 @@ def publish(run_dir: str | Path, rank: int, state: SamplerState) -> str:
     trainer meant."""
     folder = state_path(run_dir, rank).parent
     folder.mkdir(mode=0o700, exist_ok=True)
-    trust.owned_folder(folder, "the recipes folder", "use a run folder only you can write")
+    paths.check_root(folder, "the recipes folder", "use a run folder only you can write")
     data = state.encode()
     trust.write_own_file(state_path(run_dir, rank), data)
     return hashlib.sha256(data).hexdigest()

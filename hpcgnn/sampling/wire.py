@@ -55,7 +55,7 @@ MAX_PAYLOAD = 2**40  # ... a payload larger than this
 _DTYPES = {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}
 
 
-class Forged(Exception):
+class Forged(ValueError):
     """A frame whose tag does not verify (a relay, a replay, an injection) or whose fields are not the
     message's: the connection is dropped."""
 
@@ -202,7 +202,7 @@ def decode(code: int, body: bytes, payload: memoryview | None):
         raise Forged(f"an unknown message kind {code}")
     try:
         b = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
         raise Forged(f"a {cls.kind!r} message whose body is not JSON") from None
     if cls is m.Hello:
         return m.Hello(**_fields(b, "hello", {"rank": int, "recipe": str, "depth": int, "group": _group}))

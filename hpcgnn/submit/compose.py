@@ -16,6 +16,7 @@ The run folder: ``run_dir=...`` if given, else ``hydra.run.dir`` (a run) or
 from __future__ import annotations
 
 import itertools
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -81,6 +82,44 @@ def check_group_choices(dcfg: DictConfig) -> None:
                               f"use one of {', '.join(group_options(group))}")
 
 
+def config_groups() -> set[str]:
+    """The config groups (the folders of the packaged ``conf/`` and of the user's config folder) and Hydra's."""
+    from hpcgnn.env import user_config_dir
+
+    found = {p.name for folder in (CONF_DIR, user_config_dir()) if folder.is_dir() for p in folder.iterdir()
+             if p.is_dir()}
+    return found
+
+
+_OPTION = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.@-]*")
+
+
+def check_group_values(overrides: list[str] | tuple[str, ...]) -> None:
+    """A config group's value is the name of one of its options (a YAML file in the group's folder), never a path:
+    ``model=../../x`` or ``model=/abs/x`` would have Hydra compose a YAML from outside the config tree (another
+    user's, whose ``# @package _global_`` can set any ``_target_``). Refused before anything is read."""
+    groups = None
+    for o in overrides:
+        key, eq, value = o.lstrip("+~").partition("=")
+        if not eq:
+            continue
+        top = key.split("/")[0]
+        if groups is None:
+            groups = config_groups()
+        if top not in groups and top != "hydra":
+            continue
+        if key.startswith("hydra") and "/" not in key:
+            continue  # (hydra.run.dir=...: a value, not a group)
+        if value.strip() in ("null", ""):
+            continue
+        parts = value.split("/")
+        if any(not _OPTION.fullmatch(part) or part.startswith("..") for part in parts):
+            raise ConfigError(f"{key}={value}: a config group's value is the name of one of its options, not a path "
+                              f"(a YAML from outside the config tree would be composed: it can name code to run). "
+                              f"HINT: use one of {', '.join(group_options(key)) or 'its options'}, or put your own "
+                              f"YAML into your config folder's {key}/ and give its name")
+
+
 def group_options(group: str) -> list[str]:
     """The options of a config group: its YAML files, packaged and in the user's config folder."""
     from hpcgnn.env import user_config_dir
@@ -97,6 +136,7 @@ def compose(overrides: list[str] | tuple[str, ...] = (), job_num: int | None = N
     Raises :class:`ConfigError` naming the key or value to change.
     """
     overrides = expand_best(overrides)  # (+tune.best=FILE: a tune's best trial's overrides)
+    check_group_values(overrides)
     check_override_keys(overrides)
     extra = [f"hydra.job.num={job_num}"] if job_num is not None else []
     if sweep_dir is not None:

@@ -51,11 +51,15 @@ def run_status(run_dir: Path, now: float | None = None) -> str:
 def tune_status(sweep: Path) -> str:
     """A tune's study: each trial's state, parameters, value, epochs and where it was pruned; the best trial and the
     command that reruns it (:func:`hpcgnn.submit.tune.results`)."""
+    from hpcgnn.paths import why_not_yours
     from hpcgnn.submit.tune import results, tune_study
     from hpcgnn.submit.tune_worker import load_tune
 
-    _, fixed, space, _ = load_tune(sweep)
-    return results(tune_study(sweep)[0], sweep, fixed, space, write_best=False)
+    foreign = why_not_yours(sweep)
+    _, fixed, space, _ = load_tune(sweep, check=foreign is None)
+    head = f"NOT YOURS: {foreign}: what it holds is another user's; no command from it is printed\n" if foreign else ""
+    return head + results(tune_study(sweep, foreign is None)[0], sweep, fixed, space, write_best=False,
+                          foreign=foreign)
 
 
 def main(argv: list[str]) -> int:

@@ -23,6 +23,7 @@ from hpcgnn import trust
 from hpcgnn.config import RunConfig
 from hpcgnn.errors import EXIT_USER_ERROR
 from hpcgnn.io import write_json
+from hpcgnn.paths import why_not_yours
 from hpcgnn.slurm import FINAL_STATES, job_states
 from hpcgnn.submit.report import selected
 
@@ -40,7 +41,7 @@ class SweepMember:
 
 def write_manifest(sweep_dir: Path, members: list[SweepMember], cluster: str | None) -> Path:
     sweep_dir.mkdir(parents=True, exist_ok=True)
-    trust.run_folder(sweep_dir, "use a sweep folder of your own (hydra.sweep.dir=...)")
+    trust.run_folder(sweep_dir, "use a sweep folder of your own (hydra.sweep.dir=...)", "the sweep folder")
     data = {"created": time.strftime("%Y-%m-%d %H:%M:%S"), "cluster": cluster, "command": sys.argv,
             "members": [{"member": m.num, "overrides": m.overrides, "run_dir": m.cfg.run_dir, "job_id": m.job_id,
                          "state": m.state} for m in members]}
@@ -159,6 +160,10 @@ def status_table(sweep_dir: Path) -> tuple[str, list[dict]]:
     widths = [max(len(h), *(len(str(r[c])) for r in rows)) for c, h in zip(cols, heads, strict=True)]
     lines = ["  ".join(h.ljust(w) for h, w in zip(heads, widths, strict=True))]
     lines += ["  ".join(str(r[c]).ljust(w) for c, w in zip(cols, widths, strict=True)) for r in rows]
+    foreign = why_not_yours(sweep_dir)
+    if foreign:  # (its overrides are another user's: marked, not to be copied into a command unread)
+        lines.insert(0, f"NOT YOURS: {foreign}: its members' overrides are another user's; read them before you run "
+                        "any")
     return "\n".join(lines), rows
 
 

@@ -20,12 +20,12 @@ import sys
 import time
 from pathlib import Path
 
-from hpcgnn import runlock, trust
+from hpcgnn import paths, runlock, trust
 from hpcgnn.env import full_error
 from hpcgnn.errors import ConfigError, UserError, report
-from hpcgnn.io import write_json
+from hpcgnn.io import atomic_open, write_json
 from hpcgnn.submit.tune_worker import load_tune, trial_overrides_of
-from hpcgnn.tuning import SPEC, WORKERS
+from hpcgnn.tuning import SPEC, WORKERS, OutsideSpace
 
 
 def main(argv: list[str]) -> int:
@@ -84,7 +84,7 @@ def tune(overrides: list[str]) -> int:
     optuna()  # (the extra is there, before anything is written)
     fixed, space, cfg, sweep = plan(overrides)
     sweep.mkdir(parents=True, exist_ok=True)
-    trust.run_folder(sweep, "use a sweep folder of your own (hydra.sweep.dir=...)")
+    trust.run_folder(sweep, "use a sweep folder of your own (hydra.sweep.dir=...)", "the sweep folder")
     if cfg.cluster is not None:
         return submit_array(overrides, fixed, space, cfg, sweep)
     lock = runlock.take(sweep, "a tune's launcher")
@@ -215,7 +215,7 @@ def _worker(sweep_dir: str, k: int, resume: list[int]) -> None:
     import os
 
     log_path = Path(sweep_dir) / WORKERS / f"{k}.log"
-    with open(log_path, "a", buffering=1) as out:
+    with paths.open_append(log_path, "a worker's log", buffering=1) as out:
         os.dup2(out.fileno(), 1)  # (the trials' ranks, processes of their own, write there too)
         os.dup2(out.fileno(), 2)
         sys.stdout = sys.stderr = out
@@ -246,8 +246,13 @@ def work(sweep_dir: str, k: int, resume: list[int] = ()) -> None:
             if trial is None:
                 break
         run_dir = trial_dir(sweep, trial.number)
-        chosen = trial_overrides(trial, space)
-        overrides = trial_overrides_of(sweep, fixed, space, trial.params, trial.number)
+        try:
+            chosen = trial_overrides(trial, space)
+            overrides = trial_overrides_of(sweep, fixed, space, trial.params, trial.number)
+        except OutsideSpace as exc:  # (a value the search space does not offer: fails, one line, nothing runs)
+            report(exc, False)
+            finish(study, trial, run_dir, exc.exit_code, space, retry=False)
+            continue
         print(f"--- worker {k}: trial {trial.number}: {' '.join(chosen)}", flush=True)
         t0 = time.monotonic()
         beat = Heartbeat(sweep, k, trial.number)  # (other workers tell a trial whose worker died by it)
@@ -263,10 +268,11 @@ def work(sweep_dir: str, k: int, resume: list[int] = ()) -> None:
         print(f"--- worker {k}: trial {trial.number} {state} in {time.monotonic() - t0:.1f} s", flush=True)
 
 
-def results(study, sweep: Path, fixed: list[str], space, write_best: bool = True) -> str:
+def results(study, sweep: Path, fixed: list[str], space, write_best: bool = True, foreign: str | None = None) -> str:
     """The study in a table (each trial's state, parameters, value, epochs), its best trial, and the command that
-    reruns it; the best trial's overrides written to ``best.yaml`` (``write_best``)."""
-    from hpcgnn.tuning import BEST, counts, rerun_overrides, trial_dir
+    reruns it; the best trial's overrides written to ``best.yaml`` (``write_best``). ``foreign``: why the folder is
+    not yours: its best trial is named, but no command from it is printed to run."""
+    from hpcgnn.tuning import BEST, counts, rerun_overrides, space_overrides, trial_dir
 
     lines, best = [], None
     with_value = [t for t in study.get_trials(deepcopy=False) if t.state.name == "COMPLETE"]
@@ -288,11 +294,21 @@ def results(study, sweep: Path, fixed: list[str], space, write_best: bool = True
     c = counts(study)
     head = f"tune: {sum(c.values())} trial(s): " + ", ".join(f"{v} {k}" for k, v in sorted(c.items()))
     out = [head, "  trial  state        value  epochs                 parameters", *lines]
+    try:
+        chosen = [*rerun_overrides(fixed), *space_overrides(space, best.params, best.number)] if best is not None else None
+    except OutsideSpace as exc:
+        out.append(f"best: none written: {exc}")
+        best = None
     if best is not None:
-        chosen = [*rerun_overrides(fixed), *(p.override(best.params[p.key]) for p in space)]
         if write_best:
-            (sweep / BEST).write_text("# the best trial's overrides (hpcgnn tune): python -m hpcgnn $(grep -v '^#' "
-                                      f"{BEST})\n" + "".join(f"{o}\n" for o in chosen))
+            with atomic_open(sweep / BEST) as f:
+                f.write(f"# the best trial's overrides (hpcgnn tune): python -m hpcgnn $(grep -v '^#' {BEST})\n"
+                        + "".join(f"{o}\n" for o in chosen))
+        if foreign is not None:
+            out.append(f"best: trial {best.number}, {best.value:.4f}; NOT YOURS ({foreign}): no command to rerun it is "
+                       "printed, as its overrides may name another user's code. HINT: copy the folder into one of "
+                       "your own and read its best.yaml before you use it")
+            return "\n".join(out)
         out.append(f"best: trial {best.number}, {best.value:.4f}; rerun it: python -m hpcgnn {' '.join(chosen)}  "
                    f"(overrides in {sweep / BEST})")
     return "\n".join(out)
@@ -306,11 +322,12 @@ def _summary(run_dir: Path) -> dict:
         return {}
 
 
-def tune_study(sweep: Path):
-    """A tune's study, read from its folder, and the metric it optimises (its name, for figures)."""
+def tune_study(sweep: Path, check: bool = True):
+    """A tune's study, read from its folder, and the metric it optimises (its name, for figures); ``check``: as
+    :func:`hpcgnn.submit.tune_worker.load_tune`."""
     from hpcgnn.tuning import open_study
 
-    spec, _, _, cfg = load_tune(sweep)
+    spec, _, _, cfg = load_tune(sweep, check)
     metric = spec.get("metric")
     for summary in sorted(sweep.glob("trials/*/summary.json")) if metric is None else []:  # (auto: the task's own)
         metric = json.loads(summary.read_text()).get("tune_metric")

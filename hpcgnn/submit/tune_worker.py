@@ -9,16 +9,23 @@ import time
 from pathlib import Path
 
 from hpcgnn import trust
-from hpcgnn.tuning import SPEC, WORKERS
+from hpcgnn.errors import report
+from hpcgnn.tuning import SPEC, WORKERS, OutsideSpace
 
 
-def load_tune(sweep: Path):
+def load_tune(sweep: Path, check: bool = True):
     """A tune's folder read back: (tune.json, its fixed overrides, its space, the config of its first values: what
-    every worker, ``status`` and ``report`` build the study from)."""
+    every worker, ``status`` and ``report`` build the study from). ``check``: the folder, every part of it, must be
+    yours (:func:`hpcgnn.trust.run_folder`: its tune.json and study become overrides that are composed and run);
+    ``status`` only looks, and says whose it is."""
     from hpcgnn.submit.compose import compose
     from hpcgnn.tuning import parse_space
 
-    spec = json.loads((sweep / SPEC).read_text())
+    if check:
+        trust.run_folder(sweep, "use a sweep folder of your own (hydra.sweep.dir=...)", "the tune's folder")
+        spec = json.loads(trust.read_own_file(sweep / SPEC, "the tune's tune.json"))
+    else:
+        spec = json.loads((sweep / SPEC).read_text())
     fixed, space = parse_space(spec["overrides"])
     return spec, fixed, space, compose([*fixed, *(p.override(p.corners()[0]) for p in space)]).cfg
 
@@ -47,9 +54,16 @@ def array_worker(sweep_dir: str, k: int, environ) -> None:
     for i in itertools.count():
         if leader:
             trial = running_trial(study, json.loads(current.read_text())["trial"]) if current.is_file() else None
-            trial = trial or next_trial(study, base.tune.trials, space, sweep)
-            number = trial.number if trial is not None else None
-            overrides = trial_overrides_of(sweep, fixed, space, trial.params, number) if trial is not None else None
+            while True:
+                trial = trial or next_trial(study, base.tune.trials, space, sweep)
+                number = trial.number if trial is not None else None
+                try:
+                    overrides = trial_overrides_of(sweep, fixed, space, trial.params, number) if trial else None
+                    break
+                except OutsideSpace as exc:  # (fails, one line; the next one is drawn)
+                    report(exc, False)
+                    finish(study, trial, trial_dir(sweep, number), exc.exit_code, space, retry=False)
+                    trial = None
             if trial is not None:
                 current.write_text(json.dumps({"trial": number}))
                 cfg = compose(overrides).cfg
@@ -84,10 +98,10 @@ def array_worker(sweep_dir: str, k: int, environ) -> None:
 def trial_overrides_of(sweep: Path, fixed: list[str], space, params: dict, number: int) -> list[str]:
     """A trial's overrides: the fixed ones (not the tune's run folders), the tune's settings, its values, and
     where it reports and runs."""
-    from hpcgnn.tuning import STUDY_FILE, rerun_overrides, trial_dir
+    from hpcgnn.tuning import STUDY_FILE, rerun_overrides, space_overrides, trial_dir
 
     settings = [o for o in fixed if o.lstrip("+~").startswith("tune.")]
-    return [*rerun_overrides(fixed), *settings, *(p.override(params[p.key]) for p in space),
+    return [*rerun_overrides(fixed), *settings, *space_overrides(space, params, number),
             f"tune.trial={number}", f"tune.study={sweep / STUDY_FILE}", f"metrics.group={sweep}",
             f"hydra.run.dir={trial_dir(sweep, number)}"]
 
