@@ -57,11 +57,22 @@ def check_registered_names(cfg) -> None:
 TRACKERS = ("wandb", "mlflow")  # metrics.trackers (hpcgnn.rank.trackers), each an optional extra
 
 
-def check_trackers(trackers) -> None:
-    """Each tracker named is known and installed here: else one line naming the extra."""
+def check_trackers(trackers, environ=None) -> None:
+    """Each tracker named is known and installed here: else one line naming the extra. MLflow pointed at a file
+    store of the user's own (``MLFLOW_TRACKING_URI=file://...``, a path) without ``MLFLOW_ALLOW_FILE_STORE=true``,
+    which MLflow refuses with a traceback on the rank: one line naming both fixes."""
     import importlib.util
 
+    from hpcgnn import env
     from hpcgnn.errors import MissingExtra
+
+    uri = env.read("mlflow_uri", environ)
+    allowed = (env.read("mlflow_file_store", environ) or "").strip().lower() in ("1", "true", "yes")
+    if "mlflow" in trackers and uri and uri.startswith(("file:", "/", ".", "~")) and not allowed:
+        raise ConfigError(f"MLFLOW_TRACKING_URI={uri} is a file store, which MLflow refuses unless "
+                          "MLFLOW_ALLOW_FILE_STORE=true. HINT: export MLFLOW_ALLOW_FILE_STORE=true, point "
+                          "MLFLOW_TRACKING_URI at a tracking server (http://...) or a database (sqlite:///...), or "
+                          "unset it (hpcgnn keeps a file store in the run's folder)")
 
     for name in trackers:
         if name not in TRACKERS:

@@ -102,6 +102,9 @@ VARIABLES: dict[str, str] = {
     "c_compiler": "CC",  # the C compiler that builds them on first use (default cc)
     "native_cache": "HPCGNN_NATIVE_CACHE",  # where those are kept (a folder only you may write)
     "cache_home": "XDG_CACHE_HOME",  # ... default $XDG_CACHE_HOME/hpcgnn/native (XDG_CACHE_HOME default ~/.cache)
+    # Trackers (docs/tracking.md):
+    "mlflow_uri": "MLFLOW_TRACKING_URI",  # where MLflow writes (unset: a file store in the run's or group's folder)
+    "mlflow_file_store": "MLFLOW_ALLOW_FILE_STORE",  # true: MLflow accepts a file store (it refuses one otherwise)
 }
 # Variables hpcgnn sets for its own processes and those they start, unless the user did. Read by libraries
 # once, when they load; hpcgnn/__init__.py applies them before anything imports torch.

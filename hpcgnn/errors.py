@@ -150,3 +150,13 @@ def report(exc: UserError, with_traceback: bool = False) -> int:
         traceback.print_exception(exc, file=sys.stderr)
     print(describe(exc), file=sys.stderr, flush=True)
     return exc.exit_code
+
+
+def first_words(text: str, limit: int = 200) -> str:
+    """A library's message as one line a person reads: its first line, cut at a word (never mid-word) within
+    ``limit`` characters, with "..." where it was cut."""
+    line = (str(text).strip().splitlines() or [""])[0].strip()
+    if len(line) <= limit:
+        return line
+    cut = line[:limit].rsplit(" ", 1)[0].rstrip(" ,;:")
+    return f"{cut} ..."

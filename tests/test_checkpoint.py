@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pickle
 import random
+import re
 
 import numpy as np
 import pytest
@@ -210,9 +211,13 @@ def test_a_checkpoint_whose_common_state_cannot_be_loaded_is_skipped_and_the_res
     (newest / "MANIFEST.json").write_text(json.dumps(manifest))
     capsys.readouterr()
     again = train_here(*args, run_dir=tmp_path / "cut")
-    out = capsys.readouterr().out
+    captured = capsys.readouterr()
+    out = captured.out + captured.err
     assert "pwned" not in out
-    warned = [line for line in out.splitlines() if "WARNING: checkpoint" in line]
+    warned = [line for line in out.splitlines() if "skipped" in line]  # (one line, not the log's and a print's)
     assert len(warned) == 1 and f"checkpoint {newest} skipped: it cannot be loaded (UnpicklingError: Weights only " \
         "load failed" in warned[0], warned
+    reason = re.search(r"\(UnpicklingError: (.*)\); trying the previous one$", warned[0]).group(1)
+    assert reason.endswith((" ...", ".")) or len(reason) < 200, reason  # (cut at a word, never mid-word)
+    assert re.fullmatch(r".*\w ...|.*\.", reason), reason
     assert again["resumes"] == 1 and again["param_checksums"] == whole["param_checksums"]

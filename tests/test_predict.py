@@ -15,7 +15,7 @@ import pytest
 from conftest import DATA_ROOT, REPO, TINY, predict_here, run_cli, summary_of, train_here
 
 from hpcgnn.__main__ import main
-from hpcgnn.errors import ConfigError, NotTrusted, PredictError
+from hpcgnn.errors import ConfigError, PredictError
 from hpcgnn.models.saved import ModelFileError
 
 SMALL = [*TINY, f"dataset.root={DATA_ROOT}", "metrics.tensorboard=false"]
@@ -90,10 +90,7 @@ def test_a_typed_run_and_a_user_models_run_predict_as_they_evaluated(tmp_path, m
     monkeypatch.syspath_prepend(str(REPO / "examples"))
     mine = tmp_path / "mine"
     m = train_here(*SMALL, "model=custom", "model._target_=my_gnn.ResidualSAGE", run_dir=mine)
-    with pytest.raises(NotTrusted, match=r"model/best.pt names the class my_gnn.ResidualSAGE, outside hpcgnn and "
-                                         r"torch_geometric: rebuilding it imports that module, which runs its code. "
-                                         r"HINT: give trust=true if you trust the run and that module"):
-        predict_here(mine)
+    assert predict_here(mine)["value"] == m["test"]  # (your own folder, your own package: no trust=true asked)
     assert predict_here(mine, "trust=true")["value"] == m["test"]
     with pytest.raises(PredictError, match=r"my_gnn.ResidualSAGE cannot be run layer by layer \(exact inference: "
                                            r"PyG's BasicGNN interface, num_layers and inference_per_layer\), and a "

@@ -449,8 +449,10 @@ def test_predict_on_a_run_folder_of_another_user_is_refused_without_trust(tmp_pa
     assert not marker.exists()
 
 
-def test_load_model_imports_no_class_outside_hpcgnn_and_pyg_without_trust(tmp_path, capsys):
-    """A model file naming ``this.Nothing``: loading it printed the Zen of Python (importing ``this``)."""
+def test_a_model_class_loads_without_trust_only_from_a_package_only_you_can_write(tmp_path, capsys, monkeypatch):
+    """Trust is asked only where it guards something: your own private run naming a class of your own, in a package
+    only you (or root) can write, loads without trust_run=True (every user of a custom model typed it every time).
+    A package another user may have written is refused, trusted or not, before it is imported."""
     import torch
 
     from hpcgnn import load_model
@@ -461,13 +463,29 @@ def test_load_model_imports_no_class_outside_hpcgnn_and_pyg_without_trust(tmp_pa
     _train_a_run(run)
     path = saved.model_path(run, "best")
     record = torch.load(path, weights_only=True)
-    record["model"] = {**record["model"], "name": "custom", "_target_": "this.Nothing"}
+    lib = tmp_path / "lib"
+    (lib / "hpcgnn_test_mine").mkdir(parents=True)
+    marker = tmp_path / "imported"
+    (lib / "hpcgnn_test_mine" / "__init__.py").write_text(
+        f"open({str(marker)!r}, 'w').close()\nfrom torch_geometric.nn.models import GraphSAGE as Net\n")
+    monkeypatch.syspath_prepend(str(lib))
+    record["model"] = {**record["model"], "name": "custom", "_target_": "hpcgnn_test_mine.Net"}
     saved.write(path, record)
-    capsys.readouterr()
-    with pytest.raises(NotTrusted, match=r"names the class this.Nothing, outside hpcgnn and torch_geometric: rebuilding "
-                                         r"it imports that module, which runs its code. HINT: give trust_run=True"):
-        load_model(run)
-    assert "Beautiful is better than ugly" not in capsys.readouterr().out
+    (lib / "hpcgnn_test_mine").chmod(0o777)  # another user may have written the package
+    for trusted in (False, True):
+        with pytest.raises(NotTrusted, match=r"the package hpcgnn_test_mine .*hpcgnn_test_mine can be written by others "
+                                             r"\(mode 0777\).* HINT: .*install hpcgnn_test_mine where only you \(or "
+                                             r"root\) can write"):
+            load_model(run, trust_run=trusted)
+    assert not marker.exists()  # (refused before it was imported)
+    (lib / "hpcgnn_test_mine").chmod(0o755)
+    with pytest.raises(NotTrusted, match=r"names the class \'os.system; x\', which is no module path"):
+        saved.check_source({"name": "custom", "_target_": "os.system; x"}, False, "trust_run=True", "the file")
+    try:
+        load_model(run)  # (a GraphSAGE under another name: its weights fit, or torch says which do not)
+    except RuntimeError:
+        pass
+    assert marker.exists()
     record["model"]["_target_"] = "hpcgnn_test_nowhere.Net"
     saved.write(path, record)
     with pytest.raises(NotTrusted, match=r"whose package hpcgnn_test_nowhere is no file of an installed package path"):

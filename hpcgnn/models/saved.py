@@ -136,18 +136,19 @@ def read(path: str | Path, trusted: bool = False, how: str = "trust=true") -> di
 
 
 def check_source(model: dict, trusted: bool, how: str, where: str) -> None:
-    """Before a model's class is imported (importing runs its module's code): refused unless it is hpcgnn's or
-    PyG's, or ``trusted``; and, trusted or not, unless its module is a file of an installed package path that
-    only its owner (the user, or root) can write."""
+    """Before a model's class is imported (importing runs its module's code): refused unless its module is a file of
+    an installed package path that only its owner (the user, or root) can write, at every level of the package
+    (:func:`hpcgnn.paths.check_tree`). A class of your own, named by a model file in a folder of your own (the
+    callers check that, unless ``trusted``), then loads without ``trust=true``: trust is asked only for what it
+    guards, a folder or a package another user may have written (``how`` names the option)."""
     import importlib.util
 
     target = model.get("_target_") if model.get("name") == "custom" else None
     if not target:
         return
-    if not isinstance(target, str) or not target.startswith(TRUSTED) and not trusted:
-        raise NotTrusted(f"{where} names the class {target}, outside hpcgnn and torch_geometric: rebuilding it "
-                               f"imports that module, which runs its code. HINT: give {how} if you trust the run and "
-                               "that module")
+    if not isinstance(target, str) or not all(part.isidentifier() for part in target.split(".")):
+        raise NotTrusted(f"{where} names the class {str(target)[:80]!r}, which is no module path. HINT: give {how} "
+                         "only if you trust whoever wrote it")
     top = target.split(".")[0]
     try:
         spec = importlib.util.find_spec(top)
@@ -156,10 +157,17 @@ def check_source(model: dict, trusted: bool, how: str, where: str) -> None:
     origin = spec.origin if spec is not None and spec.has_location else None
     if origin is None:
         raise NotTrusted(f"{where} names the class {target}, whose package {top} is no file of an installed "
-                               "package path here. HINT: install it (or put its folder on PYTHONPATH) where you load "
-                               "the model")
-    paths.check_root(Path(origin).parent, f"the folder of {top}", f"install {top} where only you (or root) can "
-                       "write")
+                         "package path here. HINT: install it (or put its folder on PYTHONPATH) where you load "
+                         "the model")
+    if target.startswith(TRUSTED):
+        return
+    hint = f"install {top} where only you (or root) can write"
+    origin = Path(origin)
+    package = origin.parent if origin.name == "__init__.py" else origin
+    paths.check_root(package.parent, f"the folder of {top}", hint)
+    paths.check_under(package.parent, package, f"the package {top}", hint)
+    if package.is_dir():
+        paths.check_tree(package, f"the package {top}", hint)
 
 
 def rebuild(record: dict) -> torch.nn.Module:

@@ -37,7 +37,7 @@ import torch
 from hpcgnn import dist
 from hpcgnn.config import RunConfig
 from hpcgnn.env import RankEnv
-from hpcgnn.errors import AnotherRankFailed, CheckpointError
+from hpcgnn.errors import AnotherRankFailed, CheckpointError, first_words
 from hpcgnn.io import AtomicFolder, human_bytes, no_room, save_whole, sha256_file
 
 log = logging.getLogger(__name__)
@@ -208,9 +208,11 @@ class Checkpointer:
                     problem = self._read_ahead(folder)
                 if problem is None:
                     return folder, manifest
-                log.warning("checkpoint %s skipped: %s; trying the previous one", folder, problem)
-                if self.env.is_main:
-                    print(f"hpcgnn: WARNING: checkpoint {folder} skipped: {problem}", flush=True)
+                if self.env.is_main:  # (one line, rank 0's: every rank skips the same one)
+                    print(f"hpcgnn: WARNING: checkpoint {folder} skipped: {problem}; trying the previous one",
+                          flush=True)
+                else:
+                    log.debug("checkpoint %s skipped: %s", folder, problem)
         return None, {}
 
     def _set_aside_others(self) -> None:
@@ -355,8 +357,7 @@ class Checkpointer:
         try:
             self._loaded = (folder, *self._read(folder))
         except Exception as exc:  # (torch's unpickling errors are of many kinds; any means: not this one)
-            first = (str(exc).strip().splitlines() or [""])[0][:160]
-            why = f"it cannot be loaded ({type(exc).__name__}: {first})"
+            why = f"it cannot be loaded ({type(exc).__name__}: {first_words(str(exc))})"
         if int(dist.all_reduce_max(torch.tensor([0 if why is None else 1])).item()) and why is None:
             why = "another rank's part of it cannot be loaded"
         return why

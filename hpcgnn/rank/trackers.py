@@ -27,7 +27,7 @@ import math
 import os
 from pathlib import Path
 
-from hpcgnn import paths, trust
+from hpcgnn import env, paths, trust
 from hpcgnn.checks import check_trackers
 from hpcgnn.io import write_json
 
@@ -71,6 +71,9 @@ class Trackers:
         if not self.names:
             return
         check_trackers(self.names)
+        if self.cfg.metrics.group:  # (the sweep's folder, or one the user named: it and all in it must be theirs)
+            paths.check_tree(self.cfg.metrics.group, "the metrics group's folder (metrics.group)",
+                             "use a folder only you can write for metrics.group")
         config = dataclasses.asdict(self.cfg)
         if "wandb" in self.names:
             self.wandb = self._start_wandb(config)
@@ -95,7 +98,7 @@ class Trackers:
         import mlflow
 
         m = self.cfg.metrics
-        uri = os.environ.get("MLFLOW_TRACKING_URI") or _file_store(Path(m.group) if m.group else self.run_dir)
+        uri = env.read("mlflow_uri") or _file_store(Path(m.group) if m.group else self.run_dir)
         client = mlflow.MlflowClient(uri)
         experiment = client.get_experiment_by_name(m.project)
         experiment_id = experiment.experiment_id if experiment is not None else client.create_experiment(m.project)
@@ -107,8 +110,7 @@ class Trackers:
             if m.group:
                 tags["mlflow.parentRunId"] = _parent(client, experiment_id, Path(m.group))
             run_id = client.create_run(experiment_id, run_name=self.run_dir.name, tags=tags).info.run_id
-            kept.parent.mkdir(parents=True, exist_ok=True)
-            kept.write_text(json.dumps({"run_id": run_id, "tracking_uri": uri}))
+            write_json(kept, {"run_id": run_id, "tracking_uri": uri})
             params = sorted(flat(config).items())
             for i in range(0, len(params), 100):  # (MLflow takes 100 params a call)
                 client.log_batch(run_id, params=[mlflow.entities.Param(k, v) for k, v in params[i:i + 100]])

@@ -1,4 +1,4 @@
-"""``python -m hpcgnn report RUN_OR_SWEEP_DIR``: the figures of a run or a sweep, as PNG files.
+"""``python -m hpcgnn report RUN_OR_SWEEP_DIR [trust=true]``: the figures of a run or a sweep, as PNG files.
 
 A run folder (``summary.json`` or ``progress.json``, ``metrics/``) gives:
 - ``curves.png``: loss and train/val/test accuracy per epoch;
@@ -116,16 +116,26 @@ def plot_sweep(rows: list[dict], ax_thr, ax_acc) -> None:
     ax_acc.set(xlabel=f"test {'/'.join(metrics)} (at best val)", title="best epoch per member")
 
 
-def write_report(folder: Path) -> list[Path]:
+def write_report(folder: Path, trusted: bool = False) -> list[Path]:
+    """The figures of a run, a sweep or a tune, written into its folder. The folder must be yours, every part of it
+    (:func:`hpcgnn.trust.run_folder`, as predict's): what it holds is read, and the figures are written there, never
+    through a link another user planted. ``trusted``: a colleague's folder you vouch for (``trust=true``)."""
     import matplotlib
+
+    from hpcgnn import paths, trust
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     folder = Path(folder)
+    if trusted:
+        paths.trust_root(folder)
+    else:
+        trust.run_folder(folder, "copy it into a folder of your own, or give trust=true if you trust whoever wrote "
+                                 "it", "the folder to report on")
     written = []
     if (folder / "study.journal").is_file():  # a tune (hpcgnn.tuning.STUDY_FILE)
-        return write_tune_report(folder)
+        return write_tune_report(folder, trusted)
     if (folder / "manifest.json").is_file():
         rows = load_sweep(folder)
         fig, (a, b) = plt.subplots(1, 2, figsize=(12, 1.5 + 0.5 * len(rows)), constrained_layout=True)
@@ -145,7 +155,7 @@ def write_report(folder: Path) -> list[Path]:
     return written
 
 
-def write_tune_report(sweep: Path) -> list[Path]:
+def write_tune_report(sweep: Path, trusted: bool = False) -> list[Path]:
     """A tune's figures: ``history.png`` (each trial's value, the best so far, where the pruned ones stopped),
     ``importances.png`` (each parameter's share of the value's variance: Optuna's fANOVA, from two completed
     trials on) and ``intermediate.png`` (every trial's metric per epoch, the pruned ones marked)."""
@@ -156,7 +166,7 @@ def write_tune_report(sweep: Path) -> list[Path]:
 
     from hpcgnn.submit.tune import tune_study
 
-    study, metric = tune_study(sweep)
+    study, metric = tune_study(sweep, check=not trusted)
     trials = study.get_trials(deepcopy=False)
     done = [t for t in trials if t.state.name == "COMPLETE"]
     pruned = [t for t in trials if t.state.name == "PRUNED" and t.intermediate_values]
@@ -204,19 +214,31 @@ def write_tune_report(sweep: Path) -> list[Path]:
 
 
 def _save(fig, path: Path) -> Path:
+    """The figure as a PNG at ``path``, through the one atomic writer (a planted link is refused, not written
+    through)."""
     import matplotlib.pyplot as plt
 
-    fig.savefig(path, dpi=100)
+    from hpcgnn.io import atomic_open
+
+    with atomic_open(path, "wb") as f:
+        fig.savefig(f, dpi=100, format="png")
     plt.close(fig)
     return path
 
 
 def main(argv: list[str]) -> int:
+    from hpcgnn.env import full_error
+    from hpcgnn.errors import UserError, report
+
+    trusted = "trust=true" in argv
+    argv = [a for a in argv if a not in ("trust=true", "trust=false")]
     if len(argv) != 1 or argv[0] in ("-h", "--help"):
         print(__doc__.strip(), file=sys.stderr)
         return EXIT_USER_ERROR
     try:
-        paths = write_report(Path(argv[0]))
+        paths = write_report(Path(argv[0]), trusted)
+    except UserError as exc:
+        return report(exc, full_error())
     except (FileNotFoundError, ValueError, KeyError) as exc:
         print(f"hpcgnn: {exc}", file=sys.stderr)
         return EXIT_USER_ERROR

@@ -43,7 +43,7 @@ from pathlib import Path
 import torch
 
 import hpcgnn.sampling.kernels.sources as sources
-from hpcgnn import env
+from hpcgnn import env, paths
 
 log = logging.getLogger(__name__)
 PACKAGED = "_kernels"  # the module name setup.py builds the library under, beside this file
@@ -115,9 +115,9 @@ def check_file(path: Path) -> None:
     except OSError as exc:
         raise Rejected(f"unreadable ({exc.strerror})") from None
     for what, s in (("it", st), ("its folder", folder)):
-        if s.st_uid not in (os.getuid(), 0) or s.st_mode & 0o022:
-            raise Rejected(f"{what} may be written by users other than you (owner uid {s.st_uid}, mode "
-                           f"{stat.S_IMODE(s.st_mode):04o})")
+        why = paths.fault(s)
+        if why is not None:  # (another user's; or group or others may write it)
+            raise Rejected(f"{what} {why}")
     if len(data) < 64 or data[:4] != b"\x7fELF" or data[4] != 2:  # (64-bit ELF only)
         raise Rejected(f"not a 64-bit ELF shared object ({len(data)} bytes)")
     order = "<" if data[5] == 1 else ">"
@@ -250,11 +250,14 @@ def private_folder(folder: Path) -> Path:
     if not stat.S_ISDIR(st.st_mode):
         raise NativeUnavailable(f"the cache folder {folder} is not a folder. HINT: set HPCGNN_NATIVE_CACHE to a "
                                 "folder of your own", cache=True)
-    if st.st_uid != os.getuid() or st.st_mode & 0o022:
+    if st.st_uid != os.getuid():
+        raise NativeUnavailable(f"the cache folder {folder} is refused: it belongs to another user (uid {st.st_uid}), "
+                                "who could plant a library there. HINT: set HPCGNN_NATIVE_CACHE to a folder of your "
+                                "own", cache=True)
+    if st.st_mode & 0o022:
         raise NativeUnavailable(f"the cache folder {folder} is refused: others may write it (mode "
-                                f"{stat.S_IMODE(st.st_mode):04o}, owner uid {st.st_uid}), and so plant a library "
-                                "there. HINT: chmod go-w it, or set HPCGNN_NATIVE_CACHE to a folder of your own",
-                                cache=True)
+                                f"{stat.S_IMODE(st.st_mode):04o}), and so plant a library there. HINT: chmod go-w "
+                                f"{folder}, or set HPCGNN_NATIVE_CACHE to a folder of your own", cache=True)
     return folder
 
 
