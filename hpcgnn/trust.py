@@ -144,6 +144,8 @@ def open_own(path: str | Path, what: str, flags: int = os.O_RDONLY, mode: int = 
         if exc.errno == errno.ELOOP:
             raise NotTrusted(f"{what} {path} is a symbolic link, which hpcgnn does not follow here. HINT: another "
                              "user may have planted it: remove it, or use a run folder only you can write") from None
+        if exc.errno == errno.ENOENT:
+            raise
         raise NotTrusted(f"cannot open {what} {path} ({exc.strerror}). HINT: it must be a plain file of yours; "
                          "another user may have planted it: remove it, or use a run folder only you can write") from None
     st = os.fstat(fd)

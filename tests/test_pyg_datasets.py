@@ -3,6 +3,8 @@ target and its arguments, then served in every mode; its masks kept, or a seeded
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from conftest import DATA_ROOT, EXAMPLES, make_config, run_cli, summary_of, train_here
@@ -210,3 +212,46 @@ def test_a_pyg_dataset_serves_link_prediction(tmp_path):
     s = train_here(*FAKE, f"dataset.root={DATA_ROOT}", "task=link", "train.epochs=1", "metrics.tensorboard=false",
                    run_dir=tmp_path)
     assert s["dataset"] == "pyg" and s["task"] == "link" and 0 <= s["test"] <= 1
+
+
+class DatedGraphs:
+    """An InMemoryDataset of the user's whose processed folder holds a file PyG's safe loader refuses (a date):
+    PyG reads it with torch's full unpickler, warning twice over."""
+
+    def __new__(cls, root: str):
+        import datetime
+        import os
+
+        from torch_geometric.data import Data, InMemoryDataset
+        from torch_geometric.io import fs
+
+        class _Dated(InMemoryDataset):
+            @property
+            def processed_file_names(self):
+                return ["data.pt", "made.pt"]
+
+            def process(self):
+                g = torch.Generator().manual_seed(0)
+                data = Data(x=torch.randn(30, 4, generator=g), edge_index=torch.randint(0, 30, (2, 90), generator=g),
+                            y=torch.randint(0, 3, (30,), generator=g))
+                self.save([data], self.processed_paths[0])
+                torch.save({"made": datetime.date(2026, 11, 29)}, self.processed_paths[1])
+
+        made = _Dated(root)
+        made.load(made.processed_paths[0])
+        fs.torch_load(os.path.join(made.processed_dir, "made.pt"))
+        return made
+
+
+def test_a_file_pygs_safe_loader_refuses_is_one_line_not_ten_lines_of_warnings(tmp_path, caplog, recwarn):
+    import logging
+
+    caplog.set_level(logging.WARNING, logger="hpcgnn")
+    args = ["dataset=pyg", "dataset._target_=test_pyg_datasets.DatedGraphs", f"dataset.root={tmp_path}"]
+    g = build_graph(make_config(*args).dataset)
+    assert g.num_nodes == 30
+    said = [r.getMessage() for r in caplog.records if "full unpickler" in r.getMessage()]
+    assert len(said) == 1 and re.search(r"dataset._target_=test_pyg_datasets.DatedGraphs: PyG read 1 processed file\(s\) "
+                                        r"with torch's full unpickler, the safe loader having refused "
+                                        r"add_safe_globals\(\[.*date.*\]\)", said[0]), said
+    assert not [w for w in recwarn if "Weights only load failed" in str(w.message)]

@@ -259,3 +259,55 @@ def test_a_draw_of_a_running_trials_parameters_is_set_aside_and_drawn_again_a_fe
         study.enqueue_trial({"train.lr": 0.03})
     again = next_trial(study, 20, space)
     assert again.params == {"train.lr": 0.03} and counts(study) == {"running": 3, "redrawn": 1 + REDRAWS}
+
+
+def test_trial_values_read_back_from_the_study_are_checked_against_the_tunes_own_space(tmp_path):
+    """Another user who could write the study (a journal of mode 0666) appended a trial whose value is
+    ``model=../../<path>/evil`` and a COMPLETE one of value 0.99 outside the space: resuming ran the first, and the
+    second became best.yaml. Now a value outside the space fails its trial with one line naming the trial and the
+    key, and no best.yaml is written from it."""
+    import optuna
+
+    from hpcgnn.submit.compose import compose
+    from hpcgnn.submit.tune import results
+    from hpcgnn.tuning import BEST, OutsideSpace, open_study, parse_space, space_overrides
+
+    fixed, space = parse_space(["model=choice(sage,gat)", "train.lr=tag(log, interval(1e-4, 1e-2))",
+                                "model.hidden_channels=range(16,65,16)"])
+    assert space_overrides(space, {"model": "gat", "train.lr": 1e-3, "model.hidden_channels": 48}, 3) == \
+        ["model=gat", "train.lr=0.001", "model.hidden_channels=48"]
+    for params, key in [({"model": "../../x/evil", "train.lr": 1e-3, "model.hidden_channels": 16}, "model"),
+                        ({"model": "sage", "train.lr": 0.5, "model.hidden_channels": 16}, "train.lr"),
+                        ({"model": "sage", "train.lr": float("nan"), "model.hidden_channels": 16}, "train.lr"),
+                        ({"model": "sage", "train.lr": 1e-3, "model.hidden_channels": 17}, "model.hidden_channels"),
+                        ({"model": "sage", "train.lr": 1e-3}, "model.hidden_channels")]:
+        with pytest.raises(OutsideSpace, match=rf"tune: trial 7: {key} = .* is outside the tune's search space "
+                                               rf"\({key} in .*\): the trial fails, nothing of it runs"):
+            space_overrides(space, params, 7)
+    study = open_study(compose([]).cfg, tmp_path, "maximize")
+    planted = optuna.trial.create_trial(params={"model": "../../x/evil", "train.lr": 1e-3, "model.hidden_channels": 16},
+                                        distributions={"model": optuna.distributions.CategoricalDistribution(
+                                            ["../../x/evil"]), "train.lr": space[1].distribution(),
+                                            "model.hidden_channels": space[2].distribution()}, value=0.99)
+    study.add_trial(planted)
+    text = results(study, tmp_path, fixed, space)
+    assert "best: none written: tune: trial 0: model = '../../x/evil' is outside the tune's search space" in text
+    assert "rerun it" not in text and not (tmp_path / BEST).exists()
+
+
+def test_a_tune_workers_crash_lands_in_its_log_whole_and_the_launcher_says_where(tmp_path):
+    """A worker that crashed printed ``ValueError('I/O operation on closed file.') lost sys.stderr`` (its log file
+    was closed before Python printed the traceback) and the launcher exited 1 with no line."""
+    import multiprocessing
+
+    from hpcgnn.submit.tune import _worker
+    from hpcgnn.tuning import WORKERS
+
+    (tmp_path / WORKERS).mkdir()
+    (tmp_path / "tune.json").write_text("{not json")  # (a fault of the worker's: it crashes, exit 1)
+    p = multiprocessing.get_context("spawn").Process(target=_worker, args=(str(tmp_path), 0, []))
+    p.start()
+    p.join(120)
+    text = (tmp_path / WORKERS / "0.log").read_text()
+    assert p.exitcode == 1 and "Traceback" in text and "JSONDecodeError" in text, text
+    assert "lost sys.stderr" not in text and "closed file" not in text, text

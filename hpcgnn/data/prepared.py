@@ -97,16 +97,19 @@ def check_root(cfg: DatasetConfig) -> None:
     or labels replaced by another user would be trained on); a files dataset's folder. Unless
     ``dataset.trust_root``: a root your lab controls, trusted as a whole (:func:`hpcgnn.paths.trust_root`)."""
     root = Path(cfg.root).expanduser()
+    pyg_root = dict(cfg.kwargs or {}).get("root") if cfg.name in ("pyg", "pyg_hetero") else None
     if cfg.trust_root:
-        paths.trust_root(root)
-        if cfg.name == "files" and cfg.path:
-            paths.trust_root(cfg.path)
+        for trusted in (root, cfg.path if cfg.name == "files" else None, pyg_root):
+            if trusted:
+                paths.trust_root(trusted)
         return
     hint = ("use a data root only you can write (dataset.root=...), or dataset.trust_root=true for a root your lab "
             "controls")
     folder = cache_folder(cfg) if cfg.name != "files" or cfg.path else None
     mine = [str(Path(os.path.relpath(folder, root)))] if folder is not None else []
     paths.check_tree(root, "the data root", hint, only=("pyg", "ogb", *mine))
+    if pyg_root:  # (PyG unpickles what it finds there)
+        paths.check_tree(pyg_root, "the PyG dataset's root (dataset.kwargs.root)", hint)
     if cfg.name == "files" and cfg.path:
         paths.check_tree(files_folder(cfg), "the dataset's folder (dataset.path)",
                          "keep your graph's files in a folder only you can write, or dataset.trust_root=true for "

@@ -108,6 +108,10 @@ def tune(overrides: list[str]) -> int:
             w.start()
         for w in workers:
             w.join()
+        for k, w in enumerate(workers):
+            if w.exitcode != 0:  # (its trials' own failures are the trials': a worker's is said here, in one line)
+                print(f"hpcgnn: tune worker {k} ended with exit code {w.exitcode}: its log "
+                      f"{sweep / WORKERS / f'{k}.log'} says why", file=sys.stderr, flush=True)
         for path in (sweep / WORKERS).glob("resume-*.beat"):
             path.unlink()
         study = open_study(cfg, sweep)
@@ -218,8 +222,13 @@ def _worker(sweep_dir: str, k: int, resume: list[int]) -> None:
     with paths.open_append(log_path, "a worker's log", buffering=1) as out:
         os.dup2(out.fileno(), 1)  # (the trials' ranks, processes of their own, write there too)
         os.dup2(out.fileno(), 2)
-        sys.stdout = sys.stderr = out
+    # Python's own streams on the descriptors now: they outlive the file object above, so that what a crash prints
+    # (its traceback, at exit) lands in the log, not in a closed file ("lost sys.stderr").
+    sys.stdout = sys.stderr = open(1, "w", buffering=1, closefd=False)
+    try:
         work(sweep_dir, k, resume)
+    except UserError as exc:
+        raise SystemExit(report(exc, full_error())) from None
 
 
 def work(sweep_dir: str, k: int, resume: list[int] = ()) -> None:
