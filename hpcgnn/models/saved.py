@@ -209,8 +209,9 @@ def load_model(run_dir: str | Path, which: str = "best", trust_run: bool = False
     """The model a run trained, as a ``torch.nn.Module`` on the CPU in eval mode: ``which="best"`` (the weights of
     the epoch summary.json reports) or ``"last"``; ``run_dir`` may also be a model file itself. Needs no SLURM,
     no process group and no data: a notebook can call it. A run folder or model file another user owns or may
-    write, or a model whose class lives outside hpcgnn and torch_geometric, is loaded only with
-    ``trust_run=True`` (rebuilding a model imports its class's module).
+    write (at any depth) is loaded only with ``trust_run=True``; a model of a class of your own needs none where
+    its package is one only you (or root) can write, and is refused either way where it is not (rebuilding a
+    model imports its class's module, :func:`check_source`).
 
     >>> model = hpcgnn.load_model("outputs/2026-11-26/10-00-00")   # doctest: +SKIP
     """

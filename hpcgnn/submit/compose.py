@@ -48,6 +48,11 @@ def _compose_dict(overrides: list[str]) -> DictConfig:
     from hydra.core.utils import setup_globals
     from hydra.errors import HydraException
 
+    from hpcgnn import paths
+    from hpcgnn.env import user_config_dir
+
+    paths.check_tree(user_config_dir(), "your config folder", "keep it where only you can write (HPCGNN_CONFIG_DIR="
+                     "...): Hydra composes what it holds, and a _target_ there is code")
     register_configs()
     setup_globals()  # Hydra's ${now:...} resolver, which hydra.run.dir and hydra.sweep.dir use
     GlobalHydra.instance().clear()

@@ -8,7 +8,7 @@ mode, writing every node of a split (predictions, or embeddings) as memory-mappa
     hpcgnn predict EDGE_RUN pairs=PAIRS.npy         an edge model's predictions of node pairs, as of its targets
 
 Options: which=best|last (the model file: the best validation epoch's, or the last step's), trust=true (a run
-folder another user owns or may write, or a model class outside hpcgnn and torch_geometric), split=test|val|
+folder another user owns or may write, at any depth), split=test|val|
 train|all, what=predictions|embeddings (--embeddings), mode=auto|full|sampled (auto: the run's own evaluation
 path; full: exact layer-wise inference), pairs=FILE.npy (a link model: score these pairs; an edge model:
 predict them), out=DIR (default RUN_DIR/predict/<what>-<split>-<which>; pairs: <what>-<file>-<which>),
