@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 import shlex
 import subprocess
 import sys
@@ -357,3 +358,17 @@ def test_graph_on_auto_samples_on_the_host_where_batches_are_made_off_the_rank(p
 
     cfg = make_config(producer, "train.device=cuda")
     assert graph_on(cfg, RankEnv.from_environ({}), torch.device("cuda", 0), 1) == "host"
+
+
+@pytest.mark.parametrize("override", ["model=../../elsewhere/evil", "model=/home/them/evil", "dataset=../x",
+                                      "+cluster=../../../tmp/theirs", "model=sage/../../x", "hydra.searchpath=[/tmp/x]"])
+def test_a_config_group_value_is_an_options_name_never_a_path(override, capsys):
+    """Hydra composes a group's value as a YAML path: ``model=../../<path>/evil`` composed another user's file (its
+    ``# @package _global_`` set any _target_). Now it exits 2 with one line before anything is read."""
+    from hpcgnn.__main__ import main
+
+    assert main([override]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and re.match(r"hpcgnn: config error: .*(not a path|your config folder alone)",
+                                       err[0]), err
+    assert main(["-m", "model=sage,../../x", "launch.dry_run=true"]) == 2

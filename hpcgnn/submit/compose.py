@@ -108,6 +108,10 @@ def check_group_values(overrides: list[str] | tuple[str, ...]) -> None:
         key, eq, value = o.lstrip("+~").partition("=")
         if not eq:
             continue
+        if key in ("hydra.searchpath", "hydra.searchpath[]"):
+            raise ConfigError(f"{key}: hpcgnn composes configs from its own conf/ and your config folder alone (a path "
+                              "added here could be another user's). HINT: put your YAML into your config folder "
+                              "(HPCGNN_CONFIG_DIR, default ~/.config/hpcgnn)")
         top = key.split("/")[0]
         if groups is None:
             groups = config_groups()
