@@ -120,6 +120,9 @@ def profile(y, splits: dict) -> dict:
            "known": {s: int(known[np.asarray(splits[s], dtype=np.int64)].sum()) for s in SPLITS}}
     if integer:
         out["top"] = int(values.max()) + 1 if values.size else 0
+    if integer and y.ndim == 1:  # (class ids, -1 for none: what else the column holds says whether they are)
+        out["min"] = int(y.min()) if y.size else 0
+        out["zero"] = bool((y == 0).any())
     width = 1 if y.ndim == 1 else y.shape[1]  # (reshape cannot infer a width from no rows)
     rows = y[train].astype(np.float64).reshape(len(train), width)
     ok = known[train].reshape(len(train), width)
@@ -168,6 +171,7 @@ def resolve(p: dict | None, kind: str, loss: str, num_classes: int, where: str) 
             raise DatasetError(f"{where}: task.kind=classification takes one integer class per node; these labels are "
                                f"{_form(p)}. HINT: task.kind=" + ("multilabel" if p["binary"] else "regression")
                                + " (or auto)")
+        _check_ids(p, where)
         _check_known(p, where, "labelled node")
         width = num_classes or p.get("top", 0)
         return Target("classification", width, True, "ce", inferred=inferred, reasons=reasons)
@@ -182,6 +186,10 @@ def resolve(p: dict | None, kind: str, loss: str, num_classes: int, where: str) 
         _check_known(p, where, "known label")
         return Target("multilabel", columns, p["columns"] == 0, "bce", inferred=inferred, reasons=reasons)
     if kind == "regression":
+        if p["dtype"] == "int" and p["columns"] == 0 and p.get("min", 0) < 0:
+            raise DatasetError(f"{where}: task.kind=regression on one integer column holding negative values "
+                               f"(down to {p['min']}): integers of one column are class ids, -1 for none, so these "
+                               "would be dropped. HINT: store the labels as floats (y.float(), a float32 .npy file)")
         _check_known(p, where, "known value")
         count = p.get("train_count", [])
         if any(c == 0 for c in count):
@@ -200,6 +208,22 @@ def where_labels(dataset) -> str:
     if dataset.name == "files" and dataset.path:
         return f"{dataset.path.rstrip('/')}/y"
     return f"the labels (y) of dataset={dataset.name}"
+
+
+def _check_ids(p: dict, where: str) -> None:
+    """One integer column as classes must hold class ids 0..K-1, -1 for none: a column with values below -1
+    (ratings -10..10), or with -1 and no 0 (signs -1/+1: every -1 would be dropped as 'no class'), is refused."""
+    low, top = p.get("min", 0), p.get("top", 0)
+    if low < -1:
+        found = f"integers from {low} to {top - 1}"
+    elif low == -1 and not p.get("zero", True) and top > 1:
+        found = (f"-1 and {top - 1}, no 0 (signs?)" if top == 2 else f"-1 and 1..{top - 1}, no 0") + \
+            ": -1 marks a target without a class, so every -1 would be dropped"
+    else:
+        return
+    raise DatasetError(f"{where}: one integer column of labels holds {found}; classes are ids 0..K-1 (-1: none). "
+                       "HINT: remap them to 0..K-1 (signs -1/+1 as 0/1), or store them as floats and give "
+                       "task.kind=regression to predict them as values")
 
 
 def _form(p: dict) -> str:

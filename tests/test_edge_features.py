@@ -56,7 +56,9 @@ def test_a_folders_edge_features_follow_its_edges_into_the_prepared_csr(tmp_path
     g, whole = open_graph(cfg), build_graph(cfg)
     given = 400 * (2 if undirected else 1)  # (the log says how many repeats were merged: a multigraph's are)
     assert (f"dataset=files: {given - g.num_edges} of its {given} edges repeat a (source, target) pair given before, "
-            "each merged into the first") in caplog.text
+            "each merged into the first" if not undirected else f"dataset=files: its 400 edges and their reverses "
+            f"(dataset.to_undirected) hold {g.num_edges} distinct (source, target) pairs: {given - g.num_edges} "
+            "coincide with another (an edge given in both directions, or given twice)") in caplog.text
     assert g.edge_dim == 3 and torch.equal(g.edge_attr, whole.edge_attr)  # streamed = in memory
     ei = g.edge_index()
     want = expected_features(arrays, undirected)
@@ -214,6 +216,9 @@ def test_edge_features_reach_the_models_that_read_them(run, tmp_path, monkeypatc
     unread = (f"edge features: the graph's edges carry {width}, which nothing in this run reads (model={over[0][6:]}); "
               f"model.edge_dim={width} (gat, gin) or a model of your own whose forward takes edge_attr would")
     assert (unread in caplog.text) == (bar < 0), caplog.text[-2000:]
+    read = (f"edge features: the graph's edges carry {width}; the model (model={over[0][6:]}) reads {width} per edge "
+            "in message passing")  # (the case that reads them is said too, not only the unread one)
+    assert (read in caplog.text) == (bar > 0), caplog.text[-2000:]
     if bar > 0:
         assert predict_here(tmp_path / "run", "mode=sampled", "trust=true")["value"] == acc
     if run == "user GINE":  # exported with the arguments it was built with, edge_dim filled in: loads without hpcgnn

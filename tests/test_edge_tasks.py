@@ -5,6 +5,7 @@ the decoders; predict, the model file and the producers."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -119,6 +120,32 @@ def test_target_files_that_do_not_fit_the_graph_are_refused_naming_the_file(tmp_
     with pytest.raises(DatasetError, match=r"edge_label_index.npy or edge_label_index.pt is missing .* \(task=edge "
                                            r"reads its targets from edge_label_index \[2, M\] and edge_label"):
         prepared()
+
+
+@pytest.mark.parametrize("labels, found", [(np.array([-1, 1]), r"-1 and 1, no 0 \(signs\?\): -1 marks a target "
+                                                                  r"without a class, so every -1 would be dropped"),
+                                           (np.arange(-10, 11), r"integers from -10 to 10")])
+def test_integer_edge_labels_that_are_not_class_ids_are_refused_at_submit_naming_the_fix(labels, found, tmp_path,
+                                                                                        capsys):
+    """SNAP's trust signs (-1/+1) or ratings (-10..10) stored as int64: 'edge task: classification (2 classes,
+    inferred ...)', then every rank failed at its first step, IndexError: Target -1 is out of bounds (and -1 as
+    'no class' would drop every distrust edge silently). Now: exit 2, one line, before anything runs."""
+    from hpcgnn.__main__ import main
+
+    folder = tmp_path / "g"
+    write_edge_task(folder, n=300, m=200)
+    rng = np.random.default_rng(0)
+    np.save(folder / "edge_label.npy", rng.choice(labels, 200).astype(np.int64))
+    assert main([*_files(folder, "task=edge"), "launch.procs=1", f"hydra.run.dir={tmp_path / 'run'}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and re.search(rf"edge_label: one integer column of labels holds {found}; classes are ids "
+                                       r"0\.\.K-1 \(-1: none\)\. HINT: remap them to 0\.\.K-1 \(signs -1/\+1 as 0/1\), "
+                                       r"or store them as floats and give task.kind=regression", err[0]), err
+    for kind in ("classification", "regression"):  # (explicit kinds: the same refusal, or the float hint)
+        assert main([*_files(folder, "task=edge", f"task.kind={kind}"), "launch.procs=1",
+                     f"hydra.run.dir={tmp_path / 'run'}"]) == 2
+        line = capsys.readouterr().err.strip()
+        assert ("store the labels as floats" if kind == "regression" else "remap them to 0..K-1") in line, line
 
 
 def test_a_batch_leaves_its_target_edges_out_in_both_directions_and_its_degrees_count_them():

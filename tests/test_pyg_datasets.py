@@ -255,3 +255,27 @@ def test_a_file_pygs_safe_loader_refuses_is_one_line_not_ten_lines_of_warnings(t
                                         r"with torch's full unpickler, the safe loader having refused "
                                         r"add_safe_globals\(\[.*date.*\]\)", said[0]), said
     assert not [w for w in recwarn if "Weights only load failed" in str(w.message)]
+
+
+def reciprocal_graph():
+    """Every edge given in both directions, none twice: no pair repeats."""
+    g = torch.Generator().manual_seed(0)
+    src, dst = torch.randint(0, 200, (2, 600), generator=g)
+    keep = src != dst
+    pairs = torch.unique(torch.stack([torch.minimum(src, dst), torch.maximum(src, dst)])[:, keep], dim=1)
+    return Data(x=torch.randn(200, 4, generator=g), edge_index=torch.cat([pairs, pairs.flip(0)], 1),
+                y=torch.randint(0, 3, (200,), generator=g))
+
+
+def test_the_reverses_to_undirected_adds_are_not_counted_as_repeated_pairs(caplog):
+    """With dataset.to_undirected=true the log said '28200 of its 71184 edges repeat a (source, target) pair given
+    before' of a graph with no repeated pair: the reverses it added were counted. Now only a repeat given is said."""
+    import logging
+
+    args = ["dataset=pyg", "dataset._target_=test_pyg_datasets.reciprocal_graph"]
+    with caplog.at_level(logging.INFO, logger="hpcgnn.data.graph"):
+        g = build_graph(make_config(*args, "dataset.to_undirected=true").dataset)
+    assert g.num_edges == reciprocal_graph().num_edges and "repeat" not in caplog.text, caplog.text
+    data = reciprocal_graph()
+    twice = torch.cat([data.edge_index, data.edge_index[:, :7]], 1)
+    assert torch.unique(twice[0] * 200 + twice[1]).numel() == data.num_edges

@@ -84,8 +84,10 @@ def test_each_relations_edge_features_follow_its_edges_into_the_prepared_csr(tmp
         if rel == FOLLOWS:
             src, dst = np.concatenate([src, dst]), np.concatenate([dst, src])
         repeats = src.size - np.unique(src * 1000 + dst).size
-        said = (f"dataset=files: {repeats} of its {src.size} edges of {'__'.join(rel)}"
-                f"{' (given, and their reverses)' if rel == FOLLOWS else ''} repeat a (source, target) pair")
+        said = (f"dataset=files: its {src.size // 2} edges of {'__'.join(rel)} and their reverses (dataset.to_undirected)"
+                f" hold {src.size - repeats} distinct (source, target) pairs: {repeats} coincide with another"
+                if rel == FOLLOWS else f"dataset=files: {repeats} of its {src.size} edges of {'__'.join(rel)} repeat a "
+                "(source, target) pair")
         assert (said in caplog.text) == (repeats > 0), (rel, repeats, caplog.text)
     g, whole = open_typed(cfg), TYPED_LOADERS["files"](cfg, False)
     assert g.schema.edge_dims == {"user__follows__user": 2, "user__rates__item": 4, "item__rev_rates__user": 4}

@@ -111,14 +111,22 @@ def csr_of_pairs(edge_index: Tensor, num_src: int, num_dst: int,
     return rowptr, src.contiguous(), edge_attr
 
 
-def report_merged(cfg, given: int, kept: int, what: str = "edges") -> None:
+def report_merged(cfg, given: int, kept: int, what: str = "edges", reverses: bool = False) -> None:
     """Says so where edges given repeat a (source, target) pair given before: the prepared graph holds one edge per
     pair (its features, where it has some, the first given's), so a multigraph's parallel edges are one edge in
-    message passing. A generated graph's repeats (the synthetic ones') are its own, and go unsaid."""
-    if given > kept and datasets.spec(cfg.name).source != "synthetic":
-        log.info("dataset=%s: %d of its %d %s repeat a (source, target) pair given before, each merged into the first "
-                 "(the graph holds one edge per pair, with the first one's features where edges have some)",
-                 cfg.name, given - kept, given, what)
+    message passing. A generated graph's repeats (the synthetic ones') are its own, and go unsaid. ``reverses``:
+    ``given`` counts the edges and the reverses ``dataset.to_undirected`` added, and a reverse that meets an edge
+    given the other way is no repeat of the source's: said as what it is (pairs that coincide), not as repeats."""
+    if given <= kept or datasets.spec(cfg.name).source == "synthetic":
+        return
+    if reverses:
+        log.info("dataset=%s: its %d %s and their reverses (dataset.to_undirected) hold %d distinct (source, target) "
+                 "pairs: %d coincide with another (an edge given in both directions, or given twice), each merged "
+                 "into one edge", cfg.name, given // 2, what, kept, given - kept)
+        return
+    log.info("dataset=%s: %d of its %d %s repeat a (source, target) pair given before, each merged into the first "
+             "(the graph holds one edge per pair, with the first one's features where edges have some)",
+             cfg.name, given - kept, given, what)
 
 
 HasEdge = Callable[[Tensor, Tensor], Tensor]  # (src, dst) -> bool: is src -> dst an edge of the graph

@@ -170,7 +170,7 @@ def _stream_typed(cfg: DatasetConfig, src: TypedSource, tmp: Path, source: dict,
     num_edges, rule, arrays = writer.close(src.feature_from, cfg.feature_dtype)
     for rel, (given, kept) in writer.merged.items():  # (inside one type, a relation holds its reverses too)
         undirected = src.reverse and rel[0] == rel[2]
-        report_merged(cfg, given, kept, f"edges of {relation_key(rel)}{' (given, and their reverses)' if undirected else ''}")
+        report_merged(cfg, given, kept, f"edges of {relation_key(rel)}", reverses=undirected)
     t0 = writer.off[src.target]
     y_all = view_labels(y, total)  # (the other types' nodes: no label)
     y_all[t0:t0 + sizes[src.target]] = y
@@ -255,7 +255,7 @@ def _stream_graph(cfg: DatasetConfig, tmp: Path, n: int, num_features: int, edge
         num_classes = cfg.num_classes
     features.close()
     num_edges = buckets.write_csr(tmp)
-    report_merged(cfg, buckets.added, num_edges)
+    report_merged(cfg, buckets.added, num_edges, reverses=cfg.to_undirected and cfg.name != "synthetic")
     interleaved = shapes is not None and getattr(shapes, "inverse", False)  # (ogb's reverses: 2i + 1)
     edge_dim = cache.write_edge_features(tmp, edge_attr, cfg.feature_dtype, interleaved) if edge_attr is not None \
         else 0

@@ -69,14 +69,20 @@ def graph_shape(cfg: RunConfig, num_features: int, num_classes: int, num_nodes: 
     else:
         target = resolve(labels, k.kind, k.loss, num_classes, where_labels(cfg.dataset))
     pairs = pair_features_read(cfg, edge_dim if target_edge_dim is None else target_edge_dim)
-    unread_edge_features(cfg, edge_dim, read or pairs, schema is not None)
+    unread_edge_features(cfg, edge_dim, read, schema is not None, pairs)
     return GraphShape(num_features, target.width, num_nodes, schema, target, read, pairs)
 
 
-def unread_edge_features(cfg: RunConfig, edge_dim: int, read: int, typed: bool = False) -> None:
-    """Says so where the graph's edges have features that nothing in the run reads (they then cost nothing: none
-    gathered), and what would read them (``typed``: a typed graph's, ``edge_dim`` its widest relation's)."""
-    if not edge_dim or read:
+def unread_edge_features(cfg: RunConfig, edge_dim: int, read: int, typed: bool = False, pairs: int = 0) -> None:
+    """Says whether the run reads the graph's edge features: which part reads how many (the model, ``read``; an
+    edge task's decoder, its targets' own, ``pairs``), or, where nothing does, that they cost nothing (none
+    gathered) and what would read them (``typed``: a typed graph's, ``edge_dim`` its widest relation's)."""
+    if not edge_dim:
+        return
+    if read or pairs:
+        parts = ([f"the model (model={cfg.model.name}) reads {read} per edge in message passing"] if read else []) + \
+            ([f"the decoder (task.decoder={cfg.task.decoder}) reads each target edge's own {pairs}"] if pairs else [])
+        log.info("edge features: the graph's edges carry %d; %s", edge_dim, "; ".join(parts))
         return
     readers = [f"model.edge_dim={edge_dim} (gat, gin)"] if not typed else []
     readers.append("a model of your own whose forward takes edge_attr")
