@@ -13,9 +13,14 @@ def result_words(summary: dict, short: bool = False) -> str:
     name = metric_words(summary.get("metric", "val_acc").removeprefix("val_"), short)
     test, val, epoch = summary.get("test"), summary.get("best_val"), summary.get("best_epoch")
     head = f"test {name} {test:.4f}" if test is not None else f"no test {name} (the test split is empty)"
+    how = EVALUATION.get(summary.get("eval_mode"), "")  # (which evaluation gave the numbers: sampled understates some)
+    how = f", {how}" if how else ""
     if summary.get("select") == "last":
-        return f"{head} (last epoch, {epoch}{f'; val {val:.4f}' if val is not None else ''})"
-    return f"{head} (best val {val:.4f} at epoch {epoch})"
+        return f"{head} (last epoch, {epoch}{f'; val {val:.4f}' if val is not None else ''}{how})"
+    return f"{head} (best val {val:.4f} at epoch {epoch}{how})"
+
+
+EVALUATION = {"full": "exact evaluation", "sampled": "sampled evaluation"}  # summary.json's eval_mode, in words
 
 
 NAMES = {"acc": "accuracy", "rocauc": "ROC-AUC", "rmse": "RMSE"}  # (short: the metric's own name, as summary.json's)

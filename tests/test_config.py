@@ -339,12 +339,14 @@ def test_the_result_line_counts_ranks_in_words(capsys):
     from hpcgnn.submit.follow import print_result
 
     summary = {"metric": "val_acc", "test": 0.91614, "best_val": 0.9147, "best_epoch": 2, "world_size": 1,
-               "hostnames": ["vm"], "seeds_per_s": 36810.2, "wall_time_s": 6.21, "run_dir": "/tmp/run"}
+               "hostnames": ["vm"], "seeds_per_s": 36810.2, "wall_time_s": 6.21, "run_dir": "/tmp/run",
+               "eval_mode": "sampled"}
     print_result(summary)
-    print_result({**summary, "world_size": 4, "hostnames": ["n1", "n2"]})
+    print_result({**summary, "world_size": 4, "hostnames": ["n1", "n2"], "eval_mode": "full"})
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0] == "test accuracy 0.9161 (best val 0.9147 at epoch 2), 1 rank on vm, 36810 seeds/s, 6.2 s"
-    assert lines[2].startswith("test accuracy 0.9161 (best val 0.9147 at epoch 2), 4 ranks on n1, n2, ")
+    assert lines[0] == ("test accuracy 0.9161 (best val 0.9147 at epoch 2, sampled evaluation), 1 rank on vm, 36810 "
+                        "seeds/s, 6.2 s")  # (which evaluation gave the number: sampled understates some tasks)
+    assert lines[2].startswith("test accuracy 0.9161 (best val 0.9147 at epoch 2, exact evaluation), 4 ranks on n1, ")
 
 
 @pytest.mark.parametrize("producer", ["train.sampler_procs=1", "launch.sampler_servers=1"])

@@ -55,7 +55,8 @@ def test_an_empty_validation_split_is_refused_unless_the_last_epoch_is_asked_for
     assert "val_acc" not in last and _strict_json(tmp_path / "last" / "summary.json")["select"] == "last"
     from hpcgnn.results import result_words
 
-    assert re.match(r"test accuracy \d\.\d{4} \(last epoch, 3\)$", result_words(summary)), result_words(summary)
+    assert re.match(r"test accuracy \d\.\d{4} \(last epoch, 3, sampled evaluation\)$", result_words(summary)), \
+        result_words(summary)
 
 
 def test_an_empty_test_split_is_reported_absent_never_nan(tmp_path, caplog):
@@ -69,7 +70,8 @@ def test_an_empty_test_split_is_reported_absent_never_nan(tmp_path, caplog):
     written = _strict_json(tmp_path / "run" / "summary.json")
     assert written["test"] is None and summary["test"] is None and "test_acc" not in written["history"][-1]
     assert written["best_val"] == max(row["val_acc"] for row in written["history"])
-    assert re.match(r"no test accuracy \(the test split is empty\) \(best val \d\.\d{4} at epoch \d\)$",
+    assert re.match(r"no test accuracy \(the test split is empty\) \(best val \d\.\d{4} at epoch \d, sampled "
+                    r"evaluation\)$",
                     result_words(summary)), result_words(summary)
 
 
