@@ -1,4 +1,4 @@
-"""The C kernels' library is checked before it is loaded (issue 54): its SHA-256 against the one its builder
+"""The C kernels' library is checked before it is loaded: its SHA-256 against the one its builder
 recorded, its owner and mode; and, once loaded, a self-test that a hop draws what its torch twin draws.
 
 (As found and loaded: a planted, stale, lying or truncated library, test_kernels_load.py.)

@@ -1,4 +1,4 @@
-"""Trust against a sharper attacker (issue 54): the handshake bound to its server and trainer, every frame after it
+"""Trust against a sharper attacker: the handshake bound to its server and trainer, every frame after it
 tagged, nothing unpickled from a socket, and no denial of service by idle, slow or flooding peers.
 
 The attacker is another user of the cluster: they can connect to any port, bind a port of the run first (it is

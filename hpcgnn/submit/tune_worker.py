@@ -36,7 +36,7 @@ def array_worker(sweep_dir: str, k: int, environ) -> None:
     reads the name and trains the trial as one of its ranks; task 0 tells the study what it gave."""
     import itertools
 
-    from hpcgnn.env import RankEnv
+    from hpcgnn.env import RankEnv, read_int
     from hpcgnn.io import write_json
     from hpcgnn.rank.checkpoint import Preempted
     from hpcgnn.rank.job import run_rank
@@ -48,7 +48,7 @@ def array_worker(sweep_dir: str, k: int, environ) -> None:
     env = RankEnv.from_environ(environ, (base.dist.port_min, base.dist.port_max), base.dist.master_port)
     leader = env.rank == 0
     study = open_study(base, sweep, worker=k)
-    names = sweep / WORKERS / str(k) / f"r{environ.get('SLURM_RESTART_COUNT', '0')}"
+    names = sweep / WORKERS / str(k) / f"r{read_int('restart_count', environ) or 0}"
     current = sweep / WORKERS / f"{k}.json"  # the trial this worker runs (a requeue resumes it)
     names.mkdir(parents=True, exist_ok=True)
     for i in itertools.count():
