@@ -136,8 +136,10 @@ def loads(data: bytes):
 
 RECIPES = "recipes"  # in the run folder: what each trainer's servers rebuild its sampler from (rank-<r>.state, 0600)
 STATE_MAGIC = b"hpcgnn sampler state 1\n"
-STATE_DTYPES = {name: getattr(torch, name) for name in ("bool", "uint8", "int16", "int32", "int64", "float16",
-                                                        "bfloat16", "float32", "float64")}
+# The one list of dtypes a raw array may have where bytes are read back by what a description says (a sampler state's
+# arrays, a batch's tensors on the wire): nothing else is ever viewed.
+DTYPES = ("bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64")
+STATE_DTYPES = {name: getattr(torch, name) for name in DTYPES}
 MAX_HEADER = 1 << 20  # bytes of a state's JSON header: its settings and its arrays' places, never more
 
 

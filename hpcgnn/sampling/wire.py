@@ -42,7 +42,7 @@ from cryptography.hazmat.primitives.poly1305 import Poly1305
 
 import hpcgnn.sampling.messages as m
 from hpcgnn.sampling.distributed import CommStats
-from hpcgnn.sampling.shipping import Ref
+from hpcgnn.sampling.shipping import DTYPES, Ref
 from hpcgnn.trust import Session
 
 _HEAD = struct.Struct("!BIQ")  # kind, body bytes, payload bytes
@@ -52,7 +52,7 @@ TAG = 16  # Poly1305
 CHUNK = 4 * 2**20  # a payload's bytes are sent, received and tagged this many at a time
 MAX_BODY = 64 * 2**20  # a body larger than this is refused (an epoch's seeds travel in the payload)
 MAX_PAYLOAD = 2**40  # ... a payload larger than this
-_DTYPES = {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}
+_DTYPES = frozenset(DTYPES)  # (shipping's one list: a sampler state's arrays and a batch's tensors alike)
 
 
 class Forged(ValueError):
