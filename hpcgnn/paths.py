@@ -84,15 +84,20 @@ def check_root(root: str | Path, what: str, hint: str) -> None:
     followed (a root you reach through your own link is yours to choose). A root that does not exist passes; one
     this process trusts passes."""
     root = Path(root).expanduser()
-    if trusted(root):
-        return
+    if not trusted(root):
+        _component(root, what, hint, follow=True)
+
+
+def _component(path: Path, what: str, hint: str, follow: bool = False) -> os.stat_result | None:
+    """One component's status (None: it does not exist), refused where it fails the rule (:func:`fault`)."""
     try:
-        st = os.stat(root)
+        st = os.stat(path) if follow else os.lstat(path)
     except FileNotFoundError:
-        return
+        return None
     why = fault(st)
     if why is not None:
-        raise _refuse(what, root, why, hint, st.st_mode)
+        raise _refuse(what, path, why, hint, st.st_mode)
+    return st
 
 
 def _link_target(path: Path) -> Path:
@@ -113,13 +118,9 @@ def check_under(root: str | Path, path: str | Path, what: str, hint: str) -> Non
     here = root
     for part in rel.parts if rel != Path(".") else ():
         here = here / part
-        try:
-            st = os.lstat(here)
-        except FileNotFoundError:
+        st = _component(here, what, hint)
+        if st is None:
             return
-        why = fault(st)
-        if why is not None:
-            raise _refuse(what, here, why, hint, st.st_mode)
         if stat.S_ISLNK(st.st_mode):
             target = _link_target(here)
             check_under(target, target, f"{what} (through the link {here})", hint)
