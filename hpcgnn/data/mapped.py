@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 
-import torch
-
 import hpcgnn.data.cache as cache
 from hpcgnn.config import DatasetConfig
 from hpcgnn.data.graph import Graph
@@ -16,6 +14,7 @@ from hpcgnn.data.ogb import (
     DatasetMissing,
     prepare_command,
 )
+from hpcgnn.data.ooc import rows_as_stored
 from hpcgnn.data.prepared import cache_folder
 from hpcgnn.data.sources import TYPED_SOURCES
 from hpcgnn.data.typed import (
@@ -70,7 +69,7 @@ def _typed_edge_attr(arrays: dict, schema: TypedSchema, feature_dtype: str) -> d
     for rel in schema.relations:
         if schema.edge_dim(rel):
             rows = arrays[f"edge_attr__{relation_key(rel)}"]
-            out[rel] = rows.view(torch.bfloat16) if feature_dtype == "bfloat16" else rows
+            out[rel] = rows_as_stored(rows, feature_dtype)
     return out or None
 
 

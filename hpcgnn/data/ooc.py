@@ -13,13 +13,11 @@ lacks); readers upcast each batch's rows to float32.
 
 from __future__ import annotations
 
-import ast
 import ctypes
 import math
 import mmap
 import os
 import shutil
-import struct
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +31,17 @@ MIN_BUCKET_EDGES = 1 << 16  # fewer per bucket: more files than the sort saves
 ADD_EDGES = 1 << 21  # edges bucketed at a time by EdgeBuckets.add: about 100 MB of temporaries
 FEATURE_DTYPES = {"float32": (torch.float32, np.float32), "float16": (torch.float16, np.float16),
                   "bfloat16": (torch.bfloat16, np.uint16)}  # numpy has no bfloat16: its bits as uint16
+
+
+def stored_rows(t: Tensor) -> np.ndarray:
+    """Rows as they are written to a .npy file: the one bfloat16 storage rule (numpy has no bfloat16: its 16 bits
+    as uint16; meta.json's feature_dtype says which), read back by :func:`rows_as_stored`."""
+    return (t.view(torch.uint16) if t.dtype == torch.bfloat16 else t).numpy()
+
+
+def rows_as_stored(t: Tensor, feature_dtype: str | None) -> Tensor:
+    """Rows read from a .npy file in the graph's feature dtype (``feature_dtype``: bfloat16 from its bits)."""
+    return t.view(torch.bfloat16) if feature_dtype == "bfloat16" else t
 
 
 def index_dtype(num_nodes: int) -> np.dtype:
@@ -63,14 +72,12 @@ class NpyAppender:
         shape = (self.length, *self.row_shape) if shape is None else tuple(shape)
         if math.prod(shape) != self.length * math.prod(self.row_shape):
             raise ValueError(f"{self.path}: shape {shape} for {self.length} rows of {self.row_shape}")
-        d = {"descr": self.dtype.str, "fortran_order": False, "shape": shape}
-        text = repr(d).encode("latin1")
-        pad = self.HEADER - 10 - len(text) - 1
-        header = b"\x93NUMPY\x01\x00" + struct.pack("<H", self.HEADER - 10) + text + b" " * pad + b"\n"
-        if pad < 0 or ast.literal_eval(text.decode()) != d:  # an internal invariant: shapes of 10^15 rows fit
-            raise RuntimeError(f"{self.path}: the .npy header {text!r} does not fit {self.HEADER} bytes")
         self.file.seek(0)
-        self.file.write(header)
+        np.lib.format.write_array_header_1_0(self.file, {"descr": np.lib.format.dtype_to_descr(self.dtype),
+                                                          "fortran_order": False, "shape": shape})
+        if self.file.tell() != self.HEADER:  # an internal invariant: numpy pads to 64 bytes; shapes of 10^15 rows fit
+            raise RuntimeError(f"{self.path}: numpy's .npy header of {shape} is {self.file.tell()} bytes, not "
+                               f"{self.HEADER}")
         self.file.flush()
         os.fdatasync(self.file.fileno())
         self.file.close()
@@ -282,7 +289,7 @@ class FeatureWriter:
         if start != self.out.length:
             raise ValueError(f"feature rows from {start} written after {self.out.length} rows: write them in order")
         t = rows.to(self.torch_dtype)
-        self.out.append((t.view(torch.uint16) if t.dtype == torch.bfloat16 else t).numpy())
+        self.out.append(stored_rows(t))
 
     def close(self) -> None:
         if self.out.length != self.num_nodes:
@@ -293,8 +300,7 @@ class FeatureWriter:
 def load_features(path: Path, dtype: str, mmap_mode: str | None = "c") -> Tensor:
     """The stored features as a torch tensor of their dtype (bfloat16 reinterpreted from its bits)."""
     array = np.load(path, mmap_mode=mmap_mode)
-    t = torch.from_numpy(array)
-    return t.view(torch.bfloat16) if dtype == "bfloat16" else t
+    return rows_as_stored(torch.from_numpy(array), dtype)
 
 
 _MADV_PAGEOUT = 21  # Linux 5.4+: reclaim these pages now; anonymous memory without swap stays as it is

@@ -13,7 +13,6 @@ import shutil
 from pathlib import Path
 
 import numpy as np
-import torch
 
 import hpcgnn.data.cache as cache
 import hpcgnn.data.link as link
@@ -308,7 +307,7 @@ def _split_streamed(cfg: DatasetConfig, whole: Path, tmp: Path, source: dict) ->
             out.append(parts[name][r].numpy())
         if edge_rows is not None:  # (the stored rows as they are: the same dtype)
             kept = graph.edge_attr.index_select(0, parts["mp_at"])
-            edge_rows.append((kept.view(torch.uint16) if kept.dtype == torch.bfloat16 else kept).numpy())
+            edge_rows.append(ooc.stored_rows(kept))
         ooc.drop_pages(graph.col[int(graph.rowptr[a]):int(graph.rowptr[b])])
     num_edges = buckets.write_csr(tmp)
     if edge_rows is not None:

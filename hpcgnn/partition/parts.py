@@ -13,6 +13,7 @@ from torch import Tensor
 from hpcgnn.checks import is_typed
 from hpcgnn.config import DatasetConfig, GraphConfig
 from hpcgnn.data import cache, cache_folder
+from hpcgnn.data.ooc import rows_as_stored
 from hpcgnn.data.typed import Relation, TypedSchema, relation_key
 from hpcgnn.errors import PartitionError
 from hpcgnn.io import sha256_file
@@ -128,7 +129,7 @@ def open_parts(dataset: DatasetConfig, graph_cfg: GraphConfig, num_parts: int, o
     def load(rel: str) -> Tensor:
         t = torch.from_numpy(np.load(folder / rel, mmap_mode="c"))
         rows = rel.endswith("/x.npy") or f"/{EDGE_FEATURES}" in rel  # (stored in the feature dtype)
-        return t.view(torch.bfloat16) if rows and meta.get("feature_dtype") == "bfloat16" else t
+        return rows_as_stored(t, meta.get("feature_dtype")) if rows else t
 
     edge_arrays = meta.get("edge_arrays", [])
     per_part = {i: {a: load(f"part_{i}/{a}.npy") for a in [*PART_ARRAYS, *extra]} for i in owned}

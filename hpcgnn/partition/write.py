@@ -15,7 +15,7 @@ from torch import Tensor
 
 from hpcgnn.data import cache
 from hpcgnn.data.graph import Graph
-from hpcgnn.data.ooc import NpyAppender, drop_pages, gather_sorted, trim_heap
+from hpcgnn.data.ooc import NpyAppender, drop_pages, gather_sorted, stored_rows, trim_heap
 from hpcgnn.data.typed import relation_key
 from hpcgnn.io import AtomicFolder, sha256_file
 from hpcgnn.partition.compute import csr_rows
@@ -31,9 +31,7 @@ PART_ARRAYS = ("nodes", "rowptr", "col", "x", "y", "train_idx", "val_idx", "test
 EDGE_FEATURES = "edge_attr"  # a part's edges' features, where the graph's edges have some (META: edge_features)
 
 
-def _numpy(t: Tensor) -> np.ndarray:
-    """A tensor as numpy writes it: bfloat16, which numpy lacks, as its 16 bits (META names the dtype)."""
-    return (t.view(torch.uint16) if t.dtype == torch.bfloat16 else t).numpy()
+_numpy = stored_rows  # (a tensor as numpy writes it: META names the feature dtype)
 
 
 def write_parts(graph: Graph, part: Tensor, folder: Path, meta: dict, edges: dict[str, Tensor] | None = None,
