@@ -25,6 +25,8 @@ docs/security.md's table lists each root, what is read or written there, and the
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import errno
 import os
 import stat
@@ -57,10 +59,24 @@ def kind_of(mode: int) -> str:
     return "not a plain file or folder"
 
 
-def fault(st: os.stat_result, root_owner: int | None = None) -> str | None:
+_OTHERS_OWN = contextvars.ContextVar("others_own", default=False)
+
+
+@contextlib.contextmanager
+def others_may_own():
+    """Inside, a component another user owns passes, one that others may write still does not: for what you said
+    you trust (``trust=true``), a colleague's package is theirs to own, but nobody else's to write."""
+    token = _OTHERS_OWN.set(True)
+    try:
+        yield
+    finally:
+        _OTHERS_OWN.reset(token)
+
+
+def fault(st: os.stat_result) -> str | None:
     """Why a component with this (``lstat``) status may have been written by another user, or None. Root's
     components are trusted, as ssh trusts them."""
-    if st.st_uid not in (os.getuid(), 0):
+    if st.st_uid not in (os.getuid(), 0) and not _OTHERS_OWN.get():
         if stat.S_ISLNK(st.st_mode):
             return f"is a symbolic link made by another user (uid {st.st_uid})"
         return f"belongs to another user (uid {st.st_uid})"

@@ -479,6 +479,25 @@ def test_a_model_class_loads_without_trust_only_from_a_package_only_you_can_writ
             load_model(run, trust_run=trusted)
     assert not marker.exists()  # (refused before it was imported)
     (lib / "hpcgnn_test_mine").chmod(0o755)
+    if os.getuid() == 0:  # a colleague's package (theirs, nobody else may write it): only with trust
+        for p in (lib / "hpcgnn_test_mine", lib / "hpcgnn_test_mine" / "__init__.py"):
+            os.chown(p, NOBODY, NOBODY)
+        with pytest.raises(NotTrusted, match=rf"the package hpcgnn_test_mine .* belongs to another user \(uid {NOBODY}\)"
+                                             r".* HINT: .*or give trust_run=True if it is a colleague's package you "
+                                             r"trust"):
+            load_model(run)
+        assert not marker.exists()
+        try:
+            load_model(run, trust_run=True)
+        except RuntimeError:
+            pass
+        assert marker.exists()
+        marker.unlink()
+        for p in (lib / "hpcgnn_test_mine", lib / "hpcgnn_test_mine" / "__init__.py"):
+            os.chown(p, 0, 0)
+        import sys
+
+        sys.modules.pop("hpcgnn_test_mine", None)
     with pytest.raises(NotTrusted, match=r"names the class \'os.system; x\', which is no module path"):
         saved.check_source({"name": "custom", "_target_": "os.system; x"}, False, "trust_run=True", "the file")
     try:

@@ -13,6 +13,7 @@ are also part of every checkpoint, so a resumed run keeps the right ``best.pt`` 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 from pathlib import Path
@@ -161,13 +162,15 @@ def check_source(model: dict, trusted: bool, how: str, where: str) -> None:
                          "the model")
     if target.startswith(TRUSTED):
         return
-    hint = f"install {top} where only you (or root) can write"
+    hint = f"install {top} where only you (or root) can write" + ("" if trusted else f", or give {how} if it is a "
+                                                                    "colleague's package you trust")
     origin = Path(origin)
     package = origin.parent if origin.name == "__init__.py" else origin
-    paths.check_root(package.parent, f"the folder of {top}", hint)
-    paths.check_under(package.parent, package, f"the package {top}", hint)
-    if package.is_dir():
-        paths.check_tree(package, f"the package {top}", hint)
+    with paths.others_may_own() if trusted else contextlib.nullcontext():  # (trusted: its owner may be a colleague)
+        paths.check_root(package.parent, f"the folder of {top}", hint)
+        paths.check_under(package.parent, package, f"the package {top}", hint)
+        if package.is_dir():
+            paths.check_tree(package, f"the package {top}", hint)
 
 
 def rebuild(record: dict) -> torch.nn.Module:
