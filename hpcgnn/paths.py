@@ -263,6 +263,17 @@ def open_nofollow(path: str | Path, flags: int, mode: int = 0o644, what: str = "
     return fd
 
 
+def read_text(path: str | Path, limit: int = 1 << 26) -> str:
+    """A small file's text, for commands that only look (``status``) and may look at another user's folder: a link
+    is not followed, a FIFO not waited on (it would hang the command), anything but a plain file is an OSError, and
+    at most ``limit`` bytes are read."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, f"{path} is not a plain file")
+        return f.read(limit).decode(errors="replace")
+
+
 def open_append(path: str | Path, what: str = "the file", binary: bool = False, buffering: int = -1):
     """A file opened to append (made, mode 0644 under the umask, if missing), through :func:`open_nofollow`."""
     fd = open_nofollow(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644, what)

@@ -219,6 +219,32 @@ def sweep_folder(run, tmp_path, capsys, **_):
     assert not (sweep / "sweep.png").exists()
 
 
+def test_status_looks_at_another_users_folder_without_hanging_on_its_fifos(run, tmp_path):
+    """status only looks, also at a colleague's sweep or run (marked NOT YOURS): a FIFO planted where a summary is
+    would have made it wait for a writer forever; a link is not followed."""
+    import threading
+
+    from hpcgnn.io import write_json
+    from hpcgnn.submit.status import run_status
+    from hpcgnn.submit.sweep import MANIFEST, status_table
+
+    sweep = tmp_path / "sweep"
+    shutil.copytree(run, sweep / "0", symlinks=True)
+    write_json(sweep / MANIFEST, {"cluster": None, "members": [{"member": 0, "overrides": ["train.lr=0.1"],
+                                                                  "run_dir": str(sweep / "0"), "state": "COMPLETED"}]})
+    (sweep / "0" / "summary.json").unlink()
+    os.mkfifo(sweep / "0" / "summary.json")
+    (sweep / "0" / "progress.json").unlink(missing_ok=True)
+    (sweep / "0" / "progress.json").symlink_to("/etc/hostname")
+    foreign(sweep / "0" / "summary.json")
+    said: list = []
+    t = threading.Thread(target=lambda: said.extend([status_table(sweep)[0], run_status(sweep / "0")]), daemon=True)
+    t.start()
+    t.join(20)
+    assert len(said) == 2, "status hung on a FIFO"
+    assert said[0].startswith("NOT YOURS: ") and said[1].startswith("no epoch ended yet"), said
+
+
 def tune_spec(tmp_path, **_):
     from hpcgnn.tuning import SPEC
 

@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+from hpcgnn.paths import read_text
 from hpcgnn.submit.sweep import MANIFEST
 from hpcgnn.submit.sweep import status_main as sweep_main
 
@@ -17,7 +18,7 @@ def server_rows(run_dir: Path) -> list[dict]:
     rows = []
     for path in sorted((run_dir / "metrics").glob("sampler-server-*.json"), key=lambda p: int(p.stem.rsplit("-", 1)[1])):
         try:
-            rows.append(json.loads(path.read_text()))
+            rows.append(json.loads(read_text(path)))
         except (OSError, ValueError):
             continue
     return rows
@@ -29,8 +30,11 @@ def run_status(run_dir: Path, now: float | None = None) -> str:
     lines = []
     for name in ("summary.json", "progress.json"):
         path = run_dir / name
-        if path.is_file():
-            p = json.loads(path.read_text())
+        try:
+            p = json.loads(read_text(path))
+        except (OSError, ValueError):  # (missing, or not a plain file: another user's folder may hold a FIFO)
+            continue
+        if isinstance(p, dict):
             done = len(p.get("history", []))
             lines.append(f"{'finished' if name == 'summary.json' else 'running'}: epoch {done}/{p.get('epochs', '?')}, "
                          + (f"best val {p['best_val']:.4f}" if isinstance(p.get("best_val"), float) else

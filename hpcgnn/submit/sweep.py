@@ -23,7 +23,7 @@ from hpcgnn import trust
 from hpcgnn.config import RunConfig
 from hpcgnn.errors import EXIT_USER_ERROR
 from hpcgnn.io import write_json
-from hpcgnn.paths import why_not_yours
+from hpcgnn.paths import read_text, why_not_yours
 from hpcgnn.slurm import FINAL_STATES, job_states
 from hpcgnn.submit.report import selected
 
@@ -127,7 +127,7 @@ def member_row(entry: dict, state: str) -> dict:
     progress = None
     for name in ("summary.json", "progress.json"):
         try:
-            progress = json.loads((run / name).read_text())
+            progress = json.loads(read_text(run / name))
             break
         except (OSError, ValueError):
             continue
@@ -150,7 +150,7 @@ def member_row(entry: dict, state: str) -> dict:
 
 
 def status_table(sweep_dir: Path) -> tuple[str, list[dict]]:
-    manifest = json.loads((sweep_dir / MANIFEST).read_text())
+    manifest = json.loads(read_text(sweep_dir / MANIFEST))
     entries = manifest["members"]
     asked = job_states([e["job_id"] for e in entries if e.get("job_id")]) if manifest.get("cluster") else {}
     states = {jid: js.state for jid, js in asked.items() if js.state != "UNKNOWN"}
