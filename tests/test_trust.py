@@ -304,7 +304,7 @@ def test_a_storm_of_connections_opened_and_closed_in_any_order_neither_crashes_t
                         s.close()
                     else:
                         held.append(s)
-            while len(held) > 400:
+            while len(held) > 150:  # (three storms and the server stay under a 1024-descriptor limit)
                 held.pop(0).close()
         for s in held:
             s.close()
