@@ -187,6 +187,8 @@ class AtomicFolder:
 
     def create(self) -> Path:
         self.final.parent.mkdir(parents=True, exist_ok=True)
+        paths.guard_parent(self.final.parent, f"the folder of {self.final.name}")  # (as atomic_open's: one rule)
+        paths.refuse_link(self.final, self.final.name)
         sweep_leftovers(self.final.parent, f".{self.final.name}.tmp-", keep=self.tmp)
         shutil.rmtree(self.tmp, ignore_errors=True)
         self.tmp.mkdir()
