@@ -30,6 +30,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from hpcgnn import paths
 from hpcgnn.config import DistConfig, TrainConfig
 from hpcgnn.env import RankEnv
 from hpcgnn.errors import AllocationError, ConfigError
@@ -256,9 +257,8 @@ def node_table(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor | Non
 
     Rank 0 makes a file of its own in ``/dev/shm`` (mode 0600: no other user can open it) and reserves its
     pages (a tmpfs that fills later would kill a rank with SIGBUS at a write); each rank maps it once it has
-    checked that it is a plain file of its user's (:func:`hpcgnn.trust.open_own`), and rank 0 removes the name
+    checked that it is a plain file of its user's (:func:`hpcgnn.paths.open_nofollow`), and rank 0 removes the name
     once all have: nothing is left in ``/dev/shm``, however the job ends after that."""
-    from hpcgnn import trust
 
     numel = math.prod(shape)
     name = ""
@@ -279,7 +279,7 @@ def node_table(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor | Non
     if not name:
         return None
     try:
-        os.close(trust.open_own(name, "a node-shared table", os.O_RDWR))
+        os.close(paths.open_nofollow(name, os.O_RDWR, what="a node-shared table", private=True))
         table = torch.from_file(name, shared=True, size=numel, dtype=dtype)
     finally:
         all_reduce_max(torch.zeros(1))  # (every rank has mapped it)

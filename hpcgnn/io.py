@@ -41,13 +41,11 @@ def atomic_open(path: Path, mode: str = "w") -> Iterator:
     temporary file and the last rename wins with a complete file.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    paths.guard_parent(path.parent, f"the folder of {path.name}")
+    paths.make_dirs(path.parent)
     paths.refuse_link(path, path.name)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}-{uuid.uuid4().hex[:8]}")
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-        with os.fdopen(fd, mode) as f:
+        with os.fdopen(paths.open_nofollow(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644, path.name), mode) as f:
             yield f
             f.flush()
             os.fsync(f.fileno())
@@ -186,8 +184,7 @@ class AtomicFolder:
         self.tmp = self.final.parent / (tmp_name or f".{self.final.name}.tmp-{tag or writer_tag()}")
 
     def create(self) -> Path:
-        self.final.parent.mkdir(parents=True, exist_ok=True)
-        paths.guard_parent(self.final.parent, f"the folder of {self.final.name}")  # (as atomic_open's: one rule)
+        paths.make_dirs(self.final.parent)  # (as atomic_open's: one rule)
         paths.refuse_link(self.final, self.final.name)
         sweep_leftovers(self.final.parent, f".{self.final.name}.tmp-", keep=self.tmp)
         shutil.rmtree(self.tmp, ignore_errors=True)

@@ -143,7 +143,7 @@ def check_under(root: str | Path, path: str | Path, what: str, hint: str) -> Non
             here = target
 
 
-def check_tree(root: str | Path, what: str, hint: str, only: tuple[str, ...] | None = None, _seen=None) -> None:
+def check_tree(root: str | Path, what: str, hint: str, only: tuple[str, ...] | None = None) -> None:
     """Refuse a root (:func:`check_root`) any of whose entries below, at any depth, fails the rule: a folder or
     file another user owns or others may write, a link another user made, a FIFO. ``only``: the entries of the root
     to walk (relative paths; each reached through :func:`check_under`); default, all. A link of yours is followed
@@ -152,7 +152,7 @@ def check_tree(root: str | Path, what: str, hint: str, only: tuple[str, ...] | N
     if trusted(root):
         return
     check_root(root, what, hint)
-    seen = _seen if _seen is not None else set()
+    seen: set = set()
     starts = [root] if only is None else [root / o for o in only]
     for start in starts:
         if start != root:
@@ -242,25 +242,56 @@ def refuse_link(path: Path, what: str = "the file") -> None:
         raise _refuse(what, path, f"is {kind_of(st.st_mode)}, not a plain file", HINT_WRITE)
 
 
-def open_nofollow(path: str | Path, flags: int, mode: int = 0o644, what: str = "the file") -> int:
-    """``os.open`` that follows no link at the last component and waits on no FIFO; the folder is guarded
-    (:func:`guard_parent`). A link there is refused with one line naming it, as is anything but a plain file."""
+def make_dirs(folder: str | Path, mode: int = 0o777) -> Path:
+    """``folder`` made (with its missing parents, ``mode`` under the umask) only below a folder that passes
+    :func:`guard_parent`: nothing is made through a link another user planted, or in a folder others may write."""
+    folder = Path(folder)
+    existing = folder
+    while not os.path.lexists(existing) and existing != existing.parent:
+        existing = existing.parent
+    guard_parent(existing, "the folder")
+    folder.mkdir(mode=mode, parents=True, exist_ok=True)
+    return folder
+
+
+def open_nofollow(path: str | Path, flags: int, mode: int = 0o644, what: str = "the file",
+                  private: bool = False) -> int:
+    """``os.open`` of ``path`` in a guarded folder (:func:`guard_parent`) that follows no link at the last component
+    and waits on no FIFO: the one way hpcgnn opens a file it creates, writes, or reads code or state from. Refused
+    with one line: a link, anything but a plain file, a file of another user (``private``: a file yours alone, that
+    nobody else may write: a secret's neighbours, a lock, a state, overrides that are composed). A missing file, or
+    a full disk, is the OSError it is."""
     path = Path(path)
     guard_parent(path.parent, f"the folder of {what}")
     try:
         fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
-            raise NotTrusted(f"{what} {path} is a symbolic link: nothing is written through it. HINT: "
-                             f"{HINT_WRITE}") from None
+            raise NotTrusted(f"{what} {path} is a symbolic link, which hpcgnn does not follow: nothing is read or "
+                             "written through it. HINT: another user may have planted it: remove it, or use a folder "
+                             "only you can write") from None
+        if exc.errno in (errno.EACCES, errno.EPERM):
+            raise NotTrusted(f"cannot open {what} {path} ({exc.strerror}). HINT: it must be a plain file of yours; "
+                             "another user may have planted it: remove it, or use a folder only you can write") from None
         raise
     st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode) or (st.st_uid not in (os.getuid(), 0) and not trusted(path)):
+    owners = (os.getuid(),) if private else (os.getuid(), 0)
+    if not stat.S_ISREG(st.st_mode) or (st.st_uid not in owners or private and st.st_mode & 0o022) \
+            and not (not private and trusted(path)):
         os.close(fd)
-        why = f"is {kind_of(st.st_mode)}" if not stat.S_ISREG(st.st_mode) else f"is owned by uid {st.st_uid}"
-        raise _refuse(what, path, why, HINT_WRITE)
+        kind = "a plain file" if stat.S_ISREG(st.st_mode) else kind_of(st.st_mode)
+        raise NotTrusted(f"{what} {path} is {kind} of owner uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o}: "
+                         "not a plain file of yours that only you can write. HINT: another user may have planted it: "
+                         "remove it, or use a folder only you can write")
     os.set_blocking(fd, True)
     return fd
+
+
+def read_own(path: str | Path, what: str, limit: int = 1 << 34) -> bytes:
+    """A file's bytes, refused unless it is a plain file yours alone to write (:func:`open_nofollow`, ``private``):
+    what hpcgnn composes, decodes or acts on (a tune's overrides, a sampler state, a servers' config)."""
+    with os.fdopen(open_nofollow(path, os.O_RDONLY, what=what, private=True), "rb") as f:
+        return f.read(limit)
 
 
 def read_text(path: str | Path, limit: int = 1 << 26) -> str:

@@ -27,7 +27,7 @@ import socket
 import time
 from pathlib import Path
 
-from hpcgnn import trust
+from hpcgnn import paths, trust
 from hpcgnn.errors import RunFolderBusy
 
 log = logging.getLogger(__name__)
@@ -71,7 +71,7 @@ def take(run_dir: str | Path, who: str, job_id: str = "") -> RunLock:
     folder.mkdir(parents=True, exist_ok=True)
     trust.run_folder(folder)
     path = folder / LOCK_FILE
-    fd = trust.open_own(path, "the run folder's lock", os.O_RDWR | os.O_CREAT)  # (a link, a FIFO: refused at once)
+    fd = paths.open_nofollow(path, os.O_RDWR | os.O_CREAT, 0o600, "the run folder's lock", private=True)  # (a link, a FIFO: refused at once)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as exc:

@@ -26,7 +26,7 @@ What this does not do: encrypt (the batches can be read by whoever reads the net
 store and gloo's connections are PyTorch's and are not authenticated (docs/security.md says what hpcgnn does
 about them).
 
-This module also says whose files hpcgnn trusts (:func:`owned_folder`, :func:`run_folder`, :func:`open_own`): a
+This module also says whose files hpcgnn trusts (:func:`run_folder`; files: :mod:`hpcgnn.paths`): a
 folder or file another user owns or may write is refused, as ssh refuses a writable ``~/.ssh``.
 """
 
@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpcgnn import paths
-from hpcgnn.errors import ConfigError, NotTrusted, Untrusted
+from hpcgnn.errors import ConfigError, Untrusted
 
 SECRET_FILE = ".secret"  # in the run folder, mode 0600
 ANNOUNCED = "servers"  # in the run folder: where sampler servers of a separate job write host:port (servers/<k>)
@@ -133,37 +133,6 @@ def run_folder(run_dir: str | Path, hint: str = "use a run folder of your own (h
     write, or planted a link in (:func:`hpcgnn.paths.check_tree`): its config is replayed, its checkpoints loaded,
     and what hpcgnn writes there must not go where another user points."""
     paths.check_tree(run_dir, what, hint)
-
-
-def open_own(path: str | Path, what: str, flags: int = os.O_RDONLY, mode: int = 0o600) -> int:
-    """A descriptor of ``path`` (``flags``: os.O_CREAT to make it), refused at once unless it is a plain file of
-    this user's that nobody else may write: a symbolic link is not followed, a FIFO is not waited on."""
-    try:
-        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise NotTrusted(f"{what} {path} is a symbolic link, which hpcgnn does not follow here. HINT: another "
-                             "user may have planted it: remove it, or use a run folder only you can write") from None
-        if exc.errno == errno.ENOENT:
-            raise
-        raise NotTrusted(f"cannot open {what} {path} ({exc.strerror}). HINT: it must be a plain file of yours; "
-                         "another user may have planted it: remove it, or use a run folder only you can write") from None
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
-        os.close(fd)
-        kind = "a plain file" if stat.S_ISREG(st.st_mode) else paths.kind_of(st.st_mode)
-        raise NotTrusted(f"{what} {path} is {kind} of owner uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o}: "
-                         "not a plain file of yours that only you can write. HINT: another user may have planted it: "
-                         "remove it, or use a run folder only you can write")
-    os.set_blocking(fd, True)
-    return fd
-
-
-def read_own_file(path: str | Path, what: str, limit: int = 1 << 34) -> bytes:
-    """A file's bytes, refused unless it is a plain file of this user's that nobody else may write
-    (:func:`open_own`)."""
-    with os.fdopen(open_own(path, what), "rb") as f:
-        return f.read(limit)
 
 
 def write_own_file(path: str | Path, data: bytes) -> None:

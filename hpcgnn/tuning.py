@@ -171,12 +171,12 @@ def expand_best(overrides: list[str] | tuple[str, ...]) -> list[str]:
         if key != "tune.best":
             given.append(o)
             continue
-        from hpcgnn import trust
+        from hpcgnn import paths
 
         path = Path(value).expanduser()
         if not path.is_file():
             raise ConfigError(f"+tune.best={value}: no such file. HINT: a tune's best.yaml (its sweep folder)")
-        text = trust.read_own_file(path, "the tune's best overrides").decode()
+        text = paths.read_own(path, "the tune's best overrides").decode()
         out += [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
     return [*out, *given]
 

@@ -186,14 +186,14 @@ def load_pyg(cfg: DatasetConfig, allow_download: bool = False) -> Graph:
         log.info("dataset=pyg: the edge_weight of %s is not read (hpcgnn reads edges' features from edge_attr)%s",
                  cfg._target_, "" if edges is not None else "; data.edge_attr = data.edge_weight.view(-1, 1) gives "
                  "them to a model that reads edge features")
-    given = edge_index.size(1)
-    distinct = int(torch.unique(edge_index[0].long() * n + edge_index[1].long()).numel()) if given else 0
+    given, distinct = edge_index.size(1), None  # (distinct: where reverses are added; else the graph's own count)
     if cfg.to_undirected:
+        distinct = int(torch.unique(edge_index[0].long() * n + edge_index[1].long()).numel()) if given else 0
         edge_index = torch.cat([edge_index, edge_index.flip(0)], dim=1)
         edges = torch.cat([edges, edges]) if edges is not None else None
     train, val, test = [torch.zeros(0, dtype=torch.long)] * 3 if unlabelled else _splits(cfg, data, n)
     graph = Graph.from_edge_index(edge_index, n, x, y, train, val, test, num_classes=classes, edge_attr=edges)
-    report_merged(cfg, given, distinct)  # (the given edges' own repeats: the reverses added are none of them)
+    report_merged(cfg, given, graph.num_edges if distinct is None else distinct)  # (the reverses added repeat nothing)
     return graph
 
 

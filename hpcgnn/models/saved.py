@@ -120,7 +120,7 @@ def read(path: str | Path, trusted: bool = False, how: str = "trust=true") -> di
     if not trusted:
         hint = f"copy the run into a folder of your own, or give {how} if you trust whoever wrote it"
         paths.check_root(path.parent, "the model file's folder", hint)
-        os.close(trust.open_own(path, "the model file"))
+        os.close(paths.open_nofollow(path, os.O_RDONLY, what="the model file", private=True))
     try:
         record = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # (a truncated or foreign file: torch's own error, its first line, says which)

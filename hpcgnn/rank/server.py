@@ -18,7 +18,7 @@ import socket
 import sys
 from pathlib import Path
 
-from hpcgnn import env, nodes, process, trust
+from hpcgnn import env, nodes, paths, process, trust
 from hpcgnn.config import RunConfig
 from hpcgnn.errors import UserError, describe
 from hpcgnn.logs import setup_logging
@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     trust.private_umask()
     try:
         trust.run_folder(Path(argv[0]).parent.parent)  # (the config below is in the run's submitit/)
-        cfg = RunConfig.from_json(trust.read_own_file(argv[0], "the servers' config"))
+        cfg = RunConfig.from_json(paths.read_own(argv[0], "the servers' config"))
     except UserError as exc:
         print(describe(exc), file=sys.stderr, flush=True)
         return exc.exit_code

@@ -27,7 +27,7 @@ import math
 import os
 from pathlib import Path
 
-from hpcgnn import env, paths, trust
+from hpcgnn import env, paths
 from hpcgnn.checks import check_trackers
 from hpcgnn.io import write_json
 
@@ -178,12 +178,12 @@ def _file_store(folder: Path) -> str:
 
 def _parent(client, experiment_id: str, group: Path) -> str:
     """The group's parent run, made by the first member that gets here (a lock in the group's folder)."""
-    group.mkdir(parents=True, exist_ok=True)
+    paths.make_dirs(group)
     with paths.open_append(group / ".mlflow-parent.lock", "the group's lock") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         path = group / MLFLOW_PARENT
         if path.is_file():
-            return json.loads(trust.read_own_file(path, "the group's MLflow parent run"))["run_id"]
+            return json.loads(paths.read_own(path, "the group's MLflow parent run"))["run_id"]
         run_id = client.create_run(experiment_id, run_name=group.name, tags={"hpcgnn.group": str(group)}).info.run_id
         write_json(path, {"run_id": run_id})
         return run_id

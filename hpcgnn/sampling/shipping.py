@@ -256,12 +256,11 @@ def state_path(run_dir: str | Path, rank: int) -> Path:
 
 def publish(run_dir: str | Path, rank: int, state: SamplerState) -> str:
     """A trainer's sampler state for its sampler servers, put where they read it: the run folder, which the run's
-    nodes share and only its owner can write (:func:`hpcgnn.trust.owned_folder`). Returns its SHA-256, which the
+    nodes share and only its owner can write (:func:`hpcgnn.paths.make_dirs`). Returns its SHA-256, which the
     trainer sends in its authenticated hello: a server reads only this file, and only when it is the one the
     trainer meant."""
     folder = state_path(run_dir, rank).parent
-    folder.mkdir(mode=0o700, exist_ok=True)
-    paths.check_root(folder, "the recipes folder", "use a run folder only you can write")
+    paths.make_dirs(folder, mode=0o700)
     data = state.encode()
     trust.write_own_file(state_path(run_dir, rank), data)
     return hashlib.sha256(data).hexdigest()
@@ -272,7 +271,7 @@ def fetch(run_dir: str | Path, rank: int, sha256: str) -> SamplerState:
     own, is not the one whose hash the trainer sent, or is another rank's."""
     path = state_path(run_dir, rank)
     trust.run_folder(run_dir)  # (its recipes/ among its folders)
-    data = trust.read_own_file(path, "the sampler state")
+    data = paths.read_own(path, "the sampler state")
     if not hmac.compare_digest(hashlib.sha256(data).hexdigest(), sha256):
         raise ConfigError(f"the sampler state {path} is not the one rank {rank} published (its SHA-256 differs). "
                           "HINT: two runs share this run folder, or it was changed: start the run again")

@@ -88,12 +88,11 @@ def check_group_choices(dcfg: DictConfig) -> None:
 
 
 def config_groups() -> set[str]:
-    """The config groups (the folders of the packaged ``conf/`` and of the user's config folder) and Hydra's."""
+    """The config groups: the folders of the packaged ``conf/`` and of the user's config folder."""
     from hpcgnn.env import user_config_dir
 
-    found = {p.name for folder in (CONF_DIR, user_config_dir()) if folder.is_dir() for p in folder.iterdir()
-             if p.is_dir()}
-    return found
+    return {p.name for folder in (CONF_DIR, user_config_dir()) if folder.is_dir() for p in folder.iterdir()
+            if p.is_dir()}
 
 
 _OPTION = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.@-]*")
@@ -112,13 +111,10 @@ def check_group_values(overrides: list[str] | tuple[str, ...]) -> None:
             raise ConfigError(f"{key}: hpcgnn composes configs from its own conf/ and your config folder alone (a path "
                               "added here could be another user's). HINT: put your YAML into your config folder "
                               "(HPCGNN_CONFIG_DIR, default ~/.config/hpcgnn)")
-        top = key.split("/")[0]
         if groups is None:
             groups = config_groups()
-        if top not in groups and top != "hydra":
-            continue
-        if key.startswith("hydra") and "/" not in key:
-            continue  # (hydra.run.dir=...: a value, not a group)
+        if key.split("/")[0] not in groups and not key.startswith("hydra/"):
+            continue  # (a value such as train.lr or hydra.run.dir, not a group)
         if value.strip() in ("null", ""):
             continue
         parts = value.split("/")

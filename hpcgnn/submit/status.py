@@ -59,11 +59,10 @@ def tune_status(sweep: Path) -> str:
     from hpcgnn.submit.tune import results, tune_study
     from hpcgnn.submit.tune_worker import load_tune
 
-    foreign = why_not_yours(sweep)
-    _, fixed, space, _ = load_tune(sweep, check=foreign is None)
+    foreign = why_not_yours(sweep)  # (the one walk of its tree: status only looks, whoever's it is)
+    _, fixed, space, _ = load_tune(sweep, check=False)
     head = f"NOT YOURS: {foreign}: what it holds is another user's; no command from it is printed\n" if foreign else ""
-    return head + results(tune_study(sweep, foreign is None)[0], sweep, fixed, space, write_best=False,
-                          foreign=foreign)
+    return head + results(tune_study(sweep, check=False)[0], sweep, fixed, space, write_best=False, foreign=foreign)
 
 
 def main(argv: list[str]) -> int:

@@ -8,7 +8,7 @@ import json
 import time
 from pathlib import Path
 
-from hpcgnn import trust
+from hpcgnn import paths, trust
 from hpcgnn.errors import report
 from hpcgnn.tuning import SPEC, WORKERS, OutsideSpace
 
@@ -23,7 +23,7 @@ def load_tune(sweep: Path, check: bool = True):
 
     if check:
         trust.run_folder(sweep, "use a sweep folder of your own (hydra.sweep.dir=...)", "the tune's folder")
-        spec = json.loads(trust.read_own_file(sweep / SPEC, "the tune's tune.json"))
+        spec = json.loads(paths.read_own(sweep / SPEC, "the tune's tune.json"))
     else:
         spec = json.loads((sweep / SPEC).read_text())
     fixed, space = parse_space(spec["overrides"])
