@@ -1,32 +1,31 @@
 """The names a config may use and the checks made at submit time, without importing torch.
 
 The launcher composes, checks and submits in a light process (about a tenth of a second
-of imports here, where torch and PyG take four seconds): the registries that build models,
-datasets and tasks import this module for their names, and a test holds each registry equal
-to its names here.
+of imports here, where torch and PyG take four seconds). The names come from the specs
+(:mod:`hpcgnn.specs`: datasets, tasks, models, samplers), declared once; the checks here are
+what a combination of them asks of the rest of the config.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from hpcgnn import datasets
 from hpcgnn.errors import ConfigError
-from hpcgnn.labels import KINDS, LOSSES
+from hpcgnn.specs import datasets, models, samplers, tasks
+from hpcgnn.specs.models import CUSTOM
+from hpcgnn.specs.tasks import KIND_NAMES, LOSSES
 
-# ------------------------------------------------------------------ models (hpcgnn.models.MODELS)
+# ------------------------------------------------------------------ models: from their specs (hpcgnn.specs.models)
 
-MODEL_NAMES = ("sage", "gcn", "gat", "gin", "mlp")
-TYPED_MODELS = ("rgcn", "sage", "mlp")  # models for typed graphs (sage: GraphSAGE through PyG's to_hetero)
-FULL_INFERENCE_MODELS = ("sage", "gcn", "gin", "gat", "mlp")  # exact layer-wise inference (eval_mode=full)
-TYPED_FULL_INFERENCE_MODELS = ("rgcn", "mlp")  # ... on a typed graph
+MODEL_NAMES = models.names(plain=True)
+TYPED_MODELS = models.names(typed=True)  # models for typed graphs (sage: GraphSAGE through PyG's to_hetero)
+FULL_INFERENCE_MODELS = models.names(exact="plain")  # exact layer-wise inference (eval_mode=full)
+TYPED_FULL_INFERENCE_MODELS = models.names(exact="typed")  # ... on a typed graph
+EDGE_MODELS = models.names(edge_features=True)  # hpcgnn's models that read edge features (model.edge_dim)
 FEATURE_DTYPES = ("float32", "float16", "bfloat16")  # dataset.feature_dtype: how features are stored
-DECODERS = ("dot", "mlp")  # link prediction: how a pair of embeddings becomes a score
-EDGE_DECODERS = ("concat", "hadamard")  # task=edge: how a pair of embeddings becomes outputs (or pkg.module.Class)
 EDGE_TARGET_DATASETS = ("synthetic", "files", "pyg", "pyg_hetero")  # task=edge: datasets whose edges can carry targets
-EDGE_MODELS = ("gat", "gin")  # hpcgnn's models that read edge features (model.edge_dim): GATConv(edge_dim), GINEConv
 
-# ------------------------------------------------------------------ datasets: from their specs (hpcgnn.datasets)
+# ------------------------------------------------------------------ datasets: from their specs (hpcgnn.specs.datasets)
 
 OGB_NODE_DATASETS = datasets.names(task="node", source="ogb", typed=False)
 OGB_LINK_DATASETS = datasets.names(task="link", source="ogb")
@@ -38,12 +37,10 @@ PYG_DATASETS = datasets.names(needs_target=True)  # a graph of PyG's, by dataset
 SPLIT_EDGES = datasets.names(split_edges=True)  # link datasets whose edges hpcgnn splits itself (dataset.edge_split)
 ON_DISK = datasets.names(on_disk=True)  # read from files that must be there before a job starts
 
-# ------------------------------------------------------------------ tasks (hpcgnn.tasks.TASKS)
+# ------------------------------------------------------------------ tasks: from their specs (hpcgnn.specs.tasks)
 
-TASK_NAMES = ("node", "link", "edge")
-NEGATIVES = ("uniform", "strict", "in_batch")
-FORMS = ("binary", "triplet")
-TARGET_EDGES = ("drop", "keep")
+TASK_NAMES = tuple(tasks.SPECS)
+EDGE_DECODERS = tasks.SPECS["edge"].choices["decoder"]  # task=edge: a pair of embeddings to outputs (or pkg.module.Class)
 
 
 def check_registered_names(cfg) -> None:
@@ -83,7 +80,6 @@ def check_trackers(trackers, environ=None) -> None:
                                f"install 'hpcgnn[{name}]'")
 
 
-CUSTOM = "custom"  # model.name of a model of the user's own (model._target_)
 WIDTHS = ("in_channels", "out_channels", "hidden_channels", "num_layers", "dropout", "edge_dim")  # what hpcgnn fills in
 
 
@@ -214,7 +210,7 @@ def check_typed_config(cfg) -> None:
                           "homogeneous view")
     edge_ok = cfg.task.name == "edge" and cfg.dataset.name in EDGE_TARGET_DATASETS
     for ok, why in ((cfg.task.name == "node" or edge_ok, f"task={cfg.task.name}"),
-                    (t.sampler == "neighbor" and not t.edge_budget, f"train.sampler={t.sampler}"
+                    (t.sampler in samplers.names(graph="typed") and not t.edge_budget, f"train.sampler={t.sampler}"
                      + (f" with train.edge_budget={t.edge_budget}" if t.edge_budget else ""))):
         if not ok:
             raise ConfigError(f"typed graphs (dataset={cfg.dataset.name}) train with task=node (task=edge: a typed "
@@ -223,17 +219,36 @@ def check_typed_config(cfg) -> None:
 
 
 def check_task_config(cfg) -> None:
-    """The task's name, and what the task asks of the rest of the config."""
+    """The task's name, its own settings' choices (from its spec), and what the task asks of the rest of the
+    config."""
     name = cfg.task.name
     if name not in TASK_NAMES:
         raise ConfigError(f"task.name={name!r} is unknown: use one of {', '.join(sorted(TASK_NAMES))}")
+    _check_choices(cfg.task, tasks.SPECS[name])
     check_typed_config(cfg)
     {"node": _check_node, "link": _check_link, "edge": _check_edge}[name](cfg)
 
 
+def _check_choices(k, spec: tasks.TaskSpec) -> None:
+    """Each ``task.<key>`` the task's spec gives choices for holds one of them (a key in ``spec.own``: or a class
+    of the user's own, ``pkg.module.Class``); a task of kinds: ``task.kind`` and ``task.loss``."""
+    for key, allowed in spec.choices.items():
+        value = getattr(k, key)
+        if value in allowed:
+            continue
+        if key in spec.own:
+            if "." in value:
+                continue
+            raise ConfigError(f"task.{key}={value!r} is not {'an' if spec.name[0] in 'aeiou' else 'a'} {spec.name} task's: use {', '.join(allowed)} or a "
+                              f"module of your own (task.{key}=pkg.module.Class, {spec.own[key]})")
+        raise ConfigError(f"task.{key}={value!r} is unknown: use one of {', '.join(allowed)}")
+    if spec.kinds:
+        _check_kind(k)
+
+
 def _check_kind(k) -> None:
     """``task.kind`` and ``task.loss`` (a node or an edge task's targets)."""
-    for key, value, allowed in (("task.kind", k.kind, KINDS), ("task.loss", k.loss, LOSSES)):
+    for key, value, allowed in (("task.kind", k.kind, KIND_NAMES), ("task.loss", k.loss, LOSSES)):
         if value not in allowed:
             raise ConfigError(f"{key}={value!r} is unknown: use one of {', '.join(allowed)}")
     if k.loss != "auto" and k.kind in ("classification", "multilabel"):
@@ -243,8 +258,7 @@ def _check_kind(k) -> None:
 
 
 def _check_node(cfg) -> None:
-    t, k = cfg.train, cfg.task
-    _check_kind(k)
+    t = cfg.train
     typed = is_typed(cfg.dataset)
     models = TYPED_FULL_INFERENCE_MODELS if typed else (*FULL_INFERENCE_MODELS, CUSTOM)  # (custom: a BasicGNN's)
     if t.eval_mode == "full" and cfg.model.name not in models:
@@ -256,17 +270,10 @@ def _check_node(cfg) -> None:
 def _check_edge(cfg) -> None:
     """task=edge: targets on given edges of a homogeneous graph or of one relation of a typed graph (exact
     evaluation: R-GCN on a replicated one), replicated or partitioned, neighbour sampling around both ends."""
-    k, t, d = cfg.task, cfg.train, cfg.dataset
-    _check_kind(k)
-    if k.decoder not in EDGE_DECODERS and "." not in k.decoder:
-        raise ConfigError(f"task.decoder={k.decoder!r} is not an edge task's: use {', '.join(EDGE_DECODERS)} or a "
-                          "module of your own (task.decoder=pkg.module.Class, built as Class(in_channels, "
-                          "out_channels), called on the two ends' embeddings)")
-    if k.target_edges not in TARGET_EDGES:
-        raise ConfigError(f"task.target_edges={k.target_edges!r} is unknown: use one of {', '.join(TARGET_EDGES)}")
+    t, d = cfg.train, cfg.dataset
     typed = is_typed(d)
     why = (f"dataset={d.name} (its edges carry no targets)" if d.name not in EDGE_TARGET_DATASETS else
-           f"train.sampler={t.sampler}" if t.sampler != "neighbor" else
+           f"train.sampler={t.sampler}" if t.sampler not in samplers.names(task="edge") else
            f"train.edge_budget={t.edge_budget}" if t.edge_budget else
            f"train.eval_mode=full on a typed graph with model={cfg.model.name} graph={cfg.graph.mode} (exact: "
            "model=rgcn, replicated)" if typed and t.eval_mode == "full" and
@@ -291,16 +298,12 @@ def link_eval_mode(cfg) -> str:
 
 def _check_link(cfg) -> None:
     k, t = cfg.task, cfg.train
-    for key, value, allowed in (("task.decoder", k.decoder, DECODERS), ("task.negatives", k.negatives, NEGATIVES),
-                                ("task.form", k.form, FORMS), ("task.target_edges", k.target_edges, TARGET_EDGES)):
-        if value not in allowed:
-            raise ConfigError(f"{key}={value!r} is unknown: use one of {', '.join(allowed)}")
     if k.num_negatives < 1 or k.neg_retries < 0 or any(x < 1 for x in k.hits_k):
         raise ConfigError("task.num_negatives and every task.hits_k must be at least 1, task.neg_retries 0 or more")
     if k.negatives == "in_batch" and k.num_negatives >= t.batch_size:
         raise ConfigError(f"task.negatives=in_batch takes the other targets of a batch: task.num_negatives="
                           f"{k.num_negatives} needs train.batch_size above it (got {t.batch_size})")
-    if t.sampler != "neighbor" or t.edge_budget:
+    if t.sampler not in samplers.names(task="link") or t.edge_budget:
         raise ConfigError(f"task=link samples the neighbourhoods of its edges' endpoints: use train.sampler=neighbor "
                           f"without train.edge_budget (got train.sampler={t.sampler}, train.edge_budget={t.edge_budget})")
     if link_eval_mode(cfg) == "full" and cfg.model.name not in (*FULL_INFERENCE_MODELS, CUSTOM):

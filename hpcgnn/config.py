@@ -8,7 +8,7 @@ becomes a frozen, validated :class:`RunConfig` exactly once, in
 Everything downstream takes a ``RunConfig``.
 
 This module checks values and their combinations only; it imports nothing of hpcgnn but
-its errors and the port range env.py derives in. The registries' names (models, datasets,
+its errors, the port range env.py derives in, and the samplers' specs. The registries' names (models, datasets,
 tasks) are checked by :func:`hpcgnn.checks.check_registered_names`.
 """
 
@@ -27,6 +27,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 
 from hpcgnn.errors import ConfigError
 from hpcgnn.nodes import PORTS
+from hpcgnn.specs import samplers
 
 __all__ = ["ConfigError", "RunConfig", "check_override_keys", "register_configs"]
 
@@ -542,19 +543,20 @@ def _check_synthetic_splits(d: DatasetConfig, select: str) -> None:
                           f"dataset.num_nodes={need} or more")
 
 
-SAMPLERS = ("neighbor", "ladies", "saint_node", "saint_edge", "saint_rw", "cluster")
-
-
 def _validate_sampler(t: TrainConfig, g: GraphConfig) -> None:
-    if t.sampler not in SAMPLERS:
-        raise ConfigError(f"train.sampler={t.sampler!r} is unknown: use one of {', '.join(SAMPLERS)}")
-    if t.sampler != "neighbor" and g.mode != "replicated":
+    """``train.sampler`` is one of the samplers' specs, for this graph mode, with the settings it takes."""
+    spec = samplers.SPECS.get(t.sampler)
+    if spec is None:
+        raise ConfigError(f"train.sampler={t.sampler!r} is unknown: use one of {', '.join(samplers.SPECS)}")
+    if g.mode == "partitioned" and "parts" not in spec.graphs:
         raise ConfigError(f"train.sampler={t.sampler} needs graph=replicated (partitioned graphs sample neighbours "
-                          "across parts). HINT: graph=replicated, or train.sampler=neighbor")
+                          f"across parts). HINT: graph=replicated, or train.sampler="
+                          f"{' or '.join(samplers.names(graph='parts'))}")
     if t.edge_budget < 0:
         raise ConfigError(f"train.edge_budget={t.edge_budget} must be 0 (batches of train.batch_size seeds) or more")
-    if t.edge_budget and t.sampler != "neighbor":
-        raise ConfigError(f"train.edge_budget={t.edge_budget} applies to train.sampler=neighbor (got "
+    if t.edge_budget and not spec.edge_budget:
+        budgeted = [s.name for s in samplers.SPECS.values() if s.edge_budget]
+        raise ConfigError(f"train.edge_budget={t.edge_budget} applies to train.sampler={' or '.join(budgeted)} (got "
                           f"train.sampler={t.sampler}). HINT: train.edge_budget=0")
     if t.clusters_per_batch < 1 or t.num_clusters < 0:
         raise ConfigError(f"train.clusters_per_batch={t.clusters_per_batch} must be at least 1 and "

@@ -21,11 +21,9 @@ import math
 from dataclasses import asdict, dataclass, field
 
 from hpcgnn.errors import DatasetError
+from hpcgnn.specs import tasks
+from hpcgnn.specs.tasks import KIND_NAMES as KINDS  # task.kind
 
-KINDS = ("auto", "classification", "multilabel", "regression")  # task.kind
-LOSSES = ("auto", "mse", "l1", "huber")  # task.loss (regression's; classification: cross-entropy, multilabel: BCE)
-METRICS = {"classification": "acc", "multilabel": "rocauc", "regression": "rmse"}  # the metric that selects an epoch
-LOWER_IS_BETTER = {"rmse", "mae"}
 SPLITS = ("train", "val", "test")
 
 
@@ -46,11 +44,11 @@ class Target:
 
     @property
     def metric(self) -> str:
-        return METRICS[self.kind]
+        return tasks.KINDS[self.kind].metric
 
     @property
     def lower_is_better(self) -> bool:
-        return self.metric in LOWER_IS_BETTER
+        return not tasks.higher_is_better(self.metric)
 
     def record(self) -> dict:
         """What the model file keeps (JSON: :meth:`from_record` reads it back)."""

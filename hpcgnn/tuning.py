@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpcgnn.errors import ConfigError, MissingExtra
+from hpcgnn.specs import tasks
 
 STUDY_FILE = "study.journal"  # in the sweep folder: the study, as Optuna's journal
 STUDY_NAME = "hpcgnn"
@@ -183,11 +184,6 @@ def expand_best(overrides: list[str] | tuple[str, ...]) -> list[str]:
 
 # ---------------------------------------------------------------------- what a study optimises
 
-METRICS = {"node": ("acc", "rocauc", "f1", "rmse", "mae", "r2"), "edge": ("acc", "rocauc", "f1", "rmse", "mae", "r2"),
-           "link": ("auc", "ap", "mrr")}  # (link: hits@K too, for K in task.hits_k)
-LOWER = ("rmse", "mae")
-
-
 def metric_of(cfg) -> tuple[str | None, str]:
     """(``val_<name>`` the study optimises, or None: the task's own, known once it runs; the direction: minimize,
     maximize, or auto), refused where the task reports no such metric or the direction is at odds with it."""
@@ -195,11 +191,11 @@ def metric_of(cfg) -> tuple[str | None, str]:
     if t.metric == "auto":
         return None, t.direction
     name = t.metric.removeprefix("val_")
-    known = METRICS[cfg.task.name] + (tuple(f"hits@{k}" for k in cfg.task.hits_k) if cfg.task.name == "link" else ())
+    known = tasks.SPECS[cfg.task.name].reports(tuple(cfg.task.hits_k))
     if not t.metric.startswith("val_") or name not in known:
         raise ConfigError(f"tune.metric={t.metric}: task={cfg.task.name} reports val_{', val_'.join(known)}. HINT: "
                           "one of them, or tune.metric=auto (the task's own)")
-    direction = t.direction if t.direction != "auto" else ("minimize" if name in LOWER else "maximize")
+    direction = t.direction if t.direction != "auto" else ("maximize" if tasks.higher_is_better(name) else "minimize")
     return t.metric, direction
 
 

@@ -94,7 +94,7 @@ def exact_inference_worker(rank: int, world: int, port: int, cfg, folder: str, m
     import torch
 
     from hpcgnn.dist import process_group
-    from hpcgnn.models import batch_transform, build_node_model
+    from hpcgnn.models import build_node_model, gcn_norm
     from hpcgnn.stores import PartitionedStore
     from hpcgnn.stores import exact as ex
     from hpcgnn.tasks import build_task
@@ -113,7 +113,7 @@ def exact_inference_worker(rank: int, world: int, port: int, cfg, folder: str, m
             model = build_node_model(model_cfg, store.shape, 2)
             pieces = (ex.TypedPartsPieces(parts, store.view, store.exchange, cpu, 300) if g is not None else
                       ex.PartsPieces(parts, store.view, store.exchange, cpu, 300,
-                                     lambda d, m=model_cfg: batch_transform(m, d)))
+                                     gcn_norm(model_cfg)))
             task = build_task(dataclasses.replace(cfg, model=model_cfg), env, store, cpu)
             acc = task.evaluate(model)
             kept = dict(store.layouts)  # (what the evaluation made of the rank's edges, which the next one reads)

@@ -297,15 +297,17 @@ def test_line_breaks_in_sbatch_values_are_refused(field):
         bad.validate()
 
 
-def test_registries_hold_the_names_the_checks_know():
-    """hpcgnn.checks names what the registries build (it checks configs without importing them)."""
-    from hpcgnn import checks, data, models, tasks
+def test_every_spec_names_code_that_is_there():
+    """Each spec (tasks, models, samplers) names its unit and builders by "module:name": each one imports, and a
+    task's unit carries its spec's name."""
+    from hpcgnn.specs import load, models, samplers, tasks
 
-    assert set(models.MODELS) == set(checks.MODEL_NAMES)
-    assert set(data.LOADERS) == set(checks.NODE_DATASETS) and set(data.LINK_LOADERS) == set(checks.LINK_DATASETS)
-    assert set(data.TYPED_LOADERS) == set(checks.TYPED_DATASETS)
-    assert set(tasks.TASKS) == set(checks.TASK_NAMES)
-    assert all(tasks.task_class(name).name == name for name in tasks.TASKS)
+    for spec in tasks.SPECS.values():
+        assert load(spec.unit).name == spec.name
+    named = [(s.name, d) for s in models.SPECS.values() for d in (s.build, s.typed_build) if d]
+    named += [(s.name, d) for s in samplers.SPECS.values() for d in (s.prepare, s.build)]
+    assert all(callable(load(dotted)) for _, dotted in named), named
+    assert {n for n, _ in named} == {*models.SPECS, *samplers.SPECS}
 
 
 @pytest.mark.slow

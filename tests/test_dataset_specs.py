@@ -1,4 +1,4 @@
-"""Each dataset is declared once (hpcgnn/datasets.py): its yaml, the docs and every registry follow its spec."""
+"""Each dataset is declared once (hpcgnn/specs/datasets.py): its yaml, the docs and every registry follow its spec."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hpcgnn import checks, data, datasets
+from hpcgnn import checks, data
+from hpcgnn.specs import datasets
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -11,7 +11,7 @@ import torch
 
 from hpcgnn.config import DatasetConfig, ModelConfig
 from hpcgnn.data import Graph, build_graph
-from hpcgnn.models import batch_transform, build_model, layerwise
+from hpcgnn.models import build_model, gcn_norm, layerwise
 from hpcgnn.stores.exact import WholeGraphPieces, exact_outputs
 
 CPU = torch.device("cpu")
@@ -33,7 +33,7 @@ def outputs(graph: Graph, name: str, hidden: int, aggregation: str, chunk: int, 
     cfg = ModelConfig(name=name, hidden_channels=hidden, aggregation=aggregation, heads=2)
     torch.manual_seed(0)
     model = build_model(cfg, graph.num_features, graph.num_classes, layers).eval()
-    return exact_outputs(model, WholeGraphPieces(graph, CPU, chunk, 0, 1, batch_transform(cfg, graph.degree())))
+    return exact_outputs(model, WholeGraphPieces(graph, CPU, chunk, 0, 1, graph.degree() if gcn_norm(cfg) else None))
 
 
 @pytest.mark.parametrize("name,hidden", [("sage", 8), ("sage", 64), ("gcn", 16), ("gin", 16), ("gat", 16)],
@@ -107,7 +107,7 @@ def _two_ranks(rank: int, world: int, port: int, graph: Graph, folder: str) -> N
                 for one_node in (True, False):
                     with autocast(precision, CPU):
                         out[name, hidden, precision, one_node] = exact_outputs(model, WholeGraphPieces(
-                            graph, CPU, 333, rank, world, batch_transform(cfg, graph.degree()),
+                            graph, CPU, 333, rank, world, graph.degree() if gcn_norm(cfg) else None,
                             tables if one_node else None))
         made = tables.made  # a pass again: only its outputs, which its caller keeps, are a table made anew
         with autocast("bf16", CPU):
@@ -141,7 +141,7 @@ def test_two_ranks_give_one_ranks_outputs_bit_for_bit_sharing_their_tables_or_ga
         torch.manual_seed(0)
         model = build_model(cfg, graph.num_features, graph.num_classes, 3).eval()
         with autocast(precision, CPU):
-            alone = exact_outputs(model, WholeGraphPieces(graph, CPU, 333, 0, 1, batch_transform(cfg, graph.degree())))
+            alone = exact_outputs(model, WholeGraphPieces(graph, CPU, 333, 0, 1, graph.degree() if gcn_norm(cfg) else None))
         assert torch.equal(got, alone) and torch.equal(ranks[1][name, hidden, precision, one_node], alone), \
             (name, hidden, precision, one_node)
 

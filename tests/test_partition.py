@@ -455,7 +455,7 @@ def test_exact_partitioned_inference_equals_the_replicated_layerwise_inference(t
     layer-wise inference on the whole graph (model.aggregation=pyg), and the task's accuracies equal the whole
     graph's."""
     from hpcgnn.config import ModelConfig
-    from hpcgnn.models import batch_transform, build_model
+    from hpcgnn.models import build_model, gcn_norm
     from hpcgnn.stores.exact import WholeGraphPieces, exact_outputs
     from hpcgnn.submit.local import free_port
 
@@ -475,7 +475,7 @@ def test_exact_partitioned_inference_equals_the_replicated_layerwise_inference(t
         torch.manual_seed(0)
         model = build_model(model_cfg, graph.num_features, graph.num_classes, 2)
         whole = exact_outputs(model, WholeGraphPieces(graph, torch.device("cpu"), 1000, 0, 1,
-                                                      transform=batch_transform(model_cfg, graph.degree())))
+                                                      gcn_degree=graph.degree() if gcn_norm(model_cfg) else None))
         check_exact_inference(ranks, name, whole, graph.y, {"val": graph.val_idx, "test": graph.test_idx})
     # the nodes computed before the halo is needed: those with no in-neighbour owned by the other rank
     owner = torch.empty(graph.num_nodes, dtype=torch.long)

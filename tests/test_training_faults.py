@@ -36,7 +36,7 @@ def _steps(folder) -> list[int]:
     return sorted(int(p.name.split("-")[1]) for p in folder.glob("step-*"))
 
 
-# ------------------------------------------------------------------ 2. checkpoints of another run
+# ------------------------------------------------------------------ checkpoints of another run
 
 
 @pytest.mark.slow
@@ -60,7 +60,7 @@ def test_a_new_run_in_a_used_folder_loses_nothing_and_resumes_only_its_own(tmp_p
     assert again["param_checksums"] != a["param_checksums"]
 
 
-# ------------------------------------------------------------------ 3. settings changed on resume
+# ------------------------------------------------------------------ settings changed on resume
 
 
 @pytest.mark.slow
@@ -86,7 +86,7 @@ def test_a_changed_learning_rate_is_applied_from_the_resumed_step_and_recorded(t
     assert changed["param_checksums"] != whole["param_checksums"]
 
 
-# ------------------------------------------------------------------ 4. divergence
+# ------------------------------------------------------------------ divergence
 
 
 def test_non_finite_settings_are_refused_at_submit_time(tmp_path):

@@ -1,7 +1,7 @@
 """The run's secret and the sampler servers' handshake against outsiders and squatters: an outsider's pickle
 is never unpickled, a peer with the wrong secret is dropped and the run goes on bitwise, a squatter on a server's
 port is detected (the trainers' handshake; the server's own bind) and the run fails with exit 1 and one line.
-(Issue 54's sharper attacker: test_trust.py.)
+(The sharper attacker, who relays or binds a port first: test_trust.py.)
 """
 
 from __future__ import annotations

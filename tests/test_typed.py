@@ -425,7 +425,7 @@ def test_prepared_typed_graph_maps_back_the_same(tmp_path):
     (["dataset=synthetic_hetero", "model=gcn"], r"dataset=synthetic_hetero is a typed graph: model=gcn reads one node "
                                                  r"and edge type\. HINT: use model=rgcn"),
     (["dataset=synthetic_hetero", "model=sage", "train.eval_mode=full"], r"train.eval_mode=full needs "
-                                                                         r"model rgcn, mlp on a typed graph; got model=sage"),
+                                                                         r"model mlp, rgcn on a typed graph; got model=sage"),
     (["model=rgcn"], r"model=rgcn needs a typed graph \(e.g. dataset=synthetic_hetero\)"),
     (["dataset=synthetic_hetero", "dataset.erase_types=true", "model=rgcn"], r"model=rgcn needs a typed graph"),
 ])

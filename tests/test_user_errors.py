@@ -25,7 +25,7 @@ SMALL = ["dataset.num_nodes=2000", f"dataset.root={DATA_ROOT}", "train.batch_siz
 SINGLE, CPU = RankEnv.from_environ({}), torch.device("cpu")
 
 
-# ------------------------------------------------------------------ 5. user errors: exit 2, one line
+# ------------------------------------------------------------------ user errors: exit 2, one line
 
 
 @pytest.mark.parametrize("overrides, message", [
@@ -91,7 +91,7 @@ def test_a_bug_while_composing_stays_a_bug(monkeypatch):
         make_config()
 
 
-# ------------------------------------------------------------------ 6. files folders
+# ------------------------------------------------------------------ files folders
 
 
 def test_a_stray_label_is_refused_unless_num_classes_says_so(tmp_path):
@@ -131,7 +131,7 @@ def test_a_relation_named_like_an_added_reverse_is_refused(tmp_path):
         load_typed_files(cfg)
 
 
-# ------------------------------------------------------------------ 7. noise around a clean error
+# ------------------------------------------------------------------ noise around a clean error
 
 
 @pytest.mark.slow
@@ -152,7 +152,7 @@ def test_a_dataset_error_met_on_the_ranks_is_one_line(tmp_path):
     assert full.stderr.strip().splitlines()[-1].startswith("hpcgnn: dataset error: ")
 
 
-# ------------------------------------------------------------------ 9. OGB without network
+# ------------------------------------------------------------------ OGB without network
 
 
 OFFLINE = {"http_proxy": "http://127.0.0.1:9", "https_proxy": "http://127.0.0.1:9", "no_proxy": ""}

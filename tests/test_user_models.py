@@ -205,7 +205,7 @@ def test_a_relational_model_that_cannot_be_used_is_refused_before_anything_is_su
     for target, message in cases:
         with pytest.raises(ConfigError, match=message):
             check_model(_custom(*TYPED_SMALL, f"model._target_={target}"))
-    with pytest.raises(ConfigError, match=r"train.eval_mode=full needs model rgcn, mlp on a typed graph; got "
+    with pytest.raises(ConfigError, match=r"train.eval_mode=full needs model mlp, rgcn on a typed graph; got "
                                           r"model=custom. HINT: train.eval_mode=sampled"):
         _custom(*TYPED_SMALL, "model._target_=my_gnn.HeteroSAGE", "train.eval_mode=full")
     for target in ("my_gnn.HeteroSAGE", "my_gnn.ResidualSAGE"):

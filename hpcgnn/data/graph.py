@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from hpcgnn import datasets
+from hpcgnn.specs import datasets
 
 log = logging.getLogger(__name__)
 

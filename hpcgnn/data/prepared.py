@@ -17,7 +17,7 @@ import numpy as np
 import hpcgnn.data.cache as cache
 import hpcgnn.data.link as link
 import hpcgnn.data.ooc as ooc
-from hpcgnn import datasets, env, paths
+from hpcgnn import env, paths
 from hpcgnn.checks import ON_DISK, is_typed
 from hpcgnn.config import DatasetConfig
 from hpcgnn.data.files import (
@@ -57,6 +57,7 @@ from hpcgnn.data.typed import (
 from hpcgnn.errors import DatasetError
 from hpcgnn.io import atomic_folder
 from hpcgnn.labels import profile, resolve, where_labels
+from hpcgnn.specs import datasets
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""Where graphs come from: each dataset name's builders, as its spec names them (:mod:`hpcgnn.datasets`: synthetic,
+"""Where graphs come from: each dataset name's builders, as its spec names them (:mod:`hpcgnn.specs.datasets`: synthetic,
 OGB, files, PyG; typed and link variants), and the graph built whole in memory.
 """
 
@@ -7,12 +7,12 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 
-from hpcgnn import datasets
 from hpcgnn.checks import check_dataset_config
 from hpcgnn.config import DatasetConfig
 from hpcgnn.data.graph import Graph
 from hpcgnn.data.link import LinkData, split_edges
 from hpcgnn.data.typed import TypedGraph, TypedSource
+from hpcgnn.specs import datasets
 
 
 def _builder(path: str) -> Callable:
@@ -33,7 +33,7 @@ def _split(build: Callable[[DatasetConfig, bool], Graph]) -> Callable[[DatasetCo
 
 _SPECS = datasets.SPECS.values()
 
-# name -> builder(cfg, allow_download), each from its spec (hpcgnn.datasets): the graph (a typed one's view) ...
+# name -> builder(cfg, allow_download), each from its spec (hpcgnn.specs.datasets): the graph (a typed one's view) ...
 LOADERS: dict[str, Callable[[DatasetConfig, bool], Graph]] = {
     s.name: _builder(s.graph) if s.graph else _view(_builder(s.typed_graph)) for s in _SPECS if "node" in s.tasks}
 # ... the typed graph ...

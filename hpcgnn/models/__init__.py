@@ -10,12 +10,12 @@
 
 from hpcgnn.models.edge import EdgeModel, build_edge_model, build_typed_edge_model, decoder_reads_edges
 from hpcgnn.models.gnn import (
-           MODELS,
            MLPBaseline,
            batch_transform,
            build_model,
            edge_features_read,
            forward_batch,
+           gcn_norm,
            reads_edge_features,
            uses_edges,
 )
@@ -23,15 +23,14 @@ from hpcgnn.models.link import DECODERS, LinkModel, build_link_model, forward_pa
 from hpcgnn.models.node import build_node_model, node_logits_and_labels
 from hpcgnn.models.typed import (
            RGCN,
-           TYPED_MODELS,
            TypedMLP,
            TypedSAGE,
            build_typed_model,
            forward_typed_batch,
 )
 
-__all__ = ["DECODERS", "MODELS", "RGCN", "TYPED_MODELS", "EdgeModel", "LinkModel", "MLPBaseline", "TypedMLP",
+__all__ = ["DECODERS", "RGCN", "EdgeModel", "LinkModel", "MLPBaseline", "TypedMLP",
            "TypedSAGE", "batch_transform", "build_edge_model", "build_typed_edge_model", "build_link_model", "build_model", "build_node_model", "build_typed_model", "decoder_reads_edges",
            "edge_features_read",
-           "forward_batch", "forward_pairs", "forward_typed_batch", "node_logits_and_labels", "reads_edge_features",
+           "forward_batch", "forward_pairs", "gcn_norm", "forward_typed_batch", "node_logits_and_labels", "reads_edge_features",
            "uses_edges"]

@@ -7,8 +7,6 @@ no neighbours.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -17,8 +15,7 @@ from hpcgnn import checks
 from hpcgnn.config import ModelConfig
 from hpcgnn.errors import ConfigError, DatasetError
 from hpcgnn.models.custom import build_custom, declared_edge_dim, takes, takes_edge_dim
-
-Builder = Callable[[ModelConfig, int, int, int], torch.nn.Module]
+from hpcgnn.specs import load, models
 
 
 class MLPBaseline(torch.nn.Module):
@@ -37,13 +34,6 @@ class MLPBaseline(torch.nn.Module):
         return self.mlp(x)
 
 
-@dataclass(frozen=True)
-class ModelSpec:
-    build: Builder  # (cfg, in_channels, out_channels, num_layers) -> module
-    global_gcn_norm: bool = False  # batches carry GCN weights from the graph's degrees, and self-loops
-    uses_edges: bool = True  # False: batches need no sampled neighbours
-
-
 def _csr(name: str):
     """PyG's ``name`` model whose forward aggregates sampled batches as sorted-CSR products
     (:mod:`hpcgnn.models.aggregation`; the same parameters and state dict)."""
@@ -52,14 +42,14 @@ def _csr(name: str):
     return csr_model(name)
 
 
-def _gin(c: ModelConfig, i: int, o: int, n: int) -> torch.nn.Module:
+def build_gin(c: ModelConfig, i: int, o: int, n: int) -> torch.nn.Module:
     """GIN, or GIN over edge features (``model.edge_dim``): :class:`GINE`."""
     if c.edge_dim:
         return gine_class()(i, c.hidden_channels, n, o, dropout=c.dropout, edge_dim=c.edge_dim)
     return _csr("GIN")(i, c.hidden_channels, n, o, dropout=c.dropout)
 
 
-def _gat(c: ModelConfig, i: int, o: int, n: int) -> torch.nn.Module:
+def build_gat(c: ModelConfig, i: int, o: int, n: int) -> torch.nn.Module:
     """GAT; with ``model.edge_dim``, its attention reads each edge's features too (GATConv(edge_dim))."""
     extra = {"edge_dim": c.edge_dim} if c.edge_dim else {}
     return _csr("GAT")(i, c.hidden_channels, n, o, dropout=c.dropout, heads=c.heads, **extra)
@@ -89,15 +79,17 @@ def gine_class() -> type:
     return GINE
 
 
-MODELS: dict[str, ModelSpec] = {
-    "sage": ModelSpec(lambda c, i, o, n: _csr("GraphSAGE")(i, c.hidden_channels, n, o, dropout=c.dropout)),
-    # normalize=False: the weights and self-loops come with the batch (GCNNorm), from global degrees.
-    "gcn": ModelSpec(lambda c, i, o, n: _csr("GCN")(i, c.hidden_channels, n, o, dropout=c.dropout, normalize=False),
-                     global_gcn_norm=True),
-    "gat": ModelSpec(_gat),
-    "gin": ModelSpec(_gin),
-    "mlp": ModelSpec(lambda c, i, o, n: MLPBaseline(i, c.hidden_channels, n, o, c.dropout), uses_edges=False),
-}
+def build_sage(c: ModelConfig, i: int, o: int, n: int) -> torch.nn.Module:
+    return _csr("GraphSAGE")(i, c.hidden_channels, n, o, dropout=c.dropout)
+
+
+def build_gcn(c: ModelConfig, i: int, o: int, n: int) -> torch.nn.Module:
+    """normalize=False: the weights and self-loops come with the batch (GCNNorm), from global degrees."""
+    return _csr("GCN")(i, c.hidden_channels, n, o, dropout=c.dropout, normalize=False)
+
+
+def build_mlp(c: ModelConfig, i: int, o: int, n: int) -> torch.nn.Module:
+    return MLPBaseline(i, c.hidden_channels, n, o, c.dropout)
 
 
 def build_model(cfg: ModelConfig, in_channels: int, out_channels: int, num_layers: int,
@@ -105,7 +97,7 @@ def build_model(cfg: ModelConfig, in_channels: int, out_channels: int, num_layer
     """The model ``cfg`` names; ``edge_dim``: the width of the edges' features it reads (its own must match)."""
     if checks.is_custom(cfg):  # a model of the user's own (hpcgnn.models.custom)
         return build_custom(cfg, in_channels, out_channels, num_layers, edge_dim)
-    return with_aggregation(MODELS[cfg.name].build(cfg, in_channels, out_channels, num_layers), cfg)
+    return with_aggregation(load(models.SPECS[cfg.name].build)(cfg, in_channels, out_channels, num_layers), cfg)
 
 
 def reads_edge_features(cfg: ModelConfig) -> bool:
@@ -157,12 +149,19 @@ def with_aggregation(model: torch.nn.Module, cfg: ModelConfig) -> torch.nn.Modul
 
 
 def uses_edges(cfg: ModelConfig) -> bool:
-    return checks.is_custom(cfg) or MODELS[cfg.name].uses_edges
+    return checks.is_custom(cfg) or models.SPECS[cfg.name].uses_edges
+
+
+def gcn_norm(cfg: ModelConfig) -> bool:
+    """Whether the model is normalised as GCN by the whole graph's degrees (hpcgnn's gcn; a model of the user's own
+    with ``model.gcn_norm``): its batches carry the weights and self-loops, its exact inference the degrees."""
+    spec = models.SPECS.get(cfg.name)
+    return (spec is not None and spec.global_gcn_norm) or (checks.is_custom(cfg) and cfg.gcn_norm)
 
 
 def batch_transform(cfg: ModelConfig, degree: Tensor):
     """What every batch of this model needs done where it is made (None: nothing)."""
-    if (cfg.name in MODELS and MODELS[cfg.name].global_gcn_norm) or (checks.is_custom(cfg) and cfg.gcn_norm):
+    if gcn_norm(cfg):
         from hpcgnn.sampling.transforms import GCNNorm
 
         return GCNNorm(degree)

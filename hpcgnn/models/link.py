@@ -5,11 +5,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from hpcgnn import checks
 from hpcgnn.config import ModelConfig
 from hpcgnn.models.gnn import batch_kwargs, build_model
+from hpcgnn.specs import tasks
 
-DECODERS = checks.DECODERS
+DECODERS = tasks.SPECS["link"].choices["decoder"]
 
 
 class LinkModel(torch.nn.Module):

@@ -12,8 +12,7 @@ from hpcgnn import checks
 from hpcgnn.config import ModelConfig
 from hpcgnn.models.custom import build_custom_typed
 from hpcgnn.models.gnn import MLPBaseline, with_aggregation
-
-TYPED_MODELS = checks.TYPED_MODELS
+from hpcgnn.specs import load, models
 
 
 class RGCN(torch.nn.Module):
@@ -183,11 +182,22 @@ def build_typed_model(cfg: ModelConfig, node_types, relations, target: str, in_c
     if checks.is_custom(cfg):  # a model of the user's own, relational (hpcgnn.models.custom)
         return build_custom_typed(cfg, node_types, relations, target, in_channels, out_channels, num_layers, edge_dims,
                                   outputs)
-    if cfg.name == "mlp":  # the baseline on the target type's own features
-        return TypedMLP(target, MLPBaseline(in_channels, cfg.hidden_channels, num_layers, out_channels, cfg.dropout))
-    cls = {"rgcn": RGCN, "sage": TypedSAGE}[cfg.name]
-    return with_aggregation(cls(node_types, relations, target, in_channels, cfg.hidden_channels, out_channels,
-                                 num_layers, cfg.dropout, outputs), cfg)
+    build = load(models.SPECS[cfg.name].typed_build)
+    return with_aggregation(build(cfg, node_types, relations, target, in_channels, out_channels, num_layers, outputs),
+                            cfg)
+
+
+def build_rgcn(cfg: ModelConfig, node_types, relations, target: str, i: int, o: int, n: int, outputs=None):
+    return RGCN(node_types, relations, target, i, cfg.hidden_channels, o, n, cfg.dropout, outputs)
+
+
+def build_sage(cfg: ModelConfig, node_types, relations, target: str, i: int, o: int, n: int, outputs=None):
+    return TypedSAGE(node_types, relations, target, i, cfg.hidden_channels, o, n, cfg.dropout, outputs)
+
+
+def build_mlp(cfg: ModelConfig, node_types, relations, target: str, i: int, o: int, n: int, outputs=None):
+    """The baseline on the target type's own features."""
+    return TypedMLP(target, MLPBaseline(i, cfg.hidden_channels, n, o, cfg.dropout))
 
 
 class TypedMLP(torch.nn.Module):

@@ -39,7 +39,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from hpcgnn import dist, paths
 from hpcgnn.config import RunConfig
@@ -67,7 +66,9 @@ def predict(cfg: RunConfig, env: RankEnv, device: torch.device) -> dict:
     precision, _ = resolve_precision(cfg.train.precision, device)
     store = open_store(cfg, env, device)
     check_graph(record, store.shape, cfg)
-    model = build_task(cfg, env, store, device).build_model()
+    task = build_task(cfg, env, store, device)
+    task.adopt(saved.target_of(record))  # (its kind and a regression's scale as trained: they say what is written)
+    model = task.build_model()
     model.load_state_dict(record["state_dict"])
     model = model.to(device).eval()
     mode = inference_mode(cfg, model)
@@ -92,8 +93,7 @@ def predict(cfg: RunConfig, env: RankEnv, device: torch.device) -> dict:
     if p.pairs:  # (a file's pairs have no labels: no metric)
         labels = None
     infer_s = time.perf_counter() - t_infer
-    target = saved.target_of(record)
-    arrays = _arrays(p.what, rows.float(), target)
+    arrays = task.prediction(p.what, rows.float())
     pos = mine.numpy() if p.split == "all" or pairs is not None else np.searchsorted(ids, mine.numpy())
     # Every row once, by one rank (never a row left unwritten, as all-zero rows would be): the ranks' rows count
     # the arrays' and sum to their positions' sum, each rank's distinct and one output to each; all ranks agree.
@@ -106,17 +106,8 @@ def predict(cfg: RunConfig, env: RankEnv, device: torch.device) -> dict:
     t_write = time.perf_counter()
     _write(Path(cfg.run_dir), env, ids, arrays, pos)
     write_s = time.perf_counter() - t_write
-    value, metric = None, target.metric
-    if labels is not None and target.kind == "classification":
-        known = labels >= 0
-        counts = dist.all_reduce_sum(torch.tensor([float((torch.from_numpy(arrays["labels"])[known] == labels[known])
-                                                         .sum()), float(known.sum())], dtype=torch.float64))
-        value = (counts[0] / counts[1]).item() if counts[1] > 0 else None
-    elif labels is not None:  # the kind's own metrics, every rank's rows gathered (collective)
-        from hpcgnn.tasks.node import KINDS
-
-        value = KINDS[target.kind](target, torch.device("cpu")).scores([(rows.float(), labels)])[metric]
-        value = None if math.isnan(value) else value
+    metric = task.metric
+    value = task.prediction_metric(rows, labels) if labels is not None else None  # (collective)
     widths = {"ids": [], **{k: list(v.shape[1:]) for k, v in arrays.items()}}
     summary = {
         "kind": "predict", "what": p.what, "split": p.split, "rows": int(ids.size), "mode": mode,
@@ -336,10 +327,10 @@ def _edge_outputs(cfg: RunConfig, store, model: torch.nn.Module, mode: str):
 
 def _exact(cfg: RunConfig, store, net: torch.nn.Module, layers: int | None):
     """The store's exact outputs of ``net`` (after ``layers`` layers; None: all), each layer logged as it ends."""
-    from hpcgnn.models import batch_transform
+    from hpcgnn.models import gcn_norm
 
     t0 = time.perf_counter()
-    return store.exact(net, lambda degree: batch_transform(cfg.model, degree), layers,
+    return store.exact(net, gcn_norm(cfg.model), layers,
                        lambda i, of: log.info("exact inference: layer %d of %d done in %.1f s", i, of,
                                               time.perf_counter() - t0))
 
@@ -362,23 +353,6 @@ def _scores(cfg: RunConfig, store, model: torch.nn.Module, pairs: np.ndarray, en
         h = exact.rows(chunk.reshape(-1)).to(next(model.parameters()).device)
         scores.append(model.score(h[:b - a], h[b - a:]).float().cpu())
     return (torch.cat(scores) if scores else torch.empty(0)), torch.arange(lo, hi)
-
-
-def _arrays(what: str, rows: torch.Tensor, target) -> dict[str, np.ndarray]:
-    if what == "scores":
-        return {"scores": rows.numpy().astype(np.float32, copy=False)}  # (logits: sigmoid for a probability)
-    if what == "embeddings":
-        return {"embeddings": rows.numpy().astype(np.float32, copy=False)}
-    if target.kind == "multilabel":
-        return {"probs": torch.sigmoid(rows).numpy().astype(np.float32, copy=False)}
-    if target.kind == "regression":  # in the labels' units (the model learnt them standardised)
-        from hpcgnn.tasks.node import Regression
-
-        values = Regression(target, rows.device).values(rows)
-        return {"values": (values.view(-1) if target.column else values).numpy().astype(np.float32, copy=False)}
-    probs = F.softmax(rows, dim=-1) if rows.numel() else rows
-    return {"probs": probs.numpy().astype(np.float32, copy=False),
-            "labels": (rows.argmax(-1) if rows.numel() else torch.empty(0, dtype=torch.long)).numpy()}
 
 
 def _write(out: Path, env: RankEnv, ids: np.ndarray, arrays: dict[str, np.ndarray], pos: np.ndarray) -> None:

@@ -231,7 +231,7 @@ def run_server(index: int, port: int, trainers: int, threads: int, run_dir: str,
     """Serve trainers on ``host:port`` until ``trainers`` of them have said they are done (a trainer that is
     requeued connects again), then return; ``prepare()`` (the dataset) runs meanwhile, and trainers wait for it.
     ``build(state)``: a trainer's sampler, from the state it wrote into the run folder
-    (:class:`hpcgnn.stores.ServerRecipes`, given the run's config).
+    (:class:`hpcgnn.stores.recipes.ServerRecipes`, given the run's config).
     ``announce``: a file to write ``host:port`` into (two jobs meeting through the run folder). Gives up after
     ``idle_s`` without a trainer.
 

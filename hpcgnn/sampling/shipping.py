@@ -12,7 +12,7 @@ pipe, and the rank views the tensors in place (:func:`unpack`).
 
 **To sampler servers** nothing of this is pickled: a rank writes what its servers cannot know from the run's config
 and the graph they open (:class:`SamplerState`: typed fields and raw arrays) into the run folder, and each server
-builds the rank's sampler itself (:class:`hpcgnn.stores.ServerRecipes`).
+builds the rank's sampler itself (:class:`hpcgnn.stores.recipes.ServerRecipes`).
 """
 
 from __future__ import annotations
@@ -146,7 +146,7 @@ MAX_HEADER = 1 << 20  # bytes of a state's JSON header: its settings and its arr
 @dataclass(frozen=True)
 class SamplerState:
     """What a rank's sampler servers need, besides the run's config and the graph they open, to build the rank's
-    training sampler as the rank built it (:class:`hpcgnn.stores.ServerRecipes`): where the rank stands (``rank``
+    training sampler as the rank built it (:class:`hpcgnn.stores.recipes.ServerRecipes`): where the rank stands (``rank``
     of ``world_size``), the kind of graph (``kind``), the settings it decided (``values``: numbers, strings, flags)
     and the arrays it computed at run time (``arrays``: a hot-node cache's ids and rows, saint_rw's inclusion,
     Cluster-GCN's clusters). Written as typed fields and raw bytes (:meth:`encode`): nothing in it is code, and

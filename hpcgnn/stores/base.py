@@ -13,7 +13,7 @@ or typed; on the host or the GPU) and a task. A task never asks which one it hol
   :mod:`hpcgnn.sampling.producers`);
 - ``eval_loader(split, transform)``, ``eval_items(split)``: this rank's share of a split in batches
   (padded with empty ones where the other ranks need this rank's exchanges), and which items they are;
-- ``exact(model, transform_for)``: the model's exact outputs (:class:`~hpcgnn.stores.exact.Exact`),
+- ``exact(model, gcn_norm)``: the model's exact outputs (:class:`~hpcgnn.stores.exact.Exact`),
   and ``check_exact(model_cfg)`` at start, whether they will fit;
 - ``counters()`` and ``comm(before)``: what crossed between ranks per batch since a snapshot;
 - ``graph_on`` and ``resident_bytes()``: where batches are made, and what the rank holds (the summary).
@@ -221,9 +221,10 @@ class Store(abc.ABC):
     # ------------------------------------------------------------------ exact outputs
 
     @abc.abstractmethod
-    def exact(self, model: torch.nn.Module, transform_for=None, layers: int | None = None, on_layer=None) -> Exact:
-        """``model``'s outputs with every node's full neighbourhood (collective). ``transform_for(degree)``:
-        the model's batch transform for nodes of these in-degrees (GCN's normalisation), or None. ``layers``: the
+    def exact(self, model: torch.nn.Module, gcn_norm: bool = False, layers: int | None = None,
+              on_layer=None) -> Exact:
+        """``model``'s outputs with every node's full neighbourhood (collective). ``gcn_norm``: the model is
+        normalised as GCN by the whole graph's degrees (the store's, :attr:`degree`). ``layers``: the
         output of that many layers (an embedding: all but the last); None: the model's. ``on_layer(i, of)``:
         called as each layer ends."""
 

@@ -121,14 +121,16 @@ def exact_outputs(model: torch.nn.Module, pieces: ExactPieces, layers: int | Non
 
 
 class WholeGraphPieces(ExactPieces):
-    """A replicated graph: each layer for all nodes, ranks sharing them, all-gathered. ``transform``: the
-    model's batch transform; GCN's (global-degree weights and self-loops): from the CSR, the nodes' weights;
-    on PyG's path, a chunk's weighted sparse adjacency, run in fp32 (sparse products have no bf16 kernel on CPU)."""
+    """A replicated graph: each layer for all nodes, ranks sharing them, all-gathered. ``gcn_degree``: every
+    node's in-degree where the model is normalised as GCN by the whole graph's degrees (None: it is not): on the
+    CSR path, the nodes' weights; on PyG's path, a chunk's weighted sparse adjacency (GCNNorm), run in fp32 (sparse
+    products have no bf16 kernel on CPU)."""
 
-    def __init__(self, graph, device: torch.device, chunk_size: int, rank: int, world_size: int, transform=None,
-                 tables: dist.NodeTables | None = None, edge_features: bool = False):
+    def __init__(self, graph, device: torch.device, chunk_size: int, rank: int, world_size: int,
+                 gcn_degree: Tensor | None = None, tables: dist.NodeTables | None = None, edge_features: bool = False):
         super().__init__(device, chunk_size)
-        self.graph, self.rank, self.world_size, self.transform = graph, rank, world_size, transform
+        self.graph, self.rank, self.world_size = graph, rank, world_size
+        self.gcn_degree, self.transform = gcn_degree, _gcn_norm(gcn_degree)
         # every rank on this node: the layer tables are one shared copy, from this pool (_sharded)
         self.tables = tables
         # the model reads the edges' features: each chunk's edges carry theirs (PyG's layers, the CSR's order)
@@ -142,7 +144,7 @@ class WholeGraphPieces(ExactPieces):
         return self._all(lambda a, b: model(x[a:b].float().to(self.device)).float().cpu())
 
     def inputs(self, model):
-        self.csr = _CSRPath.of(model, self.device, self.transform, self.edge_attr is not None)
+        self.csr = _CSRPath.of(model, self.device, self.gcn_degree, self.edge_attr is not None)
         x = self.graph.x
         if self.csr is not None and _narrow() and x.dtype == torch.float32:  # bf16: half the bytes through the edges
             return self._all(lambda a, b: x[a:b].to(torch.bfloat16))  # (each rank converts its share)
@@ -208,14 +210,14 @@ class PartsPieces(ExactPieces):
     """A partitioned graph: each rank computes its own nodes, fetching its halo's rows for each layer. On the CSR
     path its layer tables hold first the nodes whose in-neighbours are all its own, then the rest, then the halo:
     the halo's rows arrive (on a thread) while it computes the first; PyG's path fetches them before the layer.
-    The outputs come back in its row order. ``transform_for(degree)``: the model's batch transform for nodes in
-    local ids given their global in-degrees (GCN's normalisation), or None. ``layouts``: where the rank's edges
-    in local ids are kept from one evaluation to the next (:class:`PartsLayout`, its store's; None: made anew)."""
+    The outputs come back in its row order. ``gcn_norm``: the model is normalised as GCN by the whole graph's
+    degrees (the parts' own and their halo's, by local id). ``layouts``: where the rank's edges in local ids are
+    kept from one evaluation to the next (:class:`PartsLayout`, its store's; None: made anew)."""
 
-    def __init__(self, parts, view, exchange, device: torch.device, chunk_size: int, transform_for=None,
+    def __init__(self, parts, view, exchange, device: torch.device, chunk_size: int, gcn_norm: bool = False,
                  edge_features: bool = False, layouts: dict | None = None):
         super().__init__(device, chunk_size)
-        self.parts, self.view, self.exchange, self.transform_for = parts, view, exchange, transform_for
+        self.parts, self.view, self.exchange, self.gcn_norm = parts, view, exchange, gcn_norm
         self.own, self.layouts = parts.nodes.numel(), layouts
         # the model reads the edges' features: each chunk's edges carry theirs (the rank's CSR order)
         self.edge_attr = parts.edge_attr if edge_features else None
@@ -230,9 +232,9 @@ class PartsPieces(ExactPieces):
         if "halo" not in kept:
             kept["halo"] = _remote_ids(parts.col, 0, view)
         self.halo = kept["halo"]
-        self.transform = (self.transform_for(parts.degree.index_select(0, torch.cat([parts.nodes, self.halo])))
-                          if self.transform_for else None)
-        self.csr = _CSRPath.of(model, self.device, self.transform, self.edge_attr is not None)
+        degree = parts.degree.index_select(0, torch.cat([parts.nodes, self.halo])) if self.gcn_norm else None
+        self.transform = _gcn_norm(degree)
+        self.csr = _CSRPath.of(model, self.device, degree, self.edge_attr is not None)
         key = None if self.csr is None else INTERIOR_FIRST  # (PyG's path: the rank's own row order)
         if key not in kept:
             for old in [k for k in kept if k != "halo"]:  # (one layout at a time: its edges' memory)
@@ -397,30 +399,40 @@ class TypedPartsPieces(ExactPieces):
 # --------------------------------------------------------------------------- pieces' parts
 
 
+def _gcn_norm(degree: Tensor | None):
+    """PyG's path's per-chunk transform for a model normalised as GCN by these in-degrees (None: none)."""
+    if degree is None:
+        return None
+    from hpcgnn.sampling.transforms import GCNNorm
+
+    return GCNNorm(degree)
+
+
 @dataclass(frozen=True)
 class _CSRPath:
     """A whole-graph or partitioned layer straight from the CSR (:mod:`hpcgnn.models.layerwise`): the model's
-    kind, and GCN's inverse square-root degrees by row of the layer tables (from the store's transform)."""
+    kind, and GCN's inverse square-root degrees by row of the layer tables."""
 
     kind: str
     dinv: Tensor | None
 
     @classmethod
-    def of(cls, model, device: torch.device, transform, edge_features: bool = False) -> _CSRPath | None:
+    def of(cls, model, device: torch.device, gcn_degree: Tensor | None,
+           edge_features: bool = False) -> _CSRPath | None:
         """The path for ``model``, or None (PyG's ``inference_per_layer``; ``edge_features``: the model reads
-        them, so its layers read each edge's); the choice logged once."""
+        them, so its layers read each edge's); ``gcn_degree``: the in-degrees of the table's rows where the model
+        is normalised as GCN (None: it is not); the choice logged once."""
         from hpcgnn.models import layerwise
-        from hpcgnn.sampling.transforms import GCNNorm
 
         if edge_features:
             layerwise.say(f"{type(model).__name__} reads edge features: PyG's layers, over each chunk's edges with "
                           "their features")
             return None
-        kind, why = layerwise.plan(model, device, isinstance(transform, GCNNorm))
+        kind, why = layerwise.plan(model, device, gcn_degree is not None)
         layerwise.say(why)
         if kind is None:
             return None
-        return cls(kind, (transform.degree.to(torch.float64) + 1.0).rsqrt() if kind == "GCN" else None)
+        return cls(kind, (gcn_degree.to(torch.float64) + 1.0).rsqrt() if kind == "GCN" else None)
 
     def layer(self, model, i: int, last: bool):
         from hpcgnn.models import layerwise

@@ -347,12 +347,13 @@ class PartitionedStore(Store):
     def comm(self, before: CommStats) -> dict:
         return (self.counters() - before).per_batch()
 
-    def exact(self, model: torch.nn.Module, transform_for=None, layers: int | None = None, on_layer=None) -> Exact:
+    def exact(self, model: torch.nn.Module, gcn_norm: bool = False, layers: int | None = None,
+              on_layer=None) -> Exact:
         """Each rank computes its own nodes' outputs (in its row order; a typed graph: its own target-type nodes,
         in their typed rows); other nodes' rows come from their owners (a collective)."""
         t, parts, view, ex = self.cfg.train, self.parts, self.view, self.exchange
         if parts.typed is None:
-            pieces, row_of = PartsPieces(parts, view, ex, self.device, t.eval_chunk, transform_for,
+            pieces, row_of = PartsPieces(parts, view, ex, self.device, t.eval_chunk, gcn_norm,
                                          edge_features=self.shape.edge_dim > 0, layouts=self.layouts), view.row
         else:
             target = parts.typed.schema.target

@@ -3,27 +3,21 @@
 from __future__ import annotations
 
 import logging
-import math
 import time
 
-import numpy as np
 import torch
 from torch import Tensor
 
-from hpcgnn import dist
 from hpcgnn.config import RunConfig
-from hpcgnn.data import Graph, cache_folder, open_graph, open_link, prepare
+from hpcgnn.data import Graph, open_graph, open_link, prepare
 from hpcgnn.data.graph import csr_has_edge
 from hpcgnn.env import RankEnv
-from hpcgnn.errors import ConfigError
-from hpcgnn.io import write_npy
-from hpcgnn.rng import generator
 from hpcgnn.sampling import CSRNeighborSampler, steps_per_epoch
-from hpcgnn.sampling import subgraph as sub
 from hpcgnn.sampling.link import EdgeTargetSampler
 from hpcgnn.sampling.loader import LocalFeatures
 from hpcgnn.sampling.producers import GraphSide
 from hpcgnn.sampling.shipping import SamplerState
+from hpcgnn.specs.samplers import SPECS as SAMPLER_SPECS
 from hpcgnn.stores.base import (
     WholeGraphStore,
     edge_targets,
@@ -35,6 +29,8 @@ from hpcgnn.stores.base import (
     require_training_items,
 )
 from hpcgnn.stores.exact import Exact, WholeGraphPieces, exact_outputs
+from hpcgnn.stores.samplers import build as build_sampler
+from hpcgnn.stores.samplers import prepare as prepare_sampler
 
 log = logging.getLogger(__name__)
 
@@ -47,24 +43,6 @@ def open_shared_graph(cfg: RunConfig, env: RankEnv) -> Graph:
     # prepare() never downloads: that is `python -m hpcgnn.data prepare`'s job
     on_local_rank0(env, f"prepare {cfg.dataset.name}", lambda: prepare(cfg.dataset))
     return open_graph(cfg.dataset)
-
-
-def cluster_assignment(cfg: RunConfig, env: RankEnv, graph: Graph, num_clusters: int) -> Tensor:
-    """Cluster-GCN's METIS clusters of the whole graph, computed once per node and cached beside it."""
-    from hpcgnn.partition.compute import compute_parts
-
-    path = cache_folder(cfg.dataset) / "clusters" / f"metis-c{num_clusters}-s{cfg.graph.seed}.npy"
-
-    def compute() -> None:
-        if path.is_file():
-            return
-        t0 = time.perf_counter()
-        part = compute_parts(graph, num_clusters, "metis", cfg.graph.seed, balance_train=True)
-        write_npy(path, part.numpy())  # whole or not at all: another node may race us
-        log.info("%d METIS clusters in %.1f s: %s", num_clusters, time.perf_counter() - t0, path)
-
-    on_local_rank0(env, f"compute {num_clusters} clusters", compute)
-    return torch.from_numpy(np.load(path))
 
 
 def graph_on(cfg: RunConfig, env: RankEnv, device: torch.device, graph_bytes: int) -> str:
@@ -91,29 +69,6 @@ def graph_on(cfg: RunConfig, env: RankEnv, device: torch.device, graph_bytes: in
     return "device" if fits else "host"
 
 
-def training_sampler(cfg: RunConfig, g: Graph, sampler, clusters: Tensor | None = None):
-    """The training sampler of ``train.sampler`` over the whole graph ``g`` (``sampler``: the neighbour sampler,
-    evaluation's; ``clusters``: Cluster-GCN's assignment), as a rank and its sampler servers build it. saint_rw's
-    inclusion probabilities are the ranks' to compute together, and set after. Its batches carry their edges' ids
-    where the neighbour sampler's do (the model reads their features)."""
-    t = cfg.train
-    n, n_train = g.num_nodes, g.train_idx.numel()
-    if t.sampler == "ladies":
-        return sub.LadiesSampler(g.rowptr, g.col, fanouts(cfg), edge_ids=sampler.edge_ids)
-    if t.sampler in ("saint_node", "saint_edge"):
-        # Sized so that a subgraph holds about batch_size training nodes.
-        cls, per_draw = (sub.SaintNodeSampler, 1) if t.sampler == "saint_node" else (sub.SaintEdgeSampler, 2)
-        s = cls(g.rowptr, g.col, g.train_idx, math.ceil(t.batch_size * n / (n_train * per_draw)))
-    elif t.sampler == "saint_rw":
-        s = sub.SaintWalkSampler(g.rowptr, g.col, g.train_idx, len(t.fanouts))
-    elif t.sampler == "cluster":
-        s = sub.ClusterSampler(g.rowptr, g.col, g.train_idx, clusters)
-    else:
-        return sampler
-    s.edge_ids = sampler.edge_ids
-    return s
-
-
 def pair_ids_of(cfg: RunConfig, g: Graph, targets):
     """Where the decoder reads an edge task's targets' own features: target ids -> their edges' CSR positions (the
     row's start plus the pair's place; -1: a pair that is no edge); else None."""
@@ -128,31 +83,42 @@ def edge_target_sampler(cfg: RunConfig, sampler, g: Graph, targets) -> EdgeTarge
                              pair_ids=pair_ids_of(cfg, g, targets))
 
 
+def whole_samplers(cfg: RunConfig, g: Graph, state: SamplerState, link=None, targets=None) -> tuple:
+    """Evaluation's neighbour sampler over the whole graph ``g`` and training's, from what the rank decided
+    (``state``: whether batches carry their edges' ids, the arrays its sampler's ``prepare`` decided), with a link
+    task's splits (``link``) or an edge task's targets (``targets``): the one builder of the rank, its sampler
+    processes and its sampler servers."""
+    sampler = CSRNeighborSampler(g.rowptr, g.col, fanouts(cfg), edge_ids=bool(state.values.get("edge_ids")))
+    if link is not None:  # link prediction: around the endpoints of its positive training edges
+        return sampler, link_sampler(cfg, sampler, link.train.pos, g.num_nodes, csr_has_edge(g.rowptr, g.col))
+    if targets is not None:  # an edge task: around both ends of its targets
+        return sampler, edge_target_sampler(cfg, sampler, g, targets)
+    return sampler, build_sampler(cfg, g, sampler, state.arrays)
+
+
 class ReplicatedStore(WholeGraphStore):
     """Every rank maps the whole prepared graph; seeds (nodes, or edges for link prediction) are split across ranks."""
 
     def __init__(self, cfg: RunConfig, env: RankEnv, device: torch.device | None = None):
         super().__init__(cfg, env, device or torch.device("cpu"))
-        self.decided: dict[str, Tensor] = {}  # what the ranks computed together for the training sampler
         self.graph = g = open_shared_graph(cfg, env)
         self.link = open_link(cfg.dataset) if cfg.dataset.prepared_for == "link" else None
         self.features = g
         self.degree = g.degree()
         if cfg.task.name == "edge":  # its targets beside the graph, their labels the model's outputs
             self.targets = edge_targets(cfg, env)
-            self.pair_ids, self.edge_rows = pair_ids_of(cfg, g, self.targets), LocalFeatures(g)
+            self.edge_rows = LocalFeatures(g)
         labels = self.targets.labels if self.targets is not None else g.labels
         self.shape = graph_shape(cfg, g.num_features, g.num_classes, g.num_nodes, labels, edge_dim=g.edge_dim)
-        # evaluation's, and training's by default; its batches say which edges they hold where the model reads their
-        # features (gathered with the nodes')
-        self.sampler = CSRNeighborSampler(g.rowptr, g.col, fanouts(cfg), edge_ids=self.shape.edge_dim > 0)
+        # batches say which edges they hold where the model reads their features (gathered with the nodes')
+        values = {"edge_ids": self.shape.edge_dim > 0}
         if self.link is not None:  # link prediction: a step's seeds are positive training edges
             train = self.link.train.pos
             require_training_items(cfg, train.size(1), "edges")
-            self.train_sampler = self._link_sampler(self.sampler, train, csr_has_edge(g.rowptr, g.col))
+            self.state = SamplerState("whole", env.rank, env.world_size, values)
+            self.sampler, self.train_sampler = whole_samplers(cfg, g, self.state, link=self.link)
             self.items, self.items_per_step = torch.arange(train.size(1)), cfg.train.batch_size
             self.steps = steps_per_epoch(train.size(1), env.world_size, cfg.train.batch_size)
-            self.weigh_by_seeds = True
             log.info("graph: %d nodes, %d message-passing edges, %d features; %d/%d/%d train/val/test edges to "
                      "predict", g.num_nodes, g.num_edges, g.num_features, train.size(1), self.link.val.pos.size(1),
                      self.link.test.pos.size(1))
@@ -161,7 +127,9 @@ class ReplicatedStore(WholeGraphStore):
             k, targets = cfg.task, self.targets
             train = targets.split("train")
             require_training_items(cfg, train.numel(), "target edges")
-            self.train_sampler = self.eval_pairs = edge_target_sampler(cfg, self.sampler, g, targets)
+            self.state = SamplerState("whole", env.rank, env.world_size, values)
+            self.sampler, self.train_sampler = whole_samplers(cfg, g, self.state, targets=targets)
+            self.eval_pairs, self.pair_ids = self.train_sampler, self.train_sampler.pair_ids
             self.items, self.items_per_step = train, cfg.train.batch_size
             self.steps = steps_per_epoch(train.numel(), env.world_size, cfg.train.batch_size)
             log.info("graph: %d nodes, %d edges, %d features; %d/%d/%d train/val/test target edges (%s), target "
@@ -170,78 +138,47 @@ class ReplicatedStore(WholeGraphStore):
                      "left out" if k.target_edges == "drop" else "kept")
             return
         require_training_items(cfg, g.train_idx.numel(), "nodes")
-        self.steps = steps_per_epoch(g.train_idx.numel(), env.world_size, cfg.train.batch_size)
+        prepared = prepare_sampler(cfg, env, g)  # (collective: what the ranks decide together)
+        self.items, self.items_per_step, self.steps = prepared.items, prepared.items_per_step, prepared.steps
+        self.seed_cost = prepared.seed_cost
+        # Subgraph batches are each a whole estimate of the mean loss: weigh steps by batches, not seeds.
+        self.weigh_by_seeds = not SAMPLER_SPECS[cfg.train.sampler].subgraph
+        self.state = SamplerState("whole", env.rank, env.world_size, values, dict(prepared.arrays))
         self.graph_on = graph_on(cfg, env, self.device, self.resident_bytes())
+        on = g
         if self.graph_on == "device":  # sampled and gathered where the model runs: no copy per step
             t0 = time.perf_counter()
-            self.features = on_device = g.to(self.device)
-            self.sampler = CSRNeighborSampler(on_device.rowptr, on_device.col, fanouts(cfg),
-                                              edge_ids=self.shape.edge_dim > 0)
+            self.features = on = g.to(self.device)
             log.info("graph copied to %s in %.1f s: sampling and gathering there (%.0f MB)", self.device,
                      time.perf_counter() - t0, self.resident_bytes() / 2**20)
-        self.train_sampler, self.items, self.items_per_step = self.sampler, g.train_idx, cfg.train.batch_size
-        self._setup_sampler()
+        self.sampler, self.train_sampler = whole_samplers(cfg, on, self.state)
         outputs = self.shape.target.outputs() if self.shape.target is not None else f"{g.num_classes} classes"
         log.info("graph: %d nodes, %d edges, %d features, %s, %d/%d/%d train/val/test", g.num_nodes,
                  g.num_edges, g.num_features, outputs, g.train_idx.numel(), g.val_idx.numel(), g.test_idx.numel())
 
-    def _setup_sampler(self) -> None:
-        """The training sampler of ``train.sampler``, what its steps draw from, and the steps per epoch."""
-        t, g, env = self.cfg.train, self.graph, self.env
-        n, n_train, world = g.num_nodes, g.train_idx.numel(), env.world_size
-        clusters = None
-        if t.sampler == "cluster":
-            num = t.num_clusters or t.clusters_per_batch * math.ceil(n_train / t.batch_size)
-            if num > n:
-                raise ConfigError(f"train.num_clusters={num} exceeds the graph's {n} nodes: lower train.num_clusters "
-                                  "or raise train.batch_size")
-            clusters = self.decided["clusters"] = cluster_assignment(self.cfg, env, g, num)
-            self.items, self.items_per_step = torch.arange(num), t.clusters_per_batch
-            self.steps = steps_per_epoch(num, world, t.clusters_per_batch)
-        self.train_sampler = s = training_sampler(self.cfg, g, self.sampler, clusters)
-        if t.sampler in ("saint_node", "saint_edge"):  # a step draws afresh
-            self.items, self.items_per_step = torch.arange(self.steps * world), 1
-        elif t.sampler == "saint_rw":  # the step's seeds are the walks' roots
-            total = math.ceil(t.saint_coverage * n / (t.batch_size * (len(t.fanouts) + 1)))
-            mine = math.ceil(total / world)  # the pre-sampling is shared out over the ranks
-            counts = s.count_inclusion(t.batch_size, mine, generator(t.seed, "saint_rw_inclusion", env.rank))
-            s.inclusion = self.decided["inclusion"] = dist.all_reduce_sum(counts) / (mine * world)
-        if t.edge_budget:
-            self.seed_cost = sub.expected_edges(g.rowptr, g.col, t.fanouts)
-            total_cost = float(self.seed_cost.index_select(0, g.train_idx).double().sum())
-            self.steps = sub.batches_for_budget(total_cost, world, t.edge_budget, math.ceil(n_train / world))
-        # Subgraph batches are each a whole estimate of the mean loss: weigh steps by batches, not seeds.
-        self.weigh_by_seeds = not isinstance(self.train_sampler, sub.SubgraphSampler)
-
     def sampler_state(self) -> SamplerState:
-        """The rank's place, whether batches carry their edges' ids, and what the ranks computed together (saint_rw's
-        inclusion, Cluster-GCN's clusters)."""
-        return SamplerState("whole", self.env.rank, self.env.world_size, {"edge_ids": self.sampler.edge_ids},
-                            dict(self.decided))
+        """The rank's place, whether batches carry their edges' ids, and what the ranks decided together (saint_rw's
+        inclusion, Cluster-GCN's clusters): what :func:`whole_samplers` built the rank's samplers from."""
+        return self.state
 
     @staticmethod
     def server_side(cfg: RunConfig, state: SamplerState, g: Graph) -> tuple[GraphSide, Tensor]:
-        """A rank's training sampler built on a sampler server as the rank built it (over ``g``, the graph the
-        server opened), and the degrees its batch transform reads."""
-        sampler = CSRNeighborSampler(g.rowptr, g.col, fanouts(cfg), edge_ids=bool(state.values.get("edge_ids")))
-        if cfg.dataset.prepared_for == "link":
-            link = open_link(cfg.dataset)
-            train = link_sampler(cfg, sampler, link.train.pos, g.num_nodes, csr_has_edge(g.rowptr, g.col))
-        elif cfg.task.name == "edge":
+        """A rank's training sampler built on a sampler server as the rank built it (:func:`whole_samplers`, over
+        ``g``, the graph the server opened), and the degrees its batch transform reads."""
+        link = open_link(cfg.dataset) if cfg.dataset.prepared_for == "link" else None
+        targets = None
+        if cfg.task.name == "edge":
             from hpcgnn.data.edges import open_targets
 
-            train = edge_target_sampler(cfg, sampler, g, open_targets(cfg.dataset))
-        else:
-            train = training_sampler(cfg, g, sampler, state.arrays.get("clusters"))
-            if "inclusion" in state.arrays:
-                train.inclusion = state.arrays["inclusion"]
-        return GraphSide(g, train), g.degree()
+            targets = open_targets(cfg.dataset)
+        return GraphSide(g, whole_samplers(cfg, g, state, link, targets)[1]), g.degree()
 
-    def exact(self, model: torch.nn.Module, transform_for=None, layers: int | None = None, on_layer=None) -> Exact:
+    def exact(self, model: torch.nn.Module, gcn_norm: bool = False, layers: int | None = None,
+              on_layer=None) -> Exact:
         t, env = self.cfg.train, self.env
-        transform = transform_for(self.degree) if transform_for else None
-        pieces = WholeGraphPieces(self.graph, self.device, t.eval_chunk, env.rank, env.world_size, transform,
-                                  self.node_tables(), edge_features=self.shape.edge_dim > 0)
+        pieces = WholeGraphPieces(self.graph, self.device, t.eval_chunk, env.rank, env.world_size,
+                                  self.degree if gcn_norm else None, self.node_tables(),
+                                  edge_features=self.shape.edge_dim > 0)
         return self._exact(exact_outputs(model, pieces, layers, on_layer))
 
     def resident_bytes(self) -> int:

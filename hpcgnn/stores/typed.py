@@ -54,13 +54,26 @@ def typed_edge_target_sampler(cfg: RunConfig, sampler, g, targets, pair_features
                                   pair_features=own_features if pair_features else None)
 
 
+def typed_samplers(cfg: RunConfig, features, state: SamplerState, targets=None, graph=None) -> tuple:
+    """Evaluation's neighbour sampler over a typed graph (``features``: the graph, or its copy on the GPU; ``graph``:
+    the graph on the host, where it differs) and training's, from what the rank decided (``state``: whether batches
+    carry their edges' ids), with an edge task's targets (a relation's edges, around both ends, each with its own
+    features where the decoder reads them): the one builder of the rank and its sampler servers."""
+    from hpcgnn.sampling.typed import TypedNeighborSampler
+
+    g = graph if graph is not None else features
+    sampler = TypedNeighborSampler(features, typed_fanouts(cfg, g), edge_ids=bool(state.values.get("edge_ids")))
+    if targets is None:
+        return sampler, sampler
+    reads = pair_features_read(cfg, g.schema.edge_dim(targets.relation)) > 0
+    return sampler, typed_edge_target_sampler(cfg, sampler, g, targets, reads)
+
+
 class TypedStore(WholeGraphStore):
     """A typed graph, whole on every rank (one mapped copy per node); seeds are the target type's
     training nodes (in its own ids), split across ranks as a replicated graph's are."""
 
     def __init__(self, cfg: RunConfig, env: RankEnv, device: torch.device | None = None):
-        from hpcgnn.sampling.typed import TypedNeighborSampler
-
         super().__init__(cfg, env, device or torch.device("cpu"))
         on_local_rank0(env, f"prepare {cfg.dataset.name}", lambda: prepare(cfg.dataset))
         self.graph = self.features = g = open_typed(cfg.dataset)
@@ -77,13 +90,12 @@ class TypedStore(WholeGraphStore):
             self.features = g.to(self.device)
             log.info("typed graph copied to %s in %.1f s: sampling and gathering there (%.0f MB)", self.device,
                      time.perf_counter() - t0, self.resident_bytes() / 2**20)
-        self.sampler = self.train_sampler = TypedNeighborSampler(self.features, typed_fanouts(cfg, g),
-                                                                 edge_ids=self.shape.edge_dim > 0)
+        self.state = SamplerState("typed", env.rank, env.world_size, {"edge_ids": self.shape.edge_dim > 0})
+        self.sampler, self.train_sampler = typed_samplers(cfg, self.features, self.state, self.targets, graph=g)
         if self.targets is not None:  # an edge task: a step's seeds are training targets (a relation's edges)
             train = self.targets.split("train")
             require_training_items(cfg, train.numel(), "target edges")
-            self.train_sampler = self.eval_pairs = typed_edge_target_sampler(cfg, self.sampler, g, self.targets,
-                                                                             self.shape.pair_edge_dim > 0)
+            self.eval_pairs = self.train_sampler
             self.items, self.items_per_step = train, cfg.train.batch_size
             self.steps = steps_per_epoch(train.numel(), env.world_size, cfg.train.batch_size)
             log.info("typed graph: %s nodes; %s edges; %d/%d/%d train/val/test target edges of %s (%s), target edges "
@@ -101,28 +113,27 @@ class TypedStore(WholeGraphStore):
                  {t: rule for t, rule in g.feature_rule.items() if rule != "given"})
 
     def sampler_state(self) -> SamplerState:
-        return SamplerState("typed", self.env.rank, self.env.world_size, {"edge_ids": self.sampler.edge_ids})
+        """The rank's place and whether batches carry their edges' ids: what :func:`typed_samplers` built the rank's
+        samplers from."""
+        return self.state
 
     @staticmethod
     def server_side(cfg: RunConfig, state: SamplerState, g) -> tuple[GraphSide, None]:
-        """A rank's training sampler built on a sampler server as the rank built it, over ``g`` (the typed graph the
-        server opened); a typed graph's batches need no degrees."""
-        from hpcgnn.sampling.typed import TypedNeighborSampler
-
-        sampler = TypedNeighborSampler(g, typed_fanouts(cfg, g), edge_ids=bool(state.values.get("edge_ids")))
+        """A rank's training sampler built on a sampler server as the rank built it (:func:`typed_samplers`, over
+        ``g``, the typed graph the server opened); a typed graph's batches need no degrees."""
+        targets = None
         if cfg.task.name == "edge":
             from hpcgnn.data.edges import open_targets
 
             targets = open_targets(cfg.dataset)
-            reads = pair_features_read(cfg, g.schema.edge_dim(targets.relation)) > 0
-            sampler = typed_edge_target_sampler(cfg, sampler, g, targets, reads)
-        return GraphSide(g, sampler), None
+        return GraphSide(g, typed_samplers(cfg, g, state, targets)[1]), None
 
     def pair_features(self, items: torch.Tensor) -> torch.Tensor:
         """An edge task's targets' own edge features (its relation's), for a decoder that reads them."""
         return self.eval_pairs.pair_features(items)
 
-    def exact(self, model: torch.nn.Module, transform_for=None, layers: int | None = None, on_layer=None) -> Exact:
+    def exact(self, model: torch.nn.Module, gcn_norm: bool = False, layers: int | None = None,
+              on_layer=None) -> Exact:
         t, env = self.cfg.train, self.env
         out = exact_outputs(model, WholeTypedPieces(self.graph, self.device, t.eval_chunk, env.rank, env.world_size,
                                                     self.node_tables()), layers, on_layer)

@@ -61,6 +61,31 @@ class Task(abc.ABC):
     def evaluate(self, model: torch.nn.Module) -> dict[str, float]:
         """``val_*`` and ``test_*`` metrics (of :attr:`splits`), the same on every rank (collective)."""
 
+    # ------------------------------------------------------------------ prediction (hpcgnn predict)
+
+    def adopt(self, target) -> None:
+        """Take a model file's target (its kind; a regression's scale, as trained) for prediction: what
+        :meth:`prediction` writes and :meth:`prediction_metric` scores. A task without targets takes nothing."""
+        return None
+
+    def prediction(self, what: str, rows: Tensor) -> dict:
+        """The arrays predict writes of this rank's ``rows`` (float32 outputs), by name: ``scores`` and
+        ``embeddings`` as they are; ``predictions`` as the task's kind gives them (probabilities and classes,
+        values in the labels' units)."""
+        import numpy as np
+
+        if what in ("scores", "embeddings"):
+            return {what: rows.numpy().astype(np.float32, copy=False)}
+        return self.kind.outputs(rows)
+
+    def prediction_metric(self, rows: Tensor, labels: Tensor) -> float | None:
+        """The task's metric (:attr:`metric`) of every rank's ``rows`` against their ``labels`` (collective); None
+        where it cannot be told (no known label)."""
+        import math
+
+        value = self.kind.scores([(rows.float(), labels)])[self.metric]
+        return None if math.isnan(value) else value
+
     def split_sizes(self) -> dict[str, int]:
         """Targets in the val and test splits, over every rank (collective): the nodes each rank evaluates."""
         from hpcgnn import dist

@@ -17,7 +17,7 @@ from collections.abc import Callable
 import torch
 
 from hpcgnn.errors import DatasetError
-from hpcgnn.models import batch_transform, build_edge_model, build_typed_edge_model, forward_pairs
+from hpcgnn.models import build_edge_model, build_typed_edge_model, forward_pairs, gcn_norm
 from hpcgnn.tasks.base import StepResult, Task
 from hpcgnn.tasks.node import take_target
 
@@ -38,6 +38,10 @@ class EdgeTask(Task):
         take_target(self, self.target, cfg, store, device)
         if env.is_main:
             log.info("%s; decoder %s", self.target.describe("edge task", "edge_label"), cfg.task.decoder)
+
+
+    def adopt(self, target) -> None:
+        take_target(self, target, self.cfg, self.store, self.device)
 
     def build_model(self) -> torch.nn.Module:
         s = self.store.shape
@@ -66,7 +70,7 @@ class EdgeTask(Task):
         model.eval()
         exact = None
         if self.cfg.train.eval_mode == "full":
-            exact = self.store.exact(model.encoder, lambda degree: batch_transform(self.cfg.model, degree))
+            exact = self.store.exact(model.encoder, gcn_norm(self.cfg.model))
         out = {}
         for split in self.splits:
             pairs = self._exact(model, exact, split) if exact is not None else self._sampled(model, split)

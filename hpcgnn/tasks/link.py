@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from hpcgnn.checks import link_eval_mode
-from hpcgnn.models import batch_transform, build_link_model, forward_pairs
+from hpcgnn.models import batch_transform, build_link_model, forward_pairs, gcn_norm
 from hpcgnn.sampling.link import share
 from hpcgnn.stores import Exact
 from hpcgnn.tasks import link_metrics as metrics
@@ -91,7 +91,7 @@ class LinkPrediction(Task):
 
     def _embeddings(self, model: torch.nn.Module) -> Exact:
         """Every node's embedding with its full neighbourhood, layer by layer (exact), from the store."""
-        return self.store.exact(model.encoder, lambda degree: batch_transform(self.cfg.model, degree))
+        return self.store.exact(model.encoder, gcn_norm(self.cfg.model))
 
     def _scores_full(self, model, emb: Exact, split: str) -> tuple[Tensor, Tensor]:
         """This rank's share of the split's positives and negatives, scored from the embeddings, ``chunk``

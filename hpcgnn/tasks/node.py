@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -24,7 +25,7 @@ from hpcgnn import dist
 from hpcgnn.config import single_class
 from hpcgnn.errors import DatasetError
 from hpcgnn.labels import Target
-from hpcgnn.models import batch_transform, build_node_model, node_logits_and_labels
+from hpcgnn.models import batch_transform, build_node_model, gcn_norm, node_logits_and_labels
 from hpcgnn.tasks import node_metrics
 from hpcgnn.tasks.base import StepResult, Task
 
@@ -54,14 +55,22 @@ class Classification:
         return (out.detach().argmax(-1) == y).float()
 
     def scores(self, pairs) -> dict[str, float]:
-        """Accuracy from this rank's (outputs, labels), the counts summed over ranks (collective)."""
+        """Accuracy from this rank's (outputs, labels) over the nodes whose class is known (a label of -1 is none),
+        the counts summed over ranks (collective); NaN where no node's class is known."""
         counts = None
         for out, y in pairs:
-            step = torch.stack([(out.argmax(-1) == y).sum().double(), torch.tensor(float(y.numel()), dtype=torch.float64,
-                                                                                   device=out.device)])
-            counts = step if counts is None else counts + step
+            known = y >= 0
+            right = ((out.argmax(-1) == y) & known).sum().double() if out.numel() else torch.zeros((), dtype=torch.float64)
+            step = torch.stack([right.to(torch.float64), known.sum().to(torch.float64)])
+            counts = step if counts is None else counts + step.to(counts.device)
         counts = dist.all_reduce_sum(counts.cpu() if counts is not None else torch.zeros(2, dtype=torch.float64))
         return {"acc": (counts[0] / counts[1]).item()}
+
+    def outputs(self, rows: Tensor) -> dict[str, np.ndarray]:
+        """What predict writes of ``rows`` (logits): each class's probability, and the most probable class."""
+        probs = F.softmax(rows, dim=-1) if rows.numel() else rows
+        return {"probs": probs.numpy().astype(np.float32, copy=False),
+                "labels": (rows.argmax(-1) if rows.numel() else torch.empty(0, dtype=torch.long)).numpy()}
 
 
 class Gathered:
@@ -106,6 +115,10 @@ class MultiLabel(Gathered):
     def metrics(self, pred: Tensor, true: Tensor) -> dict[str, float]:
         return {"rocauc": node_metrics.rocauc(pred, true), "f1": node_metrics.micro_f1(pred, true)}
 
+    def outputs(self, rows: Tensor) -> dict[str, np.ndarray]:
+        """What predict writes of ``rows`` (logits): each label's probability."""
+        return {"probs": torch.sigmoid(rows).numpy().astype(np.float32, copy=False)}
+
 
 class Regression(Gathered):
     """Values per node, learnt standardised (the training split's mean and std), scored in their own units."""
@@ -130,6 +143,11 @@ class Regression(Gathered):
 
     def metrics(self, pred: Tensor, true: Tensor) -> dict[str, float]:
         return node_metrics.regression(pred, true)
+
+    def outputs(self, rows: Tensor) -> dict[str, np.ndarray]:
+        """What predict writes of ``rows``: the values in the labels' own units (one column: a vector)."""
+        values = self.values(rows)
+        return {"values": (values.view(-1) if self.target.column else values).numpy().astype(np.float32, copy=False)}
 
 
 KINDS = {"classification": Classification, "multilabel": MultiLabel, "regression": Regression}
@@ -158,6 +176,9 @@ class NodeTask(Task):
         if env.is_main:
             log.info("%s", self.target.describe())
 
+    def adopt(self, target: Target) -> None:
+        take_target(self, target, self.cfg, self.store, self.device)
+
     def build_model(self) -> torch.nn.Module:
         return build_node_model(self.cfg.model, self.store.shape, len(self.cfg.train.fanouts))
 
@@ -183,7 +204,7 @@ class NodeTask(Task):
         model.eval()
         exact = None
         if self.cfg.train.eval_mode == "full":
-            exact = self.store.exact(model, lambda degree: batch_transform(self.cfg.model, degree))
+            exact = self.store.exact(model, gcn_norm(self.cfg.model))
         out = {}
         for split in self.splits:
             pairs = [exact.split(split)] if exact is not None else self._sampled(model, split)

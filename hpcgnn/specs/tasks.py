@@ -1,0 +1,79 @@
+"""Every task, declared once (:data:`SPECS`): its name, the unit that runs it, what a step's items are, the kinds
+of target it trains, the metrics it reports and their directions, and the choices of its own settings.
+
+Who reads it: :mod:`hpcgnn.checks` (the names a config may use, each task's choices), :mod:`hpcgnn.labels` (the
+kinds and the metric that selects an epoch), :mod:`hpcgnn.tuning` (what a study may optimise, and which way),
+:mod:`hpcgnn.tasks` (the unit, built on the rank), docs/training.md (a test holds its table of tasks to this).
+
+Adding a task: one :class:`TaskSpec` here, its unit in :mod:`hpcgnn.tasks` (items, batches, targets, loss,
+metrics, evaluation, prediction), its yaml in conf/task/ and its page in docs/.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# Every metric a task reports (val_<name>, test_<name>), and whether a higher value is better.
+METRICS: dict[str, bool] = {"acc": True, "rocauc": True, "f1": True, "rmse": False, "mae": False, "r2": True,
+                            "auc": True, "ap": True, "mrr": True, "hits@K": True}
+
+
+@dataclass(frozen=True)
+class KindSpec:
+    """A kind of target (``task.kind``): the metric that selects an epoch, and those reported beside it."""
+
+    name: str
+    metric: str  # selects the epoch (train.select=val)
+    metrics: tuple[str, ...]  # every metric it reports
+    losses: tuple[str, ...] = ()  # task.loss values besides auto (a regression's)
+
+
+KINDS: dict[str, KindSpec] = {k.name: k for k in (
+    KindSpec("classification", "acc", ("acc",)),
+    KindSpec("multilabel", "rocauc", ("rocauc", "f1")),
+    KindSpec("regression", "rmse", ("rmse", "mae", "r2"), losses=("mse", "l1", "huber")),
+)}
+KIND_NAMES = ("auto", *KINDS)  # task.kind
+LOSSES = ("auto", *dict.fromkeys(loss for k in KINDS.values() for loss in k.losses))  # task.loss
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """One task: what the checks, the rank, a tune and the docs need to know, in one place."""
+
+    name: str
+    says: str  # what it trains, in a few words
+    unit: str  # "module:Class", built on the rank: (cfg, env, store, device)
+    items: str  # what a step's items are, in words
+    kinds: tuple[str, ...] = ()  # the kinds of target it trains (task.kind, task.loss apply)
+    metrics: tuple[str, ...] = ()  # metrics it reports besides its kinds' (hits@K: one per task.hits_k)
+    choices: dict[str, tuple[str, ...]] = field(default_factory=dict)  # task.<key>: its allowed values
+    own: dict[str, str] = field(default_factory=dict)  # task.<key> that may name a class of the user's own: how built
+    typed: bool = False  # trains on typed graphs
+
+    def reports(self, hits_k: tuple[int, ...] = ()) -> tuple[str, ...]:
+        """Every metric it reports (``hits_k``: the K of hits@K)."""
+        names = (*(m for k in self.kinds for m in KINDS[k].metrics), *self.metrics)
+        out = tuple(dict.fromkeys(n for n in names if n != "hits@K"))
+        return out + (tuple(f"hits@{k}" for k in hits_k) if "hits@K" in names else ())
+
+
+TARGET_EDGES = ("drop", "keep")  # link, edge: a step's target edges carry no messages in its batch, or do
+
+SPECS: dict[str, TaskSpec] = {s.name: s for s in (
+    TaskSpec("node", "targets on nodes", "hpcgnn.tasks.node:NodeTask", "nodes", tuple(KINDS), typed=True),
+    TaskSpec("link", "link prediction", "hpcgnn.tasks.link:LinkPrediction", "edges to predict (with negatives)",
+             metrics=("auc", "ap", "mrr", "hits@K"),
+             choices={"decoder": ("dot", "mlp"), "negatives": ("uniform", "strict", "in_batch"),
+                      "form": ("binary", "triplet"), "target_edges": TARGET_EDGES}),
+    TaskSpec("edge", "targets on given edges", "hpcgnn.tasks.edge:EdgeTask", "target edges", tuple(KINDS),
+             choices={"decoder": ("concat", "hadamard"), "target_edges": TARGET_EDGES},
+             own={"decoder": "built as Class(in_channels, out_channels), called on the two ends' embeddings"},
+             typed=True),
+)}
+
+
+def higher_is_better(metric: str) -> bool:
+    """Whether a higher value of ``metric`` (``val_`` or not, hits@K for any K) is better."""
+    name = metric.removeprefix("val_").removeprefix("test_")
+    return METRICS["hits@K" if name.startswith("hits@") else name]

@@ -1,0 +1,52 @@
+"""A sampler server's builder of its trainers' samplers: each built as the trainer's rank built its own, through
+the same function (a store kind's ``server_side``), from the run's config, the graph the server opens and the
+rank's :class:`~hpcgnn.sampling.shipping.SamplerState`."""
+
+from __future__ import annotations
+
+import threading
+
+from hpcgnn.checks import is_typed
+from hpcgnn.config import RunConfig
+from hpcgnn.sampling.shipping import Recipe, SamplerState
+from hpcgnn.stores.partitioned import PartitionedStore
+from hpcgnn.stores.replicated import ReplicatedStore
+from hpcgnn.stores.typed import TypedStore
+
+
+class ServerRecipes:
+    """A sampler server's builder of its trainers' samplers (``recipes(state)``): each built from the run's config,
+    the graph the server opens (a whole graph once for all its trainers; a rank's parts for that rank), and what
+    the rank wrote into its :class:`~hpcgnn.sampling.shipping.SamplerState`, as the rank built its own
+    (:meth:`Store.graph_side`): nothing of the trainer's travels as code. Each trainer gets its own sampler (a
+    sampler's scratch holds one batch at a time)."""
+
+    def __init__(self, cfg: RunConfig):
+        self.cfg = cfg
+        self.lock = threading.Lock()
+        self.whole = None  # the graph, opened once (mapped: the node's one copy in the page cache)
+
+    def _graph(self):
+        from hpcgnn.data import open_graph, open_typed
+
+        with self.lock:
+            if self.whole is None:
+                self.whole = (open_typed if is_typed(self.cfg.dataset) else open_graph)(self.cfg.dataset)
+            return self.whole
+
+    def __call__(self, state: SamplerState) -> Recipe:
+        from hpcgnn.models import batch_transform
+
+        cfg = self.cfg
+        kind = {"replicated": "typed" if is_typed(cfg.dataset) else "whole"}.get(cfg.graph.mode, "parts")
+        if state.kind != kind:
+            raise ValueError(f"rank {state.rank} asks for a sampler over a {state.kind} graph; this server's run is "
+                             f"graph.mode={cfg.graph.mode} (a {kind} graph)")
+        if kind == "parts":
+            side, degree = PartitionedStore.server_side(cfg, state)
+        elif kind == "typed":
+            side, degree = TypedStore.server_side(cfg, state, self._graph())
+        else:
+            side, degree = ReplicatedStore.server_side(cfg, state, self._graph())
+        stats = side.exchange.stats if side.exchange is not None else None
+        return Recipe(side.features, side.sampler, batch_transform(cfg.model, degree), stats)
