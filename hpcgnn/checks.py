@@ -251,10 +251,11 @@ def _check_kind(k) -> None:
     for key, value, allowed in (("task.kind", k.kind, KIND_NAMES), ("task.loss", k.loss, LOSSES)):
         if value not in allowed:
             raise ConfigError(f"{key}={value!r} is unknown: use one of {', '.join(allowed)}")
-    if k.loss != "auto" and k.kind in ("classification", "multilabel"):
-        raise ConfigError(f"task.loss={k.loss} is a regression's loss; task.kind={k.kind} trains with "
-                          f"{'cross-entropy' if k.kind == 'classification' else 'binary cross-entropy'}. HINT: drop "
-                          "task.loss, or task.kind=regression")
+    kind = tasks.KINDS.get(k.kind)
+    if k.loss != "auto" and kind is not None and k.loss not in kind.losses:
+        owner = next(n for n, spec in tasks.KINDS.items() if k.loss in spec.losses)
+        raise ConfigError(f"task.loss={k.loss} is a{'n' if owner[0] in 'aeiou' else ''} {owner}'s loss; task.kind="
+                          f"{k.kind} trains with {kind.trains_with}. HINT: drop task.loss, or task.kind={owner}")
 
 
 def _check_node(cfg) -> None:
@@ -288,12 +289,22 @@ def _check_edge(cfg) -> None:
                           f"model={cfg.model.name}. HINT: train.eval_mode=sampled (or auto)")
 
 
-def link_eval_mode(cfg) -> str:
-    """``train.eval_mode`` for link prediction: ``auto`` is exact (full) on replicated graphs, else sampled."""
+def eval_mode(cfg) -> str:
+    """``train.eval_mode`` decided: ``auto`` is exact (full) where every rank holds the graph whole (replicated:
+    exact inference's layer tables are each the graph's size, and fit where it does) and the model is one of
+    hpcgnn's that exact inference serves on such a graph (a typed edge task's: rgcn); else sampled. A model of the
+    user's own is sampled unless full is asked (whether it runs layer by layer is known once it is built)."""
     mode = cfg.train.eval_mode
-    if mode == "auto":  # (a model of the user's own: sampled, unless they ask for full)
-        return "full" if cfg.graph.mode == "replicated" and not is_custom(cfg.model) else "sampled"
-    return mode
+    if mode != "auto":
+        return mode
+    if cfg.graph.mode != "replicated" or is_custom(cfg.model):
+        return "sampled"
+    typed = is_typed(cfg.dataset)
+    spec = models.SPECS.get(cfg.model.name)
+    exact = spec is not None and ("typed" if typed else "plain") in spec.exact
+    if typed and cfg.task.name == "edge":
+        exact = cfg.model.name == "rgcn"
+    return "full" if exact else "sampled"
 
 
 def _check_link(cfg) -> None:
@@ -306,7 +317,7 @@ def _check_link(cfg) -> None:
     if t.sampler not in samplers.names(task="link") or t.edge_budget:
         raise ConfigError(f"task=link samples the neighbourhoods of its edges' endpoints: use train.sampler=neighbor "
                           f"without train.edge_budget (got train.sampler={t.sampler}, train.edge_budget={t.edge_budget})")
-    if link_eval_mode(cfg) == "full" and cfg.model.name not in (*FULL_INFERENCE_MODELS, CUSTOM):
+    if eval_mode(cfg) == "full" and cfg.model.name not in (*FULL_INFERENCE_MODELS, CUSTOM):
         raise ConfigError(f"train.eval_mode=full needs model {', '.join(FULL_INFERENCE_MODELS)}; got "
                           f"model={cfg.model.name}. HINT: train.eval_mode=sampled (or auto)")
 

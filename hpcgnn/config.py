@@ -142,7 +142,7 @@ class TrainConfig:
     precision: str = "auto"  # auto (bf16 where the CPU has AMX/AVX512-BF16 or the GPU bf16, else fp32) | fp32 | bf16 (autocast) | fp16 (autocast + gradient scaler, GPU)
     grad_compression: str = "none"  # none | fp16 | bf16 | powersgd: DDP communication hook
     powersgd_rank: int = 2  # grad_compression=powersgd: rank of the low-rank approximation
-    eval_mode: str = "auto"  # auto (node: sampled; link: full on replicated graphs) | sampled (like training) | full (layer-wise, all neighbours: exact)
+    eval_mode: str = "auto"  # auto (full on replicated graphs with hpcgnn's models, which run layer by layer; else sampled) | sampled (like training) | full (layer-wise, all neighbours: exact)
     eval_chunk: int = 8192  # eval_mode=full: target nodes per chunk
     seed: int = 0  # seeds the model init, the seed order and the sampler
     eval_every: int = 1  # evaluate on val/test every N epochs (and after the last)

@@ -66,7 +66,8 @@ class Target:
     def outputs(self) -> str:
         """What the model outputs per node: "7 classes", "112 binary labels", "1 value"."""
         return {"classification": f"{self.width} classes", "multilabel": f"{self.width} binary labels",
-                "regression": f"{self.width} value{'s' if self.width > 1 else ''}"}[self.kind]
+                "regression": f"{self.width} value{'s' if self.width > 1 else ''}",
+                "ordinal": f"{self.width + 1} ordered levels"}[self.kind]
 
     def describe(self, task: str = "node task", labels: str = "y") -> str:
         what = self.outputs()
@@ -173,6 +174,16 @@ def resolve(p: dict | None, kind: str, loss: str, num_classes: int, where: str) 
         _check_known(p, where, "labelled node")
         width = num_classes or p.get("top", 0)
         return Target("classification", width, True, "ce", inferred=inferred, reasons=reasons)
+    if kind == "ordinal":  # (never inferred: integer classes are classes unless task.kind says they are ordered)
+        if p["dtype"] != "int" or p["columns"] > 1:
+            raise DatasetError(f"{where}: task.kind=ordinal takes one integer level per node (0..K-1 in order, -1: "
+                               f"none); these labels are {_form(p)}. HINT: task.kind=regression for values")
+        _check_ids(p, where)
+        _check_known(p, where, "labelled node")
+        levels = num_classes or p.get("top", 0)
+        if levels < 2:
+            raise DatasetError(f"{where}: task.kind=ordinal needs at least 2 levels; the labels hold {levels}")
+        return Target("ordinal", levels - 1, True, "bce", inferred=inferred, reasons=reasons)
     if kind == "multilabel":
         if not p["binary"]:
             raise DatasetError(f"{where}: task.kind=multilabel takes labels of 0 and 1 (unknown: NaN, or -1 in "

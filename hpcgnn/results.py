@@ -23,7 +23,7 @@ def result_words(summary: dict, short: bool = False) -> str:
 EVALUATION = {"full": "exact evaluation", "sampled": "sampled evaluation"}  # summary.json's eval_mode, in words
 
 
-NAMES = {"acc": "accuracy", "rocauc": "ROC-AUC", "rmse": "RMSE"}  # (short: the metric's own name, as summary.json's)
+NAMES = {"acc": "accuracy", "rocauc": "ROC-AUC", "rmse": "RMSE", "mae": "MAE"}  # (short: the metric's own name, as summary.json's)
 
 
 def metric_words(metric: str, short: bool = False) -> str:

@@ -621,11 +621,11 @@ def test_partitioned_link_batches_are_checked_edge_by_edge_against_the_whole_gra
 
 
 def test_exact_evaluation_is_taken_on_partitioned_graphs_when_asked():
-    from hpcgnn.checks import link_eval_mode
+    from hpcgnn.checks import eval_mode
 
-    assert link_eval_mode(make_config("task=link", "graph=partitioned", "train.eval_mode=full")) == "full"
-    assert link_eval_mode(make_config("task=link", "graph=partitioned")) == "sampled"  # auto: cheap, as nodes'
-    assert link_eval_mode(make_config("task=link")) == "full"  # auto on a replicated graph: exact
+    assert eval_mode(make_config("task=link", "graph=partitioned", "train.eval_mode=full")) == "full"
+    assert eval_mode(make_config("task=link", "graph=partitioned")) == "sampled"  # auto: cheap, as nodes'
+    assert eval_mode(make_config("task=link")) == "full"  # auto on a replicated graph: exact
 
 
 def _full_evaluation_worker(rank: int, world: int, port: int, cfgs: dict, folder: str) -> None:

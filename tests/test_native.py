@@ -595,27 +595,22 @@ def test_a_compiler_that_cannot_build_the_f16c_conversion_still_builds_the_kerne
         assert torch.equal(ops.gather_rows(src, index, out), src.index_select(0, index).float())
 
 
-def test_the_ctypes_signatures_are_the_c_sources_definitions():
-    """build.SIGNATURES, by which ctypes calls the kernels, says what the C sources define: every exported function
-    of every file, its result and each argument's type (a drift would be a segfault, not an error); every function
-    that the files share among themselves is hidden (kernels.h), not exported."""
+def test_the_ctypes_signatures_are_read_from_the_c_sources_definitions():
+    """build.SIGNATURES, by which ctypes calls the kernels, is read from the C sources' own definitions (declared
+    once: a drift would be a segfault, not an error): every exported function of every file, its result and each
+    argument's type; every function that the files share among themselves is hidden (kernels.h), not exported."""
     import ctypes
     import re
 
     assert [p.name for p in sources.SOURCES] == ["aggregate.c", "dense.c", "gather.c", "hash.c", "hops.c", "ids.c", "threads.c"]
     text = "\n".join(p.read_text() for p in sources.SOURCES)
-    kinds = {"int64_t": ctypes.c_int64, "int": ctypes.c_int, "void": None, "const char *": ctypes.c_char_p}
-    declared = {}
-    for m in re.finditer(r"^(int64_t|void|int|const char \*) ?(hpcgnn_\w+)\(([^)]*)\)\s*\{", text, re.M):
-        result, name, params = m.groups()
-        args = []
-        for p in " ".join(params.split()).split(","):
-            p = p.strip()
-            if p in ("void", ""):
-                continue
-            args.append(ctypes.c_void_p if "*" in p else kinds[p.rsplit(" ", 1)[0].replace("const ", "")])
-        declared[name] = (kinds[result], tuple(args))
-    assert declared == build.SIGNATURES
+    exported = set(re.findall(r"^[\w ]+?\*? ?(hpcgnn_\w+)\(", text, re.M))
+    assert set(build.SIGNATURES) == exported and len(exported) == 17
+    assert build.SIGNATURES["hpcgnn_job_help"] == (ctypes.c_int64, (ctypes.c_void_p,))
+    assert build.SIGNATURES["hpcgnn_source_hash"] == (ctypes.c_char_p, ())
+    made = sources.signatures("int64_t hpcgnn_f(const int64_t *a, int64_t n,\n  int threads) {\n}\n"
+                              "void hpcgnn_g(void) {\n}\nstatic int64_t helper(int64_t x) {\n}\n")
+    assert made == {"hpcgnn_f": ("int64", ("ptr", "int64", "int")), "hpcgnn_g": ("void", ())}
     header = (sources.HERE / "kernels.h").read_text()
     shared = re.findall(r"^HIDDEN [\w ]+?\b(\w+)\(", header, re.M)
     assert sorted(shared) == ["checked_chunks", "join_parts", "parallel_chunks", "radix_sort", "shared_chunks"]

@@ -28,9 +28,9 @@ def _arrays(folder) -> dict:
 
 @pytest.fixture(scope="module")
 def node_run(tmp_path_factory):
-    """A one-rank node classifier trained here, evaluated on sampled batches (the default)."""
+    """A one-rank node classifier trained here, evaluated on sampled batches (the default is exact)."""
     folder = tmp_path_factory.mktemp("node") / "run"
-    return folder, train_here(*SMALL, run_dir=folder)
+    return folder, train_here(*SMALL, "train.eval_mode=sampled", run_dir=folder)
 
 
 def test_predictions_reproduce_the_runs_test_accuracy_and_are_what_the_manifest_says(node_run):

@@ -55,7 +55,7 @@ def test_an_empty_validation_split_is_refused_unless_the_last_epoch_is_asked_for
     assert "val_acc" not in last and _strict_json(tmp_path / "last" / "summary.json")["select"] == "last"
     from hpcgnn.results import result_words
 
-    assert re.match(r"test accuracy \d\.\d{4} \(last epoch, 3, sampled evaluation\)$", result_words(summary)), \
+    assert re.match(r"test accuracy \d\.\d{4} \(last epoch, 3, exact evaluation\)$", result_words(summary)), \
         result_words(summary)
 
 

@@ -301,7 +301,7 @@ def check_custom(cfg, in_channels: int = 16, out_channels: int = 3, schema=None,
     relations; ``edge_dim``: the width of the graph's edge features, None where it is not known yet);
     ``train.eval_mode=full`` needs a layer-wise model. Each failure is a :class:`~hpcgnn.errors.ConfigError` naming
     the fix."""
-    from hpcgnn.checks import link_eval_mode
+    from hpcgnn.checks import eval_mode
 
     layers = len(cfg.train.fanouts)
     if schema is not None:
@@ -310,7 +310,7 @@ def check_custom(cfg, in_channels: int = 16, out_channels: int = 3, schema=None,
         return  # (eval_mode=full on a typed graph: refused for custom models by the config's checks)
     out = cfg.model.hidden_channels if cfg.task.name in ("link", "edge") else out_channels  # (an encoder's)
     model = build_custom(cfg.model, in_channels, out, layers, edge_dim)
-    full = (link_eval_mode(cfg) if cfg.task.name == "link" else cfg.train.eval_mode) == "full"
+    full = eval_mode(cfg) == "full"
     if full and not is_layerwise(model):
         raise ConfigError(f"train.eval_mode=full runs a model layer by layer (PyG's BasicGNN interface: num_layers, "
                           f"inference_per_layer); {cfg.model._target_} has none. HINT: train.eval_mode=sampled, or "

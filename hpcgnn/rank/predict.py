@@ -176,11 +176,11 @@ def _ends(record: dict) -> tuple[tuple[int, int], tuple[str, str, str] | None]:
 def inference_mode(cfg: RunConfig, model: torch.nn.Module) -> str:
     """``predict.mode`` decided: ``auto`` is the run's own evaluation path (exact where the run evaluated
     exactly, else its sampled batches); embeddings of a node classifier are exact."""
-    from hpcgnn.checks import link_eval_mode
+    from hpcgnn.checks import eval_mode
 
     p = cfg.predict
     encoder = getattr(model, "encoder", model)
-    run_mode = link_eval_mode(cfg) if cfg.task.name == "link" else cfg.train.eval_mode
+    run_mode = eval_mode(cfg)
     mode = p.mode if p.mode != "auto" else ("full" if run_mode == "full" else "sampled")
     if p.what == "scores" or (p.what == "embeddings" and cfg.task.name == "node"):
         mode = "full"

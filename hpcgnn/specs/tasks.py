@@ -20,18 +20,27 @@ METRICS: dict[str, bool] = {"acc": True, "rocauc": True, "f1": True, "rmse": Fal
 
 @dataclass(frozen=True)
 class KindSpec:
-    """A kind of target (``task.kind``): the metric that selects an epoch, and those reported beside it."""
+    """A kind of target (``task.kind``) of a node or an edge task: its unit (loss, metrics, what predict writes),
+    the metric that selects an epoch, those reported beside it, and its losses.
+
+    Adding a kind: a spec here, its unit in :mod:`hpcgnn.tasks.node`, how labels resolve to it in
+    :func:`hpcgnn.labels.resolve`, and its line in docs/node-tasks.md."""
 
     name: str
+    unit: str  # "module:Class", (target, device): loss, correct, scores, outputs
     metric: str  # selects the epoch (train.select=val)
     metrics: tuple[str, ...]  # every metric it reports
+    trains_with: str  # its loss, in words (task.loss=auto)
     losses: tuple[str, ...] = ()  # task.loss values besides auto (a regression's)
 
 
+_NODE = "hpcgnn.tasks.node"
 KINDS: dict[str, KindSpec] = {k.name: k for k in (
-    KindSpec("classification", "acc", ("acc",)),
-    KindSpec("multilabel", "rocauc", ("rocauc", "f1")),
-    KindSpec("regression", "rmse", ("rmse", "mae", "r2"), losses=("mse", "l1", "huber")),
+    KindSpec("classification", f"{_NODE}:Classification", "acc", ("acc",), "cross-entropy"),
+    KindSpec("multilabel", f"{_NODE}:MultiLabel", "rocauc", ("rocauc", "f1"), "binary cross-entropy"),
+    KindSpec("regression", f"{_NODE}:Regression", "rmse", ("rmse", "mae", "r2"), "mse",
+             losses=("mse", "l1", "huber")),
+    KindSpec("ordinal", f"{_NODE}:Ordinal", "mae", ("mae", "acc"), "binary cross-entropy over its thresholds"),
 )}
 KIND_NAMES = ("auto", *KINDS)  # task.kind
 LOSSES = ("auto", *dict.fromkeys(loss for k in KINDS.values() for loss in k.losses))  # task.loss

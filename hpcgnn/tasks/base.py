@@ -45,8 +45,12 @@ class Task(abc.ABC):
 
     @property
     def eval_mode(self) -> str:
-        """How evaluation runs: ``sampled`` (batches like training) or ``full`` (exact, layer-wise)."""
-        return "full" if self.cfg.train.eval_mode == "full" else "sampled"
+        """How evaluation runs: ``sampled`` (batches like training) or ``full`` (exact, layer-wise):
+        ``train.eval_mode``, its ``auto`` exact where the graph is whole and the model runs layer by layer
+        (:func:`hpcgnn.checks.eval_mode`)."""
+        from hpcgnn.checks import eval_mode
+
+        return eval_mode(self.cfg)
 
     @property
     def transform(self) -> Callable | None:

@@ -69,7 +69,7 @@ class EdgeTask(Task):
         node's exact embedding (``train.eval_mode=full``); combined over ranks."""
         model.eval()
         exact = None
-        if self.cfg.train.eval_mode == "full":
+        if self.eval_mode == "full":
             exact = self.store.exact(model.encoder, gcn_norm(self.cfg.model))
         out = {}
         for split in self.splits:

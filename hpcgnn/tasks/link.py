@@ -17,7 +17,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from hpcgnn.checks import link_eval_mode
 from hpcgnn.models import batch_transform, build_link_model, forward_pairs, gcn_norm
 from hpcgnn.sampling.link import share
 from hpcgnn.stores import Exact
@@ -41,10 +40,6 @@ class LinkPrediction(Task):
     @property
     def transform(self) -> Callable | None:
         return self._transform
-
-    @property
-    def eval_mode(self) -> str:
-        return link_eval_mode(self.cfg)
 
     def step(self, model: torch.nn.Module, batch) -> StepResult:
         if self.cfg.task.form == "triplet":

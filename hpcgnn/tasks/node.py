@@ -1,10 +1,13 @@
-"""Node tasks: a batch's targets are its seeds' labels, of one of three kinds (:mod:`hpcgnn.labels`):
+"""Node tasks: a batch's targets are its seeds' labels, of one of the kinds :mod:`hpcgnn.specs.tasks` declares
+(resolved from the labels by :mod:`hpcgnn.labels`):
 
 - **classification**: one class per node; cross-entropy; accuracy;
 - **multilabel**: several binary labels per node (unknown entries masked out); binary cross-entropy with logits;
   ROC-AUC averaged over the labels (as OGB's Evaluator) and micro-F1;
 - **regression**: one or more values per node (unknown: NaN), standardised by the training split's mean and std;
-  MSE (or ``task.loss=l1``, ``huber``); RMSE, MAE and R² in the labels' own units.
+  MSE (or ``task.loss=l1``, ``huber``); RMSE, MAE and R² in the labels' own units;
+- **ordinal**: one of K ordered levels per node (ratings, binned counts); K-1 threshold logits, binary
+  cross-entropy over them; MAE in levels and accuracy.
 
 The kind is the store's :attr:`GraphShape.target`, resolved from the labels and ``task.kind`` when the graph was
 opened. On a typed graph the seeds are the target type's nodes and batches are ``HeteroData``: the model returns
@@ -26,6 +29,7 @@ from hpcgnn.config import single_class
 from hpcgnn.errors import DatasetError
 from hpcgnn.labels import Target
 from hpcgnn.models import batch_transform, build_node_model, gcn_norm, node_logits_and_labels
+from hpcgnn.specs import load, tasks
 from hpcgnn.tasks import node_metrics
 from hpcgnn.tasks.base import StepResult, Task
 
@@ -41,6 +45,8 @@ def known_values(y: Tensor) -> Tensor:
 
 class Classification:
     """One class per node."""
+
+    train_metric = "acc"  # what correct() counts, reported as train_acc (None: nothing)
 
     def __init__(self, target: Target, device: torch.device):
         self.target = target
@@ -76,15 +82,21 @@ class Classification:
 class Gathered:
     """A kind scored over a whole split at once: every rank's rows gathered to every rank (collective)."""
 
+    train_metric = "acc"
+
     def mean_loss(self, out: Tensor, y: Tensor) -> Tensor:
         return self.loss(out, y).mean()
+
+    def columns(self) -> int:
+        """Columns of what is scored (:meth:`values`): the target's width."""
+        return self.target.width
 
     def scores(self, pairs) -> dict[str, float]:
         outs, ys = [], []
         for out, y in pairs:
             outs.append(self.values(out.float()).cpu())
             ys.append(known_values(y).cpu())
-        width = self.target.width
+        width = self.columns()
         mine = torch.cat([torch.cat(outs), torch.cat(ys)], 1) if outs else torch.zeros(0, 2 * width)
         counts = [int(c) for c in dist.all_gather_object(mine.size(0))] if dist.initialized() else [mine.size(0)]
         rows = dist.all_gather_rows(mine.contiguous(), counts)
@@ -123,6 +135,8 @@ class MultiLabel(Gathered):
 class Regression(Gathered):
     """Values per node, learnt standardised (the training split's mean and std), scored in their own units."""
 
+    train_metric = None
+
     def __init__(self, target: Target, device: torch.device):
         self.target = target
         self.mean = torch.tensor(target.mean, dtype=torch.float32, device=device)
@@ -150,15 +164,55 @@ class Regression(Gathered):
         return {"values": (values.view(-1) if self.target.column else values).numpy().astype(np.float32, copy=False)}
 
 
-KINDS = {"classification": Classification, "multilabel": MultiLabel, "regression": Regression}
+class Ordinal(Gathered):
+    """Ordered levels 0..K-1 (ratings, binned counts; -1: none): K-1 outputs, output k the logit of P(level > k),
+    one binary classifier per threshold sharing the model (Li and Lin's extended binary classification; CORAL's
+    loss); binary cross-entropy summed over the thresholds; the predicted level counts the thresholds passed
+    (P > 1/2). Scored in levels: MAE (selects the epoch), and accuracy. A mistake by one level costs less than one
+    by four, which classification's cross-entropy does not know."""
+
+    def __init__(self, target: Target, device: torch.device):
+        self.target = target
+
+    def loss(self, out: Tensor, y: Tensor) -> Tensor:  # per seed
+        known = y >= 0
+        above = (y.unsqueeze(1) > torch.arange(out.size(1), device=out.device)).float()
+        each = F.binary_cross_entropy_with_logits(out.float(), above, reduction="none").sum(1)
+        return each * known
+
+    def correct(self, out: Tensor, y: Tensor) -> Tensor:  # per seed: its level predicted right
+        return (self.level(out.detach()) == y).float()
+
+    @staticmethod
+    def level(out: Tensor) -> Tensor:
+        return (out > 0).sum(1)
+
+    def columns(self) -> int:
+        return 1
+
+    def values(self, out: Tensor) -> Tensor:
+        return self.level(out).float().unsqueeze(1)
+
+    def metrics(self, pred: Tensor, true: Tensor) -> dict[str, float]:
+        known = ~torch.isnan(true)
+        if not known.any():
+            return {"mae": float("nan"), "acc": float("nan")}
+        p, t = pred[known].double(), true[known].double()
+        return {"mae": float((p - t).abs().mean()), "acc": float((p == t).double().mean())}
+
+    def outputs(self, rows: Tensor) -> dict[str, np.ndarray]:
+        """What predict writes of ``rows`` (logits): P(level > k) for each threshold k, and the predicted level."""
+        return {"probs": torch.sigmoid(rows).numpy().astype(np.float32, copy=False),
+                "labels": self.level(rows).numpy().astype(np.int64, copy=False)}
 
 
 def take_target(task: Task, target: Target, cfg, store, device: torch.device) -> None:
-    """What a task of ``target``'s kind takes from it (a node or an edge task): the kind's loss and metrics, the
-    metric that selects an epoch and its direction, the training metric, and the model's batch transform."""
-    task.kind = KINDS[target.kind](target, device)
+    """What a task of ``target``'s kind takes from it (a node or an edge task): the kind's unit (its spec's: loss,
+    metrics, what predict writes), the metric that selects an epoch and its direction, the training metric, and the
+    model's batch transform."""
+    task.kind = load(tasks.KINDS[target.kind].unit)(target, device)
     task.metric, task.lower_is_better = target.metric, target.lower_is_better
-    task.train_metric = None if target.kind == "regression" else "acc"
+    task.train_metric = task.kind.train_metric
     task._transform = batch_transform(cfg.model, store.degree)
 
 
@@ -203,7 +257,7 @@ class NodeTask(Task):
         outputs) or from sampled batches; combined over ranks."""
         model.eval()
         exact = None
-        if self.cfg.train.eval_mode == "full":
+        if self.eval_mode == "full":
             exact = self.store.exact(model, gcn_norm(self.cfg.model))
         out = {}
         for split in self.splits:

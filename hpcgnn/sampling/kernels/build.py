@@ -49,27 +49,10 @@ log = logging.getLogger(__name__)
 PACKAGED = "_kernels"  # the module name setup.py builds the library under, beside this file
 FLAGS = ("-O3", "-std=gnu11", "-shared", "-fPIC", "-pthread")  # portable: no -march=native (a cache on a shared home)
 
-_I64, _P, _INT = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
-SIGNATURES = {  # name: (result, arguments), as the sources define them (tests/test_native.py checks them against them)
-    "hpcgnn_hop_plan": (_I64, (_P, _I64, _P, _I64, _I64, _I64, _P, _P, _INT)),
-    "hpcgnn_hop_fill": (None, (_P, _P, _INT, _P, _I64, _I64, _I64, _P, _P, _I64, _I64, _I64, _P, _P, _P, _INT)),
-    "hpcgnn_mark_new": (_I64, (_P, _I64, _P, _I64, _P, _I64, _I64, _P, _INT)),
-    "hpcgnn_number_found": (_I64, (_P, _P, _I64, _P, _I64, _I64, _I64, _P, _INT)),
-    "hpcgnn_dense_get": (_I64, (_P, _P, _I64, _P, _I64, _P, _I64, _P, _INT)),
-    "hpcgnn_hash_insert": (_I64, (_P, _P, _I64, _P, _P, _I64, _P, _I64, _I64, _P, _INT)),
-    "hpcgnn_hash_get": (None, (_P, _P, _I64, _P, _I64, _P, _I64, _INT)),
-    "hpcgnn_hash_number": (None, (_P, _P, _I64, _P, _I64, _I64, _I64, _INT)),
-    "hpcgnn_gather_rows": (_I64, (_P, _I64, _I64, _P, _I64, _P, _P, _I64, _P, _INT, _P)),
-    "hpcgnn_gather_rows_wide": (_I64, (_P, _I64, _I64, _INT, _P, _I64, _P, _P, _I64, _P, _INT, _P)),
-    "hpcgnn_aggregate_rows": (_I64, (_P, _P, _INT, _P, _INT, _I64, _I64, _I64, _I64, _P, _P, _P, _I64, _INT, _INT, _P,
-                                     _I64, _P, _INT)),
-    "hpcgnn_job_bytes": (_I64, ()),
-    "hpcgnn_job_help": (_I64, (_P,)),
-    "hpcgnn_take_next": (_I64, (_P,)),
-    "hpcgnn_f16c": (_INT, ()),
-    "hpcgnn_stream_bytes": (_I64, ()),
-    "hpcgnn_source_hash": (ctypes.c_char_p, ()),
-}
+_CTYPES = {"int64": ctypes.c_int64, "int": ctypes.c_int, "ptr": ctypes.c_void_p, "void": None, "str": ctypes.c_char_p}
+# name: (result, arguments), read from the sources' own definitions (declared once, there: sources.signatures)
+SIGNATURES = {name: (_CTYPES[result], tuple(_CTYPES[a] for a in args))
+              for name, (result, args) in sources.signatures().items()}
 # What a compiler's predefined macros say it targets beyond x86-64's baseline, as /proc/cpuinfo names the feature: a
 # library built for a feature this CPU lacks dies of SIGILL, so it is not loaded here.
 ISA_MACROS = {"__SSE3__": "pni", "__SSSE3__": "ssse3", "__SSE4_1__": "sse4_1", "__SSE4_2__": "sse4_2",

@@ -40,3 +40,27 @@ def source_hash() -> str:
     for path in sorted((*SOURCES, *HEADERS), key=lambda p: p.name):
         digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()[:16]
+
+
+_C_TYPES = {"int64_t": "int64", "int": "int", "void": "void", "const char *": "str"}  # (a pointer: "ptr")
+
+
+def signatures(text: str | None = None) -> dict[str, tuple[str, tuple[str, ...]]]:
+    """Each exported function the sources define (``hpcgnn_*``, ``text``: those sources' text, None: the files'),
+    its result and its arguments' kinds (int64, int, ptr, void, str), read from its definition: the one
+    declaration the ctypes calls are made from (:data:`hpcgnn.sampling.kernels.build.SIGNATURES`)."""
+    import re
+
+    if text is None:
+        text = "\n".join(p.read_text() for p in SOURCES)
+    out = {}
+    for m in re.finditer(r"^(int64_t|void|int|const char \*) ?(hpcgnn_\w+)\(([^)]*)\)\s*\{", text, re.M):
+        result, name, params = m.groups()
+        args = []
+        for p in " ".join(params.split()).split(","):
+            p = p.strip()
+            if p in ("void", ""):
+                continue
+            args.append("ptr" if "*" in p else _C_TYPES[p.rsplit(" ", 1)[0].replace("const ", "")])
+        out[name] = (_C_TYPES[result], tuple(args))
+    return out
