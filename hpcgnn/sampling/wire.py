@@ -157,10 +157,32 @@ def _delta(v):
                                             {"int": int, "float": float}[f.type] for f in fields(CommStats)}))
 
 
+def _meta(v):
+    meta = _decode(v)
+    if not (isinstance(meta, tuple) and len(meta) == 2 and meta[0] in ("Data", "HeteroData")
+            and isinstance(meta[1], dict)):
+        raise Forged("a batch's description is not (kind, fields)")
+    return meta
+
+
 # ---------------------------------------------------------------------- the messages: (body, payload) each
 
 _KINDS = {m.Hello: 1, m.Ready: 2, m.Epoch: 3, m.Batch: 4, m.Free: 5, m.Stop: 6, m.Failed: 7}
 _BY_CODE = {code: cls for cls, code in _KINDS.items()}
+# A field that is not a plain int or str: how its value is written, and how what is read is checked (and made).
+_WRITE = {"meta": _encode, "delta": lambda d: None if d is None else {f.name: getattr(d, f.name) for f in fields(d)}}
+_READ = {"group": _group, "meta": _meta, "delta": _delta}
+_NOT_SENT = {"slot": m.Batch}  # (a sampler process's slot: on a socket, the batch's bytes follow its message)
+_PLAIN = {"int": int, "str": str}
+
+
+def _body_fields(cls) -> dict:
+    """The fields of message class ``cls`` in a body, each with its check: declared once, by its dataclass (an
+    epoch's seeds are its payload: its own)."""
+    return {f.name: _READ.get(f.name) or _PLAIN[f.type] for f in fields(cls) if _NOT_SENT.get(f.name) is not cls}
+
+
+_BODIES = {cls: _body_fields(cls) for cls in _KINDS if cls is not m.Epoch}
 
 
 def encoded(msg, payload: memoryview | None = None) -> tuple[int, bytes, memoryview | None]:
@@ -173,23 +195,14 @@ def encoded(msg, payload: memoryview | None = None) -> tuple[int, bytes, memoryv
 def encode(msg) -> tuple[bytes, memoryview | None]:
     """A message's body and payload (an epoch's seeds; a batch's bytes are the caller's)."""
     payload = None
-    if isinstance(msg, m.Hello):
-        body = {"rank": msg.rank, "recipe": msg.recipe, "depth": msg.depth, "group": msg.group}
-    elif isinstance(msg, m.Epoch):
+    if isinstance(msg, m.Epoch):
         dtype = np.dtype(msg.jobs[0][1].dtype if msg.jobs else np.int64)
         seeds = [np.ascontiguousarray(s, dtype=dtype) for _, s in msg.jobs]
         body = {"batch_seed": msg.batch_seed, "dtype": dtype.name,
                 "jobs": [[i, int(s.size)] for (i, _), s in zip(msg.jobs, seeds, strict=True)]}
         payload = memoryview(np.concatenate(seeds) if seeds else np.empty(0, dtype)).cast("B")
-    elif isinstance(msg, m.Batch):
-        delta = None if msg.delta is None else {f.name: getattr(msg.delta, f.name) for f in fields(CommStats)}
-        body = {"index": msg.index, "meta": _encode(msg.meta), "delta": delta}
-    elif isinstance(msg, m.Free):
-        body = {"slot": msg.slot}
-    elif isinstance(msg, m.Failed):
-        body = {"index": msg.index, "line": msg.line, "trace": msg.trace}
-    elif isinstance(msg, (m.Ready, m.Stop)):
-        body = {}
+    elif type(msg) in _BODIES:
+        body = {name: _WRITE.get(name, lambda v: v)(getattr(msg, name)) for name in _BODIES[type(msg)]}
     else:
         raise TypeError(f"{type(msg).__name__} does not travel to or from a sampler server")
     return json.dumps(body, separators=(",", ":")).encode(), payload
@@ -204,31 +217,18 @@ def decode(code: int, body: bytes, payload: memoryview | None):
         b = json.loads(body)
     except (ValueError, UnicodeDecodeError, RecursionError):
         raise Forged(f"a {cls.kind!r} message whose body is not JSON") from None
-    if cls is m.Hello:
-        return m.Hello(**_fields(b, "hello", {"rank": int, "recipe": str, "depth": int, "group": _group}))
-    if cls is m.Epoch:
-        f = _fields(b, "epoch", {"batch_seed": int, "dtype": _seed_dtype, "jobs": list})
-        counts = [(_int(j[0], "a batch index"), _int(j[1], "a seed count")) if isinstance(j, list) and len(j) == 2
-                  else (_int(None, "a job"), 0) for j in f["jobs"]]
-        if payload is not None and payload.nbytes % f["dtype"].itemsize:
-            raise Forged("an epoch's payload is not a whole number of seeds")
-        seeds = np.frombuffer(payload, dtype=f["dtype"]) if payload is not None else np.empty(0, f["dtype"])
-        if sum(n for _, n in counts) != seeds.size:
-            raise Forged("an epoch's seed counts do not add up to its payload")
-        ends = np.cumsum([0] + [n for _, n in counts])
-        return m.Epoch(f["batch_seed"], [(i, seeds[ends[k]:ends[k + 1]]) for k, (i, _) in enumerate(counts)])
-    if cls is m.Batch:
-        f = _fields(b, "batch", {"index": int, "meta": lambda v: _decode(v), "delta": _delta})
-        meta = f["meta"]
-        if not (isinstance(meta, tuple) and len(meta) == 2 and meta[0] in ("Data", "HeteroData")
-                and isinstance(meta[1], dict)):
-            raise Forged("a batch's description is not (kind, fields)")
-        return m.Batch(f["index"], meta, f["delta"])
-    if cls is m.Free:
-        return m.Free(**_fields(b, "free", {"slot": int}))
-    if cls is m.Failed:
-        return m.Failed(**_fields(b, "error", {"index": int, "line": str, "trace": str}))
-    return cls(**_fields(b, cls.kind, {}))
+    if cls is not m.Epoch:
+        return cls(**_fields(b, cls.kind, _BODIES[cls]))
+    f = _fields(b, "epoch", {"batch_seed": int, "dtype": _seed_dtype, "jobs": list})
+    counts = [(_int(j[0], "a batch index"), _int(j[1], "a seed count")) if isinstance(j, list) and len(j) == 2
+              else (_int(None, "a job"), 0) for j in f["jobs"]]
+    if payload is not None and payload.nbytes % f["dtype"].itemsize:
+        raise Forged("an epoch's payload is not a whole number of seeds")
+    seeds = np.frombuffer(payload, dtype=f["dtype"]) if payload is not None else np.empty(0, f["dtype"])
+    if sum(n for _, n in counts) != seeds.size:
+        raise Forged("an epoch's seed counts do not add up to its payload")
+    ends = np.cumsum([0] + [n for _, n in counts])
+    return m.Epoch(f["batch_seed"], [(i, seeds[ends[k]:ends[k + 1]]) for k, (i, _) in enumerate(counts)])
 
 
 # ---------------------------------------------------------------------- one end of an authenticated connection
