@@ -31,7 +31,7 @@ run: $(STAMP)
 TEST_WORKERS ?= 2
 test: $(STAMP)
 	@status=0; \
-	$(PY) -m pytest -q -ra --durations=12 -n $(TEST_WORKERS) --dist loadgroup --phase=shared tests $(ARGS) || { s=$$?; [ $$s = 5 ] || status=$$s; }; \
+	$(PY) -m pytest -q -ra --durations=40 -n $(TEST_WORKERS) --dist loadgroup --phase=shared tests $(ARGS) || { s=$$?; [ $$s = 5 ] || status=$$s; }; \
 	$(PY) -m pytest -q -ra --durations=4 --phase=alone tests $(ARGS) || { s=$$?; [ $$s = 5 ] || [ $$status != 0 ] || status=$$s; }; \
 	exit $$status
 

@@ -23,7 +23,6 @@ FULL_INFERENCE_MODELS = models.names(exact="plain")  # exact layer-wise inferenc
 TYPED_FULL_INFERENCE_MODELS = models.names(exact="typed")  # ... on a typed graph
 EDGE_MODELS = models.names(edge_features=True)  # hpcgnn's models that read edge features (model.edge_dim)
 FEATURE_DTYPES = ("float32", "float16", "bfloat16")  # dataset.feature_dtype: how features are stored
-EDGE_TARGET_DATASETS = ("synthetic", "files", "pyg", "pyg_hetero")  # task=edge: datasets whose edges can carry targets
 
 # ------------------------------------------------------------------ datasets: from their specs (hpcgnn.specs.datasets)
 
@@ -36,6 +35,7 @@ TYPED_DATASETS = datasets.names(typed=True)  # erase_types serves them homogeneo
 PYG_DATASETS = datasets.names(needs_target=True)  # a graph of PyG's, by dataset._target_
 SPLIT_EDGES = datasets.names(split_edges=True)  # link datasets whose edges hpcgnn splits itself (dataset.edge_split)
 ON_DISK = datasets.names(on_disk=True)  # read from files that must be there before a job starts
+EDGE_TARGET_DATASETS = datasets.with_edge_targets()  # task=edge: datasets whose edges can carry targets
 
 # ------------------------------------------------------------------ tasks: from their specs (hpcgnn.specs.tasks)
 

@@ -235,6 +235,28 @@ def test_cache_round_trip_is_memory_mapped(tmp_path):
         open_graph(DatasetConfig(num_nodes=3000, root=str(tmp_path)))
 
 
+def test_meta_json_is_read_and_written_through_one_schema(tmp_path):
+    """A prepared graph's meta.json is cache.GraphMeta's: its fields as written, a kind's own record (a typed graph's,
+    a link dataset's) kept at the top level and read back into ``more``; another format is refused naming the fix."""
+    from hpcgnn.errors import DatasetError
+
+    cfg = DatasetConfig(num_nodes=2000, root=str(tmp_path))
+    folder = prepare(cfg)
+    meta = cache.GraphMeta.read(folder)
+    g = open_graph(cfg)
+    assert (meta.num_nodes, meta.num_edges, meta.num_classes) == (g.num_nodes, g.num_edges, g.num_classes)
+    assert meta.bytes == cache.size_bytes(folder) and meta.labels == g.labels and meta.more == {}
+    written = cache.GraphMeta(10, 20, 3, 2, edge_dim=4, extra=("a",), more={"link": {"eval metric": "auc"}})
+    written.write(tmp_path)
+    assert json.loads((tmp_path / "meta.json").read_text())["link"] == {"eval metric": "auc"}
+    assert cache.GraphMeta.read(tmp_path) == written
+    (tmp_path / "meta.json").write_text(json.dumps({**json.loads((tmp_path / "meta.json").read_text()),
+                                                    "format_version": 0}))
+    with pytest.raises(DatasetError, match=r"holds format 0, this hpcgnn reads 1. HINT: delete the folder to prepare "
+                                           r"the dataset again"):
+        cache.GraphMeta.read(tmp_path)
+
+
 @pytest.mark.parametrize("kind", [{}, {"degree_exponent": 2.5, "centroids": "community"}], ids=["default", "hubs"])
 def test_streamed_prepare_equals_the_graph_built_in_memory(tmp_path, monkeypatch, kind):
     """Drawn in several chunks, bucketed on disk in several buckets (each chunk in several slices), the

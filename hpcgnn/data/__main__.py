@@ -25,13 +25,14 @@ def main(argv: list[str]) -> int:
     import hpcgnn.data.cache as cache
     from hpcgnn.io import stop_cleanly_on_sigterm
     from hpcgnn.logs import setup_logging
+    from hpcgnn.specs import datasets
     from hpcgnn.submit.compose import compose
 
     setup_logging(argv[0], main=True)  # what it does and how far it is, minute by minute
     try:
         cfg = compose(argv[1:]).cfg.dataset
         if argv[0] == "download":
-            if not cfg.name.startswith(("ogbn-", "ogbl-")):
+            if datasets.spec(cfg.name).source != "ogb":
                 where = "its files are read from dataset.path" if cfg.name == "files" else "it is generated"
                 print(f"dataset={cfg.name} has nothing to download ({where}); prepare it with: "
                       f"python -m hpcgnn.data prepare {' '.join(argv[1:])}")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import shutil
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +25,45 @@ from hpcgnn.labels import profile
 
 FORMAT_VERSION = 1
 ARRAYS = ("rowptr", "col", "x", "y", "train_idx", "val_idx", "test_idx")
+
+
+@dataclass(frozen=True)
+class GraphMeta:
+    """A prepared graph's ``meta.json``, read and written here only: its sizes, the labels' profile
+    (:func:`hpcgnn.labels.profile`), the width of its edge features, how its features are stored, the bytes of its
+    arrays, where it came from, the extra arrays beside it, and a kind's own records (``more``: a typed graph's
+    ``typed``, a link dataset's ``link``), written at the top level as they always were."""
+
+    num_nodes: int
+    num_edges: int
+    num_features: int
+    num_classes: int
+    labels: dict | None = None
+    edge_dim: int = 0
+    feature_dtype: str = "float32"
+    bytes: int = 0
+    source: dict = field(default_factory=dict)
+    extra: tuple[str, ...] = ()
+    more: dict = field(default_factory=dict)
+    format_version: int = FORMAT_VERSION
+
+    def write(self, tmp: Path) -> None:
+        record = {k: v for k, v in asdict(self).items() if k != "more"}
+        record["extra"] = list(self.extra)
+        (tmp / "meta.json").write_text(json.dumps({**record, **self.more}, indent=2))
+
+    @classmethod
+    def read(cls, folder: Path) -> GraphMeta:
+        """The meta.json of the prepared graph in ``folder``; a DatasetError naming the fix where it is another
+        format's."""
+        record = json.loads((folder / "meta.json").read_text())
+        if record.get("format_version") != FORMAT_VERSION:
+            raise DatasetError(f"{folder} holds format {record.get('format_version')}, this hpcgnn reads "
+                               f"{FORMAT_VERSION}. HINT: delete the folder to prepare the dataset again")
+        known = {f.name for f in fields(cls)} - {"more"}
+        given = {k: v for k, v in record.items() if k in known}
+        given["extra"] = tuple(given.get("extra", ()))
+        return cls(**given, more={k: v for k, v in record.items() if k not in known})
 
 
 def is_complete(folder: Path) -> bool:
@@ -69,12 +109,9 @@ def save(graph: Graph, folder: Path, source: dict, extra: dict[str, torch.Tensor
             names.append("edge_attr")
         for name, array in extra.items():
             np.save(tmp / f"{name}.npy", array.numpy())
-        meta = {"format_version": FORMAT_VERSION, "num_nodes": graph.num_nodes, "num_edges": graph.num_edges,
-                "num_features": graph.num_features, "num_classes": graph.num_classes, "labels": graph_labels(graph),
-                "edge_dim": graph.edge_dim,
-                "bytes": sum((tmp / f"{n}.npy").stat().st_size for n in names), "source": source,
-                "extra": sorted(extra), "feature_dtype": feature_dtype, **(extra_meta or {})}
-        (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
+        GraphMeta(graph.num_nodes, graph.num_edges, graph.num_features, graph.num_classes, graph_labels(graph),
+                  graph.edge_dim, feature_dtype, sum((tmp / f"{n}.npy").stat().st_size for n in names), source,
+                  tuple(sorted(extra)), dict(extra_meta or {})).write(tmp)
     return folder
 
 
@@ -109,12 +146,9 @@ def write_meta(tmp: Path, num_nodes: int, num_edges: int, num_features: int, num
     names of more arrays beside it (:func:`load_extra`), ``extra_meta``: more fields; ``labels``: the labels'
     profile (:func:`hpcgnn.labels.profile`)."""
     extra = sorted(extra or [])
-    meta = {"format_version": FORMAT_VERSION, "num_nodes": num_nodes, "num_edges": num_edges,
-            "num_features": num_features, "num_classes": num_classes, "labels": labels, "edge_dim": edge_dim,
-            "bytes": sum((tmp / f"{n}.npy").stat().st_size for n in [*ARRAYS, *extra, *(["edge_attr"] if edge_dim
-                                                                                       else [])]), "source": source,
-            "extra": extra, "feature_dtype": feature_dtype, **(extra_meta or {})}
-    (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
+    size = sum((tmp / f"{n}.npy").stat().st_size for n in [*ARRAYS, *extra, *(["edge_attr"] if edge_dim else [])])
+    GraphMeta(num_nodes, num_edges, num_features, num_classes, labels, edge_dim, feature_dtype, size, source,
+              tuple(extra), dict(extra_meta or {})).write(tmp)
 
 
 def load(folder: Path, mmap: bool = True) -> Graph:
@@ -122,25 +156,22 @@ def load(folder: Path, mmap: bool = True) -> Graph:
 
     ``mmap=False`` reads private copies instead (what a per-process load costs).
     """
-    meta = json.loads((folder / "meta.json").read_text())
-    if meta.get("format_version") != FORMAT_VERSION:
-        raise DatasetError(f"{folder} holds format {meta.get('format_version')}, this hpcgnn reads "
-                           f"{FORMAT_VERSION}. HINT: delete the folder to prepare the dataset again")
+    meta = GraphMeta.read(folder)
     mode = "c" if mmap else None
     arrays = {name: torch.from_numpy(np.load(folder / f"{name}.npy", mmap_mode=mode)) for name in ARRAYS if name != "x"}
-    arrays["x"] = load_features(folder / "x.npy", meta.get("feature_dtype", "float32"), mode)
-    if meta.get("edge_dim"):  # each CSR edge's features, in the stored feature dtype
-        arrays["edge_attr"] = load_features(folder / "edge_attr.npy", meta.get("feature_dtype", "float32"), mode)
-    return Graph(**arrays, num_classes=int(meta["num_classes"]), labels=meta.get("labels"))
+    arrays["x"] = load_features(folder / "x.npy", meta.feature_dtype, mode)
+    if meta.edge_dim:  # each CSR edge's features, in the stored feature dtype
+        arrays["edge_attr"] = load_features(folder / "edge_attr.npy", meta.feature_dtype, mode)
+    return Graph(**arrays, num_classes=int(meta.num_classes), labels=meta.labels)
 
 
-def load_extra(folder: Path) -> tuple[dict[str, torch.Tensor], dict]:
+def load_extra(folder: Path) -> tuple[dict[str, torch.Tensor], GraphMeta]:
     """The extra arrays saved beside a prepared graph (memory-mapped), and its meta.json."""
-    meta = json.loads((folder / "meta.json").read_text())
-    arrays = {name: torch.from_numpy(np.load(folder / f"{name}.npy", mmap_mode="c")) for name in meta.get("extra", [])}
+    meta = GraphMeta.read(folder)
+    arrays = {name: torch.from_numpy(np.load(folder / f"{name}.npy", mmap_mode="c")) for name in meta.extra}
     return arrays, meta
 
 
 def size_bytes(folder: Path) -> int:
-    return int(json.loads((folder / "meta.json").read_text())["bytes"])
+    return GraphMeta.read(folder).bytes
 

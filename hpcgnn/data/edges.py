@@ -51,12 +51,13 @@ from torch import Tensor
 from hpcgnn.config import DatasetConfig
 from hpcgnn.errors import DatasetError, PredictError
 from hpcgnn.labels import SPLITS, profile, stored
+from hpcgnn.specs import datasets, load
 
 log = logging.getLogger(__name__)
 
 TARGETS_VERSION = 3  # in the key: how the targets are drawn (synthetic) and stored (3: own.npy)
 SYNTHETIC_FRACTION = 0.1  # of a synthetic graph's edge pairs, drawn as targets
-SOURCES = ("synthetic", "files", "pyg", "pyg_hetero")  # the datasets whose edges can carry targets (task=edge)
+SOURCES = datasets.with_edge_targets()  # the datasets whose edges can carry targets (task=edge)
 
 
 @dataclass(frozen=True)
@@ -126,13 +127,14 @@ def prepare_targets(cfg: DatasetConfig) -> Path:
         raise DatasetError(f"task=edge takes its targets from dataset {', '.join(SOURCES)}; dataset={cfg.name} has "
                            "none. HINT: a files folder with edge_label_index and edge_label, or a PyG Data with them")
     relation = None
+    spec = datasets.spec(cfg.name)
     if is_typed(cfg):  # a typed folder: one relation's edges
         graph = open_typed(cfg)
-        index, label, splits, relation, own = (_typed_files if cfg.name == "files" else _typed_pyg)(cfg, graph)
+        index, label, splits, relation, own = load(spec.typed_edge_targets)(cfg, graph)
         sizes = (graph.num_nodes[relation[0]], graph.num_nodes[relation[2]])
     else:
         graph = open_graph(cfg)
-        index, label, splits, own = {"synthetic": _synthetic, "files": _files, "pyg": _pyg}[cfg.name](cfg, graph)
+        index, label, splits, own = load(spec.edge_targets)(cfg, graph)
         sizes = (graph.num_nodes, graph.num_nodes)
     where = where_targets(cfg)
     if relation is None:
@@ -339,7 +341,7 @@ def seeded_split(src: np.ndarray, dst: np.ndarray, num_nodes: int, cfg: DatasetC
     return {s: (side == k).nonzero().flatten().numpy() for k, s in enumerate(SPLITS)}
 
 
-def _synthetic(cfg: DatasetConfig, graph) -> tuple[np.ndarray, np.ndarray, dict]:
+def synthetic_targets(cfg: DatasetConfig, graph) -> tuple[np.ndarray, np.ndarray, dict]:
     """A seeded tenth of the graph's edge pairs (the edge into the larger id), labelled by whether both ends share
     a class."""
     from hpcgnn.rng import derive_seed, mix64, shift_right
@@ -357,7 +359,7 @@ def _synthetic(cfg: DatasetConfig, graph) -> tuple[np.ndarray, np.ndarray, dict]
     return np.stack([src, dst]), label, seeded_split(src, dst, n, cfg), None
 
 
-def _files(cfg: DatasetConfig, graph) -> tuple[np.ndarray, np.ndarray, dict, None]:
+def files_targets(cfg: DatasetConfig, graph) -> tuple[np.ndarray, np.ndarray, dict, None]:
     from hpcgnn.data.files import DatasetFileError, _read, files_folder
 
     folder = files_folder(cfg)
@@ -387,7 +389,7 @@ def _folder_splits(cfg: DatasetConfig, folder, index: np.ndarray, num_nodes: int
     return seeded_split(index[0], index[1], num_nodes, cfg)
 
 
-def _typed_files(cfg: DatasetConfig, graph) -> tuple[np.ndarray, np.ndarray, dict, tuple[str, str, str],
+def typed_files_targets(cfg: DatasetConfig, graph) -> tuple[np.ndarray, np.ndarray, dict, tuple[str, str, str],
                                                       np.ndarray | None]:
     """A typed folder's targets: the edges of its one relation whose folder holds ``edge_label`` (and their own
     features, where the relation's edges have some)."""
@@ -403,19 +405,19 @@ def _typed_files(cfg: DatasetConfig, graph) -> tuple[np.ndarray, np.ndarray, dic
     return index, label, _folder_splits(cfg, folder, index, n), rel, own
 
 
-def _typed_pyg(cfg: DatasetConfig, graph) -> tuple[np.ndarray, np.ndarray, dict, tuple[str, str, str],
+def typed_pyg_targets(cfg: DatasetConfig, graph) -> tuple[np.ndarray, np.ndarray, dict, tuple[str, str, str],
                                                     np.ndarray | None]:
-    """A ``HeteroData``'s targets: its one relation with ``edge_label`` (:func:`_pyg` on that relation's store)."""
+    """A ``HeteroData``'s targets: its one relation with ``edge_label`` (:func:`pyg_targets` on that relation's store)."""
     from hpcgnn.data.pyg import labelled_relation, pyg_data
 
     data = pyg_data(cfg)
     rel = labelled_relation(cfg, data)
     n = max(graph.num_nodes[rel[0]], graph.num_nodes[rel[2]])
-    index, label, splits, own = _pyg(cfg, graph, data[rel], f"dataset=pyg_hetero ({cfg._target_}, {'__'.join(rel)})", n)
+    index, label, splits, own = pyg_targets(cfg, graph, data[rel], f"dataset=pyg_hetero ({cfg._target_}, {'__'.join(rel)})", n)
     return index, label, splits, rel, own
 
 
-def _pyg(cfg: DatasetConfig, graph, data=None, where: str | None = None,
+def pyg_targets(cfg: DatasetConfig, graph, data=None, where: str | None = None,
          num_nodes: int | None = None) -> tuple[np.ndarray, np.ndarray, dict, np.ndarray | None]:
     """A ``Data``'s targets (``data``: a store of one, a ``HeteroData`` relation's; ``num_nodes``: what the
     seeded split hashes pairs by), and their own edge features where they are its edges (``edge_label`` one per

@@ -197,8 +197,8 @@ def link_meta(metric: str, neg_kind: dict[str, str]) -> dict:
     return {"link": {"metric": metric, "neg_kind": neg_kind}}
 
 
-def from_arrays(graph: Graph, arrays: dict[str, Tensor], meta: dict) -> LinkData:
-    link = meta["link"]
+def from_arrays(graph: Graph, arrays: dict[str, Tensor], meta) -> LinkData:
+    link = meta.more["link"]
     splits = {name: LinkSplit(arrays[f"{name}_pos"], arrays.get(f"{name}_neg"), link["neg_kind"][name])
               for name in SPLITS}
     return LinkData(graph, splits["train"], splits["val"], splits["test"], link["metric"])

@@ -4,8 +4,6 @@ splits alone).
 
 from __future__ import annotations
 
-import json
-
 import hpcgnn.data.cache as cache
 from hpcgnn.config import DatasetConfig
 from hpcgnn.data.graph import Graph
@@ -39,8 +37,8 @@ def typed_shape(cfg: DatasetConfig) -> tuple[TypedSchema, int, int] | None:
     graph whole: None until it is prepared). What a user's model is checked against at submit."""
     folder = cache_folder(cfg)
     if cache.is_complete(folder):
-        meta = json.loads((folder / "meta.json").read_text())
-        return TypedSchema.from_meta(meta["typed"]), int(meta["num_features"]), int(meta["num_classes"])
+        meta = cache.GraphMeta.read(folder)
+        return TypedSchema.from_meta(meta.more["typed"]), meta.num_features, meta.num_classes
     if cfg.name == "pyg_hetero":
         return None
     src = TYPED_SOURCES[cfg.name](cfg, False)
@@ -53,14 +51,14 @@ def open_typed(cfg: DatasetConfig) -> TypedGraph:
     homogeneous view (no copy), each relation's CSR its own arrays."""
     h = open_graph(cfg)
     arrays, meta = cache.load_extra(cache_folder(cfg))
-    s = TypedSchema.from_meta(meta["typed"])
+    s = TypedSchema.from_meta(meta.more["typed"])
     off = s.offsets()
     t0, n0 = off[s.target], s.num_nodes[s.target]
     return TypedGraph(s.num_nodes, {r: arrays[f"rowptr__{relation_key(r)}"] for r in s.relations},
                       {r: arrays[f"col__{relation_key(r)}"] for r in s.relations},
                       {k: h.x[off[k]:off[k] + n] for k, n in s.num_nodes.items()}, s.target, h.y[t0:t0 + n0],
-                      h.train_idx - t0, h.val_idx - t0, h.test_idx - t0, h.num_classes, meta["typed"]["feature_rule"],
-                      h.labels, _typed_edge_attr(arrays, s, meta.get("feature_dtype", "float32")))
+                      h.train_idx - t0, h.val_idx - t0, h.test_idx - t0, h.num_classes, meta.more["typed"]["feature_rule"],
+                      h.labels, _typed_edge_attr(arrays, s, meta.feature_dtype))
 
 
 def _typed_edge_attr(arrays: dict, schema: TypedSchema, feature_dtype: str) -> dict | None:

@@ -345,8 +345,8 @@ def check_target(cfg: DatasetConfig, task):
         return None
     folder = cache_folder(cfg)
     if cache.is_complete(folder):
-        meta = json.loads((folder / "meta.json").read_text())
-        labels, classes = meta.get("labels"), int(meta["num_classes"])
+        meta = cache.GraphMeta.read(folder)
+        labels, classes = meta.labels, meta.num_classes
     elif cfg.name == "files" and not is_typed_folder(files_folder(cfg)):
         labels, classes = read_labels(cfg)
     else:
@@ -361,7 +361,7 @@ def edge_width(cfg: DatasetConfig) -> int | None:
     reads edge features is checked against at submit."""
     folder = cache_folder(cfg)
     if cache.is_complete(folder):
-        return int(json.loads((folder / "meta.json").read_text()).get("edge_dim", 0))
+        return cache.GraphMeta.read(folder).edge_dim
     spec = datasets.spec(cfg.name)
     if spec.source == "synthetic" or (spec.source == "ogb" and not spec.edge_features):
         return 0

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 _SYNTHETIC_KEY = ("num_nodes", "num_classes", "num_features", "avg_degree", "degree_exponent",
                   "communities_per_class", "homophily", "locality", "feature_noise", "centroids", "train_fraction",
                   "val_fraction", "seed")
+_EDGES = "hpcgnn.data.edges"
 _PYG_KEY = ("_target_", "kwargs", "train_fraction", "val_fraction", "split_index", "seed", "to_undirected")
 
 
@@ -39,6 +40,8 @@ class DatasetSpec:
     needs_target: bool = False  # dataset._target_ names the class or function that makes it (PyG's)
     edge_features: bool = False  # its edges carry features (dataset.node_features_from_edges may average them)
     node_features: bool = True  # its nodes carry features of their own (else node_features_from_edges must make them)
+    edge_targets: str | None = None  # task=edge: builder of the targets on its edges, "module:function" (None: none)
+    typed_edge_targets: str | None = None  # ... on a relation of its typed graph
 
     @property
     def typed(self) -> bool:
@@ -58,12 +61,13 @@ _OGB_LINK = tuple(DatasetSpec(name, ("link",), "ogb", ("to_undirected",), link="
 
 SPECS: dict[str, DatasetSpec] = {s.name: s for s in (
     DatasetSpec("synthetic", ("node", "link"), "synthetic", _SYNTHETIC_KEY, graph="hpcgnn.data.synthetic:make_synthetic",
-                split_edges=True, streamed=True),
+                split_edges=True, streamed=True, edge_targets=f"{_EDGES}:synthetic_targets"),
     DatasetSpec("files", ("node", "link"), "files", ("path", "to_undirected"), graph="hpcgnn.data.files:load_files",
                 typed_graph="hpcgnn.data.files:load_typed_files", typed_source="hpcgnn.data.files:typed_files_source",
-                split_edges=True, on_disk=True),
+                split_edges=True, on_disk=True, edge_targets=f"{_EDGES}:files_targets",
+                typed_edge_targets=f"{_EDGES}:typed_files_targets"),
     DatasetSpec("pyg", ("node", "link"), "pyg", _PYG_KEY, graph="hpcgnn.data.pyg:load_pyg", split_edges=True,
-                needs_target=True),
+                needs_target=True, edge_targets=f"{_EDGES}:pyg_targets"),
     *_OGB_NODE,
     _OGB_PROTEINS,
     *_OGB_LINK,
@@ -75,7 +79,7 @@ SPECS: dict[str, DatasetSpec] = {s.name: s for s in (
                 typed_source="hpcgnn.data.ogb:ogb_typed_source", on_disk=True),
     DatasetSpec("pyg_hetero", ("node",), "pyg", (*_PYG_KEY, "target_type", "erase_types"),
                 typed_graph="hpcgnn.data.pyg:load_pyg_typed", typed_source="hpcgnn.data.pyg:pyg_typed_source",
-                needs_target=True),
+                needs_target=True, typed_edge_targets=f"{_EDGES}:typed_pyg_targets"),
 )}
 
 
@@ -92,3 +96,8 @@ def names(*, task: str | None = None, source: str | None = None, typed: bool | N
     return tuple(s.name for s in SPECS.values()
                  if (task is None or task in s.tasks) and (source is None or s.source == source)
                  and (typed is None or s.typed == typed) and all(getattr(s, k) == v for k, v in flags.items()))
+
+
+def with_edge_targets() -> tuple[str, ...]:
+    """The datasets whose edges can carry an edge task's targets (on the graph, or on a relation of the typed one)."""
+    return tuple(s.name for s in SPECS.values() if s.edge_targets or s.typed_edge_targets)

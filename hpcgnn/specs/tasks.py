@@ -59,6 +59,10 @@ class TaskSpec:
     choices: dict[str, tuple[str, ...]] = field(default_factory=dict)  # task.<key>: its allowed values
     own: dict[str, str] = field(default_factory=dict)  # task.<key> that may name a class of the user's own: how built
     typed: bool = False  # trains on typed graphs
+    target_check: str | None = None  # "module:function" (dataset, task) -> its Target, where its labels are readable
+    # at submit (None: not yet, or a task without kinds)
+    targets_prepare: str | None = None  # "module:function" (dataset): its targets prepared beside the graph (None:
+    # the graph's own labels)
 
     def reports(self, hits_k: tuple[int, ...] = ()) -> tuple[str, ...]:
         """Every metric it reports (``hits_k``: the K of hits@K)."""
@@ -70,7 +74,8 @@ class TaskSpec:
 TARGET_EDGES = ("drop", "keep")  # link, edge: a step's target edges carry no messages in its batch, or do
 
 SPECS: dict[str, TaskSpec] = {s.name: s for s in (
-    TaskSpec("node", "targets on nodes", "hpcgnn.tasks.node:NodeTask", "nodes", tuple(KINDS), typed=True),
+    TaskSpec("node", "targets on nodes", "hpcgnn.tasks.node:NodeTask", "nodes", tuple(KINDS), typed=True,
+             target_check="hpcgnn.data:check_target"),
     TaskSpec("link", "link prediction", "hpcgnn.tasks.link:LinkPrediction", "edges to predict (with negatives)",
              metrics=("auc", "ap", "mrr", "hits@K"),
              choices={"decoder": ("dot", "mlp"), "negatives": ("uniform", "strict", "in_batch"),
@@ -78,7 +83,8 @@ SPECS: dict[str, TaskSpec] = {s.name: s for s in (
     TaskSpec("edge", "targets on given edges", "hpcgnn.tasks.edge:EdgeTask", "target edges", tuple(KINDS),
              choices={"decoder": ("concat", "hadamard"), "target_edges": TARGET_EDGES},
              own={"decoder": "built as Class(in_channels, out_channels), called on the two ends' embeddings"},
-             typed=True),
+             typed=True, target_check="hpcgnn.data.edges:check_target",
+             targets_prepare="hpcgnn.data.edges:prepare_targets"),
 )}
 
 

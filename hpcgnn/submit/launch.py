@@ -136,15 +136,13 @@ def check_data_on_disk(cfg: RunConfig) -> None:
     check imports torch: only datasets read from disk pay for it."""
     dataset = cfg.dataset
     if dataset.name in (*checks.ON_DISK, *checks.PYG_DATASETS):  # (pyg: its class or function must import)
-        from hpcgnn.data import check_available, check_target
+        from hpcgnn.data import check_available
+        from hpcgnn.specs import load, tasks
 
         check_available(dataset)
-        if cfg.task.name == "edge":
-            from hpcgnn.data.edges import check_target as check_edge_target
-
-            check_edge_target(dataset, cfg.task)
-        else:
-            check_target(dataset, cfg.task)
+        check = tasks.SPECS[cfg.task.name].target_check
+        if check is not None:
+            load(check)(dataset, cfg.task)
 
 
 def check_model(cfg: RunConfig) -> None:

@@ -5,7 +5,6 @@ sized for METIS) or in place.
 from __future__ import annotations
 
 import dataclasses
-import json
 import sys
 from pathlib import Path
 
@@ -39,8 +38,8 @@ def _check_partition_job_memory(cfg: RunConfig) -> None:
     limit = cfg.graph.partition_mem_gb or cfg.cluster.mem_gb
     if limit is None or not cache.is_complete(folder):
         return
-    meta = json.loads((folder / "meta.json").read_text())
-    check_partition_memory(cfg.graph.method, meta["num_nodes"], meta["num_edges"], int(limit * 2**30))
+    meta = cache.GraphMeta.read(folder)
+    check_partition_memory(cfg.graph.method, meta.num_nodes, meta.num_edges, int(limit * 2**30))
 
 
 def partition_job_config(cfg: RunConfig) -> RunConfig:

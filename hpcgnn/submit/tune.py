@@ -189,16 +189,19 @@ def submit_array(overrides: list[str], fixed: list[str], space, cfg, sweep: Path
 
 
 def _task_direction(cfg) -> str:
-    """The direction of the task's own metric: minimize a regression's RMSE, else maximize. Where ``task.kind=auto``
+    """The direction of the task's own metric (its kind's: minimize a regression's RMSE, an ordinal MAE; else
+    maximize). Where ``task.kind=auto``
     and the labels are not readable yet, a local tune prepares the graph first (its trials need it anyway); a
     cluster's maximizes, and says so."""
-    if cfg.task.name == "link":
-        return "maximize"
-    from hpcgnn.data import check_target, prepare
-    from hpcgnn.data.edges import check_target as check_edge_target
-    from hpcgnn.data.edges import prepare_targets
+    from hpcgnn.specs import tasks
 
-    check = check_edge_target if cfg.task.name == "edge" else check_target
+    spec = tasks.SPECS[cfg.task.name]
+    if not spec.kinds or spec.target_check is None:  # (its metrics, every one: the task's own, whatever its labels)
+        return "maximize" if all(tasks.higher_is_better(m) for m in spec.reports((1,))) else "minimize"
+    from hpcgnn.data import prepare
+    from hpcgnn.specs import load
+
+    check = load(spec.target_check)
     target = check(cfg.dataset, cfg.task)
     if target is None and cfg.task.kind == "auto" and cfg.cluster is not None:  # (no preparing on a login node)
         print("tune: the labels are not prepared here, so the task's kind is not known yet: the study maximizes "
@@ -206,10 +209,12 @@ def _task_direction(cfg) -> str:
         return "maximize"
     if target is None and cfg.task.kind == "auto":
         prepare(cfg.dataset)
-        if cfg.task.name == "edge":
-            prepare_targets(cfg.dataset)
+        if spec.targets_prepare is not None:
+            load(spec.targets_prepare)(cfg.dataset)
         target = check(cfg.dataset, cfg.task)
-    lower = target.lower_is_better if target is not None else cfg.task.kind == "regression"
+    kind = tasks.KINDS.get(cfg.task.kind)  # (None: auto, the labels not readable even now)
+    lower = target.lower_is_better if target is not None else \
+        kind is not None and not tasks.higher_is_better(kind.metric)
     return "minimize" if lower else "maximize"
 
 
