@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from hpcgnn.specs import tasks
+
 
 def result_words(summary: dict, short: bool = False) -> str:
     """What a run's summary says of its result: "test accuracy 0.9263 (best val 0.9301 at epoch 7)" (``short``:
@@ -23,11 +25,8 @@ def result_words(summary: dict, short: bool = False) -> str:
 EVALUATION = {"full": "exact evaluation", "sampled": "sampled evaluation"}  # summary.json's eval_mode, in words
 
 
-NAMES = {"acc": "accuracy", "rocauc": "ROC-AUC", "rmse": "RMSE", "mae": "MAE"}  # (short: the metric's own name, as summary.json's)
-
-
 def metric_words(metric: str, short: bool = False) -> str:
-    return metric if short else NAMES.get(metric, metric)
+    return metric if short else tasks.in_words(metric)
 
 
 def predict_words(summary: dict) -> str:

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-# Every metric a task reports (val_<name>, test_<name>), and whether a higher value is better.
-METRICS: dict[str, bool] = {"acc": True, "rocauc": True, "f1": True, "rmse": False, "mae": False, "r2": True,
-                            "auc": True, "ap": True, "mrr": True, "hits@K": True}
+# Every metric a task reports (val_<name>, test_<name>): whether a higher value is better, and its name in words.
+METRICS: dict[str, tuple[bool, str]] = {
+    "acc": (True, "accuracy"), "rocauc": (True, "ROC-AUC"), "f1": (True, "F1"), "rmse": (False, "RMSE"),
+    "mae": (False, "MAE"), "r2": (True, "R2"), "auc": (True, "AUC"), "ap": (True, "AP"), "mrr": (True, "MRR"),
+    "hits@K": (True, "Hits@K")}
 
 
 @dataclass(frozen=True)
@@ -91,4 +93,11 @@ SPECS: dict[str, TaskSpec] = {s.name: s for s in (
 def higher_is_better(metric: str) -> bool:
     """Whether a higher value of ``metric`` (``val_`` or not, hits@K for any K) is better."""
     name = metric.removeprefix("val_").removeprefix("test_")
-    return METRICS["hits@K" if name.startswith("hits@") else name]
+    return METRICS["hits@K" if name.startswith("hits@") else name][0]
+
+
+def in_words(metric: str) -> str:
+    """``metric``'s name in words (accuracy, ROC-AUC, ...; hits@K: Hits@K); an unknown one as it is."""
+    if metric.startswith("hits@"):
+        return f"Hits@{metric.removeprefix('hits@')}"
+    return METRICS[metric][1] if metric in METRICS else metric
