@@ -221,7 +221,7 @@ class SamplerPool:
         self.waiting: collections.deque = collections.deque()  # batch indices without a slot yet, in order
         # the rank's CommStats (or None): the processes' batches count there (a recipe already pickled: a sampler
         # server's, which hands each batch's counts on to its trainer)
-        self.stats = None if isinstance(recipe, bytes) else recipe.stats
+        self.stats = None if isinstance(recipe, (bytes, shipping.Deferred)) else recipe.stats
         self.starts = 0  # the same on every rank: pools start and stop together
 
     def start(self) -> None:

@@ -12,6 +12,7 @@ import torch
 from torch import Tensor
 
 import hpcgnn.sampling.messages as m
+from hpcgnn.sampling import shipping
 
 
 class Relay:
@@ -19,11 +20,11 @@ class Relay:
     (:class:`~hpcgnn.sampling.procs.SamplerPool`), which joins the group of every trainer's (on every server) to
     sample across parts; the serve loop relays them (:class:`hpcgnn.sampling.serving.Maker`)."""
 
-    def __init__(self, hello: m.Hello, recipe, threads: int, fail_batch: int):
-        from hpcgnn.sampling import shipping
+    def __init__(self, hello: m.Hello, recipe: shipping.Deferred, threads: int, fail_batch: int):
         from hpcgnn.sampling.procs import SamplerPool
 
-        # (the recipe the server built, pickled to its own process: its counts travel back with each batch)
+        # (what the process builds the trainer's sampler from, as the server would: its counts travel back with each
+        # batch)
         self.pool = SamplerPool(shipping.dumps(recipe), 1, hello.depth, threads, torch.device("cpu"), rank=hello.rank,
                                 group=hello.group, fail_batch=fail_batch)
         self.held = None

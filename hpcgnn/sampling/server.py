@@ -204,8 +204,10 @@ def _serve_trainer(channel: wire.Channel, counters: _Counters, threads: int, fai
         end.credits = hello.depth
 
         def start() -> serving.Maker:
-            recipe = build(shipping.fetch(run_dir, hello.rank, hello.recipe))
-            return Relay(hello, recipe, threads, fail_batch) if hello.group else serving.Sampling(recipe, fail_batch)
+            state = shipping.fetch(run_dir, hello.rank, hello.recipe)
+            if hello.group:  # (its sampler process builds it, through the same builder)
+                return Relay(hello, shipping.Deferred(build, state.encode()), threads, fail_batch)
+            return serving.Sampling(build(state), fail_batch)
 
         flush = True
         done = serving.serve(end, start, counters)

@@ -90,7 +90,9 @@ class Sampling:
     is made."""
 
     def __init__(self, recipe: shipping.Recipe | bytes, fail_batch: int = -1, after_first: Callable | None = None):
-        r: shipping.Recipe = shipping.loads(recipe) if isinstance(recipe, bytes) else recipe  # (bytes: over a pipe)
+        r = shipping.loads(recipe) if isinstance(recipe, bytes) else recipe  # (bytes: over a pipe)
+        if isinstance(r, shipping.Deferred):  # (built here, as the server would have built it)
+            r = r()
         self.stats, self.fail_batch, self.after_first = r.stats, fail_batch, after_first
         self.loader = BatchLoader(r.features, r.sampler, [], transform=r.transform)
 

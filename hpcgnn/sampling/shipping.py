@@ -118,6 +118,19 @@ class Recipe:
     stats: object = None  # a partitioned graph's exchange counters (CommStats), the producer's counts added there
 
 
+@dataclass(frozen=True)
+class Deferred:
+    """A recipe its sampler process builds itself (a sampler server's, for a partitioned graph's trainer): the
+    builder (``build(state) -> Recipe``, picklable: the run's config) and the rank's :class:`SamplerState`, encoded.
+    The process builds the rank's sampler as the server would, through the same builder: no recipe is pickled."""
+
+    build: Callable
+    state: bytes
+
+    def __call__(self) -> Recipe:
+        return self.build(SamplerState.decode(self.state))
+
+
 def dumps(obj) -> bytes:
     """``obj`` pickled, its memory-mapped tensors as references to their files."""
     buf = io.BytesIO()

@@ -26,6 +26,12 @@ class ServerRecipes:
         self.lock = threading.Lock()
         self.whole = None  # the graph, opened once (mapped: the node's one copy in the page cache)
 
+    def __getstate__(self) -> dict:  # (pickled to a relay's sampler process: the config alone)
+        return {"cfg": self.cfg}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["cfg"])
+
     def _graph(self):
         from hpcgnn.data import open_graph, open_typed
 
