@@ -50,7 +50,7 @@ def edge_twin(folder: Path, seed: int, steps: int = 600, lr: float = 0.003, hidd
 
     from hpcgnn.labels import profile, resolve, stored
     from hpcgnn.models.edge import Concat, Hadamard
-    from hpcgnn.tasks.node import KINDS
+    from hpcgnn.specs import load, tasks
 
     a = {k: np.load(folder / f"{k}.npy") for k in ("x", "edge_index", "edge_label_index", "edge_label")}
     splits = {s: torch.from_numpy(np.load(folder / f"edge_{s}_idx.npy")) for s in SPLITS}
@@ -64,7 +64,7 @@ def edge_twin(folder: Path, seed: int, steps: int = 600, lr: float = 0.003, hidd
     encoder = GraphSAGE(x.size(1), hidden, 2, hidden, dropout=0.3)
     head = Concat(hidden, target.width) if decoder == "concat" else Hadamard(hidden, target.width)
     opt = torch.optim.Adam([*encoder.parameters(), *head.parameters()], lr=lr)
-    task = KINDS[target.kind](target, torch.device("cpu"))
+    task = load(tasks.KINDS[target.kind].unit)(target, torch.device("cpu"))
     if target.kind != "classification":
         y = y.float().reshape(y.size(0), -1)
 

@@ -127,7 +127,7 @@ def test_what_cannot_be_predicted_is_refused_in_one_line(node_run, tmp_path, cap
         ([str(run), "--sideways"], r"unknown option '--sideways'"),
         ([str(run), "split=everything"], r"predict.split='everything' is unknown: use one of train, val, test, all"),
         ([str(run), f"out={run}"], r"is the run's own folder"),
-        ([str(run), "pairs=p.npy"], r"pairs=FILE: a node classifier scores no pairs; a link or an edge model does"),
+        ([str(run), "pairs=p.npy"], r"pairs=FILE: a node classifier scores no pairs; a link model or an edge model does"),
     ]
     for argv, message in cases:
         assert main(["predict", *argv]) == 2
@@ -222,9 +222,10 @@ def test_what_an_edge_or_link_model_is_asked_of_a_pairs_file_is_checked_at_submi
         (plain, ["task=edge", "predict.what=scores"], r"what=scores is a link model's output; an edge model's are its "
          r"predictions \(of a split's targets, or of pairs=FILE\) or embeddings. HINT: drop what=scores"),
         (plain, ["task=edge", "predict.what=embeddings", f"predict.pairs={tmp_path / 'ok.npy'}"],
-         r"an edge model's embeddings are every node's \(split=all\); got pairs=.*ok.npy. HINT: --embeddings"),
+         r"pairs=FILE: an edge model gives its predictions of a file's pairs; got what=embeddings. HINT: drop "
+         r"what=embeddings, or pairs="),
         (plain, ["task=node", f"predict.pairs={tmp_path / 'ok.npy'}"],
-         r"pairs=FILE: a node classifier scores no pairs; a link or an edge model does. HINT: drop pairs="),
+         r"pairs=FILE: a node classifier scores no pairs; a link model or an edge model does. HINT: drop pairs="),
     ]
     for record, over, message in cases:
         with pytest.raises(PredictError, match=message):
@@ -259,6 +260,7 @@ def test_a_link_runs_embeddings_and_the_scores_of_a_pairs_file(tmp_path):
                           ("none.npy", r"pairs=.*none.npy: no such file")):
         with pytest.raises(PredictError, match=message):
             predict_here(run, f"pairs={tmp_path / name}")
-    with pytest.raises(PredictError, match=r"a link model's output is its node embeddings \(what=embeddings "
-                                           r"split=all\) or the scores of pairs \(pairs=FILE\); got what=predictions"):
+    with pytest.raises(PredictError, match=r"what=predictions is a node classifier's or an edge model's output; a link "
+                                           r"model's are its node embeddings \(what=embeddings split=all\) or the "
+                                           r"scores of pairs \(pairs=FILE\). HINT: drop what=predictions"):
         predict_here(run, "what=predictions")

@@ -70,7 +70,7 @@ def test_an_empty_test_split_is_reported_absent_never_nan(tmp_path, caplog):
     written = _strict_json(tmp_path / "run" / "summary.json")
     assert written["test"] is None and summary["test"] is None and "test_acc" not in written["history"][-1]
     assert written["best_val"] == max(row["val_acc"] for row in written["history"])
-    assert re.match(r"no test accuracy \(the test split is empty\) \(best val \d\.\d{4} at epoch \d, sampled "
+    assert re.match(r"no test accuracy \(the test split is empty\) \(best val \d\.\d{4} at epoch \d, exact "
                     r"evaluation\)$",
                     result_words(summary)), result_words(summary)
 

@@ -127,7 +127,7 @@ def test_predict_is_submitted_like_training_and_prints_the_runs_accuracy(two_nod
     assert res.returncode == 0, res.stdout + res.stderr
     assert re.search(r"submitted job \d+ to devcluster \(2 tasks\)", res.stdout), res.stdout
     assert f"test accuracy {trained['test']:.4f} over 12000 nodes (the run's: {trained['test']:.4f}; epoch " \
-           f"{trained['best_epoch']}, best.pt, sampled inference), 2 ranks on n1, n2" in res.stdout, res.stdout
+           f"{trained['best_epoch']}, best.pt, full inference), 2 ranks on n1, n2" in res.stdout, res.stdout
     manifest = json.loads((run / "predict" / "predictions-test-best" / "manifest.json").read_text())
     assert manifest["rows"] == 12000 and manifest["world_size"] == 2
 

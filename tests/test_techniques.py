@@ -248,9 +248,10 @@ def test_gradient_compression_sends_fewer_bytes_and_still_learns(tmp_path, tiny_
 
 @pytest.mark.slow
 def test_full_inference_is_close_to_sampled_and_exact(tmp_path, tiny_run):
-    res = run_cli(*TINY, "train.epochs=3", "train.eval_mode=full", cwd=tmp_path / "full", timeout=300)
+    """Exact evaluation (the default on a replicated graph: tiny_run's) and sampled evaluation of the same training."""
+    res = run_cli(*TINY, "train.epochs=3", "train.eval_mode=sampled", cwd=tmp_path / "sampled", timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
-    full, sampled = summary_of(tmp_path / "full"), summary_of(tiny_run)
+    sampled, full = summary_of(tmp_path / "sampled"), summary_of(tiny_run)
     assert sampled["eval_mode"] == "sampled" and full["eval_mode"] == "full"
     assert full["param_checksums"] == sampled["param_checksums"]  # evaluation changes no training
     assert math.isclose(full["test_acc"], sampled["test_acc"], abs_tol=0.04), (full["test_acc"], sampled["test_acc"])

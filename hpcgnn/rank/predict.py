@@ -138,30 +138,34 @@ def predict(cfg: RunConfig, env: RankEnv, device: torch.device) -> dict:
 
 
 def check_request(cfg: RunConfig, record: dict) -> None:
-    """What is asked fits the model's task (at submit; ``record``: its model file's): a link model gives every node's
-    embedding, or the scores of the pairs of a file; an edge model, its predictions of a split's targets or of the
-    pairs of a file, or every node's embedding; a node classifier, a split's (a file's pairs name nodes of the graph,
-    a typed edge model's each end of its type)."""
-    p = cfg.predict
-    if cfg.task.name == "node" and (p.what == "scores" or p.pairs):
-        raise PredictError("pairs=FILE: a node classifier scores no pairs; a link or an edge model does. HINT: drop "
-                           "pairs=")
-    if cfg.task.name == "edge" and p.what == "scores":
-        raise PredictError("what=scores is a link model's output; an edge model's are its predictions (of a split's "
-                           "targets, or of pairs=FILE) or embeddings. HINT: drop what=scores")
-    if cfg.task.name == "edge" and p.what == "embeddings" and (p.split != "all" or p.pairs):
-        raise PredictError(f"an edge model's embeddings are every node's (split=all); got "
-                           f"{'pairs=' + p.pairs if p.pairs else 'split=' + p.split}. HINT: --embeddings split=all, or "
-                           "its predictions of a split's target edges or of the pairs of a file")
-    if cfg.task.name == "edge" and p.pairs and p.split != "all":
-        raise PredictError(f"pairs=FILE: an edge model predicts every pair of the file, not a split's; got "
-                           f"split={p.split}. HINT: drop split=")
-    if p.pairs and cfg.task.name in ("link", "edge"):
+    """What is asked fits the model's task (at submit; ``record``: its model file's), as its spec says
+    (:class:`hpcgnn.specs.tasks.PredictionSpec`): an output it gives, of every node where it gives no other (a link
+    or an edge model's embeddings), the pairs of a file where it takes them (each of its nodes a node of the graph,
+    a typed edge model's each end of its type), all of them."""
+    from hpcgnn.specs import tasks
+
+    p, spec = cfg.predict, tasks.SPECS[cfg.task.name].prediction
+    if p.pairs:
+        if spec.pairs is None:
+            takers = " or ".join(s.prediction.model for s in tasks.SPECS.values() if s.prediction.pairs)
+            raise PredictError(f"pairs=FILE: {spec.model} scores no pairs; {takers} does. HINT: drop pairs=")
+        if p.what != spec.pairs:
+            raise PredictError(f"pairs=FILE: {spec.model} gives its {spec.pairs} of a file's pairs; got what={p.what}."
+                               f" HINT: drop what={p.what}, or pairs=")
+        if p.split != "all":
+            raise PredictError(f"pairs=FILE: {spec.model} predicts every pair of the file, not a split's; got "
+                               f"split={p.split}. HINT: drop split=")
         read_pairs(p.pairs, *_ends(record))
-    elif cfg.task.name == "link" and (p.split != "all" or p.what != "embeddings"):
-        raise PredictError(f"a link model's output is its node embeddings (what=embeddings split=all) or the scores "
-                           f"of pairs (pairs=FILE); got what={p.what} split={p.split}. HINT: --embeddings split=all, "
-                           "or pairs=FILE.npy")
+        return
+    if p.what not in spec.whats:
+        owners = " or ".join(f"{s.prediction.model}'s" for s in tasks.SPECS.values()
+                             if p.what in s.prediction.whats or p.what == s.prediction.pairs)
+        raise PredictError(f"what={p.what} is {owners} output; {spec.model}'s are {spec.outputs}. HINT: drop "
+                           f"what={p.what}" + (f" (or give pairs=FILE for its {spec.pairs})" if spec.pairs == p.what
+                                                else ""))
+    if p.what in spec.whole and p.split != "all":
+        raise PredictError(f"{spec.model}'s {p.what} are every node's (split=all); got split={p.split}. HINT: "
+                           f"--{p.what} split=all")
 
 
 def _ends(record: dict) -> tuple[tuple[int, int], tuple[str, str, str] | None]:

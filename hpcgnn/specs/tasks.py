@@ -49,6 +49,19 @@ LOSSES = ("auto", *dict.fromkeys(loss for k in KINDS.values() for loss in k.loss
 
 
 @dataclass(frozen=True)
+class PredictionSpec:
+    """What ``hpcgnn predict`` gives of a task's model: ``whats`` (``predict.what`` it answers for a split, the
+    default first), what it gives of the pairs of a file (``pairs``: a ``predict.what``; None: it takes none), and
+    which outputs are of every node only (``whole``: split=all)."""
+
+    model: str  # how its model is named ("a node classifier")
+    outputs: str  # what it gives, in words (the refusals say it)
+    whats: tuple[str, ...]
+    pairs: str | None = None
+    whole: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class TaskSpec:
     """One task: what the checks, the rank, a tune and the docs need to know, in one place."""
 
@@ -61,6 +74,7 @@ class TaskSpec:
     choices: dict[str, tuple[str, ...]] = field(default_factory=dict)  # task.<key>: its allowed values
     own: dict[str, str] = field(default_factory=dict)  # task.<key> that may name a class of the user's own: how built
     typed: bool = False  # trains on typed graphs
+    prediction: PredictionSpec | None = None  # what predict gives of its model
     target_check: str | None = None  # "module:function" (dataset, task) -> its Target, where its labels are readable
     # at submit (None: not yet, or a task without kinds)
     targets_prepare: str | None = None  # "module:function" (dataset): its targets prepared beside the graph (None:
@@ -77,14 +91,22 @@ TARGET_EDGES = ("drop", "keep")  # link, edge: a step's target edges carry no me
 
 SPECS: dict[str, TaskSpec] = {s.name: s for s in (
     TaskSpec("node", "targets on nodes", "hpcgnn.tasks.node:NodeTask", "nodes", tuple(KINDS), typed=True,
+             prediction=PredictionSpec("a node classifier", "its predictions of a split's nodes or their embeddings",
+                                       ("predictions", "embeddings")),
              target_check="hpcgnn.data:check_target"),
     TaskSpec("link", "link prediction", "hpcgnn.tasks.link:LinkPrediction", "edges to predict (with negatives)",
              metrics=("auc", "ap", "mrr", "hits@K"),
              choices={"decoder": ("dot", "mlp"), "negatives": ("uniform", "strict", "in_batch"),
-                      "form": ("binary", "triplet"), "target_edges": TARGET_EDGES}),
+                      "form": ("binary", "triplet"), "target_edges": TARGET_EDGES},
+             prediction=PredictionSpec("a link model", "its node embeddings (what=embeddings split=all) or the scores "
+                                       "of pairs (pairs=FILE)", ("embeddings",), pairs="scores",
+                                       whole=("embeddings",))),
     TaskSpec("edge", "targets on given edges", "hpcgnn.tasks.edge:EdgeTask", "target edges", tuple(KINDS),
              choices={"decoder": ("concat", "hadamard"), "target_edges": TARGET_EDGES},
              own={"decoder": "built as Class(in_channels, out_channels), called on the two ends' embeddings"},
+             prediction=PredictionSpec("an edge model", "its predictions (of a split's targets, or of pairs=FILE) "
+                                       "or embeddings", ("predictions", "embeddings"), pairs="predictions",
+                                       whole=("embeddings",)),
              typed=True, target_check="hpcgnn.data.edges:check_target",
              targets_prepare="hpcgnn.data.edges:prepare_targets"),
 )}

@@ -92,6 +92,7 @@ def compose_prediction(argv: list[str]):
     """The prediction job of ``hpcgnn predict ARGV``, composed and checked (a
     :class:`~hpcgnn.submit.compose.Composed`)."""
     from hpcgnn.models.saved import WHICH, model_path, read
+    from hpcgnn.specs import tasks
     from hpcgnn.submit.compose import compose
 
     run, o, overrides = parse(argv)
@@ -106,12 +107,10 @@ def compose_prediction(argv: list[str]):
     replay = run_overrides(run)
     path = model_path(run, o["which"])
     record = read(path, trusted)  # (a run without it, or a file that is not hpcgnn's: one line naming it)
-    link = record["task"] == "link"  # (its output: every node's embedding, or the scores of pairs; an edge model's:
-    # its predictions of a split's target edges, as a node classifier's of a split's nodes, or of a file's pairs)
-    edge = record["task"] == "edge"
-    every = link or (edge and (o.get("what") == "embeddings" or "pairs" in o))  # (all: every node's, every pair's)
-    o = {"what": "scores" if "pairs" in o and not edge else "embeddings" if link else "predictions",
-         "split": "all" if every else "test", **o}
+    spec = tasks.SPECS[record["task"]].prediction  # (what its model gives: its spec says)
+    what = (spec.pairs or spec.whats[0]) if "pairs" in o else spec.whats[0]
+    every = "pairs" in o or o.get("what", what) in spec.whole  # (all: every node's, every pair's)
+    o = {"what": what, "split": "all" if every else "test", **o}
     name = f"{o['what']}-{Path(o['pairs']).stem}" if "pairs" in o else f"{o['what']}-{o['split']}"
     out = Path(o.get("out") or run / "predict" / f"{name}-{o['which']}").expanduser().resolve()
     if out == run.resolve():
