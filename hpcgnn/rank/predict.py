@@ -46,8 +46,7 @@ from hpcgnn.data.edges import read_pairs
 from hpcgnn.env import RankEnv
 from hpcgnn.errors import PredictError
 from hpcgnn.io import write_json
-from hpcgnn.logs import Progress
-from hpcgnn.models import forward_batch, saved
+from hpcgnn.models import saved
 from hpcgnn.models.custom import is_layerwise
 from hpcgnn.rank.metrics import peak_memory_mb
 from hpcgnn.rank.techniques import autocast, resolve_precision
@@ -87,9 +86,9 @@ def predict(cfg: RunConfig, env: RankEnv, device: torch.device) -> dict:
     t_infer = time.perf_counter()
     with torch.no_grad(), autocast(precision, device):
         if pairs is None:
-            rows, mine, labels = _outputs(cfg, store, model, mode)
+            rows, mine, labels = task.predict_rows(model, mode, p.what, p.split)
         else:
-            (rows, mine), labels = _scores(cfg, store, model, pairs, env), None
+            (rows, mine), labels = _scores(task, model, pairs, env), None
     if p.pairs:  # (a file's pairs have no labels: no metric)
         labels = None
     infer_s = time.perf_counter() - t_infer
@@ -268,86 +267,16 @@ def split_ids(cfg: RunConfig, split: str, schema=None) -> np.ndarray:
     return np.sort(np.asarray(getattr(g, f"{split}_idx"), dtype=np.int64) - offset)
 
 
-def _outputs(cfg: RunConfig, store, model: torch.nn.Module, mode: str):
-    """This rank's rows of the split: (outputs, their ids, their labels or None), exact or by sampled batches."""
-    from hpcgnn.models import batch_transform, node_logits_and_labels
-
-    p, link = cfg.predict, cfg.task.name in ("link", "edge")  # (an edge model's embeddings: its encoder's)
-    if cfg.task.name == "edge" and p.what != "embeddings":
-        return _edge_outputs(cfg, store, model, mode)
-    net = model.encoder if link else model
-    layers = net.num_layers - 1 if p.what == "embeddings" and not link else None
-    if mode == "full":
-        exact = _exact(cfg, store, net, layers)
-        rows, labels = exact.split(p.split)
-        return rows, exact.share(p.split), None if p.what == "embeddings" else labels
-    loader = store.node_loader(p.split, transform=batch_transform(cfg.model, store.degree))
-    outs, ids, labels = [], [], []
-    progress = Progress("predict", len(loader), "batches")
-    for k, batch in enumerate(loader):
-        if batch.batch_size:  # (an empty one: padding, this rank only serves the others' exchanges)
-            if link:
-                outs.append(forward_batch(net, batch).float().cpu())
-            else:
-                logits, y = node_logits_and_labels(model, batch)
-                outs.append(logits.float().cpu())
-                labels.append(y.cpu())
-            ids.append(loader.plan.seeds(k))
-        progress.advance(1)
-    progress.finish()
-    empty = torch.empty(0, dtype=torch.long)
-    return (torch.cat(outs) if outs else torch.empty(0, 0), torch.cat(ids) if ids else empty,
-            None if link else torch.cat(labels) if labels else empty)
-
-
-def _edge_outputs(cfg: RunConfig, store, model: torch.nn.Module, mode: str):
-    """An edge model's rows of a split's targets: (outputs, their target ids, their labels), decoded from every
-    node's exact embedding or from the evaluation's sampled batches around them."""
-    from hpcgnn.models import batch_transform, forward_pairs
-    from hpcgnn.tasks.edge import exact_scores
-
-    split, targets = cfg.predict.split, store.targets
-    mine = store.eval_items(split)
-    if mode == "full":
-        exact = _exact(cfg, store, model.encoder, None)
-        outs = [out.float().cpu() for out, _ in exact_scores(model, exact, store, mine, cfg.train.eval_batch_size,
-                                                              store.device)]
-        rows = torch.cat(outs) if outs else torch.empty(0, 0)
-        return rows, mine, targets.label.index_select(0, mine)
-    loader = store.eval_loader(split, transform=batch_transform(cfg.model, store.degree))
-    outs, ids, labels = [], [], []
-    progress = Progress("predict", len(loader), "batches")
-    for k, batch in enumerate(loader):
-        if batch.positives:
-            outs.append(forward_pairs(model, batch, batch.edge_label_index).float().cpu())
-            labels.append(batch.edge_label.cpu())
-            ids.append(loader.plan.seeds(k))
-        progress.advance(1)
-    progress.finish()
-    empty = torch.empty(0, dtype=torch.long)
-    return (torch.cat(outs) if outs else torch.empty(0, 0), torch.cat(ids) if ids else empty,
-            torch.cat(labels) if labels else empty)
-
-
-def _exact(cfg: RunConfig, store, net: torch.nn.Module, layers: int | None):
-    """The store's exact outputs of ``net`` (after ``layers`` layers; None: all), each layer logged as it ends."""
-    from hpcgnn.models import gcn_norm
-
-    t0 = time.perf_counter()
-    return store.exact(net, gcn_norm(cfg.model), layers,
-                       lambda i, of: log.info("exact inference: layer %d of %d done in %.1f s", i, of,
-                                              time.perf_counter() - t0))
-
-
 PAIRS_CHUNK = 1 << 18  # pairs scored at a time (their embeddings fetched from their owners in one exchange)
 
 
-def _scores(cfg: RunConfig, store, model: torch.nn.Module, pairs: np.ndarray, env: RankEnv):
+def _scores(task, model: torch.nn.Module, pairs: np.ndarray, env: RankEnv):
     """This rank's contiguous share of the pairs: (their scores, their indices in the file), from every node's exact
     embedding (a rank fetches the rows of nodes other ranks own: as many exchanges on every rank)."""
     from hpcgnn.sampling.link import share
+    from hpcgnn.tasks.prediction import exact_logged
 
-    exact = _exact(cfg, store, model.encoder, None)
+    exact = exact_logged(task, model.encoder)
     lo, hi = share(pairs.shape[1], env.rank, env.world_size)
     rounds = int(dist.all_reduce_max(torch.tensor([math.ceil((hi - lo) / PAIRS_CHUNK)])).item())
     scores = []

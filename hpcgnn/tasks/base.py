@@ -72,6 +72,14 @@ class Task(abc.ABC):
         :meth:`prediction` writes and :meth:`prediction_metric` scores. A task without targets takes nothing."""
         return None
 
+    def predict_rows(self, model: torch.nn.Module, mode: str, what: str, split: str):
+        """This rank's rows of ``split`` for ``hpcgnn predict``: (outputs, their ids, their labels or None), exact
+        (``mode`` full) or from the evaluation's sampled batches; ``what``: predictions or embeddings. A node
+        model's here (:mod:`hpcgnn.tasks.prediction`)."""
+        from hpcgnn.tasks.prediction import node_rows
+
+        return node_rows(self, model, mode, split, embeddings=what == "embeddings")
+
     def prediction(self, what: str, rows: Tensor) -> dict:
         """The arrays predict writes of this rank's ``rows`` (float32 outputs), by name: ``scores`` and
         ``embeddings`` as they are; ``predictions`` as the task's kind gives them (probabilities and classes,

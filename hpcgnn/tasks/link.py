@@ -68,6 +68,12 @@ class LinkPrediction(Task):
         return {s: int(self.data.split(s).pos.size(1)) for s in ("val", "test")}
 
     @torch.no_grad()
+    def predict_rows(self, model: torch.nn.Module, mode: str, what: str, split: str):
+        """Every node's embedding (its encoder's output), the one output a link model gives for a split."""
+        from hpcgnn.tasks.prediction import node_rows
+
+        return node_rows(self, model, mode, split, encoder=True)
+
     def evaluate(self, model: torch.nn.Module) -> dict[str, float]:
         model.eval()
         full = self.eval_mode == "full"

@@ -1,0 +1,54 @@
+"""What each task gives ``hpcgnn predict`` (:meth:`hpcgnn.tasks.base.Task.predict_rows`): a rank's rows of a split,
+exact (every node's full neighbourhood, layer by layer) or from the evaluation's sampled batches (the same seeds,
+so the same outputs on the same ranks), with their ids and labels."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+from torch import Tensor
+
+from hpcgnn.logs import Progress
+from hpcgnn.models import batch_transform, forward_batch, gcn_norm, node_logits_and_labels
+
+log = logging.getLogger(__name__)
+EMPTY = torch.empty(0, dtype=torch.long)
+
+
+def exact_logged(task, net: torch.nn.Module, layers: int | None = None):
+    """The store's exact outputs of ``net`` (after ``layers`` layers; None: all), each layer logged as it ends."""
+    t0 = time.perf_counter()
+    return task.store.exact(net, gcn_norm(task.cfg.model), layers,
+                            lambda i, of: log.info("exact inference: layer %d of %d done in %.1f s", i, of,
+                                                   time.perf_counter() - t0))
+
+
+def node_rows(task, model: torch.nn.Module, mode: str, split: str, embeddings: bool = False,
+              encoder: bool = False) -> tuple[Tensor, Tensor, Tensor | None]:
+    """This rank's rows of a node split: a node model's outputs with their labels, or (``embeddings``) its last
+    hidden layer's; (``encoder``) a pair model's encoder's outputs, the embeddings its decoder reads."""
+    net = model.encoder if encoder else model
+    layers = net.num_layers - 1 if embeddings and not encoder else None
+    labelled = not (embeddings or encoder)
+    if mode == "full":
+        exact = exact_logged(task, net, layers)
+        rows, labels = exact.split(split)
+        return rows, exact.share(split), labels if labelled else None
+    loader = task.store.node_loader(split, transform=batch_transform(task.cfg.model, task.store.degree))
+    outs, ids, labels = [], [], []
+    progress = Progress("predict", len(loader), "batches")
+    for k, batch in enumerate(loader):
+        if batch.batch_size:  # (an empty one: padding, this rank only serves the others' exchanges)
+            if labelled:
+                logits, y = node_logits_and_labels(net, batch)
+                labels.append(y.cpu())
+            else:
+                logits = forward_batch(net, batch)
+            outs.append(logits.float().cpu())
+            ids.append(loader.plan.seeds(k))
+        progress.advance(1)
+    progress.finish()
+    return (torch.cat(outs) if outs else torch.empty(0, 0), torch.cat(ids) if ids else EMPTY,
+            (torch.cat(labels) if labels else EMPTY) if labelled else None)
