@@ -239,11 +239,16 @@ def _check_choices(k, spec: tasks.TaskSpec) -> None:
         if key in spec.own:
             if "." in value:
                 continue
-            raise ConfigError(f"task.{key}={value!r} is not {'an' if spec.name[0] in 'aeiou' else 'a'} {spec.name} task's: use {', '.join(allowed)} or a "
+            raise ConfigError(f"task.{key}={value!r} is not {_a(spec.name)} task's: use {', '.join(allowed)} or a "
                               f"module of your own (task.{key}=pkg.module.Class, {spec.own[key]})")
         raise ConfigError(f"task.{key}={value!r} is unknown: use one of {', '.join(allowed)}")
     if spec.kinds:
         _check_kind(k)
+
+
+def _a(word: str) -> str:
+    """``word`` with its indefinite article: "an edge", "a regression"."""
+    return f"{'an' if word[0] in 'aeiou' else 'a'} {word}"
 
 
 def _check_kind(k) -> None:
@@ -254,7 +259,7 @@ def _check_kind(k) -> None:
     kind = tasks.KINDS.get(k.kind)
     if k.loss != "auto" and kind is not None and k.loss not in kind.losses:
         owner = next(n for n, spec in tasks.KINDS.items() if k.loss in spec.losses)
-        raise ConfigError(f"task.loss={k.loss} is a{'n' if owner[0] in 'aeiou' else ''} {owner}'s loss; task.kind="
+        raise ConfigError(f"task.loss={k.loss} is {_a(owner)}'s loss; task.kind="
                           f"{k.kind} trains with {kind.trains_with}. HINT: drop task.loss, or task.kind={owner}")
 
 

@@ -20,7 +20,7 @@ import torch
 from hpcgnn.data.graph import Graph
 from hpcgnn.data.ooc import FeatureWriter, load_features
 from hpcgnn.errors import DatasetError
-from hpcgnn.io import atomic_folder, human_bytes
+from hpcgnn.io import atomic_folder, human_bytes, write_json
 from hpcgnn.labels import profile
 
 FORMAT_VERSION = 1
@@ -50,7 +50,7 @@ class GraphMeta:
     def write(self, tmp: Path) -> None:
         record = {k: v for k, v in asdict(self).items() if k != "more"}
         record["extra"] = list(self.extra)
-        (tmp / "meta.json").write_text(json.dumps({**record, **self.more}, indent=2))
+        write_json(tmp / "meta.json", {**record, **self.more})
 
     @classmethod
     def read(cls, folder: Path) -> GraphMeta:

@@ -206,7 +206,7 @@ def _serve_trainer(channel: wire.Channel, counters: _Counters, threads: int, fai
         def start() -> serving.Maker:
             state = shipping.fetch(run_dir, hello.rank, hello.recipe)
             if hello.group:  # (its sampler process builds it, through the same builder)
-                return Relay(hello, shipping.Deferred(build, state.encode()), threads, fail_batch)
+                return Relay(hello, shipping.Deferred(build, state), threads, fail_batch)
             return serving.Sampling(build(state), fail_batch)
 
         flush = True

@@ -121,14 +121,15 @@ class Recipe:
 @dataclass(frozen=True)
 class Deferred:
     """A recipe its sampler process builds itself (a sampler server's, for a partitioned graph's trainer): the
-    builder (``build(state) -> Recipe``, picklable: the run's config) and the rank's :class:`SamplerState`, encoded.
-    The process builds the rank's sampler as the server would, through the same builder: no recipe is pickled."""
+    builder (``build(state) -> Recipe``, picklable: the run's config) and the rank's :class:`SamplerState` (as the
+    server read it: its own process, over its own pipe). The process builds the rank's sampler as the server would,
+    through the same builder: no recipe is pickled."""
 
     build: Callable
-    state: bytes
+    state: SamplerState
 
     def __call__(self) -> Recipe:
-        return self.build(SamplerState.decode(self.state))
+        return self.build(self.state)
 
 
 def dumps(obj) -> bytes:

@@ -208,9 +208,6 @@ class Store(abc.ABC):
         lo, hi = share(total, self.env.rank, self.env.world_size)
         return torch.arange(lo, hi)
 
-    def _link_sampler(self, node_sampler, train_pos: Tensor, has_edge) -> LinkSampler:
-        return link_sampler(self.cfg, node_sampler, train_pos, self.shape.num_nodes, has_edge)
-
     def pair_features(self, items: Tensor) -> Tensor:
         """Targets' own edge features (float32; zeros for a pair that is no edge of the graph), for a decoder that
         reads them; on a partitioned graph a collective (every rank calls it as often, with no items or some), unless

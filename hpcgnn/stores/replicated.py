@@ -111,11 +111,10 @@ class ReplicatedStore(WholeGraphStore):
         labels = self.targets.labels if self.targets is not None else g.labels
         self.shape = graph_shape(cfg, g.num_features, g.num_classes, g.num_nodes, labels, edge_dim=g.edge_dim)
         # batches say which edges they hold where the model reads their features (gathered with the nodes')
-        values = {"edge_ids": self.shape.edge_dim > 0}
+        self.state = SamplerState("whole", env.rank, env.world_size, {"edge_ids": self.shape.edge_dim > 0})
         if self.link is not None:  # link prediction: a step's seeds are positive training edges
             train = self.link.train.pos
             require_training_items(cfg, train.size(1), "edges")
-            self.state = SamplerState("whole", env.rank, env.world_size, values)
             self.sampler, self.train_sampler = whole_samplers(cfg, g, self.state, link=self.link)
             self.items, self.items_per_step = torch.arange(train.size(1)), cfg.train.batch_size
             self.steps = steps_per_epoch(train.size(1), env.world_size, cfg.train.batch_size)
@@ -127,7 +126,6 @@ class ReplicatedStore(WholeGraphStore):
             k, targets = cfg.task, self.targets
             train = targets.split("train")
             require_training_items(cfg, train.numel(), "target edges")
-            self.state = SamplerState("whole", env.rank, env.world_size, values)
             self.sampler, self.train_sampler = whole_samplers(cfg, g, self.state, targets=targets)
             self.eval_pairs, self.pair_ids = self.train_sampler, self.train_sampler.pair_ids
             self.items, self.items_per_step = train, cfg.train.batch_size
@@ -143,7 +141,7 @@ class ReplicatedStore(WholeGraphStore):
         self.seed_cost = prepared.seed_cost
         # Subgraph batches are each a whole estimate of the mean loss: weigh steps by batches, not seeds.
         self.weigh_by_seeds = not SAMPLER_SPECS[cfg.train.sampler].subgraph
-        self.state = SamplerState("whole", env.rank, env.world_size, values, dict(prepared.arrays))
+        self.state.arrays.update(prepared.arrays)
         self.graph_on = graph_on(cfg, env, self.device, self.resident_bytes())
         on = g
         if self.graph_on == "device":  # sampled and gathered where the model runs: no copy per step

@@ -68,8 +68,7 @@ class EdgeTask(Task):
         """Every node's embedding (its encoder's), or its predictions of a split's targets: (outputs, their target
         ids, their labels), decoded from every node's exact embedding or from the evaluation's sampled batches
         around them."""
-        from hpcgnn.logs import Progress
-        from hpcgnn.tasks.prediction import EMPTY, exact_logged, node_rows
+        from hpcgnn.tasks.prediction import exact_logged, node_rows, walk
 
         if what == "embeddings":
             return node_rows(self, model, mode, split, encoder=True)
@@ -80,18 +79,8 @@ class EdgeTask(Task):
             outs = [out.float().cpu() for out, _ in exact_scores(model, exact, store, mine,
                                                                   self.cfg.train.eval_batch_size, store.device)]
             return torch.cat(outs) if outs else torch.empty(0, 0), mine, store.targets.label.index_select(0, mine)
-        loader = store.eval_loader(split, transform=self._transform)
-        outs, ids, labels = [], [], []
-        progress = Progress("predict", len(loader), "batches")
-        for k, batch in enumerate(loader):
-            if batch.positives:
-                outs.append(forward_pairs(model, batch, batch.edge_label_index).float().cpu())
-                labels.append(batch.edge_label.cpu())
-                ids.append(loader.plan.seeds(k))
-            progress.advance(1)
-        progress.finish()
-        return (torch.cat(outs) if outs else torch.empty(0, 0), torch.cat(ids) if ids else EMPTY,
-                torch.cat(labels) if labels else EMPTY)
+        return walk(store.eval_loader(split, transform=self._transform),
+                    lambda b: (forward_pairs(model, b, b.edge_label_index), b.edge_label) if b.positives else None)
 
     def evaluate(self, model: torch.nn.Module) -> dict[str, float]:
         """The kind's metrics on val and test: from sampled batches around each split's targets, or from every

@@ -37,18 +37,25 @@ def node_rows(task, model: torch.nn.Module, mode: str, split: str, embeddings: b
         rows, labels = exact.split(split)
         return rows, exact.share(split), labels if labelled else None
     loader = task.store.node_loader(split, transform=batch_transform(task.cfg.model, task.store.degree))
+    if labelled:
+        return walk(loader, lambda b: node_logits_and_labels(net, b) if b.batch_size else None)
+    return walk(loader, lambda b: (forward_batch(net, b), None) if b.batch_size else None)[:2] + (None,)
+
+
+def walk(loader, row) -> tuple[Tensor, Tensor, Tensor]:
+    """A loader's batches for predict: ``row(batch)`` gives a batch's (outputs, labels or None), or None for a
+    padding batch (this rank only serves the others' exchanges); (the outputs as float32 on the host, their items:
+    the batches' seeds, their labels), the progress logged."""
     outs, ids, labels = [], [], []
     progress = Progress("predict", len(loader), "batches")
     for k, batch in enumerate(loader):
-        if batch.batch_size:  # (an empty one: padding, this rank only serves the others' exchanges)
-            if labelled:
-                logits, y = node_logits_and_labels(net, batch)
-                labels.append(y.cpu())
-            else:
-                logits = forward_batch(net, batch)
-            outs.append(logits.float().cpu())
+        got = row(batch)
+        if got is not None:
+            outs.append(got[0].float().cpu())
+            if got[1] is not None:
+                labels.append(got[1].cpu())
             ids.append(loader.plan.seeds(k))
         progress.advance(1)
     progress.finish()
     return (torch.cat(outs) if outs else torch.empty(0, 0), torch.cat(ids) if ids else EMPTY,
-            (torch.cat(labels) if labels else EMPTY) if labelled else None)
+            torch.cat(labels) if labels else EMPTY)
