@@ -38,14 +38,14 @@ def main() -> None:
     from hpcgnn.models import build_model, forward_batch
     from hpcgnn.sampling import BatchLoader
     from hpcgnn.sampling.subgraph import expected_edges
-    from hpcgnn.stores import ReplicatedStore
+    from hpcgnn.tasks import open_store
 
     torch.set_num_threads(1)  # one core per simulated rank, as on a cluster node
 
-    def stores(**train) -> list[ReplicatedStore]:
+    def stores(**train) -> list:
         cfg = RunConfig(task=TaskConfig(), dataset=benchmark_config(args), model=ModelConfig(), graph=GraphConfig(),
                         train=TrainConfig(fanouts=tuple(args.fanouts), **train))
-        return [ReplicatedStore(cfg, RankEnv(source="single", rank=r, local_rank=r, world_size=args.ranks,
+        return [open_store(cfg, RankEnv(source="single", rank=r, local_rank=r, world_size=args.ranks,
                                              local_world_size=args.ranks, node_rank=0, num_nodes=1,
                                              hostnames=("localhost",), master_addr="127.0.0.1", master_port=0,
                                              job_id="")) for r in range(args.ranks)]
@@ -56,7 +56,7 @@ def main() -> None:
           f"{args.ranks} ranks, fanouts {args.fanouts}")
     model = build_model(ModelConfig(), g.num_features, g.num_classes, len(args.fanouts))
 
-    def measure(name: str, ranks: list[ReplicatedStore], budget: int = 0) -> tuple[float, float]:
+    def measure(name: str, ranks: list, budget: int = 0) -> tuple[float, float]:
         edges = [[0] * args.steps for _ in ranks]
         busy = [[0.0] * args.steps for _ in ranks]
         for r, store in enumerate(ranks):

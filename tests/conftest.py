@@ -95,16 +95,15 @@ def exact_inference_worker(rank: int, world: int, port: int, cfg, folder: str, m
 
     from hpcgnn.dist import process_group
     from hpcgnn.models import build_node_model, gcn_norm
-    from hpcgnn.stores import PartitionedStore
     from hpcgnn.stores import exact as ex
-    from hpcgnn.tasks import build_task
+    from hpcgnn.tasks import build_task, open_store
 
     torch.set_num_threads(1)
     ex.FETCH_ROWS, ex.SLICE_EDGES = 97, 1000
     env, cpu = local_rank_env(rank, world, port), torch.device("cpu")
     out = {}
     with process_group(env, cfg.dist, cpu):
-        store = PartitionedStore(cfg, env)
+        store = open_store(cfg, env)
         parts, g = store.parts, store.shape.schema
         for name in models:
             ex.INTERIOR_FIRST = 0.0 if name != "sage, in row order" else 2.0  # (reordered, or never)

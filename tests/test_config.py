@@ -298,12 +298,14 @@ def test_line_breaks_in_sbatch_values_are_refused(field):
 
 
 def test_every_spec_names_code_that_is_there():
-    """Each spec (tasks, models, samplers) names its unit and builders by "module:name": each one imports, and a
-    task's unit carries its spec's name."""
+    """Each spec (tasks, models, samplers) names its unit and builders by "module:name": each one imports, a
+    task's unit carries its spec's name, and its items' unit is one (what a store opens)."""
     from hpcgnn.specs import load, models, samplers, tasks
+    from hpcgnn.tasks.items import Items
 
     for spec in tasks.SPECS.values():
         assert load(spec.unit).name == spec.name
+        assert issubclass(load(spec.batches), Items) and callable(load(spec.model))
     named = [(s.name, d) for s in models.SPECS.values() for d in (s.build, s.typed_build) if d]
     named += [(s.name, d) for s in samplers.SPECS.values() for d in (s.prepare, s.build)]
     assert all(callable(load(dotted)) for _, dotted in named), named

@@ -207,7 +207,7 @@ def test_edge_features_reach_the_models_that_read_them(run, tmp_path, monkeypatc
     graph, over, bar = EDGE_RUNS[run]
     (write_edge_labels if graph == "edge_labels" else write_marked)(tmp_path / "graph")
     monkeypatch.syspath_prepend(str(REPO / "examples"))  # (my_gnn)
-    with caplog.at_level(logging.INFO, logger="hpcgnn.stores.base"):
+    with caplog.at_level(logging.INFO, logger="hpcgnn.tasks.items"):
         trained = train_here("dataset=files", f"dataset.path={tmp_path / 'graph'}", *over, "train.epochs=20",
                              "train.lr=0.01", "train.batch_size=256", "model.hidden_channels=64",
                              "metrics.tensorboard=false", f"dataset.root={DATA_ROOT}", run_dir=tmp_path / "run")
@@ -239,7 +239,7 @@ def test_edge_features_reach_the_models_that_read_them(run, tmp_path, monkeypatc
 def test_a_model_reading_edge_features_is_refused_where_they_cannot_reach_it(tmp_path):
     from hpcgnn.env import RankEnv
     from hpcgnn.errors import ConfigError, DatasetError
-    from hpcgnn.stores import ReplicatedStore
+    from hpcgnn.tasks import open_store
 
     with pytest.raises(ConfigError, match=r"model.edge_dim=8: gat and gin read edge features \(a width of 1 or more\); "
                                           r"model=sage does not"):
@@ -259,12 +259,12 @@ def test_a_model_reading_edge_features_is_refused_where_they_cannot_reach_it(tmp
     over = ["dataset=files", f"dataset.path={tmp_path / 'g'}", f"dataset.root={tmp_path / 'root'}", "model=gat"]
     with pytest.raises(ConfigError, match=r"model.edge_dim=8, but the edges of dataset=files have 3 features. HINT: "
                                           r"model.edge_dim=3"):
-        ReplicatedStore(make_config(*over, "model.edge_dim=8"), env)
-    assert ReplicatedStore(make_config(*over, "model.edge_dim=3"), env).shape.edge_dim == 3
-    assert ReplicatedStore(make_config(*over), env).shape.edge_dim == 0  # (read by none: not gathered)
+        open_store(make_config(*over, "model.edge_dim=8"), env)
+    assert open_store(make_config(*over, "model.edge_dim=3"), env).shape.edge_dim == 3
+    assert open_store(make_config(*over), env).shape.edge_dim == 0  # (read by none: not gathered)
     with pytest.raises(DatasetError, match=r"model.edge_dim=3 reads edge features, but the edges of dataset=synthetic "
                                            r"have none. HINT: give them \(files: edge_attr.npy"):
-        ReplicatedStore(make_config("model=gat", "model.edge_dim=3", "dataset.num_nodes=500",
+        open_store(make_config("model=gat", "model.edge_dim=3", "dataset.num_nodes=500",
                                     f"dataset.root={tmp_path / 'root'}"), env)
 
 
@@ -275,12 +275,12 @@ def test_every_samplers_batches_carry_their_edges_features(tmp_path, sampler):
     the graph gives its (source, target) pair."""
     from hpcgnn.env import RankEnv
     from hpcgnn.sampling.loader import BatchLoader
-    from hpcgnn.stores import ReplicatedStore
+    from hpcgnn.tasks import open_store
 
     arrays = write_edge_folder(tmp_path / "g", n=300, e=3000)
     cfg = make_config("dataset=files", f"dataset.path={tmp_path / 'g'}", f"dataset.root={tmp_path / 'root'}",
                       "model=gin", "model.edge_dim=3", "train.batch_size=40", "train.num_clusters=20", sampler)
-    store = ReplicatedStore(cfg, RankEnv.from_environ({}))
+    store = open_store(cfg, RankEnv.from_environ({}))
     items = store.train_batches(0)[0]
     batch = next(iter(BatchLoader(store.features, store.train_sampler, items, items.numel())))
     ends = batch.n_id[batch.edge_index].T.tolist()
@@ -316,12 +316,12 @@ def test_a_link_batch_carries_each_sampled_edges_features_without_its_targets(tm
     the batch keeps carries the features the graph gives its (source, target) pair."""
     from hpcgnn.env import RankEnv
     from hpcgnn.sampling.loader import BatchLoader
-    from hpcgnn.stores import ReplicatedStore
+    from hpcgnn.tasks import open_store
 
     arrays = write_grouped(tmp_path / "g", n=400)
     cfg = make_config("task=link", "dataset=files", f"dataset.path={tmp_path / 'g'}", "dataset.to_undirected=true",
                       f"dataset.root={tmp_path / 'root'}", "model=gin", "model.edge_dim=4")
-    store = ReplicatedStore(cfg, RankEnv.from_environ({}))
+    store = open_store(cfg, RankEnv.from_environ({}))
     assert store.shape.edge_dim == 4
     want = expected_features(arrays, True)
     batch = next(iter(BatchLoader(store.features, store.train_sampler, store.train_batches(0), 128)))
@@ -391,7 +391,7 @@ def test_an_edge_tasks_batches_carry_their_targets_own_features_where_the_decode
     """concat reads each target's own edge features: a batch's edge_label_attr holds the graph edge's features of
     each of its pairs (zeros for a pair that is no edge); hadamard reads none, and its batches carry none."""
     from hpcgnn.env import RankEnv
-    from hpcgnn.stores import ReplicatedStore
+    from hpcgnn.tasks import open_store
 
     arrays = write_edge_feature_targets(tmp_path / "g", "own", n=300, m=400)
     pairs = arrays["edge_label_index"].copy()
@@ -400,7 +400,7 @@ def test_an_edge_tasks_batches_carry_their_targets_own_features_where_the_decode
     feats = {(s, d): arrays["edge_attr"][i] for i, (s, d) in enumerate(zip(*arrays["edge_index"].tolist(), strict=True))}
     env = RankEnv.from_environ({})
     over = ["dataset=files", f"dataset.path={tmp_path / 'g'}", f"dataset.root={tmp_path / 'root'}", "task=edge"]
-    store = ReplicatedStore(make_config(*over), env)
+    store = open_store(make_config(*over), env)
     assert (store.shape.pair_edge_dim, store.shape.edge_dim) == (8, 0)  # (the encoder reads none: none sampled)
     batch = next(iter(store.eval_loader("val")))
     assert "edge_attr" not in batch
@@ -408,7 +408,7 @@ def test_an_edge_tasks_batches_carry_their_targets_own_features_where_the_decode
     want = np.stack([feats.get((s, d), np.zeros(8, dtype=np.float32)) for s, d in ends])
     assert 0 < sum((s, d) in feats for s, d in ends) < len(ends)
     assert np.array_equal(batch.edge_label_attr.numpy(), want)
-    plain = ReplicatedStore(make_config(*over, "task.decoder=hadamard"), env)
+    plain = open_store(make_config(*over, "task.decoder=hadamard"), env)
     assert plain.shape.pair_edge_dim == 0 and "edge_label_attr" not in next(iter(plain.eval_loader("val")))
 
 
@@ -505,14 +505,14 @@ def _partitioned_worker(rank: int, world: int, port: int, cfg, folder: str) -> N
 
     from hpcgnn.dist import process_group
     from hpcgnn.models import build_node_model
-    from hpcgnn.stores import PartitionedStore
     from hpcgnn.stores import exact as ex
+    from hpcgnn.tasks import open_store
 
     torch.set_num_threads(1)
     ex.FETCH_ROWS = 97
     env = local_rank_env(rank, world, port)
     with process_group(env, cfg.dist, torch.device("cpu")):
-        store = PartitionedStore(cfg, env)
+        store = open_store(cfg, env)
         edges, feats, remote = [], [], 0
         for batch in store.eval_loader("val"):
             edges.append(batch.n_id[batch.edge_index])
@@ -571,7 +571,7 @@ def test_parts_carry_their_edges_features_and_a_partition_written_without_them_i
     from hpcgnn.env import RankEnv
     from hpcgnn.errors import PartitionError
     from hpcgnn.partition import ensure_parts, open_parts, parts_folder
-    from hpcgnn.stores import PartitionedStore
+    from hpcgnn.tasks import open_store
 
     write_marked(tmp_path / "g", n=400)
     cfg = make_config("dataset=files", f"dataset.path={tmp_path / 'g'}", f"dataset.root={tmp_path / 'root'}",
@@ -596,4 +596,4 @@ def test_parts_carry_their_edges_features_and_a_partition_written_without_them_i
     with pytest.raises(PartitionError, match=r"the 2-part partition of files was written without its edges' features "
                                              r"\(by an older hpcgnn\), and the model reads them. HINT: delete .* and "
                                              r"partition again"):
-        PartitionedStore(cfg, RankEnv.from_environ({}))
+        open_store(cfg, RankEnv.from_environ({}))

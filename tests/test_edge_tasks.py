@@ -388,7 +388,7 @@ def test_a_multigraphs_targets_each_read_their_own_edge_features(tmp_path, caplo
     from hpcgnn.data import prepare
     from hpcgnn.data.edges import open_targets, prepare_targets
     from hpcgnn.env import RankEnv
-    from hpcgnn.stores import ReplicatedStore
+    from hpcgnn.tasks import open_store
 
     data = transactions()
     ei, attr = data.edge_index, data.edge_attr
@@ -404,11 +404,11 @@ def test_a_multigraphs_targets_each_read_their_own_edge_features(tmp_path, caplo
     assert (f"edge targets of pyg: {repeats} of the 400 repeat an earlier target's (source, target) pair, which the "
             "graph holds as one edge; each target's own edge features are kept with the targets") in caplog.text
     assert torch.equal(open_targets(cfg).own, attr)
-    store = ReplicatedStore(make_config(*over, "train.precision=fp32"), RankEnv.from_environ({}))
+    store = open_store(make_config(*over, "train.precision=fp32"), RankEnv.from_environ({}))
     items = torch.arange(400)
     out = store.train_sampler.sample(items, torch.Generator().manual_seed(0))
     assert torch.equal(out.targets["edge_label_attr"], attr) and "edge_label_e_id" not in out.targets
-    assert torch.equal(store.pair_features(items), attr)  # (exact evaluation's)
+    assert torch.equal(store.items.pair_features(items), attr)  # (exact evaluation's)
     first = {}
     for i, pair in enumerate(ei.T.tolist()):
         first.setdefault(tuple(pair), i)
@@ -508,17 +508,17 @@ def test_a_typed_edge_batch_leaves_its_targets_out_in_both_directions(tmp_path):
     each pair's local ends are its nodes."""
     from hpcgnn.env import RankEnv
     from hpcgnn.sampling.loader import BatchLoader
-    from hpcgnn.stores import TypedStore
+    from hpcgnn.tasks import open_store
 
     write_rated_edges(tmp_path / "g", users=100, items=150)
     over = ["task=edge", "dataset=files", f"dataset.path={tmp_path / 'g'}", f"dataset.root={tmp_path / 'root'}",
             "model=rgcn", "train.fanouts=[25,10]"]
     found = {}
     for drop in ("drop", "keep"):
-        store = TypedStore(make_config(*over, f"task.target_edges={drop}"), RankEnv.from_environ({}))
+        store = open_store(make_config(*over, f"task.target_edges={drop}"), RankEnv.from_environ({}))
         items = store.train_batches(0)[0]
         batch = next(iter(BatchLoader(store.features, store.train_sampler, items, items.numel())))
-        pairs = store.targets.index[:, items]
+        pairs = store.items.targets.index[:, items]
         ends = torch.stack([batch["user"].n_id[batch.edge_label_index[0]], batch["item"].n_id[batch.edge_label_index[1]]])
         assert torch.equal(ends, pairs) and batch.positives == items.numel()
         targets = set(map(tuple, pairs.T.tolist()))

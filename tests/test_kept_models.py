@@ -24,7 +24,7 @@ import torch
 import hpcgnn
 from hpcgnn.env import RankEnv
 from hpcgnn.rank.techniques import autocast, resolve_precision
-from hpcgnn.stores import open_store
+from hpcgnn.tasks import open_store
 from hpcgnn.submit.compose import compose
 from hpcgnn.tasks import build_task
 import yaml

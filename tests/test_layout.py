@@ -102,6 +102,22 @@ def test_the_checks_see_a_circle_and_an_upward_import():
     assert layer("hpcgnn.partition.__main__") > layer("hpcgnn.submit.launch") > layer("hpcgnn") == 0
 
 
+def task_reads(source: str) -> list[int]:
+    """The lines of ``source`` that read the run's task settings (``<anything>.task``)."""
+    return sorted({node.lineno for node in ast.walk(ast.parse(source))
+                   if isinstance(node, ast.Attribute) and node.attr == "task"})
+
+
+def test_no_store_or_sampling_module_reads_the_task():
+    """A store holds the graph and nothing of a task: no module of hpcgnn/stores/ or hpcgnn/sampling/ reads
+    ``cfg.task`` (a task's items, hpcgnn/tasks/items.py, say what a step's seeds are and the sampler around them).
+    The check can fail: a read made by hand is found."""
+    assert task_reads("def f(cfg):\n    return cfg.task.name == 'edge'\n") == [2]
+    found = [f"{path.relative_to(REPO)}:{line}" for folder in ("stores", "sampling")
+             for path in sorted((REPO / "hpcgnn" / folder).rglob("*.py")) for line in task_reads(path.read_text())]
+    assert found == []
+
+
 def test_every_package_folder_is_in_the_wheel():
     """pyproject.toml lists the packages a wheel carries: a folder of hpcgnn/ left out of the list installs without
     its modules (the kernels package was, until tests/test_install.py's wheel failed to import it)."""

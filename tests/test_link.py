@@ -563,12 +563,12 @@ def test_sampled_evaluation_with_full_fanouts_equals_exact_evaluation(tmp_path, 
 
 def _partitioned_link_worker(rank: int, world: int, port: int, cfg, folder: str) -> None:
     from hpcgnn.dist import process_group
-    from hpcgnn.stores import PartitionedStore
+    from hpcgnn.tasks import open_store
 
     torch.set_num_threads(1)
     env = local_rank_env(rank, world, port)
     with process_group(env, cfg.dist, torch.device("cpu")):
-        store = PartitionedStore(cfg, env)
+        store = open_store(cfg, env)
         batches = []
         for batch in train_batches(store, 1):  # every step of an epoch, prefetched: the exchanges of both ranks meet
             keep = ("n_id", "edge_index", "edge_label_index", "edge_label", "edge_label_weight", "x", "num_sampled_edges")
@@ -630,9 +630,8 @@ def test_exact_evaluation_is_taken_on_partitioned_graphs_when_asked():
 
 def _full_evaluation_worker(rank: int, world: int, port: int, cfgs: dict, folder: str) -> None:
     from hpcgnn.dist import process_group
-    from hpcgnn.stores import PartitionedStore
     from hpcgnn.stores import exact as ex
-    from hpcgnn.tasks import build_task
+    from hpcgnn.tasks import build_task, open_store
 
     torch.set_num_threads(1)
     ex.FETCH_ROWS, ex.SLICE_EDGES = 97, 1000  # several exchanges and slices
@@ -640,7 +639,7 @@ def _full_evaluation_worker(rank: int, world: int, port: int, cfgs: dict, folder
     out = {}
     with process_group(env, next(iter(cfgs.values())).dist, torch.device("cpu")):
         for name, cfg in cfgs.items():
-            task = build_task(cfg, env, PartitionedStore(cfg, env), torch.device("cpu"))
+            task = build_task(cfg, env, open_store(cfg, env), torch.device("cpu"))
             torch.manual_seed(0)
             out[name] = task.evaluate(task.build_model())
     torch.save(out, f"{folder}/rank{rank}.pt")
@@ -656,9 +655,8 @@ def test_exact_evaluation_on_a_partitioned_graph_equals_the_whole_graphs(tmp_pat
 
     from hpcgnn.env import RankEnv
     from hpcgnn.partition import ensure_parts
-    from hpcgnn.stores import ReplicatedStore
     from hpcgnn.submit.local import free_port
-    from hpcgnn.tasks import build_task
+    from hpcgnn.tasks import build_task, open_store
 
     over = ["task=link", "train.eval_mode=full", "model.hidden_channels=16", "train.fanouts=[5,3]",
             "train.eval_chunk=300", "train.eval_batch_size=250"]  # (several chunks and rounds)
@@ -675,7 +673,7 @@ def test_exact_evaluation_on_a_partitioned_graph_equals_the_whole_graphs(tmp_pat
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(2)]
     for model in cfgs:
         cfg = make_config(*over, f"model={model}")
-        task = build_task(cfg, RankEnv.from_environ({}), ReplicatedStore(cfg, RankEnv.from_environ({})),
+        task = build_task(cfg, RankEnv.from_environ({}), open_store(cfg, RankEnv.from_environ({})),
                           torch.device("cpu"))
         torch.manual_seed(0)
         whole = task.evaluate(task.build_model())
@@ -703,15 +701,14 @@ def test_one_step_equals_a_full_batch_gae_step_with_the_same_negatives(tmp_path,
     from torch_geometric.nn import GAE
 
     from hpcgnn.env import RankEnv
-    from hpcgnn.stores import ReplicatedStore
-    from hpcgnn.tasks import build_task
+    from hpcgnn.tasks import build_task, open_store
 
     over = ["task=link", "dataset.num_nodes=400", "dataset.avg_degree=6", f"dataset.root={DATA_ROOT}",
             f"model={model}", "model.hidden_channels=16", "model.dropout=0", "train.fanouts=[1000,1000]",
             f"task.target_edges={targets}", "task.num_negatives=2", "train.prefetch=0"]
     cfg = make_config(*over, "train.batch_size=100000" if targets == "keep" else "train.batch_size=60")
     env, cpu = RankEnv.from_environ({}), torch.device("cpu")
-    store = ReplicatedStore(cfg, env)
+    store = open_store(cfg, env)
     task = build_task(cfg, env, store, cpu)
     torch.manual_seed(0)
     net = task.build_model()
@@ -723,7 +720,7 @@ def test_one_step_equals_a_full_batch_gae_step_with_the_same_negatives(tmp_path,
     pos, neg = ends[:, :batch.positives], ends[:, batch.positives:]
     g = store.graph
     if targets == "keep":
-        assert pos.size(1) == store.link.train.pos.size(1)  # one batch holds every training edge
+        assert pos.size(1) == store.items.data.train.pos.size(1)  # one batch holds every training edge
     graph = g.edge_index()
     if targets == "drop":
         graph = graph[:, ~torch.isin(graph[0] * g.num_nodes + graph[1],

@@ -274,12 +274,12 @@ def test_graph_config_errors(overrides, message):
 
 def _sample_worker(rank: int, world: int, port: int, cfg, folder: str) -> None:
     from hpcgnn.dist import process_group
-    from hpcgnn.stores import PartitionedStore
+    from hpcgnn.tasks import open_store
 
     torch.set_num_threads(1)
     env = local_rank_env(rank, world, port)
     with process_group(env, cfg.dist, torch.device("cpu")):
-        store = PartitionedStore(cfg, env)
+        store = open_store(cfg, env)
         seeds = store.train_seeds(1)[:200]
         gen = torch.Generator().manual_seed(rank)
         before = store.counters()

@@ -221,7 +221,8 @@ def test_a_server_builds_the_ranks_sampler_from_its_state_and_unpickles_nothing(
     from hpcgnn.models import batch_transform
     from hpcgnn.rng import generator
     from hpcgnn.sampling import BatchLoader, shipping
-    from hpcgnn.stores import ServerRecipes, open_store
+    from hpcgnn.stores import ServerRecipes
+    from hpcgnn.tasks import open_store, task_items
 
     cfg = make_config(*TINY, *over, f"dataset.root={DATA_ROOT}", run_dir=str(tmp_path / "run"))
     (tmp_path / "run").mkdir(mode=0o700)
@@ -244,7 +245,7 @@ def test_a_server_builds_the_ranks_sampler_from_its_state_and_unpickles_nothing(
     monkeypatch.setattr(pickle, "loads", refused)
     monkeypatch.setattr(pickle, "load", refused)
     monkeypatch.setattr(shipping, "loads", refused)
-    recipe = ServerRecipes(cfg)(shipping.fetch(cfg.run_dir, 0, sha))
+    recipe = ServerRecipes(cfg, task_items(cfg))(shipping.fetch(cfg.run_dir, 0, sha))
     assert (recipe.transform is None) == (transform is None)
     ours = BatchLoader(side.features, side.sampler, [], transform=transform)
     theirs = BatchLoader(recipe.features, recipe.sampler, [], transform=recipe.transform)
@@ -279,6 +280,7 @@ def test_a_sampler_state_is_typed_fields_and_raw_arrays_and_anything_else_is_ref
 
     from hpcgnn.sampling.shipping import STATE_MAGIC, SamplerState
     from hpcgnn.stores import ServerRecipes
+    from hpcgnn.tasks.items import NodeItems
 
     arrays = {"cache_ids": torch.tensor([3, 9, 40]), "cache_x": torch.randn(3, 5).to(torch.bfloat16),
               "none": torch.empty(0, 4, dtype=torch.int32), "mask": torch.tensor([True, False])}
@@ -313,7 +315,7 @@ def test_a_sampler_state_is_typed_fields_and_raw_arrays_and_anything_else_is_ref
         .tolist() == [0, 0]
     with pytest.raises(ValueError, match=r"rank 1 asks for a sampler over a parts graph; this server's run is "
                                          r"graph.mode=replicated \(a whole graph\)"):
-        ServerRecipes(make_config(*TINY))(state)
+        ServerRecipes(make_config(*TINY), NodeItems)(state)
 
 
 def test_every_decoder_of_what_a_file_or_a_peer_brings_raises_only_value_error_with_a_sentence():

@@ -16,7 +16,7 @@ from hpcgnn.models import build_model, forward_batch
 from hpcgnn.partition import compute_parts
 from hpcgnn.sampling import BatchLoader, CSRNeighborSampler
 from hpcgnn.sampling import subgraph as sub
-from hpcgnn.stores import ReplicatedStore
+from hpcgnn.tasks import open_store
 
 # Heavy-tailed, so that sampling biases and batch imbalance show.
 SMALL = DatasetConfig(num_nodes=3000, avg_degree=10, degree_exponent=2.5, root=str(DATA_ROOT))
@@ -189,7 +189,7 @@ def _rank_env(rank: int, world: int) -> RankEnv:
                    num_nodes=1, hostnames=("localhost",), master_addr="127.0.0.1", master_port=0, job_id="")
 
 
-def _step_edges(store: ReplicatedStore, seed: int) -> list[int]:
+def _step_edges(store, seed: int) -> list[int]:
     batches = store.train_batches(seed)
     assert len(batches) == store.steps
     gen = torch.Generator().manual_seed(seed)
@@ -200,11 +200,11 @@ def test_edge_budget_balances_the_ranks_step_by_step():
     """Two ranks' batches (in-process): with an edge budget, each step's largest rank draws
     fewer edges over the mean rank than with fixed seed counts, at the same number of steps."""
     over = ["dataset.num_nodes=6000", "dataset.degree_exponent=2.2", "train.fanouts=[15,10]"]
-    fixed = [ReplicatedStore(make_config(*over, "train.batch_size=24"), _rank_env(r, 2)) for r in range(2)]
+    fixed = [open_store(make_config(*over, "train.batch_size=24"), _rank_env(r, 2)) for r in range(2)]
     steps = fixed[0].steps
     mean_edges = sum(_step_edges(fixed[0], 1)) / steps
     budget = make_config(*over, f"train.edge_budget={int(mean_edges * 1.2)}")
-    capped = [ReplicatedStore(budget, _rank_env(r, 2)) for r in range(2)]
+    capped = [open_store(budget, _rank_env(r, 2)) for r in range(2)]
     assert abs(capped[0].steps - steps) <= steps * 0.2 and capped[0].steps == capped[1].steps
 
     def imbalance(stores) -> float:
@@ -273,7 +273,7 @@ def test_every_sampler_gives_every_rank_the_same_steps(sampler):
     many batches every epoch (a rank with one step more would hang DDP's all-reduce)."""
     cfg = make_config("dataset.num_nodes=3000", "dataset.degree_exponent=2.5", f"dataset.root={DATA_ROOT}",
                       f"train.sampler={sampler}", "train.batch_size=200", "train.prefetch=0")
-    stores = [ReplicatedStore(cfg, _rank_env(r, 2)) for r in range(2)]
+    stores = [open_store(cfg, _rank_env(r, 2)) for r in range(2)]
     assert stores[0].steps == stores[1].steps > 1
     for epoch in (1, 2):
         counts = [sum(1 for _ in train_batches(s, epoch)) for s in stores]
@@ -317,7 +317,7 @@ def test_every_sampler_kind_is_the_samplers_protocol(over):
     """Every kind declares what the loader, the sampler processes and the servers rely on (a sampler's device, its
     sample), not probed (hpcgnn.sampling.protocol): its training sampler and its evaluation sampler alike."""
     from hpcgnn.sampling.protocol import Sampler
-    from hpcgnn.stores import open_store
+    from hpcgnn.tasks import open_store
 
     cfg = make_config(*over, "dataset.num_nodes=2000", "train.batch_size=64", f"dataset.root={DATA_ROOT}")
     store = open_store(cfg, RankEnv.from_environ({}), torch.device("cpu"))
@@ -337,7 +337,7 @@ def test_one_producer_is_chosen_in_sampling_from_its_settings_and_every_kind_is_
     constructing a pool spawns and connects nothing)."""
     from hpcgnn.sampling import producers
     from hpcgnn.sampling.protocol import BatchSource, Pool
-    from hpcgnn.stores import open_store
+    from hpcgnn.tasks import open_store
 
     cfg = make_config(*over, "dataset.num_nodes=2000", "train.batch_size=64", f"dataset.root={DATA_ROOT}",
                       f"run_dir={tmp_path}")

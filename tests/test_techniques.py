@@ -24,9 +24,8 @@ from hpcgnn.rank.techniques import (
 )
 from hpcgnn.rank.trainer import optimizer_step
 from hpcgnn.sampling import BatchLoader, CSRNeighborSampler
-from hpcgnn.stores import ReplicatedStore
 from hpcgnn.stores.exact import WholeGraphPieces, exact_outputs
-from hpcgnn.tasks import build_task
+from hpcgnn.tasks import build_task, open_store
 
 SMALL = DatasetConfig(num_nodes=3000, avg_degree=10, root=str(DATA_ROOT))
 
@@ -78,7 +77,7 @@ def test_accumulated_micro_batches_give_the_update_of_one_big_batch(graph):
     # The node classification task's own loss, as the trainer's step uses it.
     run = make_config("dataset.num_nodes=3000", "dataset.avg_degree=10", f"dataset.root={DATA_ROOT}")
     single = RankEnv.from_environ({})
-    task = build_task(run, single, ReplicatedStore(run, single), torch.device("cpu"))
+    task = build_task(run, single, open_store(run, single), torch.device("cpu"))
     for data in batches:  # 3 micro-batches, one optimizer step
         (task.step(a, data).loss * (data.batch_size / total)).backward()
     optimizer_step(opt_a, sched_a, None)

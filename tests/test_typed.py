@@ -277,7 +277,7 @@ def _typed_sample_worker(rank: int, world: int, port: int, cfg, folder: str) -> 
     from conftest import local_rank_env, train_batches
 
     from hpcgnn.dist import process_group
-    from hpcgnn.stores import open_store
+    from hpcgnn.tasks import open_store
 
     torch.set_num_threads(1)
     env = local_rank_env(rank, world, port)
@@ -443,17 +443,17 @@ def test_relation_fanouts_override_train_fanouts_per_relation():
 
     from hpcgnn.env import RankEnv
     from hpcgnn.errors import ConfigError
-    from hpcgnn.stores import TypedStore
+    from hpcgnn.tasks import open_store
 
     base = ["dataset=synthetic_hetero", "dataset.num_nodes=1500", "model=rgcn", f"dataset.root={DATA_ROOT}"]
-    store = TypedStore(make_config(*base, "+train.relation_fanouts.paper__cites__paper=[0,0]"), RankEnv.from_environ({}))
+    store = open_store(make_config(*base, "+train.relation_fanouts.paper__cites__paper=[0,0]"), RankEnv.from_environ({}))
     assert store.sampler.fanouts[("paper", "cites", "paper")] == (0, 0)
     assert store.sampler.fanouts[("author", "writes", "paper")] == (10, 5)  # train.fanouts
     batch = next(iter(train_batches(store, 1)))
     assert batch["paper", "cites", "paper"].edge_index.size(1) == 0 and batch["author", "writes", "paper"].num_edges
     with pytest.raises(ConfigError, match=r"train.relation_fanouts names paper__quotes__paper, not a relation of "
                                           r"synthetic_hetero\. HINT: use paper__cites__paper"):
-        TypedStore(make_config(*base, "+train.relation_fanouts.paper__quotes__paper=[1,1]"), RankEnv.from_environ({}))
+        open_store(make_config(*base, "+train.relation_fanouts.paper__quotes__paper=[1,1]"), RankEnv.from_environ({}))
 
 
 def write_mini_mag(root) -> dict:
@@ -580,7 +580,7 @@ def test_a_typed_folder_reads_back_as_the_same_graph(tmp_path, graph):
     store_cfg = make_config("dataset=files", f"dataset.path={tmp_path / 'g'}", "model=rgcn",
                             f"dataset.root={tmp_path / 'root'}")
     from hpcgnn.env import RankEnv
-    from hpcgnn.stores import open_store
+    from hpcgnn.tasks import open_store
 
     store = open_store(store_cfg, RankEnv.from_environ({}))
     batch = next(iter(train_batches(store, 1)))

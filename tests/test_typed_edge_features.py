@@ -145,12 +145,12 @@ def test_a_typed_batch_carries_each_sampled_edges_features_per_relation(tmp_path
     reading none gets a batch without them."""
     from hpcgnn.env import RankEnv
     from hpcgnn.sampling.loader import BatchLoader
-    from hpcgnn.stores import TypedStore
+    from hpcgnn.tasks import open_store
 
     monkeypatch.syspath_prepend(str(REPO / "examples"))  # (my_gnn)
     edges = write_rated(tmp_path / "g", users=60, items=80, follows=300)
     over = ["dataset=files", f"dataset.path={tmp_path / 'g'}", f"dataset.root={tmp_path / 'root'}"]
-    store = TypedStore(make_config(*over, "model=custom", "model._target_=my_gnn.HeteroEdgeSAGE"), RankEnv.from_environ({}))
+    store = open_store(make_config(*over, "model=custom", "model._target_=my_gnn.HeteroEdgeSAGE"), RankEnv.from_environ({}))
     batch = next(iter(BatchLoader(store.features, store.train_sampler, store.train_batches(0)[0], 20)))
     want = expected(edges)
     for rel in (RATES, REV, FOLLOWS):
@@ -160,7 +160,7 @@ def test_a_typed_batch_carries_each_sampled_edges_features_per_relation(tmp_path
         assert len(src) > 0
         rows = np.stack([want[(rel, s, d)] for s, d in zip(src, dst, strict=True)])
         assert np.array_equal(batch[rel].edge_attr.numpy(), rows), rel
-    plain = TypedStore(make_config(*over, "model=rgcn"), RankEnv.from_environ({}))
+    plain = open_store(make_config(*over, "model=rgcn"), RankEnv.from_environ({}))
     batch = next(iter(BatchLoader(plain.features, plain.train_sampler, plain.train_batches(0)[0], 20)))
     assert plain.shape.edge_dim == 0 and not batch.collect("edge_attr", allow_empty=True)
 
@@ -189,12 +189,12 @@ def _partitioned_worker(rank: int, world: int, port: int, cfg, folder: str) -> N
     from conftest import local_rank_env
 
     from hpcgnn.dist import process_group
-    from hpcgnn.stores import PartitionedStore
+    from hpcgnn.tasks import open_store
 
     torch.set_num_threads(1)
     env = local_rank_env(rank, world, port)
     with process_group(env, cfg.dist, torch.device("cpu")):
-        store = PartitionedStore(cfg, env)
+        store = open_store(cfg, env)
         out, off = {"edge_dim": store.shape.edge_dim, "remote": 0}, store.parts.typed.schema.offsets()
         for batch in store.eval_loader("val"):
             for rel in (RATES, REV, FOLLOWS):

@@ -57,8 +57,8 @@ def test_what_the_ranks_meet_and_the_user_can_fix_is_a_user_error(tmp_path, monk
     from hpcgnn.data.prepared import _check_space
     from hpcgnn.dist import pick_device
     from hpcgnn.rank.techniques import grad_scaler
-    from hpcgnn.stores import PartitionedStore
     from hpcgnn.submit.local import free_port
+    from hpcgnn.tasks import open_store
 
     with pytest.raises(DatasetError, match=r"only .* are free. HINT: set dataset.root to a larger file system"):
         _check_space(tmp_path / "graph", 1 << 62)
@@ -73,7 +73,7 @@ def test_what_the_ranks_meet_and_the_user_can_fix_is_a_user_error(tmp_path, monk
     two = RankEnv.from_environ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2",
                                 "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29999"})
     with pytest.raises(AllocationError, match=r"graph.num_parts=3 cannot be shared by the 2 ranks started"):
-        PartitionedStore(cfg, two)
+        open_store(cfg, two)
     if not torch.cuda.is_available():
         with pytest.raises(AllocationError, match=r"torch sees no CUDA device here. HINT: ask the job for GPUs"):
             pick_device(SINGLE, make_config("train.device=cuda").train)

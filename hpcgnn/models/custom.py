@@ -42,6 +42,7 @@ import torch
 
 from hpcgnn.checks import WIDTHS, locate
 from hpcgnn.errors import ConfigError, DatasetError
+from hpcgnn.specs import tasks
 
 CSR_CLASSES = ("GraphSAGE", "GIN", "GAT")  # PyG's own classes that hpcgnn's CSR aggregation replaces alike
 
@@ -308,7 +309,7 @@ def check_custom(cfg, in_channels: int = 16, out_channels: int = 3, schema=None,
         build_custom_typed(cfg.model, schema.node_types, schema.relations, schema.target, in_channels, out_channels,
                            layers, schema.edge_dims)
         return  # (eval_mode=full on a typed graph: refused for custom models by the config's checks)
-    out = cfg.model.hidden_channels if cfg.task.name in ("link", "edge") else out_channels  # (an encoder's)
+    out = cfg.model.hidden_channels if tasks.SPECS[cfg.task.name].encoder else out_channels  # (an encoder's)
     model = build_custom(cfg.model, in_channels, out, layers, edge_dim)
     full = eval_mode(cfg) == "full"
     if full and not is_layerwise(model):

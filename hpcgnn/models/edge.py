@@ -132,6 +132,16 @@ def build_edge_model(cfg: ModelConfig, decoder: str, in_channels: int, out_chann
                      reads_pair_features=pair_edge_dim > 0)
 
 
+def task_model(cfg: ModelConfig, decoder: str, shape, num_layers: int, relation=None) -> torch.nn.Module:
+    """An edge task's model for a graph of ``shape`` (its outputs: the targets' width; a typed graph's targets are
+    ``relation``'s edges): training's builder and a model file's (``TaskSpec.model``)."""
+    s = shape
+    if s.schema is not None:
+        return build_typed_edge_model(cfg, decoder, s.schema, tuple(relation), s.num_features, s.num_classes,
+                                      num_layers, s.pair_edge_dim)
+    return build_edge_model(cfg, decoder, s.num_features, s.num_classes, num_layers, s.edge_dim, s.pair_edge_dim)
+
+
 def build_typed_edge_model(cfg: ModelConfig, decoder: str, schema, relation: tuple[str, str, str], in_channels: int,
                            out_channels: int, num_layers: int, pair_edge_dim: int = 0) -> TypedEdgeModel:
     """A typed encoder returning the embeddings (``model.hidden_channels``) of ``relation``'s two end types, and the

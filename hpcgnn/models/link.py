@@ -40,6 +40,12 @@ class LinkModel(torch.nn.Module):
         return self.score(h.index_select(0, pairs[0]), h.index_select(0, pairs[1]))
 
 
+def task_model(cfg: ModelConfig, decoder: str, shape, num_layers: int, relation=None) -> torch.nn.Module:
+    """A link task's model (an encoder to ``hidden_channels`` and ``decoder``) for a graph of ``shape``: training's
+    builder and a model file's (``TaskSpec.model``)."""
+    return build_link_model(cfg, decoder, shape.num_features, num_layers, shape.edge_dim)
+
+
 def build_link_model(cfg: ModelConfig, decoder: str, in_channels: int, num_layers: int,
                      edge_dim: int = 0) -> LinkModel:
     """The encoder's last layer outputs ``hidden_channels``: the embedding the decoder scores (``edge_dim``: the

@@ -11,6 +11,12 @@ from hpcgnn.models.gnn import build_model, forward_batch
 from hpcgnn.models.typed import build_typed_model, forward_typed_batch
 
 
+def task_model(cfg: ModelConfig, decoder, shape, num_layers: int, relation=None) -> torch.nn.Module:
+    """A node task's model for a graph of ``shape`` (its outputs: the target's): training's builder and a model
+    file's (``TaskSpec.model``)."""
+    return build_node_model(cfg, shape, num_layers)
+
+
 def build_node_model(cfg: ModelConfig, shape, num_layers: int) -> torch.nn.Module:
     """A node classifier for a graph of ``shape`` (a store's GraphShape): a typed model when the graph has a
     schema (its node types and relations), else a homogeneous one."""

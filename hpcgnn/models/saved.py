@@ -22,6 +22,7 @@ import torch
 
 from hpcgnn import paths, trust
 from hpcgnn.errors import NotTrusted, UserError
+from hpcgnn.specs import tasks
 
 FORMAT = 1
 FOLDER = "model"
@@ -131,7 +132,8 @@ def read(path: str | Path, trusted: bool = False, how: str = "trust=true") -> di
                              f"{FORMAT})" if isinstance(record, dict) else f"{path} is not a model file of hpcgnn")
     check_source(record.get("model") or {}, trusted, how, f"the model file {path}")
     decoder = record.get("decoder")
-    if record.get("task") == "edge" and isinstance(decoder, str) and "." in decoder:  # a decoder of the user's own
+    own = record.get("task") in tasks.SPECS and "decoder" in tasks.SPECS[record["task"]].own
+    if own and isinstance(decoder, str) and "." in decoder:  # a decoder of the user's own
         check_source({"name": "custom", "_target_": decoder}, trusted, how, f"the model file {path} (its decoder)")
     return record
 
@@ -178,24 +180,15 @@ def rebuild(record: dict) -> torch.nn.Module:
     from hpcgnn.config import ModelConfig, frozen
     from hpcgnn.data.graph import GraphShape
     from hpcgnn.data.typed import TypedSchema
-    from hpcgnn.models import build_edge_model, build_link_model, build_node_model, build_typed_edge_model
+    from hpcgnn.specs import load
 
-    cfg = frozen(ModelConfig, record["model"])
     s = record["shape"]
     schema = TypedSchema.from_meta(s["schema"]) if s["schema"] is not None else None
-    if record["task"] == "link":
-        model = build_link_model(cfg, record["decoder"], s["num_features"], record["num_layers"],
-                                 record.get("edge_dim", 0))
-    elif record["task"] == "edge" and schema is not None:  # a typed graph's: its targets a relation's edges
-        model = build_typed_edge_model(cfg, record["decoder"], schema, tuple(record["relation"]), s["num_features"],
-                                       s["num_classes"], record["num_layers"], record.get("pair_edge_dim", 0))
-    elif record["task"] == "edge":
-        model = build_edge_model(cfg, record["decoder"], s["num_features"], s["num_classes"], record["num_layers"],
-                                 record.get("edge_dim", 0), record.get("pair_edge_dim", 0))
-    else:
-        shape = GraphShape(s["num_features"], s["num_classes"], s["num_nodes"], schema, target_of(record),
-                           record.get("edge_dim", 0))
-        model = build_node_model(cfg, shape, record["num_layers"])
+    shape = GraphShape(s["num_features"], s["num_classes"], s["num_nodes"], schema, target_of(record),
+                       record.get("edge_dim", 0), record.get("pair_edge_dim", 0))
+    build = load(tasks.SPECS[record["task"]].model)  # (the task's builder, training's too)
+    model = build(frozen(ModelConfig, record["model"]), record["decoder"], shape, record["num_layers"],
+                  record.get("relation"))
     model.load_state_dict(record["state_dict"])
     return model.eval()
 
@@ -247,7 +240,7 @@ def plain(record: dict) -> dict:
     if s["schema"] is not None:
         raise ModelFileError(f"a model of a typed graph ({record['class']}) has no plain PyG form: its modules are "
                              "built from the graph's types. HINT: hpcgnn.load_model(RUN_DIR) gives it, on the CPU")
-    link = record["task"] in ("link", "edge")  # (an edge model: its encoder, the node embedding)
+    link = tasks.SPECS[record["task"]].encoder  # (a pair model: its encoder, the node embedding)
     inp, out, layers = s["num_features"], cfg.hidden_channels if link else s["num_classes"], record["num_layers"]
     weights = {k.removeprefix("encoder."): v for k, v in record["state_dict"].items()
                if not link or k.startswith("encoder.")}

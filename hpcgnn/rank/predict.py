@@ -50,14 +50,14 @@ from hpcgnn.models import saved
 from hpcgnn.models.custom import is_layerwise
 from hpcgnn.rank.metrics import peak_memory_mb
 from hpcgnn.rank.techniques import autocast, resolve_precision
+from hpcgnn.specs import tasks
 
 log = logging.getLogger(__name__)
 
 
 def predict(cfg: RunConfig, env: RankEnv, device: torch.device) -> dict:
     """Infer as one rank; returns the job's summary (the same on every rank; rank 0 writes the files)."""
-    from hpcgnn.stores import open_store
-    from hpcgnn.tasks import build_task
+    from hpcgnn.tasks import build_task, open_store
 
     t_start = time.perf_counter()
     p = cfg.predict
@@ -73,11 +73,13 @@ def predict(cfg: RunConfig, env: RankEnv, device: torch.device) -> dict:
     mode = inference_mode(cfg, model)
     n = store.shape.num_nodes
     pairs = read_pairs(p.pairs, (n, n)) if p.what == "scores" else None  # (a link model's)
-    edges = store.targets is not None and p.what != "embeddings"  # an edge model's: its targets', or a file's pairs
+    # an edge model's predictions are of its items (its targets, or a file's pairs in their place: split=all)
+    items = store.items.predicted(p.split) if p.what != "embeddings" else None
+    edges = items is not None
     if pairs is not None:
         ids = np.arange(pairs.shape[1], dtype=np.int64)  # (pairs: their rows)
-    elif edges:  # (a file's pairs are the store's targets then, every split all of them: split=all)
-        ids = np.sort(store.targets.split(p.split).numpy())
+    elif edges:
+        ids = items
     else:
         ids = split_ids(cfg, p.split, store.shape.schema)
     of = f"pair(s) of {p.pairs}" if p.pairs else f"{'target edge' if edges else 'node'}(s) (split {p.split})"
@@ -130,7 +132,7 @@ def predict(cfg: RunConfig, env: RankEnv, device: torch.device) -> dict:
             "kind", "hostnames", "wall_time_s", "run_dir", "of")})
     dist.all_reduce_sum(torch.zeros(1))  # the files are there before any rank (and so the launcher) ends
     if env.is_main and edges and p.pairs:  # (every rank is done with the pairs found in the graph)
-        from hpcgnn.stores.base import pairs_folder
+        from hpcgnn.tasks.items import pairs_folder
 
         shutil.rmtree(pairs_folder(cfg), ignore_errors=True)
     return summary
@@ -141,8 +143,6 @@ def check_request(cfg: RunConfig, record: dict) -> None:
     (:class:`hpcgnn.specs.tasks.PredictionSpec`): an output it gives, of every node where it gives no other (a link
     or an edge model's embeddings), the pairs of a file where it takes them (each of its nodes a node of the graph,
     a typed edge model's each end of its type), all of them."""
-    from hpcgnn.specs import tasks
-
     p, spec = cfg.predict, tasks.SPECS[cfg.task.name].prediction
     if p.pairs:
         if spec.pairs is None:
@@ -178,14 +178,15 @@ def _ends(record: dict) -> tuple[tuple[int, int], tuple[str, str, str] | None]:
 
 def inference_mode(cfg: RunConfig, model: torch.nn.Module) -> str:
     """``predict.mode`` decided: ``auto`` is the run's own evaluation path (exact where the run evaluated
-    exactly, else its sampled batches); embeddings of a node classifier are exact."""
+    exactly, else its sampled batches); what the task's spec gives only exactly (``PredictionSpec.exact``: a node
+    classifier's embeddings, its last hidden layer's; a link model's scores of pairs) is exact."""
     from hpcgnn.checks import eval_mode
 
-    p = cfg.predict
+    p, spec = cfg.predict, tasks.SPECS[cfg.task.name].prediction
     encoder = getattr(model, "encoder", model)
     run_mode = eval_mode(cfg)
     mode = p.mode if p.mode != "auto" else ("full" if run_mode == "full" else "sampled")
-    if p.what == "scores" or (p.what == "embeddings" and cfg.task.name == "node"):
+    if p.what in spec.exact:
         mode = "full"
     if mode == "full" and not (is_layerwise(encoder) or _is_mlp(encoder)):
         why = f"{saved.class_name(model)} cannot be run layer by layer (exact inference: PyG's BasicGNN interface, " \
@@ -198,7 +199,7 @@ def inference_mode(cfg: RunConfig, model: torch.nn.Module) -> str:
             raise PredictError(f"{why}, and pairs are scored from every node's exact embedding. HINT: --embeddings "
                                "(sampled), or hpcgnn.load_model(RUN_DIR) on a graph that fits in memory")
         raise PredictError(f"{why}. HINT: mode=sampled (the evaluation's sampled batches)")
-    if p.what == "embeddings" and cfg.task.name == "node" and _is_mlp(encoder):
+    if p.what == "embeddings" and p.what in spec.exact and _is_mlp(encoder):  # (a hidden layer's: no graph's)
         raise PredictError("model=mlp reads no edges: its hidden layer is no graph embedding. HINT: embeddings of a "
                            "GNN (sage, gcn, gin, gat, rgcn, or a layer-wise model of your own)")
     return mode
@@ -237,7 +238,7 @@ def check_graph(record: dict, shape, cfg: RunConfig) -> None:
     schema = shape.schema.to_meta() if shape.schema is not None else None
     mine = {"num_features": shape.num_features, "num_classes": shape.num_classes, "schema": schema}
     want = {k: s[k] for k in mine}
-    if cfg.task.name == "link":
+    if not tasks.SPECS[cfg.task.name].kinds:  # (a task without targets reads no classes: a link model)
         mine.pop("num_classes"), want.pop("num_classes")
     if mine != want:
         diff = ", ".join(f"{k} {want[k]} (here {mine[k]})" for k in mine if mine[k] != want[k])

@@ -29,10 +29,12 @@ def _serve(cfg: RunConfig, index: int, port: int, trainers: int, threads: int, h
     from hpcgnn.data import prepare
     from hpcgnn.sampling.server import run_server
     from hpcgnn.stores import ServerRecipes
+    from hpcgnn.tasks import task_items
 
     setup_logging(f"server {index}", main=main)
     dbg = cfg.debug
-    run_server(index, port, trainers, threads, cfg.run_dir, trust.run_secret(cfg.run_dir), ServerRecipes(cfg),
+    recipes = ServerRecipes(cfg, task_items(cfg))
+    run_server(index, port, trainers, threads, cfg.run_dir, trust.run_secret(cfg.run_dir), recipes,
                prepare=lambda: prepare(cfg.dataset), host=host, idle_s=idle_s, announce=announce,
                fail_batch=dbg.sampler_fail_batch if dbg.sampler_fail_rank == index else -1)
 

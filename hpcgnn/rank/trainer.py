@@ -52,8 +52,7 @@ from hpcgnn.rank.techniques import (
 )
 from hpcgnn.rank.trackers import Trackers
 from hpcgnn.rng import rng_state, set_rng_state
-from hpcgnn.stores import open_store
-from hpcgnn.tasks import build_task
+from hpcgnn.tasks import build_task, open_store
 
 log = logging.getLogger(__name__)
 

@@ -52,13 +52,15 @@ LOSSES = ("auto", *dict.fromkeys(loss for k in KINDS.values() for loss in k.loss
 class PredictionSpec:
     """What ``hpcgnn predict`` gives of a task's model: ``whats`` (``predict.what`` it answers for a split, the
     default first), what it gives of the pairs of a file (``pairs``: a ``predict.what``; None: it takes none), and
-    which outputs are of every node only (``whole``: split=all)."""
+    which outputs are of every node only (``whole``: split=all), and which it gives only exactly (``exact``:
+    layer-wise over the whole graph, whatever ``predict.mode`` says)."""
 
     model: str  # how its model is named ("a node classifier")
     outputs: str  # what it gives, in words (the refusals say it)
     whats: tuple[str, ...]
     pairs: str | None = None
     whole: tuple[str, ...] = ()
+    exact: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -69,11 +71,14 @@ class TaskSpec:
     says: str  # what it trains, in a few words
     unit: str  # "module:Class", built on the rank: (cfg, env, store, device)
     items: str  # what a step's items are, in words
+    batches: str  # "module:Class": its items' unit (their ids, the sampler around them; a store opens it)
+    model: str  # "module:function" (model_cfg, decoder, shape, num_layers, relation): its model, trained or rebuilt
     kinds: tuple[str, ...] = ()  # the kinds of target it trains (task.kind, task.loss apply)
     metrics: tuple[str, ...] = ()  # metrics it reports besides its kinds' (hits@K: one per task.hits_k)
     choices: dict[str, tuple[str, ...]] = field(default_factory=dict)  # task.<key>: its allowed values
     own: dict[str, str] = field(default_factory=dict)  # task.<key> that may name a class of the user's own: how built
     typed: bool = False  # trains on typed graphs
+    encoder: bool = False  # its model encodes nodes (to model.hidden_channels) and decodes pairs of them
     prediction: PredictionSpec | None = None  # what predict gives of its model
     target_check: str | None = None  # "module:function" (dataset, task) -> its Target, where its labels are readable
     # at submit (None: not yet, or a task without kinds)
@@ -90,24 +95,28 @@ class TaskSpec:
 TARGET_EDGES = ("drop", "keep")  # link, edge: a step's target edges carry no messages in its batch, or do
 
 SPECS: dict[str, TaskSpec] = {s.name: s for s in (
-    TaskSpec("node", "targets on nodes", "hpcgnn.tasks.node:NodeTask", "nodes", tuple(KINDS), typed=True,
+    TaskSpec("node", "targets on nodes", "hpcgnn.tasks.node:NodeTask", "nodes", "hpcgnn.tasks.items:NodeItems",
+             "hpcgnn.models.node:task_model",
+             tuple(KINDS), typed=True,
              prediction=PredictionSpec("a node classifier", "its predictions of a split's nodes or their embeddings",
-                                       ("predictions", "embeddings")),
+                                       ("predictions", "embeddings"), exact=("embeddings",)),
              target_check="hpcgnn.data:check_target"),
     TaskSpec("link", "link prediction", "hpcgnn.tasks.link:LinkPrediction", "edges to predict (with negatives)",
+             "hpcgnn.tasks.items:LinkItems", "hpcgnn.models.link:task_model",
              metrics=("auc", "ap", "mrr", "hits@K"),
              choices={"decoder": ("dot", "mlp"), "negatives": ("uniform", "strict", "in_batch"),
-                      "form": ("binary", "triplet"), "target_edges": TARGET_EDGES},
+                      "form": ("binary", "triplet"), "target_edges": TARGET_EDGES}, encoder=True,
              prediction=PredictionSpec("a link model", "its node embeddings (what=embeddings split=all) or the scores "
                                        "of pairs (pairs=FILE)", ("embeddings",), pairs="scores",
-                                       whole=("embeddings",))),
-    TaskSpec("edge", "targets on given edges", "hpcgnn.tasks.edge:EdgeTask", "target edges", tuple(KINDS),
+                                       whole=("embeddings",), exact=("scores",))),
+    TaskSpec("edge", "targets on given edges", "hpcgnn.tasks.edge:EdgeTask", "target edges",
+             "hpcgnn.tasks.items:EdgeItems", "hpcgnn.models.edge:task_model", tuple(KINDS),
              choices={"decoder": ("concat", "hadamard"), "target_edges": TARGET_EDGES},
              own={"decoder": "built as Class(in_channels, out_channels), called on the two ends' embeddings"},
              prediction=PredictionSpec("an edge model", "its predictions (of a split's targets, or of pairs=FILE) "
                                        "or embeddings", ("predictions", "embeddings"), pairs="predictions",
                                        whole=("embeddings",)),
-             typed=True, target_check="hpcgnn.data.edges:check_target",
+             typed=True, encoder=True, target_check="hpcgnn.data.edges:check_target",
              targets_prepare="hpcgnn.data.edges:prepare_targets"),
 )}
 

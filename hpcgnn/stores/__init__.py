@@ -21,8 +21,10 @@ __all__ = ["Exact", "GraphShape", "PartitionedStore", "ReplicatedStore", "Server
            "open_store"]
 
 
-def open_store(cfg: RunConfig, env: RankEnv, device: torch.device | None = None) -> Store:
-    """The store of ``cfg``'s graph mode: parts when partitioned, else the whole graph (typed or not)."""
+def open_store(cfg: RunConfig, env: RankEnv, device: torch.device | None, items) -> Store:
+    """The store of ``cfg``'s graph mode (parts when partitioned, else the whole graph, typed or not), with the task's
+    items over it (``items``: their unit, :func:`hpcgnn.tasks.task_items`; :func:`hpcgnn.tasks.open_store` passes
+    the run's)."""
     if cfg.graph.mode == "partitioned":
-        return PartitionedStore(cfg, env, device)
-    return (TypedStore if is_typed(cfg.dataset) else ReplicatedStore)(cfg, env, device)
+        return PartitionedStore(cfg, env, device, items)
+    return (TypedStore if is_typed(cfg.dataset) else ReplicatedStore)(cfg, env, device, items)

@@ -1,17 +1,20 @@
 """The store contract: what a rank holds of the graph, and all a task may ask of it.
 
 A store is the one seam between a graph mode (the whole graph on every rank, a rank's parts; homogeneous
-or typed; on the host or the GPU) and a task. A task never asks which one it holds; it asks:
+or typed; on the host or the GPU) and a task. It holds the graph and nothing of a task: it opens the task's items
+(:mod:`hpcgnn.tasks.items`: what a step's seeds are and the sampler around them) over its graph's views
+(:class:`GraphViews`), and shuffles, shares out, pads and loads them. A task never asks which store it holds; it
+asks:
 
 - ``shape`` (:class:`GraphShape`): the model's dimensions, and a typed graph's schema;
+- ``items``: the task's items, opened over this graph;
 - ``degree``: every node's in-degree by global id (batch transforms: GCN's normalisation), or None;
-- ``link``: a link task's splits (:class:`~hpcgnn.data.link.LinkData`), or None;
 - ``steps``: batches per epoch, equal on every rank (DDP's all-reduce and the exchanges need it);
 - ``train_plan(epoch, start_step)``: this rank's batches of an epoch (an :class:`EpochPlan`), each sampled with
   a generator seeded per (seed, epoch, rank, step), from ``start_step`` on (an exact resume); ``plan.sizes``
   weighs each step's loss; ``graph_side()``: what they are made of (the producer that makes them is chosen in
   :mod:`hpcgnn.sampling.producers`);
-- ``eval_loader(split, transform)``, ``eval_items(split)``: this rank's share of a split in batches
+- ``eval_loader(split, transform)``, ``eval_seeds(split)``: this rank's share of a split in batches
   (padded with empty ones where the other ranks need this rank's exchanges), and which items they are;
 - ``exact(model, gcn_norm)``: the model's exact outputs (:class:`~hpcgnn.stores.exact.Exact`),
   and ``check_exact(model_cfg)`` at start, whether they will fit;
@@ -25,7 +28,8 @@ from __future__ import annotations
 
 import abc
 import logging
-from pathlib import Path
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -35,14 +39,12 @@ from hpcgnn.config import ModelConfig, RunConfig
 from hpcgnn.data.graph import GraphShape
 from hpcgnn.env import RankEnv
 from hpcgnn.errors import AnotherRankFailed, ConfigError, DatasetError
-from hpcgnn.labels import resolve, where_labels
-from hpcgnn.models import decoder_reads_edges, edge_features_read, uses_edges
+from hpcgnn.models import uses_edges
 from hpcgnn.rng import derive_seed, generator
 from hpcgnn.sampling import BatchLoader, rank_seeds
 from hpcgnn.sampling import subgraph as sub
 from hpcgnn.sampling.distributed import CommStats
-from hpcgnn.sampling.link import LinkSampler, pair_sampler, share
-from hpcgnn.sampling.loader import EpochPlan, target_edge_features
+from hpcgnn.sampling.loader import EpochPlan
 from hpcgnn.sampling.producers import GraphSide
 from hpcgnn.sampling.shipping import SamplerState
 from hpcgnn.stores.exact import Exact
@@ -50,55 +52,25 @@ from hpcgnn.stores.exact import Exact
 log = logging.getLogger(__name__)
 
 
-def graph_shape(cfg: RunConfig, num_features: int, num_classes: int, num_nodes: int, labels: dict | None,
-                schema=None, edge_dim: int = 0, target_edge_dim: int | None = None) -> GraphShape:
-    """The model's dimensions; a node task's outputs those of its target (:func:`hpcgnn.labels.resolve`: the labels'
-    kind and ``task.kind``; an edge task's: those of its targets' labels, ``labels``), refused with the fix where they
-    are at odds; the width of the edge features the model reads (``edge_dim``: the graph's;
-    :func:`hpcgnn.models.edge_features_read`; ``target_edge_dim``: an edge task's target edges' own width where it is not the
-    graph's, a typed relation's)."""
-    read = edge_features_read(cfg.model, edge_dim, cfg.dataset.name, typed=schema is not None)
-    if cfg.task.name not in ("node", "edge"):
-        unread_edge_features(cfg, edge_dim, read, schema is not None)
-        return GraphShape(num_features, num_classes, num_nodes, schema, edge_dim=read)
-    k = cfg.task
-    if k.name == "edge":
-        from hpcgnn.data.edges import where_targets
+@dataclass
+class GraphViews:
+    """What a task's items (:mod:`hpcgnn.tasks.items`) read of the graph a rank holds, or a sampler server opened,
+    whichever its mode: its dimensions, whether it is whole on the rank, and views into it."""
 
-        target = resolve(labels, k.kind, k.loss, 0, where_targets(cfg.dataset))
-    else:
-        target = resolve(labels, k.kind, k.loss, num_classes, where_labels(cfg.dataset))
-    pairs = pair_features_read(cfg, edge_dim if target_edge_dim is None else target_edge_dim)
-    unread_edge_features(cfg, edge_dim, read, schema is not None, pairs)
-    return GraphShape(num_features, target.width, num_nodes, schema, target, read, pairs)
-
-
-def unread_edge_features(cfg: RunConfig, edge_dim: int, read: int, typed: bool = False, pairs: int = 0) -> None:
-    """Says whether the run reads the graph's edge features: which part reads how many (the model, ``read``; an
-    edge task's decoder, its targets' own, ``pairs``), or, where nothing does, that they cost nothing (none
-    gathered) and what would read them (``typed``: a typed graph's, ``edge_dim`` its widest relation's)."""
-    if not edge_dim:
-        return
-    if read or pairs:
-        parts = ([f"the model (model={cfg.model.name}) reads {read} per edge in message passing"] if read else []) + \
-            ([f"the decoder (task.decoder={cfg.task.decoder}) reads each target edge's own {pairs}"] if pairs else [])
-        log.info("edge features: the graph's edges carry %d; %s", edge_dim, "; ".join(parts))
-        return
-    readers = [f"model.edge_dim={edge_dim} (gat, gin)"] if not typed else []
-    readers.append("a model of your own whose forward takes edge_attr")
-    if cfg.task.name == "edge":
-        readers.append("task.decoder=concat (the target edges' own)")
-    log.info("edge features: the graph's edges carry %d, which nothing in this run reads (model=%s%s); %s would",
-             edge_dim, cfg.model.name, f", task.decoder={cfg.task.decoder}" if cfg.task.name == "edge" else "",
-             ", ".join(readers[:-1]) + (" or " if len(readers) > 1 else "") + readers[-1])
-
-
-def pair_features_read(cfg: RunConfig, edge_dim: int) -> int:
-    """The width of the target edges' own features an edge task's decoder reads (0: none): ``concat``'s, or a
-    decoder of the user's own whose ``forward`` takes ``edge_attr``, on a graph whose edges have ``edge_dim``."""
-    if cfg.task.name != "edge" or not edge_dim or not decoder_reads_edges(cfg.task.decoder):
-        return 0
-    return edge_dim
+    num_features: int
+    num_classes: int
+    num_nodes: int  # of every type (a typed graph)
+    labels: dict | None  # the graph's labels' profile (:func:`hpcgnn.labels.resolve` reads it)
+    schema: object | None  # a typed graph's (TypedSchema)
+    edge_dim: int  # its edges' features' width (a typed graph: the widest relation's)
+    whole: bool  # every rank holds the whole graph (items are shared out), or its own parts (it owns some)
+    has_edge: Callable[[], Callable] | None = None  # a homogeneous graph's membership test (made on first ask)
+    row_starts: Callable[[Tensor], Tensor] | None = None  # nodes -> the ids of their CSR rows' first edges
+    owns: Callable[[Tensor], Tensor] | None = None  # global node ids -> bool: the rank's own (parts)
+    link_train: Tensor | None = None  # a link graph's training positives the rank owns (parts; whole: None)
+    typed: object | None = None  # a typed graph's CSRs by relation (the graph, or the rank's typed parts)
+    typed_rows: Callable[[str, Tensor], Tensor] | None = None  # (node type, its ids) -> rows of ``typed``'s CSRs
+    edge_rows: object | None = None  # where edges' features are read by id (gather_edges)
 
 
 class Store(abc.ABC):
@@ -109,11 +81,8 @@ class Store(abc.ABC):
     features: object  # what batches' rows are gathered from (the graph, its copy on the GPU, the parts and cache)
     sampler: object  # evaluation's sampler (and training's, unless train_sampler differs)
     train_sampler: object
+    items: object  # the task's items (hpcgnn.tasks.items): what a step's seeds are, the samplers around them
     degree: Tensor | None = None
-    link = None  # a link task's splits (LinkData), else None
-    targets = None  # an edge task's targets (hpcgnn.data.edges.EdgeTargets), else None
-    eval_pairs = None  # an edge task's evaluation sampler over target ids (EdgeTargetSampler)
-    pair_ids = None  # an edge task whose decoder reads its targets' own features: target ids -> their edges' ids
     edge_rows = None  # where edges' features are read by id (gather_edges): the graph's, or the parts'
     graph_on = "host"  # where batches are made: host, or device (a replicated graph copied to the GPU)
     weigh_by_seeds: bool = True  # steps' losses weighed by their seeds (subgraph samplers: by batches)
@@ -154,20 +123,13 @@ class Store(abc.ABC):
         return None
 
     def eval_loader(self, split: str, transform=None) -> BatchLoader:
-        """This rank's share of ``split`` in batches of ``train.eval_batch_size`` (link: pairs to score)."""
-        t = self.cfg.train
-        if self.targets is not None:  # an edge task: its split's targets, their ends' neighbourhoods around them
-            seeds, num_batches = self.eval_seeds(split)
-            return BatchLoader(self.features, self.eval_pairs, seeds, t.eval_batch_size,
-                               batch_seed=derive_seed(t.seed, "eval", split, self.env.rank), num_batches=num_batches,
-                               device=self.device, pin_memory=self.device.type == "cuda", transform=transform)
-        if self.link is None:
-            return self.node_loader(split, transform)
+        """This rank's share of ``split``'s items in batches, sampled as the task's items sample them (nodes: the
+        neighbour sampler, ``train.eval_batch_size`` seeds; pairs to score; targets, around both ends)."""
+        t, items = self.cfg.train, self.items
         seeds, num_batches = self.eval_seeds(split)
-        return BatchLoader(self.features, pair_sampler(self.sampler, self.link.split(split)), seeds,
-                           self.eval_batch_size(split), batch_seed=derive_seed(t.seed, "eval", split, self.env.rank),
-                           num_batches=num_batches, device=self.device, pin_memory=self.device.type == "cuda",
-                           transform=transform)
+        return BatchLoader(self.features, items.eval_sampler(split, self.sampler), seeds, items.eval_batch_size(split),
+                           batch_seed=derive_seed(t.seed, "eval", split, self.env.rank), num_batches=num_batches,
+                           device=self.device, pin_memory=self.device.type == "cuda", transform=transform)
 
     def node_loader(self, split: str, transform=None) -> BatchLoader:
         """This rank's share of a node split (``all``: every node; a link task's too: its encoder's inputs) in
@@ -179,41 +141,25 @@ class Store(abc.ABC):
                            device=self.device, pin_memory=self.device.type == "cuda", transform=transform)
 
     def eval_seeds(self, split: str) -> tuple[Tensor, int | None]:
-        """This rank's share of ``split`` (link: of its items) and the batch count to pad to (None: no padding
-        needed)."""
-        return (self.eval_items(split), None) if self.link is not None or self.targets is not None else \
-            self.node_share(split)
+        """This rank's share of ``split``'s items (the task's; nodes: the store's share of them) and the batch count
+        to pad to (None: no padding needed)."""
+        ids = self.items.eval_ids(split)
+        return self.node_share(split) if ids is None else self.padded(ids, self.items.eval_batch_size(split))
+
+    def padded(self, ids: Tensor, batch_size: int) -> tuple[Tensor, int | None]:
+        """This rank's ``ids`` and the batch count every rank walks in batches of ``batch_size`` (None: a whole
+        graph's ranks need no padding: none waits on another's exchanges)."""
+        return ids, None
 
     @abc.abstractmethod
     def node_share(self, split: str) -> tuple[Tensor, int | None]:
         """This rank's share of a node split (``all``: of every node; a typed graph: of its labelled type), in the
         task's ids, and the batch count to pad to (None: no padding needed)."""
 
-    def eval_batch_size(self, split: str) -> int:
-        """Items per evaluation batch: ``train.eval_batch_size`` seeds, or pairs (a positive with K candidate
-        targets counts 1 + K)."""
-        s = self.link.split(split) if self.link is not None else None
-        per_item = 1 + s.neg.size(1) if s is not None and s.neg_kind == "targets" else 1
-        return max(1, self.cfg.train.eval_batch_size // per_item)
-
-    def eval_items(self, split: str) -> Tensor:
-        """This rank's contiguous share of a link split's items: its pairs (positives first), or its
-        positives, each with its candidate targets; an edge task's: the split's target ids."""
-        if self.targets is not None:
-            ids = self.targets.split(split)
-            lo, hi = share(ids.numel(), self.env.rank, self.env.world_size)
-            return ids[lo:hi]
-        s = self.link.split(split)
-        total = s.pos.size(1) + (s.neg.size(1) if s.neg_kind == "pairs" else 0)
-        lo, hi = share(total, self.env.rank, self.env.world_size)
-        return torch.arange(lo, hi)
-
-    def pair_features(self, items: Tensor) -> Tensor:
-        """Targets' own edge features (float32; zeros for a pair that is no edge of the graph), for a decoder that
-        reads them; on a partitioned graph a collective (every rank calls it as often, with no items or some), unless
-        the targets keep their own apart (``targets.own``: then every rank reads them there)."""
-        own = self.targets.own_features(items)
-        return own if own is not None else target_edge_features(self.edge_rows, self.pair_ids(items))
+    def open_items(self, items, views: GraphViews) -> None:
+        """The task's items over this store's graph (``items``: their unit's class), and the model's dimensions."""
+        self.items = items(self.cfg, self.env, views)
+        self.shape = self.items.shape()
 
     # ------------------------------------------------------------------ exact outputs
 
@@ -250,14 +196,14 @@ class WholeGraphStore(Store):
     """A graph every rank holds whole: items (seed nodes, or ids of training edges) shuffled alike on every
     rank and shared out, ``items_per_step`` to a batch (or cut by their sampling cost: ``seed_cost``)."""
 
-    items: Tensor
+    draws: Tensor  # what a step's seeds are drawn from (the task's item ids, or the sampler's: nodes, clusters)
     items_per_step: int
     seed_cost: Tensor | None = None
     graph = None
 
     def train_seeds(self, epoch: int) -> Tensor:
         """This rank's seeds (items) for one epoch, in order (shuffled alike on every rank, then shared out)."""
-        return rank_seeds(self.items, self.env.world_size, self.env.rank, generator(self.cfg.train.seed, "epoch", epoch))
+        return rank_seeds(self.draws, self.env.world_size, self.env.rank, generator(self.cfg.train.seed, "epoch", epoch))
 
     def train_batches(self, epoch: int) -> list[Tensor]:
         """This rank's batches for one epoch: ``steps`` of them (the last ones may be short)."""
@@ -292,13 +238,6 @@ class WholeGraphStore(Store):
 # ---------------------------------------------------------------------- helpers every store kind uses
 
 
-def link_sampler(cfg: RunConfig, node_sampler, train_pos: Tensor, num_nodes: int, has_edge) -> LinkSampler:
-    """A link task's training sampler: around the endpoints of its positive edges ``train_pos``, with negatives."""
-    k = cfg.task
-    return LinkSampler(node_sampler, train_pos, num_nodes, k.negatives, k.num_negatives, k.neg_retries, k.form,
-                       has_edge=has_edge, drop_targets=k.target_edges == "drop")
-
-
 def labels_of(y: Tensor, rows: Tensor) -> Tensor:
     """``y``'s labels at ``rows``; -1 each where the graph has none (a link task's graph)."""
     return y.index_select(0, rows) if y.numel() else torch.full((rows.numel(),), -1, dtype=torch.long)
@@ -320,32 +259,6 @@ def on_local_rank0(env: RankEnv, what: str, fn) -> None:
         raise error
     if int(failed.item()):
         raise AnotherRankFailed(f"rank {env.rank}: a node's local rank 0 failed to {what} (see its error)")
-
-
-def pairs_folder(cfg: RunConfig) -> Path:
-    """Where a prediction of the pairs of a file (``predict.pairs``) keeps them as targets, in its own folder (removed
-    at its end): named by the file's path, size and time, so that another file, or this one changed, is found
-    afresh."""
-    import hashlib
-
-    stat = Path(cfg.predict.pairs).stat()
-    key = hashlib.sha256(f"{Path(cfg.predict.pairs).resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()
-    return Path(cfg.run_dir) / f".pairs-{key[:12]}"
-
-
-def edge_targets(cfg: RunConfig, env: RankEnv):
-    """An edge task's targets: those prepared beside the graph (by every node's local rank 0, unless they are), or,
-    for a prediction of the pairs of a file (``predict.pairs``), those pairs in their place."""
-    from hpcgnn.data.edges import open_targets, pairs_as_targets, prepare_pairs, prepare_targets
-
-    on_local_rank0(env, f"prepare the edge targets of {cfg.dataset.name}", lambda: prepare_targets(cfg.dataset))
-    targets = open_targets(cfg.dataset)
-    if cfg.predict.model_file and cfg.predict.pairs:  # (the prediction's own folder: found once per node, mapped)
-        folder, pairs = pairs_folder(cfg), cfg.predict.pairs
-        on_local_rank0(env, f"find the pairs of {pairs} in the graph",
-                       lambda: prepare_pairs(cfg.dataset, targets, pairs, folder))
-        return pairs_as_targets(targets, folder)
-    return targets
 
 
 def require_training_items(cfg: RunConfig, count: int, what: str) -> None:

@@ -12,7 +12,7 @@ from torch import Tensor
 
 from hpcgnn import dist
 from hpcgnn.config import RunConfig
-from hpcgnn.data import cache, open_link_splits
+from hpcgnn.data import cache
 from hpcgnn.data.graph import csr_has_edge
 from hpcgnn.env import RankEnv
 from hpcgnn.errors import AllocationError, PartitionError
@@ -20,20 +20,10 @@ from hpcgnn.models import reads_edge_features
 from hpcgnn.rng import generator
 from hpcgnn.sampling import subgraph as sub
 from hpcgnn.sampling.distributed import CommStats, fetch_rows
-from hpcgnn.sampling.link import EdgeTargetSampler
 from hpcgnn.sampling.loader import shuffled_to
 from hpcgnn.sampling.producers import GraphSide
 from hpcgnn.sampling.shipping import SamplerState
-from hpcgnn.stores.base import (
-    Store,
-    edge_targets,
-    fanouts,
-    graph_shape,
-    labels_of,
-    link_sampler,
-    pair_features_read,
-    typed_fanouts,
-)
+from hpcgnn.stores.base import GraphViews, Store, fanouts, labels_of, typed_fanouts
 from hpcgnn.stores.exact import (
     Exact,
     PartsPieces,
@@ -75,19 +65,18 @@ def distinct(batch: Tensor) -> Tensor:
 class PartSamplers:
     cache: object  # the rank's rows of any node (PartitionedFeatures): owned, cached, or fetched
     features: object  # what batches' rows are gathered from (the cache, or a typed graph's view of it)
-    sampler: object  # evaluation's
-    train_sampler: object  # training's (a link task's: around its edges' endpoints)
+    sampler: object  # evaluation's (and training's around the graph's nodes)
     seed_offset: int  # global id -> sampler seed (a typed graph's sampler takes target-type ids)
 
 
-def part_samplers(cfg: RunConfig, view, exchange, link: bool, targets=None) -> PartSamplers:
-    """A rank's samplers across parts and where their rows come from, as a rank and its sampler servers build them
-    (the hot-node cache empty: the rank fills it together with the others). ``targets``: an edge task's
-    (:class:`hpcgnn.data.edges.EdgeTargets`), whose batches sample around both ends of each."""
+def part_samplers(cfg: RunConfig, view, exchange, labels: bool) -> PartSamplers:
+    """A rank's neighbour sampler across parts and where its rows come from, as a rank and its sampler servers build
+    them (the hot-node cache empty: the rank fills it together with the others); ``labels``: the batches carry the
+    nodes' labels (the task's items are the graph's nodes)."""
     from hpcgnn.sampling import distributed as d
 
     parts, g = view.parts, cfg.graph
-    cache = features = d.PartitionedFeatures(view, exchange, labels=not link and targets is None)
+    cache = features = d.PartitionedFeatures(view, exchange, labels=labels)
     seed_offset = 0
     if parts.typed is not None:  # batches are HeteroData; seeds are the target type's own ids
         from hpcgnn.sampling.typed import PartitionedTypedFeatures, PartitionedTypedSampler
@@ -100,56 +89,41 @@ def part_samplers(cfg: RunConfig, view, exchange, link: bool, targets=None) -> P
     else:  # (its batches say which edges they hold where the model reads their features)
         sampler = d.PartitionedNeighborSampler(view, fanouts(cfg), exchange, g.boundary_fraction,
                                                edge_ids=parts.edge_attr is not None and reads_edge_features(cfg.model))
-    train_sampler = sampler
-    if link:
-        train_sampler = link_sampler(cfg, sampler, parts.train_pos, parts.num_nodes, owned_has_edge(view))
-    if targets is not None and parts.typed is not None:  # a relation's edges, around both ends' types
-        train_sampler = typed_part_target_sampler(cfg, view, sampler, targets)
-    elif targets is not None:  # (a rank's targets are those whose target node it owns: their edges are its own)
-        train_sampler = EdgeTargetSampler(sampler, targets, drop_targets=cfg.task.target_edges == "drop",
-                                          pair_ids=owned_pair_ids(cfg, view, targets))
-    return PartSamplers(cache, features, sampler, train_sampler, seed_offset)
+    return PartSamplers(cache, features, sampler, seed_offset)
 
 
-def typed_part_target_sampler(cfg: RunConfig, view, sampler, targets):
-    """An edge task's sampler on a rank's typed parts: its targets (a relation's edges whose target node it owns)
-    around both ends across parts, each target's own features, where the decoder reads them, from the rank's own
-    rows of the relation."""
-    from hpcgnn.stores.typed import typed_edge_target_sampler
-
-    typed, rel = view.parts.typed, targets.relation
-    offset = typed.schema.offsets()[rel[2]]
-    reads = pair_features_read(cfg, typed.schema.edge_dim(rel)) > 0 and rel in typed.edge_attr
-    return typed_edge_target_sampler(cfg, sampler, typed, targets, reads,
-                                     row_of=lambda nodes: view.parts.typed_rows(rel[2], nodes + offset))
-
-
-def owned_pair_ids(cfg: RunConfig, view, targets):
-    """Where the decoder reads an edge task's targets' own features: this rank's target ids -> their edges' global
-    ids (the target node's row start in this rank's CSR plus the pair's place; -1: a pair that is no edge); else
-    None."""
-    if not pair_features_read(cfg, view.parts.edge_dim):
-        return None
-    return lambda items: targets.edge_ids(items, lambda nodes: view.edge_ids(
-        view.parts.rowptr.index_select(0, view.row(nodes))))
+def part_views(view, edge_rows=None) -> GraphViews:
+    """What a task's items read of a rank's parts (``view``: a PartitionView): the graph's dimensions, which nodes
+    the rank owns, its rows' edges, a link graph's training edges it owns, a typed graph's relations' rows."""
+    parts = view.parts
+    schema = parts.typed.schema if parts.typed is not None else None
+    more = {}
+    if schema is not None:
+        off = schema.offsets()
+        more = {"typed": parts.typed, "typed_rows": lambda node_type, ids: parts.typed_rows(node_type, ids + off[node_type])}
+    return GraphViews(parts.num_features, parts.num_classes, parts.num_nodes, parts.labels, schema,
+                      max(schema.edge_dims.values(), default=0) if schema else parts.edge_dim, whole=False,
+                      has_edge=lambda: owned_has_edge(view), owns=lambda ids: view.owner(ids) == view.rank,
+                      row_starts=lambda nodes: view.edge_ids(parts.rowptr.index_select(0, view.row(nodes))),
+                      link_train=getattr(parts, "train_pos", None), edge_rows=edge_rows, **more)
 
 
 class PartitionedStore(Store):
     """Each rank holds its parts; remote neighbours and features travel over a second process group."""
 
-    def __init__(self, cfg: RunConfig, env: RankEnv, device: torch.device | None = None):
+    def __init__(self, cfg: RunConfig, env: RankEnv, device: torch.device | None = None, items=None):
         super().__init__(cfg, env, device or torch.device("cpu"))
         self.layouts: dict = {}  # exact inference's edges in local ids and halo plan, kept between evaluations
         self._hold_parts()
-        self._make_samplers()
+        self._make_samplers(items)
         self._count_steps()
         if cfg.graph.cache_mb > 0:
             self._warm_cache()
         self._log_holdings()
 
     def _hold_parts(self) -> None:
-        """This rank's parts (its share of ``graph.num_parts``), the group its exchanges run on, and what a task
-        reads of them (degrees, the shape; a link task's splits)."""
+        """This rank's parts (its share of ``graph.num_parts``), the group its exchanges run on, and its nodes'
+        degrees."""
         from hpcgnn.partition.cache import parts_folder
         from hpcgnn.partition.parts import open_parts
         from hpcgnn.sampling import distributed as d
@@ -171,29 +145,17 @@ class PartitionedStore(Store):
         self.view = d.PartitionView(parts, env.rank, per_rank)
         self.degree = parts.degree
         self.weigh_by_seeds = True
-        if cfg.task.name == "edge":  # its targets beside the prepared graph, their labels the model's outputs
-            self.targets = edge_targets(cfg, env)
-        schema = parts.typed.schema if parts.typed is not None else None
-        relation = self.targets.relation if self.targets is not None else None  # (a typed edge task's)
-        self.shape = graph_shape(cfg, parts.num_features, parts.num_classes, parts.num_nodes,
-                                 self.targets.labels if self.targets is not None else parts.labels, schema,
-                                 edge_dim=max(schema.edge_dims.values(), default=0) if schema else parts.edge_dim,
-                                 target_edge_dim=schema.edge_dim(relation) if relation else None)
-        if self.targets is not None:  # an edge task: a rank's targets are those whose target node it owns
-            self.owns_target = self.view.owner(self._global(self.targets.index)[1]) == env.rank  # bool [M]
-        # Link prediction: a rank's training edges are those whose source it owns; their endpoints, like any
-        # other node, are sampled and fetched wherever they live. Evaluation reads the splits' (small) arrays.
-        self.link = open_link_splits(cfg.dataset) if cfg.dataset.prepared_for == "link" else None
 
-    def _make_samplers(self) -> None:
-        """Where batches' rows come from (the hot-node cache first, over every node type) and the samplers across
-        parts: evaluation's, and training's (a link task's: around its edges' endpoints)."""
-        s = part_samplers(self.cfg, self.view, self.exchange, self.link is not None, self.targets)
-        self.cache, self.features, self.sampler, self.train_sampler = s.cache, s.features, s.sampler, s.train_sampler
-        if self.targets is not None:  # an edge task's batches, training's and evaluation's alike
-            self.eval_pairs, self.edge_rows = s.train_sampler, s.cache
-            self.pair_ids = getattr(s.train_sampler, "pair_ids", None)  # (exact decoding's; a typed one's: none)
+    def _make_samplers(self, items) -> None:
+        """Where batches' rows come from (the hot-node cache first, over every node type), the neighbour sampler
+        across parts (evaluation's), the task's items over the rank's parts (``items``: their unit) and training's
+        sampler (the neighbour sampler, or the items' around their seeds)."""
+        s = part_samplers(self.cfg, self.view, self.exchange, labels=items.own_sampler)
+        self.cache, self.features, self.sampler = s.cache, s.features, s.sampler
+        self.edge_rows = s.cache  # (an edge task's targets' own features are read through it)
         self.seed_offset = s.seed_offset  # global id -> sampler seed (a typed graph's sampler takes target-type ids)
+        self.open_items(items, part_views(self.view, s.cache))
+        self.train_sampler = s.sampler if self.items.own_sampler else self.items.train_sampler(s.sampler)
 
     def sampler_state(self) -> SamplerState:
         """The rank's place, its parts, and its hot-node cache (the ids a warm-up chose, their rows as fetched)."""
@@ -201,10 +163,11 @@ class PartitionedStore(Store):
                             {"cache_ids": self.cache.cache_ids, "cache_x": self.cache.cache_x})
 
     @staticmethod
-    def server_side(cfg: RunConfig, state: SamplerState) -> tuple[GraphSide, Tensor]:
+    def server_side(cfg: RunConfig, state: SamplerState, items) -> tuple[GraphSide, Tensor]:
         """A rank's training sampler built on a sampler server as the rank built it: its parts opened there (their
-        files checked when the rank opened them), its cache as the rank filled it, and an exchange that joins the
-        group of every rank's sampler where its batches are made (:mod:`hpcgnn.sampling.relay`)."""
+        files checked when the rank opened them), its cache as the rank filled it, an exchange that joins the group
+        of every rank's sampler where its batches are made (:mod:`hpcgnn.sampling.relay`), and the task's items'
+        sampler around their seeds (``items``: their unit)."""
         from hpcgnn.partition.parts import open_parts
         from hpcgnn.sampling import distributed as d
 
@@ -213,15 +176,11 @@ class PartitionedStore(Store):
         parts = open_parts(cfg.dataset, cfg.graph, num_parts, list(range(rank * per_rank, (rank + 1) * per_rank)),
                            verify=False)
         exchange = d.Exchange(None, rank, world, torch.device("cpu"), d.CommStats())
-        targets = None
-        if cfg.task.name == "edge":  # (prepared by the ranks)
-            from hpcgnn.data.edges import open_targets
-
-            targets = open_targets(cfg.dataset)
-        s = part_samplers(cfg, d.PartitionView(parts, rank, per_rank), exchange, cfg.dataset.prepared_for == "link",
-                          targets)
+        view = d.PartitionView(parts, rank, per_rank)
+        s = part_samplers(cfg, view, exchange, labels=items.own_sampler)
         s.cache.cache_ids, s.cache.cache_x = state.arrays["cache_ids"], state.arrays["cache_x"]
-        return GraphSide(s.features, s.train_sampler, exchange), parts.degree
+        sampler = s.sampler if items.own_sampler else items.server_sampler(cfg, part_views(view, s.cache), s.sampler)
+        return GraphSide(s.features, sampler, exchange), parts.degree
 
     def _count_steps(self) -> None:
         """Steps per epoch, the same on every rank (collective): the largest rank's seeds in batches, or (an
@@ -229,8 +188,7 @@ class PartitionedStore(Store):
         t, parts = self.cfg.train, self.parts
         self.own_seeds = own = self._own_train().numel()
         most, fewest = dist.all_reduce_max(torch.tensor([own, -own])).tolist()
-        what = "nodes" if self.link is None and self.targets is None else "edges" if self.link is not None else \
-            "target edges"
+        what = self.items.noun
         if -fewest == 0:  # decided together: one rank failing alone would leave the others in an exchange
             raise PartitionError(f"a rank owns no training {what} in the "
                                  f"{self.num_parts}-part partition. HINT: use fewer parts, or graph.balance_train=true "
@@ -238,7 +196,7 @@ class PartitionedStore(Store):
         self.seeds_per_rank = most
         self.steps = math.ceil(self.seeds_per_rank / t.batch_size)
         self.row_cost: Tensor | None = None
-        if t.edge_budget:
+        if t.edge_budget and self.items.own_sampler:  # (a budget of nodes' sampling cost)
             self.row_cost = sub.expected_edges_of_rows(parts.rowptr, parts.col, parts.degree, t.fanouts)
             cost = self.row_cost.index_select(0, self._rows(parts.train_idx)).double()
             need = sub.batches_for_budget(float(cost.mean()) * self.seeds_per_rank, 1, t.edge_budget,
@@ -253,10 +211,8 @@ class PartitionedStore(Store):
         budget = int(g.cache_mb * 2**20) // (parts.num_features * parts.x.element_size() + 8)
         gen = generator(t.seed, "cache_warmup", self.env.rank)
         warm = self.train_seeds(0).split(t.batch_size)[: g.warmup_batches]
-        if self.link is not None:  # the warm-up samples around the edges' endpoints
-            warm = [torch.unique(parts.train_pos[:, ids].reshape(-1)) for ids in warm]
-        elif self.targets is not None:  # ... around the targets' ends
-            warm = [torch.unique(self._global(self.targets.index[:, ids]).reshape(-1)) for ids in warm]
+        if not self.items.own_sampler:  # the warm-up samples around the items' ends (edges', targets')
+            warm = [self.items.ends(ids) for ids in warm]
         warm = list(warm) + [warm[0][:0]] * (g.warmup_batches - len(warm))
         self.cache.fill_cache(d.hot_nodes(self.view, budget, g.cache_policy, self.sampler, warm, gen))
 
@@ -272,31 +228,16 @@ class PartitionedStore(Store):
             log.info("rank %d: cached rows by node type: %s", env.rank,
                      {t: int(((cached >= off[t]) & (cached < off[t] + n)).sum()) for t, n in schema.num_nodes.items()})
 
-    def _global(self, pairs: Tensor) -> Tensor:
-        """An edge task's target pairs [2, k] in the partition's ids (a typed relation's: each end's type offset)."""
-        if self.targets.relation is None:
-            return pairs
-        off, (s, _, d) = self.parts.typed.schema.offsets(), self.targets.relation
-        return pairs + torch.tensor([[off[s]], [off[d]]])
-
     def train_seeds(self, epoch: int) -> Tensor:
-        """The rank's own training seeds (nodes; link: ids of its edges; an edge task: of its targets), shuffled and
+        """The rank's own training seeds (nodes, or the task's items: ids of its edges, of its targets), shuffled and
         padded (wrapping) to the largest rank's count."""
         return shuffled_to(self._own_train(), self.seeds_per_rank, generator(self.cfg.train.seed, "epoch", epoch))
 
     def _own_train(self) -> Tensor:
-        """The rank's own training items: its nodes (in the sampler's ids), the ids of its edges (link), or of its
-        targets (an edge task)."""
-        if self.targets is not None:
-            return self._own_targets("train")
-        if self.link is not None:
-            return torch.arange(self.parts.train_pos.size(1))
-        return self.parts.train_idx - self.seed_offset
-
-    def _own_targets(self, split: str) -> Tensor:
-        """The ids of this rank's targets in ``split`` (those whose target node it owns), ascending."""
-        ids = self.targets.split(split)
-        return ids[self.owns_target.index_select(0, ids)]
+        """The rank's own training items: the task's (the ids of its edges, of its targets), or its nodes (in the
+        sampler's ids)."""
+        ids = self.items.train_ids()
+        return self.parts.train_idx - self.seed_offset if ids is None else ids
 
     def _rows(self, ids: Tensor) -> Tensor:
         """Rows of owned nodes (global ``ids``) in this rank's CSR."""
@@ -322,15 +263,9 @@ class PartitionedStore(Store):
             return getattr(parts, f"{split}_idx")
         return parts.nodes if parts.typed is None else parts.own_of_type(parts.typed.schema.target)
 
-    def eval_seeds(self, split: str) -> tuple[Tensor, int | None]:
-        """This rank's share of ``split`` and the batch count every rank walks (the most any rank needs)."""
-        return self._padded(self.eval_items(split), self.eval_batch_size(split)) if self.link is not None or \
-            self.targets is not None else self.node_share(split)
-
-    def eval_items(self, split: str) -> Tensor:
-        """An edge task's: this rank's targets of the split (those whose target node it owns); a link task's as
-        every store's (its share of the split's pairs)."""
-        return self._own_targets(split) if self.targets is not None else super().eval_items(split)
+    def padded(self, ids: Tensor, batch_size: int) -> tuple[Tensor, int]:
+        """This rank's ``ids`` and the batch count every rank walks (the most any rank needs: collective)."""
+        return self._padded(ids, batch_size)
 
     def node_share(self, split: str) -> tuple[Tensor, int | None]:
         """Its own nodes of the split, and the batch count every rank walks."""

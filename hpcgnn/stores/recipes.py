@@ -21,16 +21,16 @@ class ServerRecipes:
     (:meth:`Store.graph_side`): nothing of the trainer's travels as code. Each trainer gets its own sampler (a
     sampler's scratch holds one batch at a time)."""
 
-    def __init__(self, cfg: RunConfig):
-        self.cfg = cfg
+    def __init__(self, cfg: RunConfig, items):
+        self.cfg, self.items = cfg, items  # (items: the task's items' unit, a class: its sampler around their seeds)
         self.lock = threading.Lock()
         self.whole = None  # the graph, opened once (mapped: the node's one copy in the page cache)
 
-    def __getstate__(self) -> dict:  # (pickled to a relay's sampler process: the config alone)
-        return {"cfg": self.cfg}
+    def __getstate__(self) -> dict:  # (pickled to a relay's sampler process: the config and a class by name)
+        return {"cfg": self.cfg, "items": self.items}
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(state["cfg"])
+        self.__init__(state["cfg"], state["items"])
 
     def _graph(self):
         from hpcgnn.data import open_graph, open_typed
@@ -49,10 +49,10 @@ class ServerRecipes:
             raise ValueError(f"rank {state.rank} asks for a sampler over a {state.kind} graph; this server's run is "
                              f"graph.mode={cfg.graph.mode} (a {kind} graph)")
         if kind == "parts":
-            side, degree = PartitionedStore.server_side(cfg, state)
+            side, degree = PartitionedStore.server_side(cfg, state, self.items)
         elif kind == "typed":
-            side, degree = TypedStore.server_side(cfg, state, self._graph())
+            side, degree = TypedStore.server_side(cfg, state, self._graph(), self.items)
         else:
-            side, degree = ReplicatedStore.server_side(cfg, state, self._graph())
+            side, degree = ReplicatedStore.server_side(cfg, state, self._graph(), self.items)
         stats = side.exchange.stats if side.exchange is not None else None
         return Recipe(side.features, side.sampler, batch_transform(cfg.model, degree), stats)

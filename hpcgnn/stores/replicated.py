@@ -9,25 +9,15 @@ import torch
 from torch import Tensor
 
 from hpcgnn.config import RunConfig
-from hpcgnn.data import Graph, open_graph, open_link, prepare
+from hpcgnn.data import Graph, open_graph, prepare
 from hpcgnn.data.graph import csr_has_edge
 from hpcgnn.env import RankEnv
 from hpcgnn.sampling import CSRNeighborSampler, steps_per_epoch
-from hpcgnn.sampling.link import EdgeTargetSampler
 from hpcgnn.sampling.loader import LocalFeatures
 from hpcgnn.sampling.producers import GraphSide
 from hpcgnn.sampling.shipping import SamplerState
 from hpcgnn.specs.samplers import SPECS as SAMPLER_SPECS
-from hpcgnn.stores.base import (
-    WholeGraphStore,
-    edge_targets,
-    fanouts,
-    graph_shape,
-    link_sampler,
-    on_local_rank0,
-    pair_features_read,
-    require_training_items,
-)
+from hpcgnn.stores.base import GraphViews, WholeGraphStore, fanouts, on_local_rank0, require_training_items
 from hpcgnn.stores.exact import Exact, WholeGraphPieces, exact_outputs
 from hpcgnn.stores.samplers import build as build_sampler
 from hpcgnn.stores.samplers import prepare as prepare_sampler
@@ -49,17 +39,16 @@ def graph_on(cfg: RunConfig, env: RankEnv, device: torch.device, graph_bytes: in
     """Where a replicated rank samples and gathers: ``train.graph_on``, with ``auto`` resolved.
 
     ``auto`` picks the GPU when the rank trains on one, makes its own batches (no sampler processes or
-    servers: they sample the graph on the host), the sampler and task run there (``sampler=neighbor``, a node
-    task: classification, multi-label or regression) and the ranks sharing that GPU together hold at most
-    ``train.graph_on_fraction`` of its memory; the host otherwise.
+    servers: they sample the graph on the host), the sampler runs there (``sampler=neighbor``; the task's items are
+    the graph's nodes: ``graph_on`` is asked only then) and the ranks sharing that GPU
+    together hold at most ``train.graph_on_fraction`` of its memory; the host otherwise.
     """
     from hpcgnn.checks import sampler_servers
 
     t = cfg.train
     if t.graph_on != "auto":
         return t.graph_on
-    if (device.type != "cuda" or t.sampler != "neighbor" or cfg.task.name != "node" or t.sampler_procs
-            or sampler_servers(cfg)):
+    if device.type != "cuda" or t.sampler != "neighbor" or t.sampler_procs or sampler_servers(cfg):
         return "host"
     sharing = env.local_world_size if torch.cuda.device_count() < env.local_world_size else 1
     total = torch.cuda.get_device_properties(device).total_memory
@@ -69,75 +58,50 @@ def graph_on(cfg: RunConfig, env: RankEnv, device: torch.device, graph_bytes: in
     return "device" if fits else "host"
 
 
-def pair_ids_of(cfg: RunConfig, g: Graph, targets):
-    """Where the decoder reads an edge task's targets' own features: target ids -> their edges' CSR positions (the
-    row's start plus the pair's place; -1: a pair that is no edge); else None."""
-    if not pair_features_read(cfg, g.edge_dim):
-        return None
-    return lambda items: targets.edge_ids(items, lambda nodes: g.rowptr.index_select(0, nodes))
+def whole_views(g: Graph) -> GraphViews:
+    """What a task's items read of a whole graph ``g``."""
+    return GraphViews(g.num_features, g.num_classes, g.num_nodes, g.labels, None, g.edge_dim, whole=True,
+                      has_edge=lambda: csr_has_edge(g.rowptr, g.col),
+                      row_starts=lambda nodes: g.rowptr.index_select(0, nodes), edge_rows=LocalFeatures(g))
 
 
-def edge_target_sampler(cfg: RunConfig, sampler, g: Graph, targets) -> EdgeTargetSampler:
-    """An edge task's sampler over target ids (training's and evaluation's alike): around both ends of each."""
-    return EdgeTargetSampler(sampler, targets, drop_targets=cfg.task.target_edges == "drop",
-                             pair_ids=pair_ids_of(cfg, g, targets))
-
-
-def whole_samplers(cfg: RunConfig, g: Graph, state: SamplerState, link=None, targets=None) -> tuple:
+def whole_samplers(cfg: RunConfig, g: Graph, state: SamplerState, wrap=None) -> tuple:
     """Evaluation's neighbour sampler over the whole graph ``g`` and training's, from what the rank decided
-    (``state``: whether batches carry their edges' ids, the arrays its sampler's ``prepare`` decided), with a link
-    task's splits (``link``) or an edge task's targets (``targets``): the one builder of the rank, its sampler
-    processes and its sampler servers."""
+    (``state``: whether batches carry their edges' ids, the arrays its sampler's ``prepare`` decided): ``train.sampler``
+    over the graph's nodes, or (``wrap(node_sampler)``) the task's items' sampler around their seeds; the one builder
+    of the rank, its sampler processes and its sampler servers."""
     sampler = CSRNeighborSampler(g.rowptr, g.col, fanouts(cfg), edge_ids=bool(state.values.get("edge_ids")))
-    if link is not None:  # link prediction: around the endpoints of its positive training edges
-        return sampler, link_sampler(cfg, sampler, link.train.pos, g.num_nodes, csr_has_edge(g.rowptr, g.col))
-    if targets is not None:  # an edge task: around both ends of its targets
-        return sampler, edge_target_sampler(cfg, sampler, g, targets)
+    if wrap is not None:
+        return sampler, wrap(sampler)
     return sampler, build_sampler(cfg, g, sampler, state.arrays)
 
 
 class ReplicatedStore(WholeGraphStore):
-    """Every rank maps the whole prepared graph; seeds (nodes, or edges for link prediction) are split across ranks."""
+    """Every rank maps the whole prepared graph; the task's items (``items``: their unit, :mod:`hpcgnn.tasks.items`;
+    nodes, edges, targets) are split across ranks."""
 
-    def __init__(self, cfg: RunConfig, env: RankEnv, device: torch.device | None = None):
+    def __init__(self, cfg: RunConfig, env: RankEnv, device: torch.device | None = None, items=None):
         super().__init__(cfg, env, device or torch.device("cpu"))
         self.graph = g = open_shared_graph(cfg, env)
-        self.link = open_link(cfg.dataset) if cfg.dataset.prepared_for == "link" else None
         self.features = g
         self.degree = g.degree()
-        if cfg.task.name == "edge":  # its targets beside the graph, their labels the model's outputs
-            self.targets = edge_targets(cfg, env)
-            self.edge_rows = LocalFeatures(g)
-        labels = self.targets.labels if self.targets is not None else g.labels
-        self.shape = graph_shape(cfg, g.num_features, g.num_classes, g.num_nodes, labels, edge_dim=g.edge_dim)
+        self.edge_rows = LocalFeatures(g)
+        self.open_items(items, whole_views(g))
         # batches say which edges they hold where the model reads their features (gathered with the nodes')
         self.state = SamplerState("whole", env.rank, env.world_size, {"edge_ids": self.shape.edge_dim > 0})
-        if self.link is not None:  # link prediction: a step's seeds are positive training edges
-            train = self.link.train.pos
-            require_training_items(cfg, train.size(1), "edges")
-            self.sampler, self.train_sampler = whole_samplers(cfg, g, self.state, link=self.link)
-            self.items, self.items_per_step = torch.arange(train.size(1)), cfg.train.batch_size
-            self.steps = steps_per_epoch(train.size(1), env.world_size, cfg.train.batch_size)
-            log.info("graph: %d nodes, %d message-passing edges, %d features; %d/%d/%d train/val/test edges to "
-                     "predict", g.num_nodes, g.num_edges, g.num_features, train.size(1), self.link.val.pos.size(1),
-                     self.link.test.pos.size(1))
-            return
-        if self.targets is not None:  # an edge task: a step's seeds are training targets (edges to label)
-            k, targets = cfg.task, self.targets
-            train = targets.split("train")
-            require_training_items(cfg, train.numel(), "target edges")
-            self.sampler, self.train_sampler = whole_samplers(cfg, g, self.state, targets=targets)
-            self.eval_pairs, self.pair_ids = self.train_sampler, self.train_sampler.pair_ids
-            self.items, self.items_per_step = train, cfg.train.batch_size
-            self.steps = steps_per_epoch(train.numel(), env.world_size, cfg.train.batch_size)
-            log.info("graph: %d nodes, %d edges, %d features; %d/%d/%d train/val/test target edges (%s), target "
-                     "edges %s in their batches", g.num_nodes, g.num_edges, g.num_features, train.numel(),
-                     targets.split("val").numel(), targets.split("test").numel(), self.shape.target.outputs(),
-                     "left out" if k.target_edges == "drop" else "kept")
+        items = self.items
+        if not items.own_sampler:  # the task's items: a step's seeds are its ids (training edges, targets)
+            ids = items.train_ids()
+            require_training_items(cfg, ids.numel(), items.noun)
+            self.sampler, self.train_sampler = whole_samplers(cfg, g, self.state, items.train_sampler)
+            self.draws, self.items_per_step = ids, cfg.train.batch_size
+            self.steps = steps_per_epoch(ids.numel(), env.world_size, cfg.train.batch_size)
+            log.info("graph: %d nodes, %d edges, %d features; %s", g.num_nodes, g.num_edges, g.num_features,
+                     items.describe(self.shape))
             return
         require_training_items(cfg, g.train_idx.numel(), "nodes")
         prepared = prepare_sampler(cfg, env, g)  # (collective: what the ranks decide together)
-        self.items, self.items_per_step, self.steps = prepared.items, prepared.items_per_step, prepared.steps
+        self.draws, self.items_per_step, self.steps = prepared.items, prepared.items_per_step, prepared.steps
         self.seed_cost = prepared.seed_cost
         # Subgraph batches are each a whole estimate of the mean loss: weigh steps by batches, not seeds.
         self.weigh_by_seeds = not SAMPLER_SPECS[cfg.train.sampler].subgraph
@@ -160,16 +124,12 @@ class ReplicatedStore(WholeGraphStore):
         return self.state
 
     @staticmethod
-    def server_side(cfg: RunConfig, state: SamplerState, g: Graph) -> tuple[GraphSide, Tensor]:
+    def server_side(cfg: RunConfig, state: SamplerState, g: Graph, items) -> tuple[GraphSide, Tensor]:
         """A rank's training sampler built on a sampler server as the rank built it (:func:`whole_samplers`, over
-        ``g``, the graph the server opened), and the degrees its batch transform reads."""
-        link = open_link(cfg.dataset) if cfg.dataset.prepared_for == "link" else None
-        targets = None
-        if cfg.task.name == "edge":
-            from hpcgnn.data.edges import open_targets
-
-            targets = open_targets(cfg.dataset)
-        return GraphSide(g, whole_samplers(cfg, g, state, link, targets)[1]), g.degree()
+        ``g``, the graph the server opened; ``items``: the task's items' unit, its sampler around their seeds), and
+        the degrees its batch transform reads."""
+        wrap = None if items.own_sampler else (lambda s: items.server_sampler(cfg, whole_views(g), s))
+        return GraphSide(g, whole_samplers(cfg, g, state, wrap)[1]), g.degree()
 
     def exact(self, model: torch.nn.Module, gcn_norm: bool = False, layers: int | None = None,
               on_layer=None) -> Exact:

@@ -18,8 +18,20 @@ def task_class(name: str):
     return load(tasks.SPECS[name].unit)
 
 
+def task_items(cfg):
+    """The unit of ``cfg``'s task's items (:mod:`hpcgnn.tasks.items`): what a store opens over its graph."""
+    return load(tasks.SPECS[cfg.task.name].batches)
+
+
+def open_store(cfg, env, device=None):
+    """The store of ``cfg``'s graph mode, with its task's items over it (:func:`hpcgnn.stores.open_store`)."""
+    from hpcgnn import stores
+
+    return stores.open_store(cfg, env, device, task_items(cfg))
+
+
 def build_task(cfg, env, store, device):
     return task_class(cfg.task.name)(cfg, env, store, device)
 
 
-__all__ = ["build_task", "check_task_config", "task_class"]
+__all__ = ["build_task", "check_task_config", "open_store", "task_class", "task_items"]

@@ -39,9 +39,13 @@ class Task(abc.ABC):
         if self.eval_mode == "full":  # sized now, not at the first evaluation
             store.check_exact(cfg.model)
 
-    @abc.abstractmethod
     def build_model(self) -> torch.nn.Module:
-        """The model, on the CPU, initialised from the current torch seed."""
+        """The model, on the CPU, initialised from the current torch seed: the task's spec's builder
+        (``TaskSpec.model``, a model file's rebuilder too: :func:`hpcgnn.models.saved.rebuild`)."""
+        from hpcgnn.specs import load, tasks
+
+        return load(tasks.SPECS[self.name].model)(self.cfg.model, self.cfg.task.decoder, self.store.shape,
+                                                  len(self.cfg.train.fanouts), self.store.items.relation)
 
     @property
     def eval_mode(self) -> str:

@@ -17,7 +17,7 @@ from collections.abc import Callable
 import torch
 
 from hpcgnn.errors import DatasetError
-from hpcgnn.models import build_edge_model, build_typed_edge_model, forward_pairs, gcn_norm
+from hpcgnn.models import forward_pairs, gcn_norm
 from hpcgnn.tasks.base import StepResult, Task
 from hpcgnn.tasks.node import take_target
 
@@ -43,15 +43,6 @@ class EdgeTask(Task):
     def adopt(self, target) -> None:
         take_target(self, target, self.cfg, self.store, self.device)
 
-    def build_model(self) -> torch.nn.Module:
-        s = self.store.shape
-        if s.schema is not None:  # a typed graph: its targets are a relation's edges
-            return build_typed_edge_model(self.cfg.model, self.cfg.task.decoder, s.schema, self.store.targets.relation,
-                                          s.num_features, self.target.width, len(self.cfg.train.fanouts),
-                                          s.pair_edge_dim)
-        return build_edge_model(self.cfg.model, self.cfg.task.decoder, s.num_features, self.target.width,
-                                len(self.cfg.train.fanouts), s.edge_dim, s.pair_edge_dim)
-
     @property
     def transform(self) -> Callable | None:
         return self._transform
@@ -72,13 +63,13 @@ class EdgeTask(Task):
 
         if what == "embeddings":
             return node_rows(self, model, mode, split, encoder=True)
-        store = self.store
-        mine = store.eval_items(split)
+        store, items = self.store, self.store.items
+        mine = items.eval_ids(split)
         if mode == "full":
             exact = exact_logged(self, model.encoder)
-            outs = [out.float().cpu() for out, _ in exact_scores(model, exact, store, mine,
+            outs = [out.float().cpu() for out, _ in exact_scores(model, exact, items, mine,
                                                                   self.cfg.train.eval_batch_size, store.device)]
-            return torch.cat(outs) if outs else torch.empty(0, 0), mine, store.targets.label.index_select(0, mine)
+            return torch.cat(outs) if outs else torch.empty(0, 0), mine, items.targets.label.index_select(0, mine)
         return walk(store.eval_loader(split, transform=self._transform),
                     lambda b: (forward_pairs(model, b, b.edge_label_index), b.edge_label) if b.positives else None)
 
@@ -103,19 +94,21 @@ class EdgeTask(Task):
 
     def _exact(self, model: torch.nn.Module, exact, split: str):
         """(outputs, labels) of this rank's share of ``split``, decoded from the ends' exact embeddings."""
-        ids = self.store.eval_items(split)
-        for out, part in exact_scores(model, exact, self.store, ids, self.cfg.train.eval_batch_size, self.device):
-            yield out, self.store.targets.label.index_select(0, part).to(self.device)
+        items = self.store.items
+        ids = items.eval_ids(split)
+        for out, part in exact_scores(model, exact, items, ids, self.cfg.train.eval_batch_size, self.device):
+            yield out, items.targets.label.index_select(0, part).to(self.device)
 
 
-def exact_scores(model: torch.nn.Module, exact, store, ids: torch.Tensor, chunk: int, device: torch.device):
-    """(outputs, target ids) of targets ``ids``, decoded from their ends' exact embeddings (``exact``: the store's
-    exact outputs of the encoder) and, for a decoder that reads them, the targets' own edge features, a chunk of
+def exact_scores(model: torch.nn.Module, exact, items, ids: torch.Tensor, chunk: int, device: torch.device):
+    """(outputs, target ids) of targets ``ids`` (of ``items``, :class:`hpcgnn.tasks.items.EdgeItems`), decoded from
+    their ends' exact embeddings (``exact``: the store's exact outputs of the encoder) and, for a decoder that reads
+    them, the targets' own edge features, a chunk of
     ``chunk`` targets at a time; every rank takes as many chunks as the busiest (the rows of nodes, and the edges,
     another rank holds come from it: collectives)."""
     from hpcgnn import dist
 
-    targets, chunk = store.targets, max(1, chunk)
+    targets, chunk = items.targets, max(1, chunk)
     rounds = int(dist.all_reduce_max(torch.tensor([math.ceil(ids.numel() / chunk)])).item())
     for r in range(rounds):
         part = ids[r * chunk:(r + 1) * chunk]
@@ -126,6 +119,6 @@ def exact_scores(model: torch.nn.Module, exact, store, ids: torch.Tensor, chunk:
                               exact.typed_rows(targets.relation[2], pairs[1])]).to(device)
         else:
             both = exact.rows(torch.cat([pairs[0], pairs[1]])).to(device)
-        attr = store.pair_features(part).to(device) if model.reads_pair_features else None
+        attr = items.pair_features(part).to(device) if model.reads_pair_features else None
         if k:
             yield model.score(both[:k], both[k:], attr), part

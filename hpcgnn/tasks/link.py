@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from hpcgnn.models import batch_transform, build_link_model, forward_pairs, gcn_norm
+from hpcgnn.models import batch_transform, forward_pairs, gcn_norm
 from hpcgnn.sampling.link import share
 from hpcgnn.stores import Exact
 from hpcgnn.tasks import link_metrics as metrics
@@ -29,13 +29,9 @@ class LinkPrediction(Task):
 
     def __init__(self, cfg, env, store, device: torch.device):
         super().__init__(cfg, env, store, device)
-        self.data = store.link
+        self.data = store.items.data  # (its splits: hpcgnn.tasks.items.LinkItems)
         self.metric = self.data.metric
         self._transform = batch_transform(cfg.model, store.degree)
-
-    def build_model(self) -> torch.nn.Module:
-        return build_link_model(self.cfg.model, self.cfg.task.decoder, self.store.shape.num_features,
-                                len(self.cfg.train.fanouts), self.store.shape.edge_dim)
 
     @property
     def transform(self) -> Callable | None:
@@ -136,7 +132,7 @@ class LinkPrediction(Task):
         if s.neg_kind == "targets":
             per = flat.reshape(-1, 1 + s.neg.size(1))
             return per[:, 0], per[:, 1:]
-        items = self.store.eval_items(split)  # in the order the loader walked them
+        items = self.store.items.eval_ids(split)  # in the order the loader walked them
         p = s.pos.size(1)
         return flat[items < p], flat[items >= p]
 

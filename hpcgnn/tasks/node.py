@@ -28,7 +28,7 @@ from hpcgnn import dist
 from hpcgnn.config import single_class
 from hpcgnn.errors import DatasetError
 from hpcgnn.labels import Target
-from hpcgnn.models import batch_transform, build_node_model, gcn_norm, node_logits_and_labels
+from hpcgnn.models import batch_transform, gcn_norm, node_logits_and_labels
 from hpcgnn.specs import load, tasks
 from hpcgnn.tasks import node_metrics
 from hpcgnn.tasks.base import StepResult, Task
@@ -232,9 +232,6 @@ class NodeTask(Task):
 
     def adopt(self, target: Target) -> None:
         take_target(self, target, self.cfg, self.store, self.device)
-
-    def build_model(self) -> torch.nn.Module:
-        return build_node_model(self.cfg.model, self.store.shape, len(self.cfg.train.fanouts))
 
     @property
     def transform(self) -> Callable | None:

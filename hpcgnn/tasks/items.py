@@ -1,0 +1,358 @@
+"""A task's items: what a step's seeds are, the sampler around them, and the targets' shape, over the graph views a
+store hands out (:class:`hpcgnn.stores.base.GraphViews`). A store holds the graph; it asks its task's items (each
+task's spec names its unit, :attr:`hpcgnn.specs.tasks.TaskSpec.batches`) which ids a step draws, which ids a split
+scores, and the sampler they are drawn with; it shuffles, shares out, pads and loads them, whatever they are.
+
+- :class:`NodeItems`: the graph's own labelled nodes, sampled by ``train.sampler`` (the store's);
+- :class:`LinkItems`: a link graph's training edges (with negatives) and its splits' pairs;
+- :class:`EdgeItems`: an edge task's targets (given pairs with labels), around both ends of each.
+
+A sampler server builds a rank's training sampler with the same unit (:meth:`Items.server_sampler`): from the run's
+config and the graph it opened, the task's data opened there.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from hpcgnn.config import RunConfig
+from hpcgnn.data.graph import GraphShape
+from hpcgnn.env import RankEnv
+from hpcgnn.labels import resolve, where_labels
+from hpcgnn.models import decoder_reads_edges, edge_features_read
+from hpcgnn.sampling.link import EdgeTargetSampler, LinkSampler, pair_sampler, share
+from hpcgnn.sampling.loader import target_edge_features
+
+log = logging.getLogger(__name__)
+
+
+class Items:
+    """A task's items over a store's graph views (the node task's: the graph's own nodes, which the store samples
+    with ``train.sampler``; a task of other items overrides what differs)."""
+
+    noun = "nodes"  # what they are, in words (a refusal names them)
+    relation = None  # a typed graph's relation whose edges they are (a typed edge task's targets)
+    own_sampler = True  # the store's training sampler (train.sampler over its nodes, on the GPU where it may be)
+
+    def __init__(self, cfg: RunConfig, env: RankEnv, views):
+        self.cfg, self.env, self.views = cfg, env, views
+
+    def shape(self) -> GraphShape:
+        """The model's dimensions (the graph's, the target's)."""
+        v = self.views
+        return graph_shape(self.cfg, v.num_features, v.num_classes, v.num_nodes, v.labels, v.schema, v.edge_dim)
+
+    def train_ids(self) -> Tensor | None:
+        """The ids a rank's training steps draw from (a whole graph: every rank's; parts: this rank's own); None:
+        the store's nodes, as its sampler prepares them."""
+        return None
+
+    def eval_ids(self, split: str) -> Tensor | None:
+        """This rank's share of ``split``'s items; None: the store's share of its nodes."""
+        return None
+
+    def eval_batch_size(self, split: str) -> int:
+        """Items per evaluation batch."""
+        return self.cfg.train.eval_batch_size
+
+    def ends(self, ids: Tensor) -> Tensor:
+        """The nodes (the graph's ids) a batch of ``ids`` samples around: a partitioned graph's cache warms on them."""
+        return ids
+
+    def train_sampler(self, node_sampler):
+        """Training's sampler around a step's items (``node_sampler``: the store's, over the graph's nodes)."""
+        return node_sampler
+
+    def eval_sampler(self, split: str, node_sampler):
+        """Evaluation's sampler of ``split``'s items (``node_sampler``: the store's neighbour sampler)."""
+        return node_sampler
+
+    def predicted(self, split: str):
+        """The ids (ascending, numpy) of ``split``'s items whose predictions predict writes, where they are not the
+        graph's nodes (None: they are)."""
+        return None
+
+    def describe(self, shape: GraphShape) -> str | None:
+        """The items in a log line (None: the store's own line says them)."""
+        return None
+
+    @classmethod
+    def server_sampler(cls, cfg: RunConfig, views, node_sampler):
+        """A rank's training sampler, built on a sampler server from the graph it opened (``views``) as the rank
+        built its own (the task's data opened there)."""
+        return node_sampler
+
+
+NodeItems = Items
+
+
+class LinkItems(Items):
+    """A link graph's training edges, each a step's seed with its negatives, and each split's pairs to score
+    (held whole by every rank: small)."""
+
+    noun = "edges"
+    own_sampler = False
+
+    def __init__(self, cfg: RunConfig, env: RankEnv, views):
+        from hpcgnn.data import open_link_splits
+
+        super().__init__(cfg, env, views)
+        self.data = open_link_splits(cfg.dataset)
+        self.positives = views.link_train if views.link_train is not None else self.data.train.pos
+
+    def shape(self) -> GraphShape:
+        """The graph's dimensions; a link model has no target."""
+        v, typed = self.views, self.views.schema is not None
+        read = edge_features_read(self.cfg.model, v.edge_dim, self.cfg.dataset.name, typed=typed)
+        unread_edge_features(self.cfg, v.edge_dim, read, typed)
+        return GraphShape(v.num_features, v.num_classes, v.num_nodes, v.schema, edge_dim=read)
+
+    def train_ids(self) -> Tensor:
+        return torch.arange(self.positives.size(1))
+
+    def eval_ids(self, split: str) -> Tensor:
+        """This rank's contiguous share of the split's items: its pairs (positives first), or its positives, each
+        with its candidate targets."""
+        s = self.data.split(split)
+        total = s.pos.size(1) + (s.neg.size(1) if s.neg_kind == "pairs" else 0)
+        lo, hi = share(total, self.env.rank, self.env.world_size)
+        return torch.arange(lo, hi)
+
+    def eval_batch_size(self, split: str) -> int:
+        """Pairs per batch (a positive with K candidate targets counts 1 + K)."""
+        s = self.data.split(split)
+        per_item = 1 + s.neg.size(1) if s.neg_kind == "targets" else 1
+        return max(1, self.cfg.train.eval_batch_size // per_item)
+
+    def ends(self, ids: Tensor) -> Tensor:
+        return torch.unique(self.positives[:, ids].reshape(-1))
+
+    def train_sampler(self, node_sampler):
+        return self.wrap(self.cfg, self.views, node_sampler, self.positives)
+
+    def eval_sampler(self, split: str, node_sampler):
+        return pair_sampler(node_sampler, self.data.split(split))
+
+    def describe(self, shape: GraphShape) -> str:
+        d = self.data
+        return (f"{self.positives.size(1)}/{d.val.pos.size(1)}/{d.test.pos.size(1)} train/val/test edges to predict"
+                + ("" if self.views.whole else " (train: this rank's own)"))
+
+    @staticmethod
+    def wrap(cfg: RunConfig, views, node_sampler, positives: Tensor) -> LinkSampler:
+        """Around the endpoints of positive edges ``positives``, with negatives."""
+        k = cfg.task
+        return LinkSampler(node_sampler, positives, views.num_nodes, k.negatives, k.num_negatives, k.neg_retries,
+                           k.form, has_edge=views.has_edge(), drop_targets=k.target_edges == "drop")
+
+    @classmethod
+    def server_sampler(cls, cfg: RunConfig, views, node_sampler):
+        from hpcgnn.data import open_link_splits
+
+        positives = views.link_train if views.link_train is not None else open_link_splits(cfg.dataset).train.pos
+        return cls.wrap(cfg, views, node_sampler, positives)
+
+
+class EdgeItems(Items):
+    """An edge task's targets (:class:`hpcgnn.data.edges.EdgeTargets`): a step's seeds are training targets, sampled
+    around both ends of each; a rank of a partitioned graph's are those whose target node it owns."""
+
+    noun = "target edges"
+    own_sampler = False
+
+    def __init__(self, cfg: RunConfig, env: RankEnv, views):
+        super().__init__(cfg, env, views)
+        self.targets = t = edge_targets(cfg, env)
+        self.relation = t.relation
+        self.owned = None if views.whole else views.owns(self.global_pairs(t.index)[1])  # bool [M]
+        self.sampler = None
+
+    def shape(self) -> GraphShape:
+        v, rel = self.views, self.relation
+        return graph_shape(self.cfg, v.num_features, v.num_classes, v.num_nodes, self.targets.labels, v.schema,
+                           v.edge_dim, v.schema.edge_dim(rel) if rel else None)
+
+    def global_pairs(self, pairs: Tensor) -> Tensor:
+        """Target pairs [2, k] in the graph's global ids (a typed relation's: each end's type offset)."""
+        if self.relation is None:
+            return pairs
+        off, (s, _, d) = self.views.schema.offsets(), self.relation
+        return pairs + torch.tensor([[off[s]], [off[d]]])
+
+    def mine(self, split: str) -> Tensor:
+        """The ids of ``split``'s targets this rank may take (parts: those whose target node it owns), ascending."""
+        ids = self.targets.split(split)
+        return ids if self.owned is None else ids[self.owned.index_select(0, ids)]
+
+    def train_ids(self) -> Tensor:
+        return self.mine("train")
+
+    def eval_ids(self, split: str) -> Tensor:
+        """A whole graph's: this rank's contiguous share of the split's targets; parts: its own."""
+        ids = self.mine(split)
+        if self.owned is not None:
+            return ids
+        lo, hi = share(ids.numel(), self.env.rank, self.env.world_size)
+        return ids[lo:hi]
+
+    def ends(self, ids: Tensor) -> Tensor:
+        return torch.unique(self.global_pairs(self.targets.index[:, ids]).reshape(-1))
+
+    def train_sampler(self, node_sampler):
+        self.sampler = self.wrap(self.cfg, self.views, node_sampler, self.targets)
+        return self.sampler
+
+    def eval_sampler(self, split: str, node_sampler):
+        return self.sampler  # (training's: the same batches around a split's targets)
+
+    def predicted(self, split: str):
+        """Every target of ``split`` (a file's pairs, in the targets' place: all of them)."""
+        return np.sort(self.targets.split(split).numpy())
+
+    def pair_features(self, ids: Tensor) -> Tensor:
+        """Targets' own edge features (float32; zeros for a pair that is no edge of the graph), for a decoder that
+        reads them; on a partitioned graph a collective (every rank calls it as often, with no ids or some), unless
+        the targets keep their own apart (then every rank reads them there)."""
+        if self.relation is not None:
+            return self.sampler.pair_features(ids)
+        own = self.targets.own_features(ids)
+        return own if own is not None else target_edge_features(self.views.edge_rows, self.sampler.pair_ids(ids))
+
+    @property
+    def pair_ids(self):
+        """Target ids -> their own edges' ids, where the decoder reads their features (exact decoding's); None."""
+        return getattr(self.sampler, "pair_ids", None)
+
+    def describe(self, shape: GraphShape) -> str:
+        rel = f" of {'__'.join(self.relation)}" if self.relation else ""
+        return (f"{self.mine('train').numel()}/{self.mine('val').numel()}/{self.mine('test').numel()} train/val/test "
+                f"target edges{rel} ({shape.target.outputs()}), target edges "
+                f"{'left out' if self.cfg.task.target_edges == 'drop' else 'kept'} in their batches"
+                + ("" if self.owned is None else " (this rank's own)"))
+
+    @staticmethod
+    def wrap(cfg: RunConfig, views, node_sampler, targets):
+        """Around both ends of each target; with each target's own features where the decoder reads them."""
+        drop = cfg.task.target_edges == "drop"
+        if targets.relation is not None:  # a typed graph's: a relation's edges, around both ends' types
+            rel = targets.relation
+            reads = pair_features_read(cfg, views.schema.edge_dim(rel)) > 0 and rel in (views.typed.edge_attr or {})
+            return typed_edge_target_sampler(views, node_sampler, targets, drop, reads)
+        pair_ids, row_starts = None, views.row_starts  # (what a sampler process gets: this, not every view)
+        if pair_features_read(cfg, views.edge_dim):  # target ids -> their edges' ids (the row's start + the place)
+            pair_ids = lambda items: targets.edge_ids(items, row_starts)  # noqa: E731
+        return EdgeTargetSampler(node_sampler, targets, drop_targets=drop, pair_ids=pair_ids)
+
+    @classmethod
+    def server_sampler(cls, cfg: RunConfig, views, node_sampler):
+        from hpcgnn.data.edges import open_targets
+
+        return cls.wrap(cfg, views, node_sampler, open_targets(cfg.dataset))  # (prepared by the ranks)
+
+
+def typed_edge_target_sampler(views, sampler, targets, drop: bool, pair_features: bool):
+    """An edge task's sampler over target ids on a typed graph: around both ends of each target, a relation's edge;
+    ``pair_features``: with each target's own edge features (its decoder reads them), read from the typed graph
+    the views hold (a whole one, or a rank's typed parts: its rows of the relation, for the targets whose target
+    node it holds)."""
+    from hpcgnn.data.edges import reverse_relation
+    from hpcgnn.sampling.loader import gather_rows
+    from hpcgnn.sampling.typed import TypedEdgeTargetSampler
+
+    g, rel, typed_rows = views.typed, targets.relation, views.typed_rows
+
+    def own_features(items: Tensor) -> Tensor:  # (their edges' rows: the target node's row start + place)
+        own = targets.own_features(items)  # (kept apart: parallel edges, one in the graph)
+        if own is not None:
+            return own
+        ids = targets.edge_ids(items, lambda nodes: g.rowptr[rel].index_select(0, typed_rows(rel[2], nodes)))
+        rows = gather_rows(g.edge_attr[rel], ids.clamp(min=0), dtype=torch.float32)
+        return rows.masked_fill_((ids < 0).unsqueeze(1), 0.0)
+
+    return TypedEdgeTargetSampler(sampler, targets, reverse_relation(g, rel), drop_targets=drop,
+                                  pair_features=own_features if pair_features else None)
+
+
+# ---------------------------------------------------------------------- the targets' shape
+
+
+def graph_shape(cfg: RunConfig, num_features: int, num_classes: int, num_nodes: int, labels: dict | None,
+                schema=None, edge_dim: int = 0, target_edge_dim: int | None = None) -> GraphShape:
+    """The model's dimensions; a node task's outputs those of its target (:func:`hpcgnn.labels.resolve`: the labels'
+    kind and ``task.kind``; an edge task's: those of its targets' labels, ``labels``), refused with the fix where they
+    are at odds; the width of the edge features the model reads (``edge_dim``: the graph's;
+    :func:`hpcgnn.models.edge_features_read`; ``target_edge_dim``: an edge task's target edges' own width where it is
+    not the graph's, a typed relation's)."""
+    read = edge_features_read(cfg.model, edge_dim, cfg.dataset.name, typed=schema is not None)
+    k = cfg.task
+    if k.name == "edge":
+        from hpcgnn.data.edges import where_targets
+
+        target = resolve(labels, k.kind, k.loss, 0, where_targets(cfg.dataset))
+    else:
+        target = resolve(labels, k.kind, k.loss, num_classes, where_labels(cfg.dataset))
+    pairs = pair_features_read(cfg, edge_dim if target_edge_dim is None else target_edge_dim)
+    unread_edge_features(cfg, edge_dim, read, schema is not None, pairs)
+    return GraphShape(num_features, target.width, num_nodes, schema, target, read, pairs)
+
+
+def unread_edge_features(cfg: RunConfig, edge_dim: int, read: int, typed: bool = False, pairs: int = 0) -> None:
+    """Says whether the run reads the graph's edge features: which part reads how many (the model, ``read``; an
+    edge task's decoder, its targets' own, ``pairs``), or, where nothing does, that they cost nothing (none
+    gathered) and what would read them (``typed``: a typed graph's, ``edge_dim`` its widest relation's)."""
+    if not edge_dim:
+        return
+    if read or pairs:
+        parts = ([f"the model (model={cfg.model.name}) reads {read} per edge in message passing"] if read else []) + \
+            ([f"the decoder (task.decoder={cfg.task.decoder}) reads each target edge's own {pairs}"] if pairs else [])
+        log.info("edge features: the graph's edges carry %d; %s", edge_dim, "; ".join(parts))
+        return
+    readers = [f"model.edge_dim={edge_dim} (gat, gin)"] if not typed else []
+    readers.append("a model of your own whose forward takes edge_attr")
+    if cfg.task.name == "edge":
+        readers.append("task.decoder=concat (the target edges' own)")
+    log.info("edge features: the graph's edges carry %d, which nothing in this run reads (model=%s%s); %s would",
+             edge_dim, cfg.model.name, f", task.decoder={cfg.task.decoder}" if cfg.task.name == "edge" else "",
+             ", ".join(readers[:-1]) + (" or " if len(readers) > 1 else "") + readers[-1])
+
+
+def pair_features_read(cfg: RunConfig, edge_dim: int) -> int:
+    """The width of the target edges' own features an edge task's decoder reads (0: none): ``concat``'s, or a
+    decoder of the user's own whose ``forward`` takes ``edge_attr``, on a graph whose edges have ``edge_dim``."""
+    if cfg.task.name != "edge" or not edge_dim or not decoder_reads_edges(cfg.task.decoder):
+        return 0
+    return edge_dim
+
+
+# ---------------------------------------------------------------------- an edge task's targets
+
+
+def pairs_folder(cfg: RunConfig) -> Path:
+    """Where a prediction of the pairs of a file (``predict.pairs``) keeps them as targets, in its own folder (removed
+    at its end): named by the file's path, size and time, so that another file, or this one changed, is found
+    afresh."""
+    stat = Path(cfg.predict.pairs).stat()
+    key = hashlib.sha256(f"{Path(cfg.predict.pairs).resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()
+    return Path(cfg.run_dir) / f".pairs-{key[:12]}"
+
+
+def edge_targets(cfg: RunConfig, env: RankEnv):
+    """An edge task's targets: those prepared beside the graph (by every node's local rank 0, unless they are), or,
+    for a prediction of the pairs of a file (``predict.pairs``), those pairs in their place."""
+    from hpcgnn.data.edges import open_targets, pairs_as_targets, prepare_pairs, prepare_targets
+    from hpcgnn.stores.base import on_local_rank0
+
+    on_local_rank0(env, f"prepare the edge targets of {cfg.dataset.name}", lambda: prepare_targets(cfg.dataset))
+    targets = open_targets(cfg.dataset)
+    if cfg.predict.model_file and cfg.predict.pairs:  # (the prediction's own folder: found once per node, mapped)
+        folder, pairs = pairs_folder(cfg), cfg.predict.pairs
+        on_local_rank0(env, f"find the pairs of {pairs} in the graph",
+                       lambda: prepare_pairs(cfg.dataset, targets, pairs, folder))
+        return pairs_as_targets(targets, folder)
+    return targets
