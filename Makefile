@@ -16,7 +16,7 @@ STAMP := $(VENV)/.hpcgnn-installed
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml setup.py $(wildcard hpcgnn/sampling/kernels/*.c hpcgnn/sampling/kernels/*.h)
+$(STAMP): pyproject.toml setup.py $(wildcard hpcgnn/kernels/*.c hpcgnn/kernels/*.h)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check $(TORCH_SPEC)
 	$(PY) -m pip install --quiet --disable-pip-version-check -e ".[dev]"

@@ -1,6 +1,6 @@
 """Builds hpcgnn's C sampling kernels into the package at install time (``pip install .``, ``pip install -e .``, a
-wheel): a plain C extension of ``hpcgnn/sampling/kernels/*.c``, with no Python or torch header, loaded through ctypes
-(hpcgnn/sampling/kernels/build.py), so a compute node needs no compiler. Where no compiler is, hpcgnn installs without it
+wheel): a plain C extension of ``hpcgnn/kernels/*.c``, with no Python or torch header, loaded through ctypes
+(hpcgnn/kernels/build.py), so a compute node needs no compiler. Where no compiler is, hpcgnn installs without it
 and builds the kernels on first use, or samples on torch ops (the same batches, slower).
 
 Everything else about the package is in pyproject.toml.
@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parent
 # The sources and their hash, as the package computes them (kernels/sources.py, read by its path: neither the
 # package nor torch can be imported yet). The library answers the hash from hpcgnn_source_hash(); it is used only
 # where that matches the installed sources.
-_spec = importlib.util.spec_from_file_location("_hpcgnn_kernel_sources", ROOT / "hpcgnn/sampling/kernels/sources.py")
+_spec = importlib.util.spec_from_file_location("_hpcgnn_kernel_sources", ROOT / "hpcgnn/kernels/sources.py")
 kernels = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(kernels)
 SOURCE_HASH = kernels.source_hash()
@@ -49,7 +49,7 @@ class OptionalKernels(build_ext):
 
 setup(
     ext_modules=[Extension(
-        "hpcgnn.sampling.kernels._kernels", sources=[str(p.relative_to(ROOT)) for p in kernels.SOURCES],
+        "hpcgnn.kernels._kernels", sources=[str(p.relative_to(ROOT)) for p in kernels.SOURCES],
         depends=[str(p.relative_to(ROOT)) for p in kernels.HEADERS], optional=True,
         define_macros=[("HPCGNN_SOURCE_HASH", f'"{SOURCE_HASH}"')],
         extra_compile_args=["-O3", "-std=gnu11", "-pthread"], extra_link_args=["-pthread"],

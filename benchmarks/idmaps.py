@@ -5,7 +5,7 @@
 
 Sampling alone (no features), fanouts [15, 10, 5], batch 1024, on the prepared graph of benchmarks/sampler.py.
 A partitioned rank cannot hold an array over every id of a graph larger than a node: its map follows the
-batch, a hash table in C (``id_map="batch"``, hpcgnn/sampling/kernels/hash.c), or sorted arrays searched by torch
+batch, a hash table in C (``id_map="batch"``, hpcgnn/kernels/hash.c), or sorted arrays searched by torch
 ops where the C kernels are not (``HPCGNN_NATIVE=0``). The three make the same batches (checked here). Medians
 of ``--repeat`` interleaved runs; prints one comparison line.
 """
@@ -21,8 +21,8 @@ import time
 import torch
 from common import BATCH, FANOUTS, benchmark_graph, graph_arguments, interleaved_medians
 
+from hpcgnn.kernels import binding, hashtable
 from hpcgnn.sampling import CSRNeighborSampler
-from hpcgnn.sampling.kernels import binding, hashtable
 from hpcgnn.sampling.neighbor import BatchIdMap, SortedIdMap
 
 

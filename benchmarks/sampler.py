@@ -60,7 +60,7 @@ def copy_bandwidth(nbytes: int = 512 * 2**20, reps: int = 5) -> float:
     """Bytes per second a large copy moves here (read + write), with torch's threads: the faster of torch's
     copy (ordinary stores, which read each line before writing it: bytes moved that this does not count) and
     a copy by hpcgnn's row gather of 512-byte rows in order (stores past the caches, where the CPU has them)."""
-    from hpcgnn.sampling.kernels import binding, ops
+    from hpcgnn.kernels import binding, ops
 
     src = torch.ones(nbytes // 512, 128, dtype=torch.float32)
     dst = torch.empty_like(src)

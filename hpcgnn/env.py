@@ -97,7 +97,7 @@ VARIABLES: dict[str, str] = {
     "task_local": "SLURM_LOCALID",  # ... and on its node
     "local_servers": "HPCGNN_SAMPLER_SERVERS",  # host:port,... of local sampler servers (set by the local launcher)
     "run_locked": "HPCGNN_RUN_LOCKED",  # 1: the local launcher holds the run folder's lock (hpcgnn/runlock.py), not rank 0
-    # The C sampling kernels (hpcgnn/sampling/kernels/build.py), built at install, else on first use into a cache:
+    # The C sampling kernels (hpcgnn/kernels/build.py), built at install, else on first use into a cache:
     "native": "HPCGNN_NATIVE",  # 0: sample on torch ops only (the same batches, slower)
     "c_compiler": "CC",  # the C compiler that builds them on first use (default cc)
     "native_cache": "HPCGNN_NATIVE_CACHE",  # where those are kept (a folder only you may write)

@@ -47,7 +47,7 @@ def set_rng_state(state: dict) -> None:
 
 
 # Counter-based uniform numbers: SplitMix64 (Steele, Lea and Flood, 2014) of a key and an index, so that any piece
-# of a block can be made on its own, in any order, by any thread (hpcgnn/sampling/kernels/hops.c makes each number as it
+# of a block can be made on its own, in any order, by any thread (hpcgnn/kernels/hops.c makes each number as it
 # uses it) and comes out the same as torch's whole block here; the link split hashes edges with the same mix. The
 # constants as int64 (torch's int64 products wrap, as C's uint64 ones do).
 GAMMA, _MIX1, _MIX2 = (c - 2**64 for c in (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB))

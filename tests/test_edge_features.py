@@ -132,7 +132,7 @@ def test_ogbn_proteins_keeps_its_edges_features_as_ogbs_reader_gives_them(tmp_pa
 
 
 def test_a_sampled_edges_id_is_its_position_in_the_csr_in_c_and_in_the_torch_twin():
-    from hpcgnn.sampling.kernels import ops, twins
+    from hpcgnn.kernels import ops, twins
 
     g = torch.Generator().manual_seed(0)
     rowptr = torch.cat([torch.zeros(1, dtype=torch.long), torch.randint(0, 30, (200,), generator=g).cumsum(0)])

@@ -66,7 +66,7 @@ def test_the_installed_package_is_the_wheel(wheel_venv, tmp_path):
     assert Path(conf) == Path(package).parent / "conf"  # the repository's conf/, installed inside the package
     # The C sampling kernels are built into the wheel (setup.py): they load where no compiler is (CC names none),
     # from the installed package, checked against the source installed beside them.
-    native = _run([wheel_venv / "bin" / "python", "-c", "from hpcgnn.sampling.kernels import binding, build, sources; "
+    native = _run([wheel_venv / "bin" / "python", "-c", "from hpcgnn.kernels import binding, build, sources; "
                    "print(sources.SOURCES[0]); print(build.packaged()); print(binding.kernels() is not None)"], cwd=tmp_path,
                   env={"XDG_CACHE_HOME": str(tmp_path), "HPCGNN_NATIVE": "1", "CC": "no-such-cc"})
     source, packaged, loaded = native.stdout.split()

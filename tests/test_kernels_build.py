@@ -25,7 +25,7 @@ def _compile(tmp_path: Path, name: str, sources: list[Path], *flags: str) -> Pat
 @needs_cc
 def test_a_library_whose_recorded_hash_differs_is_never_loaded(tmp_path):
     """Loading a library runs its constructors: the check comes first, so its marker is never written."""
-    from hpcgnn.sampling.kernels import build, sources
+    from hpcgnn.kernels import build, sources
 
     marker = tmp_path / "constructor-ran"
     c = tmp_path / "planted.c"
@@ -54,7 +54,7 @@ def test_a_library_whose_recorded_hash_differs_is_never_loaded(tmp_path):
 def test_a_library_of_this_source_whose_hops_draw_differently_fails_the_self_test(tmp_path):
     """This source's hash, its record, every symbol, gathers that copy the right rows, a hop that takes every
     neighbour where it draws none: only a hop that draws tells (before: test accuracy 0.549 against 0.550)."""
-    from hpcgnn.sampling.kernels import build, sources
+    from hpcgnn.kernels import build, sources
 
     copy = tmp_path / "src"
     copy.mkdir()

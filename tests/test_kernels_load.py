@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hpcgnn.sampling.kernels import binding
+from hpcgnn.kernels import binding
 
 needs_cc = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler here to make the libraries")
 
@@ -32,14 +32,14 @@ def _cc(tmp_path, name: str, source: str, *flags: str) -> Path:
 
 def _unity() -> str:
     """C text that compiles every source of the kernels as one file."""
-    from hpcgnn.sampling.kernels import sources
+    from hpcgnn.kernels import sources
 
     return "".join(f'#include "{path}"\n' for path in sources.SOURCES)
 
 
 def _lying(tmp_path) -> Path:
     """The kernels of this very source (the right hash) whose row gathers write zeros: only the self-test tells."""
-    from hpcgnn.sampling.kernels import build
+    from hpcgnn.kernels import build
 
     return _cc(tmp_path, "lying", _unity() +
                "int64_t lying_gather(const void *s, int64_t r, int64_t b, const int64_t *i, int64_t n, void *o,\n"
@@ -56,8 +56,8 @@ def kernels_with(monkeypatch, tmp_path, caplog):
     warnings it logged), and checks that they (or torch ops) make the torch ops' batches."""
     from hpcgnn.config import DatasetConfig
     from hpcgnn.data import build_graph
+    from hpcgnn.kernels import build
     from hpcgnn.sampling import CSRNeighborSampler
-    from hpcgnn.sampling.kernels import build
 
     graph = build_graph(DatasetConfig(num_nodes=2000, avg_degree=30, seed=1))
 
@@ -91,7 +91,7 @@ def kernels_with(monkeypatch, tmp_path, caplog):
 
 @needs_cc
 def test_a_library_planted_in_the_package_is_refused_and_the_sources_own_used(kernels_with, tmp_path):
-    from hpcgnn.sampling.kernels import sources
+    from hpcgnn.kernels import sources
 
     planted = _cc(tmp_path, "planted", "long hpcgnn_hop_plan(void) { return 0; }\n")
     sources.record_hash(planted)  # (planted with its hash: the symbols still tell)
@@ -107,7 +107,7 @@ def test_a_wrong_library_in_the_cache_is_never_used(kind, kernels_with, tmp_path
     """At the cache's own path: one built from an older source, one of this source whose gathers write zeros (the
     'test accuracy 1.0000' case), one cut short (a full disk, a killed copy: SIGBUS when loaded): each is built
     again, with one warning naming it, and the batches are the torch ops'."""
-    from hpcgnn.sampling.kernels import build
+    from hpcgnn.kernels import build
 
     cache = tmp_path / "cache"
     path = build.build(cache)
@@ -128,7 +128,7 @@ def test_a_wrong_library_in_the_cache_is_never_used(kind, kernels_with, tmp_path
 
 @needs_cc
 def test_a_cut_short_library_without_a_compiler_ends_on_torch_ops_with_one_warning(kernels_with, tmp_path):
-    from hpcgnn.sampling.kernels import build
+    from hpcgnn.kernels import build
 
     cache = tmp_path / "cache"
     path = build.build(cache)
@@ -142,7 +142,7 @@ def test_a_cut_short_library_without_a_compiler_ends_on_torch_ops_with_one_warni
 
 @needs_cc
 def test_without_a_compiler_a_library_built_here_before_is_used(kernels_with, tmp_path):
-    from hpcgnn.sampling.kernels import build
+    from hpcgnn.kernels import build
 
     cache = tmp_path / "cache"
     path = build.build(cache)
@@ -177,12 +177,12 @@ def test_a_cache_folder_others_may_write_is_refused(kernels_with, tmp_path):
 def test_the_installed_package_carries_the_kernels_of_its_own_source():
     """An editable install (make setup) and a wheel build the kernels at install time (setup.py): the one beside the
     source loads and answers this source's hash."""
-    from hpcgnn.sampling.kernels import build
+    from hpcgnn.kernels import build
 
     path = build.packaged()
     if shutil.which("cc") is None:
         pytest.skip("installed without a compiler: no library in the package")
-    assert path is not None, "pip install -e . should have built hpcgnn/sampling/kernels/_kernels*.so (setup.py)"
+    assert path is not None, "pip install -e . should have built hpcgnn/kernels/_kernels*.so (setup.py)"
     assert build.load(path).hpcgnn_source_hash().decode() == build.source_hash()
 
 
@@ -191,7 +191,7 @@ def test_the_installed_package_carries_the_kernels_of_its_own_source():
 def test_a_cache_folder_that_cannot_be_written_says_so_and_a_library_built_there_still_loads(kernels_with, tmp_path):
     """A read-only cache (a project space mounted read-only on compute nodes): nothing can be built there, and the
     warning names the folder and HPCGNN_NATIVE_CACHE, not a compiler; a library built there before still loads."""
-    from hpcgnn.sampling.kernels import build
+    from hpcgnn.kernels import build
 
     cache = tmp_path / "ro"
     cache.mkdir(mode=0o700)

@@ -13,7 +13,7 @@ from conftest import REPO
 # The layers, bottom first: a module may import its own layer and those below. The top-level modules (errors,
 # env, config, rng, trust, ...) and the package's own ``__init__`` are the ground floor; commands (``__main__``)
 # stand above everything, and so do the package's public names, which load what they name when first used.
-LAYERS = ("", "data", "partition", "sampling", "models", "stores", "tasks", "rank", "submit")
+LAYERS = ("", "kernels", "data", "partition", "sampling", "models", "stores", "tasks", "rank", "submit")
 
 
 def import_graph() -> dict[str, set[str]]:

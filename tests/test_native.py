@@ -1,4 +1,4 @@
-"""The C sampling kernels (hpcgnn/sampling/kernels/): the same batches as the torch ops, bit for bit; built
+"""The C sampling kernels (hpcgnn/kernels/): the same batches as the torch ops, bit for bit; built
 once per source and compiler; a machine without a compiler samples on torch ops and says how to mend it."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import torch
 from hpcgnn.config import DatasetConfig
 from hpcgnn.data import Graph, build_graph
 from hpcgnn.data.synthetic import make_synthetic_typed
+from hpcgnn.kernels import binding, build, hashtable, ops, scheduler, sources, twins
 from hpcgnn.sampling import CSRNeighborSampler
-from hpcgnn.sampling.kernels import binding, build, hashtable, ops, scheduler, sources, twins
 from hpcgnn.sampling.neighbor import BatchIdMap, DenseIdMap, SortedIdMap, sample_neighbors
 from hpcgnn.sampling.typed import TypedNeighborSampler
 
@@ -543,7 +543,7 @@ def test_ranks_building_at_once_each_load_one_whole_library(tmp_path):
     import subprocess
     import sys
 
-    code = ("import sys; from pathlib import Path; from hpcgnn.sampling.kernels import build; "
+    code = ("import sys; from pathlib import Path; from hpcgnn.kernels import build; "
             "lib = build.build(cache=Path(sys.argv[1])); build.load(lib); print(lib)")
     procs = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True)
              for _ in range(3)]

@@ -105,6 +105,9 @@ def test_a_batch_round_trips_through_a_slot_and_says_when_it_needs_a_larger_one(
     back = shipping.unpack(shipping.pack(hetero, shipping.SlotWriter(slot))[0], slot)
     assert torch.equal(back["paper"].x, hetero["paper"].x) and back["paper"].batch_size == 2
     assert torch.equal(back["paper", "cites", "paper"].edge_index, hetero["paper", "cites", "paper"].edge_index)
+    # a place past the slot (the description another slot's batch gave) is refused, not viewed short
+    with pytest.raises(ValueError, match=r"a batch's tensor of 280 bytes at 65400 lies past its slot's 65536"):
+        shipping.unpack(("Data", {"x": shipping.Ref(65400, "float32", (10, 7))}), slot)
 
 
 # ------------------------------------------------------------------ the same training, bitwise

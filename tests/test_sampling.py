@@ -13,6 +13,8 @@ import torch
 
 from hpcgnn.config import DatasetConfig
 from hpcgnn.data import Graph, build_graph
+from hpcgnn.kernels import scheduler
+from hpcgnn.kernels.scheduler import threads
 from hpcgnn.sampling import (
     BatchLoader,
     CSRNeighborSampler,
@@ -20,8 +22,6 @@ from hpcgnn.sampling import (
     sample_neighbors,
     steps_per_epoch,
 )
-from hpcgnn.sampling.kernels import scheduler
-from hpcgnn.sampling.kernels.scheduler import threads
 from hpcgnn.sampling.neighbor import DenseIdMap
 
 

@@ -9,7 +9,7 @@ Here a layer is split where its arithmetic allows:
   the rows (mean and sum are linear: DGL's SAGEConv does the same, ``lin_before_mp``): GraphSAGE's neighbour
   weight when the layer's output is narrower than its input, GCN's weight always (as PyG's GCNConv does);
 - the aggregation: the sum or mean of the in-neighbours' rows, each read once per edge into an accumulator, rows
-  stored as bfloat16 or float16 widened on the way (:func:`hpcgnn.sampling.kernels.ops.aggregate_rows`, C);
+  stored as bfloat16 or float16 widened on the way (:func:`hpcgnn.kernels.ops.aggregate_rows`, C);
   GCN's weights from the nodes' global degrees and its self-loops, as :class:`~hpcgnn.sampling.transforms.GCNNorm`
   puts them into a sampled batch;
 - ``after``: the rest, on the chunk's targets: the root weight and bias (GraphSAGE), the bias (GCN), GIN's

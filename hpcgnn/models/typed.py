@@ -124,7 +124,7 @@ class RGCN(torch.nn.Module):
         :meth:`maps_first`), else by PyG's message passing."""
         out = self.roots[i][node_type](x_dict[node_type][lo:hi])
         if out.device.type == "cpu" and self.aggregation == "csr":
-            from hpcgnn.sampling.kernels.ops import aggregate_rows
+            from hpcgnn.kernels.ops import aggregate_rows
 
             for rel, conv in self.relations_into(i, node_type):
                 if mapped is not None and rel in mapped:

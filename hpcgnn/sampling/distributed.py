@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-import hpcgnn.sampling.kernels.ops as ops
+import hpcgnn.kernels.ops as ops
 from hpcgnn.partition.parts import Parts
 from hpcgnn.sampling.neighbor import CSRNeighborSampler, sample_neighbors
 

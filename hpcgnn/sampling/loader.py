@@ -24,8 +24,8 @@ import torch
 from torch import Tensor
 from torch_geometric.data import Data
 
-import hpcgnn.sampling.kernels.ops as ops
-import hpcgnn.sampling.kernels.scheduler as scheduler
+import hpcgnn.kernels.ops as ops
+import hpcgnn.kernels.scheduler as scheduler
 from hpcgnn import rng
 from hpcgnn.clock import Clock
 from hpcgnn.data.graph import Graph
@@ -113,7 +113,7 @@ class LocalTypedFeatures:
 def gather_rows(src: Tensor, index: Tensor, pin_memory: bool = False, dtype: torch.dtype | None = None) -> Tensor:
     """``src.index_select(0, index)``, as ``dtype`` (default ``src``'s): on the host by the C kernels where they are
     (each row asked for from memory ahead of its copy; bfloat16 or float16 rows widened to float32 in the same pass:
-    :func:`hpcgnn.sampling.kernels.ops.gather_rows`); with ``pin_memory`` written into a page-locked buffer from the
+    :func:`hpcgnn.kernels.ops.gather_rows`); with ``pin_memory`` written into a page-locked buffer from the
     CUDA host allocator's cache, with no second copy."""
     dtype = dtype or src.dtype
     if src.is_cuda:

@@ -23,10 +23,10 @@ import torch
 from torch import Tensor
 from torch_geometric.sampler import BaseSampler, NodeSamplerInput, SamplerOutput
 
-import hpcgnn.sampling.kernels.binding as binding
-import hpcgnn.sampling.kernels.hashtable as hashtable
-import hpcgnn.sampling.kernels.ops as ops
-import hpcgnn.sampling.kernels.twins as twins
+import hpcgnn.kernels.binding as binding
+import hpcgnn.kernels.hashtable as hashtable
+import hpcgnn.kernels.ops as ops
+import hpcgnn.kernels.twins as twins
 
 
 @dataclass(frozen=True)
@@ -142,7 +142,7 @@ class DenseIdMap(IdMap):
             self._state[ids] = 2
 
     def add_new(self, candidates: list[Tensor], total: int) -> Tensor:
-        """:meth:`IdMap.add_new`, in one pass of C on the host where the kernels are (hpcgnn.sampling.kernels.ops)."""
+        """:meth:`IdMap.add_new`, in one pass of C on the host where the kernels are (hpcgnn.kernels.ops)."""
         if not binding.usable(self.table):
             return super().add_new(candidates, total)
         if self._state is None:  # the first time: the ids put so far (the seeds) in the state too
@@ -194,7 +194,7 @@ class SortedIdMap(IdMap):
 
 class BatchIdMap(IdMap):
     """Global -> batch-local ids in memory that follows the batch, not the graph (a partitioned rank's):
-    a hash table in C where the kernels are (:class:`hpcgnn.sampling.kernels.hashtable.HashTable`), else sorted
+    a hash table in C where the kernels are (:class:`hpcgnn.kernels.hashtable.HashTable`), else sorted
     arrays (:class:`SortedIdMap`); the same ids either way. Chosen per process: a sampler pickled to a
     sampler process (maybe on a node with no C compiler) chooses there, the map being empty between batches."""
 

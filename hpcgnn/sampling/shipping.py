@@ -149,12 +149,67 @@ def loads(data: bytes):
 
 
 RECIPES = "recipes"  # in the run folder: what each trainer's servers rebuild its sampler from (rank-<r>.state, 0600)
-STATE_MAGIC = b"hpcgnn sampler state 1\n"
+STATE_MAGIC = b"hpcgnn sampler state 2\n"
 # The one list of dtypes a raw array may have where bytes are read back by what a description says (a sampler state's
 # arrays, a batch's tensors on the wire): nothing else is ever viewed.
 DTYPES = ("bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64")
 STATE_DTYPES = {name: getattr(torch, name) for name in DTYPES}
 MAX_HEADER = 1 << 20  # bytes of a state's JSON header: its settings and its arrays' places, never more
+MAX_DEPTH = 16  # how deep a state's header nests (its values: flags, numbers, short lists); an array's dimensions
+MAX_DIM = 1 << 48  # one dimension of an array, at most
+
+
+@dataclass(frozen=True)
+class Ref:
+    """A raw array's place among a payload's bytes: the one description of an array that travels as raw bytes (a
+    sampler state's arrays in its file, a batch's tensors in a slot and on the wire), written as JSON
+    ``[offset, dtype, shape]`` (:meth:`to_json`) and read back only through :meth:`read`, which checks it."""
+
+    offset: int
+    dtype: str  # one of DTYPES
+    shape: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        """Its bytes (Python's integers: a product past 2**63 does not wrap)."""
+        return math.prod(self.shape) * STATE_DTYPES[self.dtype].itemsize
+
+    def to_json(self) -> list:
+        return [self.offset, self.dtype, list(self.shape)]
+
+    @classmethod
+    def read(cls, x, size: int | None, what: str) -> Ref:
+        """The place JSON ``x`` describes; ValueError naming ``what`` where it is not one: a dtype of
+        :data:`DTYPES`, at most :data:`MAX_DEPTH` dimensions each below 2**48, an offset >= 0 and (``size``: the
+        payload's bytes, where known) its bytes inside the payload."""
+        ok = (isinstance(x, list) and len(x) == 3 and type(x[0]) is int and x[0] >= 0 and isinstance(x[1], str)
+              and x[1] in STATE_DTYPES and isinstance(x[2], list) and len(x[2]) <= MAX_DEPTH
+              and all(type(d) is int and 0 <= d < MAX_DIM for d in x[2]))
+        ref = cls(x[0], x[1], tuple(x[2])) if ok else None
+        if ref is None or (size is not None and ref.offset + ref.nbytes > size):
+            raise cls.refused(what)
+        return ref
+
+    @staticmethod
+    def refused(what: str) -> ValueError:
+        return ValueError(f"{what} is not described by a dtype of {sorted(STATE_DTYPES)}, a shape of dimensions "
+                          "below 2**48, and a place inside its payload")
+
+    def take(self, payload: memoryview) -> Tensor:
+        """The array, copied out of ``payload`` (a file's bytes: its own memory, aligned)."""
+        dtype = STATE_DTYPES[self.dtype]
+        if self.nbytes == 0:
+            return torch.empty(self.shape, dtype=dtype)
+        raw = bytearray(payload[self.offset: self.offset + self.nbytes])
+        return torch.frombuffer(raw, dtype=torch.uint8).view(dtype).reshape(self.shape)
+
+    def view(self, slot: Tensor) -> Tensor:
+        """The array where it lies in ``slot`` (uint8; aligned places: :class:`SlotWriter`'s), valid until the slot is
+        written again."""
+        if self.offset + self.nbytes > slot.numel():
+            raise ValueError(f"a batch's tensor of {self.nbytes} bytes at {self.offset} lies past its slot's "
+                             f"{slot.numel()}")
+        return _view(slot, self.offset, STATE_DTYPES[self.dtype], self.shape)
 
 
 @dataclass(frozen=True)
@@ -174,12 +229,12 @@ class SamplerState:
 
     def encode(self) -> bytes:
         """The magic line, the header's length (8 bytes, little-endian), the header (JSON: the fields, and each
-        array's dtype, shape, offset and size), then the arrays' bytes."""
+        array's place, a :class:`Ref`), then the arrays' bytes."""
         places, chunks, offset = {}, [], 0
         for name, t in self.arrays.items():
             t = t.detach().cpu().contiguous()
             raw = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
-            places[name] = {"dtype": _dtype_name(t.dtype), "shape": list(t.shape), "offset": offset, "nbytes": len(raw)}
+            places[name] = Ref(offset, _dtype_name(t.dtype), tuple(t.shape)).to_json()
             chunks.append(raw)
             offset += len(raw)
         header = json.dumps({"kind": self.kind, "rank": self.rank, "world_size": self.world_size,
@@ -205,10 +260,6 @@ class SamplerState:
             raise ValueError("a sampler state's header lacks its kind, rank, world size, values or arrays")
         return cls(head["kind"], head["rank"], head["world_size"], head["values"],
                    {name: _array(name, p, payload) for name, p in head["arrays"].items()})
-
-
-MAX_DEPTH = 16  # how deep a state's header nests (its values: flags, numbers, short lists)
-MAX_DIM = 1 << 48  # one dimension of an array, at most
 
 
 def _json_within(raw: bytes, what: str):
@@ -240,28 +291,13 @@ def _json_within(raw: bytes, what: str):
 
 
 def _array(name: str, p, payload: memoryview) -> Tensor:
-    """One array of a state, from its description ``p`` and the payload; ValueError where they do not fit."""
-    bad = ValueError(f"a sampler state's array {str(name)[:40]!r} is not described by a dtype of "
-                     f"{sorted(STATE_DTYPES)}, a shape of dimensions below 2**48, and a place inside its payload")
-    dtype = STATE_DTYPES.get(p.get("dtype")) if isinstance(p, dict) and isinstance(p.get("dtype"), str) else None
-    if dtype is None:
-        raise bad
-    shape, offset, nbytes = p.get("shape"), p.get("offset"), p.get("nbytes")
-    if not (isinstance(shape, list) and len(shape) <= MAX_DEPTH
-            and all(type(d) is int and 0 <= d < MAX_DIM for d in shape)
-            and type(offset) is int and type(nbytes) is int and 0 <= offset and 0 <= nbytes
-            and offset + nbytes <= len(payload)):
-        raise bad
-    itemsize = torch.empty(0, dtype=dtype).element_size()
-    if nbytes != math.prod(shape) * itemsize:  # (Python's integers: a product past 2**63 does not wrap)
-        raise bad
+    """One array of a state, from its place ``p`` and the payload; ValueError where they do not fit."""
+    what = f"a sampler state's array {str(name)[:40]!r}"
+    ref = Ref.read(p, len(payload), what)
     try:
-        if nbytes == 0:
-            return torch.empty(shape, dtype=dtype)
-        raw = bytearray(payload[offset: offset + nbytes])
-        return torch.frombuffer(raw, dtype=torch.uint8).view(dtype).reshape(shape)
+        return ref.take(payload)
     except (RuntimeError, OverflowError):  # (an empty shape whose strides torch cannot hold: [2**47] * 3 + [0])
-        raise bad from None
+        raise Ref.refused(what) from None
 
 
 def state_path(run_dir: str | Path, rank: int) -> Path:
@@ -297,15 +333,6 @@ def fetch(run_dir: str | Path, rank: int, sha256: str) -> SamplerState:
 
 
 # ---------------------------------------------------------------------- batches through a shared slot
-
-
-@dataclass(frozen=True)
-class Ref:
-    """A tensor's place in a slot."""
-
-    offset: int
-    dtype: str
-    shape: tuple[int, ...]
 
 
 def _walk(obj, fn):
@@ -387,8 +414,7 @@ class Packed:
     def nbytes(self) -> int:
         """Where its last tensor ends in the slot."""
         ends = [0]
-        _walk(self.meta[1], lambda ref: ends.append(ref.offset + int(np.prod(ref.shape, dtype=np.int64)) *
-                                                    torch.empty(0, dtype=getattr(torch, ref.dtype)).element_size()))
+        _walk(self.meta[1], lambda ref: ends.append(ref.offset + ref.nbytes))
         return max(ends)
 
     def view(self) -> memoryview:
@@ -399,4 +425,4 @@ def unpack(meta: tuple, slot: Tensor) -> Data | HeteroData:
     """The batch :func:`pack` wrote, its tensors viewed in ``slot`` (valid until the slot is written again)."""
     kind, d = meta
     cls = {"Data": Data, "HeteroData": HeteroData}[kind]
-    return cls.from_dict(_walk(d, lambda ref: _view(slot, ref.offset, getattr(torch, ref.dtype), ref.shape)))
+    return cls.from_dict(_walk(d, lambda ref: ref.view(slot)))

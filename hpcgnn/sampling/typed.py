@@ -393,8 +393,8 @@ class PartitionedTypedFeatures:
         """Rows ``e_id`` (global edge ids of ``rel``) of its edges' features as float32: this rank's from its parts,
         the others' from the ranks that hold them (their targets' owners); collective (every rank calls it for each
         such relation of every batch, empty or not)."""
+        from hpcgnn.kernels import ops
         from hpcgnn.sampling.distributed import fetch_rows
-        from hpcgnn.sampling.kernels import ops
 
         s = self.sampler
         view, rows, base = s.view, s.typed.edge_attr[rel], s.typed.edge_base[rel]

@@ -42,7 +42,7 @@ from cryptography.hazmat.primitives.poly1305 import Poly1305
 
 import hpcgnn.sampling.messages as m
 from hpcgnn.sampling.distributed import CommStats
-from hpcgnn.sampling.shipping import DTYPES, Ref
+from hpcgnn.sampling.shipping import Ref
 from hpcgnn.trust import Session
 
 _HEAD = struct.Struct("!BIQ")  # kind, body bytes, payload bytes
@@ -52,7 +52,6 @@ TAG = 16  # Poly1305
 CHUNK = 4 * 2**20  # a payload's bytes are sent, received and tagged this many at a time
 MAX_BODY = 64 * 2**20  # a body larger than this is refused (an epoch's seeds travel in the payload)
 MAX_PAYLOAD = 2**40  # ... a payload larger than this
-_DTYPES = frozenset(DTYPES)  # (shipping's one list: a sampler state's arrays and a batch's tensors alike)
 
 
 class Forged(ValueError):
@@ -78,7 +77,7 @@ def _encode(v):
     if v is None or isinstance(v, (bool, int, float, str)):
         return v
     if isinstance(v, Ref):
-        return {"r": [v.offset, v.dtype, list(v.shape)]}
+        return {"r": v.to_json()}
     if isinstance(v, list):
         return {"l": [_encode(x) for x in v]}
     if isinstance(v, tuple):
@@ -104,8 +103,11 @@ def _decode(v, depth: int = 0):
     (tag, x), = v.items()
     if not isinstance(x, list):
         raise Forged(f"a batch's description holds a {tag!r} that is no list")
-    if tag == "r" and len(x) == 3 and x[1] in _DTYPES and isinstance(x[2], list):
-        return Ref(_int(x[0], "an offset"), x[1], tuple(_int(n, "a dimension") for n in x[2]))
+    if tag == "r":  # (shipping's one reader of an array's place: its dtype, dimensions and offset checked)
+        try:
+            return Ref.read(x, None, "a batch's tensor")
+        except ValueError as exc:
+            raise Forged(str(exc)) from None
     if tag == "l":
         return [_decode(e, depth + 1) for e in x]
     if tag == "t":

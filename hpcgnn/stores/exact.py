@@ -443,7 +443,7 @@ class _CSRPath:
         """The layer's outputs of target rows ``lo .. hi``: ``src``'s rows aggregated over their in-edges (GAT:
         weighed by the attention its ``scores`` give), then the rest of the layer with the targets' own rows of
         ``table``."""
-        from hpcgnn.sampling.kernels.ops import aggregate_rows
+        from hpcgnn.kernels.ops import aggregate_rows
 
         if spec.attention is not None:
             weight, own = spec.attention(graph.rowptr, graph.col, scores, lo, hi)
@@ -511,8 +511,8 @@ def _shared_chunks(n: int, chunk_size: int, chunks: int, rank: int, world_size: 
     ranks take the chunks after the first ``world_size`` from a shared counter. None where the table or the
     counter cannot be made (the caller all-gathers). Returns with every chunk written (a barrier): a table
     read while computing them may be given back then."""
-    from hpcgnn.sampling.kernels import ops
-    from hpcgnn.sampling.kernels.binding import kernels
+    from hpcgnn.kernels import ops
+    from hpcgnn.kernels.binding import kernels
 
     def rows(k: int) -> tuple[int, int]:
         return min(k * chunk_size, n), min((k + 1) * chunk_size, n)

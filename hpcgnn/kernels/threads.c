@@ -2,7 +2,7 @@
 #include "kernels.h"
 
 /* The source this library was built from (the first 16 hex digits of the SHA-256 of the sources, passed by whoever
- * builds it: setup.py, hpcgnn/sampling/kernels/build.py): a library that answers otherwise is not used. */
+ * builds it: setup.py, hpcgnn/kernels/build.py): a library that answers otherwise is not used. */
 #ifndef HPCGNN_SOURCE_HASH
 #define HPCGNN_SOURCE_HASH "unknown"
 #endif

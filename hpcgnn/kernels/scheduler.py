@@ -9,7 +9,7 @@ import threading
 import torch
 from torch import Tensor
 
-from hpcgnn.sampling.kernels.binding import kernels, ptr
+from hpcgnn.kernels.binding import kernels, ptr
 
 CHUNK = 4096  # items per chunk of work (at most MAX_CHUNKS chunks), which the kernels' threads take in turn
 MAX_CHUNKS = 256

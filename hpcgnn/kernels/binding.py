@@ -1,4 +1,4 @@
-"""The kernels of the C kernels loaded through ctypes, checked before anything calls them (:mod:`hpcgnn.sampling.kernels.build`),
+"""The kernels of the C kernels loaded through ctypes, checked before anything calls them (:mod:`hpcgnn.kernels.build`),
 or None where none is usable (``HPCGNN_NATIVE=0``, no C compiler): every caller then runs its torch twin."""
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ from hpcgnn import env
 
 @functools.lru_cache(maxsize=1)
 def kernels() -> ctypes.CDLL | None:
-    """The loaded kernels, checked (:func:`hpcgnn.sampling.kernels.build.find`), or None (``HPCGNN_NATIVE=0``, or none
+    """The loaded kernels, checked (:func:`hpcgnn.kernels.build.find`), or None (``HPCGNN_NATIVE=0``, or none
     here is usable: logged once, with the fix)."""
     if env.read("native") == "0":
         return None
-    from hpcgnn.sampling.kernels.build import find
+    from hpcgnn.kernels.build import find
 
     return find()
 

@@ -3,7 +3,7 @@
 The host sampler's hops and its numbering of new nodes are loops that torch ops express only in
 many passes over memory (a Floyd step per sampled slot, a sort or a scan per hop). the C kernels
 runs them in one pass each. It includes no torch header: ``pip install`` builds it into the package, or the C
-compiler on first use into a cache (:mod:`hpcgnn.sampling.kernels.build`, which also checks a library before it is
+compiler on first use into a cache (:mod:`hpcgnn.kernels.build`, which also checks a library before it is
 called).
 
 The kernels take the same key (drawn by torch from the batch's generator, once per hop), make the
@@ -21,10 +21,10 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-import hpcgnn.sampling.kernels.twins as twins
+import hpcgnn.kernels.twins as twins
 from hpcgnn import rng
-from hpcgnn.sampling.kernels.binding import kernels, ptr, usable
-from hpcgnn.sampling.kernels.scheduler import MAX_CHUNKS, chunks_for, shared_gather, threads
+from hpcgnn.kernels.binding import kernels, ptr, usable
+from hpcgnn.kernels.scheduler import MAX_CHUNKS, chunks_for, shared_gather, threads
 
 log = logging.getLogger(__name__)
 

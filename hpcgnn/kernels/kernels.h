@@ -2,7 +2,7 @@
  * shares: the prefetch distance, work cut into chunks for a team of threads (threads.c), the id lists' helpers
  * (ids.c), and the counter-based uniform numbers (SplitMix64) the hops draw from.
  *
- * Built when hpcgnn is installed (setup.py), else on first use (hpcgnn/sampling/kernels/build.py), with no torch
+ * Built when hpcgnn is installed (setup.py), else on first use (hpcgnn/kernels/build.py), with no torch
  * header, and called through ctypes with tensors' data pointers (kernels/build.py's SIGNATURES, checked against the
  * definitions here by tests/test_native.py). Every function computes exactly what its torch twin computes
  * (kernels/twins.py: the same key in, the same random numbers of it, the same batch out, bit for bit), so a machine

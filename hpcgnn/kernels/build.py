@@ -3,7 +3,7 @@
 
 Where the library comes from, in order:
 
-1. **the package**: ``pip install`` builds the sources into ``hpcgnn/sampling/kernels/_kernels*.so`` (``setup.py``:
+1. **the package**: ``pip install`` builds the sources into ``hpcgnn/kernels/_kernels*.so`` (``setup.py``:
    a plain C extension, no torch headers), so a compute node needs no compiler;
 2. **the cache**: where the package has none (a build without a compiler, a source changed since), the C
    compiler builds it on first use into ``$HPCGNN_NATIVE_CACHE`` (default ``$XDG_CACHE_HOME/hpcgnn/native``),
@@ -42,7 +42,7 @@ from pathlib import Path
 
 import torch
 
-import hpcgnn.sampling.kernels.sources as sources
+import hpcgnn.kernels.sources as sources
 from hpcgnn import env, paths
 
 log = logging.getLogger(__name__)
@@ -182,7 +182,7 @@ def self_test(lib: ctypes.CDLL) -> None:
 def _drawing_hop_test(lib: ctypes.CDLL) -> None:
     """Rows of 40 neighbours, 5 drawn each (Floyd's draws from the hop's key): the C hop against its torch twin."""
     from hpcgnn import rng
-    from hpcgnn.sampling.kernels import twins
+    from hpcgnn.kernels import twins
 
     rows, degree, fanout = 64, 40, 5
     rowptr = torch.arange(0, (rows + 1) * degree, degree)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from hpcgnn.sampling.kernels.binding import kernels, ptr
-from hpcgnn.sampling.kernels.scheduler import chunks_for, threads
+from hpcgnn.kernels.binding import kernels, ptr
+from hpcgnn.kernels.scheduler import chunks_for, threads
 
 
 class HashTable:

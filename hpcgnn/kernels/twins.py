@@ -1,4 +1,4 @@
-"""The torch twins of the C kernels' operations (:mod:`hpcgnn.sampling.kernels.ops`): each of the same signature, and
+"""The torch twins of the C kernels' operations (:mod:`hpcgnn.kernels.ops`): each of the same signature, and
 the same result, bit for bit (tests/test_native.py checks both), where the kernels cannot run (no compiler,
 ``HPCGNN_NATIVE=0``, tensors on a GPU). ``ops`` calls them itself there, so either module may be called anywhere.
 
@@ -96,7 +96,7 @@ def floyd_sample(n: Tensor, k: int, generator: torch.Generator | None = None) ->
 
 
 def number_new(table: Tensor, state: Tensor, candidates: list[Tensor], total: int) -> Tensor:
-    """:func:`hpcgnn.sampling.kernels.ops.number_new` by torch ops: the distinct candidates not in the map (state
+    """:func:`hpcgnn.kernels.ops.number_new` by torch ops: the distinct candidates not in the map (state
     2), sorted, entered as ``total``, ``total + 1``, ...; an id out of range changes nothing."""
     ids = torch.cat([c.long().reshape(-1) for c in candidates]) if candidates else torch.empty(0, dtype=torch.long)
     _check_ids(ids, table.numel())
@@ -107,7 +107,7 @@ def number_new(table: Tensor, state: Tensor, candidates: list[Tensor], total: in
 
 
 def dense_get(table: Tensor, state: Tensor, ids: Tensor, out: Tensor | None = None) -> Tensor:
-    """:func:`hpcgnn.sampling.kernels.ops.dense_get` by torch ops: ``table[ids]`` where the state says an id is in
+    """:func:`hpcgnn.kernels.ops.dense_get` by torch ops: ``table[ids]`` where the state says an id is in
     the map, else -1."""
     ids = ids.long()
     _check_ids(ids, table.numel())
@@ -116,7 +116,7 @@ def dense_get(table: Tensor, state: Tensor, ids: Tensor, out: Tensor | None = No
 
 
 def gather_rows(src: Tensor, index: Tensor, out: Tensor, at: Tensor | None = None) -> Tensor:
-    """:func:`hpcgnn.sampling.kernels.ops.gather_rows` by torch ops: ``out[at] = src[index]`` (``at`` None: all of
+    """:func:`hpcgnn.kernels.ops.gather_rows` by torch ops: ``out[at] = src[index]`` (``at`` None: all of
     ``out``, in order), in ``out``'s dtype."""
     if at is not None:
         return out.index_copy_(0, at.long(), src.index_select(0, index).to(out.dtype))
@@ -135,7 +135,7 @@ def _check_ids(ids: Tensor, size: int) -> None:
 def aggregate_rows(rowptr: Tensor, col: Tensor, x: Tensor, lo: int, hi: int, *, mean: bool = False,
                    dinv: Tensor | None = None, self_loop: bool = False, edge_weight: Tensor | None = None,
                    self_weight: Tensor | None = None) -> Tensor:
-    """:func:`hpcgnn.sampling.kernels.ops.aggregate_rows` by torch ops: every edge's source row gathered (and
+    """:func:`hpcgnn.kernels.ops.aggregate_rows` by torch ops: every edge's source row gathered (and
     weighed), then added into its target row in the edges' order (``index_add_``), on ``x``'s device."""
     device = x.device
     start, end = rowptr[lo:hi + 1].to(device).long(), rowptr[lo + 1:hi + 1].to(device).long()

@@ -1,7 +1,7 @@
 """The kernels' C sources, and the hash that a library built from them answers (``hpcgnn_source_hash``).
 
 Standard library only: setup.py loads this file by its path to build the kernels, before the package (and torch)
-can be imported; :mod:`hpcgnn.sampling.kernels.build` imports it to build and check them.
+can be imported; :mod:`hpcgnn.kernels.build` imports it to build and check them.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ _C_TYPES = {"int64_t": "int64", "int": "int", "void": "void", "const char *": "s
 def signatures(text: str | None = None) -> dict[str, tuple[str, tuple[str, ...]]]:
     """Each exported function the sources define (``hpcgnn_*``, ``text``: those sources' text, None: the files'),
     its result and its arguments' kinds (int64, int, ptr, void, str), read from its definition: the one
-    declaration the ctypes calls are made from (:data:`hpcgnn.sampling.kernels.build.SIGNATURES`)."""
+    declaration the ctypes calls are made from (:data:`hpcgnn.kernels.build.SIGNATURES`)."""
     import re
 
     if text is None:
