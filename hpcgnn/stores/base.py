@@ -83,7 +83,6 @@ class Store(abc.ABC):
     train_sampler: object
     items: object  # the task's items (hpcgnn.tasks.items): what a step's seeds are, the samplers around them
     degree: Tensor | None = None
-    edge_rows = None  # where edges' features are read by id (gather_edges): the graph's, or the parts'
     graph_on = "host"  # where batches are made: host, or device (a replicated graph copied to the GPU)
     weigh_by_seeds: bool = True  # steps' losses weighed by their seeds (subgraph samplers: by batches)
     exchange = None  # a partitioned graph's (its samplers fetch across parts with it); None: a whole graph

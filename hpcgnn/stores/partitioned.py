@@ -152,7 +152,6 @@ class PartitionedStore(Store):
         sampler (the neighbour sampler, or the items' around their seeds)."""
         s = part_samplers(self.cfg, self.view, self.exchange, labels=items.own_sampler)
         self.cache, self.features, self.sampler = s.cache, s.features, s.sampler
-        self.edge_rows = s.cache  # (an edge task's targets' own features are read through it)
         self.seed_offset = s.seed_offset  # global id -> sampler seed (a typed graph's sampler takes target-type ids)
         self.open_items(items, part_views(self.view, s.cache))
         self.train_sampler = s.sampler if self.items.own_sampler else self.items.train_sampler(s.sampler)

@@ -85,7 +85,6 @@ class ReplicatedStore(WholeGraphStore):
         self.graph = g = open_shared_graph(cfg, env)
         self.features = g
         self.degree = g.degree()
-        self.edge_rows = LocalFeatures(g)
         self.open_items(items, whole_views(g))
         # batches say which edges they hold where the model reads their features (gathered with the nodes')
         self.state = SamplerState("whole", env.rank, env.world_size, {"edge_ids": self.shape.edge_dim > 0})

@@ -63,14 +63,12 @@ class EdgeTask(Task):
 
         if what == "embeddings":
             return node_rows(self, model, mode, split, encoder=True)
-        store, items = self.store, self.store.items
-        mine = items.eval_ids(split)
-        if mode == "full":
-            exact = exact_logged(self, model.encoder)
-            outs = [out.float().cpu() for out, _ in exact_scores(model, exact, items, mine,
-                                                                  self.cfg.train.eval_batch_size, store.device)]
+        if mode == "full":  # (evaluation's exact decoding, in the order of this rank's targets)
+            items = self.store.items
+            mine = items.eval_ids(split)
+            outs = [out.float().cpu() for out, _ in self._exact(model, exact_logged(self, model.encoder), split)]
             return torch.cat(outs) if outs else torch.empty(0, 0), mine, items.targets.label.index_select(0, mine)
-        return walk(store.eval_loader(split, transform=self._transform),
+        return walk(self.store.eval_loader(split, transform=self._transform),
                     lambda b: (forward_pairs(model, b, b.edge_label_index), b.edge_label) if b.positives else None)
 
     def evaluate(self, model: torch.nn.Module) -> dict[str, float]:

@@ -46,7 +46,7 @@ class Items:
     def shape(self) -> GraphShape:
         """The model's dimensions (the graph's, the target's)."""
         v = self.views
-        return graph_shape(self.cfg, v.num_features, v.num_classes, v.num_nodes, v.labels, v.schema, v.edge_dim)
+        return graph_shape(self.cfg, v, v.labels, v.num_classes, where_labels(self.cfg.dataset))
 
     def train_ids(self) -> Tensor | None:
         """The ids a rank's training steps draw from (a whole graph: every rank's; parts: this rank's own); None:
@@ -174,9 +174,11 @@ class EdgeItems(Items):
         self.sampler = None
 
     def shape(self) -> GraphShape:
-        v, rel = self.views, self.relation
-        return graph_shape(self.cfg, v.num_features, v.num_classes, v.num_nodes, self.targets.labels, v.schema,
-                           v.edge_dim, v.schema.edge_dim(rel) if rel else None)
+        from hpcgnn.data.edges import where_targets
+
+        v, rel = self.views, self.relation  # (the targets' own labels, of no graph's classes)
+        return graph_shape(self.cfg, v, self.targets.labels, 0, where_targets(self.cfg.dataset),
+                           v.schema.edge_dim(rel) if rel else None)
 
     def global_pairs(self, pairs: Tensor) -> Tensor:
         """Target pairs [2, k] in the graph's global ids (a typed relation's: each end's type offset)."""
@@ -223,11 +225,6 @@ class EdgeItems(Items):
             return self.sampler.pair_features(ids)
         own = self.targets.own_features(ids)
         return own if own is not None else target_edge_features(self.views.edge_rows, self.sampler.pair_ids(ids))
-
-    @property
-    def pair_ids(self):
-        """Target ids -> their own edges' ids, where the decoder reads their features (exact decoding's); None."""
-        return getattr(self.sampler, "pair_ids", None)
 
     def describe(self, shape: GraphShape) -> str:
         rel = f" of {'__'.join(self.relation)}" if self.relation else ""
@@ -282,24 +279,19 @@ def typed_edge_target_sampler(views, sampler, targets, drop: bool, pair_features
 # ---------------------------------------------------------------------- the targets' shape
 
 
-def graph_shape(cfg: RunConfig, num_features: int, num_classes: int, num_nodes: int, labels: dict | None,
-                schema=None, edge_dim: int = 0, target_edge_dim: int | None = None) -> GraphShape:
-    """The model's dimensions; a node task's outputs those of its target (:func:`hpcgnn.labels.resolve`: the labels'
-    kind and ``task.kind``; an edge task's: those of its targets' labels, ``labels``), refused with the fix where they
-    are at odds; the width of the edge features the model reads (``edge_dim``: the graph's;
-    :func:`hpcgnn.models.edge_features_read`; ``target_edge_dim``: an edge task's target edges' own width where it is
-    not the graph's, a typed relation's)."""
-    read = edge_features_read(cfg.model, edge_dim, cfg.dataset.name, typed=schema is not None)
-    k = cfg.task
-    if k.name == "edge":
-        from hpcgnn.data.edges import where_targets
-
-        target = resolve(labels, k.kind, k.loss, 0, where_targets(cfg.dataset))
-    else:
-        target = resolve(labels, k.kind, k.loss, num_classes, where_labels(cfg.dataset))
-    pairs = pair_features_read(cfg, edge_dim if target_edge_dim is None else target_edge_dim)
-    unread_edge_features(cfg, edge_dim, read, schema is not None, pairs)
-    return GraphShape(num_features, target.width, num_nodes, schema, target, read, pairs)
+def graph_shape(cfg: RunConfig, v, labels: dict | None, num_classes: int, where: str,
+                target_edge_dim: int | None = None) -> GraphShape:
+    """The model's dimensions over graph views ``v``; its outputs those of the target its ``labels`` give
+    (:func:`hpcgnn.labels.resolve`: the labels' kind and ``task.kind``; ``num_classes``, ``where``: the classes and
+    the place the labels are said to come from), refused with the fix where they are at odds; the width of the edge
+    features the model reads (:func:`hpcgnn.models.edge_features_read`; ``target_edge_dim``: an edge task's target
+    edges' own width where it is not the graph's, a typed relation's)."""
+    k, typed = cfg.task, v.schema is not None
+    read = edge_features_read(cfg.model, v.edge_dim, cfg.dataset.name, typed=typed)
+    target = resolve(labels, k.kind, k.loss, num_classes, where)
+    pairs = pair_features_read(cfg, v.edge_dim if target_edge_dim is None else target_edge_dim)
+    unread_edge_features(cfg, v.edge_dim, read, typed, pairs)
+    return GraphShape(v.num_features, target.width, v.num_nodes, v.schema, target, read, pairs)
 
 
 def unread_edge_features(cfg: RunConfig, edge_dim: int, read: int, typed: bool = False, pairs: int = 0) -> None:
