@@ -11,9 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from hpcgnn.errors import ConfigError
-from hpcgnn.specs import datasets, models, samplers, tasks
+from hpcgnn.specs import choices, datasets, models, samplers, tasks
 from hpcgnn.specs.models import CUSTOM
-from hpcgnn.specs.tasks import KIND_NAMES, LOSSES
 
 # ------------------------------------------------------------------ models: from their specs (hpcgnn.specs.models)
 
@@ -39,8 +38,7 @@ EDGE_TARGET_DATASETS = datasets.with_edge_targets()  # task=edge: datasets whose
 
 # ------------------------------------------------------------------ tasks: from their specs (hpcgnn.specs.tasks)
 
-TASK_NAMES = tuple(tasks.SPECS)
-EDGE_DECODERS = tasks.SPECS["edge"].choices["decoder"]  # task=edge: a pair of embeddings to outputs (or pkg.module.Class)
+EDGE_DECODERS = choices(tasks.EdgeTaskConfig, "decoder")  # task=edge: a pair of embeddings to outputs (or pkg.module.Class)
 
 
 def check_registered_names(cfg) -> None:
@@ -219,31 +217,13 @@ def check_typed_config(cfg) -> None:
 
 
 def check_task_config(cfg) -> None:
-    """The task's name, its own settings' choices (from its spec), and what the task asks of the rest of the
-    config."""
-    name = cfg.task.name
-    if name not in TASK_NAMES:
-        raise ConfigError(f"task.name={name!r} is unknown: use one of {', '.join(sorted(TASK_NAMES))}")
-    _check_choices(cfg.task, tasks.SPECS[name])
-    check_typed_config(cfg)
-    {"node": _check_node, "link": _check_link, "edge": _check_edge}[name](cfg)
-
-
-def _check_choices(k, spec: tasks.TaskSpec) -> None:
-    """Each ``task.<key>`` the task's spec gives choices for holds one of them (a key in ``spec.own``: or a class
-    of the user's own, ``pkg.module.Class``); a task of kinds: ``task.kind`` and ``task.loss``."""
-    for key, allowed in spec.choices.items():
-        value = getattr(k, key)
-        if value in allowed:
-            continue
-        if key in spec.own:
-            if "." in value:
-                continue
-            raise ConfigError(f"task.{key}={value!r} is not {_a(spec.name)} task's: use {', '.join(allowed)} or a "
-                              f"module of your own (task.{key}=pkg.module.Class, {spec.own[key]})")
-        raise ConfigError(f"task.{key}={value!r} is unknown: use one of {', '.join(allowed)}")
+    """What the task asks of the rest of the config (its own settings' choices are checked as the config is built,
+    from its settings class: :mod:`hpcgnn.specs.tasks`)."""
+    spec = tasks.SPECS[cfg.task.name]
     if spec.kinds:
-        _check_kind(k)
+        _check_loss(cfg.task)
+    check_typed_config(cfg)
+    {"node": _check_node, "link": _check_link, "edge": _check_edge}[spec.name](cfg)
 
 
 def _a(word: str) -> str:
@@ -251,11 +231,8 @@ def _a(word: str) -> str:
     return f"{'an' if word[0] in 'aeiou' else 'a'} {word}"
 
 
-def _check_kind(k) -> None:
-    """``task.kind`` and ``task.loss`` (a node or an edge task's targets)."""
-    for key, value, allowed in (("task.kind", k.kind, KIND_NAMES), ("task.loss", k.loss, LOSSES)):
-        if value not in allowed:
-            raise ConfigError(f"{key}={value!r} is unknown: use one of {', '.join(allowed)}")
+def _check_loss(k) -> None:
+    """``task.loss`` is one of the kind's (``task.kind``: a node or an edge task's targets)."""
     kind = tasks.KINDS.get(k.kind)
     if k.loss != "auto" and kind is not None and k.loss not in kind.losses:
         owner = next(n for n, spec in tasks.KINDS.items() if k.loss in spec.losses)

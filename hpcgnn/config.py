@@ -21,29 +21,16 @@ import json
 import math
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Literal, Optional, Tuple
 
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from hpcgnn.errors import ConfigError
 from hpcgnn.nodes import PORTS
 from hpcgnn.specs import samplers
+from hpcgnn.specs.tasks import TaskConfig
 
 __all__ = ["ConfigError", "RunConfig", "check_override_keys", "register_configs"]
-
-
-@dataclass(frozen=True)
-class TaskConfig:
-    name: str = "node"  # node (node targets) | link (link prediction) | edge (targets on given edges); the task owns the loss, metrics and evaluation
-    decoder: str = "dot"  # link: dot (inner product of the two embeddings) | mlp (an MLP on their Hadamard product); edge: concat | hadamard | pkg.module.Class
-    negatives: str = "uniform"  # link: uniform (random targets) | strict (no existing edge) | in_batch (the batch's other targets)
-    num_negatives: int = 1  # link: negatives per positive edge in a training step
-    neg_retries: int = 3  # link, negatives=strict: redraws of a negative that is an edge; then it is padding (weight 0, counted)
-    form: str = "binary"  # link: binary (labelled pairs, BCE) | triplet (each positive against its negatives, softmax)
-    hits_k: Tuple[int, ...] = (20, 50, 100)  # link: the K of the Hits@K metrics reported
-    target_edges: str = "drop"  # link, edge: drop (a step's target edges carry no messages in its batch) | keep (they do, as in a full-batch GAE)
-    kind: str = "auto"  # node, edge: auto (from the labels: integer [N] classes, {0,1} [N, C] multilabel, float regression) | classification | multilabel | regression
-    loss: str = "auto"  # node, edge, regression: auto (mse) | mse | l1 | huber (classification: cross-entropy; multilabel: BCE with logits)
 
 
 @dataclass(frozen=True)
@@ -97,7 +84,7 @@ class ModelConfig:
     dropout: float = 0.3  # dropout probability between layers
     heads: int = 4  # gat: attention heads per layer
     edge_dim: int = 0  # gat, gin: the width of the edges' features they read (GATConv(edge_dim), GINEConv), the graph's; 0: none
-    aggregation: str = "csr"  # csr: sage/gcn/gin aggregate sampled batches on the CPU as sorted-CSR products | pyg: PyG's gather/scatter
+    aggregation: Literal["csr", "pyg"] = "csr"  # csr: sage/gcn/gin aggregate sampled batches on the CPU as sorted-CSR products | pyg: PyG's gather/scatter
     _target_: Optional[str] = None  # custom: the model's class, pkg.module.Class (importable in the job: installed, or on PYTHONPATH)
     kwargs: Dict[str, Any] = field(default_factory=dict)  # custom: keyword arguments of the class, besides the widths hpcgnn fills in
     widths: WidthNames = field(default_factory=WidthNames)  # custom: your class's argument for each width hpcgnn fills in, where its names differ
@@ -108,12 +95,12 @@ class ModelConfig:
 class GraphConfig:
     mode: str = "replicated"  # replicated: every rank maps the whole graph | partitioned: each rank holds its parts
     num_parts: int = 0  # partitioned: METIS/random parts; 0 = one per rank; else a multiple of the world size
-    method: str = "metis"  # partitioned: metis (few cut edges, ~110 B per edge in memory) | lp (multilevel label propagation over the mapped graph: METIS's quality, O(nodes) memory) | random (no partitioning cost)
+    method: Literal["metis", "lp", "random"] = "metis"  # partitioned: metis (few cut edges, ~110 B per edge in memory) | lp (multilevel label propagation over the mapped graph: METIS's quality, O(nodes) memory) | random (no partitioning cost)
     seed: int = 0  # partitioned: METIS seed; the same graph, num_parts and seed give byte-identical parts
     balance_train: bool = True  # partitioned: balance training nodes across parts as well as nodes
     partition_mem_gb: Optional[float] = None  # memory partitioning may use; None = what this machine has free
     cache_mb: float = 0.0  # partitioned: per-rank budget for features of hot remote nodes (0 = no cache)
-    cache_policy: str = "degree"  # partitioned: degree | frequency (measured in a warm-up pass)
+    cache_policy: Literal["degree", "frequency"] = "degree"  # partitioned: degree | frequency (measured in a warm-up pass)
     warmup_batches: int = 8  # partitioned, cache_policy=frequency: batches sampled to count remote hits
     boundary_fraction: float = 1.0  # partitioned: keep this fraction of remote neighbours per hop (BNS-GCN)
 
@@ -135,33 +122,33 @@ class TrainConfig:
     saint_coverage: float = 20.0  # sampler=saint_rw: mean visits per node when counting inclusion probabilities
     lr: float = 3e-3  # Adam learning rate
     weight_decay: float = 0.0  # Adam weight decay
-    lr_schedule: str = "constant"  # constant | cosine (decays to 0 over all steps of the run)
-    lr_scaling: str = "none"  # none | linear | sqrt: multiply lr by (ranks x accumulate), or its square root
+    lr_schedule: Literal["constant", "cosine"] = "constant"  # constant | cosine (decays to 0 over all steps of the run)
+    lr_scaling: Literal["none", "linear", "sqrt"] = "none"  # none | linear | sqrt: multiply lr by (ranks x accumulate), or its square root
     warmup: float = 0.0  # linear LR warmup over this fraction of all optimizer steps
     accumulate: int = 1  # micro-batches per optimizer step (DDP all-reduces once per step)
-    precision: str = "auto"  # auto (bf16 where the CPU has AMX/AVX512-BF16 or the GPU bf16, else fp32) | fp32 | bf16 (autocast) | fp16 (autocast + gradient scaler, GPU)
-    grad_compression: str = "none"  # none | fp16 | bf16 | powersgd: DDP communication hook
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"  # auto (bf16 where the CPU has AMX/AVX512-BF16 or the GPU bf16, else fp32) | fp32 | bf16 (autocast) | fp16 (autocast + gradient scaler, GPU)
+    grad_compression: Literal["none", "fp16", "bf16", "powersgd"] = "none"  # none | fp16 | bf16 | powersgd: DDP communication hook
     powersgd_rank: int = 2  # grad_compression=powersgd: rank of the low-rank approximation
-    eval_mode: str = "auto"  # auto (full on replicated graphs with hpcgnn's models, which run layer by layer; else sampled) | sampled (like training) | full (layer-wise, all neighbours: exact)
+    eval_mode: Literal["auto", "sampled", "full"] = "auto"  # auto (full on replicated graphs with hpcgnn's models, which run layer by layer; else sampled) | sampled (like training) | full (layer-wise, all neighbours: exact)
     eval_chunk: int = 8192  # eval_mode=full: target nodes per chunk
     seed: int = 0  # seeds the model init, the seed order and the sampler
     eval_every: int = 1  # evaluate on val/test every N epochs (and after the last)
-    select: str = "val"  # the epoch whose metrics the summary reports: val (the best validation metric) | last (the last evaluated: a graph with no validation split)
+    select: Literal["val", "last"] = "val"  # the epoch whose metrics the summary reports: val (the best validation metric) | last (the last evaluated: a graph with no validation split)
     eval_batch_size: int = 2048  # seed nodes per evaluation step
     num_threads: int = 0  # torch intra-op threads per rank (with sampler processes: theirs and the rank's together); 0 = CPUs of the task / local ranks
     keep_freed_memory: bool = True  # malloc reuses freed blocks: no page faults on per-batch buffers (glibc); exact inference keeps its node-shared tables between evaluations
     prefetch: int = 2  # batches sampled ahead in a background thread (0 = sample inside the training loop); with sampler processes: slots per process
     sampler_procs: int = 0  # processes per rank that sample and gather training batches beside the training loop (0 = the prefetch thread); docs/samplers.md
     sampler_threads: int = 0  # torch threads of each sampler process; 0 = an equal share of the rank's cores (train.num_threads or the task's CPUs), the rank keeping the rest
-    device: str = "auto"  # auto (cuda:<local_rank> when CUDA is present, else cpu) | cpu | cuda
-    graph_on: str = "auto"  # where a replicated rank samples: host | device (CSR, features, labels copied to its GPU once) | auto (device when on a GPU, sampler=neighbor, task=node (any kind) and the graph takes at most graph_on_fraction of the GPU's memory)
+    device: Literal["auto", "cpu", "cuda"] = "auto"  # auto (cuda:<local_rank> when CUDA is present, else cpu) | cpu | cuda
+    graph_on: Literal["auto", "host", "device"] = "auto"  # where a replicated rank samples: host | device (CSR, features, labels copied to its GPU once) | auto (device when on a GPU, sampler=neighbor, task=node (any kind) and the graph takes at most graph_on_fraction of the GPU's memory)
     graph_on_fraction: float = 0.5  # graph_on=auto: largest share of the GPU's memory the graph may take (shared by the ranks on that GPU)
-    nonfinite: str = "stop"  # a NaN/inf loss or gradient: stop (the run fails, naming the step and rank) | skip (that optimizer step is skipped and counted)
+    nonfinite: Literal["stop", "skip"] = "stop"  # a NaN/inf loss or gradient: stop (the run fails, naming the step and rank) | skip (that optimizer step is skipped and counted)
 
 
 @dataclass(frozen=True)
 class DistConfig:
-    backend: str = "auto"  # auto (nccl when every rank has a GPU of its own; gloo on CPU or when ranks share a GPU) | nccl | gloo
+    backend: Literal["auto", "nccl", "gloo"] = "auto"  # auto (nccl when every rank has a GPU of its own; gloo on CPU or when ranks share a GPU) | nccl | gloo
     init_timeout_s: float = 1800.0  # seconds a collective may wait until the first training step succeeded (rendezvous, data preparation, partitioning on local rank 0)
     timeout_s: float = 120.0  # seconds a collective may wait after that: a hung rank fails the job this soon
     master_port: int = 0  # 0 = derive from the job id inside port_min..port_max
@@ -184,7 +171,7 @@ class SamplerNodesConfig:
 @dataclass(frozen=True)
 class ClusterConfig:
     name: str = "cluster"  # label used in logs and job names
-    executor: str = "slurm"  # slurm (sbatch via submitit) | local (submitit's local executor)
+    executor: Literal["slurm", "local"] = "slurm"  # slurm (sbatch via submitit) | local (submitit's local executor)
     partition: Optional[str] = None  # sbatch --partition
     account: Optional[str] = None  # sbatch --account
     qos: Optional[str] = None  # sbatch --qos
@@ -205,7 +192,7 @@ class ClusterConfig:
 
 @dataclass(frozen=True)
 class LaunchConfig:
-    mode: str = "auto"  # auto (guess from the environment) | submit (to +cluster) | local (launch.procs here) | rank (train in this process, one rank of srun/torchrun)
+    mode: Literal["auto", "submit", "local", "rank"] = "auto"  # auto (guess from the environment) | submit (to +cluster) | local (launch.procs here) | rank (train in this process, one rank of srun/torchrun)
     dry_run: bool = False  # print the job script and the resolved config, submit nothing
     wait: Optional[bool] = None  # wait for the job(s) and print the result; default: a run waits, a sweep (-m) does not
     procs: int = 2  # processes on this machine when no +cluster is given
@@ -229,7 +216,7 @@ class MetricsConfig:
     every_steps: int = 10  # logging steps: read timings and losses (device syncs) and write step records every N steps
     straggler_factor: float = 1.5  # warn when a rank's p95 step time exceeds the median rank's by this factor
     tensorboard: bool = True  # rank 0 writes <run_dir>/tensorboard
-    progress_bar: str = "auto"  # auto (on a terminal only) | on | off; rank 0 only
+    progress_bar: Literal["auto", "on", "off"] = "auto"  # auto (on a terminal only) | on | off; rank 0 only
     trackers: Tuple[str, ...] = ()  # wandb and/or mlflow, besides TensorBoard and the JSON lines (optional extras: pip install 'hpcgnn[wandb]'); docs/tracking.md
     project: str = "hpcgnn"  # the W&B project and the MLflow experiment
     group: str = ""  # set by a sweep's or a tune's launcher (its folder): a W&B group, an MLflow parent run
@@ -259,9 +246,9 @@ class PredictConfig:
     """Set by ``hpcgnn predict RUN_DIR`` (hpcgnn.submit.predict), not by hand: the job then infers, not trains."""
 
     model_file: Optional[str] = None  # the trained run's model/best.pt or model/last.pt; None: a training job
-    what: str = "predictions"  # predictions (class probabilities and labels) | embeddings (the last hidden layer; a link model's encoder output) | scores (a link model's, of predict.pairs)
-    split: str = "test"  # train | val | test | all: the nodes written (a typed graph: of its labelled type)
-    mode: str = "auto"  # auto (the run's own evaluation path) | full (exact, layer-wise) | sampled (the evaluation's batches)
+    what: Literal["predictions", "embeddings", "scores"] = "predictions"  # predictions (class probabilities and labels) | embeddings (the last hidden layer; a link model's encoder output) | scores (a link model's, of predict.pairs)
+    split: Literal["train", "val", "test", "all"] = "test"  # train | val | test | all: the nodes written (a typed graph: of its labelled type)
+    mode: Literal["auto", "full", "sampled"] = "auto"  # auto (the run's own evaluation path) | full (exact, layer-wise) | sampled (the evaluation's batches)
     allow_other_graph: bool = False  # infer on a graph other than the run's (inductive), where its widths match
     pairs: Optional[str] = None  # a .npy file of node pairs ([P, 2] or [2, P] ids): a link model scores them, an edge model predicts them
     trust: bool = False  # the trained run's folder may be another user's (hpcgnn predict RUN_DIR trust=true); a model class's package must be writable only by you or root either way
@@ -274,11 +261,11 @@ class TuneConfig:
 
     trials: int = 20  # trials the study ends after (completed or pruned; failed ones are tried again once)
     parallel: int = 2  # workers pulling trials at once (a SLURM job array of this many; local processes without a cluster)
-    sampler: str = "tpe"  # tpe (Optuna's TPE, seeded) | random
+    sampler: Literal["tpe", "random"] = "tpe"  # tpe (Optuna's TPE, seeded) | random
     seed: int = 0  # the sampler's seed
-    pruner: str = "asha"  # asha | hyperband | median | none: which trials stop early, from their per-epoch metric
+    pruner: Literal["asha", "hyperband", "median", "none"] = "asha"  # asha | hyperband | median | none: which trials stop early, from their per-epoch metric
     metric: str = "auto"  # what each epoch reports and the study optimises: auto (the task's val metric) | val_<name>
-    direction: str = "auto"  # auto (the metric's own: minimize RMSE, maximize the rest) | minimize | maximize
+    direction: Literal["auto", "minimize", "maximize"] = "auto"  # auto (the metric's own: minimize RMSE, maximize the rest) | minimize | maximize
     min_epochs: int = 1  # epochs every trial runs before a pruner may stop it
     reduction_factor: int = 4  # asha, hyperband: 1 in this many trials goes on at each rung (Optuna's, Ray's ASHA)
     trial: int = -1  # set by a tune's worker: this run is that trial of the study (-1: not a trial)
@@ -359,10 +346,6 @@ class RunConfig:
         _validate_graph(self.graph, self.world_size)
         _validate_train(self.train)
         _validate_run(self)
-        for key, value, allowed, words in choices(self):
-            if value not in allowed:
-                raise ConfigError(f"{key}={value!r} is unknown: use "
-                                  + (_or(allowed) if words else f"one of {', '.join(allowed)}"))
         _validate_sampler(self.train, self.graph)
         self._validate_servers()
         _validate_checkpoint(self.checkpoint)
@@ -375,31 +358,6 @@ class RunConfig:
         if self.cluster is not None:
             _validate_cluster(self.cluster)
         _validate_dataset(self.dataset, self.task.name, self.train.select)
-
-
-def choices(c: RunConfig) -> tuple[tuple[str, str, tuple[str, ...], bool], ...]:
-    """Every setting that names one of a few choices: (key, value, the choices, named in words: "a, b or c"
-    rather than "one of a, b, c")."""
-    t, m = c.train, c.model
-    return (("train.nonfinite", t.nonfinite, ("stop", "skip"), True),
-            ("launch.mode", c.launch.mode, ("auto", "submit", "local", "rank"), True),
-            ("metrics.progress_bar", c.metrics.progress_bar, ("auto", "on", "off"), True),
-            ("train.lr_scaling", t.lr_scaling, ("none", "linear", "sqrt"), False),
-            ("train.precision", t.precision, ("auto", "fp32", "bf16", "fp16"), False),
-            ("train.grad_compression", t.grad_compression, ("none", "fp16", "bf16", "powersgd"), False),
-            ("train.eval_mode", t.eval_mode, ("auto", "sampled", "full"), False),
-            ("train.select", t.select, ("val", "last"), False),
-            ("model.aggregation", m.aggregation, ("csr", "pyg"), False),
-            ("predict.what", c.predict.what, ("predictions", "embeddings", "scores"), False),
-            ("predict.split", c.predict.split, ("train", "val", "test", "all"), False),
-            ("predict.mode", c.predict.mode, ("auto", "full", "sampled"), False),
-            ("train.lr_schedule", t.lr_schedule, ("constant", "cosine"), True),
-            ("train.device", t.device, ("auto", "cpu", "cuda"), True),
-            ("train.graph_on", t.graph_on, ("auto", "host", "device"), True),
-            ("dist.backend", c.dist.backend, ("auto", "nccl", "gloo"), True),
-            ("tune.sampler", c.tune.sampler, ("tpe", "random"), True),
-            ("tune.pruner", c.tune.pruner, ("asha", "hyperband", "median", "none"), False),
-            ("tune.direction", c.tune.direction, ("auto", "minimize", "maximize"), True))
 
 
 def _or(words: tuple[str, ...]) -> str:
@@ -571,10 +529,6 @@ def _validate_sampler(t: TrainConfig, g: GraphConfig) -> None:
 def _validate_graph(g: GraphConfig, world_size: int) -> None:
     if g.mode not in ("replicated", "partitioned"):
         raise ConfigError(f"graph.mode={g.mode!r} is unknown: use graph=replicated or graph=partitioned")
-    if g.method not in ("metis", "lp", "random"):
-        raise ConfigError(f"graph.method={g.method!r} is unknown: use metis, lp or random")
-    if g.cache_policy not in ("degree", "frequency"):
-        raise ConfigError(f"graph.cache_policy={g.cache_policy!r} is unknown: use degree or frequency")
     if g.num_parts < 0:
         raise ConfigError(f"graph.num_parts={g.num_parts} must be 0 (one part per rank) or more")
     if g.mode == "partitioned" and g.num_parts and g.num_parts % world_size:
@@ -593,8 +547,6 @@ def _validate_graph(g: GraphConfig, world_size: int) -> None:
 
 
 def _validate_cluster(c: ClusterConfig) -> None:
-    if c.executor not in ("slurm", "local"):
-        raise ConfigError(f"cluster.executor={c.executor!r} is unknown: use slurm or local")
     for key in ("nodes", "tasks_per_node", "cpus_per_task", "time_min"):
         if getattr(c, key) < 1:
             raise ConfigError(f"cluster.{key}={getattr(c, key)} must be at least 1")
@@ -637,12 +589,18 @@ def frozen(tp: type, data: dict) -> Any:
 
 
 def _build(tp: Any, value: Any, where: str) -> Any:
-    """Build an instance of annotation ``tp`` from plain data, tuples for lists."""
+    """Build an instance of annotation ``tp`` from plain data, tuples for lists; a group whose options have classes
+    of their own (``variants``: a task's settings, a dataset source's) as the class its data's name picks; each
+    field that declares its choices (``Literal``) checked against them."""
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if dataclasses.is_dataclass(tp):
+        tp = _variant(tp, value, where)
         hints = typing.get_type_hints(tp)
-        kwargs = {f.name: _build(hints[f.name], value[f.name], f"{where}{f.name}.")
-                  for f in dataclasses.fields(tp) if f.name in value}
+        kwargs = {}
+        for f in dataclasses.fields(tp):
+            if f.name in value:
+                kwargs[f.name] = _build(hints[f.name], value[f.name], f"{where}{f.name}.")
+                _check_choice(f, hints[f.name], kwargs[f.name], f"{where}{f.name}")
         return tp(**kwargs)
     if origin is typing.Union:  # Optional[X]
         if value is None:
@@ -655,10 +613,36 @@ def _build(tp: Any, value: Any, where: str) -> Any:
     return value
 
 
+def _variant(tp: type, value: dict, where: str) -> type:
+    """The class of a group's chosen option, by its data's ``name`` (``tp`` itself where options share it)."""
+    if not hasattr(tp, "variant"):
+        return tp
+    name = value.get("name", tp.name)
+    cls = tp.variant(name)
+    if cls is None:
+        raise ConfigError(f"{where}name={name!r} is unknown: use one of {', '.join(tp.names())}")
+    return cls
+
+
+def _check_choice(f: dataclasses.Field, tp: Any, value: Any, key: str) -> None:
+    """A field that declares its choices (``Literal``) holds one of them; one whose metadata says ``own`` may also
+    name a class of the user's own (``pkg.module.Class``)."""
+    if typing.get_origin(tp) is not typing.Literal or value in typing.get_args(tp):
+        return
+    allowed, own = typing.get_args(tp), f.metadata.get("own")
+    if own is None:
+        raise ConfigError(f"{key}={value!r} is unknown: use {_or(tuple(map(str, allowed)))}")
+    if not isinstance(value, str) or "." not in value:
+        raise ConfigError(f"{key}={value!r} is unknown: use {', '.join(allowed)} or a module of your own "
+                          f"({key}=pkg.module.Class, {own})")
+
+
 def _schema_type(tp: Any) -> Any:
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if dataclasses.is_dataclass(tp):
-        return schema(tp)
+        return Any if hasattr(tp, "variant") else schema(tp)  # (each option's class: its own schema)
+    if origin is typing.Literal:
+        return type(args[0])
     if origin is typing.Union:
         return Optional[_schema_type(next(a for a in args if a is not type(None)))]
     if origin is tuple:
@@ -702,10 +686,21 @@ def register_configs() -> None:
     cs = ConfigStore.instance()
     cs.store(name="base_config", node=schema(RunConfig))
     for group, cls in GROUPS.items():
-        cs.store(group=group, name=f"base_{group}", node=schema(cls))
+        for suffix, option in (cls.schemas().items() if hasattr(cls, "schemas") else (("", cls),)):
+            cs.store(group=group, name=f"base_{group}{suffix and '_' + suffix}", node=schema(option))
 
 
 # ---------------------------------------------------------------- typo guard for overrides
+
+
+def group_default(group: str) -> str | None:
+    """The option conf/config.yaml's defaults choose for ``group`` (None: none)."""
+    from hpcgnn import CONF_DIR
+
+    for entry in OmegaConf.load(CONF_DIR / "config.yaml").get("defaults", []):
+        if isinstance(entry, DictConfig) and group in entry:
+            return entry[group]
+    return None
 
 
 def check_override_keys(overrides: list[str]) -> None:
@@ -720,6 +715,7 @@ def check_override_keys(overrides: list[str]) -> None:
         parsed = OverridesParser.create().parse_overrides(overrides)
     except Exception:  # malformed syntax: let Hydra report it in its own words
         return
+    chosen = {ov.key_or_group: ov.value() for ov in parsed if ov.key_or_group in GROUPS and not ov.is_delete()}
     for ov in parsed:
         key = ov.key_or_group
         if key in ("hydra/launcher", "hydra/sweeper"):
@@ -733,7 +729,13 @@ def check_override_keys(overrides: list[str]) -> None:
         if len(parts) == 1 and parts[0] in GROUPS:
             continue  # a group choice: Hydra lists the available options itself
         cls: Any = RunConfig
+        option = ""  # (a group whose options have classes of their own: the one chosen)
         for depth, part in enumerate(parts):
+            if depth == 1 and hasattr(cls, "variant"):
+                base, option = cls, chosen.get(parts[0]) or group_default(parts[0])
+                cls = base.variant(option)
+                if cls is None:
+                    break  # (an option of the user's own: Hydra checks its keys against its schema)
             if not dataclasses.is_dataclass(cls):
                 break
             hints = typing.get_type_hints(cls)
@@ -747,6 +749,10 @@ def check_override_keys(overrides: list[str]) -> None:
                     kwargs = (f". HINT: an argument of your model's class goes under model.kwargs: "
                               f"+model.kwargs.{part}={ov.value()}")
                 where = f"under '{path}'" if path else "at the top level"
+                if option and depth == 1:
+                    where += f" with {path}={option}"
+                    owners = [n for n in base.names() if part in typing.get_type_hints(base.variant(n))]
+                    kwargs = f". HINT: {key} is a setting of {' or '.join(f'{path}={n}' for n in owners)}" if owners else ""
                 raise ConfigError(f"Unknown config key '{key}'.{hint} Valid keys {where}: {', '.join(names)}{kwargs}")
             tp = hints[part]
             if typing.get_origin(tp) is typing.Union:

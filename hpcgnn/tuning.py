@@ -191,7 +191,7 @@ def metric_of(cfg) -> tuple[str | None, str]:
     if t.metric == "auto":
         return None, t.direction
     name = t.metric.removeprefix("val_")
-    known = tasks.SPECS[cfg.task.name].reports(tuple(cfg.task.hits_k))
+    known = tasks.SPECS[cfg.task.name].reports(cfg.task)
     if not t.metric.startswith("val_") or name not in known:
         raise ConfigError(f"tune.metric={t.metric}: task={cfg.task.name} reports val_{', val_'.join(known)}. HINT: "
                           "one of them, or tune.metric=auto (the task's own)")

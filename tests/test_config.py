@@ -54,6 +54,60 @@ def test_override_typos_name_valid_keys(override, message):
         check_override_keys([override])
 
 
+@pytest.mark.parametrize("overrides, message", [
+    (["task.decoder=mlp"], r"Unknown config key 'task.decoder'\. Valid keys under 'task' with task=node: kind, loss, "
+                           r"name\. HINT: task.decoder is a setting of task=link or task=edge$"),
+    (["task=link", "task.kind=regression"], r"Valid keys under 'task' with task=link: decoder, form, hits_k, .*"
+                                            r"HINT: task.kind is a setting of task=node or task=edge$"),
+    (["task=edge", "task.negatives=strict"], r"with task=edge: decoder, kind, loss, name, target_edges\. HINT: "
+                                             r"task.negatives is a setting of task=link$"),
+])
+def test_each_task_has_its_own_settings(overrides, message):
+    """A task's group holds its own settings' class: another task's key is refused, naming the task it belongs to."""
+    with pytest.raises(ConfigError, match=message):
+        check_override_keys(overrides)
+    with pytest.raises(ConfigError, match=message):
+        make_config(*overrides)
+    cfg = make_config("task=link", "task.decoder=mlp")
+    assert type(cfg.task).__name__ == "LinkTaskConfig" and cfg.task.decoder == "mlp" and not hasattr(cfg.task, "kind")
+    assert RunConfig.from_json(cfg.to_json()) == cfg  # (a rank rebuilds the same class from the JSON)
+
+
+def _choice_fields():
+    """Every field of every config class (each task's too) that declares its choices."""
+    import typing
+
+    from hpcgnn.specs import tasks
+
+    classes, seen = [RunConfig, *(s.config for s in tasks.SPECS.values())], []
+    while classes:
+        cls = classes.pop()
+        for f in dataclasses.fields(cls):
+            tp = typing.get_type_hints(cls)[f.name]
+            tp = next((a for a in typing.get_args(tp) if dataclasses.is_dataclass(a)), tp)
+            if dataclasses.is_dataclass(tp) and tp not in seen:
+                classes.append(tp)
+                seen.append(tp)
+            elif typing.get_origin(tp) is typing.Literal:
+                yield cls, f.name, typing.get_args(tp)
+
+
+def test_every_declared_choice_is_the_one_check():
+    """A field's choices are its annotation's (``Literal``): a value outside them is refused as the config is
+    built, naming every one of them; each of them is accepted."""
+    from hpcgnn.config import frozen
+
+    fields = list(_choice_fields())
+    assert len(fields) >= 25 and {(c.__name__, f) for c, f, _ in fields} >= {
+        ("TrainConfig", "precision"), ("NodeTaskConfig", "kind"), ("LinkTaskConfig", "negatives"),
+        ("ClusterConfig", "executor")}
+    for cls, name, allowed in fields:
+        with pytest.raises(ConfigError, match=rf"{name}='nope' is unknown: use {re.escape(', '.join(allowed[:-1]))}"):
+            frozen(cls, {"name": cls.name, name: "nope"} if cls.__name__.endswith("TaskConfig") else {name: "nope"})
+        for value in allowed:
+            assert getattr(frozen(cls, {name: value}), name) == value
+
+
 def test_valid_overrides_pass_the_typo_guard():
     check_override_keys(["model=gat", "+cluster=local", "cluster.nodes=1", "train.fanouts=[5,5]",
                          "hydra.run.dir=/tmp/x", "dataset.num_nodes=10", "train.lr=1e-3,3e-3"])

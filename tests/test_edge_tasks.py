@@ -77,7 +77,7 @@ def test_an_edge_task_where_it_cannot_run_yet_is_refused_naming_the_fix(tmp_path
         with pytest.raises(ConfigError, match=rf"task=edge trains on a graph of dataset synthetic, files, pyg, pyg_hetero "
                                               rf"with train.sampler=neighbor so far, not with {why}. HINT: change that"):
             make_config("task=edge", *extra)
-    with pytest.raises(ConfigError, match=r"task.decoder='dot' is not an edge task's: use concat, hadamard or a module "
+    with pytest.raises(ConfigError, match=r"task.decoder='dot' is unknown: use concat, hadamard or a module "
                                           r"of your own \(task.decoder=pkg.module.Class"):
         make_config("task=edge", "task.decoder=dot")
     with pytest.raises(ConfigError, match=r"task.loss=l1 is a regression's loss; task.kind=classification"):

@@ -79,7 +79,7 @@ CONFIG_REFUSALS = [  # (overrides, the one line that refuses them)
     (["task.kind=classification", "task.loss=l1"], r"task.loss=l1 is a regression's loss; task.kind=classification "
                                                    r"trains with cross-entropy. HINT: drop task.loss, or "
                                                    r"task.kind=regression"),
-    (["task.kind=values"], r"task.kind='values' is unknown: use one of auto, classification, multilabel, regression, "
+    (["task.kind=values"], r"task.kind='values' is unknown: use auto, classification, multilabel, regression or "
                            r"ordinal"),
     (["task.kind=ordinal", "task.loss=huber"], r"task.loss=huber is a regression's loss; task.kind=ordinal trains "
                                                r"with binary cross-entropy over its thresholds"),

@@ -125,7 +125,7 @@ def test_what_cannot_be_predicted_is_refused_in_one_line(node_run, tmp_path, cap
          r"on \(synthetic-\w+\): dataset.num_nodes=5000 \(the run's: \d+\). HINT: drop those dataset.\* overrides .* "
          r"or add --allow-other-graph"),
         ([str(run), "--sideways"], r"unknown option '--sideways'"),
-        ([str(run), "split=everything"], r"predict.split='everything' is unknown: use one of train, val, test, all"),
+        ([str(run), "split=everything"], r"predict.split='everything' is unknown: use train, val, test or all"),
         ([str(run), f"out={run}"], r"is the run's own folder"),
         ([str(run), "pairs=p.npy"], r"pairs=FILE: a node classifier scores no pairs; a link model or an edge model does"),
     ]
@@ -159,7 +159,7 @@ def test_what_cannot_be_predicted_is_refused_in_one_line(node_run, tmp_path, cap
         predict_here(run, "dataset.num_features=16", "--allow-other-graph", f"out={tmp_path / 'o'}")
     wider = predict_here(run, "dataset.num_nodes=5000", "--allow-other-graph", f"out={tmp_path / 'w'}")
     assert wider["rows"] == int(0.6 * 5000) and wider["dataset"] != wider["model_dataset"]  # inductive: its own nodes
-    with pytest.raises(ConfigError, match=r"predict.mode='exactish' is unknown: use one of auto, full, sampled"):
+    with pytest.raises(ConfigError, match=r"predict.mode='exactish' is unknown: use auto, full or sampled"):
         predict_here(run, "mode=exactish")
 
 

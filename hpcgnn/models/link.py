@@ -7,9 +7,9 @@ from torch import Tensor
 
 from hpcgnn.config import ModelConfig
 from hpcgnn.models.gnn import batch_kwargs, build_model
-from hpcgnn.specs import tasks
+from hpcgnn.specs import choices, tasks
 
-DECODERS = tasks.SPECS["link"].choices["decoder"]
+DECODERS = choices(tasks.LinkTaskConfig, "decoder")
 
 
 class LinkModel(torch.nn.Module):

@@ -45,7 +45,7 @@ def describe(model: torch.nn.Module, cfg, shape, weights: dict, **origin) -> dic
     return {
         "format": FORMAT,
         "task": cfg.task.name,
-        "decoder": cfg.task.decoder,
+        "decoder": tasks.SPECS[cfg.task.name].decoder(cfg.task),
         "model": dataclasses.asdict(cfg.model),
         "num_layers": len(cfg.train.fanouts),
         "shape": {"num_features": shape.num_features, "num_classes": shape.num_classes, "num_nodes": shape.num_nodes,
@@ -132,7 +132,7 @@ def read(path: str | Path, trusted: bool = False, how: str = "trust=true") -> di
                              f"{FORMAT})" if isinstance(record, dict) else f"{path} is not a model file of hpcgnn")
     check_source(record.get("model") or {}, trusted, how, f"the model file {path}")
     decoder = record.get("decoder")
-    own = record.get("task") in tasks.SPECS and "decoder" in tasks.SPECS[record["task"]].own
+    own = record.get("task") in tasks.SPECS and tasks.SPECS[record["task"]].own("decoder") is not None
     if own and isinstance(decoder, str) and "." in decoder:  # a decoder of the user's own
         check_source({"name": "custom", "_target_": decoder}, trusted, how, f"the model file {path} (its decoder)")
     return record

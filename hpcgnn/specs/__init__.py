@@ -21,3 +21,12 @@ def load(dotted: str):
     """The object a spec names by ``"module:name"``, imported now."""
     module, name = dotted.split(":")
     return getattr(importlib.import_module(module), name)
+
+
+def choices(cls: type, key: str) -> tuple:
+    """The choices a config class declares for its field ``key`` (its ``Literal``'s values; () where it has none):
+    the one list that validation, the messages and the docs read."""
+    import typing
+
+    tp = typing.get_type_hints(cls)[key]
+    return typing.get_args(tp) if typing.get_origin(tp) is typing.Literal else ()

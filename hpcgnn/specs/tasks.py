@@ -11,7 +11,9 @@ metrics, evaluation, prediction), its yaml in conf/task/ and its page in docs/.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
+from typing import Literal, Tuple
 
 # Every metric a task reports (val_<name>, test_<name>): whether a higher value is better, and its name in words.
 METRICS: dict[str, tuple[bool, str]] = {
@@ -75,8 +77,8 @@ class TaskSpec:
     model: str  # "module:function" (model_cfg, decoder, shape, num_layers, relation): its model, trained or rebuilt
     kinds: tuple[str, ...] = ()  # the kinds of target it trains (task.kind, task.loss apply)
     metrics: tuple[str, ...] = ()  # metrics it reports besides its kinds' (hits@K: one per task.hits_k)
-    choices: dict[str, tuple[str, ...]] = field(default_factory=dict)  # task.<key>: its allowed values
-    own: dict[str, str] = field(default_factory=dict)  # task.<key> that may name a class of the user's own: how built
+    config: type = field(default=None)  # its settings' frozen class (the task group's schema): every task.<key> it
+    # reads, with the choices of each declared in its annotation (Literal) and nowhere else
     typed: bool = False  # trains on typed graphs
     encoder: bool = False  # its model encodes nodes (to model.hidden_channels) and decodes pairs of them
     prediction: PredictionSpec | None = None  # what predict gives of its model
@@ -85,34 +87,106 @@ class TaskSpec:
     targets_prepare: str | None = None  # "module:function" (dataset): its targets prepared beside the graph (None:
     # the graph's own labels)
 
-    def reports(self, hits_k: tuple[int, ...] = ()) -> tuple[str, ...]:
-        """Every metric it reports (``hits_k``: the K of hits@K)."""
+    def own(self, key: str) -> str | None:
+        """How a class of the user's own is built where ``task.<key>`` may name one (None: it may not)."""
+        fields = {f.name: f for f in dataclasses.fields(self.config)}
+        return fields[key].metadata.get("own") if key in fields else None
+
+    def decoder(self, settings: TaskConfig) -> str | None:
+        """The decoder its model scores pairs of embeddings with (``task.decoder``; None: its model encodes alone)."""
+        return settings.decoder if self.encoder else None
+
+    def reports(self, settings: TaskConfig | None = None) -> tuple[str, ...]:
+        """Every metric it reports (hits@K: one per K of ``settings.hits_k``, its task config's; none without)."""
         names = (*(m for k in self.kinds for m in KINDS[k].metrics), *self.metrics)
         out = tuple(dict.fromkeys(n for n in names if n != "hits@K"))
-        return out + (tuple(f"hits@{k}" for k in hits_k) if "hits@K" in names else ())
+        hits_k = settings.hits_k if "hits@K" in names and settings is not None else ()
+        return out + tuple(f"hits@{k}" for k in hits_k)
 
 
 TARGET_EDGES = ("drop", "keep")  # link, edge: a step's target edges carry no messages in its batch, or do
 
+
+# ---------------------------------------------------------------- each task's settings (conf/task/<name>.yaml)
+# A field's choices are its Literal's; ``own`` in its metadata: it may also name a class of the user's own
+# (pkg.module.Class), built as the text says. hpcgnn.config builds and checks them (one rule for every group).
+
+
+@dataclass(frozen=True)
+class TaskConfig:
+    """What every task's settings hold: its name (``task=NAME`` picks the group's option, and with it the class)."""
+
+    name: str = "node"  # node | link | edge: one of SPECS; the task owns the loss, metrics and evaluation
+
+    @classmethod
+    def variant(cls, name: str | None) -> type | None:
+        """The settings class of task ``name`` (None: no such task)."""
+        return SPECS[name].config if name in SPECS else None
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        return tuple(SPECS)
+
+    @classmethod
+    def schemas(cls) -> dict[str, type]:
+        """The group's schemas (``base_task_<name>``, which conf/task/<name>.yaml names in its defaults)."""
+        return {name: spec.config for name, spec in SPECS.items()}
+
+
+@dataclass(frozen=True)
+class NodeTaskConfig(TaskConfig):
+    """task=node: targets on nodes."""
+
+    name: str = "node"
+    kind: Literal[KIND_NAMES] = "auto"  # auto (from the labels: integer [N] classes, {0,1} [N, C] multilabel, float
+    # regression) or one of KINDS
+    loss: Literal[LOSSES] = "auto"  # a regression's: auto (mse), mse, l1 or huber (the other kinds have one loss)
+
+
+@dataclass(frozen=True)
+class LinkTaskConfig(TaskConfig):
+    """task=link: link prediction."""
+
+    name: str = "link"
+    decoder: Literal["dot", "mlp"] = "dot"  # dot: the inner product of the two embeddings | mlp: an MLP on their
+    # Hadamard product
+    negatives: Literal["uniform", "strict", "in_batch"] = "uniform"  # random targets | no existing edge | the
+    # batch's other targets
+    num_negatives: int = 1  # negatives per positive edge in a training step
+    neg_retries: int = 3  # negatives=strict: redraws of a negative that is an edge; then it is padding (weight 0)
+    form: Literal["binary", "triplet"] = "binary"  # labelled pairs, BCE | each positive against its negatives, softmax
+    hits_k: Tuple[int, ...] = (20, 50, 100)  # the K of the Hits@K metrics reported
+    target_edges: Literal[TARGET_EDGES] = "drop"  # a step's target edges carry no messages in its batch (drop) or
+    # do (keep, as in a full-batch GAE)
+
+
+@dataclass(frozen=True)
+class EdgeTaskConfig(TaskConfig):
+    """task=edge: targets on given edges."""
+
+    name: str = "edge"
+    decoder: Literal["concat", "hadamard"] = field(default="concat", metadata={
+        "own": "built as Class(in_channels, out_channels), called on the two ends' embeddings"})
+    target_edges: Literal[TARGET_EDGES] = "drop"  # as task=link's
+    kind: Literal[KIND_NAMES] = "auto"  # as task=node's
+    loss: Literal[LOSSES] = "auto"  # as task=node's
+
 SPECS: dict[str, TaskSpec] = {s.name: s for s in (
     TaskSpec("node", "targets on nodes", "hpcgnn.tasks.node:NodeTask", "nodes", "hpcgnn.tasks.items:NodeItems",
              "hpcgnn.models.node:task_model",
-             tuple(KINDS), typed=True,
+             tuple(KINDS), config=NodeTaskConfig, typed=True,
              prediction=PredictionSpec("a node classifier", "its predictions of a split's nodes or their embeddings",
                                        ("predictions", "embeddings"), exact=("embeddings",)),
              target_check="hpcgnn.data:check_target"),
     TaskSpec("link", "link prediction", "hpcgnn.tasks.link:LinkPrediction", "edges to predict (with negatives)",
              "hpcgnn.tasks.items:LinkItems", "hpcgnn.models.link:task_model",
-             metrics=("auc", "ap", "mrr", "hits@K"),
-             choices={"decoder": ("dot", "mlp"), "negatives": ("uniform", "strict", "in_batch"),
-                      "form": ("binary", "triplet"), "target_edges": TARGET_EDGES}, encoder=True,
+             metrics=("auc", "ap", "mrr", "hits@K"), config=LinkTaskConfig, encoder=True,
              prediction=PredictionSpec("a link model", "its node embeddings (what=embeddings split=all) or the scores "
                                        "of pairs (pairs=FILE)", ("embeddings",), pairs="scores",
                                        whole=("embeddings",), exact=("scores",))),
     TaskSpec("edge", "targets on given edges", "hpcgnn.tasks.edge:EdgeTask", "target edges",
              "hpcgnn.tasks.items:EdgeItems", "hpcgnn.models.edge:task_model", tuple(KINDS),
-             choices={"decoder": ("concat", "hadamard"), "target_edges": TARGET_EDGES},
-             own={"decoder": "built as Class(in_channels, out_channels), called on the two ends' embeddings"},
+             config=EdgeTaskConfig,
              prediction=PredictionSpec("an edge model", "its predictions (of a split's targets, or of pairs=FILE) "
                                        "or embeddings", ("predictions", "embeddings"), pairs="predictions",
                                        whole=("embeddings",)),

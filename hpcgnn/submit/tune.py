@@ -197,7 +197,7 @@ def _task_direction(cfg) -> str:
 
     spec = tasks.SPECS[cfg.task.name]
     if not spec.kinds or spec.target_check is None:  # (its metrics, every one: the task's own, whatever its labels)
-        return "maximize" if all(tasks.higher_is_better(m) for m in spec.reports((1,))) else "minimize"
+        return "maximize" if all(tasks.higher_is_better(m) for m in spec.reports(cfg.task)) else "minimize"
     from hpcgnn.data import prepare
     from hpcgnn.specs import load
 

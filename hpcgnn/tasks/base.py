@@ -44,8 +44,9 @@ class Task(abc.ABC):
         (``TaskSpec.model``, a model file's rebuilder too: :func:`hpcgnn.models.saved.rebuild`)."""
         from hpcgnn.specs import load, tasks
 
-        return load(tasks.SPECS[self.name].model)(self.cfg.model, self.cfg.task.decoder, self.store.shape,
-                                                  len(self.cfg.train.fanouts), self.store.items.relation)
+        spec = tasks.SPECS[self.name]
+        return load(spec.model)(self.cfg.model, spec.decoder(self.cfg.task), self.store.shape,
+                                len(self.cfg.train.fanouts), self.store.items.relation)
 
     @property
     def eval_mode(self) -> str:
