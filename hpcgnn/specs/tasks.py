@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Literal, Tuple
+from typing import Literal
 
 # Every metric a task reports (val_<name>, test_<name>): whether a higher value is better, and its name in words.
 METRICS: dict[str, tuple[bool, str]] = {
@@ -155,7 +155,7 @@ class LinkTaskConfig(TaskConfig):
     num_negatives: int = 1  # negatives per positive edge in a training step
     neg_retries: int = 3  # negatives=strict: redraws of a negative that is an edge; then it is padding (weight 0)
     form: Literal["binary", "triplet"] = "binary"  # labelled pairs, BCE | each positive against its negatives, softmax
-    hits_k: Tuple[int, ...] = (20, 50, 100)  # the K of the Hits@K metrics reported
+    hits_k: tuple[int, ...] = (20, 50, 100)  # the K of the Hits@K metrics reported
     target_edges: Literal[TARGET_EDGES] = "drop"  # a step's target edges carry no messages in its batch (drop) or
     # do (keep, as in a full-batch GAE)
 
