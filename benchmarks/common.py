@@ -45,9 +45,9 @@ def hpcgnn_loader(graph, prefetch: int = 0):
 
 
 def benchmark_config(args):
-    from hpcgnn.config import DatasetConfig
+    from hpcgnn.config import dataset_config
 
-    return DatasetConfig(num_nodes=args.num_nodes, avg_degree=args.avg_degree, num_features=128, root=args.root,
+    return dataset_config(num_nodes=args.num_nodes, avg_degree=args.avg_degree, num_features=128, root=args.root,
                          degree_exponent=getattr(args, "degree_exponent", 0.0))
 
 

@@ -63,10 +63,10 @@ def main() -> None:
     ap.add_argument("--num-features", type=int, default=128)
     args = ap.parse_args()
 
-    from hpcgnn.config import DatasetConfig
+    from hpcgnn.config import dataset_config
     from hpcgnn.data import cache, prepare
 
-    cfg = DatasetConfig(num_nodes=args.num_nodes, avg_degree=args.avg_degree, num_features=args.num_features,
+    cfg = dataset_config(num_nodes=args.num_nodes, avg_degree=args.avg_degree, num_features=args.num_features,
                         root=args.root)
     t0 = time.perf_counter()
     folder = prepare(cfg)

@@ -202,9 +202,9 @@ def main() -> None:
     ap.add_argument("--root", default="~/.cache/hpcgnn-scale")
     args = ap.parse_args()
 
-    from hpcgnn.config import DatasetConfig, GraphConfig
+    from hpcgnn.config import GraphConfig, dataset_config
 
-    cfg = DatasetConfig(num_nodes=args.num_nodes, avg_degree=args.avg_degree, degree_exponent=args.degree_exponent,
+    cfg = dataset_config(num_nodes=args.num_nodes, avg_degree=args.avg_degree, degree_exponent=args.degree_exponent,
                         num_features=args.num_features, train_fraction=args.train_fraction,
                         feature_dtype=args.feature_dtype, prepare_mem_gb=args.prepare_mem_gb, root=args.root)
     Path(cfg.root).expanduser().mkdir(parents=True, exist_ok=True)

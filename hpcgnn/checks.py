@@ -21,7 +21,6 @@ TYPED_MODELS = models.names(typed=True)  # models for typed graphs (sage: GraphS
 FULL_INFERENCE_MODELS = models.names(exact="plain")  # exact layer-wise inference (eval_mode=full)
 TYPED_FULL_INFERENCE_MODELS = models.names(exact="typed")  # ... on a typed graph
 EDGE_MODELS = models.names(edge_features=True)  # hpcgnn's models that read edge features (model.edge_dim)
-FEATURE_DTYPES = ("float32", "float16", "bfloat16")  # dataset.feature_dtype: how features are stored
 
 # ------------------------------------------------------------------ datasets: from their specs (hpcgnn.specs.datasets)
 
@@ -32,7 +31,6 @@ NODE_DATASETS = datasets.names(task="node")  # (typed ones too; files: a folder 
 LINK_DATASETS = datasets.names(task="link")
 TYPED_DATASETS = datasets.names(typed=True)  # erase_types serves them homogeneous
 PYG_DATASETS = datasets.names(needs_target=True)  # a graph of PyG's, by dataset._target_
-SPLIT_EDGES = datasets.names(split_edges=True)  # link datasets whose edges hpcgnn splits itself (dataset.edge_split)
 ON_DISK = datasets.names(on_disk=True)  # read from files that must be there before a job starts
 EDGE_TARGET_DATASETS = datasets.with_edge_targets()  # task=edge: datasets whose edges can carry targets
 
@@ -125,59 +123,17 @@ def edge_reader(model) -> str:
 
 
 def check_dataset_config(dataset) -> None:
-    """The dataset's name is one the registry knows, for the task it is prepared for."""
-    if dataset.feature_dtype not in FEATURE_DTYPES:
-        raise ConfigError(f"dataset.feature_dtype={dataset.feature_dtype!r} is unknown: use one of "
-                          f"{', '.join(FEATURE_DTYPES)} (float16/bfloat16 store features in half the bytes)")
-    if dataset.prepare_mem_gb is not None and dataset.prepare_mem_gb <= 0:
-        raise ConfigError(f"dataset.prepare_mem_gb={dataset.prepare_mem_gb} must be above 0 (or null: a quarter "
-                          "of the free memory, at most 0.25 GB)")
-    if (dataset.name in PYG_DATASETS) != bool(dataset._target_):
-        raise ConfigError(f"dataset._target_={dataset._target_} goes with dataset=pyg (a PyG dataset class or a function "
-                          f"returning a Data; a HeteroData: dataset=pyg_hetero); got dataset={dataset.name}. HINT: "
-                          "dataset=pyg dataset._target_=torch_geometric.datasets.NAME")
-    _check_edge_features(dataset)
-    if dataset.target_type is not None and dataset.name != "pyg_hetero":
-        raise ConfigError(f"dataset.target_type={dataset.target_type} names the labelled node type of a PyG HeteroData "
-                          f"(dataset=pyg_hetero); got dataset={dataset.name}. HINT: drop it")
+    """The dataset serves the task it is prepared for (its own values are checked by its source's class as the config
+    is built, and again here for a dataset built without a run's config: :mod:`hpcgnn.specs.datasets`)."""
+    dataset.check(dataset.prepared_for, "last")
     if dataset.prepared_for == "link":
         if dataset.name not in LINK_DATASETS:
             raise ConfigError(f"dataset={dataset.name} has no edges to predict: task=link needs one of "
                               f"{', '.join(sorted(LINK_DATASETS))}")
-        if dataset.name in SPLIT_EDGES:
-            check_fractions(tuple(dataset.edge_split))
     elif dataset.name not in NODE_DATASETS:
         hint = " (a link dataset: add task=link)" if dataset.name in LINK_DATASETS else ""
         raise ConfigError(f"dataset.name={dataset.name!r} is unknown{hint}: use one of "
                           f"{', '.join(sorted(NODE_DATASETS))}")
-
-
-EDGE_REDUCE = ("none", "mean", "sum")  # dataset.node_features_from_edges
-
-
-def _check_edge_features(dataset) -> None:
-    """``dataset.node_features_from_edges``: a known reduction, of a dataset whose edges have features, and set
-    where the nodes have none of their own."""
-    rule = dataset.node_features_from_edges
-    if rule not in EDGE_REDUCE:
-        raise ConfigError(f"dataset.node_features_from_edges={rule!r} is unknown: use one of {', '.join(EDGE_REDUCE)}")
-    spec = datasets.SPECS.get(dataset.name)
-    if spec is None:
-        return
-    if rule != "none" and not spec.edge_features:
-        with_edges = ", ".join(datasets.names(edge_features=True))
-        raise ConfigError(f"dataset.node_features_from_edges={rule}: the edges of dataset={dataset.name} carry no "
-                          f"features ({with_edges} do). HINT: drop the option")
-    if rule == "none" and not spec.node_features:
-        raise ConfigError(f"dataset={dataset.name} has no node features: dataset.node_features_from_edges=mean (or "
-                          "sum) makes each node's from its edges'")
-
-
-def check_fractions(fractions: tuple[float, ...]) -> None:
-    if len(fractions) != 3 or any(not f > 0 for f in fractions) or abs(sum(fractions) - 1) > 1e-6:
-        raise ConfigError(f"dataset.edge_split={list(fractions)} must be three fractions (train, val, test) above 0 "
-                          "that sum to 1 (the training edges carry the messages and are the training positives), "
-                          "e.g. dataset.edge_split=[0.85,0.05,0.1]")
 
 
 def is_typed(dataset) -> bool:

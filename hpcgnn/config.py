@@ -28,41 +28,11 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from hpcgnn.errors import ConfigError
 from hpcgnn.nodes import PORTS
 from hpcgnn.specs import samplers
+from hpcgnn.specs.datasets import DatasetConfig
 from hpcgnn.specs.tasks import TaskConfig
 
-__all__ = ["ConfigError", "RunConfig", "check_override_keys", "register_configs"]
-
-
-@dataclass(frozen=True)
-class DatasetConfig:
-    name: str = "synthetic"  # synthetic | ogbn-arxiv | ogbn-products | ogbn-papers100M | files | pyg | synthetic_hetero | ogbn-mag | pyg_hetero
-    root: str = "~/.cache/hpcgnn"  # downloads (ogb/) and prepared, memory-mappable graphs (prepared/)
-    path: Optional[str] = None  # files: folder with edge_index, x, y, train_idx, val_idx, test_idx (.npy/.pt), or typed: nodes/<type>/, edges/<src>__<name>__<dst>/
-    to_undirected: bool = False  # add the reverse of every edge (customary for ogbn-arxiv)
-    num_nodes: int = 100_000  # synthetic: nodes in the graph
-    num_classes: int = 8  # synthetic: label classes; files: the model's classes (0 = the labels', which must be 0..K-1, each in use)
-    num_features: int = 32  # synthetic: feature dimensions
-    avg_degree: float = 12.0  # synthetic: mean undirected degree
-    degree_exponent: float = 0.0  # synthetic: 0 = moderate log-normal tail; >2 = power-law exponent (hubs)
-    communities_per_class: int = 4  # synthetic: communities (dense clusters) per class
-    homophily: float = 0.5  # synthetic: fraction of edges drawn inside the source's community
-    locality: float = 0.8  # synthetic: fraction of the other edges kept in the source's region (0 = any node)
-    feature_noise: float = 3.0  # synthetic: noise std relative to the unit class signal
-    centroids: str = "class"  # synthetic: features around a centroid per class | per community
-    train_fraction: float = 0.3  # fraction of nodes in the training split
-    val_fraction: float = 0.1  # fraction of nodes in the validation split (the rest is test)
-    seed: int = 0  # seed of the generator and of the split
-    edge_split: Tuple[float, ...] = (0.85, 0.05, 0.1)  # task=link on synthetic/files: train/val/test fractions of the edges
-    prepared_for: str = "node"  # node | link | edge: what the prepared graph serves (follows task.name; not set by hand)
-    feature_dtype: str = "float32"  # float32 | float16 | bfloat16: how features are stored (half the bytes); batches are upcast to float32
-    prepare_mem_gb: Optional[float] = None  # memory preparing may use (edges are sorted on disk in buckets of this size); None = a quarter of what is free, at most 0.25
-    _target_: Optional[str] = None  # pyg: a torch_geometric.datasets class or a callable returning a Data (pyg_hetero: a HeteroData), pkg.module.Name
-    kwargs: Dict[str, Any] = field(default_factory=dict)  # pyg: its keyword arguments (root: <dataset.root>/pyg/<Name> unless given)
-    split_index: int = 0  # pyg: which split of masks that hold several (one column each, as WikiCS's)
-    target_type: Optional[str] = None  # pyg_hetero: the node type whose labels are predicted (None: the one type with y)
-    trust_root: bool = False  # a dataset.root other users may write (a lab's shared folder): read it anyway (its pyg/ processed files are unpickled, its prepared graphs trained on)
-    node_features_from_edges: str = "none"  # none | mean | sum: each node's features from its edges' (ogbn-proteins: mean, the usual baseline)
-    erase_types: bool = False  # typed datasets (synthetic_hetero, ogbn-mag, typed files, pyg_hetero): serve the homogeneous view, types erased (a baseline)
+__all__ = ["ConfigError", "DatasetConfig", "RunConfig", "TaskConfig", "check_override_keys", "dataset_config",
+           "register_configs"]
 
 
 @dataclass(frozen=True)
@@ -272,14 +242,6 @@ class TuneConfig:
     study: str = ""  # set by a tune's worker: the study's journal file (the sweep folder's study.journal)
 
 
-def single_class(where: str) -> str:
-    """Why node classification with one class is refused (every prediction is right: accuracy 1.0, whatever the
-    model learned)."""
-    return (f"{where}: node classification with a single class predicts it for every node, and scores accuracy "
-            "1.0 whatever the model learned. HINT: give the labels two classes or more (dataset.num_classes), or "
-            "train task=link")
-
-
 @dataclass(frozen=True)
 class RunConfig:
     task: TaskConfig = MISSING
@@ -357,7 +319,7 @@ class RunConfig:
                               "must be an increasing range inside 1024..65535")
         if self.cluster is not None:
             _validate_cluster(self.cluster)
-        _validate_dataset(self.dataset, self.task.name, self.train.select)
+        self.dataset.check(self.task.name, self.train.select)
 
 
 def _or(words: tuple[str, ...]) -> str:
@@ -397,8 +359,7 @@ def _validate_train(t: TrainConfig) -> None:
 
 def _validate_run(c: RunConfig) -> None:
     """The launch, dist and metrics groups, and the sizes other groups hold."""
-    for key, value in (("launch.procs", c.launch.procs), ("model.hidden_channels", c.model.hidden_channels),
-                       ("dataset.num_nodes", c.dataset.num_nodes)):
+    for key, value in (("launch.procs", c.launch.procs), ("model.hidden_channels", c.model.hidden_channels)):
         if value < 1:
             raise ConfigError(f"{key}={value} must be at least 1")
     if c.launch.mode == "submit" and c.cluster is None:
@@ -437,30 +398,6 @@ def _validate_graph_on(c: RunConfig) -> None:
                               "(it samples on the GPU where it can) or host")
 
 
-def _validate_dataset(d: DatasetConfig, task: str, select: str) -> None:
-    """The dataset group's values, and what the task (and ``train.select``) asks of its splits and classes."""
-    if d.num_classes < (0 if d.name == "files" else 1):
-        raise ConfigError(f"dataset.num_classes={d.num_classes} must be at least 1"
-                          f"{' (or 0: the classes of the labels)' if d.name == 'files' else ''}")
-    if d.num_classes == 1 and task == "node":
-        raise ConfigError(single_class("dataset.num_classes=1"))
-    if d.prepared_for != task:
-        raise ConfigError(f"dataset.prepared_for={d.prepared_for} follows task.name={task}: leave it unset")
-    if d.train_fraction <= 0 or d.val_fraction < 0 or d.train_fraction + d.val_fraction >= 1:
-        raise ConfigError(f"dataset.train_fraction={d.train_fraction} and dataset.val_fraction={d.val_fraction} "
-                          "must be positive and sum to less than 1 (the rest is the test split)")
-    if d.degree_exponent != 0 and d.degree_exponent <= 2:
-        raise ConfigError(f"dataset.degree_exponent={d.degree_exponent} must be 0 (log-normal tail) or above 2 "
-                          "(a power law with a finite mean degree), e.g. 2.5")
-    if d.centroids not in ("class", "community"):
-        raise ConfigError(f"dataset.centroids={d.centroids!r} is unknown: use class or community")
-    for key, value in (("dataset.homophily", d.homophily), ("dataset.locality", d.locality)):
-        if not 0 <= value <= 1:
-            raise ConfigError(f"{key}={value} must be in [0, 1]")
-    if d.name == "synthetic" and task == "node":
-        _check_synthetic_splits(d, select)
-
-
 def _numbers(obj: Any, prefix: str) -> list[tuple[str, float]]:
     """Every float of a config (``train.lr``, ``dataset.edge_split[1]``, ...) with its key."""
     if dataclasses.is_dataclass(obj):
@@ -473,32 +410,6 @@ def _numbers(obj: Any, prefix: str) -> list[tuple[str, float]]:
     if isinstance(obj, float):
         return [(prefix, obj)]
     return []
-
-
-def empty_validation(what: str) -> str:
-    """Why a run without validation nodes is refused (unless it reports its last epoch)."""
-    return (f"{what}: no epoch can be chosen by a validation metric. HINT: give the dataset a validation split, or "
-            "set train.select=last to report the last epoch's metrics")
-
-
-def _check_synthetic_splits(d: DatasetConfig, select: str) -> None:
-    """The synthetic graph's node splits (``int(fraction x num_nodes)`` nodes each, the rest test) all hold a node."""
-    def fewest(n: int) -> int:
-        n_train, n_val = int(d.train_fraction * n), int(d.val_fraction * n)
-        return min(n_train, n_val if d.val_fraction > 0 else 1, n - n_train - n_val)
-
-    n_train, n_val = int(d.train_fraction * d.num_nodes), int(d.val_fraction * d.num_nodes)
-    if d.val_fraction == 0 and select == "val":
-        raise ConfigError(empty_validation(f"dataset.val_fraction=0 leaves the validation split of dataset {d.name} "
-                                           "empty"))
-    if fewest(d.num_nodes) < 1:
-        need = d.num_nodes + 1
-        while fewest(need) < 1:
-            need += 1
-        raise ConfigError(f"dataset.num_nodes={d.num_nodes} leaves a split without nodes ({n_train} train, {n_val} "
-                          f"validation, {d.num_nodes - n_train - n_val} test with dataset.train_fraction="
-                          f"{d.train_fraction} and dataset.val_fraction={d.val_fraction}). HINT: "
-                          f"dataset.num_nodes={need} or more")
 
 
 def _validate_sampler(t: TrainConfig, g: GraphConfig) -> None:
@@ -586,6 +497,12 @@ def frozen(tp: type, data: dict) -> Any:
     """A frozen config of class ``tp`` (``ModelConfig``, ...) from its plain data (``dataclasses.asdict``'s), fields
     it lacks at their defaults."""
     return _build(tp, data, "")
+
+
+def dataset_config(**fields: Any) -> DatasetConfig:
+    """The settings of dataset ``fields["name"]`` (synthetic unless named): its source's class, its choices checked
+    (the rest of ``DatasetConfig.check`` needs the task: a composed config's)."""
+    return _build(DatasetConfig, fields, "dataset.")
 
 
 def _build(tp: Any, value: Any, where: str) -> Any:
@@ -703,6 +620,14 @@ def group_default(group: str) -> str | None:
     return None
 
 
+def _named(group: str, option: str | None) -> str | None:
+    """The ``name`` a packaged option of ``group`` sets (``dataset=synthetic_link``: synthetic), or None."""
+    from hpcgnn import CONF_DIR
+
+    path = CONF_DIR / group / f"{option}.yaml"
+    return OmegaConf.load(path).get("name") if option and path.is_file() else None
+
+
 def check_override_keys(overrides: list[str]) -> None:
     """Reject command-line keys that no schema has, naming the valid ones.
 
@@ -733,7 +658,7 @@ def check_override_keys(overrides: list[str]) -> None:
         for depth, part in enumerate(parts):
             if depth == 1 and hasattr(cls, "variant"):
                 base, option = cls, chosen.get(parts[0]) or group_default(parts[0])
-                cls = base.variant(option)
+                cls = base.variant(option) or base.variant(_named(parts[0], option))
                 if cls is None:
                     break  # (an option of the user's own: Hydra checks its keys against its schema)
             if not dataclasses.is_dataclass(cls):
@@ -752,7 +677,8 @@ def check_override_keys(overrides: list[str]) -> None:
                 if option and depth == 1:
                     where += f" with {path}={option}"
                     owners = [n for n in base.names() if part in typing.get_type_hints(base.variant(n))]
-                    kwargs = f". HINT: {key} is a setting of {' or '.join(f'{path}={n}' for n in owners)}" if owners else ""
+                    said = " or ".join(f"{path}={n}" for n in owners[:3]) + (" or ..." if len(owners) > 3 else "")
+                    kwargs = f". HINT: {key} is a setting of {said}" if owners else ""
                 raise ConfigError(f"Unknown config key '{key}'.{hint} Valid keys {where}: {', '.join(names)}{kwargs}")
             tp = hints[part]
             if typing.get_origin(tp) is typing.Union:

@@ -8,12 +8,12 @@ import pytest
 import torch
 from conftest import DATA_ROOT
 
-from hpcgnn.config import DatasetConfig, ModelConfig
+from hpcgnn.config import ModelConfig, dataset_config
 from hpcgnn.data import open_graph, prepare
 from hpcgnn.models import aggregation, batch_transform, build_model, forward_batch
 from hpcgnn.sampling import BatchLoader, CSRNeighborSampler
 
-SMALL = DatasetConfig(num_nodes=3000, avg_degree=10, root=str(DATA_ROOT))
+SMALL = dataset_config(num_nodes=3000, avg_degree=10, root=str(DATA_ROOT))
 
 
 @pytest.fixture(scope="module")
@@ -115,7 +115,7 @@ def test_rgcn_csr_path_gives_pygs_hetero_logits_and_gradients(monkeypatch):
     from hpcgnn.models import build_typed_model, forward_typed_batch
     from hpcgnn.sampling.typed import TypedNeighborSampler
 
-    graph = make_synthetic_typed(DatasetConfig(num_nodes=3000, avg_degree=10, homophily=0.8, seed=5))
+    graph = make_synthetic_typed(dataset_config(num_nodes=3000, avg_degree=10, homophily=0.8, seed=5))
     torch.manual_seed(0)
     ours = build_typed_model(ModelConfig(name="rgcn", hidden_channels=16, dropout=0.0), graph.node_types,
                              graph.relations, graph.target, graph.num_features, graph.num_classes, 2)

@@ -11,7 +11,7 @@ import pytest
 import torch
 from conftest import dead_pid, run_cli, start_and_stop
 
-from hpcgnn.config import DatasetConfig
+from hpcgnn.config import dataset_config
 from hpcgnn.data import build_graph, cache, cache_folder, open_graph, prepare
 from hpcgnn.data.files import DatasetFileError
 from hpcgnn.data.ogb import DatasetMissing
@@ -84,7 +84,7 @@ def _edge_set(graph) -> set:
 @pytest.mark.parametrize("name", ["ogbn-arxiv", "ogbn-products", "ogbn-papers100M"])
 def test_ogb_through_ogbs_loader(tmp_path, name):
     mini = write_mini_ogb(tmp_path, name)
-    cfg = DatasetConfig(name=name, root=str(tmp_path), to_undirected=name == "ogbn-arxiv")
+    cfg = dataset_config(name=name, root=str(tmp_path), to_undirected=name == "ogbn-arxiv")
     g = build_graph(cfg)
     assert g.num_nodes == mini["n"] and g.num_classes == (40 if name == "ogbn-arxiv" else 47 if name == "ogbn-products" else 172)
     assert np.allclose(g.x.numpy(), mini["x"])
@@ -113,7 +113,7 @@ def test_ogb_is_prepared_a_chunk_at_a_time_into_the_graph_ogbs_readers_give(tmp_
         np.savez_compressed(raw, **{**data, "edge_index": np.asfortranarray(data["edge_index"])})
     monkeypatch.setattr(ogb, "STREAM_ROWS", 37)
     monkeypatch.setattr(ooc, "MIN_BUCKET_EDGES", 100)
-    cfg = DatasetConfig(name=name, root=str(tmp_path), to_undirected=name == "ogbn-arxiv", prepare_mem_gb=1e-5)
+    cfg = dataset_config(name=name, root=str(tmp_path), to_undirected=name == "ogbn-arxiv", prepare_mem_gb=1e-5)
     assert ooc.EdgeBuckets(300, 2400, tmp_path / "s", prepare_mem_bytes(cfg)).num_buckets > 1
     prepare(cfg)
     g, ref = open_graph(cfg), build_graph(cfg)
@@ -124,7 +124,7 @@ def test_ogb_is_prepared_a_chunk_at_a_time_into_the_graph_ogbs_readers_give(tmp_
 
 
 def test_ogb_missing_is_a_clear_error_naming_prepare(tmp_path):
-    cfg = DatasetConfig(name="ogbn-products", root=str(tmp_path))
+    cfg = dataset_config(name="ogbn-products", root=str(tmp_path))
     with pytest.raises(DatasetMissing, match=r"training jobs do not download.*\n    python -m hpcgnn.data "
                                              r"prepare dataset=ogbn-products"):
         build_graph(cfg)
@@ -136,7 +136,7 @@ def test_prepare_command_and_training_on_ogb(tmp_path):
     from hpcgnn.data.__main__ import main
 
     assert main(["prepare", "dataset=ogbn-arxiv", f"dataset.root={tmp_path}"]) == 0
-    folder = cache_folder(DatasetConfig(name="ogbn-arxiv", root=str(tmp_path), to_undirected=True))
+    folder = cache_folder(dataset_config(name="ogbn-arxiv", root=str(tmp_path), to_undirected=True))
     assert cache.is_complete(folder)
     stamp = (folder / "meta.json").stat().st_mtime_ns
     assert main(["prepare", "dataset=ogbn-arxiv", f"dataset.root={tmp_path}"]) == 0  # nothing to do
@@ -176,7 +176,7 @@ def test_files_dataset_loads_npy_and_pt(tmp_path):
     _write_files(tmp_path / "g")
     (tmp_path / "g" / "y.npy").unlink()
     torch.save(torch.from_numpy(np.random.default_rng(1).integers(0, 3, 50)), tmp_path / "g" / "y.pt")
-    g = build_graph(DatasetConfig(name="files", path=str(tmp_path / "g")))
+    g = build_graph(dataset_config(name="files", path=str(tmp_path / "g")))
     assert g.num_nodes == 50 and g.num_features == 4 and g.train_idx.numel() == 20
 
 
@@ -189,7 +189,7 @@ def test_files_are_prepared_a_chunk_at_a_time_into_the_same_graph(tmp_path, monk
     _write_files(tmp_path / "g")
     real = files.stream_files
     monkeypatch.setattr("hpcgnn.data.prepared.stream_files", lambda cfg, b, f: real(cfg, b, f, chunk=32))
-    cfg = DatasetConfig(name="files", path=str(tmp_path / "g"), root=str(tmp_path / "root"), to_undirected=undirected,
+    cfg = dataset_config(name="files", path=str(tmp_path / "g"), root=str(tmp_path / "root"), to_undirected=undirected,
                         prepare_mem_gb=1e-6)
     prepare(cfg)
     g, ref = open_graph(cfg), build_graph(cfg)
@@ -213,26 +213,26 @@ def test_files_are_prepared_a_chunk_at_a_time_into_the_same_graph(tmp_path, monk
 def test_files_dataset_errors_name_the_file(tmp_path, override, message):
     _write_files(tmp_path / "g", **override)
     with pytest.raises(DatasetFileError, match=message):
-        build_graph(DatasetConfig(name="files", path=str(tmp_path / "g")))
+        build_graph(dataset_config(name="files", path=str(tmp_path / "g")))
 
 
 def test_files_dataset_needs_a_path():
     with pytest.raises(ConfigError, match=r"set dataset.path=/path/to/graph"):
-        build_graph(DatasetConfig(name="files"))
+        build_graph(dataset_config(name="files"))
 
 
 def test_cache_round_trip_is_memory_mapped(tmp_path):
-    cfg = DatasetConfig(num_nodes=2000, root=str(tmp_path))
+    cfg = dataset_config(num_nodes=2000, root=str(tmp_path))
     folder = prepare(cfg)
     g, ref = open_graph(cfg), build_graph(cfg)
     for name in cache.ARRAYS:
         assert torch.equal(getattr(g, name), getattr(ref, name)), name
     assert isinstance(np.load(folder / "x.npy", mmap_mode="c"), np.memmap)
     assert prepare(cfg) == folder  # cached: not rebuilt
-    other = prepare(DatasetConfig(num_nodes=2000, seed=1, root=str(tmp_path)))
+    other = prepare(dataset_config(num_nodes=2000, seed=1, root=str(tmp_path)))
     assert other != folder  # a different graph gets its own folder
     with pytest.raises(DatasetMissing, match=r"not prepared .*HINT: python -m hpcgnn.data prepare"):
-        open_graph(DatasetConfig(num_nodes=3000, root=str(tmp_path)))
+        open_graph(dataset_config(num_nodes=3000, root=str(tmp_path)))
 
 
 def test_meta_json_is_read_and_written_through_one_schema(tmp_path):
@@ -240,7 +240,7 @@ def test_meta_json_is_read_and_written_through_one_schema(tmp_path):
     a link dataset's) kept at the top level and read back into ``more``; another format is refused naming the fix."""
     from hpcgnn.errors import DatasetError
 
-    cfg = DatasetConfig(num_nodes=2000, root=str(tmp_path))
+    cfg = dataset_config(num_nodes=2000, root=str(tmp_path))
     folder = prepare(cfg)
     meta = cache.GraphMeta.read(folder)
     g = open_graph(cfg)
@@ -265,7 +265,7 @@ def test_streamed_prepare_equals_the_graph_built_in_memory(tmp_path, monkeypatch
 
     monkeypatch.setattr(synthetic, "SOURCE_CHUNK", 1500)  # several chunks of sources
     monkeypatch.setattr(ooc, "ADD_EDGES", 4000)  # several slices of each chunk's edges
-    cfg = DatasetConfig(num_nodes=5000, root=str(tmp_path), prepare_mem_gb=0.002, **kind)
+    cfg = dataset_config(num_nodes=5000, root=str(tmp_path), prepare_mem_gb=0.002, **kind)
     assert ooc.EdgeBuckets(5000, synthetic.expected_edges(cfg), tmp_path / "s", prepare_mem_bytes(cfg)).num_buckets > 1
     prepare(cfg)
     g, ref = open_graph(cfg), build_graph(cfg)
@@ -279,8 +279,8 @@ def test_streamed_prepare_equals_the_graph_built_in_memory(tmp_path, monkeypatch
 def test_half_precision_features_take_half_the_bytes_and_batches_are_float32(tmp_path, dtype):
     from hpcgnn.sampling import BatchLoader, CSRNeighborSampler
 
-    full = DatasetConfig(num_nodes=3000, root=str(tmp_path))
-    half = DatasetConfig(num_nodes=3000, root=str(tmp_path), feature_dtype=dtype)
+    full = dataset_config(num_nodes=3000, root=str(tmp_path))
+    half = dataset_config(num_nodes=3000, root=str(tmp_path), feature_dtype=dtype)
     a, b = prepare(full), prepare(half)
     assert a != b and (b / "x.npy").stat().st_size < 0.55 * (a / "x.npy").stat().st_size
     g, ref = open_graph(half), open_graph(full)
@@ -292,19 +292,19 @@ def test_half_precision_features_take_half_the_bytes_and_batches_are_float32(tmp
 
 
 @pytest.mark.parametrize("field, value, message", [
-    ("feature_dtype", "float8", r"dataset.feature_dtype='float8' is unknown: use one of float32, float16, bfloat16"),
+    ("feature_dtype", "float8", r"dataset.feature_dtype='float8' is unknown: use float32, float16 or bfloat16"),
     ("prepare_mem_gb", 0.0, r"dataset.prepare_mem_gb=0.0 must be above 0"),
 ])
 def test_storage_option_errors(field, value, message):
     with pytest.raises(ConfigError, match=message):
-        build_graph(DatasetConfig(num_nodes=100, **{field: value}))
+        build_graph(dataset_config(num_nodes=100, **{field: value}))
 
 
 def test_power_law_degrees_have_hubs():
-    g = build_graph(DatasetConfig(num_nodes=50_000, avg_degree=20, degree_exponent=2.5))
+    g = build_graph(dataset_config(num_nodes=50_000, avg_degree=20, degree_exponent=2.5))
     d = g.degree().double().sort(descending=True).values
     top = (d[: d.numel() // 100].sum() / d.sum()).item()
-    base = build_graph(DatasetConfig(num_nodes=50_000, avg_degree=20)).degree().double().sort(descending=True).values
+    base = build_graph(dataset_config(num_nodes=50_000, avg_degree=20)).degree().double().sort(descending=True).values
     base_top = (base[: base.numel() // 100].sum() / base.sum()).item()
     assert top > 0.12 and base_top < 0.05, (top, base_top)  # the top 1% of nodes hold a large share of edges
     assert abs(g.num_edges / g.num_nodes - 20) < 4
@@ -313,7 +313,7 @@ def test_power_law_degrees_have_hubs():
 def test_cache_checks_free_space_first(tmp_path, monkeypatch):
     import shutil as _shutil
 
-    graph = build_graph(DatasetConfig(num_nodes=1000))
+    graph = build_graph(dataset_config(num_nodes=1000))
     usage = _shutil.disk_usage(tmp_path)
     monkeypatch.setattr(cache.shutil, "disk_usage", lambda p: usage._replace(free=1000))
     with pytest.raises(OSError, match=r"needs [\d.]+ [KM]iB in .*only 1000 B are free: set dataset.root"):
@@ -368,7 +368,7 @@ def test_a_killed_prepare_leaves_a_folder_the_next_prepare_removes(tmp_path):
     prepare of the same graph on this host removes it and prepares the graph."""
     import signal
 
-    cfg = DatasetConfig(num_nodes=400_000, root=str(tmp_path))
+    cfg = dataset_config(num_nodes=400_000, root=str(tmp_path))
     prepared = tmp_path / "prepared"
     child = start_and_stop(["-m", "hpcgnn.data", "prepare", "dataset.num_nodes=400000", f"dataset.root={tmp_path}"],
                            lambda: any(prepared.glob(".synthetic-*.tmp-*/scratch/bucket*")), signal.SIGKILL)

@@ -10,7 +10,7 @@ import pytest
 import torch
 from conftest import make_config
 
-from hpcgnn.config import DatasetConfig
+from hpcgnn.config import dataset_config
 from hpcgnn.data import build_graph, ooc, open_graph, prepare
 from hpcgnn.data.files import DatasetFileError
 
@@ -49,7 +49,7 @@ def test_a_folders_edge_features_follow_its_edges_into_the_prepared_csr(tmp_path
 
     arrays = write_edge_folder(tmp_path / "g")
     monkeypatch.setattr(ooc, "MIN_BUCKET_EDGES", 50)  # several buckets
-    cfg = DatasetConfig(name="files", path=str(tmp_path / "g"), root=str(tmp_path / "root"), to_undirected=undirected,
+    cfg = dataset_config(name="files", path=str(tmp_path / "g"), root=str(tmp_path / "root"), to_undirected=undirected,
                         prepare_mem_gb=1e-6)
     with caplog.at_level(logging.INFO, logger="hpcgnn.data.graph"):
         prepare(cfg)
@@ -76,7 +76,7 @@ def test_a_link_datasets_message_passing_edges_keep_their_features(tmp_path, mon
     arrays = write_edge_folder(tmp_path / "g", n=300, e=3000)
     monkeypatch.setattr(link, "SPLIT_CHUNK_EDGES", 300)
     monkeypatch.setattr(ooc, "MIN_BUCKET_EDGES", 500)
-    cfg = DatasetConfig(name="files", path=str(tmp_path / "g"), root=str(tmp_path / "root"), to_undirected=True,
+    cfg = dataset_config(name="files", path=str(tmp_path / "g"), root=str(tmp_path / "root"), to_undirected=True,
                         prepared_for="link", prepare_mem_gb=1e-5, feature_dtype=dtype)
     prepare(cfg)
     got, ref = open_link(cfg), build_link(cfg)
@@ -92,7 +92,7 @@ def test_a_link_datasets_message_passing_edges_keep_their_features(tmp_path, mon
 
 def test_edge_features_are_stored_in_the_feature_dtype(tmp_path):
     write_edge_folder(tmp_path / "g")
-    cfg = DatasetConfig(name="files", path=str(tmp_path / "g"), root=str(tmp_path / "root"), feature_dtype="bfloat16")
+    cfg = dataset_config(name="files", path=str(tmp_path / "g"), root=str(tmp_path / "root"), feature_dtype="bfloat16")
     prepare(cfg)
     g = open_graph(cfg)
     assert g.edge_attr.dtype == torch.bfloat16 and torch.equal(g.edge_attr, build_graph(cfg).edge_attr.bfloat16())
@@ -110,7 +110,7 @@ def test_wrong_edge_features_are_refused_naming_the_file(tmp_path, bad, message)
     arrays = write_edge_folder(tmp_path / "g")
     np.save(tmp_path / "g" / "edge_attr.npy", bad(arrays))
     with pytest.raises(DatasetFileError, match=message):
-        prepare(DatasetConfig(name="files", path=str(tmp_path / "g"), root=str(tmp_path / "root")))
+        prepare(dataset_config(name="files", path=str(tmp_path / "g"), root=str(tmp_path / "root")))
 
 
 def test_ogbn_proteins_keeps_its_edges_features_as_ogbs_reader_gives_them(tmp_path, monkeypatch):

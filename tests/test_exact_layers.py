@@ -9,7 +9,7 @@ import logging
 import pytest
 import torch
 
-from hpcgnn.config import DatasetConfig, ModelConfig
+from hpcgnn.config import ModelConfig, dataset_config
 from hpcgnn.data import Graph, build_graph
 from hpcgnn.models import build_model, gcn_norm, layerwise
 from hpcgnn.stores.exact import WholeGraphPieces, exact_outputs
@@ -21,7 +21,7 @@ CPU = torch.device("cpu")
 def graph() -> Graph:
     """A small graph with a hub (a long row), rows without in-edges and edges from a node to itself (which GAT's
     attention leaves out, and GCN's and GIN's sums keep)."""
-    base = build_graph(DatasetConfig(num_nodes=2500, avg_degree=7, num_features=24, seed=4))
+    base = build_graph(dataset_config(num_nodes=2500, avg_degree=7, num_features=24, seed=4))
     spokes, loops = torch.arange(3, 700), torch.arange(10, 40)
     ei = torch.cat([base.edge_index(), torch.stack([spokes, torch.zeros_like(spokes)]), torch.stack([loops, loops])], 1)
     keep = ei[1] % 97 != 5  # some nodes with no in-edge at all
@@ -154,7 +154,7 @@ def test_rgcn_on_a_typed_graph_gives_pygs_outputs_from_each_relations_csr():
     from hpcgnn.models import build_typed_model
     from hpcgnn.stores.exact import WholeTypedPieces
 
-    typed = make_synthetic_typed(DatasetConfig(num_nodes=3000, avg_degree=6, seed=2))
+    typed = make_synthetic_typed(dataset_config(num_nodes=3000, avg_degree=6, seed=2))
     runs = {}
     for how in ("csr", "pyg"):
         torch.manual_seed(0)

@@ -19,7 +19,7 @@ import torch
 from conftest import ACCURACY_BAR, DATA_ROOT, TINY, make_config, run_cli, summary_of
 from test_sampling import FANOUTS, check_batch
 
-from hpcgnn.config import DatasetConfig
+from hpcgnn.config import dataset_config
 from hpcgnn.data import Graph, build_graph
 from hpcgnn.sampling import BatchLoader, CSRNeighborSampler, PrefetchLoader
 
@@ -31,7 +31,7 @@ CUDA = torch.device("cuda", 0)
 @pytest.fixture(scope="module")
 def graph() -> Graph:
     """A small graph with two hubs (both of the sampler's paths: whole rows and Floyd subsets)."""
-    base = build_graph(DatasetConfig(num_nodes=3000, avg_degree=8, seed=3))
+    base = build_graph(dataset_config(num_nodes=3000, avg_degree=8, seed=3))
     ei = base.edge_index()
     spokes = torch.arange(2, 600)
     extra = torch.cat([torch.stack([spokes, torch.zeros_like(spokes)]), torch.stack([spokes, torch.ones_like(spokes)])], 1)
@@ -260,7 +260,7 @@ def test_typed_batches_made_on_the_gpu_keep_every_invariant():
     from hpcgnn.data.synthetic import make_synthetic_typed
     from hpcgnn.sampling.typed import TypedNeighborSampler
 
-    graph = make_synthetic_typed(DatasetConfig(num_nodes=3000, avg_degree=10, homophily=0.8, seed=5))
+    graph = make_synthetic_typed(dataset_config(num_nodes=3000, avg_degree=10, homophily=0.8, seed=5))
     g = graph.to(CUDA)
 
     def loader():

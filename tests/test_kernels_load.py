@@ -54,12 +54,12 @@ def _lying(tmp_path) -> Path:
 def kernels_with(monkeypatch, tmp_path, caplog):
     """``kernels_with(packaged=PATH|None, cache=FOLDER, cc=NAME|None)``: (the kernels this process then loads, the
     warnings it logged), and checks that they (or torch ops) make the torch ops' batches."""
-    from hpcgnn.config import DatasetConfig
+    from hpcgnn.config import dataset_config
     from hpcgnn.data import build_graph
     from hpcgnn.kernels import build
     from hpcgnn.sampling import CSRNeighborSampler
 
-    graph = build_graph(DatasetConfig(num_nodes=2000, avg_degree=30, seed=1))
+    graph = build_graph(dataset_config(num_nodes=2000, avg_degree=30, seed=1))
 
     def batch():
         out = CSRNeighborSampler(graph.rowptr, graph.col, (15, 5)).sample(torch.arange(0, 2000, 3),

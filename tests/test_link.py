@@ -13,7 +13,7 @@ import torch
 from conftest import DATA_ROOT, UNIT_ROUNDOFF, local_rank_env, make_config, train_batches
 from sklearn.metrics import average_precision_score, roc_auc_score
 
-from hpcgnn.config import DatasetConfig
+from hpcgnn.config import dataset_config
 from hpcgnn.data import build_graph, build_link, cache_folder, open_link, prepare
 from hpcgnn.data.graph import csr_has_edge
 from hpcgnn.data.link import edge_keys, has_edge
@@ -22,7 +22,7 @@ from hpcgnn.sampling import BatchLoader, CSRNeighborSampler
 from hpcgnn.sampling.link import LinkSampler, pair_sampler
 from hpcgnn.tasks import link_metrics as lm
 
-LINK = DatasetConfig(num_nodes=3000, avg_degree=10, centroids="community", homophily=0.7, root=str(DATA_ROOT),
+LINK = dataset_config(num_nodes=3000, avg_degree=10, centroids="community", homophily=0.7, root=str(DATA_ROOT),
                      prepared_for="link")
 
 
@@ -104,16 +104,17 @@ def test_link_datasets_are_prepared_out_of_core_into_the_split_made_in_memory(tm
 
     monkeypatch.setattr(link, "SPLIT_CHUNK_EDGES", 300)
     monkeypatch.setattr(ooc, "MIN_BUCKET_EDGES", 500)
-    cfg = DatasetConfig(num_nodes=1500, avg_degree=8, root=str(tmp_path), prepared_for="link", prepare_mem_gb=1e-5)
+    cfg = dataset_config(num_nodes=1500, avg_degree=8, root=str(tmp_path), prepared_for="link", prepare_mem_gb=1e-5)
     if name == "files":  # a directed graph of the user's: some pairs in one direction only
-        g = build_graph(DatasetConfig(num_nodes=1500, avg_degree=8, seed=3))
+        g = build_graph(dataset_config(num_nodes=1500, avg_degree=8, seed=3))
         keep = torch.rand(g.num_edges, generator=torch.Generator().manual_seed(0)) < 0.7
         folder = tmp_path / "mine"
         folder.mkdir()
         for key, value in (("edge_index", g.edge_index()[:, keep]), ("x", g.x), ("y", g.y), ("train_idx", g.train_idx),
                            ("val_idx", g.val_idx), ("test_idx", g.test_idx)):
             np.save(folder / f"{key}.npy", value.numpy())
-        cfg = dataclasses.replace(cfg, name="files", path=str(folder))
+        cfg = dataset_config(name="files", path=str(folder), root=str(tmp_path), prepared_for="link",
+                             prepare_mem_gb=1e-5)
     assert ooc.EdgeBuckets(1500, 12000, tmp_path / "s", int(1e-5 * 2**30)).num_buckets > 1
     prepare(cfg)
     got, ref = open_link(cfg), build_link(cfg)
@@ -480,7 +481,7 @@ def test_preempted_link_training_resumes_bitwise(tmp_path, form, negatives, cpu_
 
 def test_files_with_an_edge_split(tmp_path):
     """dataset=files under task=link: the user's own edges, split with dataset.edge_split."""
-    g = build_graph(DatasetConfig(num_nodes=500, avg_degree=8, seed=4))
+    g = build_graph(dataset_config(num_nodes=500, avg_degree=8, seed=4))
     folder = tmp_path / "mine"
     folder.mkdir()
     ei = g.edge_index()

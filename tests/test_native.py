@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hpcgnn.config import DatasetConfig
+from hpcgnn.config import dataset_config
 from hpcgnn.data import Graph, build_graph
 from hpcgnn.data.synthetic import make_synthetic_typed
 from hpcgnn.kernels import binding, build, hashtable, ops, scheduler, sources, twins
@@ -52,7 +52,7 @@ def both(switch, make):
 @pytest.fixture(scope="module")
 def graph() -> Graph:
     """A small graph with two hubs of 598 neighbours (the rows that draw a subset) and many small rows."""
-    base = build_graph(DatasetConfig(num_nodes=3000, avg_degree=8, seed=3))
+    base = build_graph(dataset_config(num_nodes=3000, avg_degree=8, seed=3))
     spokes = torch.arange(2, 600)
     extra = torch.cat([torch.stack([spokes, torch.zeros_like(spokes)]), torch.stack([spokes, torch.ones_like(spokes)])], 1)
     ei = torch.cat([base.edge_index(), extra, extra.flip(0)], 1)
@@ -401,7 +401,7 @@ def test_a_threads_budget_holds_for_its_thread_only():
 
 @needs_cc
 def test_kernels_sample_the_torch_ops_typed_batches(switch):
-    typed = make_synthetic_typed(DatasetConfig(num_nodes=3000, avg_degree=10, homophily=0.8, seed=5))
+    typed = make_synthetic_typed(dataset_config(num_nodes=3000, avg_degree=10, homophily=0.8, seed=5))
     sampler = TypedNeighborSampler(typed, (6, 4))
 
     def batches(id_map="dense"):

@@ -85,8 +85,8 @@ CONFIG_REFUSALS = [  # (overrides, the one line that refuses them)
                                                r"with binary cross-entropy over its thresholds"),
     (["dataset=ogbn-proteins", "dataset.node_features_from_edges=none"],
      r"dataset=ogbn-proteins has no node features: dataset.node_features_from_edges=mean \(or sum\)"),
-    (["dataset.node_features_from_edges=mean"], r"dataset.node_features_from_edges=mean: the edges of "
-                                                r"dataset=synthetic carry no features \(ogbn-proteins do\)"),
+    (["dataset=ogbn-arxiv", "dataset.node_features_from_edges=mean"], r"dataset.node_features_from_edges=mean: the edges of "
+                                                r"dataset=ogbn-arxiv carry no features \(ogbn-proteins do\)"),
 ]
 
 
@@ -394,10 +394,10 @@ def test_a_typed_graphs_labelled_type_takes_several_labels(tmp_path):
     from conftest import DATA_ROOT, train_here
     from test_typed import write_typed_folder
 
-    from hpcgnn.config import DatasetConfig
+    from hpcgnn.config import dataset_config
     from hpcgnn.data.synthetic import make_synthetic_typed
 
-    graph = make_synthetic_typed(DatasetConfig(num_nodes=3000, avg_degree=10, homophily=0.8, seed=5, num_classes=5))
+    graph = make_synthetic_typed(dataset_config(num_nodes=3000, avg_degree=10, homophily=0.8, seed=5, num_classes=5))
     write_typed_folder(tmp_path / "typed", graph)
     y = torch.nn.functional.one_hot(graph.y, 5).float()
     y[torch.rand(y.shape, generator=torch.Generator().manual_seed(0)) < 0.1] = float("nan")

@@ -26,7 +26,7 @@ from conftest import (
     summary_of,
 )
 
-from hpcgnn.config import DatasetConfig, GraphConfig
+from hpcgnn.config import DatasetConfig, GraphConfig, dataset_config
 from hpcgnn.data import open_graph, prepare
 from hpcgnn.errors import ConfigError, PartitionError
 from hpcgnn.partition import (
@@ -37,7 +37,7 @@ from hpcgnn.partition import (
     parts_folder,
 )
 
-SMALL = DatasetConfig(num_nodes=20_000, avg_degree=12, root=str(DATA_ROOT))
+SMALL = dataset_config(num_nodes=20_000, avg_degree=12, root=str(DATA_ROOT))
 METIS, RANDOM = GraphConfig(mode="partitioned", method="metis"), GraphConfig(mode="partitioned", method="random")
 LP = GraphConfig(mode="partitioned", method="lp")
 
@@ -90,7 +90,7 @@ def test_ctrl_c_while_waiting_on_a_partitioning_job_leaves_it_running(tmp_path):
     import signal
     import time
 
-    mine = DatasetConfig(num_nodes=200_000, root=str(tmp_path / "data"))
+    mine = dataset_config(num_nodes=200_000, root=str(tmp_path / "data"))
     parts = prepare(mine) / "parts"
     waiting = subprocess.Popen([sys.executable, "-m", "hpcgnn.partition", "+cluster=local", "dataset.num_nodes=200000",
                                 f"dataset.root={mine.root}", "graph.method=lp", "graph.num_parts=4"],
@@ -113,7 +113,7 @@ def test_an_lp_partition_stopped_by_sigterm_leaves_nothing_behind(tmp_path):
     """SIGTERM while lp coarsens: the command exits 143 and removes its coarse levels (parts/ is empty)."""
     import signal
 
-    mine = DatasetConfig(num_nodes=200_000, root=str(tmp_path / "data"))
+    mine = dataset_config(num_nodes=200_000, root=str(tmp_path / "data"))
     parts = prepare(mine) / "parts"
     child = start_and_stop(["-m", "hpcgnn.partition", "dataset.num_nodes=200000", f"dataset.root={mine.root}",
                             "graph.method=lp", "graph.num_parts=4"],

@@ -173,9 +173,9 @@ def test_what_cannot_be_read_is_named():
                                 "+dataset.kwargs.bogus=1").dataset)
     karate = build_graph(make_config("dataset=pyg", "dataset._target_=torch_geometric.datasets.KarateClub").dataset)
     assert karate.num_nodes == 34 and karate.num_classes == 4  # (its one mask: the seeded split instead)
-    with pytest.raises(ConfigError, match=r"goes with dataset=pyg"):
+    with pytest.raises(ConfigError, match=r"^dataset=pyg needs dataset._target_: a PyG dataset class or a function "):
         make_config("dataset=pyg")
-    with pytest.raises(ConfigError, match=r"goes with dataset=pyg"):
+    with pytest.raises(ConfigError, match=r"HINT: dataset._target_ is a setting of dataset=pyg or dataset=pyg_hetero$"):
         make_config("dataset._target_=torch_geometric.datasets.FakeDataset")
 
 

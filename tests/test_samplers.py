@@ -8,7 +8,7 @@ import pytest
 import torch
 from conftest import ACCURACY_BAR, DATA_ROOT, make_config, run_cli, summary_of, train_batches
 
-from hpcgnn.config import DatasetConfig, ModelConfig
+from hpcgnn.config import ModelConfig, dataset_config
 from hpcgnn.data import Graph, open_graph, prepare
 from hpcgnn.env import RankEnv
 from hpcgnn.errors import ConfigError
@@ -19,7 +19,7 @@ from hpcgnn.sampling import subgraph as sub
 from hpcgnn.tasks import open_store
 
 # Heavy-tailed, so that sampling biases and batch imbalance show.
-SMALL = DatasetConfig(num_nodes=3000, avg_degree=10, degree_exponent=2.5, root=str(DATA_ROOT))
+SMALL = dataset_config(num_nodes=3000, avg_degree=10, degree_exponent=2.5, root=str(DATA_ROOT))
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from hpcgnn.config import DatasetConfig
+from hpcgnn.config import dataset_config
 from hpcgnn.data import Graph, build_graph
 from hpcgnn.kernels import scheduler
 from hpcgnn.kernels.scheduler import threads
@@ -28,7 +28,7 @@ from hpcgnn.sampling.neighbor import DenseIdMap
 @pytest.fixture(scope="module")
 def graph() -> Graph:
     """A small synthetic graph plus two hubs, so that both sampling paths (all / subset) run."""
-    base = build_graph(DatasetConfig(num_nodes=3000, avg_degree=8, seed=3))
+    base = build_graph(dataset_config(num_nodes=3000, avg_degree=8, seed=3))
     ei = base.edge_index()
     hubs = torch.tensor([0, 1])
     spokes = torch.arange(2, 600)
@@ -275,10 +275,10 @@ def test_an_epochs_seeds_are_not_kept_alive_after_it_and_a_generator_given_twice
 
 
 def test_synthetic_graph_is_deterministic_and_homophilous():
-    cfg = DatasetConfig(num_nodes=5000, seed=7)
+    cfg = dataset_config(num_nodes=5000, seed=7)
     g1, g2 = build_graph(cfg), build_graph(cfg)
     assert torch.equal(g1.col, g2.col) and torch.equal(g1.x, g2.x) and torch.equal(g1.y, g2.y)
-    g3 = build_graph(DatasetConfig(num_nodes=5000, seed=8))
+    g3 = build_graph(dataset_config(num_nodes=5000, seed=8))
     assert not torch.equal(g1.y, g3.y)
     src, dst = g1.edge_index()
     same = (g1.y[src] == g1.y[dst]).float().mean().item()
@@ -323,7 +323,7 @@ def test_two_stage_batches_whose_gathers_the_sampling_thread_helps_with_are_the_
     batch made, takes some of them (scheduler.GatherShare). The batches are the plain loop's, bit for bit."""
     from hpcgnn.sampling import PrefetchLoader
 
-    big = build_graph(DatasetConfig(num_nodes=60_000, avg_degree=12, num_features=16, seed=4))
+    big = build_graph(dataset_config(num_nodes=60_000, avg_degree=12, num_features=16, seed=4))
 
     def loader():
         return BatchLoader(big, CSRNeighborSampler(big.rowptr, big.col, (10, 10)), big.train_idx[:4096], 1024,
@@ -392,10 +392,10 @@ def test_walks_left_open_are_stopped_at_exit(graph):
 
 EXIT_WITH_A_WALK_OPEN = """
 import torch
-from hpcgnn.config import DatasetConfig
+from hpcgnn.config import dataset_config
 from hpcgnn.data import build_graph
 from hpcgnn.sampling import BatchLoader, CSRNeighborSampler, PrefetchLoader
-graph = build_graph(DatasetConfig(num_nodes=100_000, avg_degree=10, seed=3))
+graph = build_graph(dataset_config(num_nodes=100_000, avg_degree=10, seed=3))
 loader = PrefetchLoader(BatchLoader(graph, CSRNeighborSampler(graph.rowptr, graph.col, (15, 10, 5)), graph.train_idx,
                                     1024, generator=torch.Generator().manual_seed(0)), 2)
 walk = iter(loader)  # kept to the end of the script, its threads busy making the next batches

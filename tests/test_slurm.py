@@ -275,10 +275,10 @@ def test_failed_partitioning_cancels_training_with_the_reason(tmp_path):
 
 def test_partitioning_that_cannot_fit_is_refused_before_submitting(tmp_path):
     """A prepared graph and a known memory limit: the launcher refuses at submit time, exit 2."""
-    from hpcgnn.config import DatasetConfig
+    from hpcgnn.config import dataset_config
     from hpcgnn.data import prepare
 
-    prepare(DatasetConfig(num_nodes=20000, seed=13, root=str(DATA_ROOT)))
+    prepare(dataset_config(num_nodes=20000, seed=13, root=str(DATA_ROOT)))
     res = run_cli("+cluster=devcluster", "graph=partitioned", "cluster.mem_gb=0.001", "dataset.seed=13",
                   "dataset.num_nodes=20000", cwd=tmp_path, timeout=120)
     assert res.returncode == 2

@@ -10,7 +10,7 @@ import torch
 from conftest import DATA_ROOT, TINY, make_config, run_cli, summary_of
 from torch_geometric.data import Data
 
-from hpcgnn.config import DatasetConfig, ModelConfig
+from hpcgnn.config import ModelConfig, dataset_config
 from hpcgnn.data import open_graph, prepare
 from hpcgnn.env import RankEnv
 from hpcgnn.errors import ConfigError
@@ -27,7 +27,7 @@ from hpcgnn.sampling import BatchLoader, CSRNeighborSampler
 from hpcgnn.stores.exact import WholeGraphPieces, exact_outputs
 from hpcgnn.tasks import build_task, open_store
 
-SMALL = DatasetConfig(num_nodes=3000, avg_degree=10, root=str(DATA_ROOT))
+SMALL = dataset_config(num_nodes=3000, avg_degree=10, root=str(DATA_ROOT))
 
 
 @pytest.fixture(scope="module")

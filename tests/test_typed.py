@@ -9,7 +9,7 @@ import os
 import pytest
 import torch
 
-from hpcgnn.config import DatasetConfig
+from hpcgnn.config import dataset_config
 from hpcgnn.data.synthetic import make_synthetic_typed
 from hpcgnn.data.typed import TypedGraph
 from hpcgnn.sampling.typed import TypedNeighborSampler, relation_fanouts, to_hetero_data
@@ -19,7 +19,7 @@ FANOUTS = (4, 3)
 
 @pytest.fixture(scope="module")
 def graph() -> TypedGraph:
-    return make_synthetic_typed(DatasetConfig(num_nodes=3000, avg_degree=10, homophily=0.8, seed=5))
+    return make_synthetic_typed(dataset_config(num_nodes=3000, avg_degree=10, homophily=0.8, seed=5))
 
 
 def test_the_typed_benchmarks_reference_process_reads_the_same_graph(graph, tmp_path):
@@ -232,7 +232,7 @@ def test_typed_layerwise_inference_is_the_full_graph_forward(graph, name):
 def _typed_dataset(num_nodes: int = 3000):
     from conftest import DATA_ROOT
 
-    return DatasetConfig(name="synthetic_hetero", num_nodes=num_nodes, avg_degree=20, homophily=0.8,
+    return dataset_config(name="synthetic_hetero", num_nodes=num_nodes, avg_degree=20, homophily=0.8,
                          root=str(DATA_ROOT))
 
 
@@ -412,7 +412,7 @@ def test_prepared_typed_graph_maps_back_the_same(tmp_path):
     """Prepared once into the cache (the homogeneous view plus each relation's CSR), mapped back equal."""
     from hpcgnn.data import open_typed, prepare
 
-    cfg = DatasetConfig(name="synthetic_hetero", num_nodes=1500, avg_degree=8, homophily=0.8, root=str(tmp_path))
+    cfg = dataset_config(name="synthetic_hetero", num_nodes=1500, avg_degree=8, homophily=0.8, root=str(tmp_path))
     prepare(cfg)
     a, b = make_synthetic_typed(cfg), open_typed(cfg)
     assert a.num_nodes == b.num_nodes and a.relations == b.relations and a.feature_rule == b.feature_rule
@@ -503,7 +503,7 @@ def test_ogbn_mag_is_read_by_ogbs_own_readers(tmp_path):
     from hpcgnn.data import open_typed, prepare
 
     mini = write_mini_mag(tmp_path)
-    cfg = DatasetConfig(name="ogbn-mag", root=str(tmp_path))
+    cfg = dataset_config(name="ogbn-mag", root=str(tmp_path))
     prepare(cfg)
     g = open_typed(cfg)
     assert g.num_nodes == mini["n"] and g.target == "paper" and g.num_classes == 349
@@ -565,7 +565,7 @@ def test_a_typed_folder_reads_back_as_the_same_graph(tmp_path, graph):
     from hpcgnn.data.files import load_typed_files
 
     write_typed_folder(tmp_path / "g", graph)
-    cfg = DatasetConfig(name="files", path=str(tmp_path / "g"), root=str(tmp_path / "root"))
+    cfg = dataset_config(name="files", path=str(tmp_path / "g"), root=str(tmp_path / "root"))
     assert is_typed(cfg)
     got = load_typed_files(cfg)
     assert got.num_nodes == {t: graph.num_nodes[t] for t in sorted(graph.num_nodes)} and got.target == "paper"
@@ -610,7 +610,7 @@ def test_typed_folder_errors_name_the_file(tmp_path, graph, damage, message):
     write_typed_folder(tmp_path / "g", graph)
     damage(tmp_path / "g")
     with pytest.raises(DatasetFileError, match=message):
-        load_typed_files(DatasetConfig(name="files", path=str(tmp_path / "g")))
+        load_typed_files(dataset_config(name="files", path=str(tmp_path / "g")))
 
 
 @pytest.mark.parametrize("source", ["synthetic_hetero", "ogbn-mag", "files", "pyg_hetero"])
@@ -645,7 +645,7 @@ def test_typed_graph_is_prepared_out_of_core_into_the_graph_built_in_memory(tmp_
         write_typed_folder(tmp_path / "g", graph)
     pyg = {"_target_": "torch_geometric.datasets.FakeHeteroDataset", "to_undirected": True} if source == "pyg_hetero" \
         else {}  # (PyG's: three types of different feature widths, padded to one; six relations and their reverses)
-    cfg = DatasetConfig(name=source, num_nodes=2000, root=str(tmp_path), prepare_mem_gb=1e-5 if source == "ogbn-mag"
+    cfg = dataset_config(name=source, num_nodes=2000, root=str(tmp_path), prepare_mem_gb=1e-5 if source == "ogbn-mag"
                         else 1e-4, erase_types=erase_types, path=str(tmp_path / "g") if source == "files" else None,
                         **pyg)
     buckets, write_csr = [], ooc.EdgeBuckets.write_csr
@@ -681,7 +681,7 @@ def test_a_typed_folders_link_dataset_is_prepared_out_of_core_into_the_split_mad
     monkeypatch.setattr(link, "SPLIT_CHUNK_EDGES", 300)
     monkeypatch.setattr(ooc, "MIN_BUCKET_EDGES", 300)
     write_typed_folder(tmp_path / "g", graph)
-    cfg = DatasetConfig(name="files", path=str(tmp_path / "g"), root=str(tmp_path / "root"), erase_types=True,
+    cfg = dataset_config(name="files", path=str(tmp_path / "g"), root=str(tmp_path / "root"), erase_types=True,
                         prepared_for="link", prepare_mem_gb=1e-5)
     import hpcgnn.data.prepared
 

@@ -10,7 +10,7 @@ import torch
 from conftest import REPO, make_config
 from torch_geometric.data import HeteroData
 
-from hpcgnn.config import DatasetConfig
+from hpcgnn.config import dataset_config
 from hpcgnn.data import TYPED_LOADERS, ooc, open_typed, prepare
 from hpcgnn.data.files import DatasetFileError
 
@@ -75,7 +75,7 @@ def test_each_relations_edge_features_follow_its_edges_into_the_prepared_csr(tmp
 
     edges = write_rated(tmp_path / "g", users=60, items=80, follows=300)
     monkeypatch.setattr(ooc, "MIN_BUCKET_EDGES", 100)
-    cfg = DatasetConfig(name="files", path=str(tmp_path / "g"), root=str(tmp_path / "root"), prepare_mem_gb=1e-6,
+    cfg = dataset_config(name="files", path=str(tmp_path / "g"), root=str(tmp_path / "root"), prepare_mem_gb=1e-6,
                         feature_dtype=dtype)
     with caplog.at_level(logging.INFO, logger="hpcgnn.data.graph"):
         prepare(cfg)
@@ -137,7 +137,7 @@ def test_wrong_edge_features_of_a_relation_are_refused_naming_the_file(tmp_path)
     np.save(tmp_path / "g" / "edges" / "user__rates__item" / "edge_attr.npy", edges[RATES]["edge_attr"][:-1])
     with pytest.raises(DatasetFileError, match=r"user__rates__item/edge_attr\.npy: 239 rows of edge features for the "
                                                r"240 edges of edge_index\.npy: one row per edge, in its order"):
-        prepare(DatasetConfig(name="files", path=str(tmp_path / "g"), root=str(tmp_path / "root")))
+        prepare(dataset_config(name="files", path=str(tmp_path / "g"), root=str(tmp_path / "root")))
 
 
 def test_a_typed_batch_carries_each_sampled_edges_features_per_relation(tmp_path, monkeypatch):

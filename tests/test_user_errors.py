@@ -115,11 +115,11 @@ def test_a_stray_label_is_refused_unless_num_classes_says_so(tmp_path):
 def test_a_relation_named_like_an_added_reverse_is_refused(tmp_path):
     from test_typed import write_typed_folder
 
-    from hpcgnn.config import DatasetConfig
+    from hpcgnn.config import dataset_config
     from hpcgnn.data.files import load_typed_files
     from hpcgnn.data.synthetic import make_synthetic_typed
 
-    graph = make_synthetic_typed(DatasetConfig(num_nodes=600, avg_degree=6, seed=5))
+    graph = make_synthetic_typed(dataset_config(num_nodes=600, avg_degree=6, seed=5))
     write_typed_folder(tmp_path / "g", graph)
     rev = tmp_path / "g" / "edges" / "paper__rev_writes__author"
     rev.mkdir()
@@ -179,7 +179,7 @@ def test_a_zip_placed_by_hand_is_prepared_without_network(tmp_path):
     """OGB's zip copied into dataset.root/ogb/ on a machine without network is unpacked and prepared."""
     from test_datasets import write_mini_ogb
 
-    from hpcgnn.config import DatasetConfig
+    from hpcgnn.config import dataset_config
     from hpcgnn.data import build_graph
 
     mini = tmp_path / "mini"
@@ -192,6 +192,6 @@ def test_a_zip_placed_by_hand_is_prepared_without_network(tmp_path):
                           f"dataset.root={tmp_path / 'root'}"], capture_output=True, text=True, timeout=300,
                          env={**os.environ, **OFFLINE})
     assert res.returncode == 0, res.stdout + res.stderr
-    ref = build_graph(DatasetConfig(name="ogbn-arxiv", root=str(mini), to_undirected=True))
-    got = build_graph(DatasetConfig(name="ogbn-arxiv", root=str(tmp_path / "root"), to_undirected=True))
+    ref = build_graph(dataset_config(name="ogbn-arxiv", root=str(mini), to_undirected=True))
+    got = build_graph(dataset_config(name="ogbn-arxiv", root=str(tmp_path / "root"), to_undirected=True))
     assert torch.equal(got.col, ref.col) and torch.equal(got.x, ref.x) and torch.equal(got.y, ref.y)

@@ -108,7 +108,7 @@ def targets_folder(cfg: DatasetConfig) -> Path:
     from hpcgnn.data.prepared import cache_folder
 
     fields = {"version": TARGETS_VERSION, "seed": cfg.seed, "edge_split": list(cfg.edge_split),
-              "split_index": cfg.split_index}
+              "split_index": getattr(cfg, "split_index", 0)}  # (pyg's: which column of its masks; one split elsewhere)
     key = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:12]
     return cache_folder(cfg) / f"edge-targets-{key}"
 

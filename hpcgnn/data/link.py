@@ -27,10 +27,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from hpcgnn.checks import check_fractions
 from hpcgnn.data.graph import Graph
 from hpcgnn.errors import ConfigError
 from hpcgnn.rng import derive_seed, mix64, shift_right
+from hpcgnn.specs.datasets import check_fractions
 
 SPLITS = ("train", "val", "test")
 SPLIT_VERSION = 3  # in the cache key: 3 draws negative pairs uniformly (2: the positive's source kept; 1: split by a permutation)

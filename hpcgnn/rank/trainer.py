@@ -30,7 +30,7 @@ from tqdm import tqdm
 
 import hpcgnn.sampling.producers as producers
 from hpcgnn import dist
-from hpcgnn.config import RunConfig, empty_validation
+from hpcgnn.config import RunConfig
 from hpcgnn.env import RankEnv
 from hpcgnn.errors import DatasetError
 from hpcgnn.io import write_json
@@ -52,6 +52,7 @@ from hpcgnn.rank.techniques import (
 )
 from hpcgnn.rank.trackers import Trackers
 from hpcgnn.rng import rng_state, set_rng_state
+from hpcgnn.specs.datasets import empty_validation
 from hpcgnn.tasks import build_task, open_store
 
 log = logging.getLogger(__name__)

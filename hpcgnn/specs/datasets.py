@@ -13,7 +13,10 @@ a TypedSource, a LinkData) in :mod:`hpcgnn.data`, its yaml and its line in docs/
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from hpcgnn.errors import ConfigError
 
 _SYNTHETIC_KEY = ("num_nodes", "num_classes", "num_features", "avg_degree", "degree_exponent",
                   "communities_per_class", "homophily", "locality", "feature_noise", "centroids", "train_fraction",
@@ -28,7 +31,7 @@ class DatasetSpec:
 
     name: str
     tasks: tuple[str, ...]  # the tasks it serves: "node", "link"
-    source: str  # the family its builders come from: "synthetic", "ogb", "files", "pyg"
+    source: str  # the family its builders come from, and its settings' class: one of SOURCES
     key: tuple[str, ...]  # dataset.* fields in its prepared graph's cache key (hpcgnn.data.prepared.cache_folder)
     graph: str | None = None  # builder of the homogeneous graph, "module:function" (None: a typed one's view)
     typed_graph: str | None = None  # builder of the typed graph (None: never typed)
@@ -101,3 +104,214 @@ def names(*, task: str | None = None, source: str | None = None, typed: bool | N
 def with_edge_targets() -> tuple[str, ...]:
     """The datasets whose edges can carry an edge task's targets (on the graph, or on a relation of the typed one)."""
     return tuple(s.name for s in SPECS.values() if s.edge_targets or s.typed_edge_targets)
+
+
+# ---------------------------------------------------------------- each source's settings (conf/dataset/<name>.yaml)
+# A dataset's settings are its source's class (DatasetSpec.source: SOURCES), the schema of its yaml
+# (base_dataset_<source>); a field's choices are its Literal's. hpcgnn.config builds and checks them.
+
+
+def single_class(where: str) -> str:
+    """Why node classification with one class is refused (every prediction is right: accuracy 1.0, whatever the
+    model learned)."""
+    return (f"{where}: node classification with a single class predicts it for every node, and scores accuracy "
+            "1.0 whatever the model learned. HINT: give the labels two classes or more (dataset.num_classes), or "
+            "train task=link")
+
+
+def empty_validation(what: str) -> str:
+    """Why a run without validation nodes is refused (unless it reports its last epoch)."""
+    return (f"{what}: no epoch can be chosen by a validation metric. HINT: give the dataset a validation split, or "
+            "set train.select=last to report the last epoch's metrics")
+
+
+@dataclass(frozen=True)
+class DatasetConfig:
+    """What every dataset's settings hold, whatever its source (``dataset=NAME`` picks the group's option, and with
+    it its source's class)."""
+
+    name: str = "synthetic"  # one of SPECS: synthetic, ogbn-arxiv, files, pyg, ... (docs/datasets.md)
+    root: str = "~/.cache/hpcgnn"  # downloads (ogb/) and prepared, memory-mappable graphs (prepared/)
+    to_undirected: bool = False  # add the reverse of every edge (customary for ogbn-arxiv)
+    seed: int = 0  # seed of the generator and of the splits hpcgnn makes
+    prepared_for: str = "node"  # node | link | edge: what the prepared graph serves (follows task.name; not set by hand)
+    feature_dtype: Literal["float32", "float16", "bfloat16"] = "float32"  # how features are stored (half the bytes);
+    # batches are upcast to float32
+    prepare_mem_gb: float | None = None  # memory preparing may use (edges are sorted on disk in buckets of this
+    # size); None = a quarter of what is free, at most 0.25
+    trust_root: bool = False  # a dataset.root other users may write (a lab's shared folder): read it anyway (its pyg/
+    # processed files are unpickled, its prepared graphs trained on)
+    erase_types: bool = False  # typed datasets (synthetic_hetero, ogbn-mag, typed files, pyg_hetero): serve the
+    # homogeneous view, types erased (a baseline)
+
+    @classmethod
+    def variant(cls, name: str | None) -> type | None:
+        """The settings class of dataset ``name``: its source's (None: no such dataset)."""
+        return SOURCES[SPECS[name].source] if name in SPECS else None
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        return tuple(SPECS)
+
+    @classmethod
+    def schemas(cls) -> dict[str, type]:
+        """The group's schemas (``base_dataset_<source>``, which conf/dataset/<name>.yaml names in its defaults)."""
+        return dict(SOURCES)
+
+    def check(self, task: str, select: str) -> None:
+        """Its values, and what the task (and ``train.select``) asks of its splits and classes."""
+        if self.prepared_for != task:
+            raise ConfigError(f"dataset.prepared_for={self.prepared_for} follows task.name={task}: leave it unset")
+        if self.prepare_mem_gb is not None and self.prepare_mem_gb <= 0:
+            raise ConfigError(f"dataset.prepare_mem_gb={self.prepare_mem_gb} must be above 0 (or null: a quarter "
+                              "of the free memory, at most 0.25 GB)")
+
+
+@dataclass(frozen=True)
+class EdgeSplitConfig(DatasetConfig):
+    """A source whose edges hpcgnn splits itself for task=link (and an edge task's targets without splits)."""
+
+    edge_split: tuple[float, ...] = (0.85, 0.05, 0.1)  # task=link (and task=edge's targets): train/val/test
+    # fractions of the edges
+
+    def check(self, task: str, select: str) -> None:
+        super().check(task, select)
+        check_fractions(self.edge_split)
+
+
+def check_fractions(f: tuple[float, ...]) -> None:
+    """``dataset.edge_split``: three fractions above 0 that sum to 1."""
+    if len(f) != 3 or any(not x > 0 for x in f) or abs(sum(f) - 1) > 1e-6:
+        raise ConfigError(f"dataset.edge_split={list(f)} must be three fractions (train, val, test) above 0 "
+                          "that sum to 1 (the training edges carry the messages and are the training positives), "
+                          "e.g. dataset.edge_split=[0.85,0.05,0.1]")
+
+
+@dataclass(frozen=True)
+class NodeSplitConfig(EdgeSplitConfig):
+    """A source whose nodes hpcgnn splits itself where the graph gives no split."""
+
+    train_fraction: float = 0.3  # fraction of nodes in the training split
+    val_fraction: float = 0.1  # fraction of nodes in the validation split (the rest is test)
+
+    def check(self, task: str, select: str) -> None:
+        super().check(task, select)
+        if self.train_fraction <= 0 or self.val_fraction < 0 or self.train_fraction + self.val_fraction >= 1:
+            raise ConfigError(f"dataset.train_fraction={self.train_fraction} and dataset.val_fraction="
+                              f"{self.val_fraction} must be positive and sum to less than 1 (the rest is the test "
+                              "split)")
+
+
+@dataclass(frozen=True)
+class SyntheticConfig(NodeSplitConfig):
+    """dataset=synthetic, synthetic_hetero: a seeded graph with communities, homophilous edges and noisy
+    class-correlated features."""
+
+    num_nodes: int = 100_000  # nodes in the graph
+    num_classes: int = 8  # label classes
+    num_features: int = 32  # feature dimensions
+    avg_degree: float = 12.0  # mean undirected degree
+    degree_exponent: float = 0.0  # 0 = moderate log-normal tail; >2 = power-law exponent (hubs)
+    communities_per_class: int = 4  # communities (dense clusters) per class
+    homophily: float = 0.5  # fraction of edges drawn inside the source's community
+    locality: float = 0.8  # fraction of the other edges kept in the source's region (0 = any node)
+    feature_noise: float = 3.0  # noise std relative to the unit class signal
+    centroids: Literal["class", "community"] = "class"  # features around a centroid per class or per community
+
+    def check(self, task: str, select: str) -> None:
+        super().check(task, select)
+        if self.num_nodes < 1 or self.num_classes < 1:
+            raise ConfigError(f"dataset.num_nodes={self.num_nodes} and dataset.num_classes={self.num_classes} must "
+                              "be at least 1")
+        if self.num_classes == 1 and task == "node":
+            raise ConfigError(single_class("dataset.num_classes=1"))
+        if self.degree_exponent != 0 and self.degree_exponent <= 2:
+            raise ConfigError(f"dataset.degree_exponent={self.degree_exponent} must be 0 (log-normal tail) or above "
+                              "2 (a power law with a finite mean degree), e.g. 2.5")
+        for key, value in (("dataset.homophily", self.homophily), ("dataset.locality", self.locality)):
+            if not 0 <= value <= 1:
+                raise ConfigError(f"{key}={value} must be in [0, 1]")
+        if self.name == "synthetic" and task == "node":
+            self._check_splits(select)
+
+    def _check_splits(self, select: str) -> None:
+        """The node splits (``int(fraction x num_nodes)`` nodes each, the rest test) all hold a node."""
+        def fewest(n: int) -> int:
+            n_train, n_val = int(self.train_fraction * n), int(self.val_fraction * n)
+            return min(n_train, n_val if self.val_fraction > 0 else 1, n - n_train - n_val)
+
+        n = self.num_nodes
+        n_train, n_val = int(self.train_fraction * n), int(self.val_fraction * n)
+        if self.val_fraction == 0 and select == "val":
+            raise ConfigError(empty_validation(f"dataset.val_fraction=0 leaves the validation split of dataset "
+                                               f"{self.name} empty"))
+        if fewest(n) < 1:
+            need = n + 1
+            while fewest(need) < 1:
+                need += 1
+            raise ConfigError(f"dataset.num_nodes={n} leaves a split without nodes ({n_train} train, {n_val} "
+                              f"validation, {n - n_train - n_val} test with dataset.train_fraction="
+                              f"{self.train_fraction} and dataset.val_fraction={self.val_fraction}). HINT: "
+                              f"dataset.num_nodes={need} or more")
+
+
+@dataclass(frozen=True)
+class FilesConfig(EdgeSplitConfig):
+    """dataset=files: a folder of your own (docs/datasets.md)."""
+
+    path: str | None = None  # folder with edge_index, x, y, train_idx, val_idx, test_idx (.npy/.pt), or typed:
+    # nodes/<type>/, edges/<src>__<name>__<dst>/
+    num_classes: int = 0  # the model's classes (0 = the labels', which must be 0..K-1, each in use)
+
+    def check(self, task: str, select: str) -> None:
+        super().check(task, select)
+        if self.num_classes < 0:
+            raise ConfigError(f"dataset.num_classes={self.num_classes} must be at least 1 (or 0: the classes of the "
+                              "labels)")
+        if self.num_classes == 1 and task == "node":
+            raise ConfigError(single_class("dataset.num_classes=1"))
+
+
+@dataclass(frozen=True)
+class PygConfig(NodeSplitConfig):
+    """dataset=pyg, pyg_hetero: a graph of PyG's, by the class or function that makes it."""
+
+    _target_: str | None = None  # a torch_geometric.datasets class or a callable returning a Data (pyg_hetero: a
+    # HeteroData), pkg.module.Name
+    kwargs: dict[str, Any] = field(default_factory=dict)  # its keyword arguments (root: <dataset.root>/pyg/<Name>
+    # unless given)
+    split_index: int = 0  # which split of masks that hold several (one column each, as WikiCS's)
+    target_type: str | None = None  # pyg_hetero: the node type whose labels are predicted (None: the one type
+    # with y)
+
+    def check(self, task: str, select: str) -> None:
+        super().check(task, select)
+        if not self._target_:
+            raise ConfigError(f"dataset={self.name} needs dataset._target_: a PyG dataset class or a function "
+                              "returning a Data (a HeteroData: dataset=pyg_hetero). HINT: dataset=pyg "
+                              "dataset._target_=torch_geometric.datasets.NAME")
+        if self.target_type is not None and self.name != "pyg_hetero":
+            raise ConfigError(f"dataset.target_type={self.target_type} names the labelled node type of a PyG "
+                              f"HeteroData (dataset=pyg_hetero); got dataset={self.name}. HINT: drop it")
+
+
+@dataclass(frozen=True)
+class OgbConfig(DatasetConfig):
+    """dataset=ogbn-*, ogbl-*: OGB's datasets, read from their raw files with their official splits."""
+
+    node_features_from_edges: Literal["none", "mean", "sum"] = "none"  # each node's features from its edges'
+    # (ogbn-proteins: mean, the usual baseline)
+
+    def check(self, task: str, select: str) -> None:
+        super().check(task, select)
+        spec, rule = SPECS[self.name], self.node_features_from_edges
+        if rule != "none" and not spec.edge_features:
+            with_edges = ", ".join(names(edge_features=True))
+            raise ConfigError(f"dataset.node_features_from_edges={rule}: the edges of dataset={self.name} carry no "
+                              f"features ({with_edges} do). HINT: drop the option")
+        if rule == "none" and not spec.node_features:
+            raise ConfigError(f"dataset={self.name} has no node features: dataset.node_features_from_edges=mean (or "
+                              "sum) makes each node's from its edges'")
+
+
+SOURCES: dict[str, type] = {"synthetic": SyntheticConfig, "ogb": OgbConfig, "files": FilesConfig, "pyg": PygConfig}

@@ -25,11 +25,11 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from hpcgnn import dist
-from hpcgnn.config import single_class
 from hpcgnn.errors import DatasetError
 from hpcgnn.labels import Target
 from hpcgnn.models import batch_transform, gcn_norm, node_logits_and_labels
 from hpcgnn.specs import load, tasks
+from hpcgnn.specs.datasets import single_class
 from hpcgnn.tasks import node_metrics
 from hpcgnn.tasks.base import StepResult, Task
 
