@@ -59,3 +59,24 @@ def test_a_yaml_without_a_spec_is_named(tmp_path):
     (folder / "mine.yaml").write_text("name: mine\n")
     (folder / "synthetic.yaml").write_text("name: synthetic\n")
     assert _without_spec(tmp_path) == {"mine.yaml": "mine"}
+
+
+def test_each_yaml_names_its_sources_schema_and_a_users_own_composes(tmp_path, monkeypatch):
+    """A dataset's settings are its source's class: its yaml names that schema (base_dataset_<source>), and a yaml
+    of the user's own naming it composes into that class, another source's key refused."""
+    from conftest import make_config
+
+    from hpcgnn.errors import ConfigError
+
+    for path in sorted((REPO / "conf" / "dataset").glob("*.yaml")):
+        y = yaml.safe_load(path.read_text())
+        assert y["defaults"][0] == f"base_dataset_{datasets.spec(y['name']).source}", path.name
+    folder = tmp_path / "mine" / "dataset"
+    folder.mkdir(parents=True)
+    (folder / "mygraph.yaml").write_text(f"defaults:\n  - base_dataset_files\nname: files\npath: {tmp_path}\n")
+    monkeypatch.setenv("HPCGNN_CONFIG_DIR", str(tmp_path / "mine"))
+    cfg = make_config("dataset=mygraph")
+    assert type(cfg.dataset) is datasets.FilesConfig and cfg.dataset.path == str(tmp_path)
+    (folder / "wrong.yaml").write_text("defaults:\n  - base_dataset_files\nname: files\nnum_nodes: 5\n")
+    with pytest.raises(ConfigError, match=r"num_nodes"):
+        make_config("dataset=wrong")

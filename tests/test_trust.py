@@ -233,6 +233,15 @@ def test_messages_cross_the_wire_as_typed_fields_and_a_foreign_type_is_refused()
     body, payload = wire.encode(epoch)
     back = wire.decode(wire._KINDS[m.Epoch], body, memoryview(bytearray(payload)))
     assert back.batch_seed == 11 and [(i, s.tolist()) for i, s in back.jobs] == [(0, [5, 1, 9]), (1, []), (2, [2])]
+    # An epoch's seeds are described as a sampler state's arrays are (one codec): each lie is Forged.
+    epoch_code, seeds = wire._KINDS[m.Epoch], memoryview(bytearray(np.arange(4, dtype=np.int64).tobytes()))
+    for body, why in [(b'{"batch_seed": 1, "jobs": [[0, 4]], "seeds": {"seeds": [0, "float32", [8]]}}', "not int32"),
+                      (b'{"batch_seed": 1, "jobs": [[0, 4]], "seeds": {"seeds": [8, "int64", [4]]}}', "inside its"),
+                      (b'{"batch_seed": 1, "jobs": [[0, 5]], "seeds": {"seeds": [0, "int64", [4]]}}', "add up"),
+                      (b'{"batch_seed": 1, "jobs": [[0, 4]], "seeds": {"s": [0, "int64", [4]]}}', "add up"),
+                      (b'{"batch_seed": 1, "jobs": [], "seeds": ' + b"[" * 40 + b"]" * 40 + b"}", "levels deep")]:
+        with pytest.raises(wire.Forged, match=why):
+            wire.decode(epoch_code, body, seeds)
     with pytest.raises(TypeError, match="a batch holds a object, which the sampler servers' wire does not carry"):
         wire.encode(m.Batch(0, ("Data", {"x": object()})))
     for code, body in [(1, b'{"rank": 0}'), (4, b'{"index": 0, "meta": {"py/object": "os.system"}, "delta": null}'),

@@ -230,13 +230,7 @@ class SamplerState:
     def encode(self) -> bytes:
         """The magic line, the header's length (8 bytes, little-endian), the header (JSON: the fields, and each
         array's place, a :class:`Ref`), then the arrays' bytes."""
-        places, chunks, offset = {}, [], 0
-        for name, t in self.arrays.items():
-            t = t.detach().cpu().contiguous()
-            raw = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
-            places[name] = Ref(offset, _dtype_name(t.dtype), tuple(t.shape)).to_json()
-            chunks.append(raw)
-            offset += len(raw)
+        places, chunks = arrays_out(self.arrays)
         header = json.dumps({"kind": self.kind, "rank": self.rank, "world_size": self.world_size,
                              "values": self.values, "arrays": places}, allow_nan=False).encode()
         return b"".join([STATE_MAGIC, len(header).to_bytes(8, "little"), header, *chunks])
@@ -252,17 +246,52 @@ class SamplerState:
         size = int.from_bytes(data[at: at + 8], "little")
         if len(data) < at + 8 or size > MAX_HEADER or at + 8 + size > len(data):
             raise ValueError(f"a sampler state's header of {size} bytes does not fit its {len(data)} bytes")
-        head = _json_within(bytes(data[at + 8: at + 8 + size]), "a sampler state's header")
+        head = read_json(bytes(data[at + 8: at + 8 + size]), "a sampler state's header")
         payload = memoryview(data)[at + 8 + size:]
         if not (isinstance(head, dict) and isinstance(head.get("kind"), str) and type(head.get("rank")) is int
                 and type(head.get("world_size")) is int and isinstance(head.get("values"), dict)
                 and isinstance(head.get("arrays"), dict)):
             raise ValueError("a sampler state's header lacks its kind, rank, world size, values or arrays")
         return cls(head["kind"], head["rank"], head["world_size"], head["values"],
-                   {name: _array(name, p, payload) for name, p in head["arrays"].items()})
+                   arrays_in(head["arrays"], payload, "a sampler state's array"))
 
 
-def _json_within(raw: bytes, what: str):
+# ---------------------------------------------------------------- one codec: a JSON header, raw arrays after it
+# A sampler state's file and a message on the sampler servers' wire (an epoch's seeds, a batch's tensors) alike:
+# the header read by read_json (its nesting bounded), each array described by a Ref and read back by Ref.read.
+
+
+def arrays_out(arrays: dict) -> tuple[dict[str, list], list[bytes]]:
+    """Named tensors as (each one's place, a :class:`Ref` in JSON; the payload's chunks, in order)."""
+    places, chunks, offset = {}, [], 0
+    for name, t in arrays.items():
+        t = t.detach().cpu().contiguous()
+        raw = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
+        places[name] = Ref(offset, _dtype_name(t.dtype), tuple(t.shape)).to_json()
+        chunks.append(raw)
+        offset += len(raw)
+    return places, chunks
+
+
+def arrays_in(places, payload: memoryview, what: str, dtypes: tuple[str, ...] = DTYPES) -> dict:
+    """The named tensors :func:`arrays_out` described, copied out of ``payload``; ValueError naming ``what`` where
+    ``places`` is not a mapping of places inside it, each of one of ``dtypes``."""
+    if not isinstance(places, dict):
+        raise ValueError(f"{what}s are not named")
+    out = {}
+    for name, p in places.items():
+        said = f"{what} {str(name)[:40]!r}"
+        ref = Ref.read(p, len(payload), said)
+        if ref.dtype not in dtypes:
+            raise ValueError(f"{said} is of dtype {ref.dtype}, not {' or '.join(dtypes)}")
+        try:
+            out[name] = ref.take(payload)
+        except (RuntimeError, OverflowError):  # (an empty shape whose strides torch cannot hold: [2**47] * 3 + [0])
+            raise Ref.refused(said) from None
+    return out
+
+
+def read_json(raw: bytes, what: str):
     """``raw`` as JSON, refused (ValueError) where it is not, or nests deeper than :data:`MAX_DEPTH` (checked on the
     text first: Python's parser would recurse until RecursionError)."""
     depth = deepest = 0
@@ -288,16 +317,6 @@ def _json_within(raw: bytes, what: str):
         return json.loads(raw)
     except (ValueError, RecursionError) as exc:
         raise ValueError(f"{what} is not JSON ({str(exc)[:80]})") from None
-
-
-def _array(name: str, p, payload: memoryview) -> Tensor:
-    """One array of a state, from its place ``p`` and the payload; ValueError where they do not fit."""
-    what = f"a sampler state's array {str(name)[:40]!r}"
-    ref = Ref.read(p, len(payload), what)
-    try:
-        return ref.take(payload)
-    except (RuntimeError, OverflowError):  # (an empty shape whose strides torch cannot hold: [2**47] * 3 + [0])
-        raise Ref.refused(what) from None
 
 
 def state_path(run_dir: str | Path, rank: int) -> Path:

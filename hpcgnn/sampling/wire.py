@@ -8,6 +8,10 @@ A frame, either way::
                                                                                   or allocated by the sizes
     body     the message's fields as JSON (plain values; tensors' places tagged, never code)
     payload  raw bytes: an epoch's seeds, a batch's tensors (read straight into a slot)
+
+Body and payload are the one codec a sampler state's file uses too (:mod:`hpcgnn.sampling.shipping`): a JSON
+header read with its nesting bounded (``read_json``), each array after it described by a ``Ref`` (offset, dtype of
+the one list, shape) and read back only through ``Ref.read``.
     tag      Poly1305(HMAC-SHA256(key, "frame" | seq), head | body | payload)     16 bytes
 
 ``key`` is the direction's key of this connection (derived from both handshake nonces, the server's index and
@@ -42,7 +46,7 @@ from cryptography.hazmat.primitives.poly1305 import Poly1305
 
 import hpcgnn.sampling.messages as m
 from hpcgnn.sampling.distributed import CommStats
-from hpcgnn.sampling.shipping import Ref
+from hpcgnn.sampling.shipping import Ref, arrays_in, arrays_out, read_json
 from hpcgnn.trust import Session
 
 _HEAD = struct.Struct("!BIQ")  # kind, body bytes, payload bytes
@@ -146,10 +150,7 @@ def _group(v):
                                 "init_timeout_s": float, "timeout_s": float})
 
 
-def _seed_dtype(v):
-    if v not in ("int32", "int64"):
-        raise Forged(f"an epoch's seeds of dtype {v!r:.20}")
-    return np.dtype(v)
+SEED_DTYPES = ("int32", "int64")  # an epoch's seeds
 
 
 def _delta(v):
@@ -197,12 +198,13 @@ def encoded(msg, payload: memoryview | None = None) -> tuple[int, bytes, memoryv
 def encode(msg) -> tuple[bytes, memoryview | None]:
     """A message's body and payload (an epoch's seeds; a batch's bytes are the caller's)."""
     payload = None
-    if isinstance(msg, m.Epoch):
+    if isinstance(msg, m.Epoch):  # (its seeds: one array after the body, described as a sampler state's are)
         dtype = np.dtype(msg.jobs[0][1].dtype if msg.jobs else np.int64)
         seeds = [np.ascontiguousarray(s, dtype=dtype) for _, s in msg.jobs]
-        body = {"batch_seed": msg.batch_seed, "dtype": dtype.name,
+        places, chunks = arrays_out({"seeds": torch.from_numpy(np.concatenate(seeds) if seeds else np.empty(0, dtype))})
+        body = {"batch_seed": msg.batch_seed, "seeds": places,
                 "jobs": [[i, int(s.size)] for (i, _), s in zip(msg.jobs, seeds, strict=True)]}
-        payload = memoryview(np.concatenate(seeds) if seeds else np.empty(0, dtype)).cast("B")
+        payload = memoryview(b"".join(chunks))
     elif type(msg) in _BODIES:
         body = {name: _WRITE.get(name, lambda v: v)(getattr(msg, name)) for name in _BODIES[type(msg)]}
     else:
@@ -216,19 +218,19 @@ def decode(code: int, body: bytes, payload: memoryview | None):
     if cls is None:
         raise Forged(f"an unknown message kind {code}")
     try:
-        b = json.loads(body)
-    except (ValueError, UnicodeDecodeError, RecursionError):
-        raise Forged(f"a {cls.kind!r} message whose body is not JSON") from None
-    if cls is not m.Epoch:
-        return cls(**_fields(b, cls.kind, _BODIES[cls]))
-    f = _fields(b, "epoch", {"batch_seed": int, "dtype": _seed_dtype, "jobs": list})
+        b = read_json(body, f"a {cls.kind!r} message's body")
+        if cls is not m.Epoch:
+            return cls(**_fields(b, cls.kind, _BODIES[cls]))
+        f = _fields(b, "epoch", {"batch_seed": int, "seeds": dict, "jobs": list})
+        seeds = arrays_in(f["seeds"], payload if payload is not None else memoryview(b""), "an epoch's",
+                          SEED_DTYPES).get("seeds")
+    except (ValueError, UnicodeDecodeError) as exc:  # (read_json's and Ref.read's refusals: Forged is one too)
+        raise Forged(str(exc)) from None
     counts = [(_int(j[0], "a batch index"), _int(j[1], "a seed count")) if isinstance(j, list) and len(j) == 2
               else (_int(None, "a job"), 0) for j in f["jobs"]]
-    if payload is not None and payload.nbytes % f["dtype"].itemsize:
-        raise Forged("an epoch's payload is not a whole number of seeds")
-    seeds = np.frombuffer(payload, dtype=f["dtype"]) if payload is not None else np.empty(0, f["dtype"])
-    if sum(n for _, n in counts) != seeds.size:
-        raise Forged("an epoch's seed counts do not add up to its payload")
+    if seeds is None or seeds.dim() != 1 or sum(n for _, n in counts) != seeds.numel():
+        raise Forged("an epoch's seed counts do not add up to its seeds")
+    seeds = seeds.numpy()
     ends = np.cumsum([0] + [n for _, n in counts])
     return m.Epoch(f["batch_seed"], [(i, seeds[ends[k]:ends[k + 1]]) for k, (i, _) in enumerate(counts)])
 
