@@ -72,7 +72,16 @@ def hydra_message(exc: BaseException) -> str:
     cause = exc.__cause__ or exc.__context__
     if cause is not None and str(cause).strip() and str(cause).strip() not in text:
         text += ": " + str(cause).strip().splitlines()[0]
-    return "\n".join(line for line in text.splitlines() if not line.strip().startswith(SCHEMA_PREFIX))
+    return " ".join(_without_context(text).splitlines()[:2]) if "ConfigKeyError" in text else \
+        "\n".join(line for line in _without_context(text).splitlines() if not line.strip().startswith(SCHEMA_PREFIX))
+
+
+_CONTEXT = ("full_key:", "object_type=", "reference_type=")  # OmegaConf's lines about where, after what
+
+
+def _without_context(text: str) -> str:
+    """An OmegaConf error's message without its context lines (the key and class it says in words already)."""
+    return "\n".join(line for line in text.splitlines() if not line.strip().startswith(_CONTEXT))
 
 
 SCHEMA_PREFIX = "base_"  # the schema of each config group (config.register_configs), stored beside its options
@@ -160,7 +169,7 @@ def compose(overrides: list[str] | tuple[str, ...] = (), job_num: int | None = N
         dcfg.run_dir = run_dir
         cfg = RunConfig.from_dictconfig(dcfg)
     except OmegaConfBaseException as exc:  # OmegaConf's interpolation and type errors, worded by OmegaConf
-        raise ConfigError(str(exc).strip()) from None
+        raise ConfigError(_without_context(str(exc).strip())) from None
     if check_names:
         check_registered_names(cfg)  # (hpcgnn.checks: the registries' names, no torch imported)
     return Composed(cfg, tuple(overrides), sweep_dir)
