@@ -177,8 +177,9 @@ class EdgeItems(Items):
         from hpcgnn.data.edges import where_targets
 
         v, rel = self.views, self.relation  # (the targets' own labels, of no graph's classes)
-        return graph_shape(self.cfg, v, self.targets.labels, 0, where_targets(self.cfg.dataset),
-                           v.schema.edge_dim(rel) if rel else None)
+        pairs = pair_features_read(self.cfg, v.schema.edge_dim(rel) if rel else v.edge_dim)
+        return graph_shape(self.cfg, v, self.targets.labels, 0, where_targets(self.cfg.dataset), pairs,
+                           self.cfg.task.decoder)
 
     def global_pairs(self, pairs: Tensor) -> Tensor:
         """Target pairs [2, k] in the graph's global ids (a typed relation's: each end's type offset)."""
@@ -279,45 +280,45 @@ def typed_edge_target_sampler(views, sampler, targets, drop: bool, pair_features
 # ---------------------------------------------------------------------- the targets' shape
 
 
-def graph_shape(cfg: RunConfig, v, labels: dict | None, num_classes: int, where: str,
-                target_edge_dim: int | None = None) -> GraphShape:
+def graph_shape(cfg: RunConfig, v, labels: dict | None, num_classes: int, where: str, pairs: int = 0,
+                decoder: str | None = None) -> GraphShape:
     """The model's dimensions over graph views ``v``; its outputs those of the target its ``labels`` give
     (:func:`hpcgnn.labels.resolve`: the labels' kind and ``task.kind``; ``num_classes``, ``where``: the classes and
     the place the labels are said to come from), refused with the fix where they are at odds; the width of the edge
-    features the model reads (:func:`hpcgnn.models.edge_features_read`; ``target_edge_dim``: an edge task's target
-    edges' own width where it is not the graph's, a typed relation's)."""
+    features the model reads (:func:`hpcgnn.models.edge_features_read`), and of the target edges' own its decoder
+    reads (``pairs``; ``decoder``: an edge task's, which may read them)."""
     k, typed = cfg.task, v.schema is not None
     read = edge_features_read(cfg.model, v.edge_dim, cfg.dataset.name, typed=typed)
     target = resolve(labels, k.kind, k.loss, num_classes, where)
-    pairs = pair_features_read(cfg, v.edge_dim if target_edge_dim is None else target_edge_dim)
-    unread_edge_features(cfg, v.edge_dim, read, typed, pairs)
+    unread_edge_features(cfg, v.edge_dim, read, typed, pairs, decoder)
     return GraphShape(v.num_features, target.width, v.num_nodes, v.schema, target, read, pairs)
 
 
-def unread_edge_features(cfg: RunConfig, edge_dim: int, read: int, typed: bool = False, pairs: int = 0) -> None:
+def unread_edge_features(cfg: RunConfig, edge_dim: int, read: int, typed: bool = False, pairs: int = 0,
+                         decoder: str | None = None) -> None:
     """Says whether the run reads the graph's edge features: which part reads how many (the model, ``read``; an
-    edge task's decoder, its targets' own, ``pairs``), or, where nothing does, that they cost nothing (none
-    gathered) and what would read them (``typed``: a typed graph's, ``edge_dim`` its widest relation's)."""
+    edge task's decoder, ``decoder``, its targets' own, ``pairs``), or, where nothing does, that they cost nothing
+    (none gathered) and what would read them (``typed``: a typed graph's, ``edge_dim`` its widest relation's)."""
     if not edge_dim:
         return
     if read or pairs:
         parts = ([f"the model (model={cfg.model.name}) reads {read} per edge in message passing"] if read else []) + \
-            ([f"the decoder (task.decoder={cfg.task.decoder}) reads each target edge's own {pairs}"] if pairs else [])
+            ([f"the decoder (task.decoder={decoder}) reads each target edge's own {pairs}"] if pairs else [])
         log.info("edge features: the graph's edges carry %d; %s", edge_dim, "; ".join(parts))
         return
     readers = [f"model.edge_dim={edge_dim} (gat, gin)"] if not typed else []
     readers.append("a model of your own whose forward takes edge_attr")
-    if cfg.task.name == "edge":
+    if decoder is not None:
         readers.append("task.decoder=concat (the target edges' own)")
     log.info("edge features: the graph's edges carry %d, which nothing in this run reads (model=%s%s); %s would",
-             edge_dim, cfg.model.name, f", task.decoder={cfg.task.decoder}" if cfg.task.name == "edge" else "",
+             edge_dim, cfg.model.name, f", task.decoder={decoder}" if decoder is not None else "",
              ", ".join(readers[:-1]) + (" or " if len(readers) > 1 else "") + readers[-1])
 
 
 def pair_features_read(cfg: RunConfig, edge_dim: int) -> int:
     """The width of the target edges' own features an edge task's decoder reads (0: none): ``concat``'s, or a
     decoder of the user's own whose ``forward`` takes ``edge_attr``, on a graph whose edges have ``edge_dim``."""
-    if cfg.task.name != "edge" or not edge_dim or not decoder_reads_edges(cfg.task.decoder):
+    if not edge_dim or not decoder_reads_edges(cfg.task.decoder):
         return 0
     return edge_dim
 
