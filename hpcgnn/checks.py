@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from hpcgnn.errors import ConfigError
-from hpcgnn.specs import choices, datasets, models, samplers, tasks
+from hpcgnn.specs import choices, datasets, load, models, samplers, tasks
 from hpcgnn.specs.models import CUSTOM
 
 # ------------------------------------------------------------------ models: from their specs (hpcgnn.specs.models)
@@ -179,7 +179,7 @@ def check_task_config(cfg) -> None:
     if spec.kinds:
         _check_loss(cfg.task)
     check_typed_config(cfg)
-    {"node": _check_node, "link": _check_link, "edge": _check_edge}[spec.name](cfg)
+    load(spec.check)(cfg)
 
 
 def _a(word: str) -> str:
@@ -196,7 +196,7 @@ def _check_loss(k) -> None:
                           f"{k.kind} trains with {kind.trains_with}. HINT: drop task.loss, or task.kind={owner}")
 
 
-def _check_node(cfg) -> None:
+def check_node(cfg) -> None:
     t = cfg.train
     typed = is_typed(cfg.dataset)
     models = TYPED_FULL_INFERENCE_MODELS if typed else (*FULL_INFERENCE_MODELS, CUSTOM)  # (custom: a BasicGNN's)
@@ -206,7 +206,7 @@ def _check_node(cfg) -> None:
                           + f"; got model={cfg.model.name}. HINT: train.eval_mode=sampled")
 
 
-def _check_edge(cfg) -> None:
+def check_edge(cfg) -> None:
     """task=edge: targets on given edges of a homogeneous graph or of one relation of a typed graph (exact
     evaluation: R-GCN on a replicated one), replicated or partitioned, neighbour sampling around both ends."""
     t, d = cfg.train, cfg.dataset
@@ -245,7 +245,7 @@ def eval_mode(cfg) -> str:
     return "full" if exact else "sampled"
 
 
-def _check_link(cfg) -> None:
+def check_link(cfg) -> None:
     k, t = cfg.task, cfg.train
     if k.num_negatives < 1 or k.neg_retries < 0 or any(x < 1 for x in k.hits_k):
         raise ConfigError("task.num_negatives and every task.hits_k must be at least 1, task.neg_retries 0 or more")

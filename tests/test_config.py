@@ -359,7 +359,8 @@ def test_every_spec_names_code_that_is_there():
 
     for spec in tasks.SPECS.values():
         assert load(spec.unit).name == spec.name
-        assert issubclass(load(spec.batches), Items) and callable(load(spec.model))
+        assert issubclass(load(spec.batches), Items) and callable(load(spec.model)) and callable(load(spec.check))
+        assert issubclass(spec.config, tasks.TaskConfig) and spec.config.name == spec.name  # (its settings' class)
     named = [(s.name, d) for s in models.SPECS.values() for d in (s.build, s.typed_build) if d]
     named += [(s.name, d) for s in samplers.SPECS.values() for d in (s.prepare, s.build)]
     assert all(callable(load(dotted)) for _, dotted in named), named

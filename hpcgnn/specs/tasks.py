@@ -77,6 +77,7 @@ class TaskSpec:
     model: str  # "module:function" (model_cfg, decoder, shape, num_layers, relation): its model, trained or rebuilt
     kinds: tuple[str, ...] = ()  # the kinds of target it trains (task.kind, task.loss apply)
     metrics: tuple[str, ...] = ()  # metrics it reports besides its kinds' (hits@K: one per task.hits_k)
+    check: str = ""  # "module:function" (cfg): what it asks of the rest of a config (hpcgnn.checks')
     config: type = field(default=None)  # its settings' frozen class (the task group's schema): every task.<key> it
     # reads, with the choices of each declared in its annotation (Literal) and nowhere else
     typed: bool = False  # trains on typed graphs
@@ -174,19 +175,20 @@ class EdgeTaskConfig(TaskConfig):
 SPECS: dict[str, TaskSpec] = {s.name: s for s in (
     TaskSpec("node", "targets on nodes", "hpcgnn.tasks.node:NodeTask", "nodes", "hpcgnn.tasks.items:NodeItems",
              "hpcgnn.models.node:task_model",
-             tuple(KINDS), config=NodeTaskConfig, typed=True,
+             tuple(KINDS), check="hpcgnn.checks:check_node", config=NodeTaskConfig, typed=True,
              prediction=PredictionSpec("a node classifier", "its predictions of a split's nodes or their embeddings",
                                        ("predictions", "embeddings"), exact=("embeddings",)),
              target_check="hpcgnn.data:check_target"),
     TaskSpec("link", "link prediction", "hpcgnn.tasks.link:LinkPrediction", "edges to predict (with negatives)",
              "hpcgnn.tasks.items:LinkItems", "hpcgnn.models.link:task_model",
-             metrics=("auc", "ap", "mrr", "hits@K"), config=LinkTaskConfig, encoder=True,
+             metrics=("auc", "ap", "mrr", "hits@K"), check="hpcgnn.checks:check_link", config=LinkTaskConfig,
+             encoder=True,
              prediction=PredictionSpec("a link model", "its node embeddings (what=embeddings split=all) or the scores "
                                        "of pairs (pairs=FILE)", ("embeddings",), pairs="scores",
                                        whole=("embeddings",), exact=("scores",))),
     TaskSpec("edge", "targets on given edges", "hpcgnn.tasks.edge:EdgeTask", "target edges",
              "hpcgnn.tasks.items:EdgeItems", "hpcgnn.models.edge:task_model", tuple(KINDS),
-             config=EdgeTaskConfig,
+             check="hpcgnn.checks:check_edge", config=EdgeTaskConfig,
              prediction=PredictionSpec("an edge model", "its predictions (of a split's targets, or of pairs=FILE) "
                                        "or embeddings", ("predictions", "embeddings"), pairs="predictions",
                                        whole=("embeddings",)),
