@@ -1,6 +1,9 @@
 """Typed configuration.
 
-Every config group owns one frozen dataclass. Hydra composes YAML files and
+Every config group owns one frozen dataclass; the task group one per task and the dataset group one per source
+(declared beside their specs: :mod:`hpcgnn.specs.tasks`, :mod:`hpcgnn.specs.datasets`), the one its option's name
+picks. A setting with a few choices declares them in its annotation (``Literal``), checked as the config is built
+(:func:`_build`), and nowhere else. Hydra composes YAML files and
 command-line overrides against mutable twins of these classes (OmegaConf makes
 frozen dataclasses read-only, so Hydra could not merge into them); the result
 becomes a frozen, validated :class:`RunConfig` exactly once, in
@@ -8,7 +11,7 @@ becomes a frozen, validated :class:`RunConfig` exactly once, in
 Everything downstream takes a ``RunConfig``.
 
 This module checks values and their combinations only; it imports nothing of hpcgnn but
-its errors, the port range env.py derives in, and the samplers' specs. The registries' names (models, datasets,
+its errors, the port range env.py derives in, and the specs (samplers, tasks, datasets). The registries' names (models, datasets,
 tasks) are checked by :func:`hpcgnn.checks.check_registered_names`.
 """
 
