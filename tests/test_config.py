@@ -433,3 +433,17 @@ def test_a_config_group_value_is_an_options_name_never_a_path(override, capsys):
     assert len(err) == 1 and re.match(r"hpcgnn: config error: .*(not a path|your config folder alone)",
                                        err[0]), err
     assert main(["-m", "model=sage,../../x", "launch.dry_run=true"]) == 2
+
+
+def test_a_checkpoint_of_every_tasks_settings_resumes_into_its_own_tasks():
+    """A checkpoint written when the task group held every task's settings (a node task's with task.decoder, a
+    synthetic graph's with dataset.path) resumes into a config that has only its own: what it lacks is none of its
+    business; a setting of its own that changed is still refused or applied."""
+    from hpcgnn.rank.checkpoint import flat_config, resume_changes
+
+    now = flat_config(make_config())
+    saved = {**now, "task.decoder": "dot", "task.negatives": "uniform", "task.hits_k": [20, 50, 100],
+             "dataset.path": None, "dataset._target_": None}
+    assert resume_changes(saved, now) == ([], [])
+    applied, refused = resume_changes({**saved, "task.kind": "regression", "train.lr": 0.03}, now)
+    assert [c["setting"] for c in applied] == ["train.lr"] and [c["setting"] for c in refused] == ["task.kind"]

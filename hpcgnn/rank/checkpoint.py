@@ -116,9 +116,11 @@ def flat_config(cfg: RunConfig) -> dict:
 
 def resume_changes(saved: dict, now: dict) -> tuple[list[dict], list[dict]]:
     """The settings that differ between a checkpoint's config and this job's: (applied, refused), each
-    ``{"setting", "checkpoint", "now"}`` (see RESUME_FREE, RESUME_APPLIED)."""
+    ``{"setting", "checkpoint", "now"}`` (see RESUME_FREE, RESUME_APPLIED). A setting the checkpoint has and this
+    job's config has not is none of this job's: another task's or source's (a checkpoint written before each had
+    its own settings held every task's), which nothing reads now."""
     applied, refused = [], []
-    for key in sorted(set(saved) | set(now)):
+    for key in sorted(now):
         a, b = saved.get(key), now.get(key)
         if a == b or key.startswith(RESUME_FREE):
             continue
