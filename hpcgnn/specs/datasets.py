@@ -259,6 +259,7 @@ class SyntheticConfig(NodeSplitConfig):
 class FilesConfig(EdgeSplitConfig):
     """dataset=files: a folder of your own (docs/datasets.md)."""
 
+    name: str = "files"
     path: str | None = None  # folder with edge_index, x, y, train_idx, val_idx, test_idx (.npy/.pt), or typed:
     # nodes/<type>/, edges/<src>__<name>__<dst>/
     num_classes: int = 0  # the model's classes (0 = the labels', which must be 0..K-1, each in use)
@@ -276,6 +277,7 @@ class FilesConfig(EdgeSplitConfig):
 class PygConfig(NodeSplitConfig):
     """dataset=pyg, pyg_hetero: a graph of PyG's, by the class or function that makes it."""
 
+    name: str = "pyg"
     _target_: str | None = None  # a torch_geometric.datasets class or a callable returning a Data (pyg_hetero: a
     # HeteroData), pkg.module.Name
     kwargs: dict[str, Any] = field(default_factory=dict)  # its keyword arguments (root: <dataset.root>/pyg/<Name>
@@ -299,6 +301,7 @@ class PygConfig(NodeSplitConfig):
 class OgbConfig(DatasetConfig):
     """dataset=ogbn-*, ogbl-*: OGB's datasets, read from their raw files with their official splits."""
 
+    name: str = "ogbn-arxiv"
     node_features_from_edges: Literal["none", "mean", "sum"] = "none"  # each node's features from its edges'
     # (ogbn-proteins: mean, the usual baseline)
 
