@@ -123,9 +123,8 @@ def edge_reader(model) -> str:
 
 
 def check_dataset_config(dataset) -> None:
-    """The dataset serves the task it is prepared for (its own values are checked by its source's class as the config
-    is built, and again here for a dataset built without a run's config: :mod:`hpcgnn.specs.datasets`)."""
-    dataset.check(dataset.prepared_for, "last")
+    """The dataset serves the task it is prepared for (its own values are checked by its source's class where the
+    config is built: :meth:`hpcgnn.specs.datasets.DatasetConfig.check`)."""
     if dataset.prepared_for == "link":
         if dataset.name not in LINK_DATASETS:
             raise ConfigError(f"dataset={dataset.name} has no edges to predict: task=link needs one of "

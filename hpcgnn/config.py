@@ -30,7 +30,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 
 from hpcgnn.errors import ConfigError
 from hpcgnn.nodes import PORTS
-from hpcgnn.specs import samplers
+from hpcgnn.specs import declared, samplers
 from hpcgnn.specs.datasets import DatasetConfig
 from hpcgnn.specs.tasks import TaskConfig
 
@@ -503,9 +503,12 @@ def frozen(tp: type, data: dict) -> Any:
 
 
 def dataset_config(**fields: Any) -> DatasetConfig:
-    """The settings of dataset ``fields["name"]`` (synthetic unless named): its source's class, its choices checked
-    (the rest of ``DatasetConfig.check`` needs the task: a composed config's)."""
-    return _build(DatasetConfig, fields, "dataset.")
+    """The settings of dataset ``fields["name"]`` (synthetic unless named) outside a run's config (tests,
+    benchmarks): its source's class, checked as a run's are (for the task it is prepared for; no run to select an
+    epoch by validation)."""
+    cfg = _build(DatasetConfig, fields, "dataset.")
+    cfg.check(cfg.prepared_for, "last")
+    return cfg
 
 
 def _build(tp: Any, value: Any, where: str) -> Any:
@@ -547,9 +550,9 @@ def _variant(tp: type, value: dict, where: str) -> type:
 def _check_choice(f: dataclasses.Field, tp: Any, value: Any, key: str) -> None:
     """A field that declares its choices (``Literal``) holds one of them; one whose metadata says ``own`` may also
     name a class of the user's own (``pkg.module.Class``)."""
-    if typing.get_origin(tp) is not typing.Literal or value in typing.get_args(tp):
+    allowed, own = declared(tp), f.metadata.get("own")
+    if not allowed or value in allowed:
         return
-    allowed, own = typing.get_args(tp), f.metadata.get("own")
     if own is None:
         raise ConfigError(f"{key}={value!r} is unknown: use {_or(tuple(map(str, allowed)))}")
     if not isinstance(value, str) or "." not in value:

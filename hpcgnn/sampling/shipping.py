@@ -261,15 +261,16 @@ class SamplerState:
 # the header read by read_json (its nesting bounded), each array described by a Ref and read back by Ref.read.
 
 
-def arrays_out(arrays: dict) -> tuple[dict[str, list], list[bytes]]:
-    """Named tensors as (each one's place, a :class:`Ref` in JSON; the payload's chunks, in order)."""
+def arrays_out(arrays: dict) -> tuple[dict[str, list], list[memoryview]]:
+    """Named tensors as (each one's place, a :class:`Ref` in JSON; the payload's chunks, in order: each tensor's
+    bytes where they lie, not copied)."""
     places, chunks, offset = {}, [], 0
     for name, t in arrays.items():
         t = t.detach().cpu().contiguous()
-        raw = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
+        raw = memoryview(t.reshape(-1).view(torch.uint8).numpy()) if t.numel() else memoryview(b"")
         places[name] = Ref(offset, _dtype_name(t.dtype), tuple(t.shape)).to_json()
         chunks.append(raw)
-        offset += len(raw)
+        offset += raw.nbytes
     return places, chunks
 
 

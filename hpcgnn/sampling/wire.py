@@ -8,11 +8,11 @@ A frame, either way::
                                                                                   or allocated by the sizes
     body     the message's fields as JSON (plain values; tensors' places tagged, never code)
     payload  raw bytes: an epoch's seeds, a batch's tensors (read straight into a slot)
+    tag      Poly1305(HMAC-SHA256(key, "frame" | seq), head | body | payload)     16 bytes
 
 Body and payload are the one codec a sampler state's file uses too (:mod:`hpcgnn.sampling.shipping`): a JSON
 header read with its nesting bounded (``read_json``), each array after it described by a ``Ref`` (offset, dtype of
 the one list, shape) and read back only through ``Ref.read``.
-    tag      Poly1305(HMAC-SHA256(key, "frame" | seq), head | body | payload)     16 bytes
 
 ``key`` is the direction's key of this connection (derived from both handshake nonces, the server's index and
 port and the trainer's rank), and ``seq`` counts the direction's frames from 0 and is never sent: a frame
@@ -204,7 +204,7 @@ def encode(msg) -> tuple[bytes, memoryview | None]:
         places, chunks = arrays_out({"seeds": torch.from_numpy(np.concatenate(seeds) if seeds else np.empty(0, dtype))})
         body = {"batch_seed": msg.batch_seed, "seeds": places,
                 "jobs": [[i, int(s.size)] for (i, _), s in zip(msg.jobs, seeds, strict=True)]}
-        payload = memoryview(b"".join(chunks))
+        payload = chunks[0]
     elif type(msg) in _BODIES:
         body = {name: _WRITE.get(name, lambda v: v)(getattr(msg, name)) for name in _BODIES[type(msg)]}
     else:

@@ -24,9 +24,15 @@ def load(dotted: str):
 
 
 def choices(cls: type, key: str) -> tuple:
-    """The choices a config class declares for its field ``key`` (its ``Literal``'s values; () where it has none):
-    the one list that validation, the messages and the docs read."""
+    """The choices a config class declares for its field ``key``: the one list that validation, the messages and
+    the code that branches on them read."""
     import typing
 
-    tp = typing.get_type_hints(cls)[key]
-    return typing.get_args(tp) if typing.get_origin(tp) is typing.Literal else ()
+    return declared(typing.get_type_hints(cls)[key])
+
+
+def declared(annotation) -> tuple:
+    """The choices an annotation declares: its ``Literal``'s values (() where it is no Literal)."""
+    import typing
+
+    return typing.get_args(annotation) if typing.get_origin(annotation) is typing.Literal else ()
