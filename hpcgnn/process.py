@@ -1,5 +1,6 @@
 """What every process hpcgnn starts does to itself first: a rank, a sampler process, a sampler server.
 
+- :func:`start_context`: how they are started: forked from a fork server that imported their modules once;
 - :func:`die_with_parent`: the kernel signals this process when the one that started it dies, however it dies
   (no orphan holding the graph, the cores or a port after a killed launcher or rank);
 - :func:`ignore_signals`: signals that are another process's to act on (a terminal's Ctrl-C reaches the whole
@@ -25,16 +26,43 @@ import sys
 PR_SET_PDEATHSIG = 1  # prctl(2)
 
 
+def start_context(*preload: str):
+    """The multiprocessing context that starts hpcgnn's processes: a fork server (a fresh interpreter, started
+    once by this process) that imported ``preload`` and forks each process from there, so that torch and PyG are
+    imported once for all of them (about 4 s of CPU each, which two ranks on a laptop or a CI runner pay at once).
+    Never a fork of the caller: a process that has run torch's OpenMP cannot fork safely (libgomp); the fork
+    server has only imported. It listens on a Unix socket in a folder only this user can open; Python before
+    3.10.9 put that socket in Linux's abstract namespace, which any user of the machine can reach and have the
+    server unpickle what they send (CVE-2022-42919): spawn there, and where the platform has no fork server."""
+    import multiprocessing
+
+    if sys.version_info < (3, 10, 9) or "forkserver" not in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("spawn")
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["hpcgnn.preload", *preload])  # (first: the server ends with this process)
+    return ctx
+
+
 def die_with_parent(signum: int = signal.SIGKILL, parent: int | None = None) -> None:
-    """Linux: send this process ``signum`` when its parent dies. ``parent``: the pid of the process that started
-    it, to close the race of a parent that died before the request was in place (then ``signum`` now). Elsewhere
-    nothing: the parent's own shutdown has to end its children."""
+    """Linux: send this process ``signum`` when its parent dies (its parent: the process that started it, or the
+    fork server that one started, which ends with it: :func:`start_context`). ``parent``: the pid of the process
+    that started it, to close the race of a parent that died before the request was in place (then ``signum``
+    now). Elsewhere nothing: the parent's own shutdown has to end its children."""
     try:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signum), 0, 0, 0)
     except (OSError, AttributeError):
         return
-    if parent is not None and os.getppid() != parent:
+    if parent is not None and parent not in (os.getppid(), _parent_of(os.getppid())):
         os.kill(os.getpid(), signum)
+
+
+def _parent_of(pid: int) -> int | None:
+    """The parent pid of ``pid`` (Linux's /proc), None if it has gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return int(f.read().rsplit(b")", 1)[1].split()[1])  # (the name in parentheses may hold spaces)
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def end_quickly() -> None:

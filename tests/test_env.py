@@ -249,3 +249,16 @@ def test_openmp_threads_wait_passively_in_hpcgnn_processes_unless_the_user_says_
         res = subprocess.run([sys.executable, "-c", code], env={**base, **extra, "OMP_DISPLAY_ENV": "true"},
                              capture_output=True, text=True, check=True)
         assert f"OMP_WAIT_POLICY = '{expected}'" in res.stderr
+
+
+def test_processes_start_from_a_fork_server_only_where_its_socket_is_private(monkeypatch):
+    """Ranks, servers and sampler processes fork from a fork server that imported torch once; before Python
+    3.10.9 its socket was in Linux's abstract namespace, open to every user of the machine (CVE-2022-42919):
+    spawn there."""
+    import sys
+
+    from hpcgnn import process
+
+    assert process.start_context("json").get_start_method() == "forkserver"
+    monkeypatch.setattr(sys, "version_info", (3, 10, 8, "final", 0))
+    assert process.start_context("json").get_start_method() == "spawn"

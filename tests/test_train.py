@@ -283,6 +283,15 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid``, from Linux's /proc."""
+    try:
+        children = [int(c) for c in open(f"/proc/{pid}/task/{pid}/children").read().split()]
+    except OSError:
+        return []
+    return children + [d for c in children for d in _descendants(c)]
+
+
 @pytest.mark.parametrize("signame", ["SIGTERM", "SIGKILL", "SIGINT"])
 def test_a_killed_launcher_takes_its_ranks_along(tmp_path, signame):
     """``kill``/``timeout`` (SIGTERM) on a local run stops its ranks through the launcher; SIGKILL, which the
@@ -304,7 +313,7 @@ def test_a_killed_launcher_takes_its_ranks_along(tmp_path, signame):
     children: list[int] = []
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and launcher.poll() is None:
-        children = [int(c) for c in open(f"/proc/{launcher.pid}/task/{launcher.pid}/children").read().split()]
+        children = _descendants(launcher.pid)  # (the ranks: forked by the fork server the launcher started)
         if len(children) >= 2 and (run / "progress.json").exists():  # the ranks train
             break
         time.sleep(0.2)

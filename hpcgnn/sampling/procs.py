@@ -2,7 +2,8 @@
 
 Who owns what:
 
-- The **rank** starts N processes (spawn: libgomp is not fork-safe) once per run, and owns every buffer:
+- The **rank** starts N processes (forked from a fresh fork server, never from the rank: libgomp is not
+  fork-safe; :func:`hpcgnn.process.start_context`) once per run, and owns every buffer:
   N + ``train.prefetch`` - 1 shared-memory *slots*, handed to every process at start (pinned with
   ``cudaHostRegister`` when the rank trains on a GPU). The segments are unlinked as they are made
   (torch's file-descriptor sharing), so a killed job leaves nothing in ``/dev/shm``.
@@ -39,7 +40,7 @@ from datetime import timedelta
 from multiprocessing.connection import Connection
 
 import torch
-import torch.multiprocessing as mp
+import torch.multiprocessing  # noqa: F401  (its reductions: a tensor in shared memory pickles as a handle)
 from torch import Tensor
 
 import hpcgnn.sampling.messages as m
@@ -228,7 +229,7 @@ class SamplerPool:
         """Start the processes (a partitioned graph's: on every rank at once, their groups meet)."""
         if self.running:
             return
-        ctx = mp.get_context("spawn")
+        ctx = process.start_context(__name__)  # (torch.multiprocessing's reductions: imported by this module)
         recipe = self.recipe if isinstance(self.recipe, bytes) else shipping.dumps(self.recipe)
         t0 = time.perf_counter()
         self.starts += 1

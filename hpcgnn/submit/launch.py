@@ -3,7 +3,7 @@
 How (``launch.mode``, default ``auto``: see :func:`launch_mode`):
 
 - ``rank``: srun or torchrun started this process as one rank: it trains in place;
-- ``local``: ``launch.procs`` processes on this machine (torch.multiprocessing, spawn);
+- ``local``: ``launch.procs`` processes on this machine (forked from a fork server: :func:`hpcgnn.process.start_context`);
 - ``submit``: to the cluster of ``+cluster=NAME``: submitit's LocalExecutor
   (``cluster.executor=local``, tasks on this machine with job folders) or its SlurmExecutor,
   which writes and submits the sbatch script.

@@ -1,5 +1,6 @@
-"""No cluster: ``launch.procs`` ranks (and ``launch.sampler_servers`` servers) as processes on this machine, spawned
-with the standard library (this process needs no torch); the first rank to fail ends the run.
+"""No cluster: ``launch.procs`` ranks (and ``launch.sampler_servers`` servers) as processes on this machine, started
+with the standard library (this process needs no torch: a fork server imports the ranks' modules once, and forks
+each rank from there); the first rank to fail ends the run.
 """
 
 from __future__ import annotations
@@ -18,6 +19,9 @@ from hpcgnn.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_PREEMPTED, ConfigE
 from hpcgnn.io import ignoring_ctrl_c, stop_cleanly_on_sigterm
 from hpcgnn.rank.server import serve_locally
 from hpcgnn.submit.follow import forwarding, print_result, report_failure
+
+# what a local rank or server imports: once, in the fork server the launcher starts them from
+RANK_MODULES = ("hpcgnn.rank.job", "hpcgnn.rank.checkpoint", "hpcgnn.rank.server", "hpcgnn.sampling.server")
 
 
 def free_port(start: int, port_min: int, port_max: int, host: str = "127.0.0.1") -> int:
@@ -95,14 +99,13 @@ def spawn_local(cfg: RunConfig, grace_s: float = 3.0) -> int:
     break) and record their own failures, then are terminated. Preemption: every rank exits with
     EXIT_PREEMPTED after the checkpoint, and so does this process.
     """
-    import multiprocessing
     from multiprocessing.connection import wait
 
     d = cfg.dist
     port = d.master_port or free_port(nodes.derive_port(str(time.time_ns()), d.port_min, d.port_max), d.port_min,
                                       d.port_max)
     print(f"starting {cfg.launch.procs} local processes; output folder: {cfg.run_dir}", flush=True)
-    ctx = multiprocessing.get_context("spawn")
+    ctx = process.start_context(*RANK_MODULES)
     servers, extra = _start_servers(cfg, ctx)
     procs = [ctx.Process(target=_spawn_entry, args=(r, cfg, port, os.getpid(), extra), name=f"hpcgnn-rank-{r}")
              for r in range(cfg.launch.procs)]
