@@ -145,6 +145,42 @@ def is_typed(dataset) -> bool:
     return dataset.name in TYPED_DATASETS
 
 
+def is_timed(dataset) -> bool:
+    """Whether the dataset's edges have times (a homogeneous files folder with ``edge_time``: :mod:`hpcgnn.data.times`)."""
+    if dataset.name != "files" or not dataset.path or is_typed(dataset):
+        return False
+    folder = Path(dataset.path).expanduser()
+    return any((folder / f"edge_time{suffix}").is_file() for suffix in (".npy", ".pt"))
+
+
+def check_timed_config(cfg) -> None:
+    """What a graph whose edges have times asks of the rest of the config, while sampling respects them
+    (``time.respect``): what samples as of each seed's time today (a node task, neighbour sampling, a replicated graph
+    on the host; every producer), each other setting refused naming the way out."""
+    t, tc = cfg.train, cfg.time
+    if tc.window is not None and tc.window <= 0:
+        raise ConfigError(f"time.window={tc.window} must be positive (in the edge times' unit), or null for edges of "
+                          "any age")
+    if not tc.respect or not is_timed(cfg.dataset):
+        return
+    folder = Path(cfg.dataset.path).expanduser()
+    if cfg.task.name == "node" and not any((folder / f"seed_time{s}").is_file() for s in (".npy", ".pt")):
+        raise ConfigError(f"the edges of dataset.path={cfg.dataset.path} have times, but its nodes do not say when "
+                          "each label is asked. HINT: add seed_time.npy (one time per node, the edges' unit), or "
+                          "time.respect=false to train on every edge")
+    for ok, why in ((cfg.task.name == "node", f"task={cfg.task.name}"),
+                    (t.sampler == "neighbor" and not t.edge_budget, f"train.sampler={t.sampler}"
+                     + (f" with train.edge_budget={t.edge_budget}" if t.edge_budget else "")),
+                    (cfg.graph.mode == "replicated", f"graph.mode={cfg.graph.mode}"),
+                    (t.eval_mode != "full", "train.eval_mode=full (exact inference would read every edge)"),
+                    (t.graph_on != "device", "train.graph_on=device")):
+        if not ok:
+            raise ConfigError(f"the edges of dataset.path={cfg.dataset.path} have times: sampling as of each seed's "
+                              f"time runs for task=node, train.sampler=neighbor, a replicated graph on the host; got "
+                              f"{why}. HINT: drop that setting, or time.respect=false to train on every edge, those "
+                              "after a seed's time too")
+
+
 def check_typed_config(cfg) -> None:
     """What a typed graph asks of the rest of the config (node tasks, or an edge task on a typed folder or a
     HeteroData; neighbour sampling, on a replicated or partitioned graph)."""
@@ -178,6 +214,7 @@ def check_task_config(cfg) -> None:
     if spec.kinds:
         _check_loss(cfg.task)
     check_typed_config(cfg)
+    check_timed_config(cfg)
     load(spec.check)(cfg)
 
 
@@ -234,8 +271,8 @@ def eval_mode(cfg) -> str:
     mode = cfg.train.eval_mode
     if mode != "auto":
         return mode
-    if cfg.graph.mode != "replicated" or is_custom(cfg.model):
-        return "sampled"
+    if cfg.graph.mode != "replicated" or is_custom(cfg.model) or (cfg.time.respect and is_timed(cfg.dataset)):
+        return "sampled"  # (a timed graph's: each target's neighbourhood as of its own time)
     typed = is_typed(cfg.dataset)
     spec = models.SPECS.get(cfg.model.name)
     exact = spec is not None and ("typed" if typed else "plain") in spec.exact

@@ -83,6 +83,13 @@ class GraphConfig:
 
 
 @dataclass(frozen=True)
+class TimeConfig:
+    respect: bool = True  # a graph whose edges have times: each seed's neighbourhood as of its own time, no edge after it (false: every edge, future ones too: the log says so)
+    strategy: Literal["uniform", "last"] = "uniform"  # uniform (among the edges up to the seed's time) | last (the most recent fanout of them, PyG's last)
+    window: Optional[float] = None  # only edges at most this much older than their seed, in the times' unit (None: any age)
+
+
+@dataclass(frozen=True)
 class TrainConfig:
     epochs: int = 8  # passes over the training seeds
     batch_size: int = 512  # seed nodes per rank per step
@@ -252,6 +259,7 @@ class RunConfig:
     model: ModelConfig = MISSING
     graph: GraphConfig = MISSING
     train: TrainConfig = field(default_factory=TrainConfig)
+    time: TimeConfig = field(default_factory=TimeConfig)
     dist: DistConfig = field(default_factory=DistConfig)
     launch: LaunchConfig = field(default_factory=LaunchConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)

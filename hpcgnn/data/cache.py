@@ -19,6 +19,7 @@ import torch
 
 from hpcgnn.data.graph import Graph
 from hpcgnn.data.ooc import FeatureWriter, load_features
+from hpcgnn.data.times import load_timeline
 from hpcgnn.errors import DatasetError
 from hpcgnn.io import atomic_folder, human_bytes, write_json
 from hpcgnn.labels import profile
@@ -141,12 +142,13 @@ def write_edge_features(tmp: Path, source: np.ndarray, feature_dtype: str, inter
 
 def write_meta(tmp: Path, num_nodes: int, num_edges: int, num_features: int, num_classes: int, source: dict,
                feature_dtype: str, extra: list[str] | None = None, extra_meta: dict | None = None,
-               labels: dict | None = None, edge_dim: int = 0) -> None:
+               labels: dict | None = None, edge_dim: int = 0, sized: list[str] | None = None) -> None:
     """meta.json of a graph written array by array into ``tmp`` (the out-of-core path); ``extra``: the
     names of more arrays beside it (:func:`load_extra`), ``extra_meta``: more fields; ``labels``: the labels'
-    profile (:func:`hpcgnn.labels.profile`)."""
+    profile (:func:`hpcgnn.labels.profile`); ``sized``: arrays besides those, counted in its bytes (a timeline's)."""
     extra = sorted(extra or [])
-    size = sum((tmp / f"{n}.npy").stat().st_size for n in [*ARRAYS, *extra, *(["edge_attr"] if edge_dim else [])])
+    size = sum((tmp / f"{n}.npy").stat().st_size
+               for n in [*ARRAYS, *extra, *(["edge_attr"] if edge_dim else []), *(sized or [])])
     GraphMeta(num_nodes, num_edges, num_features, num_classes, labels, edge_dim, feature_dtype, size, source,
               tuple(extra), dict(extra_meta or {})).write(tmp)
 
@@ -162,6 +164,8 @@ def load(folder: Path, mmap: bool = True) -> Graph:
     arrays["x"] = load_features(folder / "x.npy", meta.feature_dtype, mode)
     if meta.edge_dim:  # each CSR edge's features, in the stored feature dtype
         arrays["edge_attr"] = load_features(folder / "edge_attr.npy", meta.feature_dtype, mode)
+    if "times" in meta.more:  # a timed graph's edges in time (hpcgnn.data.times)
+        arrays["timeline"] = load_timeline(folder, meta.more["times"], mode)
     return Graph(**arrays, num_classes=int(meta.num_classes), labels=meta.labels)
 
 

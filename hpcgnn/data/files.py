@@ -36,6 +36,7 @@ import torch
 from hpcgnn.config import DatasetConfig
 from hpcgnn.data.graph import Graph
 from hpcgnn.data.ooc import drop_pages
+from hpcgnn.data.times import read_times
 from hpcgnn.errors import ConfigError, DatasetError
 from hpcgnn.labels import profile, stored
 
@@ -270,8 +271,10 @@ def stream_files(cfg: DatasetConfig, buckets, features, chunk: int = STREAM_VALU
     """A homogeneous folder into an out-of-core CSR: edges a chunk at a time into ``buckets`` (with their
     reverses for ``dataset.to_undirected``; with their ids, buckets made ``ids=True``: a reverse's is its edge's
     plus E, as if the reverses followed the edges),
-    feature rows into ``features``; returns (y, splits, classes, the edges' features, mapped, or None)."""
+    feature rows into ``features``; returns (y, splits, classes, the edges' features, mapped, or None, and the
+    edges' and seeds' times: :func:`hpcgnn.data.times.read_times`)."""
     ei, x, y, splits, classes, edge_attr = read_checked(cfg, mmap=True)
+    timed = read_times(files_folder(cfg), ei.shape[1], x.shape[0], lambda f, name: _read(f, name, mmap=True))
     start = 0
     for src, dst in _edge_chunks(ei, chunk):
         ids = torch.arange(start, start + src.numel()) if buckets.ids else None
@@ -281,7 +284,7 @@ def stream_files(cfg: DatasetConfig, buckets, features, chunk: int = STREAM_VALU
         start += src.numel()
     for a, rows in _feature_chunks(x, chunk):
         features.write(a, rows)
-    return y, {k: np.asarray(v, dtype=np.int64) for k, v in splits.items()}, classes, edge_attr
+    return y, {k: np.asarray(v, dtype=np.int64) for k, v in splits.items()}, classes, edge_attr, timed
 
 
 def read_shapes(cfg: DatasetConfig) -> dict:

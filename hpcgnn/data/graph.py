@@ -29,6 +29,21 @@ class GraphShape:
 
 
 @dataclass(frozen=True)
+class Timeline:
+    """A timed graph's in-edges in time: within each row of the graph's CSR (its ``rowptr``), sorted by time, ties by
+    their place in the CSR (:mod:`hpcgnn.data.times` writes it; :mod:`hpcgnn.sampling.temporal` samples from it)."""
+
+    col: Tensor  # int64 or int32 [E]: each edge's source, in time order within its row
+    time: Tensor  # int64 or float64 [E]: each edge's time, sorted within its row
+    edge: Tensor  # int64 [E]: each edge's position in the graph's CSR (its id: the row of its features)
+    seed_time: Tensor | None = None  # [N], the times' dtype: when each node's label is asked (None: not given)
+
+    def to(self, device: torch.device) -> Timeline:
+        return Timeline(*(t.to(device) if t is not None else None for t in (self.col, self.time, self.edge,
+                                                                          self.seed_time)))
+
+
+@dataclass(frozen=True)
 class Graph:
     """A node-classification graph held in memory by every rank (replicated mode).
 
@@ -46,6 +61,7 @@ class Graph:
     num_classes: int
     labels: dict | None = None  # what the labels are (hpcgnn.labels.profile; None: class ids, from before profiles)
     edge_attr: Tensor | None = None  # [num_edges, D] each CSR edge's features, in col's order (None: none)
+    timeline: Timeline | None = None  # a timed graph's edges in time (None: its edges have no times)
 
     @property
     def num_nodes(self) -> int:
@@ -63,7 +79,8 @@ class Graph:
         """A copy with every tensor on ``device`` (the GPU sampler's graph)."""
         return Graph(*(getattr(self, f).to(device) for f in ("rowptr", "col", "x", "y", "train_idx", "val_idx",
                                                               "test_idx")), self.num_classes, self.labels,
-                     self.edge_attr.to(device) if self.edge_attr is not None else None)
+                     self.edge_attr.to(device) if self.edge_attr is not None else None,
+                     self.timeline.to(device) if self.timeline is not None else None)
 
     @property
     def edge_dim(self) -> int:

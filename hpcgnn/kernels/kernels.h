@@ -8,7 +8,8 @@
  * (kernels/twins.py: the same key in, the same random numbers of it, the same batch out, bit for bit), so a machine
  * without a compiler makes the same batches, only slower.
  *
- * The files, one concern each: threads.c (the thread pool and its jobs), hops.c (a hop's plan and its draws),
+ * The files, one concern each: threads.c (the thread pool and its jobs), hops.c (a hop's plan and its draws), times.c (the
+ * part of each time-sorted neighbour list a node may draw from as of its time),
  * ids.c (id lists: joining chunks' parts, sorting), dense.c (a replicated rank's id map over every id), hash.c (a
  * partitioned rank's id map, a hash table), gather.c (feature rows, plain or widened from 16 bits), aggregate.c
  * (exact inference's sums and means of every in-neighbour's row, straight from the CSR).

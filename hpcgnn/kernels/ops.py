@@ -56,6 +56,29 @@ def sample_neighbors(rowptr: Tensor, col: Tensor, nodes: Tensor, fanout: int,
     return (row, nbr, ids) if eid else (row, nbr)
 
 
+def time_bounds(rowptr: Tensor, times: Tensor, nodes: Tensor, at: Tensor, strict: bool = False,
+                window: Tensor | None = None, last: int = 0) -> Tensor:
+    """For each of ``nodes``, asked as of ``at`` (one time each): the range of its list in ``(rowptr, times)`` (each
+    row's times sorted) it may draw from: the edges at or before its time (before it: ``strict``), not older than
+    ``window`` (a 0-d tensor of the times' dtype; None: any age), the last ``last`` of them (0: all). int64 [2m],
+    each node's start and end interleaved: a CSR's rowptr over the rows ``0, 2, 4, ...``, which a hop draws from as
+    from any rows (:func:`sample_neighbors`). In C where it can; else :func:`hpcgnn.kernels.twins.time_bounds`."""
+    if not usable(rowptr, times, nodes, at) or times.dtype not in (torch.int64, torch.float64):
+        return twins.time_bounds(rowptr, times, nodes, at, strict, window, last)
+    rowptr, times, nodes = rowptr.contiguous(), times.contiguous(), nodes.long().contiguous()
+    at = at.to(times.dtype).contiguous()
+    window = None if window is None else window.to(times.dtype).reshape(1).contiguous()
+    m, chunks = nodes.numel(), chunks_for(nodes.numel())
+    out, bad = torch.empty(2 * m, dtype=torch.long), torch.empty(chunks, dtype=torch.long)
+    code = kernels().hpcgnn_time_bounds(ptr(rowptr), rowptr.numel() - 1, ptr(times),
+                                        int(times.dtype == torch.float64), ptr(nodes), ptr(at), m, int(strict),
+                                        None if window is None else ptr(window), last, chunks, ptr(bad), ptr(out),
+                                        threads())
+    if code < 0:
+        raise IndexError(f"node {int(nodes[-1 - code])} is out of range for a graph of {rowptr.numel() - 1} nodes")
+    return out
+
+
 def number_new(table: Tensor, state: Tensor, candidates: list[Tensor], total: int) -> Tensor:
     """The distinct candidates not in ``table`` (-1 there), sorted, entered as ``total``, ``total + 1``, ...
     (``DenseIdMap.fresh`` then ``put``). ``state``: uint8 over the table, 2 where an id is in it, else 0; so

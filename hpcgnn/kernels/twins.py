@@ -95,6 +95,38 @@ def floyd_sample(n: Tensor, k: int, generator: torch.Generator | None = None) ->
     return out
 
 
+def time_bounds(rowptr: Tensor, times: Tensor, nodes: Tensor, at: Tensor, strict: bool = False,
+                window: Tensor | None = None, last: int = 0) -> Tensor:
+    """:func:`hpcgnn.kernels.ops.time_bounds` by torch ops: the same binary searches, all nodes' steps at once."""
+    nodes = nodes.long()
+    bad = ((nodes < 0) | (nodes >= rowptr.numel() - 1)).nonzero()
+    if bad.numel():
+        raise IndexError(f"node {int(nodes[bad[0, 0]])} is out of range for a graph of {rowptr.numel() - 1} nodes")
+    at = at.to(times.dtype)
+    lo, hi = rowptr.index_select(0, nodes), rowptr.index_select(0, nodes + 1)
+    stop = _first_after(times, lo, hi, at, strict)
+    start = lo if window is None else _first_after(times, lo, stop, at - window.to(times.dtype), True)
+    if last > 0:
+        start = torch.maximum(start, stop - last)
+    return torch.stack([start, stop], 1).view(-1)
+
+
+def _first_after(times: Tensor, lo: Tensor, hi: Tensor, t: Tensor, from_t: bool) -> Tensor:
+    """For each i, the first position in ``[lo[i], hi[i])`` whose time is after ``t[i]`` (at or after it: ``from_t``),
+    ``hi[i]`` if none (times sorted within the range): times.c's binary search, step for step."""
+    lo, hi = lo.clone(), hi.clone()
+    width = int((hi - lo).max()) if lo.numel() else 0
+    last = max(times.numel() - 1, 0)
+    for _ in range(width.bit_length()):
+        active = lo < hi
+        mid = lo + (hi - lo) // 2
+        value = times.index_select(0, mid.clamp(max=last)) if times.numel() else t
+        after = (value >= t) if from_t else (value > t)
+        hi = torch.where(active & after, mid, hi)
+        lo = torch.where(active & ~after, mid + 1, lo)
+    return lo
+
+
 def number_new(table: Tensor, state: Tensor, candidates: list[Tensor], total: int) -> Tensor:
     """:func:`hpcgnn.kernels.ops.number_new` by torch ops: the distinct candidates not in the map (state
     2), sorted, entered as ``total``, ``total + 1``, ...; an id out of range changes nothing."""

@@ -284,6 +284,8 @@ class BatchLoader:
             data.num_sampled_nodes, data.num_sampled_edges = list(out.num_sampled_nodes), list(out.num_sampled_edges)
         if out.node_weight is not None:
             data.node_weight = out.node_weight
+        if out.edge_age is not None:  # a timed graph's: each edge's age, for a model that reads it; each node's tree
+            data.edge_age, data.tree = out.edge_age.float(), out.tree
         if out.edge_weight is not None:
             data.edge_weight = out.edge_weight
         for key, value in (out.targets or {}).items():

@@ -43,6 +43,8 @@ class SampledSubgraph:
     targets: dict | None = None  # what a task scores besides the seeds (link prediction: the pairs and labels)
     absent_in_degree: Tensor | None = None  # int [num_nodes]: in-edges of the graph the batch leaves out (a link step's target edges), not counted in the degrees GCN normalises by
     e_id: Tensor | None = None  # int64 [num_edges]: each edge's position in the graph's CSR (its features' row), where asked for
+    edge_age: Tensor | None = None  # [num_edges]: a timed graph's: each edge's age as of its tree's time (its seed's)
+    tree: Tensor | None = None  # int64 [num_nodes]: a timed graph's: each node's tree (its seed's place in the batch)
 
 
 class OneBatchAtATime:

@@ -12,10 +12,12 @@ from hpcgnn.config import RunConfig
 from hpcgnn.data import Graph, open_graph, prepare
 from hpcgnn.data.graph import csr_has_edge
 from hpcgnn.env import RankEnv
+from hpcgnn.errors import DatasetError
 from hpcgnn.sampling import CSRNeighborSampler, steps_per_epoch
 from hpcgnn.sampling.loader import LocalFeatures
 from hpcgnn.sampling.producers import GraphSide
 from hpcgnn.sampling.shipping import SamplerState
+from hpcgnn.sampling.temporal import TemporalSampler
 from hpcgnn.specs.samplers import SPECS as SAMPLER_SPECS
 from hpcgnn.stores.base import GraphViews, WholeGraphStore, fanouts, on_local_rank0, require_training_items
 from hpcgnn.stores.exact import Exact, WholeGraphPieces, exact_outputs
@@ -70,10 +72,41 @@ def whole_samplers(cfg: RunConfig, g: Graph, state: SamplerState, wrap=None) -> 
     (``state``: whether batches carry their edges' ids, the arrays its sampler's ``prepare`` decided): ``train.sampler``
     over the graph's nodes, or (``wrap(node_sampler)``) the task's items' sampler around their seeds; the one builder
     of the rank, its sampler processes and its sampler servers."""
-    sampler = CSRNeighborSampler(g.rowptr, g.col, fanouts(cfg), edge_ids=bool(state.values.get("edge_ids")))
+    sampler = node_sampler(cfg, g, bool(state.values.get("edge_ids")))
     if wrap is not None:
         return sampler, wrap(sampler)
     return sampler, build_sampler(cfg, g, sampler, state.arrays)
+
+
+def node_sampler(cfg: RunConfig, g: Graph, edge_ids: bool):
+    """The neighbour sampler of a whole graph: as of each seed's time where its edges have times (``time.respect``;
+    :mod:`hpcgnn.sampling.temporal`), else over every edge."""
+    if g.timeline is not None and cfg.time.respect:
+        return TemporalSampler(g.rowptr, g.timeline, fanouts(cfg), cfg.time.strategy, cfg.time.window,
+                               edge_ids=edge_ids)
+    return CSRNeighborSampler(g.rowptr, g.col, fanouts(cfg), edge_ids=edge_ids)
+
+
+def say_times(cfg: RunConfig, g: Graph, main: bool) -> None:
+    """What the log says of a graph whose edges have times: sampled as of each seed's time (and how), or, with
+    ``time.respect=false``, that every edge is seen, future ones too; a timed graph's node labels need their times."""
+    tl, tc = g.timeline, cfg.time
+    if tl is None:
+        return
+    if not tc.respect:
+        if main:
+            log.warning("the graph's edges have times, and time.respect=false: each seed's neighbourhood takes every edge, "
+                        "those after the seed's time too (a model may learn from the future, and its metrics say so)")
+        return
+    if tl.seed_time is None:
+        raise DatasetError(f"the edges of dataset.path={cfg.dataset.path} have times, but its nodes do not say when "
+                           "each label is asked. HINT: add seed_time.npy (one time per node, the edges' unit), or "
+                           "time.respect=false to train on every edge")
+    window = f"edges at most {tc.window:g} older than their seed" if tc.window is not None else "edges of any age"
+    if main:
+        log.info("the graph's edges have times (%s): each seed's neighbourhood as of its own time (%s, %s), a tree per "
+                 "seed", tl.time.dtype, "uniform among them" if tc.strategy == "uniform" else "the most recent",
+                 window)
 
 
 class ReplicatedStore(WholeGraphStore):
@@ -83,6 +116,7 @@ class ReplicatedStore(WholeGraphStore):
     def __init__(self, cfg: RunConfig, env: RankEnv, device: torch.device | None = None, items=None):
         super().__init__(cfg, env, device or torch.device("cpu"))
         self.graph = g = open_shared_graph(cfg, env)
+        say_times(cfg, g, env.rank == 0)
         self.features = g
         self.degree = g.degree()
         self.open_items(items, whole_views(g))

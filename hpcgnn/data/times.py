@@ -1,0 +1,115 @@
+"""Edge times: a files folder's ``edge_time`` (one per edge) and ``seed_time`` (one per node: when its label is
+asked), checked; and the timeline of a prepared graph, written beside its CSR out of core.
+
+The prepared graph holds one edge per (source, target) pair (:func:`hpcgnn.data.graph.report_merged`); a pair given
+more than once keeps the time of the one given first, as it keeps its features: an edge exists from that time on.
+The timeline (:class:`hpcgnn.data.graph.Timeline`) is each row's edges sorted by time: ``time_col.npy``,
+``time_sorted.npy``, ``time_edge.npy`` (each one's CSR position), and ``seed_time.npy`` where given.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from hpcgnn.data.graph import Timeline
+from hpcgnn.data.ooc import NpyAppender, chunks
+from hpcgnn.errors import DatasetError
+
+ARRAYS = ("time_col", "time_sorted", "time_edge")
+CHUNK_EDGES = 1 << 22
+
+
+def has_times(folder: Path) -> bool:
+    """Whether a files folder gives its edges' times (``edge_time.npy`` or ``.pt``)."""
+    return any((folder / f"edge_time{suffix}").is_file() for suffix in (".npy", ".pt"))
+
+
+def kind_of(path: Path, a: np.ndarray) -> np.dtype:
+    """The dtype times are kept in: int64 for integers, float64 for floats; anything else refused."""
+    if a.dtype.kind in "iu":
+        return np.dtype(np.int64)
+    if a.dtype.kind == "f":
+        return np.dtype(np.float64)
+    raise DatasetError(f"{path}: times must be integers or floats, found {a.dtype}")
+
+
+def read_times(folder: Path, num_edges: int, num_nodes: int, read) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """A files folder's (edge times [E], seed times [N] or None), checked (``read(folder, name)``: the folder's
+    array reader); (None, None) where it gives no edge times, and a ``seed_time`` without them refused."""
+    given_seed = any((folder / f"seed_time{suffix}").is_file() for suffix in (".npy", ".pt"))
+    if not has_times(folder):
+        if given_seed:
+            raise DatasetError(f"{folder}: seed_time gives when each node's label is asked, but the edges have no "
+                               "times. HINT: add edge_time.npy (one time per edge of edge_index), or remove "
+                               "seed_time.npy")
+        return None, None
+    pt, edge_time = read(folder, "edge_time")
+    _check(pt, edge_time, num_edges, "edges of edge_index")
+    seed_time = None
+    if given_seed:
+        ps, seed_time = read(folder, "seed_time")
+        _check(ps, seed_time, num_nodes, "nodes (rows of x)")
+        if kind_of(ps, seed_time) != kind_of(pt, edge_time):
+            raise DatasetError(f"{ps}: seed times are {seed_time.dtype} but the edges' times {edge_time.dtype}: "
+                               "give both as integers or both as floats, in the same unit")
+    return edge_time, seed_time
+
+
+def _check(path: Path, a: np.ndarray, count: int, what: str) -> None:
+    kind_of(path, a)
+    if a.ndim != 1 or a.shape[0] != count:
+        raise DatasetError(f"{path}: shape {tuple(a.shape)}, expected [{count}]: one time per {what[:-1]}, in "
+                           f"the order of the {what}")
+    for lo in range(0, a.shape[0], CHUNK_EDGES):
+        part = np.asarray(a[lo:lo + CHUNK_EDGES])
+        if part.dtype.kind == "f" and not np.isfinite(part).all():
+            bad = lo + int(np.flatnonzero(~np.isfinite(part))[0])
+            raise DatasetError(f"{path}: entry {bad} is {part[bad - lo]}: every time must be a finite number")
+
+
+def write_timeline(tmp: Path, edge_time: np.ndarray, seed_time: np.ndarray | None) -> str:
+    """The timeline of the CSR in ``tmp`` (``rowptr.npy``, ``col.npy``, and ``eid.npy``: each CSR edge's id in the
+    source, a reverse's that of its edge plus E), from the source's ``edge_time``, a chunk of rows at a time.
+    Returns the times' dtype name."""
+    dtype = np.int64 if edge_time.dtype.kind in "iu" else np.float64
+    rowptr = torch.from_numpy(np.load(tmp / "rowptr.npy", mmap_mode="r").copy())
+    col, eid = np.load(tmp / "col.npy", mmap_mode="r"), np.load(tmp / "eid.npy", mmap_mode="r")
+    out = {"time_col": NpyAppender(tmp / "time_col.npy", col.dtype),
+           "time_sorted": NpyAppender(tmp / "time_sorted.npy", dtype),
+           "time_edge": NpyAppender(tmp / "time_edge.npy", np.int64)}
+    given = max(edge_time.shape[0], 1)
+    for a, b in chunks(rowptr, CHUNK_EDGES):
+        lo, hi = int(rowptr[a]), int(rowptr[b])
+        times = torch.from_numpy(np.asarray(edge_time[np.asarray(eid[lo:hi]) % given], dtype=dtype))
+        rows = torch.repeat_interleave(torch.arange(b - a), rowptr[a + 1:b + 1] - rowptr[a:b])
+        order = torch.argsort(times, stable=True)  # by time, then (stable) by row: each row's edges in time order
+        order = order.index_select(0, torch.argsort(rows.index_select(0, order), stable=True))
+        out["time_col"].append(np.asarray(col[lo:hi])[order.numpy()])
+        out["time_sorted"].append(times.index_select(0, order).numpy())
+        out["time_edge"].append((order + lo).numpy())
+    for writer in out.values():
+        writer.close()
+    if seed_time is not None:
+        np.save(tmp / "seed_time.npy", np.asarray(seed_time, dtype=dtype))
+    return np.dtype(dtype).name
+
+
+def load_timeline(folder: Path, meta_times: dict, mode: str | None) -> Timeline:
+    """The timeline :func:`write_timeline` left in a prepared graph's ``folder`` (memory-mapped with ``mode``)."""
+    def load(name):
+        return torch.from_numpy(np.load(folder / f"{name}.npy", mmap_mode=mode))
+
+    return Timeline(*(load(n) for n in ARRAYS), load("seed_time") if meta_times.get("seed_time") else None)
+
+
+def timeline_of(rowptr: torch.Tensor, col: torch.Tensor, time: torch.Tensor,
+                seed_time: torch.Tensor | None = None) -> Timeline:
+    """The timeline of a CSR held in memory whose edges have times (``time[e]``: CSR edge e's): each row's edges
+    ordered by time, ties by their place in the CSR (the order :func:`write_timeline` writes)."""
+    row = torch.repeat_interleave(torch.arange(rowptr.numel() - 1), rowptr[1:] - rowptr[:-1])
+    order = torch.argsort(time, stable=True)
+    order = order.index_select(0, torch.argsort(row.index_select(0, order), stable=True))
+    return Timeline(col.index_select(0, order), time.index_select(0, order).contiguous(), order, seed_time)

@@ -1,0 +1,290 @@
+"""Time on the graph: the bounds each node may draw from as of its time (C and its torch twin, against a brute force),
+the temporal sampler's batches (no edge after its seed's time, in any strategy or window; the same batch on both
+paths), a files folder's times prepared into the timeline, the settings a timed graph refuses, and the leak detector:
+a graph whose labels only future edges tell, at chance when time is respected and learnt when it is not."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from conftest import run_cli
+
+from hpcgnn.config import dataset_config
+from hpcgnn.data import cache_folder, open_graph, prepare
+from hpcgnn.data.times import timeline_of
+from hpcgnn.errors import ConfigError, DatasetError
+from hpcgnn.kernels import binding, ops
+from hpcgnn.sampling.temporal import TemporalSampler
+
+needs_cc = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler here: the kernels cannot be built")
+
+
+@pytest.fixture
+def switch(monkeypatch):
+    """``switch(on)``: the kernels on or off (HPCGNN_NATIVE=0: torch ops alone)."""
+    def set_native(on: bool) -> None:
+        if on:
+            monkeypatch.delenv("HPCGNN_NATIVE", raising=False)
+        else:
+            monkeypatch.setenv("HPCGNN_NATIVE", "0")
+        binding.kernels.cache_clear()
+
+    yield set_native
+    monkeypatch.delenv("HPCGNN_NATIVE", raising=False)
+    binding.kernels.cache_clear()
+
+
+def timed_csr(n: int, e: int, seed: int, dtype=torch.int64):
+    """A random in-edge CSR (distinct pairs) whose edges have times, and a time per node."""
+    g = torch.Generator().manual_seed(seed)
+    key = torch.unique(torch.randint(0, n, (e,), generator=g) * n + torch.randint(0, n, (e,), generator=g))
+    dst, src = key // n, key % n
+    rowptr = torch.zeros(n + 1, dtype=torch.long)
+    rowptr[1:] = torch.bincount(dst, minlength=n).cumsum(0)
+    time = torch.randint(0, 1000, (src.numel(),), generator=g).to(dtype)
+    seed_time = torch.randint(0, 1000, (n,), generator=g).to(dtype)
+    return rowptr, src, dst, time, seed_time
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.float64])
+def test_each_nodes_bounds_hold_exactly_the_edges_it_may_draw_on_both_paths(switch, dtype):
+    """At or before its time (before it: strict), not older than the window, the last k: the brute force's edges."""
+    rowptr, src, _, time, _ = timed_csr(300, 6000, 1, dtype)
+    tl = timeline_of(rowptr, src, time)
+    g = torch.Generator().manual_seed(2)
+    nodes = torch.randint(0, 300, (2000,), generator=g)
+    at = torch.randint(-5, 1010, (2000,), generator=g).to(dtype)
+    for strict in (False, True):
+        for window in (None, torch.tensor(50, dtype=dtype)):
+            for last in (0, 3):
+                switch(True)
+                native = ops.time_bounds(rowptr, tl.time, nodes, at, strict, window, last)
+                switch(False)
+                assert torch.equal(native, ops.time_bounds(rowptr, tl.time, nodes, at, strict, window, last))
+                for i in range(0, 2000, 37):
+                    lo, hi = int(rowptr[nodes[i]]), int(rowptr[nodes[i] + 1])
+                    ts = tl.time[lo:hi]
+                    ok = ts < at[i] if strict else ts <= at[i]
+                    if window is not None:
+                        ok &= ts >= at[i] - window
+                    want = (ok.nonzero().squeeze(1) + lo).tolist()
+                    want = want[-last:] if last else want
+                    assert list(range(int(native[2 * i]), int(native[2 * i + 1]))) == want
+
+
+def test_bounds_refuse_a_node_outside_the_graph(switch):
+    rowptr, src, _, time, _ = timed_csr(50, 400, 3)
+    for on in (True, False):
+        switch(on)
+        with pytest.raises(IndexError, match="node 50 is out of range for a graph of 50 nodes"):
+            ops.time_bounds(rowptr, time, torch.tensor([3, 50]), torch.tensor([5, 5]))
+
+
+@pytest.mark.parametrize("strategy", ["uniform", "last"])
+@pytest.mark.parametrize("window", [None, 150])
+@pytest.mark.parametrize("strict", [False, True])
+def test_no_sampled_edge_is_later_than_its_seeds_time_and_both_paths_draw_the_same(switch, strategy, window, strict):
+    """The leak property, over every strategy and window: each edge of a seed's tree is at or before the seed's time
+    (strictly before: strict), not older than the window; it is an edge of the graph; its age is the seed's time
+    minus its time; a node's tree is its edges' tree. The kernels and the torch ops draw the same batch."""
+    rowptr, src, dst, time, seed_time = timed_csr(2000, 30000, 4)
+    tl = timeline_of(rowptr, src, time, seed_time)
+
+    def batches():
+        s = TemporalSampler(rowptr, tl, [10, 5, 3], strategy, window, strict, edge_ids=True)
+        gen = torch.Generator().manual_seed(5)
+        return [s.sample(seeds, gen) for seeds in (torch.randperm(2000, generator=gen)[:300],
+                                                  torch.tensor([7, 7, 7]))]  # (one node asked three times)
+
+    switch(True)
+    native = batches()
+    switch(False)
+    for a, b in zip(native, batches(), strict=True):
+        for field in ("n_id", "edge_index", "e_id", "edge_age", "tree"):
+            assert torch.equal(getattr(a, field), getattr(b, field)), field
+        assert a.num_sampled_nodes == b.num_sampled_nodes
+    for out in native:
+        seeds = out.n_id[:out.batch_size]
+        tree = out.tree[out.edge_index[1]]
+        assert torch.equal(tree, out.tree[out.edge_index[0]])
+        t, et = seed_time.index_select(0, seeds)[tree], time[out.e_id]
+        assert bool((et < t).all() if strict else (et <= t).all())
+        if window is not None:
+            assert bool((et >= t - window).all())
+        assert torch.equal(src[out.e_id], out.n_id[out.edge_index[0]])
+        assert torch.equal(dst[out.e_id], out.n_id[out.edge_index[1]])
+        assert torch.equal(out.edge_age, (t - et).to(out.edge_age.dtype))
+    assert native[1].n_id[:3].tolist() == [7, 7, 7] and native[1].tree[:3].tolist() == [0, 1, 2]
+
+
+def test_the_last_strategy_takes_each_nodes_most_recent_edges():
+    rowptr, src, _, time, seed_time = timed_csr(500, 8000, 6)
+    tl = timeline_of(rowptr, src, time, seed_time)
+    out = TemporalSampler(rowptr, tl, [4], "last", edge_ids=True).sample(torch.arange(500))
+    for v in range(0, 500, 7):
+        lo, hi = int(rowptr[v]), int(rowptr[v + 1])
+        allowed = tl.edge[lo:hi][tl.time[lo:hi] <= seed_time[v]]
+        mine = out.e_id[out.edge_index[1] == v]
+        assert sorted(mine.tolist()) == sorted(allowed[-4:].tolist())
+
+
+def write_timed_folder(folder, n=3000, seed=0, to_float=False, repeats=True):
+    """A files folder whose edges have times and whose nodes have seed times (a pair given twice, later first)."""
+    rng = np.random.default_rng(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    e = 8 * n
+    ei = np.stack([rng.integers(0, n, e), rng.integers(0, n, e)])
+    t = rng.integers(0, 1000, e)
+    if repeats:
+        ei[:, 1] = ei[:, 0]  # edge 1 repeats edge 0's pair: the prepared edge keeps edge 0's time
+    cast = (lambda a: a.astype(np.float64) + 0.5) if to_float else (lambda a: a.astype(np.int64))
+    np.save(folder / "edge_index.npy", ei)
+    np.save(folder / "edge_time.npy", cast(t))
+    np.save(folder / "seed_time.npy", cast(rng.integers(0, 1000, n)))
+    np.save(folder / "x.npy", rng.normal(size=(n, 8)).astype(np.float32))
+    np.save(folder / "y.npy", rng.integers(0, 3, n))
+    perm = rng.permutation(n)
+    for name, part in zip(("train_idx", "val_idx", "test_idx"), np.split(perm, [n // 2, 3 * n // 4]), strict=True):
+        np.save(folder / f"{name}.npy", part)
+    return ei, cast(t)
+
+
+@pytest.mark.parametrize("undirected", [False, True])
+@pytest.mark.parametrize("to_float", [False, True])
+def test_a_folders_times_are_prepared_into_each_rows_edges_in_time_order(tmp_path, undirected, to_float):
+    """Prepared out of core, in chunks of rows: the timeline is the CSR's edges each with its first given pair's
+    time (a reverse's: its edge's), each row sorted by time; the seed times kept in their dtype."""
+    import hpcgnn.data.times as times
+
+    ei, t = write_timed_folder(tmp_path / "g", to_float=to_float)
+    cfg = dataset_config(name="files", path=str(tmp_path / "g"), root=str(tmp_path / "root"),
+                         to_undirected=undirected)
+    old = times.CHUNK_EDGES
+    times.CHUNK_EDGES = 5000  # several chunks of rows
+    try:
+        prepare(cfg)
+    finally:
+        times.CHUNK_EDGES = old
+    g = open_graph(cfg)
+    assert g.timeline is not None and g.timeline.time.dtype == (torch.float64 if to_float else torch.int64)
+    # each pair's time: the first given (its reverse: after every edge, so an edge given that way comes first)
+    src, dst, tt = ei[0], ei[1], t
+    if undirected:
+        src, dst, tt = np.concatenate([ei[0], ei[1]]), np.concatenate([ei[1], ei[0]]), np.concatenate([t, t])
+    first = {}
+    for s, d, x in zip(src.tolist(), dst.tolist(), tt.tolist(), strict=True):
+        first.setdefault((s, d), x)
+    row = torch.repeat_interleave(torch.arange(g.num_nodes), g.degree())
+    csr_time = torch.tensor([first[(int(s), int(d))] for s, d in zip(g.col, row, strict=True)], dtype=g.timeline.time.dtype)
+    want = timeline_of(g.rowptr, g.col, csr_time)
+    assert torch.equal(g.timeline.col.long(), want.col.long()) and torch.equal(g.timeline.time, want.time)
+    assert torch.equal(g.timeline.edge, want.edge)
+    assert torch.equal(g.timeline.seed_time, torch.from_numpy(np.load(tmp_path / "g" / "seed_time.npy")))
+    meta = json.loads((cache_folder(cfg) / "meta.json").read_text())
+    assert meta["times"] == {"dtype": "float64" if to_float else "int64", "seed_time": True}
+
+
+def test_a_folders_times_are_checked_naming_the_file_and_the_fix(tmp_path):
+    write_timed_folder(tmp_path / "g", repeats=False)
+    cfg = dataset_config(name="files", path=str(tmp_path / "g"), root=str(tmp_path / "root"))
+    t = np.load(tmp_path / "g" / "edge_time.npy")
+    cases = [
+        ("edge_time.npy", t[:-1], r"edge_time.npy: shape \(23999,\), expected \[24000\]: one time per edge"),
+        ("edge_time.npy", np.where(np.arange(t.size) == 5, np.nan, t.astype(np.float64)),
+         r"edge_time.npy: entry 5 is nan: every time must be a finite number"),
+        ("edge_time.npy", t.astype(bool), r"edge_time.npy: times must be integers or floats, found bool"),
+        ("seed_time.npy", np.zeros(3000, dtype=np.float64),
+         r"seed_time.npy: seed times are float64 but the edges' times int64: give both as integers or both as floats"),
+    ]
+    for name, value, message in cases:
+        saved = np.load(tmp_path / "g" / name)
+        np.save(tmp_path / "g" / name, value)
+        with pytest.raises(DatasetError, match=message):
+            prepare(cfg)
+        np.save(tmp_path / "g" / name, saved)
+    (tmp_path / "g" / "edge_time.npy").unlink()
+    with pytest.raises(DatasetError, match=r"seed_time gives when each node's label is asked, but the edges have no "
+                                           r"times\. HINT: add edge_time.npy"):
+        prepare(cfg)
+
+
+def test_a_timed_graph_refuses_what_does_not_sample_as_of_a_time_naming_the_way_out(tmp_path):
+    from hpcgnn.checks import check_task_config, eval_mode
+    from hpcgnn.submit.compose import compose
+
+    def checked(overrides):
+        cfg = compose([*overrides, f"run_dir={tmp_path / 'run'}"]).cfg
+        check_task_config(cfg)
+        return cfg
+
+    write_timed_folder(tmp_path / "g", repeats=False)
+    base = ["dataset=files", f"dataset.path={tmp_path / 'g'}"]
+    assert eval_mode(checked(base)) == "sampled"  # (exact inference would read every edge)
+    assert eval_mode(checked([*base, "time.respect=false"])) == "full"
+    for extra, why in ((["train.sampler=ladies"], "train.sampler=ladies"),
+                       (["graph=partitioned"], "graph.mode=partitioned"),
+                       (["train.eval_mode=full"], r"train.eval_mode=full \(exact inference would read every edge\)"),
+                       (["train.edge_budget=100"], "train.sampler=neighbor with train.edge_budget=100")):
+        with pytest.raises(ConfigError, match=rf"the edges of dataset.path=\S+ have times: sampling as of each seed's "
+                                              rf"time runs for task=node, .*; got {why}\. HINT: drop that setting, or "
+                                              r"time.respect=false to train on every edge"):
+            checked([*base, *extra])
+        checked([*base, *extra, "time.respect=false"])
+    with pytest.raises(ConfigError, match=r"time.window=-1.0 must be positive \(in the edge times' unit\)"):
+        checked([*base, "time.window=-1"])
+    (tmp_path / "g" / "seed_time.npy").unlink()
+    with pytest.raises(ConfigError, match=r"its nodes do not say when each label is asked\. HINT: add seed_time.npy"):
+        checked(base)
+
+
+def leak_graph(folder, n=3000, seed=0):
+    """The leak detector: a node's label is told only by edges after its seed time (from sources whose first
+    feature says the label); the edges before it are noise."""
+    rng = np.random.default_rng(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    cls = rng.integers(0, 2, n)
+    x = rng.normal(size=(n, 8)).astype(np.float32)
+    x[:, 0] = np.where(cls == 1, 1.0, -1.0)
+    y, seed_time = rng.integers(0, 2, n), rng.integers(100, 200, n)
+    k = 8
+    dst = np.repeat(np.arange(n), k)
+    past_src = rng.integers(0, n, n * k)
+    by_cls = [np.flatnonzero(cls == c) for c in (0, 1)]
+    future_src = np.where(y[dst] == 1, rng.choice(by_cls[1], n * k), rng.choice(by_cls[0], n * k))
+    ei = np.stack([np.concatenate([past_src, future_src]), np.concatenate([dst, dst])])
+    t = np.concatenate([seed_time[dst] - rng.integers(1, 100, n * k), seed_time[dst] + rng.integers(1, 100, n * k)])
+    np.save(folder / "edge_index.npy", ei)
+    np.save(folder / "edge_time.npy", t.astype(np.int64))
+    np.save(folder / "seed_time.npy", seed_time.astype(np.int64))
+    np.save(folder / "x.npy", x)
+    np.save(folder / "y.npy", y)
+    perm = rng.permutation(n)
+    for name, part in zip(("train_idx", "val_idx", "test_idx"), np.split(perm, [n // 2, 3 * n // 4]), strict=True):
+        np.save(folder / f"{name}.npy", part)
+
+
+@pytest.mark.slow
+def test_the_leak_detector_scores_at_chance_with_time_and_learns_the_leak_without(tmp_path):
+    """Labels told only by edges after each seed's time: respected (the default), a model scores at chance, in-rank
+    and from a sampler process alike (the same batches: the same metrics); with time.respect=false it learns them
+    from the future edges, which proves the leak is learnable, and the log says future edges are seen."""
+    leak_graph(tmp_path / "g")
+    common = ["dataset=files", f"dataset.path={tmp_path / 'g'}", "train.epochs=8", "model.hidden_channels=32",
+              "train.batch_size=256", "launch.procs=1"]
+    results = {}
+    for name, extra in (("respected", []), ("procs", ["train.sampler_procs=1"]), ("ignored", ["time.respect=false"])):
+        res = run_cli(*common, *extra, cwd=tmp_path / name)
+        assert res.returncode == 0, res.stderr[-3000:]
+        results[name] = json.loads((tmp_path / name / "run" / "summary.json").read_text())
+        if name == "ignored":
+            assert "time.respect=false: each seed's neighbourhood takes every edge, those after" in res.stdout + res.stderr
+        else:
+            assert "each seed's neighbourhood as of its own time (uniform among them" in res.stdout + res.stderr
+    respected, ignored = results["respected"]["test"], results["ignored"]["test"]
+    assert respected < 0.6 and ignored > 0.85, (respected, ignored)
+    assert results["procs"]["test"] == respected and results["procs"]["best_val"] == results["respected"]["best_val"]
+
