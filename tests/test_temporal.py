@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -269,14 +271,16 @@ def leak_graph(folder, n=3000, seed=0):
 
 @pytest.mark.slow
 def test_the_leak_detector_scores_at_chance_with_time_and_learns_the_leak_without(tmp_path):
-    """Labels told only by edges after each seed's time: respected (the default), a model scores at chance, in-rank
-    and from a sampler process alike (the same batches: the same metrics); with time.respect=false it learns them
-    from the future edges, which proves the leak is learnable, and the log says future edges are seen."""
+    """Labels told only by edges after each seed's time: respected (the default), a model scores at chance, in the
+    rank, from a sampler process and from a sampler server alike (the same batches: the same metrics); with
+    time.respect=false it learns them from the future edges, which proves the leak is learnable, and the log says
+    future edges are seen. predict samples each node as of its time (the run's metric) and refuses exact outputs."""
     leak_graph(tmp_path / "g")
     common = ["dataset=files", f"dataset.path={tmp_path / 'g'}", "train.epochs=8", "model.hidden_channels=32",
               "train.batch_size=256", "launch.procs=1"]
     results = {}
-    for name, extra in (("respected", []), ("procs", ["train.sampler_procs=1"]), ("ignored", ["time.respect=false"])):
+    for name, extra in (("respected", []), ("procs", ["train.sampler_procs=1"]), ("servers", ["launch.sampler_servers=1"]),
+                        ("ignored", ["time.respect=false"])):
         res = run_cli(*common, *extra, cwd=tmp_path / name)
         assert res.returncode == 0, res.stderr[-3000:]
         results[name] = json.loads((tmp_path / name / "run" / "summary.json").read_text())
@@ -286,5 +290,34 @@ def test_the_leak_detector_scores_at_chance_with_time_and_learns_the_leak_withou
             assert "each seed's neighbourhood as of its own time (uniform among them" in res.stdout + res.stderr
     respected, ignored = results["respected"]["test"], results["ignored"]["test"]
     assert respected < 0.6 and ignored > 0.85, (respected, ignored)
-    assert results["procs"]["test"] == respected and results["procs"]["best_val"] == results["respected"]["best_val"]
+    for producer in ("procs", "servers"):  # the same batches from each producer: the same metrics
+        assert results[producer]["test"] == respected, producer
+        assert results[producer]["best_val"] == results["respected"]["best_val"], producer
+    # predict samples each node as of its time, as the run evaluated: the same test metric; exact outputs refused
+    run = tmp_path / "respected" / "run"
+    predicted = subprocess.run([sys.executable, "-m", "hpcgnn", "predict", str(run)], capture_output=True, text=True,
+                               timeout=300, cwd=run.parent)
+    assert predicted.returncode == 0, predicted.stderr[-3000:]
+    assert f"test accuracy {respected:.4f}" in predicted.stdout and "sampled" in predicted.stdout, predicted.stdout
+    exact = subprocess.run([sys.executable, "-m", "hpcgnn", "predict", str(run), "mode=full"], capture_output=True,
+                           text=True, timeout=300, cwd=run.parent)
+    assert exact.returncode == 2 and "the graph's edges have times, and exact outputs would read every edge, those " \
+        "after each node's time too. HINT: mode=sampled" in exact.stderr, exact.stderr[-2000:]
 
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sampling", [[], ["time.strategy=last", "time.window=40"]], ids=["uniform", "last-window"])
+def test_a_preempted_timed_run_resumes_bitwise(tmp_path, sampling):
+    """Preempted mid-epoch and resumed: the same parameters and losses as the run left alone (a tree per seed,
+    drawn from the batch's generator as every sampler's)."""
+    from conftest import preempted_and_resumed
+
+    leak_graph(tmp_path / "g", n=2000)
+    whole, again = preempted_and_resumed("dataset=files", f"dataset.path={tmp_path / 'g'}",
+                                         f"dataset.root={tmp_path / 'root'}", "train.epochs=3", "train.batch_size=128",
+                                         "model.hidden_channels=16", "metrics.tensorboard=false", *sampling, step=10,
+                                         folder=tmp_path)
+    assert again["resumes"] == 1 and whole["resumes"] == 0
+    assert again["param_checksums"] == whole["param_checksums"]
+    assert [r["loss"] for r in again["history"]] == [r["loss"] for r in whole["history"]]

@@ -180,7 +180,7 @@ def inference_mode(cfg: RunConfig, model: torch.nn.Module) -> str:
     """``predict.mode`` decided: ``auto`` is the run's own evaluation path (exact where the run evaluated
     exactly, else its sampled batches); what the task's spec gives only exactly (``PredictionSpec.exact``: a node
     classifier's embeddings, its last hidden layer's; a link model's scores of pairs) is exact."""
-    from hpcgnn.checks import eval_mode
+    from hpcgnn.checks import eval_mode, is_timed
 
     p, spec = cfg.predict, tasks.SPECS[cfg.task.name].prediction
     encoder = getattr(model, "encoder", model)
@@ -188,6 +188,10 @@ def inference_mode(cfg: RunConfig, model: torch.nn.Module) -> str:
     mode = p.mode if p.mode != "auto" else ("full" if run_mode == "full" else "sampled")
     if p.what in spec.exact:
         mode = "full"
+    if mode == "full" and cfg.time.respect and is_timed(cfg.dataset):
+        raise PredictError("the graph's edges have times, and exact outputs would read every edge, those after each "
+                           "node's time too. HINT: mode=sampled (each node as of its seed time), or "
+                           "time.respect=false for outputs as of the graph's last edge")
     if mode == "full" and not (is_layerwise(encoder) or _is_mlp(encoder)):
         why = f"{saved.class_name(model)} cannot be run layer by layer (exact inference: PyG's BasicGNN interface, " \
               "num_layers and inference_per_layer)"
