@@ -161,6 +161,12 @@ def check_timed_config(cfg) -> None:
     if tc.window is not None and tc.window <= 0:
         raise ConfigError(f"time.window={tc.window} must be positive (in the edge times' unit), or null for edges of "
                           "any age")
+    spec, d = models.SPECS.get(cfg.model.name), cfg.dataset
+    unread = d.name == "files" and not (d.path and Path(d.path).expanduser().is_dir())  # (the launcher names it)
+    if spec is not None and spec.times and not (tc.respect and is_timed(d)) and not unread:
+        raise ConfigError(f"model={cfg.model.name} reads each sampled edge's age: it trains on a graph whose edges "
+                          "have times, sampled as of each seed's time. HINT: give the edges' times (files: "
+                          "edge_time.npy, with seed_time.npy) and keep time.respect=true, or another model")
     if not tc.respect or not is_timed(cfg.dataset):
         return
     folder = Path(cfg.dataset.path).expanduser()

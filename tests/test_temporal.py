@@ -321,3 +321,44 @@ def test_a_preempted_timed_run_resumes_bitwise(tmp_path, sampling):
     assert again["resumes"] == 1 and whole["resumes"] == 0
     assert again["param_checksums"] == whole["param_checksums"]
     assert [r["loss"] for r in again["history"]] == [r["loss"] for r in whole["history"]]
+
+
+def recency_graph(folder, n=3000, seed=0):
+    """Labels told only by edge ages: a node of class 1 met a neighbour within 5 time units before its seed time,
+    one of class 0 none within 20; every node has 8 edges before its time and features of noise."""
+    rng = np.random.default_rng(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    k = 8
+    y, seed_time = rng.integers(0, 2, n), rng.integers(1000, 2000, n)
+    dst = np.repeat(np.arange(n), k)
+    age = rng.integers(20, 100, n * k)
+    age[np.arange(n) * k] = np.where(y == 1, rng.integers(0, 5, n), age[np.arange(n) * k])
+    np.save(folder / "edge_index.npy", np.stack([rng.integers(0, n, n * k), dst]))
+    np.save(folder / "edge_time.npy", (seed_time[dst] - age).astype(np.int64))
+    np.save(folder / "seed_time.npy", seed_time.astype(np.int64))
+    np.save(folder / "x.npy", rng.normal(size=(n, 8)).astype(np.float32))
+    np.save(folder / "y.npy", y)
+    perm = rng.permutation(n)
+    for name, part in zip(("train_idx", "val_idx", "test_idx"), np.split(perm, [n // 2, 3 * n // 4]), strict=True):
+        np.save(folder / f"{name}.npy", part)
+
+
+@pytest.mark.slow
+def test_the_temporal_encoder_reads_edge_ages_that_other_models_cannot_see(tmp_path):
+    """model=tgat reads each sampled edge's age (``data.edge_age``, encoded): on a graph whose labels only the ages
+    tell it is right on nearly every node, where GraphSAGE, blind to them, stays at chance. On a graph without
+    times it is refused, naming the fix."""
+    from conftest import train_here
+
+    recency_graph(tmp_path / "g")
+    common = ["dataset=files", f"dataset.path={tmp_path / 'g'}", f"dataset.root={tmp_path / 'root'}",
+              "train.epochs=10", "model.hidden_channels=32", "train.batch_size=256", "metrics.tensorboard=false"]
+    tgat = train_here(*common, "model=tgat", run_dir=tmp_path / "tgat")
+    sage = train_here(*common, "model=sage", run_dir=tmp_path / "sage")
+    assert tgat["test"] > 0.9 and sage["test"] < 0.6, (tgat["test"], sage["test"])
+    from hpcgnn.checks import check_task_config
+    from hpcgnn.submit.compose import compose
+
+    with pytest.raises(ConfigError, match=r"model=tgat reads each sampled edge's age: it trains on a graph whose edges "
+                                          r"have times, sampled as of each seed's time\. HINT: give the edges' times"):
+        check_task_config(compose(["model=tgat", f"run_dir={tmp_path / 'run'}"]).cfg)

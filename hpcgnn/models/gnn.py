@@ -14,7 +14,7 @@ from torch import Tensor
 from hpcgnn import checks
 from hpcgnn.config import ModelConfig
 from hpcgnn.errors import ConfigError, DatasetError
-from hpcgnn.models.custom import build_custom, declared_edge_dim, takes, takes_edge_dim
+from hpcgnn.models.custom import build_custom, declared_edge_dim, forward_takes, takes, takes_edge_dim
 from hpcgnn.specs import load, models
 
 
@@ -180,6 +180,8 @@ def batch_kwargs(model: torch.nn.Module, data) -> dict:
         kwargs["edge_weight"] = data.edge_weight
     if "edge_attr" in data and takes(inner, "edge_attr"):  # (batches carry them for a model that reads them)
         kwargs["edge_attr"] = data.edge_attr
+    if "edge_age" in data and "edge_age" in forward_takes(type(inner))[0]:  # (named: a model that reads ages)
+        kwargs["edge_age"] = data.edge_age
     if getattr(inner, "supports_trim", True) and "num_sampled_nodes" in data and takes(inner, "num_sampled_nodes_per_hop"):
         kwargs.update(num_sampled_nodes_per_hop=data.num_sampled_nodes,
                       num_sampled_edges_per_hop=data.num_sampled_edges)

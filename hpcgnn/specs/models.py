@@ -29,6 +29,7 @@ class ModelSpec:
     edge_features: bool = False  # reads edge features (model.edge_dim)
     uses_edges: bool = True  # False: its batches need no sampled neighbours
     global_gcn_norm: bool = False  # batches carry GCN weights from the whole graph's degrees, and self-loops
+    times: bool = False  # reads each sampled edge's age: a graph whose edges have times, sampled as of each seed's
 
     @property
     def plain(self) -> bool:
@@ -52,6 +53,8 @@ SPECS: dict[str, ModelSpec] = {s.name: s for s in (
               edge_features=True),
     ModelSpec("mlp", "an MLP on the node's own features: the baseline", build="hpcgnn.models.gnn:build_mlp",
               typed_build="hpcgnn.models.typed:build_mlp", exact=("plain", "typed"), uses_edges=False),
+    ModelSpec("tgat", "TGAT: attention over sampled neighbours, each edge read with its age encoded (timed graphs)",
+              build="hpcgnn.models.temporal:build_tgat", times=True),
     ModelSpec("rgcn", "R-GCN: one weight per relation", typed_build="hpcgnn.models.typed:build_rgcn",
               exact=("typed",)),
 )}
