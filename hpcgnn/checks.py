@@ -145,6 +145,11 @@ def is_typed(dataset) -> bool:
     return dataset.name in TYPED_DATASETS
 
 
+def _which(dataset) -> str:
+    """A dataset in a message: a files folder by its path, another by its name."""
+    return f"dataset.path={dataset.path}" if dataset.name == "files" else f"dataset={dataset.name}"
+
+
 def is_timed(dataset) -> bool:
     """Whether the dataset's edges have times (a homogeneous files folder with ``edge_time``: :mod:`hpcgnn.data.times`)."""
     if dataset.name != "files" or not dataset.path or is_typed(dataset):
@@ -153,24 +158,29 @@ def is_timed(dataset) -> bool:
     return any((folder / f"edge_time{suffix}").is_file() for suffix in (".npy", ".pt"))
 
 
-def check_timed_config(cfg) -> None:
+def check_timed_config(cfg, timed: bool | None = None) -> None:
     """What a graph whose edges have times asks of the rest of the config, while sampling respects them
     (``time.respect``): what samples as of each seed's time today (a node task, neighbour sampling, a replicated graph
-    on the host; every producer), each other setting refused naming the way out."""
+    on the host; every producer), each other setting refused naming the way out. ``timed``: whether the graph's
+    edges have times, where the rank knows it (a PyG graph's, once prepared); None: a files folder's."""
     t, tc = cfg.train, cfg.time
     if tc.window is not None and tc.window <= 0:
         raise ConfigError(f"time.window={tc.window} must be positive (in the edge times' unit), or null for edges of "
                           "any age")
     spec, d = models.SPECS.get(cfg.model.name), cfg.dataset
     unread = d.name == "files" and not (d.path and Path(d.path).expanduser().is_dir())  # (the launcher names it)
-    if spec is not None and spec.times and not (tc.respect and is_timed(d)) and not unread:
+    if timed is None:  # (a files folder's say so before it is read; another source's: the rank knows, once prepared)
+        timed = None if d.name != "files" or unread else is_timed(d)
+    if spec is not None and spec.times and timed is not None and not (tc.respect and timed):
         raise ConfigError(f"model={cfg.model.name} reads each sampled edge's age: it trains on a graph whose edges "
                           "have times, sampled as of each seed's time. HINT: give the edges' times (files: "
-                          "edge_time.npy, with seed_time.npy) and keep time.respect=true, or another model")
-    if not tc.respect or not is_timed(cfg.dataset):
+                          "edge_time.npy, with seed_time.npy; PyG: data.edge_time, with data.seed_time) and keep "
+                          "time.respect=true, or another model")
+    if not tc.respect or not timed:
         return
-    folder = Path(cfg.dataset.path).expanduser()
-    if cfg.task.name == "node" and not any((folder / f"seed_time{s}").is_file() for s in (".npy", ".pt")):
+    folder = Path(cfg.dataset.path).expanduser() if d.name == "files" else None
+    if folder is not None and cfg.task.name == "node" and \
+            not any((folder / f"seed_time{s}").is_file() for s in (".npy", ".pt")):
         raise ConfigError(f"the edges of dataset.path={cfg.dataset.path} have times, but its nodes do not say when "
                           "each label is asked. HINT: add seed_time.npy (one time per node, the edges' unit), or "
                           "time.respect=false to train on every edge")
@@ -181,7 +191,7 @@ def check_timed_config(cfg) -> None:
                     (t.eval_mode != "full", "train.eval_mode=full (exact inference would read every edge)"),
                     (t.graph_on != "device", "train.graph_on=device")):
         if not ok:
-            raise ConfigError(f"the edges of dataset.path={cfg.dataset.path} have times: sampling as of each seed's "
+            raise ConfigError(f"the edges of {_which(d)} have times: sampling as of each seed's "
                               f"time runs for task=node, train.sampler=neighbor, a replicated graph on the host; got "
                               f"{why}. HINT: drop that setting, or time.respect=false to train on every edge, those "
                               "after a seed's time too")

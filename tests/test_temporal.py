@@ -9,6 +9,7 @@ import json
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -362,3 +363,59 @@ def test_the_temporal_encoder_reads_edge_ages_that_other_models_cannot_see(tmp_p
     with pytest.raises(ConfigError, match=r"model=tgat reads each sampled edge's age: it trains on a graph whose edges "
                                           r"have times, sampled as of each seed's time\. HINT: give the edges' times"):
         check_task_config(compose(["model=tgat", f"run_dir={tmp_path / 'run'}"]).cfg)
+
+
+def pyg_timed_graph(use_time: bool = False):
+    """The leak detector as a PyG ``Data`` (``dataset._target_=test_temporal.pyg_timed_graph``): its edges' times as
+    ``edge_time`` (``time`` with ``use_time``), its nodes' label times as ``seed_time``."""
+    import tempfile
+
+    from torch_geometric.data import Data
+
+    folder = Path(tempfile.mkdtemp()) / "g"
+    leak_graph(folder)
+    a = {name: torch.from_numpy(np.load(folder / f"{name}.npy")) for name in
+         ("edge_index", "edge_time", "seed_time", "x", "y", "train_idx", "val_idx", "test_idx")}
+    shutil.rmtree(folder.parent)
+    n = a["x"].size(0)
+    masks = {f"{s}_mask": torch.zeros(n, dtype=torch.bool).index_fill_(0, a[f"{s}_idx"], True)
+             for s in ("train", "val", "test")}
+    times = {"time" if use_time else "edge_time": a["edge_time"]}
+    return Data(x=a["x"], edge_index=a["edge_index"], y=a["y"], seed_time=a["seed_time"], **times, **masks)
+
+
+@pytest.mark.slow
+def test_a_pyg_graphs_edge_times_are_respected_as_a_folders_are(tmp_path):
+    """``Data.edge_time`` (or ``Data.time``, one per edge) and ``Data.seed_time``: prepared into the same timeline as
+    the same arrays in a files folder; trained at chance on the leak detector with time respected (evaluation sampled
+    as of each node's time), learnt with time.respect=false (exact evaluation); and what samples as of a time
+    nowhere yet refused once the rank knows the graph's edges have times (a partitioned graph; a link split)."""
+    from conftest import make_config, train_here
+
+    from hpcgnn.data import build_link
+
+    common = ["dataset=pyg", f"dataset.root={tmp_path / 'root'}", "train.epochs=8", "model.hidden_channels=32",
+              "train.batch_size=256", "metrics.tensorboard=false"]
+    leak_graph(tmp_path / "g")
+    files = dataset_config(name="files", path=str(tmp_path / "g"), root=str(tmp_path / "root"))
+    prepare(files)
+    for target in ("test_temporal.pyg_timed_graph", "test_temporal.pyg_timed_graph_by_time"):
+        cfg = make_config(*common, f"dataset._target_={target}").dataset
+        prepare(cfg)
+        a, b = open_graph(files).timeline, open_graph(cfg).timeline
+        assert all(torch.equal(getattr(a, f).long(), getattr(b, f).long()) for f in ("col", "time", "edge", "seed_time"))
+    pyg = [*common, "dataset._target_=test_temporal.pyg_timed_graph"]
+    respected = train_here(*pyg, run_dir=tmp_path / "respected")
+    ignored = train_here(*pyg, "time.respect=false", run_dir=tmp_path / "ignored")
+    assert respected["eval_mode"] == "sampled" and ignored["eval_mode"] == "full"
+    assert respected["test"] < 0.6 and ignored["test"] > 0.85, (respected["test"], ignored["test"])
+    with pytest.raises(ConfigError, match=r"the edges of dataset=pyg have times: .*; got graph.mode=partitioned\. "
+                                          r"HINT: drop that setting, or time.respect=false"):
+        train_here(*pyg, "graph=partitioned", run_dir=tmp_path / "parts")
+    with pytest.raises(DatasetError, match=r"dataset=pyg: its edges have times, and a random split of them would "
+                                           r"train each link on edges from after it"):
+        build_link(make_config(*pyg, "task=link").dataset)
+
+
+def pyg_timed_graph_by_time():
+    return pyg_timed_graph(use_time=True)

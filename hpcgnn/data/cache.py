@@ -19,7 +19,7 @@ import torch
 
 from hpcgnn.data.graph import Graph
 from hpcgnn.data.ooc import FeatureWriter, load_features
-from hpcgnn.data.times import load_timeline
+from hpcgnn.data.times import load_timeline, save_timeline
 from hpcgnn.errors import DatasetError
 from hpcgnn.io import atomic_folder, human_bytes, write_json
 from hpcgnn.labels import profile
@@ -110,9 +110,13 @@ def save(graph: Graph, folder: Path, source: dict, extra: dict[str, torch.Tensor
             names.append("edge_attr")
         for name, array in extra.items():
             np.save(tmp / f"{name}.npy", array.numpy())
+        more = dict(extra_meta or {})
+        if graph.timeline is not None:  # a timed graph's edges in time (hpcgnn.data.times)
+            more["times"], timeline = save_timeline(tmp, graph.timeline)
+            names += timeline
         GraphMeta(graph.num_nodes, graph.num_edges, graph.num_features, graph.num_classes, graph_labels(graph),
                   graph.edge_dim, feature_dtype, sum((tmp / f"{n}.npy").stat().st_size for n in names), source,
-                  tuple(sorted(extra)), dict(extra_meta or {})).write(tmp)
+                  tuple(sorted(extra)), more).write(tmp)
     return folder
 
 

@@ -19,7 +19,7 @@ import hpcgnn.data.link as link
 import hpcgnn.data.ooc as ooc
 import hpcgnn.data.times as times
 from hpcgnn import env, paths
-from hpcgnn.checks import ON_DISK, is_typed
+from hpcgnn.checks import ON_DISK, is_timed, is_typed
 from hpcgnn.config import DatasetConfig
 from hpcgnn.data.files import (
     files_folder,
@@ -89,6 +89,15 @@ def cache_folder(cfg: DatasetConfig) -> Path:
         name = f"{cfg.name}-link" if spec.split_edges else cfg.name
     key = hashlib.sha256(json.dumps({"name": cfg.name, **fields}, sort_keys=True, default=str).encode()).hexdigest()
     return Path(cfg.root).expanduser() / "prepared" / f"{name}-{key[:12]}"
+
+
+def timed(dataset: DatasetConfig) -> bool:
+    """Whether a dataset's edges have times: its prepared graph says so, or (not prepared yet) its files folder gives
+    ``edge_time`` (:func:`hpcgnn.checks.is_timed`). What a rank asks before it evaluates or predicts exactly."""
+    folder = cache_folder(dataset)
+    if cache.is_complete(folder):
+        return "times" in cache.GraphMeta.read(folder).more
+    return is_timed(dataset)
 
 
 def check_root(cfg: DatasetConfig) -> None:

@@ -30,6 +30,7 @@ relation's ``edge_attr`` is kept as its edges' features (a reverse has its edge'
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import re
 
@@ -37,7 +38,8 @@ import torch
 
 from hpcgnn.checks import locate
 from hpcgnn.config import DatasetConfig
-from hpcgnn.data.graph import Graph, report_merged
+from hpcgnn.data.graph import Graph, csr_of_pairs, report_merged
+from hpcgnn.data.times import pyg_times, timeline_of
 from hpcgnn.data.typed import Relation, TypedGraph, TypedSource, expand_relations
 from hpcgnn.errors import DatasetError
 from hpcgnn.rng import rng_state, set_rng_state
@@ -187,13 +189,18 @@ def load_pyg(cfg: DatasetConfig, allow_download: bool = False) -> Graph:
                  cfg._target_, "" if edges is not None else "; data.edge_attr = data.edge_weight.view(-1, 1) gives "
                  "them to a model that reads edge features")
     given, distinct = edge_index.size(1), None  # (distinct: where reverses are added; else the graph's own count)
+    edge_time, seed_time = pyg_times(f"dataset._target_={cfg._target_}", data, given, n)
     if cfg.to_undirected:
         distinct = int(torch.unique(edge_index[0].long() * n + edge_index[1].long()).numel()) if given else 0
         edge_index = torch.cat([edge_index, edge_index.flip(0)], dim=1)
         edges = torch.cat([edges, edges]) if edges is not None else None
+        edge_time = torch.cat([edge_time, edge_time]) if edge_time is not None else None
     train, val, test = [torch.zeros(0, dtype=torch.long)] * 3 if unlabelled else _splits(cfg, data, n)
     graph = Graph.from_edge_index(edge_index, n, x, y, train, val, test, num_classes=classes, edge_attr=edges)
     report_merged(cfg, given, graph.num_edges if distinct is None else distinct)  # (the reverses added repeat nothing)
+    if edge_time is not None:  # each pair's first given time (as its features), each row's edges in time order
+        first = csr_of_pairs(edge_index, n, n, edge_time.unsqueeze(1))[2].squeeze(1)
+        graph = dataclasses.replace(graph, timeline=timeline_of(graph.rowptr, graph.col, first, seed_time))
     return graph
 
 

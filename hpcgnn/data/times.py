@@ -70,6 +70,45 @@ def _check(path: Path, a: np.ndarray, count: int, what: str) -> None:
             raise DatasetError(f"{path}: entry {bad} is {part[bad - lo]}: every time must be a finite number")
 
 
+def pyg_times(what: str, data, num_edges: int, num_nodes: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """A PyG graph's (edge times [E], seed times [N] or None), checked as a folder's are: ``data.edge_time``, else
+    ``data.time`` where it holds one time per edge; ``data.seed_time``, when each node's label is asked (``what``:
+    the dataset, as messages name it)."""
+    edge_time = getattr(data, "edge_time", None)
+    name = "edge_time"
+    if edge_time is None and getattr(data, "time", None) is not None:
+        edge_time, name = data.time, "time"
+        if edge_time.numel() != num_edges:
+            raise DatasetError(f"{what}: data.time has {edge_time.numel()} entries for the graph's {num_edges} edges. "
+                               "HINT: give the edges' times as data.edge_time, one per edge of edge_index")
+    seed_time = getattr(data, "seed_time", None)
+    if edge_time is None:
+        if seed_time is not None:
+            raise DatasetError(f"{what}: data.seed_time gives when each node's label is asked, but the edges have no "
+                               "times. HINT: give them as data.edge_time, one per edge of edge_index")
+        return None, None
+    t = edge_time.detach().cpu().reshape(-1) if edge_time.dim() == 2 and edge_time.size(1) == 1 else edge_time
+    _check(f"{what}: data.{name}", t.numpy(), num_edges, "edges of edge_index")
+    if seed_time is not None:
+        _check(f"{what}: data.seed_time", seed_time.numpy(), num_nodes, "nodes (rows of x)")
+        if seed_time.is_floating_point() != t.is_floating_point():
+            raise DatasetError(f"{what}: data.seed_time is {seed_time.dtype} but the edges' times {t.dtype}: give both "
+                               "as integers or both as floats, in the same unit")
+    kind = torch.float64 if t.is_floating_point() else torch.int64
+    return t.to(kind), None if seed_time is None else seed_time.to(kind)
+
+
+def save_timeline(tmp: Path, timeline: Timeline) -> tuple[dict, list[str]]:
+    """A timeline held in memory into a prepared graph's folder: its meta.json record and its arrays' names."""
+    names = [*ARRAYS]
+    for name, t in zip(ARRAYS, (timeline.col, timeline.time, timeline.edge), strict=True):
+        np.save(tmp / f"{name}.npy", t.numpy())
+    if timeline.seed_time is not None:
+        np.save(tmp / "seed_time.npy", timeline.seed_time.numpy())
+        names.append("seed_time")
+    return {"dtype": str(timeline.time.dtype).removeprefix("torch."), "seed_time": timeline.seed_time is not None}, names
+
+
 def write_timeline(tmp: Path, edge_time: np.ndarray, seed_time: np.ndarray | None) -> str:
     """The timeline of the CSR in ``tmp`` (``rowptr.npy``, ``col.npy``, and ``eid.npy``: each CSR edge's id in the
     source, a reverse's that of its edge plus E), from the source's ``edge_time``, a chunk of rows at a time.

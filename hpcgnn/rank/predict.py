@@ -180,15 +180,16 @@ def inference_mode(cfg: RunConfig, model: torch.nn.Module) -> str:
     """``predict.mode`` decided: ``auto`` is the run's own evaluation path (exact where the run evaluated
     exactly, else its sampled batches); what the task's spec gives only exactly (``PredictionSpec.exact``: a node
     classifier's embeddings, its last hidden layer's; a link model's scores of pairs) is exact."""
-    from hpcgnn.checks import eval_mode, is_timed
+    from hpcgnn.checks import eval_mode
+    from hpcgnn.data.prepared import timed
 
     p, spec = cfg.predict, tasks.SPECS[cfg.task.name].prediction
     encoder = getattr(model, "encoder", model)
-    run_mode = eval_mode(cfg)
+    run_mode = "sampled" if cfg.time.respect and timed(cfg.dataset) else eval_mode(cfg)
     mode = p.mode if p.mode != "auto" else ("full" if run_mode == "full" else "sampled")
     if p.what in spec.exact:
         mode = "full"
-    if mode == "full" and cfg.time.respect and is_timed(cfg.dataset):
+    if mode == "full" and cfg.time.respect and timed(cfg.dataset):
         raise PredictError("the graph's edges have times, and exact outputs would read every edge, those after each "
                            "node's time too. HINT: mode=sampled (each node as of its seed time), or "
                            "time.respect=false for outputs as of the graph's last edge")

@@ -11,9 +11,11 @@ import torch
 from torch import Tensor
 
 from hpcgnn import dist
+from hpcgnn.checks import check_timed_config
 from hpcgnn.config import RunConfig
 from hpcgnn.data import cache
 from hpcgnn.data.graph import csr_has_edge
+from hpcgnn.data.prepared import timed
 from hpcgnn.env import RankEnv
 from hpcgnn.errors import AllocationError, PartitionError
 from hpcgnn.models import reads_edge_features
@@ -113,6 +115,7 @@ class PartitionedStore(Store):
 
     def __init__(self, cfg: RunConfig, env: RankEnv, device: torch.device | None = None, items=None):
         super().__init__(cfg, env, device or torch.device("cpu"))
+        check_timed_config(cfg, timed=timed(cfg.dataset))  # (parts carry no times yet: refused while they count)
         self.layouts: dict = {}  # exact inference's edges in local ids and halo plan, kept between evaluations
         self._hold_parts()
         self._make_samplers(items)

@@ -8,6 +8,7 @@ import time
 import torch
 from torch import Tensor
 
+from hpcgnn.checks import check_timed_config
 from hpcgnn.config import RunConfig
 from hpcgnn.data import Graph, open_graph, prepare
 from hpcgnn.data.graph import csr_has_edge
@@ -116,6 +117,7 @@ class ReplicatedStore(WholeGraphStore):
     def __init__(self, cfg: RunConfig, env: RankEnv, device: torch.device | None = None, items=None):
         super().__init__(cfg, env, device or torch.device("cpu"))
         self.graph = g = open_shared_graph(cfg, env)
+        check_timed_config(cfg, timed=g.timeline is not None)  # (a PyG graph's times: known once prepared)
         say_times(cfg, g, env.rank == 0)
         self.features = g
         self.degree = g.degree()

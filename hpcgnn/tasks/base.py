@@ -55,7 +55,8 @@ class Task(abc.ABC):
         (:func:`hpcgnn.checks.eval_mode`)."""
         from hpcgnn.checks import eval_mode
 
-        return eval_mode(self.cfg)
+        timed = self.cfg.time.respect and getattr(getattr(self.store, "graph", None), "timeline", None) is not None
+        return "sampled" if timed else eval_mode(self.cfg)  # (a timed graph's: each target as of its own time)
 
     @property
     def transform(self) -> Callable | None:
