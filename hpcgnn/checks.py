@@ -169,13 +169,14 @@ def check_timed_config(cfg, timed: bool | None = None) -> None:
                           "any age")
     spec, d = models.SPECS.get(cfg.model.name), cfg.dataset
     unread = d.name == "files" and not (d.path and Path(d.path).expanduser().is_dir())  # (the launcher names it)
-    if timed is None:  # (a files folder's say so before it is read; another source's: the rank knows, once prepared)
-        timed = None if d.name != "files" or unread else is_timed(d)
+    if timed is None:  # (a files folder says so before it is read; a PyG graph's ranks know, once it is prepared)
+        source = datasets.spec(d.name).source if d.name in datasets.SPECS else d.name
+        timed = (None if unread else is_timed(d)) if source == "files" else None if source in datasets.TIMES else False
     if spec is not None and spec.times and timed is not None and not (tc.respect and timed):
         raise ConfigError(f"model={cfg.model.name} reads each sampled edge's age: it trains on a graph whose edges "
-                          "have times, sampled as of each seed's time. HINT: give the edges' times (files: "
-                          "edge_time.npy, with seed_time.npy; PyG: data.edge_time, with data.seed_time) and keep "
-                          "time.respect=true, or another model")
+                          "have times, sampled as of each seed's time. HINT: give the edges' times ("
+                          + "; ".join(f"{k}: {v}" for k, v in datasets.TIMES.items()) + ") and keep time.respect=true, "
+                          "or another model")
     if not tc.respect or not timed:
         return
     folder = Path(cfg.dataset.path).expanduser() if d.name == "files" else None

@@ -322,6 +322,13 @@ def test_a_preempted_timed_run_resumes_bitwise(tmp_path, sampling):
     assert again["resumes"] == 1 and whole["resumes"] == 0
     assert again["param_checksums"] == whole["param_checksums"]
     assert [r["loss"] for r in again["history"]] == [r["loss"] for r in whole["history"]]
+    if sampling:  # a window of integer times is a whole number of their unit
+        from conftest import train_here
+
+        with pytest.raises(ConfigError, match=r"time.window=40.5: the graph's edge times are integers\. HINT: a whole "
+                                              r"number of their unit, e.g. time.window=40"):
+            train_here("dataset=files", f"dataset.path={tmp_path / 'g'}", f"dataset.root={tmp_path / 'root'}",
+                       "time.window=40.5", run_dir=tmp_path / "half")
 
 
 def recency_graph(folder, n=3000, seed=0):
@@ -419,3 +426,29 @@ def test_a_pyg_graphs_edge_times_are_respected_as_a_folders_are(tmp_path):
 
 def pyg_timed_graph_by_time():
     return pyg_timed_graph(use_time=True)
+
+
+def test_nodes_split_by_their_label_times_train_on_the_past(tmp_path):
+    """``dataset.time_split=[t_val, t_test]``: the labelled nodes by seed_time (training before t_val, validation
+    before t_test, the rest test), the folder's own split files not needed; a cut that is no pair in order refused."""
+    from hpcgnn.checks import check_dataset_config
+
+    write_timed_folder(tmp_path / "g", repeats=False)
+    for name in ("train_idx", "val_idx", "test_idx"):
+        (tmp_path / "g" / f"{name}.npy").unlink()
+    y = np.load(tmp_path / "g" / "y.npy")
+    y[:10] = -1  # (unlabelled: in no split)
+    np.save(tmp_path / "g" / "y.npy", y)
+    cfg = dataset_config(name="files", path=str(tmp_path / "g"), root=str(tmp_path / "root"), time_split=(300, 700))
+    prepare(cfg)
+    g, when = open_graph(cfg), np.load(tmp_path / "g" / "seed_time.npy")
+    labelled = np.arange(3000) >= 10
+    for split, want in (("train", (when < 300) & labelled), ("val", (when >= 300) & (when < 700) & labelled),
+                        ("test", (when >= 700) & labelled)):
+        assert np.array_equal(np.sort(getattr(g, f"{split}_idx").numpy()), np.flatnonzero(want)), split
+    assert cache_folder(cfg) != cache_folder(dataset_config(name="files", path=str(tmp_path / "g"),
+                                                            root=str(tmp_path / "root")))
+    for bad in ((700, 300), (300,)):
+        with pytest.raises(ConfigError, match=r"dataset.time_split=\[.*\] must be two cut times, the first before the "
+                                              r"second: \[t_val, t_test\]"):
+            check_dataset_config(dataset_config(name="files", path=str(tmp_path / "g"), time_split=bad))

@@ -205,7 +205,9 @@ def read_checked(cfg: DatasetConfig, mmap: bool = False) -> tuple[np.ndarray, np
     copied whole)."""
     folder = files_folder(cfg)
     unlabelled = without_node_labels(cfg, folder)
-    arrays = {name: _read(folder, name, mmap) for name in (FILES[:2] if unlabelled else FILES)}
+    arrays = {name: _read(folder, name, mmap) for name in (FILES[:2] if unlabelled else FILES[:3])}
+    if not unlabelled:
+        arrays.update(split_files(cfg, folder, arrays["y"][1], mmap))
     px, x = arrays["x"]
     check_features(px, x)
     n = x.shape[0]
@@ -256,11 +258,35 @@ def node_labels(py: Path, y: np.ndarray, declared: int) -> tuple[np.ndarray, int
     return kept, (y.shape[1] if y.ndim == 2 else 1)
 
 
+def split_files(cfg: DatasetConfig, folder: Path, y: np.ndarray, mmap: bool = False) -> dict:
+    """The three splits of a folder's nodes, as ``(path, ids)`` read from its files; or, with ``dataset.time_split``
+    ([t_val, t_test]), its labelled nodes by ``seed_time``: before t_val training, before t_test validation, the
+    rest test (the folder's own split files, if any, not read)."""
+    cut = getattr(cfg, "time_split", None)
+    if cut is None:
+        return {name: _read(folder, name, mmap) for name in FILES[3:]}
+    ps, when = _read(folder, "seed_time", mmap=True)
+    if when.ndim != 1 or when.shape[0] != y.shape[0]:
+        raise DatasetFileError(f"{ps}: shape {tuple(when.shape)}, expected [{y.shape[0]}]: one time per node")
+    labelled, when = _known(np.asarray(y)), np.asarray(when)
+    parts = (when < cut[0], (when >= cut[0]) & (when < cut[1]), when >= cut[1])
+    return {name: (ps, np.flatnonzero(labelled & part)) for name, part in zip(FILES[3:], parts, strict=True)}
+
+
+def _known(y: np.ndarray) -> np.ndarray:
+    """Which nodes have a label: a class id >= 0; a value or binary label not unknown (NaN; -1 in integer columns)."""
+    if is_class_ids(y):
+        return y.reshape(-1) >= 0
+    unknown = np.isnan(y.astype(np.float64)) if y.dtype.kind == "f" else y == -1
+    return ~unknown if y.ndim == 1 else ~unknown.all(axis=1)
+
+
 def read_labels(cfg: DatasetConfig) -> tuple[dict, int]:
     """A homogeneous folder's labels as the launcher checks them before submitting: their profile
     (:func:`hpcgnn.labels.profile`) and the model's outputs; y and the splits read, the features and edges not."""
     folder = files_folder(cfg)
-    arrays = {name: _read(folder, name, mmap=True) for name in ("y", "train_idx", "val_idx", "test_idx")}
+    arrays = {"y": _read(folder, "y", mmap=True)}
+    arrays.update(split_files(cfg, folder, arrays["y"][1]))
     splits = check_labels_and_splits(arrays, arrays["y"][1].shape[0])
     y, classes = node_labels(*arrays["y"], cfg.num_classes)
     return profile(y, {k.removesuffix("_idx"): v[1] for k, v in splits.items()}), classes

@@ -79,6 +79,8 @@ def cache_folder(cfg: DatasetConfig) -> Path:
         fields["generator"] = GENERATOR_VERSION
     if cfg.name == "files" and cfg.num_classes:  # declared classes (0, the labels' own, keeps the keys as they were)
         fields["num_classes"] = cfg.num_classes
+    if cfg.name == "files" and getattr(cfg, "time_split", None) is not None:  # (None keeps the keys as they were)
+        fields["time_split"] = list(cfg.time_split)
     if cfg.feature_dtype != "float32":  # float32 keeps the keys graphs had before the option
         fields["feature_dtype"] = cfg.feature_dtype
     name = cfg.name

@@ -263,9 +263,15 @@ class FilesConfig(EdgeSplitConfig):
     path: str | None = None  # folder with edge_index, x, y, train_idx, val_idx, test_idx (.npy/.pt), or typed:
     # nodes/<type>/, edges/<src>__<name>__<dst>/
     num_classes: int = 0  # the model's classes (0 = the labels', which must be 0..K-1, each in use)
+    time_split: tuple[float, ...] | None = None  # [t_val, t_test]: nodes split by seed_time (train before t_val, val
+    # before t_test, test from it), instead of the folder's train_idx, val_idx, test_idx (docs/temporal.md)
 
     def check(self, task: str, select: str) -> None:
         super().check(task, select)
+        if self.time_split is not None and (len(self.time_split) != 2 or not self.time_split[0] < self.time_split[1]):
+            raise ConfigError(f"dataset.time_split={list(self.time_split)} must be two cut times, the first before the "
+                              "second: [t_val, t_test] (training labels asked before t_val, validation before "
+                              "t_test, test from it), in seed_time's unit")
         if self.num_classes < 0:
             raise ConfigError(f"dataset.num_classes={self.num_classes} must be at least 1 (or 0: the classes of the "
                               "labels)")
@@ -318,3 +324,6 @@ class OgbConfig(DatasetConfig):
 
 
 SOURCES: dict[str, type] = {"synthetic": SyntheticConfig, "ogb": OgbConfig, "files": FilesConfig, "pyg": PygConfig}
+# The sources whose graphs may carry edge times, and where (docs/temporal.md): a files folder says so before it is
+# read; a PyG graph once it is made (its ranks know).
+TIMES: dict[str, str] = {"files": "edge_time.npy, with seed_time.npy", "pyg": "data.edge_time, with data.seed_time"}

@@ -13,7 +13,7 @@ from hpcgnn.config import RunConfig
 from hpcgnn.data import Graph, open_graph, prepare
 from hpcgnn.data.graph import csr_has_edge
 from hpcgnn.env import RankEnv
-from hpcgnn.errors import DatasetError
+from hpcgnn.errors import ConfigError, DatasetError
 from hpcgnn.sampling import CSRNeighborSampler, steps_per_epoch
 from hpcgnn.sampling.loader import LocalFeatures
 from hpcgnn.sampling.producers import GraphSide
@@ -103,6 +103,9 @@ def say_times(cfg: RunConfig, g: Graph, main: bool) -> None:
         raise DatasetError(f"the edges of dataset.path={cfg.dataset.path} have times, but its nodes do not say when "
                            "each label is asked. HINT: add seed_time.npy (one time per node, the edges' unit), or "
                            "time.respect=false to train on every edge")
+    if tc.window is not None and not tl.time.is_floating_point() and tc.window != int(tc.window):
+        raise ConfigError(f"time.window={tc.window:g}: the graph's edge times are integers. HINT: a whole number of "
+                          f"their unit, e.g. time.window={int(tc.window)}")
     window = f"edges at most {tc.window:g} older than their seed" if tc.window is not None else "edges of any age"
     if main:
         log.info("the graph's edges have times (%s): each seed's neighbourhood as of its own time (%s, %s), a tree per "
