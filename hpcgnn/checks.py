@@ -150,19 +150,24 @@ def _which(dataset) -> str:
     return f"dataset.path={dataset.path}" if dataset.name == "files" else f"dataset={dataset.name}"
 
 
+def gives(folder: Path, name: str) -> bool:
+    """Whether a files folder gives the array ``name`` (``name.npy`` or ``name.pt``)."""
+    return any((folder / f"{name}{suffix}").is_file() for suffix in (".npy", ".pt"))
+
+
 def is_timed(dataset) -> bool:
     """Whether the dataset's edges have times (a homogeneous files folder with ``edge_time``: :mod:`hpcgnn.data.times`)."""
     if dataset.name != "files" or not dataset.path or is_typed(dataset):
         return False
-    folder = Path(dataset.path).expanduser()
-    return any((folder / f"edge_time{suffix}").is_file() for suffix in (".npy", ".pt"))
+    return gives(Path(dataset.path).expanduser(), "edge_time")
 
 
-def check_timed_config(cfg, timed: bool | None = None) -> None:
+def check_timed_config(cfg, timed: bool | None = None, seed_times: bool | None = None) -> None:
     """What a graph whose edges have times asks of the rest of the config, while sampling respects them
     (``time.respect``): what samples as of each seed's time today (a node task, neighbour sampling, a replicated graph
-    on the host; every producer), each other setting refused naming the way out. ``timed``: whether the graph's
-    edges have times, where the rank knows it (a PyG graph's, once prepared); None: a files folder's."""
+    on the host; every producer), each other setting refused naming the way out. ``timed``, ``seed_times``: whether
+    the graph's edges and its nodes have times, where the rank knows it (a PyG graph's, once prepared); None: a files
+    folder's."""
     t, tc = cfg.train, cfg.time
     if tc.window is not None and tc.window <= 0:
         raise ConfigError(f"time.window={tc.window} must be positive (in the edge times' unit), or null for edges of "
@@ -179,12 +184,13 @@ def check_timed_config(cfg, timed: bool | None = None) -> None:
                           "or another model")
     if not tc.respect or not timed:
         return
-    folder = Path(cfg.dataset.path).expanduser() if d.name == "files" else None
-    if folder is not None and cfg.task.name == "node" and \
-            not any((folder / f"seed_time{s}").is_file() for s in (".npy", ".pt")):
-        raise ConfigError(f"the edges of dataset.path={cfg.dataset.path} have times, but its nodes do not say when "
-                          "each label is asked. HINT: add seed_time.npy (one time per node, the edges' unit), or "
-                          "time.respect=false to train on every edge")
+    if seed_times is None and d.name == "files":
+        seed_times = gives(Path(d.path).expanduser(), "seed_time")
+    if cfg.task.name == "node" and seed_times is False:
+        given = "seed_time.npy" if d.name == "files" else "data.seed_time"
+        raise ConfigError(f"the edges of {_which(d)} have times, but its nodes do not say when each label is asked. "
+                          f"HINT: add {given} (one time per node, the edges' unit), or time.respect=false to train on "
+                          "every edge")
     for ok, why in ((cfg.task.name == "node", f"task={cfg.task.name}"),
                     (t.sampler == "neighbor" and not t.edge_budget, f"train.sampler={t.sampler}"
                      + (f" with train.edge_budget={t.edge_budget}" if t.edge_budget else "")),
@@ -280,15 +286,18 @@ def check_edge(cfg) -> None:
                           f"model={cfg.model.name}. HINT: train.eval_mode=sampled (or auto)")
 
 
-def eval_mode(cfg) -> str:
+def eval_mode(cfg, timed: bool | None = None) -> str:
     """``train.eval_mode`` decided: ``auto`` is exact (full) where every rank holds the graph whole (replicated:
     exact inference's layer tables are each the graph's size, and fit where it does) and the model is one of
     hpcgnn's that exact inference serves on such a graph (a typed edge task's: rgcn); else sampled. A model of the
-    user's own is sampled unless full is asked (whether it runs layer by layer is known once it is built)."""
+    user's own is sampled unless full is asked (whether it runs layer by layer is known once it is built). A graph
+    whose edges have times (``timed``: where a rank knows it; None: a files folder's say) is sampled, each target as
+    of its own time, while ``time.respect``."""
     mode = cfg.train.eval_mode
     if mode != "auto":
         return mode
-    if cfg.graph.mode != "replicated" or is_custom(cfg.model) or (cfg.time.respect and is_timed(cfg.dataset)):
+    timed = is_timed(cfg.dataset) if timed is None else timed
+    if cfg.graph.mode != "replicated" or is_custom(cfg.model) or (cfg.time.respect and timed):
         return "sampled"  # (a timed graph's: each target's neighbourhood as of its own time)
     typed = is_typed(cfg.dataset)
     spec = models.SPECS.get(cfg.model.name)

@@ -344,3 +344,25 @@ def squat(port: int, handle, stop) -> None:
                 handle(conn)
 
     threading.Thread(target=run, daemon=True).start()
+
+
+# The C kernels built here (tests that compare them with their torch twins), and a switch between the two paths.
+needs_cc = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler here: the kernels cannot be built")
+
+
+@pytest.fixture
+def switch(monkeypatch):
+    """``switch(on)``: the kernels on (where they build) or off (HPCGNN_NATIVE=0, torch ops only)."""
+    from hpcgnn.kernels import binding
+
+    def set_native(on: bool) -> None:
+        if on:
+            monkeypatch.delenv("HPCGNN_NATIVE", raising=False)
+        else:
+            monkeypatch.setenv("HPCGNN_NATIVE", "0")
+        binding.kernels.cache_clear()
+        assert (binding.kernels() is not None) == on
+
+    yield set_native
+    monkeypatch.delenv("HPCGNN_NATIVE", raising=False)
+    binding.kernels.cache_clear()

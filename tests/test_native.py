@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import needs_cc
 
 from hpcgnn.config import dataset_config
 from hpcgnn.data import Graph, build_graph
@@ -20,25 +21,6 @@ from hpcgnn.kernels import binding, build, hashtable, ops, scheduler, sources, t
 from hpcgnn.sampling import CSRNeighborSampler
 from hpcgnn.sampling.neighbor import BatchIdMap, DenseIdMap, SortedIdMap, sample_neighbors
 from hpcgnn.sampling.typed import TypedNeighborSampler
-
-needs_cc = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler here: the kernels cannot be built")
-
-
-@pytest.fixture
-def switch(monkeypatch):
-    """``switch(on)``: the kernels on (where they build) or off (HPCGNN_NATIVE=0, torch ops only)."""
-
-    def set_native(on: bool) -> None:
-        if on:
-            monkeypatch.delenv("HPCGNN_NATIVE", raising=False)
-        else:
-            monkeypatch.setenv("HPCGNN_NATIVE", "0")
-        binding.kernels.cache_clear()
-        assert (binding.kernels() is not None) == on
-
-    yield set_native
-    monkeypatch.delenv("HPCGNN_NATIVE", raising=False)
-    binding.kernels.cache_clear()
 
 
 def both(switch, make):

@@ -14,31 +14,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import run_cli
+from conftest import needs_cc, run_cli
 
 from hpcgnn.config import dataset_config
 from hpcgnn.data import cache_folder, open_graph, prepare
 from hpcgnn.data.times import timeline_of
 from hpcgnn.errors import ConfigError, DatasetError
-from hpcgnn.kernels import binding, ops
+from hpcgnn.kernels import ops
 from hpcgnn.sampling.temporal import TemporalSampler
-
-needs_cc = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler here: the kernels cannot be built")
-
-
-@pytest.fixture
-def switch(monkeypatch):
-    """``switch(on)``: the kernels on or off (HPCGNN_NATIVE=0: torch ops alone)."""
-    def set_native(on: bool) -> None:
-        if on:
-            monkeypatch.delenv("HPCGNN_NATIVE", raising=False)
-        else:
-            monkeypatch.setenv("HPCGNN_NATIVE", "0")
-        binding.kernels.cache_clear()
-
-    yield set_native
-    monkeypatch.delenv("HPCGNN_NATIVE", raising=False)
-    binding.kernels.cache_clear()
 
 
 def timed_csr(n: int, e: int, seed: int, dtype=torch.int64):
@@ -54,6 +37,7 @@ def timed_csr(n: int, e: int, seed: int, dtype=torch.int64):
 
 
 @pytest.mark.parametrize("dtype", [torch.int64, torch.float64])
+@needs_cc
 def test_each_nodes_bounds_hold_exactly_the_edges_it_may_draw_on_both_paths(switch, dtype):
     """At or before its time (before it: strict), not older than the window, the last k: the brute force's edges."""
     rowptr, src, _, time, _ = timed_csr(300, 6000, 1, dtype)
@@ -79,6 +63,7 @@ def test_each_nodes_bounds_hold_exactly_the_edges_it_may_draw_on_both_paths(swit
                     assert list(range(int(native[2 * i]), int(native[2 * i + 1]))) == want
 
 
+@needs_cc
 def test_bounds_refuse_a_node_outside_the_graph(switch):
     rowptr, src, _, time, _ = timed_csr(50, 400, 3)
     for on in (True, False):
@@ -87,6 +72,7 @@ def test_bounds_refuse_a_node_outside_the_graph(switch):
             ops.time_bounds(rowptr, time, torch.tensor([3, 50]), torch.tensor([5, 5]))
 
 
+@needs_cc
 @pytest.mark.parametrize("strategy", ["uniform", "last"])
 @pytest.mark.parametrize("window", [None, 150])
 @pytest.mark.parametrize("strict", [False, True])
@@ -135,24 +121,29 @@ def test_the_last_strategy_takes_each_nodes_most_recent_edges():
         assert sorted(mine.tolist()) == sorted(allowed[-4:].tolist())
 
 
+def save_folder(folder, rng, **arrays) -> None:
+    """A files folder of ``arrays`` (each ``name.npy``) and a seeded split of its nodes: half training, a quarter
+    validation, a quarter test."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, a in arrays.items():
+        np.save(folder / f"{name}.npy", a)
+    n = arrays["x"].shape[0]
+    perm = rng.permutation(n)
+    for name, part in zip(("train_idx", "val_idx", "test_idx"), np.split(perm, [n // 2, 3 * n // 4]), strict=True):
+        np.save(folder / f"{name}.npy", part)
+
+
 def write_timed_folder(folder, n=3000, seed=0, to_float=False, repeats=True):
     """A files folder whose edges have times and whose nodes have seed times (a pair given twice, later first)."""
     rng = np.random.default_rng(seed)
-    folder.mkdir(parents=True, exist_ok=True)
     e = 8 * n
     ei = np.stack([rng.integers(0, n, e), rng.integers(0, n, e)])
     t = rng.integers(0, 1000, e)
     if repeats:
         ei[:, 1] = ei[:, 0]  # edge 1 repeats edge 0's pair: the prepared edge keeps edge 0's time
     cast = (lambda a: a.astype(np.float64) + 0.5) if to_float else (lambda a: a.astype(np.int64))
-    np.save(folder / "edge_index.npy", ei)
-    np.save(folder / "edge_time.npy", cast(t))
-    np.save(folder / "seed_time.npy", cast(rng.integers(0, 1000, n)))
-    np.save(folder / "x.npy", rng.normal(size=(n, 8)).astype(np.float32))
-    np.save(folder / "y.npy", rng.integers(0, 3, n))
-    perm = rng.permutation(n)
-    for name, part in zip(("train_idx", "val_idx", "test_idx"), np.split(perm, [n // 2, 3 * n // 4]), strict=True):
-        np.save(folder / f"{name}.npy", part)
+    save_folder(folder, rng, edge_index=ei, edge_time=cast(t), seed_time=cast(rng.integers(0, 1000, n)),
+                x=rng.normal(size=(n, 8)).astype(np.float32), y=rng.integers(0, 3, n))
     return ei, cast(t)
 
 
@@ -248,7 +239,6 @@ def leak_graph(folder, n=3000, seed=0):
     """The leak detector: a node's label is told only by edges after its seed time (from sources whose first
     feature says the label); the edges before it are noise."""
     rng = np.random.default_rng(seed)
-    folder.mkdir(parents=True, exist_ok=True)
     cls = rng.integers(0, 2, n)
     x = rng.normal(size=(n, 8)).astype(np.float32)
     x[:, 0] = np.where(cls == 1, 1.0, -1.0)
@@ -260,14 +250,8 @@ def leak_graph(folder, n=3000, seed=0):
     future_src = np.where(y[dst] == 1, rng.choice(by_cls[1], n * k), rng.choice(by_cls[0], n * k))
     ei = np.stack([np.concatenate([past_src, future_src]), np.concatenate([dst, dst])])
     t = np.concatenate([seed_time[dst] - rng.integers(1, 100, n * k), seed_time[dst] + rng.integers(1, 100, n * k)])
-    np.save(folder / "edge_index.npy", ei)
-    np.save(folder / "edge_time.npy", t.astype(np.int64))
-    np.save(folder / "seed_time.npy", seed_time.astype(np.int64))
-    np.save(folder / "x.npy", x)
-    np.save(folder / "y.npy", y)
-    perm = rng.permutation(n)
-    for name, part in zip(("train_idx", "val_idx", "test_idx"), np.split(perm, [n // 2, 3 * n // 4]), strict=True):
-        np.save(folder / f"{name}.npy", part)
+    save_folder(folder, rng, edge_index=ei, edge_time=t.astype(np.int64), seed_time=seed_time.astype(np.int64), x=x,
+                y=y)
 
 
 @pytest.mark.slow
@@ -335,20 +319,14 @@ def recency_graph(folder, n=3000, seed=0):
     """Labels told only by edge ages: a node of class 1 met a neighbour within 5 time units before its seed time,
     one of class 0 none within 20; every node has 8 edges before its time and features of noise."""
     rng = np.random.default_rng(seed)
-    folder.mkdir(parents=True, exist_ok=True)
     k = 8
     y, seed_time = rng.integers(0, 2, n), rng.integers(1000, 2000, n)
     dst = np.repeat(np.arange(n), k)
     age = rng.integers(20, 100, n * k)
     age[np.arange(n) * k] = np.where(y == 1, rng.integers(0, 5, n), age[np.arange(n) * k])
-    np.save(folder / "edge_index.npy", np.stack([rng.integers(0, n, n * k), dst]))
-    np.save(folder / "edge_time.npy", (seed_time[dst] - age).astype(np.int64))
-    np.save(folder / "seed_time.npy", seed_time.astype(np.int64))
-    np.save(folder / "x.npy", rng.normal(size=(n, 8)).astype(np.float32))
-    np.save(folder / "y.npy", y)
-    perm = rng.permutation(n)
-    for name, part in zip(("train_idx", "val_idx", "test_idx"), np.split(perm, [n // 2, 3 * n // 4]), strict=True):
-        np.save(folder / f"{name}.npy", part)
+    save_folder(folder, rng, edge_index=np.stack([rng.integers(0, n, n * k), dst]),
+                edge_time=(seed_time[dst] - age).astype(np.int64), seed_time=seed_time.astype(np.int64),
+                x=rng.normal(size=(n, 8)).astype(np.float32), y=y)
 
 
 @pytest.mark.slow

@@ -19,7 +19,7 @@ import hpcgnn.data.link as link
 import hpcgnn.data.ooc as ooc
 import hpcgnn.data.times as times
 from hpcgnn import env, paths
-from hpcgnn.checks import ON_DISK, is_timed, is_typed
+from hpcgnn.checks import ON_DISK, gives, is_timed, is_typed
 from hpcgnn.config import DatasetConfig
 from hpcgnn.data.files import (
     files_folder,
@@ -247,7 +247,7 @@ def prepare_streamed(cfg: DatasetConfig, folder: Path, source: dict, allow_downl
 def _stream_graph(cfg: DatasetConfig, tmp: Path, n: int, num_features: int, edges: int, shapes,
                   source: dict | None = None) -> None:
     tmp.mkdir(exist_ok=True)
-    timed = cfg.name == "files" and times.has_times(files_folder(cfg))
+    timed = cfg.name == "files" and gives(files_folder(cfg), "edge_time")
     with_edges = has_edge_features(files_folder(cfg)) if cfg.name == "files" else \
         bool(getattr(shapes, "edge_features", 0))  # (kept: each CSR edge's features, by its id in the source)
     with_edges = with_edges or timed  # (and its time: by the same id)
@@ -272,9 +272,9 @@ def _stream_graph(cfg: DatasetConfig, tmp: Path, n: int, num_features: int, edge
     num_edges = buckets.write_csr(tmp)
     report_merged(cfg, buckets.added, num_edges, reverses=cfg.to_undirected and cfg.name != "synthetic")
     interleaved = shapes is not None and getattr(shapes, "inverse", False)  # (ogb's reverses: 2i + 1)
-    more = {}
+    more, timeline = {}, []
     if edge_time is not None:  # (before the features: they drop eid.npy)
-        more["times"] = {"dtype": times.write_timeline(tmp, edge_time, seed_time), "seed_time": seed_time is not None}
+        more["times"], timeline = times.write_timeline(tmp, edge_time, seed_time)
     edge_dim = cache.write_edge_features(tmp, edge_attr, cfg.feature_dtype, interleaved) if edge_attr is not None \
         else 0
     (tmp / "eid.npy").unlink(missing_ok=True)
@@ -282,7 +282,6 @@ def _stream_graph(cfg: DatasetConfig, tmp: Path, n: int, num_features: int, edge
     for name, array in arrays.items():
         np.save(tmp / f"{name}.npy", array)
     splits = {s: arrays[f"{s}_idx"] for s in ("train", "val", "test")}
-    timeline = [*times.ARRAYS, *(["seed_time"] if seed_time is not None else [])] if edge_time is not None else []
     cache.write_meta(tmp, n, num_edges, num_features, num_classes, source or {}, cfg.feature_dtype,
                      labels=profile(arrays["y"], splits), edge_dim=edge_dim, extra_meta=more, sized=timeline)
 

@@ -14,17 +14,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from hpcgnn.checks import gives
 from hpcgnn.data.graph import Timeline
 from hpcgnn.data.ooc import NpyAppender, chunks
 from hpcgnn.errors import DatasetError
+from hpcgnn.io import write_npy
 
 ARRAYS = ("time_col", "time_sorted", "time_edge")
 CHUNK_EDGES = 1 << 22
-
-
-def has_times(folder: Path) -> bool:
-    """Whether a files folder gives its edges' times (``edge_time.npy`` or ``.pt``)."""
-    return any((folder / f"edge_time{suffix}").is_file() for suffix in (".npy", ".pt"))
 
 
 def kind_of(path: Path, a: np.ndarray) -> np.dtype:
@@ -39,8 +36,8 @@ def kind_of(path: Path, a: np.ndarray) -> np.dtype:
 def read_times(folder: Path, num_edges: int, num_nodes: int, read) -> tuple[np.ndarray | None, np.ndarray | None]:
     """A files folder's (edge times [E], seed times [N] or None), checked (``read(folder, name)``: the folder's
     array reader); (None, None) where it gives no edge times, and a ``seed_time`` without them refused."""
-    given_seed = any((folder / f"seed_time{suffix}").is_file() for suffix in (".npy", ".pt"))
-    if not has_times(folder):
+    given_seed = gives(folder, "seed_time")
+    if not gives(folder, "edge_time"):
         if given_seed:
             raise DatasetError(f"{folder}: seed_time gives when each node's label is asked, but the edges have no "
                                "times. HINT: add edge_time.npy (one time per edge of edge_index), or remove "
@@ -87,7 +84,8 @@ def pyg_times(what: str, data, num_edges: int, num_nodes: int) -> tuple[torch.Te
             raise DatasetError(f"{what}: data.seed_time gives when each node's label is asked, but the edges have no "
                                "times. HINT: give them as data.edge_time, one per edge of edge_index")
         return None, None
-    t = edge_time.detach().cpu().reshape(-1) if edge_time.dim() == 2 and edge_time.size(1) == 1 else edge_time
+    t = edge_time.detach().cpu()
+    t = t.reshape(-1) if t.dim() == 2 and t.size(1) == 1 else t
     _check(f"{what}: data.{name}", t.numpy(), num_edges, "edges of edge_index")
     if seed_time is not None:
         _check(f"{what}: data.seed_time", seed_time.numpy(), num_nodes, "nodes (rows of x)")
@@ -100,19 +98,32 @@ def pyg_times(what: str, data, num_edges: int, num_nodes: int) -> tuple[torch.Te
 
 def save_timeline(tmp: Path, timeline: Timeline) -> tuple[dict, list[str]]:
     """A timeline held in memory into a prepared graph's folder: its meta.json record and its arrays' names."""
-    names = [*ARRAYS]
     for name, t in zip(ARRAYS, (timeline.col, timeline.time, timeline.edge), strict=True):
-        np.save(tmp / f"{name}.npy", t.numpy())
-    if timeline.seed_time is not None:
-        np.save(tmp / "seed_time.npy", timeline.seed_time.numpy())
+        write_npy(tmp / f"{name}.npy", t.numpy())
+    seed_time = None if timeline.seed_time is None else timeline.seed_time.numpy()
+    return _record(tmp, timeline.time.numpy().dtype, seed_time)
+
+
+def _record(tmp: Path, dtype: np.dtype, seed_time: np.ndarray | None) -> tuple[dict, list[str]]:
+    """The seed times (where given) beside a timeline just written in ``tmp``; its meta.json record (the times' dtype,
+    whether the nodes have times) and its arrays' names."""
+    names = [*ARRAYS]
+    if seed_time is not None:
+        write_npy(tmp / "seed_time.npy", np.asarray(seed_time, dtype=dtype))
         names.append("seed_time")
-    return {"dtype": str(timeline.time.dtype).removeprefix("torch."), "seed_time": timeline.seed_time is not None}, names
+    return {"dtype": np.dtype(dtype).name, "seed_time": seed_time is not None}, names
 
 
-def write_timeline(tmp: Path, edge_time: np.ndarray, seed_time: np.ndarray | None) -> str:
+def time_order(row: torch.Tensor, time: torch.Tensor) -> torch.Tensor:
+    """The order of edges by row, then by time, ties by their place (two stable sorts): a timeline's order."""
+    order = torch.argsort(time, stable=True)
+    return order.index_select(0, torch.argsort(row.index_select(0, order), stable=True))
+
+
+def write_timeline(tmp: Path, edge_time: np.ndarray, seed_time: np.ndarray | None) -> tuple[dict, list[str]]:
     """The timeline of the CSR in ``tmp`` (``rowptr.npy``, ``col.npy``, and ``eid.npy``: each CSR edge's id in the
-    source, a reverse's that of its edge plus E), from the source's ``edge_time``, a chunk of rows at a time.
-    Returns the times' dtype name."""
+    source, a reverse's that of its edge plus E), from the source's ``edge_time``, a chunk of rows at a time, and the
+    seed times beside it: its meta.json record and its arrays' names (:func:`save_timeline`'s)."""
     dtype = np.int64 if edge_time.dtype.kind in "iu" else np.float64
     rowptr = torch.from_numpy(np.load(tmp / "rowptr.npy", mmap_mode="r").copy())
     col, eid = np.load(tmp / "col.npy", mmap_mode="r"), np.load(tmp / "eid.npy", mmap_mode="r")
@@ -123,17 +134,13 @@ def write_timeline(tmp: Path, edge_time: np.ndarray, seed_time: np.ndarray | Non
     for a, b in chunks(rowptr, CHUNK_EDGES):
         lo, hi = int(rowptr[a]), int(rowptr[b])
         times = torch.from_numpy(np.asarray(edge_time[np.asarray(eid[lo:hi]) % given], dtype=dtype))
-        rows = torch.repeat_interleave(torch.arange(b - a), rowptr[a + 1:b + 1] - rowptr[a:b])
-        order = torch.argsort(times, stable=True)  # by time, then (stable) by row: each row's edges in time order
-        order = order.index_select(0, torch.argsort(rows.index_select(0, order), stable=True))
+        order = time_order(torch.repeat_interleave(torch.arange(b - a), rowptr[a + 1:b + 1] - rowptr[a:b]), times)
         out["time_col"].append(np.asarray(col[lo:hi])[order.numpy()])
         out["time_sorted"].append(times.index_select(0, order).numpy())
         out["time_edge"].append((order + lo).numpy())
     for writer in out.values():
         writer.close()
-    if seed_time is not None:
-        np.save(tmp / "seed_time.npy", np.asarray(seed_time, dtype=dtype))
-    return np.dtype(dtype).name
+    return _record(tmp, np.dtype(dtype), seed_time)
 
 
 def load_timeline(folder: Path, meta_times: dict, mode: str | None) -> Timeline:
@@ -148,7 +155,5 @@ def timeline_of(rowptr: torch.Tensor, col: torch.Tensor, time: torch.Tensor,
                 seed_time: torch.Tensor | None = None) -> Timeline:
     """The timeline of a CSR held in memory whose edges have times (``time[e]``: CSR edge e's): each row's edges
     ordered by time, ties by their place in the CSR (the order :func:`write_timeline` writes)."""
-    row = torch.repeat_interleave(torch.arange(rowptr.numel() - 1), rowptr[1:] - rowptr[:-1])
-    order = torch.argsort(time, stable=True)
-    order = order.index_select(0, torch.argsort(row.index_select(0, order), stable=True))
+    order = time_order(torch.repeat_interleave(torch.arange(rowptr.numel() - 1), rowptr[1:] - rowptr[:-1]), time)
     return Timeline(col.index_select(0, order), time.index_select(0, order).contiguous(), order, seed_time)

@@ -185,11 +185,12 @@ def inference_mode(cfg: RunConfig, model: torch.nn.Module) -> str:
 
     p, spec = cfg.predict, tasks.SPECS[cfg.task.name].prediction
     encoder = getattr(model, "encoder", model)
-    run_mode = "sampled" if cfg.time.respect and timed(cfg.dataset) else eval_mode(cfg)
+    timed_graph = cfg.time.respect and timed(cfg.dataset)
+    run_mode = eval_mode(cfg, timed_graph)
     mode = p.mode if p.mode != "auto" else ("full" if run_mode == "full" else "sampled")
     if p.what in spec.exact:
         mode = "full"
-    if mode == "full" and cfg.time.respect and timed(cfg.dataset):
+    if mode == "full" and timed_graph:
         raise PredictError("the graph's edges have times, and exact outputs would read every edge, those after each "
                            "node's time too. HINT: mode=sampled (each node as of its seed time), or "
                            "time.respect=false for outputs as of the graph's last edge")

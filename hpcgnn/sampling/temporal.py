@@ -11,11 +11,13 @@ the same edges by their torch twins.
 Seeds with different times have different pasts: every seed grows a tree of its own (pyg-lib's disjoint sampling).
 A node reached in two trees is two nodes of the batch; within a tree it is one. Batch-local ids follow the keys
 ``tree * num_nodes + node``, numbered as the neighbour sampler numbers nodes (the seeds first, then each hop's new
-keys, sorted). Each sampled edge carries its age: its tree's time minus the edge's time (``edge_age``).
+keys, sorted): the neighbour sampler's own walk over the keys, each hop drawn as of its trees' times. Each sampled
+edge carries its age: its tree's time minus the edge's time (``edge_age``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 import torch
@@ -23,17 +25,19 @@ from torch import Tensor
 
 import hpcgnn.kernels.ops as ops
 from hpcgnn.data.graph import Timeline
-from hpcgnn.sampling.neighbor import BatchIdMap, LastHop, OneBatchAtATime, SampledSubgraph, sample_neighbors
+from hpcgnn.sampling.neighbor import CSRNeighborSampler, SampledSubgraph, sample_neighbors
 
 STRATEGIES = ("uniform", "last")
 
 
-class TemporalSampler:
+class TemporalSampler(CSRNeighborSampler):
     """Samples ``fanouts[h]`` neighbours per node at hop ``h`` as of each seed's time, a tree per seed.
 
     ``sample(seeds, generator, times)``: ``times`` (one per seed, the timeline's dtype) default to ``seed_time[seeds]``
     (a node task's time each node's label is asked). ``window``: only edges not older than this (None: any);
-    ``strict``: only edges strictly before the seed's time. Holds only references to the graph.
+    ``strict``: only edges strictly before the seed's time. Holds only references to the graph. The walk is the
+    neighbour sampler's (:meth:`CSRNeighborSampler._walk`) over the keys ``tree * num_nodes + node``, in a map the
+    size of the batch; :meth:`hop` draws as of each key's tree's time.
     """
 
     def __init__(self, rowptr: Tensor, timeline: Timeline, fanouts: tuple[int, ...] | list[int],
@@ -41,17 +45,13 @@ class TemporalSampler:
                  edge_ids: bool = False):
         if strategy not in STRATEGIES:
             raise ValueError(f"strategy {strategy!r}: use uniform or last")
-        self.rowptr, self.timeline, self.fanouts = rowptr, timeline, tuple(int(f) for f in fanouts)
-        self.strategy, self.strict, self.edge_ids = strategy, strict, edge_ids
-        self.seed_time = timeline.seed_time
+        super().__init__(rowptr, timeline.col, fanouts, id_map="batch", edge_ids=edge_ids)
+        self.timeline, self.seed_time = timeline, timeline.seed_time
+        self.strategy, self.strict = strategy, strict
         self.window = None if window is None else torch.tensor(window, dtype=timeline.time.dtype)
         self.num_nodes = rowptr.numel() - 1
-        self._local = BatchIdMap(rowptr.device)
-        self._guard = OneBatchAtATime()
-
-    @property
-    def device(self) -> torch.device:  # (hpcgnn.sampling.protocol)
-        return self.rowptr.device
+        self._times: Tensor | None = None  # the batch's seeds' times (one batch at a time: the guard's)
+        self._ages: list[Tensor] = []
 
     def sample(self, seeds: Tensor, generator: torch.Generator | None = None,
                times: Tensor | None = None) -> SampledSubgraph:
@@ -61,44 +61,29 @@ class TemporalSampler:
             times = self.seed_time.index_select(0, seeds.long())
         if times.numel() != seeds.numel():
             raise ValueError(f"{times.numel()} times for {seeds.numel()} seeds: one each")
+        n, dev = self.num_nodes, self.device
+        keys = torch.arange(seeds.numel(), device=dev).mul_(n).add_(seeds.long().to(dev))  # tree * n + node
         with self._guard:
-            return self._walk(seeds.long().to(self.device), times.to(self.device, self.timeline.time.dtype),
-                              generator)
+            self._times, self._ages = times.to(dev, self.timeline.time.dtype), []
+            try:
+                out = self._walk(keys, generator)
+                ages = torch.cat(self._ages)
+            finally:
+                self._times, self._ages = None, []
+        tree = torch.div(out.n_id, n, rounding_mode="floor")
+        return replace(out, n_id=out.n_id - tree * n, edge_age=ages, tree=tree)
 
-    def _walk(self, seeds: Tensor, times: Tensor, generator: torch.Generator | None) -> SampledSubgraph:
-        dev, n, b = self.device, self.num_nodes, seeds.numel()
-        keys = torch.arange(b, device=dev).mul_(n).add_(seeds)  # a tree per seed: its key tree * n + node
-        local, tl = self._local, self.timeline
-        local.put(keys, torch.arange(b, device=dev))
-        all_keys, sources, targets, ages, e_ids = [keys], [], [], [], []
-        num_nodes, num_edges = [b], []
-        frontier, first, total = keys, 0, b
-        placed = LastHop(dev)
-        try:
-            for h, fanout in enumerate(self.fanouts):
-                tree = torch.div(frontier, n, rounding_mode="floor")
-                at = times.index_select(0, tree)
-                bounds = ops.time_bounds(self.rowptr, tl.time, frontier - tree * n, at, self.strict, self.window,
-                                         fanout if self.strategy == "last" else 0)
-                rows = torch.arange(0, bounds.numel(), 2, device=dev)
-                into = {"out": placed.out(sum(num_edges))} if h == len(self.fanouts) - 1 else {}
-                row, nbr, pos = sample_neighbors(bounds, tl.col, rows, fanout, generator, eid=True, **into)
-                nbr_keys = tree.index_select(0, row).mul_(n).add_(nbr)
-                ages.append(at.index_select(0, row) - tl.time.index_select(0, pos))
-                if self.edge_ids:
-                    e_ids.append(tl.edge.index_select(0, pos))
-                new = local.add_new([nbr_keys], total)  # sorted: deterministic local order
-                sources.append(nbr_keys)
-                targets.append(row.add_(first) if first else row)
-                num_edges.append(nbr_keys.numel())
-                num_nodes.append(new.numel())
-                all_keys.append(new)
-                frontier, first, total = new, total, total + new.numel()
-            keys = torch.cat(all_keys)
-            edge_index = placed.edge_index(targets, sources, local)
-        finally:
-            local.clear(None)
-        tree = torch.div(keys, n, rounding_mode="floor")
-        out = SampledSubgraph(keys - tree * n, edge_index, b, tuple(num_nodes), tuple(num_edges),
-                              e_id=torch.cat(e_ids) if self.edge_ids else None)
-        return replace(out, edge_age=torch.cat(ages), tree=tree)
+    def hop(self, frontier: Tensor, fanout: int, generator: torch.Generator | None,
+            out: Callable[[int], tuple[Tensor, Tensor]] | None = None, eid: bool = False) -> tuple:
+        """``(row, neighbour keys[, edge ids])`` of the frontier's keys, each drawn as of its tree's time; the
+        edges' ages kept for the batch."""
+        n, tl = self.num_nodes, self.timeline
+        tree = torch.div(frontier, n, rounding_mode="floor")
+        at = self._times.index_select(0, tree)
+        bounds = ops.time_bounds(self.rowptr, tl.time, frontier - tree * n, at, self.strict, self.window,
+                                 fanout if self.strategy == "last" else 0)
+        rows = torch.arange(0, bounds.numel(), 2, device=self.device)
+        row, nbr, pos = sample_neighbors(bounds, tl.col, rows, fanout, generator, out=out, eid=True)
+        nbr.add_(tree.index_select(0, row).mul_(n))  # (in place: where ``out`` put them)
+        self._ages.append(at.index_select(0, row) - tl.time.index_select(0, pos))
+        return (row, nbr, tl.edge.index_select(0, pos)) if eid else (row, nbr)

@@ -29,7 +29,7 @@ class ModelSpec:
     edge_features: bool = False  # reads edge features (model.edge_dim)
     uses_edges: bool = True  # False: its batches need no sampled neighbours
     global_gcn_norm: bool = False  # batches carry GCN weights from the whole graph's degrees, and self-loops
-    times: bool = False  # reads each sampled edge's age: a graph whose edges have times, sampled as of each seed's
+    times: bool = False  # reads each sampled edge's age: a graph whose edges have times, sampled as of each seed's time
 
     @property
     def plain(self) -> bool:

@@ -13,7 +13,7 @@ from hpcgnn.config import RunConfig
 from hpcgnn.data import Graph, open_graph, prepare
 from hpcgnn.data.graph import csr_has_edge
 from hpcgnn.env import RankEnv
-from hpcgnn.errors import ConfigError, DatasetError
+from hpcgnn.errors import ConfigError
 from hpcgnn.sampling import CSRNeighborSampler, steps_per_epoch
 from hpcgnn.sampling.loader import LocalFeatures
 from hpcgnn.sampling.producers import GraphSide
@@ -90,7 +90,7 @@ def node_sampler(cfg: RunConfig, g: Graph, edge_ids: bool):
 
 def say_times(cfg: RunConfig, g: Graph, main: bool) -> None:
     """What the log says of a graph whose edges have times: sampled as of each seed's time (and how), or, with
-    ``time.respect=false``, that every edge is seen, future ones too; a timed graph's node labels need their times."""
+    ``time.respect=false``, that every edge is seen, future ones too."""
     tl, tc = g.timeline, cfg.time
     if tl is None:
         return
@@ -99,10 +99,6 @@ def say_times(cfg: RunConfig, g: Graph, main: bool) -> None:
             log.warning("the graph's edges have times, and time.respect=false: each seed's neighbourhood takes every edge, "
                         "those after the seed's time too (a model may learn from the future, and its metrics say so)")
         return
-    if tl.seed_time is None:
-        raise DatasetError(f"the edges of dataset.path={cfg.dataset.path} have times, but its nodes do not say when "
-                           "each label is asked. HINT: add seed_time.npy (one time per node, the edges' unit), or "
-                           "time.respect=false to train on every edge")
     if tc.window is not None and not tl.time.is_floating_point() and tc.window != int(tc.window):
         raise ConfigError(f"time.window={tc.window:g}: the graph's edge times are integers. HINT: a whole number of "
                           f"their unit, e.g. time.window={int(tc.window)}")
@@ -120,7 +116,8 @@ class ReplicatedStore(WholeGraphStore):
     def __init__(self, cfg: RunConfig, env: RankEnv, device: torch.device | None = None, items=None):
         super().__init__(cfg, env, device or torch.device("cpu"))
         self.graph = g = open_shared_graph(cfg, env)
-        check_timed_config(cfg, timed=g.timeline is not None)  # (a PyG graph's times: known once prepared)
+        timeline = g.timeline  # (a PyG graph's times: known once prepared)
+        check_timed_config(cfg, timeline is not None, timeline is not None and timeline.seed_time is not None)
         say_times(cfg, g, env.rank == 0)
         self.features = g
         self.degree = g.degree()

@@ -55,8 +55,8 @@ class Task(abc.ABC):
         (:func:`hpcgnn.checks.eval_mode`)."""
         from hpcgnn.checks import eval_mode
 
-        timed = self.cfg.time.respect and getattr(getattr(self.store, "graph", None), "timeline", None) is not None
-        return "sampled" if timed else eval_mode(self.cfg)  # (a timed graph's: each target as of its own time)
+        graph = getattr(self.store, "graph", None)  # (a whole graph's times, known to the rank; else the config's say)
+        return eval_mode(self.cfg, None if graph is None else getattr(graph, "timeline", None) is not None)
 
     @property
     def transform(self) -> Callable | None:
