@@ -182,6 +182,16 @@ def check_timed_config(cfg, timed: bool | None = None, seed_times: bool | None =
                           "have times, sampled as of each seed's time. HINT: give the edges' times ("
                           + "; ".join(f"{k}: {v}" for k, v in datasets.TIMES.items()) + ") and keep time.respect=true, "
                           "or another model")
+    link = cfg.task.name == "link"
+    if link and cfg.task.negatives == "historical" and timed is False:
+        raise ConfigError(f"task.negatives=historical draws destinations each source met before a link's time, but the "
+                          f"edges of {_which(d)} have no times. HINT: task.negatives=uniform, or give the edges' times ("
+                          + "; ".join(f"{k}: {v}" for k, v in datasets.TIMES.items()) + ")")
+    if link and timed and not tc.respect:
+        raise ConfigError(f"the edges of {_which(d)} have times: task=link splits them in time order and keeps every "
+                          "edge in message passing, the validation and test edges too, which only sampling as of each "
+                          "link's time keeps from the model. HINT: drop time.respect=false (or give the edges without "
+                          "their times for a random split)")
     if not tc.respect or not timed:
         return
     if seed_times is None and d.name == "files":
@@ -191,7 +201,9 @@ def check_timed_config(cfg, timed: bool | None = None, seed_times: bool | None =
         raise ConfigError(f"the edges of {_which(d)} have times, but its nodes do not say when each label is asked. "
                           f"HINT: add {given} (one time per node, the edges' unit), or time.respect=false to train on "
                           "every edge")
-    for ok, why in ((cfg.task.name == "node", f"task={cfg.task.name}"),
+    for ok, why in ((cfg.task.name in ("node", "link"), f"task={cfg.task.name}"),
+                    (not (link and cfg.task.negatives == "strict"), "task.negatives=strict (no edge between the pair at "
+                                                                     "any time, later ones too)"),
                     (t.sampler == "neighbor" and not t.edge_budget, f"train.sampler={t.sampler}"
                      + (f" with train.edge_budget={t.edge_budget}" if t.edge_budget else "")),
                     (cfg.graph.mode == "replicated", f"graph.mode={cfg.graph.mode}"),
@@ -199,7 +211,7 @@ def check_timed_config(cfg, timed: bool | None = None, seed_times: bool | None =
                     (t.graph_on != "device", "train.graph_on=device")):
         if not ok:
             raise ConfigError(f"the edges of {_which(d)} have times: sampling as of each seed's "
-                              f"time runs for task=node, train.sampler=neighbor, a replicated graph on the host; got "
+                              f"time runs for task=node or link, train.sampler=neighbor, a replicated graph on the host; got "
                               f"{why}. HINT: drop that setting, or time.respect=false to train on every edge, those "
                               "after a seed's time too")
 
@@ -309,8 +321,9 @@ def eval_mode(cfg, timed: bool | None = None) -> str:
 
 def check_link(cfg) -> None:
     k, t = cfg.task, cfg.train
-    if k.num_negatives < 1 or k.neg_retries < 0 or any(x < 1 for x in k.hits_k):
-        raise ConfigError("task.num_negatives and every task.hits_k must be at least 1, task.neg_retries 0 or more")
+    if k.num_negatives < 1 or k.eval_negatives < 1 or k.neg_retries < 0 or any(x < 1 for x in k.hits_k):
+        raise ConfigError("task.num_negatives, task.eval_negatives and every task.hits_k must be at least 1, "
+                          "task.neg_retries 0 or more")
     if k.negatives == "in_batch" and k.num_negatives >= t.batch_size:
         raise ConfigError(f"task.negatives=in_batch takes the other targets of a batch: task.num_negatives="
                           f"{k.num_negatives} needs train.batch_size above it (got {t.batch_size})")

@@ -57,7 +57,7 @@ def test_override_typos_name_valid_keys(override, message):
 @pytest.mark.parametrize("overrides, message", [
     (["task.decoder=mlp"], r"Unknown config key 'task.decoder'\. Valid keys under 'task' with task=node: kind, loss, "
                            r"name\. HINT: task.decoder is a setting of task=link or task=edge$"),
-    (["task=link", "task.kind=regression"], r"Valid keys under 'task' with task=link: decoder, form, hits_k, .*"
+    (["task=link", "task.kind=regression"], r"Valid keys under 'task' with task=link: decoder, eval_negatives, form, hits_k, .*"
                                             r"HINT: task.kind is a setting of task=node or task=edge$"),
     (["task=edge", "task.negatives=strict"], r"with task=edge: decoder, kind, loss, name, target_edges\. HINT: "
                                              r"task.negatives is a setting of task=link$"),

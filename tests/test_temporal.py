@@ -134,13 +134,13 @@ def save_folder(folder, rng, **arrays) -> None:
 
 
 def write_timed_folder(folder, n=3000, seed=0, to_float=False, repeats=True):
-    """A files folder whose edges have times and whose nodes have seed times (a pair given twice, later first)."""
+    """A files folder whose edges have times and whose nodes have seed times (a pair given twice: two events)."""
     rng = np.random.default_rng(seed)
     e = 8 * n
     ei = np.stack([rng.integers(0, n, e), rng.integers(0, n, e)])
     t = rng.integers(0, 1000, e)
     if repeats:
-        ei[:, 1] = ei[:, 0]  # edge 1 repeats edge 0's pair: the prepared edge keeps edge 0's time
+        ei[:, 1] = ei[:, 0]  # edge 1 repeats edge 0's pair: two events, each with its own time
     cast = (lambda a: a.astype(np.float64) + 0.5) if to_float else (lambda a: a.astype(np.int64))
     save_folder(folder, rng, edge_index=ei, edge_time=cast(t), seed_time=cast(rng.integers(0, 1000, n)),
                 x=rng.normal(size=(n, 8)).astype(np.float32), y=rng.integers(0, 3, n))
@@ -150,8 +150,9 @@ def write_timed_folder(folder, n=3000, seed=0, to_float=False, repeats=True):
 @pytest.mark.parametrize("undirected", [False, True])
 @pytest.mark.parametrize("to_float", [False, True])
 def test_a_folders_times_are_prepared_into_each_rows_edges_in_time_order(tmp_path, undirected, to_float):
-    """Prepared out of core, in chunks of rows: the timeline is the CSR's edges each with its first given pair's
-    time (a reverse's: its edge's), each row sorted by time; the seed times kept in their dtype."""
+    """Prepared out of core, in chunks of rows: every edge given is an event of its own (a pair given twice, twice; a
+    reverse ``dataset.to_undirected`` adds, too, with its edge's time, marked not given), each row's edges sorted by
+    time, ties by their place in the CSR (by source, then as given); the seed times kept in their dtype."""
     import hpcgnn.data.times as times
 
     ei, t = write_timed_folder(tmp_path / "g", to_float=to_float)
@@ -164,22 +165,24 @@ def test_a_folders_times_are_prepared_into_each_rows_edges_in_time_order(tmp_pat
     finally:
         times.CHUNK_EDGES = old
     g = open_graph(cfg)
-    assert g.timeline is not None and g.timeline.time.dtype == (torch.float64 if to_float else torch.int64)
-    # each pair's time: the first given (its reverse: after every edge, so an edge given that way comes first)
-    src, dst, tt = ei[0], ei[1], t
+    tl = g.timeline
+    assert tl is not None and tl.time.dtype == (torch.float64 if to_float else torch.int64)
+    e = ei.shape[1]
+    src, dst, tt, ids = ei[0], ei[1], t, np.arange(e)
     if undirected:
-        src, dst, tt = np.concatenate([ei[0], ei[1]]), np.concatenate([ei[1], ei[0]]), np.concatenate([t, t])
-    first = {}
-    for s, d, x in zip(src.tolist(), dst.tolist(), tt.tolist(), strict=True):
-        first.setdefault((s, d), x)
-    row = torch.repeat_interleave(torch.arange(g.num_nodes), g.degree())
-    csr_time = torch.tensor([first[(int(s), int(d))] for s, d in zip(g.col, row, strict=True)], dtype=g.timeline.time.dtype)
-    want = timeline_of(g.rowptr, g.col, csr_time)
-    assert torch.equal(g.timeline.col.long(), want.col.long()) and torch.equal(g.timeline.time, want.time)
-    assert torch.equal(g.timeline.edge, want.edge)
-    assert torch.equal(g.timeline.seed_time, torch.from_numpy(np.load(tmp_path / "g" / "seed_time.npy")))
+        src, dst, tt, ids = (np.concatenate([ei[0], ei[1]]), np.concatenate([ei[1], ei[0]]), np.concatenate([t, t]),
+                             np.arange(2 * e))
+    assert g.num_edges == src.size  # (none merged: the repeated pair is two events)
+    csr = np.lexsort((ids, src, dst))  # the CSR's order: by target, then source, then as given
+    assert np.array_equal(g.col.numpy(), src[csr])
+    place = np.empty(src.size, dtype=np.int64)
+    place[csr] = np.arange(src.size)
+    want = np.lexsort((place, tt, dst))  # each row by time, ties by CSR place
+    assert np.array_equal(tl.col.numpy(), src[want]) and np.array_equal(tl.time.numpy(), tt[want])
+    assert np.array_equal(tl.edge.numpy(), place[want]) and np.array_equal(tl.given.numpy(), ids[want] < e)
+    assert torch.equal(tl.seed_time, torch.from_numpy(np.load(tmp_path / "g" / "seed_time.npy")))
     meta = json.loads((cache_folder(cfg) / "meta.json").read_text())
-    assert meta["times"] == {"dtype": "float64" if to_float else "int64", "seed_time": True}
+    assert meta["times"] == {"dtype": "float64" if to_float else "int64", "seed_time": True, "given": True}
 
 
 def test_a_folders_times_are_checked_naming_the_file_and_the_fix(tmp_path):
@@ -224,12 +227,25 @@ def test_a_timed_graph_refuses_what_does_not_sample_as_of_a_time_naming_the_way_
                        (["train.eval_mode=full"], r"train.eval_mode=full \(exact inference would read every edge\)"),
                        (["train.edge_budget=100"], "train.sampler=neighbor with train.edge_budget=100")):
         with pytest.raises(ConfigError, match=rf"the edges of dataset.path=\S+ have times: sampling as of each seed's "
-                                              rf"time runs for task=node, .*; got {why}\. HINT: drop that setting, or "
+                                              rf"time runs for task=node or link, .*; got {why}\. HINT: drop that setting, or "
                                               r"time.respect=false to train on every edge"):
             checked([*base, *extra])
         checked([*base, *extra, "time.respect=false"])
     with pytest.raises(ConfigError, match=r"time.window=-1.0 must be positive \(in the edge times' unit\)"):
         checked([*base, "time.window=-1"])
+    link = [*base, "task=link"]  # links as of their times: no seed times needed; what would leak refused
+    assert eval_mode(checked(link)) == "sampled"
+    checked([*link, "task.negatives=historical"])
+    with pytest.raises(ConfigError, match=r"time runs for task=node or link, .*; got task.negatives=strict \(no edge "
+                                          r"between the pair at any time, later ones too\)\. HINT: drop that setting"):
+        checked([*link, "task.negatives=strict"])
+    with pytest.raises(ConfigError, match=r"task=link splits them in time order and keeps every edge in message "
+                                          r"passing, the validation and test edges too, .* HINT: drop time.respect=false"):
+        checked([*link, "time.respect=false"])
+    with pytest.raises(ConfigError, match=r"task.negatives=historical draws destinations each source met before a "
+                                          r"link's time, but the edges of dataset=synthetic have no times\. HINT: "
+                                          r"task.negatives=uniform"):
+        checked(["task=link", "task.negatives=historical"])
     (tmp_path / "g" / "seed_time.npy").unlink()
     with pytest.raises(ConfigError, match=r"its nodes do not say when each label is asked\. HINT: add seed_time.npy"):
         checked(base)
@@ -374,10 +390,8 @@ def test_a_pyg_graphs_edge_times_are_respected_as_a_folders_are(tmp_path):
     """``Data.edge_time`` (or ``Data.time``, one per edge) and ``Data.seed_time``: prepared into the same timeline as
     the same arrays in a files folder; trained at chance on the leak detector with time respected (evaluation sampled
     as of each node's time), learnt with time.respect=false (exact evaluation); and what samples as of a time
-    nowhere yet refused once the rank knows the graph's edges have times (a partitioned graph; a link split)."""
+    nowhere yet refused once the rank knows the graph's edges have times (a partitioned graph)."""
     from conftest import make_config, train_here
-
-    from hpcgnn.data import build_link
 
     common = ["dataset=pyg", f"dataset.root={tmp_path / 'root'}", "train.epochs=8", "model.hidden_channels=32",
               "train.batch_size=256", "metrics.tensorboard=false"]
@@ -397,9 +411,6 @@ def test_a_pyg_graphs_edge_times_are_respected_as_a_folders_are(tmp_path):
     with pytest.raises(ConfigError, match=r"the edges of dataset=pyg have times: .*; got graph.mode=partitioned\. "
                                           r"HINT: drop that setting, or time.respect=false"):
         train_here(*pyg, "graph=partitioned", run_dir=tmp_path / "parts")
-    with pytest.raises(DatasetError, match=r"dataset=pyg: its edges have times, and a random split of them would "
-                                           r"train each link on edges from after it"):
-        build_link(make_config(*pyg, "task=link").dataset)
 
 
 def pyg_timed_graph_by_time():

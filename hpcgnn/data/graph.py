@@ -37,10 +37,12 @@ class Timeline:
     time: Tensor  # int64 or float64 [E]: each edge's time, sorted within its row
     edge: Tensor  # int64 [E]: each edge's position in the graph's CSR (its id: the row of its features)
     seed_time: Tensor | None = None  # [N], the times' dtype: when each node's label is asked (None: not given)
+    given: Tensor | None = None  # bool [E], in time order: an edge the source gave (not a reverse dataset.to_undirected
+    # added); None: a timeline prepared before they were told apart
 
     def to(self, device: torch.device) -> Timeline:
         return Timeline(*(t.to(device) if t is not None else None for t in (self.col, self.time, self.edge,
-                                                                          self.seed_time)))
+                                                                          self.seed_time, self.given)))
 
 
 @dataclass(frozen=True)

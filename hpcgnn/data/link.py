@@ -22,13 +22,15 @@ Sources:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
 
 from hpcgnn.data.graph import Graph
-from hpcgnn.errors import ConfigError
+from hpcgnn.data.history import ARRAYS as HISTORY_ARRAYS
+from hpcgnn.data.history import History, mixed_negatives
+from hpcgnn.errors import ConfigError, DatasetError
 from hpcgnn.rng import derive_seed, mix64, shift_right
 from hpcgnn.specs.datasets import check_fractions
 
@@ -42,6 +44,7 @@ class LinkSplit:
     pos: Tensor  # int64 [2, E]: (source, target) edges to predict
     neg: Tensor | None = None  # int64 [2, M] ("pairs") or [E, K] ("targets"); None for training
     neg_kind: str = "none"  # pairs | targets | none
+    time: Tensor | None = None  # [E] each positive's time (a timed graph's split: the timeline's dtype); None: none
 
 
 @dataclass(frozen=True)
@@ -51,6 +54,12 @@ class LinkData:
     val: LinkSplit
     test: LinkSplit
     metric: str  # what selects the best epoch: auc | hits@K | mrr
+    history: History | None = None  # a timed graph's edges by source in time (historical negatives); None: untimed
+
+    @property
+    def timed(self) -> bool:
+        """Whether the splits are chronological, each positive at its time (:func:`time_split_edges`)."""
+        return self.train.time is not None
 
     def split(self, name: str) -> LinkSplit:
         return getattr(self, name)
@@ -158,6 +167,63 @@ def split_edges(graph: Graph, fractions: tuple[float, ...], seed: int) -> LinkDa
     return LinkData(mp, splits["train"], splits["val"], splits["test"], metric="auc")
 
 
+def time_split_edges(graph: Graph, fractions: tuple[float, ...], cuts: tuple[float, ...] | None = None,
+                     what: str = "the graph") -> LinkData:
+    """A chronological split of a timed graph's edges for link prediction (TGB's): each positive at its time.
+
+    The positives are the edges the source gave (each event once: not the reverses ``dataset.to_undirected`` adds;
+    never a self-loop), in time order; those before ``cuts[0]`` train, those before ``cuts[1]`` validate, the rest
+    test; without ``cuts``, the times at the ``fractions`` of the edges. Message passing keeps *every* edge: a query
+    at time t is sampled strictly before t (:class:`hpcgnn.sampling.temporal.TemporalSampler`), so training sees only
+    training edges, and a validation or test query every edge before it, the earlier validation and test edges too
+    (the streaming protocol). Validation and test negatives are drawn at run time (:func:`with_eval_negatives`) from
+    the graph's :class:`History`."""
+    check_fractions(fractions)
+    from hpcgnn.data.ooc import chunks
+
+    tl, deg = graph.timeline, graph.degree()
+    if tl.given is None:
+        raise DatasetError(f"{what}: its prepared timeline predates link prediction (it does not say which edges were "
+                           "given). HINT: delete its prepared folder under dataset.root to prepare it again")
+    pairs, times = [], []
+    for a, b in chunks(graph.rowptr, SPLIT_CHUNK_EDGES):
+        lo, hi = int(graph.rowptr[a]), int(graph.rowptr[b])
+        dst = torch.repeat_interleave(torch.arange(a, b), deg[a:b], output_size=hi - lo)
+        src = tl.col[lo:hi].long()
+        keep = tl.given[lo:hi] & (src != dst)
+        pairs.append(torch.stack([src[keep], dst[keep]]))
+        times.append(tl.time[lo:hi][keep])
+    pos, time = torch.cat(pairs, 1), torch.cat(times)
+    order = torch.argsort(time, stable=True)
+    pos, time = pos[:, order], time.index_select(0, order)
+    if cuts is None:
+        at = [min(int(f * time.numel()), max(time.numel() - 1, 0)) for f in (fractions[0], fractions[0] + fractions[1])]
+        cuts = tuple(time[at].tolist()) if time.numel() else (0, 0)
+    side = (time >= cuts[0]).long() + (time >= cuts[1]).long()
+    splits = {}
+    for k, name in enumerate(SPLITS):
+        m = side == k
+        if not bool(m.any()):
+            raise ConfigError(f"{what}: its {time.numel()} edges' times leave no {name} edges with the cut times "
+                              f"{cuts[0]:g} and {cuts[1]:g}. HINT: dataset.edge_split (fractions of the edges, in "
+                              "time order) or dataset.time_split=[t_val,t_test] with edges on each side")
+        splits[name] = LinkSplit(pos[:, m].contiguous(), None, "none" if name == "train" else "targets",
+                                 time[m].contiguous())
+    return LinkData(graph, splits["train"], splits["val"], splits["test"], "mrr", History.of_graph(graph))
+
+
+def with_eval_negatives(data: LinkData, k: int, seed: int) -> LinkData:
+    """A chronological split's validation and test positives each with ``k`` negatives (``[P, k]``, TGB's mix: half
+    destinations its source met before, the rest random; :func:`mixed_negatives`), drawn from ``seed`` alone: the
+    same for every run, rank and producer of the dataset."""
+    out = {}
+    for name in SPLITS[1:]:
+        s = data.split(name)
+        gen = torch.Generator().manual_seed(derive_seed("temporal_negatives", seed, name) % (1 << 62))
+        out[name] = replace(s, neg=mixed_negatives(data.history, s.pos[0], s.pos[1], s.time, k, gen))
+    return replace(data, **out)
+
+
 def pair_keys(pairs: Tensor, num_nodes: int) -> Tensor:
     """Keys ``target * n + source`` (:func:`edge_keys`' form) of ``pairs`` [2, P] in both directions."""
     return torch.cat([pairs[1] * num_nodes + pairs[0], pairs[0] * num_nodes + pairs[1]])
@@ -188,7 +254,11 @@ def link_arrays(data: LinkData) -> tuple[dict[str, Tensor], dict]:
         arrays[f"{name}_pos"] = s.pos.contiguous()
         if s.neg is not None:
             arrays[f"{name}_neg"] = s.neg.contiguous()
+        if s.time is not None:
+            arrays[f"{name}_time"] = s.time.contiguous()
         kinds[name] = s.neg_kind
+    if data.history is not None:
+        arrays.update(data.history.arrays())
     return arrays, link_meta(data.metric, kinds)
 
 
@@ -199,6 +269,7 @@ def link_meta(metric: str, neg_kind: dict[str, str]) -> dict:
 
 def from_arrays(graph: Graph, arrays: dict[str, Tensor], meta) -> LinkData:
     link = meta.more["link"]
-    splits = {name: LinkSplit(arrays[f"{name}_pos"], arrays.get(f"{name}_neg"), link["neg_kind"][name])
-              for name in SPLITS}
-    return LinkData(graph, splits["train"], splits["val"], splits["test"], link["metric"])
+    splits = {name: LinkSplit(arrays[f"{name}_pos"], arrays.get(f"{name}_neg"), link["neg_kind"][name],
+                              arrays.get(f"{name}_time")) for name in SPLITS}
+    history = History.from_arrays(arrays) if HISTORY_ARRAYS[0] in arrays else None
+    return LinkData(graph, splits["train"], splits["val"], splits["test"], link["metric"], history)

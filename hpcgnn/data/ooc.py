@@ -106,17 +106,21 @@ class EdgeBuckets:
     ``weighted``: duplicates are summed into ``weight.npy`` (int64) instead of dropped, each added edge
     weighing its given weight or 1 (a partitioner's coarse graph: the edges between two clusters).
     ``ids``: each edge is added with its id (its position in the source), and ``eid.npy`` (int64) holds each
-    CSR edge's id, a duplicate's first (the lowest): where its features are in the source's rows.
+    CSR edge's id, a duplicate's first (the lowest): where its features are in the source's rows; with ``parallel``,
+    every edge added is kept, duplicates too, in the order of their ids within a pair (a timed graph's events).
 
     Buckets are ranges of target rows: equal ranges, or, given ``row_edges`` (int64 [num_nodes]: about how
     many edges each row will get), ranges of about equal edges, so that no bucket's sort outgrows the
     budget where rows differ (a coarse level's clusters: a large cluster gets the edges of its members)."""
 
     def __init__(self, num_nodes: int, expected_edges: int, scratch: Path, mem_bytes: int, weighted: bool = False,
-                 num_src: int | None = None, row_edges: Tensor | None = None, ids: bool = False):
+                 num_src: int | None = None, row_edges: Tensor | None = None, ids: bool = False,
+                 parallel: bool = False):
         if weighted and ids:
             raise ValueError("edge buckets carry weights or edge ids, not both")
-        self.n, self.scratch, self.weighted, self.ids = num_nodes, scratch, weighted, ids
+        if parallel and not ids:
+            raise ValueError("parallel edges are kept by their ids: make the buckets with ids=True")
+        self.n, self.scratch, self.weighted, self.ids, self.parallel = num_nodes, scratch, weighted, ids, parallel
         self.m = num_nodes if num_src is None else max(num_src, 1)  # sources' id space (a typed relation's)
         self.dtype = index_dtype(max(num_nodes, self.m))
         per_bucket = max(mem_bytes // (BYTES_PER_EDGE + 24 * weighted), MIN_BUCKET_EDGES)  # weights: their sort order too
@@ -235,8 +239,11 @@ class EdgeBuckets:
             key, order = torch.sort(key, stable=True)
             ids = ids.index_select(0, order)
             del order
-            key, run = torch.unique_consecutive(key, return_counts=True)
-            w = ids.index_select(0, torch.cumsum(run, 0) - run).numpy()
+            if self.parallel:  # every edge, each pair's in the order of their ids
+                w = ids.numpy()
+            else:
+                key, run = torch.unique_consecutive(key, return_counts=True)
+                w = ids.index_select(0, torch.cumsum(run, 0) - run).numpy()
         else:
             key = torch.unique(key)  # sorted by target, then source; no duplicates
         counts = torch.bincount(key // self.m, minlength=hi - lo)

@@ -56,7 +56,7 @@ from hpcgnn.data.typed import (
     view_labels,
 )
 from hpcgnn.errors import DatasetError
-from hpcgnn.io import atomic_folder
+from hpcgnn.io import atomic_folder, write_npy
 from hpcgnn.labels import profile, resolve, where_labels
 from hpcgnn.specs import datasets
 
@@ -81,6 +81,8 @@ def cache_folder(cfg: DatasetConfig) -> Path:
         fields["num_classes"] = cfg.num_classes
     if cfg.name == "files" and getattr(cfg, "time_split", None) is not None:  # (None keeps the keys as they were)
         fields["time_split"] = list(cfg.time_split)
+    if is_timed(cfg):  # (an untimed folder's key as it was)
+        fields["timeline"] = times.TIMELINE_VERSION
     if cfg.feature_dtype != "float32":  # float32 keeps the keys graphs had before the option
         fields["feature_dtype"] = cfg.feature_dtype
     name = cfg.name
@@ -236,6 +238,9 @@ def prepare_streamed(cfg: DatasetConfig, folder: Path, source: dict, allow_downl
     with atomic_folder(folder) as tmp:
         if spec.link:  # the official split; its held-out edges dropped as they stream by
             _stream_ogb_link(cfg, tmp, shapes, edges, source)
+        elif cfg.prepared_for == "link" and is_timed(cfg):
+            _stream_graph(cfg, tmp, n, num_features, edges, shapes, source)  # (every edge passes messages, in time)
+            _time_split_prepared(cfg, tmp)
         elif cfg.prepared_for == "link":  # the whole graph first, then split a chunk of rows at a time
             _stream_graph(cfg, tmp / "whole", n, num_features, edges, shapes)
             _split_streamed(cfg, tmp / "whole", tmp, source)
@@ -251,7 +256,8 @@ def _stream_graph(cfg: DatasetConfig, tmp: Path, n: int, num_features: int, edge
     with_edges = has_edge_features(files_folder(cfg)) if cfg.name == "files" else \
         bool(getattr(shapes, "edge_features", 0))  # (kept: each CSR edge's features, by its id in the source)
     with_edges = with_edges or timed  # (and its time: by the same id)
-    buckets = ooc.EdgeBuckets(n, edges, tmp / "scratch", prepare_mem_bytes(cfg), ids=with_edges)
+    buckets = ooc.EdgeBuckets(n, edges, tmp / "scratch", prepare_mem_bytes(cfg), ids=with_edges,
+                              parallel=timed)  # (a timed graph's edges are events: a pair given twice, twice)
     features = ooc.FeatureWriter(tmp / "x.npy", n, num_features, cfg.feature_dtype)
     edge_attr = None
     edge_time = seed_time = None
@@ -346,6 +352,20 @@ def _split_streamed(cfg: DatasetConfig, whole: Path, tmp: Path, source: dict) ->
     kinds = {s: "none" if s == "train" else "pairs" for s in SPLITS}
     cache.write_meta(tmp, n, num_edges, num_features, 0, source, cfg.feature_dtype, extra=names,
                      extra_meta=link_meta("auc", kinds), edge_dim=edge_dim)
+
+
+def _time_split_prepared(cfg: DatasetConfig, tmp: Path) -> None:
+    """A timed graph prepared whole in ``tmp`` made a link dataset: its chronological split and its edges' history
+    (:func:`hpcgnn.data.link.time_split_edges`) beside it, named in its meta.json."""
+    graph = cache.load(tmp)
+    arrays, record = link_arrays(link.time_split_edges(graph, tuple(cfg.edge_split), getattr(cfg, "time_split", None),
+                                                       f"dataset.path={cfg.path}"))
+    del graph
+    for name, array in arrays.items():
+        write_npy(tmp / f"{name}.npy", array.numpy())
+    meta = cache.GraphMeta.read(tmp)
+    dataclasses.replace(meta, bytes=meta.bytes + sum((tmp / f"{n}.npy").stat().st_size for n in arrays),
+                        extra=tuple(sorted({*meta.extra, *arrays})), more={**meta.more, **record}).write(tmp)
 
 
 def _save_no_labels(tmp: Path) -> None:

@@ -30,7 +30,6 @@ relation's ``edge_attr`` is kept as its edges' features (a reverse has its edge'
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import re
 
@@ -38,8 +37,8 @@ import torch
 
 from hpcgnn.checks import locate
 from hpcgnn.config import DatasetConfig
-from hpcgnn.data.graph import Graph, csr_of_pairs, report_merged
-from hpcgnn.data.times import pyg_times, timeline_of
+from hpcgnn.data.graph import Graph, report_merged
+from hpcgnn.data.times import events_csr, pyg_times, timeline_of
 from hpcgnn.data.typed import Relation, TypedGraph, TypedSource, expand_relations
 from hpcgnn.errors import DatasetError
 from hpcgnn.rng import rng_state, set_rng_state
@@ -196,11 +195,14 @@ def load_pyg(cfg: DatasetConfig, allow_download: bool = False) -> Graph:
         edges = torch.cat([edges, edges]) if edges is not None else None
         edge_time = torch.cat([edge_time, edge_time]) if edge_time is not None else None
     train, val, test = [torch.zeros(0, dtype=torch.long)] * 3 if unlabelled else _splits(cfg, data, n)
+    if edge_time is not None:  # events: every edge kept, with its own time and features, each row's in time order
+        rowptr, col, order = events_csr(edge_index, n)
+        timeline = timeline_of(rowptr, col, edge_time.index_select(0, order), seed_time, order < given)
+        y = y.float() if y.is_floating_point() else y.long()
+        return Graph(rowptr, col, x.float().contiguous(), y, train.long(), val.long(), test.long(), classes,
+                     edge_attr=edges.float().index_select(0, order) if edges is not None else None, timeline=timeline)
     graph = Graph.from_edge_index(edge_index, n, x, y, train, val, test, num_classes=classes, edge_attr=edges)
     report_merged(cfg, given, graph.num_edges if distinct is None else distinct)  # (the reverses added repeat nothing)
-    if edge_time is not None:  # each pair's first given time (as its features), each row's edges in time order
-        first = csr_of_pairs(edge_index, n, n, edge_time.unsqueeze(1))[2].squeeze(1)
-        graph = dataclasses.replace(graph, timeline=timeline_of(graph.rowptr, graph.col, first, seed_time))
     return graph
 
 

@@ -10,9 +10,8 @@ from collections.abc import Callable
 from hpcgnn.checks import check_dataset_config
 from hpcgnn.config import DatasetConfig
 from hpcgnn.data.graph import Graph
-from hpcgnn.data.link import LinkData, split_edges
+from hpcgnn.data.link import LinkData, split_edges, time_split_edges
 from hpcgnn.data.typed import TypedGraph, TypedSource
-from hpcgnn.errors import DatasetError
 from hpcgnn.specs import datasets
 
 
@@ -28,15 +27,13 @@ def _view(build_typed: Callable[[DatasetConfig, bool], TypedGraph]) -> Callable[
 
 
 def _split(build: Callable[[DatasetConfig, bool], Graph]) -> Callable[[DatasetConfig, bool], LinkData]:
-    """A link dataset from a graph source: a seeded split of its edges (``dataset.edge_split``). A graph whose edges
-    have times is refused: its split would be chronological, and its training as of each edge's time (temporal link
-    prediction: not built yet)."""
+    """A link dataset from a graph source: a seeded split of its edges (``dataset.edge_split``); a graph whose edges
+    have times, a chronological one (:func:`time_split_edges`: each link predicted as of its time)."""
     def split(cfg: DatasetConfig, allow_download: bool) -> LinkData:
         graph = build(cfg, allow_download)
         if graph.timeline is not None:
-            raise DatasetError(f"dataset={cfg.name}: its edges have times, and a random split of them would train "
-                               "each link on edges from after it: link prediction as of each edge's time is not built "
-                               "yet. HINT: task=node on this graph, or a graph without edge times")
+            return time_split_edges(graph, tuple(cfg.edge_split), getattr(cfg, "time_split", None),
+                                    f"dataset={cfg.name}")
         return split_edges(graph, tuple(cfg.edge_split), cfg.seed)
     return split
 

@@ -1,10 +1,12 @@
 """Edge times: a files folder's ``edge_time`` (one per edge) and ``seed_time`` (one per node: when its label is
 asked), checked; and the timeline of a prepared graph, written beside its CSR out of core.
 
-The prepared graph holds one edge per (source, target) pair (:func:`hpcgnn.data.graph.report_merged`); a pair given
-more than once keeps the time of the one given first, as it keeps its features: an edge exists from that time on.
-The timeline (:class:`hpcgnn.data.graph.Timeline`) is each row's edges sorted by time: ``time_col.npy``,
-``time_sorted.npy``, ``time_edge.npy`` (each one's CSR position), and ``seed_time.npy`` where given.
+A timed graph's edges are events: a pair given more than once (a user editing a page again, a reply) is an edge each
+time, with its own time and features (an untimed graph merges them: :func:`hpcgnn.data.graph.report_merged`). The
+timeline (:class:`hpcgnn.data.graph.Timeline`) is each row's edges sorted by time: ``time_col.npy``,
+``time_sorted.npy``, ``time_edge.npy`` (each one's CSR position), ``time_given.npy`` (whether the source gave it, or
+``dataset.to_undirected`` added it as a reverse: a link task predicts the given ones), and ``seed_time.npy`` where
+given.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from hpcgnn.errors import DatasetError
 from hpcgnn.io import write_npy
 
 ARRAYS = ("time_col", "time_sorted", "time_edge")
+TIMELINE_VERSION = 2  # in a timed folder's cache key: 2 keeps every edge given (events), 1 merged repeated pairs
 CHUNK_EDGES = 1 << 22
 
 
@@ -101,17 +104,23 @@ def save_timeline(tmp: Path, timeline: Timeline) -> tuple[dict, list[str]]:
     for name, t in zip(ARRAYS, (timeline.col, timeline.time, timeline.edge), strict=True):
         write_npy(tmp / f"{name}.npy", t.numpy())
     seed_time = None if timeline.seed_time is None else timeline.seed_time.numpy()
-    return _record(tmp, timeline.time.numpy().dtype, seed_time)
+    given = None if timeline.given is None else timeline.given.numpy()
+    return _record(tmp, timeline.time.numpy().dtype, seed_time, given)
 
 
-def _record(tmp: Path, dtype: np.dtype, seed_time: np.ndarray | None) -> tuple[dict, list[str]]:
-    """The seed times (where given) beside a timeline just written in ``tmp``; its meta.json record (the times' dtype,
-    whether the nodes have times) and its arrays' names."""
+def _record(tmp: Path, dtype: np.dtype, seed_time: np.ndarray | None,
+            given: np.ndarray | None) -> tuple[dict, list[str]]:
+    """The seed times (where given) and which edges were given (a bool each) beside a timeline just written in
+    ``tmp``; its meta.json record (the times' dtype, whether the nodes have times and which edges were given) and its
+    arrays' names."""
     names = [*ARRAYS]
     if seed_time is not None:
         write_npy(tmp / "seed_time.npy", np.asarray(seed_time, dtype=dtype))
         names.append("seed_time")
-    return {"dtype": np.dtype(dtype).name, "seed_time": seed_time is not None}, names
+    if given is not None:
+        write_npy(tmp / "time_given.npy", np.asarray(given, dtype=np.bool_))
+        names.append("time_given")
+    return {"dtype": np.dtype(dtype).name, "seed_time": seed_time is not None, "given": given is not None}, names
 
 
 def time_order(row: torch.Tensor, time: torch.Tensor) -> torch.Tensor:
@@ -129,18 +138,22 @@ def write_timeline(tmp: Path, edge_time: np.ndarray, seed_time: np.ndarray | Non
     col, eid = np.load(tmp / "col.npy", mmap_mode="r"), np.load(tmp / "eid.npy", mmap_mode="r")
     out = {"time_col": NpyAppender(tmp / "time_col.npy", col.dtype),
            "time_sorted": NpyAppender(tmp / "time_sorted.npy", dtype),
-           "time_edge": NpyAppender(tmp / "time_edge.npy", np.int64)}
+           "time_edge": NpyAppender(tmp / "time_edge.npy", np.int64),
+           "time_given": NpyAppender(tmp / "time_given.npy", np.bool_)}
     given = max(edge_time.shape[0], 1)
     for a, b in chunks(rowptr, CHUNK_EDGES):
         lo, hi = int(rowptr[a]), int(rowptr[b])
-        times = torch.from_numpy(np.asarray(edge_time[np.asarray(eid[lo:hi]) % given], dtype=dtype))
+        ids = np.asarray(eid[lo:hi])
+        times = torch.from_numpy(np.asarray(edge_time[ids % given], dtype=dtype))
         order = time_order(torch.repeat_interleave(torch.arange(b - a), rowptr[a + 1:b + 1] - rowptr[a:b]), times)
         out["time_col"].append(np.asarray(col[lo:hi])[order.numpy()])
         out["time_sorted"].append(times.index_select(0, order).numpy())
         out["time_edge"].append((order + lo).numpy())
+        out["time_given"].append(ids[order.numpy()] < edge_time.shape[0])
     for writer in out.values():
         writer.close()
-    return _record(tmp, np.dtype(dtype), seed_time)
+    record, names = _record(tmp, np.dtype(dtype), seed_time, None)
+    return {**record, "given": True}, [*names, "time_given"]
 
 
 def load_timeline(folder: Path, meta_times: dict, mode: str | None) -> Timeline:
@@ -148,12 +161,25 @@ def load_timeline(folder: Path, meta_times: dict, mode: str | None) -> Timeline:
     def load(name):
         return torch.from_numpy(np.load(folder / f"{name}.npy", mmap_mode=mode))
 
-    return Timeline(*(load(n) for n in ARRAYS), load("seed_time") if meta_times.get("seed_time") else None)
+    return Timeline(*(load(n) for n in ARRAYS), load("seed_time") if meta_times.get("seed_time") else None,
+                    load("time_given") if meta_times.get("given") else None)
 
 
-def timeline_of(rowptr: torch.Tensor, col: torch.Tensor, time: torch.Tensor,
-                seed_time: torch.Tensor | None = None) -> Timeline:
-    """The timeline of a CSR held in memory whose edges have times (``time[e]``: CSR edge e's): each row's edges
-    ordered by time, ties by their place in the CSR (the order :func:`write_timeline` writes)."""
+def timeline_of(rowptr: torch.Tensor, col: torch.Tensor, time: torch.Tensor, seed_time: torch.Tensor | None = None,
+                given: torch.Tensor | None = None) -> Timeline:
+    """The timeline of a CSR held in memory whose edges have times (``time[e]``: CSR edge e's; ``given[e]``: whether
+    the source gave it, not a reverse added): each row's edges ordered by time, ties by their place in the CSR (the
+    order :func:`write_timeline` writes)."""
     order = time_order(torch.repeat_interleave(torch.arange(rowptr.numel() - 1), rowptr[1:] - rowptr[:-1]), time)
-    return Timeline(col.index_select(0, order), time.index_select(0, order).contiguous(), order, seed_time)
+    return Timeline(col.index_select(0, order), time.index_select(0, order).contiguous(), order, seed_time,
+                    None if given is None else given.index_select(0, order))
+
+
+def events_csr(edge_index: torch.Tensor, num_nodes: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The in-edge CSR of a timed graph's edges, every one kept (events: a pair given twice is two edges), sorted by
+    target, then source, then their order given: (rowptr, col, order: each CSR edge's position in ``edge_index``)."""
+    src, dst = edge_index[0].long(), edge_index[1].long()
+    order = torch.argsort(dst * num_nodes + src, stable=True)
+    rowptr = torch.zeros(num_nodes + 1, dtype=torch.long)
+    rowptr[1:] = torch.cumsum(torch.bincount(dst, minlength=num_nodes), 0)
+    return rowptr, src.index_select(0, order), order

@@ -190,6 +190,10 @@ def inference_mode(cfg: RunConfig, model: torch.nn.Module) -> str:
     mode = p.mode if p.mode != "auto" else ("full" if run_mode == "full" else "sampled")
     if p.what in spec.exact:
         mode = "full"
+    if timed_graph and cfg.task.name == "link":
+        raise PredictError("the graph's edges have times, and a link model's embeddings and scores hold only as of a "
+                           "time: outputs as of a time (predict at=T) are not built yet. HINT: the run's metrics, each "
+                           "link ranked as of its own time, are in its summary.json")
     if mode == "full" and timed_graph:
         raise PredictError("the graph's edges have times, and exact outputs would read every edge, those after each "
                            "node's time too. HINT: mode=sampled (each node as of its seed time), or "

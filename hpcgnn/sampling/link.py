@@ -14,8 +14,13 @@ them to score:
 
 Negatives (``task.negatives``): ``uniform`` (any node), ``strict`` (no edge between the source
 and the negative in either direction: redrawn up to ``task.neg_retries`` times, then padding,
-counted in ``padded``), ``in_batch`` (the targets of the batch's other positives). All draws use
-the step's own generator, so a step is the same whenever it is made (an exact resume).
+counted in ``padded``), ``in_batch`` (the targets of the batch's other positives), ``historical`` (a timed graph's:
+TGB's mix, half destinations the source met before the positive's time; :func:`hpcgnn.data.history.mixed_negatives`).
+All draws use the step's own generator, so a step is the same whenever it is made (an exact resume).
+
+A timed graph's positives each have a time (``times``): every end of a step's pairs, the negatives too, is a seed of
+its own, sampled strictly before its positive's time (a tree per seed: :class:`hpcgnn.sampling.temporal.TemporalSampler`
+made ``strict``), so no edge of the step's targets or after them is seen, and nothing needs leaving out.
 
 :class:`PairSampler` makes evaluation batches: given pairs to score, no negatives, nothing left out.
 :class:`EdgeTargetSampler` makes an edge task's batches (``task=edge``): labelled pairs, no negatives.
@@ -30,6 +35,7 @@ import torch
 from torch import Tensor
 
 from hpcgnn.data.graph import HasEdge
+from hpcgnn.data.history import History, mixed_negatives
 from hpcgnn.sampling.neighbor import SampledSubgraph
 
 
@@ -65,13 +71,15 @@ class LinkSampler:
 
     def __init__(self, node_sampler, edges: Tensor, num_nodes: int, negatives: str = "uniform",
                  num_negatives: int = 1, retries: int = 3, form: str = "binary", has_edge: HasEdge | None = None,
-                 drop_targets: bool = True):
+                 drop_targets: bool = True, times: Tensor | None = None, history: History | None = None):
         self.node_sampler, self.edges, self.num_nodes = node_sampler, edges, num_nodes
-        self.drop_targets = drop_targets
+        self.drop_targets = drop_targets and times is None  # (a timed step samples before its targets' times)
         self.negatives, self.k, self.retries, self.form = negatives, num_negatives, retries, form
-        self.has_edge = has_edge
-        if (negatives == "strict" or drop_targets) and has_edge is None:
+        self.has_edge, self.times, self.history = has_edge, times, history
+        if (negatives == "strict" or self.drop_targets) and has_edge is None:
             raise ValueError("strict negatives and dropped targets need the graph's edge membership (has_edge)")
+        if negatives == "historical" and (history is None or times is None):
+            raise ValueError("historical negatives need the positives' times and the graph's history")
 
     @property
     def device(self) -> torch.device:  # (hpcgnn.sampling.protocol)
@@ -100,8 +108,11 @@ class LinkSampler:
         return neg, weight
 
     def sample(self, items: Tensor, generator: torch.Generator | None = None) -> SampledSubgraph:
-        edges = self.edges[:, items.long()]
+        items = items.long()
+        edges = self.edges[:, items]
         src, dst = edges[0], edges[1]
+        if self.times is not None:
+            return self._sample_timed(items, src, dst, generator)
         neg, neg_weight = self.draw_negatives(src, dst, generator)
         seeds = torch.unique(torch.cat([src, dst, neg.reshape(-1)]))
         out = self.node_sampler.sample(seeds, generator)
@@ -112,17 +123,34 @@ class LinkSampler:
                                                                                   minlength=seeds.numel()).long()
             absent = torch.cat([absent, absent.new_zeros(out.n_id.numel() - seeds.numel())])
             out = _without_targets(out, torch.stack([s, d]), absent)
+        return replace(out, targets=self._targets(s, d, n, neg_weight))
+
+    def _sample_timed(self, items: Tensor, src: Tensor, dst: Tensor, generator: torch.Generator | None):
+        """A timed step: each end of each pair (sources, destinations, negatives) a seed of its own, as of its
+        positive's time."""
+        t, b, k = self.times.index_select(0, items), src.numel(), self.k
+        if self.negatives == "historical":
+            neg = mixed_negatives(self.history, src, dst, t, k, generator)
+            neg_weight = torch.ones(b, k)
+        else:
+            neg, neg_weight = self.draw_negatives(src, dst, generator)
+        seeds = torch.cat([src, dst, neg.reshape(-1)])
+        out = self.node_sampler.sample(seeds, generator, torch.cat([t, t, t.repeat_interleave(k)]))
+        local = torch.arange(seeds.numel())
+        return replace(out, targets=self._targets(local[:b], local[b:2 * b], local[2 * b:].reshape(b, k), neg_weight))
+
+    def _targets(self, s: Tensor, d: Tensor, n: Tensor, neg_weight: Tensor) -> dict:
+        """A step's pairs to score (local ids of its sources ``s``, destinations ``d`` and negatives ``n`` [B, k]),
+        in ``form``'s shape."""
         b, k = s.numel(), self.k
         if self.form == "triplet":
-            targets = {"src_index": s, "dst_pos_index": d, "dst_neg_index": n, "neg_weight": neg_weight,
-                       "padded": int((neg_weight == 0).sum()), "positives": b}
-        else:
-            index = torch.cat([torch.stack([s, d]), torch.stack([s.repeat_interleave(k), n.reshape(-1)])], 1)
-            targets = {"edge_label_index": index,
-                       "edge_label": torch.cat([torch.ones(b), torch.zeros(b * k)]),
-                       "edge_label_weight": torch.cat([torch.ones(b), neg_weight.reshape(-1)]),
-                       "padded": int((neg_weight == 0).sum()), "positives": b}
-        return replace(out, targets=targets)
+            return {"src_index": s, "dst_pos_index": d, "dst_neg_index": n, "neg_weight": neg_weight,
+                    "padded": int((neg_weight == 0).sum()), "positives": b}
+        index = torch.cat([torch.stack([s, d]), torch.stack([s.repeat_interleave(k), n.reshape(-1)])], 1)
+        return {"edge_label_index": index,
+                "edge_label": torch.cat([torch.ones(b), torch.zeros(b * k)]),
+                "edge_label_weight": torch.cat([torch.ones(b), neg_weight.reshape(-1)]),
+                "padded": int((neg_weight == 0).sum()), "positives": b}
 
 
 class EdgeTargetSampler:
@@ -196,13 +224,39 @@ class PairSampler:
         return replace(out, targets={"edge_label_index": _local(seeds, pairs)})
 
 
-def pair_sampler(node_sampler, split) -> PairSampler:
+class TimedPairSampler:
+    """Evaluation batches of a chronological split (its negatives ``targets``): item i is positive i and its K
+    candidates, each end a seed of its own as of the positive's time (strictly before it: every earlier edge, the
+    split's earlier positives too, and none of its own time or after)."""
+
+    def __init__(self, node_sampler, split):
+        self.node_sampler, self.split = node_sampler, split
+        self.pairs_per_item = 1 + split.neg.size(1)
+
+    @property
+    def device(self) -> torch.device:  # (hpcgnn.sampling.protocol)
+        return self.node_sampler.device
+
+    def sample(self, items: Tensor, generator: torch.Generator | None = None) -> SampledSubgraph:
+        s, items = self.split, items.long()
+        src, t = s.pos[0].index_select(0, items), s.time.index_select(0, items)
+        ends = torch.cat([s.pos[1].index_select(0, items).unsqueeze(1), s.neg.index_select(0, items)], 1)  # [P, 1+K]
+        p, c = ends.shape
+        seeds = torch.cat([src, ends.reshape(-1)])
+        out = self.node_sampler.sample(seeds, generator, torch.cat([t, t.repeat_interleave(c)]))
+        index = torch.stack([torch.arange(p).repeat_interleave(c), p + torch.arange(p * c)])
+        return replace(out, targets={"edge_label_index": index})
+
+
+def pair_sampler(node_sampler, split) -> PairSampler | TimedPairSampler:
     """The evaluation sampler of a link split (a :class:`hpcgnn.data.link.LinkSplit`).
 
     ``pairs`` negatives: items ``0..P-1`` are the positives, ``P..P+M-1`` the negatives; ``targets``:
     item i is positive i followed by its K candidates, as ``[2, 1 + K]`` pairs from its source.
     """
     pos, neg = split.pos, split.neg
+    if split.time is not None:
+        return TimedPairSampler(node_sampler, split)
     if split.neg_kind == "targets":
         def of_targets(items: Tensor) -> Tensor:
             src = pos[0].index_select(0, items)

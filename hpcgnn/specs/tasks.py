@@ -151,9 +151,11 @@ class LinkTaskConfig(TaskConfig):
     name: str = "link"
     decoder: Literal["dot", "mlp"] = "dot"  # dot: the inner product of the two embeddings | mlp: an MLP on their
     # Hadamard product
-    negatives: Literal["uniform", "strict", "in_batch"] = "uniform"  # random targets | no existing edge | the
-    # batch's other targets
+    negatives: Literal["uniform", "strict", "in_batch", "historical"] = "uniform"  # random targets | no existing
+    # edge | the batch's other targets | a timed graph's: half destinations the source met before (TGB's)
     num_negatives: int = 1  # negatives per positive edge in a training step
+    eval_negatives: int = 20  # a timed graph's: negatives each validation and test positive is ranked against (TGB's:
+    # half destinations its source met before, half random; seeded by dataset.seed)
     neg_retries: int = 3  # negatives=strict: redraws of a negative that is an edge; then it is padding (weight 0)
     form: Literal["binary", "triplet"] = "binary"  # labelled pairs, BCE | each positive against its negatives, softmax
     hits_k: tuple[int, ...] = (20, 50, 100)  # the K of the Hits@K metrics reported

@@ -68,23 +68,24 @@ def whole_views(g: Graph) -> GraphViews:
                       row_starts=lambda nodes: g.rowptr.index_select(0, nodes), edge_rows=LocalFeatures(g))
 
 
-def whole_samplers(cfg: RunConfig, g: Graph, state: SamplerState, wrap=None) -> tuple:
+def whole_samplers(cfg: RunConfig, g: Graph, state: SamplerState, wrap=None, strict: bool = False) -> tuple:
     """Evaluation's neighbour sampler over the whole graph ``g`` and training's, from what the rank decided
     (``state``: whether batches carry their edges' ids, the arrays its sampler's ``prepare`` decided): ``train.sampler``
     over the graph's nodes, or (``wrap(node_sampler)``) the task's items' sampler around their seeds; the one builder
-    of the rank, its sampler processes and its sampler servers."""
-    sampler = node_sampler(cfg, g, bool(state.values.get("edge_ids")))
+    of the rank, its sampler processes and its sampler servers. ``strict``: a timed graph's seeds sampled strictly
+    before their times (the task's items say: a link's own edge is at its time)."""
+    sampler = node_sampler(cfg, g, bool(state.values.get("edge_ids")), strict)
     if wrap is not None:
         return sampler, wrap(sampler)
     return sampler, build_sampler(cfg, g, sampler, state.arrays)
 
 
-def node_sampler(cfg: RunConfig, g: Graph, edge_ids: bool):
+def node_sampler(cfg: RunConfig, g: Graph, edge_ids: bool, strict: bool = False):
     """The neighbour sampler of a whole graph: as of each seed's time where its edges have times (``time.respect``;
-    :mod:`hpcgnn.sampling.temporal`), else over every edge."""
+    :mod:`hpcgnn.sampling.temporal`; ``strict``: strictly before it), else over every edge."""
     if g.timeline is not None and cfg.time.respect:
         return TemporalSampler(g.rowptr, g.timeline, fanouts(cfg), cfg.time.strategy, cfg.time.window,
-                               edge_ids=edge_ids)
+                               strict=strict, edge_ids=edge_ids)
     return CSRNeighborSampler(g.rowptr, g.col, fanouts(cfg), edge_ids=edge_ids)
 
 
@@ -128,7 +129,8 @@ class ReplicatedStore(WholeGraphStore):
         if not items.own_sampler:  # the task's items: a step's seeds are its ids (training edges, targets)
             ids = items.train_ids()
             require_training_items(cfg, ids.numel(), items.noun)
-            self.sampler, self.train_sampler = whole_samplers(cfg, g, self.state, items.train_sampler)
+            self.sampler, self.train_sampler = whole_samplers(cfg, g, self.state, items.train_sampler,
+                                                              items.strict_times)
             self.draws, self.items_per_step = ids, cfg.train.batch_size
             self.steps = steps_per_epoch(ids.numel(), env.world_size, cfg.train.batch_size)
             log.info("graph: %d nodes, %d edges, %d features; %s", g.num_nodes, g.num_edges, g.num_features,
@@ -164,7 +166,7 @@ class ReplicatedStore(WholeGraphStore):
         ``g``, the graph the server opened; ``items``: the task's items' unit, its sampler around their seeds), and
         the degrees its batch transform reads."""
         wrap = None if items.own_sampler else (lambda s: items.server_sampler(cfg, whole_views(g), s))
-        return GraphSide(g, whole_samplers(cfg, g, state, wrap)[1]), g.degree()
+        return GraphSide(g, whole_samplers(cfg, g, state, wrap, items.strict_times)[1]), g.degree()
 
     def exact(self, model: torch.nn.Module, gcn_norm: bool = False, layers: int | None = None,
               on_layer=None) -> Exact:

@@ -39,6 +39,7 @@ class Items:
     noun = "nodes"  # what they are, in words (a refusal names them)
     relation = None  # a typed graph's relation whose edges they are (a typed edge task's targets)
     own_sampler = True  # the store's training sampler (train.sampler over its nodes, on the GPU where it may be)
+    strict_times = False  # a timed graph's seeds sampled strictly before their times (not at or before)
 
     def __init__(self, cfg: RunConfig, env: RankEnv, views):
         self.cfg, self.env, self.views = cfg, env, views
@@ -98,12 +99,12 @@ class LinkItems(Items):
 
     noun = "edges"
     own_sampler = False
+    strict_times = True  # (a positive's own edge is at its time)
 
     def __init__(self, cfg: RunConfig, env: RankEnv, views):
-        from hpcgnn.data import open_link_splits
 
         super().__init__(cfg, env, views)
-        self.data = open_link_splits(cfg.dataset)
+        self.data = link_splits(cfg)
         self.positives = views.link_train if views.link_train is not None else self.data.train.pos
 
     def shape(self) -> GraphShape:
@@ -134,29 +135,45 @@ class LinkItems(Items):
         return torch.unique(self.positives[:, ids].reshape(-1))
 
     def train_sampler(self, node_sampler):
-        return self.wrap(self.cfg, self.views, node_sampler, self.positives)
+        return self.wrap(self.cfg, self.views, node_sampler, self.positives, self.data)
 
     def eval_sampler(self, split: str, node_sampler):
         return pair_sampler(node_sampler, self.data.split(split))
 
     def describe(self, shape: GraphShape) -> str:
         d = self.data
-        return (f"{self.positives.size(1)}/{d.val.pos.size(1)}/{d.test.pos.size(1)} train/val/test edges to predict"
-                + ("" if self.views.whole else " (train: this rank's own)"))
+        line = f"{self.positives.size(1)}/{d.val.pos.size(1)}/{d.test.pos.size(1)} train/val/test edges to predict"
+        if d.timed:
+            line += (f", in time order (each as of its time; validation and test against {self.cfg.task.eval_negatives}"
+                     " negatives each, half of them destinations its source met before)")
+        return line + ("" if self.views.whole else " (train: this rank's own)")
 
     @staticmethod
-    def wrap(cfg: RunConfig, views, node_sampler, positives: Tensor) -> LinkSampler:
-        """Around the endpoints of positive edges ``positives``, with negatives."""
+    def wrap(cfg: RunConfig, views, node_sampler, positives: Tensor, data) -> LinkSampler:
+        """Around the endpoints of positive edges ``positives``, with negatives (``data``: the link dataset's splits;
+        a chronological split's positives have times, and its history gives historical negatives)."""
         k = cfg.task
         return LinkSampler(node_sampler, positives, views.num_nodes, k.negatives, k.num_negatives, k.neg_retries,
-                           k.form, has_edge=views.has_edge(), drop_targets=k.target_edges == "drop")
+                           k.form, has_edge=views.has_edge(), drop_targets=k.target_edges == "drop",
+                           times=data.train.time, history=data.history)
 
     @classmethod
     def server_sampler(cls, cfg: RunConfig, views, node_sampler):
-        from hpcgnn.data import open_link_splits
+        data = link_splits(cfg, evaluated=False)
+        positives = views.link_train if views.link_train is not None else data.train.pos
+        return cls.wrap(cfg, views, node_sampler, positives, data)
 
-        positives = views.link_train if views.link_train is not None else open_link_splits(cfg.dataset).train.pos
-        return cls.wrap(cfg, views, node_sampler, positives)
+
+def link_splits(cfg: RunConfig, evaluated: bool = True):
+    """The prepared link dataset's splits; ``evaluated``: a chronological split's validation and test positives each
+    with ``task.eval_negatives`` negatives, drawn from its seed (:func:`hpcgnn.data.link.with_eval_negatives`)."""
+    from hpcgnn.data import open_link_splits
+    from hpcgnn.data.link import with_eval_negatives
+
+    data = open_link_splits(cfg.dataset)
+    if evaluated and data.timed:
+        return with_eval_negatives(data, cfg.task.eval_negatives, cfg.dataset.seed)
+    return data
 
 
 class EdgeItems(Items):

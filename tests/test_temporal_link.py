@@ -1,0 +1,251 @@
+"""Temporal link prediction: a timed graph's edges split in time order (each given edge a positive at its time), the
+history historical negatives come from (C and its torch twin, against a brute force), TGB's mix of negatives, the
+batches of training and evaluation (no edge at or after a link's time, every end a tree of its own), and a run's
+metrics the same from every producer."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from conftest import make_config, needs_cc, run_cli
+from test_temporal import timed_csr
+
+from hpcgnn.config import dataset_config
+from hpcgnn.data import build_link, open_link, prepare
+from hpcgnn.data.graph import Graph
+from hpcgnn.data.history import History, mixed_negatives
+from hpcgnn.data.link import with_eval_negatives
+from hpcgnn.data.times import timeline_of
+from hpcgnn.errors import ConfigError
+from hpcgnn.sampling.link import LinkSampler, pair_sampler
+from hpcgnn.sampling.temporal import TemporalSampler
+
+
+def event_folder(folder, n=400, e=6000, seed=0, float_times=False):
+    """A files folder of timed events: pairs repeat (a pair met again later is a new event), some self-loops."""
+    rng = np.random.default_rng(seed)
+    src, dst = rng.integers(0, n, e), rng.integers(0, n, e)
+    dst[: e // 4] = (src[: e // 4] + rng.integers(0, 5, e // 4)) % n  # (repeated pairs; a few self-loops)
+    t = rng.integers(0, 10_000, e)
+    folder.mkdir(parents=True, exist_ok=True)
+    arrays = {"edge_index": np.stack([src, dst]), "edge_time": t.astype(np.float64) + 0.5 if float_times else t,
+              "x": rng.normal(size=(n, 8)).astype(np.float32), "y": rng.integers(0, 2, n)}
+    perm = rng.permutation(n)
+    arrays.update(train_idx=perm[: n // 2], val_idx=perm[n // 2: 3 * n // 4], test_idx=perm[3 * n // 4:])
+    for name, a in arrays.items():
+        np.save(folder / f"{name}.npy", a)
+    return arrays
+
+
+@pytest.mark.parametrize("undirected", [False, True])
+def test_a_timed_graphs_edges_split_in_time_order_each_given_edge_a_positive(tmp_path, undirected):
+    """Each edge given (an event: a pair met twice is two; never a reverse to_undirected adds, nor a self-loop) is a
+    positive at its own time; training's come before validation's, validation's before test's, at the fractions of
+    the edges or at given cut times; message passing keeps every edge. A PyG graph of the same arrays splits the
+    same."""
+    a = event_folder(tmp_path / "g")
+    src, dst, t = a["edge_index"][0], a["edge_index"][1], a["edge_time"]
+    base = dict(name="files", path=str(tmp_path / "g"), root=str(tmp_path / "root"), prepared_for="link",
+                to_undirected=undirected)
+    data = open_link(_prepared(dataset_config(**base)))
+    assert data.timed and data.metric == "mrr" and data.graph.num_edges == src.size * (2 if undirected else 1)
+    keep = src != dst
+    order = np.argsort(t[keep], kind="stable")
+    got = torch.cat([data.split(s).pos for s in ("train", "val", "test")], 1)
+    times = torch.cat([data.split(s).time for s in ("train", "val", "test")])
+    assert np.array_equal(times.numpy(), t[keep][order])
+    events = sorted(zip(src[keep].tolist(), dst[keep].tolist(), t[keep].tolist(), strict=True))
+    assert sorted(zip(*got.tolist(), times.tolist(), strict=True)) == events
+    sizes = [data.split(s).pos.size(1) for s in ("train", "val", "test")]
+    assert abs(sizes[0] / len(events) - 0.85) < 0.01 and abs(sizes[1] / len(events) - 0.05) < 0.01
+    assert data.train.time.max() < data.val.time.min() and data.val.time.max() < data.test.time.min()
+    cut = open_link(_prepared(dataset_config(**base, time_split=(5000, 8000))))
+    assert cut.train.time.max() < 5000 <= cut.val.time.min() and cut.val.time.max() < 8000 <= cut.test.time.min()
+    with pytest.raises(ConfigError, match=r"dataset.path=\S+: its \d+ edges' times leave no test edges with the cut "
+                                          r"times 5000 and 20000\. HINT: dataset.edge_split"):
+        prepare(dataset_config(**base, time_split=(5000, 20000)))
+    if undirected:
+        return
+    pyg = build_link(make_config("dataset=pyg", "dataset._target_=test_temporal_link.pyg_events",
+                                 f"dataset.root={tmp_path / 'root'}", "task=link").dataset)
+    for s in ("train", "val", "test"):
+        assert torch.equal(pyg.split(s).pos, data.split(s).pos) and torch.equal(pyg.split(s).time, data.split(s).time)
+    for f in ("col", "time", "edge", "given"):
+        assert torch.equal(getattr(pyg.graph.timeline, f).long(), getattr(data.graph.timeline, f).long()), f
+
+
+def pyg_events():
+    """:func:`event_folder`'s arrays as a PyG ``Data`` (``dataset._target_=test_temporal_link.pyg_events``)."""
+    import tempfile
+    from pathlib import Path
+
+    from torch_geometric.data import Data
+
+    a = event_folder(Path(tempfile.mkdtemp()) / "g")
+    return Data(x=torch.from_numpy(a["x"]), edge_index=torch.from_numpy(a["edge_index"]),
+                edge_time=torch.from_numpy(a["edge_time"]))
+
+
+def _prepared(cfg):
+    prepare(cfg)
+    return cfg
+
+
+def history_graph(seed=3, n=300, e=5000):
+    rowptr, src, dst, time, _ = timed_csr(n, e, seed)
+    tl = timeline_of(rowptr, src, time, None, torch.ones(src.numel(), dtype=torch.bool))
+    empty = torch.empty(0, dtype=torch.long)
+    g = Graph(rowptr, src, torch.zeros(n, 1), empty, empty, empty, empty, 0, timeline=tl)
+    return g, src, dst, time
+
+
+@needs_cc
+def test_history_draws_distinct_destinations_each_source_met_before_on_both_paths(switch):
+    """:meth:`History.met`: up to k destinations of edges from the source strictly before its time, distinct, never
+    the excluded one, all of them where it met fewer; the kernels and the torch ops draw the same."""
+    g, src, dst, time = history_graph()
+    h = History.of_graph(g)
+    gen = torch.Generator().manual_seed(1)
+    q = torch.randint(0, 300, (500,), generator=gen)
+    at = torch.randint(0, 1000, (500,), generator=gen)
+    exclude = torch.randint(0, 300, (500,), generator=gen)
+
+    def drawn():
+        return h.met(q, at, 6, torch.Generator().manual_seed(9), exclude)
+
+    switch(True)
+    native = drawn()
+    switch(False)
+    assert torch.equal(native, drawn())
+    for i in range(500):
+        before = set(dst[(src == q[i]) & (time < at[i])].tolist()) - {int(exclude[i])}
+        row = [d for d in native[i].tolist() if d >= 0]
+        assert len(row) == len(set(row)) == min(6, len(before)) and set(row) <= before, i
+        assert native[i, len(row):].eq(-1).all()
+
+
+def test_tgb_negatives_are_half_historical_then_random_and_seeded():
+    """:func:`mixed_negatives`: the first k // 2 from the source's past where it met enough (random in the places it
+    did not), the rest random among the nodes some edge reaches, never the positive; :func:`with_eval_negatives`
+    draws the same every time from the dataset's seed alone."""
+    g, src, dst, time = history_graph()
+    h = History.of_graph(g)
+    q, d = src[:400], dst[:400]
+    at = time[:400] + 1
+    neg = mixed_negatives(h, q, d, at, 10, torch.Generator().manual_seed(2))
+    assert neg.shape == (400, 10) and bool((neg >= 0).all()) and not bool((neg == d.unsqueeze(1)).any())
+    met = h.met(q, at, 5, torch.Generator().manual_seed(2), d)
+    assert torch.equal(neg[:, :5][met >= 0], met[met >= 0])
+    reached = set(torch.nonzero(g.degree() > 0).squeeze(1).tolist())
+    assert set(neg[:, 5:].reshape(-1).tolist()) <= reached
+    from hpcgnn.data.link import LinkData, LinkSplit
+
+    split = LinkSplit(torch.stack([q, d]), None, "targets", at)
+    data = LinkData(g, split, split, split, "mrr", h)
+    a, b = with_eval_negatives(data, 8, 0), with_eval_negatives(data, 8, 0)
+    assert torch.equal(a.val.neg, b.val.neg) and not torch.equal(a.val.neg, with_eval_negatives(data, 8, 1).val.neg)
+
+
+@pytest.mark.parametrize("strategy", ["uniform", "last"])
+@pytest.mark.parametrize("negatives", ["uniform", "historical"])
+def test_a_timed_link_batch_sees_no_edge_at_or_after_its_links_time(strategy, negatives):
+    """Training and evaluation batches of a chronological split: every end of every pair (negatives too) is a tree of
+    its own, as of its positive's time; no sampled edge is at or after it (the positive's own edge included), each
+    is an edge of the graph with its age; the pairs to score name the right nodes."""
+    g, src, dst, time = history_graph(n=400, e=8000)
+    h = History.of_graph(g)
+    pos, t = torch.stack([src[:600], dst[:600]]), time[:600]
+    node = TemporalSampler(g.rowptr, g.timeline, [6, 4], strategy, None, strict=True, edge_ids=True)
+    sampler = LinkSampler(node, pos, 400, negatives, 3, times=t, history=h)
+    from hpcgnn.data.link import LinkData, LinkSplit
+
+    split = LinkSplit(pos, None, "targets", t)
+    evaluated = with_eval_negatives(LinkData(g, split, split, split, "mrr", h), 5, 0).val
+    gen = torch.Generator().manual_seed(0)
+    for kind, out in (("train", sampler.sample(torch.arange(0, 600, 7), gen)),
+                      ("eval", pair_sampler(node, evaluated).sample(torch.arange(0, 600, 11), gen))):
+        tree_time = torch.cat([t[0:600:7]] * 2 + [t[0:600:7].repeat_interleave(3)]) if kind == "train" else \
+            torch.cat([t[0:600:11], t[0:600:11].repeat_interleave(6)])
+        assert out.batch_size == tree_time.numel()
+        et = time[out.e_id]
+        at = tree_time[out.tree[out.edge_index[1]]]
+        assert bool((et < at).all()) and torch.equal(out.edge_age, (at - et).to(out.edge_age.dtype)), kind
+        assert torch.equal(src[out.e_id], out.n_id[out.edge_index[0]]), kind
+        assert torch.equal(dst[out.e_id], out.n_id[out.edge_index[1]]), kind
+        pairs = out.targets["edge_label_index"]
+        if kind == "train":
+            b = t[0:600:7].numel()
+            assert torch.equal(out.n_id[pairs[:, :b]], pos[:, 0:600:7])
+        else:
+            p = t[0:600:11].numel()
+            ends = torch.cat([pos[1, 0:600:11].unsqueeze(1), evaluated.neg[0:600:11]], 1)
+            assert torch.equal(out.n_id[pairs[0]], pos[0, 0:600:11].repeat_interleave(6))
+            assert torch.equal(out.n_id[pairs[1]], ends.reshape(-1)) and pairs.size(1) == p * 6
+
+
+def test_a_link_tasks_samplers_are_strict_in_the_rank_and_on_a_server_and_a_node_tasks_are_not(tmp_path):
+    """The task's items say how a timed graph's seeds are sampled (a link's strictly before its time; a node's at or
+    before): the store's samplers, training's and evaluation's, and a sampler server's, built as the rank's."""
+    from hpcgnn.env import RankEnv
+    from hpcgnn.stores.replicated import ReplicatedStore
+    from hpcgnn.tasks import open_store
+
+    event_folder(tmp_path / "g")
+    np.save(tmp_path / "g" / "seed_time.npy", np.full(400, 5000))
+    common = ["dataset=files", f"dataset.path={tmp_path / 'g'}", f"dataset.root={tmp_path / 'root'}"]
+    for task, strict in (("link", True), ("node", False)):
+        cfg = make_config(*common, f"task={task}")
+        store = open_store(cfg, RankEnv.from_environ({}))
+        samplers = [store.sampler, getattr(store.train_sampler, "node_sampler", store.train_sampler)]
+        side, _ = ReplicatedStore.server_side(cfg, store.sampler_state(), store.graph, type(store.items))
+        samplers.append(getattr(side.sampler, "node_sampler", side.sampler))
+        assert [isinstance(s, TemporalSampler) and s.strict for s in samplers] == [strict] * 3, task
+
+
+@pytest.mark.slow
+def test_a_temporal_link_run_scores_the_same_from_every_producer(tmp_path):
+    """task=link on a timed folder: trained and ranked as of each link's time (MRR against TGB's negatives), the same
+    metrics in the rank, from a sampler process and from a sampler server (the same batches); predict refuses what
+    holds only as of a time, naming the run's metrics."""
+    event_folder(tmp_path / "g", n=600, e=8000)
+    common = ["dataset=files", f"dataset.path={tmp_path / 'g'}", "task=link", "train.epochs=2", "launch.procs=1",
+              "model.hidden_channels=16", "train.batch_size=256", "task.negatives=historical",
+              "metrics.tensorboard=false"]
+    results = {}
+    for name, extra in (("rank", []), ("procs", ["train.sampler_procs=1"]), ("servers", ["launch.sampler_servers=1"])):
+        res = run_cli(*common, *extra, cwd=tmp_path / name)
+        assert res.returncode == 0, res.stderr[-3000:]
+        results[name] = json.loads((tmp_path / name / "run" / "summary.json").read_text())
+        assert "in time order (each as of its time; validation and test against 20 negatives each" in \
+            res.stdout + res.stderr
+    assert results["rank"]["metric"] == "val_mrr" and 0 < results["rank"]["test"] <= 1
+    for producer in ("procs", "servers"):
+        assert results[producer]["test"] == results["rank"]["test"], producer
+        assert results[producer]["best_val"] == results["rank"]["best_val"], producer
+    run = tmp_path / "rank" / "run"
+    predicted = subprocess.run([sys.executable, "-m", "hpcgnn", "predict", str(run)], capture_output=True, text=True,
+                               timeout=300, cwd=run.parent)
+    assert predicted.returncode == 2 and "a link model's embeddings and scores hold only as of a time" in \
+        predicted.stderr, predicted.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_a_preempted_temporal_link_run_resumes_bitwise(tmp_path):
+    """Preempted mid-epoch and resumed: the same parameters and losses as the run left alone (historical negatives
+    and every tree drawn from the step's generator)."""
+    from conftest import preempted_and_resumed
+
+    event_folder(tmp_path / "g", n=500, e=6000)
+    whole, again = preempted_and_resumed("dataset=files", f"dataset.path={tmp_path / 'g'}", "task=link",
+                                         f"dataset.root={tmp_path / 'root'}", "train.epochs=2", "train.batch_size=256",
+                                         "task.negatives=historical", "task.num_negatives=2",
+                                         "model.hidden_channels=16", "metrics.tensorboard=false", step=12,
+                                         folder=tmp_path)
+    assert again["resumes"] == 1 and whole["resumes"] == 0
+    assert again["param_checksums"] == whole["param_checksums"]
+    assert [r["loss"] for r in again["history"]] == [r["loss"] for r in whole["history"]]
