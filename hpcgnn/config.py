@@ -231,6 +231,7 @@ class PredictConfig:
     mode: Literal["auto", "full", "sampled"] = "auto"  # auto (the run's own evaluation path) | full (exact, layer-wise) | sampled (the evaluation's batches)
     allow_other_graph: bool = False  # infer on a graph other than the run's (inductive), where its widths match
     pairs: Optional[str] = None  # a .npy file of node pairs ([P, 2] or [2, P] ids): a link model scores them, an edge model predicts them
+    at: Optional[float] = None  # a timed graph's outputs as of this time: exact, from the edges before it alone (docs/temporal.md)
     trust: bool = False  # the trained run's folder may be another user's (hpcgnn predict RUN_DIR trust=true); a model class's package must be writable only by you or root either way
 
 

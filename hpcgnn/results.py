@@ -35,10 +35,11 @@ def predict_words(summary: dict) -> str:
     of = summary.get("of", "nodes")  # (an edge model's predictions: of target edges, or of a file's pairs)
     what = f"{summary['what']} of {summary['rows']} {of} ({summary['split']})" if of != "pairs" else \
         f"{summary['what']} of {summary['rows']} pair(s)"
+    mode = f"{summary['mode']} inference" + (f" as of {summary['at']:g}" if summary.get("at") is not None else "")
     if summary.get("value") is None:
-        return f"{what}, {summary['mode']} inference"
+        return f"{what}, {mode}"
     run = summary.get("run_value")
     same = f"the run's: {run:.4f}" if run is not None else "the run reported none"
     metric = (summary.get("metric") or "_acc").split("_", 1)[1]
     return (f"{summary['split']} {metric_words(metric)} {summary['value']:.4f} over {summary['rows']} {of} ({same}; epoch "
-            f"{summary.get('epoch')}, {summary.get('which')}.pt, {summary['mode']} inference)")
+            f"{summary.get('epoch')}, {summary.get('which')}.pt, {mode})")

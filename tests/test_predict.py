@@ -116,6 +116,18 @@ def test_a_prediction_job_starts_no_sampler_servers_of_its_run(node_run, tmp_pat
     assert compose_prediction([str(run)]).cfg.launch.sampler_servers == 0
 
 
+def test_a_prediction_job_writes_its_own_folder_where_the_run_named_its_own(node_run, tmp_path):
+    """A run trained with run_dir=DIR: its prediction job replayed run_dir=DIR, which outranks the folder it names
+    itself, and wrote its arrays and summary over the run's own."""
+    from hpcgnn.submit.predict import compose_prediction
+
+    run = tmp_path / "named"
+    shutil.copytree(node_run[0], run)
+    overrides = run / ".hydra" / "overrides.yaml"
+    overrides.write_text(overrides.read_text() + f"- run_dir={run}\n")
+    assert compose_prediction([str(run)]).cfg.run_dir == str(run / "predict" / "predictions-test-best")
+
+
 def test_what_cannot_be_predicted_is_refused_in_one_line(node_run, tmp_path, capsys):
     run, _ = node_run
     cases = [

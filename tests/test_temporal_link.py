@@ -249,3 +249,42 @@ def test_a_preempted_temporal_link_run_resumes_bitwise(tmp_path):
     assert again["resumes"] == 1 and whole["resumes"] == 0
     assert again["param_checksums"] == whole["param_checksums"]
     assert [r["loss"] for r in again["history"]] == [r["loss"] for r in whole["history"]]
+
+
+@pytest.mark.slow
+def test_predict_at_a_time_is_an_exact_pass_over_the_edges_before_it(tmp_path):
+    """``hpcgnn predict RUN at=T``: every node's embedding from the edges strictly before T alone, exactly (the
+    model's own full-graph forward over them); at=T on a graph without times, or sampled, refused naming the fix;
+    and without at=, a link model's outputs on a timed graph refused naming at=T."""
+    from conftest import predict_here, train_here
+
+    from hpcgnn.errors import PredictError
+    from hpcgnn.models.saved import load_model
+    from hpcgnn.submit.predict import compose_prediction
+
+    a = event_folder(tmp_path / "g", n=300, e=3000)
+    run = tmp_path / "run"
+    train_here("dataset=files", f"dataset.path={tmp_path / 'g'}", f"dataset.root={tmp_path / 'root'}", "task=link",
+               "train.epochs=1", "train.precision=fp32", "model.hidden_channels=16", "metrics.tensorboard=false",
+               run_dir=run)
+    s = predict_here(run, "at=5000")
+    assert s["at"] == 5000 and s["mode"] == "full" and s["rows"] == 300
+    got = np.load(run / "predict" / "embeddings-all-at5000-best" / "embeddings.npy")
+    before = a["edge_time"] < 5000
+    model = load_model(run)
+    with torch.no_grad():
+        want = model.encoder(torch.from_numpy(a["x"]), torch.from_numpy(a["edge_index"][:, before]))
+    assert np.allclose(got, want.numpy(), rtol=1e-4, atol=1e-5)
+    everything = model.encoder(torch.from_numpy(a["x"]), torch.from_numpy(a["edge_index"])).detach().numpy()
+    assert not np.allclose(got, everything, rtol=1e-4, atol=1e-5)  # (the later edges change them: none was read)
+    with pytest.raises(PredictError, match=r"at=5000 computes every output exactly from the edges before it; got "
+                                           r"mode=sampled\. HINT: drop mode="):
+        compose_prediction([str(run), "at=5000", "mode=sampled"])
+    with pytest.raises(PredictError, match=r"a link model's embeddings and scores hold only as of a time\. HINT: "
+                                           r"at=T"):
+        compose_prediction([str(run)])
+    untimed = tmp_path / "untimed"
+    train_here("task=link", "dataset.num_nodes=300", f"dataset.root={tmp_path / 'root'}", "train.epochs=1",
+               "metrics.tensorboard=false", run_dir=untimed)
+    with pytest.raises(PredictError, match=r"at=5000: the graph's edges have no times\. HINT: drop at="):
+        compose_prediction([str(untimed), "at=5000"])

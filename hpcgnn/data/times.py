@@ -183,3 +183,19 @@ def events_csr(edge_index: torch.Tensor, num_nodes: int) -> tuple[torch.Tensor, 
     rowptr = torch.zeros(num_nodes + 1, dtype=torch.long)
     rowptr[1:] = torch.cumsum(torch.bincount(dst, minlength=num_nodes), 0)
     return rowptr, src.index_select(0, order), order
+
+
+def as_of(graph, at: float):
+    """``graph`` (a :class:`~hpcgnn.data.graph.Graph` with a timeline) as of time ``at``: its edges strictly before
+    it, each row's in the CSR's order with their features, and no timeline (what an exact pass as of ``at`` reads:
+    every edge it holds may be seen). A copy of the kept edges, in memory."""
+    import dataclasses
+
+    tl, n = graph.timeline, graph.num_nodes
+    keep = torch.zeros(graph.num_edges, dtype=torch.bool)
+    keep[tl.edge[tl.time < at]] = True
+    row = torch.repeat_interleave(torch.arange(n), graph.degree())
+    rowptr = torch.zeros(n + 1, dtype=torch.long)
+    rowptr[1:] = torch.cumsum(torch.bincount(row[keep], minlength=n), 0)
+    edge_attr = graph.edge_attr[keep] if graph.edge_attr is not None else None
+    return dataclasses.replace(graph, rowptr=rowptr, col=graph.col[keep], edge_attr=edge_attr, timeline=None)

@@ -111,7 +111,7 @@ def predict(cfg: RunConfig, env: RankEnv, device: torch.device) -> dict:
     value = task.prediction_metric(rows, labels) if labels is not None else None  # (collective)
     widths = {"ids": [], **{k: list(v.shape[1:]) for k, v in arrays.items()}}
     summary = {
-        "kind": "predict", "what": p.what, "split": p.split, "rows": int(ids.size), "mode": mode,
+        "kind": "predict", "what": p.what, "split": p.split, "rows": int(ids.size), "mode": mode, "at": p.at,
         "of": "pairs" if p.pairs else "target edges" if edges else "nodes",
         "metric": f"{p.split}_{metric}" if labels is not None else None, "value": value,
         "run_value": (record.get("metrics") or {}).get(f"{p.split}_{metric}"),  # the trained run's, at that epoch
@@ -185,19 +185,27 @@ def inference_mode(cfg: RunConfig, model: torch.nn.Module) -> str:
 
     p, spec = cfg.predict, tasks.SPECS[cfg.task.name].prediction
     encoder = getattr(model, "encoder", model)
-    timed_graph = cfg.time.respect and timed(cfg.dataset)
+    timed_graph = timed(cfg.dataset)
+    if p.at is not None:  # (the graph as of a time: its edges before it, untimed; exact below)
+        if not timed_graph:
+            raise PredictError(f"at={p.at:g}: the graph's edges have no times. HINT: drop at=")
+        if p.mode == "sampled":
+            raise PredictError(f"at={p.at:g} computes every output exactly from the edges before it; got "
+                               "mode=sampled. HINT: drop mode=")
+        timed_graph = False
+    timed_graph = timed_graph and cfg.time.respect
     run_mode = eval_mode(cfg, timed_graph)
-    mode = p.mode if p.mode != "auto" else ("full" if run_mode == "full" else "sampled")
+    mode = p.mode if p.mode != "auto" else ("full" if run_mode == "full" or p.at is not None else "sampled")
     if p.what in spec.exact:
         mode = "full"
     if timed_graph and cfg.task.name == "link":
         raise PredictError("the graph's edges have times, and a link model's embeddings and scores hold only as of a "
-                           "time: outputs as of a time (predict at=T) are not built yet. HINT: the run's metrics, each "
-                           "link ranked as of its own time, are in its summary.json")
+                           "time. HINT: at=T (every node's, exact, from the edges before T); the run's own metrics, "
+                           "each link ranked as of its time, are in its summary.json")
     if mode == "full" and timed_graph:
         raise PredictError("the graph's edges have times, and exact outputs would read every edge, those after each "
-                           "node's time too. HINT: mode=sampled (each node as of its seed time), or "
-                           "time.respect=false for outputs as of the graph's last edge")
+                           "node's time too. HINT: mode=sampled (each node as of its seed time), at=T (every node as "
+                           "of T), or time.respect=false for outputs as of the graph's last edge")
     if mode == "full" and not (is_layerwise(encoder) or _is_mlp(encoder)):
         why = f"{saved.class_name(model)} cannot be run layer by layer (exact inference: PyG's BasicGNN interface, " \
               "num_layers and inference_per_layer)"

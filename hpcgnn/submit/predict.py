@@ -6,13 +6,15 @@ mode, writing every node of a split (predictions, or embeddings) as memory-mappa
     hpcgnn predict RUN_DIR launch.procs=4           on 4 local ranks (+cluster=NAME: submitted, as training)
     hpcgnn predict LINK_RUN pairs=PAIRS.npy         a link model's scores of node pairs ([P, 2] or [2, P] ids)
     hpcgnn predict EDGE_RUN pairs=PAIRS.npy         an edge model's predictions of node pairs, as of its targets
+    hpcgnn predict RUN_DIR at=T                     a timed graph's outputs as of time T (exact: the edges before T)
 
 Options: which=best|last (the model file: the best validation epoch's, or the last step's), trust=true (a run
 folder another user owns or may write, at any depth), split=test|val|
 train|all, what=predictions|embeddings (--embeddings), mode=auto|full|sampled (auto: the run's own evaluation
 path; full: exact layer-wise inference), pairs=FILE.npy (a link model: score these pairs; an edge model:
 predict them), out=DIR (default RUN_DIR/predict/<what>-<split>-<which>; pairs: <what>-<file>-<which>),
---allow-other-graph (a graph other than the run's, of the same widths: inductive use). Any other KEY=VALUE
+--allow-other-graph (a graph other than the run's, of the same widths: inductive use), at=T (a graph whose edges
+have times: every output as of T, an exact layer-wise pass over the edges before T). Any other KEY=VALUE
 overrides the run's config (launch.procs, +cluster, graph.mode, dataset.root ...).
 
 The job is composed from the run's own overrides (``RUN_DIR/.hydra/overrides.yaml``, without its ``hydra.*``
@@ -29,11 +31,12 @@ from hpcgnn import trust
 from hpcgnn.env import full_error
 from hpcgnn.errors import PredictError, UserError, report
 
-OPTIONS = ("which", "split", "what", "mode", "out", "pairs", "trust")
+OPTIONS = ("which", "split", "what", "mode", "out", "pairs", "trust", "at")
 FLAGS = {"--embeddings": ("what", "embeddings"), "--allow-other-graph": ("allow_other_graph", "true")}
-# A run's overrides that a prediction job does not replay: its own folder and settings, and sampler servers (they
-# make training batches; a prediction job's ranks never connect, and its launcher would wait for them to give up).
-DROPPED = ("hydra.", "debug.", "predict.", "launch.sampler_servers", "cluster.samplers.")
+# A run's overrides that a prediction job does not replay: its own folder (run_dir= would outrank the job's, which
+# would write over the run's summary) and settings, and sampler servers (they make training batches; a prediction
+# job's ranks never connect, and its launcher would wait for them to give up).
+DROPPED = ("hydra.", "run_dir=", "debug.", "predict.", "launch.sampler_servers", "cluster.samplers.")
 
 
 def main(argv: list[str]) -> int:
@@ -112,6 +115,8 @@ def compose_prediction(argv: list[str]):
     every = "pairs" in o or o.get("what", what) in spec.whole  # (all: every node's, every pair's)
     o = {"what": what, "split": "all" if every else "test", **o}
     name = f"{o['what']}-{Path(o['pairs']).stem}" if "pairs" in o else f"{o['what']}-{o['split']}"
+    if "at" in o:
+        name += f"-at{o['at']}"
     out = Path(o.get("out") or run / "predict" / f"{name}-{o['which']}").expanduser().resolve()
     if out == run.resolve():
         raise PredictError(f"out={out} is the run's own folder: a prediction job writes a folder of its own. HINT: "
@@ -121,7 +126,8 @@ def compose_prediction(argv: list[str]):
                         f"predict.allow_other_graph={o.get('allow_other_graph', 'false')}",
                         f"predict.trust={'true' if trusted else 'false'}",
                         f"hydra.run.dir={quoted(out)}",
-                        *([f"predict.pairs={quoted(Path(o['pairs']).expanduser().resolve())}"] if "pairs" in o else [])])
+                        *([f"predict.pairs={quoted(Path(o['pairs']).expanduser().resolve())}"] if "pairs" in o else []),
+                        *([f"predict.at={o['at']}"] if "at" in o else [])])
     from hpcgnn.rank.predict import check_request, inference_mode, same_graph
 
     check_request(composed.cfg, record)
