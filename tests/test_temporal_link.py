@@ -79,6 +79,35 @@ def test_a_timed_graphs_edges_split_in_time_order_each_given_edge_a_positive(tmp
         assert torch.equal(getattr(pyg.graph.timeline, f).long(), getattr(data.graph.timeline, f).long()), f
 
 
+def test_jodies_datasets_are_read_offline_from_their_raw_csv_each_event_an_edge_with_its_message(tmp_path):
+    """``dataset=pyg dataset._target_=torch_geometric.datasets.JODIEDataset``: PyG reads the raw CSV it finds under
+    the data root (no download), and its ``TemporalData`` is a graph of events: each ``src -> dst`` an edge at ``t``,
+    ``msg`` its features, a positive of the chronological split."""
+    rng = np.random.default_rng(0)
+    raw = tmp_path / "root" / "pyg" / "JODIEDataset" / "mooc" / "raw"
+    raw.mkdir(parents=True)
+    e, users, items = 500, 60, 20
+    u, i = rng.integers(0, users, e), rng.integers(0, items, e)
+    t, msg = np.sort(rng.integers(0, 10_000, e)), rng.normal(size=(e, 3)).round(3)
+    lines = ["user_id,item_id,timestamp,state_label,comma_separated_list_of_features"]
+    lines += [f"{u[k]},{i[k]},{float(t[k])},0," + ",".join(map(str, msg[k])) for k in range(e)]
+    (raw / "mooc.csv").write_text("\n".join(lines) + "\n")
+    cfg = make_config("dataset=pyg", "dataset._target_=torch_geometric.datasets.JODIEDataset",
+                      "+dataset.kwargs.name=mooc", f"dataset.root={tmp_path / 'root'}", "task=link").dataset
+    data = open_link(_prepared(cfg))
+    g, tl = data.graph, data.graph.timeline
+    src, dst = u, i + int(u.max()) + 1  # (JODIE's items follow its users)
+    got = torch.cat([data.split(s).pos for s in ("train", "val", "test")], 1)
+    times = torch.cat([data.split(s).time for s in ("train", "val", "test")])
+    assert sorted(zip(*got.tolist(), times.tolist(), strict=True)) == sorted(zip(src.tolist(), dst.tolist(),
+                                                                                 t.tolist(), strict=True))
+    row = torch.repeat_interleave(torch.arange(g.num_nodes), g.degree())[tl.edge]
+    events = {(int(a), int(b), int(c)): k for k, (a, b, c) in enumerate(zip(src, dst, t, strict=True))}
+    for pos in range(0, g.num_edges, 37):  # each edge's features: its event's message
+        k = events[(int(tl.col[pos]), int(row[pos]), int(tl.time[pos]))]
+        assert np.allclose(g.edge_attr[tl.edge[pos]].float().numpy(), msg[k], atol=1e-2)
+
+
 def pyg_events():
     """:func:`event_folder`'s arrays as a PyG ``Data`` (``dataset._target_=test_temporal_link.pyg_events``)."""
     import tempfile

@@ -99,7 +99,7 @@ def pyg_data(cfg: DatasetConfig, allow_download: bool = False):
     """The ``Data`` the target makes (the first graph of a dataset); ``dataset=pyg_hetero``: the ``HeteroData``."""
     import inspect
 
-    from torch_geometric.data import Data, HeteroData
+    from torch_geometric.data import Data, HeteroData, TemporalData
 
     obj = target_object(cfg)
     kwargs = dict(cfg.kwargs)
@@ -119,8 +119,10 @@ def pyg_data(cfg: DatasetConfig, allow_download: bool = False):
                                f"failed: {type(exc).__name__}: {exc}. HINT: its arguments go in dataset.kwargs "
                                "('+dataset.kwargs.NAME=VALUE'); a dataset that downloads must find its files under "
                                "root (prepare it once where there is internet)") from None
-    data = made if isinstance(made, (Data, HeteroData)) else (made[0] if len(made) else None)
+    data = made if isinstance(made, (Data, HeteroData, TemporalData)) else (made[0] if len(made) else None)
     typed = cfg.name == "pyg_hetero"
+    if isinstance(data, TemporalData) and not typed:
+        data = from_temporal(data)
     if isinstance(data, HeteroData) and not typed:
         raise DatasetError(f"dataset._target_={cfg._target_} gives a HeteroData, a typed graph. HINT: "
                            "dataset=pyg_hetero (add dataset.erase_types=true for its homogeneous view)")
@@ -130,6 +132,19 @@ def pyg_data(cfg: DatasetConfig, allow_download: bool = False):
         raise DatasetError(f"dataset._target_={cfg._target_} gave {type(made).__name__}, not a torch_geometric "
                            f"{'HeteroData' if typed else 'Data'} or a dataset of them")
     return data
+
+
+def from_temporal(data):
+    """A PyG ``TemporalData`` (a stream of events: ``src``, ``dst``, ``t``, and ``msg`` each event's features; JODIE's
+    datasets) as the ``Data`` of its graph: each event an edge ``src -> dst`` at its time ``t`` (``edge_time``), its
+    ``msg`` the edge's features (``edge_attr``). The events' own labels (JODIE's state changes) are no node's."""
+    from torch_geometric.data import Data
+
+    msg = getattr(data, "msg", None)
+    edge_attr = msg.float() if msg is not None and msg.dim() == 2 and msg.size(1) > 0 else None
+    n = int(torch.maximum(data.src.max(), data.dst.max())) + 1 if data.src.numel() else 0
+    return Data(edge_index=torch.stack([data.src.long(), data.dst.long()]), edge_time=data.t, edge_attr=edge_attr,
+                num_nodes=n)
 
 
 def _labels(cfg: DatasetConfig, data) -> tuple[torch.Tensor, int]:
