@@ -196,12 +196,15 @@ def check_timed_config(cfg, timed: bool | None = None, seed_times: bool | None =
         return
     if seed_times is None and d.name == "files":
         seed_times = gives(Path(d.path).expanduser(), "seed_time")
+    if cfg.task.name == "edge" and d.name == "files" and not unread and not gives(Path(d.path).expanduser(),
+                                                                                  "edge_label_time"):
+        raise untimed_targets(_which(d), "edge_label_time.npy")
     if cfg.task.name == "node" and seed_times is False:
         given = "seed_time.npy" if d.name == "files" else "data.seed_time"
         raise ConfigError(f"the edges of {_which(d)} have times, but its nodes do not say when each label is asked. "
                           f"HINT: add {given} (one time per node, the edges' unit), or time.respect=false to train on "
                           "every edge")
-    for ok, why in ((cfg.task.name in ("node", "link"), f"task={cfg.task.name}"),
+    for ok, why in ((cfg.task.name in ("node", "link", "edge"), f"task={cfg.task.name}"),
                     (not (link and cfg.task.negatives == "strict"), "task.negatives=strict (no edge between the pair at "
                                                                      "any time, later ones too)"),
                     (t.sampler == "neighbor" and not t.edge_budget, f"train.sampler={t.sampler}"
@@ -211,9 +214,17 @@ def check_timed_config(cfg, timed: bool | None = None, seed_times: bool | None =
                     (t.graph_on != "device", "train.graph_on=device")):
         if not ok:
             raise ConfigError(f"the edges of {_which(d)} have times: sampling as of each seed's "
-                              f"time runs for task=node or link, train.sampler=neighbor, a replicated graph on the host; got "
+                              f"time runs for task=node, link or edge, train.sampler=neighbor, a replicated graph on the host; got "
                               f"{why}. HINT: drop that setting, or time.respect=false to train on every edge, those "
                               "after a seed's time too")
+
+
+def untimed_targets(which: str, given: str) -> ConfigError:
+    """The refusal of an edge task's targets without times on a graph whose edges have them (``given``: how to give
+    them, the file or the attribute)."""
+    return ConfigError(f"the edges of {which} have times, but its edge targets do not say when each is asked. HINT: "
+                       f"add {given} (one time per target edge, the edges' unit), or time.respect=false to train on "
+                       "every edge")
 
 
 def check_typed_config(cfg) -> None:

@@ -227,7 +227,7 @@ def test_a_timed_graph_refuses_what_does_not_sample_as_of_a_time_naming_the_way_
                        (["train.eval_mode=full"], r"train.eval_mode=full \(exact inference would read every edge\)"),
                        (["train.edge_budget=100"], "train.sampler=neighbor with train.edge_budget=100")):
         with pytest.raises(ConfigError, match=rf"the edges of dataset.path=\S+ have times: sampling as of each seed's "
-                                              rf"time runs for task=node or link, .*; got {why}\. HINT: drop that setting, or "
+                                              rf"time runs for task=node, link or edge, .*; got {why}\. HINT: drop that setting, or "
                                               r"time.respect=false to train on every edge"):
             checked([*base, *extra])
         checked([*base, *extra, "time.respect=false"])
@@ -236,7 +236,7 @@ def test_a_timed_graph_refuses_what_does_not_sample_as_of_a_time_naming_the_way_
     link = [*base, "task=link"]  # links as of their times: no seed times needed; what would leak refused
     assert eval_mode(checked(link)) == "sampled"
     checked([*link, "task.negatives=historical"])
-    with pytest.raises(ConfigError, match=r"time runs for task=node or link, .*; got task.negatives=strict \(no edge "
+    with pytest.raises(ConfigError, match=r"time runs for task=node, link or edge, .*; got task.negatives=strict \(no edge "
                                           r"between the pair at any time, later ones too\)\. HINT: drop that setting"):
         checked([*link, "task.negatives=strict"])
     with pytest.raises(ConfigError, match=r"task=link splits them in time order and keeps every edge in message "

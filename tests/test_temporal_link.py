@@ -1,7 +1,7 @@
 """Temporal link prediction: a timed graph's edges split in time order (each given edge a positive at its time), the
 history historical negatives come from (C and its torch twin, against a brute force), TGB's mix of negatives, the
-batches of training and evaluation (no edge at or after a link's time, every end a tree of its own), and a run's
-metrics the same from every producer."""
+batches of training and evaluation (no edge at or after a link's time, every end a tree of its own), a run's metrics
+the same from every producer, outputs as of a time; and an edge task's targets asked at their times."""
 
 from __future__ import annotations
 
@@ -317,3 +317,57 @@ def test_predict_at_a_time_is_an_exact_pass_over_the_edges_before_it(tmp_path):
                "metrics.tensorboard=false", run_dir=untimed)
     with pytest.raises(PredictError, match=r"at=5000: the graph's edges have no times\. HINT: drop at="):
         compose_prediction([str(untimed), "at=5000"])
+
+
+def test_edge_targets_with_times_are_sampled_strictly_before_them_and_split_by_them(tmp_path):
+    """``edge_label_time``: when each target edge is asked. Both ends of a target grow trees of their own strictly
+    before its time (its own edge unseen: nothing left out by hand); ``dataset.time_split`` splits the targets by
+    their times; targets without times on a timed graph, times on an untimed one, or of another kind, refused naming
+    the fix."""
+    from hpcgnn.checks import check_task_config
+    from hpcgnn.data.edges import open_targets, prepare_targets
+    from hpcgnn.sampling.link import EdgeTargetSampler
+    from hpcgnn.submit.compose import compose
+
+    a = event_folder(tmp_path / "g")
+    rng = np.random.default_rng(1)
+    m = 800
+    pick = rng.integers(0, a["edge_index"].shape[1], m)
+    np.save(tmp_path / "g" / "edge_label_index.npy", a["edge_index"][:, pick])
+    np.save(tmp_path / "g" / "edge_label.npy", rng.integers(0, 2, m))
+    np.save(tmp_path / "g" / "edge_label_time.npy", a["edge_time"][pick])
+    base = dict(name="files", path=str(tmp_path / "g"), root=str(tmp_path / "root"), prepared_for="edge")
+    cfg = _prepared(dataset_config(**base, time_split=(4000, 7000)))
+    prepare_targets(cfg)
+    t = open_targets(cfg)
+    assert torch.equal(t.time, torch.from_numpy(a["edge_time"][pick]))
+    assert bool((t.time[t.split("train")] < 4000).all()) and bool((t.time[t.split("test")] >= 7000).all())
+    assert t.split("train").numel() + t.split("val").numel() + t.split("test").numel() == m
+    g = open_link(_prepared(dataset_config(**{**base, "prepared_for": "link"}))).graph  # (the same events)
+    node = TemporalSampler(g.rowptr, g.timeline, [6, 4], strict=True, edge_ids=True)
+    sampler = EdgeTargetSampler(node, t)
+    items = torch.arange(0, m, 3)
+    out = sampler.sample(items, torch.Generator().manual_seed(0))
+    at = torch.cat([t.time[items]] * 2)[out.tree[out.edge_index[1]]]
+    by_csr = torch.empty(g.num_edges, dtype=g.timeline.time.dtype)
+    by_csr[g.timeline.edge] = g.timeline.time
+    et = by_csr[out.e_id]
+    assert bool((et < at).all()) and torch.equal(out.edge_age, (at - et).to(out.edge_age.dtype))
+    pairs = out.targets["edge_label_index"]
+    assert torch.equal(out.n_id[pairs], t.index[:, items]) and out.batch_size == 2 * items.numel()
+    with pytest.raises(ConfigError, match=r"its edge targets do not say when each is asked\. HINT: add "
+                                          r"edge_label_time.npy \(one time per target edge, the edges' unit\), or "
+                                          r"time.respect=false"):
+        (tmp_path / "g" / "edge_label_time.npy").rename(tmp_path / "later.npy")
+        check_task_config(compose(["dataset=files", f"dataset.path={tmp_path / 'g'}", "task=edge",
+                                   f"run_dir={tmp_path / 'run'}"]).cfg)
+    np.save(tmp_path / "g" / "edge_label_time.npy", np.zeros(m - 1, dtype=np.int64))
+    from hpcgnn.errors import DatasetError
+
+    with pytest.raises(DatasetError, match=r"edge_label_time.npy: shape \(799,\), expected \[800\]: one time per "
+                                           r"target edge"):
+        prepare_targets(_prepared(dataset_config(**base, time_split=(1, 2))))
+    np.save(tmp_path / "g" / "edge_label_time.npy", np.zeros(m))
+    with pytest.raises(DatasetError, match=r"the targets' times are float64 but the edges' int64: give both as "
+                                           r"integers or both as floats"):
+        prepare_targets(_prepared(dataset_config(**base, time_split=(1, 3))))

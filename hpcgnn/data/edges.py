@@ -12,6 +12,8 @@ An edge task trains on the whole prepared graph (the node task's: every edge car
   in-edges (-1: the pair is no edge), and ``reverse`` bool [M]: whether ``target -> source`` is one; what a batch
   leaving its targets out counts, and where a target's own features are, whatever the graph's layout
   (replicated: the row's start plus the place; partitioned: the same in the part that holds the row);
+- ``time`` [M] (a timed graph's, where given): when each target is asked; its ends are sampled strictly before it
+  (``edge_label_time``: a files folder's file, a PyG ``Data``'s attribute; in the graph's times' kind and unit);
 - ``meta.json``: the count and the labels' profile (:func:`hpcgnn.labels.profile`), written last.
 
 A prediction of the pairs of a file (``hpcgnn predict RUN_DIR pairs=FILE.npy``) takes them in the targets' place
@@ -73,6 +75,7 @@ class EdgeTargets:
     relation: tuple[str, str, str] | None = None  # a typed graph's: the relation whose edges the targets are
     own: Tensor | None = None  # float32 [M, D]: each target's own edge features, where the targets are edges given
     # with features and some repeat a pair (the graph holds one edge per pair, with its first's); None: the graph's
+    time: Tensor | None = None  # [M] when each target is asked (a timed graph's; the times' dtype); None: not given
 
     def own_features(self, items: Tensor) -> Tensor | None:
         """Targets ``items``' own edge features (float32), where they are kept apart from the graph's (``own``);
@@ -109,6 +112,8 @@ def targets_folder(cfg: DatasetConfig) -> Path:
 
     fields = {"version": TARGETS_VERSION, "seed": cfg.seed, "edge_split": list(cfg.edge_split),
               "split_index": getattr(cfg, "split_index", 0)}  # (pyg's: which column of its masks; one split elsewhere)
+    if getattr(cfg, "time_split", None) is not None:  # (None keeps the keys as they were)
+        fields["time_split"] = list(cfg.time_split)
     key = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:12]
     return cache_folder(cfg) / f"edge-targets-{key}"
 
@@ -148,6 +153,11 @@ def prepare_targets(cfg: DatasetConfig) -> Path:
         raise DatasetError(f"{where}: {label.shape[0]} labels for {index.shape[1]} target edges "
                            "(edge_label_index): one row per target edge")
     splits = {s: _check_split(np.asarray(splits[s]), index.shape[1], f"{where} ({s} split)") for s in SPLITS}
+    time = None if relation is not None else target_times(cfg, graph, index.shape[1])
+    if time is not None and getattr(cfg, "time_split", None) is not None:  # (by the times they are asked)
+        cut = cfg.time_split
+        splits = {"train": np.flatnonzero(time < cut[0]), "val": np.flatnonzero((time >= cut[0]) & (time < cut[1])),
+                  "test": np.flatnonzero(time >= cut[1])}
     rows = graph.edge_attr if relation is None else (graph.edge_attr or {}).get(relation)  # (the graph's, if any)
     repeats = 0 if rows is None else index.shape[1] - np.unique(index[0].astype(np.int64) * sizes[1] + index[1]).size
     own = _kept_apart(own, rows, repeats)
@@ -162,8 +172,10 @@ def prepare_targets(cfg: DatasetConfig) -> Path:
         np.save(tmp / "reverse.npy", reverse)
         if own is not None:
             np.save(tmp / "own.npy", own)
+        if time is not None:
+            np.save(tmp / "time.npy", time)
         meta = {"count": int(index.shape[1]), "labels": profile(label, splits),
-                "relation": list(relation) if relation else None, "own": own is not None}
+                "relation": list(relation) if relation else None, "own": own is not None, "time": time is not None}
         (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
     log.info("edge targets of %s: %d (%s train/val/test) into %s", cfg.name, index.shape[1],
              "/".join(str(len(splits[s])) for s in SPLITS), folder)
@@ -196,7 +208,41 @@ def open_targets(cfg: DatasetConfig) -> EdgeTargets:
     relation = meta.get("relation")
     return EdgeTargets(load("index"), load("label"), {s: load(f"{s}_idx") for s in SPLITS}, meta["labels"],
                        load("place"), load("reverse"), tuple(relation) if relation else None,
-                       load("own") if meta.get("own") else None)
+                       load("own") if meta.get("own") else None, load("time") if meta.get("time") else None)
+
+
+def target_times(cfg: DatasetConfig, graph, count: int) -> np.ndarray | None:
+    """When each of ``count`` targets is asked (``edge_label_time``: a files folder's file, a PyG ``Data``'s
+    attribute), checked against the graph's edge times (the same kind; none without them); None where not given."""
+    from hpcgnn.data.times import _check, kind_of
+
+    if cfg.name == "files":
+        from hpcgnn.checks import gives
+        from hpcgnn.data.files import _read, files_folder
+
+        if not gives(files_folder(cfg), "edge_label_time"):
+            return None
+        where, time = _read(files_folder(cfg), "edge_label_time")
+    elif cfg.name == "pyg":
+        from hpcgnn.data.pyg import pyg_data
+
+        time = getattr(pyg_data(cfg), "edge_label_time", None)
+        if time is None:
+            return None
+        where, time = f"dataset=pyg ({cfg._target_}): data.edge_label_time", time.numpy()
+    else:
+        return None
+    time = np.asarray(time)
+    _check(where, time, count, "target edges")
+    tl = graph.timeline
+    if tl is None:
+        raise DatasetError(f"{where}: the targets have times, but the graph's edges do not. HINT: give the edges' "
+                           "times too (edge_time), or remove edge_label_time")
+    kind = tl.time.numpy().dtype
+    if kind_of(where, time) != kind:
+        raise DatasetError(f"{where}: the targets' times are {time.dtype} but the edges' {kind}: give both as "
+                           "integers or both as floats, in the same unit")
+    return time.astype(kind)
 
 
 def read_pairs(path: str | None, sizes: tuple[int, int], relation=None) -> np.ndarray:

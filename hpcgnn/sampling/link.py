@@ -155,7 +155,8 @@ class LinkSampler:
 
 class EdgeTargetSampler:
     """Batches of an edge task's targets (by id; ``targets``: :class:`hpcgnn.data.edges.EdgeTargets`): the
-    neighbourhood of both ends of each, the targets' labels, and (``drop_targets``) the batch's target pairs left
+    neighbourhood of both ends of each (a timed graph's targets with times: each end a tree of its own sampled
+    strictly before its target's time, a temporal ``node_sampler``'s), the targets' labels, and (``drop_targets``) the batch's target pairs left
     out of its message passing in either direction, so that no label leaks through its own edge (the graph's edges
     they take away from each end's in-degree: the targets' ``place`` and ``reverse``). The pairs to score are
     ``edge_label_index`` [2, B] (local ids of the batch's seeds, its distinct ends) and their labels
@@ -166,7 +167,10 @@ class EdgeTargetSampler:
 
     def __init__(self, node_sampler, targets, drop_targets: bool = True,
                  pair_ids: Callable[[Tensor], Tensor] | None = None):
-        self.node_sampler, self.targets, self.drop_targets, self.pair_ids = node_sampler, targets, drop_targets, pair_ids
+        self.node_sampler, self.targets, self.pair_ids = node_sampler, targets, pair_ids
+        # a timed graph's targets, each asked at its time: both ends sampled strictly before it (nothing to leave out)
+        self.times = targets.time if getattr(node_sampler, "timeline", None) is not None else None
+        self.drop_targets = drop_targets and self.times is None
 
     @property
     def device(self) -> torch.device:  # (hpcgnn.sampling.protocol)
@@ -176,9 +180,14 @@ class EdgeTargetSampler:
         items, t = items.long(), self.targets
         pairs = t.index[:, items]
         src, dst = pairs[0], pairs[1]
-        seeds = torch.unique(pairs.reshape(-1))
-        out = self.node_sampler.sample(seeds, generator)
-        s, d = _local(seeds, src), _local(seeds, dst)
+        if self.times is not None:  # each end a tree of its own, as of its target's time
+            at = self.times.index_select(0, items)
+            out = self.node_sampler.sample(pairs.reshape(-1), generator, torch.cat([at, at]))
+            s, d = torch.arange(items.numel()), items.numel() + torch.arange(items.numel())
+        else:
+            seeds = torch.unique(pairs.reshape(-1))
+            out = self.node_sampler.sample(seeds, generator)
+            s, d = _local(seeds, src), _local(seeds, dst)
         if self.drop_targets and items.numel():  # a target pair need not be an edge: count what the graph has
             forward, reverse = (t.place.index_select(0, items) >= 0).double(), t.reverse.index_select(0, items).double()
             absent = torch.bincount(d, weights=forward, minlength=seeds.numel()) + \

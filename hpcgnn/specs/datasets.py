@@ -265,7 +265,8 @@ class FilesConfig(EdgeSplitConfig):
     num_classes: int = 0  # the model's classes (0 = the labels', which must be 0..K-1, each in use)
     time_split: tuple[float, ...] | None = None  # [t_val, t_test]: nodes split by seed_time (train before t_val, val
     # before t_test, test from it), instead of the folder's train_idx, val_idx, test_idx; task=link: the edges by
-    # their times, instead of dataset.edge_split's fractions of them (docs/temporal.md)
+    # their times, instead of dataset.edge_split's fractions of them; task=edge: the targets by edge_label_time
+    # (docs/temporal.md)
 
     def check(self, task: str, select: str) -> None:
         super().check(task, select)

@@ -182,6 +182,7 @@ class EdgeItems(Items):
 
     noun = "target edges"
     own_sampler = False
+    strict_times = True  # (a target asked at its time: its own edge, and those at its time, unseen)
 
     def __init__(self, cfg: RunConfig, env: RankEnv, views):
         super().__init__(cfg, env, views)
@@ -247,13 +248,19 @@ class EdgeItems(Items):
     def describe(self, shape: GraphShape) -> str:
         rel = f" of {'__'.join(self.relation)}" if self.relation else ""
         return (f"{self.mine('train').numel()}/{self.mine('val').numel()}/{self.mine('test').numel()} train/val/test "
-                f"target edges{rel} ({shape.target.outputs()}), target edges "
-                f"{'left out' if self.cfg.task.target_edges == 'drop' else 'kept'} in their batches"
+                f"target edges{rel} ({shape.target.outputs()}), "
+                + ("each asked as of its time" if self.sampler is not None and getattr(self.sampler, "times", None)
+                   is not None else
+                   f"target edges {'left out' if self.cfg.task.target_edges == 'drop' else 'kept'} in their batches")
                 + ("" if self.owned is None else " (this rank's own)"))
 
     @staticmethod
     def wrap(cfg: RunConfig, views, node_sampler, targets):
         """Around both ends of each target; with each target's own features where the decoder reads them."""
+        if getattr(node_sampler, "timeline", None) is not None and targets.time is None:  # (a PyG graph's: known here)
+            from hpcgnn.checks import untimed_targets
+
+            raise untimed_targets(f"dataset={cfg.dataset.name}", "data.edge_label_time")
         drop = cfg.task.target_edges == "drop"
         if targets.relation is not None:  # a typed graph's: a relation's edges, around both ends' types
             rel = targets.relation
