@@ -155,11 +155,11 @@ class LinkSampler:
 
 class EdgeTargetSampler:
     """Batches of an edge task's targets (by id; ``targets``: :class:`hpcgnn.data.edges.EdgeTargets`): the
-    neighbourhood of both ends of each (a timed graph's targets with times: each end a tree of its own sampled
-    strictly before its target's time, a temporal ``node_sampler``'s), the targets' labels, and (``drop_targets``) the batch's target pairs left
-    out of its message passing in either direction, so that no label leaks through its own edge (the graph's edges
-    they take away from each end's in-degree: the targets' ``place`` and ``reverse``). The pairs to score are
-    ``edge_label_index`` [2, B] (local ids of the batch's seeds, its distinct ends) and their labels
+    neighbourhood of both ends of each (targets with times, around a temporal ``node_sampler``: each end a tree of
+    its own sampled strictly before its target's time), the targets' labels, and (``drop_targets``) the batch's
+    target pairs left out of its message passing in either direction, so that no label leaks through its own edge
+    (the graph's edges they take away from each end's in-degree: the targets' ``place`` and ``reverse``). The pairs
+    to score are ``edge_label_index`` [2, B] (local ids of the batch's seeds) and their labels
     ``edge_label``; ``positives``: B, the step's targets. ``pair_ids(items)``: the targets' own edges' ids where
     their features are (-1: a pair that is no edge), where the decoder reads them: then ``edge_label_e_id`` [B]
     (the loader gathers them), or, where the targets keep their own apart (``targets.own``: parallel edges, one
