@@ -162,10 +162,19 @@ def is_timed(dataset) -> bool:
     return gives(Path(dataset.path).expanduser(), "edge_time")
 
 
+def has_table(dataset) -> bool:
+    """Whether the dataset gives a table of (node, time, label) entries (a homogeneous files folder's ``table_node``:
+    :mod:`hpcgnn.data.tables`)."""
+    if dataset.name != "files" or not dataset.path or is_typed(dataset):
+        return False
+    return gives(Path(dataset.path).expanduser(), "table_node")
+
+
 def check_timed_config(cfg, timed: bool | None = None, seed_times: bool | None = None) -> None:
     """What a graph whose edges have times asks of the rest of the config, while sampling respects them
-    (``time.respect``): what samples as of each seed's time today (a node task, neighbour sampling, a replicated graph
-    on the host; every producer), each other setting refused naming the way out. ``timed``, ``seed_times``: whether
+    (``time.respect``): what samples as of each seed's time today (a node task, link prediction in time order, an edge
+    task's targets at their times; neighbour sampling, a replicated graph on the host; every producer), each other
+    setting refused naming the way out (a link task's time.respect=false too: its message passing holds every edge). ``timed``, ``seed_times``: whether
     the graph's edges and its nodes have times, where the rank knows it (a PyG graph's, once prepared); None: a files
     folder's."""
     t, tc = cfg.train, cfg.time
@@ -183,6 +192,11 @@ def check_timed_config(cfg, timed: bool | None = None, seed_times: bool | None =
                           + "; ".join(f"{k}: {v}" for k, v in datasets.TIMES.items()) + ") and keep time.respect=true, "
                           "or another model")
     link = cfg.task.name == "link"
+    table = cfg.task.name == "node" and not unread and has_table(d)
+    if table and not (timed and tc.respect):
+        raise ConfigError(f"{_which(d)} gives a table of (node, time, label) entries, each asked as of its time: its "
+                          "edges need times, and time.respect=true. HINT: add edge_time.npy (one time per edge), or "
+                          "drop time.respect=false")
     if link and cfg.task.negatives == "historical" and timed is False:
         raise ConfigError(f"task.negatives=historical draws destinations each source met before a link's time, but the "
                           f"edges of {_which(d)} have no times. HINT: task.negatives=uniform, or give the edges' times ("
@@ -199,7 +213,7 @@ def check_timed_config(cfg, timed: bool | None = None, seed_times: bool | None =
     if cfg.task.name == "edge" and d.name == "files" and not unread and not gives(Path(d.path).expanduser(),
                                                                                   "edge_label_time"):
         raise untimed_targets(_which(d), "edge_label_time.npy")
-    if cfg.task.name == "node" and seed_times is False:
+    if cfg.task.name == "node" and seed_times is False and not table:
         given = "seed_time.npy" if d.name == "files" else "data.seed_time"
         raise ConfigError(f"the edges of {_which(d)} have times, but its nodes do not say when each label is asked. "
                           f"HINT: add {given} (one time per node, the edges' unit), or time.respect=false to train on "
@@ -213,8 +227,8 @@ def check_timed_config(cfg, timed: bool | None = None, seed_times: bool | None =
                     (t.eval_mode != "full", "train.eval_mode=full (exact inference would read every edge)"),
                     (t.graph_on != "device", "train.graph_on=device")):
         if not ok:
-            raise ConfigError(f"the edges of {_which(d)} have times: sampling as of each seed's "
-                              f"time runs for task=node, link or edge, train.sampler=neighbor, a replicated graph on the host; got "
+            raise ConfigError(f"the edges of {_which(d)} have times: sampling as of each seed's time runs for "
+                              "task=node, link or edge, train.sampler=neighbor, a replicated graph on the host; got "
                               f"{why}. HINT: drop that setting, or time.respect=false to train on every edge, those "
                               "after a seed's time too")
 

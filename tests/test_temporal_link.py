@@ -371,3 +371,91 @@ def test_edge_targets_with_times_are_sampled_strictly_before_them_and_split_by_t
     with pytest.raises(DatasetError, match=r"the targets' times are float64 but the edges' int64: give both as "
                                            r"integers or both as floats"):
         prepare_targets(_prepared(dataset_config(**base, time_split=(1, 3))))
+
+
+def table_folder(folder, n=400, e=6000, r=1500, seed=0):
+    """:func:`event_folder` with a table of (node, time, label) entries: some nodes asked at several times."""
+    a = event_folder(folder, n, e, seed)
+    rng = np.random.default_rng(seed + 1)
+    node, time = rng.integers(0, n, r), rng.integers(0, 10_000, r)
+    node[:20], time[:20] = 7, np.arange(20) * 500  # (node 7 asked at twenty times)
+    label = rng.integers(0, 3, r)
+    for name, arr in (("table_node", node), ("table_time", time), ("table_label", label)):
+        np.save(folder / f"{name}.npy", arr)
+    return a, node, time, label
+
+
+def test_a_tables_entries_are_each_their_node_asked_as_of_their_time(tmp_path):
+    """A files folder's table of (node, time, label) entries: the node task's items are its entries, split by their
+    times (dataset.time_split); an entry's seed is its node, a tree of its own drawing only edges at or before the
+    entry's time (a node asked at twenty times: twenty trees), its label the entry's (not the node's); what a table
+    needs refused naming the file or the fix."""
+    from hpcgnn.checks import check_task_config
+    from hpcgnn.env import RankEnv
+    from hpcgnn.errors import DatasetError
+    from hpcgnn.submit.compose import compose
+    from hpcgnn.tasks import open_store
+    from hpcgnn.tasks.items import TableItems
+
+    a, node, time, label = table_folder(tmp_path / "g")
+    common = ["dataset=files", f"dataset.path={tmp_path / 'g'}", f"dataset.root={tmp_path / 'root'}",
+              "dataset.time_split=[6000,8000]"]
+    store = open_store(make_config(*common), RankEnv.from_environ({}))
+    items = store.items
+    assert isinstance(items, TableItems) and items.table.count == 1500
+    assert bool((items.table.time[items.train_ids()] < 6000).all())
+    assert bool((items.table.time[items.table.split("test")] >= 8000).all())
+    from hpcgnn.sampling.temporal import TableSampler
+
+    node_sampler = store.train_sampler.node_sampler
+    assert isinstance(store.train_sampler, TableSampler) and isinstance(node_sampler, TemporalSampler)
+    assert not node_sampler.strict  # (an entry's label asked at its time: the edges at it may be seen)
+    g = store.graph
+    with_ids = TableSampler(TemporalSampler(g.rowptr, g.timeline, [6, 4], edge_ids=True), items.table)
+    ids = torch.arange(0, 40)
+    for sampler in (store.train_sampler, with_ids):
+        out = sampler.sample(ids, torch.Generator().manual_seed(0))
+        assert out.batch_size == 40 and torch.equal(out.n_id[:40], torch.from_numpy(node[:40]))
+        assert torch.equal(out.targets["y"], torch.from_numpy(label[:40]))
+        assert out.edge_age.numel() > 0 and bool((out.edge_age >= 0).all())
+        assert len(set(out.tree[:20].tolist())) == 20  # (node 7's twenty entries: twenty trees)
+    by_csr = torch.empty(g.num_edges, dtype=g.timeline.time.dtype)
+    by_csr[g.timeline.edge] = g.timeline.time
+    at = torch.from_numpy(time[:40])[out.tree[out.edge_index[1]]]
+    assert bool((by_csr[out.e_id] <= at).all()) and torch.equal(out.edge_age, (at - by_csr[out.e_id]).float())
+    check_task_config(compose([*common, f"run_dir={tmp_path / 'run'}"]).cfg)  # (no seed_time needed)
+    with pytest.raises(ConfigError, match=r"gives a table of \(node, time, label\) entries, each asked as of its "
+                                          r"time: its edges need times, and time.respect=true\. HINT: add "
+                                          r"edge_time.npy"):
+        check_task_config(compose([*common, "time.respect=false", f"run_dir={tmp_path / 'run'}"]).cfg)
+    np.save(tmp_path / "g" / "table_node.npy", np.full(1500, 400))
+    with pytest.raises(DatasetError, match=r"table_node.npy: node ids must lie in \[0, 400\) \(the rows of x\)"):
+        open_store(make_config(*common), RankEnv.from_environ({}))
+    np.save(tmp_path / "g" / "table_node.npy", node)
+    with pytest.raises(DatasetError, match=r"a table's entries need a split\. HINT: dataset.time_split=\[t_val,t_test\]"
+                                           r" \(by their times\), or table_train_idx, table_val_idx, table_test_idx"):
+        open_store(make_config(*common[:3]), RankEnv.from_environ({}))
+
+
+@pytest.mark.slow
+def test_a_table_trains_the_same_from_a_sampler_server_and_predict_writes_each_entry(tmp_path):
+    """A node task over a table: the same metrics in the rank and from a sampler server (the same batches); predict
+    writes each test entry's prediction (entry ids), as of its time, with the run's metric."""
+    from conftest import predict_here
+
+    table_folder(tmp_path / "g")
+    common = ["dataset=files", f"dataset.path={tmp_path / 'g'}", "dataset.time_split=[6000,8000]", "train.epochs=2",
+              "launch.procs=1", "model.hidden_channels=16", "train.batch_size=128", "metrics.tensorboard=false"]
+    results = {}
+    for name, extra in (("rank", []), ("servers", ["launch.sampler_servers=1"])):
+        res = run_cli(*common, *extra, cwd=tmp_path / name)
+        assert res.returncode == 0, res.stderr[-3000:]
+        results[name] = json.loads((tmp_path / name / "run" / "summary.json").read_text())
+        assert "a table of 1500 (node, time, label) entries" in res.stdout + res.stderr
+    assert results["servers"]["test"] == results["rank"]["test"]
+    assert results["servers"]["best_val"] == results["rank"]["best_val"]
+    s = predict_here(tmp_path / "rank" / "run")
+    assert s["of"] == "table entries" and s["mode"] == "sampled" and s["value"] == results["rank"]["test"]
+    ids = np.load(tmp_path / "rank" / "run" / "predict" / "predictions-test-best" / "ids.npy")
+    times = np.load(tmp_path / "g" / "table_time.npy")
+    assert ids.size == s["rows"] and bool((times[ids] >= 8000).all())

@@ -262,9 +262,12 @@ def split_files(cfg: DatasetConfig, folder: Path, y: np.ndarray, mmap: bool = Fa
     """The three splits of a folder's nodes, as ``(path, ids)`` read from its files; or, with ``dataset.time_split``
     ([t_val, t_test]), its labelled nodes by ``seed_time``: before t_val training, before t_test validation, the
     rest test (the folder's own split files, if any, not read). A link task's cut times split its edges instead
-    (:func:`hpcgnn.data.link.time_split_edges`), an edge task's its targets (:func:`hpcgnn.data.edges.prepare_targets`)."""
+    (:func:`hpcgnn.data.link.time_split_edges`), an edge task's its targets (:func:`hpcgnn.data.edges.prepare_targets`),
+    a table's its entries (:mod:`hpcgnn.data.tables`)."""
+    from hpcgnn.checks import has_table
+
     cut = getattr(cfg, "time_split", None)
-    if cut is None or cfg.prepared_for in ("link", "edge"):
+    if cut is None or cfg.prepared_for in ("link", "edge") or has_table(cfg):
         return {name: _read(folder, name, mmap) for name in FILES[3:]}
     ps, when = _read(folder, "seed_time", mmap=True)
     if when.ndim != 1 or when.shape[0] != y.shape[0]:

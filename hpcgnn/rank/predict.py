@@ -82,7 +82,7 @@ def predict(cfg: RunConfig, env: RankEnv, device: torch.device) -> dict:
         ids = items
     else:
         ids = split_ids(cfg, p.split, store.shape.schema)
-    of = f"pair(s) of {p.pairs}" if p.pairs else f"{'target edge' if edges else 'node'}(s) (split {p.split})"
+    of = f"pair(s) of {p.pairs}" if p.pairs else f"{store.items.noun if edges else 'nodes'} (split {p.split})"
     log.info("predict: %s of %d %s with %s (epoch %s), %s inference, %s", p.what, ids.size, of, p.model_file,
              record.get("epoch"), mode, precision)
     t_infer = time.perf_counter()
@@ -112,7 +112,7 @@ def predict(cfg: RunConfig, env: RankEnv, device: torch.device) -> dict:
     widths = {"ids": [], **{k: list(v.shape[1:]) for k, v in arrays.items()}}
     summary = {
         "kind": "predict", "what": p.what, "split": p.split, "rows": int(ids.size), "mode": mode, "at": p.at,
-        "of": "pairs" if p.pairs else "target edges" if edges else "nodes",
+        "of": "pairs" if p.pairs else store.items.noun if edges else "nodes",
         "metric": f"{p.split}_{metric}" if labels is not None else None, "value": value,
         "run_value": (record.get("metrics") or {}).get(f"{p.split}_{metric}"),  # the trained run's, at that epoch
         "arrays": {k: {"file": f"{k}.npy", "dtype": str(a.dtype), "shape": [int(ids.size), *widths[k]]}
@@ -192,6 +192,11 @@ def inference_mode(cfg: RunConfig, model: torch.nn.Module) -> str:
         if p.mode == "sampled":
             raise PredictError(f"at={p.at:g} computes every output exactly from the edges before it; got "
                                "mode=sampled. HINT: drop mode=")
+        from hpcgnn.checks import has_table
+
+        if p.what == "predictions" and has_table(cfg.dataset):
+            raise PredictError(f"at={p.at:g}: a table's predictions are each entry's as of its own time. HINT: drop at= "
+                               "(or --embeddings split=all: every node's as of T)")
         timed_graph = False
     timed_graph = timed_graph and cfg.time.respect
     run_mode = eval_mode(cfg, timed_graph)

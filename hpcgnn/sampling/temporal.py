@@ -87,3 +87,21 @@ class TemporalSampler(CSRNeighborSampler):
         nbr.add_(tree.index_select(0, row).mul_(n))  # (in place: where ``out`` put them)
         self._ages.append(at.index_select(0, row) - tl.time.index_select(0, pos))
         return (row, nbr, tl.edge.index_select(0, pos)) if eid else (row, nbr)
+
+
+class TableSampler:
+    """Batches of a table's entries (by id; ``table``: :class:`hpcgnn.data.tables.NodeTable`): each entry's node a
+    seed of its own, sampled as of the entry's time by a temporal ``node_sampler`` (a node asked at two times: two
+    trees, two seeds), and the entries' labels as the batch's (``y``: the seeds' targets, not the graph's labels)."""
+
+    def __init__(self, node_sampler: TemporalSampler, table):
+        self.node_sampler, self.table = node_sampler, table
+
+    @property
+    def device(self) -> torch.device:  # (hpcgnn.sampling.protocol)
+        return self.node_sampler.device
+
+    def sample(self, items: Tensor, generator: torch.Generator | None = None) -> SampledSubgraph:
+        items, t = items.long(), self.table
+        out = self.node_sampler.sample(t.node.index_select(0, items), generator, t.time.index_select(0, items))
+        return replace(out, targets={"y": t.label.index_select(0, items)})

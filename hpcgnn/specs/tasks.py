@@ -87,6 +87,8 @@ class TaskSpec:
     # at submit (None: not yet, or a task without kinds)
     targets_prepare: str | None = None  # "module:function" (dataset): its targets prepared beside the graph (None:
     # the graph's own labels)
+    tables: str | None = None  # "module:Class": its items' unit over a table of (node, time, label) entries, where a
+    # dataset gives one (hpcgnn.data.tables; None: it takes none)
 
     def own(self, key: str) -> str | None:
         """How a class of the user's own is built where ``task.<key>`` may name one (None: it may not)."""
@@ -180,7 +182,7 @@ SPECS: dict[str, TaskSpec] = {s.name: s for s in (
              tuple(KINDS), check="hpcgnn.checks:check_node", config=NodeTaskConfig, typed=True,
              prediction=PredictionSpec("a node classifier", "its predictions of a split's nodes or their embeddings",
                                        ("predictions", "embeddings"), exact=("embeddings",)),
-             target_check="hpcgnn.data:check_target"),
+             target_check="hpcgnn.data:check_target", tables="hpcgnn.tasks.items:TableItems"),
     TaskSpec("link", "link prediction", "hpcgnn.tasks.link:LinkPrediction", "edges to predict (with negatives)",
              "hpcgnn.tasks.items:LinkItems", "hpcgnn.models.link:task_model",
              metrics=("auc", "ap", "mrr", "hits@K"), check="hpcgnn.checks:check_link", config=LinkTaskConfig,

@@ -71,6 +71,7 @@ class GraphViews:
     typed: object | None = None  # a typed graph's CSRs by relation (the graph, or the rank's typed parts)
     typed_rows: Callable[[str, Tensor], Tensor] | None = None  # (node type, its ids) -> rows of ``typed``'s CSRs
     edge_rows: object | None = None  # where edges' features are read by id (gather_edges)
+    time_dtype: object | None = None  # a timed graph's edge times' dtype (None: its edges have no times)
 
 
 class Store(abc.ABC):

@@ -66,7 +66,8 @@ def whole_views(g: Graph) -> GraphViews:
     """What a task's items read of a whole graph ``g``."""
     return GraphViews(g.num_features, g.num_classes, g.num_nodes, g.labels, None, g.edge_dim, whole=True,
                       has_edge=lambda: csr_has_edge(g.rowptr, g.col),
-                      row_starts=lambda nodes: g.rowptr.index_select(0, nodes), edge_rows=LocalFeatures(g))
+                      row_starts=lambda nodes: g.rowptr.index_select(0, nodes), edge_rows=LocalFeatures(g),
+                      time_dtype=g.timeline.time.dtype if g.timeline is not None else None)
 
 
 def whole_samplers(cfg: RunConfig, g: Graph, state: SamplerState, wrap=None, strict: bool = False) -> tuple:

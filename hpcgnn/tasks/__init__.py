@@ -19,8 +19,12 @@ def task_class(name: str):
 
 
 def task_items(cfg):
-    """The unit of ``cfg``'s task's items (:mod:`hpcgnn.tasks.items`): what a store opens over its graph."""
-    return load(tasks.SPECS[cfg.task.name].batches)
+    """The unit of ``cfg``'s task's items (:mod:`hpcgnn.tasks.items`): what a store opens over its graph; over a
+    table of (node, time, label) entries where the dataset gives one and the task takes it (its spec's ``tables``)."""
+    from hpcgnn.checks import has_table
+
+    spec = tasks.SPECS[cfg.task.name]
+    return load(spec.tables if spec.tables and has_table(cfg.dataset) else spec.batches)
 
 
 def open_store(cfg, env, device=None):

@@ -81,9 +81,14 @@ class Task(abc.ABC):
     def predict_rows(self, model: torch.nn.Module, mode: str, what: str, split: str):
         """This rank's rows of ``split`` for ``hpcgnn predict``: (outputs, their ids, their labels or None), exact
         (``mode`` full) or from the evaluation's sampled batches; ``what``: predictions or embeddings. A node
-        model's here (:mod:`hpcgnn.tasks.prediction`)."""
-        from hpcgnn.tasks.prediction import node_rows
+        model's here (:mod:`hpcgnn.tasks.prediction`); a table's entries' predictions, from the evaluation's batches
+        (each entry as of its time)."""
+        from hpcgnn.models import node_logits_and_labels
+        from hpcgnn.tasks.prediction import node_rows, walk
 
+        if what != "embeddings" and self.store.items.predicted(split) is not None:
+            return walk(self.store.eval_loader(split, transform=self.transform),
+                        lambda b: node_logits_and_labels(model, b) if b.batch_size else None)
         return node_rows(self, model, mode, split, embeddings=what == "embeddings")
 
     def prediction(self, what: str, rows: Tensor) -> dict:

@@ -24,6 +24,7 @@ from torch import Tensor
 from hpcgnn.config import RunConfig
 from hpcgnn.data.graph import GraphShape
 from hpcgnn.env import RankEnv
+from hpcgnn.errors import ConfigError
 from hpcgnn.labels import resolve, where_labels
 from hpcgnn.models import decoder_reads_edges, edge_features_read
 from hpcgnn.sampling.link import EdgeTargetSampler, LinkSampler, pair_sampler, share
@@ -102,7 +103,6 @@ class LinkItems(Items):
     strict_times = True  # (a positive's own edge is at its time)
 
     def __init__(self, cfg: RunConfig, env: RankEnv, views):
-
         super().__init__(cfg, env, views)
         self.data = link_splits(cfg)
         self.positives = views.link_train if views.link_train is not None else self.data.train.pos
@@ -174,6 +174,67 @@ def link_splits(cfg: RunConfig, evaluated: bool = True):
     if evaluated and data.timed:
         return with_eval_negatives(data, cfg.task.eval_negatives, cfg.dataset.seed)
     return data
+
+
+class TableItems(Items):
+    """A node task's entries of a table of (node, time, label) (:class:`hpcgnn.data.tables.NodeTable`): a step's seeds
+    are training entries, each its node asked as of its time; a split's, its entries (a node perhaps at several
+    times). Whole graphs only (the timed graphs that sample as of a time)."""
+
+    noun = "table entries"
+    own_sampler = False
+
+    def __init__(self, cfg: RunConfig, env: RankEnv, views):
+        from hpcgnn.data.tables import open_table
+
+        super().__init__(cfg, env, views)
+        self.table = open_table(cfg.dataset, views.num_nodes, views.time_dtype)
+
+    def shape(self) -> GraphShape:
+        return graph_shape(self.cfg, self.views, self.table.labels, 0, f"{self.cfg.dataset.path}/table_label")
+
+    def train_ids(self) -> Tensor:
+        return self.table.split("train")
+
+    def eval_ids(self, split: str) -> Tensor:
+        ids = self.table.split(split)
+        lo, hi = share(ids.numel(), self.env.rank, self.env.world_size)
+        return ids[lo:hi]
+
+    def ends(self, ids: Tensor) -> Tensor:
+        return torch.unique(self.table.node.index_select(0, ids))
+
+    def train_sampler(self, node_sampler):
+        return self.wrap(node_sampler, self.table)
+
+    def eval_sampler(self, split: str, node_sampler):
+        return self.wrap(node_sampler, self.table)
+
+    def predicted(self, split: str):
+        """Every entry of ``split`` (entry ids: rows of the table)."""
+        return np.sort(self.table.split(split).numpy())
+
+    def describe(self, shape: GraphShape) -> str:
+        t = self.table
+        nodes = int(torch.unique(t.node).numel())
+        return (f"a table of {t.count} (node, time, label) entries over {nodes} nodes, "
+                f"{'/'.join(str(t.split(s).numel()) for s in ('train', 'val', 'test'))} train/val/test "
+                f"({shape.target.outputs()}), each node asked as of its entry's time")
+
+    @staticmethod
+    def wrap(node_sampler, table):
+        from hpcgnn.sampling.temporal import TableSampler
+
+        if getattr(node_sampler, "timeline", None) is None:
+            raise ConfigError("a table's entries are each asked as of a time: its graph's edges need times (edge_time) "
+                              "and time.respect=true. HINT: add edge_time.npy, or drop time.respect=false")
+        return TableSampler(node_sampler, table)
+
+    @classmethod
+    def server_sampler(cls, cfg: RunConfig, views, node_sampler):
+        from hpcgnn.data.tables import open_table
+
+        return cls.wrap(node_sampler, open_table(cfg.dataset, views.num_nodes, views.time_dtype))
 
 
 class EdgeItems(Items):
