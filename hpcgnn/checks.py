@@ -162,6 +162,11 @@ def is_timed(dataset) -> bool:
     return gives(Path(dataset.path).expanduser(), "edge_time")
 
 
+def _times_given() -> str:
+    """Where each source gives edge times, as the refusals name them."""
+    return "; ".join(f"{k}: {v}" for k, v in datasets.TIMES.items())
+
+
 def has_table(dataset) -> bool:
     """Whether the dataset gives a table of (node, time, label) entries (a homogeneous files folder's ``table_node``:
     :mod:`hpcgnn.data.tables`)."""
@@ -189,7 +194,7 @@ def check_timed_config(cfg, timed: bool | None = None, seed_times: bool | None =
     if spec is not None and spec.times and timed is not None and not (tc.respect and timed):
         raise ConfigError(f"model={cfg.model.name} reads each sampled edge's age: it trains on a graph whose edges "
                           "have times, sampled as of each seed's time. HINT: give the edges' times ("
-                          + "; ".join(f"{k}: {v}" for k, v in datasets.TIMES.items()) + ") and keep time.respect=true, "
+                          + _times_given() + ") and keep time.respect=true, "
                           "or another model")
     link = cfg.task.name == "link"
     table = cfg.task.name == "node" and not unread and has_table(d)
@@ -200,7 +205,7 @@ def check_timed_config(cfg, timed: bool | None = None, seed_times: bool | None =
     if link and cfg.task.negatives == "historical" and timed is False:
         raise ConfigError(f"task.negatives=historical draws destinations each source met before a link's time, but the "
                           f"edges of {_which(d)} have no times. HINT: task.negatives=uniform, or give the edges' times ("
-                          + "; ".join(f"{k}: {v}" for k, v in datasets.TIMES.items()) + ")")
+                          + _times_given() + ")")
     if link and timed and not tc.respect:
         raise ConfigError(f"the edges of {_which(d)} have times: task=link splits them in time order and keeps every "
                           "edge in message passing, the validation and test edges too, which only sampling as of each "

@@ -123,7 +123,7 @@ def prepare_targets(cfg: DatasetConfig) -> Path:
     from hpcgnn.checks import is_typed
     from hpcgnn.data.files import files_folder
     from hpcgnn.data.mapped import open_graph, open_typed
-    from hpcgnn.io import atomic_folder
+    from hpcgnn.io import atomic_folder, write_npy
 
     folder = targets_folder(cfg)
     if (folder / "meta.json").is_file():
@@ -155,9 +155,9 @@ def prepare_targets(cfg: DatasetConfig) -> Path:
     splits = {s: _check_split(np.asarray(splits[s]), index.shape[1], f"{where} ({s} split)") for s in SPLITS}
     time = None if relation is not None else target_times(cfg, graph, index.shape[1])
     if time is not None and getattr(cfg, "time_split", None) is not None:  # (by the times they are asked)
-        cut = cfg.time_split
-        splits = {"train": np.flatnonzero(time < cut[0]), "val": np.flatnonzero((time >= cut[0]) & (time < cut[1])),
-                  "test": np.flatnonzero(time >= cut[1])}
+        from hpcgnn.data.times import time_parts
+
+        splits = {s: np.flatnonzero(m) for s, m in zip(SPLITS, time_parts(time, cfg.time_split), strict=True)}
     rows = graph.edge_attr if relation is None else (graph.edge_attr or {}).get(relation)  # (the graph's, if any)
     repeats = 0 if rows is None else index.shape[1] - np.unique(index[0].astype(np.int64) * sizes[1] + index[1]).size
     own = _kept_apart(own, rows, repeats)
@@ -173,7 +173,7 @@ def prepare_targets(cfg: DatasetConfig) -> Path:
         if own is not None:
             np.save(tmp / "own.npy", own)
         if time is not None:
-            np.save(tmp / "time.npy", time)
+            write_npy(tmp / "time.npy", time)
         meta = {"count": int(index.shape[1]), "labels": profile(label, splits),
                 "relation": list(relation) if relation else None, "own": own is not None, "time": time is not None}
         (tmp / "meta.json").write_text(json.dumps(meta, indent=1))

@@ -36,7 +36,7 @@ import torch
 from hpcgnn.config import DatasetConfig
 from hpcgnn.data.graph import Graph
 from hpcgnn.data.ooc import drop_pages
-from hpcgnn.data.times import read_times
+from hpcgnn.data.times import read_times, time_parts
 from hpcgnn.errors import ConfigError, DatasetError
 from hpcgnn.labels import profile, stored
 
@@ -273,8 +273,8 @@ def split_files(cfg: DatasetConfig, folder: Path, y: np.ndarray, mmap: bool = Fa
     if when.ndim != 1 or when.shape[0] != y.shape[0]:
         raise DatasetFileError(f"{ps}: shape {tuple(when.shape)}, expected [{y.shape[0]}]: one time per node")
     labelled, when = _known(np.asarray(y)), np.asarray(when)
-    parts = (when < cut[0], (when >= cut[0]) & (when < cut[1]), when >= cut[1])
-    return {name: (ps, np.flatnonzero(labelled & part)) for name, part in zip(FILES[3:], parts, strict=True)}
+    return {name: (ps, np.flatnonzero(labelled & part)) for name, part in zip(FILES[3:], time_parts(when, cut),
+                                                                              strict=True)}
 
 
 def _known(y: np.ndarray) -> np.ndarray:

@@ -48,7 +48,7 @@ class NodeTable:
 def open_table(dataset, num_nodes: int, time_dtype: torch.dtype) -> NodeTable:
     """The folder's table, checked against the graph (``num_nodes``; its edges' times' dtype)."""
     from hpcgnn.data.files import _read, files_folder
-    from hpcgnn.data.times import _check, kind_of
+    from hpcgnn.data.times import _check, kind_of, time_parts
 
     folder = files_folder(dataset)
     read = {name: _read(folder, name, mmap=True) for name in NAMES}
@@ -72,8 +72,7 @@ def open_table(dataset, num_nodes: int, time_dtype: torch.dtype) -> NodeTable:
     cut = getattr(dataset, "time_split", None)
     names = [f"table_{s}_idx" for s in SPLITS]
     if cut is not None:
-        splits = {"train": np.flatnonzero(time < cut[0]), "val": np.flatnonzero((time >= cut[0]) & (time < cut[1])),
-                  "test": np.flatnonzero(time >= cut[1])}
+        splits = {s: np.flatnonzero(m) for s, m in zip(SPLITS, time_parts(time, cut), strict=True)}
     elif all(gives(folder, n) for n in names):
         splits = {}
         for s, n in zip(SPLITS, names, strict=True):

@@ -58,6 +58,12 @@ def read_times(folder: Path, num_edges: int, num_nodes: int, read) -> tuple[np.n
     return edge_time, seed_time
 
 
+def time_parts(when: np.ndarray, cut) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Masks of ``when``'s entries before ``cut[0]`` (training), before ``cut[1]`` (validation) and from it (test):
+    ``dataset.time_split``'s rule, for nodes, edge targets and a table's entries alike."""
+    return when < cut[0], (when >= cut[0]) & (when < cut[1]), when >= cut[1]
+
+
 def _check(path: Path, a: np.ndarray, count: int, what: str) -> None:
     kind_of(path, a)
     if a.ndim != 1 or a.shape[0] != count:
