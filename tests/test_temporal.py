@@ -223,7 +223,6 @@ def test_a_timed_graph_refuses_what_does_not_sample_as_of_a_time_naming_the_way_
     assert eval_mode(checked(base)) == "sampled"  # (exact inference would read every edge)
     assert eval_mode(checked([*base, "time.respect=false"])) == "full"
     for extra, why in ((["train.sampler=ladies"], "train.sampler=ladies"),
-                       (["graph=partitioned"], "graph.mode=partitioned"),
                        (["train.eval_mode=full"], r"train.eval_mode=full \(exact inference would read every edge\)"),
                        (["train.edge_budget=100"], "train.sampler=neighbor with train.edge_budget=100")):
         with pytest.raises(ConfigError, match=rf"the edges of dataset.path=\S+ have times: sampling as of each seed's "
@@ -236,6 +235,10 @@ def test_a_timed_graph_refuses_what_does_not_sample_as_of_a_time_naming_the_way_
     link = [*base, "task=link"]  # links as of their times: no seed times needed; what would leak refused
     assert eval_mode(checked(link)) == "sampled"
     checked([*link, "task.negatives=historical"])
+    checked([*base, "graph=partitioned"])  # (a node task's seed times, over parts too)
+    with pytest.raises(ConfigError, match=r"time runs for task=node, link or edge, .*; got graph.mode=partitioned with "
+                                          r"task=link\. HINT: drop that setting"):
+        checked([*link, "graph=partitioned"])
     with pytest.raises(ConfigError, match=r"time runs for task=node, link or edge, .*; got task.negatives=strict \(no edge "
                                           r"between the pair at any time, later ones too\)\. HINT: drop that setting"):
         checked([*link, "task.negatives=strict"])
@@ -389,8 +392,7 @@ def pyg_timed_graph(use_time: bool = False):
 def test_a_pyg_graphs_edge_times_are_respected_as_a_folders_are(tmp_path):
     """``Data.edge_time`` (or ``Data.time``, one per edge) and ``Data.seed_time``: prepared into the same timeline as
     the same arrays in a files folder; trained at chance on the leak detector with time respected (evaluation sampled
-    as of each node's time), learnt with time.respect=false (exact evaluation); and what samples as of a time
-    nowhere yet refused once the rank knows the graph's edges have times (a partitioned graph)."""
+    as of each node's time), learnt with time.respect=false (exact evaluation); its parts carry its timeline."""
     from conftest import make_config, train_here
 
     common = ["dataset=pyg", f"dataset.root={tmp_path / 'root'}", "train.epochs=8", "model.hidden_channels=32",
@@ -408,9 +410,13 @@ def test_a_pyg_graphs_edge_times_are_respected_as_a_folders_are(tmp_path):
     ignored = train_here(*pyg, "time.respect=false", run_dir=tmp_path / "ignored")
     assert respected["eval_mode"] == "sampled" and ignored["eval_mode"] == "full"
     assert respected["test"] < 0.6 and ignored["test"] > 0.85, (respected["test"], ignored["test"])
-    with pytest.raises(ConfigError, match=r"the edges of dataset=pyg have times: .*; got graph.mode=partitioned\. "
-                                          r"HINT: drop that setting, or time.respect=false"):
-        train_here(*pyg, "graph=partitioned", run_dir=tmp_path / "parts")
+    from hpcgnn.partition import ensure_parts
+    from hpcgnn.partition.parts import open_parts
+
+    parted = make_config(*pyg, "graph=partitioned", "graph.num_parts=1", "launch.procs=1")  # (its parts carry its times as a folder's)
+    ensure_parts(parted.dataset, parted.graph, 1)
+    whole, part = open_graph(parted.dataset).timeline, open_parts(parted.dataset, parted.graph, 1, [0]).timeline
+    assert all(torch.equal(getattr(whole, f), getattr(part, f)) for f in ("col", "time", "edge", "seed_time"))
 
 
 def pyg_timed_graph_by_time():

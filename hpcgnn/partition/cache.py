@@ -20,7 +20,7 @@ from hpcgnn.errors import ConfigError
 from hpcgnn.partition.compute import check_partition_memory, compute_parts, seed_weight
 from hpcgnn.partition.multilevel import LOCAL, Comm
 from hpcgnn.partition.report import partition_report
-from hpcgnn.partition.write import typed_arrays, write_parts
+from hpcgnn.partition.write import time_arrays, typed_arrays, write_parts
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +105,8 @@ def ensure_parts(dataset: DatasetConfig, graph_cfg: GraphConfig, num_parts: int,
         meta["edge_features"] = graph.edge_dim
         meta["part_edges"] = torch.bincount(part.long(), weights=graph.degree().double(),
                                             minlength=num_parts).long().tolist()
+    if graph.timeline is not None:  # each part holds its rows' edges in time (and its nodes' seed times)
+        meta["times"] = {"arrays": time_arrays(graph), "dtype": str(graph.timeline.time.dtype).split(".")[-1]}
     write_parts(graph, part, folder, meta, edges, typed, comm)
     return folder, read_meta(folder) or meta, False
 

@@ -13,7 +13,9 @@ from torch import Tensor
 from hpcgnn.checks import is_typed
 from hpcgnn.config import DatasetConfig, GraphConfig
 from hpcgnn.data import cache, cache_folder
+from hpcgnn.data.graph import Timeline
 from hpcgnn.data.ooc import rows_as_stored
+from hpcgnn.data.prepared import timed
 from hpcgnn.data.typed import Relation, TypedSchema, relation_key
 from hpcgnn.errors import PartitionError
 from hpcgnn.io import sha256_file
@@ -68,6 +70,9 @@ class Parts:
     edge_attr: Tensor | None = None  # [owned edges, D]: each edge's features, in this rank's CSR order (None: none)
     edge_base: Tensor | None = None  # int64 [num_parts + 1]: each part's first global edge id (its edges in CSR order)
     edge_features_dropped: bool = False  # the graph's edges have features this partition was written without
+    # a timed graph's: the owned rows' in-edges in time (their places in this rank's CSR), and the owned nodes' seed
+    # times in row order (``seed_time[row]``; None: not given); None: the graph's edges have no times
+    timeline: Timeline | None = None
 
     @property
     def num_features(self) -> int:
@@ -92,7 +97,9 @@ class Parts:
         """Bytes of graph data this rank holds (the maps included)."""
         own = sum(t.numel() * t.element_size() for t in (self.node_part, self.node_local, self.degree, self.nodes,
                                                            self.rowptr, self.col, self.x, self.y))
-        return own + (self.typed.nbytes() if self.typed is not None else 0)
+        tl = self.timeline
+        timed = sum(t.numel() * t.element_size() for t in (tl.col, tl.time, tl.edge)) if tl is not None else 0
+        return own + timed + (self.typed.nbytes() if self.typed is not None else 0)
 
 
 def open_parts(dataset: DatasetConfig, graph_cfg: GraphConfig, num_parts: int, owned: list[int],
@@ -114,8 +121,12 @@ def open_parts(dataset: DatasetConfig, graph_cfg: GraphConfig, num_parts: int, o
     if (typed_meta is None) == is_typed(dataset):  # the fingerprint covers it; a clear word anyway
         raise PartitionError(f"{folder} does not record the node types of the prepared {dataset.name}: delete it "
                              f"and partition again. {hint}")
+    if timed(dataset) and "times" not in meta:  # (written by a version whose parts carried no times)
+        raise PartitionError(f"{folder} was written without its edges' times (by an older hpcgnn): delete it and "
+                             f"partition again. {hint}")
+    times = meta.get("times", {}).get("arrays", [])
     extra = [*meta.get("edge_arrays", []), *(typed_meta["arrays"] if typed_meta else []),
-             *([EDGE_FEATURES] if meta.get("edge_features") else [])]
+             *([EDGE_FEATURES] if meta.get("edge_features") else []), *times]
     need = ["node_part.npy", "node_local.npy", "degree.npy"] + \
         [f"part_{i}/{a}.npy" for i in owned for a in [*PART_ARRAYS, *extra]]
     for rel in need:
@@ -157,7 +168,21 @@ def open_parts(dataset: DatasetConfig, graph_cfg: GraphConfig, num_parts: int, o
                  num_classes=int(meta["num_classes"]), num_nodes=num_nodes,
                  train_pos=cat("train_pos", 1) if "train_pos" in edge_arrays else None, typed=typed,
                  halo_bound=min(num_nodes - nodes.numel(), sum(halos[i] for i in owned)), labels=meta.get("labels"),
-                 **_edge_features(meta, data_folder, cat))
+                 timeline=_timeline(times, per_part, owned, cat), **_edge_features(meta, data_folder, cat))
+
+
+def _timeline(times: list[str], per_part: dict, owned: list[int], cat) -> Timeline | None:
+    """The owned parts' rows of a timed graph's timeline, one part after another as their CSRs are: each edge's place
+    in the rank's CSR (a part's own, shifted by the edges of the rank's parts before it), and the owned nodes' seed
+    times in their rows' order (None: the graph's edges have no times)."""
+    if not times:
+        return None
+    edge, start = [], 0
+    for i in owned:
+        edge.append(per_part[i]["time_edge"] + start if start else per_part[i]["time_edge"])
+        start += int(per_part[i]["rowptr"][-1])
+    return Timeline(cat("time_col"), cat("time_sorted"), edge[0] if len(edge) == 1 else torch.cat(edge),
+                    cat("seed_time") if "seed_time" in times else None)
 
 
 def _edge_features(meta: dict, data_folder, cat) -> dict:

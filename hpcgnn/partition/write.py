@@ -29,6 +29,9 @@ WRITE_ROWS = 1 << 16  # nodes per chunk when a part's columns and features are w
 
 PART_ARRAYS = ("nodes", "rowptr", "col", "x", "y", "train_idx", "val_idx", "test_idx")
 EDGE_FEATURES = "edge_attr"  # a part's edges' features, where the graph's edges have some (META: edge_features)
+# A timed graph's parts (META: times): each row's in-edges in time, as the prepared timeline holds them (their sources,
+# their times, each one's place in the part's CSR), and the part's nodes' seed times where the graph gives them.
+TIME_ARRAYS = ("time_col", "time_sorted", "time_edge")
 
 
 _numpy = stored_rows  # (a tensor as numpy writes it: META names the feature dtype)
@@ -93,11 +96,15 @@ class _PartFiles:
 
     def save_rows(self, rel: str, source: Tensor, rows) -> None:
         """``source``'s rows at the ascending indices of each of ``rows``, appended chunk by chunk."""
+        self.save_chunks(rel, source[:0], (gather_sorted(source, index) for index in rows))
+
+    def save_chunks(self, rel: str, like: Tensor, chunks) -> None:
+        """One array of ``like``'s dtype and row shape, from ``chunks`` appended one after another."""
         path = self.tmp / rel
         path.parent.mkdir(exist_ok=True)
-        out = NpyAppender(path, _numpy(source[:0]).dtype, tuple(source.shape[1:]))
-        for index in rows:
-            out.append(_numpy(gather_sorted(source, index)))
+        out = NpyAppender(path, _numpy(like[:0]).dtype, tuple(like.shape[1:]))
+        for chunk in chunks:
+            out.append(_numpy(chunk))
         out.close()
         self.files[rel] = sha256_file(path)
 
@@ -112,6 +119,8 @@ def _write_part(out: _PartFiles, i: int, graph: Graph, part: Tensor, edges: dict
     out.save_rows(f"part_{i}/x.npy", graph.x, runs)
     if graph.edge_attr is not None:  # each edge's features, in the part's CSR order (its columns')
         out.save_rows(f"part_{i}/edge_attr.npy", graph.edge_attr, (csr_rows(graph.rowptr, r)[1] for r in runs))
+    if graph.timeline is not None:
+        _write_timeline(out, i, graph, runs)
     rowptr = torch.zeros(nodes.numel() + 1, dtype=torch.long)
     rowptr[1:] = torch.cumsum(graph.rowptr.index_select(0, nodes + 1) - graph.rowptr.index_select(0, nodes), 0)
     arrays = {"nodes": nodes, "rowptr": rowptr,
@@ -119,6 +128,8 @@ def _write_part(out: _PartFiles, i: int, graph: Graph, part: Tensor, edges: dict
     for split in ("train_idx", "val_idx", "test_idx"):
         idx = getattr(graph, split)
         arrays[split] = idx[mine[idx]]
+    if graph.timeline is not None and graph.timeline.seed_time is not None:  # (in the part's row order)
+        arrays["seed_time"] = graph.timeline.seed_time.index_select(0, nodes)
     for name, pairs in edges.items():
         arrays[name] = pairs[:, mine.index_select(0, pairs[0])].contiguous()
     if typed is not None:  # per relation, the rows of the part's nodes of its target type
@@ -134,11 +145,40 @@ def _write_part(out: _PartFiles, i: int, graph: Graph, part: Tensor, edges: dict
     for name, array in arrays.items():
         out.save(f"part_{i}/{name}.npy", array)
     del arrays, rowptr, nodes, mine, runs
-    for mapped in (graph.x, graph.col, graph.rowptr, *([graph.edge_attr] if graph.edge_attr is not None else [])):
+    timeline = graph.timeline
+    for mapped in (graph.x, graph.col, graph.rowptr, *([graph.edge_attr] if graph.edge_attr is not None else []),
+                   *((timeline.col, timeline.time, timeline.edge) if timeline is not None else ())):
         # a part's rows are all over the graph's pages
         drop_pages(mapped)
     trim_heap()
     log.debug("part %d written", i)
+
+
+def _write_timeline(out: _PartFiles, i: int, graph: Graph, runs: list[Tensor]) -> None:
+    """Part ``i``'s rows of the graph's timeline, a chunk of rows at a time: their sources and times, and each edge's
+    place in the part's CSR (the timeline's rows are the CSR's: an edge at timeline position p of a row holds, in the
+    part, its place in that row plus the row's start there)."""
+    tl = graph.timeline
+    out.save_rows(f"part_{i}/time_col.npy", tl.col, (csr_rows(graph.rowptr, r)[1] for r in runs))
+    out.save_rows(f"part_{i}/time_sorted.npy", tl.time, (csr_rows(graph.rowptr, r)[1] for r in runs))
+
+    def places():
+        start = 0
+        for r in runs:
+            pos = csr_rows(graph.rowptr, r)[1]
+            # tl.edge[p] - p: the edge's place in its row less p's own; p's place in the part is start + its index
+            yield gather_sorted(tl.edge, pos) - pos + torch.arange(start, start + pos.numel())
+            start += pos.numel()
+
+    out.save_chunks(f"part_{i}/time_edge.npy", tl.edge, places())
+
+
+def time_arrays(graph: Graph) -> list[str]:
+    """The timeline arrays of a timed graph's parts (none where its edges have no times)."""
+    tl = graph.timeline
+    if tl is None:
+        return []
+    return [*TIME_ARRAYS, *(["seed_time"] if tl.seed_time is not None else [])]
 
 
 def _write_maps(out: _PartFiles, graph: Graph, part: Tensor, num_parts: int) -> None:

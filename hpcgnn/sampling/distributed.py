@@ -182,16 +182,39 @@ class PartitionedNeighborSampler(CSRNeighborSampler):
     def hop(self, frontier: Tensor, fanout: int, generator: torch.Generator | None, eid: bool = False) -> tuple:
         """The frontier's sampled in-edges (``eid``: and their global edge ids, which come back with a remote
         node's neighbours from its owner: :meth:`PartitionView.edge_ids`)."""
+        row, nbr, e, _ = self.across(frontier, None, fanout, generator, eid)
+        return (row, nbr, e) if eid else (row, nbr)
+
+    def draw(self, rows: Tensor, at: Tensor | None, fanout: int, generator: torch.Generator | None, eid: bool) -> tuple:
+        """``(row, source[, position])`` of up to ``fanout`` in-edges of each of this rank's ``rows`` (as of its time
+        in ``at``, where a subclass samples by time); a position :meth:`edge_of` makes a place in the rank's CSR."""
+        return sample_neighbors(self.rowptr, self.col, rows, fanout, generator, eid=eid)
+
+    def edge_of(self, pos: Tensor) -> Tensor:
+        """Places in the rank's CSR of the edges :meth:`draw` drew at ``pos``."""
+        return pos
+
+    def time_of(self, pos: Tensor) -> Tensor:
+        """Times of the edges :meth:`draw` drew at ``pos`` (a timed subclass's)."""
+        raise NotImplementedError
+
+    def across(self, nodes: Tensor, at: Tensor | None, fanout: int, generator: torch.Generator | None,
+               eid: bool) -> tuple:
+        """``(row, source, global edge ids or None, edge times or None)`` of the sampled in-edges of ``nodes``, rows
+        in their order: the rank's own drawn here, the others' by their owners, to whom they travel (with their
+        times in ``at``: each drawn as of its own; None: untimed)."""
         view, ex = self.view, self.exchange
-        owner = view.owner(frontier)
+        timed = at is not None
+        owner = view.owner(nodes)
         mine = owner == view.rank
         idx_mine, idx_remote = mine.nonzero().flatten(), (~mine).nonzero().flatten()
-        row_l, nbr_l, *e_l = sample_neighbors(self.rowptr, self.col, view.row(frontier[idx_mine]), fanout, generator,
-                                              eid=eid)
+        row_l, nbr_l, *p_l = self.draw(view.row(nodes.index_select(0, idx_mine)),
+                                       at.index_select(0, idx_mine) if timed else None, fanout, generator, eid)
 
-        asked, order, sent, received = ex.request(frontier[idx_remote], owner[idx_remote])
+        asked, order, sent, received = ex.request(nodes.index_select(0, idx_remote), owner.index_select(0, idx_remote))
         ex.stats.sample_requests += idx_remote.numel()
-        row_a, nbr_a, *e_a = sample_neighbors(self.rowptr, self.col, view.row(asked), fanout, generator, eid=eid)
+        asked_at = ex(at.index_select(0, idx_remote.index_select(0, order)), sent, received) if timed else None
+        row_a, nbr_a, *p_a = self.draw(view.row(asked), asked_at, fanout, generator, eid)
         per_asked = torch.bincount(row_a, minlength=asked.numel())
         per_sent = ex(per_asked, received, sent)  # neighbours per node this rank asked for
         counts = segment_sums(per_asked, received), segment_sums(per_sent, sent)
@@ -201,13 +224,16 @@ class PartitionedNeighborSampler(CSRNeighborSampler):
         nbr = torch.cat([nbr_l, nbr_r])
         by_row = torch.argsort(row, stable=True)  # rows in frontier order, as the replicated sampler
         row, nbr = row[by_row], nbr[by_row]
-        e = torch.cat([view.edge_ids(e_l[0]), ex(view.edge_ids(e_a[0]), *counts)])[by_row] if eid else None
+        e = torch.cat([view.edge_ids(self.edge_of(p_l[0])), ex(view.edge_ids(self.edge_of(p_a[0])), *counts)]
+                      )[by_row] if eid else None
+        when = torch.cat([self.time_of(p_l[0]), ex(self.time_of(p_a[0]), *counts)])[by_row] if timed else None
         if self.boundary_fraction < 1.0 and nbr.numel():
             keep = (view.owner(nbr) == view.rank) | (
                 torch.rand(nbr.numel(), generator=generator) < self.boundary_fraction)
             row, nbr = row[keep], nbr[keep]
             e = e[keep] if eid else None
-        return (row, nbr, e) if eid else (row, nbr)
+            when = when[keep] if timed else None
+        return row, nbr, e, when
 
 
 def fetch_rows(ex: Exchange, view: PartitionView, table: Tensor, ids: Tensor, owner: Tensor, row_of=None) -> Tensor:

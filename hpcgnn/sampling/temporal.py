@@ -25,40 +25,36 @@ from torch import Tensor
 
 import hpcgnn.kernels.ops as ops
 from hpcgnn.data.graph import Timeline
+from hpcgnn.sampling.distributed import PartitionedNeighborSampler
 from hpcgnn.sampling.neighbor import CSRNeighborSampler, SampledSubgraph, sample_neighbors
 
 STRATEGIES = ("uniform", "last")
 
 
-class TemporalSampler(CSRNeighborSampler):
-    """Samples ``fanouts[h]`` neighbours per node at hop ``h`` as of each seed's time, a tree per seed.
+class TreeWalk:
+    """The walk as of each seed's time, a tree per seed, over keys ``tree * num_nodes + node`` (in a map the size of the
+    batch): :meth:`sample` and the draw of one hop's edges as of their trees' times (:meth:`draw_as_of`); a sampler
+    over a whole graph (:class:`TemporalSampler`) and one across parts (:class:`PartitionedTemporalSampler`) mix it
+    into their neighbour sampler, whose walk (:meth:`CSRNeighborSampler._walk`) calls their ``hop``."""
 
-    ``sample(seeds, generator, times)``: ``times`` (one per seed, the timeline's dtype) default to ``seed_time[seeds]``
-    (a node task's time each node's label is asked). ``window``: only edges not older than this (None: any);
-    ``strict``: only edges strictly before the seed's time. Holds only references to the graph. The walk is the
-    neighbour sampler's (:meth:`CSRNeighborSampler._walk`) over the keys ``tree * num_nodes + node``, in a map the
-    size of the batch; :meth:`hop` draws as of each key's tree's time.
-    """
-
-    def __init__(self, rowptr: Tensor, timeline: Timeline, fanouts: tuple[int, ...] | list[int],
-                 strategy: str = "uniform", window: float | int | None = None, strict: bool = False,
-                 edge_ids: bool = False):
+    def _as_of(self, timeline: Timeline, strategy: str, window, strict: bool, num_nodes: int) -> None:
         if strategy not in STRATEGIES:
             raise ValueError(f"strategy {strategy!r}: use uniform or last")
-        super().__init__(rowptr, timeline.col, fanouts, id_map="batch", edge_ids=edge_ids)
-        self.timeline, self.seed_time = timeline, timeline.seed_time
-        self.strategy, self.strict = strategy, strict
+        self.timeline, self.strategy, self.strict, self.num_nodes = timeline, strategy, strict, num_nodes
         self.window = None if window is None else torch.tensor(window, dtype=timeline.time.dtype)
-        self.num_nodes = rowptr.numel() - 1
         self._times: Tensor | None = None  # the batch's seeds' times (one batch at a time: the guard's)
         self._ages: list[Tensor] = []
+
+    def seed_times(self, seeds: Tensor) -> Tensor | None:
+        """When each seed's label is asked, where the graph says (None: it does not)."""
+        raise NotImplementedError
 
     def sample(self, seeds: Tensor, generator: torch.Generator | None = None,
                times: Tensor | None = None) -> SampledSubgraph:
         if times is None:
-            if self.seed_time is None:
+            times = self.seed_times(seeds.long())
+            if times is None:
                 raise ValueError("a timed graph's seeds need their times: pass times, or give the graph seed times")
-            times = self.seed_time.index_select(0, seeds.long())
         if times.numel() != seeds.numel():
             raise ValueError(f"{times.numel()} times for {seeds.numel()} seeds: one each")
         n, dev = self.num_nodes, self.device
@@ -73,20 +69,85 @@ class TemporalSampler(CSRNeighborSampler):
         tree = torch.div(out.n_id, n, rounding_mode="floor")
         return replace(out, n_id=out.n_id - tree * n, edge_age=ages, tree=tree)
 
+    def trees(self, frontier: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Each frontier key's tree, node, and time (its tree's)."""
+        tree = torch.div(frontier, self.num_nodes, rounding_mode="floor")
+        return tree, frontier - tree * self.num_nodes, self._times.index_select(0, tree)
+
+    def draw_as_of(self, rowptr: Tensor, rows: Tensor, at: Tensor, fanout: int, generator: torch.Generator | None,
+                   out: Callable[[int], tuple[Tensor, Tensor]] | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """``(row, source, timeline position)`` of up to ``fanout`` in-edges of each of ``rows`` (of ``rowptr``, the
+        timeline's rows) as of its time in ``at``: the part of its list the time bounds allow, drawn from as rows of
+        a CSR by the one hop kernel."""
+        tl = self.timeline
+        bounds = ops.time_bounds(rowptr, tl.time, rows, at, self.strict, self.window,
+                                 fanout if self.strategy == "last" else 0)
+        return sample_neighbors(bounds, tl.col, torch.arange(0, bounds.numel(), 2, device=rowptr.device), fanout,
+                                generator, out=out, eid=True)
+
+
+class TemporalSampler(TreeWalk, CSRNeighborSampler):
+    """Samples ``fanouts[h]`` neighbours per node at hop ``h`` as of each seed's time, a tree per seed.
+
+    ``sample(seeds, generator, times)``: ``times`` (one per seed, the timeline's dtype) default to ``seed_time[seeds]``
+    (a node task's time each node's label is asked). ``window``: only edges not older than this (None: any);
+    ``strict``: only edges strictly before the seed's time. Holds only references to the graph. The walk is the
+    neighbour sampler's (:meth:`CSRNeighborSampler._walk`) over the keys ``tree * num_nodes + node``, in a map the
+    size of the batch; :meth:`hop` draws as of each key's tree's time.
+    """
+
+    def __init__(self, rowptr: Tensor, timeline: Timeline, fanouts: tuple[int, ...] | list[int],
+                 strategy: str = "uniform", window: float | int | None = None, strict: bool = False,
+                 edge_ids: bool = False):
+        super().__init__(rowptr, timeline.col, fanouts, id_map="batch", edge_ids=edge_ids)
+        self._as_of(timeline, strategy, window, strict, rowptr.numel() - 1)
+        self.seed_time = timeline.seed_time
+
+    def seed_times(self, seeds: Tensor) -> Tensor | None:
+        return None if self.seed_time is None else self.seed_time.index_select(0, seeds)
+
     def hop(self, frontier: Tensor, fanout: int, generator: torch.Generator | None,
             out: Callable[[int], tuple[Tensor, Tensor]] | None = None, eid: bool = False) -> tuple:
         """``(row, neighbour keys[, edge ids])`` of the frontier's keys, each drawn as of its tree's time; the
         edges' ages kept for the batch."""
-        n, tl = self.num_nodes, self.timeline
-        tree = torch.div(frontier, n, rounding_mode="floor")
-        at = self._times.index_select(0, tree)
-        bounds = ops.time_bounds(self.rowptr, tl.time, frontier - tree * n, at, self.strict, self.window,
-                                 fanout if self.strategy == "last" else 0)
-        rows = torch.arange(0, bounds.numel(), 2, device=self.device)
-        row, nbr, pos = sample_neighbors(bounds, tl.col, rows, fanout, generator, out=out, eid=True)
-        nbr.add_(tree.index_select(0, row).mul_(n))  # (in place: where ``out`` put them)
+        tl = self.timeline
+        tree, node, at = self.trees(frontier)
+        row, nbr, pos = self.draw_as_of(self.rowptr, node, at, fanout, generator, out)
+        nbr.add_(tree.index_select(0, row).mul_(self.num_nodes))  # (in place: where ``out`` put them)
         self._ages.append(at.index_select(0, row) - tl.time.index_select(0, pos))
         return (row, nbr, tl.edge.index_select(0, pos)) if eid else (row, nbr)
+
+
+class PartitionedTemporalSampler(TreeWalk, PartitionedNeighborSampler):
+    """The temporal sampler across parts (``view.parts.timeline``: the rank's rows in time): a frontier key whose node
+    another rank owns travels to it with its tree's time, and its owner draws as of that time from its own rows,
+    sending back the edges' sources, times and ids (:meth:`PartitionedNeighborSampler.across`). Seeds are the rank's
+    own nodes (their seed times are its rows'), or come with their times."""
+
+    def __init__(self, view, fanouts, exchange, boundary_fraction: float = 1.0, edge_ids: bool = False,
+                 strategy: str = "uniform", window: float | int | None = None, strict: bool = False):
+        super().__init__(view, fanouts, exchange, boundary_fraction, edge_ids)
+        self._as_of(view.parts.timeline, strategy, window, strict, view.parts.num_nodes)
+
+    def seed_times(self, seeds: Tensor) -> Tensor | None:
+        st = self.timeline.seed_time
+        return None if st is None else st.index_select(0, self.view.row(seeds))
+
+    def draw(self, rows: Tensor, at: Tensor | None, fanout: int, generator: torch.Generator | None, eid: bool) -> tuple:
+        return self.draw_as_of(self.rowptr, rows, at, fanout, generator)
+
+    def edge_of(self, pos: Tensor) -> Tensor:
+        return self.timeline.edge.index_select(0, pos)
+
+    def time_of(self, pos: Tensor) -> Tensor:
+        return self.timeline.time.index_select(0, pos)
+
+    def hop(self, frontier: Tensor, fanout: int, generator: torch.Generator | None, eid: bool = False) -> tuple:
+        tree, node, at = self.trees(frontier)
+        row, nbr, e, when = self.across(node, at, fanout, generator, eid)
+        nbr.add_(tree.index_select(0, row).mul_(self.num_nodes))
+        self._ages.append(at.index_select(0, row) - when)
+        return (row, nbr, e) if eid else (row, nbr)
 
 
 class TableSampler:

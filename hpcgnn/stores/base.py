@@ -291,3 +291,23 @@ def typed_fanouts(cfg: RunConfig, graph) -> dict:
         raise ConfigError(f"train.relation_fanouts: {', '.join(bad)} need {len(t.fanouts)} hops like train.fanouts")
     return out
 
+
+def say_times(cfg: RunConfig, g, main: bool) -> None:
+    """What the log says of a graph whose edges have times (``g``: a whole graph, or a rank's parts): sampled as of
+    each seed's time (and how), or, with ``time.respect=false``, that every edge is seen, future ones too."""
+    tl, tc = g.timeline, cfg.time
+    if tl is None:
+        return
+    if not tc.respect:
+        if main:
+            log.warning("the graph's edges have times, and time.respect=false: each seed's neighbourhood takes every edge, "
+                        "those after the seed's time too (a model may learn from the future, and its metrics say so)")
+        return
+    if tc.window is not None and not tl.time.is_floating_point() and tc.window != int(tc.window):
+        raise ConfigError(f"time.window={tc.window:g}: the graph's edge times are integers. HINT: a whole number of "
+                          f"their unit, e.g. time.window={int(tc.window)}")
+    window = f"edges at most {tc.window:g} older than their seed" if tc.window is not None else "edges of any age"
+    if main:
+        log.info("the graph's edges have times (%s): each seed's neighbourhood as of its own time (%s, %s), a tree per "
+                 "seed", tl.time.dtype, "uniform among them" if tc.strategy == "uniform" else "the most recent",
+                 window)

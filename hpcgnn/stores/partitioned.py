@@ -25,7 +25,7 @@ from hpcgnn.sampling.distributed import CommStats, fetch_rows
 from hpcgnn.sampling.loader import shuffled_to
 from hpcgnn.sampling.producers import GraphSide
 from hpcgnn.sampling.shipping import SamplerState
-from hpcgnn.stores.base import GraphViews, Store, fanouts, labels_of, typed_fanouts
+from hpcgnn.stores.base import GraphViews, Store, fanouts, labels_of, say_times, typed_fanouts
 from hpcgnn.stores.exact import (
     Exact,
     PartsPieces,
@@ -63,6 +63,33 @@ def distinct(batch: Tensor) -> Tensor:
     return batch.index_select(0, first.sort().values)
 
 
+def parts_as_of(parts, at: float):
+    """A rank's parts (:class:`~hpcgnn.partition.parts.Parts` with a timeline) as of time ``at``: its rows' edges
+    strictly before it, in the CSR's order with their features, every node's in-degree and the parts' first edge ids
+    counted again over them (collective: each rank's rows add their own), and no timeline. What an exact pass as of
+    ``at`` reads (:func:`hpcgnn.data.times.as_of`'s, over parts); a copy of the kept edges, in memory."""
+    import dataclasses
+
+    tl, own = parts.timeline, parts.nodes.numel()
+    keep = torch.zeros(parts.col.numel(), dtype=torch.bool)
+    keep[tl.edge[tl.time < at]] = True
+    row = torch.repeat_interleave(torch.arange(own), parts.rowptr[1:] - parts.rowptr[:-1])
+    kept = torch.bincount(row[keep], minlength=own)
+    rowptr = torch.zeros(own + 1, dtype=torch.long)
+    rowptr[1:] = torch.cumsum(kept, 0)
+    degree = torch.zeros(parts.num_nodes, dtype=torch.long)
+    degree[parts.nodes] = kept
+    more = {}
+    if parts.edge_base is not None:  # a global edge id: its part's first, the parts' kept edges counted in order
+        per_part = torch.bincount(parts.node_part.index_select(0, parts.nodes).long(), weights=kept.double(),
+                                  minlength=parts.num_parts).long()
+        base = torch.zeros(parts.num_parts + 1, dtype=torch.long)
+        base[1:] = torch.cumsum(dist.all_reduce_sum(per_part), 0)
+        more = {"edge_attr": parts.edge_attr[keep], "edge_base": base}
+    return dataclasses.replace(parts, rowptr=rowptr, col=parts.col[keep], degree=dist.all_reduce_sum(degree).int(),
+                               timeline=None, **more)
+
+
 @dataclass(frozen=True)
 class PartSamplers:
     cache: object  # the rank's rows of any node (PartitionedFeatures): owned, cached, or fetched
@@ -71,10 +98,11 @@ class PartSamplers:
     seed_offset: int  # global id -> sampler seed (a typed graph's sampler takes target-type ids)
 
 
-def part_samplers(cfg: RunConfig, view, exchange, labels: bool) -> PartSamplers:
+def part_samplers(cfg: RunConfig, view, exchange, labels: bool, strict: bool = False) -> PartSamplers:
     """A rank's neighbour sampler across parts and where its rows come from, as a rank and its sampler servers build
     them (the hot-node cache empty: the rank fills it together with the others); ``labels``: the batches carry the
-    nodes' labels (the task's items are the graph's nodes)."""
+    nodes' labels (the task's items are the graph's nodes). A timed graph's samples as of each seed's time
+    (``time.respect``; ``strict``: strictly before it, the task's items say)."""
     from hpcgnn.sampling import distributed as d
 
     parts, g = view.parts, cfg.graph
@@ -89,8 +117,15 @@ def part_samplers(cfg: RunConfig, view, exchange, labels: bool) -> PartSamplers:
                                           edge_ids=bool(parts.typed.edge_attr) and reads_edge_features(cfg.model))
         features = PartitionedTypedFeatures(cache, sampler)
     else:  # (its batches say which edges they hold where the model reads their features)
-        sampler = d.PartitionedNeighborSampler(view, fanouts(cfg), exchange, g.boundary_fraction,
-                                               edge_ids=parts.edge_attr is not None and reads_edge_features(cfg.model))
+        edge_ids = parts.edge_attr is not None and reads_edge_features(cfg.model)
+        if parts.timeline is not None and cfg.time.respect:
+            from hpcgnn.sampling.temporal import PartitionedTemporalSampler
+
+            t = cfg.time
+            sampler = PartitionedTemporalSampler(view, fanouts(cfg), exchange, g.boundary_fraction, edge_ids,
+                                                 t.strategy, t.window, strict)
+        else:
+            sampler = d.PartitionedNeighborSampler(view, fanouts(cfg), exchange, g.boundary_fraction, edge_ids)
     return PartSamplers(cache, features, sampler, seed_offset)
 
 
@@ -115,9 +150,12 @@ class PartitionedStore(Store):
 
     def __init__(self, cfg: RunConfig, env: RankEnv, device: torch.device | None = None, items=None):
         super().__init__(cfg, env, device or torch.device("cpu"))
-        check_timed_config(cfg, timed=timed(cfg.dataset))  # (parts carry no times yet: refused while they count)
+        check_timed_config(cfg, timed=timed(cfg.dataset))  # (before the parts are made: a PyG graph's, once prepared)
         self.layouts: dict = {}  # exact inference's edges in local ids and halo plan, kept between evaluations
         self._hold_parts()
+        timeline = self.parts.timeline
+        check_timed_config(cfg, timeline is not None, timeline is not None and timeline.seed_time is not None)
+        say_times(cfg, self.parts, env.rank == 0)
         self._make_samplers(items)
         self._count_steps()
         if cfg.graph.cache_mb > 0:
@@ -139,6 +177,8 @@ class PartitionedStore(Store):
         per_rank = num_parts // env.world_size
         self.owned = list(range(env.rank * per_rank, (env.rank + 1) * per_rank))
         self.parts = parts = open_parts(cfg.dataset, cfg.graph, num_parts, self.owned)
+        if cfg.predict.at is not None and parts.timeline is not None:  # (predict at=T: exact over the edges before T)
+            self.parts = parts = parts_as_of(parts, cfg.predict.at)
         if parts.edge_features_dropped and reads_edge_features(cfg.model):
             raise PartitionError(f"the {num_parts}-part partition of {cfg.dataset.name} was written without its edges' "
                                  "features (by an older hpcgnn), and the model reads them. HINT: delete "
@@ -153,7 +193,7 @@ class PartitionedStore(Store):
         """Where batches' rows come from (the hot-node cache first, over every node type), the neighbour sampler
         across parts (evaluation's), the task's items over the rank's parts (``items``: their unit) and training's
         sampler (the neighbour sampler, or the items' around their seeds)."""
-        s = part_samplers(self.cfg, self.view, self.exchange, labels=items.own_sampler)
+        s = part_samplers(self.cfg, self.view, self.exchange, items.own_sampler, items.strict_times)
         self.cache, self.features, self.sampler = s.cache, s.features, s.sampler
         self.seed_offset = s.seed_offset  # global id -> sampler seed (a typed graph's sampler takes target-type ids)
         self.open_items(items, part_views(self.view, s.cache))
@@ -179,7 +219,7 @@ class PartitionedStore(Store):
                            verify=False)
         exchange = d.Exchange(None, rank, world, torch.device("cpu"), d.CommStats())
         view = d.PartitionView(parts, rank, per_rank)
-        s = part_samplers(cfg, view, exchange, labels=items.own_sampler)
+        s = part_samplers(cfg, view, exchange, items.own_sampler, items.strict_times)
         s.cache.cache_ids, s.cache.cache_x = state.arrays["cache_ids"], state.arrays["cache_x"]
         sampler = s.sampler if items.own_sampler else items.server_sampler(cfg, part_views(view, s.cache), s.sampler)
         return GraphSide(s.features, sampler, exchange), parts.degree

@@ -14,14 +14,20 @@ from hpcgnn.data import Graph, open_graph, prepare
 from hpcgnn.data.graph import csr_has_edge
 from hpcgnn.data.times import as_of
 from hpcgnn.env import RankEnv
-from hpcgnn.errors import ConfigError
 from hpcgnn.sampling import CSRNeighborSampler, steps_per_epoch
 from hpcgnn.sampling.loader import LocalFeatures
 from hpcgnn.sampling.producers import GraphSide
 from hpcgnn.sampling.shipping import SamplerState
 from hpcgnn.sampling.temporal import TemporalSampler
 from hpcgnn.specs.samplers import SPECS as SAMPLER_SPECS
-from hpcgnn.stores.base import GraphViews, WholeGraphStore, fanouts, on_local_rank0, require_training_items
+from hpcgnn.stores.base import (
+    GraphViews,
+    WholeGraphStore,
+    fanouts,
+    on_local_rank0,
+    require_training_items,
+    say_times,
+)
 from hpcgnn.stores.exact import Exact, WholeGraphPieces, exact_outputs
 from hpcgnn.stores.samplers import build as build_sampler
 from hpcgnn.stores.samplers import prepare as prepare_sampler
@@ -89,27 +95,6 @@ def node_sampler(cfg: RunConfig, g: Graph, edge_ids: bool, strict: bool = False)
         return TemporalSampler(g.rowptr, g.timeline, fanouts(cfg), cfg.time.strategy, cfg.time.window,
                                strict=strict, edge_ids=edge_ids)
     return CSRNeighborSampler(g.rowptr, g.col, fanouts(cfg), edge_ids=edge_ids)
-
-
-def say_times(cfg: RunConfig, g: Graph, main: bool) -> None:
-    """What the log says of a graph whose edges have times: sampled as of each seed's time (and how), or, with
-    ``time.respect=false``, that every edge is seen, future ones too."""
-    tl, tc = g.timeline, cfg.time
-    if tl is None:
-        return
-    if not tc.respect:
-        if main:
-            log.warning("the graph's edges have times, and time.respect=false: each seed's neighbourhood takes every edge, "
-                        "those after the seed's time too (a model may learn from the future, and its metrics say so)")
-        return
-    if tc.window is not None and not tl.time.is_floating_point() and tc.window != int(tc.window):
-        raise ConfigError(f"time.window={tc.window:g}: the graph's edge times are integers. HINT: a whole number of "
-                          f"their unit, e.g. time.window={int(tc.window)}")
-    window = f"edges at most {tc.window:g} older than their seed" if tc.window is not None else "edges of any age"
-    if main:
-        log.info("the graph's edges have times (%s): each seed's neighbourhood as of its own time (%s, %s), a tree per "
-                 "seed", tl.time.dtype, "uniform among them" if tc.strategy == "uniform" else "the most recent",
-                 window)
 
 
 class ReplicatedStore(WholeGraphStore):

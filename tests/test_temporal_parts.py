@@ -1,0 +1,158 @@
+"""Time on a partitioned graph: parts that carry each row's edges in time (their sources, times, places and seed
+times, as the whole graph's timeline holds them), the sampler across parts drawing as of each seed's time (a remote
+hop travels with its tree's time: the same edges as the whole graph's sampler, real gloo ranks), the leak detector
+at chance over parts in the rank and from a sampler process, and exact outputs as of a time over parts."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.multiprocessing as mp
+from conftest import local_rank_env, make_config, run_cli
+from test_temporal import leak_graph, write_timed_folder
+
+from hpcgnn.data import open_graph
+from hpcgnn.errors import PartitionError
+from hpcgnn.partition import ensure_parts
+from hpcgnn.partition.parts import open_parts
+from hpcgnn.sampling.temporal import TemporalSampler
+
+
+def timed_parts_config(folder: Path, root: Path, *more: str):
+    return make_config("dataset=files", f"dataset.path={folder}", f"dataset.root={root}", "graph=partitioned", *more)
+
+
+def with_edge_features(folder: Path, seed: int = 1) -> None:
+    """``edge_attr.npy`` beside a timed folder's edges: features that say which edge each is (its row)."""
+    e = np.load(folder / "edge_index.npy").shape[1]
+    rng = np.random.default_rng(seed)
+    np.save(folder / "edge_attr.npy", np.stack([np.arange(e), rng.normal(size=e)], 1).astype(np.float32))
+
+
+def test_a_timed_graphs_parts_carry_each_rows_edges_in_time(tmp_path):
+    """Every owned row's edges in time, as the whole graph's timeline holds them: their sources and times in the same
+    order, each one's place in the rank's CSR holding that edge (its source, its features), and the nodes' seed times;
+    a partition written without them (an older hpcgnn) is refused naming the fix."""
+    write_timed_folder(tmp_path / "g", n=1500)
+    with_edge_features(tmp_path / "g")
+    cfg = timed_parts_config(tmp_path / "g", tmp_path / "root", "graph.num_parts=4", "graph.method=random")
+    ensure_parts(cfg.dataset, cfg.graph, 4)
+    g = open_graph(cfg.dataset)
+    tl = g.timeline
+    for owned in ([0], [1, 2, 3]):
+        parts = open_parts(cfg.dataset, cfg.graph, 4, owned)
+        ptl = parts.timeline
+        pos = torch.cat([torch.arange(int(g.rowptr[v]), int(g.rowptr[v + 1])) for v in parts.nodes.tolist()])
+        assert torch.equal(ptl.col, tl.col[pos]) and torch.equal(ptl.time, tl.time[pos])
+        assert torch.equal(parts.col[ptl.edge], tl.col[pos])  # each place holds its edge: its source ...
+        assert torch.equal(parts.edge_attr[ptl.edge], g.edge_attr[tl.edge[pos]])  # ... and its features
+        assert torch.equal(ptl.seed_time, tl.seed_time[parts.nodes])
+    meta_path = next((tmp_path / "root").rglob("META.json"))
+    meta = json.loads(meta_path.read_text())
+    del meta["times"]
+    meta_path.write_text(json.dumps(meta))
+    with pytest.raises(PartitionError, match=r"was written without its edges' times \(by an older hpcgnn\): delete it "
+                                             r"and partition again\. HINT: python -m hpcgnn.partition"):
+        open_parts(cfg.dataset, cfg.graph, 4, [0])
+
+
+def _temporal_worker(rank: int, world: int, port: int, cfg, folder: str) -> None:
+    from hpcgnn.dist import new_group, process_group
+    from hpcgnn.sampling import distributed as d
+    from hpcgnn.sampling.temporal import PartitionedTemporalSampler
+
+    torch.set_num_threads(1)
+    env = local_rank_env(rank, world, port)
+    with process_group(env, cfg.dist, torch.device("cpu")):
+        parts = open_parts(cfg.dataset, cfg.graph, cfg.graph.num_parts, [rank])
+        ex = d.Exchange(new_group(cfg.dist), rank, world, torch.device("cpu"), d.CommStats())
+        view = d.PartitionView(parts, rank, 1)
+        features = d.PartitionedFeatures(view, ex)
+        out = {}
+        for name, fanouts, strategy, window, strict in (("last", [3, 2], "last", None, False),
+                                                         ("all-strict-window", [1000, 1000], "uniform", 300, True)):
+            sampler = PartitionedTemporalSampler(view, fanouts, ex, edge_ids=True, strategy=strategy, window=window,
+                                                 strict=strict)
+            seeds = parts.train_idx[:40]
+            b = sampler.sample(seeds, torch.Generator().manual_seed(rank))
+            x, y = features.gather(b.n_id, b.batch_size)
+            out[name] = {"seeds": seeds, "n_id": b.n_id, "tree": b.tree, "edge_index": b.edge_index,
+                         "edge_age": b.edge_age, "x": x, "y": y, "edge_attr": features.gather_edges(b.e_id)}
+        torch.save(out, f"{folder}/rank{rank}.pt")
+
+
+def _edges(n_id, tree, edge_index, age, rows) -> Counter:
+    """A batch's edges as (tree, source, target, age, edge feature row) entries."""
+    src, dst = edge_index
+    return Counter(zip(tree[dst].tolist(), n_id[src].tolist(), n_id[dst].tolist(), age.tolist(), rows.tolist(),
+                       strict=True))
+
+
+@pytest.mark.slow
+def test_the_sampler_across_parts_draws_as_of_each_seeds_time_what_the_whole_graphs_draws(tmp_path):
+    """Two gloo ranks, a part each: each seed's tree over parts holds exactly the edges the whole graph's temporal
+    sampler draws (the most recent k; every edge of a window strictly before the seed's time), each with its age and
+    its own features (fetched from the rank that holds it), and no edge after the seed's time."""
+    from hpcgnn.submit.local import free_port
+
+    write_timed_folder(tmp_path / "g", n=1500)
+    with_edge_features(tmp_path / "g")
+    cfg = timed_parts_config(tmp_path / "g", tmp_path / "root", "graph.num_parts=2")
+    ensure_parts(cfg.dataset, cfg.graph, 2)
+    g, given = open_graph(cfg.dataset), torch.from_numpy(np.load(tmp_path / "g" / "edge_attr.npy"))
+    port = free_port(23000 + os.getpid() % 5000, 20000, 32767)
+    mp.start_processes(_temporal_worker, args=(2, port, cfg, str(tmp_path)), nprocs=2, start_method="spawn")
+    for rank in range(2):
+        got = torch.load(tmp_path / f"rank{rank}.pt", weights_only=True)
+        for name, fanouts, strategy, window, strict in (("last", [3, 2], "last", None, False),
+                                                         ("all-strict-window", [1000, 1000], "uniform", 300, True)):
+            b = got[name]
+            whole = TemporalSampler(g.rowptr, g.timeline, fanouts, strategy, window, strict, edge_ids=True)
+            w = whole.sample(b["seeds"], torch.Generator().manual_seed(0))
+            assert w.edge_index.size(1) > 100, name
+            parts_edges = _edges(b["n_id"], b["tree"], b["edge_index"], b["edge_age"], b["edge_attr"][:, 0].long())
+            assert parts_edges == _edges(w.n_id, w.tree, w.edge_index, w.edge_age, g.edge_attr[w.e_id, 0].long()), name
+            assert bool((b["edge_age"] > 0).all() if strict else (b["edge_age"] >= 0).all()), name
+            assert torch.equal(b["edge_attr"], given[b["edge_attr"][:, 0].long()])  # each edge's whole row
+            assert torch.equal(b["x"], g.x[b["n_id"]]) and torch.equal(b["y"], g.y[b["seeds"]])
+            assert Counter(b["n_id"].tolist()) == Counter(w.n_id.tolist())
+
+
+@pytest.mark.slow
+def test_the_leak_detector_scores_at_chance_over_parts_and_predicts_as_of_a_time(tmp_path):
+    """The leak detector on a partitioned graph, 2 ranks: at chance in the rank and from a sampler process alike (the
+    same batches: the same metrics), while the same graph with time.respect=false learns the leak; predict at=T over
+    parts gives every node's exact output from the edges before T, the replicated graph's own."""
+    leak_graph(tmp_path / "g", n=2000)
+    common = ["dataset=files", f"dataset.path={tmp_path / 'g'}", f"dataset.root={tmp_path / 'root'}",
+              "train.epochs=6", "model.hidden_channels=32", "train.batch_size=256", "launch.procs=2",
+              "metrics.tensorboard=false"]
+    results = {}
+    for name, extra in (("parts", ["graph=partitioned"]), ("procs", ["graph=partitioned", "train.sampler_procs=1", "train.num_threads=2"]),
+                        ("ignored", ["graph=partitioned", "time.respect=false"])):
+        res = run_cli(*common, *extra, cwd=tmp_path / name)
+        assert res.returncode == 0, res.stderr[-3000:]
+        results[name] = json.loads((tmp_path / name / "run" / "summary.json").read_text())
+    parts, ignored = results["parts"]["test"], results["ignored"]["test"]
+    assert parts < 0.6 and ignored > 0.85, (parts, ignored)
+    assert results["procs"]["test"] == parts and results["procs"]["best_val"] == results["parts"]["best_val"]
+    run, outputs = tmp_path / "parts" / "run", {}
+    for mode in ("partitioned", "replicated"):
+        out = tmp_path / f"at-{mode}"
+        done = subprocess.run([sys.executable, "-m", "hpcgnn", "predict", str(run), "at=150", "split=all",
+                               f"out={out}", f"graph.mode={mode}"], capture_output=True, text=True, timeout=300,
+                              cwd=run.parent)
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert "as of 150" in done.stdout, done.stdout
+        ids = np.load(out / "ids.npy")
+        assert np.array_equal(np.sort(ids), np.arange(2000))
+        outputs[mode] = np.load(out / "probs.npy")[np.argsort(ids)]
+    np.testing.assert_allclose(outputs["partitioned"], outputs["replicated"], rtol=1e-5, atol=1e-5)
