@@ -178,9 +178,9 @@ def has_table(dataset) -> bool:
 def check_timed_config(cfg, timed: bool | None = None, seed_times: bool | None = None) -> None:
     """What a graph whose edges have times asks of the rest of the config, while sampling respects them
     (``time.respect``): what samples as of each seed's time today (a node task, link prediction in time order, an edge
-    task's targets at their times; neighbour sampling on the host, a replicated graph or, for a node task's seed times,
-    a partitioned one; every producer), each other setting refused naming the way out (a link task's
-    time.respect=false too: its message passing holds every edge). ``timed``, ``seed_times``: whether the graph's
+    task's targets at their times; neighbour sampling on the host, replicated or partitioned; every producer), each
+    other setting refused naming the way out (a link task's time.respect=false too: its message passing holds every
+    edge). ``timed``, ``seed_times``: whether the graph's
     edges and its nodes have times, where the rank knows it (a PyG graph's, once prepared); None: a files folder's."""
     t, tc = cfg.train, cfg.time
     if tc.window is not None and tc.window <= 0:
@@ -228,14 +228,11 @@ def check_timed_config(cfg, timed: bool | None = None, seed_times: bool | None =
                                                                      "any time, later ones too)"),
                     (t.sampler == "neighbor" and not t.edge_budget, f"train.sampler={t.sampler}"
                      + (f" with train.edge_budget={t.edge_budget}" if t.edge_budget else "")),
-                    (cfg.graph.mode == "replicated" or cfg.task.name == "node" and not table,
-                     f"graph.mode={cfg.graph.mode} with " + ("a table" if table else f"task={cfg.task.name}")),
                     (t.eval_mode != "full", "train.eval_mode=full (exact inference would read every edge)"),
                     (t.graph_on != "device", "train.graph_on=device")):
         if not ok:
             raise ConfigError(f"the edges of {_which(d)} have times: sampling as of each seed's time runs for "
-                              "task=node, link or edge, train.sampler=neighbor, on the host; over a replicated graph, "
-                              "or a partitioned one's nodes (seed_time); got "
+                              "task=node, link or edge, train.sampler=neighbor, on the host; got "
                               f"{why}. HINT: drop that setting, or time.respect=false to train on every edge, those "
                               "after a seed's time too")
 

@@ -1,7 +1,8 @@
 """Time on a partitioned graph: parts that carry each row's edges in time (their sources, times, places and seed
 times, as the whole graph's timeline holds them), the sampler across parts drawing as of each seed's time (a remote
 hop travels with its tree's time: the same edges as the whole graph's sampler, real gloo ranks), the leak detector
-at chance over parts in the rank and from a sampler process, and exact outputs as of a time over parts."""
+at chance over parts in the rank and from a sampler process, temporal link prediction and a table over parts, and
+exact outputs as of a time over parts (the replicated graph's)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 import torch.multiprocessing as mp
-from conftest import local_rank_env, make_config, run_cli
+from conftest import DATA_ROOT, local_rank_env, make_config, run_cli
 from test_temporal import leak_graph, write_timed_folder
 
 from hpcgnn.data import open_graph
@@ -64,6 +65,10 @@ def test_a_timed_graphs_parts_carry_each_rows_edges_in_time(tmp_path):
         open_parts(cfg.dataset, cfg.graph, 4, [0])
 
 
+CASES = (("last", [3, 2], "last", None, False), ("all-strict-window", [1000, 1000], "uniform", 300, True),
+         ("any-seeds-at-given-times", [1000, 1000], "uniform", None, True))
+
+
 def _temporal_worker(rank: int, world: int, port: int, cfg, folder: str) -> None:
     from hpcgnn.dist import new_group, process_group
     from hpcgnn.sampling import distributed as d
@@ -77,14 +82,20 @@ def _temporal_worker(rank: int, world: int, port: int, cfg, folder: str) -> None
         view = d.PartitionView(parts, rank, 1)
         features = d.PartitionedFeatures(view, ex)
         out = {}
-        for name, fanouts, strategy, window, strict in (("last", [3, 2], "last", None, False),
-                                                         ("all-strict-window", [1000, 1000], "uniform", 300, True)):
+        for name, fanouts, strategy, window, strict in CASES:
             sampler = PartitionedTemporalSampler(view, fanouts, ex, edge_ids=True, strategy=strategy, window=window,
                                                  strict=strict)
-            seeds = parts.train_idx[:40]
-            b = sampler.sample(seeds, torch.Generator().manual_seed(rank))
+            if name == "any-seeds-at-given-times":  # (a link's ends, a table's entries: any rank's, at their times)
+                seeds = torch.arange(rank, parts.num_nodes, 37)
+                times = torch.randint(0, 1000, (seeds.numel(),), generator=torch.Generator().manual_seed(rank))
+                b = sampler.sample(seeds, torch.Generator().manual_seed(rank), times)
+                features.labels = False
+            else:  # (a node task's: its own nodes, at their seed times)
+                seeds, times = parts.train_idx[:40], None
+                b = sampler.sample(seeds, torch.Generator().manual_seed(rank))
+                features.labels = True
             x, y = features.gather(b.n_id, b.batch_size)
-            out[name] = {"seeds": seeds, "n_id": b.n_id, "tree": b.tree, "edge_index": b.edge_index,
+            out[name] = {"seeds": seeds, "times": times, "n_id": b.n_id, "tree": b.tree, "edge_index": b.edge_index,
                          "edge_age": b.edge_age, "x": x, "y": y, "edge_attr": features.gather_edges(b.e_id)}
         torch.save(out, f"{folder}/rank{rank}.pt")
 
@@ -99,8 +110,9 @@ def _edges(n_id, tree, edge_index, age, rows) -> Counter:
 @pytest.mark.slow
 def test_the_sampler_across_parts_draws_as_of_each_seeds_time_what_the_whole_graphs_draws(tmp_path):
     """Two gloo ranks, a part each: each seed's tree over parts holds exactly the edges the whole graph's temporal
-    sampler draws (the most recent k; every edge of a window strictly before the seed's time), each with its age and
-    its own features (fetched from the rank that holds it), and no edge after the seed's time."""
+    sampler draws (the most recent k; every edge of a window strictly before the seed's time; any rank's seeds at
+    given times, as a link's ends and a table's entries are), each with its age and its own features (fetched from
+    the rank that holds it), and no edge after the seed's time (at it, where strict)."""
     from hpcgnn.submit.local import free_port
 
     write_timed_folder(tmp_path / "g", n=1500)
@@ -112,28 +124,30 @@ def test_the_sampler_across_parts_draws_as_of_each_seeds_time_what_the_whole_gra
     mp.start_processes(_temporal_worker, args=(2, port, cfg, str(tmp_path)), nprocs=2, start_method="spawn")
     for rank in range(2):
         got = torch.load(tmp_path / f"rank{rank}.pt", weights_only=True)
-        for name, fanouts, strategy, window, strict in (("last", [3, 2], "last", None, False),
-                                                         ("all-strict-window", [1000, 1000], "uniform", 300, True)):
+        for name, fanouts, strategy, window, strict in CASES:
             b = got[name]
             whole = TemporalSampler(g.rowptr, g.timeline, fanouts, strategy, window, strict, edge_ids=True)
-            w = whole.sample(b["seeds"], torch.Generator().manual_seed(0))
+            w = whole.sample(b["seeds"], torch.Generator().manual_seed(0), b["times"])
             assert w.edge_index.size(1) > 100, name
             parts_edges = _edges(b["n_id"], b["tree"], b["edge_index"], b["edge_age"], b["edge_attr"][:, 0].long())
             assert parts_edges == _edges(w.n_id, w.tree, w.edge_index, w.edge_age, g.edge_attr[w.e_id, 0].long()), name
             assert bool((b["edge_age"] > 0).all() if strict else (b["edge_age"] >= 0).all()), name
             assert torch.equal(b["edge_attr"], given[b["edge_attr"][:, 0].long()])  # each edge's whole row
-            assert torch.equal(b["x"], g.x[b["n_id"]]) and torch.equal(b["y"], g.y[b["seeds"]])
+            assert torch.equal(b["x"], g.x[b["n_id"]])
+            if b["times"] is None:
+                assert torch.equal(b["y"], g.y[b["seeds"]])
+            else:  # (seeds of both ranks)
+                owned = open_parts(cfg.dataset, cfg.graph, 2, [rank]).nodes
+                assert 0 < int(torch.isin(b["seeds"], owned).sum()) < b["seeds"].numel()
             assert Counter(b["n_id"].tolist()) == Counter(w.n_id.tolist())
 
 
 @pytest.mark.slow
-def test_the_leak_detector_scores_at_chance_over_parts_and_predicts_as_of_a_time(tmp_path):
+def test_the_leak_detector_scores_at_chance_over_parts(tmp_path):
     """The leak detector on a partitioned graph, 2 ranks: at chance in the rank and from a sampler process alike (the
-    same batches: the same metrics), while the same graph with time.respect=false learns the leak; predict at=T over
-    parts gives every node's exact output from the edges before T, the replicated graph's own."""
+    same batches: the same metrics), while the same graph with time.respect=false learns the leak."""
     leak_graph(tmp_path / "g", n=2000)
-    common = ["dataset=files", f"dataset.path={tmp_path / 'g'}", f"dataset.root={tmp_path / 'root'}",
-              "train.epochs=6", "model.hidden_channels=32", "train.batch_size=256", "launch.procs=2",
+    common = ["dataset=files", f"dataset.path={tmp_path / 'g'}", "train.epochs=6", "model.hidden_channels=32", "train.batch_size=256", "launch.procs=2",
               "metrics.tensorboard=false"]
     results = {}
     for name, extra in (("parts", ["graph=partitioned"]), ("procs", ["graph=partitioned", "train.sampler_procs=1", "train.num_threads=2"]),
@@ -144,15 +158,49 @@ def test_the_leak_detector_scores_at_chance_over_parts_and_predicts_as_of_a_time
     parts, ignored = results["parts"]["test"], results["ignored"]["test"]
     assert parts < 0.6 and ignored > 0.85, (parts, ignored)
     assert results["procs"]["test"] == parts and results["procs"]["best_val"] == results["parts"]["best_val"]
-    run, outputs = tmp_path / "parts" / "run", {}
+
+
+@pytest.mark.slow
+def test_temporal_links_and_a_table_train_over_parts_and_predict_as_of_their_times(tmp_path):
+    """Over two ranks' parts: link prediction in time order (historical negatives: each rank's own training links with
+    their times), whose embeddings as of T equal the replicated graph's bit for bit; a table's entries (each rank
+    trains on its own nodes' entries and evaluates a share of any), whose predict reproduces the run's metric."""
+    from test_temporal_link import event_folder, table_folder
+
+    from hpcgnn.data import open_link
+
+    event_folder(tmp_path / "g", n=600, e=8000)
+    table_folder(tmp_path / "t")
+    common = ["train.epochs=2", "launch.procs=2", "model.hidden_channels=16",
+              "train.batch_size=128", "graph=partitioned", "metrics.tensorboard=false"]
+    link = run_cli("dataset=files", f"dataset.path={tmp_path / 'g'}", "task=link", "task.negatives=historical",
+                   *common, cwd=tmp_path / "link")
+    assert link.returncode == 0, link.stderr[-3000:]
+    assert "in time order (each as of its time" in link.stdout + link.stderr
+    cfg = make_config("dataset=files", f"dataset.path={tmp_path / 'g'}", f"dataset.root={DATA_ROOT}", "task=link",
+                      "graph=partitioned")
+    train = open_link(cfg.dataset).train  # (each rank's parts hold its sources' training links with their times)
+    held = [open_parts(cfg.dataset, cfg.graph, 2, [r]) for r in range(2)]
+    assert sum(p.train_pos.size(1) for p in held) == train.pos.size(1)
+    for p in held:
+        key = p.train_pos[0] * 600 + p.train_pos[1]
+        assert bool(torch.isin(p.train_pos[0], p.nodes).all())
+        mine = torch.isin(train.pos[0], p.nodes)  # (in the split's order: the same edges, each its own time)
+        assert torch.equal(key, (train.pos[0] * 600 + train.pos[1])[mine]) and torch.equal(p.train_time, train.time[mine])
+    run, outputs = tmp_path / "link" / "run", {}
     for mode in ("partitioned", "replicated"):
         out = tmp_path / f"at-{mode}"
-        done = subprocess.run([sys.executable, "-m", "hpcgnn", "predict", str(run), "at=150", "split=all",
-                               f"out={out}", f"graph.mode={mode}"], capture_output=True, text=True, timeout=300,
-                              cwd=run.parent)
+        done = subprocess.run([sys.executable, "-m", "hpcgnn", "predict", str(run), "at=5000", "split=all",
+                               "--embeddings", f"out={out}", f"graph.mode={mode}"], capture_output=True, text=True,
+                              timeout=300, cwd=run.parent)
         assert done.returncode == 0, done.stderr[-3000:]
-        assert "as of 150" in done.stdout, done.stdout
-        ids = np.load(out / "ids.npy")
-        assert np.array_equal(np.sort(ids), np.arange(2000))
-        outputs[mode] = np.load(out / "probs.npy")[np.argsort(ids)]
-    np.testing.assert_allclose(outputs["partitioned"], outputs["replicated"], rtol=1e-5, atol=1e-5)
+        outputs[mode] = np.load(out / "embeddings.npy")[np.argsort(np.load(out / "ids.npy"))]
+    assert np.array_equal(outputs["partitioned"], outputs["replicated"])
+    table = run_cli("dataset=files", f"dataset.path={tmp_path / 't'}", "dataset.time_split=[6000,8000]", *common,
+                    cwd=tmp_path / "table")
+    assert table.returncode == 0, table.stderr[-3000:]
+    result = json.loads((tmp_path / "table" / "run" / "summary.json").read_text())
+    done = subprocess.run([sys.executable, "-m", "hpcgnn", "predict", str(tmp_path / "table" / "run")],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path / "table")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"test accuracy {result['test']:.4f} over 321 table entries" in done.stdout, done.stdout

@@ -70,7 +70,8 @@ def ensure_parts(dataset: DatasetConfig, graph_cfg: GraphConfig, num_parts: int,
     if dataset.prepared_for == "link":  # parts balance, and hold, the training edges by their source
         from hpcgnn.data import open_link
 
-        edges = {"train_pos": open_link(dataset).train.pos}
+        train = open_link(dataset).train
+        edges = {"train_pos": train.pos, **({"train_time": train.time} if train.time is not None else {})}
     weight = seed_weight(graph, edges.get("train_pos"))
     typed = open_typed(dataset) if is_typed(dataset) else None
     schema = typed.schema if typed is not None else None

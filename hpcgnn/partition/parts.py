@@ -64,6 +64,7 @@ class Parts:
     num_classes: int
     num_nodes: int  # of the whole graph
     train_pos: Tensor | None = None  # link prediction: int64 [2, E], the training edges whose source is owned here
+    train_time: Tensor | None = None  # a timed graph's link prediction: [E], each of ``train_pos``' times
     typed: TypedParts | None = None  # a typed graph's per-relation adjacency
     halo_bound: int = 0  # at most this many nodes owned elsewhere are sources of the owned nodes' in-edges
     labels: dict | None = None  # what the labels are (hpcgnn.labels.profile; None: class ids)
@@ -167,6 +168,7 @@ def open_parts(dataset: DatasetConfig, graph_cfg: GraphConfig, num_parts: int, o
                  test_idx=cat("test_idx"), part_offset=offset,
                  num_classes=int(meta["num_classes"]), num_nodes=num_nodes,
                  train_pos=cat("train_pos", 1) if "train_pos" in edge_arrays else None, typed=typed,
+                 train_time=cat("train_time") if "train_time" in edge_arrays else None,
                  halo_bound=min(num_nodes - nodes.numel(), sum(halos[i] for i in owned)), labels=meta.get("labels"),
                  timeline=_timeline(times, per_part, owned, cat), **_edge_features(meta, data_folder, cat))
 

@@ -41,8 +41,9 @@ def write_parts(graph: Graph, part: Tensor, folder: Path, meta: dict, edges: dic
                 typed=None, comm: Comm = LOCAL) -> None:
     """Write the artifact atomically (temporary folder, fsync'd files, rename).
 
-    ``edges``: edge arrays [2, E] shared out by the part that owns each edge's source (a link task's
-    training edges), written as ``part_<i>/<name>.npy``. ``typed``: the :class:`TypedGraph` whose
+    ``edges``: a link task's training edges (``train_pos`` [2, E]) and what each edge carries beside them (its
+    time, ``train_time`` [E]), shared out by the part that owns each edge's source, written as
+    ``part_<i>/<name>.npy``. ``typed``: the :class:`TypedGraph` whose
     homogeneous view ``graph`` is: each part also gets its nodes' in-adjacency per relation.
     Several tasks (``comm``): task t writes parts t, t + tasks, ... into one temporary folder; task 0
     writes the maps and META.json and renames the folder into place.
@@ -130,8 +131,10 @@ def _write_part(out: _PartFiles, i: int, graph: Graph, part: Tensor, edges: dict
         arrays[split] = idx[mine[idx]]
     if graph.timeline is not None and graph.timeline.seed_time is not None:  # (in the part's row order)
         arrays["seed_time"] = graph.timeline.seed_time.index_select(0, nodes)
-    for name, pairs in edges.items():
-        arrays[name] = pairs[:, mine.index_select(0, pairs[0])].contiguous()
+    if edges:  # (every array of edges by the training edges' sources)
+        owned = mine.index_select(0, edges["train_pos"][0])
+        for name, a in edges.items():
+            arrays[name] = a[..., owned].contiguous()
     if typed is not None:  # per relation, the rows of the part's nodes of its target type
         off = typed.offsets()
         for rel in typed.relations:

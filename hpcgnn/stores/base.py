@@ -68,6 +68,7 @@ class GraphViews:
     row_starts: Callable[[Tensor], Tensor] | None = None  # nodes -> the ids of their CSR rows' first edges
     owns: Callable[[Tensor], Tensor] | None = None  # global node ids -> bool: the rank's own (parts)
     link_train: Tensor | None = None  # a link graph's training positives the rank owns (parts; whole: None)
+    link_train_time: Tensor | None = None  # ... and their times (a timed graph's; None: none, or a whole graph)
     typed: object | None = None  # a typed graph's CSRs by relation (the graph, or the rank's typed parts)
     typed_rows: Callable[[str, Tensor], Tensor] | None = None  # (node type, its ids) -> rows of ``typed``'s CSRs
     edge_rows: object | None = None  # where edges' features are read by id (gather_edges)

@@ -142,7 +142,8 @@ def part_views(view, edge_rows=None) -> GraphViews:
                       max(schema.edge_dims.values(), default=0) if schema else parts.edge_dim, whole=False,
                       has_edge=lambda: owned_has_edge(view), owns=lambda ids: view.owner(ids) == view.rank,
                       row_starts=lambda nodes: view.edge_ids(parts.rowptr.index_select(0, view.row(nodes))),
-                      link_train=getattr(parts, "train_pos", None), edge_rows=edge_rows, **more)
+                      link_train=parts.train_pos, link_train_time=parts.train_time, edge_rows=edge_rows,
+                      time_dtype=parts.timeline.time.dtype if parts.timeline is not None else None, **more)
 
 
 class PartitionedStore(Store):
@@ -153,8 +154,6 @@ class PartitionedStore(Store):
         check_timed_config(cfg, timed=timed(cfg.dataset))  # (before the parts are made: a PyG graph's, once prepared)
         self.layouts: dict = {}  # exact inference's edges in local ids and halo plan, kept between evaluations
         self._hold_parts()
-        timeline = self.parts.timeline
-        check_timed_config(cfg, timeline is not None, timeline is not None and timeline.seed_time is not None)
         say_times(cfg, self.parts, env.rank == 0)
         self._make_samplers(items)
         self._count_steps()
@@ -177,8 +176,12 @@ class PartitionedStore(Store):
         per_rank = num_parts // env.world_size
         self.owned = list(range(env.rank * per_rank, (env.rank + 1) * per_rank))
         self.parts = parts = open_parts(cfg.dataset, cfg.graph, num_parts, self.owned)
-        if cfg.predict.at is not None and parts.timeline is not None:  # (predict at=T: exact over the edges before T)
+        timeline = parts.timeline
+        check_timed_config(cfg, timeline is not None, timeline is not None and timeline.seed_time is not None)
+        if cfg.predict.at is not None and timeline is not None:  # (predict at=T: exact over the edges before T)
             self.parts = parts = parts_as_of(parts, cfg.predict.at)
+            log.info("the parts as of %g: their %d edges before it (of %d)", cfg.predict.at, parts.col.numel(),
+                     timeline.col.numel())
         if parts.edge_features_dropped and reads_edge_features(cfg.model):
             raise PartitionError(f"the {num_parts}-part partition of {cfg.dataset.name} was written without its edges' "
                                  "features (by an older hpcgnn), and the model reads them. HINT: delete "
@@ -264,6 +267,8 @@ class PartitionedStore(Store):
                  "(%s), holds %s", env.rank, self.owned, self.num_parts, parts.nodes.numel(), parts.col.numel(),
                  self.own_seeds, self.seeds_per_rank, self.cache.cache_ids.numel(), self.cfg.graph.cache_policy,
                  cache.human_bytes(self.resident_bytes()))
+        if not self.items.own_sampler:  # (the task's items: what they are)
+            log.info("rank %d: %s", env.rank, self.items.describe(self.shape))
         if parts.typed is not None:
             schema, cached = parts.typed.schema, self.cache.cache_ids
             off = schema.offsets()

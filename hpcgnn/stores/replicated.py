@@ -104,12 +104,12 @@ class ReplicatedStore(WholeGraphStore):
     def __init__(self, cfg: RunConfig, env: RankEnv, device: torch.device | None = None, items=None):
         super().__init__(cfg, env, device or torch.device("cpu"))
         self.graph = g = open_shared_graph(cfg, env)
-        if cfg.predict.at is not None and g.timeline is not None:  # (predict at=T: exact over the edges before T)
+        timeline = g.timeline  # (a PyG graph's times: known once prepared)
+        check_timed_config(cfg, timeline is not None, timeline is not None and timeline.seed_time is not None)
+        if cfg.predict.at is not None and timeline is not None:  # (predict at=T: exact over the edges before T)
             total = g.num_edges
             self.graph = g = as_of(g, cfg.predict.at)
             log.info("the graph as of %g: its %d edges before it (of %d)", cfg.predict.at, g.num_edges, total)
-        timeline = g.timeline  # (a PyG graph's times: known once prepared)
-        check_timed_config(cfg, timeline is not None, timeline is not None and timeline.seed_time is not None)
         say_times(cfg, g, env.rank == 0)
         self.features = g
         self.degree = g.degree()

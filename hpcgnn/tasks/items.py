@@ -105,7 +105,7 @@ class LinkItems(Items):
     def __init__(self, cfg: RunConfig, env: RankEnv, views):
         super().__init__(cfg, env, views)
         self.data = link_splits(cfg)
-        self.positives = views.link_train if views.link_train is not None else self.data.train.pos
+        self.positives, self.times = training_positives(views, self.data)
 
     def shape(self) -> GraphShape:
         """The graph's dimensions; a link model has no target."""
@@ -135,7 +135,7 @@ class LinkItems(Items):
         return torch.unique(self.positives[:, ids].reshape(-1))
 
     def train_sampler(self, node_sampler):
-        return self.wrap(self.cfg, self.views, node_sampler, self.positives, self.data)
+        return self.wrap(self.cfg, self.views, node_sampler, self.positives, self.times, self.data)
 
     def eval_sampler(self, split: str, node_sampler):
         return pair_sampler(node_sampler, self.data.split(split))
@@ -149,19 +149,26 @@ class LinkItems(Items):
         return line + ("" if self.views.whole else " (train: this rank's own)")
 
     @staticmethod
-    def wrap(cfg: RunConfig, views, node_sampler, positives: Tensor, data) -> LinkSampler:
+    def wrap(cfg: RunConfig, views, node_sampler, positives: Tensor, times: Tensor | None, data) -> LinkSampler:
         """Around the endpoints of positive edges ``positives``, with negatives (``data``: the link dataset's splits;
-        a chronological split's positives have times, and its history gives historical negatives)."""
+        a chronological split's positives have ``times``, and its history gives historical negatives)."""
         k = cfg.task
         return LinkSampler(node_sampler, positives, views.num_nodes, k.negatives, k.num_negatives, k.neg_retries,
                            k.form, has_edge=views.has_edge(), drop_targets=k.target_edges == "drop",
-                           times=data.train.time, history=data.history)
+                           times=times, history=data.history)
 
     @classmethod
     def server_sampler(cls, cfg: RunConfig, views, node_sampler):
         data = link_splits(cfg, evaluated=False)
-        positives = views.link_train if views.link_train is not None else data.train.pos
-        return cls.wrap(cfg, views, node_sampler, positives, data)
+        return cls.wrap(cfg, views, node_sampler, *training_positives(views, data), data)
+
+
+def training_positives(views, data) -> tuple[Tensor, Tensor | None]:
+    """The training positives a rank steps over and their times (a timed graph's): a whole graph's every one, a
+    rank's parts' those whose source it owns."""
+    if views.link_train is not None:  # (a timed graph's parts hold their times: open_parts refuses older ones)
+        return views.link_train, views.link_train_time
+    return data.train.pos, data.train.time
 
 
 def link_splits(cfg: RunConfig, evaluated: bool = True):
@@ -179,7 +186,7 @@ def link_splits(cfg: RunConfig, evaluated: bool = True):
 class TableItems(Items):
     """A node task's entries of a table of (node, time, label) (:class:`hpcgnn.data.tables.NodeTable`): a step's seeds
     are training entries, each its node asked as of its time; a split's, its entries (a node perhaps at several
-    times). Whole graphs only (the timed graphs that sample as of a time)."""
+    times). A rank of a partitioned graph trains on its own nodes' entries and evaluates a share of any."""
 
     noun = "table entries"
     own_sampler = False
@@ -194,7 +201,9 @@ class TableItems(Items):
         return graph_shape(self.cfg, self.views, self.table.labels, 0, f"{self.cfg.dataset.path}/table_label")
 
     def train_ids(self) -> Tensor:
-        return self.table.split("train")
+        """The training entries: every one (a whole graph), or those of the rank's own nodes (its parts)."""
+        ids = self.table.split("train")
+        return ids if self.views.whole else ids[self.views.owns(self.table.node.index_select(0, ids))]
 
     def eval_ids(self, split: str) -> Tensor:
         ids = self.table.split(split)
