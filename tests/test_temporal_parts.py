@@ -163,7 +163,7 @@ def test_the_leak_detector_scores_at_chance_over_parts(tmp_path):
 @pytest.mark.slow
 def test_temporal_links_and_a_table_train_over_parts_and_predict_as_of_their_times(tmp_path):
     """Over two ranks' parts: link prediction in time order (historical negatives: each rank's own training links with
-    their times), whose embeddings as of T equal the replicated graph's bit for bit; a table's entries (each rank
+    their times; a hot-node cache chosen by warm-up batches of links at their times), whose embeddings as of T equal the replicated graph's bit for bit; a table's entries (each rank
     trains on its own nodes' entries and evaluates a share of any), whose predict reproduces the run's metric."""
     from test_temporal_link import event_folder, table_folder
 
@@ -174,7 +174,7 @@ def test_temporal_links_and_a_table_train_over_parts_and_predict_as_of_their_tim
     common = ["train.epochs=2", "launch.procs=2", "model.hidden_channels=16",
               "train.batch_size=128", "graph=partitioned", "metrics.tensorboard=false"]
     link = run_cli("dataset=files", f"dataset.path={tmp_path / 'g'}", "task=link", "task.negatives=historical",
-                   *common, cwd=tmp_path / "link")
+                   "graph.cache_mb=0.1", "graph.cache_policy=frequency", *common, cwd=tmp_path / "link")
     assert link.returncode == 0, link.stderr[-3000:]
     assert "in time order (each as of its time" in link.stdout + link.stderr
     cfg = make_config("dataset=files", f"dataset.path={tmp_path / 'g'}", f"dataset.root={DATA_ROOT}", "task=link",

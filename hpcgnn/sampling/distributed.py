@@ -315,8 +315,8 @@ def hot_nodes(view: PartitionView, budget_rows: int, policy: str, sampler: Parti
               warmup_seeds: list[Tensor] | None = None, generator: torch.Generator | None = None) -> Tensor:
     """The ``budget_rows`` non-owned nodes to cache: highest degree, or most often sampled in a warm-up.
 
-    The warm-up samples ``warmup_seeds`` batches (collective: all ranks pass the same count);
-    ties in frequency go to the higher degree.
+    The warm-up samples ``warmup_seeds`` batches (collective: all ranks pass the same count) with ``sampler`` (the
+    neighbour sampler, or a task's items' sampler: its seeds are items); ties in frequency go to the higher degree.
     """
     parts = view.parts
     degree = parts.degree.double()
@@ -324,7 +324,7 @@ def hot_nodes(view: PartitionView, budget_rows: int, policy: str, sampler: Parti
         seen = []
         for seeds in warmup_seeds or []:
             out = sampler.sample(seeds, generator)
-            n_id = sampler.global_ids(out.n_id)
+            n_id = sampler.global_ids(out.n_id) if hasattr(sampler, "global_ids") else out.n_id
             seen.append(n_id[view.owner(n_id) != view.rank])
         ids, counts = torch.unique(torch.cat(seen) if seen else torch.empty(0, dtype=torch.long),
                                    return_counts=True)

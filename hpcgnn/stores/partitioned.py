@@ -256,10 +256,13 @@ class PartitionedStore(Store):
         budget = int(g.cache_mb * 2**20) // (parts.num_features * parts.x.element_size() + 8)
         gen = generator(t.seed, "cache_warmup", self.env.rank)
         warm = self.train_seeds(0).split(t.batch_size)[: g.warmup_batches]
-        if not self.items.own_sampler:  # the warm-up samples around the items' ends (edges', targets')
+        sampler = self.sampler
+        if getattr(sampler, "timeline", None) is not None and not self.items.own_sampler:
+            sampler = self.train_sampler  # (a timed graph's items carry their times: their own batches)
+        elif not self.items.own_sampler:  # the warm-up samples around the items' ends (edges', targets')
             warm = [self.items.ends(ids) for ids in warm]
         warm = list(warm) + [warm[0][:0]] * (g.warmup_batches - len(warm))
-        self.cache.fill_cache(d.hot_nodes(self.view, budget, g.cache_policy, self.sampler, warm, gen))
+        self.cache.fill_cache(d.hot_nodes(self.view, budget, g.cache_policy, sampler, warm, gen))
 
     def _log_holdings(self) -> None:
         parts, env = self.parts, self.env
