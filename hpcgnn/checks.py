@@ -162,6 +162,17 @@ def is_timed(dataset) -> bool:
     return gives(Path(dataset.path).expanduser(), "edge_time")
 
 
+def typed_times(dataset) -> list[str]:
+    """The times a typed files folder gives (``edges/<relation>/edge_time``, ``nodes/<type>/seed_time``), which no
+    typed sampler reads yet: their files, relative to the folder."""
+    if dataset.name != "files" or not dataset.path or not is_typed(dataset):
+        return []
+    folder = Path(dataset.path).expanduser()
+    found = [f"{kind}/{d.name}/{name}" for kind, name in (("edges", "edge_time"), ("nodes", "seed_time"))
+             if (folder / kind).is_dir() for d in sorted((folder / kind).iterdir()) if gives(d, name)]
+    return found
+
+
 def _times_given() -> str:
     """Where each source gives edge times, as the refusals name them."""
     return "; ".join(f"{k}: {v}" for k, v in datasets.TIMES.items())
@@ -188,6 +199,13 @@ def check_timed_config(cfg, timed: bool | None = None, seed_times: bool | None =
                           "any age")
     spec, d = models.SPECS.get(cfg.model.name), cfg.dataset
     unread = d.name == "files" and not (d.path and Path(d.path).expanduser().is_dir())  # (the launcher names it)
+    typed_given = [] if unread or not tc.respect else typed_times(d)
+    if typed_given:  # (never silently: a model trained on them as if untimed would see the future)
+        raise ConfigError(f"{_which(d)} is a typed graph whose edges have times ({', '.join(typed_given[:3])}"
+                          f"{', ...' if len(typed_given) > 3 else ''}), and sampling as of a time runs on homogeneous "
+                          "graphs today. HINT: give it as one homogeneous folder (edge_index, edge_time, seed_time; "
+                          "its types as features), or time.respect=false to train on every edge, those after each "
+                          "seed's time too")
     if timed is None:  # (a files folder says so before it is read; a PyG graph's ranks know, once it is prepared)
         source = datasets.spec(d.name).source if d.name in datasets.SPECS else d.name
         timed = (None if unread else is_timed(d)) if source == "files" else None if source in datasets.TIMES else False

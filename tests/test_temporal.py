@@ -445,3 +445,46 @@ def test_nodes_split_by_their_label_times_train_on_the_past(tmp_path):
         with pytest.raises(ConfigError, match=r"dataset.time_split=\[.*\] must be two cut times, the first before the "
                                               r"second: \[t_val, t_test\]"):
             check_dataset_config(dataset_config(name="files", path=str(tmp_path / "g"), time_split=bad))
+
+
+def hetero_with_times():
+    """A HeteroData whose relation's edges have times (a target for dataset=pyg_hetero)."""
+    from torch_geometric.data import HeteroData
+
+    data = HeteroData()
+    data["a"].x, data["a"].y = torch.zeros(4, 2), torch.zeros(4, dtype=torch.long)
+    data["a", "r", "a"].edge_index, data["a", "r", "a"].edge_time = torch.tensor([[0, 1], [1, 2]]), torch.tensor([5, 6])
+    return data
+
+
+def test_times_on_a_typed_graph_are_refused_not_read_as_if_untimed(tmp_path):
+    """A typed folder whose relations give edge_time (or a type seed_time), and a HeteroData with times: sampling as
+    of a time runs on homogeneous graphs today, so they are refused naming the way out, never trained on as if their
+    edges had no times (time.respect=false: trained on every edge, as asked)."""
+    from conftest import make_config
+    from test_typed import write_typed_folder
+
+    from hpcgnn.checks import check_task_config
+    from hpcgnn.data.pyg import pyg_data
+    from hpcgnn.data.synthetic import make_synthetic_typed
+    from hpcgnn.env import RankEnv
+    from hpcgnn.stores.typed import TypedStore
+
+    write_typed_folder(tmp_path / "g", make_synthetic_typed(dataset_config(num_nodes=600, avg_degree=6, seed=5)))
+    rel = tmp_path / "g" / "edges" / "paper__cites__paper"
+    np.save(rel / "edge_time.npy", np.arange(np.load(rel / "edge_index.npy").shape[1]))
+    over = ["dataset=files", f"dataset.path={tmp_path / 'g'}", f"dataset.root={tmp_path / 'root'}"]
+    refusal = (r"dataset.path=\S+ is a typed graph whose edges have times \(edges/paper__cites__paper/edge_time\), "
+               r"and sampling as of a time runs on homogeneous graphs today\. HINT: give it as one homogeneous folder "
+               r"\(edge_index, edge_time, seed_time; its types as features\), or time.respect=false")
+    with pytest.raises(ConfigError, match=refusal):
+        check_task_config(make_config(*over))
+    with pytest.raises(ConfigError, match=refusal):  # (the ranks too)
+        TypedStore(make_config(*over, "launch.procs=1"), RankEnv.from_environ({}))
+    check_task_config(make_config(*over, "time.respect=false"))
+    cfg = make_config("dataset=pyg_hetero", "dataset._target_=test_temporal.hetero_with_times",
+                      f"dataset.root={tmp_path / 'root'}")
+    with pytest.raises(DatasetError, match=r"gives times on a HeteroData \(\('a', 'r', 'a'\)\), and sampling as of a "
+                                           r"time runs on homogeneous graphs today\. HINT: its homogeneous view as a "
+                                           r"Data with edge_time \(dataset=pyg\)"):
+        pyg_data(cfg.dataset)

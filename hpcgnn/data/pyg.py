@@ -131,6 +131,13 @@ def pyg_data(cfg: DatasetConfig, allow_download: bool = False):
     if not isinstance(data, HeteroData if typed else Data):
         raise DatasetError(f"dataset._target_={cfg._target_} gave {type(made).__name__}, not a torch_geometric "
                            f"{'HeteroData' if typed else 'Data'} or a dataset of them")
+    if typed:
+        timed = [str(key) for key, store in data.to_dict().items() if isinstance(store, dict)
+                 and ("edge_time" in store or "seed_time" in store or "time" in store)]
+        if timed:  # (never silently: a model trained on them as if untimed would see the future)
+            raise DatasetError(f"dataset._target_={cfg._target_} gives times on a HeteroData ({', '.join(timed[:3])}), "
+                               "and sampling as of a time runs on homogeneous graphs today. HINT: its homogeneous "
+                               "view as a Data with edge_time (dataset=pyg), or delete the times to train on every edge")
     return data
 
 

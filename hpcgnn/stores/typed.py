@@ -9,6 +9,7 @@ import time
 
 import torch
 
+from hpcgnn.checks import check_timed_config
 from hpcgnn.config import RunConfig
 from hpcgnn.data import open_typed, prepare
 from hpcgnn.env import RankEnv
@@ -54,6 +55,7 @@ class TypedStore(WholeGraphStore):
 
     def __init__(self, cfg: RunConfig, env: RankEnv, device: torch.device | None = None, items=None):
         super().__init__(cfg, env, device or torch.device("cpu"))
+        check_timed_config(cfg, timed=False)  # (a typed folder's times: refused, never read as if untimed)
         on_local_rank0(env, f"prepare {cfg.dataset.name}", lambda: prepare(cfg.dataset))
         self.graph = self.features = g = open_typed(cfg.dataset)
         # (edge features: the widest relation's width; the model reads each relation's own, schema.edge_dims)
