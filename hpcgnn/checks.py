@@ -156,18 +156,24 @@ def gives(folder: Path, name: str) -> bool:
 
 
 def is_timed(dataset) -> bool:
-    """Whether the dataset's edges have times (a homogeneous files folder with ``edge_time``: :mod:`hpcgnn.data.times`)."""
-    if dataset.name != "files" or not dataset.path or is_typed(dataset):
+    """Whether the dataset's edges have times (a files folder with ``edge_time``, a typed folder's relations with
+    theirs: :mod:`hpcgnn.data.times`)."""
+    if dataset.name != "files" or not dataset.path:
         return False
-    return gives(Path(dataset.path).expanduser(), "edge_time")
+    folder = Path(dataset.path).expanduser()
+    if (folder / "edges").is_dir():
+        return any(t.startswith("edges/") for t in typed_times(dataset))
+    return gives(folder, "edge_time")
 
 
 def typed_times(dataset) -> list[str]:
-    """The times a typed files folder gives (``edges/<relation>/edge_time``, ``nodes/<type>/seed_time``), which no
-    typed sampler reads yet: their files, relative to the folder."""
-    if dataset.name != "files" or not dataset.path or not is_typed(dataset):
+    """The times a typed files folder gives (``edges/<relation>/edge_time``, ``nodes/<type>/seed_time``): their
+    files, relative to the folder."""
+    if dataset.name != "files" or not dataset.path:
         return []
     folder = Path(dataset.path).expanduser()
+    if not (folder / "edges").is_dir():
+        return []
     found = [f"{kind}/{d.name}/{name}" for kind, name in (("edges", "edge_time"), ("nodes", "seed_time"))
              if (folder / kind).is_dir() for d in sorted((folder / kind).iterdir()) if gives(d, name)]
     return found
@@ -199,13 +205,7 @@ def check_timed_config(cfg, timed: bool | None = None, seed_times: bool | None =
                           "any age")
     spec, d = models.SPECS.get(cfg.model.name), cfg.dataset
     unread = d.name == "files" and not (d.path and Path(d.path).expanduser().is_dir())  # (the launcher names it)
-    typed_given = [] if unread or not tc.respect else typed_times(d)
-    if typed_given:  # (never silently: a model trained on them as if untimed would see the future)
-        raise ConfigError(f"{_which(d)} is a typed graph whose edges have times ({', '.join(typed_given[:3])}"
-                          f"{', ...' if len(typed_given) > 3 else ''}), and sampling as of a time runs on homogeneous "
-                          "graphs today. HINT: give it as one homogeneous folder (edge_index, edge_time, seed_time; "
-                          "its types as features), or time.respect=false to train on every edge, those after each "
-                          "seed's time too")
+    typed_given = [] if unread else typed_times(d)  # (a typed folder's: its relations' times, its seed times)
     if timed is None:  # (a files folder says so before it is read; a PyG graph's ranks know, once it is prepared)
         source = datasets.spec(d.name).source if d.name in datasets.SPECS else d.name
         timed = (None if unread else is_timed(d)) if source == "files" else None if source in datasets.TIMES else False
@@ -232,12 +232,14 @@ def check_timed_config(cfg, timed: bool | None = None, seed_times: bool | None =
     if not tc.respect or not timed:
         return
     if seed_times is None and d.name == "files":
-        seed_times = gives(Path(d.path).expanduser(), "seed_time")
-    if cfg.task.name == "edge" and d.name == "files" and not unread and not gives(Path(d.path).expanduser(),
-                                                                                  "edge_label_time"):
+        seed_times = any(t.startswith("nodes/") for t in typed_given) if typed_given else \
+            gives(Path(d.path).expanduser(), "seed_time")
+    if cfg.task.name == "edge" and d.name == "files" and not unread and not typed_given and \
+            not gives(Path(d.path).expanduser(), "edge_label_time"):
         raise untimed_targets(_which(d), "edge_label_time.npy")
     if cfg.task.name == "node" and seed_times is False and not table:
-        given = "seed_time.npy" if d.name == "files" else "data.seed_time"
+        given = ("nodes/<target type>/seed_time.npy" if typed_given else "seed_time.npy") if d.name == "files" \
+            else "data.seed_time"
         raise ConfigError(f"the edges of {_which(d)} have times, but its nodes do not say when each label is asked. "
                           f"HINT: add {given} (one time per node, the edges' unit), or time.respect=false to train on "
                           "every edge")
@@ -247,10 +249,15 @@ def check_timed_config(cfg, timed: bool | None = None, seed_times: bool | None =
                     (t.sampler == "neighbor" and not t.edge_budget, f"train.sampler={t.sampler}"
                      + (f" with train.edge_budget={t.edge_budget}" if t.edge_budget else "")),
                     (t.eval_mode != "full", "train.eval_mode=full (exact inference would read every edge)"),
-                    (t.graph_on != "device", "train.graph_on=device")):
+                    (t.graph_on != "device", "train.graph_on=device"),
+                    (not typed_given or cfg.task.name == "node", f"task={cfg.task.name} on a typed graph"),
+                    (not typed_given or cfg.graph.mode == "replicated", "graph.mode=partitioned on a typed graph"),
+                    (not typed_given or not d.erase_types, "dataset.erase_types=true (the homogeneous view of a typed "
+                                                           "graph keeps no times)")):
         if not ok:
             raise ConfigError(f"the edges of {_which(d)} have times: sampling as of each seed's time runs for "
-                              "task=node, link or edge, train.sampler=neighbor, on the host; got "
+                              "task=node, link or edge, train.sampler=neighbor, on the host (a typed graph: task=node, "
+                              "replicated); got "
                               f"{why}. HINT: drop that setting, or time.respect=false to train on every edge, those "
                               "after a seed's time too")
 

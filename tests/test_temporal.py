@@ -457,34 +457,119 @@ def hetero_with_times():
     return data
 
 
-def test_times_on_a_typed_graph_are_refused_not_read_as_if_untimed(tmp_path):
-    """A typed folder whose relations give edge_time (or a type seed_time), and a HeteroData with times: sampling as
-    of a time runs on homogeneous graphs today, so they are refused naming the way out, never trained on as if their
-    edges had no times (time.respect=false: trained on every edge, as asked)."""
+def typed_leak_folder(folder, n=2000, a=500, seed=0):
+    """The leak detector, typed: a paper's label is told only by the authors who write it after its seed time (an
+    author's first feature says its class); its earlier authors and its citations are noise."""
+    rng = np.random.default_rng(seed)
+    cls = rng.integers(0, 2, a)
+    xa = rng.normal(size=(a, 8)).astype(np.float32)
+    xa[:, 0] = np.where(cls == 1, 1.0, -1.0)
+    y, seed_time = rng.integers(0, 2, n), rng.integers(100, 200, n)
+    k = 8
+    dst = np.repeat(np.arange(n), k)
+    by_cls = [np.flatnonzero(cls == c) for c in (0, 1)]
+    future = np.where(y[dst] == 1, rng.choice(by_cls[1], n * k), rng.choice(by_cls[0], n * k))
+    writes = np.stack([np.concatenate([rng.integers(0, a, n * k), future]), np.concatenate([dst, dst])])
+    t = np.concatenate([seed_time[dst] - rng.integers(1, 100, n * k), seed_time[dst] + rng.integers(1, 100, n * k)])
+    cites = np.stack([rng.integers(0, n, n * 4), rng.integers(0, n, n * 4)])
+    arrays = {"nodes/paper": {"x": rng.normal(size=(n, 8)).astype(np.float32), "y": y, "seed_time": seed_time},
+              "nodes/author": {"x": xa},
+              "edges/author__writes__paper": {"edge_index": writes, "edge_time": t},
+              "edges/paper__cites__paper": {"edge_index": cites, "edge_time": rng.integers(0, 300, n * 4)}}
+    arrays["nodes/paper"].update(zip(("train_idx", "val_idx", "test_idx"),
+                                     np.split(rng.permutation(n), [n // 2, 3 * n // 4]), strict=True))
+    for sub, named in arrays.items():
+        (folder / sub).mkdir(parents=True, exist_ok=True)
+        for name, arr in named.items():
+            np.save(folder / sub / f"{name}.npy", arr)
+    return writes, t
+
+
+@needs_cc
+def test_a_typed_graphs_relations_are_sampled_as_of_each_seeds_time(tmp_path, switch):
+    """A typed folder's times, every relation's (edges/<relation>/edge_time) and the target type's seed times: each
+    relation's timeline prepared beside its CSR (its reverse's too, a pair given twice two events), and the typed
+    sampler's trees holding no edge of any relation after their seed's time, each edge with its age, the same on
+    the C kernels and their torch twins; what is not served yet refused naming the way out, and a HeteroData's
+    times refused rather than read as if its edges had none."""
     from conftest import make_config
     from test_typed import write_typed_folder
 
     from hpcgnn.checks import check_task_config
+    from hpcgnn.data import open_typed
     from hpcgnn.data.pyg import pyg_data
     from hpcgnn.data.synthetic import make_synthetic_typed
-    from hpcgnn.env import RankEnv
-    from hpcgnn.stores.typed import TypedStore
+    from hpcgnn.sampling.temporal import TypedTemporalSampler
 
-    write_typed_folder(tmp_path / "g", make_synthetic_typed(dataset_config(num_nodes=600, avg_degree=6, seed=5)))
-    rel = tmp_path / "g" / "edges" / "paper__cites__paper"
-    np.save(rel / "edge_time.npy", np.arange(np.load(rel / "edge_index.npy").shape[1]))
+    writes, t = typed_leak_folder(tmp_path / "g", n=600, a=200)
     over = ["dataset=files", f"dataset.path={tmp_path / 'g'}", f"dataset.root={tmp_path / 'root'}"]
-    refusal = (r"dataset.path=\S+ is a typed graph whose edges have times \(edges/paper__cites__paper/edge_time\), "
-               r"and sampling as of a time runs on homogeneous graphs today\. HINT: give it as one homogeneous folder "
-               r"\(edge_index, edge_time, seed_time; its types as features\), or time.respect=false")
-    with pytest.raises(ConfigError, match=refusal):
+    cfg = make_config(*over)
+    check_task_config(cfg)
+    prepare(cfg.dataset)
+    g = open_typed(cfg.dataset)
+    rel, rev = ("author", "writes", "paper"), ("paper", "rev_writes", "author")
+    assert set(g.timelines) == set(g.relations) and g.seed_time.dtype == torch.int64
+    for r, (src, dst) in ((rel, (writes[0], writes[1])), (rev, (writes[1], writes[0]))):
+        tl, rowptr = g.timelines[r], g.rowptr[r]
+        assert tl.time.numel() == writes.shape[1]  # (every event kept)
+        got = sorted(zip(np.repeat(np.arange(rowptr.numel() - 1), np.diff(rowptr.numpy())).tolist(),
+                         tl.col.tolist(), tl.time.tolist(), strict=True))
+        assert got == sorted(zip(dst.tolist(), src.tolist(), t.tolist(), strict=True)), r
+        assert bool((np.diff(tl.time.numpy())[np.diff(np.repeat(np.arange(rowptr.numel() - 1),
+                                                                np.diff(rowptr.numpy()))) == 0] >= 0).all())
+    seeds = g.train_idx[:60]
+    batches = []
+    for native in (True, False):
+        switch(native)
+        sampler = TypedTemporalSampler(g, [6, 4], edge_ids=True)
+        batches.append(sampler.sample(seeds, torch.Generator().manual_seed(0)))
+    out, twin = batches
+    for r in g.relations:
+        assert torch.equal(out.edge_index[r], twin.edge_index[r]) and torch.equal(out.edge_age[r], twin.edge_age[r])
+        src, dst = out.edge_index[r]
+        at = g.seed_time[seeds][out.tree[r[2]][dst]]
+        when = torch.empty_like(g.timelines[r].time)
+        when[g.timelines[r].edge] = g.timelines[r].time
+        assert torch.equal(out.edge_age[r], at - when[out.e_id[r]]) and bool((out.edge_age[r] >= 0).all()), r
+        assert torch.equal(out.tree[r[0]][src], out.tree[r[2]][dst])  # (an edge inside its tree)
+    assert out.edge_index[rel].size(1) > 0 and torch.equal(out.n_id["paper"][:60], seeds)
+    for extra, why in ((["task=edge"], "task=edge on a typed graph"),
+                       (["graph=partitioned"], "graph.mode=partitioned on a typed graph"),
+                       (["dataset.erase_types=true"], r"dataset.erase_types=true \(the homogeneous view of a typed "
+                                                      r"graph keeps no times\)")):
+        with pytest.raises(ConfigError, match=rf"have times: sampling as of each seed's time runs for .*\(a typed "
+                                              rf"graph: task=node, replicated\); got {why}\. HINT"):
+            check_task_config(make_config(*over, *extra))
+    (tmp_path / "g" / "nodes" / "paper" / "seed_time.npy").unlink()
+    with pytest.raises(ConfigError, match=r"its nodes do not say when each label is asked\. HINT: add "
+                                          r"nodes/<target type>/seed_time.npy"):
         check_task_config(make_config(*over))
-    with pytest.raises(ConfigError, match=refusal):  # (the ranks too)
-        TypedStore(make_config(*over, "launch.procs=1"), RankEnv.from_environ({}))
-    check_task_config(make_config(*over, "time.respect=false"))
-    cfg = make_config("dataset=pyg_hetero", "dataset._target_=test_temporal.hetero_with_times",
-                      f"dataset.root={tmp_path / 'root'}")
+    write_typed_folder(tmp_path / "h", make_synthetic_typed(dataset_config(num_nodes=600, avg_degree=6, seed=5)))
+    np.save(tmp_path / "h" / "edges" / "paper__cites__paper" / "edge_time.npy", np.arange(3))
+    with pytest.raises(DatasetError, match=r"some relations' edges have times, and author__writes__paper.* not: every "
+                                           r"relation's edges need theirs"):
+        prepare(dataset_config(name="files", path=str(tmp_path / "h"), root=str(tmp_path / "root")))
+    hetero = make_config("dataset=pyg_hetero", "dataset._target_=test_temporal.hetero_with_times",
+                         f"dataset.root={tmp_path / 'root'}")
     with pytest.raises(DatasetError, match=r"gives times on a HeteroData \(\('a', 'r', 'a'\)\), and sampling as of a "
                                            r"time runs on homogeneous graphs today\. HINT: its homogeneous view as a "
                                            r"Data with edge_time \(dataset=pyg\)"):
-        pyg_data(cfg.dataset)
+        pyg_data(hetero.dataset)
+
+
+@pytest.mark.slow
+def test_the_typed_leak_detector_scores_at_chance_with_time_and_learns_the_leak_without(tmp_path):
+    """A typed graph whose papers' labels only their later authors tell: at chance with time respected, in the rank
+    and from a sampler server alike (the same batches: the same metrics); learnt with time.respect=false."""
+    typed_leak_folder(tmp_path / "g")
+    common = ["dataset=files", f"dataset.path={tmp_path / 'g'}", "train.epochs=8", "model.hidden_channels=32",
+              "train.batch_size=256", "launch.procs=1", "metrics.tensorboard=false"]
+    results = {}
+    for name, extra in (("respected", []), ("servers", ["launch.sampler_servers=1"]),
+                        ("ignored", ["time.respect=false"])):
+        res = run_cli(*common, *extra, cwd=tmp_path / name)
+        assert res.returncode == 0, res.stderr[-3000:]
+        results[name] = json.loads((tmp_path / name / "run" / "summary.json").read_text())
+    respected, ignored = results["respected"]["test"], results["ignored"]["test"]
+    assert respected < 0.6 and ignored > 0.85, (respected, ignored)
+    assert results["servers"]["test"] == respected and results["servers"]["best_val"] == results["respected"]["best_val"]

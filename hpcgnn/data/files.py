@@ -18,6 +18,9 @@ A typed graph (a folder with ``edges/``; :func:`load_typed_files`)::
                               [2, E] int (source, target) in the two types' own ids
     edges/<src>__<name>__<dst>/edge_attr
                               [E, D] float, optional: each edge's features (a relation's own width)
+    edges/<src>__<name>__<dst>/edge_time
+                              [E] int or float, optional (every relation's, or none): each edge's time; then
+    nodes/<target>/seed_time  [N_target]: when each label is asked (:mod:`hpcgnn.data.times`)
 
 Give each relation in one direction: it gains its reverse (``rev_<name>``; a relation inside one
 type becomes undirected), as is customary for typed graphs (ogbn-mag). A type without
@@ -36,7 +39,7 @@ import torch
 from hpcgnn.config import DatasetConfig
 from hpcgnn.data.graph import Graph
 from hpcgnn.data.ooc import drop_pages
-from hpcgnn.data.times import read_times, time_parts
+from hpcgnn.data.times import read_times, read_typed_times, time_parts
 from hpcgnn.errors import ConfigError, DatasetError
 from hpcgnn.labels import profile, stored
 
@@ -362,6 +365,8 @@ class TypedFolder:
     feature_from: dict[str, tuple[str, str, str]]
     num_classes: int
     edge_attr: dict[tuple[str, str, str], np.ndarray]  # [E, D] per given relation whose edges have features
+    edge_time: dict[tuple[str, str, str], np.ndarray] = None  # [E] per given relation (every one, or none: {})
+    seed_time: np.ndarray | None = None  # [N_target]: when each target node's label is asked (its edges have times)
 
 
 def read_typed_folder(cfg: DatasetConfig, mmap: bool = False) -> TypedFolder:
@@ -439,8 +444,10 @@ def read_typed_folder(cfg: DatasetConfig, mmap: bool = False) -> TypedFolder:
             raise DatasetFileError(f"{nodes_dir / t}: {t} has no features and no relation from a type with features "
                                    f"to take their mean over: add nodes/{t}/x.npy, or such a relation")
         feature_from[t] = max(into, key=lambda c: (c[0], c[1]))[1]
+    edge_time, seed_time = read_typed_times(edges_dir, nodes_dir, target, {r: int(ei.shape[1]) for r, ei in edges.items()},
+                                            num_nodes[target], lambda f, name: _read(f, name, mmap))
     return TypedFolder(num_nodes, x, target, y, {k: v[1] for k, v in splits.items()}, edges, feature_from, classes,
-                       edge_attr)
+                       edge_attr, edge_time, seed_time)
 
 
 def labelled_relation(edges_dir: Path, rels: list[str]) -> tuple[str, str, str]:
@@ -478,8 +485,8 @@ def typed_files_source(cfg: DatasetConfig, allow_download: bool = False):
     def feed(writer):
         for rel, ei in f.edges.items():
             start = 0
-            for src, dst in _edge_chunks(ei, STREAM_VALUES):  # (with their places, where the features are)
-                ids = torch.arange(start, start + src.numel()) if rel in f.edge_attr else None
+            for src, dst in _edge_chunks(ei, STREAM_VALUES):  # (with their places, where features and times are)
+                ids = torch.arange(start, start + src.numel()) if rel in f.edge_attr or rel in f.edge_time else None
                 writer.add(rel, src, dst, ids=ids)
                 start += src.numel()
         for t, x in f.x.items():
@@ -489,6 +496,6 @@ def typed_files_source(cfg: DatasetConfig, allow_download: bool = False):
 
     return TypedSource(f.num_nodes, list(f.edges), {r: int(ei.shape[1]) for r, ei in f.edges.items()},
                        next(iter(f.x.values())).shape[1], f.target, f.num_classes, f.feature_from, feed,
-                       edge_attr=f.edge_attr)
+                       edge_attr=f.edge_attr, edge_time=f.edge_time, seed_time=f.seed_time)
 
 

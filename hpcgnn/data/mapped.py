@@ -4,9 +4,11 @@ splits alone).
 
 from __future__ import annotations
 
+from torch import Tensor
+
 import hpcgnn.data.cache as cache
 from hpcgnn.config import DatasetConfig
-from hpcgnn.data.graph import Graph
+from hpcgnn.data.graph import Graph, Timeline
 from hpcgnn.data.link import LinkData, from_arrays
 from hpcgnn.data.ogb import (
     DatasetMissing,
@@ -16,6 +18,7 @@ from hpcgnn.data.ooc import rows_as_stored
 from hpcgnn.data.prepared import cache_folder
 from hpcgnn.data.sources import TYPED_SOURCES
 from hpcgnn.data.typed import (
+    TIMELINE_ARRAYS,
     TypedGraph,
     TypedSchema,
     expand_relations,
@@ -58,7 +61,16 @@ def open_typed(cfg: DatasetConfig) -> TypedGraph:
                       {r: arrays[f"col__{relation_key(r)}"] for r in s.relations},
                       {k: h.x[off[k]:off[k] + n] for k, n in s.num_nodes.items()}, s.target, h.y[t0:t0 + n0],
                       h.train_idx - t0, h.val_idx - t0, h.test_idx - t0, h.num_classes, meta.more["typed"]["feature_rule"],
-                      h.labels, _typed_edge_attr(arrays, s, meta.feature_dtype))
+                      h.labels, _typed_edge_attr(arrays, s, meta.feature_dtype), *_typed_times(arrays, s, meta.more["typed"]))
+
+
+def _typed_times(arrays: dict, schema: TypedSchema, typed: dict) -> tuple[dict | None, Tensor | None]:
+    """Each relation's timeline and the target type's seed times, where the graph's edges have times."""
+    if "times" not in typed:
+        return None, None
+    timelines = {r: Timeline(*(arrays[f"{name}__{relation_key(r)}"] for name in TIMELINE_ARRAYS[:3]), None,
+                             arrays[f"time_given__{relation_key(r)}"]) for r in schema.relations}
+    return timelines, arrays.get("seed_time") if typed["times"]["seed_time"] else None
 
 
 def _typed_edge_attr(arrays: dict, schema: TypedSchema, feature_dtype: str) -> dict | None:

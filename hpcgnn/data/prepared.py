@@ -100,7 +100,8 @@ def timed(dataset: DatasetConfig) -> bool:
     ``edge_time`` (:func:`hpcgnn.checks.is_timed`). What a rank asks before it evaluates or predicts exactly."""
     folder = cache_folder(dataset)
     if cache.is_complete(folder):
-        return "times" in cache.GraphMeta.read(folder).more
+        more = cache.GraphMeta.read(folder).more
+        return "times" in more or "times" in more.get("typed", {})
     return is_timed(dataset)
 
 
@@ -178,8 +179,12 @@ def prepare_typed_streamed(cfg: DatasetConfig, folder: Path, source: dict, allow
 def _stream_typed(cfg: DatasetConfig, src: TypedSource, tmp: Path, source: dict, relations_too: bool) -> None:
     tmp.mkdir(exist_ok=True)
     sizes, total = src.num_nodes, sum(src.num_nodes.values())
+    if src.edge_time and not relations_too:  # (the homogeneous view keeps no times: never read as if untimed)
+        raise DatasetError(f"dataset.path={cfg.path} is a typed graph whose edges have times, which its homogeneous "
+                          "view (dataset.erase_types=true, or a link task's) does not keep. HINT: give it as one "
+                          "homogeneous folder (edge_index, edge_time; its types as features), or train it typed")
     writer = TypedWriter(tmp, sizes, src.relations, src.expected, src.num_features, prepare_mem_bytes(cfg), src.reverse,
-                         relations_too=relations_too, edge_attr=src.edge_attr)
+                         relations_too=relations_too, edge_attr=src.edge_attr, edge_time=src.edge_time)
     y, *splits = src.feed(writer)
     num_edges, rule, arrays = writer.close(src.feature_from, cfg.feature_dtype)
     for rel, (given, kept) in writer.merged.items():  # (inside one type, a relation holds its reverses too)
@@ -195,6 +200,12 @@ def _stream_typed(cfg: DatasetConfig, src: TypedSource, tmp: Path, source: dict,
         np.save(tmp / f"{name}_idx.npy", ids[name])
     schema = TypedSchema(sizes, writer.schema.relations, src.target, writer.edge_dims)
     meta = {"typed": {**schema.to_meta(), "feature_rule": rule}} if relations_too else None
+    if src.edge_time:  # every relation's timeline beside its CSR; the target type's seed times
+        dtype = times.kind_of(Path(cfg.path), np.asarray(next(iter(src.edge_time.values()))[:0]))
+        meta["typed"]["times"] = {"dtype": dtype.name, "seed_time": src.seed_time is not None}
+        if src.seed_time is not None:
+            write_npy(tmp / "seed_time.npy", np.asarray(src.seed_time, dtype=dtype))
+            arrays.append("seed_time")
     cache.write_meta(tmp, total, num_edges, src.num_features, src.num_classes, source, cfg.feature_dtype,
                      extra=arrays, extra_meta=meta, labels=profile(y_all.numpy(), ids))
 

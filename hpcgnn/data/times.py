@@ -58,6 +58,41 @@ def read_times(folder: Path, num_edges: int, num_nodes: int, read) -> tuple[np.n
     return edge_time, seed_time
 
 
+def read_typed_times(edges_dir: Path, nodes_dir: Path, target: str, counts: dict, num_target: int,
+                     read) -> tuple[dict, np.ndarray | None]:
+    """A typed folder's times, checked: each given relation's ``edges/<relation>/edge_time`` ({relation: [E]}, every
+    relation or none: an edge without a time would be seen as of any time), and the target type's
+    ``nodes/<target>/seed_time`` ([N_target] or None), all of one kind. ``counts``: each relation's edges."""
+    timed = {rel: gives(edges_dir / "__".join(rel), "edge_time") for rel in counts}
+    seed = nodes_dir / target
+    if not any(timed.values()):
+        if gives(seed, "seed_time"):
+            raise DatasetError(f"{seed}: seed_time gives when each node's label is asked, but the edges have no "
+                               "times. HINT: add edge_time.npy to every relation's folder (one time per edge of its "
+                               "edge_index), or remove seed_time.npy")
+        return {}, None
+    missing = ["__".join(r) for r, has in timed.items() if not has]
+    if missing:
+        raise DatasetError(f"{edges_dir}: some relations' edges have times, and {', '.join(missing)} not: every "
+                           "relation's edges need theirs. HINT: add edge_time.npy to those folders (an edge there "
+                           "at all times: the earliest time), or remove the others")
+    out, kinds = {}, set()
+    for rel, count in counts.items():
+        path, times = read(edges_dir / "__".join(rel), "edge_time")
+        _check(path, times, count, "edges of edge_index")
+        out[rel] = times
+        kinds.add(kind_of(path, times))
+    seed_time = None
+    if gives(seed, "seed_time"):
+        path, seed_time = read(seed, "seed_time")
+        _check(path, seed_time, num_target, f"{target} nodes")
+        kinds.add(kind_of(path, seed_time))
+    if len(kinds) > 1:
+        raise DatasetError(f"{edges_dir}: the relations' times (and the seed times) mix integers and floats: give "
+                           "them all as integers or all as floats, in one unit")
+    return out, seed_time
+
+
 def time_parts(when: np.ndarray, cut) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Masks of ``when``'s entries before ``cut[0]`` (training), before ``cut[1]`` (validation) and from it (test):
     ``dataset.time_split``'s rule, for nodes, edge targets and a table's entries alike."""

@@ -24,7 +24,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from hpcgnn.data.graph import Graph, csr_of_pairs
+from hpcgnn.data.graph import Graph, Timeline, csr_of_pairs
+from hpcgnn.data.times import write_timeline
 
 Relation = tuple[str, str, str]  # (source type, relation name, target type)
 
@@ -90,6 +91,10 @@ class TypedGraph:
     feature_rule: dict[str, str]  # node type -> "given" or "mean over <relation key>"
     labels: dict | None = None  # what the labels are (hpcgnn.labels.profile, in the view's ids; None: class ids)
     edge_attr: dict[Relation, Tensor] | None = None  # [edges, D] per relation with edge features, in its CSR's order
+    # a timed graph's: each relation's in-edges in time (its CSR's rows), and the target type's seed times ([N_target]:
+    # when each label is asked; None: not given); None: its edges have no times
+    timelines: dict[Relation, Timeline] | None = None
+    seed_time: Tensor | None = None
 
     @property
     def node_types(self) -> tuple[str, ...]:
@@ -121,7 +126,9 @@ class TypedGraph:
                           {r: v.to(device) for r, v in self.col.items()}, {t: v.to(device) for t, v in self.x.items()},
                           self.target, self.y.to(device), self.train_idx.to(device), self.val_idx.to(device),
                           self.test_idx.to(device), self.num_classes, dict(self.feature_rule), self.labels,
-                          {r: v.to(device) for r, v in self.edge_attr.items()} if self.edge_attr else None)
+                          {r: v.to(device) for r, v in self.edge_attr.items()} if self.edge_attr else None,
+                          {r: v.to(device) for r, v in self.timelines.items()} if self.timelines else None,
+                          self.seed_time.to(device) if self.seed_time is not None else None)
 
     @property
     def schema(self) -> TypedSchema:
@@ -267,11 +274,18 @@ class TypedSource:
     # given relation -> its edges' features [E, D] (a mapped array: rows by the edge's place in the source, which
     # ``feed`` hands the writer with each edge, ``ids``); a relation without features is absent
     edge_attr: dict[Relation, object] = field(default_factory=dict)
+    # given relation -> its edges' times [E] (by the edge's place in the source, as its features: every relation's,
+    # or none); the target type's seed times [N_target] (when each label is asked), where its edges have times
+    edge_time: dict[Relation, object] = field(default_factory=dict)
+    seed_time: object | None = None
 
     def edge_dims(self) -> dict[str, int]:
         """Relation key -> edge feature width, of every stored relation (reverses too) whose edges have features."""
         return {relation_key(r): int(rows.shape[1]) for given, rows in self.edge_attr.items()
                 for r in expand_relations([given], self.reverse)}
+
+
+TIMELINE_ARRAYS = ("time_col", "time_sorted", "time_edge", "time_given")  # a timed relation's, beside its CSR
 
 
 class TypedWriter:
@@ -287,7 +301,7 @@ class TypedWriter:
 
     def __init__(self, tmp: Path, num_nodes: dict[str, int], relations: list[Relation], expected: dict[Relation, int],
                  num_features: int, mem_bytes: int, reverse: bool = True, relations_too: bool = True,
-                 edge_attr: dict[Relation, object] | None = None):
+                 edge_attr: dict[Relation, object] | None = None, edge_time: dict[Relation, object] | None = None):
         from hpcgnn.data.ooc import EdgeBuckets, FeatureWriter
 
         self.tmp, self.num_nodes, self.reverse, self.relations_too = tmp, dict(num_nodes), reverse, relations_too
@@ -297,16 +311,21 @@ class TypedWriter:
         share = mem_bytes // (len(self.schema.relations) + 1)  # (EdgeBuckets keeps a floor)
         self.view = EdgeBuckets(total, sum(both.values()), tmp / "scratch" / "view", share)
         self.edge_attr = dict(edge_attr or {}) if relations_too else {}
+        self.edge_time = dict(edge_time or {}) if relations_too else {}
         self.feature_source = {}  # stored relation -> the given relation whose rows its edges' features are
+        self.id_source = {}  # ... whose rows its edges' features or times are (its edges are added with their ids)
         self.buckets = {}  # (every relation: the rule types' features are averaged over theirs)
         for s, name, d in relations:
             for rel in expand_relations([(s, name, d)], reverse):
-                with_ids = (s, name, d) in self.edge_attr
-                if with_ids:
+                if (s, name, d) in self.edge_attr:
                     self.feature_source[rel] = (s, name, d)
+                with_ids = (s, name, d) in self.edge_attr or (s, name, d) in self.edge_time
+                if with_ids:
+                    self.id_source[rel] = (s, name, d)
+                # (a timed relation's edges are events: a pair given twice is two edges, each with its own time)
                 self.buckets[rel] = EdgeBuckets(num_nodes[rel[2]], both[(s, name, d)],
                                                 tmp / "scratch" / relation_key(rel), share, num_src=num_nodes[rel[0]],
-                                                ids=with_ids)
+                                                ids=with_ids, parallel=(s, name, d) in self.edge_time)
         self.given = list(relations)
         self.merged: dict[Relation, tuple[int, int]] = {}  # given relation -> (edges added, kept), where some merged
         self.num_features = num_features
@@ -316,11 +335,13 @@ class TypedWriter:
     def add(self, rel: Relation, src: Tensor, dst: Tensor, ids: Tensor | None = None) -> None:
         """Edges ``src -> dst`` of ``rel`` as given (types' own ids); reverses are added as :meth:`from_edges` adds them.
         ``ids``: the edges' places in the source (where their features are), for a relation with edge features."""
-        if (rel in self.edge_attr) != (ids is not None) and self.relations_too:
-            raise ValueError(f"{relation_key(rel)}: edge ids go with the edges of a relation with features, and only there")
+        if (rel in self.edge_attr or rel in self.edge_time) != (ids is not None) and self.relations_too:
+            raise ValueError(f"{relation_key(rel)}: edge ids go with the edges of a relation with features or times, "
+                             "and only there")
+        given = len(self.edge_attr[rel]) if rel in self.edge_attr else len(self.edge_time.get(rel, ()))
         for i, (r, u, v) in enumerate(with_reverses(rel, src.long(), dst.long(), self.reverse)):
-            if r in self.feature_source:  # a reverse inside one type: ids past the given ones (E + i), as the view's
-                self.buckets[r].add(v, u, ids=ids.long() + (len(self.edge_attr[rel]) if i and r == rel else 0))
+            if r in self.id_source:  # a reverse inside one type: ids past the given ones (E + i), as the view's
+                self.buckets[r].add(v, u, ids=ids.long() + (given if i and r == rel else 0))
             else:
                 self.buckets[r].add(v, u)
             self.view.add(v + self.off[r[2]], u + self.off[r[0]])
@@ -349,6 +370,9 @@ class TypedWriter:
             if rel in self.given and buckets.added > written:
                 self.merged[rel] = (buckets.added, written)
             kinds = ["rowptr", "col"]
+            if rel in self.id_source and self.id_source[rel] in self.edge_time:  # (before eid.npy goes)
+                write_timeline(folder, self.edge_time[self.id_source[rel]], None)
+                kinds += [*TIMELINE_ARRAYS]
             if rel in self.feature_source:  # each CSR edge's row of the given relation's features (eid.npy: which)
                 self.edge_dims[relation_key(rel)] = write_edge_features(
                     folder, self.edge_attr[self.feature_source[rel]], feature_dtype)

@@ -27,6 +27,7 @@ import hpcgnn.kernels.ops as ops
 from hpcgnn.data.graph import Timeline
 from hpcgnn.sampling.distributed import PartitionedNeighborSampler
 from hpcgnn.sampling.neighbor import CSRNeighborSampler, SampledSubgraph, sample_neighbors
+from hpcgnn.sampling.typed import TypedNeighborSampler
 
 STRATEGIES = ("uniform", "last")
 
@@ -76,14 +77,21 @@ class TreeWalk:
 
     def draw_as_of(self, rowptr: Tensor, rows: Tensor, at: Tensor, fanout: int, generator: torch.Generator | None,
                    out: Callable[[int], tuple[Tensor, Tensor]] | None = None) -> tuple[Tensor, Tensor, Tensor]:
-        """``(row, source, timeline position)`` of up to ``fanout`` in-edges of each of ``rows`` (of ``rowptr``, the
-        timeline's rows) as of its time in ``at``: the part of its list the time bounds allow, drawn from as rows of
-        a CSR by the one hop kernel."""
-        tl = self.timeline
-        bounds = ops.time_bounds(rowptr, tl.time, rows, at, self.strict, self.window,
-                                 fanout if self.strategy == "last" else 0)
-        return sample_neighbors(bounds, tl.col, torch.arange(0, bounds.numel(), 2, device=rowptr.device), fanout,
-                                generator, out=out, eid=True)
+        """:func:`draw_as_of` from the sampler's timeline, as its strategy, window and strictness say."""
+        return draw_as_of(rowptr, self.timeline, rows, at, fanout, generator, self, out=out)
+
+
+def draw_as_of(rowptr: Tensor, timeline: Timeline, rows: Tensor, at: Tensor, fanout: int,
+               generator: torch.Generator | None, how, row_start: int = 0,
+               out: Callable[[int], tuple[Tensor, Tensor]] | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """``(row, source, timeline position)`` of up to ``fanout`` in-edges of each of ``rows`` (of ``rowptr``, the
+    timeline's rows) as of its time in ``at``: the part of its list the time bounds allow (``how``: a sampler's
+    ``strategy``, ``window`` and ``strict``), drawn from as rows of a CSR by the one hop kernel (``row_start``: the
+    batch-local id of ``rows[0]``, as :func:`sample_neighbors` takes it)."""
+    bounds = ops.time_bounds(rowptr, timeline.time, rows, at, how.strict, how.window,
+                             fanout if how.strategy == "last" else 0)
+    return sample_neighbors(bounds, timeline.col, torch.arange(0, bounds.numel(), 2, device=rowptr.device), fanout,
+                            generator, row_start=row_start, out=out, eid=True)
 
 
 class TemporalSampler(TreeWalk, CSRNeighborSampler):
@@ -148,6 +156,68 @@ class PartitionedTemporalSampler(TreeWalk, PartitionedNeighborSampler):
         nbr.add_(tree.index_select(0, row).mul_(self.num_nodes))
         self._ages.append(at.index_select(0, row) - when)
         return (row, nbr, e) if eid else (row, nbr)
+
+
+class TypedTemporalSampler(TypedNeighborSampler):
+    """The typed walk as of each seed's time (``graph.timelines``: every relation's in-edges in time), a tree per seed:
+    batch-local ids follow each type's keys ``tree * num_nodes[type] + node``, and a relation's hop draws each target
+    key's edges as of its tree's time from the relation's timeline (:func:`draw_as_of`), each with its age
+    (``edge_age``, per relation). Seeds are the target type's, at ``times`` (default: ``graph.seed_time``)."""
+
+    def __init__(self, graph, fanouts, strategy: str = "uniform", window: float | int | None = None,
+                 strict: bool = False, edge_ids: bool = False):
+        if strategy not in STRATEGIES:
+            raise ValueError(f"strategy {strategy!r}: use uniform or last")
+        super().__init__(graph, fanouts, id_map="batch", edge_ids=edge_ids)
+        self.timelines, self.seed_time = graph.timelines, graph.seed_time
+        self.strategy, self.strict, self.num_nodes = strategy, strict, dict(graph.num_nodes)
+        dtype = next(iter(self.timelines.values())).time.dtype
+        self.window = None if window is None else torch.tensor(window, dtype=dtype)
+        self._times: Tensor | None = None  # the batch's seeds' times (one batch at a time: the guard's)
+        self._ages: dict = {}
+
+    def sample(self, seeds: Tensor, generator: torch.Generator | None = None, times: Tensor | None = None):
+        if isinstance(seeds, dict):
+            raise ValueError("a timed typed graph's seeds are the target type's, each at its time")
+        seeds = seeds.long()
+        if times is None:
+            if self.seed_time is None:
+                raise ValueError("a timed graph's seeds need their times: pass times, or give the graph seed times")
+            times = self.seed_time.index_select(0, seeds)
+        if times.numel() != seeds.numel():
+            raise ValueError(f"{times.numel()} times for {seeds.numel()} seeds: one each")
+        g, dev = self.graph, self.device
+        keys = torch.arange(seeds.numel(), device=dev).mul_(self.num_nodes[g.target]).add_(seeds.to(dev))
+        with self._guard:
+            self._times = times.to(dev, next(iter(self.timelines.values())).time.dtype)
+            self._ages = {r: [] for r in g.relations}
+            try:
+                out = self._walk(keys, generator)
+                ages = {r: torch.cat(v) if v else self._times[:0] for r, v in self._ages.items()}
+            finally:
+                self._times, self._ages = None, {}
+        tree = {t: torch.div(ids, self.num_nodes[t], rounding_mode="floor") for t, ids in out.n_id.items()}
+        n_id = {t: ids - tree[t] * self.num_nodes[t] for t, ids in out.n_id.items()}
+        return replace(out, n_id=n_id, edge_age=ages, tree=tree)
+
+    def draw(self, hop: int, frontier: dict[str, tuple[Tensor, int]],
+             generator: torch.Generator | None) -> list[tuple]:
+        """:meth:`TypedNeighborSampler.draw` as of each frontier key's tree's time, relation by relation."""
+        g, drawn = self.graph, []
+        for rel in g.relations:
+            fanout = self.fanouts[rel][hop]
+            if rel[2] not in frontier or fanout < 1:
+                continue
+            keys, first = frontier[rel[2]]
+            tree = torch.div(keys, self.num_nodes[rel[2]], rounding_mode="floor")
+            at, tl = self._times.index_select(0, tree), self.timelines[rel]
+            row, nbr, pos = draw_as_of(g.rowptr[rel], tl, keys - tree * self.num_nodes[rel[2]], at, fanout,
+                                       generator, self, row_start=first)
+            mine = row - first
+            nbr.add_(tree.index_select(0, mine).mul_(self.num_nodes[rel[0]]))
+            self._ages[rel].append(at.index_select(0, mine) - tl.time.index_select(0, pos))
+            drawn.append((rel, row, nbr, tl.edge.index_select(0, pos)) if self.edge_ids else (rel, row, nbr))
+        return drawn
 
 
 class TableSampler:

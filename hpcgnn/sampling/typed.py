@@ -42,6 +42,8 @@ class TypedSubgraph:
     num_sampled_edges: dict[Relation, list[int]]  # relation -> edges added per hop, hop 1 first
     e_id: dict[Relation, Tensor] | None = None  # relation -> each edge's place in its CSR (its features' row), if asked
     targets: dict | None = None  # what an edge task scores (its pairs, labels), set on the batch as they are
+    edge_age: dict[Relation, Tensor] | None = None  # a timed graph's: each edge's age as of its tree's time
+    tree: dict[str, Tensor] | None = None  # a timed graph's: each node's tree (its seed's place in the batch)
 
 
 def relation_fanouts(relations: Sequence[Relation], fanouts: Sequence[int] | Mapping) -> dict[Relation, tuple]:
@@ -191,6 +193,8 @@ def to_hetero_data(features, out: TypedSubgraph, pin_memory: bool = False):
     target.batch_size = data.batch_size = out.batch_size  # the seeds' count, on the type and the batch
     for rel, ei in out.edge_index.items():
         data[rel].edge_index = ei
+        if out.edge_age is not None:  # (a timed graph's: each edge's age, for a model that reads it)
+            data[rel].edge_age = out.edge_age[rel]
         if out.e_id is not None and rel in getattr(features, "edge_relations", ()):
             data[rel].edge_attr = features.gather_edges(rel, out.e_id[rel], pin_memory)
     data.num_sampled_nodes_dict = out.num_sampled_nodes

@@ -293,10 +293,11 @@ def typed_fanouts(cfg: RunConfig, graph) -> dict:
     return out
 
 
-def say_times(cfg: RunConfig, g, main: bool) -> None:
-    """What the log says of a graph whose edges have times (``g``: a whole graph, or a rank's parts): sampled as of
-    each seed's time (and how), or, with ``time.respect=false``, that every edge is seen, future ones too."""
-    tl, tc = g.timeline, cfg.time
+def say_times(cfg: RunConfig, tl, main: bool) -> None:
+    """What the log says of a graph whose edges have times (``tl``: its timeline, a whole graph's, a rank's parts' or
+    a typed graph's relation's; None: no times): sampled as of each seed's time (and how), or, with
+    ``time.respect=false``, that every edge is seen, future ones too."""
+    tc = cfg.time
     if tl is None:
         return
     if not tc.respect:

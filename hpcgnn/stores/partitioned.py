@@ -154,7 +154,7 @@ class PartitionedStore(Store):
         check_timed_config(cfg, timed=timed(cfg.dataset))  # (before the parts are made: a PyG graph's, once prepared)
         self.layouts: dict = {}  # exact inference's edges in local ids and halo plan, kept between evaluations
         self._hold_parts()
-        say_times(cfg, self.parts, env.rank == 0)
+        say_times(cfg, self.parts.timeline, env.rank == 0)
         self._make_samplers(items)
         self._count_steps()
         if cfg.graph.cache_mb > 0:

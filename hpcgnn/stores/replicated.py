@@ -110,7 +110,7 @@ class ReplicatedStore(WholeGraphStore):
             total = g.num_edges
             self.graph = g = as_of(g, cfg.predict.at)
             log.info("the graph as of %g: its %d edges before it (of %d)", cfg.predict.at, g.num_edges, total)
-        say_times(cfg, g, env.rank == 0)
+        say_times(cfg, g.timeline, env.rank == 0)
         self.features = g
         self.degree = g.degree()
         self.open_items(items, whole_views(g))

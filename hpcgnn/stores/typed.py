@@ -21,6 +21,7 @@ from hpcgnn.stores.base import (
     WholeGraphStore,
     on_local_rank0,
     require_training_items,
+    say_times,
     typed_fanouts,
 )
 from hpcgnn.stores.exact import Exact, WholeTypedPieces, exact_outputs
@@ -45,7 +46,14 @@ def typed_samplers(cfg: RunConfig, features, state: SamplerState, wrap=None, gra
     from hpcgnn.sampling.typed import TypedNeighborSampler
 
     g = graph if graph is not None else features
-    sampler = TypedNeighborSampler(features, typed_fanouts(cfg, g), edge_ids=bool(state.values.get("edge_ids")))
+    edge_ids = bool(state.values.get("edge_ids"))
+    if g.timelines is not None and cfg.time.respect:  # (as of each seed's time: hpcgnn.sampling.temporal)
+        from hpcgnn.sampling.temporal import TypedTemporalSampler
+
+        t = cfg.time
+        sampler = TypedTemporalSampler(features, typed_fanouts(cfg, g), t.strategy, t.window, edge_ids=edge_ids)
+    else:
+        sampler = TypedNeighborSampler(features, typed_fanouts(cfg, g), edge_ids=edge_ids)
     return sampler, (sampler if wrap is None else wrap(sampler))
 
 
@@ -55,9 +63,10 @@ class TypedStore(WholeGraphStore):
 
     def __init__(self, cfg: RunConfig, env: RankEnv, device: torch.device | None = None, items=None):
         super().__init__(cfg, env, device or torch.device("cpu"))
-        check_timed_config(cfg, timed=False)  # (a typed folder's times: refused, never read as if untimed)
         on_local_rank0(env, f"prepare {cfg.dataset.name}", lambda: prepare(cfg.dataset))
         self.graph = self.features = g = open_typed(cfg.dataset)
+        check_timed_config(cfg, g.timelines is not None, g.seed_time is not None)  # (a PyG graph's: known here)
+        say_times(cfg, next(iter(g.timelines.values())) if g.timelines else None, env.rank == 0)
         # (edge features: the widest relation's width; the model reads each relation's own, schema.edge_dims)
         self.open_items(items, typed_views(g))
         items = self.items
