@@ -533,6 +533,12 @@ def test_a_typed_graphs_relations_are_sampled_as_of_each_seeds_time(tmp_path, sw
         assert torch.equal(out.edge_age[r], at - when[out.e_id[r]]) and bool((out.edge_age[r] >= 0).all()), r
         assert torch.equal(out.tree[r[0]][src], out.tree[r[2]][dst])  # (an edge inside its tree)
     assert out.edge_index[rel].size(1) > 0 and torch.equal(out.n_id["paper"][:60], seeds)
+    from hpcgnn.data.times import typed_as_of
+
+    then = typed_as_of(g, 150)  # (predict at=T's graph: each relation's edges strictly before T)
+    assert then.timelines is None and then.edge_index(rel).size(1) == int((t < 150).sum())
+    assert sorted(zip(*then.edge_index(rel).tolist(), strict=True)) == \
+        sorted(zip(writes[0][t < 150].tolist(), writes[1][t < 150].tolist(), strict=True))
     for extra, why in ((["task=edge"], "task=edge on a typed graph"),
                        (["graph=partitioned"], "graph.mode=partitioned on a typed graph"),
                        (["dataset.erase_types=true"], r"dataset.erase_types=true \(the homogeneous view of a typed "
@@ -559,11 +565,13 @@ def test_a_typed_graphs_relations_are_sampled_as_of_each_seeds_time(tmp_path, sw
 
 @pytest.mark.slow
 def test_the_typed_leak_detector_scores_at_chance_with_time_and_learns_the_leak_without(tmp_path):
-    """A typed graph whose papers' labels only their later authors tell: at chance with time respected, in the rank
-    and from a sampler server alike (the same batches: the same metrics); learnt with time.respect=false."""
+    """A typed graph whose papers' labels only their later authors tell: at chance with time respected (evaluation
+    sampled as of each paper's time, though the model runs layer by layer), in the rank and from a sampler server
+    alike (the same batches: the same metrics); learnt with time.respect=false. predict at=T: every paper's output
+    from each relation's edges before T."""
     typed_leak_folder(tmp_path / "g")
-    common = ["dataset=files", f"dataset.path={tmp_path / 'g'}", "train.epochs=8", "model.hidden_channels=32",
-              "train.batch_size=256", "launch.procs=1", "metrics.tensorboard=false"]
+    common = ["dataset=files", f"dataset.path={tmp_path / 'g'}", "train.epochs=8", "model=rgcn",
+              "model.hidden_channels=32", "train.batch_size=256", "launch.procs=1", "metrics.tensorboard=false"]
     results = {}
     for name, extra in (("respected", []), ("servers", ["launch.sampler_servers=1"]),
                         ("ignored", ["time.respect=false"])):
@@ -573,3 +581,9 @@ def test_the_typed_leak_detector_scores_at_chance_with_time_and_learns_the_leak_
     respected, ignored = results["respected"]["test"], results["ignored"]["test"]
     assert respected < 0.6 and ignored > 0.85, (respected, ignored)
     assert results["servers"]["test"] == respected and results["servers"]["best_val"] == results["respected"]["best_val"]
+    assert results["respected"]["eval_mode"] == "sampled"
+    run = tmp_path / "respected" / "run"
+    done = subprocess.run([sys.executable, "-m", "hpcgnn", "predict", str(run), "at=150", "split=all"],
+                          capture_output=True, text=True, timeout=300, cwd=run.parent)
+    assert done.returncode == 0 and "over 2000 nodes" in done.stdout and "full inference as of 150" in done.stdout, \
+        done.stdout + done.stderr[-2000:]

@@ -232,11 +232,33 @@ def as_of(graph, at: float):
     every edge it holds may be seen). A copy of the kept edges, in memory."""
     import dataclasses
 
-    tl, n = graph.timeline, graph.num_nodes
-    keep = torch.zeros(graph.num_edges, dtype=torch.bool)
-    keep[tl.edge[tl.time < at]] = True
-    row = torch.repeat_interleave(torch.arange(n), graph.degree())
-    rowptr = torch.zeros(n + 1, dtype=torch.long)
-    rowptr[1:] = torch.cumsum(torch.bincount(row[keep], minlength=n), 0)
+    rowptr, keep = kept_before(graph.rowptr, graph.timeline, at)
     edge_attr = graph.edge_attr[keep] if graph.edge_attr is not None else None
     return dataclasses.replace(graph, rowptr=rowptr, col=graph.col[keep], edge_attr=edge_attr, timeline=None)
+
+
+def typed_as_of(graph, at: float):
+    """A :class:`~hpcgnn.data.typed.TypedGraph` with timelines as of time ``at``: each relation's edges strictly before
+    it (:func:`as_of`'s, relation by relation), no timelines and no seed times."""
+    import dataclasses
+
+    rowptr, col, edge_attr = {}, {}, {}
+    for rel in graph.relations:
+        rowptr[rel], keep = kept_before(graph.rowptr[rel], graph.timelines[rel], at)
+        col[rel] = graph.col[rel][keep]
+        if graph.edge_attr and rel in graph.edge_attr:
+            edge_attr[rel] = graph.edge_attr[rel][keep]
+    return dataclasses.replace(graph, rowptr=rowptr, col=col, edge_attr=edge_attr or None,
+                               timelines=None, seed_time=None)
+
+
+def kept_before(rowptr: torch.Tensor, timeline: Timeline, at: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rowptr of a CSR's edges strictly before ``at`` (its ``timeline``'s rows), and which of its edges they are
+    (bool, in the CSR's order)."""
+    n = rowptr.numel() - 1
+    keep = torch.zeros(int(rowptr[-1]), dtype=torch.bool)
+    keep[timeline.edge[timeline.time < at]] = True
+    row = torch.repeat_interleave(torch.arange(n), rowptr[1:] - rowptr[:-1])
+    out = torch.zeros(n + 1, dtype=torch.long)
+    out[1:] = torch.cumsum(torch.bincount(row[keep], minlength=n), 0)
+    return out, keep

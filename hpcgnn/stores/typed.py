@@ -12,6 +12,7 @@ import torch
 from hpcgnn.checks import check_timed_config
 from hpcgnn.config import RunConfig
 from hpcgnn.data import open_typed, prepare
+from hpcgnn.data.times import typed_as_of
 from hpcgnn.env import RankEnv
 from hpcgnn.sampling import steps_per_epoch
 from hpcgnn.sampling.producers import GraphSide
@@ -66,6 +67,10 @@ class TypedStore(WholeGraphStore):
         on_local_rank0(env, f"prepare {cfg.dataset.name}", lambda: prepare(cfg.dataset))
         self.graph = self.features = g = open_typed(cfg.dataset)
         check_timed_config(cfg, g.timelines is not None, g.seed_time is not None)  # (a PyG graph's: known here)
+        if cfg.predict.at is not None and g.timelines is not None:  # (predict at=T: exact over the edges before T)
+            total = g.num_edges()
+            self.graph = self.features = g = typed_as_of(g, cfg.predict.at)
+            log.info("the graph as of %g: its %d edges before it (of %d)", cfg.predict.at, g.num_edges(), total)
         say_times(cfg, next(iter(g.timelines.values())) if g.timelines else None, env.rank == 0)
         # (edge features: the widest relation's width; the model reads each relation's own, schema.edge_dims)
         self.open_items(items, typed_views(g))

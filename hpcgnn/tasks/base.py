@@ -56,7 +56,9 @@ class Task(abc.ABC):
         from hpcgnn.checks import eval_mode
 
         graph = getattr(self.store, "graph", None)  # (a whole graph's times, known to the rank; else the config's say)
-        return eval_mode(self.cfg, None if graph is None else getattr(graph, "timeline", None) is not None)
+        timed = None if graph is None else any(getattr(graph, name, None) is not None for name in ("timeline",
+                                                                                                   "timelines"))
+        return eval_mode(self.cfg, timed)
 
     @property
     def transform(self) -> Callable | None:
