@@ -234,9 +234,12 @@ def check_timed_config(cfg, timed: bool | None = None, seed_times: bool | None =
     if seed_times is None and d.name == "files":
         seed_times = any(t.startswith("nodes/") for t in typed_given) if typed_given else \
             gives(Path(d.path).expanduser(), "seed_time")
-    if cfg.task.name == "edge" and d.name == "files" and not unread and not typed_given and \
-            not gives(Path(d.path).expanduser(), "edge_label_time"):
-        raise untimed_targets(_which(d), "edge_label_time.npy")
+    if cfg.task.name == "edge" and d.name == "files" and not unread:  # (a typed folder's: its target relation's)
+        folder = Path(d.path).expanduser()
+        where = [r for r in sorted((folder / "edges").iterdir()) if gives(r, "edge_label")] if typed_given else [folder]
+        if where and not gives(where[0], "edge_label_time"):
+            raise untimed_targets(_which(d), "edge_label_time.npy" if not typed_given else
+                                  f"edges/{where[0].name}/edge_label_time.npy")
     if cfg.task.name == "node" and seed_times is False and not table:
         given = ("nodes/<target type>/seed_time.npy" if typed_given else "seed_time.npy") if d.name == "files" \
             else "data.seed_time"
@@ -250,14 +253,13 @@ def check_timed_config(cfg, timed: bool | None = None, seed_times: bool | None =
                      + (f" with train.edge_budget={t.edge_budget}" if t.edge_budget else "")),
                     (t.eval_mode != "full", "train.eval_mode=full (exact inference would read every edge)"),
                     (t.graph_on != "device", "train.graph_on=device"),
-                    (not typed_given or cfg.task.name == "node", f"task={cfg.task.name} on a typed graph"),
-                    (not typed_given or cfg.graph.mode == "replicated", "graph.mode=partitioned on a typed graph"),
+                    (not typed_given or cfg.task.name in ("node", "edge"), f"task={cfg.task.name} on a typed graph"),
                     (not typed_given or not d.erase_types, "dataset.erase_types=true (the homogeneous view of a typed "
                                                            "graph keeps no times)")):
         if not ok:
             raise ConfigError(f"the edges of {_which(d)} have times: sampling as of each seed's time runs for "
-                              "task=node, link or edge, train.sampler=neighbor, on the host (a typed graph: task=node, "
-                              "replicated); got "
+                              "task=node, link or edge, train.sampler=neighbor, on the host (a typed graph: task=node "
+                              "or edge); got "
                               f"{why}. HINT: drop that setting, or time.respect=false to train on every edge, those "
                               "after a seed's time too")
 

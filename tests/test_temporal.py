@@ -490,8 +490,8 @@ def test_a_typed_graphs_relations_are_sampled_as_of_each_seeds_time(tmp_path, sw
     """A typed folder's times, every relation's (edges/<relation>/edge_time) and the target type's seed times: each
     relation's timeline prepared beside its CSR (its reverse's too, a pair given twice two events), and the typed
     sampler's trees holding no edge of any relation after their seed's time, each edge with its age, the same on
-    the C kernels and their torch twins; what is not served yet refused naming the way out, and a HeteroData's
-    times refused rather than read as if its edges had none."""
+    the C kernels and their torch twins; the homogeneous view refused naming the way out (it keeps no times), and a
+    HeteroData's times refused rather than read as if its edges had none."""
     from conftest import make_config
     from test_typed import write_typed_folder
 
@@ -539,13 +539,11 @@ def test_a_typed_graphs_relations_are_sampled_as_of_each_seeds_time(tmp_path, sw
     assert then.timelines is None and then.edge_index(rel).size(1) == int((t < 150).sum())
     assert sorted(zip(*then.edge_index(rel).tolist(), strict=True)) == \
         sorted(zip(writes[0][t < 150].tolist(), writes[1][t < 150].tolist(), strict=True))
-    for extra, why in ((["task=edge"], "task=edge on a typed graph"),
-                       (["graph=partitioned"], "graph.mode=partitioned on a typed graph"),
-                       (["dataset.erase_types=true"], r"dataset.erase_types=true \(the homogeneous view of a typed "
-                                                      r"graph keeps no times\)")):
-        with pytest.raises(ConfigError, match=rf"have times: sampling as of each seed's time runs for .*\(a typed "
-                                              rf"graph: task=node, replicated\); got {why}\. HINT"):
-            check_task_config(make_config(*over, *extra))
+    check_task_config(make_config(*over, "graph=partitioned"))  # (over parts too)
+    with pytest.raises(ConfigError, match=r"have times: sampling as of each seed's time runs for .*\(a typed graph: "
+                                          r"task=node or edge\); got dataset.erase_types=true \(the homogeneous view "
+                                          r"of a typed graph keeps no times\)\. HINT"):
+        check_task_config(make_config(*over, "dataset.erase_types=true"))
     (tmp_path / "g" / "nodes" / "paper" / "seed_time.npy").unlink()
     with pytest.raises(ConfigError, match=r"its nodes do not say when each label is asked\. HINT: add "
                                           r"nodes/<target type>/seed_time.npy"):
@@ -568,7 +566,7 @@ def test_the_typed_leak_detector_scores_at_chance_with_time_and_learns_the_leak_
     """A typed graph whose papers' labels only their later authors tell: at chance with time respected (evaluation
     sampled as of each paper's time, though the model runs layer by layer), in the rank and from a sampler server
     alike (the same batches: the same metrics); learnt with time.respect=false. predict at=T: every paper's output
-    from each relation's edges before T."""
+    from each relation's edges before T. An edge task over one relation's edges at their times trains."""
     typed_leak_folder(tmp_path / "g")
     common = ["dataset=files", f"dataset.path={tmp_path / 'g'}", "train.epochs=8", "model=rgcn",
               "model.hidden_channels=32", "train.batch_size=256", "launch.procs=1", "metrics.tensorboard=false"]
@@ -587,3 +585,55 @@ def test_the_typed_leak_detector_scores_at_chance_with_time_and_learns_the_leak_
                           capture_output=True, text=True, timeout=300, cwd=run.parent)
     assert done.returncode == 0 and "over 2000 nodes" in done.stdout and "full inference as of 150" in done.stdout, \
         done.stdout + done.stderr[-2000:]
+    writes = tmp_path / "g" / "edges" / "author__writes__paper"  # (then its edges an edge task's targets, at times)
+    np.save(writes / "edge_label.npy", (np.load(writes / "edge_time.npy") % 2).astype(np.int64))
+    np.save(writes / "edge_label_time.npy", np.load(writes / "edge_time.npy"))
+    edge = run_cli(*common[:2], "task=edge", "model=rgcn", "train.epochs=2", "launch.procs=1",
+                   "metrics.tensorboard=false", cwd=tmp_path / "edge")
+    assert edge.returncode == 0 and "each asked as of its time" in edge.stdout + edge.stderr, edge.stderr[-3000:]
+
+
+def test_a_typed_edge_tasks_targets_are_each_asked_strictly_before_their_times(tmp_path):
+    """A typed folder's target relation with edge_label_time: both ends of each target a tree of its own (a user
+    rating twice: two trees), every relation drawn strictly before the target's time (its own edge unseen: nothing
+    left out by hand), the pairs naming their ends; targets without times refused naming the relation's file."""
+    from conftest import make_config
+    from test_edge_tasks import RATES, write_rated_edges
+
+    from hpcgnn.checks import check_task_config
+    from hpcgnn.env import RankEnv
+    from hpcgnn.sampling.temporal import TypedTemporalSampler
+    from hpcgnn.sampling.typed import TypedEdgeTargetSampler
+    from hpcgnn.tasks import open_store
+
+    given = write_rated_edges(tmp_path / "g", users=100, items=150)
+    rel = tmp_path / "g" / "edges" / "__".join(RATES)
+    when = np.random.default_rng(3).integers(0, 1000, given["index"].shape[1])
+    np.save(rel / "edge_time.npy", when)
+    over = ["task=edge", "dataset=files", f"dataset.path={tmp_path / 'g'}", f"dataset.root={tmp_path / 'root'}",
+            "model=rgcn", "train.fanouts=[25,10]"]
+    with pytest.raises(ConfigError, match=r"its edge targets do not say when each is asked\. HINT: add "
+                                          r"edges/user__rates__item/edge_label_time.npy"):
+        check_task_config(make_config(*over))
+    np.save(rel / "edge_label_time.npy", when)
+    store = open_store(make_config(*over), RankEnv.from_environ({}))
+    sampler = store.train_sampler
+    assert isinstance(sampler, TypedEdgeTargetSampler) and isinstance(sampler.node_sampler, TypedTemporalSampler)
+    assert sampler.node_sampler.strict and not sampler.drop_targets
+    items = store.items.train_ids()[:64]
+    out = sampler.sample(items, torch.Generator().manual_seed(0))
+    at = torch.from_numpy(when)[items]
+    pairs = out.targets["edge_label_index"]
+    assert torch.equal(out.n_id["user"][pairs[0]], torch.from_numpy(given["index"][0])[items])
+    assert torch.equal(out.n_id["item"][pairs[1]], torch.from_numpy(given["index"][1])[items])
+    trees = torch.cat([at, at])  # (the users' trees first, then the items')
+    events = {}
+    for u, i, t in zip(*given["index"].tolist(), when.tolist(), strict=True):
+        events.setdefault((u, i), set()).add(t)
+    for r, ei in out.edge_index.items():  # each edge an event of its pair, at its tree's time less its age
+        src, dst = out.n_id[r[0]][ei[0]].tolist(), out.n_id[r[2]][ei[1]].tolist()
+        edge_time = (trees[out.tree[r[2]][ei[1]]] - out.edge_age[r]).tolist()
+        for a, b, t in zip(src, dst, edge_time, strict=True):
+            assert t in events[(a, b) if r == RATES else (b, a)], (r, a, b, t)
+        assert bool((out.edge_age[r] > 0).all()), r  # (strictly before: a target's own edge never seen)
+        assert ei.size(1) > 0, r

@@ -234,6 +234,11 @@ def test_a_link_tasks_samplers_are_strict_in_the_rank_and_on_a_server_and_a_node
         side, _ = ReplicatedStore.server_side(cfg, store.sampler_state(), store.graph, type(store.items))
         samplers.append(getattr(side.sampler, "node_sampler", side.sampler))
         assert [isinstance(s, TemporalSampler) and s.strict for s in samplers] == [strict] * 3, task
+    # predict at=T's store: the graph as of T, for a run with historical negatives too (its timed checks run on the
+    # graph as prepared, not on the untimed copy as of T, which refused them)
+    then = open_store(make_config(*common, "task=link", "task.negatives=historical", "predict.at=5000"),
+                      RankEnv.from_environ({}))
+    assert then.graph.timeline is None and 0 < then.graph.num_edges < store.graph.num_edges
 
 
 @pytest.mark.slow

@@ -153,7 +153,7 @@ def prepare_targets(cfg: DatasetConfig) -> Path:
         raise DatasetError(f"{where}: {label.shape[0]} labels for {index.shape[1]} target edges "
                            "(edge_label_index): one row per target edge")
     splits = {s: _check_split(np.asarray(splits[s]), index.shape[1], f"{where} ({s} split)") for s in SPLITS}
-    time = None if relation is not None else target_times(cfg, graph, index.shape[1])
+    time = target_times(cfg, graph, index.shape[1], relation)
     if time is not None and getattr(cfg, "time_split", None) is not None:  # (by the times they are asked)
         from hpcgnn.data.times import time_parts
 
@@ -211,19 +211,21 @@ def open_targets(cfg: DatasetConfig) -> EdgeTargets:
                        load("own") if meta.get("own") else None, load("time") if meta.get("time") else None)
 
 
-def target_times(cfg: DatasetConfig, graph, count: int) -> np.ndarray | None:
-    """When each of ``count`` targets is asked (``edge_label_time``: a files folder's file, a PyG ``Data``'s
-    attribute), checked against the graph's edge times (the same kind; none without them); None where not given."""
+def target_times(cfg: DatasetConfig, graph, count: int, relation=None) -> np.ndarray | None:
+    """When each of ``count`` targets is asked (``edge_label_time``: a files folder's file, its target relation's in a
+    typed folder; a PyG ``Data``'s attribute), checked against the graph's edge times (the same kind; none without
+    them); None where not given."""
     from hpcgnn.data.times import _check, kind_of
 
     if cfg.name == "files":
         from hpcgnn.checks import gives
         from hpcgnn.data.files import _read, files_folder
 
-        if not gives(files_folder(cfg), "edge_label_time"):
+        folder = files_folder(cfg) if relation is None else files_folder(cfg) / "edges" / "__".join(relation)
+        if not gives(folder, "edge_label_time"):
             return None
-        where, time = _read(files_folder(cfg), "edge_label_time")
-    elif cfg.name == "pyg":
+        where, time = _read(folder, "edge_label_time")
+    elif cfg.name == "pyg" and relation is None:
         from hpcgnn.data.pyg import pyg_data
 
         time = getattr(pyg_data(cfg), "edge_label_time", None)
@@ -234,7 +236,7 @@ def target_times(cfg: DatasetConfig, graph, count: int) -> np.ndarray | None:
         return None
     time = np.asarray(time)
     _check(where, time, count, "target edges")
-    tl = graph.timeline
+    tl = graph.timeline if relation is None else next(iter((graph.timelines or {}).values()), None)
     if tl is None:
         raise DatasetError(f"{where}: the targets have times, but the graph's edges do not. HINT: give the edges' "
                            "times too (edge_time), or remove edge_label_time")

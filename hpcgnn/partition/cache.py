@@ -108,6 +108,8 @@ def ensure_parts(dataset: DatasetConfig, graph_cfg: GraphConfig, num_parts: int,
                                             minlength=num_parts).long().tolist()
     if graph.timeline is not None:  # each part holds its rows' edges in time (and its nodes' seed times)
         meta["times"] = {"arrays": time_arrays(graph), "dtype": str(graph.timeline.time.dtype).split(".")[-1]}
+    elif typed is not None and typed.timelines:  # (each relation's: the typed arrays)
+        meta["times"] = {"arrays": [], "typed": True}
     write_parts(graph, part, folder, meta, edges, typed, comm)
     return folder, read_meta(folder) or meta, False
 

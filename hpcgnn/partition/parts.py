@@ -37,6 +37,10 @@ class TypedParts:
     # id of the relation (int64 [num_parts + 1]: a global id is its part's first plus its place in the part's CSR)
     edge_attr: dict[Relation, Tensor] = field(default_factory=dict)
     edge_base: dict[Relation, Tensor] = field(default_factory=dict)
+    # a timed graph's: per relation, the owned rows' in-edges in time (places in this rank's CSR of the relation),
+    # and the owned target-type nodes' seed times in their typed rows' order (None: not given); None: no times
+    timelines: dict[Relation, Timeline] | None = None
+    seed_time: Tensor | None = None
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in [*self.rowptr.values(), *self.col.values(),
@@ -236,5 +240,21 @@ def _typed_parts(typed_meta: dict, nodes_by_type: dict[str, list[int]], per_part
             edge_attr[rel] = rows[0] if len(rows) == 1 else torch.cat(rows)
             edge_base[rel] = torch.zeros(num_parts + 1, dtype=torch.long)
             edge_base[rel][1:] = torch.tensor(typed_meta["part_edges"][key], dtype=torch.long).cumsum(0)
-    return TypedParts(schema, rowptr, col, type_base, edge_attr, edge_base)
+    timelines, seed_time = None, None
+    if f"time_col__{relation_key(schema.relations[0])}" in per_part[owned[0]]:
+        timelines = {}
+        for rel in schema.relations:
+            key, edge, start = relation_key(rel), [], 0
+            for i in owned:  # (a part's places, shifted by the relation's edges of the rank's parts before it)
+                edge.append(per_part[i][f"time_edge__{key}"] + start)
+                start += int(per_part[i][f"rowptr__{key}"][-1])
+            timelines[rel] = Timeline(*(_cat([per_part[i][f"{kind}__{key}"] for i in owned])
+                                        for kind in ("time_col", "time_sorted")), _cat(edge))
+        name = f"seed_time__{schema.target}"
+        seed_time = _cat([per_part[i][name] for i in owned]) if name in per_part[owned[0]] else None
+    return TypedParts(schema, rowptr, col, type_base, edge_attr, edge_base, timelines, seed_time)
+
+
+def _cat(tensors: list[Tensor]) -> Tensor:
+    return tensors[0] if len(tensors) == 1 else torch.cat(tensors)
 

@@ -145,6 +145,15 @@ def _write_part(out: _PartFiles, i: int, graph: Graph, part: Tensor, edges: dict
             arrays[f"col__{relation_key(rel)}"] = typed.col[rel].index_select(0, pos)
             if typed.edge_attr and rel in typed.edge_attr:  # the relation's edges' features, in the same order
                 out.save_rows(f"part_{i}/{EDGE_FEATURES}__{relation_key(rel)}.npy", typed.edge_attr[rel], [pos])
+            if typed.timelines:  # the relation's rows in time (each edge's place: in the part's CSR of it)
+                tl, key = typed.timelines[rel], relation_key(rel)
+                arrays[f"time_col__{key}"] = tl.col.index_select(0, pos)
+                arrays[f"time_sorted__{key}"] = tl.time.index_select(0, pos)
+                arrays[f"time_edge__{key}"] = tl.edge.index_select(0, pos) - pos + torch.arange(pos.numel())
+        if typed.seed_time is not None:  # the part's target-type nodes' seed times, in their typed rows' order
+            t = typed.target
+            own = nodes[(nodes >= off[t]) & (nodes < off[t] + typed.num_nodes[t])] - off[t]
+            arrays[f"seed_time__{t}"] = typed.seed_time.index_select(0, own)
     for name, array in arrays.items():
         out.save(f"part_{i}/{name}.npy", array)
     del arrays, rowptr, nodes, mine, runs
@@ -196,10 +205,12 @@ def _write_maps(out: _PartFiles, graph: Graph, part: Tensor, num_parts: int) -> 
 
 
 def typed_arrays(typed) -> list[str]:
-    """The per-relation arrays of a typed graph's parts (none for a homogeneous graph): each relation's CSR, and its
-    edges' features where it has some."""
+    """The per-relation arrays of a typed graph's parts (none for a homogeneous graph): each relation's CSR, its
+    edges' features where it has some, and a timed graph's rows in time and target-type seed times."""
     if typed is None:
         return []
+    times = [f"{kind}__{relation_key(r)}" for r in typed.relations for kind in TIME_ARRAYS] if typed.timelines else []
     return [f"{kind}__{relation_key(r)}" for r in typed.relations for kind in ("rowptr", "col")] + \
-        [f"{EDGE_FEATURES}__{relation_key(r)}" for r in typed.relations if typed.edge_attr and r in typed.edge_attr]
+        [f"{EDGE_FEATURES}__{relation_key(r)}" for r in typed.relations if typed.edge_attr and r in typed.edge_attr] + \
+        times + ([f"seed_time__{typed.target}"] if typed.seed_time is not None else [])
 

@@ -25,9 +25,10 @@ from torch import Tensor
 
 import hpcgnn.kernels.ops as ops
 from hpcgnn.data.graph import Timeline
+from hpcgnn.data.typed import Relation
 from hpcgnn.sampling.distributed import PartitionedNeighborSampler
 from hpcgnn.sampling.neighbor import CSRNeighborSampler, SampledSubgraph, sample_neighbors
-from hpcgnn.sampling.typed import TypedNeighborSampler
+from hpcgnn.sampling.typed import PartitionedTypedSampler, TypedNeighborSampler
 
 STRATEGIES = ("uniform", "last")
 
@@ -52,12 +53,7 @@ class TreeWalk:
 
     def sample(self, seeds: Tensor, generator: torch.Generator | None = None,
                times: Tensor | None = None) -> SampledSubgraph:
-        if times is None:
-            times = self.seed_times(seeds.long())
-            if times is None:
-                raise ValueError("a timed graph's seeds need their times: pass times, or give the graph seed times")
-        if times.numel() != seeds.numel():
-            raise ValueError(f"{times.numel()} times for {seeds.numel()} seeds: one each")
+        times = times_of(seeds.long(), times, self.seed_times)
         n, dev = self.num_nodes, self.device
         keys = torch.arange(seeds.numel(), device=dev).mul_(n).add_(seeds.long().to(dev))  # tree * n + node
         with self._guard:
@@ -79,6 +75,18 @@ class TreeWalk:
                    out: Callable[[int], tuple[Tensor, Tensor]] | None = None) -> tuple[Tensor, Tensor, Tensor]:
         """:func:`draw_as_of` from the sampler's timeline, as its strategy, window and strictness say."""
         return draw_as_of(rowptr, self.timeline, rows, at, fanout, generator, self, out=out)
+
+
+def times_of(seeds: Tensor, times: Tensor | None, own: Callable[[Tensor], Tensor | None]) -> Tensor:
+    """The seeds' times: ``times`` as given, else their own (``own(seeds)``: when each one's label is asked), one
+    per seed."""
+    if times is None:
+        times = own(seeds)
+        if times is None:
+            raise ValueError("a timed graph's seeds need their times: pass times, or give the graph seed times")
+    if times.numel() != seeds.numel():
+        raise ValueError(f"{times.numel()} times for {seeds.numel()} seeds: one each")
+    return times
 
 
 def draw_as_of(rowptr: Tensor, timeline: Timeline, rows: Tensor, at: Tensor, fanout: int,
@@ -158,38 +166,44 @@ class PartitionedTemporalSampler(TreeWalk, PartitionedNeighborSampler):
         return (row, nbr, e) if eid else (row, nbr)
 
 
-class TypedTemporalSampler(TypedNeighborSampler):
-    """The typed walk as of each seed's time (``graph.timelines``: every relation's in-edges in time), a tree per seed:
-    batch-local ids follow each type's keys ``tree * num_nodes[type] + node``, and a relation's hop draws each target
-    key's edges as of its tree's time from the relation's timeline (:func:`draw_as_of`), each with its age
-    (``edge_age``, per relation). Seeds are the target type's, at ``times`` (default: ``graph.seed_time``)."""
+class TypedTrees:
+    """The typed walk as of each seed's time, a tree per seed, over each type's keys ``tree * num_nodes[type] + node``
+    (in maps the size of the batch): :meth:`sample`; a typed graph's sampler (:class:`TypedTemporalSampler`) and one
+    across typed parts (:class:`PartitionedTypedTemporalSampler`) mix it into their typed walk, whose ``draw`` draws
+    each relation as of its keys' trees' times (:meth:`frontier_times`, :meth:`keys_of`)."""
 
-    def __init__(self, graph, fanouts, strategy: str = "uniform", window: float | int | None = None,
-                 strict: bool = False, edge_ids: bool = False):
+    def _typed_as_of(self, timelines: dict, strategy: str, window, strict: bool, num_nodes: dict[str, int]) -> None:
         if strategy not in STRATEGIES:
             raise ValueError(f"strategy {strategy!r}: use uniform or last")
-        super().__init__(graph, fanouts, id_map="batch", edge_ids=edge_ids)
-        self.timelines, self.seed_time = graph.timelines, graph.seed_time
-        self.strategy, self.strict, self.num_nodes = strategy, strict, dict(graph.num_nodes)
-        dtype = next(iter(self.timelines.values())).time.dtype
-        self.window = None if window is None else torch.tensor(window, dtype=dtype)
+        self.timelines, self.strategy, self.strict, self.num_nodes = timelines, strategy, strict, dict(num_nodes)
+        self.time_dtype = next(iter(timelines.values())).time.dtype
+        self.window = None if window is None else torch.tensor(window, dtype=self.time_dtype)
         self._times: Tensor | None = None  # the batch's seeds' times (one batch at a time: the guard's)
         self._ages: dict = {}
 
-    def sample(self, seeds: Tensor, generator: torch.Generator | None = None, times: Tensor | None = None):
-        if isinstance(seeds, dict):
-            raise ValueError("a timed typed graph's seeds are the target type's, each at its time")
-        seeds = seeds.long()
-        if times is None:
-            if self.seed_time is None:
-                raise ValueError("a timed graph's seeds need their times: pass times, or give the graph seed times")
-            times = self.seed_time.index_select(0, seeds)
-        if times.numel() != seeds.numel():
-            raise ValueError(f"{times.numel()} times for {seeds.numel()} seeds: one each")
+    def seed_times(self, seeds: Tensor) -> Tensor | None:
+        """When each target-type seed's label is asked, where the graph says (None: it does not)."""
+        raise NotImplementedError
+
+    def sample(self, seeds: Tensor | dict[str, Tensor], generator: torch.Generator | None = None,
+               times: Tensor | dict[str, Tensor] | None = None):
+        """The trees of ``seeds``: the target type's ids at ``times`` (default: their seed times), or type -> that
+        type's ids with ``times`` type -> theirs (an edge task's two ends, each end a tree of its own: a node may be
+        a seed twice, at two times); trees are numbered in the seeds' order, type after type."""
         g, dev = self.graph, self.device
-        keys = torch.arange(seeds.numel(), device=dev).mul_(self.num_nodes[g.target]).add_(seeds.to(dev))
+        if not isinstance(seeds, dict):
+            seeds = seeds.long()
+            times, seeds = {g.target: times_of(seeds, times, self.seed_times)}, {g.target: seeds}
+        elif not isinstance(times, dict) or set(times) != set(seeds):
+            raise ValueError("seeds of several types need their times, type by type")
+        keys, first = {}, 0
+        for t, ids in seeds.items():
+            times_of(ids, times[t], lambda _: None)
+            keys[t] = torch.arange(first, first + ids.numel(), device=dev).mul_(self.num_nodes[t]).add_(
+                ids.long().to(dev))
+            first += ids.numel()
         with self._guard:
-            self._times = times.to(dev, next(iter(self.timelines.values())).time.dtype)
+            self._times = torch.cat([times[t].to(dev, self.time_dtype) for t in seeds])
             self._ages = {r: [] for r in g.relations}
             try:
                 out = self._walk(keys, generator)
@@ -200,6 +214,34 @@ class TypedTemporalSampler(TypedNeighborSampler):
         n_id = {t: ids - tree[t] * self.num_nodes[t] for t, ids in out.n_id.items()}
         return replace(out, n_id=n_id, edge_age=ages, tree=tree)
 
+    def frontier_times(self, node_type: str, keys: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """A frontier's keys of ``node_type``: their trees, their nodes, their trees' times."""
+        tree = torch.div(keys, self.num_nodes[node_type], rounding_mode="floor")
+        return tree, keys - tree * self.num_nodes[node_type], self._times.index_select(0, tree)
+
+    def keys_of(self, rel: Relation, tree: Tensor, at: Tensor, nbr: Tensor, when: Tensor) -> Tensor:
+        """Sources drawn along ``rel`` into targets of trees ``tree`` at ``at`` (one each), at times ``when``: their
+        keys in those trees (in place), each edge's age kept for the batch."""
+        self._ages[rel].append(at - when)
+        return nbr.add_(tree.mul(self.num_nodes[rel[0]]))
+
+
+class TypedTemporalSampler(TypedTrees, TypedNeighborSampler):
+    """The typed walk as of each seed's time (``graph.timelines``: every relation's in-edges in time), a tree per seed:
+    a relation's hop draws each target key's edges as of its tree's time from the relation's timeline
+    (:func:`draw_as_of`), each with its age (``edge_age``, per relation). Seeds are the target type's, at ``times``
+    (default: ``graph.seed_time``), or an edge task's ends with theirs; ``strict``: edges strictly before each tree's
+    time (an edge task's targets)."""
+
+    def __init__(self, graph, fanouts, strategy: str = "uniform", window: float | int | None = None,
+                 strict: bool = False, edge_ids: bool = False):
+        super().__init__(graph, fanouts, id_map="batch", edge_ids=edge_ids)
+        self._typed_as_of(graph.timelines, strategy, window, strict, graph.num_nodes)
+        self.seed_time = graph.seed_time
+
+    def seed_times(self, seeds: Tensor) -> Tensor | None:
+        return None if self.seed_time is None else self.seed_time.index_select(0, seeds)
+
     def draw(self, hop: int, frontier: dict[str, tuple[Tensor, int]],
              generator: torch.Generator | None) -> list[tuple]:
         """:meth:`TypedNeighborSampler.draw` as of each frontier key's tree's time, relation by relation."""
@@ -209,15 +251,53 @@ class TypedTemporalSampler(TypedNeighborSampler):
             if rel[2] not in frontier or fanout < 1:
                 continue
             keys, first = frontier[rel[2]]
-            tree = torch.div(keys, self.num_nodes[rel[2]], rounding_mode="floor")
-            at, tl = self._times.index_select(0, tree), self.timelines[rel]
-            row, nbr, pos = draw_as_of(g.rowptr[rel], tl, keys - tree * self.num_nodes[rel[2]], at, fanout,
-                                       generator, self, row_start=first)
+            tree, node, at = self.frontier_times(rel[2], keys)
+            tl = self.timelines[rel]
+            row, nbr, pos = draw_as_of(g.rowptr[rel], tl, node, at, fanout, generator, self, row_start=first)
             mine = row - first
-            nbr.add_(tree.index_select(0, mine).mul_(self.num_nodes[rel[0]]))
-            self._ages[rel].append(at.index_select(0, mine) - tl.time.index_select(0, pos))
+            nbr = self.keys_of(rel, tree.index_select(0, mine), at.index_select(0, mine), nbr,
+                               tl.time.index_select(0, pos))
             drawn.append((rel, row, nbr, tl.edge.index_select(0, pos)) if self.edge_ids else (rel, row, nbr))
         return drawn
+
+
+class PartitionedTypedTemporalSampler(TypedTrees, PartitionedTypedSampler):
+    """The typed walk across parts as of each seed's time (``view.parts.typed.timelines``: the rank's rows of every
+    relation in time): a frontier key whose node another rank owns travels to it with its tree's time, with its
+    relation, and the owner draws as of that time from its rows of the relation, sending back the edges' sources,
+    ids and times (:meth:`PartitionedTypedSampler.draw`). Seeds are the rank's own target-type nodes (their seed
+    times are its rows'), or come with their times."""
+
+    timed = True
+
+    def __init__(self, view, fanouts, exchange, boundary_fraction: float = 1.0, edge_ids: bool = False,
+                 strategy: str = "uniform", window: float | int | None = None, strict: bool = False):
+        super().__init__(view, fanouts, exchange, boundary_fraction, edge_ids)
+        self._typed_as_of(self.typed.timelines, strategy, window, strict, self.typed.schema.num_nodes)
+        self.no_times = torch.empty(0, dtype=self.time_dtype)
+        self._trees: dict[str, tuple[int, Tensor, Tensor]] = {}  # a hop's frontier type -> (first, trees, times)
+
+    def seed_times(self, seeds: Tensor) -> Tensor | None:
+        st, t = self.typed.seed_time, self.graph.target
+        return None if st is None else st.index_select(0, self.view.parts.typed_rows(t, seeds + self.offsets[t]))
+
+    def frontier_ids(self, node_type: str, nodes: Tensor, first: int) -> tuple[Tensor, Tensor]:
+        tree, node, at = self.frontier_times(node_type, nodes)
+        self._trees[node_type] = (first, tree, at)
+        return node, at
+
+    def _sample(self, rel: Relation, gid: Tensor, hop: int, generator, at: Tensor | None = None) -> tuple:
+        tl = self.timelines[rel]
+        row, nbr, pos = draw_as_of(self.typed.rowptr[rel], tl, self.view.parts.typed_rows(rel[2], gid), at,
+                                   self.fanouts[rel][hop], generator, self)
+        with_ids = self.edge_ids and rel in self.typed.edge_base
+        eid = tl.edge.index_select(0, pos) + self.edge_base(rel) if with_ids else torch.full_like(nbr, -1)
+        return row, nbr, eid, tl.time.index_select(0, pos)
+
+    def drawn_keys(self, rel: Relation, dst: Tensor, nbr: Tensor, when: Tensor | None) -> Tensor:
+        first, tree, at = self._trees[rel[2]]
+        mine = dst - first  # (each edge's target: its place in the frontier)
+        return self.keys_of(rel, tree.index_select(0, mine), at.index_select(0, mine), nbr, when)
 
 
 class TableSampler:

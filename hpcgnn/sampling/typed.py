@@ -215,8 +215,12 @@ class TypedEdgeTargetSampler:
 
     def __init__(self, node_sampler: TypedNeighborSampler, targets, back: Relation | None, drop_targets: bool = True,
                  pair_features: Callable[[Tensor], Tensor] | None = None):
-        self.node_sampler, self.targets, self.back, self.drop_targets = node_sampler, targets, back, drop_targets
+        self.node_sampler, self.targets, self.back = node_sampler, targets, back
         self.relation, self.pair_features = targets.relation, pair_features
+        # targets with times, around a temporal node sampler: each end a tree of its own, as of its target's time
+        # (strictly before it: its own edge unseen, nothing left out by hand)
+        self.times = targets.time if getattr(node_sampler, "timelines", None) is not None else None
+        self.drop_targets = drop_targets and self.times is None
 
     @property
     def device(self) -> torch.device:  # (hpcgnn.sampling.protocol)
@@ -225,12 +229,21 @@ class TypedEdgeTargetSampler:
     def sample(self, items: Tensor, generator: torch.Generator | None = None) -> TypedSubgraph:
         items, (s_type, _, d_type) = items.long(), self.relation
         pairs = self.targets.index[:, items]
-        if s_type == d_type:  # both ends of one type: one set of seeds
-            seeds = {s_type: torch.unique(pairs.reshape(-1))}
+        if self.times is not None:  # each end a seed of its own, at its target's time (in order: its local id)
+            at, b = self.times.index_select(0, items), items.numel()
+            if s_type == d_type:
+                out = self.node_sampler.sample({s_type: pairs.reshape(-1)}, generator, {s_type: torch.cat([at, at])})
+                s, d = torch.arange(b), torch.arange(b, 2 * b)
+            else:
+                out = self.node_sampler.sample({s_type: pairs[0], d_type: pairs[1]}, generator, {s_type: at, d_type: at})
+                s = d = torch.arange(b)
         else:
-            seeds = {s_type: torch.unique(pairs[0]), d_type: torch.unique(pairs[1])}
-        out = self.node_sampler.sample(seeds, generator)
-        s, d = torch.searchsorted(seeds[s_type], pairs[0]), torch.searchsorted(seeds[d_type], pairs[1])
+            if s_type == d_type:  # both ends of one type: one set of seeds
+                seeds = {s_type: torch.unique(pairs.reshape(-1))}
+            else:
+                seeds = {s_type: torch.unique(pairs[0]), d_type: torch.unique(pairs[1])}
+            out = self.node_sampler.sample(seeds, generator)
+            s, d = torch.searchsorted(seeds[s_type], pairs[0]), torch.searchsorted(seeds[d_type], pairs[1])
         if self.drop_targets and items.numel():
             out = self._without_targets(out, s, d, seeds[s_type].numel(), seeds[d_type].numel())
         targets = {"edge_label_index": torch.stack([s, d]), "edge_label": self.targets.label.index_select(0, items),
@@ -301,13 +314,23 @@ class PartitionedTypedSampler(TypedNeighborSampler):
         """A batch's nodes in the homogeneous id space (the partition's), in :meth:`type_order`."""
         return torch.cat([n_id[t] + self.offsets[t] for t in self.type_order(n_id)])
 
-    def _sample(self, rel: Relation, gid: Tensor, hop: int, generator) -> tuple[Tensor, Tensor, Tensor]:
-        """(rows, sources, the edges' global ids: -1 for a relation without features or without ``edge_ids``)."""
+    def _sample(self, rel: Relation, gid: Tensor, hop: int, generator, at: Tensor | None = None) -> tuple:
+        """(rows, sources, the edges' global ids: -1 for a relation without features or without ``edge_ids``, and
+        their times: None, where a timed subclass draws as of ``at``)."""
         row, nbr, *e = sample_neighbors(self.typed.rowptr[rel], self.typed.col[rel],
                                         self.view.parts.typed_rows(rel[2], gid), self.fanouts[rel][hop], generator,
                                         eid=self.edge_ids and rel in self.typed.edge_base)
         eid = e[0] + self.edge_base(rel) if e else torch.full_like(nbr, -1)
-        return row, nbr, eid
+        return row, nbr, eid, None
+
+    def frontier_ids(self, node_type: str, nodes: Tensor, first: int) -> tuple[Tensor, Tensor | None]:
+        """A frontier's type-local node ids and their times (None: untimed; a timed subclass's frontier holds keys;
+        ``first``: the batch-local id of ``nodes[0]``)."""
+        return nodes, None
+
+    def drawn_keys(self, rel: Relation, dst: Tensor, nbr: Tensor, when: Tensor | None) -> Tensor:
+        """The sources' ids the walk numbers (a timed subclass: keys in their targets' trees, ages kept)."""
+        return nbr
 
     def edge_base(self, rel: Relation) -> int:
         """The global id of this rank's first edge of ``rel`` (its parts' edges in order)."""
@@ -317,34 +340,40 @@ class PartitionedTypedSampler(TypedNeighborSampler):
         from hpcgnn.sampling.distributed import segment_sums
 
         view, ex, rels = self.view, self.exchange, self.graph.relations
-        local: dict[Relation, tuple[Tensor, Tensor, Tensor]] = {}
-        ask_ids, ask_rel, ask_dst, ask_owner = [], [], [], []
+        timed = self.timed
+        local: dict[Relation, tuple] = {}
+        ask_ids, ask_rel, ask_dst, ask_owner, ask_at = [], [], [], [], []
         for rel in rels:
             if rel[2] not in frontier or self.fanouts[rel][hop] < 1:
                 continue
             nodes, first = frontier[rel[2]]
             nodes_local = torch.arange(first, first + nodes.numel())
-            gid = nodes + self.offsets[rel[2]]
+            ids, at = self.frontier_ids(rel[2], nodes, first)  # (a timed walk's keys: their nodes, their times)
+            gid = ids + self.offsets[rel[2]]
             owner = view.owner(gid)
             mine = owner == view.rank
-            row, nbr, eid = self._sample(rel, gid[mine], hop, generator)
-            local[rel] = (nodes_local[mine].index_select(0, row), nbr, eid)
+            row, nbr, eid, when = self._sample(rel, gid[mine], hop, generator, at[mine] if timed else None)
+            local[rel] = (nodes_local[mine].index_select(0, row), nbr, eid, when)
             remote = ~mine
             ask_ids.append(gid[remote])
             ask_rel.append(torch.full((int(remote.sum()),), self.relation_ids[rel], dtype=torch.long))
             ask_dst.append(nodes_local[remote])
             ask_owner.append(owner[remote])
+            if timed:
+                ask_at.append(at[remote])
         empty = torch.empty(0, dtype=torch.long)
         keys = torch.stack([torch.cat(ask_ids or [empty]), torch.cat(ask_rel or [empty])], 1)
         dst = torch.cat(ask_dst or [empty])
         asked, order, sent, received = ex.request(keys, torch.cat(ask_owner or [empty]))
         ex.stats.sample_requests += keys.size(0)
-        row_a, nbr_a, eid_a = self._serve(asked, hop, generator)
+        asked_at = ex(torch.cat(ask_at or [self.no_times]).index_select(0, order), sent, received) if timed else None
+        row_a, nbr_a, eid_a, when_a = self._serve(asked, hop, generator, asked_at)
         per_asked = torch.bincount(row_a, minlength=asked.size(0))
         per_sent = ex(per_asked, received, sent)  # neighbours per node this rank asked for
         back, forth = segment_sums(per_asked, received), segment_sums(per_sent, sent)
         nbr_r = ex(nbr_a, back, forth)
         eid_r = ex(eid_a, back, forth) if self.edge_ids else torch.full_like(nbr_r, -1)  # (with the neighbours)
+        when_r = ex(when_a, back, forth) if timed else None
         rel_r = torch.repeat_interleave(keys[order, 1], per_sent)
         dst_r = torch.repeat_interleave(dst[order], per_sent)
         drawn = []
@@ -354,32 +383,43 @@ class PartitionedTypedSampler(TypedNeighborSampler):
             got = rel_r == self.relation_ids[rel]
             dst_l, nbr = torch.cat([local[rel][0], dst_r[got]]), torch.cat([local[rel][1], nbr_r[got]])
             eid = torch.cat([local[rel][2], eid_r[got]])
+            when = torch.cat([local[rel][3], when_r[got]]) if timed else None
             if self.boundary_fraction < 1.0 and nbr.numel():
                 keep = (view.owner(nbr + self.offsets[rel[0]]) == view.rank) | (
                     torch.rand(nbr.numel(), generator=generator) < self.boundary_fraction)
                 dst_l, nbr, eid = dst_l[keep], nbr[keep], eid[keep]
+                when = when[keep] if timed else None
             by_target = torch.argsort(dst_l, stable=True)  # grouped by target, as the replicated walk's
-            drawn.append((rel, dst_l[by_target], nbr[by_target], *([eid[by_target]] if self.edge_ids else [])))
+            dst_l, nbr, eid = dst_l[by_target], nbr[by_target], eid[by_target]
+            nbr = self.drawn_keys(rel, dst_l, nbr, when[by_target] if timed else None)
+            drawn.append((rel, dst_l, nbr, *([eid] if self.edge_ids else [])))
         return drawn
 
-    def _serve(self, asked: Tensor, hop: int, generator) -> tuple[Tensor, Tensor, Tensor]:
-        """Sample for the others' requests (global id, relation): (request index per edge, source ids, the edges'
-        global ids), grouped by request in the order they came."""
-        rows, nbrs, eids = [], [], []
+    timed = False  # (a timed subclass's draws carry their frontier's times: PartitionedTypedTemporalSampler)
+    no_times = torch.empty(0, dtype=torch.long)
+
+    def _serve(self, asked: Tensor, hop: int, generator, at: Tensor | None = None) -> tuple:
+        """Sample for the others' requests (global id, relation; each as of its time in ``at``, where timed): (request
+        index per edge, source ids, the edges' global ids, their times or None), grouped by request in the order
+        they came."""
+        rows, nbrs, eids, whens = [], [], [], []
         for rel in self.graph.relations:
             sel = (asked[:, 1] == self.relation_ids[rel]).nonzero().flatten()
             if sel.numel() == 0:
                 continue
-            row, nbr, eid = self._sample(rel, asked[sel, 0], hop, generator)
+            row, nbr, eid, when = self._sample(rel, asked[sel, 0], hop, generator,
+                                               at.index_select(0, sel) if at is not None else None)
             rows.append(sel.index_select(0, row))
             nbrs.append(nbr)
             eids.append(eid)
+            whens.append(when)
         if not rows:
             empty = torch.empty(0, dtype=torch.long)
-            return empty, empty, empty
+            return empty, empty, empty, (self.no_times if at is not None else None)
         row, nbr, eid = torch.cat(rows), torch.cat(nbrs), torch.cat(eids)
         by_row = torch.argsort(row, stable=True)
-        return row[by_row], nbr[by_row], eid[by_row]
+        when = torch.cat(whens)[by_row] if at is not None else None
+        return row[by_row], nbr[by_row], eid[by_row], when
 
 
 class PartitionedTypedFeatures:

@@ -17,7 +17,7 @@ from hpcgnn.data import cache
 from hpcgnn.data.graph import csr_has_edge
 from hpcgnn.data.prepared import timed
 from hpcgnn.env import RankEnv
-from hpcgnn.errors import AllocationError, PartitionError
+from hpcgnn.errors import AllocationError, ConfigError, PartitionError
 from hpcgnn.models import reads_edge_features
 from hpcgnn.rng import generator
 from hpcgnn.sampling import subgraph as sub
@@ -113,8 +113,16 @@ def part_samplers(cfg: RunConfig, view, exchange, labels: bool, strict: bool = F
 
         schema = parts.typed.schema
         seed_offset = schema.offsets()[schema.target]
-        sampler = PartitionedTypedSampler(view, typed_fanouts(cfg, schema), exchange, g.boundary_fraction,
-                                          edge_ids=bool(parts.typed.edge_attr) and reads_edge_features(cfg.model))
+        edge_ids = bool(parts.typed.edge_attr) and reads_edge_features(cfg.model)
+        if parts.typed.timelines is not None and cfg.time.respect:
+            from hpcgnn.sampling.temporal import PartitionedTypedTemporalSampler
+
+            t = cfg.time
+            sampler = PartitionedTypedTemporalSampler(view, typed_fanouts(cfg, schema), exchange, g.boundary_fraction,
+                                                      edge_ids, t.strategy, t.window, strict)
+        else:
+            sampler = PartitionedTypedSampler(view, typed_fanouts(cfg, schema), exchange, g.boundary_fraction,
+                                              edge_ids=edge_ids)
         features = PartitionedTypedFeatures(cache, sampler)
     else:  # (its batches say which edges they hold where the model reads their features)
         edge_ids = parts.edge_attr is not None and reads_edge_features(cfg.model)
@@ -154,7 +162,9 @@ class PartitionedStore(Store):
         check_timed_config(cfg, timed=timed(cfg.dataset))  # (before the parts are made: a PyG graph's, once prepared)
         self.layouts: dict = {}  # exact inference's edges in local ids and halo plan, kept between evaluations
         self._hold_parts()
-        say_times(cfg, self.parts.timeline, env.rank == 0)
+        typed = self.parts.typed
+        say_times(cfg, self.parts.timeline if typed is None or typed.timelines is None else
+                  next(iter(typed.timelines.values())), env.rank == 0)
         self._make_samplers(items)
         self._count_steps()
         if cfg.graph.cache_mb > 0:
@@ -176,8 +186,14 @@ class PartitionedStore(Store):
         per_rank = num_parts // env.world_size
         self.owned = list(range(env.rank * per_rank, (env.rank + 1) * per_rank))
         self.parts = parts = open_parts(cfg.dataset, cfg.graph, num_parts, self.owned)
-        timeline = parts.timeline
-        check_timed_config(cfg, timeline is not None, timeline is not None and timeline.seed_time is not None)
+        timeline, typed = parts.timeline, parts.typed
+        if typed is not None and typed.timelines is not None:  # (a typed graph's: every relation's)
+            check_timed_config(cfg, True, typed.seed_time is not None)
+            if cfg.predict.at is not None:
+                raise ConfigError(f"at={cfg.predict.at:g} over a partitioned typed graph is not exact yet (its parts "
+                                  "are not taken as of a time). HINT: graph.mode=replicated")
+        else:
+            check_timed_config(cfg, timeline is not None, timeline is not None and timeline.seed_time is not None)
         if cfg.predict.at is not None and timeline is not None:  # (predict at=T: exact over the edges before T)
             self.parts = parts = parts_as_of(parts, cfg.predict.at)
             log.info("the parts as of %g: their %d edges before it (of %d)", cfg.predict.at, parts.col.numel(),

@@ -39,11 +39,13 @@ def typed_views(g, typed_rows=None, whole: bool = True, **more) -> GraphViews:
                       typed_rows=typed_rows or (lambda node_type, ids: ids), **more)
 
 
-def typed_samplers(cfg: RunConfig, features, state: SamplerState, wrap=None, graph=None) -> tuple:
+def typed_samplers(cfg: RunConfig, features, state: SamplerState, wrap=None, graph=None,
+                   strict: bool = False) -> tuple:
     """Evaluation's neighbour sampler over a typed graph (``features``: the graph, or its copy on the GPU; ``graph``:
     the graph on the host, where it differs) and training's, from what the rank decided (``state``: whether batches
     carry their edges' ids): the neighbour sampler, or (``wrap(node_sampler)``) the task's items' sampler around their
-    seeds; the one builder of the rank and its sampler servers."""
+    seeds; the one builder of the rank and its sampler servers. A timed graph's samples as of each seed's time
+    (``strict``: strictly before it, the task's items say)."""
     from hpcgnn.sampling.typed import TypedNeighborSampler
 
     g = graph if graph is not None else features
@@ -52,7 +54,7 @@ def typed_samplers(cfg: RunConfig, features, state: SamplerState, wrap=None, gra
         from hpcgnn.sampling.temporal import TypedTemporalSampler
 
         t = cfg.time
-        sampler = TypedTemporalSampler(features, typed_fanouts(cfg, g), t.strategy, t.window, edge_ids=edge_ids)
+        sampler = TypedTemporalSampler(features, typed_fanouts(cfg, g), t.strategy, t.window, strict, edge_ids)
     else:
         sampler = TypedNeighborSampler(features, typed_fanouts(cfg, g), edge_ids=edge_ids)
     return sampler, (sampler if wrap is None else wrap(sampler))
@@ -83,7 +85,7 @@ class TypedStore(WholeGraphStore):
                      time.perf_counter() - t0, self.resident_bytes() / 2**20)
         self.state = SamplerState("typed", env.rank, env.world_size, {"edge_ids": self.shape.edge_dim > 0})
         self.sampler, self.train_sampler = typed_samplers(
-            cfg, self.features, self.state, None if items.own_sampler else items.train_sampler, graph=g)
+            cfg, self.features, self.state, None if items.own_sampler else items.train_sampler, g, items.strict_times)
         if not items.own_sampler:  # the task's items: a step's seeds are its ids (a relation's target edges)
             ids = items.train_ids()
             require_training_items(cfg, ids.numel(), items.noun)
@@ -111,7 +113,7 @@ class TypedStore(WholeGraphStore):
         ``g``, the typed graph the server opened; ``items``: the task's items' unit); a typed graph's batches need no
         degrees."""
         wrap = None if items.own_sampler else (lambda s: items.server_sampler(cfg, typed_views(g), s))
-        return GraphSide(g, typed_samplers(cfg, g, state, wrap)[1]), None
+        return GraphSide(g, typed_samplers(cfg, g, state, wrap, strict=items.strict_times)[1]), None
 
     def exact(self, model: torch.nn.Module, gcn_norm: bool = False, layers: int | None = None,
               on_layer=None) -> Exact:

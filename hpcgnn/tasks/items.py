@@ -327,7 +327,8 @@ class EdgeItems(Items):
     @staticmethod
     def wrap(cfg: RunConfig, views, node_sampler, targets):
         """Around both ends of each target; with each target's own features where the decoder reads them."""
-        if getattr(node_sampler, "timeline", None) is not None and targets.time is None:  # (a PyG graph's: known here)
+        timed = any(getattr(node_sampler, name, None) is not None for name in ("timeline", "timelines"))
+        if timed and targets.time is None:  # (a PyG graph's: known here)
             from hpcgnn.checks import untimed_targets
 
             raise untimed_targets(f"dataset={cfg.dataset.name}", "data.edge_label_time")
