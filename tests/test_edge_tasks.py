@@ -239,10 +239,11 @@ def test_each_edge_kind_reaches_its_full_batch_twins_metric(kind, tmp_path):
     """Edge classification (whether both ends share a class, which their features tell weakly and their homophilous
     neighbourhoods more) and edge regression (a weighted sum of the ends' features): hpcgnn's sampled training
     (fanouts 15, 10: about every neighbour at mean degree 8; 200 epochs of 3 batches of 1024 targets, as many steps
-    as the twin's 600 at the same learning rate; exact evaluation every epoch), over three seeds, reaches the test
+    as the twin's 600 at the same learning rate; exact evaluation every epoch), over two seeds, reaches the test
     metric of its full-batch PyG twin (benchmarks/edge_twin.py, evaluated as often) within the twin's standard
-    deviation over six. (Seen: each of six seeds of hpcgnn does, alone; with batches of 512 and the twin evaluated
-    less often than hpcgnn, one seed in nine fell 0.03 below the rest, and three seeds' mean below the bar.)"""
+    deviation over six. (Seen: each of six seeds of hpcgnn does, alone, so two seeds' mean does (three cost CI half
+    a minute more); with batches of 512 and the twin evaluated less often than hpcgnn, one seed in nine fell 0.03
+    below the rest, and three seeds' mean below the bar.)"""
     import sys
 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
@@ -251,7 +252,7 @@ def test_each_edge_kind_reaches_its_full_batch_twins_metric(kind, tmp_path):
     write_edge_task(tmp_path / "g", kind, signal=0.3)
     ours = [train_here(*_files(tmp_path / "g", "train.epochs=200", "train.batch_size=1024", "train.fanouts=[15,10]",
                                 "train.eval_mode=full", "train.eval_every=1", "train.lr=0.003", f"train.seed={seed}"),
-                       run_dir=tmp_path / f"run{seed}") for seed in range(3)]
+                       run_dir=tmp_path / f"run{seed}") for seed in range(2)]
     assert {(s["metric"], s["kind"]) for s in ours} == {("val_acc" if kind == "classification" else "val_rmse", kind)}
     twins = [edge_twin(tmp_path / "g", seed, steps=600, lr=0.003, eval_every=3) for seed in range(6)]
     mine, mean, std = float(np.mean([s["test"] for s in ours])), float(np.mean(twins)), float(np.std(twins))
