@@ -28,7 +28,7 @@ run: $(STAMP)
 # The tests run on TEST_WORKERS pytest-xdist workers (the SLURM dev cluster's tests one after another on one of
 # them), then those marked alone (they look at the whole machine's /dev/shm) with nothing beside them; both run,
 # and the first failure's status is make's (a phase with no test selected is no failure).
-TEST_WORKERS ?= 3
+TEST_WORKERS ?= 2
 test: $(STAMP)
 	@status=0; \
 	$(PY) -m pytest -q -ra --durations=40 -n $(TEST_WORKERS) --dist loadgroup --phase=shared tests $(ARGS) || { s=$$?; [ $$s = 5 ] || status=$$s; }; \

@@ -243,6 +243,11 @@ def _typed_worker(rank: int, world: int, port: int, cfg, folder: str) -> None:
                 b = sampler.sample(seeds, torch.Generator().manual_seed(rank))
             out[name] = {"seeds": seeds, "times": times, "n_id": b.n_id, "tree": b.tree, "edge_index": b.edge_index,
                          "edge_age": b.edge_age}
+        from hpcgnn.stores.partitioned import parts_as_of
+
+        then = parts_as_of(parts, 150).typed  # (predict at=T's typed parts: collective)
+        out["as_of"] = [(rel, parts.own_of_type(rel[2]) - off[rel[2]], then.rowptr[rel], then.col[rel])
+                        for rel in then.schema.relations]
         torch.save(out, f"{folder}/typed{rank}.pt")
 
 
@@ -251,7 +256,7 @@ def test_the_typed_sampler_across_parts_draws_as_of_each_seeds_time_what_the_who
     """A timed typed graph over two gloo ranks' parts: every relation's hop of a remote node travels to its owner with
     its tree's time, and each tree holds exactly the edges the whole typed graph's temporal sampler draws (the most
     recent k; every edge of a window strictly before the time; an edge task's ends of any rank at given times), each
-    with its age."""
+    with its age; each rank's typed parts as of a time (predict at=T's) hold the whole typed graph's rows as of it."""
     from test_temporal import typed_leak_folder
 
     from hpcgnn.data import open_typed
@@ -284,3 +289,10 @@ def test_the_typed_sampler_across_parts_draws_as_of_each_seeds_time_what_the_who
             assert sum(mine.values()) > 50 and mine == theirs, name
             if strict:
                 assert all(bool((a > 0).all()) for a in b["edge_age"].values()), name
+        from hpcgnn.data.times import typed_as_of
+
+        whole = typed_as_of(g, 150)  # each rank's rows of every relation as of T: the whole typed graph's
+        for rel, own, rowptr, col in got["as_of"]:
+            for k, v in enumerate(own.tolist()):
+                lo, hi = int(whole.rowptr[rel][v]), int(whole.rowptr[rel][v + 1])
+                assert torch.equal(col[int(rowptr[k]):int(rowptr[k + 1])], whole.col[rel][lo:hi]), rel

@@ -17,7 +17,7 @@ from hpcgnn.data import cache
 from hpcgnn.data.graph import csr_has_edge
 from hpcgnn.data.prepared import timed
 from hpcgnn.env import RankEnv
-from hpcgnn.errors import AllocationError, ConfigError, PartitionError
+from hpcgnn.errors import AllocationError, PartitionError
 from hpcgnn.models import reads_edge_features
 from hpcgnn.rng import generator
 from hpcgnn.sampling import subgraph as sub
@@ -64,12 +64,15 @@ def distinct(batch: Tensor) -> Tensor:
 
 
 def parts_as_of(parts, at: float):
-    """A rank's parts (:class:`~hpcgnn.partition.parts.Parts` with a timeline) as of time ``at``: its rows' edges
+    """A rank's parts (:class:`~hpcgnn.partition.parts.Parts` with a timeline, or typed parts with timelines:
+    :func:`_typed_parts_as_of`) as of time ``at``: its rows' edges
     strictly before it, in the CSR's order with their features, every node's in-degree and the parts' first edge ids
     counted again over them (collective: each rank's rows add their own), and no timeline. What an exact pass as of
     ``at`` reads (:func:`hpcgnn.data.times.as_of`'s, over parts); a copy of the kept edges, in memory."""
     import dataclasses
 
+    if parts.typed is not None and parts.typed.timelines is not None:
+        return dataclasses.replace(parts, typed=_typed_parts_as_of(parts, at))
     tl, own = parts.timeline, parts.nodes.numel()
     keep = torch.zeros(parts.col.numel(), dtype=torch.bool)
     keep[tl.edge[tl.time < at]] = True
@@ -88,6 +91,30 @@ def parts_as_of(parts, at: float):
         more = {"edge_attr": parts.edge_attr[keep], "edge_base": base}
     return dataclasses.replace(parts, rowptr=rowptr, col=parts.col[keep], degree=dist.all_reduce_sum(degree).int(),
                                timeline=None, **more)
+
+
+def _typed_parts_as_of(parts, at: float):
+    """A rank's typed parts as of time ``at``: each relation's rows' edges strictly before it (with their features),
+    and each relation's parts' first edge ids counted again over them (collective); no timelines, no seed times."""
+    import dataclasses
+
+    from hpcgnn.data.times import kept_before
+
+    typed = parts.typed
+    rowptr, col, edge_attr, edge_base = {}, {}, {}, dict(typed.edge_base)
+    for rel in typed.schema.relations:
+        rowptr[rel], keep = kept_before(typed.rowptr[rel], typed.timelines[rel], at)
+        col[rel] = typed.col[rel][keep]
+        if rel in typed.edge_attr:
+            edge_attr[rel] = typed.edge_attr[rel][keep]
+        if rel in typed.edge_base:  # (a relation's rows: its target type's owned nodes, part by part)
+            rows = parts.node_part.index_select(0, parts.own_of_type(rel[2])).long()
+            per_part = torch.bincount(rows, weights=(rowptr[rel][1:] - rowptr[rel][:-1]).double(),
+                                      minlength=parts.num_parts).long()
+            edge_base[rel] = torch.zeros(parts.num_parts + 1, dtype=torch.long)
+            edge_base[rel][1:] = torch.cumsum(dist.all_reduce_sum(per_part), 0)
+    return dataclasses.replace(typed, rowptr=rowptr, col=col, edge_attr=edge_attr, edge_base=edge_base,
+                               timelines=None, seed_time=None)
 
 
 @dataclass(frozen=True)
@@ -187,17 +214,15 @@ class PartitionedStore(Store):
         self.owned = list(range(env.rank * per_rank, (env.rank + 1) * per_rank))
         self.parts = parts = open_parts(cfg.dataset, cfg.graph, num_parts, self.owned)
         timeline, typed = parts.timeline, parts.typed
-        if typed is not None and typed.timelines is not None:  # (a typed graph's: every relation's)
+        timed_typed = typed is not None and typed.timelines is not None  # (a typed graph's: every relation's)
+        if timed_typed:
             check_timed_config(cfg, True, typed.seed_time is not None)
-            if cfg.predict.at is not None:
-                raise ConfigError(f"at={cfg.predict.at:g} over a partitioned typed graph is not exact yet (its parts "
-                                  "are not taken as of a time). HINT: graph.mode=replicated")
         else:
             check_timed_config(cfg, timeline is not None, timeline is not None and timeline.seed_time is not None)
-        if cfg.predict.at is not None and timeline is not None:  # (predict at=T: exact over the edges before T)
+        if cfg.predict.at is not None and (timeline is not None or timed_typed):  # (predict at=T: exact, before T)
             self.parts = parts = parts_as_of(parts, cfg.predict.at)
-            log.info("the parts as of %g: their %d edges before it (of %d)", cfg.predict.at, parts.col.numel(),
-                     timeline.col.numel())
+            log.info("the parts as of %g: %s", cfg.predict.at, "each relation's edges before it" if timed_typed else
+                     f"their {parts.col.numel()} edges before it (of {timeline.col.numel()})")
         if parts.edge_features_dropped and reads_edge_features(cfg.model):
             raise PartitionError(f"the {num_parts}-part partition of {cfg.dataset.name} was written without its edges' "
                                  "features (by an older hpcgnn), and the model reads them. HINT: delete "
