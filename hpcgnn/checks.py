@@ -174,9 +174,8 @@ def typed_times(dataset) -> list[str]:
     folder = Path(dataset.path).expanduser()
     if not (folder / "edges").is_dir():
         return []
-    found = [f"{kind}/{d.name}/{name}" for kind, name in (("edges", "edge_time"), ("nodes", "seed_time"))
-             if (folder / kind).is_dir() for d in sorted((folder / kind).iterdir()) if gives(d, name)]
-    return found
+    return [f"{kind}/{d.name}/{name}" for kind, name in (("edges", "edge_time"), ("nodes", "seed_time"))
+            if (folder / kind).is_dir() for d in sorted((folder / kind).iterdir()) if gives(d, name)]
 
 
 def _times_given() -> str:
@@ -197,8 +196,8 @@ def check_timed_config(cfg, timed: bool | None = None, seed_times: bool | None =
     (``time.respect``): what samples as of each seed's time today (a node task, link prediction in time order, an edge
     task's targets at their times; neighbour sampling on the host, replicated or partitioned; every producer), each
     other setting refused naming the way out (a link task's time.respect=false too: its message passing holds every
-    edge). ``timed``, ``seed_times``: whether the graph's
-    edges and its nodes have times, where the rank knows it (a PyG graph's, once prepared); None: a files folder's."""
+    edge). ``timed``, ``seed_times``: whether the graph's edges and its nodes have times, where the rank knows it (a
+    PyG graph's, once prepared); None: a files folder's."""
     t, tc = cfg.train, cfg.time
     if tc.window is not None and tc.window <= 0:
         raise ConfigError(f"time.window={tc.window} must be positive (in the edge times' unit), or null for edges of "

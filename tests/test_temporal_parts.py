@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 from collections import Counter
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -69,17 +70,24 @@ CASES = (("last", [3, 2], "last", None, False), ("all-strict-window", [1000, 100
          ("any-seeds-at-given-times", [1000, 1000], "uniform", None, True))
 
 
-def _temporal_worker(rank: int, world: int, port: int, cfg, folder: str) -> None:
+@contextmanager
+def one_part_each(rank: int, world: int, port: int, cfg):
+    """Rank ``rank`` of ``world`` gloo processes holding part ``rank``: (its parts, its exchange, its view)."""
     from hpcgnn.dist import new_group, process_group
+    from hpcgnn.sampling import distributed as d
+
+    torch.set_num_threads(1)
+    with process_group(local_rank_env(rank, world, port), cfg.dist, torch.device("cpu")):
+        parts = open_parts(cfg.dataset, cfg.graph, world, [rank])
+        ex = d.Exchange(new_group(cfg.dist), rank, world, torch.device("cpu"), d.CommStats())
+        yield parts, ex, d.PartitionView(parts, rank, 1)
+
+
+def _temporal_worker(rank: int, world: int, port: int, cfg, folder: str) -> None:
     from hpcgnn.sampling import distributed as d
     from hpcgnn.sampling.temporal import PartitionedTemporalSampler
 
-    torch.set_num_threads(1)
-    env = local_rank_env(rank, world, port)
-    with process_group(env, cfg.dist, torch.device("cpu")):
-        parts = open_parts(cfg.dataset, cfg.graph, cfg.graph.num_parts, [rank])
-        ex = d.Exchange(new_group(cfg.dist), rank, world, torch.device("cpu"), d.CommStats())
-        view = d.PartitionView(parts, rank, 1)
+    with one_part_each(rank, world, port, cfg) as (parts, ex, view):
         features = d.PartitionedFeatures(view, ex)
         out = {}
         for name, fanouts, strategy, window, strict in CASES:
@@ -216,16 +224,9 @@ TYPED_CASES = (("last", [3, 2], "last", None, False), ("all-strict-window", [100
 
 
 def _typed_worker(rank: int, world: int, port: int, cfg, folder: str) -> None:
-    from hpcgnn.dist import new_group, process_group
-    from hpcgnn.sampling import distributed as d
     from hpcgnn.sampling.temporal import PartitionedTypedTemporalSampler
 
-    torch.set_num_threads(1)
-    env = local_rank_env(rank, world, port)
-    with process_group(env, cfg.dist, torch.device("cpu")):
-        parts = open_parts(cfg.dataset, cfg.graph, 2, [rank])
-        ex = d.Exchange(new_group(cfg.dist), rank, world, torch.device("cpu"), d.CommStats())
-        view = d.PartitionView(parts, rank, 1)
+    with one_part_each(rank, world, port, cfg) as (parts, ex, view):
         off = parts.typed.schema.offsets()
         out = {}
         for name, fanouts, strategy, window, strict in TYPED_CASES:

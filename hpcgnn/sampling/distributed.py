@@ -194,15 +194,12 @@ class PartitionedNeighborSampler(CSRNeighborSampler):
         """Places in the rank's CSR of the edges :meth:`draw` drew at ``pos``."""
         return pos
 
-    def time_of(self, pos: Tensor) -> Tensor:
-        """Times of the edges :meth:`draw` drew at ``pos`` (a timed subclass's)."""
-        raise NotImplementedError
-
     def across(self, nodes: Tensor, at: Tensor | None, fanout: int, generator: torch.Generator | None,
                eid: bool) -> tuple:
         """``(row, source, global edge ids or None, edge times or None)`` of the sampled in-edges of ``nodes``, rows
         in their order: the rank's own drawn here, the others' by their owners, to whom they travel (with their
-        times in ``at``: each drawn as of its own; None: untimed)."""
+        times in ``at``: each drawn as of its own, and the drawn edges' times, a timed subclass's ``time_of(pos)``,
+        sent back; None: untimed)."""
         view, ex = self.view, self.exchange
         timed = at is not None
         owner = view.owner(nodes)

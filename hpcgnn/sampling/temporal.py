@@ -37,7 +37,8 @@ class TreeWalk:
     """The walk as of each seed's time, a tree per seed, over keys ``tree * num_nodes + node`` (in a map the size of the
     batch): :meth:`sample` and the draw of one hop's edges as of their trees' times (:meth:`draw_as_of`); a sampler
     over a whole graph (:class:`TemporalSampler`) and one across parts (:class:`PartitionedTemporalSampler`) mix it
-    into their neighbour sampler, whose walk (:meth:`CSRNeighborSampler._walk`) calls their ``hop``."""
+    into their neighbour sampler, whose walk (:meth:`CSRNeighborSampler._walk`) calls their ``hop``; each says when
+    its seeds' labels are asked (``seed_times(seeds)``: None where the graph does not say)."""
 
     def _as_of(self, timeline: Timeline, strategy: str, window, strict: bool, num_nodes: int) -> None:
         if strategy not in STRATEGIES:
@@ -46,10 +47,6 @@ class TreeWalk:
         self.window = None if window is None else torch.tensor(window, dtype=timeline.time.dtype)
         self._times: Tensor | None = None  # the batch's seeds' times (one batch at a time: the guard's)
         self._ages: list[Tensor] = []
-
-    def seed_times(self, seeds: Tensor) -> Tensor | None:
-        """When each seed's label is asked, where the graph says (None: it does not)."""
-        raise NotImplementedError
 
     def sample(self, seeds: Tensor, generator: torch.Generator | None = None,
                times: Tensor | None = None) -> SampledSubgraph:
@@ -170,7 +167,8 @@ class TypedTrees:
     """The typed walk as of each seed's time, a tree per seed, over each type's keys ``tree * num_nodes[type] + node``
     (in maps the size of the batch): :meth:`sample`; a typed graph's sampler (:class:`TypedTemporalSampler`) and one
     across typed parts (:class:`PartitionedTypedTemporalSampler`) mix it into their typed walk, whose ``draw`` draws
-    each relation as of its keys' trees' times (:meth:`frontier_times`, :meth:`keys_of`)."""
+    each relation as of its keys' trees' times (:meth:`frontier_times`, :meth:`keys_of`); each says when its target-type
+    seeds' labels are asked (``seed_times(seeds)``: None where the graph does not say)."""
 
     def _typed_as_of(self, timelines: dict, strategy: str, window, strict: bool, num_nodes: dict[str, int]) -> None:
         if strategy not in STRATEGIES:
@@ -180,10 +178,6 @@ class TypedTrees:
         self.window = None if window is None else torch.tensor(window, dtype=self.time_dtype)
         self._times: Tensor | None = None  # the batch's seeds' times (one batch at a time: the guard's)
         self._ages: dict = {}
-
-    def seed_times(self, seeds: Tensor) -> Tensor | None:
-        """When each target-type seed's label is asked, where the graph says (None: it does not)."""
-        raise NotImplementedError
 
     def sample(self, seeds: Tensor | dict[str, Tensor], generator: torch.Generator | None = None,
                times: Tensor | dict[str, Tensor] | None = None):

@@ -16,6 +16,7 @@ from hpcgnn.config import RunConfig
 from hpcgnn.data import cache
 from hpcgnn.data.graph import csr_has_edge
 from hpcgnn.data.prepared import timed
+from hpcgnn.data.times import kept_before
 from hpcgnn.env import RankEnv
 from hpcgnn.errors import AllocationError, PartitionError
 from hpcgnn.models import reads_edge_features
@@ -65,40 +66,39 @@ def distinct(batch: Tensor) -> Tensor:
 
 def parts_as_of(parts, at: float):
     """A rank's parts (:class:`~hpcgnn.partition.parts.Parts` with a timeline, or typed parts with timelines:
-    :func:`_typed_parts_as_of`) as of time ``at``: its rows' edges
-    strictly before it, in the CSR's order with their features, every node's in-degree and the parts' first edge ids
+    :func:`_typed_parts_as_of`) as of time ``at``: its rows' edges strictly before it, in the CSR's order with their
+    features, every node's in-degree and the parts' first edge ids
     counted again over them (collective: each rank's rows add their own), and no timeline. What an exact pass as of
     ``at`` reads (:func:`hpcgnn.data.times.as_of`'s, over parts); a copy of the kept edges, in memory."""
     import dataclasses
 
     if parts.typed is not None and parts.typed.timelines is not None:
         return dataclasses.replace(parts, typed=_typed_parts_as_of(parts, at))
-    tl, own = parts.timeline, parts.nodes.numel()
-    keep = torch.zeros(parts.col.numel(), dtype=torch.bool)
-    keep[tl.edge[tl.time < at]] = True
-    row = torch.repeat_interleave(torch.arange(own), parts.rowptr[1:] - parts.rowptr[:-1])
-    kept = torch.bincount(row[keep], minlength=own)
-    rowptr = torch.zeros(own + 1, dtype=torch.long)
-    rowptr[1:] = torch.cumsum(kept, 0)
+    rowptr, keep = kept_before(parts.rowptr, parts.timeline, at)
+    kept = rowptr[1:] - rowptr[:-1]
     degree = torch.zeros(parts.num_nodes, dtype=torch.long)
     degree[parts.nodes] = kept
     more = {}
     if parts.edge_base is not None:  # a global edge id: its part's first, the parts' kept edges counted in order
-        per_part = torch.bincount(parts.node_part.index_select(0, parts.nodes).long(), weights=kept.double(),
-                                  minlength=parts.num_parts).long()
-        base = torch.zeros(parts.num_parts + 1, dtype=torch.long)
-        base[1:] = torch.cumsum(dist.all_reduce_sum(per_part), 0)
-        more = {"edge_attr": parts.edge_attr[keep], "edge_base": base}
+        more = {"edge_attr": parts.edge_attr[keep], "edge_base": _edge_base(parts, parts.nodes, kept)}
     return dataclasses.replace(parts, rowptr=rowptr, col=parts.col[keep], degree=dist.all_reduce_sum(degree).int(),
                                timeline=None, **more)
+
+
+def _edge_base(parts, rows: Tensor, kept: Tensor) -> Tensor:
+    """Each part's first global edge id (int64 [num_parts + 1]) over the edges ``kept`` in each of the rank's CSR rows
+    (``rows``: their nodes' global ids), the ranks' counts added together (collective)."""
+    per_part = torch.bincount(parts.node_part.index_select(0, rows).long(), weights=kept.double(),
+                              minlength=parts.num_parts).long()
+    base = torch.zeros(parts.num_parts + 1, dtype=torch.long)
+    base[1:] = torch.cumsum(dist.all_reduce_sum(per_part), 0)
+    return base
 
 
 def _typed_parts_as_of(parts, at: float):
     """A rank's typed parts as of time ``at``: each relation's rows' edges strictly before it (with their features),
     and each relation's parts' first edge ids counted again over them (collective); no timelines, no seed times."""
     import dataclasses
-
-    from hpcgnn.data.times import kept_before
 
     typed = parts.typed
     rowptr, col, edge_attr, edge_base = {}, {}, {}, dict(typed.edge_base)
@@ -108,11 +108,7 @@ def _typed_parts_as_of(parts, at: float):
         if rel in typed.edge_attr:
             edge_attr[rel] = typed.edge_attr[rel][keep]
         if rel in typed.edge_base:  # (a relation's rows: its target type's owned nodes, part by part)
-            rows = parts.node_part.index_select(0, parts.own_of_type(rel[2])).long()
-            per_part = torch.bincount(rows, weights=(rowptr[rel][1:] - rowptr[rel][:-1]).double(),
-                                      minlength=parts.num_parts).long()
-            edge_base[rel] = torch.zeros(parts.num_parts + 1, dtype=torch.long)
-            edge_base[rel][1:] = torch.cumsum(dist.all_reduce_sum(per_part), 0)
+            edge_base[rel] = _edge_base(parts, parts.own_of_type(rel[2]), rowptr[rel][1:] - rowptr[rel][:-1])
     return dataclasses.replace(typed, rowptr=rowptr, col=col, edge_attr=edge_attr, edge_base=edge_base,
                                timelines=None, seed_time=None)
 
