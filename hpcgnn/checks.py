@@ -33,6 +33,7 @@ TYPED_DATASETS = datasets.names(typed=True)  # erase_types serves them homogeneo
 PYG_DATASETS = datasets.names(needs_target=True)  # a graph of PyG's, by dataset._target_
 ON_DISK = datasets.names(on_disk=True)  # read from files that must be there before a job starts
 EDGE_TARGET_DATASETS = datasets.with_edge_targets()  # task=edge: datasets whose edges can carry targets
+GRAPH_DATASETS = datasets.names(task="graph")  # datasets of many graphs (task=graph)
 
 # ------------------------------------------------------------------ tasks: from their specs (hpcgnn.specs.tasks)
 
@@ -125,6 +126,14 @@ def edge_reader(model) -> str:
 def check_dataset_config(dataset) -> None:
     """The dataset serves the task it is prepared for (its own values are checked by its source's class where the
     config is built: :meth:`hpcgnn.specs.datasets.DatasetConfig.check`)."""
+    if dataset.prepared_for == "graph" or dataset.name in GRAPH_DATASETS:
+        if dataset.prepared_for != "graph":
+            raise ConfigError(f"dataset={dataset.name} is a dataset of many graphs, and task={dataset.prepared_for} "
+                              "trains on one graph. HINT: task=graph")
+        if dataset.name not in GRAPH_DATASETS:
+            raise ConfigError(f"dataset={dataset.name} is one graph: task=graph trains on datasets of many graphs, "
+                              f"one of {', '.join(GRAPH_DATASETS)}")
+        return
     if dataset.prepared_for == "link":
         if dataset.name not in LINK_DATASETS:
             raise ConfigError(f"dataset={dataset.name} has no edges to predict: task=link needs one of "
@@ -133,6 +142,11 @@ def check_dataset_config(dataset) -> None:
         hint = " (a link dataset: add task=link)" if dataset.name in LINK_DATASETS else ""
         raise ConfigError(f"dataset.name={dataset.name!r} is unknown{hint}: use one of "
                           f"{', '.join(sorted(NODE_DATASETS))}")
+
+
+def is_graph_set(dataset) -> bool:
+    """Whether the dataset is one of many graphs (a graph task's: :mod:`hpcgnn.data.graphs`)."""
+    return dataset.name in GRAPH_DATASETS
 
 
 def is_typed(dataset) -> bool:
@@ -353,13 +367,34 @@ def check_edge(cfg) -> None:
                           f"model={cfg.model.name}. HINT: train.eval_mode=sampled (or auto)")
 
 
+def check_graph(cfg) -> None:
+    """task=graph: whole graphs of a dataset of many, mapped by every node (no partitions), batched in the rank or its
+    sampler processes, by hpcgnn's graph models."""
+    t, k = cfg.train, cfg.task
+    why = ("graph.mode=partitioned (a dataset of many graphs is mapped whole, once per node)"
+           if cfg.graph.mode == "partitioned" else
+           f"train.sampler={t.sampler} (whole graphs are batched, nothing sampled)" if t.sampler != "neighbor" else
+           "train.eval_mode=full (every graph is evaluated whole already)" if t.eval_mode == "full" else
+           "sampler servers (batches are made in the rank today)" if sampler_servers(cfg) else
+           f"model={cfg.model.name} (graph models: gin)" if cfg.model.name not in GRAPH_MODELS else None)
+    if why is not None:
+        raise ConfigError(f"task=graph does not take {why}. HINT: drop that setting")
+    if k.layers < 1 or k.budget < 0:
+        raise ConfigError(f"task.layers={k.layers} must be at least 1 and task.budget={k.budget} at least 0")
+
+
+GRAPH_MODELS = ("gin",)  # task=graph: GIN, GINE on edge features, OGB's virtual node (model.virtual_node)
+
+
 def eval_mode(cfg, timed: bool | None = None) -> str:
     """``train.eval_mode`` decided: ``auto`` is exact (full) where every rank holds the graph whole (replicated:
     exact inference's layer tables are each the graph's size, and fit where it does) and the model is one of
     hpcgnn's that exact inference serves on such a graph (a typed edge task's: rgcn); else sampled. A model of the
     user's own is sampled unless full is asked (whether it runs layer by layer is known once it is built). A graph
     whose edges have times (``timed``: where a rank knows it; None: a files folder's say) is sampled, each target as
-    of its own time, while ``time.respect``."""
+    of its own time, while ``time.respect``. A dataset of many graphs: ``whole``, every graph whole."""
+    if is_graph_set(cfg.dataset):  # (many graphs: each evaluated whole, nothing sampled; check_graph refuses full)
+        return "whole"
     mode = cfg.train.eval_mode
     if mode != "auto":
         return mode

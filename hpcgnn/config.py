@@ -62,6 +62,7 @@ class ModelConfig:
     kwargs: Dict[str, Any] = field(default_factory=dict)  # custom: keyword arguments of the class, besides the widths hpcgnn fills in
     widths: WidthNames = field(default_factory=WidthNames)  # custom: your class's argument for each width hpcgnn fills in, where its names differ
     gcn_norm: bool = False  # custom: batches carry GCN's weights from the whole graph's degrees (edge_weight) and self-loops
+    virtual_node: bool = False  # gin on task=graph: a virtual node joined to every node of its graph (OGB's GIN-virtual)
 
 
 @dataclass(frozen=True)
@@ -635,6 +636,20 @@ def group_default(group: str) -> str | None:
     return None
 
 
+def task_default(group: str, task: str | None) -> str | None:
+    """The option a packaged task's yaml chooses for ``group`` instead of conf/config.yaml's (``task=graph``:
+    ``override /dataset: synthetic_graphs``), or None."""
+    from hpcgnn import CONF_DIR
+
+    path = CONF_DIR / "task" / f"{task}.yaml"
+    if not task or not path.is_file():
+        return None
+    for entry in OmegaConf.load(path).get("defaults", []):
+        if isinstance(entry, DictConfig) and f"override /{group}" in entry:
+            return entry[f"override /{group}"]
+    return None
+
+
 def _named(group: str, option: str | None) -> str | None:
     """The ``name`` a packaged option of ``group`` sets (``dataset=synthetic_link``: synthetic), or None."""
     from hpcgnn import CONF_DIR
@@ -672,7 +687,8 @@ def check_override_keys(overrides: list[str]) -> None:
         option = ""  # (a group whose options have classes of their own: the one chosen)
         for depth, part in enumerate(parts):
             if depth == 1 and hasattr(cls, "variant"):
-                base, option = cls, chosen.get(parts[0]) or group_default(parts[0])
+                base, option = cls, (chosen.get(parts[0]) or task_default(parts[0], chosen.get("task"))
+                                     or group_default(parts[0]))
                 cls = base.variant(option) or base.variant(_named(parts[0], option))
                 if cls is None:
                     break  # (an option of the user's own: Hydra checks its keys against its schema)

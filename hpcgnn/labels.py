@@ -41,10 +41,11 @@ class Target:
     std: tuple[float, ...] = ()
     inferred: bool = False  # the kind came from the labels (task.kind=auto)
     reasons: tuple[str, ...] = field(default=(), compare=False)  # why: said in the log
+    select: str = ""  # the metric that selects the epoch where not the kind's (a dataset's own, OGB's; task.metric)
 
     @property
     def metric(self) -> str:
-        return tasks.KINDS[self.kind].metric
+        return self.select or tasks.KINDS[self.kind].metric
 
     @property
     def lower_is_better(self) -> bool:
@@ -61,7 +62,7 @@ class Target:
         if not d:  # a model file from before the task kinds: node classification
             return cls("classification", num_classes)
         return cls(d["kind"], int(d["width"]), bool(d["column"]), d["loss"], tuple(d["mean"]), tuple(d["std"]),
-                   bool(d.get("inferred", False)))
+                   bool(d.get("inferred", False)), select=d.get("select", ""))
 
     def outputs(self) -> str:
         """What the model outputs per node: "7 classes", "112 binary labels", "1 value"."""

@@ -58,7 +58,7 @@ def test_override_typos_name_valid_keys(override, message):
     (["task.decoder=mlp"], r"Unknown config key 'task.decoder'\. Valid keys under 'task' with task=node: kind, loss, "
                            r"name\. HINT: task.decoder is a setting of task=link or task=edge$"),
     (["task=link", "task.kind=regression"], r"Valid keys under 'task' with task=link: decoder, eval_negatives, form, hits_k, .*"
-                                            r"HINT: task.kind is a setting of task=node or task=edge$"),
+                                            r"HINT: task.kind is a setting of task=node or task=edge or task=graph$"),
     (["task=edge", "task.negatives=strict"], r"with task=edge: decoder, kind, loss, name, target_edges\. HINT: "
                                              r"task.negatives is a setting of task=link$"),
 ])

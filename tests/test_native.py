@@ -584,11 +584,11 @@ def test_the_ctypes_signatures_are_read_from_the_c_sources_definitions():
     import ctypes
     import re
 
-    assert [p.name for p in sources.SOURCES] == ["aggregate.c", "dense.c", "gather.c", "hash.c", "hops.c", "ids.c",
-                                                 "threads.c", "times.c"]
+    assert [p.name for p in sources.SOURCES] == ["aggregate.c", "dense.c", "gather.c", "graphs.c", "hash.c", "hops.c",
+                                                 "ids.c", "threads.c", "times.c"]
     text = "\n".join(p.read_text() for p in sources.SOURCES)
     exported = set(re.findall(r"^[\w ]+?\*? ?(hpcgnn_\w+)\(", text, re.M))
-    assert set(build.SIGNATURES) == exported and len(exported) == 18
+    assert set(build.SIGNATURES) == exported and len(exported) == 19
     assert build.SIGNATURES["hpcgnn_job_help"] == (ctypes.c_int64, (ctypes.c_void_p,))
     assert build.SIGNATURES["hpcgnn_source_hash"] == (ctypes.c_char_p, ())
     made = sources.signatures("int64_t hpcgnn_f(const int64_t *a, int64_t n,\n  int threads) {\n}\n"

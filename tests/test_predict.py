@@ -272,7 +272,7 @@ def test_a_link_runs_embeddings_and_the_scores_of_a_pairs_file(tmp_path):
                           ("none.npy", r"pairs=.*none.npy: no such file")):
         with pytest.raises(PredictError, match=message):
             predict_here(run, f"pairs={tmp_path / name}")
-    with pytest.raises(PredictError, match=r"what=predictions is a node classifier's or an edge model's output; a link "
+    with pytest.raises(PredictError, match=r"what=predictions is a node classifier's or an edge model's or a graph model's output; a link "
                                            r"model's are its node embeddings \(what=embeddings split=all\) or the "
                                            r"scores of pairs \(pairs=FILE\). HINT: drop what=predictions"):
         predict_here(run, "what=predictions")

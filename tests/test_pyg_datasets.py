@@ -175,7 +175,7 @@ def test_what_cannot_be_read_is_named():
     assert karate.num_nodes == 34 and karate.num_classes == 4  # (its one mask: the seeded split instead)
     with pytest.raises(ConfigError, match=r"^dataset=pyg needs dataset._target_: a PyG dataset class or a function "):
         make_config("dataset=pyg")
-    with pytest.raises(ConfigError, match=r"HINT: dataset._target_ is a setting of dataset=pyg or dataset=pyg_hetero$"):
+    with pytest.raises(ConfigError, match=r"HINT: dataset._target_ is a setting of dataset=pyg or dataset=pyg_hetero or dataset=pyg_graphs$"):
         make_config("dataset._target_=torch_geometric.datasets.FakeDataset")
 
 

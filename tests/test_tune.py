@@ -43,7 +43,7 @@ def test_the_sweep_grammar_becomes_a_search_space():
     (["train.lr=choice(0.1,0.2)", "tune.trials=2", "tune.parallel=3"],
      r"tune.parallel=3 workers for tune.trials=2: some would have nothing to do. HINT: tune.parallel=2 or fewer"),
     (["train.lr=choice(0.1,0.2)", "tune.metric=val_auc"],
-     r"tune.metric=val_auc: task=node reports val_acc, val_rocauc, val_f1, val_rmse, val_mae, val_r2"),
+     r"tune.metric=val_auc: task=node reports val_acc, val_rocauc, val_ap, val_f1, val_rmse, val_mae, val_r2"),
     (["model=choice(sage,nope)"], r"tune: model in \{sage, nope\}: with model=nope: .*Could not find 'model/nope'"),
     (["train.epochs=2"], r"tune: no search space among the overrides"),
     (["train.lr=choice(0.1,0.2)", "tune.reduction_factor=1"],

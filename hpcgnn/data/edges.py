@@ -219,12 +219,12 @@ def target_times(cfg: DatasetConfig, graph, count: int, relation=None) -> np.nda
 
     if cfg.name == "files":
         from hpcgnn.checks import gives
-        from hpcgnn.data.files import _read, files_folder
+        from hpcgnn.data.files import files_folder, read_array
 
         folder = files_folder(cfg) if relation is None else files_folder(cfg) / "edges" / "__".join(relation)
         if not gives(folder, "edge_label_time"):
             return None
-        where, time = _read(folder, "edge_label_time")
+        where, time = read_array(folder, "edge_label_time")
     elif cfg.name == "pyg" and relation is None:
         from hpcgnn.data.pyg import pyg_data
 
@@ -408,12 +408,12 @@ def synthetic_targets(cfg: DatasetConfig, graph) -> tuple[np.ndarray, np.ndarray
 
 
 def files_targets(cfg: DatasetConfig, graph) -> tuple[np.ndarray, np.ndarray, dict, None]:
-    from hpcgnn.data.files import DatasetFileError, _read, files_folder
+    from hpcgnn.data.files import DatasetFileError, files_folder, read_array
 
     folder = files_folder(cfg)
     try:
-        _, index = _read(folder, "edge_label_index")
-        _, label = _read(folder, "edge_label")
+        _, index = read_array(folder, "edge_label_index")
+        _, label = read_array(folder, "edge_label")
     except DatasetFileError as exc:
         raise DatasetFileError(f"{exc} (task=edge reads its targets from edge_label_index [2, M] and edge_label [M] "
                                "or [M, C])") from None
@@ -424,7 +424,7 @@ def files_targets(cfg: DatasetConfig, graph) -> tuple[np.ndarray, np.ndarray, di
 def _folder_splits(cfg: DatasetConfig, folder, index: np.ndarray, num_nodes: int) -> dict[str, np.ndarray]:
     """The targets' splits a folder gives (``edge_train_idx``, ``edge_val_idx``, ``edge_test_idx``: all or none),
     else a seeded split of ``index`` (``num_nodes``: what it hashes pairs by)."""
-    from hpcgnn.data.files import _read
+    from hpcgnn.data.files import read_array
 
     names = [f"edge_{s}_idx" for s in SPLITS]
     given = [any((folder / f"{name}{suffix}").is_file() for suffix in (".npy", ".pt")) for name in names]
@@ -433,7 +433,7 @@ def _folder_splits(cfg: DatasetConfig, folder, index: np.ndarray, num_nodes: int
         raise DatasetError(f"{folder}: give all of {', '.join(names)} or none (a seeded split by dataset.edge_split); "
                            f"{', '.join(missing)} missing")
     if all(given):
-        return {s: np.asarray(_read(folder, f"edge_{s}_idx")[1]) for s in SPLITS}
+        return {s: np.asarray(read_array(folder, f"edge_{s}_idx")[1]) for s in SPLITS}
     return seeded_split(index[0], index[1], num_nodes, cfg)
 
 
@@ -441,14 +441,14 @@ def typed_files_targets(cfg: DatasetConfig, graph) -> tuple[np.ndarray, np.ndarr
                                                       np.ndarray | None]:
     """A typed folder's targets: the edges of its one relation whose folder holds ``edge_label`` (and their own
     features, where the relation's edges have some)."""
-    from hpcgnn.data.files import _read, files_folder, has_edge_features, labelled_relation
+    from hpcgnn.data.files import files_folder, has_edge_features, labelled_relation, read_array
 
     edges_dir = files_folder(cfg) / "edges"
     rel = labelled_relation(edges_dir, sorted(p.name for p in edges_dir.iterdir() if p.is_dir()))
     folder = edges_dir / "__".join(rel)
-    index = _index_array(_read(folder, "edge_index")[1], f"{folder}/edge_index")
-    label = np.asarray(_read(folder, "edge_label")[1])
-    own = _read(folder, "edge_attr", mmap=True)[1] if has_edge_features(folder) else None
+    index = _index_array(read_array(folder, "edge_index")[1], f"{folder}/edge_index")
+    label = np.asarray(read_array(folder, "edge_label")[1])
+    own = read_array(folder, "edge_attr", mmap=True)[1] if has_edge_features(folder) else None
     n = max(graph.num_nodes[rel[0]], graph.num_nodes[rel[2]])
     return index, label, _folder_splits(cfg, folder, index, n), rel, own
 

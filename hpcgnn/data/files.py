@@ -53,7 +53,7 @@ class DatasetFileError(DatasetError):
     """A dataset file is missing or wrong; the message names the file."""
 
 
-def _read(folder: Path, name: str, mmap: bool = False) -> tuple[Path, np.ndarray]:
+def read_array(folder: Path, name: str, mmap: bool = False) -> tuple[Path, np.ndarray]:
     """The array in ``name``.npy (memory-mapped with ``mmap``) or ``name``.pt (read whole)."""
     for suffix in (".npy", ".pt"):
         path = folder / f"{name}{suffix}"
@@ -208,7 +208,7 @@ def read_checked(cfg: DatasetConfig, mmap: bool = False) -> tuple[np.ndarray, np
     copied whole)."""
     folder = files_folder(cfg)
     unlabelled = without_node_labels(cfg, folder)
-    arrays = {name: _read(folder, name, mmap) for name in (FILES[:2] if unlabelled else FILES[:3])}
+    arrays = {name: read_array(folder, name, mmap) for name in (FILES[:2] if unlabelled else FILES[:3])}
     if not unlabelled:
         arrays.update(split_files(cfg, folder, arrays["y"][1], mmap))
     px, x = arrays["x"]
@@ -236,7 +236,7 @@ def read_edge_features(folder: Path, edges_file: Path, num_edges: int, mmap: boo
     """``folder``'s edge features (``edge_attr``, [E, D], a row per edge of ``edges_file``), checked; None without."""
     if not has_edge_features(folder):
         return None
-    pa, edge_attr = _read(folder, "edge_attr", mmap)
+    pa, edge_attr = read_array(folder, "edge_attr", mmap)
     check_features(pa, edge_attr, "edge features", "num_edges, edge features")
     if edge_attr.shape[0] != num_edges:
         raise DatasetFileError(f"{pa}: {edge_attr.shape[0]} rows of edge features for the {num_edges} edges of "
@@ -271,8 +271,8 @@ def split_files(cfg: DatasetConfig, folder: Path, y: np.ndarray, mmap: bool = Fa
 
     cut = getattr(cfg, "time_split", None)
     if cut is None or cfg.prepared_for in ("link", "edge") or has_table(cfg):
-        return {name: _read(folder, name, mmap) for name in FILES[3:]}
-    ps, when = _read(folder, "seed_time", mmap=True)
+        return {name: read_array(folder, name, mmap) for name in FILES[3:]}
+    ps, when = read_array(folder, "seed_time", mmap=True)
     if when.ndim != 1 or when.shape[0] != y.shape[0]:
         raise DatasetFileError(f"{ps}: shape {tuple(when.shape)}, expected [{y.shape[0]}]: one time per node")
     labelled, when = _known(np.asarray(y)), np.asarray(when)
@@ -292,7 +292,7 @@ def read_labels(cfg: DatasetConfig) -> tuple[dict, int]:
     """A homogeneous folder's labels as the launcher checks them before submitting: their profile
     (:func:`hpcgnn.labels.profile`) and the model's outputs; y and the splits read, the features and edges not."""
     folder = files_folder(cfg)
-    arrays = {"y": _read(folder, "y", mmap=True)}
+    arrays = {"y": read_array(folder, "y", mmap=True)}
     arrays.update(split_files(cfg, folder, arrays["y"][1]))
     splits = check_labels_and_splits(arrays, arrays["y"][1].shape[0])
     y, classes = node_labels(*arrays["y"], cfg.num_classes)
@@ -307,7 +307,7 @@ def stream_files(cfg: DatasetConfig, buckets, features, chunk: int = STREAM_VALU
     feature rows into ``features``; returns (y, splits, classes, the edges' features, mapped, or None, and the
     edges' and seeds' times: :func:`hpcgnn.data.times.read_times`)."""
     ei, x, y, splits, classes, edge_attr = read_checked(cfg, mmap=True)
-    timed = read_times(files_folder(cfg), ei.shape[1], x.shape[0], lambda f, name: _read(f, name, mmap=True))
+    timed = read_times(files_folder(cfg), ei.shape[1], x.shape[0], lambda f, name: read_array(f, name, mmap=True))
     start = 0
     for src, dst in _edge_chunks(ei, chunk):
         ids = torch.arange(start, start + src.numel()) if buckets.ids else None
@@ -324,9 +324,9 @@ def read_shapes(cfg: DatasetConfig) -> dict:
     """Node, feature and edge counts of a homogeneous folder, and the width of its edges' features (0: none; None:
     not an [E, D] array, which preparing refuses), from the arrays' headers (.npy: mapped)."""
     folder = files_folder(cfg)
-    _, x = _read(folder, "x", mmap=True)
-    _, ei = _read(folder, "edge_index", mmap=True)
-    edge_attr = _read(folder, "edge_attr", mmap=True)[1] if has_edge_features(folder) else None
+    _, x = read_array(folder, "x", mmap=True)
+    _, ei = read_array(folder, "edge_index", mmap=True)
+    edge_attr = read_array(folder, "edge_attr", mmap=True)[1] if has_edge_features(folder) else None
     return {"num_nodes": x.shape[0], "num_features": x.shape[1] if x.ndim == 2 else 0,
             "num_edges": ei.shape[1] if ei.ndim == 2 else 0,
             "edge_dim": 0 if edge_attr is None else edge_attr.shape[1] if edge_attr.ndim == 2 else None}
@@ -382,11 +382,11 @@ def read_typed_folder(cfg: DatasetConfig, mmap: bool = False) -> TypedFolder:
     num_nodes, x = {}, {}
     for t in types:
         if any((nodes_dir / t / f"x{suffix}").is_file() for suffix in (".npy", ".pt")):
-            px, xt = _read(nodes_dir / t, "x", mmap)
+            px, xt = read_array(nodes_dir / t, "x", mmap)
             check_features(px, xt)
             x[t], num_nodes[t] = xt, xt.shape[0]
         elif any((nodes_dir / t / f"num_nodes{suffix}").is_file() for suffix in (".npy", ".pt")):
-            pn, count = _read(nodes_dir / t, "num_nodes")
+            pn, count = read_array(nodes_dir / t, "num_nodes")
             if count.size != 1 or not np.issubdtype(count.dtype, np.integer) or int(count.reshape(-1)[0]) < 1:
                 raise DatasetFileError(f"{pn}: must hold one positive integer, the number of {t} nodes")
             num_nodes[t] = int(count.reshape(-1)[0])
@@ -410,7 +410,7 @@ def read_typed_folder(cfg: DatasetConfig, mmap: bool = False) -> TypedFolder:
             raise DatasetFileError(f"{nodes_dir}: exactly one node type has labels (nodes/<type>/y.npy): the type to "
                                    f"classify; found {labelled or 'none'}")
         target = labelled[0]
-        arrays = {name: _read(nodes_dir / target, name) for name in ("y", "train_idx", "val_idx", "test_idx")}
+        arrays = {name: read_array(nodes_dir / target, name) for name in ("y", "train_idx", "val_idx", "test_idx")}
         splits = check_labels_and_splits(arrays, num_nodes[target])
         y, classes = node_labels(*arrays["y"], cfg.num_classes)
     edges, edge_attr = {}, {}
@@ -426,7 +426,7 @@ def read_typed_folder(cfg: DatasetConfig, mmap: bool = False) -> TypedFolder:
                                    f"(every relation between two types gains rev_<name>).{twin} HINT: remove this "
                                    "folder if it holds another relation's reverse (it is added for you), or rename "
                                    "the relation without rev_")
-        pe, ei = _read(edges_dir / key, "edge_index", mmap)
+        pe, ei = read_array(edges_dir / key, "edge_index", mmap)
         check_edges(pe, ei, num_nodes[rel[0]], num_nodes[rel[2]], f"the {rel[0]} and {rel[2]} counts")
         edges[rel] = ei
         rows = read_edge_features(edges_dir / key, pe, ei.shape[1], mmap)
@@ -445,7 +445,7 @@ def read_typed_folder(cfg: DatasetConfig, mmap: bool = False) -> TypedFolder:
                                    f"to take their mean over: add nodes/{t}/x.npy, or such a relation")
         feature_from[t] = max(into, key=lambda c: (c[0], c[1]))[1]
     edge_time, seed_time = read_typed_times(edges_dir, nodes_dir, target, {r: int(ei.shape[1]) for r, ei in edges.items()},
-                                            num_nodes[target], lambda f, name: _read(f, name, mmap))
+                                            num_nodes[target], lambda f, name: read_array(f, name, mmap))
     return TypedFolder(num_nodes, x, target, y, {k: v[1] for k, v in splits.items()}, edges, feature_from, classes,
                        edge_attr, edge_time, seed_time)
 

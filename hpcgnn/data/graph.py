@@ -26,6 +26,8 @@ class GraphShape:
     target: object = None  # a node task's hpcgnn.labels.Target (its kind, loss and scale); None: class ids
     edge_dim: int = 0  # the width of the edges' features the model reads (0: it reads none)
     pair_edge_dim: int = 0  # an edge task's: the width of its target edges' own features the decoder reads (0: none)
+    x_vocab: tuple[int, ...] = ()  # categorical node features (a graph set's): each column's range, embedded per column
+    edge_vocab: tuple[int, ...] = ()  # ... its edges'
 
 
 @dataclass(frozen=True)

@@ -67,16 +67,20 @@ def cache_folder(cfg: DatasetConfig) -> Path:
     """``<root>/prepared/<name>-<key>``: the key covers every setting that changes the graph."""
     spec = datasets.spec(cfg.name)
     fields = {k: getattr(cfg, k) for k in spec.key}
-    if cfg.name == "files":
+    if cfg.name in ("files", "graph_files"):
         folder = files_folder(cfg)
         fields["path"] = str(folder)
         # Replaced files must not be served from an old cache.
         fields["files"] = sorted((str(p.relative_to(folder)), p.stat().st_size, p.stat().st_mtime_ns)
                                  for p in folder.rglob("*") if p.suffix in (".npy", ".pt"))
-        if is_typed_folder(folder):  # typed, or its homogeneous view
+        if cfg.name == "files" and is_typed_folder(folder):  # typed, or its homogeneous view
             fields["erase_types"] = cfg.erase_types
     if cfg.name in ("synthetic", "synthetic_hetero"):
         fields["generator"] = GENERATOR_VERSION
+    if datasets.spec(cfg.name).graphs:  # (a graph set's format)
+        from hpcgnn.data.graphs import GRAPHS_VERSION
+
+        fields["graphs"] = GRAPHS_VERSION
     if cfg.name == "files" and cfg.num_classes:  # declared classes (0, the labels' own, keeps the keys as they were)
         fields["num_classes"] = cfg.num_classes
     if cfg.name == "files" and getattr(cfg, "time_split", None) is not None:  # (None keeps the keys as they were)
@@ -112,20 +116,20 @@ def check_root(cfg: DatasetConfig) -> None:
     or labels replaced by another user would be trained on); a files dataset's folder. Unless
     ``dataset.trust_root``: a root your lab controls, trusted as a whole (:func:`hpcgnn.paths.trust_root`)."""
     root = Path(cfg.root).expanduser()
-    pyg_root = dict(cfg.kwargs or {}).get("root") if cfg.name in ("pyg", "pyg_hetero") else None
+    pyg_root = dict(cfg.kwargs or {}).get("root") if cfg.name in ("pyg", "pyg_hetero", "pyg_graphs") else None
     if cfg.trust_root:
-        for trusted in (root, cfg.path if cfg.name == "files" else None, pyg_root):
+        for trusted in (root, cfg.path if cfg.name in ("files", "graph_files") else None, pyg_root):
             if trusted:
                 paths.trust_root(trusted)
         return
     hint = ("use a data root only you can write (dataset.root=...), or dataset.trust_root=true for a root your lab "
             "controls")
-    folder = cache_folder(cfg) if cfg.name != "files" or cfg.path else None
+    folder = cache_folder(cfg) if cfg.name not in ("files", "graph_files") or cfg.path else None
     mine = [str(Path(os.path.relpath(folder, root)))] if folder is not None else []
     paths.check_tree(root, "the data root", hint, only=("pyg", "ogb", *mine))
     if pyg_root:  # (PyG unpickles what it finds there)
         paths.check_tree(pyg_root, "the PyG dataset's root (dataset.kwargs.root)", hint)
-    if cfg.name == "files" and cfg.path:
+    if cfg.name in ("files", "graph_files") and cfg.path:
         paths.check_tree(files_folder(cfg), "the dataset's folder (dataset.path)",
                          "keep your graph's files in a folder only you can write, or dataset.trust_root=true for "
                          "one your lab controls")
@@ -139,6 +143,10 @@ def prepare(cfg: DatasetConfig, allow_download: bool = False) -> Path:
         return folder
     log.info("preparing %s into %s", cfg.name, folder)
     source = {"dataset": dataclasses.asdict(cfg)}
+    if datasets.spec(cfg.name).graphs:  # a dataset of many graphs: one graph set (hpcgnn.data.graphs)
+        from hpcgnn.data.graphs import prepare_graphs
+
+        return prepare_graphs(cfg, folder, source, allow_download)
     homogeneous_files = cfg.name == "files" and not is_typed_folder(files_folder(cfg))
     if cfg.name in TYPED_SOURCES and not homogeneous_files and (cfg.prepared_for != "link" or cfg.name == "files"):
         # typed sources, out of core (types erased: the view alone; a typed folder's link dataset: split from it)
@@ -423,9 +431,9 @@ def edge_width(cfg: DatasetConfig) -> int | None:
 def check_available(cfg: DatasetConfig) -> None:
     """Before submitting: fail now, not on a compute node, when the data cannot be there."""
     check_root(cfg)
-    if cfg.name == "files":
+    if cfg.name in ("files", "graph_files"):
         files_folder(cfg)
-    elif cfg.name in ("pyg", "pyg_hetero"):
+    elif cfg.name in ("pyg", "pyg_hetero", "pyg_graphs"):
         target_object(cfg)  # (importable here; a dataset that downloads does so when prepared)
     elif cfg.name in ON_DISK and not cache.is_complete(cache_folder(cfg)) and not has_raw(cfg):
         raise DatasetMissing(f"{cfg.name} is not under {Path(cfg.root).expanduser()}: jobs do not download. "

@@ -95,11 +95,10 @@ def _pyg_unsafe_loads(cfg: DatasetConfig):
                     "warnings are left out", cfg._target_, len(unsafe), ", ".join(allow) or "them")
 
 
-def pyg_data(cfg: DatasetConfig, allow_download: bool = False):
-    """The ``Data`` the target makes (the first graph of a dataset); ``dataset=pyg_hetero``: the ``HeteroData``."""
+def pyg_made(cfg: DatasetConfig):
+    """What the target makes, called with ``dataset.kwargs`` (``root`` under ``<dataset.root>/pyg/`` unless given) and
+    seeded by ``dataset.seed``: a ``Data``, a dataset of them, or a list (a dataset of many graphs)."""
     import inspect
-
-    from torch_geometric.data import Data, HeteroData, TemporalData
 
     obj = target_object(cfg)
     kwargs = dict(cfg.kwargs)
@@ -119,6 +118,14 @@ def pyg_data(cfg: DatasetConfig, allow_download: bool = False):
                                f"failed: {type(exc).__name__}: {exc}. HINT: its arguments go in dataset.kwargs "
                                "('+dataset.kwargs.NAME=VALUE'); a dataset that downloads must find its files under "
                                "root (prepare it once where there is internet)") from None
+    return made
+
+
+def pyg_data(cfg: DatasetConfig, allow_download: bool = False):
+    """The ``Data`` the target makes (the first graph of a dataset); ``dataset=pyg_hetero``: the ``HeteroData``."""
+    from torch_geometric.data import Data, HeteroData, TemporalData
+
+    made = pyg_made(cfg)
     data = made if isinstance(made, (Data, HeteroData, TemporalData)) else (made[0] if len(made) else None)
     typed = cfg.name == "pyg_hetero"
     if isinstance(data, TemporalData) and not typed:

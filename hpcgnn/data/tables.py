@@ -47,11 +47,11 @@ class NodeTable:
 
 def open_table(dataset, num_nodes: int, time_dtype: torch.dtype) -> NodeTable:
     """The folder's table, checked against the graph (``num_nodes``; its edges' times' dtype)."""
-    from hpcgnn.data.files import _read, files_folder
+    from hpcgnn.data.files import files_folder, read_array
     from hpcgnn.data.times import _check, kind_of, time_parts
 
     folder = files_folder(dataset)
-    read = {name: _read(folder, name, mmap=True) for name in NAMES}
+    read = {name: read_array(folder, name, mmap=True) for name in NAMES}
     (pn, node), (pt, time), (pl, label) = (read[n] for n in NAMES)
     r = node.shape[0] if node.ndim == 1 else -1
     if node.ndim != 1 or not np.issubdtype(node.dtype, np.integer):
@@ -76,7 +76,7 @@ def open_table(dataset, num_nodes: int, time_dtype: torch.dtype) -> NodeTable:
     elif all(gives(folder, n) for n in names):
         splits = {}
         for s, n in zip(SPLITS, names, strict=True):
-            p, ids = _read(folder, n)
+            p, ids = read_array(folder, n)
             ids = np.asarray(ids)
             if ids.ndim != 1 or not np.issubdtype(ids.dtype, np.integer) or (ids.size and (ids.min() < 0 or
                                                                                          ids.max() >= r)):

@@ -230,3 +230,36 @@ def take_next(counter: Tensor) -> int | None:
     if counter.dtype != torch.long or not usable(counter):
         return None
     return int(kernels().hpcgnn_take_next(ptr(counter)))
+
+
+def assemble_graphs(x: Tensor, edges: Tensor, edge_attr: Tensor | None, node_ptr: Tensor, edge_ptr: Tensor,
+                    ids: Tensor, pin_memory: bool = False) -> tuple[Tensor, Tensor, Tensor | None, Tensor, Tensor]:
+    """Graphs ``ids`` of a store of many (:mod:`hpcgnn.data.graphs`: rows ``node_ptr[g]:node_ptr[g+1]`` of ``x``,
+    ``edge_ptr[g]:edge_ptr[g+1]`` of ``edges``, int32 ends within the graph, and of ``edge_attr``) as one batch in
+    PyG's form: ``x``, ``edge_index`` (int64 [2, E], each end shifted by its graph's first row in the batch),
+    ``edge_attr``, ``batch`` (each node's graph in the batch) and ``ptr`` (each graph's first row, then the total).
+    One pass of C over the graphs' rows (``pin_memory``: the outputs pinned), else its torch twin."""
+    ids = ids.long().contiguous()
+    sizes = node_ptr.index_select(0, ids + 1) - node_ptr.index_select(0, ids)
+    edge_sizes = edge_ptr.index_select(0, ids + 1) - edge_ptr.index_select(0, ids)
+    n = ids.numel()
+    out_ptr, out_eptr = torch.zeros(n + 1, dtype=torch.long), torch.zeros(n + 1, dtype=torch.long)
+    torch.cumsum(sizes, 0, out=out_ptr[1:])
+    torch.cumsum(edge_sizes, 0, out=out_eptr[1:])
+    rows, total = int(out_ptr[-1]), int(out_eptr[-1])
+    tensors = (x, edges, node_ptr, edge_ptr) + ((edge_attr,) if edge_attr is not None else ())
+    if not (usable(*tensors) and all(t.is_contiguous() for t in tensors) and edges.dtype == torch.int32):
+        return twins.assemble_graphs(x, edges, edge_attr, node_ptr, edge_ptr, ids, out_ptr, out_eptr, pin_memory)
+    out_x = torch.empty((rows, *x.shape[1:]), dtype=x.dtype, pin_memory=pin_memory)
+    edge_index = torch.empty((2, total), dtype=torch.long, pin_memory=pin_memory)
+    out_attr = None if edge_attr is None else torch.empty((total, *edge_attr.shape[1:]), dtype=edge_attr.dtype,
+                                                          pin_memory=pin_memory)
+    batch = torch.empty(rows, dtype=torch.long, pin_memory=pin_memory)
+    x_bytes = x[0].numel() * x.element_size() if x.size(0) else 0
+    attr_bytes = edge_attr[0].numel() * edge_attr.element_size() if edge_attr is not None and edge_attr.size(0) else 0
+    chunks = max(1, min(n, MAX_CHUNKS, (rows + total) // 2048))
+    kernels().hpcgnn_assemble_graphs(ptr(x), x_bytes, ptr(edges), ptr(edge_attr) if attr_bytes else None, attr_bytes,
+                                     ptr(node_ptr), ptr(edge_ptr), ptr(ids), n, ptr(out_ptr), ptr(out_eptr), total,
+                                     ptr(out_x), ptr(edge_index), ptr(out_attr) if attr_bytes else None, ptr(batch),
+                                     chunks, threads())
+    return out_x, edge_index, out_attr, batch, out_ptr

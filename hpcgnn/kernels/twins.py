@@ -197,3 +197,23 @@ def aggregate_rows(rowptr: Tensor, col: Tensor, x: Tensor, lo: int, hi: int, *, 
     if mean:
         out = out / (deg + int(self_loop)).clamp(min=1).float().unsqueeze(1)
     return out
+
+
+def assemble_graphs(x: Tensor, edges: Tensor, edge_attr: Tensor | None, node_ptr: Tensor, edge_ptr: Tensor,
+                    ids: Tensor, out_ptr: Tensor, out_eptr: Tensor, pin_memory: bool = False) -> tuple:
+    """:func:`hpcgnn.kernels.ops.assemble_graphs` by torch ops (``out_ptr``, ``out_eptr``: the batch's running
+    node and edge counts, its caller's)."""
+    sizes, edge_sizes = out_ptr[1:] - out_ptr[:-1], out_eptr[1:] - out_eptr[:-1]
+    rows, total = int(out_ptr[-1]), int(out_eptr[-1])
+    node_rows = (torch.repeat_interleave(node_ptr.index_select(0, ids) - out_ptr[:-1], sizes, output_size=rows)
+                 + torch.arange(rows))
+    edge_rows = (torch.repeat_interleave(edge_ptr.index_select(0, ids) - out_eptr[:-1], edge_sizes, output_size=total)
+                 + torch.arange(total))
+    shift = torch.repeat_interleave(out_ptr[:-1], edge_sizes, output_size=total)
+    edge_index = edges.index_select(0, edge_rows.to(edges.device)).long().t().cpu() + shift
+    out = (x.index_select(0, node_rows.to(x.device)).cpu(), edge_index.contiguous(),
+           None if edge_attr is None else edge_attr.index_select(0, edge_rows.to(edge_attr.device)).cpu(),
+           torch.repeat_interleave(torch.arange(ids.numel()), sizes, output_size=rows), out_ptr)
+    if pin_memory:
+        return tuple(t.pin_memory() if t is not None else None for t in out)
+    return out

@@ -47,12 +47,13 @@ def describe(model: torch.nn.Module, cfg, shape, weights: dict, **origin) -> dic
         "task": cfg.task.name,
         "decoder": tasks.SPECS[cfg.task.name].decoder(cfg.task),
         "model": dataclasses.asdict(cfg.model),
-        "num_layers": len(cfg.train.fanouts),
+        "num_layers": tasks.SPECS[cfg.task.name].layers(cfg),
         "shape": {"num_features": shape.num_features, "num_classes": shape.num_classes, "num_nodes": shape.num_nodes,
                   "schema": schema.to_meta() if schema is not None else None},
         "target": shape.target.record() if shape.target is not None else None,  # a node task's kind and scale
         "edge_dim": shape.edge_dim,  # the width of the edge features the model reads (0: none)
         "pair_edge_dim": shape.pair_edge_dim,  # an edge model's decoder: the target edges' own features' (0: none)
+        "x_vocab": list(shape.x_vocab), "edge_vocab": list(shape.edge_vocab),  # categorical features' ranges (graphs)
         "relation": list(getattr(model, "relation", None) or []) or None,  # a typed edge model's targets' relation
         "class": class_name(model),
         "source": model_source(cfg.model),  # a model of the user's own: its class, source file and the file's hash
@@ -185,7 +186,8 @@ def rebuild(record: dict) -> torch.nn.Module:
     s = record["shape"]
     schema = TypedSchema.from_meta(s["schema"]) if s["schema"] is not None else None
     shape = GraphShape(s["num_features"], s["num_classes"], s["num_nodes"], schema, target_of(record),
-                       record.get("edge_dim", 0), record.get("pair_edge_dim", 0))
+                       record.get("edge_dim", 0), record.get("pair_edge_dim", 0), tuple(record.get("x_vocab", ())),
+                       tuple(record.get("edge_vocab", ())))
     build = load(tasks.SPECS[record["task"]].model)  # (the task's builder, training's too)
     model = build(frozen(ModelConfig, record["model"]), record["decoder"], shape, record["num_layers"],
                   record.get("relation"))
@@ -240,6 +242,11 @@ def plain(record: dict) -> dict:
     if s["schema"] is not None:
         raise ModelFileError(f"a model of a typed graph ({record['class']}) has no plain PyG form: its modules are "
                              "built from the graph's types. HINT: hpcgnn.load_model(RUN_DIR) gives it, on the CPU")
+    if record["task"] == "graph":  # (hpcgnn's GraphModel, a plain torch module: its readout and head kept)
+        return {"class": "hpcgnn.models.graph.GraphModel", "kwargs": graph_model_kwargs(cfg, record),
+                "state_dict": record["state_dict"], "decoder": None,
+                "hpcgnn": {k: record.get(k) for k in ("task", "class", "which", "epoch", "step", "metrics", "run_id",
+                                                      "dataset", "source")}}
     link = tasks.SPECS[record["task"]].encoder  # (a pair model: its encoder, the node embedding)
     inp, out, layers = s["num_features"], cfg.hidden_channels if link else s["num_classes"], record["num_layers"]
     weights = {k.removeprefix("encoder."): v for k, v in record["state_dict"].items()
@@ -268,6 +275,15 @@ def plain(record: dict) -> dict:
     return {"class": name, "kwargs": kwargs, "state_dict": weights, "decoder": record["decoder"] if link else None,
             "hpcgnn": {k: record.get(k) for k in ("task", "class", "which", "epoch", "step", "metrics", "run_id",
                                                   "dataset", "source")}}
+
+
+def graph_model_kwargs(cfg, record: dict) -> dict:
+    """The arguments :class:`hpcgnn.models.graph.GraphModel` was built with (a graph task's model file)."""
+    s = record["shape"]
+    return {"in_channels": s["num_features"], "hidden": cfg.hidden_channels, "out_channels": s["num_classes"],
+            "num_layers": record["num_layers"], "dropout": cfg.dropout, "readout": record["decoder"] or "mean",
+            "x_vocab": list(record.get("x_vocab", ())), "edge_dim": record.get("edge_dim", 0),
+            "edge_vocab": list(record.get("edge_vocab", ())), "virtual_node": cfg.virtual_node}
 
 
 def export(run_dir: str | Path, which: str = "best", out: str | Path | None = None, trusted: bool = False) -> Path:

@@ -74,7 +74,7 @@ def predict(cfg: RunConfig, env: RankEnv, device: torch.device) -> dict:
     n = store.shape.num_nodes
     pairs = read_pairs(p.pairs, (n, n)) if p.what == "scores" else None  # (a link model's)
     # an edge model's predictions are of its items (its targets, or a file's pairs in their place: split=all)
-    items = store.items.predicted(p.split) if p.what != "embeddings" else None
+    items = store.items.predicted(p.split) if p.what != "embeddings" or store.items.embeds_items else None
     edges = items is not None
     if pairs is not None:
         ids = np.arange(pairs.shape[1], dtype=np.int64)  # (pairs: their rows)
@@ -200,6 +200,11 @@ def inference_mode(cfg: RunConfig, model: torch.nn.Module) -> str:
         timed_graph = False
     timed_graph = timed_graph and cfg.time.respect
     run_mode = eval_mode(cfg, timed_graph)
+    if run_mode == "whole":  # (a graph model's: every graph whole, as evaluation ran it)
+        if p.mode == "full":
+            raise PredictError("a graph model predicts every graph whole, as its evaluation did: there is no "
+                               "layer-wise pass to run. HINT: drop mode=")
+        return "whole"
     mode = p.mode if p.mode != "auto" else ("full" if run_mode == "full" or p.at is not None else "sampled")
     if p.what in spec.exact:
         mode = "full"

@@ -34,10 +34,16 @@ def log_start(trainer) -> None:
     """What a run is about to do, in the log: the model, graph, sampler and steps; the batch, learning rate and
     precision (``trainer``: the :class:`~hpcgnn.rank.trainer.Trainer` at its start)."""
     t, env, store = trainer.cfg.train, trainer.env, trainer.store
-    log.info("training %s (%s task) on %d rank(s), %s graph, %s sampler on the %s: %d steps/epoch of %s per "
-             "rank, fanouts %s", trainer.cfg.model.name, trainer.task.name, env.world_size, trainer.cfg.graph.mode,
-             t.sampler, store.graph_on, store.steps, f"~{t.edge_budget} sampled edges" if t.edge_budget else
-             f"{t.batch_size} seeds", list(t.fanouts))
+    if trainer.task.name == "graph":  # (whole graphs: nothing sampled)
+        k = trainer.cfg.task
+        log.info("training %s (graph task) on %d rank(s), whole graphs mapped once per node: %d steps/epoch of %s%d "
+                 "%s per rank, %d layers, %s readout", trainer.cfg.model.name, env.world_size, store.steps,
+                 "" if store.cost is None else "~", store.budget, store.items.batch_noun(), k.layers, k.readout)
+    else:
+        log.info("training %s (%s task) on %d rank(s), %s graph, %s sampler on the %s: %d steps/epoch of %s per "
+                 "rank, fanouts %s", trainer.cfg.model.name, trainer.task.name, env.world_size,
+                 trainer.cfg.graph.mode, t.sampler, store.graph_on, store.steps,
+                 f"~{t.edge_budget} sampled edges" if t.edge_budget else f"{t.batch_size} seeds", list(t.fanouts))
     log.info("global batch %d seeds (%d ranks x %d micro-batches x %d), lr %.3g (train.lr %.3g, scaling %s, "
              "warmup %d steps), %s, gradient all-reduce: %s", env.world_size * t.accumulate * t.batch_size,
              env.world_size, t.accumulate, t.batch_size, trainer.lr, t.lr, t.lr_scaling,

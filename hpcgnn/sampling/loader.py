@@ -269,6 +269,9 @@ class BatchLoader:
         """The batch of a sampled subgraph: its features and labels gathered (``alloc``: see :meth:`sample`)."""
         clock, out, m0, m1 = self.clock, drawn.out, drawn.start, drawn.end
         g0 = clock.mark()  # not m1: a batch sampled in another thread may wait between the two stages
+        if isinstance(out, Data):  # made whole by its sampler (a graph set's whole graphs: nothing to gather)
+            out.sample, out.gather = (m0, m1), (g0, clock.mark())
+            return out
         if isinstance(out.n_id, dict):  # a typed batch: HeteroData, features per node type
             from hpcgnn.sampling.typed import to_hetero_data
 

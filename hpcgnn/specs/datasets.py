@@ -22,6 +22,7 @@ _SYNTHETIC_KEY = ("num_nodes", "num_classes", "num_features", "avg_degree", "deg
                   "communities_per_class", "homophily", "locality", "feature_noise", "centroids", "train_fraction",
                   "val_fraction", "seed")
 _EDGES = "hpcgnn.data.edges"
+_GRAPHS = "hpcgnn.data.graphs"
 _PYG_KEY = ("_target_", "kwargs", "train_fraction", "val_fraction", "split_index", "seed", "to_undirected")
 
 
@@ -45,6 +46,8 @@ class DatasetSpec:
     node_features: bool = True  # its nodes carry features of their own (else node_features_from_edges must make them)
     edge_targets: str | None = None  # task=edge: builder of the targets on its edges, "module:function" (None: none)
     typed_edge_targets: str | None = None  # ... on a relation of its typed graph
+    graphs: str | None = None  # task=graph: its writer of many graphs, "module:function" (cfg, tmp, source,
+    # allow_download) into a prepared graph set (hpcgnn.data.graphs; None: it is one graph)
 
     @property
     def typed(self) -> bool:
@@ -83,6 +86,16 @@ SPECS: dict[str, DatasetSpec] = {s.name: s for s in (
     DatasetSpec("pyg_hetero", ("node",), "pyg", (*_PYG_KEY, "target_type", "erase_types"),
                 typed_graph="hpcgnn.data.pyg:load_pyg_typed", typed_source="hpcgnn.data.pyg:pyg_typed_source",
                 needs_target=True, typed_edge_targets=f"{_EDGES}:typed_pyg_targets"),
+    # datasets of many graphs (task=graph): prepared into one graph set (hpcgnn.data.graphs)
+    DatasetSpec("synthetic_graphs", ("graph",), "synthetic_graphs", ("num_graphs", "avg_nodes", "num_classes",
+                "label_kind", "train_fraction", "val_fraction", "seed"), graphs=f"{_GRAPHS}:synthetic_molecules",
+                streamed=True),
+    DatasetSpec("graph_files", ("graph",), "graph_files", ("path", "train_fraction", "val_fraction", "seed"),
+                graphs=f"{_GRAPHS}:files_graphs", on_disk=True),
+    DatasetSpec("pyg_graphs", ("graph",), "pyg_graphs", ("_target_", "kwargs", "train_fraction", "val_fraction", "seed"),
+                graphs=f"{_GRAPHS}:pyg_graphs", needs_target=True),
+    *(DatasetSpec(name, ("graph",), "ogbg", (), graphs=f"{_GRAPHS}:ogb_graphs", streamed=True, on_disk=True)
+      for name in ("ogbg-molhiv", "ogbg-molpcba", "ogbg-ppa")),
 )}
 
 
@@ -134,7 +147,7 @@ class DatasetConfig:
     root: str = "~/.cache/hpcgnn"  # downloads (ogb/) and prepared, memory-mappable graphs (prepared/)
     to_undirected: bool = False  # add the reverse of every edge (customary for ogbn-arxiv)
     seed: int = 0  # seed of the generator and of the splits hpcgnn makes
-    prepared_for: str = "node"  # node | link | edge: what the prepared graph serves (follows task.name; not set by hand)
+    prepared_for: str = "node"  # node | link | edge | graph: what the prepared graph serves (follows task.name; not set by hand)
     feature_dtype: Literal["float32", "float16", "bfloat16"] = "float32"  # how features are stored (half the bytes);
     # batches are upcast to float32
     prepare_mem_gb: float | None = None  # memory preparing may use (edges are sorted on disk in buckets of this
@@ -325,7 +338,85 @@ class OgbConfig(DatasetConfig):
                               "sum) makes each node's from its edges'")
 
 
-SOURCES: dict[str, type] = {"synthetic": SyntheticConfig, "ogb": OgbConfig, "files": FilesConfig, "pyg": PygConfig}
+@dataclass(frozen=True)
+class GraphSplitConfig(DatasetConfig):
+    """A dataset of many graphs whose graphs hpcgnn splits itself where the source gives no split."""
+
+    train_fraction: float = 0.8  # fraction of graphs in the training split
+    val_fraction: float = 0.1  # fraction of graphs in the validation split (the rest is test)
+
+    def check(self, task: str, select: str) -> None:
+        super().check(task, select)
+        if self.train_fraction <= 0 or self.val_fraction < 0 or self.train_fraction + self.val_fraction >= 1:
+            raise ConfigError(f"dataset.train_fraction={self.train_fraction} and dataset.val_fraction="
+                              f"{self.val_fraction} must be positive and sum to less than 1 (the rest is the test "
+                              "split)")
+        if self.val_fraction == 0 and select == "val":
+            raise ConfigError(empty_validation(f"dataset.val_fraction=0 leaves the validation split of dataset "
+                                               f"{self.name} empty"))
+
+
+@dataclass(frozen=True)
+class SyntheticGraphsConfig(GraphSplitConfig):
+    """dataset=synthetic_graphs: a seeded molecule-like dataset of many graphs (categorical atom and bond features in
+    OGB's ranges), labelled by a noisy rule over each graph's make-up."""
+
+    name: str = "synthetic_graphs"
+    num_graphs: int = 4000  # graphs in the dataset
+    avg_nodes: float = 25.0  # mean atoms per graph (bonds: about 1.08 per atom, each both ways)
+    num_classes: int = 2  # classification: classes (by quantile of the rule's score); multilabel: binary labels
+    label_kind: Literal["classification", "multilabel", "regression"] = "classification"  # what each graph's label is
+
+    def check(self, task: str, select: str) -> None:
+        super().check(task, select)
+        if self.num_graphs < 10 or self.avg_nodes < 3:
+            raise ConfigError(f"dataset.num_graphs={self.num_graphs} and dataset.avg_nodes={self.avg_nodes} must be "
+                              "at least 10 and 3")
+        if self.num_classes < 2 and self.label_kind == "classification":
+            raise ConfigError(single_class(f"dataset.num_classes={self.num_classes}"))
+
+
+@dataclass(frozen=True)
+class GraphFilesConfig(GraphSplitConfig):
+    """dataset=graph_files: a folder of many graphs of your own (docs/graph-tasks.md)."""
+
+    name: str = "graph_files"
+    path: str | None = None  # folder with edge_index, graph_ptr, y (and x, edge_attr, train_idx, val_idx, test_idx)
+
+    def check(self, task: str, select: str) -> None:
+        super().check(task, select)
+        if not self.path:
+            raise ConfigError("dataset=graph_files needs the folder of your graphs: set dataset.path=/path/to/folder")
+
+
+@dataclass(frozen=True)
+class PygGraphsConfig(GraphSplitConfig):
+    """dataset=pyg_graphs: a PyG dataset of many graphs (TUDataset, MoleculeNet, an InMemoryDataset of yours), or a
+    callable returning a list of Data, by ``dataset._target_``."""
+
+    name: str = "pyg_graphs"
+    _target_: str | None = None  # pkg.module.Name: a dataset class of torch_geometric.datasets or yours, or a function
+    kwargs: dict[str, Any] = field(default_factory=dict)  # its keyword arguments (root: <dataset.root>/pyg/<Name>
+    # unless given)
+
+    def check(self, task: str, select: str) -> None:
+        super().check(task, select)
+        if not self._target_:
+            raise ConfigError("dataset=pyg_graphs needs dataset._target_: a PyG dataset of many graphs or a function "
+                              "returning a list of Data. HINT: dataset._target_=torch_geometric.datasets.TUDataset "
+                              "+dataset.kwargs.name=PROTEINS")
+
+
+@dataclass(frozen=True)
+class OgbGraphsConfig(DatasetConfig):
+    """dataset=ogbg-*: OGB's graph property datasets, read from their raw files with their official splits."""
+
+    name: str = "ogbg-molhiv"
+
+
+SOURCES: dict[str, type] = {"synthetic": SyntheticConfig, "ogb": OgbConfig, "files": FilesConfig, "pyg": PygConfig,
+                            "synthetic_graphs": SyntheticGraphsConfig, "graph_files": GraphFilesConfig,
+                            "pyg_graphs": PygGraphsConfig, "ogbg": OgbGraphsConfig}
 # The sources whose graphs may carry edge times, and where (docs/temporal.md): a files folder says so before it is
 # read; a PyG graph once it is made (its ranks know).
 TIMES: dict[str, str] = {"files": "edge_time.npy, with seed_time.npy", "pyg": "data.edge_time, with data.seed_time"}

@@ -41,7 +41,7 @@ class KindSpec:
 _NODE = "hpcgnn.tasks.node"
 KINDS: dict[str, KindSpec] = {k.name: k for k in (
     KindSpec("classification", f"{_NODE}:Classification", "acc", ("acc",), "cross-entropy"),
-    KindSpec("multilabel", f"{_NODE}:MultiLabel", "rocauc", ("rocauc", "f1"), "binary cross-entropy"),
+    KindSpec("multilabel", f"{_NODE}:MultiLabel", "rocauc", ("rocauc", "ap", "f1"), "binary cross-entropy"),
     KindSpec("regression", f"{_NODE}:Regression", "rmse", ("rmse", "mae", "r2"), "mse",
              losses=("mse", "l1", "huber")),
     KindSpec("ordinal", f"{_NODE}:Ordinal", "mae", ("mae", "acc"), "binary cross-entropy over its thresholds"),
@@ -89,6 +89,9 @@ class TaskSpec:
     # the graph's own labels)
     tables: str | None = None  # "module:Class": its items' unit over a table of (node, time, label) entries, where a
     # dataset gives one (hpcgnn.data.tables; None: it takes none)
+    head: str = "decoder"  # the setting that names what its model puts on the encoder's outputs (its decoder, a
+    # graph task's readout), passed to its model's builder
+    depth: str | None = None  # the setting that gives its model's depth (None: len(train.fanouts), a layer per hop)
 
     def own(self, key: str) -> str | None:
         """How a class of the user's own is built where ``task.<key>`` may name one (None: it may not)."""
@@ -97,7 +100,12 @@ class TaskSpec:
 
     def decoder(self, settings: TaskConfig) -> str | None:
         """The decoder its model scores pairs of embeddings with (``task.decoder``; None: its model encodes alone)."""
-        return settings.decoder if self.encoder else None
+        return getattr(settings, self.head) if self.encoder else None
+
+    def layers(self, cfg) -> int:
+        """Its model's depth in ``cfg`` (a RunConfig): a layer per sampled hop (``train.fanouts``), or its own
+        setting's (a graph task's ``task.layers``: whole graphs, no hops)."""
+        return getattr(cfg.task, self.depth) if self.depth else len(cfg.train.fanouts)
 
     def reports(self, settings: TaskConfig | None = None) -> tuple[str, ...]:
         """Every metric it reports (hits@K: one per K of ``settings.hits_k``, its task config's; none without)."""
@@ -176,6 +184,27 @@ class EdgeTaskConfig(TaskConfig):
     kind: Literal[KIND_NAMES] = "auto"  # as task=node's
     loss: Literal[LOSSES] = "auto"  # as task=node's
 
+READOUTS = ("mean", "sum", "max", "attention")  # task=graph: a graph's nodes to one row
+GRAPH_KINDS = ("classification", "multilabel", "regression")
+
+
+@dataclass(frozen=True)
+class GraphTaskConfig(TaskConfig):
+    """task=graph: a target per graph, over datasets of many graphs."""
+
+    name: str = "graph"
+    kind: Literal[("auto", *GRAPH_KINDS)] = "auto"  # as task=node's (auto: the dataset's, OGB's, or its labels')
+    loss: Literal[LOSSES] = "auto"  # as task=node's
+    readout: Literal[READOUTS] = "mean"  # a graph's node embeddings to one row: mean, sum, max or attention (PyG's
+    # AttentionalAggregation)
+    layers: int = 5  # message-passing layers (whole graphs: no hops to sample)
+    metric: Literal[("auto", "acc", "rocauc", "ap", "f1", "rmse", "mae", "r2")] = "auto"  # what selects the epoch:
+    # auto (the dataset's own, OGB's, else the kind's), or one the kind reports
+    batch_by: Literal["graphs", "nodes", "edges"] = "graphs"  # a batch is train.batch_size graphs, or graphs up to
+    # about task.budget nodes (or edges): batches that weigh alike when graph sizes vary
+    budget: int = 0  # batch_by=nodes|edges: nodes (edges) per batch (0: train.batch_size times the mean graph's)
+
+
 SPECS: dict[str, TaskSpec] = {s.name: s for s in (
     TaskSpec("node", "targets on nodes", "hpcgnn.tasks.node:NodeTask", "nodes", "hpcgnn.tasks.items:NodeItems",
              "hpcgnn.models.node:task_model",
@@ -198,6 +227,11 @@ SPECS: dict[str, TaskSpec] = {s.name: s for s in (
                                        whole=("embeddings",)),
              typed=True, encoder=True, target_check="hpcgnn.data.edges:check_target",
              targets_prepare="hpcgnn.data.edges:prepare_targets"),
+    TaskSpec("graph", "targets on whole graphs", "hpcgnn.tasks.graph:GraphTask", "graphs",
+             "hpcgnn.tasks.items:GraphItems", "hpcgnn.models.graph:task_model", GRAPH_KINDS,
+             check="hpcgnn.checks:check_graph", config=GraphTaskConfig, encoder=True, head="readout", depth="layers",
+             prediction=PredictionSpec("a graph model", "its predictions of a split's graphs or their embeddings",
+                                       ("predictions", "embeddings"))),
 )}
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from hpcgnn.checks import is_typed
+from hpcgnn.checks import is_graph_set, is_typed
 from hpcgnn.config import RunConfig
 from hpcgnn.data.graph import GraphShape
 from hpcgnn.env import RankEnv
@@ -25,6 +25,10 @@ def open_store(cfg: RunConfig, env: RankEnv, device: torch.device | None, items)
     """The store of ``cfg``'s graph mode (parts when partitioned, else the whole graph, typed or not), with the task's
     items over it (``items``: their unit, :func:`hpcgnn.tasks.task_items`; :func:`hpcgnn.tasks.open_store` passes
     the run's)."""
+    if is_graph_set(cfg.dataset):  # (many graphs: mapped whole, graph.mode aside; hpcgnn.checks.check_graph)
+        from hpcgnn.stores.graphs import GraphSetStore
+
+        return GraphSetStore(cfg, env, device, items)
     if cfg.graph.mode == "partitioned":
         return PartitionedStore(cfg, env, device, items)
     return (TypedStore if is_typed(cfg.dataset) else ReplicatedStore)(cfg, env, device, items)

@@ -73,6 +73,7 @@ class GraphViews:
     typed_rows: Callable[[str, Tensor], Tensor] | None = None  # (node type, its ids) -> rows of ``typed``'s CSRs
     edge_rows: object | None = None  # where edges' features are read by id (gather_edges)
     time_dtype: object | None = None  # a timed graph's edge times' dtype (None: its edges have no times)
+    graph_set: object | None = None  # a dataset of many graphs (hpcgnn.data.graphs.GraphSet): its graphs are the items
 
 
 class Store(abc.ABC):

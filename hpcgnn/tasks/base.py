@@ -46,7 +46,7 @@ class Task(abc.ABC):
 
         spec = tasks.SPECS[self.name]
         return load(spec.model)(self.cfg.model, spec.decoder(self.cfg.task), self.store.shape,
-                                len(self.cfg.train.fanouts), self.store.items.relation)
+                                spec.layers(self.cfg), self.store.items.relation)
 
     @property
     def eval_mode(self) -> str:

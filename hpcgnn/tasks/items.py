@@ -41,6 +41,7 @@ class Items:
     relation = None  # a typed graph's relation whose edges they are (a typed edge task's targets)
     own_sampler = True  # the store's training sampler (train.sampler over its nodes, on the GPU where it may be)
     strict_times = False  # a timed graph's seeds sampled strictly before their times (not at or before)
+    embeds_items = False  # predict's embeddings are of its items (a graph's), not of the graph's nodes
 
     def __init__(self, cfg: RunConfig, env: RankEnv, views):
         self.cfg, self.env, self.views = cfg, env, views
@@ -444,3 +445,73 @@ def edge_targets(cfg: RunConfig, env: RankEnv):
                        lambda: prepare_pairs(cfg.dataset, targets, pairs, folder))
         return pairs_as_targets(targets, folder)
     return targets
+
+
+class GraphItems(Items):
+    """A dataset of many graphs' graphs (:mod:`hpcgnn.data.graphs`): each a step's item, whole (nothing sampled),
+    its label the graph's. The store deals them out (a split's batches cut first, so that every graph's outputs are
+    the same floats on any number of ranks)."""
+
+    noun = "graphs"
+    own_sampler = False
+    embeds_items = True
+
+    def shape(self) -> GraphShape:
+        """The graph set's dimensions and the target: ``task.kind`` (auto: what the dataset says, OGB's task type,
+        else the labels), and the metric that selects the epoch (``task.metric``; auto: the dataset's, else the
+        kind's)."""
+        from dataclasses import replace
+
+        from hpcgnn.specs import tasks
+
+        v, k = self.views, self.cfg.task
+        gs = v.graph_set
+        where = f"the labels (y) of dataset={self.cfg.dataset.name}"
+        kind = k.kind if k.kind != "auto" else (gs.kind or "auto")
+        target = resolve(v.labels, kind, k.loss, 0, where)
+        if kind != "auto" and k.kind == "auto":
+            target = replace(target, inferred=True, reasons=(f"dataset={self.cfg.dataset.name} says {kind}",))
+        reports = tasks.KINDS[target.kind].metrics
+        select = k.metric if k.metric != "auto" else (gs.metric if gs.metric in reports else "")
+        if select and select not in reports:
+            raise ConfigError(f"task.metric={select}: a {target.kind} target reports {', '.join(reports)}. HINT: "
+                              "task.metric=auto, or one of those")
+        if select:
+            target = replace(target, select=select)
+        if target.kind == "classification" and target.width < 2:
+            from hpcgnn.errors import DatasetError
+            from hpcgnn.specs.datasets import single_class
+
+            raise DatasetError(single_class(f"dataset {self.cfg.dataset.name} has {target.width} class"))
+        return GraphShape(gs.num_features, target.width, gs.num_graphs, None, target, gs.edge_dim,
+                          x_vocab=gs.x_vocab, edge_vocab=gs.edge_vocab)
+
+    def train_ids(self) -> Tensor:
+        return self.views.graph_set.train_idx.clone()
+
+    def eval_ids(self, split: str) -> Tensor:
+        """The split's graphs, every one (the store deals their batches to the ranks)."""
+        return self.views.graph_set.split(split).clone()
+
+    def describe(self, shape: GraphShape) -> str:
+        return shape.target.outputs() + " per graph"
+
+    def predicted(self, split: str) -> np.ndarray:
+        """The split's graphs (``all``: every graph), ascending: what predict writes a row of."""
+        return np.sort(self.views.graph_set.split(split).numpy())
+
+    def batching(self) -> tuple[Tensor | None, int]:
+        """How a step's graphs are counted: (each graph's cost by id, the budget of a batch) with a budget
+        (``task.batch_by=nodes|edges``: its nodes or edges; ``task.budget``, 0: ``train.batch_size`` times the
+        training graphs' mean), or (None, ``train.batch_size`` graphs)."""
+        k, t = self.cfg.task, self.cfg.train
+        if k.batch_by == "graphs":
+            return None, t.batch_size
+        gs = self.views.graph_set
+        cost = gs.sizes(k.batch_by)
+        budget = k.budget or max(1, round(t.batch_size * float(cost.index_select(0, gs.train_idx).double().mean())))
+        return cost, budget
+
+    def batch_noun(self) -> str:
+        """What a batch's budget counts, in words."""
+        return "graphs" if self.cfg.task.batch_by == "graphs" else self.cfg.task.batch_by

@@ -125,7 +125,8 @@ class MultiLabel(Gathered):
         return out
 
     def metrics(self, pred: Tensor, true: Tensor) -> dict[str, float]:
-        return {"rocauc": node_metrics.rocauc(pred, true), "f1": node_metrics.micro_f1(pred, true)}
+        return {"rocauc": node_metrics.rocauc(pred, true), "ap": node_metrics.average_precision(pred, true),
+                "f1": node_metrics.micro_f1(pred, true)}
 
     def outputs(self, rows: Tensor) -> dict[str, np.ndarray]:
         """What predict writes of ``rows`` (logits): each label's probability."""

@@ -52,6 +52,33 @@ def rocauc(pred: Tensor, true: Tensor) -> float:
     return sum(scores) / len(scores) if scores else math.nan
 
 
+def _ap(pred: Tensor, true: Tensor) -> float:
+    """Average precision of one label (``true`` 0/1, a 1 present): the precision at each distinct score, from the
+    highest down, weighted by the recall it adds (scikit-learn's ``average_precision_score``, no interpolation)."""
+    pred, true = _canonical(pred.double(), true.double())
+    pred, true = pred.flip(0), true.flip(0)  # highest score first
+    _, counts = torch.unique_consecutive(pred, return_counts=True)
+    ends = torch.cumsum(counts, 0) - 1  # the last row of each run of tied scores
+    tp = torch.cumsum(true, 0)[ends]
+    seen = (ends + 1).double()
+    precision, recall = tp / seen, tp / tp[-1]
+    gained = torch.diff(recall, prepend=recall.new_zeros(1))
+    return float((gained * precision).sum())
+
+
+def average_precision(pred: Tensor, true: Tensor) -> float:
+    """Mean average precision over the labels with both a 0 and a 1 among their known entries (NaN: unknown), as
+    ``ogb.graphproppred.Evaluator`` computes it for ogbg-molpcba; NaN when no label has both."""
+    scores = []
+    for c in range(true.size(1)):
+        t, p = true[:, c], pred[:, c]
+        known = ~torch.isnan(t)
+        t, p = t[known], p[known]
+        if (t == 1).any() and (t == 0).any():
+            scores.append(_ap(p, t))
+    return sum(scores) / len(scores) if scores else math.nan
+
+
 def micro_f1(pred: Tensor, true: Tensor) -> float:
     """Micro-averaged F1 over every known entry, a label predicted where its logit is positive."""
     known = ~torch.isnan(true)

@@ -1,0 +1,148 @@
+"""A graph task's models (``task=graph``): node embeddings by message passing over whole graphs, a readout to one row
+per graph, and a linear head to the target's outputs.
+
+- the input: categorical node features (integer columns, OGB's atom features) embedded per column and summed (OGB's
+  ``AtomEncoder``, built from the columns' ranges); float ones through a linear map;
+- GIN layers (``model=gin``), OGB's baseline: ``MLP((1 + eps) x + sum of messages)`` with batch norm, ReLU and
+  dropout between layers; on graphs whose edges have features, GINE's message ``ReLU(x_j + e_ij)``, each layer
+  embedding the edges' columns itself (OGB's ``BondEncoder`` per layer); ``model.virtual_node``: OGB's virtual node,
+  a node joined to every node of its graph, updated by an MLP between layers;
+- the readout (``task.readout``): mean, sum, max, or attention (PyG's ``AttentionalAggregation``, a gate MLP);
+- the head: a linear map of the graph's row to the target's outputs.
+
+``GraphModel.forward(x, edge_index, batch, edge_attr=None, num_graphs=None)`` gives the graphs' outputs;
+:meth:`GraphModel.embed` their rows before the head (what predict's embeddings and export keep).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+class ColumnEmbedding(nn.Module):
+    """Integer feature columns, each through an embedding of its range, summed (OGB's AtomEncoder/BondEncoder)."""
+
+    def __init__(self, vocab: tuple[int, ...], width: int):
+        super().__init__()
+        self.tables = nn.ModuleList(nn.Embedding(int(v), width) for v in vocab)
+        for t in self.tables:
+            nn.init.xavier_uniform_(t.weight.data)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = x.long()
+        out = self.tables[0](x[:, 0])
+        for i in range(1, len(self.tables)):
+            out = out + self.tables[i](x[:, i])
+        return out
+
+
+def encoder(vocab: tuple[int, ...], width: int, out: int) -> nn.Module:
+    """Categorical columns embedded (``vocab``: their ranges), or float ones mapped linearly."""
+    return ColumnEmbedding(vocab, out) if vocab else nn.Linear(width, out)
+
+
+class GINLayer(nn.Module):
+    """GIN's update, ``MLP((1 + eps) x_i + sum_j m_ij)``; ``m_ij`` is ``x_j``, or with edge features GINE's
+    ``ReLU(x_j + e_ij)`` (the edges embedded by this layer's own encoder)."""
+
+    def __init__(self, hidden: int, edges: nn.Module | None):
+        super().__init__()
+        self.mlp = nn.Sequential(nn.Linear(hidden, 2 * hidden), nn.BatchNorm1d(2 * hidden), nn.ReLU(),
+                                 nn.Linear(2 * hidden, hidden))
+        self.eps = nn.Parameter(torch.zeros(1))
+        self.edges = edges
+
+    def forward(self, x: Tensor, edge_index: Tensor, edge_attr: Tensor | None) -> Tensor:
+        msg = x.index_select(0, edge_index[0])
+        if self.edges is not None:
+            msg = F.relu(msg + self.edges(edge_attr).to(msg.dtype))
+        agg = torch.zeros_like(x).index_add_(0, edge_index[1], msg)
+        return self.mlp((1 + self.eps) * x + agg)
+
+
+def pool(h: Tensor, batch: Tensor, num_graphs: int, how: str) -> Tensor:
+    """Each graph's rows of ``h`` summed, averaged or maxed (``batch``: each row's graph)."""
+    from torch_geometric.utils import scatter
+
+    return scatter(h, batch, 0, dim_size=num_graphs, reduce=how)
+
+
+class GraphModel(nn.Module):
+    """Node embeddings by ``num_layers`` GIN layers (OGB's GNN_node, or GNN_node_Virtualnode), a readout, a head."""
+
+    def __init__(self, in_channels: int, hidden: int, out_channels: int, num_layers: int, *, dropout: float = 0.5,
+                 readout: str = "mean", x_vocab: tuple[int, ...] = (), edge_dim: int = 0,
+                 edge_vocab: tuple[int, ...] = (), virtual_node: bool = False):
+        super().__init__()
+        self.num_layers, self.dropout, self.readout_name = num_layers, dropout, readout
+        self.hidden_channels, self.out_channels = hidden, out_channels
+        self.node_encoder = encoder(x_vocab, in_channels, hidden)
+        self.layers = nn.ModuleList(GINLayer(hidden, encoder(edge_vocab, edge_dim, hidden) if edge_dim else None)
+                                    for _ in range(num_layers))
+        self.norms = nn.ModuleList(nn.BatchNorm1d(hidden) for _ in range(num_layers))
+        self.virtual = None
+        if virtual_node:  # OGB's: an embedding (zero at start) and an MLP between each two layers
+            self.virtual = nn.Embedding(1, hidden)
+            nn.init.constant_(self.virtual.weight.data, 0)
+            self.virtual_mlps = nn.ModuleList(
+                nn.Sequential(nn.Linear(hidden, 2 * hidden), nn.BatchNorm1d(2 * hidden), nn.ReLU(),
+                              nn.Linear(2 * hidden, hidden), nn.BatchNorm1d(hidden), nn.ReLU())
+                for _ in range(num_layers - 1))
+        self.gate = None
+        if readout == "attention":
+            from torch_geometric.nn import AttentionalAggregation
+
+            self.gate = AttentionalAggregation(nn.Sequential(nn.Linear(hidden, 2 * hidden), nn.BatchNorm1d(2 * hidden),
+                                                             nn.ReLU(), nn.Linear(2 * hidden, 1)))
+        self.head = nn.Linear(hidden, out_channels)
+
+    def nodes(self, x: Tensor, edge_index: Tensor, batch: Tensor, edge_attr: Tensor | None,
+              num_graphs: int) -> Tensor:
+        """Every node's embedding after the last layer."""
+        h = self.node_encoder(x if not x.is_floating_point() else x.float())
+        vn = None
+        if self.virtual is not None:
+            vn = self.virtual(torch.zeros(num_graphs, dtype=torch.long, device=h.device))
+        for i, (layer, norm) in enumerate(zip(self.layers, self.norms, strict=True)):
+            if vn is not None:
+                h = h + vn.index_select(0, batch).to(h.dtype)
+            out = norm(layer(h, edge_index, edge_attr))
+            if i + 1 < self.num_layers:
+                out = F.relu(out)
+            out = F.dropout(out, self.dropout, self.training)
+            if vn is not None and i + 1 < self.num_layers:
+                vn = F.dropout(self.virtual_mlps[i](pool(h, batch, num_graphs, "sum") + vn), self.dropout,
+                               self.training)
+            h = out
+        return h
+
+    def embed(self, x: Tensor, edge_index: Tensor, batch: Tensor, edge_attr: Tensor | None = None,
+              num_graphs: int | None = None) -> Tensor:
+        """Each graph's row: its nodes' embeddings read out."""
+        num_graphs = int(batch.max()) + 1 if num_graphs is None and batch.numel() else (num_graphs or 0)
+        h = self.nodes(x, edge_index, batch, edge_attr, num_graphs)
+        if self.gate is not None:
+            return self.gate(h, batch, dim_size=num_graphs)
+        return pool(h, batch, num_graphs, self.readout_name)
+
+    def forward(self, x: Tensor, edge_index: Tensor, batch: Tensor, edge_attr: Tensor | None = None,
+                num_graphs: int | None = None) -> Tensor:
+        return self.head(self.embed(x, edge_index, batch, edge_attr, num_graphs))
+
+
+def task_model(cfg, readout, shape, num_layers: int, relation=None) -> torch.nn.Module:
+    """A graph task's model for a graph set of ``shape`` (its outputs: the target's): training's builder and a model
+    file's (``TaskSpec.model``; :func:`hpcgnn.models.saved.graph_model_kwargs`, what export writes, are these)."""
+    return GraphModel(shape.num_features, cfg.hidden_channels, shape.num_classes, num_layers, dropout=cfg.dropout,
+                      readout=readout or "mean", x_vocab=tuple(shape.x_vocab), edge_dim=shape.edge_dim,
+                      edge_vocab=tuple(shape.edge_vocab), virtual_node=cfg.virtual_node)
+
+
+def graph_outputs(model: torch.nn.Module, batch, embeddings: bool = False) -> Tensor:
+    """A batch's graphs' outputs (``embeddings``: their rows before the head)."""
+    args = (batch.x, batch.edge_index, batch.batch, getattr(batch, "edge_attr", None), int(batch.batch_size))
+    if embeddings:
+        return getattr(model, "module", model).embed(*args)
+    return model(*args)
