@@ -9,6 +9,7 @@
     PYTHONPATH=examples python -m hpcgnn dataset=files dataset.path=TYPED_GRAPH model=custom \
         model._target_=my_gnn.HeteroEdgeSAGE
     PYTHONPATH=examples python -m hpcgnn task=edge task.decoder=my_gnn.BilinearDecoder
+    PYTHONPATH=examples python -m hpcgnn task=graph model=custom model._target_=my_gnn.PooledGINE
 
 hpcgnn fills in the widths a class takes by name (in_channels, out_channels, hidden_channels, num_layers,
 dropout, and edge_dim, the graph's edge features' width, where forward takes edge_attr: EdgeGINE; model.widths maps
@@ -30,6 +31,7 @@ from torch_geometric.nn import (
     Linear,
     MessagePassing,
     SAGEConv,
+    global_add_pool,
 )
 
 
@@ -69,6 +71,26 @@ class EdgeGINE(torch.nn.Module):
         for conv in self.convs:
             x = F.relu(conv(x, edge_index, edge_attr))
         return self.out(x)
+
+
+class PooledGINE(torch.nn.Module):
+    """A graph task's model (task=graph): GINE layers over a batch of whole graphs, each graph's nodes summed
+    (global_add_pool over ``batch``), a linear head: one row per graph. hpcgnn embeds categorical node and edge
+    features first (in_channels, edge_dim: model.hidden_channels then)."""
+
+    def __init__(self, in_channels: int, hidden_channels: int, out_channels: int, edge_dim: int, num_layers: int = 3):
+        super().__init__()
+        self.convs = torch.nn.ModuleList(
+            GINEConv(torch.nn.Sequential(torch.nn.Linear(in_channels if i == 0 else hidden_channels, hidden_channels),
+                                         torch.nn.ReLU(), torch.nn.Linear(hidden_channels, hidden_channels)),
+                     edge_dim=edge_dim) for i in range(num_layers))
+        self.out = torch.nn.Linear(hidden_channels, out_channels)
+
+    def forward(self, x: torch.Tensor, edge_index: torch.Tensor, batch: torch.Tensor,
+                edge_attr: torch.Tensor) -> torch.Tensor:
+        for conv in self.convs:
+            x = F.relu(conv(x, edge_index, edge_attr))
+        return self.out(global_add_pool(x, batch))
 
 
 class JumpingGraphConv(torch.nn.Module):

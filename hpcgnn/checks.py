@@ -376,14 +376,16 @@ def check_graph(cfg) -> None:
            f"train.sampler={t.sampler} (whole graphs are batched, nothing sampled)" if t.sampler != "neighbor" else
            "train.eval_mode=full (every graph is evaluated whole already)" if t.eval_mode == "full" else
            "sampler servers (batches are made in the rank today)" if sampler_servers(cfg) else
-           f"model={cfg.model.name} (graph models: gin)" if cfg.model.name not in GRAPH_MODELS else None)
+           f"model={cfg.model.name} (graph models: gin, or custom: a model of your own)"
+           if cfg.model.name not in GRAPH_MODELS else None)
     if why is not None:
         raise ConfigError(f"task=graph does not take {why}. HINT: drop that setting")
     if k.layers < 1 or k.budget < 0:
         raise ConfigError(f"task.layers={k.layers} must be at least 1 and task.budget={k.budget} at least 0")
 
 
-GRAPH_MODELS = ("gin",)  # task=graph: GIN, GINE on edge features, OGB's virtual node (model.virtual_node)
+GRAPH_MODELS = ("gin", CUSTOM)  # task=graph: GIN, GINE on edge features, OGB's virtual node (model.virtual_node);
+# a model of the user's own whose forward takes (x, edge_index, batch[, edge_attr]) and pools its graphs itself
 
 
 def eval_mode(cfg, timed: bool | None = None) -> str:

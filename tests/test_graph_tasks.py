@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import DATA_ROOT, make_config, predict_here, preempted_and_resumed, run_cli
+from conftest import DATA_ROOT, make_config, predict_here, preempted_and_resumed, run_cli, train_here
 
 from hpcgnn.data import cache_folder, prepare
 from hpcgnn.data.graphs import batch_of, open_graphs
@@ -107,6 +107,45 @@ def test_a_graphs_output_is_the_same_alone_or_in_any_batch_for_each_readout(read
     alone = torch.cat([outputs(ids[i:i + 1]) for i in range(ids.numel())])
     assert together.shape == (5, 3) and torch.allclose(together, alone, atol=1e-5)
     assert torch.allclose(outputs(ids.flip(0)), together.flip(0), atol=1e-5)
+
+
+class NodeRows(torch.nn.Module):
+    """A model that forgets to pool: a row per node."""
+
+    def __init__(self, in_channels: int, out_channels: int):
+        super().__init__()
+        self.lin = torch.nn.Linear(in_channels, out_channels)
+
+    def forward(self, x, edge_index, batch):
+        return self.lin(x)
+
+
+def test_a_graph_model_of_your_own_pools_its_graphs_and_one_that_does_not_is_refused(tmp_path, monkeypatch):
+    """model=custom on a graph task: the class built with the widths it takes (categorical features embedded first),
+    handed (x, edge_index, batch, edge_attr), one row per graph; trained a step in this process. A model that returns
+    a row per node is refused naming the fix."""
+    from conftest import REPO
+
+    from hpcgnn.models import graph
+
+    monkeypatch.syspath_prepend(str(REPO / "examples"))
+    cfg, gs = graph_set("model=custom", "model._target_=my_gnn.PooledGINE")
+    shape = make_items(cfg, gs).shape()
+    model = graph.task_model(cfg.model, "mean", shape, 3)
+    batch = batch_of(gs, torch.arange(7))
+    assert model(batch.x, batch.edge_index, batch.batch, batch.edge_attr, 7).shape == (7, 2)
+    summary = train_here(*small("model=custom", "model._target_=my_gnn.PooledGINE", "train.epochs=1"),
+                         f"dataset.root={DATA_ROOT}", "metrics.tensorboard=false", run_dir=tmp_path / "run")
+    assert summary["metric"] == "val_acc" and 0 <= summary["test_acc"] <= 1
+    bad = graph.task_model(dataclasses.replace(cfg.model, _target_="test_graph_tasks.NodeRows"), "mean", shape, 3)
+    with pytest.raises(ConfigError, match=r"test_graph_tasks.NodeRows returned shape \(\d+, 2\) for a batch of 7 "
+                                          r"graphs: a graph task's model returns one row of 2 floats per graph. HINT: pool"):
+        bad(batch.x, batch.edge_index, batch.batch, batch.edge_attr, 7)
+    graph.probe_custom(cfg)  # (at submit: on two tiny graphs)
+    with pytest.raises(ConfigError, match=r"my_gnn.ResidualSAGE failed on a batch of 2 graphs: forward raised "
+                                          r"TypeError: .*HINT: a graph task's model takes \(x \[nodes, in_channels\], "
+                                          r"edge_index \[2, edges\], batch"):
+        graph.probe_custom(make_config(*small("model=custom", "model._target_=my_gnn.ResidualSAGE")))
 
 
 def write_graph_folder(folder: Path, graphs: int = 40, seed: int = 0, labels=None) -> dict:

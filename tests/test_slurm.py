@@ -264,6 +264,22 @@ def test_an_edge_task_prepares_its_targets_on_both_nodes_at_once_and_trains_part
     assert s["test_acc"] > 0.75, s["test_acc"]
 
 
+def test_a_graph_task_trains_as_one_job_across_both_nodes_as_it_does_on_one(tmp_path):
+    """task=graph as one job on n1 and n2: each node's local rank 0 prepares the graph set (a seed of its own, so
+    both at once on the shared file system) and its rank maps it; the run equals 2 local ranks on one node, bit for
+    bit (the same steps dealt to the same ranks)."""
+    over = ["task=graph", "dataset.num_graphs=2000", "dataset.seed=41", "model.hidden_channels=32", "task.layers=3",
+            "train.epochs=2", "train.precision=fp32", "metrics.tensorboard=false"]
+    res = run_cli("+cluster=devcluster", *over, cwd=tmp_path / "nodes", timeout=600)
+    assert res.returncode == 0, res.stdout + res.stderr
+    local = run_cli(*over, "launch.procs=2", "train.num_threads=1", cwd=tmp_path / "here", timeout=300)
+    assert local.returncode == 0, local.stdout + local.stderr
+    s, one = _summary(tmp_path / "nodes"), _summary(tmp_path / "here")
+    assert s["task"] == "graph" and s["hostnames"] == ["n1", "n2"] and one["num_nodes"] == 1
+    assert s["param_checksums"] == one["param_checksums"] and s["test_acc"] == one["test_acc"]
+    assert [r["val_acc"] for r in s["history"]] == [r["val_acc"] for r in one["history"]]
+
+
 def test_failed_partitioning_cancels_training_with_the_reason(tmp_path):
     # A graph not prepared yet: only the partitioning job can learn its size, and fails.
     res = run_cli("+cluster=devcluster", "graph=partitioned", "graph.partition_mem_gb=0.0001", "dataset.seed=12",

@@ -32,7 +32,7 @@ def main(argv: list[str]) -> int:
     try:
         cfg = compose(argv[1:]).cfg.dataset
         if argv[0] == "download":
-            if datasets.spec(cfg.name).source != "ogb":
+            if datasets.spec(cfg.name).source not in ("ogb", "ogbg"):
                 where = "its files are read from dataset.path" if cfg.name == "files" else "it is generated"
                 print(f"dataset={cfg.name} has nothing to download ({where}); prepare it with: "
                       f"python -m hpcgnn.data prepare {' '.join(argv[1:])}")

@@ -458,23 +458,6 @@ _OGB_KINDS = {"binary classification": "multilabel", "multiclass classification"
 _OGB_METRICS = {"rocauc": "rocauc", "ap": "ap", "acc": "acc", "mae": "mae", "rmse": "rmse"}
 
 
-def ogb_master(name: str) -> dict:
-    """OGB's metadata row of graph dataset ``name`` (ogb's master.csv)."""
-    import os
-
-    import ogb.graphproppred
-    import pandas as pd
-
-    m = pd.read_csv(os.path.join(os.path.dirname(ogb.graphproppred.__file__), "master.csv"), index_col=0,
-                    keep_default_na=False)
-    return dict(m[name])
-
-
-def ogb_graph_folder(cfg) -> Path:
-    """Where OGB's layout of ``cfg``'s graph dataset lives: ``<dataset.root>/ogb/ogbg_molhiv`` (raw/, split/)."""
-    return Path(cfg.root).expanduser() / "ogb" / cfg.name.replace("-", "_")
-
-
 def _csv_chunks(path: Path, dtype, rows: int = 1 << 20) -> Iterator[np.ndarray]:
     """A raw .csv.gz file of OGB's (no header, comma-separated numbers) a block of rows at a time, as
     ``ogb.io.read_csv_graph_raw`` reads it whole."""
@@ -508,14 +491,11 @@ def ogb_graphs(cfg, tmp: Path, source: dict, allow_download: bool = False) -> No
     num-node-list, num-edge-list, node-feat, edge-feat, graph-label; ``split/<its split>/``), read a block of graphs at
     a time (the files ``ogb.io.read_csv_graph_raw`` reads; its inverse edges added as it adds them: each edge
     followed by its reverse), with OGB's split, task type and metric."""
-    from hpcgnn.data.ogb import DatasetMissing, prepare_command
+    from hpcgnn.data.ogb import DatasetMissing, ogb_meta, raw_folder
 
-    meta = ogb_master(cfg.name)
-    folder = ogb_graph_folder(cfg)
+    meta = ogb_meta(cfg.name)
+    folder = raw_folder(cfg, meta, allow_download)  # (downloaded where allowed: python -m hpcgnn.data prepare)
     raw = folder / "raw"
-    if not (raw / "edge.csv.gz").exists():
-        raise DatasetMissing(f"dataset={cfg.name}: OGB's raw files are not under {raw}. HINT: put OGB's download there "
-                             f"(its zip's raw/ and split/), or run `{prepare_command(cfg)}` where there is internet")
     inverse = str(meta["add_inverse_edge"]) == "True"
     nodes = next(_csv_chunks(raw / "num-node-list.csv.gz", np.int64, 1 << 40)).reshape(-1)
     edges = next(_csv_chunks(raw / "num-edge-list.csv.gz", np.int64, 1 << 40)).reshape(-1)

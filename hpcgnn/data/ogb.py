@@ -36,7 +36,7 @@ class DatasetMissing(DatasetError):
 def prepare_command(cfg: DatasetConfig) -> str:
     """The command that prepares ``cfg``'s dataset (run where the internet is)."""
     root = f" dataset.root={cfg.root}" if cfg.root != DatasetConfig.root else ""
-    task = " task=link" if cfg.prepared_for == "link" else ""
+    task = f" task={cfg.prepared_for}" if cfg.prepared_for in ("link", "graph") else ""
     return f"python -m hpcgnn.data prepare{task} dataset={cfg.name}{root}"
 
 
@@ -53,12 +53,12 @@ def has_raw(cfg: DatasetConfig) -> bool:
     return any((ogb_folder(cfg) / p).exists() for p in ("raw/edge.csv.gz", "raw/data.npz", "raw/num-node-dict.csv.gz"))
 
 
-def _meta(name: str) -> dict:
+def ogb_meta(name: str) -> dict:
     """ogb's own metadata row for ``name`` (url, split name, inverse edges, binary layout, classes)."""
     import ogb
     import pandas as pd
 
-    kind = "linkproppred" if name.startswith("ogbl-") else "nodeproppred"
+    kind = {"ogbl": "linkproppred", "ogbg": "graphproppred"}.get(name[:4], "nodeproppred")
     master = pd.read_csv(Path(ogb.__file__).parent / kind / "master.csv", index_col=0, keep_default_na=False)
     return master[name].to_dict()
 
@@ -95,7 +95,7 @@ def _download(cfg: DatasetConfig, meta: dict, folder: Path) -> None:
     shutil.move(str(root / meta["download_name"]), str(folder))
 
 
-def _raw_folder(cfg: DatasetConfig, meta: dict, allow_download: bool) -> Path:
+def raw_folder(cfg: DatasetConfig, meta: dict, allow_download: bool) -> Path:
     folder = ogb_folder(cfg)
     if not has_raw(cfg):
         if not allow_download:
@@ -109,7 +109,7 @@ def _raw_folder(cfg: DatasetConfig, meta: dict, allow_download: bool) -> Path:
 
 def download_raw(cfg: DatasetConfig) -> Path:
     """``python -m hpcgnn.data download``: OGB's raw files of ``cfg``'s dataset under ``dataset.root``, nothing else."""
-    return _raw_folder(cfg, _meta(cfg.name), allow_download=True)
+    return raw_folder(cfg, ogb_meta(cfg.name), allow_download=True)
 
 
 def load_ogb(cfg: DatasetConfig, allow_download: bool) -> Graph:
@@ -122,8 +122,8 @@ def load_ogb(cfg: DatasetConfig, allow_download: bool) -> Graph:
         raise ConfigError(f"dataset.name={cfg.name!r} is not an OGB node dataset hpcgnn knows: {', '.join(NAMES)}")
     from ogb.io.read_graph_raw import read_binary_graph_raw, read_csv_graph_raw
 
-    meta = _meta(cfg.name)
-    folder = _raw_folder(cfg, meta, allow_download)
+    meta = ogb_meta(cfg.name)
+    folder = raw_folder(cfg, meta, allow_download)
     raw = folder / "raw"
     if meta["binary"] == "True":
         graph = read_binary_graph_raw(str(raw), add_inverse_edge=False)[0]
@@ -181,8 +181,8 @@ def ogb_shapes(cfg: DatasetConfig, allow_download: bool) -> OgbShapes:
     """Sizes from the small files (csv) or the arrays' headers (binary ``data.npz``), nothing read whole."""
     if cfg.name not in (*NAMES, *LINK_NAMES):
         raise ConfigError(f"dataset.name={cfg.name!r} is not an OGB dataset hpcgnn knows: {', '.join(NAMES + LINK_NAMES)}")
-    meta = _meta(cfg.name)
-    folder = _raw_folder(cfg, meta, allow_download)
+    meta = ogb_meta(cfg.name)
+    folder = raw_folder(cfg, meta, allow_download)
     raw = folder / "raw"
     if meta.get("binary") == "True":
         with zipfile.ZipFile(raw / "data.npz") as z:
@@ -385,8 +385,8 @@ def _typed_raw(cfg: DatasetConfig, allow_download: bool) -> tuple[Path, dict]:
     if cfg.name not in checks.OGB_TYPED_DATASETS:
         raise ConfigError(f"dataset.name={cfg.name!r} is not an OGB typed dataset hpcgnn knows: "
                           f"{', '.join(checks.OGB_TYPED_DATASETS)}")
-    meta = _meta(cfg.name)
-    return _raw_folder(cfg, meta, allow_download), meta
+    meta = ogb_meta(cfg.name)
+    return raw_folder(cfg, meta, allow_download), meta
 
 
 def _typed_labels(folder: Path, meta: dict) -> tuple[str, Tensor, dict[str, Tensor]]:
@@ -533,8 +533,8 @@ def load_ogb_link(cfg: DatasetConfig, allow_download: bool):
 
     if cfg.name not in LINK_NAMES:
         raise ConfigError(f"dataset.name={cfg.name!r} is not an OGB link dataset hpcgnn knows: {', '.join(LINK_NAMES)}")
-    meta = _meta(cfg.name)
-    folder = _raw_folder(cfg, meta, allow_download)
+    meta = ogb_meta(cfg.name)
+    folder = raw_folder(cfg, meta, allow_download)
     graph = read_csv_graph_raw(str(folder / "raw"), add_inverse_edge=meta["add_inverse_edge"] == "True")[0]
     n = int(graph["num_nodes"])
     edge_index = torch.from_numpy(np.ascontiguousarray(graph["edge_index"], dtype=np.int64))

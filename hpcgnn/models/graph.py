@@ -132,9 +132,76 @@ class GraphModel(nn.Module):
         return self.head(self.embed(x, edge_index, batch, edge_attr, num_graphs))
 
 
+class CustomGraphModel(nn.Module):
+    """A graph model of the user's own (``model=custom``, ``model._target_``): its class built with ``in_channels``
+    (categorical node features embedded first, per column, to ``model.hidden_channels``), ``hidden_channels``,
+    ``out_channels`` (the target's), ``num_layers`` (``task.layers``) and ``edge_dim`` where it takes them;
+    ``forward(x, edge_index, batch[, edge_attr])`` returns one row per graph (it pools its nodes itself)."""
+
+    def __init__(self, cfg, shape, num_layers: int):
+        from hpcgnn.models.custom import _construct, arguments, model_class, reads_edge_attr
+
+        super().__init__()
+        cls = model_class(cfg)
+        hidden = cfg.hidden_channels
+        self.node_encoder = ColumnEmbedding(shape.x_vocab, hidden) if shape.x_vocab else None
+        in_channels = hidden if shape.x_vocab else shape.num_features
+        self.reads_edges = reads_edge_attr(cls, dict(cfg.kwargs)) and shape.edge_dim > 0
+        self.edge_encoder = ColumnEmbedding(shape.edge_vocab, hidden) if self.reads_edges and shape.edge_vocab else None
+        edge_dim = (hidden if shape.edge_vocab else shape.edge_dim) if self.reads_edges else None
+        self.model = _construct(cfg, cls, arguments(cfg, cls, in_channels, shape.num_classes, num_layers, edge_dim))
+        self.out_channels, self.target = shape.num_classes, cfg._target_
+
+    def forward(self, x: Tensor, edge_index: Tensor, batch: Tensor, edge_attr: Tensor | None = None,
+                num_graphs: int | None = None) -> Tensor:
+        h = self.node_encoder(x) if self.node_encoder is not None else x.float()
+        if self.reads_edges:
+            e = self.edge_encoder(edge_attr) if self.edge_encoder is not None else edge_attr.float()
+            out = self.model(h, edge_index, batch, edge_attr=e)
+        else:
+            out = self.model(h, edge_index, batch)
+        graphs = num_graphs if num_graphs is not None else (int(batch.max()) + 1 if batch.numel() else 0)
+        if not isinstance(out, Tensor) or tuple(out.shape) != (graphs, self.out_channels):
+            from hpcgnn.errors import ConfigError
+
+            got = f"shape {tuple(out.shape)}" if isinstance(out, Tensor) else type(out).__name__
+            raise ConfigError(f"model._target_={self.target} returned {got} for a batch of {graphs} graphs: a graph "
+                              f"task's model returns one row of {self.out_channels} floats per graph. HINT: pool its "
+                              "nodes by graph in forward (torch_geometric.nn.global_mean_pool(h, batch)), then a layer "
+                              "of out_channels")
+        return out
+
+
+def probe_custom(run_cfg) -> None:
+    """At submit, on the CPU: a graph model of the user's own (``run_cfg.model``) built as the rank builds it for
+    two tiny graphs of float features with edge features, and run on them in eval mode: it must return one row of
+    the outputs per graph (else a ConfigError naming the fix)."""
+    from hpcgnn.data.graph import GraphShape
+    from hpcgnn.errors import ConfigError
+
+    shape = GraphShape(4, 3, 2, edge_dim=2)
+    model = CustomGraphModel(run_cfg.model, shape, run_cfg.task.layers).eval()
+    gen = torch.Generator().manual_seed(0)
+    x, edge_attr = torch.randn(5, 4, generator=gen), torch.randn(6, 2, generator=gen)
+    edge_index, batch = torch.tensor([[0, 1, 1, 3, 4, 2], [1, 0, 2, 4, 3, 0]]), torch.tensor([0, 0, 0, 1, 1])
+    try:
+        with torch.no_grad():
+            model(x, edge_index, batch, edge_attr, 2)
+    except ConfigError:
+        raise
+    except Exception as exc:
+        raise ConfigError(f"model._target_={run_cfg.model._target_} failed on a batch of 2 graphs: forward raised "
+                          f"{type(exc).__name__}: {exc}. HINT: a graph task's model takes (x [nodes, in_channels], "
+                          "edge_index [2, edges], batch [nodes]: each node's graph[, edge_attr]) and returns one row per "
+                          "graph") from None
+
+
 def task_model(cfg, readout, shape, num_layers: int, relation=None) -> torch.nn.Module:
     """A graph task's model for a graph set of ``shape`` (its outputs: the target's): training's builder and a model
-    file's (``TaskSpec.model``; :func:`hpcgnn.models.saved.graph_model_kwargs`, what export writes, are these)."""
+    file's (``TaskSpec.model``; :func:`hpcgnn.models.saved.graph_model_kwargs`, what export writes, are these). A
+    model of the user's own (``model=custom``): :class:`CustomGraphModel`."""
+    if cfg.name == "custom":
+        return CustomGraphModel(cfg, shape, num_layers)
     return GraphModel(shape.num_features, cfg.hidden_channels, shape.num_classes, num_layers, dropout=cfg.dropout,
                       readout=readout or "mean", x_vocab=tuple(shape.x_vocab), edge_dim=shape.edge_dim,
                       edge_vocab=tuple(shape.edge_vocab), virtual_node=cfg.virtual_node)
@@ -144,5 +211,12 @@ def graph_outputs(model: torch.nn.Module, batch, embeddings: bool = False) -> Te
     """A batch's graphs' outputs (``embeddings``: their rows before the head)."""
     args = (batch.x, batch.edge_index, batch.batch, getattr(batch, "edge_attr", None), int(batch.batch_size))
     if embeddings:
-        return getattr(model, "module", model).embed(*args)
+        net = getattr(model, "module", model)
+        if not hasattr(net, "embed"):
+            from hpcgnn.errors import PredictError
+
+            raise PredictError(f"{type(net.model).__name__} (a model of your own) has no readout hpcgnn can stop "
+                               "before. HINT: predict what=predictions, or take the rows you need from "
+                               "hpcgnn.load_model(RUN_DIR).model")
+        return net.embed(*args)
     return model(*args)

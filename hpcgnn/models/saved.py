@@ -242,6 +242,9 @@ def plain(record: dict) -> dict:
     if s["schema"] is not None:
         raise ModelFileError(f"a model of a typed graph ({record['class']}) has no plain PyG form: its modules are "
                              "built from the graph's types. HINT: hpcgnn.load_model(RUN_DIR) gives it, on the CPU")
+    if record["task"] == "graph" and cfg.name == "custom":
+        raise ModelFileError(f"a graph model of your own ({cfg._target_}) is wrapped by hpcgnn's embeddings of its "
+                             "categorical features. HINT: hpcgnn.load_model(RUN_DIR) gives it, on the CPU")
     if record["task"] == "graph":  # (hpcgnn's GraphModel, a plain torch module: its readout and head kept)
         return {"class": "hpcgnn.models.graph.GraphModel", "kwargs": graph_model_kwargs(cfg, record),
                 "state_dict": record["state_dict"], "decoder": None,

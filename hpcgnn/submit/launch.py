@@ -152,6 +152,12 @@ def check_model(cfg: RunConfig) -> None:
     A model that reads edge features (``model.edge_dim``, or one of the user's own) is checked against the
     width of the graph's where that is known before the graph is prepared (:func:`hpcgnn.data.edge_width`)."""
     d, m = cfg.dataset, cfg.model
+    if checks.is_graph_set(d):  # (a graph task's model: checked on two tiny graphs, whatever its widths)
+        if checks.is_custom(m):
+            from hpcgnn.models.graph import probe_custom
+
+            probe_custom(cfg)
+        return
     if checks.is_custom(m) and checks.is_typed(d):
         from hpcgnn.data import typed_shape
         from hpcgnn.models.custom import check_custom
