@@ -337,6 +337,30 @@ def test_a_tu_dataset_is_read_offline_from_its_raw_files_as_pyg_reads_it(tmp_pat
     assert torch.equal(gs.y, ref.y) and gs.x_vocab == ()  # (PyG's one-hot node labels: floats, mapped linearly)
 
 
+def molecule_list() -> list:
+    """A callable returning a list of Data (as dataset._target_ may name one): MoleculeNet's form, integer atom
+    columns and one float column of 0 and 1 per graph, NaN where unknown."""
+    from torch_geometric.data import Data
+
+    gen = torch.Generator().manual_seed(5)
+    out = []
+    for g in range(30):
+        n = 3 + g % 4
+        y = torch.tensor([[float(g % 2) if g % 7 else float("nan")]])
+        out.append(Data(x=torch.randint(0, 5, (n, 2), generator=gen), y=y,
+                        edge_index=torch.stack([torch.arange(n - 1), torch.arange(1, n)])))
+    return out
+
+
+def test_a_callable_returning_a_list_of_data_is_a_dataset_and_float_binary_columns_are_labels(tmp_path):
+    cfg, gs = graph_set("dataset=pyg_graphs", "dataset._target_=test_graph_tasks.molecule_list", root=tmp_path)
+    assert gs.num_graphs == 30 and gs.x_vocab == (5, 5) and gs.x.dtype == torch.int32
+    target = make_items(cfg, gs).shape().target
+    assert target.kind == "multilabel" and target.width == 1 and target.metric == "rocauc"
+    assert "1 float column(s) of 0 and 1" in target.describe()
+    assert torch.isnan(gs.y[0, 0]) and gs.y[1, 0] == 1
+
+
 def store_of(*overrides: str, world: int = 1, rank: int = 0):
     from hpcgnn.env import RankEnv
     from hpcgnn.stores.graphs import GraphSetStore
@@ -394,7 +418,8 @@ def test_a_graph_task_trains_on_two_ranks_and_predicts_the_same_floats_on_one_or
     """The default graph task on 2 local ranks learns; predict with 1 rank and with 2 writes the same outputs, bit
     for bit, and the run's metric; export keeps the readout and head (the exported module gives predict's outputs).
     (Sampler processes: test_sampler_procs trains a graph task bitwise as the rank does.)"""
-    res = run_cli("task=graph", "train.epochs=4", "train.precision=fp32", cwd=tmp_path / "a", timeout=300)
+    res = run_cli("task=graph", "train.epochs=3", "model.hidden_channels=64", "train.precision=fp32", cwd=tmp_path / "a",
+                  timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
     summary = json.loads((tmp_path / "a" / "run" / "summary.json").read_text())
     assert summary["metric"] == "val_acc" and summary["test_acc"] > 0.7 and summary["world_size"] == 2
@@ -409,7 +434,7 @@ def test_a_graph_task_trains_on_two_ranks_and_predicts_the_same_floats_on_one_or
         assert manifest["value"] == summary["test_acc"] and manifest["rows"] == 400
     assert all(np.array_equal(outs[0][k], outs[1][k]) for k in outs[0])
     here = predict_here(run, "split=all", "--embeddings", f"out={tmp_path / 'emb'}")
-    assert here["rows"] == 4000 and np.load(tmp_path / "emb" / "embeddings.npy").shape == (4000, 128)
+    assert here["rows"] == 4000 and np.load(tmp_path / "emb" / "embeddings.npy").shape == (4000, 64)
     # export: the module with its readout and head, rebuilt from the file alone, gives predict's probabilities
     from hpcgnn.models.saved import export
 

@@ -467,10 +467,16 @@ class GraphItems(Items):
         v, k = self.views, self.cfg.task
         gs = v.graph_set
         where = f"the labels (y) of dataset={self.cfg.dataset.name}"
-        kind = k.kind if k.kind != "auto" else (gs.kind or "auto")
+        kind, why = k.kind, None
+        p = v.labels or {}
+        if kind == "auto" and gs.kind:
+            kind, why = gs.kind, f"dataset={self.cfg.dataset.name} says {gs.kind}"
+        elif kind == "auto" and p.get("dtype") == "float" and p.get("binary") and p.get("columns", 0) >= 1:
+            # (a graph's float columns of 0 and 1, NaN unknown: binary labels, as MoleculeNet's and OGB's molecules)
+            kind, why = "multilabel", f"{p['columns']} float column(s) of 0 and 1"
         target = resolve(v.labels, kind, k.loss, 0, where)
-        if kind != "auto" and k.kind == "auto":
-            target = replace(target, inferred=True, reasons=(f"dataset={self.cfg.dataset.name} says {kind}",))
+        if why is not None:
+            target = replace(target, inferred=True, reasons=(why,))
         reports = tasks.KINDS[target.kind].metrics
         select = k.metric if k.metric != "auto" else (gs.metric if gs.metric in reports else "")
         if select and select not in reports:
