@@ -144,7 +144,8 @@ class GraphWriter:
         classes = int(y.max()) + 1 if y.ndim == 1 and y.size else (y.shape[1] if y.ndim == 2 else 1)
         meta = cache.GraphMeta(self.nodes, self.num_edges, self.x.row_shape[0], classes,
                                labels=profile(y, splits), edge_dim=self.edge_attr.row_shape[0] if self.edge_attr else 0,
-                               feature_dtype=str(self.x.dtype), source=source, more={"graphs": graphs})
+                               feature_dtype=str(self.x.dtype), source=source, more={"graphs": graphs},
+                               bytes=sum(p.stat().st_size for p in self.tmp.glob("*.npy")))
         meta.write(self.tmp)
 
 
@@ -327,25 +328,29 @@ def _synthetic_labels(cfg, score: np.ndarray) -> np.ndarray:
     return (score[:, None] > cuts[None, :]).astype(np.float32)
 
 
-def _read(folder: Path, name: str) -> np.ndarray | None:
-    """``name``.npy or .pt of a files folder (None: neither)."""
+def _read(folder: Path, name: str, mmap: bool = False) -> np.ndarray | None:
+    """``name``.npy (mapped with ``mmap``) or .pt of a files folder (None: neither)."""
     from hpcgnn.data.files import read_array
 
     if not any((folder / f"{name}{suffix}").is_file() for suffix in (".npy", ".pt")):
         return None
-    return read_array(folder, name)[1]
+    return read_array(folder, name, mmap)[1]
 
 
 def files_graphs(cfg, tmp: Path, source: dict, allow_download: bool = False) -> None:
     """A folder of your own (``dataset=graph_files``): ``edge_index`` ``[2, E]`` over every graph's nodes numbered
     together (graph g's nodes are ``graph_ptr[g]:graph_ptr[g+1]``), ``graph_ptr`` ``[G + 1]``, ``y`` (a label per
     graph), and optionally ``x`` ``[N, F]`` (integers: categorical), ``edge_attr`` ``[E, D]`` and ``train_idx``,
-    ``val_idx``, ``test_idx`` (graph ids; else a seeded split). An edge joining two graphs is refused."""
+    ``val_idx``, ``test_idx`` (graph ids; else a seeded split). An edge joining two graphs is refused.
+
+    Out of core: ``.npy`` files are mapped and read a block at a time (a ``.pt`` file is read whole). An edge list in
+    graph order (each graph's edges together, graphs in order) streams a chunk of graphs at a time; in another
+    order its edges are sorted by graph first, in memory (16 bytes an edge)."""
     from hpcgnn.data.files import files_folder
 
     folder = files_folder(cfg)
     where = f"dataset.path={cfg.path}"
-    ptr, ei, y = (_read(folder, n) for n in ("graph_ptr", "edge_index", "y"))
+    ptr, ei, y = (_read(folder, n, mmap=True) for n in ("graph_ptr", "edge_index", "y"))
     missing = [n for n, a in (("graph_ptr", ptr), ("edge_index", ei), ("y", y)) if a is None]
     if missing:
         raise DatasetError(f"{where}: a graph dataset's folder needs {', '.join(missing)} (.npy or .pt). HINT: "
@@ -354,42 +359,75 @@ def files_graphs(cfg, tmp: Path, source: dict, allow_download: bool = False) -> 
     if ptr.size < 2 or ptr[0] != 0 or (np.diff(ptr) < 1).any():
         raise DatasetError(f"{where}: graph_ptr must start at 0 and rise by at least 1 per graph (each graph's first "
                            "node, then the node count)")
-    n = int(ptr[-1])
-    ei = np.asarray(ei)
+    n, G = int(ptr[-1]), ptr.size - 1
     if ei.ndim != 2 or ei.shape[0] != 2:
         raise DatasetError(f"{where}: edge_index must have shape [2, E], got {tuple(ei.shape)}")
-    if ei.size and (ei.min() < 0 or ei.max() >= n):
-        raise DatasetError(f"{where}: edge_index names node {int(ei.max())}, of the {n} graph_ptr counts")
-    x = _read(folder, "x")
-    x = np.ones((n, 1), np.float32) if x is None else np.asarray(x)
-    x = x.reshape(n, -1) if x.ndim == 1 else x
-    if x.shape[0] != n:
-        raise DatasetError(f"{where}: x has {x.shape[0]} rows, graph_ptr counts {n} nodes")
-    attr = _read(folder, "edge_attr")
+    E = ei.shape[1]
+    x = _read(folder, "x", mmap=True)
+    if x is not None:
+        x = x.reshape(n, -1) if x.ndim == 1 and x.shape[0] == n else x
+        if x.shape[0] != n:
+            raise DatasetError(f"{where}: x has {x.shape[0]} rows, graph_ptr counts {n} nodes")
+    attr = _read(folder, "edge_attr", mmap=True)
     if attr is not None:
-        attr = np.asarray(attr).reshape(ei.shape[1], -1)
-    graph_of = np.searchsorted(ptr, ei, side="right") - 1
-    if (graph_of[0] != graph_of[1]).any():
-        i = int(np.argmax(graph_of[0] != graph_of[1]))
-        raise DatasetError(f"{where}: edge_index's edge {i} ({int(ei[0, i])} -> {int(ei[1, i])}) joins graph {int(graph_of[0, i])} "
-                           f"to graph {int(graph_of[1, i])}: each edge lies within one graph")
-    order = np.argsort(graph_of[0], kind="stable")
-    ei, owner = ei[:, order], graph_of[0][order]
-    attr = attr[order] if attr is not None else None
-    G = ptr.size - 1
-    counts = np.bincount(owner, minlength=G).astype(np.int64)
-    x_dtype = narrowest(int(x.max()) if x.size else 0) if np.issubdtype(x.dtype, np.integer) else np.float32
-    e_dtype = None
-    if attr is not None:
-        e_dtype = narrowest(int(attr.max()) if attr.size else 0) if np.issubdtype(attr.dtype, np.integer) else np.float32
-    writer = GraphWriter(tmp, x_dtype, x.shape[1], e_dtype, attr.shape[1] if attr is not None else 0)
-    local = (ei - ptr[owner][None, :]).T.astype(np.int32)
-    writer.add(Chunk(x.astype(x_dtype), local, attr.astype(e_dtype) if attr is not None else None, np.diff(ptr),
-                     counts), where)
+        attr = attr.reshape(E, -1)
+    # one pass over the edges: each end's graph, an edge joining two refused; whether they come in graph order
+    counts, in_order, last = np.zeros(G, np.int64), True, -1
+    for lo in range(0, E, STREAM_EDGES):
+        block = np.asarray(ei[:, lo:lo + STREAM_EDGES])
+        if block.size and (block.min() < 0 or block.max() >= n):
+            raise DatasetError(f"{where}: edge_index names node {int(block.max())}, of the {n} graph_ptr counts")
+        owner = np.searchsorted(ptr, block, side="right") - 1
+        joins = owner[0] != owner[1]
+        if joins.any():
+            i = int(np.argmax(joins))
+            raise DatasetError(f"{where}: edge_index's edge {lo + i} ({int(block[0, i])} -> {int(block[1, i])}) joins "
+                               f"graph {int(owner[0, i])} to graph {int(owner[1, i])}: each edge lies within one graph")
+        counts += np.bincount(owner[0], minlength=G)
+        in_order = in_order and bool(owner[0].size == 0 or (owner[0, 0] >= last and (np.diff(owner[0]) >= 0).all()))
+        last = int(owner[0, -1]) if owner[0].size else last
+    order = None
+    if not in_order:  # (sorted by graph, in memory)
+        owner = np.concatenate([np.searchsorted(ptr, np.asarray(ei[0, lo:lo + STREAM_EDGES]), side="right") - 1
+                                for lo in range(0, E, STREAM_EDGES)]) if E else np.zeros(0, np.int64)
+        order = np.argsort(owner, kind="stable")
+        del owner
+    x_dtype = _stored_dtype(x)
+    e_dtype = _stored_dtype(attr) if attr is not None else None
+    writer = GraphWriter(tmp, x_dtype, x.shape[1] if x is not None else 1, e_dtype,
+                         attr.shape[1] if attr is not None else 0)
+    edge_ptr = np.concatenate([[0], np.cumsum(counts)])
+    for g0 in range(0, G, CHUNK_GRAPHS):
+        g1 = min(G, g0 + CHUNK_GRAPHS)
+        a, b, c, d = int(ptr[g0]), int(ptr[g1]), int(edge_ptr[g0]), int(edge_ptr[g1])
+        rows = slice(c, d) if order is None else order[c:d]  # (a graph's edges in the file's order: a stable sort)
+        block = np.asarray(ei[:, rows])
+        owner = np.repeat(np.arange(g0, g1), counts[g0:g1])
+        local = (block - ptr[owner][None, :]).T.astype(np.int32)
+        xs = np.ones((b - a, 1), np.float32) if x is None else np.asarray(x[a:b]).astype(x_dtype, copy=False)
+        feats = None if attr is None else np.asarray(attr[rows]).astype(e_dtype, copy=False)
+        writer.add(Chunk(xs, local, feats, np.diff(ptr[g0:g1 + 1]), counts[g0:g1]), where)
     given = [_read(folder, f"{s}_idx") for s in SPLITS]
     splits = (dict(zip(SPLITS, (np.asarray(s, np.int64).reshape(-1) for s in given), strict=True))
               if all(s is not None for s in given) else random_splits(cfg, G))
     writer.close(np.asarray(y), splits, source, where)
+
+
+STREAM_EDGES = 1 << 22  # edges of a files folder read at once
+
+
+def _stored_dtype(a) -> np.dtype:
+    """How a files folder's features are stored: integers in the narrowest type that holds their largest value
+    (read a block at a time), floats as float32."""
+    if a is None:
+        return np.dtype(np.float32)
+    if not np.issubdtype(a.dtype, np.integer):
+        return np.dtype(np.float32)
+    top = 0
+    for lo in range(0, a.shape[0], STREAM_EDGES):
+        block = np.asarray(a[lo:lo + STREAM_EDGES])
+        top = max(top, int(block.max()) if block.size else 0)
+    return narrowest(top)
 
 
 def pyg_graphs(cfg, tmp: Path, source: dict, allow_download: bool = False) -> None:

@@ -44,10 +44,13 @@ def log_start(trainer) -> None:
                  "rank, fanouts %s", trainer.cfg.model.name, trainer.task.name, env.world_size,
                  trainer.cfg.graph.mode, t.sampler, store.graph_on, store.steps,
                  f"~{t.edge_budget} sampled edges" if t.edge_budget else f"{t.batch_size} seeds", list(t.fanouts))
-    log.info("global batch %d seeds (%d ranks x %d micro-batches x %d), lr %.3g (train.lr %.3g, scaling %s, "
-             "warmup %d steps), %s, gradient all-reduce: %s", env.world_size * t.accumulate * t.batch_size,
-             env.world_size, t.accumulate, t.batch_size, trainer.lr, t.lr, t.lr_scaling,
-             int(t.warmup * trainer.opt_steps * t.epochs), t.precision, t.grad_compression)
+    per, noun = t.batch_size, "seeds"
+    if trainer.task.name == "graph":  # (graphs, or a budget of nodes or edges)
+        per, noun = store.budget, store.items.batch_noun()
+    log.info("global batch %s%d %s (%d ranks x %d micro-batches x %d), lr %.3g (train.lr %.3g, scaling %s, "
+             "warmup %d steps), %s, gradient all-reduce: %s", "~" if noun in ("nodes", "edges") else "",
+             env.world_size * t.accumulate * per, noun, env.world_size, t.accumulate, per, trainer.lr, t.lr,
+             t.lr_scaling, int(t.warmup * trainer.opt_steps * t.epochs), t.precision, t.grad_compression)
 
 
 def progress(trainer) -> dict:

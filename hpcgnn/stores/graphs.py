@@ -74,7 +74,8 @@ class GraphSetStore(Store):
         ids = self.items.train_ids()
         require_training_items(cfg, ids.numel(), "graphs")
         self.draws = ids
-        self.sampler = self.train_sampler = GraphBatcher(gs)
+        self.sampler = self.train_sampler = GraphBatcher(gs, pin_memory=self.device.type == "cuda")  # (pinned: a
+        # batch's copy to the GPU overlaps the step before it)
         self.per_rank = math.ceil(ids.numel() / env.world_size)
         # each graph's cost by id where batches are cut by a budget (None: by count), and the budget
         self.cost, self.budget = self.items.batching()
