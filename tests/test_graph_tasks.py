@@ -107,6 +107,9 @@ def test_a_graphs_output_is_the_same_alone_or_in_any_batch_for_each_readout(read
     alone = torch.cat([outputs(ids[i:i + 1]) for i in range(ids.numel())])
     assert together.shape == (5, 3) and torch.allclose(together, alone, atol=1e-5)
     assert torch.allclose(outputs(ids.flip(0)), together.flip(0), atol=1e-5)
+    model.train()  # a batch of one graph trains too (a step's last batch may hold one; its virtual node is one row)
+    x, ei, ea, batch, _ = ops.assemble_graphs(gs.x, gs.edges, gs.edge_attr, gs.node_ptr, gs.edge_ptr, ids[:1])
+    model(x, ei, batch, ea, 1).sum().backward()
 
 
 class NodeRows(torch.nn.Module):

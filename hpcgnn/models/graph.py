@@ -49,7 +49,7 @@ class GINLayer(nn.Module):
 
     def __init__(self, hidden: int, edges: nn.Module | None):
         super().__init__()
-        self.mlp = nn.Sequential(nn.Linear(hidden, 2 * hidden), nn.BatchNorm1d(2 * hidden), nn.ReLU(),
+        self.mlp = nn.Sequential(nn.Linear(hidden, 2 * hidden), norm(2 * hidden), nn.ReLU(),
                                  nn.Linear(2 * hidden, hidden))
         self.eps = nn.Parameter(torch.zeros(1))
         self.edges = edges
@@ -60,6 +60,14 @@ class GINLayer(nn.Module):
             msg = F.relu(msg + self.edges(edge_attr).to(msg.dtype))
         agg = torch.zeros_like(x).index_add_(0, edge_index[1], msg)
         return self.mlp((1 + self.eps) * x + agg)
+
+
+def norm(width: int) -> nn.Module:
+    """Batch norm that takes a batch of one row too (PyG's ``BatchNorm``: its running statistics then): a step's last
+    batch may hold a single graph, whose virtual node is one row."""
+    from torch_geometric.nn import BatchNorm
+
+    return BatchNorm(width, allow_single_element=True)
 
 
 def pool(h: Tensor, batch: Tensor, num_graphs: int, how: str) -> Tensor:
@@ -81,20 +89,20 @@ class GraphModel(nn.Module):
         self.node_encoder = encoder(x_vocab, in_channels, hidden)
         self.layers = nn.ModuleList(GINLayer(hidden, encoder(edge_vocab, edge_dim, hidden) if edge_dim else None)
                                     for _ in range(num_layers))
-        self.norms = nn.ModuleList(nn.BatchNorm1d(hidden) for _ in range(num_layers))
+        self.norms = nn.ModuleList(norm(hidden) for _ in range(num_layers))
         self.virtual = None
         if virtual_node:  # OGB's: an embedding (zero at start) and an MLP between each two layers
             self.virtual = nn.Embedding(1, hidden)
             nn.init.constant_(self.virtual.weight.data, 0)
             self.virtual_mlps = nn.ModuleList(
-                nn.Sequential(nn.Linear(hidden, 2 * hidden), nn.BatchNorm1d(2 * hidden), nn.ReLU(),
-                              nn.Linear(2 * hidden, hidden), nn.BatchNorm1d(hidden), nn.ReLU())
+                nn.Sequential(nn.Linear(hidden, 2 * hidden), norm(2 * hidden), nn.ReLU(),
+                              nn.Linear(2 * hidden, hidden), norm(hidden), nn.ReLU())
                 for _ in range(num_layers - 1))
         self.gate = None
         if readout == "attention":
             from torch_geometric.nn import AttentionalAggregation
 
-            self.gate = AttentionalAggregation(nn.Sequential(nn.Linear(hidden, 2 * hidden), nn.BatchNorm1d(2 * hidden),
+            self.gate = AttentionalAggregation(nn.Sequential(nn.Linear(hidden, 2 * hidden), norm(2 * hidden),
                                                              nn.ReLU(), nn.Linear(2 * hidden, 1)))
         self.head = nn.Linear(hidden, out_channels)
 
