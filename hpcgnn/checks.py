@@ -375,7 +375,6 @@ def check_graph(cfg) -> None:
            if cfg.graph.mode == "partitioned" else
            f"train.sampler={t.sampler} (whole graphs are batched, nothing sampled)" if t.sampler != "neighbor" else
            "train.eval_mode=full (every graph is evaluated whole already)" if t.eval_mode == "full" else
-           "sampler servers (batches are made in the rank today)" if sampler_servers(cfg) else
            f"model={cfg.model.name} (graph models: gin, or custom: a model of your own)"
            if cfg.model.name not in GRAPH_MODELS else None)
     if why is not None:

@@ -65,7 +65,7 @@ def test_sampler_nodes_are_checked_at_submit_time():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("store", ["link", "typed", "partitioned", "custom", "edge"])
+@pytest.mark.parametrize("store", ["link", "typed", "partitioned", "custom", "edge", "graph"])
 def test_local_sampler_servers_train_bitwise_as_in_process_sampling(store, tmp_path):
     """2 ranks, 2 servers: the same parameters as in-process sampling. A whole graph: each rank's batches alternate
     between the servers; a partitioned one: server r makes rank r's batches, sampling across parts with the
@@ -73,7 +73,8 @@ def test_local_sampler_servers_train_bitwise_as_in_process_sampling(store, tmp_p
     replicated graph with a model of the user's own, with autocast to bf16 and two micro-batches per step
     (hpcgnn's own sage with a server: test_slurm's heterogeneous job and test_trust_handshake's run among
     outsiders, both against in-process sampling); typed: a partitioned typed graph, a relational model of the
-    user's own reading one relation's edge features (each sampled edge's, per relation, remote ones fetched)."""
+    user's own reading one relation's edge features (each sampled edge's, per relation, remote ones fetched); graph: a
+    graph task's whole graphs, assembled on the servers from the graph set each maps."""
     from test_typed_edge_features import write_rated
 
     if store == "typed":
@@ -83,6 +84,8 @@ def test_local_sampler_servers_train_bitwise_as_in_process_sampling(store, tmp_p
                       "model._target_=my_gnn.HeteroEdgeSAGE", "train.epochs=2", "train.batch_size=64"],
             "partitioned": [*TINY, "graph=partitioned", "graph.cache_mb=0.1"],
             "edge": [*TINY, "task=edge", "dataset.num_nodes=8000"],
+            "graph": ["task=graph", "dataset.num_graphs=600", "model.hidden_channels=32", "task.layers=3",
+                      "train.epochs=2"],
             "custom": [*TINY, "model=custom", "model._target_=my_gnn.ResidualSAGE", "train.precision=bf16",
                        "train.accumulate=2"]}[store]
     runs = {}

@@ -49,7 +49,14 @@ def ogb_folder(cfg: DatasetConfig) -> Path:
     return ogb_root(cfg) / cfg.name.replace("-", "_")
 
 
+def pcqm_folder(cfg: DatasetConfig) -> Path:
+    """Where OGB-LSC's PCQM4Mv2 lies: ``<dataset.root>/ogb/pcqm4m-v2`` (``raw/data.csv.gz``, ``split_dict.pt``)."""
+    return ogb_root(cfg) / "pcqm4m-v2"
+
+
 def has_raw(cfg: DatasetConfig) -> bool:
+    if cfg.name == "pcqm4mv2":  # (OGB-LSC's layout: its molecules as SMILES)
+        return (pcqm_folder(cfg) / "raw" / "data.csv.gz").exists()
     return any((ogb_folder(cfg) / p).exists() for p in ("raw/edge.csv.gz", "raw/data.npz", "raw/num-node-dict.csv.gz"))
 
 

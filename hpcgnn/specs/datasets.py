@@ -96,6 +96,7 @@ SPECS: dict[str, DatasetSpec] = {s.name: s for s in (
                 graphs=f"{_GRAPHS}:pyg_graphs", needs_target=True),
     *(DatasetSpec(name, ("graph",), "ogbg", (), graphs=f"{_GRAPHS}:ogb_graphs", streamed=True, on_disk=True)
       for name in ("ogbg-molhiv", "ogbg-molpcba", "ogbg-ppa")),
+    DatasetSpec("pcqm4mv2", ("graph",), "ogbg", (), graphs=f"{_GRAPHS}:pcqm4mv2", streamed=True, on_disk=True),
 )}
 
 

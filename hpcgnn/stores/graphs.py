@@ -29,6 +29,8 @@ from hpcgnn.rng import derive_seed, generator
 from hpcgnn.sampling import BatchLoader
 from hpcgnn.sampling import subgraph as sub
 from hpcgnn.sampling.loader import shuffled_to
+from hpcgnn.sampling.producers import GraphSide
+from hpcgnn.sampling.shipping import SamplerState
 from hpcgnn.stores.base import GraphViews, Store, on_local_rank0, require_training_items
 from hpcgnn.stores.exact import Exact
 
@@ -90,6 +92,15 @@ class GraphSetStore(Store):
             log.info("graphs: %s; %d/%d/%d train/val/test; %s: %d steps an epoch on each of %d rank(s); %s",
                      describe(gs), gs.train_idx.numel(), gs.val_idx.numel(), gs.test_idx.numel(), how, self.steps,
                      env.world_size, self.items.describe(self.shape))
+
+    def sampler_state(self) -> SamplerState:
+        """What a sampler server builds this rank's batch maker from: the graph set it opens, nothing more."""
+        return SamplerState("graphs", self.env.rank, self.env.world_size, {})
+
+    @staticmethod
+    def server_side(graphs: GraphSet) -> GraphSide:
+        """The rank's batch maker built on a sampler server over the graph set it opened (the rank's own builder)."""
+        return GraphSide(graphs, GraphBatcher(graphs))
 
     def train_batches(self, epoch: int) -> list[Tensor]:
         """This rank's batches of ``epoch``: the seeded permutation padded to a multiple of the ranks (its first

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 
-from hpcgnn.checks import is_typed
+from hpcgnn.checks import is_graph_set, is_typed
 from hpcgnn.config import RunConfig
 from hpcgnn.sampling.shipping import Recipe, SamplerState
 from hpcgnn.stores.partitioned import PartitionedStore
@@ -33,11 +33,14 @@ class ServerRecipes:
         self.__init__(state["cfg"], state["items"])
 
     def _graph(self):
-        from hpcgnn.data import open_graph, open_typed
+        from hpcgnn.data import cache_folder, open_graph, open_typed
+        from hpcgnn.data.graphs import open_graphs
 
         with self.lock:
             if self.whole is None:
-                self.whole = (open_typed if is_typed(self.cfg.dataset) else open_graph)(self.cfg.dataset)
+                d = self.cfg.dataset
+                self.whole = (open_graphs(cache_folder(d)) if is_graph_set(d) else
+                              open_typed(d) if is_typed(d) else open_graph(d))
             return self.whole
 
     def __call__(self, state: SamplerState) -> Recipe:
@@ -45,10 +48,15 @@ class ServerRecipes:
 
         cfg = self.cfg
         kind = {"replicated": "typed" if is_typed(cfg.dataset) else "whole"}.get(cfg.graph.mode, "parts")
+        kind = "graphs" if is_graph_set(cfg.dataset) else kind
         if state.kind != kind:
             raise ValueError(f"rank {state.rank} asks for a sampler over a {state.kind} graph; this server's run is "
                              f"graph.mode={cfg.graph.mode} (a {kind} graph)")
-        if kind == "parts":
+        if kind == "graphs":  # (whole graphs of a graph set, assembled as the rank assembles them)
+            from hpcgnn.stores.graphs import GraphSetStore
+
+            side, degree = GraphSetStore.server_side(self._graph()), None
+        elif kind == "parts":
             side, degree = PartitionedStore.server_side(cfg, state, self.items)
         elif kind == "typed":
             side, degree = TypedStore.server_side(cfg, state, self._graph(), self.items)
