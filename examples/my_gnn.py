@@ -73,18 +73,10 @@ class EdgeGINE(torch.nn.Module):
         return self.out(x)
 
 
-class PooledGINE(torch.nn.Module):
-    """A graph task's model (task=graph): GINE layers over a batch of whole graphs, each graph's nodes summed
+class PooledGINE(EdgeGINE):
+    """A graph task's model (task=graph): EdgeGINE's layers over a batch of whole graphs, each graph's nodes summed
     (global_add_pool over ``batch``), a linear head: one row per graph. hpcgnn embeds categorical node and edge
     features first (in_channels, edge_dim: model.hidden_channels then)."""
-
-    def __init__(self, in_channels: int, hidden_channels: int, out_channels: int, edge_dim: int, num_layers: int = 3):
-        super().__init__()
-        self.convs = torch.nn.ModuleList(
-            GINEConv(torch.nn.Sequential(torch.nn.Linear(in_channels if i == 0 else hidden_channels, hidden_channels),
-                                         torch.nn.ReLU(), torch.nn.Linear(hidden_channels, hidden_channels)),
-                     edge_dim=edge_dim) for i in range(num_layers))
-        self.out = torch.nn.Linear(hidden_channels, out_channels)
 
     def forward(self, x: torch.Tensor, edge_index: torch.Tensor, batch: torch.Tensor,
                 edge_attr: torch.Tensor) -> torch.Tensor:

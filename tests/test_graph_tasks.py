@@ -18,7 +18,7 @@ import torch
 from conftest import DATA_ROOT, make_config, predict_here, preempted_and_resumed, run_cli, train_here
 
 from hpcgnn.data import cache_folder, prepare
-from hpcgnn.data.graphs import batch_of, open_graphs
+from hpcgnn.data.graphs import open_graphs
 from hpcgnn.errors import ConfigError, DatasetError
 from hpcgnn.kernels import ops, twins
 
@@ -30,6 +30,20 @@ def small(*overrides: str) -> list[str]:
     """SMALL and ``overrides``, the synthetic set of 600 graphs unless they name a dataset or a size."""
     named = any(o.startswith(("dataset=", "dataset.num_graphs=")) for o in overrides)
     return [*SMALL, *([] if named else [GRAPHS]), *overrides]
+
+
+def batch_of(gs, ids: torch.Tensor):
+    """Graphs ``ids`` of ``gs`` collated by PyG (``Batch.from_data_list``): the reference a batch from offsets
+    equals."""
+    from torch_geometric.data import Batch, Data
+
+    graphs = []
+    for g in ids.tolist():
+        a, b = int(gs.node_ptr[g]), int(gs.node_ptr[g + 1])
+        c, d = int(gs.edge_ptr[g]), int(gs.edge_ptr[g + 1])
+        graphs.append(Data(x=gs.x[a:b], edge_index=gs.edges[c:d].long().t(),
+                           edge_attr=gs.edge_attr[c:d] if gs.edge_attr is not None else None, num_nodes=b - a))
+    return Batch.from_data_list(graphs)
 
 
 def graph_set(*overrides: str, root: Path = DATA_ROOT):

@@ -491,10 +491,9 @@ def pyg_graphs(cfg, tmp: Path, source: dict, allow_download: bool = False) -> No
 # ---------------------------------------------------------------------- OGB's graph property datasets
 
 
-OGB_GRAPHS = ("ogbg-molhiv", "ogbg-molpcba", "ogbg-ppa")
 _OGB_KINDS = {"binary classification": "multilabel", "multiclass classification": "classification",
               "regression": "regression"}
-_OGB_METRICS = {"rocauc": "rocauc", "ap": "ap", "acc": "acc", "mae": "mae", "rmse": "rmse"}
+_OGB_METRICS = ("rocauc", "ap", "acc", "mae", "rmse")  # OGB's eval metrics that are hpcgnn's metrics, by name
 
 
 def _csv_chunks(path: Path, dtype, rows: int = 1 << 20) -> Iterator[np.ndarray]:
@@ -507,11 +506,13 @@ def _csv_chunks(path: Path, dtype, rows: int = 1 << 20) -> Iterator[np.ndarray]:
 
 
 class _Rows:
-    """Rows of a chunked file taken a count at a time."""
+    """Rows of a chunked file taken a count at a time (its first block read at once: ``width``, its columns)."""
 
     def __init__(self, chunks: Iterator[np.ndarray] | None):
-        self.chunks, self.buf = chunks, []
-        self.have = 0
+        self.chunks, self.buf, self.have, self.width = chunks, [], 0, 0
+        if chunks is not None:
+            first = next(chunks)
+            self.buf, self.have, self.width = [first], first.shape[0], first.shape[1]
 
     def take(self, n: int) -> np.ndarray | None:
         if self.chunks is None:
@@ -550,8 +551,7 @@ def ogb_graphs(cfg, tmp: Path, source: dict, allow_download: bool = False) -> No
     x_rows = _Rows(_csv_chunks(raw / "node-feat.csv.gz", x_dtype) if has_x else None)
     e_rows = _Rows(_csv_chunks(raw / "edge.csv.gz", np.int64))
     a_rows = _Rows(_csv_chunks(raw / "edge-feat.csv.gz", e_dtype) if has_e else None)
-    x_width = next(_csv_chunks(raw / "node-feat.csv.gz", x_dtype, 1)).shape[1] if has_x else 1
-    e_width = next(_csv_chunks(raw / "edge-feat.csv.gz", e_dtype, 1)).shape[1] if has_e else 0
+    x_width, e_width = x_rows.width or 1, a_rows.width
     if not has_x:  # (ogbg-ppa: no node features; OGB's baseline embeds one code for every node)
         x_dtype, x_vocab = np.int16, (1,)
     writer = GraphWriter(tmp, x_dtype, x_width, e_dtype if e_width else None, e_width)
@@ -576,11 +576,10 @@ def ogb_graphs(cfg, tmp: Path, source: dict, allow_download: bool = False) -> No
     splits = {s: next(_csv_chunks(split / f"{f}.csv.gz", np.int64, 1 << 40)).reshape(-1)
               for s, f in zip(SPLITS, ("train", "valid", "test"), strict=True)}
     writer.close(y, splits, source, f"dataset={cfg.name}", x_vocab=x_vocab, edge_vocab=e_vocab, kind=kind,
-                 metric=_OGB_METRICS.get(meta["eval metric"]))
+                 metric=meta["eval metric"] if meta["eval metric"] in _OGB_METRICS else None)
 
 
 PCQM_URL = "https://dgl-data.s3-accelerate.amazonaws.com/dataset/OGB-LSC/pcqm4m-v2.zip"  # (ogb.lsc's)
-PCQM_SPLITS = {"train": "train", "val": "valid"}  # (its test-dev and test-challenge labels are hidden: no test split)
 SMILES_ROWS = 50_000  # molecules read at once
 
 
@@ -655,19 +654,3 @@ def _with_inverse(ei: np.ndarray, attr: np.ndarray | None, e: np.ndarray):
     out = np.repeat(ei, 2, axis=0)
     out[1::2] = ei[:, ::-1]
     return out, None if attr is None else np.repeat(attr, 2, axis=0), 2 * e
-
-
-def batch_of(gs: GraphSet, ids: Tensor) -> dict[str, Tensor]:
-    """Graphs ``ids`` of ``gs`` as one batch in PyG's form (the kernels' twin, for reference and tests): ``x``,
-    ``edge_index`` (each end shifted by its graph's offset in the batch), ``edge_attr``, ``batch`` and ``ptr``."""
-    from torch_geometric.data import Batch, Data
-
-    graphs = []
-    for g in ids.tolist():
-        a, b = int(gs.node_ptr[g]), int(gs.node_ptr[g + 1])
-        c, d = int(gs.edge_ptr[g]), int(gs.edge_ptr[g + 1])
-        graphs.append(Data(x=gs.x[a:b], edge_index=gs.edges[c:d].long().t(),
-                           edge_attr=gs.edge_attr[c:d] if gs.edge_attr is not None else None, num_nodes=b - a))
-    return Batch.from_data_list(graphs)
-
-

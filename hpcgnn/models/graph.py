@@ -70,6 +70,13 @@ def norm(width: int) -> nn.Module:
     return BatchNorm(width, allow_single_element=True)
 
 
+def graphs_in(batch: Tensor, num_graphs: int | None) -> int:
+    """A batch's graph count: as given, else one past the largest graph index of its nodes."""
+    if num_graphs is not None:
+        return num_graphs
+    return int(batch.max()) + 1 if batch.numel() else 0
+
+
 def pool(h: Tensor, batch: Tensor, num_graphs: int, how: str) -> Tensor:
     """Each graph's rows of ``h`` summed, averaged or maxed (``batch``: each row's graph)."""
     from torch_geometric.utils import scatter
@@ -113,10 +120,10 @@ class GraphModel(nn.Module):
         vn = None
         if self.virtual is not None:
             vn = self.virtual(torch.zeros(num_graphs, dtype=torch.long, device=h.device))
-        for i, (layer, norm) in enumerate(zip(self.layers, self.norms, strict=True)):
+        for i, (layer, bn) in enumerate(zip(self.layers, self.norms, strict=True)):
             if vn is not None:
                 h = h + vn.index_select(0, batch).to(h.dtype)
-            out = norm(layer(h, edge_index, edge_attr))
+            out = bn(layer(h, edge_index, edge_attr))
             if i + 1 < self.num_layers:
                 out = F.relu(out)
             out = F.dropout(out, self.dropout, self.training)
@@ -129,7 +136,7 @@ class GraphModel(nn.Module):
     def embed(self, x: Tensor, edge_index: Tensor, batch: Tensor, edge_attr: Tensor | None = None,
               num_graphs: int | None = None) -> Tensor:
         """Each graph's row: its nodes' embeddings read out."""
-        num_graphs = int(batch.max()) + 1 if num_graphs is None and batch.numel() else (num_graphs or 0)
+        num_graphs = graphs_in(batch, num_graphs)
         h = self.nodes(x, edge_index, batch, edge_attr, num_graphs)
         if self.gate is not None:
             return self.gate(h, batch, dim_size=num_graphs)
@@ -168,7 +175,7 @@ class CustomGraphModel(nn.Module):
             out = self.model(h, edge_index, batch, edge_attr=e)
         else:
             out = self.model(h, edge_index, batch)
-        graphs = num_graphs if num_graphs is not None else (int(batch.max()) + 1 if batch.numel() else 0)
+        graphs = graphs_in(batch, num_graphs)
         if not isinstance(out, Tensor) or tuple(out.shape) != (graphs, self.out_channels):
             from hpcgnn.errors import ConfigError
 
@@ -206,13 +213,19 @@ def probe_custom(run_cfg) -> None:
 
 def task_model(cfg, readout, shape, num_layers: int, relation=None) -> torch.nn.Module:
     """A graph task's model for a graph set of ``shape`` (its outputs: the target's): training's builder and a model
-    file's (``TaskSpec.model``; :func:`hpcgnn.models.saved.graph_model_kwargs`, what export writes, are these). A
-    model of the user's own (``model=custom``): :class:`CustomGraphModel`."""
+    file's (``TaskSpec.model``; :func:`arguments`, what export writes too). A model of the user's own
+    (``model=custom``): :class:`CustomGraphModel`."""
     if cfg.name == "custom":
         return CustomGraphModel(cfg, shape, num_layers)
-    return GraphModel(shape.num_features, cfg.hidden_channels, shape.num_classes, num_layers, dropout=cfg.dropout,
-                      readout=readout or "mean", x_vocab=tuple(shape.x_vocab), edge_dim=shape.edge_dim,
-                      edge_vocab=tuple(shape.edge_vocab), virtual_node=cfg.virtual_node)
+    return GraphModel(**arguments(cfg, readout, shape, num_layers))
+
+
+def arguments(cfg, readout, shape, num_layers: int) -> dict:
+    """What :class:`GraphModel` is built with for a graph set of ``shape`` (training's, a model file's, export's)."""
+    return {"in_channels": shape.num_features, "hidden": cfg.hidden_channels, "out_channels": shape.num_classes,
+            "num_layers": num_layers, "dropout": cfg.dropout, "readout": readout or "mean",
+            "x_vocab": tuple(shape.x_vocab), "edge_dim": shape.edge_dim, "edge_vocab": tuple(shape.edge_vocab),
+            "virtual_node": cfg.virtual_node}
 
 
 def graph_outputs(model: torch.nn.Module, batch, embeddings: bool = False) -> Tensor:

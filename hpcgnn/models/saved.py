@@ -179,20 +179,26 @@ def check_source(model: dict, trusted: bool, how: str, where: str) -> None:
 def rebuild(record: dict) -> torch.nn.Module:
     """The model a record describes, with its weights, in eval mode, on the CPU."""
     from hpcgnn.config import ModelConfig, frozen
-    from hpcgnn.data.graph import GraphShape
-    from hpcgnn.data.typed import TypedSchema
     from hpcgnn.specs import load
 
-    s = record["shape"]
-    schema = TypedSchema.from_meta(s["schema"]) if s["schema"] is not None else None
-    shape = GraphShape(s["num_features"], s["num_classes"], s["num_nodes"], schema, target_of(record),
-                       record.get("edge_dim", 0), record.get("pair_edge_dim", 0), tuple(record.get("x_vocab", ())),
-                       tuple(record.get("edge_vocab", ())))
+    shape = shape_of(record)
     build = load(tasks.SPECS[record["task"]].model)  # (the task's builder, training's too)
     model = build(frozen(ModelConfig, record["model"]), record["decoder"], shape, record["num_layers"],
                   record.get("relation"))
     model.load_state_dict(record["state_dict"])
     return model.eval()
+
+
+def shape_of(record: dict):
+    """The :class:`~hpcgnn.data.graph.GraphShape` a model file's model was built for."""
+    from hpcgnn.data.graph import GraphShape
+    from hpcgnn.data.typed import TypedSchema
+
+    s = record["shape"]
+    schema = TypedSchema.from_meta(s["schema"]) if s["schema"] is not None else None
+    return GraphShape(s["num_features"], s["num_classes"], s["num_nodes"], schema, target_of(record),
+                      record.get("edge_dim", 0), record.get("pair_edge_dim", 0), tuple(record.get("x_vocab", ())),
+                      tuple(record.get("edge_vocab", ())))
 
 
 def target_of(record: dict):
@@ -246,7 +252,10 @@ def plain(record: dict) -> dict:
         raise ModelFileError(f"a graph model of your own ({cfg._target_}) is wrapped by hpcgnn's embeddings of its "
                              "categorical features. HINT: hpcgnn.load_model(RUN_DIR) gives it, on the CPU")
     if record["task"] == "graph":  # (hpcgnn's GraphModel, a plain torch module: its readout and head kept)
-        return {"class": "hpcgnn.models.graph.GraphModel", "kwargs": graph_model_kwargs(cfg, record),
+        from hpcgnn.models.graph import arguments
+
+        kwargs = arguments(cfg, record["decoder"], shape_of(record), record["num_layers"])
+        return {"class": "hpcgnn.models.graph.GraphModel", "kwargs": kwargs,
                 "state_dict": record["state_dict"], "decoder": None,
                 "hpcgnn": {k: record.get(k) for k in ("task", "class", "which", "epoch", "step", "metrics", "run_id",
                                                       "dataset", "source")}}
@@ -278,15 +287,6 @@ def plain(record: dict) -> dict:
     return {"class": name, "kwargs": kwargs, "state_dict": weights, "decoder": record["decoder"] if link else None,
             "hpcgnn": {k: record.get(k) for k in ("task", "class", "which", "epoch", "step", "metrics", "run_id",
                                                   "dataset", "source")}}
-
-
-def graph_model_kwargs(cfg, record: dict) -> dict:
-    """The arguments :class:`hpcgnn.models.graph.GraphModel` was built with (a graph task's model file)."""
-    s = record["shape"]
-    return {"in_channels": s["num_features"], "hidden": cfg.hidden_channels, "out_channels": s["num_classes"],
-            "num_layers": record["num_layers"], "dropout": cfg.dropout, "readout": record["decoder"] or "mean",
-            "x_vocab": list(record.get("x_vocab", ())), "edge_dim": record.get("edge_dim", 0),
-            "edge_vocab": list(record.get("edge_vocab", ())), "virtual_node": cfg.virtual_node}
 
 
 def export(run_dir: str | Path, which: str = "best", out: str | Path | None = None, trusted: bool = False) -> Path:

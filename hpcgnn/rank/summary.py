@@ -34,23 +34,13 @@ def log_start(trainer) -> None:
     """What a run is about to do, in the log: the model, graph, sampler and steps; the batch, learning rate and
     precision (``trainer``: the :class:`~hpcgnn.rank.trainer.Trainer` at its start)."""
     t, env, store = trainer.cfg.train, trainer.env, trainer.store
-    if trainer.task.name == "graph":  # (whole graphs: nothing sampled)
-        k = trainer.cfg.task
-        log.info("training %s (graph task) on %d rank(s), whole graphs mapped once per node: %d steps/epoch of %s%d "
-                 "%s per rank, %d layers, %s readout", trainer.cfg.model.name, env.world_size, store.steps,
-                 "" if store.cost is None else "~", store.budget, store.items.batch_noun(), k.layers, k.readout)
-    else:
-        log.info("training %s (%s task) on %d rank(s), %s graph, %s sampler on the %s: %d steps/epoch of %s per "
-                 "rank, fanouts %s", trainer.cfg.model.name, trainer.task.name, env.world_size,
-                 trainer.cfg.graph.mode, t.sampler, store.graph_on, store.steps,
-                 f"~{t.edge_budget} sampled edges" if t.edge_budget else f"{t.batch_size} seeds", list(t.fanouts))
-    per, noun = t.batch_size, "seeds"
-    if trainer.task.name == "graph":  # (graphs, or a budget of nodes or edges)
-        per, noun = store.budget, store.items.batch_noun()
+    log.info("training %s (%s task) on %d rank(s), %s", trainer.cfg.model.name, trainer.task.name, env.world_size,
+             store.epoch_in_words())
+    about, per, noun = store.step_batch()
     log.info("global batch %s%d %s (%d ranks x %d micro-batches x %d), lr %.3g (train.lr %.3g, scaling %s, "
-             "warmup %d steps), %s, gradient all-reduce: %s", "~" if noun in ("nodes", "edges") else "",
-             env.world_size * t.accumulate * per, noun, env.world_size, t.accumulate, per, trainer.lr, t.lr,
-             t.lr_scaling, int(t.warmup * trainer.opt_steps * t.epochs), t.precision, t.grad_compression)
+             "warmup %d steps), %s, gradient all-reduce: %s", about, env.world_size * t.accumulate * per, noun,
+             env.world_size, t.accumulate, per, trainer.lr, t.lr, t.lr_scaling,
+             int(t.warmup * trainer.opt_steps * t.epochs), t.precision, t.grad_compression)
 
 
 def progress(trainer) -> dict:

@@ -210,10 +210,14 @@ class NodeSplitConfig(EdgeSplitConfig):
 
     def check(self, task: str, select: str) -> None:
         super().check(task, select)
-        if self.train_fraction <= 0 or self.val_fraction < 0 or self.train_fraction + self.val_fraction >= 1:
-            raise ConfigError(f"dataset.train_fraction={self.train_fraction} and dataset.val_fraction="
-                              f"{self.val_fraction} must be positive and sum to less than 1 (the rest is the test "
-                              "split)")
+        check_split_fractions(self.train_fraction, self.val_fraction)
+
+
+def check_split_fractions(train: float, val: float) -> None:
+    """``dataset.train_fraction`` and ``val_fraction`` (of nodes, or of graphs): the rest is the test split."""
+    if train <= 0 or val < 0 or train + val >= 1:
+        raise ConfigError(f"dataset.train_fraction={train} and dataset.val_fraction={val} must be positive and sum to "
+                          "less than 1 (the rest is the test split)")
 
 
 @dataclass(frozen=True)
@@ -348,10 +352,7 @@ class GraphSplitConfig(DatasetConfig):
 
     def check(self, task: str, select: str) -> None:
         super().check(task, select)
-        if self.train_fraction <= 0 or self.val_fraction < 0 or self.train_fraction + self.val_fraction >= 1:
-            raise ConfigError(f"dataset.train_fraction={self.train_fraction} and dataset.val_fraction="
-                              f"{self.val_fraction} must be positive and sum to less than 1 (the rest is the test "
-                              "split)")
+        check_split_fractions(self.train_fraction, self.val_fraction)
         if self.val_fraction == 0 and select == "val":
             raise ConfigError(empty_validation(f"dataset.val_fraction=0 leaves the validation split of dataset "
                                                f"{self.name} empty"))

@@ -119,6 +119,17 @@ class Store(abc.ABC):
         """What this rank's training batches are made of, for the producer that makes them."""
         return GraphSide(self.features, self.train_sampler, self.exchange, self.sampler_state())
 
+    def epoch_in_words(self) -> str:
+        """What an epoch's steps are, for the log's start: the graph, the sampler, the steps and their seeds."""
+        t = self.cfg.train
+        seeds = f"~{t.edge_budget} sampled edges" if t.edge_budget else f"{t.batch_size} seeds"
+        return (f"{self.cfg.graph.mode} graph, {t.sampler} sampler on the {self.graph_on}: {self.steps} steps/epoch of "
+                f"{seeds} per rank, fanouts {list(t.fanouts)}")
+
+    def step_batch(self) -> tuple[str, int, str]:
+        """A rank's batch in the log's words: ("~" where it is about that much, its size, what it counts)."""
+        return "", self.cfg.train.batch_size, "seeds"
+
     def sampler_state(self) -> SamplerState | None:
         """What a sampler server needs, besides the run's config and the graph it opens, to build this rank's
         training sampler as the rank did (its subclass's ``server_side`` builds it); None: servers cannot."""

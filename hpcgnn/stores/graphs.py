@@ -83,15 +83,19 @@ class GraphSetStore(Store):
         self.cost, self.budget = self.items.batching()
         if self.cost is None:
             self.steps = math.ceil(self.per_rank / self.budget)
-            how = f"{self.budget} graphs a batch"
         else:
             total = float(self.cost.index_select(0, ids).sum())
             self.steps = sub.batches_for_budget(total, env.world_size, self.budget, self.per_rank)
-            how = f"about {self.budget} {self.items.batch_noun()} a batch"
-        if env.is_main:
-            log.info("graphs: %s; %d/%d/%d train/val/test; %s: %d steps an epoch on each of %d rank(s); %s",
-                     describe(gs), gs.train_idx.numel(), gs.val_idx.numel(), gs.test_idx.numel(), how, self.steps,
-                     env.world_size, self.items.describe(self.shape))
+        if env.is_main:  # (its batches: epoch_in_words, in the trainer's start)
+            log.info("graphs: %s; %d/%d/%d train/val/test; %s", describe(gs), gs.train_idx.numel(),
+                     gs.val_idx.numel(), gs.test_idx.numel(), self.items.describe(self.shape))
+
+    def epoch_in_words(self) -> str:
+        about, per, noun = self.step_batch()
+        return f"whole graphs mapped once per node: {self.steps} steps/epoch of {about}{per} {noun} per rank"
+
+    def step_batch(self) -> tuple[str, int, str]:
+        return ("", self.budget, "graphs") if self.cost is None else ("~", self.budget, self.items.batch_noun())
 
     def sampler_state(self) -> SamplerState:
         """What a sampler server builds this rank's batch maker from: the graph set it opens, nothing more."""

@@ -36,7 +36,7 @@ class GraphTask(Task):
         super().__init__(cfg, env, store, device)
         take_target(self, self.target, cfg, store, device)
         if env.is_main:
-            log.info("%s", self.target.describe("graph task"))
+            log.info("%s; %d layers, %s readout", self.target.describe("graph task"), cfg.task.layers, cfg.task.readout)
 
     @property
     def eval_mode(self) -> str:

@@ -38,18 +38,24 @@ def _auc(pred: Tensor, true: Tensor) -> float:
     return float(((ranks * true).sum() - pos * (pos + 1) / 2) / (pos * neg))
 
 
-def rocauc(pred: Tensor, true: Tensor) -> float:
-    """Mean ROC-AUC over the labels with both a 0 and a 1 among their known entries, each over its known
-    entries (``true`` NaN: unknown), as ``ogb.nodeproppred.Evaluator`` computes it for ogbn-proteins; NaN when no
-    label has both."""
+def _per_label(pred: Tensor, true: Tensor, score) -> float:
+    """``score(pred, true)`` of each label with both a 0 and a 1 among its known entries, over those entries
+    (``true`` NaN: unknown), averaged (OGB's rule); NaN when no label has both."""
     scores = []
     for c in range(true.size(1)):
         t, p = true[:, c], pred[:, c]
         known = ~torch.isnan(t)
         t, p = t[known], p[known]
         if (t == 1).any() and (t == 0).any():
-            scores.append(_auc(p, t))
+            scores.append(score(p, t))
     return sum(scores) / len(scores) if scores else math.nan
+
+
+def rocauc(pred: Tensor, true: Tensor) -> float:
+    """Mean ROC-AUC over the labels with both a 0 and a 1 among their known entries, each over its known
+    entries (``true`` NaN: unknown), as ``ogb.nodeproppred.Evaluator`` computes it for ogbn-proteins; NaN when no
+    label has both."""
+    return _per_label(pred, true, _auc)
 
 
 def _ap(pred: Tensor, true: Tensor) -> float:
@@ -69,14 +75,7 @@ def _ap(pred: Tensor, true: Tensor) -> float:
 def average_precision(pred: Tensor, true: Tensor) -> float:
     """Mean average precision over the labels with both a 0 and a 1 among their known entries (NaN: unknown), as
     ``ogb.graphproppred.Evaluator`` computes it for ogbg-molpcba; NaN when no label has both."""
-    scores = []
-    for c in range(true.size(1)):
-        t, p = true[:, c], pred[:, c]
-        known = ~torch.isnan(t)
-        t, p = t[known], p[known]
-        if (t == 1).any() and (t == 0).any():
-            scores.append(_ap(p, t))
-    return sum(scores) / len(scores) if scores else math.nan
+    return _per_label(pred, true, _ap)
 
 
 def micro_f1(pred: Tensor, true: Tensor) -> float:
