@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import gzip
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -320,6 +321,7 @@ def test_pcqm4mv2_is_read_from_its_smiles_as_ogbs_smiles2graph_reads_them(tmp_pa
     torch.save({"train": np.arange(7), "valid": np.arange(7, 10), "test-dev": np.array([10]),
                 "test-challenge": np.array([11])}, folder / "split_dict.pt")
     monkeypatch.setattr(graphs, "SMILES_ROWS", 5)  # (three blocks)
+    monkeypatch.setattr(graphs, "SMILES_READERS", 1)  # (read here: test_pcqm4mv2_readers reads them in a pool)
     cfg, gs = graph_set("dataset=pcqm4mv2", root=tmp_path)
     for g, smiles in enumerate(SMILES):
         theirs = smiles2graph(smiles)
@@ -340,6 +342,30 @@ def test_pcqm4mv2_is_read_from_its_smiles_as_ogbs_smiles2graph_reads_them(tmp_pa
     ours = Regression(Target("regression", 1, loss="mse", mean=(0.0,), std=(1.0,)), torch.device("cpu")).metrics(
         torch.from_numpy(pred).view(-1, 1), torch.from_numpy(true).view(-1, 1))["mae"]
     assert abs(ours - PCQM4Mv2Evaluator().eval({"y_pred": pred, "y_true": true})["mae"]) < 1e-6
+
+
+@pytest.mark.slow
+def test_pcqm4mv2_readers_read_its_blocks_in_a_pool_in_order_a_bounded_number_ahead():
+    """PCQM4Mv2's SMILES blocks read by two reader processes give the chunks one reader gives, in the file's order,
+    and the pool takes at most two blocks a reader ahead of the writer (memory stays bounded)."""
+    from hpcgnn.data.graphs import _read_smiles
+
+    blocks = [SMILES[i:i + 3] for i in range(0, len(SMILES), 3)] * 3
+    taken = []
+
+    def counted():
+        for b in blocks:
+            taken.append(1)
+            yield b
+
+    here = list(_read_smiles(iter(blocks), 1))
+    pooled = _read_smiles(counted(), 2)
+    first = next(pooled)
+    assert len(taken) <= 2 * 2 + 1  # (the writer holds one; four in the pool)
+    pooled = [first, *pooled]
+    assert len(pooled) == len(here) == len(blocks)
+    for a, b in zip(here, pooled, strict=True):
+        assert all(np.array_equal(getattr(a, f.name), getattr(b, f.name)) for f in dataclasses.fields(a))
 
 
 def make_items(cfg, gs, world: int = 1, rank: int = 0):
@@ -505,6 +531,8 @@ def test_a_graph_task_trains_on_two_ranks_and_predicts_the_same_floats_on_one_or
     assert res.returncode == 0, res.stdout + res.stderr
     summary = json.loads((tmp_path / "a" / "run" / "summary.json").read_text())
     assert summary["metric"] == "val_acc" and summary["test_acc"] > 0.7 and summary["world_size"] == 2
+    assert summary["seeds_unit"] == "graphs" and re.search(r"epoch 3/3 \| .* \| \d+ graphs/s", res.stderr + res.stdout)
+    assert re.search(r"2 ranks on \S+, \d+ graphs/s", res.stdout)
     run = tmp_path / "a" / "run"
     outs = []
     for procs in (1, 2):
