@@ -119,6 +119,7 @@ def run_summary(self) -> dict:
         "model_class": saved.class_name(self.model),  # (a link model's: its encoder's)
         "model_source": saved.model_source(cfg.model),  # a model of the user's own: class, file, file's hash
         "seeds_per_s": s.seeds_done / s.train_time_s if s.train_time_s > 0 else 0.0,
+        "seeds_unit": self.store.seeds_unit,  # what seeds_per_s counts: seeds (nodes, edges), or graphs
         "train_time_s": s.train_time_s,
         "wall_time_s": time.perf_counter() - self.t_start,
         "resumes": s.resumes,  # times this run continued from a checkpoint

@@ -405,8 +405,8 @@ class Trainer:
                             if k in (f"val_{self.task.metric}", f"test_{self.task.metric}"))
             train = "".join(f" | train {k.removeprefix('train_')} {v:.4f}" for k, v in row.items()
                             if k.startswith("train_"))
-            log.info("epoch %d/%d | loss %.4f%s%s | %.0f seeds/s", epoch, self.cfg.train.epochs, row["loss"], train,
-                     evals, row["seeds_per_s"])
+            log.info("epoch %d/%d | loss %.4f%s%s | %.0f %s/s", epoch, self.cfg.train.epochs, row["loss"], train,
+                     evals, row["seeds_per_s"], self.store.seeds_unit)
 
     def better(self, value: float, best: float) -> bool:
         """``value`` of the selecting metric beats ``best`` (lower for RMSE; NaN never beats a number)."""

@@ -81,6 +81,7 @@ class Store(abc.ABC):
 
     steps: int
     shape: GraphShape
+    seeds_unit = "seeds"  # what a step's items are, as the throughput's word (seeds/s; a graph set's: graphs/s)
     features: object  # what batches' rows are gathered from (the graph, its copy on the GPU, the parts and cache)
     sampler: object  # evaluation's sampler (and training's, unless train_sampler differs)
     train_sampler: object

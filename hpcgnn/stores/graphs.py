@@ -63,6 +63,7 @@ class GraphSetStore(Store):
     """Every rank maps the whole graph set; its training graphs are dealt to the ranks each epoch (see the module)."""
 
     exchange = None
+    seeds_unit = "graphs"
 
     def __init__(self, cfg: RunConfig, env: RankEnv, device: torch.device | None = None, items=None):
         from hpcgnn.data import cache_folder, prepare

@@ -48,8 +48,8 @@ def print_result(summary: dict) -> None:
         print(f"{result_words(summary)}, {ranks}, {summary['wall_time_s']:.1f} s", flush=True)
         print(f"outputs: {summary['run_dir']} (manifest.json)", flush=True)
         return
-    print(f"{result_words(summary)}, {ranks}, {summary['seeds_per_s']:.0f} seeds/s, {summary['wall_time_s']:.1f} s",
-          flush=True)
+    print(f"{result_words(summary)}, {ranks}, {summary['seeds_per_s']:.0f} {summary.get('seeds_unit', 'seeds')}/s, "
+          f"{summary['wall_time_s']:.1f} s", flush=True)
     if summary.get("nonfinite_skipped"):
         print(f"hpcgnn: WARNING: {summary['nonfinite_skipped']} optimizer step(s) were skipped for NaN/inf gradients "
               "(train.nonfinite=skip)", flush=True)
