@@ -67,7 +67,7 @@ def cache_folder(cfg: DatasetConfig) -> Path:
     """``<root>/prepared/<name>-<key>``: the key covers every setting that changes the graph."""
     spec = datasets.spec(cfg.name)
     fields = {k: getattr(cfg, k) for k in spec.key}
-    if cfg.name in ("files", "graph_files"):
+    if spec.user_folder:
         folder = files_folder(cfg)
         fields["path"] = str(folder)
         # Replaced files must not be served from an old cache.
@@ -115,21 +115,21 @@ def check_root(cfg: DatasetConfig) -> None:
     processed files); ``prepared/`` and this dataset's prepared graph with its edge targets and partitions (a graph
     or labels replaced by another user would be trained on); a files dataset's folder. Unless
     ``dataset.trust_root``: a root your lab controls, trusted as a whole (:func:`hpcgnn.paths.trust_root`)."""
-    root = Path(cfg.root).expanduser()
-    pyg_root = dict(cfg.kwargs or {}).get("root") if cfg.name in ("pyg", "pyg_hetero", "pyg_graphs") else None
+    root, spec = Path(cfg.root).expanduser(), datasets.spec(cfg.name)
+    pyg_root = dict(cfg.kwargs or {}).get("root") if spec.needs_target else None  # (PyG's datasets)
     if cfg.trust_root:
-        for trusted in (root, cfg.path if cfg.name in ("files", "graph_files") else None, pyg_root):
+        for trusted in (root, cfg.path if spec.user_folder else None, pyg_root):
             if trusted:
                 paths.trust_root(trusted)
         return
     hint = ("use a data root only you can write (dataset.root=...), or dataset.trust_root=true for a root your lab "
             "controls")
-    folder = cache_folder(cfg) if cfg.name not in ("files", "graph_files") or cfg.path else None
+    folder = cache_folder(cfg) if not spec.user_folder or cfg.path else None
     mine = [str(Path(os.path.relpath(folder, root)))] if folder is not None else []
     paths.check_tree(root, "the data root", hint, only=("pyg", "ogb", *mine))
     if pyg_root:  # (PyG unpickles what it finds there)
         paths.check_tree(pyg_root, "the PyG dataset's root (dataset.kwargs.root)", hint)
-    if cfg.name in ("files", "graph_files") and cfg.path:
+    if spec.user_folder and cfg.path:
         paths.check_tree(files_folder(cfg), "the dataset's folder (dataset.path)",
                          "keep your graph's files in a folder only you can write, or dataset.trust_root=true for "
                          "one your lab controls")
@@ -431,9 +431,10 @@ def edge_width(cfg: DatasetConfig) -> int | None:
 def check_available(cfg: DatasetConfig) -> None:
     """Before submitting: fail now, not on a compute node, when the data cannot be there."""
     check_root(cfg)
-    if cfg.name in ("files", "graph_files"):
+    spec = datasets.spec(cfg.name)
+    if spec.user_folder:
         files_folder(cfg)
-    elif cfg.name in ("pyg", "pyg_hetero", "pyg_graphs"):
+    elif spec.needs_target:
         target_object(cfg)  # (importable here; a dataset that downloads does so when prepared)
     elif cfg.name in ON_DISK and not cache.is_complete(cache_folder(cfg)) and not has_raw(cfg):
         raise DatasetMissing(f"{cfg.name} is not under {Path(cfg.root).expanduser()}: jobs do not download. "

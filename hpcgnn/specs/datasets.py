@@ -50,6 +50,11 @@ class DatasetSpec:
     # allow_download) into a prepared graph set (hpcgnn.data.graphs; None: it is one graph)
 
     @property
+    def user_folder(self) -> bool:
+        """Read from a folder of the user's files (``dataset.path``: ``files``, ``graph_files``)."""
+        return "path" in self.key
+
+    @property
     def typed(self) -> bool:
         """Whether it can be a typed graph (``files``: when its folder is laid out by type)."""
         return self.typed_graph is not None
