@@ -350,7 +350,7 @@ def test_pcqm4mv2_readers_read_its_blocks_in_a_pool_in_order_a_bounded_number_ah
     and the pool takes at most two blocks a reader ahead of the writer (memory stays bounded)."""
     from hpcgnn.data.graphs import _read_smiles
 
-    blocks = [SMILES[i:i + 3] for i in range(0, len(SMILES), 3)] * 3
+    blocks = [(SMILES[i:i + 3], i, "data.csv.gz") for i in range(0, len(SMILES), 3)] * 3
     taken = []
 
     def counted():
@@ -366,6 +366,9 @@ def test_pcqm4mv2_readers_read_its_blocks_in_a_pool_in_order_a_bounded_number_ah
     assert len(pooled) == len(here) == len(blocks)
     for a, b in zip(here, pooled, strict=True):
         assert all(np.array_equal(getattr(a, f.name), getattr(b, f.name)) for f in dataclasses.fields(a))
+    bad = iter([(SMILES[:3], 0, "data.csv.gz"), (["CCO", "C1CC"], 3, "data.csv.gz"), (SMILES[:3], 5, "data.csv.gz")])
+    with pytest.raises(DatasetError, match=r"data.csv.gz: row 4 holds SMILES 'C1CC', which RDKit cannot read"):
+        list(_read_smiles(bad, 2))  # (a reader's refusal, raised in the writer's process)
 
 
 def make_items(cfg, gs, world: int = 1, rank: int = 0):

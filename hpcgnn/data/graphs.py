@@ -623,9 +623,11 @@ def pcqm4mv2(cfg, tmp: Path, source: dict, allow_download: bool = False) -> None
     labels = []
 
     def smiles():
+        first = 0
         for block in pd.read_csv(raw, chunksize=SMILES_ROWS):
             labels.append(block["homolumogap"].values.astype(np.float32))
-            yield list(block["smiles"].values)
+            yield list(block["smiles"].values), first, str(raw)
+            first += len(block)
 
     readers = min(SMILES_READERS, len(os.sched_getaffinity(0)))
     for chunk in _read_smiles(smiles(), readers):
@@ -636,25 +638,35 @@ def pcqm4mv2(cfg, tmp: Path, source: dict, allow_download: bool = False) -> None
                  edge_vocab=tuple(get_bond_feature_dims()), kind="regression", metric="mae")
 
 
-def smiles_chunk(smiles: list[str]) -> Chunk:
-    """A block of molecules' SMILES as a chunk of graphs, each by OGB's ``smiles2graph`` (a reader process's work)."""
+def smiles_chunk(smiles: list[str], first: int = 0, where: str = "") -> Chunk:
+    """A block of molecules' SMILES (``first``: the first one's row in ``where``) as a chunk of graphs, each by OGB's
+    ``smiles2graph`` (a reader process's work); a SMILES RDKit cannot read is refused naming its row."""
     from ogb.utils import smiles2graph
+    from rdkit import Chem
 
-    graphs = [smiles2graph(s) for s in smiles]
+    graphs = []
+    for i, s in enumerate(smiles):
+        if Chem.MolFromSmiles(s) is None:
+            raise DatasetError(f"{where}: row {first + i} holds SMILES {s!r}, which RDKit cannot read (its message is "
+                               "above). HINT: mend or drop that molecule, or read it with the RDKit the file was "
+                               "made with")
+        graphs.append(smiles2graph(s))
     return Chunk(np.concatenate([g["node_feat"] for g in graphs]).astype(np.int16),
                  np.concatenate([g["edge_index"].T for g in graphs]).astype(np.int32),
                  np.concatenate([g["edge_feat"] for g in graphs]).astype(np.int16),
                  np.array([g["num_nodes"] for g in graphs]), np.array([g["edge_index"].shape[1] for g in graphs]))
 
 
-def _read_smiles(blocks: Iterator[list[str]], readers: int) -> Iterator[Chunk]:
-    """``blocks`` of SMILES read into chunks in their order: here (one reader, or a file of one block), or by
+def _read_smiles(blocks: Iterator[tuple], readers: int) -> Iterator[Chunk]:
+    """``blocks`` of SMILES (:func:`smiles_chunk`'s arguments) read into chunks in their order: here (one reader, or a file of one block), or by
     ``readers`` processes, at most two blocks a reader ahead of the writer (memory stays bounded)."""
     first = next(blocks, None)
     second = next(blocks, None) if first is not None else None
     if second is None or readers < 2:
-        yield from map(smiles_chunk, (b for b in (first, second) if b is not None))
-        yield from map(smiles_chunk, blocks)
+        for block in (b for b in (first, second) if b is not None):
+            yield smiles_chunk(*block)
+        for block in blocks:
+            yield smiles_chunk(*block)
         return
     from collections import deque
     from concurrent.futures import ProcessPoolExecutor
@@ -662,11 +674,11 @@ def _read_smiles(blocks: Iterator[list[str]], readers: int) -> Iterator[Chunk]:
     from hpcgnn.process import start_context
 
     with ProcessPoolExecutor(readers, mp_context=start_context()) as pool:
-        pending = deque(pool.submit(smiles_chunk, b) for b in (first, second))
+        pending = deque(pool.submit(smiles_chunk, *b) for b in (first, second))
         for block in blocks:
             if len(pending) >= 2 * readers:
                 yield pending.popleft().result()
-            pending.append(pool.submit(smiles_chunk, block))
+            pending.append(pool.submit(smiles_chunk, *block))
         while pending:
             yield pending.popleft().result()
 
