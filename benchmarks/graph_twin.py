@@ -9,11 +9,12 @@ The data, either
   hpcgnn: ``dataset=ogbg-molhiv``; the twin reads the same files with ``ogb.io.read_graph_pyg``; OGB's split, its
   metric by OGB's ``Evaluator`` (ROC-AUC for molhiv), its categorical columns embedded on both sides.
 
-hpcgnn: ``python -m hpcgnn task=graph`` on 2 local ranks, ``--batch`` graphs per rank, each ``train.seed`` a run. The
-twin: one process, PyG's ``DataLoader`` (batches of 2 x ``--batch``, the same global batch), hpcgnn's split (read
-from its prepared graph set), the same model (``hpcgnn.models.graph.GraphModel``: GIN, or GINE where the edges have
-features, ``--layers``, ``--hidden``, mean readout), Adam at the same rate, the same epochs; both report the test
-metric at the epoch of the best validation metric. The line prints each side's mean and standard deviation over
+hpcgnn: ``python -m hpcgnn task=graph`` on ``--ranks`` local ranks (2), ``--batch`` graphs per rank, each
+``train.seed`` a run. The twin: one process, PyG's ``DataLoader`` of ``--batch`` graphs, a step every ``--ranks``
+batches with their losses averaged (what DDP computes: the same global batch, batch norm over each rank's graphs),
+hpcgnn's split (read from its prepared graph set), the same model (``hpcgnn.models.graph.GraphModel``: GIN, or GINE
+where the edges have features, ``--layers``, ``--hidden``, mean readout), Adam at the same rate, the same epochs;
+both report the test metric at the epoch of the best validation metric. The line prints each side's mean and standard deviation over
 ``--seeds``.
 
     python benchmarks/graph_twin.py --name PROTEINS --root /data/tu [--epochs 30] [--seeds 5]
@@ -49,7 +50,7 @@ def dataset_args(args) -> list[str]:
 def hpcgnn_run(args, seed: int, run: Path) -> float:
     cmd = [sys.executable, "-m", "hpcgnn", "task=graph", *dataset_args(args), f"model.hidden_channels={args.hidden}", f"task.layers={args.layers}",
            f"model.dropout={args.dropout}", f"train.batch_size={args.batch}", f"train.epochs={args.epochs}",
-           f"train.lr={args.lr}", f"train.seed={seed}", "train.precision=fp32", "launch.procs=2",
+           f"train.lr={args.lr}", f"train.seed={seed}", "train.precision=fp32", f"launch.procs={args.ranks}",
            "metrics.tensorboard=false", f"hydra.run.dir={run}"]
     res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode:
@@ -115,7 +116,7 @@ def twin_run(args, seed: int, gs, twin) -> float:
                        edge_dim=gs.edge_dim, edge_vocab=gs.edge_vocab)
     opt = torch.optim.Adam(model.parameters(), lr=args.lr)
     subset = (lambda ids: [data[int(i)] for i in ids]) if is_ogb(args) else (lambda ids: data[ids])
-    train = DataLoader(subset(split["train"]), batch_size=2 * args.batch, shuffle=True)
+    train = DataLoader(subset(split["train"]), batch_size=args.batch, shuffle=True)
 
     def forward(b):
         return model(b.x, b.edge_index, b.batch, getattr(b, "edge_attr", None) if gs.edge_dim else None, b.num_graphs)
@@ -132,11 +133,11 @@ def twin_run(args, seed: int, gs, twin) -> float:
     best_val, test = -1.0, 0.0
     for _ in range(args.epochs):
         model.train()
-        for b in train:
-            loss = loss_of(args, forward(b), b.y)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
+        for i, b in enumerate(train):  # (a step every --ranks batches: DDP's ranks, one after another)
+            (loss_of(args, forward(b), b.y) / args.ranks).backward()
+            if (i + 1) % args.ranks == 0 or i + 1 == len(train):
+                opt.step()
+                opt.zero_grad()
         val = metric(split["val"])
         if val > best_val:
             best_val, test = val, metric(split["test"])
@@ -149,7 +150,8 @@ def main() -> None:
     ap.add_argument("--root", required=True)
     ap.add_argument("--epochs", type=int, default=30)
     ap.add_argument("--seeds", type=int, default=5)
-    ap.add_argument("--batch", type=int, default=32, help="graphs per rank (the twin: twice this)")
+    ap.add_argument("--batch", type=int, default=32, help="graphs per rank per step")
+    ap.add_argument("--ranks", type=int, default=2, help="hpcgnn's ranks; the twin's batches a step")
     ap.add_argument("--hidden", type=int, default=128)
     ap.add_argument("--layers", type=int, default=5)
     ap.add_argument("--dropout", type=float, default=0.2)
@@ -170,7 +172,7 @@ def main() -> None:
         from hpcgnn.data.ogb import ogb_meta
 
         what = ogb_meta(args.name)["eval metric"]
-    print(f"{args.name} ({args.epochs} epochs, GIN {args.layers}x{args.hidden}, {args.seeds} seeds): test {what} "
+    print(f"{args.name} ({args.epochs} epochs, GIN {args.layers}x{args.hidden}, {args.ranks} x {args.batch} graphs a step, {args.seeds} seeds): test {what} "
           f"hpcgnn {m:.4f} +- {s:.4f} | PyG twin {tm:.4f} +- {ts:.4f} | {abs(m - tm) / ts:.2f} of the twin's sd apart")
 
 

@@ -5,11 +5,14 @@ atom and three bond columns). The model, on both sides: the same GIN (``hpcgnn.m
 baseline, ``--layers`` 5, ``--hidden`` 300, mean readout, bond embeddings per layer), Adam at 1e-3, the same epochs,
 ``--batch`` graphs per rank per step. What differs is the data path:
 
-- hpcgnn: ``python -m hpcgnn task=graph`` (2 local ranks, gloo): the graph set mapped once per node, an epoch dealt
+- hpcgnn: ``python -m hpcgnn task=graph`` (``--ranks`` local ranks, 2): the graph set mapped once per node, an epoch dealt
   in equal steps, each batch assembled from offsets in C by the rank's prefetch thread;
 - PyG: the same graphs as an ``InMemoryDataset`` (int64 features, as OGB's PyG datasets hold them), which each rank
-  loads whole, a ``DistributedSampler``, PyG's ``DataLoader`` (``num_workers`` 0 and each of ``--workers``), DDP over
-  gloo; every validation graph scored (by both ranks, each its share, the counts summed).
+  loads whole, a ``DistributedSampler``, PyG's ``DataLoader`` (``num_workers`` 0 and each of ``--workers``), DDP; every
+  validation graph scored (by every rank, each its share, the counts summed).
+
+Both sides run where ``--device`` says: on the CPU (gloo, a thread a rank), or a GPU a rank (PyG's side: NCCL, pinned
+batches copied without blocking, as its multi-GPU examples; ``auto``: GPUs where there are ``--ranks`` of them).
 
 Each side reports training graphs per second (the epochs' graphs over their time, without evaluation), the
 validation accuracy after the last epoch, and each rank's peak resident memory (``ru_maxrss``: mapped pages a rank
@@ -18,6 +21,7 @@ their rank's). The line prints medians of ``--repeat`` runs of each side, interl
 
     python benchmarks/graphs.py                                     # the issue's set-up: 1M graphs, GIN 5 x 300
     python benchmarks/graphs.py --graphs 100000 --hidden 64 --epochs 1 --repeat 3   # a CPU machine's scale
+    python benchmarks/graphs.py --graphs 200000 --ranks 1 --repeat 1 --workers 4    # one GPU, a short check
 
 A second line times the data path alone (no model): batches of ``--batch`` graphs made per second from the same
 shuffled ids, by hpcgnn's assembly and by PyG's collation (``DataLoader``, no workers), in one process.
@@ -106,7 +110,8 @@ def peak_mb() -> float:
 
 
 def pyg_rank(rank: int, args, meta: dict, workers: int, out: str) -> None:
-    """One rank of PyG's side: DDP over gloo, DistributedSampler, PyG's DataLoader."""
+    """One rank of PyG's side: DDP (gloo on the CPU; on GPUs NCCL, a GPU a rank, as PyG's multi-GPU examples),
+    DistributedSampler, PyG's DataLoader (pinned batches on GPUs, copied to the rank's GPU without blocking)."""
     import torch.distributed as dist
     import torch.nn.functional as F
     from torch.nn.parallel import DistributedDataParallel
@@ -115,14 +120,18 @@ def pyg_rank(rank: int, args, meta: dict, workers: int, out: str) -> None:
 
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(args.port))
-    dist.init_process_group("gloo", rank=rank, world_size=2)
+    cuda = args.device == "cuda"
+    dev = torch.device("cuda", rank) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(dev)
+    dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=args.ranks)
     data = Graphs.of(Path(meta["file"]))
     train, val = torch.tensor(meta["train"]), torch.tensor(meta["val"])
     sampler = DistributedSampler(train, num_replicas=2, rank=rank, shuffle=True, seed=0)
     loader = DataLoader(data[train], batch_size=args.batch, sampler=sampler, num_workers=workers,
-                        persistent_workers=workers > 0)
+                        persistent_workers=workers > 0, pin_memory=cuda)
     torch.manual_seed(0)
-    model = DistributedDataParallel(model_of(args, meta))
+    model = DistributedDataParallel(model_of(args, meta).to(dev), device_ids=[rank] if cuda else None)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     train_s, graphs = 0.0, 0
     for epoch in range(args.epochs):
@@ -130,24 +139,30 @@ def pyg_rank(rank: int, args, meta: dict, workers: int, out: str) -> None:
         model.train()
         t0 = time.perf_counter()
         for b in loader:
+            b = b.to(dev, non_blocking=True)
             loss = F.cross_entropy(model(b.x, b.edge_index, b.batch, b.edge_attr, b.num_graphs), b.y)
             opt.zero_grad()
             loss.backward()
             opt.step()
             graphs += b.num_graphs
+        if cuda:
+            torch.cuda.synchronize(dev)
         train_s += time.perf_counter() - t0
     model.eval()
     right = torch.zeros(2, dtype=torch.float64)
     with torch.no_grad():
-        for b in DataLoader(data[val[rank::2]], batch_size=512):
+        for b in DataLoader(data[val[rank::args.ranks]], batch_size=512):
+            b = b.to(dev)
             right += torch.tensor([float((model.module(b.x, b.edge_index, b.batch, b.edge_attr, b.num_graphs)
                                          .argmax(-1) == b.y).sum()), float(b.num_graphs)], dtype=torch.float64)
+    right = right.to(dev)
     dist.all_reduce(right)
-    total = torch.tensor([float(graphs), train_s])
+    total = torch.tensor([float(graphs), train_s], dtype=torch.float64, device=dev)
     dist.all_reduce(total)
     del loader  # (its workers end: their peaks are counted as this rank's children's)
     Path(out, f"rank{rank}.json").write_text(json.dumps({
-        "graphs_per_s": float(total[0]) / (float(total[1]) / 2), "val_acc": float(right[0] / right[1]),
+        "graphs_per_s": float(total[0]) / (float(total[1]) / args.ranks), "val_acc": float(right[0] / right[1]),
+        "gpu_peak_mb": torch.cuda.max_memory_allocated(dev) / 2**20 if cuda else 0.0,
         "peak_mb": peak_mb()}))
     dist.destroy_process_group()
 
@@ -157,8 +172,8 @@ def pyg_side(args, meta: dict, workers: int) -> dict:
 
     with tempfile.TemporaryDirectory() as out:
         args.port += 1
-        mp.spawn(pyg_rank, args=(args, meta, workers, out), nprocs=2, join=True)
-        ranks = [json.loads(Path(out, f"rank{r}.json").read_text()) for r in range(2)]
+        mp.spawn(pyg_rank, args=(args, meta, workers, out), nprocs=args.ranks, join=True)
+        ranks = [json.loads(Path(out, f"rank{r}.json").read_text()) for r in range(args.ranks)]
     return {"graphs_per_s": ranks[0]["graphs_per_s"], "val_acc": ranks[0]["val_acc"],
             "peak_mb": max(r["peak_mb"] for r in ranks)}
 
@@ -168,7 +183,8 @@ def hpcgnn_side(args, run: Path) -> dict:
     cmd = [sys.executable, "-m", "hpcgnn", "task=graph", f"dataset.num_graphs={args.graphs}",
            f"dataset.root={args.root}", f"model.hidden_channels={args.hidden}", f"task.layers={args.layers}",
            "model.dropout=0.5", f"train.batch_size={args.batch}", f"train.epochs={args.epochs}", "train.lr=1e-3",
-           f"train.precision={args.precision}", "train.eval_batch_size=512", "launch.procs=2", "metrics.tensorboard=false",
+           f"train.precision={args.precision}", "train.eval_batch_size=512", f"launch.procs={args.ranks}", "metrics.tensorboard=false",
+           f"train.device={args.device}",
            "checkpoint.every_minutes=0", f"hydra.run.dir={run}"]
     res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode:
@@ -211,7 +227,12 @@ def main() -> None:
     ap.add_argument("--port", type=int, default=29700)
     ap.add_argument("--precision", default="fp32", help="hpcgnn's train.precision (PyG's side runs fp32, as its "
                     "examples do): fp32 compares the data paths alone")
+    ap.add_argument("--ranks", type=int, default=2, help="ranks a side (on GPUs: a GPU each)")
+    ap.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
+                    help="both sides: a GPU a rank where CUDA is (auto), or the CPU")
     args = ap.parse_args()
+    if args.device == "auto":
+        args.device = "cuda" if torch.cuda.device_count() >= args.ranks else "cpu"
     torch.set_num_threads(1)
     cfg, gs = prepared(args)
     meta = {"file": str(pyg_file(args, gs)), "train": gs.train_idx.tolist(), "val": gs.val_idx.tolist(),
@@ -232,7 +253,7 @@ def main() -> None:
     best = max((k for k in med if k.startswith("pyg")), key=lambda k: med[k]["graphs_per_s"])
     h, p0, pb = med["hpcgnn"], med["pyg-w0"], med[best]
     print(f"graphs ({args.graphs} graphs, GIN {args.layers}x{args.hidden}, {args.batch} a rank, {args.epochs} "
-          f"epoch(s), 2 ranks, medians of {args.repeat}): hpcgnn {h['graphs_per_s']:.0f} graphs/s, val acc "
+          f"epoch(s), {args.ranks} rank(s) on {args.device}, medians of {args.repeat}): hpcgnn {h['graphs_per_s']:.0f} graphs/s, val acc "
           f"{h['val_acc']:.4f}, peak {h['peak_mb']:.0f} MB a rank | PyG workers=0 {p0['graphs_per_s']:.0f} graphs/s, "
           f"val {p0['val_acc']:.4f}, peak {p0['peak_mb']:.0f} MB | PyG best ({best}) {pb['graphs_per_s']:.0f} graphs/s, "
           f"val {pb['val_acc']:.4f}, peak {pb['peak_mb']:.0f} MB | speed {h['graphs_per_s'] / p0['graphs_per_s']:.2f}x "
