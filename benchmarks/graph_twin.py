@@ -150,6 +150,7 @@ def main() -> None:
     ap.add_argument("--root", required=True)
     ap.add_argument("--epochs", type=int, default=30)
     ap.add_argument("--seeds", type=int, default=5)
+    ap.add_argument("--first-seed", type=int, default=0, help="the seeds run: --first-seed onwards")
     ap.add_argument("--batch", type=int, default=32, help="graphs per rank per step")
     ap.add_argument("--ranks", type=int, default=2, help="hpcgnn's ranks; the twin's batches a step")
     ap.add_argument("--hidden", type=int, default=128)
@@ -159,7 +160,7 @@ def main() -> None:
     args = ap.parse_args()
     ours, theirs, twin = [], [], None
     with tempfile.TemporaryDirectory() as tmp:
-        for seed in range(args.seeds):
+        for seed in range(args.first_seed, args.first_seed + args.seeds):
             ours.append(hpcgnn_run(args, seed, Path(tmp) / f"run{seed}"))
             gs = graph_set(args)
             twin = twin or twin_data(args, gs)
