@@ -23,6 +23,9 @@ both report the test metric at the epoch of the best validation metric. The line
 
 from __future__ import annotations
 
+# isort: off
+import hpcgnn  # noqa: F401  (first: its process defaults, OMP_WAIT_POLICY, before torch loads OpenMP)
+# isort: on
 import argparse
 import json
 import statistics

@@ -29,6 +29,9 @@ shuffled ids, by hpcgnn's assembly and by PyG's collation (``DataLoader``, no wo
 
 from __future__ import annotations
 
+# isort: off
+import hpcgnn  # noqa: F401  (first: its process defaults, OMP_WAIT_POLICY, before torch loads OpenMP)
+# isort: on
 import argparse
 import json
 import os
