@@ -658,8 +658,9 @@ def smiles_chunk(smiles: list[str], first: int = 0, where: str = "") -> Chunk:
 
 
 def _read_smiles(blocks: Iterator[tuple], readers: int) -> Iterator[Chunk]:
-    """``blocks`` of SMILES (:func:`smiles_chunk`'s arguments) read into chunks in their order: here (one reader, or a file of one block), or by
-    ``readers`` processes, at most two blocks a reader ahead of the writer (memory stays bounded)."""
+    """``blocks`` of SMILES (:func:`smiles_chunk`'s arguments) read into chunks in their order: here (one reader, or
+    a file of one block), or by ``readers`` processes, at most two blocks a reader ahead of the writer (memory stays
+    bounded)."""
     first = next(blocks, None)
     second = next(blocks, None) if first is not None else None
     if second is None or readers < 2:
