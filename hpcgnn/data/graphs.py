@@ -26,6 +26,7 @@ returning a list of them (:func:`pyg_graphs`), and OGB's graph property datasets
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 from collections.abc import Iterator
@@ -646,11 +647,14 @@ def smiles_chunk(smiles: list[str], first: int = 0, where: str = "") -> Chunk:
 
     graphs = []
     for i, s in enumerate(smiles):
-        if Chem.MolFromSmiles(s) is None:
+        try:
+            graphs.append(smiles2graph(s))  # (it parses the SMILES once; a refused one fails on RDKit's None)
+        except AttributeError:
+            if Chem.MolFromSmiles(s) is not None:
+                raise
             raise DatasetError(f"{where}: row {first + i} holds SMILES {s!r}, which RDKit cannot read (its message is "
                                "above). HINT: mend or drop that molecule, or read it with the RDKit the file was "
-                               "made with")
-        graphs.append(smiles2graph(s))
+                               "made with") from None
     return Chunk(np.concatenate([g["node_feat"] for g in graphs]).astype(np.int16),
                  np.concatenate([g["edge_index"].T for g in graphs]).astype(np.int32),
                  np.concatenate([g["edge_feat"] for g in graphs]).astype(np.int16),
@@ -661,12 +665,9 @@ def _read_smiles(blocks: Iterator[tuple], readers: int) -> Iterator[Chunk]:
     """``blocks`` of SMILES (:func:`smiles_chunk`'s arguments) read into chunks in their order: here (one reader, or
     a file of one block), or by ``readers`` processes, at most two blocks a reader ahead of the writer (memory stays
     bounded)."""
-    first = next(blocks, None)
-    second = next(blocks, None) if first is not None else None
-    if second is None or readers < 2:
-        for block in (b for b in (first, second) if b is not None):
-            yield smiles_chunk(*block)
-        for block in blocks:
+    ahead = [b for b in (next(blocks, None), next(blocks, None)) if b is not None]
+    if len(ahead) < 2 or readers < 2:
+        for block in itertools.chain(ahead, blocks):
             yield smiles_chunk(*block)
         return
     from collections import deque
@@ -675,7 +676,7 @@ def _read_smiles(blocks: Iterator[tuple], readers: int) -> Iterator[Chunk]:
     from hpcgnn.process import start_context
 
     with ProcessPoolExecutor(readers, mp_context=start_context()) as pool:
-        pending = deque(pool.submit(smiles_chunk, *b) for b in (first, second))
+        pending = deque(pool.submit(smiles_chunk, *b) for b in ahead)
         for block in blocks:
             if len(pending) >= 2 * readers:
                 yield pending.popleft().result()

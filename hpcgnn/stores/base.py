@@ -129,7 +129,7 @@ class Store(abc.ABC):
 
     def step_batch(self) -> tuple[str, int, str]:
         """A rank's batch in the log's words: ("~" where it is about that much, its size, what it counts)."""
-        return "", self.cfg.train.batch_size, "seeds"
+        return "", self.cfg.train.batch_size, self.seeds_unit
 
     def sampler_state(self) -> SamplerState | None:
         """What a sampler server needs, besides the run's config and the graph it opens, to build this rank's

@@ -96,7 +96,7 @@ class GraphSetStore(Store):
         return f"whole graphs mapped once per node: {self.steps} steps/epoch of {about}{per} {noun} per rank"
 
     def step_batch(self) -> tuple[str, int, str]:
-        return ("", self.budget, "graphs") if self.cost is None else ("~", self.budget, self.items.batch_noun())
+        return ("", self.budget, self.seeds_unit) if self.cost is None else ("~", self.budget, self.items.batch_noun())
 
     def sampler_state(self) -> SamplerState:
         """What a sampler server builds this rank's batch maker from: the graph set it opens, nothing more."""
